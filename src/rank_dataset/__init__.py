@@ -1,0 +1,54 @@
+"""rank-dataset: load meta files of 10M to 1B samples in PyTorch distributed training, each rank
+holding only its own shard in compact numpy buffers.
+
+The names that need torch (the datasets and the sampler) are imported on first use, so the index
+tools and the meta server import and run without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from rank_dataset.config import ReloadConfig
+from rank_dataset.index import MetaFile, build_index
+from rank_dataset.permutation import permute
+from rank_dataset.plan import ShardSpec, eval_range, spread_positions
+from rank_dataset.shard import Shard
+from rank_dataset.topology import get_rank_world_size
+
+if TYPE_CHECKING:
+    from rank_dataset.dataset import RankDataset
+    from rank_dataset.sampler import RandomSampler
+
+__all__ = [
+    "MetaFile",
+    "RandomSampler",
+    "RankDataset",
+    "ReloadConfig",
+    "Shard",
+    "ShardSpec",
+    "build_index",
+    "eval_range",
+    "get_rank_world_size",
+    "permute",
+    "spread_positions",
+]
+
+_LAZY = {
+    "RandomSampler": "rank_dataset.sampler",
+    "RankDataset": "rank_dataset.dataset",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rank_dataset' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

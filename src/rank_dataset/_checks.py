@@ -1,0 +1,27 @@
+"""Argument checks shared by the public classes; each error names the argument and what is valid."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def check_int(
+    name: str, value: Any, *, low: int | None = None, high: int | None = None, high_name: str | None = None
+) -> int:
+    """Return ``value`` as an int if it is one in ``[low, high)``, else raise naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    number = int(value)
+    below = low is not None and number < low
+    if high is not None and (below or number >= high):
+        lowest = low if low is not None else "-inf"
+        raise ValueError(f"{name} must be in [{lowest}, {_of(high, high_name)}), got {number}")
+    if below:
+        raise ValueError(f"{name} must be >= {low}, got {number}")
+    return number
+
+
+def _of(high: int, high_name: str | None) -> str:
+    return f"{high_name}={high}" if high_name else str(high)

@@ -1,0 +1,181 @@
+"""RankDataset: a map-style torch Dataset holding only this rank's shard of the meta files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from torch.utils.data import Dataset
+
+from rank_dataset.config import ReloadConfig
+from rank_dataset.index import MetaFile
+from rank_dataset.parsers import LineError, Parser, resolve_parser
+from rank_dataset.plan import ShardSpec
+from rank_dataset.shard import Shard
+from rank_dataset.topology import get_rank_world_size
+
+__all__ = ["RankDataset"]
+
+MetaSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | MetaFile
+
+
+class ShardedDataset(Dataset[Any]):
+    """What RankDataset and RankServerDataset share: a shard, its plan, item access and parsing."""
+
+    def __init__(
+        self,
+        num_samples: int,
+        is_test: bool,
+        reload_cfg: ReloadConfig | Mapping[str, Any] | None,
+        rank: int | None,
+        world_size: int | None,
+        parser: str | Parser | None,
+    ) -> None:
+        self.reload_cfg = ReloadConfig.coerce(reload_cfg)
+        self.rank, self.world_size = get_rank_world_size(rank, world_size)
+        if not isinstance(is_test, bool):
+            raise TypeError(f"is_test must be a bool, got {is_test!r}")
+        self.is_test = is_test
+        self.num_samples = num_samples
+        self._parser = resolve_parser(parser)
+        self._shard: Shard | None = None
+        self._load(self.reload_cfg.epoch, self.reload_cfg.mini_epoch_idx)
+
+    # -- the plan ---------------------------------------------------------------------------------
+
+    @property
+    def spec(self) -> ShardSpec:
+        """The ShardSpec of the shard held now."""
+        return self._spec
+
+    def _spec_for(self, epoch: int, mini_epoch_idx: int) -> ShardSpec:
+        cfg = self.reload_cfg
+        return ShardSpec(
+            num_samples=self.num_samples,
+            world_size=self.world_size,
+            rank=self.rank,
+            is_test=self.is_test,
+            mini_epoch=cfg.mini_epoch,
+            mini_epoch_idx=mini_epoch_idx,
+            seed=cfg.seed,
+            epoch=epoch,
+        )
+
+    def _load(self, epoch: int, mini_epoch_idx: int) -> None:
+        spec = self._spec_for(epoch, mini_epoch_idx)
+        self._shard = self._build(spec)
+        self._spec = spec
+        self.reload_cfg = self.reload_cfg.replace(epoch=epoch, mini_epoch_idx=mini_epoch_idx)
+
+    def _build(self, spec: ShardSpec) -> Shard:
+        raise NotImplementedError
+
+    def _where(self, sample: int) -> str:
+        return f"sample {sample}"
+
+    def set_epoch(self, epoch: int, mini_epoch_idx: int = 0) -> None:
+        """Load this rank's shard of ``(epoch, mini_epoch_idx)`` in place of the current one.
+
+        Call it before building the DataLoader of each epoch and mini-epoch (a DataLoader with
+        ``persistent_workers=True`` would keep the old shard in its workers).
+        """
+        self._load(epoch, mini_epoch_idx)
+
+    # -- items ------------------------------------------------------------------------------------
+
+    @property
+    def shard(self) -> Shard:
+        """The shard held now."""
+        assert self._shard is not None  # set in __init__
+        return self._shard
+
+    @property
+    def indices(self) -> npt.NDArray[np.int64]:
+        """Read-only int64 array of global sample numbers: ``self[i]`` is sample ``indices[i]``."""
+        ids = self.shard.ids
+        assert ids is not None  # every shard of a dataset carries its sample numbers
+        return ids
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+    def _check_index(self, i: Any) -> int:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"dataset index must be an int, got {i!r} ({type(i).__name__})")
+        n = len(self.shard)
+        if not -n <= i < n:
+            raise IndexError(f"dataset index {i} is out of range for a shard of {n} samples")
+        return int(i) % n
+
+    def _parse(self, text: str, i: int) -> Any:
+        if self._parser is None:
+            return text
+        try:
+            return self._parser(text)
+        except LineError as exc:
+            raise ValueError(f"{self._where(int(self.indices[i]))}: {exc}") from None
+
+    def __getitem__(self, i: int) -> Any:
+        i = self._check_index(i)
+        return self._parse(self.shard.text(i), i)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """A batch of items at once (torch's DataLoader calls this with each batch of indices)."""
+        checked = [self._check_index(i) for i in indices]
+        texts = self.shard.texts(checked)
+        if self._parser is None:
+            return texts
+        return [self._parse(t, i) for t, i in zip(texts, checked)]
+
+    def __repr__(self) -> str:
+        s = self._spec
+        mode = "eval" if s.is_test else f"epoch={s.epoch}, mini_epoch={s.mini_epoch_idx}/{s.mini_epoch}"
+        return f"{type(self).__name__}(rank={s.rank}/{s.world_size}, {mode}, samples={len(self)}/{s.num_samples})"
+
+
+class RankDataset(ShardedDataset):
+    """This rank's shard of one or more meta files, as a map-style torch Dataset.
+
+    Each rank holds only its own ``ceil(N / (world_size * mini_epoch))`` samples (or its contiguous
+    block in eval mode), read from the files through a cached line-offset index and kept in compact
+    numpy buffers that DataLoader workers share.
+
+    Args:
+        meta_file: a path, a list of paths (taken as one file, in order), or a MetaFile.
+        is_test: eval layout: no shuffle, no padding, one contiguous block per rank.
+        reload_cfg: a dict or ReloadConfig with ``mini_epoch``, ``seed``, ``mini_epoch_idx``,
+            ``epoch`` and ``group`` (see ReloadConfig).
+        rank: this rank; default: the process group, else ``RANK``, else 0.
+        world_size: the number of ranks; default: the process group, else ``WORLD_SIZE``, else 1.
+        parser: None (items are str), ``"json"``, ``"label"`` (``(path, int)``), or a callable.
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
+        >>> _ = open(p, "w").write("".join(f"img_{i}.JPEG {i % 3}\\n" for i in range(10)))
+        >>> ds = RankDataset(p, reload_cfg={"seed": 1}, rank=0, world_size=2, parser="label")
+        >>> len(ds), ds[0] == ("img_%d.JPEG" % ds.indices[0], ds.indices[0] % 3)
+        (5, True)
+    """
+
+    def __init__(
+        self,
+        meta_file: MetaSource,
+        is_test: bool = False,
+        reload_cfg: ReloadConfig | Mapping[str, Any] | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        parser: str | Parser | None = None,
+    ) -> None:
+        self.meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file)
+        super().__init__(len(self.meta), is_test, reload_cfg, rank, world_size, parser)
+
+    def _build(self, spec: ShardSpec) -> Shard:
+        return Shard.from_meta(self.meta, spec.indices())
+
+    def _where(self, sample: int) -> str:
+        return self.meta.where(sample)

@@ -1,0 +1,57 @@
+"""Line parsers: ``None`` (the line as str), ``"json"``, ``"label"``, or any callable taking the str."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Parser", "parse_json", "parse_label", "resolve_parser"]
+
+Parser = Callable[[str], Any]
+
+
+class LineError(ValueError):
+    """A line that its parser rejects; the dataset adds the file and line number."""
+
+
+def parse_label(line: str) -> tuple[str, int]:
+    """Split ``"path/to/img.JPEG 3"`` at its last run of whitespace into ``(path, 3)``.
+
+    Example:
+        >>> parse_label("train/n01440764/my image.JPEG  3")
+        ('train/n01440764/my image.JPEG', 3)
+    """
+    parts = line.rsplit(None, 1)
+    if len(parts) != 2:
+        raise LineError(f"expected '<path> <integer label>', got {line!r}")
+    path, label = parts
+    try:
+        return path, int(label)
+    except ValueError:
+        raise LineError(f"label {label!r} is not an integer in line {line!r}") from None
+
+
+def parse_json(line: str) -> Any:
+    """``json.loads`` of the line.
+
+    Example:
+        >>> parse_json('{"path": "a.jpg", "label": 1}')
+        {'path': 'a.jpg', 'label': 1}
+    """
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise LineError(f"invalid JSON ({exc.msg} at column {exc.colno}): {line[:200]!r}") from None
+
+
+_BY_NAME: dict[str, Parser] = {"json": parse_json, "label": parse_label}
+
+
+def resolve_parser(parser: str | Parser | None) -> Parser | None:
+    """The parser function for ``parser``: None, ``"json"``, ``"label"`` or a callable."""
+    if parser is None or callable(parser):
+        return parser
+    if isinstance(parser, str) and parser in _BY_NAME:
+        return _BY_NAME[parser]
+    raise ValueError(f"parser must be None, 'json', 'label' or a callable taking a str, got {parser!r}")
