@@ -143,6 +143,7 @@ def _cache_paths(path: Path) -> list[Path]:
 class _Index:
     spans: npt.NDArray[np.int64]
     ascii: bool
+    map: mmap.mmap | None = None  # the cache file's map, when the spans live there
 
 
 def _read_cache(cache: Path, size: int, mtime_ns: int) -> _Index | None:
@@ -158,7 +159,10 @@ def _read_cache(cache: Path, size: int, mtime_ns: int) -> _Index | None:
     ascii_only = bool(flags & _FLAG_ASCII)
     if n == 0:
         return _Index(np.empty((0, 2), np.int64), ascii_only)
-    return _Index(np.memmap(cache, dtype=np.int64, mode="r", offset=_DATA_OFFSET, shape=(n, 2)), ascii_only)
+    with open(cache, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    spans = np.frombuffer(mm, dtype="<i8", count=2 * n, offset=_DATA_OFFSET).reshape(n, 2)
+    return _Index(spans, ascii_only, mm)
 
 
 def _write_cache(cache: Path, path: Path, size: int, mtime_ns: int) -> bool:
@@ -205,6 +209,17 @@ def _load_index(path: Path) -> _Index:
     facts: dict[str, bool] = {}
     parts = list(_scan(path, facts=facts))
     return _Index(np.concatenate(parts) if parts else np.empty((0, 2), np.int64), facts["ascii"])
+
+
+def drop_pages(mm: mmap.mmap, start: int, stop: int) -> None:
+    """Drop ``[start, stop)`` of a read-only file map from the resident set (the page cache keeps it)."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if advice is None:  # not on this platform: the pages stay mapped, which is only a cost
+        return
+    start -= start % mmap.PAGESIZE
+    stop = min(stop, len(mm))
+    if stop > start:
+        mm.madvise(advice, start, stop - start)
 
 
 @dataclass(frozen=True)
@@ -292,6 +307,15 @@ class MetaFile:
             with open(self._files[file].path, "rb") as f:
                 self._maps[file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         return self._maps[file]
+
+    def release_pages(self, file: int) -> None:
+        """Drop the pages of file number ``file`` and of its index from this process's resident set.
+
+        They stay in the page cache, so reading them again costs a page fault, not a disk read.
+        """
+        for mm in (self._maps.get(file), self._files[file].index.map):
+            if mm is not None:
+                drop_pages(mm, 0, len(mm))
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(file number, sample number within that file)`` of global sample ``index``."""

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset import _shm
-from rank_dataset.index import MetaFile
+from rank_dataset.index import MetaFile, drop_pages
 
 __all__ = ["Shard"]
 
@@ -200,6 +200,8 @@ def _gather(
         f = int(files[group[0]]) if files is not None else 0
         w = 0 if code[group[0]] == 0 else int(width[group[0]])
         _copy_rows(meta.file_map(f), spans, lengths, group, w, data, row_starts, zero_tails=check)
+    for f in range(len(bounds) - 1):
+        meta.release_pages(f)
     if check:
         _check_utf8(meta, indices, data, starts, ends)
     return data, starts, ends
@@ -241,17 +243,7 @@ def _copy_rows(
             for s, n, o in zip(b_first.tolist(), lengths[b_rows].tolist(), dst.tolist()):
                 data[o : o + n] = fbytes[s : s + n]
                 data[o + n : o + width] = 0
-        _drop_pages(mm, int(b_first.min()), int(b_first.max()) + max(width, 1))
-
-
-def _drop_pages(mm: mmap.mmap, start: int, stop: int) -> None:
-    """Drop ``[start, stop)`` of a read-only file map from the resident set (the page cache keeps it)."""
-    advice = getattr(mmap, "MADV_DONTNEED", None)
-    if advice is None:
-        return
-    start -= start % mmap.PAGESIZE
-    if stop > start:
-        mm.madvise(advice, start, min(stop, len(mm)) - start)
+        drop_pages(mm, int(b_first.min()), int(b_first.max()) + max(width, 1))
 
 
 def _check_utf8(

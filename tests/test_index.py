@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rank_dataset import index as index_mod
+from rank_dataset.index import CACHE_DIR_ENV, MetaFile, build_index
+
+
+def reference_samples(data: bytes) -> list[bytes]:
+    """The contract, written plainly: non-blank lines without their ending."""
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    out = []
+    for line in lines:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if line.strip(b" \t\r\x0b\x0c"):
+            out.append(line)
+    return out
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"a\nb\nc\n",
+        b"a\nb\nc",  # no final newline
+        b"a\r\nb\r\nc\r\n",
+        b"a\r\nb\nc",
+        b"\n\n\na\n\n",
+        b"  \n\t\na b\n \t \r\n x\n",  # whitespace-only lines are not samples, leading space is kept
+        b"only",
+        b"x\r",
+        b"\xe5\x9b\xbe\xe7\x89\x87/1.jpg 3\n\xc3\xa9 4\n",
+    ],
+)
+def test_samples_follow_the_contract(tmp_path: Path, data: bytes) -> None:
+    p = tmp_path / "m.txt"
+    p.write_bytes(data)
+    mf = MetaFile(p)
+    expect = reference_samples(data)
+    assert len(mf) == len(expect)
+    assert [mf.raw(i) for i in range(len(mf))] == expect
+    assert [mf[i] for i in range(len(mf))] == [x.decode() for x in expect]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64, 1 << 20])
+def test_chunk_boundaries_do_not_matter(tmp_path: Path, chunk: int) -> None:
+    rng = np.random.default_rng(chunk)
+    parts = []
+    for _ in range(500):
+        kind = rng.integers(0, 6)
+        parts.append([b"", b"   ", b"\t", b"x" * int(rng.integers(1, 40)), b" y ", b"z\r"][kind])
+    data = b"\n".join(parts) + (b"\n" if chunk % 2 else b"")
+    p = tmp_path / "m.txt"
+    p.write_bytes(data)
+    spans = build_index(p, chunk_size=chunk)
+    got = [data[s:e] for s, e in spans]
+    assert got == reference_samples(data)
+
+
+def test_index_out_of_range_and_negative(write_meta) -> None:
+    mf = MetaFile(write_meta(["a", "b", "c"]))
+    assert mf[-1] == "c"
+    with pytest.raises(IndexError, match="sample index 3 is out of range for 3 samples"):
+        mf[3]
+    with pytest.raises(IndexError):
+        mf[-4]
+    with pytest.raises(TypeError):
+        mf["0"]  # type: ignore[index]
+
+
+def test_many_files_are_one(write_meta) -> None:
+    a, b, c = write_meta(["a0", "a1"]), write_meta(["", "  "], name="blank.txt"), write_meta(["c0", "c1", "c2"])
+    with pytest.raises(ValueError, match=r"no samples in .*blank\.txt"):
+        MetaFile(b)
+    mf = MetaFile([a, b, c])
+    assert [mf[i] for i in range(len(mf))] == ["a0", "a1", "c0", "c1", "c2"]
+    assert mf.file_bounds.tolist() == [0, 2, 2, 5]
+    assert mf.where(3).endswith(f"{c.name}:2")
+
+
+def test_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nope\.txt"):
+        MetaFile(tmp_path / "nope.txt")
+    with pytest.raises(ValueError, match="path_or_paths is empty"):
+        MetaFile([])
+    with pytest.raises(TypeError, match="path_or_paths must be a path"):
+        MetaFile(3)  # type: ignore[arg-type]
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path: Path) -> None:
+    p = tmp_path / "bad.txt"
+    p.write_bytes(b"ok\n\nfine\nbad \xff here\n")
+    mf = MetaFile(p)
+    with pytest.raises(ValueError, match=r"bad\.txt:4: line is not valid UTF-8"):
+        mf[2]
+
+
+def test_cache_is_reused_and_rebuilt_when_stale(write_meta, tmp_path: Path) -> None:
+    p = write_meta(["a", "b"])
+    MetaFile(p)
+    caches = list((tmp_path / "cache").iterdir())
+    assert len(caches) == 1
+    first = caches[0].stat().st_mtime_ns
+    assert len(MetaFile(p)) == 2
+    assert caches[0].stat().st_mtime_ns == first  # reused, not rewritten
+    p.write_text("a\nb\nc\n")
+    os.utime(p, ns=(first + 10**9, first + 10**9))
+    assert len(MetaFile(p)) == 3  # stale: size and mtime changed
+    assert MetaFile(p)[2] == "c"
+
+
+def test_cache_beside_file_else_user_cache(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CACHE_DIR_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    p = write_meta(["a", "b"])
+    MetaFile(p)
+    assert (p.parent / f".{p.name}.rdidx").exists()
+    beside, user = index_mod._cache_paths(p.resolve())
+    assert beside == p.resolve().parent / f".{p.name}.rdidx"
+    assert user.parent == tmp_path / "xdg" / "rank-dataset"
+
+
+def test_unwritable_cache_location_falls_back(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tests may run as root, who can write to read-only directories, so the preferred location is
+    # made unwritable another way: a file stands where its directory would be.
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    monkeypatch.setattr(
+        index_mod, "_cache_paths", lambda path: [blocker / "sub" / "x.rdidx", tmp_path / "fallback" / "x.rdidx"]
+    )
+    p = write_meta(["a", "b", "c"])
+    assert len(MetaFile(p)) == 3
+    assert (tmp_path / "fallback" / "x.rdidx").exists()
+
+
+def test_concurrent_builders_all_succeed(write_meta, tmp_path: Path) -> None:
+    p = write_meta(n=200_000)
+    code = "import sys; from rank_dataset import MetaFile; m = MetaFile(sys.argv[1]); print(len(m), m[len(m) - 1])"
+    env = {**os.environ, CACHE_DIR_ENV: str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(p)], stdout=subprocess.PIPE, env=env) for _ in range(4)]
+    outs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * 4
+    assert len(set(outs)) == 1 and outs[0].split()[0] == b"200000"
+    assert not list((tmp_path / "cache").glob("*.tmp"))
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    assert len(MetaFile(p)) == 200_000
+
+
+def test_corrupt_cache_is_rebuilt(write_meta, tmp_path: Path) -> None:
+    p = write_meta(["a", "b"])
+    MetaFile(p)
+    (cache,) = (tmp_path / "cache").iterdir()
+    cache.write_bytes(b"garbage")
+    assert [MetaFile(p)[i] for i in range(2)] == ["a", "b"]

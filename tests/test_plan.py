@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from rank_dataset.permutation import permute
+from rank_dataset.plan import ShardSpec, eval_range, spread_positions
+
+CASES = [(n, w, m) for n, w, m in itertools.product([1, 2, 3, 7, 10, 16, 17, 100, 1001], [1, 2, 3, 4, 8], [1, 2, 3, 5])]
+
+
+def shards(n: int, w: int, m: int, seed: int = 5, epoch: int = 2) -> list[list[np.ndarray]]:
+    return [
+        [ShardSpec(n, w, r, mini_epoch=m, mini_epoch_idx=i, seed=seed, epoch=epoch).indices() for r in range(w)]
+        for i in range(m)
+    ]
+
+
+@pytest.mark.parametrize(("n", "w", "m"), CASES)
+def test_train_layout_is_exactly_the_documented_one(n: int, w: int, m: int) -> None:
+    r_ = -(-n // (w * m))
+    t = r_ * w * m
+    order = permute(n, 5, 2, np.arange(t) % n)  # P extended to T positions by wrapping
+    for i, per_rank in enumerate(shards(n, w, m)):
+        for r, got in enumerate(per_rank):
+            expect = order[i * r_ * w + r + np.arange(r_) * w]
+            assert np.array_equal(got, expect)
+
+
+@pytest.mark.parametrize(("n", "w", "m"), CASES)
+def test_every_rank_equal_and_every_sample_covered(n: int, w: int, m: int) -> None:
+    all_idx = np.concatenate([np.concatenate(s) for s in shards(n, w, m)])
+    r_ = -(-n // (w * m))
+    assert all(len(x) == r_ for s in shards(n, w, m) for x in s)
+    counts = np.bincount(all_idx, minlength=n)
+    assert counts.min() >= 1  # every sample covered
+    assert counts.sum() - n == r_ * w * m - n  # padding is exactly T - N
+    # the padding repeats the start of the epoch order
+    order = permute(n, 5, 2, np.arange(n))
+    extra = np.repeat(np.arange(n), counts - 1)
+    pad = r_ * w * m - n
+    assert np.array_equal(np.sort(extra), np.sort(order[np.arange(pad) % n]))
+
+
+def test_epoch_order_is_the_same_for_every_world_size() -> None:
+    n = 1000
+    orders = []
+    for w in [1, 2, 4, 5, 8]:
+        spec = [ShardSpec(n, w, r, seed=9, epoch=1).indices() for r in range(w)]
+        r_ = len(spec[0])
+        order = np.empty(r_ * w, np.int64)
+        for r, got in enumerate(spec):
+            order[r::w] = got
+        orders.append(order[:n])
+    for o in orders[1:]:
+        assert np.array_equal(o, orders[0])
+
+
+@pytest.mark.parametrize(("n", "w"), list(itertools.product([1, 2, 3, 7, 10, 101], [1, 2, 3, 4, 8, 16])))
+def test_eval_layout(n: int, w: int) -> None:
+    blocks = [ShardSpec(n, w, r, is_test=True, mini_epoch=3, seed=4).indices() for r in range(w)]
+    assert np.array_equal(np.concatenate(blocks), np.arange(n))
+    sizes = [len(b) for b in blocks]
+    assert max(sizes) - min(sizes) <= 1
+    assert eval_range(n, w, 0)[0] == 0 and eval_range(n, w, w - 1)[1] == n
+
+
+def test_spread_positions_wraps_within_the_range() -> None:
+    assert spread_positions(10, 20, 4, 0).tolist() == [10, 14, 18]
+    assert spread_positions(10, 20, 4, 3).tolist() == [13, 17, 11]
+    with pytest.raises(ValueError, match="empty range"):
+        spread_positions(5, 5, 2, 0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_samples": 0}, "num_samples must be >= 1, got 0"),
+        ({"world_size": 0}, "world_size must be >= 1, got 0"),
+        ({"rank": 4}, r"rank must be in \[0, world_size=4\), got 4"),
+        ({"rank": -1}, r"rank must be in \[0, world_size=4\), got -1"),
+        ({"mini_epoch": 0}, "mini_epoch must be >= 1, got 0"),
+        ({"mini_epoch_idx": 2, "mini_epoch": 2}, r"mini_epoch_idx must be in \[0, mini_epoch=2\), got 2"),
+        ({"epoch": -1}, "epoch must be >= 0, got -1"),
+    ],
+)
+def test_spec_validation(kwargs: dict[str, int], message: str) -> None:
+    base = {"num_samples": 10, "world_size": 4, "rank": 0}
+    with pytest.raises(ValueError, match=message):
+        ShardSpec(**{**base, **kwargs})
+
+
+def test_spec_type_validation() -> None:
+    with pytest.raises(TypeError, match="world_size must be an int"):
+        ShardSpec(10, 2.0, 0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="rank must be an int"):
+        ShardSpec(10, 2, True)
+    with pytest.raises(TypeError, match="is_test must be a bool"):
+        ShardSpec(10, 2, 0, is_test=1)  # type: ignore[arg-type]
