@@ -7,17 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from tests_helpers import imagenet_line
+
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Each test gets its own index cache, so no test sees another's.
     monkeypatch.setenv("RANK_DATASET_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def imagenet_line(i: int) -> str:
-    """The i-th line of a synthetic ImageNet-like meta file."""
-    label = (i * 7919) % 1000
-    return f"train/n{label:08d}/n{label:08d}_{i}.JPEG {label}"
 
 
 @pytest.fixture

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import pytest
+
+from rank_dataset.parsers import LineError, parse_json, parse_label, resolve_parser
+
+
+def test_label_splits_at_the_last_run_of_whitespace() -> None:
+    assert parse_label("a/b c.JPEG \t 12") == ("a/b c.JPEG", 12)
+    assert parse_label("x -1") == ("x", -1)
+    with pytest.raises(LineError, match="expected '<path> <integer label>'"):
+        parse_label("nolabel")
+    with pytest.raises(LineError, match="label 'cat' is not an integer"):
+        parse_label("img.jpg cat")
+
+
+def test_json() -> None:
+    assert parse_json('{"a": [1, 2]}') == {"a": [1, 2]}
+    with pytest.raises(LineError, match="invalid JSON"):
+        parse_json("{not json")
+
+
+def test_resolve() -> None:
+    assert resolve_parser(None) is None
+    assert resolve_parser("json") is parse_json
+    assert resolve_parser(str.upper) is str.upper
+    with pytest.raises(ValueError, match="parser must be None, 'json', 'label' or a callable"):
+        resolve_parser("yaml")
