@@ -317,6 +317,12 @@ class MetaFile:
             if mm is not None:
                 drop_pages(mm, 0, len(mm))
 
+    def release_index_pages(self, file: int, start: int, stop: int) -> None:
+        """Drop the index pages of samples ``[start, stop)`` of file ``file`` from the resident set."""
+        mm = self._files[file].index.map
+        if mm is not None:
+            drop_pages(mm, _DATA_OFFSET + 16 * start, _DATA_OFFSET + 16 * stop)
+
     def locate(self, index: int) -> tuple[int, int]:
         """``(file number, sample number within that file)`` of global sample ``index``."""
         n = len(self)

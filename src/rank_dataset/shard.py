@@ -24,6 +24,7 @@ __all__ = ["Shard"]
 # came from are dropped from this process's resident set.
 _WINDOW = 16 << 20
 _MAX_WIDTH = 4096
+_INDEX_STEP = 1 << 18  # index entries gathered at a time, their pages dropped after
 
 _IntArray = npt.NDArray[np.integer[Any]]
 
@@ -163,43 +164,50 @@ def _gather(
     shift = max(0, (n_total - 1).bit_length() - 12)
     order = np.argsort((indices >> shift).astype(np.uint16), kind="stable")
     sorted_idx = indices[order]
-    spans = np.empty((indices.size, 2), np.int64)
+    first = np.empty(indices.size, np.int64)  # where each row starts in its file, in visiting order
+    lengths = np.empty(indices.size, np.int64)
     bounds = meta.file_bounds
     files = np.searchsorted(bounds, sorted_idx, side="right") - 1 if len(bounds) > 2 else None
     for f in range(len(bounds) - 1):
-        rows = np.flatnonzero(files == f) if files is not None else slice(None)
-        # np.take on the whole rows is several times faster than fancy indexing a 2-D memmap.
-        spans[rows] = np.take(np.asarray(meta.file_spans(f)), sorted_idx[rows] - bounds[f], axis=0)
+        rows = np.flatnonzero(files == f) if files is not None else np.arange(indices.size)
+        # np.take of whole rows is several times faster than fancy indexing the 2-D index.
+        spans = np.asarray(meta.file_spans(f))
+        for lo in range(0, rows.size, _INDEX_STEP):
+            part = rows[lo : lo + _INDEX_STEP]
+            local = sorted_idx[part] - bounds[f]
+            got = np.take(spans, local, axis=0)
+            first[part] = got[:, 0]
+            lengths[part] = got[:, 1] - got[:, 0]
+            meta.release_index_pages(f, int(local.min()), int(local.max()) + 1)
     del sorted_idx
-    lengths = spans[:, 1] - spans[:, 0]
-    width = (np.maximum(lengths, 1) + 7) & ~7
-    code = (width >> 3).astype(np.uint16)
-    long_rows = width > _MAX_WIDTH
-    width[long_rows] = lengths[long_rows]
-    code[long_rows] = 0
+    code = ((np.maximum(lengths, 1) + 7) >> 3).astype(np.uint16)  # the row width in units of 8 bytes
+    code[lengths > _MAX_WIDTH] = 0  # long rows: copied one by one, at their exact length
     # Lay rows out by (file, width), keeping the visiting order within each group, so that every
     # group is one contiguous run of fixed-width records in data.
     key = code if files is None else (files.astype(np.uint32) << 16) | code
     layout = np.argsort(key, kind="stable")
-    laid_width = width[layout]
+    laid_width = code[layout].astype(np.int64) << 3
+    exact = laid_width == 0
+    laid_width[exact] = lengths[layout[exact]]
     total = int(laid_width.sum())
     data = np.empty(total, np.uint8)
     row_starts = np.empty(indices.size, np.int64)
     row_starts[layout] = np.cumsum(laid_width) - laid_width
-    del laid_width
+    del laid_width, exact
     dtype = _offset_dtype(total)
     starts = np.empty(indices.size, dtype)
     starts[order] = row_starts
     ends = starts.copy()
     ends[order] += lengths.astype(dtype)
+    del order
     laid_key = key[layout]
     # An ASCII file needs no UTF-8 check; otherwise row tails are zeroed so that whole runs of
     # rows can be decoded at once, a NUL ending every line that is shorter than its row.
     check = not all(meta.file_is_ascii(f) for f in range(len(bounds) - 1))
     for group in np.split(layout, np.flatnonzero(laid_key[1:] != laid_key[:-1]) + 1):
         f = int(files[group[0]]) if files is not None else 0
-        w = 0 if code[group[0]] == 0 else int(width[group[0]])
-        _copy_rows(meta.file_map(f), spans, lengths, group, w, data, row_starts, zero_tails=check)
+        w = int(code[group[0]]) << 3
+        _copy_rows(meta.file_map(f), first, lengths, group, w, data, row_starts, zero_tails=check)
     for f in range(len(bounds) - 1):
         meta.release_pages(f)
     if check:
@@ -209,7 +217,7 @@ def _gather(
 
 def _copy_rows(
     mm: mmap.mmap,
-    spans: npt.NDArray[np.int64],
+    first: npt.NDArray[np.int64],
     lengths: npt.NDArray[np.int64],
     rows: npt.NDArray[np.int64],
     width: int,
@@ -218,21 +226,31 @@ def _copy_rows(
     *,
     zero_tails: bool,
 ) -> None:
-    """Copy ``rows`` of one file into ``data`` at ``row_starts``, ``width`` bytes each (0: exact)."""
+    """Copy ``rows`` of one file into ``data`` at ``row_starts``, ``width`` bytes each (0: exact).
+
+    Rows go in batches that each span at most about ``_WINDOW`` bytes of the file (rows are in file
+    order up to a little jitter), and each batch's file pages are dropped from the resident set
+    after it, so the build never holds much of the file.
+    """
     fbytes = np.frombuffer(mm, np.uint8)
-    first = spans[rows, 0]
+    starts_in_file = first[rows]
     # Windows of the file a row could start at: a byte view with a stride of one byte, whose
     # elements are ``width``-byte records, so that one fancy index copies whole rows.
     windows = None
     if 0 < width <= fbytes.size:
         windows = np.ndarray((fbytes.size - width + 1,), dtype=f"V{width}", buffer=mm, strides=(1,))
-    step = max(1, _WINDOW // max(width, 1))
-    for lo in range(0, rows.size, step):
-        batch = slice(lo, lo + step)
-        b_first, b_rows = first[batch], rows[batch]
+    region = np.maximum.accumulate(starts_in_file) // _WINDOW
+    cuts = np.flatnonzero(region[1:] != region[:-1]) + 1
+    max_rows = max(1, _WINDOW // max(width, 1))
+    if cuts.size == 0 or np.diff(cuts, prepend=0, append=rows.size).max() > max_rows:
+        cuts = np.union1d(cuts, np.arange(max_rows, rows.size, max_rows))
+    for batch in np.split(np.arange(rows.size), cuts):
+        if not batch.size:
+            continue
+        b_first, b_rows = starts_in_file[batch], rows[batch]
         dst = row_starts[b_rows]
-        fits = b_first <= fbytes.size - width if windows is not None else None
-        if fits is not None and bool(fits.all()) and int(dst[-1] - dst[0]) == width * (b_rows.size - 1):
+        fits = windows is not None and int(b_first.max()) <= fbytes.size - width
+        if fits and int(dst[-1] - dst[0]) == width * (b_rows.size - 1):
             # Rows of one width land back to back: one copy for the batch.
             out = data[dst[0] : dst[0] + width * b_rows.size]
             out[:] = windows[b_first].view(np.uint8)  # type: ignore[index]
@@ -243,7 +261,7 @@ def _copy_rows(
             for s, n, o in zip(b_first.tolist(), lengths[b_rows].tolist(), dst.tolist()):
                 data[o : o + n] = fbytes[s : s + n]
                 data[o + n : o + width] = 0
-        drop_pages(mm, int(b_first.min()), int(b_first.max()) + max(width, 1))
+        drop_pages(mm, int(b_first.min()), int(b_first.max()) + max(width, int(lengths[b_rows].max()), 1))
 
 
 def _check_utf8(

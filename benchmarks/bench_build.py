@@ -1,0 +1,197 @@
+"""Per-rank shard build time and peak memory, beside a whole-file scan and the original approach.
+
+Each measurement runs in a fresh Python process, so that timings and peak memory are its own:
+- ``scan``: ``open(p, 'rb').read().count(b'\\n')``, the floor for touching every byte once;
+- ``cold``: RankDataset with no index cache yet (the index is built first);
+- ``warm``: RankDataset with the index cached;
+- ``original``: the original rank_dataset approach: every rank draws the whole permutation, scans
+  every line of the file and keeps its own lines as a Python list.
+
+Peak memory is the peak RSS of the process above its RSS just before the build (the peak is reset
+through /proc/self/clear_refs first).
+
+Usage:
+    python benchmarks/bench_build.py                       # N = 10M lines, W = 8
+    python benchmarks/bench_build.py --lines 200000 --repeat 1 --out /tmp/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import machine_info, write_imagenet_meta  # noqa: E402
+
+_PRELUDE = """
+import json, os, sys, time
+def rss():
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+def reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+"""
+
+_SCAN = """
+reset_peak(); before = rss()[0]
+t = time.perf_counter()
+count = open(META, "rb").read().count(b"\\n")
+elapsed = time.perf_counter() - t
+print(json.dumps({"seconds": elapsed, "peak": rss()[1] - before, "count": count}))
+"""
+
+_RANK_DATASET = """
+import numpy as np
+from rank_dataset import RankDataset
+reset_peak(); before = rss()[0]
+t = time.perf_counter()
+ds = RankDataset(META, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD)
+elapsed = time.perf_counter() - t
+shard = ds.shard
+own = int((shard.ends.astype(np.int64) - shard.starts).sum()) + shard.starts.nbytes + shard.ends.nbytes
+print(json.dumps({"seconds": elapsed, "peak": rss()[1] - before, "count": len(ds), "own": own,
+                  "held": shard.nbytes}))
+"""
+
+_ORIGINAL = """
+import numpy as np
+reset_peak(); before = rss()[0]
+t = time.perf_counter()
+# The original design: the whole permutation in every rank, then a scan of every line.
+with open(META) as f:
+    n = sum(1 for line in f if line.strip())
+perm = np.random.default_rng(0).permutation(n)
+per_rank = -(-n // WORLD)
+mine = set(perm[RANK * per_rank:(RANK + 1) * per_rank].tolist())
+metas = []
+with open(META) as f:
+    i = 0
+    for line in f:
+        line = line.strip()
+        if not line:
+            continue
+        if i in mine:
+            metas.append(line)
+        i += 1
+elapsed = time.perf_counter() - t
+print(json.dumps({"seconds": elapsed, "peak": rss()[1] - before, "count": len(metas)}))
+"""
+
+
+def run(body: str, meta: Path, rank: int, world: int, env: dict[str, str]) -> dict[str, float]:
+    code = _PRELUDE + f"META = {str(meta)!r}\nRANK = {rank}\nWORLD = {world}\n" + textwrap.dedent(body)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"measurement failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lines", type=int, default=10_000_000)
+    parser.add_argument("--world-size", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement (the median is kept)")
+    parser.add_argument("--original-repeat", type=int, default=1, help="runs of the (slow) original approach")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--workdir", type=Path, default=None, help="where to write the meta file (default: a tmp dir)")
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="bench_build_", dir=args.workdir))
+    try:
+        meta = work / "meta.txt"
+        write_imagenet_meta(meta, args.lines)
+        cache = work / "cache"
+        env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(cache)}
+        w = args.world_size
+        rows: dict[str, list[dict[str, float]]] = {"scan": [], "cold": [], "warm": [], "original": []}
+        for i in range(args.repeat):
+            rows["scan"].append(run(_SCAN, meta, 0, w, env))
+            shutil.rmtree(cache, ignore_errors=True)
+            rows["cold"].append(run(_RANK_DATASET, meta, i % w, w, env))
+            rows["warm"].append(run(_RANK_DATASET, meta, (i + 1) % w, w, env))
+        for _ in range(args.original_repeat):
+            rows["original"].append(run(_ORIGINAL, meta, 0, w, env))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    med = {k: statistics.median(r["seconds"] for r in v) for k, v in rows.items()}
+    peak = {k: statistics.median(r["peak"] for r in v) for k, v in rows.items()}
+    own = statistics.median(r["own"] for r in rows["warm"])
+    held = statistics.median(r["held"] for r in rows["warm"])
+    mib = 1 << 20
+    labels = {
+        "scan": "whole-file read + count newlines (floor)",
+        "cold": "RankDataset, cold (indexing included)",
+        "warm": "RankDataset, warm index",
+        "original": "original approach (whole permutation + full scan, Python lists)",
+    }
+    lines = [
+        f"# Shard build, N = {args.lines:,} lines, W = {w}, one rank",
+        "",
+        "| build | seconds | vs whole-file scan | peak memory above start (MiB) | peak / rank's own bytes |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for k in ["scan", "cold", "warm", "original"]:
+        ratio = med["scan"] / med[k]
+        speed = f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+        lines.append(f"| {labels[k]} | {med[k]:.3f} | {speed} | {peak[k] / mib:.0f} | {peak[k] / own:.2f} |")
+    lines += [
+        "",
+        f"The rank's own lines and offsets: {own / mib:.1f} MiB (a shard holds {held / mib:.1f} MiB: rows are padded",
+        "to a multiple of 8 bytes and it keeps its sample numbers).",
+        f"Median of {args.repeat} runs ({args.original_repeat} of the original approach), each in a fresh process;",
+        "the meta file is in the page cache for every run.",
+        "",
+        f"Warm build: {med['scan'] / med['warm']:.1f}x faster than the whole-file scan, "
+        f"{med['original'] / med['warm']:.0f}x faster than the original approach. "
+        f"Cold build: {med['cold'] / med['scan']:.2f}x the whole-file scan.",
+        "",
+        f"Command: `python benchmarks/bench_build.py --lines {args.lines} --world-size {w} --repeat {args.repeat}`",
+        "",
+        machine_info(),
+    ]
+    table = "\n".join(lines) + "\n"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "build.md").write_text(table)
+    (args.out / "build.json").write_text(json.dumps({"seconds": med, "peak": peak, "own": own}, indent=2))
+    _plot(med, peak, own, args.out / "build.png", args.lines, w)
+    print(table)
+    return 0
+
+
+def _plot(med: dict[str, float], peak: dict[str, float], own: float, path: Path, n: int, w: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ["scan", "cold", "warm", "original"]
+    names = ["whole-file\nscan", "cold\nbuild", "warm\nbuild", "original\napproach"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.bar(names, [med[k] for k in keys], color=["gray", "tab:orange", "tab:green", "tab:red"])
+    a.set_yscale("log")
+    a.set_ylabel("seconds (log)")
+    a.set_title(f"build time, N={n:,}, W={w}")
+    b.bar(names, [peak[k] / (1 << 20) for k in keys], color=["gray", "tab:orange", "tab:green", "tab:red"])
+    b.axhline(2 * own / (1 << 20), ls="--", color="k", label="2x the rank's own bytes")
+    b.set_ylabel("peak RSS above start (MiB)")
+    b.set_title("peak memory")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
