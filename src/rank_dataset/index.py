@@ -9,13 +9,17 @@ pass over large chunks and cached on disk, keyed by the file's path, size and mt
 from __future__ import annotations
 
 import hashlib
+import itertools
 import mmap
 import os
 import struct
 import tempfile
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +37,8 @@ _HEADER = struct.Struct("<8sqqqq")  # magic, file size, file mtime_ns, number of
 _FLAG_ASCII = 1
 _HIGH_BITS = np.uint64(0x8080808080808080)
 _DATA_OFFSET = 64
-_CHUNK = 64 << 20
+_CHUNK = 32 << 20
+_THREADS = 2
 _NEWLINE, _CR = 10, 13
 _BLANK = np.zeros(256, dtype=bool)
 _BLANK[[9, 10, 11, 12, 13, 32]] = True
@@ -82,37 +87,62 @@ def _is_ascii(buf: npt.NDArray[np.uint8]) -> bool:
     return not (np.bitwise_or.reduce(buf[:whole].view(np.uint64)) & _HIGH_BITS) and not (buf[whole:] >= 0x80).any()
 
 
+def _chunk_bounds(f: BinaryIO, size: int, chunk_size: int) -> list[int]:
+    """Offsets ``0 = b0 < b1 < ... < bk = size`` near multiples of ``chunk_size``, each just past a newline."""
+    bounds = [0]
+    for target in range(chunk_size, size, chunk_size):
+        pos = max(target, bounds[-1])
+        while pos < size:
+            f.seek(pos)
+            piece = f.read(1 << 16)
+            hit = piece.find(b"\n")
+            if hit >= 0:
+                pos += hit + 1
+                break
+            pos += len(piece)
+        if bounds[-1] < pos < size:
+            bounds.append(pos)
+    bounds.append(size)
+    return bounds
+
+
+def _index_chunk(fd: int, start: int, stop: int, last: bool) -> tuple[npt.NDArray[np.int64], bool]:
+    buf = np.empty(stop - start, np.uint8)
+    got = os.preadv(fd, [buf], start) if buf.size else 0
+    if got != buf.size:
+        raise OSError(f"short read at byte {start} of a meta file that is changing while being indexed")
+    spans, _ = _spans_of_chunk(buf, last=last)
+    spans += start
+    return spans, _is_ascii(buf)
+
+
 def _scan(
     path: PathLike, chunk_size: int = _CHUNK, facts: dict[str, bool] | None = None
 ) -> Iterator[npt.NDArray[np.int64]]:
     """Yield the ``(k, 2)`` spans of the samples of ``path``, chunk by chunk, in file order.
 
+    Chunks end just past a newline, so each is indexed on its own; two threads index them (numpy
+    releases the GIL in the array passes), and results are yielded in order as they come.
     ``facts["ascii"]`` is set to whether the file is pure ASCII (which spares UTF-8 checks later).
     """
     ascii_only = True
-    size = os.path.getsize(path)
-    buf = np.empty(chunk_size, np.uint8)
-    carry = 0  # bytes of an unfinished line kept at the front of buf
-    base = 0  # file offset of buf[0]
-    with open(path, "rb", buffering=0) as f, progress_bar(size, f"indexing {os.fspath(path)}") as bar:
-        while True:
-            if carry == buf.size:  # a line longer than the buffer: grow it
-                buf = np.concatenate([buf, np.empty(buf.size, np.uint8)])
-            got = f.readinto(buf.data[carry:]) or 0
-            bar.update(got)
-            filled = carry + got
-            ascii_only = ascii_only and _is_ascii(buf[carry:filled])
-            spans, consumed = _spans_of_chunk(buf[:filled], last=not got)
-            if spans.size:
-                spans += base
-                yield spans
-            carry = filled - consumed
-            buf[:carry] = buf[consumed:filled]
-            base += consumed
-            if not got:
-                if facts is not None:
-                    facts["ascii"] = ascii_only
-                return
+    with open(path, "rb") as f, ThreadPoolExecutor(max_workers=_THREADS) as pool:
+        size = os.fstat(f.fileno()).st_size
+        bounds = _chunk_bounds(f, size, chunk_size)
+        jobs = [(lo, hi, i == len(bounds) - 2) for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]
+        pending: deque[Future[tuple[npt.NDArray[np.int64], bool]]] = deque()
+        with progress_bar(size, f"indexing {os.fspath(path)}") as bar:
+            for n, job in enumerate(jobs):
+                pending.append(pool.submit(_index_chunk, f.fileno(), *job))
+                # Keep a few chunks in flight: enough to use both cores, few enough to bound memory.
+                while pending and (len(pending) > _THREADS or n == len(jobs) - 1):
+                    spans, ascii_chunk = pending.popleft().result()
+                    ascii_only = ascii_only and ascii_chunk
+                    bar.update(int(spans[-1, 1] - spans[0, 0]) if spans.size else 0)
+                    if spans.size:
+                        yield spans
+    if facts is not None:
+        facts["ascii"] = ascii_only
 
 
 def build_index(path: PathLike, *, chunk_size: int = _CHUNK) -> npt.NDArray[np.int64]:
