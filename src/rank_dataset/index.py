@@ -108,7 +108,7 @@ def _chunk_bounds(f: BinaryIO, size: int, chunk_size: int) -> list[int]:
 
 def _index_chunk(fd: int, start: int, stop: int, last: bool) -> tuple[npt.NDArray[np.int64], bool]:
     buf = np.empty(stop - start, np.uint8)
-    got = os.preadv(fd, [buf], start) if buf.size else 0
+    got = os.preadv(fd, [buf.data], start) if buf.size else 0
     if got != buf.size:
         raise OSError(f"short read at byte {start} of a meta file that is changing while being indexed")
     spans, _ = _spans_of_chunk(buf, last=last)
