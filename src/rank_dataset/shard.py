@@ -275,13 +275,22 @@ def _check_utf8(
 
     ``data`` holds the lines, each followed by zero bytes up to the start of the next one.
     """
+
+    def fail(row: int) -> None:
+        try:
+            data[starts[row] : ends[row]].tobytes().decode("utf-8")
+            reason = "invalid byte sequence"  # pragma: no cover - callers pass an invalid row
+        except UnicodeDecodeError as exc:
+            reason = f"{exc.reason} at byte {exc.start}"
+        raise ValueError(f"{meta.where(int(indices[row]))}: line is not valid UTF-8 ({reason})")
+
     nonempty = np.flatnonzero(ends > starts)
     first = data[starts[nonempty]]
     # A line that starts with a continuation byte is invalid on its own; with none such, a
     # sequence cut at a line boundary cannot pass as valid, so whole runs of lines can be decoded.
     bad = nonempty[(first >= 0x80) & (first < 0xC0)]
     if bad.size:
-        _raise_utf8(meta, indices, data, starts, ends, int(bad[0]))
+        fail(int(bad[0]))
     layout = np.sort(starts[nonempty])
     cuts = [*layout[:: 1 << 16].tolist(), data.size]
     view = data.data
@@ -290,21 +299,4 @@ def _check_utf8(
             str(view[a:b], "utf-8")
         except UnicodeDecodeError as exc:
             pos = a + exc.start
-            _raise_utf8(meta, indices, data, starts, ends, int(np.flatnonzero((starts <= pos) & (ends > pos))[0]))
-
-
-def _raise_utf8(
-    meta: MetaFile,
-    indices: npt.NDArray[np.int64],
-    data: npt.NDArray[np.uint8],
-    starts: npt.NDArray[np.integer[Any]],
-    ends: npt.NDArray[np.integer[Any]],
-    row: int,
-) -> None:
-    try:
-        data[starts[row] : ends[row]].tobytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        reason = f"{exc.reason} at byte {exc.start}"
-    else:  # pragma: no cover - the callers found the row invalid
-        reason = "invalid byte sequence"
-    raise ValueError(f"{meta.where(int(indices[row]))}: line is not valid UTF-8 ({reason})")
+            fail(int(np.flatnonzero((starts <= pos) & (ends > pos))[0]))
