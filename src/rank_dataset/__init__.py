@@ -18,6 +18,7 @@ from rank_dataset.shard import Shard
 from rank_dataset.topology import get_rank_world_size
 
 if TYPE_CHECKING:
+    from rank_dataset.client import RankServerDataset, ServerDataset
     from rank_dataset.dataset import RankDataset
     from rank_dataset.sampler import RandomSampler
 
@@ -25,7 +26,9 @@ __all__ = [
     "MetaFile",
     "RandomSampler",
     "RankDataset",
+    "RankServerDataset",
     "ReloadConfig",
+    "ServerDataset",
     "Shard",
     "ShardSpec",
     "build_index",
@@ -38,6 +41,8 @@ __all__ = [
 _LAZY = {
     "RandomSampler": "rank_dataset.sampler",
     "RankDataset": "rank_dataset.dataset",
+    "RankServerDataset": "rank_dataset.client",
+    "ServerDataset": "rank_dataset.client",
 }
 
 

@@ -30,6 +30,27 @@ def index_cmd(meta_files: tuple[str, ...]) -> None:
         click.echo(f"{total}\ttotal")
 
 
+@cli.command("serve")
+@click.argument("meta_files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind; 0.0.0.0 for other nodes.")
+@click.option("--port", default=28889, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--token",
+    envvar="RANK_DATASET_TOKEN",
+    default=None,
+    help="Require 'Authorization: Bearer TOKEN' (also from $RANK_DATASET_TOKEN, which keeps it out of ps).",
+)
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1), help="Server processes.")
+def serve_cmd(meta_files: tuple[str, ...], host: str, port: int, token: str | None, workers: int) -> None:
+    """Serve META_FILES (taken as one, in order) to RankServerDataset and ServerDataset clients."""
+    from rank_dataset.server import serve
+
+    try:
+        serve(meta_files, host=host, port=port, token=token, workers=workers)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def main() -> None:
     """Entry point of the ``rank-dataset`` script and of ``python -m rank_dataset``."""
     cli(prog_name="rank-dataset")

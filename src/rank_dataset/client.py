@@ -1,0 +1,245 @@
+"""Datasets served by a meta server: ServerDataset (the whole file) and RankServerDataset (a shard)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import requests
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
+from torch.utils.data import Dataset
+
+from rank_dataset import _wire
+from rank_dataset._checks import check_int
+from rank_dataset.config import ReloadConfig
+from rank_dataset.dataset import ShardedDataset
+from rank_dataset.parsers import LineError, Parser, resolve_parser
+from rank_dataset.plan import ShardSpec
+from rank_dataset.shard import Shard
+
+__all__ = ["MetaServer", "RankServerDataset", "ServerDataset"]
+
+T = TypeVar("T")
+
+
+class _Retryable(Exception):
+    """A failure worth another try: the server answered 5xx, or sent an incomplete frame."""
+
+
+class MetaServer:
+    """HTTP access to a meta server: one keep-alive session per process, retries with backoff.
+
+    Args:
+        url: the server's base URL, e.g. ``http://10.0.0.1:28889``.
+        token: the server's token, if it has one.
+        timeout: seconds for one request, and for all the retries of one call together.
+        retries: further attempts after a connection error, a timeout or a 5xx answer.
+    """
+
+    def __init__(self, url: str, *, token: str | None = None, timeout: float = 30.0, retries: int = 5) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {url!r}")
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = float(timeout)
+        self.retries = check_int("retries", retries, low=0)
+        self._session: requests.Session | None = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A session's sockets belong to the process that opened them.
+        return {**self.__dict__, "_session": None, "_pid": -1}
+
+    def _get_session(self) -> requests.Session:
+        if self._session is None or self._pid != os.getpid():
+            # A new pool in each process (a forked DataLoader worker must not share sockets).
+            self._session = requests.Session()
+            if self.token:
+                self._session.headers["Authorization"] = f"Bearer {self.token}"
+            self._pid = os.getpid()
+        return self._session
+
+    def _call(self, method: str, path: str, parse: Callable[[requests.Response], T], **kwargs: Any) -> T:
+        """One call, retried on connection errors, timeouts, 5xx and incomplete frames; 4xx raise at once."""
+        url = f"{self.url}{path}"
+        retrying = Retrying(
+            stop=stop_after_attempt(self.retries + 1) | stop_after_delay(self.timeout),
+            wait=wait_exponential(multiplier=0.05, max=2.0),
+            retry=retry_if_exception_type((requests.ConnectionError, requests.Timeout, _Retryable)),
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    response = self._get_session().request(method, url, timeout=self.timeout, **kwargs)
+                    if response.status_code >= 500:
+                        raise _Retryable(f"HTTP {response.status_code}: {response.text[:200]}")
+                    if response.status_code >= 400:
+                        _raise_client_error(url, response)
+                    return parse(response)
+        except RetryError as exc:
+            cause = exc.last_attempt.exception()
+            attempts = exc.last_attempt.attempt_number
+            raise ConnectionError(
+                f"meta server at {self.url} did not answer {method} {path} after {attempts} attempts "
+                f"within {self.timeout:g}s: {cause}"
+            ) from cause
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def get(self, path: str) -> requests.Response:
+        """``GET path``, with retries."""
+        return self._call("GET", path, lambda response: response)
+
+    def shard(self, path: str, **kwargs: Any) -> Shard:
+        """The shard framed in the answer to ``path`` (POST when ``data`` is given, else GET)."""
+
+        def decode(response: requests.Response) -> Shard:
+            try:
+                return _wire.decode(response.content, source=self.url)
+            except _wire.FrameError as exc:  # cut short, e.g. by a server that died mid-answer
+                raise _Retryable(str(exc)) from exc
+
+        return self._call("POST" if "data" in kwargs else "GET", path, decode, **kwargs)
+
+    def num_samples(self) -> tuple[int, str | None]:
+        """The number of samples the server serves, and the fingerprint of its files."""
+        info = self.get("/len").json()
+        return int(info["num_samples"]), info.get("fingerprint")
+
+
+def _raise_client_error(url: str, response: requests.Response) -> None:
+    try:
+        body = response.json()
+        message, kind = body.get("error", response.text), body.get("kind")
+    except ValueError:
+        message, kind = response.text, None
+    if response.status_code == 401:
+        raise PermissionError(f"{url}: {message}")
+    if kind == "index":
+        raise IndexError(message)
+    raise ValueError(f"{url}: HTTP {response.status_code}: {message}")
+
+
+def _parse(parser: Parser | None, text: str, where: str) -> Any:
+    if parser is None:
+        return text
+    try:
+        return parser(text)
+    except LineError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+class ServerDataset(Dataset[Any]):
+    """Every sample of the files a meta server serves, as a map-style Dataset.
+
+    ``ds.__getitems__(indices)``, which torch's DataLoader calls with each batch, fetches the whole
+    batch in one request.
+
+    Args:
+        url: the server's base URL.
+        token: the server's token, if it has one.
+        timeout: seconds for one request, and for all the retries of one call together.
+        retries: further attempts after a connection error, a timeout or a 5xx answer.
+        parser: None (items are str), ``"json"``, ``"label"``, or a callable taking the str.
+
+    Raises:
+        ConnectionError: the server could not be reached within the retries (names the URL).
+        PermissionError: the token is missing or wrong.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 5,
+        parser: str | Parser | None = None,
+    ) -> None:
+        self.server = MetaServer(url, token=token, timeout=timeout, retries=retries)
+        self._parser = resolve_parser(parser)
+        self._len, self.fingerprint = self.server.num_samples()
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _check_index(self, i: Any) -> int:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"dataset index must be an int, got {i!r} ({type(i).__name__})")
+        if not -self._len <= i < self._len:
+            raise IndexError(f"dataset index {i} is out of range for {self._len} samples")
+        return int(i) % self._len
+
+    def __getitem__(self, i: int) -> Any:
+        index = self._check_index(i)
+        text = self.server.get(f"/sample/{index}").content.decode("utf-8")
+        return _parse(self._parser, text, f"{self.server.url} sample {index}")
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The samples ``indices``, fetched in one request."""
+        wanted = np.array([self._check_index(i) for i in indices], dtype="<i8")
+        shard = self.server.shard("/samples", data=wanted.tobytes())
+        if shard.ids is None or not np.array_equal(shard.ids, wanted):
+            raise ConnectionError(f"{self.server.url} answered other samples than the {len(wanted)} asked for")
+        texts = shard.texts(range(len(shard)))
+        return [_parse(self._parser, t, f"{self.server.url} sample {i}") for t, i in zip(texts, wanted.tolist())]
+
+
+class RankServerDataset(ShardedDataset):
+    """This rank's shard of the files a meta server serves: RankDataset's contract over HTTP.
+
+    For the same files and settings it has exactly RankDataset's indices and samples. The shard is
+    computed on the server with the same code, fetched in one streamed request, checked against the
+    plan computed here, and held in the same compact form as RankDataset's.
+
+    Args:
+        url: the server's base URL.
+        is_test, reload_cfg, rank, world_size, parser: as for RankDataset.
+        token, timeout, retries: as for ServerDataset.
+
+    Example (with a server started by ``rank-dataset serve meta.txt``)::
+
+        ds = RankServerDataset("http://127.0.0.1:28889", reload_cfg={"seed": 0, "mini_epoch": 2})
+    """
+
+    def __init__(
+        self,
+        url: str,
+        is_test: bool = False,
+        reload_cfg: ReloadConfig | Mapping[str, Any] | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 5,
+        parser: str | Parser | None = None,
+    ) -> None:
+        self.server = MetaServer(url, token=token, timeout=timeout, retries=retries)
+        num_samples, self.fingerprint = self.server.num_samples()
+        super().__init__(num_samples, is_test, reload_cfg, rank, world_size, parser)
+
+    def _build(self, spec: ShardSpec) -> Shard:
+        params = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in dataclasses.asdict(spec).items()}
+        shard = self.server.shard("/shard", params=params)
+        expected = spec.indices()
+        if shard.ids is None or not np.array_equal(shard.ids, expected):
+            raise ConnectionError(
+                f"{self.server.url} sent a shard of {len(shard)} samples that is not the planned one "
+                f"({len(expected)} samples): are client and server of different versions?"
+            )
+        return shard
+
+    def _where(self, sample: int) -> str:
+        return f"{self.server.url} sample {sample}"
