@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
-import requests
+import urllib3
 from tenacity import (
     RetryError,
     Retrying,
@@ -37,7 +38,7 @@ class _Retryable(Exception):
 
 
 class MetaServer:
-    """HTTP access to a meta server: one keep-alive session per process, retries with backoff.
+    """HTTP access to a meta server: a keep-alive pool per process, retries with backoff.
 
     Args:
         url: the server's base URL, e.g. ``http://10.0.0.1:28889``.
@@ -49,45 +50,44 @@ class MetaServer:
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 30.0, retries: int = 5) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
-        if not isinstance(timeout, (int, float)) or timeout <= 0:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = float(timeout)
         self.retries = check_int("retries", retries, low=0)
-        self._session: requests.Session | None = None
+        self._pool: urllib3.PoolManager | None = None
         self._pid = -1
 
     def __getstate__(self) -> dict[str, Any]:
-        # A session's sockets belong to the process that opened them.
-        return {**self.__dict__, "_session": None, "_pid": -1}
+        # A pool's sockets belong to the process that opened them.
+        return {**self.__dict__, "_pool": None, "_pid": -1}
 
-    def _get_session(self) -> requests.Session:
-        if self._session is None or self._pid != os.getpid():
-            # A new pool in each process (a forked DataLoader worker must not share sockets).
-            self._session = requests.Session()
-            if self.token:
-                self._session.headers["Authorization"] = f"Bearer {self.token}"
+    def _get_pool(self) -> urllib3.PoolManager:
+        if self._pool is None or self._pid != os.getpid():
+            # A new pool in each process: a forked DataLoader worker must not share sockets.
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            self._pool = urllib3.PoolManager(headers=headers, retries=False, timeout=self.timeout)
             self._pid = os.getpid()
-        return self._session
+        return self._pool
 
-    def _call(self, method: str, path: str, parse: Callable[[requests.Response], T], **kwargs: Any) -> T:
+    def _call(self, method: str, path: str, parse: Callable[[bytes], T], **kwargs: Any) -> T:
         """One call, retried on connection errors, timeouts, 5xx and incomplete frames; 4xx raise at once."""
         url = f"{self.url}{path}"
         retrying = Retrying(
             stop=stop_after_attempt(self.retries + 1) | stop_after_delay(self.timeout),
             wait=wait_exponential(multiplier=0.05, max=2.0),
-            retry=retry_if_exception_type((requests.ConnectionError, requests.Timeout, _Retryable)),
+            retry=retry_if_exception_type((urllib3.exceptions.HTTPError, _Retryable)),
         )
         try:
             for attempt in retrying:
                 with attempt:
-                    response = self._get_session().request(method, url, timeout=self.timeout, **kwargs)
-                    if response.status_code >= 500:
-                        raise _Retryable(f"HTTP {response.status_code}: {response.text[:200]}")
-                    if response.status_code >= 400:
-                        _raise_client_error(url, response)
-                    return parse(response)
+                    response = self._get_pool().request(method, url, **kwargs)
+                    if response.status >= 500:
+                        raise _Retryable(f"HTTP {response.status}: {response.data[:200]!r}")
+                    if response.status >= 400:
+                        _raise_client_error(url, response.status, response.data)
+                    return parse(response.data)
         except RetryError as exc:
             cause = exc.last_attempt.exception()
             attempts = exc.last_attempt.attempt_number
@@ -97,38 +97,38 @@ class MetaServer:
             ) from cause
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def get(self, path: str) -> requests.Response:
-        """``GET path``, with retries."""
-        return self._call("GET", path, lambda response: response)
+    def get(self, path: str) -> bytes:
+        """The body of the answer to ``GET path``, with retries."""
+        return self._call("GET", path, lambda body: body)
 
     def shard(self, path: str, **kwargs: Any) -> Shard:
-        """The shard framed in the answer to ``path`` (POST when ``data`` is given, else GET)."""
+        """The shard framed in the answer to ``path`` (POST when ``body`` is given, else GET)."""
 
-        def decode(response: requests.Response) -> Shard:
+        def decode(body: bytes) -> Shard:
             try:
-                return _wire.decode(response.content, source=self.url)
+                return _wire.decode(body, source=self.url)
             except _wire.FrameError as exc:  # cut short, e.g. by a server that died mid-answer
                 raise _Retryable(str(exc)) from exc
 
-        return self._call("POST" if "data" in kwargs else "GET", path, decode, **kwargs)
+        return self._call("POST" if "body" in kwargs else "GET", path, decode, **kwargs)
 
     def num_samples(self) -> tuple[int, str | None]:
         """The number of samples the server serves, and the fingerprint of its files."""
-        info = self.get("/len").json()
+        info = json.loads(self.get("/len"))
         return int(info["num_samples"]), info.get("fingerprint")
 
 
-def _raise_client_error(url: str, response: requests.Response) -> None:
+def _raise_client_error(url: str, status: int, body: bytes) -> None:
     try:
-        body = response.json()
-        message, kind = body.get("error", response.text), body.get("kind")
+        answer = json.loads(body)
+        message, kind = answer.get("error", body.decode(errors="replace")), answer.get("kind")
     except ValueError:
-        message, kind = response.text, None
-    if response.status_code == 401:
+        message, kind = body.decode(errors="replace"), None
+    if status == 401:
         raise PermissionError(f"{url}: {message}")
     if kind == "index":
         raise IndexError(message)
-    raise ValueError(f"{url}: HTTP {response.status_code}: {message}")
+    raise ValueError(f"{url}: HTTP {status}: {message}")
 
 
 def _parse(parser: Parser | None, text: str, where: str) -> Any:
@@ -183,13 +183,13 @@ class ServerDataset(Dataset[Any]):
 
     def __getitem__(self, i: int) -> Any:
         index = self._check_index(i)
-        text = self.server.get(f"/sample/{index}").content.decode("utf-8")
+        text = self.server.get(f"/sample/{index}").decode("utf-8")
         return _parse(self._parser, text, f"{self.server.url} sample {index}")
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples ``indices``, fetched in one request."""
         wanted = np.array([self._check_index(i) for i in indices], dtype="<i8")
-        shard = self.server.shard("/samples", data=wanted.tobytes())
+        shard = self.server.shard("/samples", body=wanted.tobytes())
         if shard.ids is None or not np.array_equal(shard.ids, wanted):
             raise ConnectionError(f"{self.server.url} answered other samples than the {len(wanted)} asked for")
         texts = shard.texts(range(len(shard)))
@@ -232,7 +232,7 @@ class RankServerDataset(ShardedDataset):
 
     def _build(self, spec: ShardSpec) -> Shard:
         params = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in dataclasses.asdict(spec).items()}
-        shard = self.server.shard("/shard", params=params)
+        shard = self.server.shard("/shard", fields=params)
         expected = spec.indices()
         if shard.ids is None or not np.array_equal(shard.ids, expected):
             raise ConnectionError(

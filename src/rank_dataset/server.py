@@ -127,13 +127,13 @@ def create_app(meta: MetaFile, *, token: str | None = None) -> ASGIApp:
     n = len(meta)
     fingerprint = getattr(meta, "fingerprint", None)
 
-    def healthz(request: Request) -> Response:
+    async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
-    def length(request: Request) -> Response:
+    async def length(request: Request) -> Response:
         return JSONResponse({"num_samples": n, "fingerprint": fingerprint})
 
-    def sample(request: Request) -> Response:
+    async def sample(request: Request) -> Response:
         raw = request.path_params["index"]
         index = _parse_int("index", raw)
         if not 0 <= index < n:

@@ -1,0 +1,26 @@
+"""The server benchmark runs end to end at a tiny size (a smoke test, not a measurement)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_server_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_server.py"), "--lines", "3000", "--seconds", "0.2"]
+    cmd += ["--batched-samples", "1024", "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "server.md").read_text()
+    assert "| whole-shard fetch (W = 1) |" in table and (tmp_path / "server.png").stat().st_size > 0
+
+
+def test_bench_build_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_build.py"), "--lines", "5000", "--repeat", "1"]
+    cmd += ["--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "RankDataset, warm index" in (tmp_path / "build.md").read_text()
