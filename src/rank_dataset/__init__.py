@@ -20,7 +20,7 @@ from rank_dataset.topology import get_rank_world_size
 if TYPE_CHECKING:
     from rank_dataset.client import RankServerDataset, ServerDataset
     from rank_dataset.dataset import RankDataset
-    from rank_dataset.sampler import RandomSampler
+    from rank_dataset.sampler import RandomSampler, ResumableSampler, resume_state
 
 __all__ = [
     "MetaFile",
@@ -28,6 +28,7 @@ __all__ = [
     "RankDataset",
     "RankServerDataset",
     "ReloadConfig",
+    "ResumableSampler",
     "ServerDataset",
     "Shard",
     "ShardSpec",
@@ -35,11 +36,14 @@ __all__ = [
     "eval_range",
     "get_rank_world_size",
     "permute",
+    "resume_state",
     "spread_positions",
 ]
 
 _LAZY = {
     "RandomSampler": "rank_dataset.sampler",
+    "ResumableSampler": "rank_dataset.sampler",
+    "resume_state": "rank_dataset.sampler",
     "RankDataset": "rank_dataset.dataset",
     "RankServerDataset": "rank_dataset.client",
     "ServerDataset": "rank_dataset.client",

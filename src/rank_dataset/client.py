@@ -243,3 +243,6 @@ class RankServerDataset(ShardedDataset):
 
     def _where(self, sample: int) -> str:
         return f"{self.server.url} sample {sample}"
+
+    def _fingerprint(self) -> str | None:
+        return self.fingerprint

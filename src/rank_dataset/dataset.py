@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Dataset
 
+from rank_dataset._checks import check_int
 from rank_dataset.config import ReloadConfig
 from rank_dataset.index import MetaFile
 from rank_dataset.parsers import LineError, Parser, resolve_parser
@@ -17,7 +18,21 @@ from rank_dataset.plan import ShardSpec
 from rank_dataset.shard import Shard
 from rank_dataset.topology import get_rank_world_size
 
-__all__ = ["RankDataset"]
+__all__ = ["STATE_VERSION", "RankDataset"]
+
+#: The format version of resume states; a state of another version is refused.
+STATE_VERSION = 1
+_STATE_KEYS = (
+    "version",
+    "num_samples",
+    "fingerprint",
+    "seed",
+    "epoch",
+    "mini_epoch",
+    "mini_epoch_idx",
+    "plan_world_size",
+    "consumed_positions",
+)
 
 MetaSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | MetaFile
 
@@ -42,6 +57,7 @@ class ShardedDataset(Dataset[Any]):
         self.num_samples = num_samples
         self._parser = resolve_parser(parser)
         self._shard: Shard | None = None
+        self._resume: dict[str, int] | None = None  # the resume point of an epoch, after load_state_dict
         self._load(self.reload_cfg.epoch, self.reload_cfg.mini_epoch_idx)
 
     # -- the plan ---------------------------------------------------------------------------------
@@ -53,6 +69,10 @@ class ShardedDataset(Dataset[Any]):
 
     def _spec_for(self, epoch: int, mini_epoch_idx: int) -> ShardSpec:
         cfg = self.reload_cfg
+        # Within the epoch it resumed, the plan keeps the boundaries the epoch started with.
+        resume: dict[str, int] = {"epoch": epoch}
+        if self._resume is not None and self._resume["epoch"] == epoch:
+            resume = dict(self._resume)
         return ShardSpec(
             num_samples=self.num_samples,
             world_size=self.world_size,
@@ -61,7 +81,7 @@ class ShardedDataset(Dataset[Any]):
             mini_epoch=cfg.mini_epoch,
             mini_epoch_idx=mini_epoch_idx,
             seed=cfg.seed,
-            epoch=epoch,
+            **resume,
         )
 
     def _load(self, epoch: int, mini_epoch_idx: int) -> None:
@@ -75,6 +95,105 @@ class ShardedDataset(Dataset[Any]):
 
     def _where(self, sample: int) -> str:
         return f"sample {sample}"
+
+    def _fingerprint(self) -> str | None:
+        """A hash identifying the meta files (None: unknown); resume states are checked against it."""
+        return None
+
+    # -- resume -----------------------------------------------------------------------------------
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """The resume point after every rank consumed ``consumed`` samples of its current shard.
+
+        A small JSON-serialisable dict, the same on every rank (so rank 0 alone can save it). It
+        names positions of the epoch order, not ranks, so it can be loaded on any world size.
+        Called with no argument (as torchdata's StatefulDataLoader calls every dataset that has a
+        ``state_dict``), it returns ``{}``: the resume point then lives in ResumableSampler's state.
+
+        Raises:
+            ValueError: ``consumed`` outside ``[0, len(self)]``, or an eval shard.
+
+        Example:
+            >>> import tempfile, os
+            >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
+            >>> _ = open(p, "w").write("".join(f"{i}.jpg {i}\\n" for i in range(10)))
+            >>> old = RankDataset(p, rank=0, world_size=2)
+            >>> state = old.state_dict(consumed=2)
+            >>> new = RankDataset(p, rank=0, world_size=2)
+            >>> new.load_state_dict(state)
+            >>> new.indices.tolist() == old.indices[2:].tolist()
+            True
+        """
+        if consumed is None:
+            return {}
+        consumed = check_int("consumed", consumed, low=0)
+        if consumed > len(self):
+            raise ValueError(f"consumed must be in [0, {len(self)}] (this rank's shard), got {consumed}")
+        spec = self._spec
+        if spec.is_test:
+            raise ValueError("an eval dataset (is_test=True) has no resume point: run eval from the start")
+        return {
+            "version": STATE_VERSION,
+            "num_samples": spec.num_samples,
+            "fingerprint": self._fingerprint(),
+            "seed": spec.seed,
+            "epoch": spec.epoch,
+            "mini_epoch": spec.mini_epoch,
+            "mini_epoch_idx": spec.mini_epoch_idx,
+            "plan_world_size": spec.plan_world_size or spec.world_size,
+            "consumed_positions": spec.consumed_positions(consumed),
+            "world_size": spec.world_size,
+            "consumed": consumed,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a resume point saved by :meth:`state_dict`, on this world size.
+
+        This rank gets its share of what was left of the interrupted mini-epoch (all ranks equally
+        long, padded by wrapping within it). Afterwards ``set_epoch(same_epoch, later_idx)`` keeps
+        the boundaries that epoch started with, and ``set_epoch(next_epoch)`` plans afresh. The
+        state's seed and mini-epoch count replace this dataset's. ``{}`` is ignored.
+
+        Raises:
+            ValueError: a state for other files (number of samples or fingerprint), of another
+                format version, or with missing keys.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        if not state:
+            return
+        missing = [k for k in _STATE_KEYS if k not in state]
+        if missing:
+            raise ValueError(f"not a resume state of this library: missing {', '.join(missing)}")
+        if state["version"] != STATE_VERSION:
+            raise ValueError(
+                f"resume state version {state['version']!r} is unknown; this version reads {STATE_VERSION}"
+            )
+        if state["num_samples"] != self.num_samples:
+            raise ValueError(
+                f"the resume state is for {state['num_samples']} samples, but these meta files hold {self.num_samples}"
+            )
+        mine = self._fingerprint()
+        if state["fingerprint"] is not None and mine is not None and state["fingerprint"] != mine:
+            raise ValueError(
+                f"the resume state is for other meta files: fingerprint {state['fingerprint']} != {mine} "
+                "(same number of samples, different contents or sizes)"
+            )
+        self.reload_cfg = self.reload_cfg.replace(
+            seed=state["seed"], mini_epoch=state["mini_epoch"], mini_epoch_idx=state["mini_epoch_idx"]
+        )
+        resume = {
+            "epoch": state["epoch"],
+            "plan_world_size": state["plan_world_size"],
+            "resume_mini_epoch_idx": state["mini_epoch_idx"],
+            "resume_offset": state["consumed_positions"],
+        }
+        previous, self._resume = self._resume, resume
+        try:
+            self._load(state["epoch"], state["mini_epoch_idx"])
+        except (TypeError, ValueError):
+            self._resume = previous
+            raise
 
     def set_epoch(self, epoch: int, mini_epoch_idx: int = 0) -> None:
         """Load this rank's shard of ``(epoch, mini_epoch_idx)`` in place of the current one.
@@ -179,3 +298,6 @@ class RankDataset(ShardedDataset):
 
     def _where(self, sample: int) -> str:
         return self.meta.where(sample)
+
+    def _fingerprint(self) -> str | None:
+        return self.meta.fingerprint

@@ -318,6 +318,21 @@ class MetaFile:
         self.__init__(state["paths"])  # type: ignore[misc]
 
     @property
+    def fingerprint(self) -> str:
+        """A short hash of the files' sample counts, sizes, and first and last 64 KiB.
+
+        Equal for the same files on any machine (paths and mtimes do not enter it), and computed
+        without reading the whole files: what a resume state is checked against.
+        """
+        digest = hashlib.sha256()
+        for i, f in enumerate(self._files):
+            digest.update(struct.pack("<qq", len(f.index.spans), f.size))
+            data = self.file_map(i) if f.size else b""
+            digest.update(data[: 1 << 16])
+            digest.update(data[max(0, f.size - (1 << 16)) :])
+        return digest.hexdigest()[:32]
+
+    @property
     def file_bounds(self) -> npt.NDArray[np.int64]:
         """Sample numbers at which each file starts, and the total at the end."""
         return self._bounds

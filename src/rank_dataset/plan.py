@@ -70,6 +70,12 @@ class ShardSpec:
         mini_epoch_idx: in ``[0, mini_epoch)``.
         seed: selects the permutation, with ``epoch``.
         epoch: any integer >= 0.
+        plan_world_size: for a resumed epoch, the world size of the plan the epoch started with
+            (0: not resumed). Its mini-epochs keep that plan's boundaries (``R0 * W0`` positions
+            each), spread over the current ``world_size`` ranks.
+        resume_mini_epoch_idx: the mini-epoch that was interrupted.
+        resume_offset: how many positions of that mini-epoch were consumed before the interruption;
+            its shards cover the rest, ``[start + resume_offset, stop)``.
 
     Example:
         >>> ShardSpec(num_samples=10, world_size=2, rank=1, seed=3).indices().shape
@@ -84,6 +90,9 @@ class ShardSpec:
     mini_epoch_idx: int = 0
     seed: int = 0
     epoch: int = 0
+    plan_world_size: int = 0
+    resume_mini_epoch_idx: int = 0
+    resume_offset: int = 0
 
     def __post_init__(self) -> None:
         check_int("num_samples", self.num_samples, low=1)
@@ -95,6 +104,18 @@ class ShardSpec:
         check_int("epoch", self.epoch, low=0)
         if not isinstance(self.is_test, bool):
             raise TypeError(f"is_test must be a bool, got {self.is_test!r}")
+        check_int("plan_world_size", self.plan_world_size, low=0)
+        check_int(
+            "resume_mini_epoch_idx", self.resume_mini_epoch_idx, low=0, high=self.mini_epoch, high_name="mini_epoch"
+        )
+        if self.plan_world_size:
+            if self.is_test:
+                raise ValueError("eval shards (is_test=True) cannot be resumed: they are neither shuffled nor padded")
+            offset, width = check_int("resume_offset", self.resume_offset), self.plan_width
+            if not 0 <= offset <= width:
+                raise ValueError(f"resume_offset must be in [0, {width}] (the positions of a mini-epoch), got {offset}")
+        elif self.resume_offset or self.resume_mini_epoch_idx:
+            raise ValueError("resume_offset and resume_mini_epoch_idx need plan_world_size >= 1")
 
     @property
     def per_rank(self) -> int:
@@ -102,18 +123,40 @@ class ShardSpec:
         return -(-self.num_samples // (self.world_size * self.mini_epoch))
 
     @property
+    def plan_width(self) -> int:
+        """Positions per mini-epoch: ``R * W`` of the plan this epoch started with."""
+        world = self.plan_world_size or self.world_size
+        return -(-self.num_samples // (world * self.mini_epoch)) * world
+
+    @property
     def mini_epoch_span(self) -> tuple[int, int]:
-        """The positions ``[start, stop)`` of the epoch order that this mini-epoch covers."""
-        width = self.per_rank * self.world_size
-        return self.mini_epoch_idx * width, (self.mini_epoch_idx + 1) * width
+        """The positions ``[start, stop)`` of the epoch order that this shard's mini-epoch covers
+        (for the interrupted mini-epoch of a resumed epoch, what was left of it)."""
+        width = self.plan_width
+        start, stop = self.mini_epoch_idx * width, (self.mini_epoch_idx + 1) * width
+        if self.plan_world_size and self.mini_epoch_idx == self.resume_mini_epoch_idx:
+            start += self.resume_offset
+        return start, stop
 
     def indices(self) -> npt.NDArray[np.int64]:
         """The sample numbers of this rank's shard, in the order it reads them."""
         if self.is_test:
             start, stop = eval_range(self.num_samples, self.world_size, self.rank)
             return np.arange(start, stop, dtype=np.int64)
-        positions = spread_positions(*self.mini_epoch_span, self.world_size, self.rank)
+        start, stop = self.mini_epoch_span
+        if start == stop:  # a resumed mini-epoch that had been consumed entirely
+            return np.empty(0, np.int64)
+        positions = spread_positions(start, stop, self.world_size, self.rank)
         return epoch_order(self.num_samples, self.seed, self.epoch, positions)
+
+    def consumed_positions(self, consumed: int) -> int:
+        """Positions of this mini-epoch consumed once every rank has read ``consumed`` samples of its
+        shard (counted from the start of the mini-epoch, whatever was consumed before a resume)."""
+        start, stop = self.mini_epoch_span
+        width = self.plan_width
+        base = start - self.mini_epoch_idx * width
+        # Past the end, ranks read the wrapped padding, which consumes nothing new.
+        return base + min(consumed * self.world_size, stop - start)
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:

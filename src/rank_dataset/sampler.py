@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator, Mapping, Sized
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
 from rank_dataset._checks import check_int
+from rank_dataset.dataset import STATE_VERSION, ShardedDataset
 
-__all__ = ["RandomSampler"]
+__all__ = ["RandomSampler", "ResumableSampler", "resume_state"]
 
 _CHUNK = 1 << 16
 
@@ -54,3 +56,93 @@ class RandomSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.data_source)
+
+
+class ResumableSampler(Sampler[int]):
+    """Reads a shard in order, and knows how far: the resume point as torchdata understands it.
+
+    The shard is already a shuffled slice of the data (a fresh one each epoch), so reading it in
+    order loses no randomness, and "``k`` samples consumed" means exactly ``indices[:k]`` on every
+    rank: the first ``k * world_size`` positions of the mini-epoch.
+
+    ``state_dict()`` is the dataset's resume point (:meth:`RankDataset.state_dict`) after the samples
+    this sampler has handed out; torchdata's ``StatefulDataLoader`` stores it with its own state,
+    taken at the batch last returned. To resume (on any world size), hand the loader's saved state
+    to :func:`resume_state` and that to the new dataset's ``load_state_dict`` before building the
+    loader; ``loader.load_state_dict(saved)`` may then be called too (it changes nothing more).
+
+    Example:
+        >>> import tempfile, os
+        >>> from rank_dataset import RankDataset
+        >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
+        >>> _ = open(p, "w").write("".join(f"{i}.jpg {i}\\n" for i in range(10)))
+        >>> ds = RankDataset(p, rank=0, world_size=1)
+        >>> sampler = ResumableSampler(ds)
+        >>> it = iter(sampler); _ = [next(it) for _ in range(4)]
+        >>> sampler.state_dict()["consumed"]
+        4
+    """
+
+    def __init__(self, data_source: ShardedDataset) -> None:
+        if not isinstance(data_source, ShardedDataset):
+            raise TypeError(f"data_source must be a RankDataset or RankServerDataset, got {type(data_source).__name__}")
+        self.data_source = data_source
+        self._next = 0  # the position the next iteration starts at
+        self._yielded = 0
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._next = self._next, 0
+        self._yielded = start
+        for i in range(start, len(self.data_source)):
+            self._yielded = i + 1
+            yield i
+
+    def __len__(self) -> int:
+        return len(self.data_source)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The dataset's resume point after the samples handed out so far."""
+        return self.data_source.state_dict(consumed=min(self._yielded, len(self.data_source)))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Skip what ``state`` says was consumed, unless the dataset was resumed from it already."""
+        current = self.data_source.state_dict(consumed=0)
+        plan = [k for k in current if k not in ("consumed", "consumed_positions", "world_size")]
+        if any(state.get(k) != current[k] for k in plan):
+            raise ValueError(
+                "this resume state is for another epoch, mini-epoch or plan than the dataset's current shard: "
+                "call dataset.load_state_dict(resume_state(saved_loader_state)) before building the DataLoader"
+            )
+        if state["consumed_positions"] == current["consumed_positions"]:
+            self._next = 0  # the dataset was loaded with this state: its shard starts there
+        elif state.get("world_size") == current["world_size"]:
+            self._next = int(state["consumed"])  # the plan the state was taken on: skip what was read
+        else:
+            raise ValueError(
+                f"this resume state was taken on {state.get('world_size')} ranks and this job has "
+                f"{current['world_size']}: call dataset.load_state_dict(resume_state(saved_loader_state)) "
+                "before building the DataLoader, so that the rest of the mini-epoch is spread over the new ranks"
+            )
+
+
+def resume_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
+    """The dataset's resume point inside a torchdata ``StatefulDataLoader`` state dict.
+
+    Raises:
+        ValueError: no ResumableSampler state in it.
+    """
+    found = _find_state(loader_state)
+    if found is None:
+        raise ValueError("no rank_dataset resume state in this loader state: was the sampler a ResumableSampler?")
+    return found
+
+
+def _find_state(node: Any) -> dict[str, Any] | None:
+    if isinstance(node, Mapping):
+        if node.get("version") == STATE_VERSION and "consumed_positions" in node:
+            return dict(node)
+        for value in node.values():
+            found = _find_state(value)
+            if found is not None:
+                return found
+    return None
