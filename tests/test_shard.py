@@ -90,3 +90,8 @@ def test_build_reads_only_the_shard(write_meta) -> None:
     s = Shard.from_meta(mf, np.arange(0, len(mf), 16))
     grown = proc.memory_info().rss - before
     assert grown < 2 * s.nbytes + (1 << 20)
+
+
+def test_empty_shard(write_meta) -> None:
+    s = Shard.from_meta(MetaFile(write_meta(n=3)), np.empty(0, np.int64))
+    assert len(s) == 0 and s.texts([]) == []

@@ -107,15 +107,16 @@ class ResumableSampler(Sampler[int]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Skip what ``state`` says was consumed, unless the dataset was resumed from it already."""
         current = self.data_source.state_dict(consumed=0)
-        plan = [k for k in current if k not in ("consumed", "consumed_positions", "world_size")]
+        plan = [k for k in current if k not in ("consumed", "consumed_positions", "world_size", "plan_world_size")]
         if any(state.get(k) != current[k] for k in plan):
             raise ValueError(
                 "this resume state is for another epoch, mini-epoch or plan than the dataset's current shard: "
                 "call dataset.load_state_dict(resume_state(saved_loader_state)) before building the DataLoader"
             )
-        if state["consumed_positions"] == current["consumed_positions"]:
+        same_plan = state.get("plan_world_size") == current["plan_world_size"]
+        if same_plan and state["consumed_positions"] == current["consumed_positions"]:
             self._next = 0  # the dataset was loaded with this state: its shard starts there
-        elif state.get("world_size") == current["world_size"]:
+        elif same_plan and state.get("world_size") == current["world_size"]:
             self._next = int(state["consumed"])  # the plan the state was taken on: skip what was read
         else:
             raise ValueError(

@@ -160,6 +160,8 @@ def _gather(
     most 7 bytes a line more than its text. Rows are visited in file order at the granularity of
     1/4096 of the samples: a cheap radix sort instead of a full one.
     """
+    if not indices.size:
+        return np.empty(0, np.uint8), np.empty(0, np.uint32), np.empty(0, np.uint32)
     n_total = len(meta)
     shift = max(0, (n_total - 1).bit_length() - 12)
     order = np.argsort((indices >> shift).astype(np.uint16), kind="stable")

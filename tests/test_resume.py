@@ -1,0 +1,187 @@
+"""Exact resume: the properties of issue 5 over many (N, W, W2, M, consumed)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from rank_dataset import RankDataset, ResumableSampler, ShardSpec, resume_state
+from rank_dataset.permutation import permute
+
+
+def datasets(meta: Path, w: int, m: int, **cfg: int) -> list[RankDataset]:
+    return [RankDataset(meta, reload_cfg={"mini_epoch": m, "seed": 3, **cfg}, rank=r, world_size=w) for r in range(w)]
+
+
+CASES = list(itertools.product([7, 20, 101], [1, 3, 4], [1, 2, 5], [1, 2]))
+
+
+@pytest.mark.parametrize(("n", "w", "w2", "m"), CASES)
+def test_union_before_and_after_is_the_mini_epoch(write_meta, n: int, w: int, w2: int, m: int) -> None:
+    meta = write_meta(n=n)
+    for mini in range(m):
+        old = datasets(meta, w, m, mini_epoch_idx=mini, epoch=1)
+        r_ = len(old[0])
+        width = r_ * w
+        expect = permute(n, 3, 1, np.arange(mini * width, (mini + 1) * width) % n)
+        for consumed in sorted({0, 1, r_ // 2, r_ - 1, r_}):
+            state = old[0].state_dict(consumed)
+            assert all(ds.state_dict(consumed) == state for ds in old)  # every rank computes the same
+            json.dumps(state)
+            before = np.concatenate([ds.indices[:consumed] for ds in old])
+            new = datasets(meta, w2, m)
+            for ds in new:
+                ds.load_state_dict(state)
+            lengths = {len(ds) for ds in new}
+            assert len(lengths) == 1  # equal per-rank lengths
+            after = np.concatenate([ds.indices for ds in new])
+            rest = width - consumed * w
+            assert len(after) == -(-rest // w2) * w2
+            # The union is the whole mini-epoch, each position once, plus the padding, which wraps
+            # to the start of what was left.
+            pad = len(after) - rest
+            start = mini * width + consumed * w
+            padding = permute(n, 3, 1, (start + np.arange(pad) % max(rest, 1)) % n) if pad else np.empty(0, int)
+            got = np.concatenate([before, after])
+            assert np.array_equal(np.sort(got), np.sort(np.concatenate([expect, padding])))
+            if w2 == w:
+                for ds, o in zip(new, old):
+                    assert np.array_equal(ds.indices, o.indices[consumed:])
+
+
+@pytest.mark.parametrize(("n", "w", "w2", "m"), [(101, 4, 3, 3), (50, 2, 5, 2), (20, 3, 3, 4)])
+def test_rest_of_the_epoch_keeps_the_old_boundaries(write_meta, n: int, w: int, w2: int, m: int) -> None:
+    meta = write_meta(n=n)
+    old = datasets(meta, w, m, mini_epoch_idx=1, epoch=2)
+    r_ = len(old[0])
+    consumed = r_ // 2
+    seen = [np.concatenate([ds.indices for ds in datasets(meta, w, m, mini_epoch_idx=0, epoch=2)])]
+    seen.append(np.concatenate([ds.indices[:consumed] for ds in old]))
+    new = datasets(meta, w2, m)
+    for ds in new:
+        ds.load_state_dict(old[0].state_dict(consumed))
+    seen.append(np.concatenate([ds.indices for ds in new]))
+    for mini in range(2, m):
+        for ds in new:
+            ds.set_epoch(2, mini)
+        assert len({len(ds) for ds in new}) == 1
+        seen.append(np.concatenate([ds.indices for ds in new]))
+    got = np.concatenate(seen)
+    # the whole epoch exactly once plus padding: every sample at least once, the excess is the
+    # plan's own padding (T - N) plus the wrap-around padding of spreading over W2 ranks
+    counts = np.bincount(got, minlength=n)
+    assert counts.min() >= 1
+    old_pad = r_ * w * m - n
+    spread_pad = sum(-(-(r_ * w) // w2) * w2 - r_ * w for _ in range(2, m)) + (
+        -(-(r_ - consumed) * w // w2) * w2 - (r_ - consumed) * w
+    )
+    assert counts.sum() - n == old_pad + spread_pad
+    # the next epoch is planned afresh for the new world size
+    for ds in new:
+        ds.set_epoch(3, 0)
+    fresh = [ShardSpec(n, w2, r, mini_epoch=m, seed=3, epoch=3).indices() for r in range(w2)]
+    assert all(np.array_equal(ds.indices, f) for ds, f in zip(new, fresh))
+
+
+def test_chained_resume(write_meta) -> None:
+    meta = write_meta(n=97)
+    first = datasets(meta, 4, 1)
+    second = datasets(meta, 3, 1)
+    for ds in second:
+        ds.load_state_dict(first[0].state_dict(5))
+    third = datasets(meta, 2, 1)
+    for ds in third:
+        ds.load_state_dict(second[0].state_dict(4))
+    got = np.concatenate(
+        [*(ds.indices[:5] for ds in first), *(ds.indices[:4] for ds in second), *(ds.indices for ds in third)]
+    )
+    assert set(got.tolist()) == set(range(97))
+
+
+def test_errors(write_meta) -> None:
+    meta, other = write_meta(n=30), write_meta(n=31)
+    ds = datasets(meta, 2, 1)[0]
+    with pytest.raises(ValueError, match=r"consumed must be in \[0, 15\]"):
+        ds.state_dict(16)
+    with pytest.raises(ValueError, match="consumed must be >= 0"):
+        ds.state_dict(-1)
+    state = ds.state_dict(3)
+    with pytest.raises(ValueError, match="for 30 samples, but these meta files hold 31"):
+        datasets(other, 2, 1)[0].load_state_dict(state)
+    same_size = write_meta([f"other_{i}" for i in range(30)])
+    with pytest.raises(ValueError, match="for other meta files: fingerprint"):
+        datasets(same_size, 2, 1)[0].load_state_dict(state)
+    with pytest.raises(ValueError, match="resume state version 99 is unknown"):
+        ds.load_state_dict({**state, "version": 99})
+    with pytest.raises(ValueError, match="missing consumed_positions"):
+        ds.load_state_dict({k: v for k, v in state.items() if k != "consumed_positions"})
+    with pytest.raises(ValueError, match="eval"):
+        RankDataset(meta, is_test=True, rank=0, world_size=1).state_dict(0)
+    assert ds.state_dict() == {}
+    ds.load_state_dict({})  # what StatefulDataLoader hands a dataset: nothing to do
+
+
+def test_fingerprint_is_of_contents_not_paths(write_meta, tmp_path: Path) -> None:
+    from rank_dataset import MetaFile
+
+    a = write_meta(n=100)
+    b = tmp_path / "copy.txt"
+    b.write_bytes(a.read_bytes())
+    assert MetaFile(a).fingerprint == MetaFile(b).fingerprint
+    assert MetaFile([a, b]).fingerprint != MetaFile(a).fingerprint
+
+
+def test_stateful_dataloader_same_and_other_world(write_meta) -> None:
+    meta = write_meta(n=2000)
+    ds = RankDataset(meta, reload_cfg={"seed": 5, "mini_epoch": 2}, rank=1, world_size=4)
+    loader = StatefulDataLoader(ds, batch_size=20, sampler=ResumableSampler(ds), num_workers=2)
+    got = []
+    for k, batch in enumerate(loader):
+        got += batch
+        if k == 6:
+            saved = json.loads(json.dumps(loader.state_dict()))
+            break
+    assert resume_state(saved)["consumed"] == 140
+    # same world size: loading the loader state is enough
+    ds2 = RankDataset(meta, reload_cfg={"seed": 5, "mini_epoch": 2}, rank=1, world_size=4)
+    loader2 = StatefulDataLoader(ds2, batch_size=20, sampler=ResumableSampler(ds2), num_workers=2)
+    loader2.load_state_dict(saved)
+    assert got + [x for b in loader2 for x in b] == [ds.meta[int(i)] for i in ds.indices]
+    # another world size: the dataset takes the resume point before the loader is built
+    ds3 = RankDataset(meta, rank=0, world_size=3)
+    ds3.load_state_dict(resume_state(saved))
+    loader3 = StatefulDataLoader(ds3, batch_size=20, sampler=ResumableSampler(ds3), num_workers=2)
+    loader3.load_state_dict(saved)
+    assert [x for b in loader3 for x in b] == [ds3.meta[int(i)] for i in ds3.indices]
+    with pytest.raises(ValueError, match="taken on 4 ranks and this job has 3"):
+        ResumableSampler(
+            RankDataset(meta, reload_cfg={"seed": 5, "mini_epoch": 2}, rank=0, world_size=3)
+        ).load_state_dict(resume_state(saved))
+    with pytest.raises(ValueError, match="no rank_dataset resume state"):
+        resume_state({"x": 1})
+
+
+def test_server_dataset_resumes_the_same(write_meta, start_server) -> None:
+    from rank_dataset import RankServerDataset
+
+    meta = write_meta(n=303)
+    server = start_server([meta])
+    old = RankDataset(meta, reload_cfg={"seed": 1, "mini_epoch": 2}, rank=0, world_size=4)
+    state = old.state_dict(10)
+    for r in range(3):
+        local = RankDataset(meta, rank=r, world_size=3)
+        remote = RankServerDataset(server.url, rank=r, world_size=3)
+        local.load_state_dict(state)
+        remote.load_state_dict(state)
+        assert np.array_equal(local.indices, remote.indices)
+        local.set_epoch(0, 1)
+        remote.set_epoch(0, 1)
+        assert np.array_equal(local.indices, remote.indices)
+    other = write_meta([f"x{i}" for i in range(303)])
+    with pytest.raises(ValueError, match="other meta files"):
+        RankServerDataset(start_server([other]).url, rank=0, world_size=1).load_state_dict(state)
