@@ -25,6 +25,16 @@ def test_training_loop_example_runs(tmp_path: Path) -> None:
     ]
 
 
+def test_every_runnable_example_runs(tmp_path: Path) -> None:
+    runnable = [b for b in python_blocks() if 'if __name__ == "__main__":' in b]
+    assert len(runnable) >= 3
+    for i, block in enumerate(runnable):
+        script = tmp_path / f"example_{i}.py"
+        script.write_text(block)
+        out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, f"example {i}:\n{block}\n{out.stderr}"
+
+
 def test_quickstart_targets_exist() -> None:
     makefile = (README.parent / "Makefile").read_text()
     for target in ("demo", "test"):
