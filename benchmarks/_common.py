@@ -6,7 +6,10 @@ import os
 import platform
 import subprocess
 import sys
-from pathlib import Path
+
+from rank_dataset._synthetic import write_imagenet_meta
+
+__all__ = ["machine_info", "write_imagenet_meta"]
 
 
 def machine_info() -> str:
@@ -29,20 +32,3 @@ def machine_info() -> str:
     except OSError:
         pass
     return f"Machine: {os.cpu_count()} cores ({cpu}), {mem_gib:.0f} GiB RAM, {platform.system()}; {versions}."
-
-
-def write_imagenet_meta(path: Path, n: int, chunk: int = 500_000) -> Path:
-    """Write ``n`` lines shaped like ImageNet's ``train/<wnid>/<wnid>_<k>.JPEG <label>``."""
-    from tqdm import tqdm
-
-    with open(path, "w") as f, tqdm(total=n, desc=f"writing {path.name}", unit="line", disable=None) as bar:
-        for lo in range(0, n, chunk):
-            hi = min(n, lo + chunk)
-            f.write(
-                "".join(
-                    f"train/n{(i * 7919) % 1000 + 1440764:08d}/img_{i}.JPEG {(i * 7919) % 1000}\n"
-                    for i in range(lo, hi)
-                )
-            )
-            bar.update(hi - lo)
-    return path

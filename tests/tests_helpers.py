@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
+from rank_dataset._synthetic import imagenet_line
 
-def imagenet_line(i: int) -> str:
-    """The i-th line of a synthetic ImageNet-like meta file."""
-    label = (i * 7919) % 1000
-    return f"train/n{label:08d}/n{label:08d}_{i}.JPEG {label}"
+__all__ = ["imagenet_line"]

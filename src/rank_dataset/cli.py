@@ -51,6 +51,50 @@ def serve_cmd(meta_files: tuple[str, ...], host: str, port: int, token: str | No
         raise click.ClickException(str(exc)) from None
 
 
+@cli.command("demo")
+@click.option(
+    "--meta-file", type=click.Path(dir_okay=False), default=None, help="A real meta file instead of a synthetic one."
+)
+@click.option("--world-size", default=4, show_default=True, type=click.IntRange(1), help="Ranks to launch.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(0), help="DataLoader workers per rank.")
+@click.option("--epochs", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--mini-epochs", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--lines", default=2_000_000, show_default=True, type=click.IntRange(1), help="Synthetic file size.")
+@click.option("--server", is_flag=True, help="Read through a meta server the demo starts and stops.")
+@click.option("--no-baseline", is_flag=True, help="Skip the naive loader's run.")
+def demo_cmd(
+    meta_file: str | None,
+    world_size: int,
+    workers: int,
+    epochs: int,
+    mini_epochs: int,
+    lines: int,
+    server: bool,
+    no_baseline: bool,
+) -> None:
+    """Run W ranks under torch.distributed, check every epoch's coverage, and compare memory with the naive loader."""
+    from rank_dataset.demo import DemoError, format_table, run_demo
+
+    click.echo(
+        f"rank-dataset demo: {world_size} ranks x {workers} DataLoader workers, {epochs} epochs x {mini_epochs} "
+        f"mini-epochs, {'meta server' if server else 'RankDataset'}{'' if no_baseline else ' and the naive loader'}"
+    )
+    try:
+        results = run_demo(
+            meta_file=meta_file,
+            world_size=world_size,
+            workers=workers,
+            epochs=epochs,
+            mini_epochs=mini_epochs,
+            lines=lines,
+            server=server,
+            baseline=not no_baseline,
+        )
+    except (DemoError, FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(format_table(results, world_size=world_size, workers=workers))
+
+
 def main() -> None:
     """Entry point of the ``rank-dataset`` script and of ``python -m rank_dataset``."""
     cli(prog_name="rank-dataset")

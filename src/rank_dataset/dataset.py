@@ -11,6 +11,7 @@ import numpy.typing as npt
 from torch.utils.data import Dataset
 
 from rank_dataset._checks import check_int
+from rank_dataset._malloc import return_freed_memory
 from rank_dataset.config import ReloadConfig
 from rank_dataset.index import MetaFile
 from rank_dataset.parsers import LineError, Parser, resolve_parser
@@ -86,7 +87,8 @@ class ShardedDataset(Dataset[Any]):
 
     def _load(self, epoch: int, mini_epoch_idx: int) -> None:
         spec = self._spec_for(epoch, mini_epoch_idx)
-        self._shard = self._build(spec)
+        self._shard = self._build(spec)  # the old shard is freed here, once the new one exists
+        return_freed_memory()
         self._spec = spec
         self.reload_cfg = self.reload_cfg.replace(epoch=epoch, mini_epoch_idx=mini_epoch_idx)
 

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset import _shm
+from rank_dataset._malloc import return_freed_memory
 from rank_dataset.index import MetaFile, drop_pages
 
 __all__ = ["Shard"]
@@ -107,6 +108,7 @@ class Shard:
         """
         indices = np.asarray(indices, np.int64)
         data, starts, ends = _gather(meta, indices)
+        return_freed_memory()
         return cls(data, starts, ends, ids=indices, source=", ".join(str(p) for p in meta.paths))
 
     def __len__(self) -> int:

@@ -1,0 +1,179 @@
+"""One rank of the demo: ``python -m rank_dataset._demo_rank CONFIG.json`` under torch.distributed.
+
+It iterates its loader (``rank_dataset``, ``server`` or ``naive``) through a DataLoader for every
+epoch and mini-epoch, gathers what every rank read, and writes its figures to ``<out>.<rank>.json``
+(rank 0 adds the coverage verdict). A failure is written to ``<out>.<rank>.error`` for the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from rank_dataset._memory import pss_with_children
+from rank_dataset.dataset import RankDataset, ShardedDataset
+from rank_dataset.sampler import RandomSampler
+
+#: A test hook: the rank named here raises, to show how the demo reports a failing rank.
+FAIL_RANK_ENV = "RANK_DATASET_DEMO_FAIL_RANK"
+
+
+class _Numbered(Dataset[tuple[int, str]]):
+    """Items with their global sample numbers, so the coverage check sees what the loader read."""
+
+    def __init__(self, source: Any, numbers: Any) -> None:
+        self.source, self.numbers = source, numbers
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> tuple[int, str]:
+        return int(self.numbers[i]), self.source[i]
+
+
+class _NaiveDataset(Dataset[str]):
+    """The usual loader: every line of the file in a Python list, in every process."""
+
+    def __init__(self, path: str) -> None:
+        with open(path, encoding="utf-8") as f:
+            self.metas = [line.strip() for line in f if line.strip()]
+
+    def __len__(self) -> int:
+        return len(self.metas)
+
+    def __getitem__(self, i: int) -> str:
+        return self.metas[i]
+
+
+def _measure() -> tuple[int, int]:
+    """PSS of this rank and of its DataLoader workers, all ranks measuring at once."""
+    dist.barrier()
+    return pss_with_children()
+
+
+def _pass(
+    dataset: Dataset[Any], sampler: Any, cfg: dict[str, Any], measure: bool
+) -> tuple[np.ndarray, float, tuple[int, int]]:
+    """One pass of a DataLoader: the sample numbers read, samples/s, and PSS measured at its last batch."""
+    loader = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=sampler, num_workers=cfg["workers"])
+    seen: list[np.ndarray] = []  # numpy, not Python ints: the check itself should cost little memory
+    batches = len(loader)
+    memory = (0, 0)
+    start = time.perf_counter()
+    for k, (numbers, _) in enumerate(loader):
+        seen.append(numbers.numpy())
+        if measure and k == batches - 1:
+            memory = _measure()  # the workers are alive and have touched the whole shard
+    read = np.concatenate(seen) if seen else np.empty(0, np.int64)
+    return read, read.size / max(time.perf_counter() - start, 1e-9), memory
+
+
+def _baseline_memory(cfg: dict[str, Any]) -> tuple[int, int]:
+    """The same processes' PSS before any meta exists: a rank and workers over a one-item dataset."""
+    tiny = _Numbered(["x"], [0])
+    loader = DataLoader(tiny, batch_size=1, num_workers=cfg["workers"])
+    memory = (0, 0)
+    for _ in loader:
+        memory = _measure()
+    return memory
+
+
+def run(cfg: dict[str, Any]) -> dict[str, Any]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if os.environ.get(FAIL_RANK_ENV) == str(rank):
+        raise RuntimeError(f"failing on purpose ({FAIL_RANK_ENV}={rank})")
+    kind = cfg["loader"]
+    base_memory = _baseline_memory(cfg)
+    start = time.perf_counter()
+    dataset: ShardedDataset | _NaiveDataset
+    if kind == "naive":
+        dataset = _NaiveDataset(cfg["meta"])
+    elif kind == "server":
+        from rank_dataset.client import RankServerDataset
+
+        dataset = RankServerDataset(cfg["url"], reload_cfg={"mini_epoch": cfg["mini_epochs"], "seed": 0})
+    else:
+        dataset = RankDataset(cfg["meta"], reload_cfg={"mini_epoch": cfg["mini_epochs"], "seed": 0})
+    build = time.perf_counter() - start
+    num_samples = len(dataset) if isinstance(dataset, _NaiveDataset) else dataset.num_samples
+
+    rates, lengths, covered = [], [], True
+    memory = (0, 0)
+    messages: list[str] = []
+    for epoch in range(cfg["epochs"]):
+        seen: list[np.ndarray] = []
+        if isinstance(dataset, _NaiveDataset):
+            sampler: DistributedSampler[str] = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=0)
+            sampler.set_epoch(epoch)
+            last = epoch == cfg["epochs"] - 1
+            got, rate, mem = _pass(_Numbered(dataset, range(len(dataset))), sampler, cfg, last)
+            seen.append(got)
+            rates.append(rate)
+            lengths.append(len(got))
+            memory = mem if mem[0] else memory
+        else:
+            for mini in range(cfg["mini_epochs"]):
+                if epoch or mini:
+                    dataset.set_epoch(epoch, mini)
+                last = epoch == cfg["epochs"] - 1 and mini == cfg["mini_epochs"] - 1
+                order = RandomSampler(dataset, seed=rank)
+                order.set_epoch(epoch * cfg["mini_epochs"] + mini)
+                got, rate, mem = _pass(_Numbered(dataset, dataset.indices), order, cfg, last)
+                seen.append(got)
+                rates.append(rate)
+                lengths.append(len(got))
+                memory = mem if mem[0] else memory
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, {"seen": np.concatenate(seen), "lengths": lengths[-1:]})
+        if rank == 0:
+            everything = np.concatenate([g["seen"] for g in gathered])
+            missing = num_samples - int(np.unique(everything).size)
+            equal = len({tuple(g["lengths"]) for g in gathered}) == 1
+            ok = missing == 0 and equal and int(everything.min()) >= 0 and int(everything.max()) < num_samples
+            covered &= ok
+            messages.append(
+                f"epoch {epoch}: {everything.size} samples read, {num_samples - missing} of {num_samples} distinct"
+                f"{'' if equal else ', UNEQUAL per-rank lengths'}"
+            )
+    return {
+        "rank": rank,
+        "loader": kind,
+        "samples": int(np.mean(lengths)) if lengths else 0,
+        "build_seconds": build,
+        "samples_per_second": float(np.mean(rates)) if rates else 0.0,
+        "memory": sum(memory) - sum(base_memory),
+        "rank_memory": memory[0] - base_memory[0],
+        "worker_memory": memory[1] - base_memory[1],
+        "covered": covered,
+        "coverage": messages,
+    }
+
+
+def main(config_path: str) -> int:
+    cfg = json.loads(Path(config_path).read_text())
+    out = Path(cfg["out"])
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        dist.init_process_group("gloo")
+        result = run(cfg)
+        (out.with_name(f"{out.name}.{rank}.json")).write_text(json.dumps(result))
+        dist.barrier()
+        dist.destroy_process_group()
+        return 0
+    except BaseException as exc:  # report every failure, Ctrl-C included, to the launcher
+        message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        out.with_name(f"{out.name}.{rank}.error").write_text(message)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,225 @@
+"""The main job: a real distributed run that checks the shards and shows what they save.
+
+``rank-dataset demo`` writes a synthetic ImageNet-shaped meta file, launches ``world_size`` ranks under
+torch.distributed (gloo), the way torchrun does, each iterating its RankDataset through a DataLoader
+for every epoch and mini-epoch; it checks over torch.distributed that each epoch covered every sample
+with equal per-rank lengths, and prints a table beside the same run with the naive loader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rank_dataset._synthetic import write_imagenet_meta
+
+__all__ = ["DemoError", "DemoResult", "format_table", "run_demo"]
+
+
+class DemoError(RuntimeError):
+    """A rank failed, or the coverage check did not pass."""
+
+
+@dataclass
+class DemoResult:
+    """The figures of one loader's run: one dict per rank, and the coverage verdict."""
+
+    loader: str
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def covered(self) -> bool:
+        return bool(self.ranks) and self.ranks[0]["covered"]
+
+    @property
+    def memory(self) -> int:
+        """Meta memory of all ranks and workers together: PSS after minus PSS before, in bytes."""
+        return sum(r["memory"] for r in self.ranks)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the rank and its DataLoader workers
+    for proc in procs:
+        proc.wait()
+
+
+def _launch(cfg: dict[str, Any], world_size: int, work: Path) -> DemoResult:
+    """Run the ranks of one loader, as torchrun would: one process each, rendezvous over TCP."""
+    out = work / f"result_{cfg['loader']}"
+    cfg = {**cfg, "out": str(out)}
+    config = work / f"config_{cfg['loader']}.json"
+    config.write_text(json.dumps(cfg))
+    port = _free_port()
+    procs = []
+    for rank in range(world_size):
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+        }
+        cmd = [sys.executable, "-m", "rank_dataset._demo_rank", str(config)]
+        procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+    try:
+        while any(p.poll() is None for p in procs):
+            failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if failed:
+                raise DemoError(_failure(out, failed[0], procs[failed[0]].returncode))
+            time.sleep(0.05)
+        failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            raise DemoError(_failure(out, failed[0], procs[failed[0]].returncode))
+    except KeyboardInterrupt:
+        _kill(procs)
+        raise DemoError("interrupted: stopped every rank and its workers") from None
+    finally:
+        _kill(procs)
+    ranks = [json.loads(out.with_name(f"{out.name}.{r}.json").read_text()) for r in range(world_size)]
+    return DemoResult(cfg["loader"], ranks)
+
+
+def _failure(out: Path, rank: int, code: int | None) -> str:
+    error = out.with_name(f"{out.name}.{rank}.error")
+    why = error.read_text().strip() if error.exists() else f"it exited with status {code}"
+    return f"rank {rank} failed ({out.name.removeprefix('result_')} loader): {why}"
+
+
+class _Server:
+    """A meta server the demo starts and stops itself."""
+
+    def __init__(self, meta: Path) -> None:
+        import urllib.request
+
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "rank_dataset", "serve", str(meta), "--port", str(self.port)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise DemoError(f"the meta server exited with status {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise DemoError("the meta server did not become healthy within 300 s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+
+def run_demo(
+    *,
+    meta_file: str | os.PathLike[str] | None = None,
+    world_size: int = 4,
+    workers: int = 2,
+    epochs: int = 2,
+    mini_epochs: int = 2,
+    lines: int = 2_000_000,
+    server: bool = False,
+    baseline: bool = True,
+    batch_size: int = 256,
+) -> list[DemoResult]:
+    """Run the demo and return one DemoResult per loader (rank_dataset or server, then naive).
+
+    Raises:
+        DemoError: a rank failed (the message names it and why), or an epoch was not covered.
+        ValueError: a bad argument.
+    """
+    for name, value, low in [
+        ("world_size", world_size, 1),
+        ("workers", workers, 0),
+        ("epochs", epochs, 1),
+        ("mini_epochs", mini_epochs, 1),
+        ("lines", lines, 1),
+    ]:
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    with tempfile.TemporaryDirectory(prefix="rank_dataset_demo_") as tmp:
+        work = Path(tmp)
+        if meta_file is None:
+            meta = write_imagenet_meta(work / "train_meta.txt", lines)
+        else:
+            meta = Path(meta_file)
+            if not meta.is_file():
+                raise FileNotFoundError(f"meta file not found: {os.fspath(meta_file)!r}")
+        cfg: dict[str, Any] = {
+            "meta": str(meta),
+            "workers": workers,
+            "epochs": epochs,
+            "mini_epochs": mini_epochs,
+            "batch_size": batch_size,
+        }
+        os.environ.setdefault("RANK_DATASET_CACHE_DIR", str(work / "cache"))
+        results = []
+        if server:
+            srv = _Server(meta)
+            try:
+                results.append(_launch({**cfg, "loader": "server", "url": srv.url}, world_size, work))
+            finally:
+                srv.stop()
+        else:
+            results.append(_launch({**cfg, "loader": "rank_dataset"}, world_size, work))
+        if baseline:
+            results.append(_launch({**cfg, "loader": "naive"}, world_size, work))
+    for result in results:
+        if not result.covered:
+            raise DemoError(
+                f"coverage check FAILED for the {result.loader} loader: " + "; ".join(result.ranks[0]["coverage"])
+            )
+    return results
+
+
+def format_table(results: list[DemoResult], *, world_size: int, workers: int) -> str:
+    """The demo's report: per-rank figures and the meta memory of all processes together."""
+    mib = 1 << 20
+    rows = [
+        "| loader | rank | samples / pass | shard build (s) | samples/s through DataLoader |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for result in results:
+        for r in result.ranks:
+            rows.append(
+                f"| {result.loader} | {r['rank']} | {r['samples']:,} | {r['build_seconds']:.2f} |"
+                f" {r['samples_per_second']:,.0f} |"
+            )
+    rows += [
+        "",
+        f"| loader | meta memory, {world_size} ranks x (1 + {workers} workers), PSS (MiB) | vs naive |",
+        "|---|---:|---:|",
+    ]
+    naive = next((r.memory for r in results if r.loader == "naive"), None)
+    for result in results:
+        ratio = f"{naive / max(result.memory, 1):.1f}x less" if naive and result.loader != "naive" else "-"
+        rows.append(f"| {result.loader} | {result.memory / mib:,.1f} | {ratio} |")
+    rows.append("")
+    for result in results:
+        rows.append(f"coverage ({result.loader}): OK - " + "; ".join(result.ranks[0]["coverage"]))
+    return "\n".join(rows)
