@@ -31,7 +31,7 @@ def test_demo_through_a_server(write_meta) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "coverage (server): OK - epoch 0: 3006 samples read, 3001 of 3001 distinct" in out.stdout
-    assert "naive" not in out.stdout
+    assert "| naive |" not in out.stdout
 
 
 def test_a_failing_rank_is_named_and_stops_the_job() -> None:
