@@ -88,6 +88,7 @@ class ShardedDataset(Dataset[Any]):
     def _load(self, epoch: int, mini_epoch_idx: int) -> None:
         spec = self._spec_for(epoch, mini_epoch_idx)
         self._shard = self._build(spec)  # the old shard is freed here, once the new one exists
+        self._bind_fast_path()
         return_freed_memory()
         self._spec = spec
         self.reload_cfg = self.reload_cfg.replace(epoch=epoch, mini_epoch_idx=mini_epoch_idx)
@@ -239,9 +240,27 @@ class ShardedDataset(Dataset[Any]):
         except LineError as exc:
             raise ValueError(f"{self._where(int(self.indices[i]))}: {exc}") from None
 
+    def _bind_fast_path(self) -> None:
+        # Plain references for __getitem__, which runs once per sample: every attribute lookup and
+        # call saved there is worth it (memoryviews index to plain ints and slice without copying).
+        shard = self.shard
+        self._fast = (len(shard), shard._raw, shard._offset, shard._mv_starts, shard._mv_ends)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_fast"}  # memoryviews do not pickle
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._bind_fast_path()
+
     def __getitem__(self, i: int) -> Any:
-        i = self._check_index(i)
-        return self._parse(self.shard.text(i), i)
+        n, raw, offset, starts, ends = self._fast
+        if type(i) is int and 0 <= i < n:
+            text = raw[offset + starts[i] : offset + ends[i]].decode()
+        else:
+            i = self._check_index(i)
+            text = self.shard.text(i)
+        return text if self._parser is None else self._parse(text, i)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch of items at once (torch's DataLoader calls this with each batch of indices)."""

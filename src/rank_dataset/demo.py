@@ -23,7 +23,7 @@ from typing import Any
 
 from rank_dataset._synthetic import write_imagenet_meta
 
-__all__ = ["DemoError", "DemoResult", "format_table", "run_demo"]
+__all__ = ["DemoError", "DemoResult", "format_table", "launch_ranks", "run_demo"]
 
 
 class DemoError(RuntimeError):
@@ -62,8 +62,12 @@ def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
         proc.wait()
 
 
-def _launch(cfg: dict[str, Any], world_size: int, work: Path) -> DemoResult:
-    """Run the ranks of one loader, as torchrun would: one process each, rendezvous over TCP."""
+def launch_ranks(cfg: dict[str, Any], world_size: int, work: Path) -> DemoResult:
+    """Run the ranks of one loader, as torchrun would: one process each, rendezvous over TCP.
+
+    ``cfg``: ``loader`` (``rank_dataset``, ``server`` with ``url``, ``naive`` or ``original``),
+    ``meta``, ``workers``, ``epochs``, ``mini_epochs``, ``batch_size``; ``work``: a scratch directory.
+    """
     out = work / f"result_{cfg['loader']}"
     cfg = {**cfg, "out": str(out)}
     config = work / f"config_{cfg['loader']}.json"
@@ -182,13 +186,13 @@ def run_demo(
         if server:
             srv = _Server(meta)
             try:
-                results.append(_launch({**cfg, "loader": "server", "url": srv.url}, world_size, work))
+                results.append(launch_ranks({**cfg, "loader": "server", "url": srv.url}, world_size, work))
             finally:
                 srv.stop()
         else:
-            results.append(_launch({**cfg, "loader": "rank_dataset"}, world_size, work))
+            results.append(launch_ranks({**cfg, "loader": "rank_dataset"}, world_size, work))
         if baseline:
-            results.append(_launch({**cfg, "loader": "naive"}, world_size, work))
+            results.append(launch_ranks({**cfg, "loader": "naive"}, world_size, work))
     for result in results:
         if not result.covered:
             raise DemoError(

@@ -81,7 +81,17 @@ class Shard:
                 a.flags.writeable = False
         self.data, self.starts, self.ends, self.ids = data, starts, ends, ids
         # memoryview indexing returns plain ints and bytes slices, far cheaper than numpy scalars.
-        self._mv_data = data.data
+        # Item access slices a bytes or mmap object (which yields bytes, cheap to decode) at plain
+        # ints from memoryviews: several times faster than numpy indexing, and nothing is copied
+        # up front. Data in any other buffer is copied once into bytes.
+        root: Any = data
+        while isinstance(root, np.ndarray) and root.base is not None:
+            root = root.base
+        if isinstance(root, (bytes, mmap.mmap)) and data.size:
+            self._raw: bytes | mmap.mmap = root
+            self._offset = data.ctypes.data - np.frombuffer(root, np.uint8).ctypes.data
+        else:
+            self._raw, self._offset = data.tobytes(), 0
         self._mv_starts = starts.data
         self._mv_ends = ends.data
 
@@ -121,16 +131,16 @@ class Shard:
 
     def raw(self, i: int) -> bytes:
         """Line ``i`` as bytes."""
-        return self._mv_data[self._mv_starts[i] : self._mv_ends[i]].tobytes()
+        return self._raw[self._offset + self._mv_starts[i] : self._offset + self._mv_ends[i]]
 
     def text(self, i: int) -> str:
         """Line ``i`` as str (the shard was checked to be UTF-8 when it was built)."""
-        return str(self._mv_data[self._mv_starts[i] : self._mv_ends[i]], "utf-8")
+        return self._raw[self._offset + self._mv_starts[i] : self._offset + self._mv_ends[i]].decode()
 
     def texts(self, indices: Sequence[int]) -> list[str]:
         """Lines ``indices`` as a list of str."""
-        data, starts, ends = self._mv_data, self._mv_starts, self._mv_ends
-        return [str(data[starts[i] : ends[i]], "utf-8") for i in indices]
+        raw, off, starts, ends = self._raw, self._offset, self._mv_starts, self._mv_ends
+        return [raw[off + starts[i] : off + ends[i]].decode() for i in indices]
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled only to reach a spawn or forkserver worker: move the arrays to shared memory
@@ -194,7 +204,9 @@ def _gather(
     exact = laid_width == 0
     laid_width[exact] = lengths[layout[exact]]
     total = int(laid_width.sum())
-    data = np.empty(total, np.uint8)
+    # An anonymous shared map, not the heap: forked workers share it outright, it is returned to
+    # the OS whole when the shard goes, and slicing it yields bytes quickly.
+    data = np.frombuffer(mmap.mmap(-1, max(total, 1)), np.uint8, count=total)
     row_starts = np.empty(indices.size, np.int64)
     row_starts[layout] = np.cumsum(laid_width) - laid_width
     del laid_width, exact
