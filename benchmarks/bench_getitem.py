@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 path, label = line.split()
                 dst.write(json.dumps({"path": path, "label": int(label)}) + "\n")
         n = args.lines
-        lines = [line.strip() for line in open(meta)]
+        lines = meta.read_text().splitlines()
         order = list(range(0, n, 7)) + list(range(3, n, 7))  # a scattered order, the same for all
         k = len(order)
         plain, listed = lines, ListDataset(lines)
