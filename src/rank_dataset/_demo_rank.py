@@ -20,11 +20,13 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from rank_dataset._memory import pss_with_children
+from rank_dataset._synthetic import imagenet_line
 from rank_dataset.dataset import RankDataset, ShardedDataset
 from rank_dataset.sampler import RandomSampler
 
 #: A test hook: the rank named here raises, to show how the demo reports a failing rank.
 FAIL_RANK_ENV = "RANK_DATASET_DEMO_FAIL_RANK"
+_BASELINE_SAMPLES = 100_000
 
 
 class _Numbered(Dataset[tuple[int, str]]):
@@ -112,13 +114,27 @@ def _pass(
     return read, read.size / max(time.perf_counter() - start, 1e-9), memory
 
 
-def _baseline_memory(cfg: dict[str, Any]) -> tuple[int, int]:
-    """The same processes' PSS before any meta exists: a rank and workers over a one-item dataset."""
-    tiny = _Numbered(["x"], [0])
-    loader = DataLoader(tiny, batch_size=1, num_workers=cfg["workers"])
-    memory = (0, 0)
-    for _ in loader:
-        memory = _measure()
+class _Generated(Dataset[str]):
+    """Lines made on the fly: the loader's own work (batches, collation) with no metas held."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> str:
+        return imagenet_line(i)
+
+
+def _baseline_memory(cfg: dict[str, Any], samples: int) -> tuple[int, int]:
+    """The same processes' PSS with no metas: a rank and its workers after a pass over generated lines.
+
+    A pass, not an idle loader, so that what workers allocate for batches anyway (heap arenas,
+    collation) is not charged to the metas.
+    """
+    n = max(1, min(samples, _BASELINE_SAMPLES))
+    _, _, memory = _pass(_Numbered(_Generated(n), range(n)), None, cfg, measure=True)
     return memory
 
 
@@ -127,7 +143,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     if os.environ.get(FAIL_RANK_ENV) == str(rank):
         raise RuntimeError(f"failing on purpose ({FAIL_RANK_ENV}={rank})")
     kind = cfg["loader"]
-    base_memory = _baseline_memory(cfg)
+    base_memory = _baseline_memory(cfg, _BASELINE_SAMPLES)
     start = time.perf_counter()
     dataset: ShardedDataset | _NaiveDataset | _OriginalDataset
     if kind == "naive":

@@ -68,6 +68,12 @@ def launch_ranks(cfg: dict[str, Any], world_size: int, work: Path) -> DemoResult
     ``cfg``: ``loader`` (``rank_dataset``, ``server`` with ``url``, ``naive`` or ``original``),
     ``meta``, ``workers``, ``epochs``, ``mini_epochs``, ``batch_size``; ``work``: a scratch directory.
     """
+    if cfg["loader"] == "rank_dataset":
+        from rank_dataset.index import MetaFile
+
+        # Index once before the job, as `rank-dataset index` or an earlier run would: the ranks then
+        # load a warm index, and the memory figures are those of a training run, not of indexing.
+        MetaFile(cfg["meta"])
     out = work / f"result_{cfg['loader']}"
     cfg = {**cfg, "out": str(out)}
     config = work / f"config_{cfg['loader']}.json"
