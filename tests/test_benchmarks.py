@@ -1,4 +1,4 @@
-"""The server benchmark runs end to end at a tiny size (a smoke test, not a measurement)."""
+"""Every benchmark script runs end to end at a tiny size (smoke tests, not measurements)."""
 
 from __future__ import annotations
 
@@ -24,3 +24,18 @@ def test_bench_build_smoke(tmp_path: Path) -> None:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "RankDataset, warm index" in (tmp_path / "build.md").read_text()
+
+
+def test_bench_memory_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--sizes", "3000", "--world-size", "2"]
+    cmd += ["--workers", "1", "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| 3,000 |" in (tmp_path / "memory.md").read_text() and (tmp_path / "memory.png").exists()
+
+
+def test_bench_getitem_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_getitem.py"), "--lines", "3000", "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert 'parser="json"' in (tmp_path / "getitem.md").read_text()
