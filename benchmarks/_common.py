@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from rank_dataset._synthetic import write_imagenet_meta
 
-__all__ = ["machine_info", "write_imagenet_meta"]
+__all__ = ["machine_info", "plotting", "save_results", "write_imagenet_meta"]
 
 
 def machine_info() -> str:
@@ -32,3 +36,23 @@ def machine_info() -> str:
     except OSError:
         pass
     return f"Machine: {os.cpu_count()} cores ({cpu}), {mem_gib:.0f} GiB RAM, {platform.system()}; {versions}."
+
+
+def plotting() -> Any:
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_results(out: Path, name: str, rows: list[str], data: Any, plot: Callable[[Path], None]) -> None:
+    """Write ``name``.md (the table), ``name``.json (the figures) and ``name``.png under ``out``; print the table."""
+    table = "\n".join(rows) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(table)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2))
+    plot(out / f"{name}.png")
+    print(table)

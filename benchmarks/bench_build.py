@@ -31,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine_info, write_imagenet_meta  # noqa: E402
+from _common import machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
 
 _PRELUDE = """
 import json, os, sys, time
@@ -162,20 +162,18 @@ def main(argv: list[str] | None = None) -> int:
         "",
         machine_info(),
     ]
-    table = "\n".join(lines) + "\n"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "build.md").write_text(table)
-    (args.out / "build.json").write_text(json.dumps({"seconds": med, "peak": peak, "own": own}, indent=2))
-    _plot(med, peak, own, args.out / "build.png", args.lines, w)
-    print(table)
+    save_results(
+        args.out,
+        "build",
+        lines,
+        {"seconds": med, "peak": peak, "own": own},
+        lambda path: _plot(med, peak, own, path, args.lines, w),
+    )
     return 0
 
 
 def _plot(med: dict[str, float], peak: dict[str, float], own: float, path: Path, n: int, w: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plotting()
 
     keys = ["scan", "cold", "warm", "original"]
     names = ["whole-file\nscan", "cold\nbuild", "warm\nbuild", "original\napproach"]

@@ -19,7 +19,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine_info, write_imagenet_meta  # noqa: E402
+from _common import machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
 
 
 class ListDataset:
@@ -97,20 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         "",
         machine_info(),
     ]
-    table = "\n".join(rows) + "\n"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "getitem.md").write_text(table)
-    (args.out / "getitem.json").write_text(json.dumps(rates, indent=2))
-    _plot(rates, args.out / "getitem.png")
-    print(table)
+    save_results(args.out, "getitem", rows, rates, lambda path: _plot(rates, path))
     return 0
 
 
 def _plot(rates: dict[str, float], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plotting()
 
     fig, ax = plt.subplots(figsize=(9, 4))
     names = list(rates)

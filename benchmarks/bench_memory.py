@@ -18,7 +18,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine_info, write_imagenet_meta  # noqa: E402
+from _common import machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
 from rank_dataset.demo import launch_ranks  # noqa: E402
 
 LOADERS = ["naive", "original", "rank_dataset"]
@@ -77,20 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         "",
         machine_info(),
     ]
-    table = "\n".join(rows) + "\n"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "memory.md").write_text(table)
-    (args.out / "memory.json").write_text(json.dumps(memory, indent=2))
-    _plot(memory, args.out / "memory.png", w, k)
-    print(table)
+    save_results(args.out, "memory", rows, memory, lambda path: _plot(memory, path, w, k))
     return 0
 
 
 def _plot(memory: dict[int, dict[str, float]], path: Path, w: int, k: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plotting()
 
     sizes = sorted(memory)
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -17,7 +17,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import subprocess
@@ -32,7 +31,7 @@ import requests
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine_info, write_imagenet_meta  # noqa: E402
+from _common import machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
 
 _FLASK_SERVER = """
 import json, sys
@@ -193,20 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         "",
         machine_info(),
     ]
-    table = "\n".join(rows) + "\n"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "server.md").write_text(table)
-    (args.out / "server.json").write_text(json.dumps(rates, indent=2))
-    _plot(rates, args.out / "server.png")
-    print(table)
+    save_results(args.out, "server", rows, rates, lambda path: _plot(rates, path))
     return 0
 
 
 def _plot(rates: dict[str, tuple[float, float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plotting()
     import numpy as np
 
     names = list(rates)

@@ -95,3 +95,15 @@ def test_build_reads_only_the_shard(write_meta) -> None:
 def test_empty_shard(write_meta) -> None:
     s = Shard.from_meta(MetaFile(write_meta(n=3)), np.empty(0, np.int64))
     assert len(s) == 0 and s.texts([]) == []
+
+
+def test_a_shard_does_not_copy_its_lines(write_meta) -> None:
+    import psutil
+
+    mf = MetaFile(write_meta(n=200_000))
+    s = Shard.from_meta(mf, np.arange(len(mf)))
+    proc = psutil.Process()
+    before = proc.memory_full_info().uss
+    again = Shard(s.data, s.starts, s.ends, ids=s.ids)  # over the same buffer: no copy of the bytes
+    assert proc.memory_full_info().uss - before < s.data.nbytes // 4
+    assert again.text(7) == mf[7]

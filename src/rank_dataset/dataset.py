@@ -264,8 +264,13 @@ class ShardedDataset(Dataset[Any]):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch of items at once (torch's DataLoader calls this with each batch of indices)."""
-        checked = [self._check_index(i) for i in indices]
-        texts = self.shard.texts(checked)
+        n, raw, offset, starts, ends = self._fast
+        if all(type(i) is int and 0 <= i < n for i in indices):
+            checked = indices
+            texts = [raw[offset + starts[i] : offset + ends[i]].decode() for i in indices]
+        else:
+            checked = [self._check_index(i) for i in indices]
+            texts = self.shard.texts(checked)
         if self._parser is None:
             return texts
         return [self._parse(t, i) for t, i in zip(texts, checked)]

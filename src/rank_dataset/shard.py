@@ -85,8 +85,13 @@ class Shard:
         # ints from memoryviews: several times faster than numpy indexing, and nothing is copied
         # up front. Data in any other buffer is copied once into bytes.
         root: Any = data
-        while isinstance(root, np.ndarray) and root.base is not None:
-            root = root.base
+        while True:  # the object that owns the memory, under numpy views and memoryviews
+            if isinstance(root, np.ndarray) and root.base is not None:
+                root = root.base
+            elif isinstance(root, memoryview):
+                root = root.obj
+            else:
+                break
         if isinstance(root, (bytes, mmap.mmap)) and data.size:
             self._raw: bytes | mmap.mmap = root
             self._offset = data.ctypes.data - np.frombuffer(root, np.uint8).ctypes.data
