@@ -48,4 +48,4 @@ def test_bad_arguments(tmp_path: Path) -> None:
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     out = demo("--meta-file", str(empty), "--world-size", "2", "--workers", "0", "--no-baseline")
-    assert out.returncode == 1 and "failed" in out.stderr and "no samples" in out.stderr
+    assert out.returncode == 1 and "no samples in" in out.stderr and "empty.txt" in out.stderr
