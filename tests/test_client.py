@@ -130,3 +130,15 @@ def test_server_back_within_retry_window(meta, server, start_server) -> None:
     finally:
         timer.join()
     assert restarted
+
+
+def test_empty_eval_shards_when_fewer_samples_than_ranks(write_meta, start_server) -> None:
+    meta = write_meta(n=7)
+    server = start_server([meta])
+    sizes = []
+    for r in range(10):
+        local = RankDataset(meta, is_test=True, rank=r, world_size=10)
+        remote = RankServerDataset(server.url, is_test=True, rank=r, world_size=10)
+        assert np.array_equal(local.indices, remote.indices)
+        sizes.append(len(remote))
+    assert sizes == [1] * 7 + [0] * 3
