@@ -107,7 +107,9 @@ def _pass(
     memory = (0, 0)
     start = time.perf_counter()
     for k, (numbers, _) in enumerate(loader):
-        seen.append(numbers.numpy())
+        # A copy: a view would keep every batch's tensor, and its shared-memory block, alive
+        # until the measurement, charging the loader's transport to the metas.
+        seen.append(numbers.numpy().copy())
         if measure and k == batches - 1:
             memory = _measure()  # the workers are alive and have touched the whole shard
     read = np.concatenate(seen) if seen else np.empty(0, np.int64)
