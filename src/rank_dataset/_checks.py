@@ -25,3 +25,15 @@ def check_int(
 
 def _of(high: int, high_name: str | None) -> str:
     return f"{high_name}={high}" if high_name else str(high)
+
+
+def check_index(i: Any, n: int, *, label: str, of: str) -> int:
+    """``i`` as an index in ``[0, n)`` (negative ones count from the end), else TypeError/IndexError.
+
+    ``label`` names the index in messages (e.g. "dataset index"), ``of`` what it indexes.
+    """
+    if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+        raise TypeError(f"{label} must be an int, got {i!r} ({type(i).__name__})")
+    if not -n <= i < n:
+        raise IndexError(f"{label} {i} is out of range for {of}")
+    return int(i) % n

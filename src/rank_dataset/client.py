@@ -21,7 +21,7 @@ from tenacity import (
 from torch.utils.data import Dataset
 
 from rank_dataset import _wire
-from rank_dataset._checks import check_int
+from rank_dataset._checks import check_index, check_int
 from rank_dataset.config import ReloadConfig
 from rank_dataset.dataset import ShardedDataset
 from rank_dataset.parsers import LineError, Parser, resolve_parser
@@ -175,11 +175,7 @@ class ServerDataset(Dataset[Any]):
         return self._len
 
     def _check_index(self, i: Any) -> int:
-        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
-            raise TypeError(f"dataset index must be an int, got {i!r} ({type(i).__name__})")
-        if not -self._len <= i < self._len:
-            raise IndexError(f"dataset index {i} is out of range for {self._len} samples")
-        return int(i) % self._len
+        return check_index(i, self._len, label="dataset index", of=f"{self._len} samples")
 
     def __getitem__(self, i: int) -> Any:
         index = self._check_index(i)

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Dataset
 
-from rank_dataset._checks import check_int
+from rank_dataset._checks import check_index, check_int
 from rank_dataset._malloc import return_freed_memory
 from rank_dataset.config import ReloadConfig
 from rank_dataset.index import MetaFile
@@ -225,12 +225,8 @@ class ShardedDataset(Dataset[Any]):
         return len(self.shard)
 
     def _check_index(self, i: Any) -> int:
-        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
-            raise TypeError(f"dataset index must be an int, got {i!r} ({type(i).__name__})")
         n = len(self.shard)
-        if not -n <= i < n:
-            raise IndexError(f"dataset index {i} is out of range for a shard of {n} samples")
-        return int(i) % n
+        return check_index(i, n, label="dataset index", of=f"a shard of {n} samples")
 
     def _parse(self, text: str, i: int) -> Any:
         if self._parser is None:

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 from platformdirs import user_cache_dir
 
+from rank_dataset._checks import check_index
 from rank_dataset._progress import progress_bar
 
 __all__ = ["CACHE_DIR_ENV", "MetaFile", "build_index"]
@@ -371,11 +372,7 @@ class MetaFile:
     def locate(self, index: int) -> tuple[int, int]:
         """``(file number, sample number within that file)`` of global sample ``index``."""
         n = len(self)
-        if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
-            raise TypeError(f"sample index must be an int, got {index!r}")
-        if not -n <= index < n:
-            raise IndexError(f"sample index {index} is out of range for {n} samples")
-        index = int(index) % n
+        index = check_index(index, n, label="sample index", of=f"{n} samples")
         file = int(np.searchsorted(self._bounds, index, side="right")) - 1
         return file, index - int(self._bounds[file])
 
