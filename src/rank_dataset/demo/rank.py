@@ -19,10 +19,10 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from rank_dataset.dataset import RankDataset, ShardedDataset
 from rank_dataset.demo.baselines import NaiveDataset, OriginalDataset
 from rank_dataset.demo.memory import pss_with_children
 from rank_dataset.demo.synthetic import imagenet_line
-from rank_dataset.dataset import RankDataset, ShardedDataset
 from rank_dataset.sampler import RandomSampler
 
 #: A test hook: the rank named here raises, to show how the demo reports a failing rank.
