@@ -31,6 +31,7 @@ __all__ = ["RanksDisagreeError", "agreement_needed", "check_ranks_agree", "disag
 
 _SLOTS = 32  # the gathered tensor's length: one slot for the field names, one per field
 _SHOWN_VALUES = 8  # distinct values named in a message; more are counted
+_SHOWN_RUNS = 16  # runs of consecutive ranks listed for a value; more are counted
 
 # Set to False by benchmarks/bench_build.py only, to time builds without the check.
 _ENABLED = True
@@ -145,14 +146,18 @@ def disagreement(per_rank: Sequence[Mapping[str, str]], group_size: int | None =
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
-    """``[0, 2-5, 9]``: ascending ranks, consecutive runs collapsed (messages of 1000 ranks stay short)."""
+    """``[0, 2-5, 9]``: ascending ranks, consecutive runs collapsed, at most 16 runs listed (messages of
+    1000 ranks stay short)."""
     runs: list[list[int]] = []
     for r in ranks:
         if runs and r == runs[-1][1] + 1:
             runs[-1][1] = r
         else:
             runs.append([r, r])
-    return "[" + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) + "]"
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs[:_SHOWN_RUNS]]
+    if len(runs) > _SHOWN_RUNS:
+        shown.append(f"... ({len(ranks)} ranks)")
+    return "[" + ", ".join(shown) + "]"
 
 
 def _hashes(reprs: Mapping[str, str]) -> list[int]:
