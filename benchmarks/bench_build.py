@@ -34,6 +34,7 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -124,6 +125,7 @@ dist.all_gather_object(gathered, times)
 if dist.get_rank() == 0:
     slowest = {k: [max(g[k][i] for g in gathered) for i in range(repeat)] for k in times}
     result = {k: statistics.median(v) for k, v in slowest.items()}
+    result["added"] = sorted(on - off for on, off in zip(slowest["on"], slowest["off"]))
     result["samples"] = len(ds)
     with open(out, "w") as f:
         json.dump(result, f)
@@ -131,9 +133,10 @@ dist.destroy_process_group()
 """
 
 
-def run_agree(meta: Path, ranks: int, repeat: int, work: Path, env: dict[str, str]) -> dict[str, float]:
+def run_agree(meta: Path, ranks: int, repeat: int, work: Path, env: dict[str, str]) -> dict[str, Any]:
     """Median seconds (of the slowest rank) of set_epoch with and without the agreement check, and of the
-    check alone, over ``ranks`` gloo ranks launched by torchrun on loopback."""
+    check alone, over ``ranks`` gloo ranks launched by torchrun on loopback; ``added``: what the check
+    added to set_epoch in each round (sorted)."""
     script, out = work / "agree_rank.py", work / "agree.json"
     script.write_text(_AGREE_RANK)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
@@ -159,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement (the median is kept)")
     parser.add_argument("--original-repeat", type=int, default=1, help="runs of the (slow) original approach")
     parser.add_argument("--agree-ranks", type=int, default=4, help="gloo ranks timing the agreement check (0: skip)")
+    parser.add_argument("--agree-repeat", type=int, default=9, help="rounds of the agreement check's timings")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write the meta file (default: a tmp dir)")
     args = parser.parse_args(argv)
@@ -178,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             rows["warm"].append(run(_RANK_DATASET, meta, (i + 1) % w, w, env))
         for _ in range(args.original_repeat):
             rows["original"].append(run(_ORIGINAL, meta, 0, w, env))
-        agree = run_agree(meta, args.agree_ranks, max(args.repeat, 3), work, env) if args.agree_ranks else None
+        agree = run_agree(meta, args.agree_ranks, args.agree_repeat, work, env) if args.agree_ranks else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -227,13 +231,17 @@ def main(argv: list[str] | None = None) -> int:
             f"| the check alone (fields + one all_gather of 256 bytes) | {agree['check'] * ms:.2f} | "
             f"{agree['check'] / agree['off']:.2%} of a build |",
             "",
-            f"Each rank holds {int(agree['samples']):,} samples. Median of {max(args.repeat, 3)} rounds; the two",
-            "set_epoch timings alternate in order, each after a barrier.",
+            f"Each rank holds {int(agree['samples']):,} samples. Median of {args.agree_repeat} rounds; in each, the",
+            "two set_epoch timings alternate in order, each after a barrier. Paired by round, the check added a",
+            f"median {statistics.median(agree['added']) * ms:.1f} ms to set_epoch (from {agree['added'][0] * ms:.1f}"
+            f" to {agree['added'][-1] * ms:.1f} ms). Where that spread is wider than the check alone, it is the",
+            "builds' own variation (a shared machine) and the check alone is the figure to go by.",
             "",
         ]
     lines += [
         f"Command: `python benchmarks/bench_build.py --lines {args.lines} --world-size {w} --repeat {args.repeat}"
-        f"{'' if args.agree_ranks == 4 else f' --agree-ranks {args.agree_ranks}'}`",
+        f"{'' if args.agree_ranks == 4 else f' --agree-ranks {args.agree_ranks}'}"
+        f"{'' if args.agree_repeat == 9 else f' --agree-repeat {args.agree_repeat}'}`",
         "",
         machine_info(),
     ]
