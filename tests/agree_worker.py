@@ -57,6 +57,12 @@ def main(work: str, out: str) -> None:
     # Both ranks claim a world of 3 in a group of 2.
     case("world_size_vs_group", lambda: RankDataset(str(base / "meta_0.txt"), rank=rank, world_size=3))
 
+    # Both processes claim rank 0 of a world of 2: rank 1 is read by nobody, rank 0 twice.
+    case("same_rank", lambda: RankDataset(str(base / "meta_0.txt"), rank=0, world_size=2))
+
+    # Data parallelism over 1 rank held by both processes (as with tensor parallelism): they agree.
+    case("shared_rank", lambda: RankDataset(str(base / "meta_0.txt"), rank=0, world_size=1))
+
     # The ranks pass different world sizes.
     case("world_size_differs", lambda: RankDataset(str(base / "meta_0.txt"), rank=rank, world_size=2 + rank))
 

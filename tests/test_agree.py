@@ -33,7 +33,7 @@ def test_no_process_group_is_a_no_op() -> None:
 
 
 def test_too_many_fields_is_an_error_even_alone() -> None:
-    with pytest.raises(ValueError, match="at most 31 fields"):
+    with pytest.raises(ValueError, match="at most 30 fields"):
         check_ranks_agree({f"f{i}": i for i in range(_SLOTS)})
 
 
@@ -168,6 +168,17 @@ def test_two_ranks_claiming_a_world_of_three(two_ranks: list[dict[str, Any]]) ->
     assert [g["raised"] for g in got] == ["RanksDisagreeError"] * 2 and got[0]["message"] == got[1]["message"]
     assert got[0]["field"] == "world_size" and got[0]["values"] == {"3": [0, 1]}
     assert "world_size: 3 on every rank, but the process group has 2 ranks" in got[0]["message"]
+
+
+def test_two_processes_claiming_one_rank(two_ranks: list[dict[str, Any]]) -> None:
+    got = [result["same_rank"] for result in two_ranks]
+    assert [g["raised"] for g in got] == ["RanksDisagreeError"] * 2 and got[0]["message"] == got[1]["message"]
+    assert got[0]["field"] == "rank" and got[0]["values"] == {"0": [0, 1]}
+    assert "rank 0 on processes [0-1] — each rank in [0, 2) must be held by 1 of" in got[0]["message"]
+
+
+def test_a_rank_held_by_several_processes_is_fine(two_ranks: list[dict[str, Any]]) -> None:
+    assert [r["shared_rank"] for r in two_ranks] == [{"raised": None}] * 2
 
 
 def test_a_failed_check_leaves_the_dataset_as_it_was(two_ranks: list[dict[str, Any]]) -> None:

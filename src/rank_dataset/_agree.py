@@ -32,7 +32,7 @@ from typing import Any
 
 __all__ = ["RanksDisagreeError", "agreement_needed", "check_ranks_agree", "disagreement"]
 
-_SLOTS = 32  # the gathered tensor's length: one slot for the field names, one per field
+_SLOTS = 32  # the gathered tensor's length: the field names, one slot per field, and the rank last
 _SHOWN_VALUES = 8  # distinct values named in a message; more are counted
 _SHOWN_RUNS = 16  # runs of consecutive ranks listed for a value; more are counted
 
@@ -67,25 +67,28 @@ class RanksDisagreeError(ValueError):
         return type(self), (str(self), self.field, self.values)
 
 
-def check_ranks_agree(fields: Mapping[str, object]) -> None:
+def check_ranks_agree(fields: Mapping[str, object], rank: int | None = None) -> None:
     """Raise :class:`RanksDisagreeError` on every rank unless all ranks passed equal ``fields``.
 
     A no-op unless torch.distributed is available and its default process group initialised (and
     in a DataLoader worker, which must not join the group's collectives). Every rank of the group
     must call it, the same number of times: it is a collective. Values are compared by their
     ``repr`` (so they must have a deterministic one: ints, strs, None, tuples, dataclasses...). A
-    field named ``world_size`` must also equal the size of the process group.
+    field named ``world_size`` must divide the size of the process group, and with ``rank`` (this
+    process's rank among ``world_size``) every rank in ``[0, world_size)`` must be held by the same
+    number of processes: one each when the world is the group, ``group / world_size`` each when
+    data-parallel ranks span several processes (tensor or pipeline parallelism).
 
     Raises:
         RanksDisagreeError: some field differs between ranks (the message names the first one,
             each of its values and the ranks holding it), or ``world_size`` is not the group's size.
-        ValueError: more than 31 fields.
+        ValueError: more than 30 fields.
 
     Example:
         >>> check_ranks_agree({"num_samples": 1000, "seed": 0})  # no process group: nothing to check
     """
-    if len(fields) >= _SLOTS:
-        raise ValueError(f"at most {_SLOTS - 1} fields can be checked, got {len(fields)}")
+    if len(fields) >= _SLOTS - 1:
+        raise ValueError(f"at most {_SLOTS - 2} fields can be checked, got {len(fields)}")
     if not agreement_needed():
         return
     import torch
@@ -93,24 +96,40 @@ def check_ranks_agree(fields: Mapping[str, object]) -> None:
 
     reprs = {str(name): repr(value) for name, value in fields.items()}
     local = _hashes(reprs)
+    local[-1] = -1 if rank is None else int(rank)  # not compared: the ranks' coverage is checked below
     device = _collective_device(dist, torch)
     mine = torch.tensor(local, dtype=torch.int64, device=device)
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, mine)
     rows = [[int(x) for x in t.tolist()] for t in gathered]
+    ranks = [row.pop() for row in rows]
     group_size = len(rows)
     if any(row != rows[0] for row in rows):
         # Every rank saw the same rows, so every rank is here: the second collective cannot hang.
         everyone: list[Any] = [None] * group_size
         dist.all_gather_object(everyone, reprs)
         raise disagreement(everyone, group_size)
-    if "world_size" in reprs and reprs["world_size"] != repr(group_size):
+    world = fields.get("world_size")
+    if isinstance(world, int) and group_size % world:
         raise RanksDisagreeError(
-            f"ranks disagree with the process group on world_size: {reprs['world_size']} on every rank, but the "
+            f"ranks disagree with the process group on world_size: {world} on every rank, but the "
             f"process group has {group_size} ranks — {_HINTS['world_size']}",
             "world_size",
-            {reprs["world_size"]: list(range(group_size))},
+            {repr(world): list(range(group_size))},
         )
+    if isinstance(world, int) and rank is not None:
+        holders: dict[str, list[int]] = {}
+        for process, r in enumerate(ranks):
+            holders.setdefault(repr(r), []).append(process)
+        each = group_size // world
+        if len(holders) != world or any(len(p) != each for p in holders.values()):
+            shown = ", ".join(f"rank {r} on processes {_ranks_text(p)}" for r, p in sorted(holders.items()))
+            raise RanksDisagreeError(
+                f"ranks disagree on rank: {shown} — each rank in [0, {world}) must be held by {each} of the "
+                f"process group's {group_size} processes (leave rank=None to take it from the process group)",
+                "rank",
+                holders,
+            )
 
 
 def disagreement(per_rank: Sequence[Mapping[str, str]], group_size: int | None = None) -> RanksDisagreeError:

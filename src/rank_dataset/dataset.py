@@ -91,7 +91,7 @@ class ShardedDataset(Dataset[Any]):
     def _load(self, spec: ShardSpec) -> None:
         """Build the shard of ``spec`` and hold it; on any error the dataset stays as it was."""
         if agreement_needed():  # under a process group, every rank must plan from the same inputs
-            check_ranks_agree(self._agreement_fields(spec))
+            check_ranks_agree(self._agreement_fields(spec), spec.rank)
         shard = self._build(spec)
         # The old shard is freed here, once the new one exists.
         self._shard, self._n, self._spec = shard, len(shard), spec
