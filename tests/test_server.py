@@ -119,9 +119,15 @@ def test_clean_exit_on_signals(start_server, write_meta, sig) -> None:
 
 def test_several_workers(write_meta, start_server) -> None:
     meta = write_meta(n=100)
-    server = start_server([meta], "--workers", "2")
+    server = start_server([meta], "--workers", "2", "--timeout-request", "1")
     for i in range(20):
         assert requests.get(f"{server.url}/sample/{i}").text == MetaFile(meta)[i]
+    silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
+    try:
+        _closed_within(silent, 4.0)  # each worker process has the limits too
+    finally:
+        for sock in silent:
+            sock.close()
     assert server.stop() == 0
 
 
@@ -200,7 +206,7 @@ def test_declared_oversized_body_is_refused_before_it_is_read(served) -> None:
         start = time.monotonic()
         sock.sendall(b"POST /samples HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % (512 << 20))
         answer = _answer(sock)  # up to the close of the connection
-        assert time.monotonic() - start < 1.0
+        assert time.monotonic() - start < 2.0
         assert answer.startswith(b"HTTP/1.1 413 ") and b"connection: close" in answer.lower()
         assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"].startswith("a request body of 536870912 bytes")
         sent = 0  # the server closed the connection: the body goes nowhere
@@ -250,7 +256,7 @@ def test_header_size_is_limited_before_any_work(write_meta, start_server) -> Non
                 sent += 65536
         answer = _answer(sock, 2)
         assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
-        assert time.monotonic() - start < 2.0 and sent < 16 << 20
+        assert time.monotonic() - start < 3.0 and sent < 16 << 20
     assert requests.get(f"{server.url}/len", headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
@@ -305,9 +311,9 @@ def test_half_open_connections_are_timed_out_and_lock_nobody_out(write_meta, sta
         for i in range(5):  # real clients are served at once meanwhile
             start = time.monotonic()
             assert requests.get(f"{server.url}/sample/{i}", timeout=5).text == MetaFile(meta)[i]
-            assert time.monotonic() - start < 0.5
-        _closed_within(socks, 4.0, trickle)
-        assert time.monotonic() - opened < 4.0  # the request timeout (1 s) closed them all, the trickling ones too
+            assert time.monotonic() - start < 1.0
+        _closed_within(socks, 5.0, trickle)
+        assert time.monotonic() - opened < 5.0  # the request timeout (1 s) closed them all, the trickling ones too
     finally:
         for sock in socks:
             sock.close()
@@ -325,7 +331,7 @@ def test_half_open_connections_past_the_concurrency_limit_only_delay_a_client(wr
         # uvicorn answers 503 while the half-open connections hold the limit; the client retries
         # until the request timeout has closed them.
         assert MetaServer(server.url, timeout=10).num_samples()[0] == 100
-        assert time.monotonic() - start < 4.0
+        assert time.monotonic() - start < 6.0
         _closed_within(socks, 3.0)
     finally:
         for sock in socks:
@@ -366,11 +372,11 @@ def test_shard_builds_are_bounded_and_a_stalled_reader_is_cut_off(write_meta, st
         start = time.monotonic()
         busy = requests.get(f"{server.url}/shard", params={"world_size": 4, "rank": 0}, timeout=10)
         assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
-        assert busy.json()["kind"] == "busy" and 0.9 < time.monotonic() - start < 2.0  # it waited 1 s for a slot
+        assert busy.json()["kind"] == "busy" and 0.9 < time.monotonic() - start < 4.0  # it waited 1 s for a slot
         assert requests.get(f"{server.url}/sample/5", timeout=5).text == MetaFile(meta)[5]  # not a build
         # The client retries after Retry-After until the send timeout has cut the stalled reader off.
         ds = RankServerDataset(server.url, rank=0, world_size=4, timeout=15, retries=0)
-        assert len(ds) == 50_000 and time.monotonic() - start < 5.0
+        assert len(ds) == 50_000 and time.monotonic() - start < 8.0
         assert len(_answer(stalled, 5)) < 11_000_000  # closed without the whole answer
     finally:
         stalled.close()
