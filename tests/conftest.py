@@ -1,14 +1,85 @@
-"""Shared fixtures: meta files written to a temporary directory, and an isolated index cache."""
+"""Shared fixtures: meta files written to a temporary directory, and an isolated index cache.
+
+The session also checks that it leaves nothing behind: no process it started (however deep, and
+in whatever session or process group) and no shared-memory segment its processes created.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import glob
+import os
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
+from rank_dataset import _shm
 from tests_helpers import Server, imagenet_line
+
+# Every process of this session names its segments with this tag (inherited through the environment),
+# which tells them from those of other sessions on the same machine.
+_SHM_TAG = f"pytest{os.getpid()}"
+os.environ[_shm.TAG_ENV] = _SHM_TAG
+
+
+def _become_subreaper() -> bool:
+    """Orphans of this session's processes (e.g. ranks whose torchrun was killed) are reparented to
+    pytest rather than to init, so they stay its descendants and the end-of-session check sees them."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(36, 1, 0, 0, 0) == 0)  # PR_SET_CHILD_SUBREAPER (Linux)
+    return False
+
+
+def _our_segments() -> list[str]:
+    dirs = {"/dev/shm", tempfile.gettempdir()}
+    return sorted(p for d in dirs for p in glob.glob(os.path.join(d, f"rank_dataset_{_SHM_TAG}_*")))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _leaves_nothing_behind() -> Iterator[None]:
+    """Fail the run if a process started by the session, or a segment made by one, outlives it."""
+    _become_subreaper()
+    yield
+    # multiprocessing's helpers for pytest itself (started by spawn and forkserver DataLoaders) live
+    # as long as it does: stop them the way multiprocessing does at exit.
+    for helper in (resource_tracker._resource_tracker, forkserver._forkserver):
+        with contextlib.suppress(Exception):
+            helper._stop()
+    me = psutil.Process()
+    left = []
+    for proc in me.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if proc.status() == psutil.STATUS_ZOMBIE:  # an orphan that exited: reap it
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(proc.pid, os.WNOHANG)
+            else:
+                left.append(proc)
+    _, alive = psutil.wait_procs(left, timeout=5)  # a grace for processes on their way out
+    report = []
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            report.append(f"pid {proc.pid}: {' '.join(proc.cmdline())[:200]}")
+            proc.kill()
+    psutil.wait_procs(alive, timeout=10)
+    segments = _our_segments()
+    for path in segments:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    problems = []
+    if report:
+        problems.append(f"{len(report)} processes started by the tests were still running (now killed):")
+        problems += report
+    if segments:
+        problems.append(f"{len(segments)} shared-memory segments were left behind (now removed): {segments}")
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import http.server
+import json
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
 from rank_dataset import MetaFile, RandomSampler, RankDataset, RankServerDataset, ServerDataset
+from rank_dataset.client import MetaServer, _retry_after
 from tests_helpers import Server
 
 SETTINGS = [
@@ -141,3 +146,89 @@ def test_empty_eval_shards_when_fewer_samples_than_ranks(write_meta, start_serve
         assert np.array_equal(local.indices, remote.indices)
         sizes.append(len(remote))
     assert sizes == [1] * 7 + [0] * 3
+
+
+# --- How the client treats a server at its limits: a scripted stub server on 127.0.0.1 ----------
+
+
+class _Scripted(http.server.BaseHTTPRequestHandler):
+    """Answers each request with the next (status, headers, body) of the server's script; the last repeats."""
+
+    def do_GET(self) -> None:
+        server: Any = self.server
+        server.times.append(time.monotonic())
+        status, headers, body = server.script[min(len(server.times), len(server.script)) - 1]
+        self.send_response(status)
+        for name, value in {**headers, "Content-Length": str(len(body))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def stub() -> Iterator[Callable[..., Any]]:
+    servers: list[http.server.ThreadingHTTPServer] = []
+
+    def start(*script: tuple[int, dict[str, str], bytes]) -> Any:
+        server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
+        server.script, server.times = list(script), []
+        server.url = f"http://127.0.0.1:{server.server_address[1]}"
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+LENGTH = (200, {"Content-Type": "application/json"}, json.dumps({"num_samples": 7, "fingerprint": None}).encode())
+BUSY = (503, {"Retry-After": "1"}, b'{"error": "busy", "kind": "busy"}')
+
+
+def test_busy_server_is_retried_after_its_retry_after(stub) -> None:
+    server = stub(BUSY, BUSY, LENGTH)
+    # retries=0: a 503 does not use up retries, only time
+    assert MetaServer(server.url, timeout=10, retries=0).num_samples() == (7, None)
+    gaps = np.diff(server.times)
+    assert len(server.times) == 3 and all(1.0 <= gap < 3.0 for gap in gaps), gaps
+
+
+def test_busy_server_without_retry_after_is_retried_with_backoff(stub) -> None:
+    server = stub((503, {}, b"Service Unavailable"), LENGTH)
+    assert MetaServer(server.url, timeout=10, retries=0).num_samples() == (7, None)
+    assert len(server.times) == 2 and server.times[1] - server.times[0] < 0.5
+
+
+def test_busy_retries_end_with_the_timeout(stub) -> None:
+    server = stub(BUSY)
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"was still busy with GET /len after \d attempts within 2.5s"):
+        MetaServer(server.url, timeout=2.5).num_samples()
+    assert time.monotonic() - start < 3.0  # no sleep that would end past the timeout (2.5 s)
+    late = stub((503, {"Retry-After": "30"}, b"busy"))
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="after 1 attempts"):  # asked to come back too late: at once
+        MetaServer(late.url, timeout=5).num_samples()
+    assert time.monotonic() - start < 1.0
+
+
+@pytest.mark.parametrize("status", [400, 404, 408, 413, 429, 431])
+def test_other_4xx_are_not_retried(stub, status) -> None:
+    server = stub((status, {"Retry-After": "1"}, json.dumps({"error": "no", "kind": "request"}).encode()))
+    with pytest.raises(ValueError, match=f"HTTP {status}: no"):
+        MetaServer(server.url, timeout=10).num_samples()
+    assert len(server.times) == 1
+
+
+def test_retry_after_forms() -> None:
+    from email.utils import formatdate
+
+    assert _retry_after("3") == 3.0 and _retry_after(" 0 ") == 0.0
+    assert _retry_after(None) is None and _retry_after("soon") is None and _retry_after("-1") is None
+    assert 8 < (_retry_after(formatdate(time.time() + 10, usegmt=True)) or 0) <= 10
+    assert _retry_after(formatdate(time.time() - 100, usegmt=True)) == 0.0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from rank_dataset import ShardSpec
+from tests_helpers import kill_tree
 
 HERE = Path(__file__).resolve().parent
 N = 1001
@@ -32,17 +32,20 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     meta = work / "meta.txt"
     meta.write_text("".join(f"img_{i}.JPEG {i % 10}\n" for i in range(N)))
     job = torchrun(4, meta, work, "first")
-    deadline = time.monotonic() + 120
-    logs = [work / f"consumed.{r}.jsonl" for r in range(4)]
-    while time.monotonic() < deadline:
-        if (work / "state.json").exists() and all(p.exists() and p.read_text().count("\n") >= 6 for p in logs):
-            break
-        assert job.poll() is None, job.stderr.read().decode() if job.stderr else ""
-        time.sleep(0.1)
-    else:
-        pytest.fail("the first run did not reach its checkpoint")
-    os.killpg(job.pid, signal.SIGKILL)  # preemption: no chance to clean up
-    job.wait(timeout=30)
+    try:
+        deadline = time.monotonic() + 120
+        logs = [work / f"consumed.{r}.jsonl" for r in range(4)]
+        while time.monotonic() < deadline:
+            if (work / "state.json").exists() and all(p.exists() and p.read_text().count("\n") >= 6 for p in logs):
+                break
+            assert job.poll() is None, job.stderr.read().decode() if job.stderr else ""
+            time.sleep(0.1)
+        else:
+            pytest.fail("the first run did not reach its checkpoint")
+    finally:
+        # Preemption: no chance to clean up. torchrun, its ranks (in sessions of their own) and
+        # their DataLoader workers all go, and are waited for.
+        kill_tree(job)
     return meta, work
 
 
@@ -58,7 +61,10 @@ def test_resume_after_kill(killed_run: tuple[Path, Path], world: int) -> None:
             if entry["step"] * 10 < consumed:  # consumed before the checkpoint; later work is redone
                 before += entry["samples"]
     job = torchrun(world, meta, work, "resume")
-    _, err = job.communicate(timeout=180)
+    try:
+        _, err = job.communicate(timeout=180)
+    finally:
+        kill_tree(job)  # nothing is left if it failed or hung; a no-op once it has exited
     assert job.returncode == 0, err.decode()[-3000:]
     gathered = json.loads((work / f"after.{world}.json").read_text())
     after = [i for g in gathered for i in g["samples"]]

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
+import select
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
+import psutil
 import pytest
 import requests
 
@@ -61,6 +66,25 @@ def test_endpoints(served) -> None:
         ("GET", "/shard", {"params": {"world_size": 2, "rank": 0, "mini_epoch_idx": 1}}, 400, "mini_epoch_idx"),
         ("GET", "/shard", {"params": {"world_size": 2, "rank": 0, "num_samples": 5}}, 409, "num_samples=5"),
         ("GET", "/nope", {}, 404, "no such endpoint '/nope'"),
+        # numbers no client sends: each a 4xx with a message, never a 500
+        ("GET", "/shard", {"params": {"world_size": 2**70, "rank": 0}}, 400, r"world_size must be below 2\*\*63"),
+        ("GET", "/shard", {"params": {"world_size": 2, "rank": -1}}, 400, r"rank must be in \[0, world_size=2\)"),
+        ("GET", "/shard", {"params": {"world_size": 2, "rank": 2**64}}, 400, r"rank must be below 2\*\*63"),
+        (
+            "GET",
+            "/shard",
+            {"params": {"world_size": 2**62, "rank": 0, "mini_epoch": 4, "mini_epoch_idx": 3}},
+            400,
+            r"past 2\*\*63 positions",
+        ),
+        ("GET", "/shard", {"params": {"world_size": "1_0", "rank": 0}}, 400, "world_size must be an integer"),
+        ("GET", "/shard", {"params": {"world_size": " 1", "rank": 0}}, 400, "world_size must be an integer"),
+        ("GET", "/shard", {"params": {"world_size": "\uff11", "rank": 0}}, 400, "world_size must be an integer"),
+        ("GET", "/shard", {"params": {"world_size": "9" * 101, "rank": 0}}, 400, "at most 100 digits"),
+        ("GET", "/shard", {"params": [("world_size", 2), ("rank", 0), ("rank", 1)]}, 400, "'rank' is given more"),
+        ("GET", f"/sample/{2**70}", {}, 404, "sample index 1180591620717411303424 is out of range"),
+        ("GET", "/sample/1e3", {}, 400, "index must be an integer, got '1e3'"),
+        ("GET", f"/sample/{'9' * 5000}", {}, 400, "index must have at most 100 digits"),
     ],
 )
 def test_client_mistakes_are_4xx_with_a_message(served, method, path, kwargs, status, message) -> None:
@@ -94,9 +118,15 @@ def test_clean_exit_on_signals(start_server, write_meta, sig) -> None:
 
 def test_several_workers(write_meta, start_server) -> None:
     meta = write_meta(n=100)
-    server = start_server([meta], "--workers", "2")
+    server = start_server([meta], "--workers", "2", "--timeout-request", "1")
     for i in range(20):
         assert requests.get(f"{server.url}/sample/{i}").text == MetaFile(meta)[i]
+    silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
+    try:
+        _closed_within(silent, 4.0)  # each worker process has the limits too
+    finally:
+        for sock in silent:
+            sock.close()
     assert server.stop() == 0
 
 
@@ -134,3 +164,231 @@ def test_serves_without_torch(write_meta, tmp_path) -> None:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
+
+
+# --- Limits: hostile and broken clients ------------------------------------------------------------
+# Raw sockets on 127.0.0.1 only; every loop below is bounded in count and time.
+
+
+def test_malformed_numbers_are_never_a_server_error(served) -> None:
+    _, server = served
+    odd = ["-1", "0", str(2**63 - 1), str(2**63), str(2**64), str(-(2**70)), "1e3", "0x10", "", "nan", "+7", "٣"]
+    fields = ["world_size", "rank", "mini_epoch", "mini_epoch_idx", "seed", "epoch", "plan_world_size"]
+    fields += ["resume_mini_epoch_idx", "resume_offset", "num_samples"]
+    with requests.Session() as session:
+        for field in fields:
+            for value in odd:
+                params = {"world_size": 4, "rank": 1, "mini_epoch": 2, field: value}
+                response = session.get(f"{server.url}/shard", params=params, timeout=10)
+                assert response.status_code < 500, (field, value, response.text)
+                if response.status_code >= 400:
+                    assert response.json()["error"], (field, value)
+        for value in odd:
+            response = session.get(f"{server.url}/sample/{value}", timeout=10)
+            assert response.status_code < 500 and (response.ok or response.json()["error"]), value
+
+
+def _answer(sock: socket.socket, timeout: float = 5.0) -> bytes:
+    """What the server answered on ``sock``, up to its close or ``timeout``."""
+    sock.settimeout(timeout)
+    data = b""
+    with contextlib.suppress(ConnectionResetError, socket.timeout):
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def test_declared_oversized_body_is_refused_before_it_is_read(served) -> None:
+    _, server = served
+    rss = psutil.Process(server.proc.pid).memory_info().rss
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        start = time.monotonic()
+        sock.sendall(b"POST /samples HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % (512 << 20))
+        answer = _answer(sock)  # up to the close of the connection
+        assert time.monotonic() - start < 2.0
+        assert answer.startswith(b"HTTP/1.1 413 ") and b"connection: close" in answer.lower()
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"].startswith("a request body of 536870912 bytes")
+        sent = 0  # the server closed the connection: the body goes nowhere
+        with contextlib.suppress(OSError):
+            while sent < 512 << 20:
+                sock.sendall(bytes(1 << 20))
+                sent += 1 << 20
+        assert sent < 64 << 20
+    assert psutil.Process(server.proc.pid).memory_info().rss - rss < 50 << 20
+    assert requests.get(f"{server.url}/healthz").status_code == 200
+
+
+def test_chunked_body_is_capped_as_it_streams(write_meta, start_server) -> None:
+    meta = write_meta(n=1000)
+    server = start_server([meta], "--max-body-size", "65536")
+    # within the limit, chunked (a generator body) is fine
+    chunks = (np.array([i], "<i8").tobytes() for i in (3, 1, 4))
+    shard = protocol.decode_frame(requests.post(f"{server.url}/samples", data=chunks).content)
+    assert shard.ids.tolist() == [3, 1, 4]
+    # over it, the answer is 413 as soon as the limit is passed, though the body never ends
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /samples HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(5):
+            sock.sendall(b"4000\r\n" + bytes(16384) + b"\r\n")
+        answer = _answer(sock)
+    assert answer.startswith(b"HTTP/1.1 413 ") and b"connection: close" in answer.lower()
+    assert "more than 65536 bytes" in json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    response = requests.post(f"{server.url}/samples", data=bytes(65536 + 8))
+    assert response.status_code == 413 and "at most 65536" in response.json()["error"]
+
+
+def test_header_size_is_limited_before_any_work(write_meta, start_server) -> None:
+    meta = write_meta(n=10)
+    server = start_server([meta], "--token", "s3cret", "--max-header-size", "8192")
+    token = b"Authorization: Bearer s3cret\r\n"
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"GET /len HTTP/1.1\r\nHost: t\r\n" + token + b"X-Pad: " + b"a" * 7000 + b"\r\n\r\n")
+        assert _answer(sock, 2).startswith(b"HTTP/1.1 200 ")  # under the limit
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        # a 32 MiB header, sent until the server answers: 400 (h11's limit), not 401 (the token check)
+        start = time.monotonic()
+        sock.sendall(b"GET /len HTTP/1.1\r\nHost: t\r\nX-Big: ")
+        sent = 0
+        with contextlib.suppress(OSError):
+            while sent < 32 << 20 and not select.select([sock], [], [], 0)[0]:
+                sock.sendall(b"a" * 65536)
+                sent += 65536
+        answer = _answer(sock, 2)
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+        assert time.monotonic() - start < 3.0 and sent < 16 << 20
+    assert requests.get(f"{server.url}/len", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def _closed_within(socks: list[socket.socket], seconds: float, trickle: list[socket.socket] = ()) -> float:
+    """Seconds until the server closed every socket (raises if it did not within ``seconds``);
+    meanwhile one byte every 0.2 s goes out on each of ``trickle``, as a slowloris client does."""
+    start = time.monotonic()
+    open_ = {s.fileno(): s for s in socks}
+    poller = select.poll()
+    for s in socks:
+        poller.register(s, select.POLLIN)
+    while open_ and time.monotonic() - start < seconds:
+        for fd, _ in poller.poll(200):
+            try:
+                closed = open_[fd].recv(4096) == b""
+            except ConnectionResetError:
+                closed = True
+            if closed:
+                poller.unregister(fd)
+                del open_[fd]
+        for s in trickle:
+            if s.fileno() in open_:
+                with contextlib.suppress(OSError):
+                    s.send(b"X")
+    assert not open_, f"{len(open_)} of {len(socks)} connections still open after {seconds}s"
+    return time.monotonic() - start
+
+
+def _half_open(port: int, count: int) -> tuple[list[socket.socket], list[socket.socket]]:
+    """``count`` connections that never finish a request: silent, half a head, half a body, trickling."""
+    socks, trickle = [], []
+    for i in range(count):
+        sock = socket.create_connection(("127.0.0.1", port))
+        kind = i % 4
+        if kind == 1:
+            sock.sendall(b"GET /len HTTP/1.1\r\nHost: t\r\n")
+        elif kind == 2:
+            sock.sendall(b"POST /samples HTTP/1.1\r\nHost: t\r\nContent-Length: 800\r\n\r\n" + bytes(8))
+        elif kind == 3:
+            sock.sendall(b"GET /len HTTP/1.1\r\n")
+            trickle.append(sock)
+        socks.append(sock)
+    return socks, trickle
+
+
+def test_half_open_connections_are_timed_out_and_lock_nobody_out(write_meta, start_server) -> None:
+    meta = write_meta(n=100)
+    server = start_server([meta], "--timeout-request", "1")
+    socks, trickle = _half_open(server.port, 400)
+    try:
+        opened = time.monotonic()
+        for i in range(5):  # real clients are served at once meanwhile
+            start = time.monotonic()
+            assert requests.get(f"{server.url}/sample/{i}", timeout=5).text == MetaFile(meta)[i]
+            assert time.monotonic() - start < 1.0
+        _closed_within(socks, 5.0, trickle)
+        assert time.monotonic() - opened < 5.0  # the request timeout (1 s) closed them all, the trickling ones too
+    finally:
+        for sock in socks:
+            sock.close()
+    assert requests.get(f"{server.url}/healthz", timeout=5).status_code == 200
+
+
+def test_half_open_connections_past_the_concurrency_limit_only_delay_a_client(write_meta, start_server) -> None:
+    from rank_dataset.client import MetaServer
+
+    meta = write_meta(n=100)
+    server = start_server([meta], "--timeout-request", "1", "--limit-concurrency", "50")
+    socks, _ = _half_open(server.port, 80)
+    try:
+        start = time.monotonic()
+        # uvicorn answers 503 while the half-open connections hold the limit; the client retries
+        # until the request timeout has closed them.
+        assert MetaServer(server.url, timeout=10).num_samples()[0] == 100
+        assert time.monotonic() - start < 6.0
+        _closed_within(socks, 3.0)
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+@pytest.fixture
+def served_keep_alive(write_meta, start_server):
+    return start_server([write_meta(n=10)], "--timeout-keep-alive", "1")
+
+
+def test_idle_connection_closed_after_keep_alive(served_keep_alive) -> None:
+    server = served_keep_alive
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        start = time.monotonic()
+        answer = _answer(sock, 5)
+        assert answer.startswith(b"HTTP/1.1 200 ") and 0.8 < time.monotonic() - start < 3.0
+
+
+def _stalled_shard_request(port: int) -> socket.socket:
+    """A client that asks for a whole shard and reads none of it."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET /shard?world_size=1&rank=0 HTTP/1.1\r\nHost: t\r\n\r\n")
+    return sock
+
+
+def test_shard_builds_are_bounded_and_a_stalled_reader_is_cut_off(write_meta, start_server) -> None:
+    from rank_dataset import RankServerDataset
+
+    meta = write_meta(n=200_000)  # a whole shard of some 11 MB: more than the socket buffers hold
+    server = start_server([meta], "--max-builds", "1", "--timeout-send", "2")
+    stalled = _stalled_shard_request(server.port)
+    try:
+        time.sleep(0.5)  # its build holds the only slot while the answer waits for it to read
+        start = time.monotonic()
+        busy = requests.get(f"{server.url}/shard", params={"world_size": 4, "rank": 0}, timeout=10)
+        assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
+        assert busy.json()["kind"] == "busy" and 0.9 < time.monotonic() - start < 4.0  # it waited 1 s for a slot
+        assert requests.get(f"{server.url}/sample/5", timeout=5).text == MetaFile(meta)[5]  # not a build
+        # The client retries after Retry-After until the send timeout has cut the stalled reader off.
+        ds = RankServerDataset(server.url, rank=0, world_size=4, timeout=15, retries=0)
+        assert len(ds) == 50_000 and time.monotonic() - start < 8.0
+        assert len(_answer(stalled, 5)) < 11_000_000  # closed without the whole answer
+    finally:
+        stalled.close()
+
+
+def test_serve_flags_have_serve_defaults() -> None:
+    import inspect
+
+    from rank_dataset.cli import serve_cmd
+    from rank_dataset.server import serve
+
+    defaults = {name: p.default for name, p in inspect.signature(serve).parameters.items()}
+    for option in serve_cmd.params:
+        if option.name in defaults and option.name not in ("host", "port", "token", "workers"):
+            assert option.default == defaults[option.name], option.name
+    assert {"max_body_size", "max_header_size", "max_builds", "limit_concurrency"} <= {o.name for o in serve_cmd.params}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -10,11 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import requests
 
 from rank_dataset.demo.synthetic import imagenet_line
 
-__all__ = ["Server", "free_port", "imagenet_line"]
+__all__ = ["Server", "free_port", "imagenet_line", "kill_tree"]
 
 
 def free_port() -> int:
@@ -46,3 +48,40 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         return self.proc.wait(timeout=30)
+
+
+def _tree(root: psutil.Process) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return [root, *root.children(recursive=True)]
+    return []
+
+
+def kill_tree(proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout: float = 30) -> None:
+    """SIGKILL ``proc`` and every process under it, and wait until all are gone.
+
+    Descendants are found by parent links, not by process group or session: torchrun starts its
+    ranks in new sessions, so ``os.killpg`` on torchrun's group misses them and their DataLoader
+    workers. The tree is frozen (SIGSTOP) before it is killed, so that nothing forks or is
+    reparented away while it is being listed.
+    """
+    try:
+        root = psutil.Process(proc.pid)
+    except psutil.NoSuchProcess:
+        proc.wait(timeout=timeout)
+        return
+    seen: dict[int, psutil.Process] = {}
+    while True:  # until no stopped process has a child not yet stopped
+        fresh = [p for p in _tree(root) if p.pid not in seen]
+        if not fresh:
+            break
+        for p in fresh:
+            seen[p.pid] = p
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.suspend()
+    for p in seen.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    proc.wait(timeout=timeout)
+    _, alive = psutil.wait_procs([p for p in seen.values() if p.pid != proc.pid], timeout=timeout)
+    if alive:
+        raise RuntimeError(f"processes still alive {timeout}s after SIGKILL: {[p.pid for p in alive]}")

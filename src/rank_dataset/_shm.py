@@ -4,6 +4,10 @@ A segment is a file in ``/dev/shm`` (or the temporary directory where there is n
 ``mmap``; a handle to it is the file's path and the arrays' layout. The process that created a
 segment removes its name when the owner object is collected; processes that mapped it keep their
 mapping until they drop it, as with any unlinked file.
+
+Segments are named ``rank_dataset_<random>``, or ``rank_dataset_<tag>_<random>`` when the
+environment sets ``RANK_DATASET_SHM_TAG``, so that a job (or a test session) can find the segments
+that its own processes left behind.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 _SHM_DIR = "/dev/shm"
+TAG_ENV = "RANK_DATASET_SHM_TAG"
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,8 @@ def share(owner: object, arrays: Sequence[npt.NDArray[Any]]) -> tuple[Handle, li
         offset = -(-offset // 64) * 64  # keep every array aligned for its dtype
         layout.append((a.dtype.str, int(a.size), offset))
         offset += a.nbytes
-    fd, path = tempfile.mkstemp(prefix="rank_dataset_", dir=_segment_dir())
+    tag = os.environ.get(TAG_ENV, "")
+    fd, path = tempfile.mkstemp(prefix=f"rank_dataset_{tag}_" if tag else "rank_dataset_", dir=_segment_dir())
     try:
         os.ftruncate(fd, max(offset, 1))
         mm = mmap.mmap(fd, max(offset, 1))

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import email.utils
 import json
 import os
+import random
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 import numpy as np
 import urllib3
 from tenacity import (
+    RetryCallState,
     RetryError,
     Retrying,
     retry_if_exception_type,
-    stop_after_attempt,
-    stop_after_delay,
+    stop_before_delay,
     wait_exponential,
 )
 from torch.utils.data import Dataset
@@ -37,6 +40,42 @@ class _Retryable(Exception):
     """A failure worth another try: the server answered 5xx, or sent an incomplete frame."""
 
 
+class _Busy(_Retryable):
+    """The server answered 503: it is at a limit, and may say in how many seconds to come back."""
+
+    def __init__(self, message: str, retry_after: float | None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header: delay-seconds or an HTTP date; None if absent or malformed."""
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+_backoff = wait_exponential(multiplier=0.05, max=2.0)
+
+
+def _wait(state: RetryCallState) -> float:
+    """Exponential backoff, but never sooner than a busy server's Retry-After (plus a little jitter,
+    so that the clients it turned away do not all come back at once)."""
+    seconds = float(_backoff(state))
+    error = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(error, _Busy) and error.retry_after is not None:
+        seconds = max(seconds, error.retry_after) + random.uniform(0, 0.1)
+    return seconds
+
+
 class MetaServer:
     """HTTP access to a meta server: a keep-alive pool per process, retries with backoff.
 
@@ -44,7 +83,9 @@ class MetaServer:
         url: the server's base URL, e.g. ``http://10.0.0.1:28889``.
         token: the server's token, if it has one.
         timeout: seconds for one request, and for all the retries of one call together.
-        retries: further attempts after a connection error, a timeout or a 5xx answer.
+        retries: further attempts after a connection error, a timeout or a 5xx answer; a 503 (the
+            server at one of its limits) is retried, after its Retry-After, until ``timeout`` without
+            using these up. Other 4xx answers are never retried.
 
     Once :meth:`num_samples` has been called, every request carries the fingerprint of the files
     the server held then, and a server on other files answers 409 (a ValueError here).
@@ -75,20 +116,36 @@ class MetaServer:
         return self._pool
 
     def _call(self, method: str, path: str, parse: Callable[[bytes], T], **kwargs: Any) -> T:
-        """One call, retried on connection errors, timeouts, 5xx and incomplete frames; 4xx raise at once."""
+        """One call, retried on connection errors, timeouts, 5xx and incomplete frames; 4xx raise at once.
+
+        A 503 (a server at one of its limits) is retried no sooner than its Retry-After says and
+        does not use up ``retries``; every retry ends when the next would start past ``timeout``.
+        """
         url = f"{self.url}{path}"
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         if self.fingerprint:
             headers[protocol.FINGERPRINT_HEADER] = self.fingerprint
+        failures = 0
+        out_of_time = stop_before_delay(self.timeout)
+
+        def stop(state: RetryCallState) -> bool:
+            nonlocal failures
+            error = state.outcome.exception() if state.outcome is not None else None
+            failures += not isinstance(error, _Busy)
+            return failures > self.retries or out_of_time(state)
+
         retrying = Retrying(
-            stop=stop_after_attempt(self.retries + 1) | stop_after_delay(self.timeout),
-            wait=wait_exponential(multiplier=0.05, max=2.0),
+            stop=stop,
+            wait=_wait,
             retry=retry_if_exception_type((urllib3.exceptions.HTTPError, _Retryable)),
         )
         try:
             for attempt in retrying:
                 with attempt:
                     response = self._get_pool().request(method, url, headers=headers, **kwargs)
+                    if response.status == 503:
+                        retry_after = _retry_after(response.headers.get("Retry-After"))
+                        raise _Busy(f"HTTP 503: {response.data[:200]!r}", retry_after)
                     if response.status >= 500:
                         raise _Retryable(f"HTTP {response.status}: {response.data[:200]!r}")
                     if response.status >= 400:
@@ -97,8 +154,9 @@ class MetaServer:
         except RetryError as exc:
             cause = exc.last_attempt.exception()
             attempts = exc.last_attempt.attempt_number
+            what = "was still busy with" if isinstance(cause, _Busy) else "did not answer"
             raise ConnectionError(
-                f"meta server at {self.url} did not answer {method} {path} after {attempts} attempts "
+                f"meta server at {self.url} {what} {method} {path} after {attempts} attempts "
                 f"within {self.timeout:g}s: {cause}"
             ) from cause
         raise AssertionError("unreachable")  # pragma: no cover
@@ -121,8 +179,9 @@ class MetaServer:
     def num_samples(self) -> tuple[int, str | None]:
         """The number of samples the server serves, and the fingerprint of its files (which later
         requests then carry)."""
+        body = self.get(protocol.LEN)
         try:
-            info = json.loads(self.get(protocol.LEN))
+            info = json.loads(body)
             num_samples, fingerprint = int(info["num_samples"]), info.get("fingerprint")
         except (ValueError, KeyError, TypeError) as exc:
             raise ProtocolError(f"{self.url}{protocol.LEN} did not answer as a meta server does: {exc}") from None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import struct
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -40,6 +41,7 @@ __all__ = [
     "encode_frame",
     "error_body",
     "frame_size",
+    "parse_int",
     "raise_for_error",
     "spec_from_query",
     "spec_to_query",
@@ -126,14 +128,12 @@ def spec_from_query(query: Mapping[str, str], num_samples: int) -> ShardSpec:
     resume_params = {q: f for f, q in _RESUME.items()}
     for name, raw in query.items():
         if name == "num_samples":
-            if _parse_int(name, raw) != num_samples:
+            if parse_int(name, raw) != num_samples:
                 raise FilesMismatch(f"num_samples={raw} was expected, but this server's files hold {num_samples}")
         elif name in resume_params:
-            resume[resume_params[name]] = _parse_int(name, raw)
+            resume[resume_params[name]] = parse_int(name, raw)
         elif name in _SPEC_FIELDS:
-            values[name] = (
-                _parse_bool(name, raw) if _SPEC_FIELDS[name].type in ("bool", bool) else _parse_int(name, raw)
-            )
+            values[name] = _parse_bool(name, raw) if _SPEC_FIELDS[name].type in ("bool", bool) else parse_int(name, raw)
         else:
             valid = ", ".join([*_SPEC_FIELDS, *resume_params, "num_samples"])
             raise ValueError(f"unknown shard parameter {name!r}; valid parameters are {valid}")
@@ -152,11 +152,18 @@ def _encode(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _parse_int(name: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
+def parse_int(name: str, raw: str) -> int:
+    """A decimal integer in ASCII digits (no spaces, underscores or other scripts' digits; at most
+    100 of them), else a ValueError naming ``name``."""
+    shown = raw if len(raw) <= 40 else f"{raw[:40]}..."
+    if not _INTEGER.fullmatch(raw):
+        raise ValueError(f"{name} must be an integer, got {shown!r}")
+    if len(raw.lstrip("+-")) > 100:
+        raise ValueError(f"{name} must have at most 100 digits, got {shown}")
+    return int(raw)
 
 
 def _parse_bool(name: str, raw: str) -> bool:

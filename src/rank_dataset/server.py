@@ -14,14 +14,20 @@ Endpoints (all but ``/healthz`` need ``Authorization: Bearer TOKEN`` when the se
   see :func:`rank_dataset.protocol.spec_to_query`), streamed as one frame.
 
 The wire format, the pinning of files and the error bodies are :mod:`rank_dataset.protocol`'s.
+
+Limits (see ``serve``): a request's head is at most ``max_header_size`` bytes (h11 answers 400), its
+body at most ``max_body_size`` (413), and the whole request must arrive within ``timeout_request``
+seconds; at most ``max_builds`` shard builds run at once (503 with Retry-After beyond).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
 import signal
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,21 +37,26 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rank_dataset import protocol
 from rank_dataset.metafile import MetaFile
 from rank_dataset.protocol import DEFAULT_PORT, FINGERPRINT_HEADER, TOKEN_ENV
 from rank_dataset.shard import Shard
 
-__all__ = ["create_app", "serve"]
+__all__ = ["LIMITS_ENV", "create_app", "serve"]
 
 _PATHS_ENV = "RANK_DATASET_SERVE_PATHS"
+#: The limits of ``serve``, as JSON, for each uvicorn worker process (app and connection protocol).
+LIMITS_ENV = "RANK_DATASET_SERVE_LIMITS"
 _MAX_BATCH = 1 << 22  # indices in one /samples request
 
 
-def _error(status: int, message: str, kind: str = "request") -> JSONResponse:
-    return JSONResponse(protocol.error_body(message, kind), status_code=status)
+def _error(
+    status: int, message: str, kind: str = "request", *, close: bool = False, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    headers = {**(headers or {}), **({"Connection": "close"} if close else {})}
+    return JSONResponse(protocol.error_body(message, kind), status_code=status, headers=headers)
 
 
 class _BearerToken:
@@ -59,7 +70,8 @@ class _BearerToken:
         if scope["type"] == "http" and scope["path"] != protocol.HEALTHZ:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
-                response = _error(401, "missing or wrong token: send 'Authorization: Bearer <token>'", "auth")
+                message = "missing or wrong token: send 'Authorization: Bearer <token>'"
+                response = _error(401, message, "auth", close=True)  # close: never read a body it did not want
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -86,11 +98,131 @@ class _PinnedFiles:
         await self.app(scope, receive, send)
 
 
-def _parse_int(name: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+# --- Limits: what one client can cost the server -------------------------------------------------
+# The connection-level ones (request and send timeouts) are in _connection.py; uvicorn's own
+# (header size, concurrency, keep-alive, backlog) are passed to it by serve().
+
+DEFAULT_MAX_BODY_SIZE = 1 << 20  # 131,072 indices in a /samples request
+DEFAULT_MAX_HEADER_SIZE = 16 << 10
+DEFAULT_MAX_BUILDS = 4
+DEFAULT_LIMIT_CONCURRENCY = 2048
+DEFAULT_TIMEOUT_REQUEST = 10.0
+DEFAULT_TIMEOUT_SEND = 30.0
+DEFAULT_TIMEOUT_KEEP_ALIVE = 5  # uvicorn's default, whole seconds
+DEFAULT_BACKLOG = 2048
+_BUILD_PATHS = frozenset({"/shard", "/samples"})
+_BUILD_WAIT = 1.0  # seconds a build request waits for a free slot before it is answered 503
+_RETRY_AFTER = 1  # seconds, in that 503's Retry-After header
+
+
+class _BodyLimit:
+    """ASGI middleware: request bodies of at most ``max_body`` bytes, read whole before the app runs.
+
+    A declared Content-Length over the limit is answered 413 before any byte of the body is read; a
+    body without one (chunked) is counted as it streams and answered 413 once over the limit; both
+    close the connection, so that the server never reads the rest. A body within the limit is read
+    here, before the app (and its build slot) is involved, so that a slow upload holds nothing but
+    its connection, which the request timeout closes. A client gone mid-body gets no answer.
+    """
+
+    def __init__(self, app: ASGIApp, max_body: int) -> None:
+        self.app = app
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.max_body:
+            refusal = f"a request body of {declared.decode(errors='replace')} bytes; at most {self.max_body}"
+            await _error(413, refusal, close=True)(scope, receive, send)
+            return
+        if int(declared) == 0 and b"transfer-encoding" not in headers:
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left, or the request timeout closed the connection
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body:
+                await _error(413, f"a request body of more than {self.max_body} bytes", close=True)(
+                    scope, receive, send
+                )
+                return
+            more = message.get("more_body", False)
+        first: Message | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        del chunks
+
+        async def replay() -> Message:
+            nonlocal first
+            if first is None:
+                return await receive()  # what follows the body: a disconnect
+            message, first = first, None
+            return message
+
+        await self.app(scope, replay, send)
+
+
+class _BuildLimit:
+    """ASGI middleware (innermost): at most ``max_builds`` shard builds (/shard, /samples) at once.
+
+    A build counts from its request until the last byte of its answer is sent, since the shard is
+    held in memory until then. A request that finds every slot taken waits up to _BUILD_WAIT seconds
+    for one, then is answered 503 with ``Retry-After``. One event loop runs all of this, so a counter
+    and a queue of futures are enough.
+    """
+
+    def __init__(self, app: ASGIApp, max_builds: int) -> None:
+        self.app = app
+        self.free = max_builds
+        self.waiting: deque[asyncio.Future[None]] = deque()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in _BUILD_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if not await self._acquire():
+            message = f"the server is building as many shards as it may at once; retry in {_RETRY_AFTER}s"
+            await _error(503, message, "busy", headers={"Retry-After": str(_RETRY_AFTER)})(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._release()
+
+    async def _acquire(self) -> bool:
+        if self.free and not self.waiting:
+            self.free -= 1
+            return True
+        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.append(slot)
+        try:
+            await asyncio.wait_for(asyncio.shield(slot), _BUILD_WAIT)
+            return True
+        except asyncio.TimeoutError:
+            if slot.done():  # handed over just as the wait ran out: it is ours
+                return True
+            self.waiting.remove(slot)
+            return False
+        except BaseException:  # the request was cancelled while it waited
+            if slot.done():
+                self._release()  # it had been handed a slot: pass it on
+            else:
+                self.waiting.remove(slot)
+            raise
+
+    def _release(self) -> None:
+        if self.waiting:
+            self.waiting.popleft().set_result(None)  # straight to the longest waiting request
+        else:
+            self.free += 1
 
 
 def _frame_response(shard: Shard) -> StreamingResponse:
@@ -101,8 +233,17 @@ def _frame_response(shard: Shard) -> StreamingResponse:
     )
 
 
-def create_app(meta: MetaFile, *, token: str | None = None) -> ASGIApp:
+def create_app(
+    meta: MetaFile,
+    *,
+    token: str | None = None,
+    max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+    max_builds: int = DEFAULT_MAX_BUILDS,
+) -> ASGIApp:
     """The ASGI application serving ``meta``; with ``token``, requests must carry it.
+
+    Request bodies are capped at ``max_body_size`` bytes (413) and at most ``max_builds`` shard
+    builds are in progress at once (503 with Retry-After beyond); see ``serve``.
 
     Example:
         >>> import tempfile, os
@@ -123,7 +264,7 @@ def create_app(meta: MetaFile, *, token: str | None = None) -> ASGIApp:
 
     async def sample(request: Request) -> Response:
         raw = request.path_params["index"]
-        index = _parse_int("index", raw)
+        index = protocol.parse_int("index", raw)
         if not 0 <= index < n:
             return _error(404, f"sample index {index} is out of range for {n} samples", "index")
         return Response(meta.raw(index), media_type="text/plain; charset=utf-8")
@@ -145,8 +286,12 @@ def create_app(meta: MetaFile, *, token: str | None = None) -> ASGIApp:
         return _frame_response(meta.read(indices))
 
     def shard(request: Request) -> Response:
+        query = request.query_params
+        if len(query.multi_items()) != len(query):
+            twice = sorted({k for k, _ in query.multi_items() if len(query.getlist(k)) > 1})
+            return _error(400, f"the shard parameter {twice[0]!r} is given more than once")
         try:
-            spec = protocol.spec_from_query(dict(request.query_params), n)
+            spec = protocol.spec_from_query(dict(query), n)
         except protocol.FilesMismatch as exc:
             return _error(409, str(exc), "files")
         return _frame_response(meta.read(spec.indices()))
@@ -171,19 +316,46 @@ def create_app(meta: MetaFile, *, token: str | None = None) -> ASGIApp:
         ],
         exception_handlers={ValueError: bad_request, TypeError: bad_request, HTTPException: http_error},
     )
-    pinned = _PinnedFiles(app, fingerprint)
-    return _BearerToken(pinned, token) if token else pinned
+    limited = _PinnedFiles(_BodyLimit(_BuildLimit(app, max_builds), max_body_size), fingerprint)
+    return _BearerToken(limited, token) if token else limited
 
 
 def _app_from_env() -> ASGIApp:
     """The app for each uvicorn worker process: files and token come through the environment."""
     paths = json.loads(os.environ[_PATHS_ENV])
-    return create_app(MetaFile(paths), token=os.environ.get(TOKEN_ENV) or None)
+    limits = json.loads(os.environ.get(LIMITS_ENV, "{}"))
+    return create_app(
+        MetaFile(paths),
+        token=os.environ.get(TOKEN_ENV) or None,
+        **{k: limits[k] for k in ("max_body_size", "max_builds") if k in limits},
+    )
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
     print(f"rank-dataset: stopped by {signal.Signals(signum).name}", flush=True)
     raise SystemExit(0)
+
+
+def _raise_fd_limit(connections: int) -> None:
+    """Let the process hold at least ``connections`` sockets if the hard limit allows.
+
+    Past the soft limit on open files (often 1024) the server cannot accept a connection at all,
+    so ``limit_concurrency`` would never get to answer 503.
+    """
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + 256  # the meta files, the index, the listening socket, logs
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError):
+            new = soft
+        if new < want:
+            print(f"rank-dataset: only {new} open files allowed (ulimit -n); --limit-concurrency is {connections}")
 
 
 def serve(
@@ -194,17 +366,59 @@ def serve(
     token: str | None = None,
     workers: int = 1,
     log_level: str = "warning",
+    max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+    max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+    max_builds: int = DEFAULT_MAX_BUILDS,
+    limit_concurrency: int = DEFAULT_LIMIT_CONCURRENCY,
+    timeout_request: float = DEFAULT_TIMEOUT_REQUEST,
+    timeout_send: float = DEFAULT_TIMEOUT_SEND,
+    timeout_keep_alive: int = DEFAULT_TIMEOUT_KEEP_ALIVE,
+    backlog: int = DEFAULT_BACKLOG,
 ) -> None:
     """Index ``paths`` (if not cached yet), then serve them until SIGTERM or SIGINT.
 
     With ``workers > 1``, that many server processes share the port (and the index cache).
+
+    Limits, each per server process (what a client sees when it is exceeded):
+
+    - ``max_body_size``: bytes in a request body (413, before the body is read if it is declared).
+    - ``max_header_size``: bytes in a request line and headers (h11's ``max_incomplete_event_size``: 400).
+    - ``max_builds``: shard builds (/shard, /samples) in progress at once, each until its answer is
+      sent; a request waits up to 1 s for one, then gets 503 with ``Retry-After: 1``.
+    - ``limit_concurrency``: connections and requests at once (uvicorn's own: 503).
+    - ``timeout_request``: seconds for a whole request (head and body) to arrive, counted from the
+      connection's start or its previous answer (the connection is closed).
+    - ``timeout_send``: seconds an answer may wait for a client that reads none of it (closed).
+    - ``timeout_keep_alive``: seconds an idle connection is kept after an answer (uvicorn's: closed).
+    - ``backlog``: connections waiting to be accepted (uvicorn's ``backlog``).
     """
     import uvicorn
+
+    from rank_dataset._checks import check_int
+
+    for name, number in [
+        ("max_body_size", max_body_size),
+        ("max_header_size", max_header_size),
+        ("max_builds", max_builds),
+        ("limit_concurrency", limit_concurrency),
+        ("timeout_keep_alive", timeout_keep_alive),
+        ("backlog", backlog),
+    ]:
+        check_int(name, number, low=1)
+    for name, seconds in [
+        ("timeout_request", timeout_request),
+        ("timeout_send", timeout_send),
+    ]:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
 
     meta = MetaFile(list(paths))  # index once here, before any worker starts
     os.environ[_PATHS_ENV] = json.dumps([str(p) for p in meta.paths])
     if token:
         os.environ[TOKEN_ENV] = token
+    limits = {"max_body_size": max_body_size, "max_builds": max_builds}
+    os.environ[LIMITS_ENV] = json.dumps({**limits, "timeout_request": timeout_request, "timeout_send": timeout_send})
+    _raise_fd_limit(limit_concurrency)
     print(f"rank-dataset: serving {len(meta)} samples on http://{host}:{port}", flush=True)
     # uvicorn shuts down gracefully on SIGTERM and SIGINT, then raises the signal again with the
     # handlers it found: let those end the process with status 0 instead of death by signal.
@@ -218,4 +432,11 @@ def serve(
         workers=workers,
         log_level=log_level,
         access_log=False,
+        # h11, not httptools: h11 bounds the request head (httptools reads headers of any size).
+        # The subclass adds the request and send timeouts that uvicorn lacks.
+        http="rank_dataset._connection:TimeoutH11Protocol",
+        h11_max_incomplete_event_size=max_header_size,
+        limit_concurrency=limit_concurrency,
+        timeout_keep_alive=timeout_keep_alive,
+        backlog=backlog,
     )
