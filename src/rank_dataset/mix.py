@@ -106,7 +106,7 @@ class Source:
     ) -> None:
         if isinstance(paths, (str, os.PathLike)):
             normal: tuple[str, ...] = (_fspath(0, paths),)
-        elif isinstance(paths, Sequence):
+        elif isinstance(paths, Sequence) and not isinstance(paths, (bytes, bytearray)):
             normal = tuple(_fspath(i, p) for i, p in enumerate(paths))
             if not normal:
                 raise ValueError("paths must be a path or a non-empty list of paths, got an empty list")
