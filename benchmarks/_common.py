@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rank_dataset._synthetic import write_imagenet_meta
+from rank_dataset.demo.synthetic import write_imagenet_meta
 
 __all__ = ["machine_info", "plotting", "save_results", "write_imagenet_meta"]
 

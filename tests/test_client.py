@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from conftest import Server
-from rank_dataset import RandomSampler, RankDataset, RankServerDataset, ServerDataset
-from rank_dataset.index import MetaFile
+from rank_dataset import MetaFile, RandomSampler, RankDataset, RankServerDataset, ServerDataset
+from tests_helpers import Server
 
 SETTINGS = [
     (1, 1, False, 0, 0),

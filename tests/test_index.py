@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rank_dataset import MetaFile, build_index
 from rank_dataset import index as index_mod
-from rank_dataset.index import CACHE_DIR_ENV, MetaFile, build_index
+from rank_dataset.index import CACHE_DIR_ENV
 
 
 def reference_samples(data: bytes) -> list[bytes]:

@@ -21,7 +21,7 @@ def test_index_tools_without_torch(write_meta) -> None:
         "import numpy as np\n"
         "from rank_dataset import MetaFile, Shard, ShardSpec, build_index\n"
         f"mf = MetaFile({str(p)!r})\n"
-        "s = Shard.from_meta(mf, ShardSpec(len(mf), 4, 1, seed=2).indices())\n"
+        "s = mf.read(ShardSpec(len(mf), 4, 1, seed=2).indices())\n"
         "print(len(mf), len(s), len(build_index(mf.paths[0])))\n"
         "from rank_dataset.cli import main\n"
         f"sys.argv = ['rank-dataset', 'index', {str(p)!r}]\n"

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import free_port
-from rank_dataset import _wire
-from rank_dataset.index import MetaFile
+from rank_dataset import MetaFile, protocol
 from rank_dataset.plan import ShardSpec
+from tests_helpers import free_port
 
 
 @pytest.fixture
@@ -30,17 +29,17 @@ def test_endpoints(served) -> None:
     assert requests.get(f"{server.url}/len").json()["num_samples"] == 1000
     assert requests.get(f"{server.url}/sample/7").text == mf[7]
     body = np.array([5, 0, 999, 5], "<i8").tobytes()
-    shard = _wire.decode(requests.post(f"{server.url}/samples", data=body).content, source="test")
+    shard = protocol.decode_frame(requests.post(f"{server.url}/samples", data=body).content)
     assert shard.texts(range(4)) == [mf[5], mf[0], mf[999], mf[5]]
     spec = ShardSpec(1000, 3, 2, mini_epoch=2, mini_epoch_idx=1, seed=4, epoch=2)
     params = {"world_size": 3, "rank": 2, "mini_epoch": 2, "mini_epoch_idx": 1, "seed": 4, "epoch": 2}
     response = requests.get(f"{server.url}/shard", params=params)
     assert int(response.headers["Content-Length"]) == len(response.content)
-    shard = _wire.decode(response.content, source="test")
+    shard = protocol.decode_frame(response.content)
     assert np.array_equal(shard.ids, spec.indices())
     assert shard.texts(range(len(shard))) == [mf[int(i)] for i in spec.indices()]
     evals = requests.get(f"{server.url}/shard", params={"world_size": 3, "rank": 0, "is_test": "true"})
-    assert np.array_equal(_wire.decode(evals.content, source="test").ids, np.arange(334))
+    assert np.array_equal(protocol.decode_frame(evals.content).ids, np.arange(334))
 
 
 @pytest.mark.parametrize(

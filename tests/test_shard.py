@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rank_dataset import shard as shard_mod
-from rank_dataset.index import MetaFile
+from rank_dataset import MetaFile
+from rank_dataset import metafile as metafile_mod
 from rank_dataset.shard import Shard
 
 
@@ -17,7 +17,7 @@ def test_from_meta_matches_the_file_in_any_order(write_meta) -> None:
     mf = MetaFile(write_meta(n=5000))
     rng = np.random.default_rng(0)
     idx = rng.integers(0, len(mf), 3000)  # with repeats, as padding has
-    s = Shard.from_meta(mf, idx)
+    s = mf.read(idx)
     assert len(s) == 3000
     assert s.texts(range(3000)) == [mf[int(i)] for i in idx]
     assert np.array_equal(s.ids, idx)
@@ -25,14 +25,14 @@ def test_from_meta_matches_the_file_in_any_order(write_meta) -> None:
 
 
 def test_lines_of_every_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shard_mod, "_WINDOW", 64)  # many small batches
+    monkeypatch.setattr(metafile_mod, "_WINDOW", 64)  # many small batches
     rng = np.random.default_rng(1)
     lines = ["x" * int(n) for n in rng.integers(1, 9000, 300)] + ["é" * 5, "a"]
     p = tmp_path / "m.txt"
     p.write_text("\n".join(lines), encoding="utf-8")  # the last line ends the file with no newline
     mf = MetaFile(p)
     idx = rng.permutation(len(mf))
-    s = Shard.from_meta(mf, idx)
+    s = mf.read(idx)
     assert s.texts(range(len(s))) == [lines[i] for i in idx]
 
 
@@ -40,25 +40,25 @@ def test_many_files(write_meta) -> None:
     paths = [write_meta([f"f{f}_{i}" for i in range(n)]) for f, n in enumerate([3, 1, 5])]
     mf = MetaFile(paths)
     idx = np.array([8, 0, 3, 4, 2, 8, 5])
-    assert Shard.from_meta(mf, idx).texts(range(7)) == [mf[int(i)] for i in idx]
+    assert mf.read(idx).texts(range(7)) == [mf[int(i)] for i in idx]
 
 
 def test_invalid_utf8_found_at_build_with_file_and_line(tmp_path: Path) -> None:
     p = tmp_path / "bad.txt"
     p.write_bytes("é ok\n".encode() * 100 + b"\xc3 cut\n" + b"plain\n" * 10)
     mf = MetaFile(p)
-    Shard.from_meta(mf, np.arange(100))  # the valid part builds
+    mf.read(np.arange(100))  # the valid part builds
     with pytest.raises(ValueError, match=r"bad\.txt:101: line is not valid UTF-8"):
-        Shard.from_meta(mf, np.arange(len(mf))[::-1])
+        mf.read(np.arange(len(mf))[::-1])
     p2 = tmp_path / "bad2.txt"
     p2.write_bytes("é\n".encode() * 5 + b"\x80x\n")  # a line that starts with a continuation byte
     with pytest.raises(ValueError, match=r"bad2\.txt:6"):
-        Shard.from_meta(MetaFile(p2), np.arange(6))
+        MetaFile(p2).read(np.arange(6))
 
 
 def test_from_lines_and_validation() -> None:
     s = Shard.from_lines([b"a", b"", b"ccc"])
-    assert [s.raw(i) for i in range(3)] == [b"a", b"", b"ccc"]
+    assert [s.text(i).encode() for i in range(3)] == [b"a", b"", b"ccc"]
     with pytest.raises(ValueError, match="offsets out of range"):
         Shard(np.zeros(3, np.uint8), np.array([0]), np.array([4]))
     with pytest.raises(ValueError, match="one length"):
@@ -69,7 +69,7 @@ def test_from_lines_and_validation() -> None:
 
 def test_pickle_is_a_shared_memory_handle(write_meta) -> None:
     mf = MetaFile(write_meta(n=20_000))
-    s = Shard.from_meta(mf, np.arange(0, 20_000, 2))
+    s = mf.read(np.arange(0, 20_000, 2))
     blob = pickle.dumps(s)
     assert len(blob) < 1000 < s.nbytes  # a handle, not a copy
     again = pickle.loads(blob)
@@ -87,13 +87,13 @@ def test_build_reads_only_the_shard(write_meta) -> None:
     mf = MetaFile(write_meta(n=400_000))
     proc = psutil.Process()
     before = proc.memory_info().rss
-    s = Shard.from_meta(mf, np.arange(0, len(mf), 16))
+    s = mf.read(np.arange(0, len(mf), 16))
     grown = proc.memory_info().rss - before
     assert grown < 2 * s.nbytes + (1 << 20)
 
 
 def test_empty_shard(write_meta) -> None:
-    s = Shard.from_meta(MetaFile(write_meta(n=3)), np.empty(0, np.int64))
+    s = MetaFile(write_meta(n=3)).read(np.empty(0, np.int64))
     assert len(s) == 0 and s.texts([]) == []
 
 
@@ -101,7 +101,7 @@ def test_a_shard_does_not_copy_its_lines(write_meta) -> None:
     import psutil
 
     mf = MetaFile(write_meta(n=200_000))
-    s = Shard.from_meta(mf, np.arange(len(mf)))
+    s = mf.read(np.arange(len(mf)))
     proc = psutil.Process()
     before = proc.memory_full_info().uss
     again = Shard(s.data, s.starts, s.ends, ids=s.ids)  # over the same buffer: no copy of the bytes

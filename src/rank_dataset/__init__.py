@@ -11,9 +11,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from rank_dataset.config import ReloadConfig
-from rank_dataset.index import MetaFile, build_index
+from rank_dataset.metafile import MetaFile
 from rank_dataset.permutation import permute
-from rank_dataset.plan import ShardSpec, eval_range, spread_positions
+from rank_dataset.plan import ResumePoint, ShardSpec, eval_range, spread_positions
+from rank_dataset.protocol import ProtocolError
+from rank_dataset.resume import ResumeState
+from rank_dataset.scan import build_index
 from rank_dataset.shard import Shard
 from rank_dataset.topology import get_rank_world_size
 
@@ -24,11 +27,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MetaFile",
+    "ProtocolError",
     "RandomSampler",
     "RankDataset",
     "RankServerDataset",
     "ReloadConfig",
     "ResumableSampler",
+    "ResumePoint",
+    "ResumeState",
     "ServerDataset",
     "Shard",
     "ShardSpec",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from rank_dataset.protocol import DEFAULT_PORT, TOKEN_ENV
+
 __all__ = ["cli", "main"]
 
 
@@ -16,7 +18,7 @@ def cli() -> None:
 @click.argument("meta_files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 def index_cmd(meta_files: tuple[str, ...]) -> None:
     """Build (or check) the line-offset index of META_FILES and print their sample counts."""
-    from rank_dataset.index import MetaFile
+    from rank_dataset.metafile import MetaFile
 
     total = 0
     for path in meta_files:
@@ -33,12 +35,12 @@ def index_cmd(meta_files: tuple[str, ...]) -> None:
 @cli.command("serve")
 @click.argument("meta_files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind; 0.0.0.0 for other nodes.")
-@click.option("--port", default=28889, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535))
 @click.option(
     "--token",
-    envvar="RANK_DATASET_TOKEN",
+    envvar=TOKEN_ENV,
     default=None,
-    help="Require 'Authorization: Bearer TOKEN' (also from $RANK_DATASET_TOKEN, which keeps it out of ps).",
+    help=f"Require 'Authorization: Bearer TOKEN' (also from ${TOKEN_ENV}, which keeps it out of ps).",
 )
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1), help="Server processes.")
 def serve_cmd(meta_files: tuple[str, ...], host: str, port: int, token: str | None, workers: int) -> None:

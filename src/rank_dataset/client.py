@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -20,12 +19,13 @@ from tenacity import (
 )
 from torch.utils.data import Dataset
 
-from rank_dataset import _wire
+from rank_dataset import protocol
 from rank_dataset._checks import check_index, check_int
 from rank_dataset.config import ReloadConfig
 from rank_dataset.dataset import ShardedDataset
 from rank_dataset.parsers import LineError, Parser, resolve_parser
 from rank_dataset.plan import ShardSpec
+from rank_dataset.protocol import ProtocolError
 from rank_dataset.shard import Shard
 
 __all__ = ["MetaServer", "RankServerDataset", "ServerDataset"]
@@ -45,6 +45,9 @@ class MetaServer:
         token: the server's token, if it has one.
         timeout: seconds for one request, and for all the retries of one call together.
         retries: further attempts after a connection error, a timeout or a 5xx answer.
+
+    Once :meth:`num_samples` has been called, every request carries the fingerprint of the files
+    the server held then, and a server on other files answers 409 (a ValueError here).
     """
 
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 30.0, retries: int = 5) -> None:
@@ -56,6 +59,7 @@ class MetaServer:
         self.token = token
         self.timeout = float(timeout)
         self.retries = check_int("retries", retries, low=0)
+        self.fingerprint: str | None = None
         self._pool: urllib3.PoolManager | None = None
         self._pid = -1
 
@@ -66,14 +70,16 @@ class MetaServer:
     def _get_pool(self) -> urllib3.PoolManager:
         if self._pool is None or self._pid != os.getpid():
             # A new pool in each process: a forked DataLoader worker must not share sockets.
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-            self._pool = urllib3.PoolManager(headers=headers, retries=False, timeout=self.timeout)
+            self._pool = urllib3.PoolManager(retries=False, timeout=self.timeout)
             self._pid = os.getpid()
         return self._pool
 
     def _call(self, method: str, path: str, parse: Callable[[bytes], T], **kwargs: Any) -> T:
         """One call, retried on connection errors, timeouts, 5xx and incomplete frames; 4xx raise at once."""
         url = f"{self.url}{path}"
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        if self.fingerprint:
+            headers[protocol.FINGERPRINT_HEADER] = self.fingerprint
         retrying = Retrying(
             stop=stop_after_attempt(self.retries + 1) | stop_after_delay(self.timeout),
             wait=wait_exponential(multiplier=0.05, max=2.0),
@@ -82,11 +88,11 @@ class MetaServer:
         try:
             for attempt in retrying:
                 with attempt:
-                    response = self._get_pool().request(method, url, **kwargs)
+                    response = self._get_pool().request(method, url, headers=headers, **kwargs)
                     if response.status >= 500:
                         raise _Retryable(f"HTTP {response.status}: {response.data[:200]!r}")
                     if response.status >= 400:
-                        _raise_client_error(url, response.status, response.data)
+                        protocol.raise_for_error(url, response.status, response.data)
                     return parse(response.data)
         except RetryError as exc:
             cause = exc.last_attempt.exception()
@@ -106,29 +112,23 @@ class MetaServer:
 
         def decode(body: bytes) -> Shard:
             try:
-                return _wire.decode(body, source=self.url)
-            except _wire.FrameError as exc:  # cut short, e.g. by a server that died mid-answer
+                return protocol.decode_frame(body)
+            except protocol.FrameError as exc:  # cut short, e.g. by a server that died mid-answer
                 raise _Retryable(str(exc)) from exc
 
         return self._call("POST" if "body" in kwargs else "GET", path, decode, **kwargs)
 
     def num_samples(self) -> tuple[int, str | None]:
-        """The number of samples the server serves, and the fingerprint of its files."""
-        info = json.loads(self.get("/len"))
-        return int(info["num_samples"]), info.get("fingerprint")
-
-
-def _raise_client_error(url: str, status: int, body: bytes) -> None:
-    try:
-        answer = json.loads(body)
-        message, kind = answer.get("error", body.decode(errors="replace")), answer.get("kind")
-    except ValueError:
-        message, kind = body.decode(errors="replace"), None
-    if status == 401:
-        raise PermissionError(f"{url}: {message}")
-    if kind == "index":
-        raise IndexError(message)
-    raise ValueError(f"{url}: HTTP {status}: {message}")
+        """The number of samples the server serves, and the fingerprint of its files (which later
+        requests then carry)."""
+        try:
+            info = json.loads(self.get(protocol.LEN))
+            num_samples, fingerprint = int(info["num_samples"]), info.get("fingerprint")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProtocolError(f"{self.url}{protocol.LEN} did not answer as a meta server does: {exc}") from None
+        if self.fingerprint is None:
+            self.fingerprint = fingerprint
+        return num_samples, fingerprint
 
 
 def _parse(parser: Parser | None, text: str, where: str) -> Any:
@@ -179,15 +179,20 @@ class ServerDataset(Dataset[Any]):
 
     def __getitem__(self, i: int) -> Any:
         index = self._check_index(i)
-        text = self.server.get(f"/sample/{index}").decode("utf-8")
-        return _parse(self._parser, text, f"{self.server.url} sample {index}")
+        raw = self.server.get(protocol.sample_path(index))
+        where = f"{self.server.url} sample {index}"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{where}: line is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+        return _parse(self._parser, text, where)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples ``indices``, fetched in one request."""
         wanted = np.array([self._check_index(i) for i in indices], dtype="<i8")
-        shard = self.server.shard("/samples", body=wanted.tobytes())
+        shard = self.server.shard(protocol.SAMPLES, body=wanted.tobytes())
         if shard.ids is None or not np.array_equal(shard.ids, wanted):
-            raise ConnectionError(f"{self.server.url} answered other samples than the {len(wanted)} asked for")
+            raise ProtocolError(f"{self.server.url} answered other samples than the {len(wanted)} asked for")
         texts = shard.texts(range(len(shard)))
         return [_parse(self._parser, t, f"{self.server.url} sample {i}") for t, i in zip(texts, wanted.tolist())]
 
@@ -227,11 +232,10 @@ class RankServerDataset(ShardedDataset):
         super().__init__(num_samples, is_test, reload_cfg, rank, world_size, parser)
 
     def _build(self, spec: ShardSpec) -> Shard:
-        params = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in dataclasses.asdict(spec).items()}
-        shard = self.server.shard("/shard", fields=params)
+        shard = self.server.shard(protocol.SHARD, fields=protocol.spec_to_query(spec))
         expected = spec.indices()
         if shard.ids is None or not np.array_equal(shard.ids, expected):
-            raise ConnectionError(
+            raise ProtocolError(
                 f"{self.server.url} sent a shard of {len(shard)} samples that is not the planned one "
                 f"({len(expected)} samples): are client and server of different versions?"
             )

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from rank_dataset._checks import check_int
 from rank_dataset.permutation import permute
 
-__all__ = ["ShardSpec", "epoch_order", "eval_range", "spread_positions"]
+__all__ = ["ResumePoint", "ShardSpec", "epoch_order", "eval_range", "spread_positions"]
 
 
 def spread_positions(start: int, stop: int, world_size: int, rank: int) -> npt.NDArray[np.int64]:
@@ -58,6 +58,28 @@ def eval_range(num_samples: int, world_size: int, rank: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
+class ResumePoint:
+    """Where an interrupted epoch resumes: its plan's boundaries and how far it had got.
+
+    Args:
+        plan_world_size: the world size of the plan the epoch started with (>= 1). Its mini-epochs
+            keep that plan's boundaries (``R0 * W0`` positions each), spread over the current ranks.
+        mini_epoch_idx: the mini-epoch that was interrupted.
+        offset: how many positions of that mini-epoch were consumed before the interruption; its
+            shards cover the rest, ``[start + offset, stop)``.
+    """
+
+    plan_world_size: int
+    mini_epoch_idx: int
+    offset: int
+
+    def __post_init__(self) -> None:
+        check_int("plan_world_size", self.plan_world_size, low=1)
+        check_int("resume mini_epoch_idx", self.mini_epoch_idx, low=0)
+        check_int("resume offset", self.offset, low=0)
+
+
+@dataclass(frozen=True)
 class ShardSpec:
     """Everything that fixes one rank's shard; validated on construction.
 
@@ -70,12 +92,7 @@ class ShardSpec:
         mini_epoch_idx: in ``[0, mini_epoch)``.
         seed: selects the permutation, with ``epoch``.
         epoch: any integer >= 0.
-        plan_world_size: for a resumed epoch, the world size of the plan the epoch started with
-            (0: not resumed). Its mini-epochs keep that plan's boundaries (``R0 * W0`` positions
-            each), spread over the current ``world_size`` ranks.
-        resume_mini_epoch_idx: the mini-epoch that was interrupted.
-        resume_offset: how many positions of that mini-epoch were consumed before the interruption;
-            its shards cover the rest, ``[start + resume_offset, stop)``.
+        resume: for an epoch resumed after an interruption, where it resumes (None: not resumed).
 
     Example:
         >>> ShardSpec(num_samples=10, world_size=2, rank=1, seed=3).indices().shape
@@ -90,9 +107,7 @@ class ShardSpec:
     mini_epoch_idx: int = 0
     seed: int = 0
     epoch: int = 0
-    plan_world_size: int = 0
-    resume_mini_epoch_idx: int = 0
-    resume_offset: int = 0
+    resume: ResumePoint | None = None
 
     def __post_init__(self) -> None:
         check_int("num_samples", self.num_samples, low=1)
@@ -104,18 +119,18 @@ class ShardSpec:
         check_int("epoch", self.epoch, low=0)
         if not isinstance(self.is_test, bool):
             raise TypeError(f"is_test must be a bool, got {self.is_test!r}")
-        check_int("plan_world_size", self.plan_world_size, low=0)
-        check_int(
-            "resume_mini_epoch_idx", self.resume_mini_epoch_idx, low=0, high=self.mini_epoch, high_name="mini_epoch"
-        )
-        if self.plan_world_size:
+        if self.resume is not None:
+            if not isinstance(self.resume, ResumePoint):
+                raise TypeError(f"resume must be a ResumePoint or None, got {type(self.resume).__name__}")
             if self.is_test:
                 raise ValueError("eval shards (is_test=True) cannot be resumed: they are neither shuffled nor padded")
-            offset, width = check_int("resume_offset", self.resume_offset), self.plan_width
-            if not 0 <= offset <= width:
-                raise ValueError(f"resume_offset must be in [0, {width}] (the positions of a mini-epoch), got {offset}")
-        elif self.resume_offset or self.resume_mini_epoch_idx:
-            raise ValueError("resume_offset and resume_mini_epoch_idx need plan_world_size >= 1")
+            r = self.resume
+            check_int("resume mini_epoch_idx", r.mini_epoch_idx, low=0, high=self.mini_epoch, high_name="mini_epoch")
+            width = self.plan_width
+            if r.offset > width:
+                raise ValueError(
+                    f"resume offset must be in [0, {width}] (the positions of a mini-epoch), got {r.offset}"
+                )
 
     @property
     def per_rank(self) -> int:
@@ -125,7 +140,7 @@ class ShardSpec:
     @property
     def plan_width(self) -> int:
         """Positions per mini-epoch: ``R * W`` of the plan this epoch started with."""
-        world = self.plan_world_size or self.world_size
+        world = self.resume.plan_world_size if self.resume else self.world_size
         return -(-self.num_samples // (world * self.mini_epoch)) * world
 
     @property
@@ -134,8 +149,8 @@ class ShardSpec:
         (for the interrupted mini-epoch of a resumed epoch, what was left of it)."""
         width = self.plan_width
         start, stop = self.mini_epoch_idx * width, (self.mini_epoch_idx + 1) * width
-        if self.plan_world_size and self.mini_epoch_idx == self.resume_mini_epoch_idx:
-            start += self.resume_offset
+        if self.resume and self.mini_epoch_idx == self.resume.mini_epoch_idx:
+            start += self.resume.offset
         return start, stop
 
     def indices(self) -> npt.NDArray[np.int64]:

@@ -9,7 +9,8 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from rank_dataset._checks import check_int
-from rank_dataset.dataset import STATE_VERSION, ShardedDataset
+from rank_dataset.dataset import ShardedDataset
+from rank_dataset.resume import ResumeState, find_state
 
 __all__ = ["RandomSampler", "ResumableSampler", "resume_state"]
 
@@ -106,22 +107,22 @@ class ResumableSampler(Sampler[int]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Skip what ``state`` says was consumed, unless the dataset was resumed from it already."""
-        current = self.data_source.state_dict(consumed=0)
-        plan = [k for k in current if k not in ("consumed", "consumed_positions", "world_size", "plan_world_size")]
-        if any(state.get(k) != current[k] for k in plan):
+        saved = ResumeState.from_dict(state)
+        current = ResumeState.from_dict(self.data_source.state_dict(consumed=0))
+        if not saved.same_shard(current):
             raise ValueError(
                 "this resume state is for another epoch, mini-epoch or plan than the dataset's current shard: "
                 "call dataset.load_state_dict(resume_state(saved_loader_state)) before building the DataLoader"
             )
-        same_plan = state.get("plan_world_size") == current["plan_world_size"]
-        if same_plan and state["consumed_positions"] == current["consumed_positions"]:
+        same_plan = saved.plan_world_size == current.plan_world_size
+        if same_plan and saved.consumed_positions == current.consumed_positions:
             self._next = 0  # the dataset was loaded with this state: its shard starts there
-        elif same_plan and state.get("world_size") == current["world_size"]:
-            self._next = int(state["consumed"])  # the plan the state was taken on: skip what was read
+        elif same_plan and saved.world_size == current.world_size and saved.consumed is not None:
+            self._next = min(saved.consumed, len(self.data_source))  # same plan: skip what was read
         else:
             raise ValueError(
-                f"this resume state was taken on {state.get('world_size')} ranks and this job has "
-                f"{current['world_size']}: call dataset.load_state_dict(resume_state(saved_loader_state)) "
+                f"this resume state was taken on {saved.world_size} ranks and this job has "
+                f"{current.world_size}: call dataset.load_state_dict(resume_state(saved_loader_state)) "
                 "before building the DataLoader, so that the rest of the mini-epoch is spread over the new ranks"
             )
 
@@ -132,18 +133,7 @@ def resume_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ValueError: no ResumableSampler state in it.
     """
-    found = _find_state(loader_state)
+    found = find_state(loader_state)
     if found is None:
         raise ValueError("no rank_dataset resume state in this loader state: was the sampler a ResumableSampler?")
     return found
-
-
-def _find_state(node: Any) -> dict[str, Any] | None:
-    if isinstance(node, Mapping):
-        if node.get("version") == STATE_VERSION and "consumed_positions" in node:
-            return dict(node)
-        for value in node.values():
-            found = _find_state(value)
-            if found is not None:
-                return found
-    return None

@@ -10,22 +10,19 @@ Endpoints (all but ``/healthz`` need ``Authorization: Bearer TOKEN`` when the se
 - ``GET /len``: ``{"num_samples": N, "fingerprint": ...}``.
 - ``GET /sample/{index}``: one sample, the line as UTF-8 text.
 - ``POST /samples``: many samples; the body is the indices as little-endian int64; the answer a frame.
-- ``GET /shard?world_size=&rank=&...``: a whole rank shard (any field of ShardSpec but
-  ``num_samples``; ``num_samples`` may be given to check that the server serves the files expected),
-  streamed as one frame.
+- ``GET /shard?world_size=&rank=&...``: a whole rank shard (the ShardSpec as query parameters,
+  see :func:`rank_dataset.protocol.spec_to_query`), streamed as one frame.
 
-A client's mistake is a 4xx answer with a JSON body ``{"error": message, "kind": kind}``.
+The wire format, the pinning of files and the error bodies are :mod:`rank_dataset.protocol`'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hmac
 import json
 import os
 import signal
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 from starlette.applications import Starlette
@@ -36,24 +33,19 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rank_dataset import _wire
-from rank_dataset.index import MetaFile
-from rank_dataset.plan import ShardSpec
+from rank_dataset import protocol
+from rank_dataset.metafile import MetaFile
+from rank_dataset.protocol import DEFAULT_PORT, FINGERPRINT_HEADER, TOKEN_ENV
 from rank_dataset.shard import Shard
 
-__all__ = ["DEFAULT_PORT", "TOKEN_ENV", "create_app", "serve"]
+__all__ = ["create_app", "serve"]
 
-DEFAULT_PORT = 28889
-#: Environment variable holding the token, so that it stays out of process listings.
-TOKEN_ENV = "RANK_DATASET_TOKEN"
 _PATHS_ENV = "RANK_DATASET_SERVE_PATHS"
 _MAX_BATCH = 1 << 22  # indices in one /samples request
 
-_SPEC_FIELDS = {f.name: f for f in dataclasses.fields(ShardSpec)}
-
 
 def _error(status: int, message: str, kind: str = "request") -> JSONResponse:
-    return JSONResponse({"error": message, "kind": kind}, status_code=status)
+    return JSONResponse(protocol.error_body(message, kind), status_code=status)
 
 
 class _BearerToken:
@@ -64,11 +56,32 @@ class _BearerToken:
         self.expected = f"Bearer {token}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/healthz":
+        if scope["type"] == "http" and scope["path"] != protocol.HEALTHZ:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 response = _error(401, "missing or wrong token: send 'Authorization: Bearer <token>'", "auth")
                 await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _PinnedFiles:
+    """ASGI middleware: a request pinned to other files (by fingerprint) is answered 409."""
+
+    def __init__(self, app: ASGIApp, fingerprint: str) -> None:
+        self.app = app
+        self.fingerprint = fingerprint.encode()
+        self.header = FINGERPRINT_HEADER.lower().encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            pinned = dict(scope["headers"]).get(self.header)
+            if pinned is not None and not hmac.compare_digest(pinned, self.fingerprint):
+                message = (
+                    f"the request is for files with fingerprint {pinned.decode(errors='replace')!r}, "
+                    f"this server's files have {self.fingerprint.decode()!r}: it was restarted on other files"
+                )
+                await _error(409, message, "files")(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -80,36 +93,11 @@ def _parse_int(name: str, raw: str) -> int:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
 
 
-def _spec_from_query(meta: MetaFile, query: dict[str, str]) -> ShardSpec:
-    """A ShardSpec from query parameters, field by field, so fields added to it flow through."""
-    n = len(meta)
-    values: dict[str, Any] = {}
-    for name, raw in query.items():
-        if name == "num_samples":
-            if _parse_int(name, raw) != n:
-                raise LookupError(f"num_samples={raw} was expected, but this server's files hold {n} samples")
-            continue
-        field = _SPEC_FIELDS.get(name)
-        if field is None:
-            valid = ", ".join(f for f in _SPEC_FIELDS if f != "num_samples")
-            raise ValueError(f"unknown shard parameter {name!r}; valid parameters are {valid}")
-        if field.type in ("bool", bool):
-            if raw.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(f"{name} must be true or false, got {raw!r}")
-            values[name] = raw.lower() in ("true", "1")
-        else:
-            values[name] = _parse_int(name, raw)
-    for required in ("world_size", "rank"):
-        if required not in values:
-            raise ValueError(f"the shard parameter {required!r} is required")
-    return ShardSpec(num_samples=n, **values)
-
-
 def _frame_response(shard: Shard) -> StreamingResponse:
     return StreamingResponse(
-        _wire.encode(shard),
-        media_type=_wire.CONTENT_TYPE,
-        headers={"Content-Length": str(_wire.frame_size(shard)), "X-Sample-Count": str(len(shard))},
+        protocol.encode_frame(shard),
+        media_type=protocol.CONTENT_TYPE,
+        headers={"Content-Length": str(protocol.frame_size(shard)), "X-Sample-Count": str(len(shard))},
     )
 
 
@@ -125,7 +113,7 @@ def create_app(meta: MetaFile, *, token: str | None = None) -> ASGIApp:
         2
     """
     n = len(meta)
-    fingerprint = getattr(meta, "fingerprint", None)
+    fingerprint = meta.fingerprint
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
@@ -154,14 +142,14 @@ def create_app(meta: MetaFile, *, token: str | None = None) -> ASGIApp:
         if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= n):
             bad = int(indices.min()) if int(indices.min()) < 0 else int(indices.max())
             return _error(404, f"sample index {bad} is out of range for {n} samples", "index")
-        return _frame_response(Shard.from_meta(meta, indices))
+        return _frame_response(meta.read(indices))
 
     def shard(request: Request) -> Response:
         try:
-            spec = _spec_from_query(meta, dict(request.query_params))
-        except LookupError as exc:
+            spec = protocol.spec_from_query(dict(request.query_params), n)
+        except protocol.FilesMismatch as exc:
             return _error(409, str(exc), "files")
-        return _frame_response(Shard.from_meta(meta, spec.indices()))
+        return _frame_response(meta.read(spec.indices()))
 
     async def bad_request(request: Request, exc: Exception) -> Response:
         return _error(400, str(exc))
@@ -175,15 +163,16 @@ def create_app(meta: MetaFile, *, token: str | None = None) -> ASGIApp:
 
     app = Starlette(
         routes=[
-            Route("/healthz", healthz),
-            Route("/len", length),
-            Route("/sample/{index}", sample),
-            Route("/samples", samples, methods=["POST"]),
-            Route("/shard", shard),
+            Route(protocol.HEALTHZ, healthz),
+            Route(protocol.LEN, length),
+            Route(protocol.sample_path("{index}"), sample),
+            Route(protocol.SAMPLES, samples, methods=["POST"]),
+            Route(protocol.SHARD, shard),
         ],
         exception_handlers={ValueError: bad_request, TypeError: bad_request, HTTPException: http_error},
     )
-    return _BearerToken(app, token) if token else app
+    pinned = _PinnedFiles(app, fingerprint)
+    return _BearerToken(pinned, token) if token else pinned
 
 
 def _app_from_env() -> ASGIApp:

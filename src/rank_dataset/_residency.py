@@ -1,10 +1,24 @@
-"""Returning freed heap memory to the OS (glibc), after the large temporaries of a shard build."""
+"""Keeping a process's resident set small: dropping read pages, returning freed heap to the OS."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 from typing import Any
+
+__all__ = ["drop_pages", "return_freed_memory"]
+
+
+def drop_pages(mm: mmap.mmap, start: int, stop: int) -> None:
+    """Drop ``[start, stop)`` of a read-only file map from the resident set (the page cache keeps it)."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if advice is None:  # not on this platform: the pages stay mapped, which is only a cost
+        return
+    start -= start % mmap.PAGESIZE
+    stop = min(stop, len(mm))
+    if stop > start:
+        mm.madvise(advice, start, stop - start)
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""One rank of the demo: ``python -m rank_dataset._demo_rank CONFIG.json`` under torch.distributed.
+"""One rank of the demo: ``python -m rank_dataset.demo.rank CONFIG.json`` under torch.distributed.
 
 It iterates its loader (``rank_dataset``, ``server`` or ``naive``) through a DataLoader for every
 epoch and mini-epoch, gathers what every rank read, and writes its figures to ``<out>.<rank>.json``
@@ -19,9 +19,10 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from rank_dataset._memory import pss_with_children
-from rank_dataset._synthetic import imagenet_line
 from rank_dataset.dataset import RankDataset, ShardedDataset
+from rank_dataset.demo.baselines import NaiveDataset, OriginalDataset
+from rank_dataset.demo.memory import pss_with_children
+from rank_dataset.demo.synthetic import imagenet_line
 from rank_dataset.sampler import RandomSampler
 
 #: A test hook: the rank named here raises, to show how the demo reports a failing rank.
@@ -40,55 +41,6 @@ class _Numbered(Dataset[tuple[int, str]]):
 
     def __getitem__(self, i: int) -> tuple[int, str]:
         return int(self.numbers[i]), self.source[i]
-
-
-class _NaiveDataset(Dataset[str]):
-    """The usual loader: every line of the file in a Python list, in every process."""
-
-    def __init__(self, path: str) -> None:
-        with open(path, encoding="utf-8") as f:
-            self.metas = [line.strip() for line in f if line.strip()]
-
-    def __len__(self) -> int:
-        return len(self.metas)
-
-    def __getitem__(self, i: int) -> str:
-        return self.metas[i]
-
-
-class _OriginalDataset(Dataset[str]):
-    """The original rank_dataset approach, re-implemented: every rank draws the whole permutation,
-    scans every line of the file, and keeps its own lines as a Python list."""
-
-    def __init__(self, path: str, rank: int, world: int, mini_epoch: int, seed: int) -> None:
-        self.path, self.rank, self.world, self.mini_epoch, self.seed = path, rank, world, mini_epoch, seed
-        with open(path, encoding="utf-8") as f:
-            self.num_samples = sum(1 for line in f if line.strip())
-        self.set_epoch(0, 0)
-
-    def set_epoch(self, epoch: int, mini_epoch_idx: int = 0) -> None:
-        n, per_rank = self.num_samples, -(-self.num_samples // (self.world * self.mini_epoch))
-        perm = np.random.default_rng(self.seed + epoch).permutation(n)  # N-sized, in every rank
-        lo = (mini_epoch_idx * self.world + self.rank) * per_rank
-        mine = perm[np.arange(lo, lo + per_rank) % n]
-        wanted = set(mine.tolist())
-        lines: dict[int, str] = {}
-        with open(self.path, encoding="utf-8") as f:
-            i = 0
-            for line in f:
-                line = line.strip()
-                if line:
-                    if i in wanted:
-                        lines[i] = line
-                    i += 1
-        self.metas = [lines[int(j)] for j in mine]
-        self.indices = mine
-
-    def __len__(self) -> int:
-        return len(self.metas)
-
-    def __getitem__(self, i: int) -> str:
-        return self.metas[i]
 
 
 def _measure() -> tuple[int, int]:
@@ -147,11 +99,11 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     kind = cfg["loader"]
     base_memory = _baseline_memory(cfg, _BASELINE_SAMPLES)
     start = time.perf_counter()
-    dataset: ShardedDataset | _NaiveDataset | _OriginalDataset
+    dataset: ShardedDataset | NaiveDataset | OriginalDataset
     if kind == "naive":
-        dataset = _NaiveDataset(cfg["meta"])
+        dataset = NaiveDataset(cfg["meta"])
     elif kind == "original":
-        dataset = _OriginalDataset(cfg["meta"], rank, world, cfg["mini_epochs"], seed=0)
+        dataset = OriginalDataset(cfg["meta"], rank, world, cfg["mini_epochs"], seed=0)
     elif kind == "server":
         from rank_dataset.client import RankServerDataset
 
@@ -159,14 +111,14 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     else:
         dataset = RankDataset(cfg["meta"], reload_cfg={"mini_epoch": cfg["mini_epochs"], "seed": 0})
     build = time.perf_counter() - start
-    num_samples = len(dataset) if isinstance(dataset, _NaiveDataset) else dataset.num_samples
+    num_samples = len(dataset) if isinstance(dataset, NaiveDataset) else dataset.num_samples
 
     rates, lengths, covered = [], [], True
     memory = (0, 0)
     messages: list[str] = []
     for epoch in range(cfg["epochs"]):
         seen: list[np.ndarray] = []
-        if isinstance(dataset, _NaiveDataset):
+        if isinstance(dataset, NaiveDataset):
             sampler: DistributedSampler[str] = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=0)
             sampler.set_epoch(epoch)
             last = epoch == cfg["epochs"] - 1

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rank_dataset._synthetic import write_imagenet_meta
+from rank_dataset.demo.synthetic import write_imagenet_meta
 
 __all__ = ["DemoError", "DemoResult", "format_table", "launch_ranks", "run_demo"]
 
@@ -69,7 +69,7 @@ def launch_ranks(cfg: dict[str, Any], world_size: int, work: Path) -> DemoResult
     ``meta``, ``workers``, ``epochs``, ``mini_epochs``, ``batch_size``; ``work``: a scratch directory.
     """
     if cfg["loader"] == "rank_dataset":
-        from rank_dataset.index import MetaFile
+        from rank_dataset.metafile import MetaFile
 
         # Index once before the job, as `rank-dataset index` or an earlier run would: the ranks then
         # load a warm index, and the memory figures are those of a training run, not of indexing.
@@ -90,7 +90,7 @@ def launch_ranks(cfg: dict[str, Any], world_size: int, work: Path) -> DemoResult
             "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(world_size),
         }
-        cmd = [sys.executable, "-m", "rank_dataset._demo_rank", str(config)]
+        cmd = [sys.executable, "-m", "rank_dataset.demo.rank", str(config)]
         procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
     try:
         while any(p.poll() is None for p in procs):
