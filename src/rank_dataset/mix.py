@@ -19,6 +19,7 @@ plain one of :mod:`rank_dataset.plan` over ``T0`` positions. Everything costs O(
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -33,7 +34,7 @@ from rank_dataset._checks import check_int
 from rank_dataset.parsers import Parser, resolve_parser
 from rank_dataset.permutation import _splitmix64, permute
 
-__all__ = ["MixPlan", "Source", "mix_counts"]
+__all__ = ["MixPlan", "Source", "SourceInfo", "combine_fingerprints", "mix_counts", "mix_targets"]
 
 _MAX = 1 << 62  # permute's largest n; also keeps every int64 sum below overflow
 _MASK64 = (1 << 64) - 1
@@ -221,6 +222,76 @@ def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int 
     return counts, total
 
 
+def mix_targets(sizes: Sequence[int], sources: Sequence[Source], counts: Sequence[int]) -> list[float]:
+    """What each source's rule asks an epoch to take, before rounding: ``repeat * N_s``, ``choose``,
+    or the weighted share of what the fixed counts leave of ``T0 = sum(counts)``.
+
+    Example:
+        >>> mix_targets([100, 10, 50], [Source("a", weight=1), Source("b", repeat=2.5), Source("c", weight=2)],
+        ...             [25, 25, 50])
+        [25.0, 25.0, 50.0]
+    """
+    total = sum(counts)
+    fixed = sum(c for c, s in zip(counts, sources) if s.weight is None)
+    weights = sum(s.weight for s in sources if s.weight is not None)
+    targets = []
+    for n, source in zip(sizes, sources):
+        if source.weight is not None:
+            targets.append((total - fixed) * source.weight / weights)
+        elif source.choose is not None:
+            targets.append(float(source.choose))
+        else:
+            assert source.repeat is not None
+            targets.append(source.repeat * n)
+    return targets
+
+
+def combine_fingerprints(fingerprints: Sequence[str]) -> str:
+    """One fingerprint for several files taken as one source: the file's own for one file, else a
+    hash of theirs (so a client that knows each served file's fingerprint can compute it).
+
+    Example:
+        >>> combine_fingerprints(["abc"])
+        'abc'
+        >>> len(combine_fingerprints(["abc", "def"]))
+        32
+    """
+    if len(fingerprints) == 1:
+        return fingerprints[0]
+    return hashlib.sha256("\n".join(fingerprints).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """One source of a dataset's mix, with its numbers (what ``ds.sources`` lists).
+
+    Args:
+        source: the Source as given.
+        num_samples: ``N_s``, the samples of its files.
+        count: ``c_s``, the samples an epoch takes of it (in eval mode: ``N_s``, every sample once).
+        offset: the global number of its first sample (``sum(N_0..N_{s-1})``).
+        target: what its rule asks an epoch to take before rounding (see :func:`mix_targets`).
+        fingerprint: the hash of its files (see :func:`combine_fingerprints`).
+    """
+
+    source: Source
+    num_samples: int
+    count: int
+    offset: int
+    target: float
+    fingerprint: str
+
+    @property
+    def name(self) -> str:
+        """The source's name."""
+        return self.source.name
+
+    @property
+    def passes(self) -> float:
+        """``c_s / N_s``: how many times an epoch goes through the source (< 1: a part of it)."""
+        return self.count / self.num_samples
+
+
 def _source_seed(seed: int, source: int) -> int:
     """The key of source ``source``'s stream, derived from the mix's ``seed``."""
     return _splitmix64(_splitmix64(seed & _MASK64) ^ _splitmix64((source + 0x5EED) & _MASK64))
@@ -272,10 +343,20 @@ class MixPlan:
         counts, total = mix_counts(sizes, sources, epoch_size)
         return cls(tuple(sizes), tuple(counts), total)
 
+    @classmethod
+    def every_sample(cls, sizes: Sequence[int]) -> MixPlan:
+        """The plan that takes every sample of every source once (what eval mode reads)."""
+        return cls(tuple(sizes), tuple(sizes), sum(sizes))
+
     @property
     def num_samples(self) -> int:
         """``sum(N_s)``: the global sample numbers are ``[0, num_samples)``."""
         return sum(self.sizes)
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """The global number of each source's first sample."""
+        return tuple(int(x) for x in np.cumsum((0, *self.sizes[:-1])))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict; :meth:`from_dict` makes the same plan of it."""
