@@ -312,3 +312,26 @@ def requests_json(url: str) -> Any:
     import requests
 
     return requests.get(url, timeout=10).json()
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_and_stateful_loader(write_meta, context: str) -> None:
+    from torch.utils.data import DataLoader
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from rank_dataset import ResumableSampler, resume_state
+
+    paths = write_sources(write_meta, [50, 20])
+    sources = [Source(paths[0], weight=1), Source(paths[1], repeat=1.5, parser="label")]
+    ds = RankDataset(sources, reload_cfg={"seed": 4}, rank=1, world_size=2)
+    expect = [ds[i] for i in range(len(ds))]
+    loader = DataLoader(ds, batch_size=8, num_workers=1, collate_fn=list, multiprocessing_context=context)
+    assert [x for batch in loader for x in batch] == expect
+    stateful = StatefulDataLoader(ds, batch_size=8, sampler=ResumableSampler(ds), collate_fn=list)
+    for k, _ in enumerate(stateful):
+        if k == 2:
+            saved = json.loads(json.dumps(stateful.state_dict()))
+            break
+    again = RankDataset(sources, reload_cfg={"seed": 4}, rank=1, world_size=2)
+    again.load_state_dict(resume_state(saved))
+    assert [again[i] for i in range(len(again))] == expect[24:]
