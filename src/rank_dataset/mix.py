@@ -38,6 +38,8 @@ __all__ = ["MixPlan", "Source", "SourceInfo", "combine_fingerprints", "mix_count
 
 _MAX = 1 << 62  # permute's largest n; also keeps every int64 sum below overflow
 _MASK64 = (1 << 64) - 1
+_FEW_PASSES = 8  # up to this many passes of a source in one epoch, group positions by masks, not a sort
+_FEW_BOUNDS = 16  # up to this many sources, find a value's source by comparisons, not a binary search
 
 PathArg = str | os.PathLike[str]
 
@@ -292,6 +294,16 @@ class SourceInfo:
         return self.count / self.num_samples
 
 
+def _bucket(values: npt.NDArray[np.int64], bounds: npt.NDArray[np.int64], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+    """For each value, how many of the ascending ``bounds`` are <= it, as ``dtype``."""
+    if bounds.size > _FEW_BOUNDS:
+        return np.searchsorted(bounds, values, side="right").astype(dtype, copy=False)
+    out = np.zeros(values.shape, dtype)
+    for bound in bounds.tolist():
+        out += values >= bound
+    return out
+
+
 def _source_seed(seed: int, source: int) -> int:
     """The key of source ``source``'s stream, derived from the mix's ``seed``."""
     return _splitmix64(_splitmix64(seed & _MASK64) ^ _splitmix64((source + 0x5EED) & _MASK64))
@@ -370,10 +382,11 @@ class MixPlan:
             raise ValueError(f"a MixPlan dict has exactly the keys {sorted(keys)}, got {data!r}")
         return cls(tuple(data["sizes"]), tuple(data["counts"]), data["epoch_size"])
 
-    def source_of(self, samples: npt.ArrayLike) -> npt.NDArray[np.int64]:
-        """The source of each global sample number (the source ``s`` with ``offset_s <= sample < offset_{s+1}``)."""
+    def source_of(self, samples: npt.ArrayLike, dtype: npt.DTypeLike = np.int64) -> npt.NDArray[np.integer[Any]]:
+        """The source of each global sample number (the source ``s`` with ``offset_s <= sample < offset_{s+1}``),
+        as ``dtype`` (int64 by default; any integer dtype that holds the source numbers)."""
         stops = np.cumsum(np.asarray(self.sizes, np.int64))
-        return np.searchsorted(stops, np.asarray(samples, np.int64), side="right").astype(np.int64)
+        return _bucket(np.asarray(samples, np.int64), stops[:-1], np.dtype(dtype))
 
     def locate(
         self, seed: int, epoch: int, positions: npt.ArrayLike
@@ -401,19 +414,28 @@ class MixPlan:
             flat %= self.epoch_size
         slots = permute(self.epoch_size, seed, epoch, flat)
         starts = np.cumsum((0, *self.counts[:-1]), dtype=np.int64)
-        ids = np.searchsorted(starts, slots, side="right") - 1
+        ids = _bucket(slots, starts[1:], np.dtype(np.int64))
         samples = np.empty_like(slots)
         offset = 0
         for s, (n, c) in enumerate(zip(self.sizes, self.counts)):
             where = np.flatnonzero(ids == s) if len(self.sizes) > 1 else slice(None)
-            # Stream position of slot j is epoch * c + j = (first_pass + t // n) * n + t % n, t = head + j.
+            # Slot j of source s is its stream position epoch * c + j, i.e. sample t % n of pass
+            # first_pass + t // n, with t = head + j.
             first_pass, head = divmod(epoch * c, n)
-            t = slots[where] - starts[s] + head
-            passes, k = np.divmod(t, n)
+            t = slots[where]
+            t += head - int(starts[s])
             key = _source_seed(seed, s)
-            if t.size and passes.min() == passes.max():
-                samples[where] = permute(n, key, first_pass + int(passes[0]), k) + offset
+            spanned = (head + c - 1) // n + 1  # the passes this epoch's slots of s touch
+            if spanned == 1:
+                samples[where] = permute(n, key, first_pass, t) + offset
+            elif spanned <= _FEW_PASSES:  # a few passes: one mask each, cheaper than a sort
+                picked = np.empty_like(t)
+                for p in range(spanned):
+                    group = np.flatnonzero((t >= p * n) & (t < (p + 1) * n))
+                    picked[group] = permute(n, key, first_pass + p, t[group] - p * n)
+                samples[where] = picked + offset
             elif t.size:
+                passes, k = np.divmod(t, n)
                 order = np.argsort(passes, kind="stable")
                 cuts = np.flatnonzero(np.diff(passes[order])) + 1
                 picked = np.empty_like(k)
@@ -421,7 +443,7 @@ class MixPlan:
                     picked[group] = permute(n, key, first_pass + int(passes[group[0]]), k[group])
                 samples[where] = picked + offset
             offset += n
-        return samples.reshape(pos.shape), ids.astype(np.int64).reshape(pos.shape)
+        return samples.reshape(pos.shape), ids.reshape(pos.shape)
 
     def epoch_order(self, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """The global sample numbers at ``positions`` (see :meth:`locate`); in the mix, this takes the
