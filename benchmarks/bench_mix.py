@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     assert rows["one"][0]["count"] == rows["mix"][0]["count"], "the two plans must have the same R"
     med = {k: statistics.median(r["seconds"] for r in v) for k, v in rows.items()}
+    best = {k: min(r["seconds"] for r in v) for k, v in rows.items()}
     plan = {k: statistics.median(r["plan"] for r in v) for k, v in rows.items()}
     peak = {k: statistics.median(r["peak"] for r in v) for k, v in rows.items()}
     r_ = int(rows["one"][0]["count"])
@@ -122,15 +123,19 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# Shard build of a three-source mix, N = {n:,} lines, W = {w}, R = {r_:,}, one rank",
         "",
-        "| build | seconds | plan alone (s) | peak memory above start (MiB) | vs one file |",
-        "|---|---:|---:|---:|---:|",
+        "| build | seconds (median) | vs one file | seconds (fastest) | vs one file | plan alone (s) | peak memory "
+        "above start (MiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for k in ["one", "mix"]:
-        vs = f"{med[k] / med['one']:.2f}x"
-        lines.append(f"| {labels[k]} | {med[k]:.3f} | {plan[k]:.3f} | {peak[k] / mib:.0f} | {vs} |")
+        lines.append(
+            f"| {labels[k]} | {med[k]:.3f} | {med[k] / med['one']:.2f}x | {best[k]:.3f} | {best[k] / best['one']:.2f}x "
+            f"| {plan[k]:.3f} | {peak[k] / mib:.0f} |"
+        )
     lines += [
         "",
-        f"The mix's build takes {ratio:.2f}x the one file's (target: within 1.3x). Sources: N/2 lines (weight=1, "
+        f"The mix's build takes {ratio:.2f}x the one file's, median against median ({best['mix'] / best['one']:.2f}x "
+        "fastest against fastest; target: within 1.3x). Sources: N/2 lines (weight=1, "
         "3N/8 an epoch), N/4 (repeat=0.5, N/8) and N/4 (choose=N/2, two passes); the one file is their "
         "concatenation. Warm index, files in the page cache, each build in a fresh process; "
         f"median of {args.repeat} builds of each, alternating.",
@@ -139,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         machine_info(),
     ]
-    data = {"seconds": med, "plan": plan, "peak": peak, "ratio": ratio, "per_rank": r_, "runs": rows}
+    data = {"seconds": med, "fastest": best, "plan": plan, "peak": peak, "ratio": ratio, "per_rank": r_, "runs": rows}
     save_results(args.out, "mix", lines, data, lambda path: _plot(med, plan, path, n, w))
     return 0
 
