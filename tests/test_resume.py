@@ -201,6 +201,10 @@ def test_mix_record_round_trips_and_is_range_checked() -> None:
         ],
     }
     assert ResumeState.from_dict(as_dict) == state
+    renamed = MixRecord(12, (SourceRecord("x", 10, "f" * 32, 9), SourceRecord("y", 3, None, 3)))
+    assert state.same_shard(ResumeState(12, None, 0, 1, 2, 1, 4, 0, mix=renamed))
+    recounted = MixRecord(12, (SourceRecord("a", 10, "f" * 32, 8), SourceRecord("b", 3, None, 4)))
+    assert not state.same_shard(ResumeState(12, None, 0, 1, 2, 1, 4, 0, mix=recounted))
     plain = ResumeState(12, None, 0, 1, 2, 1, 4, 3)
     assert "mix" not in plain.to_dict() and ResumeState.from_dict(plain.to_dict()) == plain
     bad_sources = [

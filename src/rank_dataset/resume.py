@@ -210,8 +210,8 @@ class ResumeState:
 
     def same_shard(self, other: ResumeState) -> bool:
         """Whether both states are points within the same mini-epoch of the same plan and files."""
-        keys = ("num_samples", "fingerprint", "seed", "epoch", "mini_epoch", "mini_epoch_idx", "mix")
-        return all(getattr(self, k) == getattr(other, k) for k in keys)
+        keys = ("num_samples", "fingerprint", "seed", "epoch", "mini_epoch", "mini_epoch_idx")
+        return all(getattr(self, k) == getattr(other, k) for k in keys) and _mix_key(self.mix) == _mix_key(other.mix)
 
     def to_dict(self) -> dict[str, Any]:
         """The state as a JSON-serialisable dict, with its format version (and ``mix`` only for a mix)."""
@@ -246,6 +246,13 @@ class ResumeState:
             return cls(**values)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"invalid resume state: {exc}") from None
+
+
+def _mix_key(mix: MixRecord | None) -> tuple[Any, ...] | None:
+    """What identifies a mix: its sources' numbers, not their names."""
+    if mix is None:
+        return None
+    return (mix.epoch_size, *((s.num_samples, s.fingerprint, s.count) for s in mix.sources))
 
 
 def find_state(node: Any) -> dict[str, Any] | None:
