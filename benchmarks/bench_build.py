@@ -10,6 +10,13 @@ Each measurement runs in a fresh Python process, so that timings and peak memory
 Peak memory is the peak RSS of the process above its RSS just before the build (the peak is reset
 through /proc/self/clear_refs first).
 
+Then the cost of the ranks' agreement check (every build under a process group first checks, with one
+all_gather, that all ranks plan from the same files and settings): ``--agree-ranks`` (default 4) gloo
+ranks on loopback, launched by torchrun, each time ``set_epoch`` with the check and with it skipped
+(a private switch, for this benchmark only), alternately, and the check alone (its fields, fingerprint
+included, and the collective). Each timing is of the slowest rank (the ranks start each one together,
+after a barrier); the median over ``--repeat`` rounds is kept.
+
 Usage:
     python benchmarks/bench_build.py                       # N = 10M lines, W = 8
     python benchmarks/bench_build.py --lines 200000 --repeat 1 --out /tmp/results
@@ -27,6 +34,7 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -90,6 +98,55 @@ print(json.dumps({"seconds": elapsed, "peak": rss()[1] - before, "count": len(me
 """
 
 
+_AGREE_RANK = """
+import json, statistics, sys, time
+import torch.distributed as dist
+import rank_dataset._agree as agree
+from rank_dataset import RankDataset
+
+meta, repeat, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo")
+ds = RankDataset(meta, reload_cfg={"seed": 0})  # warm index; rank and world size from the group
+times = {"off": [], "on": [], "check": []}
+for i in range(repeat):
+    for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
+        agree._ENABLED = mode == "on"
+        dist.barrier()
+        t = time.perf_counter()
+        ds.set_epoch(i + 1)
+        times[mode].append(time.perf_counter() - t)
+    agree._ENABLED = True
+    dist.barrier()
+    t = time.perf_counter()
+    agree.check_ranks_agree(ds._agreement_fields(ds.spec))
+    times["check"].append(time.perf_counter() - t)
+gathered = [None] * dist.get_world_size()
+dist.all_gather_object(gathered, times)
+if dist.get_rank() == 0:
+    slowest = {k: [max(g[k][i] for g in gathered) for i in range(repeat)] for k in times}
+    result = {k: statistics.median(v) for k, v in slowest.items()}
+    result["added"] = sorted(on - off for on, off in zip(slowest["on"], slowest["off"]))
+    result["samples"] = len(ds)
+    with open(out, "w") as f:
+        json.dump(result, f)
+dist.destroy_process_group()
+"""
+
+
+def run_agree(meta: Path, ranks: int, repeat: int, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Median seconds (of the slowest rank) of set_epoch with and without the agreement check, and of the
+    check alone, over ``ranks`` gloo ranks launched by torchrun on loopback; ``added``: what the check
+    added to set_epoch in each round (sorted)."""
+    script, out = work / "agree_rank.py", work / "agree.json"
+    script.write_text(_AGREE_RANK)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    cmd += [str(script), str(meta), str(repeat), str(out)]
+    proc = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"agreement measurement failed:\n{proc.stderr[-4000:]}")
+    return json.loads(out.read_text())
+
+
 def run(body: str, meta: Path, rank: int, world: int, env: dict[str, str]) -> dict[str, float]:
     code = _PRELUDE + f"META = {str(meta)!r}\nRANK = {rank}\nWORLD = {world}\n" + textwrap.dedent(body)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
@@ -104,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement (the median is kept)")
     parser.add_argument("--original-repeat", type=int, default=1, help="runs of the (slow) original approach")
+    parser.add_argument("--agree-ranks", type=int, default=4, help="gloo ranks timing the agreement check (0: skip)")
+    parser.add_argument("--agree-repeat", type=int, default=9, help="rounds of the agreement check's timings")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write the meta file (default: a tmp dir)")
     args = parser.parse_args(argv)
@@ -123,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             rows["warm"].append(run(_RANK_DATASET, meta, (i + 1) % w, w, env))
         for _ in range(args.original_repeat):
             rows["original"].append(run(_ORIGINAL, meta, 0, w, env))
+        agree = run_agree(meta, args.agree_ranks, args.agree_repeat, work, env) if args.agree_ranks else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -158,7 +218,30 @@ def main(argv: list[str] | None = None) -> int:
         f"{med['original'] / med['warm']:.0f}x faster than the original approach. "
         f"Cold build: {med['cold'] / med['scan']:.2f}x the whole-file scan.",
         "",
-        f"Command: `python benchmarks/bench_build.py --lines {args.lines} --world-size {w} --repeat {args.repeat}`",
+    ]
+    if agree is not None:
+        a, ms = args.agree_ranks, 1000
+        lines += [
+            f"## The ranks' agreement check, {a} gloo ranks on loopback (N = {args.lines:,}, W = {a})",
+            "",
+            "| build under a process group | ms (slowest rank) | vs without the check |",
+            "|---|---:|---:|",
+            f"| set_epoch, check skipped | {agree['off'] * ms:.1f} | 1.00x |",
+            f"| set_epoch, with the check | {agree['on'] * ms:.1f} | {agree['on'] / agree['off']:.2f}x |",
+            f"| the check alone (fields + one all_gather of 256 bytes) | {agree['check'] * ms:.2f} | "
+            f"{agree['check'] / agree['off']:.2%} of a build |",
+            "",
+            f"Each rank holds {int(agree['samples']):,} samples. Median of {args.agree_repeat} rounds; in each, the",
+            "two set_epoch timings alternate in order, each after a barrier. Paired by round, the check added a",
+            f"median {statistics.median(agree['added']) * ms:.1f} ms to set_epoch (from {agree['added'][0] * ms:.1f}"
+            f" to {agree['added'][-1] * ms:.1f} ms). Where that spread is wider than the check alone, it is the",
+            "builds' own variation (a shared machine) and the check alone is the figure to go by.",
+            "",
+        ]
+    lines += [
+        f"Command: `python benchmarks/bench_build.py --lines {args.lines} --world-size {w} --repeat {args.repeat}"
+        f"{'' if args.agree_ranks == 4 else f' --agree-ranks {args.agree_ranks}'}"
+        f"{'' if args.agree_repeat == 9 else f' --agree-repeat {args.agree_repeat}'}`",
         "",
         machine_info(),
     ]
@@ -166,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out,
         "build",
         lines,
-        {"seconds": med, "peak": peak, "own": own},
+        {"seconds": med, "peak": peak, "own": own, "agree": agree},
         lambda path: _plot(med, peak, own, path, args.lines, w),
     )
     return 0

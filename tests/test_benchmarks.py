@@ -20,10 +20,12 @@ def test_bench_server_smoke(tmp_path: Path) -> None:
 
 def test_bench_build_smoke(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_build.py"), "--lines", "5000", "--repeat", "1"]
+    cmd += ["--agree-repeat", "2"]
     cmd += ["--out", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "RankDataset, warm index" in (tmp_path / "build.md").read_text()
+    table = (tmp_path / "build.md").read_text()
+    assert "RankDataset, warm index" in table and "| set_epoch, with the check |" in table
 
 
 def test_bench_memory_smoke(tmp_path: Path) -> None:

@@ -1,17 +1,126 @@
-"""The wire protocol's pure codecs: the /shard query with and without a mix, /files, served names."""
+"""The wire protocol: frames, the ShardSpec <-> query codec (with a mix too), error bodies, files pinned by
+fingerprint, /files and served names."""
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from rank_dataset import protocol
+import numpy as np
+import pytest
+import requests
+
+from rank_dataset import ProtocolError, RankServerDataset, ResumePoint, ServerDataset, Shard, ShardSpec, protocol
+from rank_dataset.client import MetaServer
 from rank_dataset.mix import MixPlan
-from rank_dataset.plan import ResumePoint, ShardSpec
+
+SPECS = [
+    ShardSpec(100, 4, 3),
+    ShardSpec(100, 3, 0, is_test=True),
+    ShardSpec(1000, 8, 5, mini_epoch=4, mini_epoch_idx=2, seed=-7, epoch=9),
+    ShardSpec(1000, 3, 1, mini_epoch=2, mini_epoch_idx=1, seed=1, epoch=2, resume=ResumePoint(4, 1, 37)),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_spec_round_trips_through_a_query(spec: ShardSpec) -> None:
+    query = protocol.spec_to_query(spec)
+    assert all(isinstance(v, str) for v in query.values())
+    assert protocol.spec_from_query(query, spec.num_samples) == spec
+
+
+@pytest.mark.parametrize(
+    ("query", "error", "message"),
+    [
+        ({"world_size": "2"}, ValueError, "the shard parameter 'rank' is required"),
+        ({"world_size": "2", "rank": "x"}, ValueError, "rank must be an integer, got 'x'"),
+        ({"world_size": "2", "rank": "0", "is_test": "maybe"}, ValueError, "is_test must be true or false"),
+        ({"world_size": "2", "rank": "0", "bogus": "1"}, ValueError, "unknown shard parameter 'bogus'"),
+        ({"world_size": "2", "rank": "0", "resume_offset": "3"}, ValueError, "resume_plan_world_size"),
+        ({"world_size": "2", "rank": "0", "num_samples": "99"}, protocol.FilesMismatch, "this server's files hold 100"),
+        ({"world_size": str(2**70), "rank": "0"}, ValueError, "world_size"),
+    ],
+)
+def test_bad_queries(query: dict[str, str], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        protocol.spec_from_query(query, 100)
+
+
+@pytest.mark.parametrize("offsets", [np.uint32, np.int64])
+def test_frame_round_trip(offsets: type) -> None:
+    lines = [b"a 1", b"", "é 3".encode(), b"x" * 5000]
+    shard = Shard.from_lines(lines, ids=np.array([4, 0, 9, 2], np.int64))
+    shard = Shard(shard.data, shard.starts.astype(offsets), shard.ends.astype(offsets), ids=shard.ids)
+    body = b"".join(protocol.encode_frame(shard))
+    assert len(body) == protocol.frame_size(shard)
+    back = protocol.decode_frame(body)
+    assert back.texts(range(4)) == [x.decode() for x in lines]
+    assert back.ids is not None and back.ids.tolist() == [4, 0, 9, 2]
+
+
+def test_bad_frames() -> None:
+    body = b"".join(protocol.encode_frame(Shard.from_lines([b"abc"], ids=np.array([0], np.int64))))
+    with pytest.raises(protocol.FrameError, match="incomplete frame"):
+        protocol.decode_frame(body[:-1])
+    with pytest.raises(protocol.FrameError, match="shorter than its header"):
+        protocol.decode_frame(body[:5])
+    with pytest.raises(ProtocolError, match="not a rank-dataset frame"):
+        protocol.decode_frame(b"HTTP" + body[4:])
+    with pytest.raises(ValueError, match="must carry its sample numbers"):
+        list(protocol.encode_frame(Shard.from_lines([b"abc"])))
+
+
+def test_error_bodies_decode_to_python_errors() -> None:
+    def body(kind: str) -> bytes:
+        return json.dumps(protocol.error_body("the message", kind)).encode()
+
+    with pytest.raises(PermissionError, match="u: the message"):
+        protocol.raise_for_error("u", 401, body("auth"))
+    with pytest.raises(IndexError, match="the message"):
+        protocol.raise_for_error("u", 404, body("index"))
+    with pytest.raises(ValueError, match="serves other meta files"):
+        protocol.raise_for_error("u", 409, body("files"))
+    with pytest.raises(ValueError, match="HTTP 400: the message"):
+        protocol.raise_for_error("u", 400, body("request"))
+    with pytest.raises(ValueError, match="HTTP 413: not json"):
+        protocol.raise_for_error("u", 413, b"not json")
+
+
+def test_a_server_restarted_on_other_files_is_refused(write_meta, start_server) -> None:
+    meta, other = write_meta(n=200), write_meta([f"other_{i}.jpg {i}" for i in range(200)])
+    server = start_server([meta])
+    rds = RankServerDataset(server.url, reload_cfg={"seed": 1}, rank=0, world_size=2)
+    sds = ServerDataset(server.url)
+    port = server.port
+    server.stop()
+    start_server([other], port=port)  # same number of samples, other lines
+    with pytest.raises(ValueError, match="serves other meta files than this client started with"):
+        rds.set_epoch(1)
+    with pytest.raises(ValueError, match="serves other meta files"):
+        sds[3]
+    with pytest.raises(ValueError, match="serves other meta files"):
+        sds.__getitems__([1, 2])
+    # the pin is the fingerprint header: without it, the same request is served
+    assert requests.get(f"{server.url}/sample/3").status_code == 200
+    pinned = {protocol.FINGERPRINT_HEADER: "0" * 32}
+    answer = requests.get(f"{server.url}/sample/3", headers=pinned)
+    assert answer.status_code == 409 and answer.json()["kind"] == "files"
+
+
+def test_not_a_meta_server_is_a_protocol_error(start_server, write_meta) -> None:
+    server = start_server([write_meta(n=10)])
+
+    class Wrong(MetaServer):
+        def get(self, path: str) -> bytes:
+            return super().get(protocol.HEALTHZ)  # 200 "ok": not the JSON of /len
+
+    with pytest.raises(ProtocolError, match="did not answer as a meta server does"):
+        Wrong(server.url).num_samples()
+
 
 FILES = {"a.txt": 10, "b.txt": 4, "c.txt": 3}
 
 
-def test_spec_round_trips_through_the_query() -> None:
+def test_a_mix_round_trips_through_the_query() -> None:
     plain = ShardSpec(17, 3, 1, mini_epoch=2, mini_epoch_idx=1, seed=-4, epoch=2, resume=ResumePoint(4, 1, 3))
     assert protocol.shard_request_from_query(protocol.spec_to_query(plain), 17, FILES) == (plain, None)
     assert "mix_files" not in protocol.spec_to_query(plain)  # a plain query is as before
@@ -58,8 +167,6 @@ def test_bad_mix_queries(change: dict[str, str | None], error: type[Exception], 
 
 def test_files_codec_and_names() -> None:
     files = [protocol.ServedFile("a.txt", 10, "f" * 32), protocol.ServedFile("b.txt", 4, "e" * 32)]
-    import json
-
     assert protocol.files_from_body(json.dumps(protocol.files_body(files)).encode()) == files
     with pytest.raises(protocol.ProtocolError, match="/files did not answer as a meta server does"):
         protocol.files_from_body(b'{"num_samples": 3}')

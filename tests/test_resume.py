@@ -226,3 +226,41 @@ def test_mix_record_round_trips_and_is_range_checked() -> None:
         ResumeState.from_dict({**as_dict, "num_samples": 13, "consumed_positions": 0})
     with pytest.raises(ValueError, match=r"consumed_positions must be in \[0, 8\]"):
         ResumeState.from_dict({**as_dict, "consumed_positions": 9})  # keeps the plan's range check
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error", "message"),
+    [
+        ("plan_world_size", 2**40, ValueError, "plan_world_size must be at most"),
+        ("plan_world_size", 0, ValueError, "plan_world_size must be >= 1"),
+        ("consumed_positions", -1, ValueError, "consumed_positions must be >= 0"),
+        ("consumed_positions", 10**6, ValueError, r"consumed_positions must be in \[0, "),
+        ("mini_epoch_idx", 5, ValueError, r"mini_epoch_idx must be in \[0, mini_epoch=2\)"),
+        ("mini_epoch", 0, ValueError, r"mini_epoch must be in \[1, \d+\), got 0"),
+        ("epoch", -3, ValueError, r"epoch must be in \[0, \d+\), got -3"),
+        ("seed", 2**70, ValueError, "seed must be in"),
+        ("seed", "7", TypeError, "seed must be an int"),
+        ("consumed", -1, ValueError, r"consumed must be in \[0, \d+\), got -1"),
+        ("world_size", 0, ValueError, "world_size must be >= 1"),
+        ("fingerprint", 12, TypeError, "fingerprint must be a str"),
+    ],
+)
+def test_a_bad_state_names_the_key_and_changes_nothing(write_meta, key: str, value, error, message: str) -> None:
+    meta = write_meta(n=100)
+    ds = RankDataset(meta, reload_cfg={"seed": 1, "mini_epoch": 2}, rank=0, world_size=2)
+    state = ds.state_dict(10)
+    ds.set_epoch(3, 1)  # a dataset on another plan than the state's
+    before = (ds.spec, ds.reload_cfg, ds.indices.copy())
+    with pytest.raises(error, match=f"invalid resume state: {message}"):
+        ds.load_state_dict({**state, key: value})
+    assert (ds.spec, ds.reload_cfg) == before[:2] and np.array_equal(ds.indices, before[2])
+
+
+def test_a_state_for_other_files_changes_nothing(write_meta) -> None:
+    meta, other = write_meta(n=100), write_meta([f"o{i}" for i in range(100)])
+    state = RankDataset(meta, reload_cfg={"seed": 9, "mini_epoch": 4}, rank=0, world_size=2).state_dict(3)
+    ds = RankDataset(other, reload_cfg={"seed": 1}, rank=0, world_size=2)
+    spec = ds.spec
+    with pytest.raises(ValueError, match="other meta files"):
+        ds.load_state_dict(state)
+    assert ds.spec == spec and ds.reload_cfg.seed == 1 and ds.reload_cfg.mini_epoch == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from rank_dataset._agree import RanksDisagreeError
 from rank_dataset.config import ReloadConfig
 from rank_dataset.metafile import MetaFile
 from rank_dataset.mix import Source
@@ -32,6 +33,7 @@ __all__ = [
     "RandomSampler",
     "RankDataset",
     "RankServerDataset",
+    "RanksDisagreeError",
     "ReloadConfig",
     "ResumableSampler",
     "ResumePoint",

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Dataset
 
+from rank_dataset._agree import agreement_needed, check_ranks_agree
 from rank_dataset._checks import check_index, check_int
 from rank_dataset._residency import return_freed_memory
 from rank_dataset.config import ReloadConfig
@@ -152,6 +153,8 @@ class ShardedDataset(Dataset[Any]):
 
     def _load(self, spec: ShardSpec) -> None:
         """Build the shard of ``spec`` and hold it; on any error the dataset stays as it was."""
+        if agreement_needed():  # under a process group, every rank must plan from the same inputs
+            check_ranks_agree(self._agreement_fields(spec), spec.rank)
         shard = self._build(spec)
         source_ids = None
         if spec.mix is not None:
@@ -161,6 +164,12 @@ class ShardedDataset(Dataset[Any]):
         # The old shard is freed here, once the new one exists.
         self._shard, self._n, self._spec, self._source_ids = shard, len(shard), spec, source_ids
         return_freed_memory()
+
+    def _agreement_fields(self, spec: ShardSpec) -> dict[str, object]:
+        """What every rank must agree on before building ``spec``: the files, and the plan but the rank."""
+        plan = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "rank"}
+        fields = {"num_samples": spec.num_samples, "fingerprint": self._fingerprint(), **plan}
+        return {**fields, "dataset": f"{type(self).__module__}.{type(self).__qualname__}"}
 
     def _build(self, spec: ShardSpec) -> Shard:
         raise NotImplementedError

@@ -24,7 +24,11 @@ from rank_dataset._checks import check_int
 from rank_dataset.mix import MixPlan
 from rank_dataset.permutation import permute
 
-__all__ = ["ResumePoint", "ShardSpec", "epoch_order", "eval_range", "spread_positions"]
+__all__ = ["MAX_WORLD_SIZE", "ResumePoint", "ShardSpec", "epoch_order", "eval_range", "spread_positions"]
+
+#: The largest world size a plan accepts: far beyond any job, small enough to plan on one rank.
+MAX_WORLD_SIZE = 1 << 20
+_MAX_POSITIONS = 1 << 62  # positions of an epoch: int64 arithmetic stays exact below this
 
 
 def spread_positions(start: int, stop: int, world_size: int, rank: int) -> npt.NDArray[np.int64]:
@@ -62,6 +66,11 @@ def eval_range(num_samples: int, world_size: int, rank: int) -> tuple[int, int]:
     return start, start + base + (rank < extra)
 
 
+def _at_most(name: str, value: int, high: int) -> None:
+    if value > high:
+        raise ValueError(f"{name} must be at most {high}, got {value}")
+
+
 @dataclass(frozen=True)
 class ResumePoint:
     """Where an interrupted epoch resumes: its plan's boundaries and how far it had got.
@@ -79,7 +88,7 @@ class ResumePoint:
     offset: int
 
     def __post_init__(self) -> None:
-        check_int("plan_world_size", self.plan_world_size, low=1)
+        _at_most("plan_world_size", check_int("plan_world_size", self.plan_world_size, low=1), MAX_WORLD_SIZE)
         check_int("resume mini_epoch_idx", self.mini_epoch_idx, low=0)
         check_int("resume offset", self.offset, low=0)
 
@@ -121,10 +130,10 @@ class ShardSpec:
     mix: MixPlan | None = None
 
     def __post_init__(self) -> None:
-        check_int("num_samples", self.num_samples, low=1)
-        check_int("world_size", self.world_size, low=1)
+        _at_most("num_samples", check_int("num_samples", self.num_samples, low=1), _MAX_POSITIONS - 1)
+        _at_most("world_size", check_int("world_size", self.world_size, low=1), MAX_WORLD_SIZE)
         check_int("rank", self.rank, low=0, high=self.world_size, high_name="world_size")
-        check_int("mini_epoch", self.mini_epoch, low=1)
+        _at_most("mini_epoch", check_int("mini_epoch", self.mini_epoch, low=1), _MAX_POSITIONS - 1)
         check_int("mini_epoch_idx", self.mini_epoch_idx, low=0, high=self.mini_epoch, high_name="mini_epoch")
         check_int("seed", self.seed)
         check_int("epoch", self.epoch, low=0)
@@ -140,6 +149,11 @@ class ShardSpec:
                 )
             if self.is_test and self.mix.counts != self.mix.sizes:
                 raise ValueError("an eval mix (is_test=True) takes every sample of every source once: counts == sizes")
+        if self.plan_width * self.mini_epoch >= _MAX_POSITIONS:
+            raise ValueError(
+                f"mini_epoch={self.mini_epoch} is too large for {self.num_samples} samples on {self.world_size} ranks: "
+                f"an epoch would span {self.plan_width * self.mini_epoch} positions (at most {_MAX_POSITIONS - 1})"
+            )
         if self.resume is not None:
             if not isinstance(self.resume, ResumePoint):
                 raise TypeError(f"resume must be a ResumePoint or None, got {type(self.resume).__name__}")

@@ -13,14 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from rank_dataset._checks import check_int
-from rank_dataset.plan import ResumePoint, ShardSpec
+from rank_dataset.plan import MAX_WORLD_SIZE, ResumePoint, ShardSpec
 
-__all__ = ["MAX_PLAN_WORLD_SIZE", "STATE_VERSION", "MixRecord", "ResumeState", "SourceRecord", "find_state"]
+__all__ = ["STATE_VERSION", "MixRecord", "ResumeState", "SourceRecord", "find_state"]
 
 #: The format version of resume states; a state of another version is refused.
 STATE_VERSION = 1
-#: The largest world size a state may name: far beyond any job, small enough to plan on one rank.
-MAX_PLAN_WORLD_SIZE = 1 << 20
 _MAX_INT = 1 << 62  # epochs, mini-epochs and positions: a bound that keeps int64 arithmetic exact
 
 
@@ -151,7 +149,9 @@ class ResumeState:
         check_int("epoch", self.epoch, low=0, high=_MAX_INT)
         check_int("mini_epoch", self.mini_epoch, low=1, high=_MAX_INT)
         check_int("mini_epoch_idx", self.mini_epoch_idx, low=0, high=self.mini_epoch, high_name="mini_epoch")
-        check_int("plan_world_size", self.plan_world_size, low=1, high=MAX_PLAN_WORLD_SIZE + 1)
+        check_int("plan_world_size", self.plan_world_size, low=1)
+        if self.plan_world_size > MAX_WORLD_SIZE:
+            raise ValueError(f"plan_world_size must be at most {MAX_WORLD_SIZE}, got {self.plan_world_size}")
         # The positions of a mini-epoch of the plan: ShardSpec.plan_width, before any spec exists.
         width = -(-self.num_samples // (self.plan_world_size * self.mini_epoch)) * self.plan_world_size
         positions = check_int("consumed_positions", self.consumed_positions, low=0)
@@ -161,7 +161,7 @@ class ResumeState:
                 f"got {positions}"
             )
         if self.world_size is not None:
-            check_int("world_size", self.world_size, low=1, high=MAX_PLAN_WORLD_SIZE + 1)
+            check_int("world_size", self.world_size, low=1)
         if self.consumed is not None:
             check_int("consumed", self.consumed, low=0, high=_MAX_INT)
         if self.mix is not None:
