@@ -134,12 +134,34 @@ class MetaFile:
         Equal for the same files on any machine (paths and mtimes do not enter it), and computed
         without reading the whole files: what a resume state is checked against.
         """
-        digest = hashlib.sha256()
-        for f in self._files:
-            digest.update(struct.pack("<qq", len(f.index.spans), f.size))
-            digest.update(f.bytes[: 1 << 16] if f.size else b"")
-            digest.update(f.bytes[max(0, f.size - (1 << 16)) :] if f.size else b"")
-        return digest.hexdigest()[:32]
+        return _fingerprint(self._files)
+
+    @property
+    def file_fingerprints(self) -> tuple[str, ...]:
+        """The fingerprint of each file alone (``MetaFile(path).fingerprint`` of each path)."""
+        return tuple(_fingerprint([f]) for f in self._files)
+
+    def select(self, files: Sequence[int]) -> MetaFile:
+        """The files numbered ``files`` (in that order, repeats allowed) as one MetaFile, sharing this
+        one's indexes and maps: no file is opened or indexed again.
+
+        Example:
+            >>> import tempfile, os
+            >>> d = tempfile.mkdtemp()
+            >>> paths = [os.path.join(d, n) for n in ("a.txt", "b.txt")]
+            >>> for p, text in zip(paths, ["a0\\na1\\n", "b0\\n"]):
+            ...     _ = open(p, "w").write(text)
+            >>> mf = MetaFile(paths).select([1, 0])
+            >>> len(mf), mf[0], mf[1]
+            (3, 'b0', 'a0')
+        """
+        chosen = [self._files[check_index(f, len(self._files), label="file number", of="the files")] for f in files]
+        if not chosen:
+            raise ValueError("select at least one file")
+        view = object.__new__(MetaFile)
+        view._files = tuple(chosen)
+        view._bounds = np.cumsum([0] + [len(f.index.spans) for f in chosen], dtype=np.int64)
+        return view
 
     @property
     def file_bounds(self) -> npt.NDArray[np.int64]:
@@ -193,6 +215,27 @@ class MetaFile:
         return Shard(data, starts, ends, ids=indices)
 
 
+def _fingerprint(files: Sequence[_File]) -> str:
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(struct.pack("<qq", len(f.index.spans), f.size))
+        digest.update(f.bytes[: 1 << 16] if f.size else b"")
+        digest.update(f.bytes[max(0, f.size - (1 << 16)) :] if f.size else b"")
+    return digest.hexdigest()[:32]
+
+
+def _file_of(bounds: npt.NDArray[np.int64], indices: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The file number of each sample: comparisons for a few files (several times faster than a
+    binary search), a binary search for many."""
+    inner = bounds[1:-1]
+    if inner.size > 16:
+        return np.searchsorted(bounds, indices, side="right") - 1
+    out = np.zeros(indices.size, np.int64)
+    for bound in inner.tolist():
+        out += indices >= bound
+    return out
+
+
 def _gather(
     files: Sequence[_File], bounds: npt.NDArray[np.int64], indices: npt.NDArray[np.int64]
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.integer[Any]], npt.NDArray[np.integer[Any]], bool]:
@@ -212,7 +255,7 @@ def _gather(
     sorted_idx = indices[order]
     first = np.empty(indices.size, np.int64)  # where each row starts in its file, in visiting order
     lengths = np.empty(indices.size, np.int64)
-    file_of = np.searchsorted(bounds, sorted_idx, side="right") - 1 if len(files) > 1 else None
+    file_of = _file_of(bounds, sorted_idx) if len(files) > 1 else None
     for f, file in enumerate(files):
         rows = np.flatnonzero(file_of == f) if file_of is not None else np.arange(indices.size)
         # np.take of whole rows is several times faster than fancy indexing the 2-D index.
