@@ -94,7 +94,7 @@ class Segment:
             path = ""
         else:
             directory = _SHM_DIR if os.path.isdir(_SHM_DIR) and os.access(_SHM_DIR, os.W_OK) else tempfile.gettempdir()
-            fd, path = tempfile.mkstemp(prefix=f"{name}_", dir=directory)
+            fd, path = tempfile.mkstemp(prefix=f"{name}_{self._pid}_", dir=directory)
         try:
             os.ftruncate(fd, size)
             ino = os.fstat(fd).st_ino
