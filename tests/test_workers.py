@@ -3,6 +3,7 @@ set_epoch (persistent workers included), set_epoch in mid-pass, and old shards r
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import pickle
@@ -87,10 +88,8 @@ def _nothing_left_behind() -> Iterator[None]:
     yield
     gc.collect()
     for child in _workers():
-        try:
+        with contextlib.suppress(psutil.TimeoutExpired):  # reported below
             child.wait(timeout=30)  # workers of a finished DataLoader exit on their own
-        except psutil.TimeoutExpired:  # pragma: no cover - reported below
-            pass
     left = ours() - shm_before
     assert not left, f"shared-memory segments left behind: {left}"
     assert not [c for c in _workers() if c.is_running()], "processes left behind"
