@@ -28,10 +28,11 @@ def test_bench_build_smoke(tmp_path: Path) -> None:
 
 def test_bench_memory_smoke(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--sizes", "3000", "--world-size", "2"]
-    cmd += ["--workers", "1", "--out", str(tmp_path)]
+    cmd += ["--workers", "1", "--start-method", "forkserver", "--out", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "| 3,000 |" in (tmp_path / "memory.md").read_text() and (tmp_path / "memory.png").exists()
+    table = (tmp_path / "memory_forkserver.md").read_text()
+    assert "| 3,000 |" in table and "forkserver" in table and (tmp_path / "memory_forkserver.png").exists()
 
 
 def test_bench_getitem_smoke(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from rank_dataset.resume import ResumeState, find_state
 
 __all__ = ["RandomSampler", "ResumableSampler", "resume_state"]
 
-_CHUNK = 1 << 16
+_CHUNK = 1 << 12  # indices turned into Python ints at a time (a few hundred KiB of them)
 
 
 def _begin_pass(data_source: object) -> int:
@@ -61,13 +61,19 @@ class RandomSampler(Sampler[int]):
 
     def order(self) -> np.ndarray:
         """The whole order of the current epoch as an int64 array."""
+        return self._permutation(np.int64)
+
+    def _permutation(self, dtype: type[np.signedinteger[Any]]) -> np.ndarray:
+        # The shuffle's draws depend on the length only, so the order is the same in any dtype.
         rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, self.epoch, 0x52414E4B])
-        return rng.permutation(len(self.data_source))
+        return rng.permutation(np.arange(len(self.data_source), dtype=dtype))
 
     def __iter__(self) -> Iterator[int]:
         token = _begin_pass(self.data_source)
         try:
-            order = self.order()
+            # int32 where it fits: the order lives as long as the pass, in the training process.
+            n = len(self.data_source)
+            order = self._permutation(np.int32 if n < 1 << 31 else np.int64)
             for lo in range(0, order.size, _CHUNK):
                 yield from order[lo : lo + _CHUNK].tolist()
         finally:

@@ -31,7 +31,9 @@ _BASELINE_SAMPLES = 100_000
 
 
 class _Numbered(Dataset[tuple[int, str]]):
-    """Items with their global sample numbers, so the coverage check sees what the loader read."""
+    """Items with a number, so the coverage check sees what the loader read: the global sample
+    number from ``numbers``, or with ``numbers=None`` the item's position (which the rank maps to
+    sample numbers itself, so that no worker holds a copy of them)."""
 
     def __init__(self, source: Any, numbers: Any) -> None:
         self.source, self.numbers = source, numbers
@@ -40,7 +42,7 @@ class _Numbered(Dataset[tuple[int, str]]):
         return len(self.source)
 
     def __getitem__(self, i: int) -> tuple[int, str]:
-        return int(self.numbers[i]), self.source[i]
+        return (i if self.numbers is None else int(self.numbers[i])), self.source[i]
 
 
 def _measure() -> tuple[int, int]:
@@ -53,15 +55,23 @@ def _pass(
     dataset: Dataset[Any], sampler: Any, cfg: dict[str, Any], measure: bool
 ) -> tuple[np.ndarray, float, tuple[int, int]]:
     """One pass of a DataLoader: the sample numbers read, samples/s, and PSS measured at its last batch."""
-    loader = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=sampler, num_workers=cfg["workers"])
+    context = cfg.get("start_method") if cfg["workers"] else None
+    loader = DataLoader(
+        dataset,
+        batch_size=cfg["batch_size"],
+        sampler=sampler,
+        num_workers=cfg["workers"],
+        multiprocessing_context=context,
+    )
     seen: list[np.ndarray] = []  # numpy, not Python ints: the check itself should cost little memory
+    number_type = np.uint32 if len(dataset) < 1 << 32 else np.int64  # type: ignore[arg-type]
     batches = len(loader)
     memory = (0, 0)
     start = time.perf_counter()
     for k, (numbers, _) in enumerate(loader):
-        # A copy: a view would keep every batch's tensor, and its shared-memory block, alive
-        # until the measurement, charging the loader's transport to the metas.
-        seen.append(numbers.numpy().copy())
+        # A copy (uint32 where it fits): a view would keep every batch's tensor, and its shared-memory
+        # block, alive until the measurement, charging the loader's transport to the metas.
+        seen.append(numbers.numpy().astype(number_type))
         if measure and k == batches - 1:
             memory = _measure()  # the workers are alive and have touched the whole shard
     read = np.concatenate(seen) if seen else np.empty(0, np.int64)
@@ -134,8 +144,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                 last = epoch == cfg["epochs"] - 1 and mini == cfg["mini_epochs"] - 1
                 order = RandomSampler(dataset, seed=rank)
                 order.set_epoch(epoch * cfg["mini_epochs"] + mini)
-                got, rate, mem = _pass(_Numbered(dataset, dataset.indices), order, cfg, last)
-                seen.append(got)
+                got, rate, mem = _pass(_Numbered(dataset, None), order, cfg, last)
+                seen.append(dataset.indices[got])  # positions -> sample numbers, after the measurement
                 rates.append(rate)
                 lengths.append(len(got))
                 memory = mem if mem[0] else memory
