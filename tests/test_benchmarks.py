@@ -40,3 +40,12 @@ def test_bench_getitem_smoke(tmp_path: Path) -> None:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     assert 'parser="json"' in (tmp_path / "getitem.md").read_text()
+
+
+def test_bench_workers_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_workers.py"), "--lines", "4000", "--passes", "1"]
+    cmd += ["--workers", "1", "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "workers.md").read_text()
+    assert "| fork |" in table and "| forkserver |" in table and (tmp_path / "workers.png").exists()
