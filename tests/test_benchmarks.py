@@ -23,7 +23,8 @@ def test_bench_build_smoke(tmp_path: Path) -> None:
     cmd += ["--out", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "RankDataset, warm index" in (tmp_path / "build.md").read_text()
+    table = (tmp_path / "build.md").read_text()
+    assert "RankDataset, warm index" in table and "| shard: lines back to back + one uint32 offset each |" in table
 
 
 def test_bench_memory_smoke(tmp_path: Path) -> None:
