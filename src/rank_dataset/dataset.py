@@ -94,26 +94,28 @@ class ShardedDataset(Dataset[Any]):
     @property
     def spec(self) -> ShardSpec:
         """The ShardSpec of the shard held now."""
+        if self._word[0] != self._seen:
+            self._sync()
         return self._spec
 
     @property
     def reload_cfg(self) -> ReloadConfig:
         """The ``reload_cfg`` of the shard held now (read-only: change it with ``set_epoch`` or
         ``load_state_dict``)."""
-        s = self._spec
+        s = self.spec
         return ReloadConfig(s.mini_epoch, s.seed, s.mini_epoch_idx, s.epoch, self._group)
 
     @property
     def rank(self) -> int:
-        return self._spec.rank
+        return self.spec.rank
 
     @property
     def world_size(self) -> int:
-        return self._spec.world_size
+        return self.spec.world_size
 
     @property
     def is_test(self) -> bool:
-        return self._spec.is_test
+        return self.spec.is_test
 
     def _load(self, spec: ShardSpec) -> None:
         """Build the shard of ``spec``, publish it to the workers and serve it; on any error the
