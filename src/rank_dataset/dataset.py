@@ -142,6 +142,9 @@ class ShardedDataset(Dataset[Any]):
     def _serve(self, shard: Shard, spec: ShardSpec, gen: int) -> None:
         self._shard, self._n, self._spec, self._gen = shard, len(shard), spec, gen
         self._indices = None
+        # What item access reads, replaced with the shard (never pickled): the shard's own bytes
+        # object or map, where its data starts in it, and its offsets as a memoryview.
+        self._fast = (shard._raw, shard._offset, shard._mv)
 
     def _release(self, keep: set[int]) -> None:
         for gen in [g for g in self._kept if g not in keep]:
@@ -232,7 +235,7 @@ class ShardedDataset(Dataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         # Pickled to reach a spawn or forkserver worker: handles only, never a shard's bytes.
         state = self.__dict__.copy()
-        for name in ("_ctl", "_word", "_shard", "_kept", "_indices"):
+        for name in ("_ctl", "_word", "_shard", "_fast", "_kept", "_indices"):
             state.pop(name, None)
         state["_ctl_handle"] = self._ctl.handle
         state["_owner"] = False
@@ -245,6 +248,7 @@ class ShardedDataset(Dataset[Any]):
         self._ctl = ControlBlock.attach(handle)
         self._word = self._ctl.words
         self._shard = None  # type: ignore[assignment]  # mapped on first use
+        self._fast = None  # type: ignore[assignment]
         self._kept, self._indices = {}, None
         self._seen = -1  # look at the control block on first use
 
@@ -388,7 +392,8 @@ class ShardedDataset(Dataset[Any]):
             self._sync(items=True)
         if not (type(i) is int and 0 <= i < self._n):
             i = self._check_index(i)
-        text = self._shard._line(i)
+        raw, off, b = self._fast
+        text = raw[off + b[i] : off + b[i + 1]].decode()
         return text if self._parser is None else self._parse(text, i)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
