@@ -19,6 +19,7 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from rank_dataset._residency import return_freed_memory
 from rank_dataset.dataset import RankDataset, ShardedDataset
 from rank_dataset.demo.baselines import NaiveDataset, OriginalDataset
 from rank_dataset.demo.memory import pss_with_children
@@ -145,7 +146,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                 order = RandomSampler(dataset, seed=rank)
                 order.set_epoch(epoch * cfg["mini_epochs"] + mini)
                 got, rate, mem = _pass(_Numbered(dataset, None), order, cfg, last)
-                seen.append(dataset.indices[got])  # positions -> sample numbers, after the measurement
+                seen.append(dataset.indices[got].astype(got.dtype))  # positions -> sample numbers, after measuring
                 rates.append(rate)
                 lengths.append(len(got))
                 memory = mem if mem[0] else memory
@@ -161,6 +162,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                 f"epoch {epoch}: {everything.size} samples read, {num_samples - missing} of {num_samples} distinct"
                 f"{'' if equal else ', UNEQUAL per-rank lengths'}"
             )
+            del everything
+        del gathered, seen
+        return_freed_memory()  # the check's temporaries are not the next epoch's meta memory
     return {
         "rank": rank,
         "loader": kind,
