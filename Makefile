@@ -27,7 +27,8 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 bench: $(STAMP)
-	for b in build getitem server memory mix; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
+	for b in build getitem server workers mix; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
+	for m in fork forkserver; do $(BIN)/python benchmarks/bench_memory.py --start-method $$m || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -68,9 +68,12 @@ t = time.perf_counter()
 ds = RankDataset(META, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD)
 elapsed = time.perf_counter() - t
 shard = ds.shard
-own = int((shard.ends.astype(np.int64) - shard.starts).sum()) + shard.starts.nbytes + shard.ends.nbytes
-print(json.dumps({"seconds": elapsed, "peak": rss()[1] - before, "count": len(ds), "own": own,
-                  "held": shard.nbytes}))
+text = int(shard.ends.astype(np.int64).sum() - shard.starts.astype(np.int64).sum())
+lengths = shard.ends.astype(np.int64) - shard.starts
+# The layout before: each line padded to a multiple of 8 bytes, uint32 start and end, int64 sample number.
+before_layout = int(((np.maximum(lengths, 1) + 7) // 8 * 8).sum()) + 16 * len(ds)
+print(json.dumps({"seconds": elapsed, "peak": rss()[1] - before, "count": len(ds), "own": text + 4 * len(ds),
+                  "held": shard.nbytes, "text": text, "segment": shard.handle.size, "before_layout": before_layout}))
 """
 
 _ORIGINAL = """
@@ -190,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     peak = {k: statistics.median(r["peak"] for r in v) for k, v in rows.items()}
     own = statistics.median(r["own"] for r in rows["warm"])
     held = statistics.median(r["held"] for r in rows["warm"])
+    warm = rows["warm"][0]
+    per_sample = {
+        "text": warm["text"] / warm["count"],
+        "held": warm["held"] / warm["count"],
+        "segment": warm["segment"] / warm["count"],
+        "before_layout": warm["before_layout"] / warm["count"],
+    }
     mib = 1 << 20
     labels = {
         "scan": "whole-file read + count newlines (floor)",
@@ -209,8 +219,18 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {labels[k]} | {med[k]:.3f} | {speed} | {peak[k] / mib:.0f} | {peak[k] / own:.2f} |")
     lines += [
         "",
-        f"The rank's own lines and offsets: {own / mib:.1f} MiB (a shard holds {held / mib:.1f} MiB: rows are padded",
-        "to a multiple of 8 bytes and it keeps its sample numbers).",
+        f"The rank's own lines plus one 4-byte offset each: {own / mib:.1f} MiB; its shard holds {held / mib:.1f} MiB.",
+        "",
+        f"| bytes per sample, one rank's shard ({warm['count']:,} samples) | bytes | vs the lines |",
+        "|---|---:|---:|",
+        f"| the lines themselves | {per_sample['text']:.1f} | 1.00 |",
+        f"| shard: lines back to back + one uint32 offset each | {per_sample['held']:.1f} |"
+        f" {per_sample['held'] / per_sample['text']:.2f} |",
+        f"| shard's shared-memory segment (header and alignment included) | {per_sample['segment']:.1f} |"
+        f" {per_sample['segment'] / per_sample['text']:.2f} |",
+        f"| layout before (lines padded to 8 B, uint32 start and end, int64 sample number) |"
+        f" {per_sample['before_layout']:.1f} | {per_sample['before_layout'] / per_sample['text']:.2f} |",
+        "",
         f"Median of {args.repeat} runs ({args.original_repeat} of the original approach), each in a fresh process;",
         "the meta file is in the page cache for every run.",
         "",
@@ -249,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out,
         "build",
         lines,
-        {"seconds": med, "peak": peak, "own": own, "agree": agree},
+        {"seconds": med, "peak": peak, "own": own, "agree": agree, "bytes_per_sample": per_sample},
         lambda path: _plot(med, peak, own, path, args.lines, w),
     )
     return 0

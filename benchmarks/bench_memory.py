@@ -10,8 +10,12 @@ Loaders:
   line of the file and keeps its R lines as Python lists;
 - rank_dataset: RankDataset.
 
+DataLoader workers start with ``--start-method`` (fork, spawn or forkserver; the default of
+Python 3.14 on Linux is forkserver); results go to ``results/memory_<start method>.{md,json,png}``.
+
 Usage:
-    python benchmarks/bench_memory.py                    # N in 1M, 4M
+    python benchmarks/bench_memory.py                    # N in 1M, 4M, fork
+    python benchmarks/bench_memory.py --start-method forkserver
     python benchmarks/bench_memory.py --sizes 1000000 4000000 10000000
 """
 
@@ -36,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000])
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--start-method", choices=["fork", "spawn", "forkserver"], default="fork")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
 
@@ -48,15 +53,16 @@ def main(argv: list[str] | None = None) -> int:
             memory[n] = {}
             for loader in LOADERS:
                 cfg = {"loader": loader, "meta": str(meta), "workers": args.workers, "epochs": 1, "mini_epochs": 1}
+                cfg["start_method"] = args.start_method
                 result = launch_ranks({**cfg, "batch_size": 256}, args.world_size, work)
                 if not result.covered:
                     raise SystemExit(f"{loader} did not cover the epoch at N={n}")
                 memory[n][loader] = result.memory / mib
-                print(f"N={n:,} {loader}: {memory[n][loader]:,.1f} MiB", flush=True)
+                print(f"N={n:,} {loader} ({args.start_method}): {memory[n][loader]:,.1f} MiB", flush=True)
 
-    w, k = args.world_size, args.workers
+    w, k, method = args.world_size, args.workers, args.start_method
     rows = [
-        f"# Meta memory, {w} ranks x (1 + {k} DataLoader workers), after one full pass",
+        f"# Meta memory, {w} ranks x (1 + {k} DataLoader workers started by {method}), after one full pass",
         "",
         "| N | naive (MiB) | original approach (MiB) | RankDataset (MiB) | naive / ours | original / ours |",
         "|---:|---:|---:|---:|---:|---:|",
@@ -72,15 +78,16 @@ def main(argv: list[str] | None = None) -> int:
         "PSS summed over every rank and worker (/proc/PID/smaps_rollup through psutil), at the last batch of the",
         "pass, minus the same processes' PSS over a one-item dataset before the metas existed.",
         "",
-        f"Command: `python benchmarks/bench_memory.py --sizes {' '.join(map(str, args.sizes))}`",
+        f"Command: `python benchmarks/bench_memory.py --sizes {' '.join(map(str, args.sizes))}"
+        f" --start-method {method}`",
         "",
         machine_info(),
     ]
-    save_results(args.out, "memory", rows, memory, lambda path: _plot(memory, path, w, k))
+    save_results(args.out, f"memory_{method}", rows, memory, lambda path: _plot(memory, path, w, k, method))
     return 0
 
 
-def _plot(memory: dict[int, dict[str, float]], path: Path, w: int, k: int) -> None:
+def _plot(memory: dict[int, dict[str, float]], path: Path, w: int, k: int, method: str) -> None:
     plt = plotting()
 
     sizes = sorted(memory)
@@ -90,7 +97,7 @@ def _plot(memory: dict[int, dict[str, float]], path: Path, w: int, k: int) -> No
     ax.set_xlabel("N (million samples)")
     ax.set_ylabel("meta memory, PSS (MiB)")
     ax.set_yscale("log")
-    ax.set_title(f"{w} ranks x (1 + {k} workers), one pass")
+    ax.set_title(f"{w} ranks x (1 + {k} workers, {method}), one pass")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()

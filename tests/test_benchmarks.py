@@ -26,14 +26,16 @@ def test_bench_build_smoke(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     table = (tmp_path / "build.md").read_text()
     assert "RankDataset, warm index" in table and "| set_epoch, with the check |" in table
+    assert "| shard: lines back to back + one uint32 offset each |" in table
 
 
 def test_bench_memory_smoke(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--sizes", "3000", "--world-size", "2"]
-    cmd += ["--workers", "1", "--out", str(tmp_path)]
+    cmd += ["--workers", "1", "--start-method", "forkserver", "--out", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "| 3,000 |" in (tmp_path / "memory.md").read_text() and (tmp_path / "memory.png").exists()
+    table = (tmp_path / "memory_forkserver.md").read_text()
+    assert "| 3,000 |" in table and "forkserver" in table and (tmp_path / "memory_forkserver.png").exists()
 
 
 def test_bench_getitem_smoke(tmp_path: Path) -> None:
@@ -50,3 +52,12 @@ def test_bench_mix_smoke(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     table = (tmp_path / "mix.md").read_text()
     assert "| mix of 3 files" in table and "R = 1,000" in table and (tmp_path / "mix.png").stat().st_size > 0
+
+
+def test_bench_workers_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_workers.py"), "--lines", "4000", "--passes", "1"]
+    cmd += ["--workers", "1", "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "workers.md").read_text()
+    assert "| fork |" in table and "| forkserver |" in table and (tmp_path / "workers.png").exists()

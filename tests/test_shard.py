@@ -107,3 +107,52 @@ def test_a_shard_does_not_copy_its_lines(write_meta) -> None:
     again = Shard(s.data, s.starts, s.ends, ids=s.ids)  # over the same buffer: no copy of the bytes
     assert proc.memory_full_info().uss - before < s.data.nbytes // 4
     assert again.text(7) == mf[7]
+
+
+def test_copy_rows_copies_exactly_and_nothing_else() -> None:
+    from rank_dataset.shard import copy_rows
+
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, 256, 200_000, dtype=np.uint8)
+    lengths = np.concatenate([rng.integers(0, 60, 3000), [0, 70_000, 5]])  # empty, grouped and very long rows
+    src_starts = rng.integers(0, src.size - lengths + 1)
+    dst_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) + 7  # back to back after 7 bytes
+    dst = np.full(int(lengths.sum()) + 20, 0xEE, np.uint8)
+    perm = rng.permutation(lengths.size)  # rows may be copied in any order
+    copy_rows(src, src_starts[perm], lengths[perm], dst, dst_starts[perm])
+    for s, d, n in zip(src_starts.tolist(), dst_starts.tolist(), lengths.tolist()):
+        assert dst[d : d + n].tobytes() == src[s : s + n].tobytes()
+    assert (dst[:7] == 0xEE).all() and (dst[7 + int(lengths.sum()) :] == 0xEE).all()
+
+
+def test_lines_not_back_to_back_are_packed() -> None:
+    data = np.frombuffer(b"xxhello..world!!a", np.uint8)
+    s = Shard(data, np.array([9, 2, 16, 9]), np.array([14, 7, 17, 14]), ids=np.array([4, 3, 2, 1]))
+    assert s.texts(range(4)) == ["world", "hello", "a", "world"]
+    assert s.bounds.tolist() == [0, 5, 10, 11, 16] and s.data.tobytes() == b"worldhelloaworld"
+    assert s.text(-1) == "world" and s.texts([-4]) == ["world"]
+    with pytest.raises(IndexError):
+        s.text(4)
+    shared = s.shared()
+    assert shared.handle is not None and shared.texts(range(4)) == s.texts(range(4))
+    assert shared.ids is not None and shared.ids.tolist() == [4, 3, 2, 1]
+    assert Shard.attach(shared.handle).texts(range(4)) == s.texts(range(4))
+
+
+def test_a_forked_child_does_not_keep_the_parents_segments(write_meta) -> None:
+    import os
+
+    s = MetaFile(write_meta(n=100)).read(np.arange(100))
+    assert s.handle is not None
+    held = f"/proc/{os.getpid()}/fd/{s.handle.fd}"
+    expected, link = s.text(3), os.readlink(held)
+    pid = os.fork()
+    if pid == 0:  # the child: the mapping works, the descriptor is gone
+        fd_path = f"/proc/self/fd/{s.handle.fd}"
+        gone = not os.path.exists(fd_path) or os.readlink(fd_path) != link
+        os._exit(0 if s.text(3) == expected and gone else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    s.release()
+    with pytest.raises(FileNotFoundError):  # released by its creator: no one can attach it any more
+        Shard.attach(s.handle)
+    assert s.text(3)  # still mapped here

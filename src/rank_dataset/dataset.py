@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,14 +14,16 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Dataset
 
+from rank_dataset import _shm
 from rank_dataset._agree import agreement_needed, check_ranks_agree
 from rank_dataset._checks import check_index, check_int
+from rank_dataset._control import ControlBlock
 from rank_dataset._residency import return_freed_memory
 from rank_dataset.config import ReloadConfig
 from rank_dataset.metafile import MetaFile
 from rank_dataset.mix import MixPlan, Source, SourceInfo, combine_fingerprints, mix_targets
 from rank_dataset.parsers import LineError, Parser, resolve_parser
-from rank_dataset.plan import ShardSpec
+from rank_dataset.plan import ResumePoint, ShardSpec
 from rank_dataset.resume import MixRecord, ResumeState, SourceRecord
 from rank_dataset.shard import Shard
 from rank_dataset.topology import get_rank_world_size
@@ -65,6 +68,19 @@ class ShardedDataset(Dataset[Any]):
     For a mix, ``sources`` are the Sources and ``source_sizes`` their ``N_s``; the global sample
     numbers are then over the sources' files in source order, ``num_samples`` is ``sum(N_s)``, and
     the spec carries the mix (its ``num_samples`` being the epoch size ``T0``).
+
+    Shards and DataLoader workers. The process that creates the dataset (the rank) builds every
+    shard straight into shareable memory and publishes it in a small control block (see
+    :mod:`rank_dataset._control`) under a new *generation*. A DataLoader worker holds a view of the
+    dataset (forked, or unpickled from a handle under spawn and forkserver): on each item it compares
+    one word of the control block with what it saw last, and when it changed it maps the shard it
+    should now serve and unmaps the one it held. Which one: rank_dataset's samplers record, when a
+    pass starts, the shard current then, and workers serve that shard for the whole pass (a
+    ``set_epoch`` during a pass takes effect in workers at the next pass). Workers of a DataLoader
+    whose sampler is not one of ours cannot tell passes apart: they serve the shard they started
+    with and raise if it is replaced under them. The rank keeps a replaced shard reachable until the
+    next pass starts (a running pass may still need it), then releases it; each worker unmaps it
+    when it first serves the new pass.
     """
 
     def __init__(
@@ -112,6 +128,19 @@ class ShardedDataset(Dataset[Any]):
                 own = [resolve_parser(s.parser) for s in sources]
                 self._parsers = tuple(self._parser if p is None else p for p in own)
             self._source_dtype = _source_id_dtype(len(sources))
+        # Sharing with DataLoader workers (see the class docstring).
+        self._ctl = ControlBlock.create()
+        self._word = self._ctl.words  # word 0: the control block's version
+        self._owner, self._owner_pid = True, os.getpid()
+        self._gen = 0  # generation of the shard served here
+        self._seen = 0  # the control block version this process last acted on
+        self._passes = 0  # passes started by our samplers, as last seen here
+        self._pass_gen = 0  # (rank) the shard the latest of those passes started with
+        self._pass_open = 0  # (rank) the pass whose sampler is running, 0: none
+        self._managed = False  # (worker) passes are started by our samplers
+        self._kept: dict[int, _shm.Segment] = {}  # (rank) segments of shards a pass may need
+        self._indices: npt.NDArray[np.int64] | None = None
+        self._source_ids: npt.NDArray[np.integer[Any]] | None = None
         spec = ShardSpec(
             num_samples=num_samples,
             world_size=world_size,
@@ -130,46 +159,161 @@ class ShardedDataset(Dataset[Any]):
     @property
     def spec(self) -> ShardSpec:
         """The ShardSpec of the shard held now."""
+        if self._word[0] != self._seen:
+            self._sync()
         return self._spec
 
     @property
     def reload_cfg(self) -> ReloadConfig:
         """The ``reload_cfg`` of the shard held now (read-only: change it with ``set_epoch`` or
         ``load_state_dict``)."""
-        s = self._spec
+        s = self.spec
         return ReloadConfig(s.mini_epoch, s.seed, s.mini_epoch_idx, s.epoch, self._group, self._epoch_size)
 
     @property
     def rank(self) -> int:
-        return self._spec.rank
+        return self.spec.rank
 
     @property
     def world_size(self) -> int:
-        return self._spec.world_size
+        return self.spec.world_size
 
     @property
     def is_test(self) -> bool:
-        return self._spec.is_test
+        return self.spec.is_test
 
     def _load(self, spec: ShardSpec) -> None:
-        """Build the shard of ``spec`` and hold it; on any error the dataset stays as it was."""
+        """Build the shard of ``spec``, publish it to the workers and serve it; on any error the
+        dataset stays as it was."""
+        if not self._is_owner():
+            raise RuntimeError(
+                "set_epoch and load_state_dict must be called in the process that created the dataset, "
+                "not in a DataLoader worker or a copy of the dataset"
+            )
         if agreement_needed():  # under a process group, every rank must plan from the same inputs
             check_ranks_agree(self._agreement_fields(spec), spec.rank)
-        shard = self._build(spec)
-        source_ids = None
-        if spec.mix is not None:
-            assert shard.ids is not None
-            source_ids = spec.mix.source_of(shard.ids).astype(self._source_dtype)
-            source_ids.flags.writeable = False
-        # The old shard is freed here, once the new one exists.
-        self._shard, self._n, self._spec, self._source_ids = shard, len(shard), spec, source_ids
+        shard = self._build(spec).without_ids().shared()
+        assert shard.handle is not None and shard.segment is not None
+        gen = self._gen + 1
+        record = json.dumps({"handle": shard.handle.to_dict(), "spec": _spec_to_dict(spec)}).encode()
+        self._ctl.publish(gen, record)
+        self._kept[gen] = shard.segment
+        # The old shard is unmapped here, once the new one exists; its segment stays reachable for
+        # workers only if a pass started with it (until the next pass starts).
+        self._serve(shard, spec, gen)
+        self._release(keep={gen, self._pass_gen} if self._passes else {gen})
+        if not self._pass_open:
+            self._seen = self._word[0]
         return_freed_memory()
 
-    def _agreement_fields(self, spec: ShardSpec) -> dict[str, object]:
-        """What every rank must agree on before building ``spec``: the files, and the plan but the rank."""
-        plan = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "rank"}
-        fields = {"num_samples": spec.num_samples, "fingerprint": self._fingerprint(), **plan}
-        return {**fields, "dataset": f"{type(self).__module__}.{type(self).__qualname__}"}
+    def _serve(self, shard: Shard, spec: ShardSpec, gen: int) -> None:
+        self._shard, self._n, self._spec, self._gen = shard, len(shard), spec, gen
+        self._indices = self._source_ids = None
+
+    def _release(self, keep: set[int]) -> None:
+        for gen in [g for g in self._kept if g not in keep]:
+            self._kept.pop(gen).close()
+
+    def _is_owner(self) -> bool:
+        return self._owner and os.getpid() == self._owner_pid
+
+    # -- passes and workers -----------------------------------------------------------------------
+
+    def _begin_pass(self) -> int:
+        """Called by our samplers as a pass starts (in the rank): workers serve the current shard
+        until the next pass starts, whatever set_epoch does meanwhile. Returns a token for
+        :meth:`_end_pass` (0 outside the rank: nothing is recorded)."""
+        if not self._is_owner():
+            return 0
+        self._passes = self._ctl.start_pass()
+        self._pass_gen = self._gen
+        self._pass_open = self._passes
+        self._release(keep={self._gen})
+        self._seen = self._word[0]
+        return self._passes
+
+    def _end_pass(self, token: int) -> None:
+        """Called by our samplers when their iteration ends (exhausted or closed)."""
+        if token and self._pass_open == token:
+            self._pass_open = 0
+
+    def _sync(self, items: bool = False) -> None:
+        """The control block changed since this process last looked: act on it.
+
+        In the rank: nothing to switch (it always serves the current shard), but an item read
+        during a pass that started with another shard and that no worker serves (a DataLoader
+        without workers, after a set_epoch in mid-pass) would mix shards: that raises. In a worker:
+        switch to the shard this pass serves (see the class docstring).
+        """
+        if self._is_owner():
+            snap = self._ctl.snapshot()
+            mixing = self._pass_open and self._pass_gen != self._gen and snap.joined != self._pass_open
+            if mixing and items:
+                raise RuntimeError(
+                    "set_epoch (or load_state_dict) was called while a pass over this dataset was running in "
+                    "this process (a DataLoader without workers): its remaining items would come from the new "
+                    "shard. Finish or drop the pass (or its iterator) before calling set_epoch."
+                )
+            if not mixing:
+                self._seen = snap.version
+            return
+        for _ in range(100):
+            snap = self._ctl.snapshot()
+            if snap.passes != self._passes:  # a pass started by one of our samplers: serve its shard
+                target = snap.pass_gen
+                managed = True
+            elif self._managed or snap.gen == self._gen:
+                target, managed = self._gen, self._managed
+            else:
+                raise RuntimeError(
+                    f"the shard of this dataset was replaced (set_epoch or load_state_dict) after this DataLoader "
+                    f"worker started, and the pass it serves was not started by rank_dataset's RandomSampler or "
+                    f"ResumableSampler, so it cannot tell which shard the pass needs (it held generation "
+                    f"{self._gen}, the dataset is at {snap.gen}). Use one of those samplers with persistent "
+                    f"workers, or build a new DataLoader after each set_epoch."
+                )
+            if target == self._gen and self._shard is not None:
+                break
+            record = snap.record(target)
+            try:
+                if record is None:
+                    raise _shm.SegmentGone(f"generation {target} is no longer published")
+                info = json.loads(record)
+                shard = Shard.attach(_shm.Handle.from_dict(info["handle"]))
+            except _shm.SegmentGone:
+                if self._ctl.snapshot().version != snap.version:
+                    continue  # the rank moved on meanwhile: look again
+                raise RuntimeError(
+                    f"the shard (generation {target}) this DataLoader worker must serve has been released by "
+                    f"the rank (pid {self._owner_pid}): a pass still running when the next one started?"
+                ) from None
+            self._serve(shard, _spec_from_dict(info["spec"]), target)
+            break
+        else:  # pragma: no cover - the rank would have to publish a hundred times during one attach
+            raise RuntimeError("the dataset's control block kept changing while a worker read it")
+        if managed and snap.passes != self._passes:
+            self._ctl.join(snap.passes)
+        self._passes, self._managed = snap.passes, managed
+        self._seen = snap.version
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled to reach a spawn or forkserver worker: handles only, never a shard's bytes.
+        state = self.__dict__.copy()
+        for name in ("_ctl", "_word", "_shard", "_kept", "_indices", "_source_ids"):
+            state.pop(name, None)
+        state["_ctl_handle"] = self._ctl.handle
+        state["_owner"] = False
+        state["_pass_open"] = 0
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        handle = state.pop("_ctl_handle")
+        self.__dict__.update(state)
+        self._ctl = ControlBlock.attach(handle)
+        self._word = self._ctl.words
+        self._shard = None  # type: ignore[assignment]  # mapped on first use
+        self._kept, self._indices, self._source_ids = {}, None, None
+        self._seen = -1  # look at the control block on first use
 
     def _build(self, spec: ShardSpec) -> Shard:
         raise NotImplementedError
@@ -180,6 +324,12 @@ class ShardedDataset(Dataset[Any]):
     def _fingerprint(self) -> str | None:
         """A hash identifying the meta files (None: unknown); resume states are checked against it."""
         return None
+
+    def _agreement_fields(self, spec: ShardSpec) -> dict[str, object]:
+        """What every rank must agree on before building ``spec``: the files, and the plan but the rank."""
+        plan = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "rank"}
+        fields = {"num_samples": spec.num_samples, "fingerprint": self._fingerprint(), **plan}
+        return {**fields, "dataset": f"{type(self).__module__}.{type(self).__qualname__}"}
 
     def _source_fingerprints(self) -> tuple[str, ...]:
         """For a mix, the fingerprint of each source's files (see ``combine_fingerprints``)."""
@@ -211,7 +361,15 @@ class ShardedDataset(Dataset[Any]):
     @property
     def source_ids(self) -> npt.NDArray[np.integer[Any]] | None:
         """For a mix, a read-only integer array: the source number of each item (``self[i]`` is a sample
-        of ``sources[source_ids[i]]``). None for plain meta files."""
+        of ``sources[source_ids[i]]``). None for plain meta files. Computed from the plan on first use
+        and kept until the shard changes, like ``indices``."""
+        mix = self.spec.mix
+        if mix is None:
+            return None
+        if self._source_ids is None:
+            source_ids = mix.source_of(self.indices).astype(self._source_dtype)
+            source_ids.flags.writeable = False
+            self._source_ids = source_ids
         return self._source_ids
 
     def _mix_record(self) -> MixRecord | None:
@@ -231,8 +389,11 @@ class ShardedDataset(Dataset[Any]):
         """Load this rank's shard of ``(epoch, mini_epoch_idx)`` in place of the current one.
 
         Within an epoch resumed by :meth:`load_state_dict`, the plan keeps the boundaries that epoch
-        started with. Call it before building the DataLoader of each epoch and mini-epoch (a
-        DataLoader with ``persistent_workers=True`` would keep the old shard in its workers).
+        started with. Call it between passes: one DataLoader (``persistent_workers=True`` or not)
+        serves every shard if its sampler is a :class:`~rank_dataset.sampler.RandomSampler` or
+        :class:`~rank_dataset.sampler.ResumableSampler`; a pass that is running when it is called
+        finishes on the shard it started with. With another sampler, build a new DataLoader after
+        each call (its workers would raise rather than mix shards).
         """
         epoch = check_int("epoch", epoch, low=0)
         spec = self._spec
@@ -315,17 +476,28 @@ class ShardedDataset(Dataset[Any]):
     @property
     def shard(self) -> Shard:
         """The shard held now."""
+        if self._word[0] != self._seen:
+            self._sync()
         return self._shard
 
     @property
     def indices(self) -> npt.NDArray[np.int64]:
-        """Read-only int64 array of global sample numbers: ``self[i]`` is sample ``indices[i]``."""
-        ids = self._shard.ids
-        if ids is None:  # pragma: no cover - every shard of a dataset carries its sample numbers
-            raise RuntimeError("this shard carries no sample numbers")
-        return ids
+        """Read-only int64 array of global sample numbers: ``self[i]`` is sample ``indices[i]``.
+
+        Computed from the plan on first use and kept until the shard changes (a shard does not store
+        its sample numbers).
+        """
+        if self._word[0] != self._seen:
+            self._sync()
+        if self._indices is None:
+            indices = self._spec.indices()
+            indices.flags.writeable = False
+            self._indices = indices
+        return self._indices
 
     def __len__(self) -> int:
+        if self._word[0] != self._seen:
+            self._sync()
         return self._n
 
     def _check_index(self, i: Any) -> int:
@@ -334,8 +506,9 @@ class ShardedDataset(Dataset[Any]):
 
     def _parse(self, text: str, i: int) -> Any:
         if self._parsers is not None:  # a mix with parsers of its own: item i's source chooses
-            assert self._source_ids is not None
-            parser = self._parsers[self._source_ids[i]]
+            source_ids = self.source_ids
+            assert source_ids is not None
+            parser = self._parsers[source_ids[i]]
         else:
             parser = self._parser
         if parser is None:
@@ -346,7 +519,10 @@ class ShardedDataset(Dataset[Any]):
             raise ValueError(f"{self._where(int(self.indices[i]))}: {exc}") from None
 
     def __getitem__(self, i: int) -> Any:
-        # Once per sample: the inline check is the fast path, the shard does the slicing.
+        # Once per sample: one word of the control block says whether anything changed, the inline
+        # check is the fast path, the shard does the slicing.
+        if self._word[0] != self._seen:
+            self._sync(items=True)
         if not (type(i) is int and 0 <= i < self._n):
             i = self._check_index(i)
         text = self._shard.text(i)
@@ -354,6 +530,8 @@ class ShardedDataset(Dataset[Any]):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch of items at once (torch's DataLoader calls this with each batch of indices)."""
+        if self._word[0] != self._seen:
+            self._sync(items=True)
         n = self._n
         if not all(type(i) is int and 0 <= i < n for i in indices):
             indices = [self._check_index(i) for i in indices]
@@ -363,7 +541,7 @@ class ShardedDataset(Dataset[Any]):
         return [self._parse(t, i) for t, i in zip(texts, indices)]
 
     def __repr__(self) -> str:
-        s = self._spec
+        s = self.spec
         mode = "eval" if s.is_test else f"epoch={s.epoch}, mini_epoch={s.mini_epoch_idx}/{s.mini_epoch}"
         mix = "" if s.mix is None else f", mix of {len(s.mix.sizes)} sources"
         return f"{type(self).__name__}(rank={s.rank}/{s.world_size}, {mode}, samples={len(self)}/{s.num_samples}{mix})"
@@ -428,7 +606,7 @@ class RankDataset(ShardedDataset):
         super().__init__(len(self.meta), is_test, reload_cfg, rank, world_size, parser, sources, sizes)
 
     def _build(self, spec: ShardSpec) -> Shard:
-        return self.meta.read(spec.indices())
+        return self.meta.read(spec.indices(), ids=False)
 
     def _where(self, sample: int) -> str:
         return self.meta.where(sample)
@@ -439,3 +617,16 @@ class RankDataset(ShardedDataset):
     def _source_fingerprints(self) -> tuple[str, ...]:
         files = self.meta.file_fingerprints
         return tuple(combine_fingerprints(files[a:b]) for a, b in self._source_files)
+
+
+def _spec_to_dict(spec: ShardSpec) -> dict[str, Any]:
+    # What a worker needs of the spec, as JSON for the control block.
+    d = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    d["resume"] = dataclasses.asdict(spec.resume) if spec.resume else None
+    d["mix"] = spec.mix.to_dict() if spec.mix else None
+    return d
+
+
+def _spec_from_dict(d: dict[str, Any]) -> ShardSpec:
+    resume, mix = d.pop("resume"), d.pop("mix")
+    return ShardSpec(**d, resume=ResumePoint(**resume) if resume else None, mix=MixPlan.from_dict(mix) if mix else None)

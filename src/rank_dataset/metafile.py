@@ -24,14 +24,13 @@ from rank_dataset._checks import check_index
 from rank_dataset._residency import drop_pages, return_freed_memory
 from rank_dataset.index import Index, load_index
 from rank_dataset.scan import PathLike
-from rank_dataset.shard import Shard, new_buffer, offset_dtype
+from rank_dataset.shard import Shard, ShardWriter, copy_rows
 
 __all__ = ["MetaFile"]
 
 # Lines are copied in batches of about this many bytes, after each of which the file pages they
 # came from are dropped from this process's resident set.
 _WINDOW = 16 << 20
-_MAX_WIDTH = 4096
 _INDEX_STEP = 1 << 18  # index entries gathered at a time, their pages dropped after
 
 
@@ -198,21 +197,22 @@ class MetaFile:
                 f"{self.where(index)}: line is not valid UTF-8 ({exc.reason} at byte {exc.start})"
             ) from None
 
-    def read(self, indices: npt.ArrayLike) -> Shard:
-        """Read the samples ``indices`` (in that order) into a new Shard.
+    def read(self, indices: npt.ArrayLike, *, ids: bool = True) -> Shard:
+        """Read the samples ``indices`` (in that order) into a new Shard, in shareable memory.
 
         Reads the index entries and the lines of these samples only, in file order, and drops the
-        pages it read from this process's resident set as it goes.
+        pages it read from this process's resident set as it goes. With ``ids=False`` the shard
+        does not keep the sample numbers (a dataset recomputes them from its plan).
 
         Raises:
             ValueError: a line is not valid UTF-8 (the message names its file and line).
         """
         indices = np.asarray(indices, np.int64)
-        data, starts, ends, check = _gather(self._files, self._bounds, indices)
-        if check:
-            _check_utf8(self.where, indices, data, starts, ends)
+        writer = _gather(self._files, self._bounds, indices, ids=ids)
+        if not all(file.index.ascii for file in self._files):
+            _check_utf8(self.where, indices, writer.data, writer.bounds)
         return_freed_memory()
-        return Shard(data, starts, ends, ids=indices)
+        return writer.finish()
 
 
 def _fingerprint(files: Sequence[_File]) -> str:
@@ -237,27 +237,28 @@ def _file_of(bounds: npt.NDArray[np.int64], indices: npt.NDArray[np.int64]) -> n
 
 
 def _gather(
-    files: Sequence[_File], bounds: npt.NDArray[np.int64], indices: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.integer[Any]], npt.NDArray[np.integer[Any]], bool]:
-    """The bytes of samples ``indices``, the offsets of each in them (``indices``' order kept), and
-    whether they still need a UTF-8 check (then each row's tail is zeroed).
+    files: Sequence[_File], bounds: npt.NDArray[np.int64], indices: npt.NDArray[np.int64], *, ids: bool
+) -> ShardWriter:
+    """A ShardWriter holding the lines of samples ``indices``, back to back in ``indices``' order.
 
-    Lines are copied as fixed-width rows (their length rounded up to a multiple of 8, the tail being
-    whatever follows the line in the file), one numpy gather per block of rows, so a shard costs at
-    most 7 bytes a line more than its text. Rows are visited in file order at the granularity of
-    1/4096 of the samples: a cheap radix sort instead of a full one.
+    Rows are visited in file order at the granularity of 1/4096 of the samples (a cheap radix sort
+    instead of a full one), and each is copied at its exact length into its place in item order
+    (:func:`~rank_dataset.shard.copy_rows`), so a shard holds nothing but its lines and offsets.
     """
-    if not indices.size:
-        return new_buffer(0), np.empty(0, np.uint32), np.empty(0, np.uint32), False
+    n = indices.size
+    if not n:
+        writer = ShardWriter(0, 0, ids=ids)
+        writer.bounds[0] = 0
+        return writer
     n_total = int(bounds[-1])
     shift = max(0, (n_total - 1).bit_length() - 12)
     order = np.argsort((indices >> shift).astype(np.uint16), kind="stable")
     sorted_idx = indices[order]
-    first = np.empty(indices.size, np.int64)  # where each row starts in its file, in visiting order
-    lengths = np.empty(indices.size, np.int64)
+    first = np.empty(n, np.int64)  # where each row starts in its file, in visiting order
+    lengths = np.empty(n, np.int64)
     file_of = _file_of(bounds, sorted_idx) if len(files) > 1 else None
     for f, file in enumerate(files):
-        rows = np.flatnonzero(file_of == f) if file_of is not None else np.arange(indices.size)
+        rows = np.flatnonzero(file_of == f) if file_of is not None else np.arange(n)
         # np.take of whole rows is several times faster than fancy indexing the 2-D index.
         spans = np.asarray(file.index.spans)
         for lo in range(0, rows.size, _INDEX_STEP):
@@ -268,108 +269,72 @@ def _gather(
             lengths[part] = got[:, 1] - got[:, 0]
             file.index.release_pages(int(local.min()), int(local.max()) + 1)
     del sorted_idx
-    code = ((np.maximum(lengths, 1) + 7) >> 3).astype(np.uint16)  # the row width in units of 8 bytes
-    code[lengths > _MAX_WIDTH] = 0  # long rows: copied one by one, at their exact length
-    # Lay rows out by (file, width), keeping the visiting order within each group, so that every
-    # group is one contiguous run of fixed-width records in data.
-    key = code if file_of is None else (file_of.astype(np.uint32) << 16) | code
-    layout = np.argsort(key, kind="stable")
-    laid_width = code[layout].astype(np.int64) << 3
-    exact = laid_width == 0
-    laid_width[exact] = lengths[layout[exact]]
-    total = int(laid_width.sum())
-    data = new_buffer(total)
-    row_starts = np.empty(indices.size, np.int64)
-    row_starts[layout] = np.cumsum(laid_width) - laid_width
-    del laid_width, exact
-    dtype = offset_dtype(total)
-    starts = np.empty(indices.size, dtype)
-    starts[order] = row_starts
-    ends = starts.copy()
-    ends[order] += lengths.astype(dtype)
+    writer = ShardWriter(n, int(lengths.sum()), ids=ids)
+    if writer.ids is not None:
+        writer.ids[:] = indices
+    # Offsets in item order; each visited row's place among them.
+    item_lengths = np.empty(n, np.int64)
+    item_lengths[order] = lengths
+    writer.bounds[0] = 0
+    np.cumsum(item_lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
+    del item_lengths
+    dst = writer.bounds[:-1][order]
     del order
-    laid_key = key[layout]
-    # An ASCII file needs no UTF-8 check; otherwise row tails are zeroed so that whole runs of
-    # rows can be decoded at once, a NUL ending every line that is shorter than its row.
-    check = not all(file.index.ascii for file in files)
-    for group in np.split(layout, np.flatnonzero(laid_key[1:] != laid_key[:-1]) + 1):
-        f = int(file_of[group[0]]) if file_of is not None else 0
-        w = int(code[group[0]]) << 3
-        _copy_rows(files[f].bytes.map(), first, lengths, group, w, data, row_starts, zero_tails=check)
+    for f, file in enumerate(files):
+        rows = np.flatnonzero(file_of == f) if file_of is not None else np.arange(n)
+        if not rows.size:
+            continue
+        _copy_rows(file.bytes.map(), first[rows], lengths[rows], dst[rows], writer.data)
     for file in files:
         file.release_pages()
-    return data, starts, ends, check
+    return writer
 
 
 def _copy_rows(
     mm: mmap.mmap,
     first: npt.NDArray[np.int64],
     lengths: npt.NDArray[np.int64],
-    rows: npt.NDArray[np.int64],
-    width: int,
+    dst: npt.NDArray[np.integer[Any]],
     data: npt.NDArray[np.uint8],
-    row_starts: npt.NDArray[np.int64],
-    *,
-    zero_tails: bool,
 ) -> None:
-    """Copy ``rows`` of one file into ``data`` at ``row_starts``, ``width`` bytes each (0: exact).
+    """Copy rows of one file (``lengths`` bytes at ``first``, in about file order) to ``dst`` in ``data``.
 
     Rows go in batches that each span at most about ``_WINDOW`` bytes of the file (rows are in file
-    order up to a little jitter), and each batch's file pages are dropped from the resident set
-    after it, so the build never holds much of the file.
+    order up to a little jitter) and of the shard, and each batch's file pages are dropped from the
+    resident set after it, so the build never holds much of the file.
     """
+    if not first.size:
+        return
     fbytes = np.frombuffer(mm, np.uint8)
-    starts_in_file = first[rows]
-    # Windows of the file a row could start at: a byte view with a stride of one byte, whose
-    # elements are ``width``-byte records, so that one fancy index copies whole rows.
-    windows = None
-    if 0 < width <= fbytes.size:
-        windows = np.ndarray((fbytes.size - width + 1,), dtype=f"V{width}", buffer=mm, strides=(1,))
-    region = np.maximum.accumulate(starts_in_file) // _WINDOW
+    region = np.maximum.accumulate(first) // _WINDOW
+    region += np.cumsum(lengths) // _WINDOW  # also a new batch every _WINDOW bytes copied
     cuts = np.flatnonzero(region[1:] != region[:-1]) + 1
-    max_rows = max(1, _WINDOW // max(width, 1))
-    if cuts.size == 0 or np.diff(cuts, prepend=0, append=rows.size).max() > max_rows:
-        cuts = np.union1d(cuts, np.arange(max_rows, rows.size, max_rows))
-    for batch in np.split(np.arange(rows.size), cuts):
-        if not batch.size:
-            continue
-        b_first, b_rows = starts_in_file[batch], rows[batch]
-        dst = row_starts[b_rows]
-        fits = windows is not None and int(b_first.max()) <= fbytes.size - width
-        if fits and int(dst[-1] - dst[0]) == width * (b_rows.size - 1):
-            # Rows of one width land back to back: one copy for the batch.
-            out = data[dst[0] : dst[0] + width * b_rows.size]
-            out[:] = windows[b_first].view(np.uint8)  # type: ignore[index]
-            if zero_tails:
-                block = out.reshape(b_rows.size, width)
-                block[np.arange(width) >= lengths[b_rows][:, None]] = 0
-        else:  # rows with no full window left before the end of the file, or of no fixed width
-            for s, n, o in zip(b_first.tolist(), lengths[b_rows].tolist(), dst.tolist()):
-                data[o : o + n] = fbytes[s : s + n]
-                data[o + n : o + width] = 0
-        drop_pages(mm, int(b_first.min()), int(b_first.max()) + max(width, int(lengths[b_rows].max()), 1))
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), first.size]):
+        b_first, b_lengths = first[lo:hi], lengths[lo:hi]
+        copy_rows(fbytes, b_first, b_lengths, data, dst[lo:hi])
+        drop_pages(mm, int(b_first.min()), int((b_first + b_lengths).max()))
 
 
 def _check_utf8(
     where: Callable[[int], str],
     indices: npt.NDArray[np.int64],
     data: npt.NDArray[np.uint8],
-    starts: npt.NDArray[np.integer[Any]],
-    ends: npt.NDArray[np.integer[Any]],
+    bounds: npt.NDArray[np.integer[Any]],
 ) -> None:
     """Raise ValueError naming file and line of a sample that is not valid UTF-8.
 
-    ``data`` holds the lines, each followed by zero bytes up to the start of the next one.
+    ``data`` holds the lines back to back, line ``i`` at ``bounds[i]:bounds[i + 1]``.
     """
 
     def fail(row: int) -> None:
         try:
-            data[starts[row] : ends[row]].tobytes().decode("utf-8")
+            data[bounds[row] : bounds[row + 1]].tobytes().decode("utf-8")
             reason = "invalid byte sequence"  # pragma: no cover - callers pass an invalid row
         except UnicodeDecodeError as exc:
             reason = f"{exc.reason} at byte {exc.start}"
         raise ValueError(f"{where(int(indices[row]))}: line is not valid UTF-8 ({reason})")
 
+    starts, ends = bounds[:-1], bounds[1:]
     nonempty = np.flatnonzero(ends > starts)
     first = data[starts[nonempty]]
     # A line that starts with a continuation byte is invalid on its own; with none such, a
@@ -377,12 +342,10 @@ def _check_utf8(
     bad = nonempty[(first >= 0x80) & (first < 0xC0)]
     if bad.size:
         fail(int(bad[0]))
-    layout = np.sort(starts[nonempty])
-    cuts = [*layout[:: 1 << 16].tolist(), data.size]
+    cuts = [*bounds[: -1 : 1 << 16].tolist(), int(bounds[-1])]
     view = data.data
     for a, b in itertools.pairwise(cuts):
         try:
             str(view[a:b], "utf-8")
         except UnicodeDecodeError as exc:
-            pos = a + exc.start
-            fail(int(np.flatnonzero((starts <= pos) & (ends > pos))[0]))
+            fail(int(np.searchsorted(bounds, a + exc.start, side="right")) - 1)

@@ -15,7 +15,8 @@
 - Frames: many samples as one binary body, a 24-byte header (magic ``RDS1``, the offsets' item size,
   the sample count, the number of data bytes) followed by four little-endian arrays: the sample
   numbers (int64), the line starts and ends (uint32 or int64), and the data bytes they point into.
-  It is a Shard as it lies in memory, so neither side converts anything.
+  Starts and ends are views of the Shard's one offsets array (its lines lie back to back), so
+  neither side converts anything: the client's Shard uses the frame's bytes where they are.
 
 A client and server that do not understand each other raise :class:`ProtocolError`.
 """

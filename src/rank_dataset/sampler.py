@@ -14,14 +14,28 @@ from rank_dataset.resume import ResumeState, find_state
 
 __all__ = ["RandomSampler", "ResumableSampler", "resume_state"]
 
-_CHUNK = 1 << 16
+_CHUNK = 1 << 12  # indices turned into Python ints at a time (a few hundred KiB of them)
+
+
+def _begin_pass(data_source: object) -> int:
+    # A pass starts: DataLoader workers serve the dataset's current shard until the next one starts
+    # (see ShardedDataset). Iteration starts in the main process before any index reaches a worker.
+    return data_source._begin_pass() if isinstance(data_source, ShardedDataset) else 0
+
+
+def _end_pass(data_source: object, token: int) -> None:
+    if isinstance(data_source, ShardedDataset):
+        data_source._end_pass(token)
 
 
 class RandomSampler(Sampler[int]):
     """Every index of ``data_source`` once per epoch, in an order fixed by ``(seed, epoch)``.
 
     The shard itself is already a shuffled slice of the data, so the sampler only needs to shuffle
-    within it; unlike ``DistributedSampler`` it does not shard again.
+    within it; unlike ``DistributedSampler`` it does not shard again. Over a RankDataset (or
+    RankServerDataset) each iteration marks the start of a pass, so that one DataLoader, with
+    persistent workers or not, serves every shard ``set_epoch`` loads, each pass reading the shard
+    that was current when it started.
 
     Args:
         data_source: a sized dataset (usually a RankDataset).
@@ -47,13 +61,23 @@ class RandomSampler(Sampler[int]):
 
     def order(self) -> np.ndarray:
         """The whole order of the current epoch as an int64 array."""
+        return self._permutation(np.int64)
+
+    def _permutation(self, dtype: type[np.signedinteger[Any]]) -> np.ndarray:
+        # The shuffle's draws depend on the length only, so the order is the same in any dtype.
         rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, self.epoch, 0x52414E4B])
-        return rng.permutation(len(self.data_source))
+        return rng.permutation(np.arange(len(self.data_source), dtype=dtype))
 
     def __iter__(self) -> Iterator[int]:
-        order = self.order()
-        for lo in range(0, order.size, _CHUNK):
-            yield from order[lo : lo + _CHUNK].tolist()
+        token = _begin_pass(self.data_source)
+        try:
+            # int32 where it fits: the order lives as long as the pass, in the training process.
+            n = len(self.data_source)
+            order = self._permutation(np.int32 if n < 1 << 31 else np.int64)
+            for lo in range(0, order.size, _CHUNK):
+                yield from order[lo : lo + _CHUNK].tolist()
+        finally:
+            _end_pass(self.data_source, token)
 
     def __len__(self) -> int:
         return len(self.data_source)
@@ -92,11 +116,15 @@ class ResumableSampler(Sampler[int]):
         self._yielded = 0
 
     def __iter__(self) -> Iterator[int]:
-        start, self._next = self._next, 0
-        self._yielded = start
-        for i in range(start, len(self.data_source)):
-            self._yielded = i + 1
-            yield i
+        token = _begin_pass(self.data_source)
+        try:
+            start, self._next = self._next, 0
+            self._yielded = start
+            for i in range(start, len(self.data_source)):
+                self._yielded = i + 1
+                yield i
+        finally:
+            _end_pass(self.data_source, token)
 
     def __len__(self) -> int:
         return len(self.data_source)

@@ -1,13 +1,20 @@
-"""Shard: a rank's lines in compact form, one bytes buffer and two offset arrays.
+"""Shard: a rank's lines in compact form, their bytes back to back in item order and ``n + 1`` offsets.
 
-Line ``i`` of a shard is ``data[starts[i]:ends[i]]``. Three numpy arrays instead of ``R`` Python
-strings: forked DataLoader workers share their pages (nothing in them carries a refcount), and a
-worker started with spawn or forkserver receives a handle to shared memory, not a pickled copy.
+Line ``i`` of a shard is ``data[bounds[i]:bounds[i + 1]]``: a shard costs its lines' bytes plus 4
+bytes a line (8 once its text passes 4 GiB), and no Python object per line, so forked DataLoader
+workers share its pages (nothing in them carries a refcount). Sample numbers are kept only when asked
+for (``ids``); a dataset recomputes them from its plan instead.
+
+A shard built by :meth:`MetaFile.read <rank_dataset.metafile.MetaFile.read>` (or made shareable with
+:meth:`Shard.shared`) lives in one shareable segment (:mod:`rank_dataset._shm`): a 64-byte header,
+the offsets, the ids if any, then the lines. Pickling such a shard sends a handle to that segment,
+never the data, and unpickling maps the same pages, in any process of the same user.
 """
 
 from __future__ import annotations
 
 import mmap
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,39 +23,112 @@ import numpy.typing as npt
 
 from rank_dataset import _shm
 
-__all__ = ["Shard", "new_buffer", "offset_dtype"]
+__all__ = ["Shard", "ShardWriter", "copy_rows", "offset_dtype"]
 
 _IntArray = npt.NDArray[np.integer[Any]]
 
+# magic, offset itemsize, lines, offset of bounds, offset of ids (0: none), offset of data, data bytes
+_HEADER = struct.Struct("<4sIQQQQQ")
+_MAGIC = b"RDSH"
+_ALIGN = 64
+# Rows of a length no longer than this are copied by length group (one gather per group).
+_GROUPED_MAX = 1 << 16
+# A length group this small is copied row by row (a slice copy is cheaper than two fancy indexings).
+_SMALL_GROUP = 4
+
 
 def offset_dtype(total: int) -> np.dtype[Any]:
-    """The dtype of offsets into ``total`` bytes: uint32 where it fits."""
+    """The dtype of offsets into ``total`` bytes (``total`` itself included): uint32 where it fits."""
     return np.dtype(np.uint32) if total < 1 << 32 else np.dtype(np.int64)
 
 
-def new_buffer(nbytes: int) -> npt.NDArray[np.uint8]:
-    """A writable buffer for a shard's bytes.
+def _align(x: int) -> int:
+    return -(-x // _ALIGN) * _ALIGN
 
-    An anonymous shared map, not the heap: forked workers share it outright, it is returned to the
-    OS whole when the shard goes, and slicing it yields bytes quickly.
+
+def copy_rows(
+    src: npt.NDArray[np.uint8],
+    src_starts: _IntArray,
+    lengths: _IntArray,
+    dst: npt.NDArray[np.uint8],
+    dst_starts: _IntArray,
+) -> None:
+    """``dst[dst_starts[k]:][:lengths[k]] = src[src_starts[k]:][:lengths[k]]`` for every ``k``, exactly.
+
+    Vectorised by length: the rows of one length ``L`` are one gather from a view of ``src`` whose
+    elements are ``L``-byte records starting at every byte, and one scatter into the same kind of
+    view of ``dst``. Nothing is written outside the rows, so rows may be copied in any order and in
+    as many calls as convenient.
     """
-    return np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), np.uint8, count=nbytes)
+    count = len(lengths)
+    if not count:
+        return
+    lengths = np.asarray(lengths, np.int64)
+    key = np.minimum(lengths, _GROUPED_MAX).astype(np.uint16 if _GROUPED_MAX < 1 << 16 else np.uint32)
+    order = np.argsort(key, kind="stable")
+    by_length = lengths[order]
+    cuts = np.flatnonzero(by_length[1:] != by_length[:-1]) + 1
+    for group in np.split(order, cuts):
+        width = int(lengths[group[0]])
+        if width == 0:
+            continue
+        if width > _GROUPED_MAX or group.size <= _SMALL_GROUP:
+            for s, d in zip(np.asarray(src_starts)[group].tolist(), np.asarray(dst_starts)[group].tolist()):
+                dst[d : d + width] = src[s : s + width]
+            continue
+        records = f"V{width}"
+        src_view = np.ndarray((src.size - width + 1,), records, buffer=src, strides=(1,))
+        dst_view = np.ndarray((dst.size - width + 1,), records, buffer=dst, strides=(1,))
+        dst_view[np.asarray(dst_starts)[group]] = src_view[np.asarray(src_starts)[group]]
+
+
+class ShardWriter:
+    """A new shard of ``n`` lines and ``nbytes`` bytes of text, in a new shareable segment.
+
+    Fill ``bounds`` (``n + 1`` offsets into ``data``, ascending, ``bounds[n] == nbytes``) and
+    ``ids`` if asked for, write the lines into ``data``, then call :meth:`finish`.
+    """
+
+    def __init__(self, n: int, nbytes: int, *, ids: bool = False) -> None:
+        dtype = offset_dtype(nbytes)
+        bounds_off = _ALIGN
+        ids_off = _align(bounds_off + (n + 1) * dtype.itemsize) if ids else 0
+        data_off = _align((ids_off + 8 * n) if ids else (bounds_off + (n + 1) * dtype.itemsize))
+        self.segment = _shm.Segment(data_off + nbytes)
+        self._map = self.segment.map()
+        _HEADER.pack_into(self._map, 0, _MAGIC, dtype.itemsize, n, bounds_off, ids_off, data_off, nbytes)
+        self.bounds: _IntArray = np.frombuffer(self._map, dtype, n + 1, bounds_off)
+        self.ids: npt.NDArray[np.int64] | None = np.frombuffer(self._map, np.int64, n, ids_off) if ids else None
+        self.data: npt.NDArray[np.uint8] = np.frombuffer(self._map, np.uint8, nbytes, data_off)
+
+    def finish(self) -> Shard:
+        """The shard written (read-only from now on)."""
+        shard = Shard._over_map(self._map, self.segment.handle, self.segment)
+        del self.bounds, self.ids, self.data
+        return shard
 
 
 class Shard:
-    """Lines held as one ``uint8`` buffer plus per-line ``starts`` and ``ends`` offsets into it.
+    """Lines held as one ``uint8`` buffer plus ``n + 1`` offsets into it, in item order.
 
     Args:
-        data: the bytes of the lines (uint8 array, or any bytes-like object).
+        data: bytes holding the lines (uint8 array, or any bytes-like object).
         starts: where line ``i`` starts in ``data``.
         ends: where line ``i`` ends in ``data`` (exclusive).
         ids: optionally, the sample number of each line (int64), kept with the lines.
 
+    Lines that already lie back to back in item order (``starts[i + 1] == ends[i]``) are used where
+    they are; others are copied into a new buffer in that layout.
+
     Example:
         >>> s = Shard.from_lines([b"a 1", b"bb 2"])
-        >>> len(s), s.text(1)
-        (2, 'bb 2')
+        >>> len(s), s.text(1), s.bounds.tolist()
+        (2, 'bb 2', [0, 3, 7])
     """
+
+    data: npt.NDArray[np.uint8]
+    bounds: _IntArray
+    ids: npt.NDArray[np.int64] | None
 
     def __init__(
         self,
@@ -68,20 +148,71 @@ class Shard:
             raise ValueError(f"offsets out of range for {data.size} bytes of data")
         if ids is not None and np.shape(ids) != starts.shape:
             raise ValueError(f"ids must have one entry per line, got shape {np.shape(ids)} for {starts.size} lines")
-        self._set(data, starts, ends, None if ids is None else np.asarray(ids, np.int64))
-        self._handle: _shm.Handle | None = None
+        n = starts.size
+        if n and bool((starts[1:] == ends[:-1]).all()):  # already back to back: no copy
+            bounds = np.empty(n + 1, offset_dtype(data.size))
+            bounds[:-1] = starts
+            bounds[-1] = ends[-1]
+        else:
+            lengths = ends.astype(np.int64) - starts
+            total = int(lengths.sum())
+            bounds = np.zeros(n + 1, offset_dtype(total))
+            np.cumsum(lengths, out=bounds[1:], dtype=bounds.dtype)
+            packed = np.empty(total, np.uint8)
+            copy_rows(data, starts, lengths, packed, bounds[:-1])
+            data = packed
+        self._set(data, bounds, None if ids is None else np.array(ids, np.int64), None, None)
+
+    @classmethod
+    def from_lines(cls, lines: Sequence[bytes], *, ids: npt.NDArray[np.int64] | None = None) -> Shard:
+        """A shard holding ``lines`` (bytes without line endings), in order."""
+        lengths = np.fromiter((len(x) for x in lines), np.int64, len(lines))
+        ends = np.cumsum(lengths)
+        data = np.frombuffer(b"".join(lines), np.uint8)
+        return cls(data, ends - lengths, ends, ids=ids)
+
+    @classmethod
+    def attach(cls, handle: _shm.Handle) -> Shard:
+        """The shard in the segment of ``handle``, mapped read-only (see :meth:`shared`).
+
+        Raises:
+            rank_dataset._shm.SegmentGone: its creator released it.
+        """
+        return cls._over_map(_shm.attach(handle), handle, None)
+
+    @classmethod
+    def _over_map(cls, mm: mmap.mmap, handle: _shm.Handle, segment: _shm.Segment | None) -> Shard:
+        magic, itemsize, n, bounds_off, ids_off, data_off, nbytes = _HEADER.unpack_from(mm, 0)
+        if magic != _MAGIC:
+            raise ValueError(f"not a shard segment: {handle.open_path()}")
+        dtype = np.dtype(np.uint32) if itemsize == 4 else np.dtype(np.int64)
+        shard = cls.__new__(cls)
+        shard._set(
+            np.frombuffer(mm, np.uint8, nbytes, data_off),
+            np.frombuffer(mm, dtype, n + 1, bounds_off),
+            np.frombuffer(mm, np.int64, n, ids_off) if ids_off else None,
+            handle,
+            segment,
+        )
+        return shard
 
     def _set(
-        self, data: npt.NDArray[np.uint8], starts: _IntArray, ends: _IntArray, ids: npt.NDArray[np.int64] | None
+        self,
+        data: npt.NDArray[np.uint8],
+        bounds: _IntArray,
+        ids: npt.NDArray[np.int64] | None,
+        handle: _shm.Handle | None,
+        segment: _shm.Segment | None,
     ) -> None:
-        for a in (data, starts, ends, ids):
+        for a in (data, bounds, ids):
             if a is not None:
                 a.flags.writeable = False
-        self.data, self.starts, self.ends, self.ids = data, starts, ends, ids
-        # memoryview indexing returns plain ints and bytes slices, far cheaper than numpy scalars.
+        self.data, self.bounds, self.ids = data, bounds, ids
+        self.handle = handle  # where the shard lives, if in a shareable segment
+        self.segment = segment  # this process's hold on that segment, if it created it
         # Item access slices a bytes or mmap object (which yields bytes, cheap to decode) at plain
-        # ints from memoryviews: several times faster than numpy indexing, and nothing is copied
-        # up front. Data in any other buffer is copied once into bytes.
+        # ints read from a memoryview: several times faster than numpy indexing, and nothing is
+        # copied up front. Data in any other buffer is copied once into bytes.
         root: Any = data
         while True:  # the object that owns the memory, under numpy views and memoryviews
             if isinstance(root, np.ndarray) and root.base is not None:
@@ -95,50 +226,86 @@ class Shard:
             self._offset = data.ctypes.data - np.frombuffer(root, np.uint8).ctypes.data
         else:
             self._raw, self._offset = data.tobytes(), 0
-        self._mv_starts = starts.data
-        self._mv_ends = ends.data
-
-    @classmethod
-    def from_lines(cls, lines: Sequence[bytes], *, ids: npt.NDArray[np.int64] | None = None) -> Shard:
-        """A shard holding ``lines`` (bytes without line endings), in order."""
-        lengths = np.fromiter((len(x) for x in lines), np.int64, len(lines))
-        ends = np.cumsum(lengths)
-        dtype = offset_dtype(int(ends[-1]) if ends.size else 0)
-        starts = (ends - lengths).astype(dtype)
-        data = np.frombuffer(b"".join(lines), np.uint8)
-        return cls(data, starts, ends.astype(dtype), ids=ids)
+        self._mv = bounds.data
 
     def __len__(self) -> int:
-        return len(self._mv_starts)
+        return len(self._mv) - 1
+
+    @property
+    def starts(self) -> _IntArray:
+        """Where each line starts in ``data`` (a view of ``bounds``)."""
+        return self.bounds[:-1]
+
+    @property
+    def ends(self) -> _IntArray:
+        """Where each line ends in ``data`` (a view of ``bounds``)."""
+        return self.bounds[1:]
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the lines and the offsets."""
-        return sum(int(a.nbytes) for a in (self.data, self.starts, self.ends, self.ids) if a is not None)
+        """Bytes held: the lines, the offsets and the ids if any."""
+        return sum(int(a.nbytes) for a in (self.data, self.bounds, self.ids) if a is not None)
+
+    @property
+    def text_bytes(self) -> int:
+        """The bytes of the lines themselves."""
+        return int(self.bounds[-1] - self.bounds[0]) if len(self) else 0
 
     def text(self, i: int) -> str:
         """Line ``i`` as str (the shard was checked to be UTF-8 when it was built)."""
-        return self._raw[self._offset + self._mv_starts[i] : self._offset + self._mv_ends[i]].decode()
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"line {i} is out of range for a shard of {n} lines")
+        return self._line(i % n)
+
+    def _line(self, i: int) -> str:
+        # ``0 <= i < len(self)``, checked by the caller: the dataset's fast path.
+        b, off = self._mv, self._offset
+        return self._raw[off + b[i] : off + b[i + 1]].decode()
 
     def texts(self, indices: Sequence[int]) -> list[str]:
         """Lines ``indices`` as a list of str."""
-        raw, off, starts, ends = self._raw, self._offset, self._mv_starts, self._mv_ends
-        return [raw[off + starts[i] : off + ends[i]].decode() for i in indices]
+        n = len(self)
+        if not all(type(i) is int and 0 <= i < n for i in indices):
+            checked = []
+            for i in indices:
+                if not -n <= i < n:
+                    raise IndexError(f"line {i} is out of range for a shard of {n} lines")
+                checked.append(int(i) % n)
+            indices = checked
+        return self._lines(indices)
+
+    def _lines(self, indices: Sequence[int]) -> list[str]:
+        raw, off, b = self._raw, self._offset, self._mv
+        return [raw[off + b[i] : off + b[i + 1]].decode() for i in indices]
+
+    def without_ids(self) -> Shard:
+        """The same lines (the same memory) without the sample numbers."""
+        shard = Shard.__new__(Shard)
+        shard.__dict__.update(self.__dict__)
+        shard.ids = None
+        return shard
+
+    def shared(self) -> Shard:
+        """This shard if it lives in a shareable segment, else a copy of it in a new one."""
+        if self.handle is not None:
+            return self
+        writer = ShardWriter(len(self), self.text_bytes, ids=self.ids is not None)
+        writer.bounds[:] = self.bounds - self.bounds[0]
+        writer.data[:] = self.data[int(self.bounds[0]) : int(self.bounds[-1])]
+        if writer.ids is not None and self.ids is not None:
+            writer.ids[:] = self.ids
+        return writer.finish()
+
+    def release(self) -> None:
+        """Give up this process's hold on the segment (if it created it): the memory lives on only
+        while some process maps it. The shard itself stays readable here."""
+        if self.segment is not None:
+            self.segment.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled only to reach a spawn or forkserver worker: move the arrays to shared memory
-        # once, keep using the shared copy here too, and send the worker a handle to it.
-        if self._handle is None:
-            arrays = [self.data, self.starts, self.ends] + ([self.ids] if self.ids is not None else [])
-            handle, views = _shm.share(self, arrays)
-            self._set(views[0], views[1], views[2], views[3] if len(views) > 3 else None)
-            self._handle = handle
-        return (_attach, (self._handle,))
-
-
-def _attach(handle: _shm.Handle) -> Shard:
-    arrays = _shm.attach(handle)
-    shard = Shard.__new__(Shard)
-    shard._set(arrays[0], arrays[1], arrays[2], arrays[3] if len(arrays) > 3 else None)
-    shard._handle = handle
-    return shard
+        # A handle to the segment, never the data: move to a segment first if need be, and keep
+        # using the shared copy here too (so the bytes are not held twice).
+        if self.handle is None:
+            self.__dict__.update(self.shared().__dict__)
+        return (Shard.attach, (self.handle,))

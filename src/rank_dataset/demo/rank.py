@@ -24,6 +24,7 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from rank_dataset._residency import return_freed_memory
 from rank_dataset.dataset import RankDataset, ShardedDataset
 from rank_dataset.demo.baselines import NaiveDataset, OriginalDataset
 from rank_dataset.demo.memory import pss_with_children
@@ -37,7 +38,9 @@ _BASELINE_SAMPLES = 100_000
 
 
 class _Numbered(Dataset[tuple[int, str]]):
-    """Items with their global sample numbers, so the coverage check sees what the loader read."""
+    """Items with a number, so the coverage check sees what the loader read: the global sample
+    number from ``numbers``, or with ``numbers=None`` the item's position (which the rank maps to
+    sample numbers itself, so that no worker holds a copy of them)."""
 
     def __init__(self, source: Any, numbers: Any) -> None:
         self.source, self.numbers = source, numbers
@@ -46,7 +49,7 @@ class _Numbered(Dataset[tuple[int, str]]):
         return len(self.source)
 
     def __getitem__(self, i: int) -> tuple[int, str]:
-        return int(self.numbers[i]), self.source[i]
+        return (i if self.numbers is None else int(self.numbers[i])), self.source[i]
 
 
 def _measure() -> tuple[int, int]:
@@ -59,15 +62,23 @@ def _pass(
     dataset: Dataset[Any], sampler: Any, cfg: dict[str, Any], measure: bool
 ) -> tuple[np.ndarray, float, tuple[int, int]]:
     """One pass of a DataLoader: the sample numbers read, samples/s, and PSS measured at its last batch."""
-    loader = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=sampler, num_workers=cfg["workers"])
+    context = cfg.get("start_method") if cfg["workers"] else None
+    loader = DataLoader(
+        dataset,
+        batch_size=cfg["batch_size"],
+        sampler=sampler,
+        num_workers=cfg["workers"],
+        multiprocessing_context=context,
+    )
     seen: list[np.ndarray] = []  # numpy, not Python ints: the check itself should cost little memory
+    number_type = np.uint32 if len(dataset) < 1 << 32 else np.int64  # type: ignore[arg-type]
     batches = len(loader)
     memory = (0, 0)
     start = time.perf_counter()
     for k, (numbers, _) in enumerate(loader):
-        # A copy: a view would keep every batch's tensor, and its shared-memory block, alive
-        # until the measurement, charging the loader's transport to the metas.
-        seen.append(numbers.numpy().copy())
+        # A copy (uint32 where it fits): a view would keep every batch's tensor, and its shared-memory
+        # block, alive until the measurement, charging the loader's transport to the metas.
+        seen.append(numbers.numpy().astype(number_type))
         if measure and k == batches - 1:
             memory = _measure()  # the workers are alive and have touched the whole shard
     read = np.concatenate(seen) if seen else np.empty(0, np.int64)
@@ -200,11 +211,10 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                 last = epoch == cfg["epochs"] - 1 and mini == cfg["mini_epochs"] - 1
                 order = RandomSampler(dataset, seed=rank)
                 order.set_epoch(epoch * cfg["mini_epochs"] + mini)
+                got, rate, mem = _pass(_Numbered(dataset, None), order, cfg, last)
                 if not isinstance(dataset, ShardedDataset) or dataset.spec.mix is None:
-                    got, rate, mem = _pass(_Numbered(dataset, dataset.indices), order, cfg, last)
-                    seen.append(got)
-                else:  # numbered by shard position, to leave the padding out of the mix's counts
-                    got, rate, mem = _pass(_Numbered(dataset, np.arange(len(dataset))), order, cfg, last)
+                    seen.append(dataset.indices[got].astype(got.dtype))  # positions -> sample numbers
+                else:  # leave the padding out of the mix's counts
                     seen.append(dataset.indices[got[dataset.spec.positions()[got] < dataset.spec.num_samples]])
                 rates.append(rate)
                 lengths.append(len(got))
@@ -227,6 +237,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                 f"epoch {epoch}: {everything.size} samples read, {num_samples - missing} of {num_samples} distinct"
                 f"{'' if equal else ', UNEQUAL per-rank lengths'}"
             )
+            del everything
+        del gathered, seen
+        return_freed_memory()  # the check's temporaries are not the next epoch's meta memory
     return {
         "rank": rank,
         "loader": kind,

@@ -1,0 +1,122 @@
+"""The control block of a dataset: which shard its DataLoader workers serve. No torch.
+
+A 4 KiB shareable segment (:mod:`rank_dataset._shm`), created with the dataset and written only by
+the process that created it (the rank). Forked workers inherit its mapping; spawn and forkserver
+workers map it by handle. It holds:
+
+- ``version``: bumped by every write (odd while one is under way, a seqlock), so that a worker
+  checks one word per item to know that nothing changed;
+- ``gen`` and the *current* slot: the generation of the shard ``set_epoch`` made current, with its
+  segment handle and plan;
+- ``passes``, ``pass_gen`` and the *pass* slot: how many passes rank_dataset's samplers have started,
+  and the shard the latest one started with (what workers serve until the next pass starts);
+- ``joined``: the latest pass some worker has started serving (written by workers; a hint for the
+  rank, outside the seqlock).
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+from rank_dataset import _shm
+
+__all__ = ["ControlBlock", "Snapshot"]
+
+SIZE = 4096
+VERSION, GEN, PASSES, PASS_GEN, JOINED = range(5)
+_SLOTS = (256, 256 + 1920)  # byte offsets of the current and the pass slot
+_SLOT_HEAD = struct.Struct("<QQ")  # generation, length of the record
+_SLOT_CAP = 1920 - _SLOT_HEAD.size
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A consistent reading of a control block."""
+
+    version: int
+    gen: int
+    passes: int
+    pass_gen: int
+    joined: int
+    current: tuple[int, bytes]  # (generation, record)
+    pass_: tuple[int, bytes]
+
+    def record(self, gen: int) -> bytes | None:
+        """The record of generation ``gen``, if a slot still holds it."""
+        for slot_gen, record in (self.pass_, self.current):
+            if slot_gen == gen and record:
+                return record
+        return None
+
+
+class ControlBlock:
+    """A control block: :meth:`create` in the rank, :meth:`attach` in a worker."""
+
+    def __init__(self, mm: mmap.mmap, handle: _shm.Handle, segment: _shm.Segment | None) -> None:
+        self._mm = mm
+        self.words = memoryview(mm).cast("Q")
+        self.handle = handle
+        self.segment = segment  # the creator's hold on it
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls) -> ControlBlock:
+        segment = _shm.Segment(SIZE, name="rank_dataset_control")
+        return cls(segment.map(), segment.handle, segment)
+
+    @classmethod
+    def attach(cls, handle: _shm.Handle) -> ControlBlock:
+        return cls(_shm.attach(handle, writable=True), handle, None)
+
+    # -- the rank's writes ------------------------------------------------------------------------
+
+    def publish(self, gen: int, record: bytes) -> None:
+        """Make shard ``gen`` (described by ``record``) the current one."""
+        if len(record) > _SLOT_CAP:
+            raise ValueError(f"control record of {len(record)} bytes is over {_SLOT_CAP}")
+        with self._lock:
+            w = self.words
+            w[VERSION] += 1
+            _SLOT_HEAD.pack_into(self._mm, _SLOTS[0], gen, len(record))
+            self._mm[_SLOTS[0] + _SLOT_HEAD.size : _SLOTS[0] + _SLOT_HEAD.size + len(record)] = record
+            w[GEN] = gen
+            w[VERSION] += 1
+
+    def start_pass(self) -> int:
+        """Record that a pass starts with the current shard; return the pass number."""
+        with self._lock:
+            w = self.words
+            w[VERSION] += 1
+            head = _SLOT_HEAD.size + _SLOT_HEAD.unpack_from(self._mm, _SLOTS[0])[1]
+            self._mm[_SLOTS[1] : _SLOTS[1] + head] = self._mm[_SLOTS[0] : _SLOTS[0] + head]
+            w[PASS_GEN] = w[GEN]
+            w[PASSES] += 1
+            passes = int(w[PASSES])
+            w[VERSION] += 1
+            return passes
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def join(self, passes: int) -> None:
+        """(Worker) note that pass ``passes`` is being served."""
+        self.words[JOINED] = passes
+
+    def snapshot(self) -> Snapshot:
+        """A consistent copy of the block (retried while the rank is writing it)."""
+        w, mm = self.words, self._mm
+        while True:
+            version = w[VERSION]
+            if not version & 1:
+                slots = []
+                for off in _SLOTS:
+                    gen, length = _SLOT_HEAD.unpack_from(mm, off)
+                    length = min(length, _SLOT_CAP)
+                    slots.append((gen, bytes(mm[off + _SLOT_HEAD.size : off + _SLOT_HEAD.size + length])))
+                snap = Snapshot(version, w[GEN], w[PASSES], w[PASS_GEN], w[JOINED], slots[0], slots[1])
+                if w[VERSION] == version:
+                    return snap
+            time.sleep(0)
