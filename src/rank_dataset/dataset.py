@@ -209,6 +209,7 @@ class ShardedDataset(Dataset[Any]):
     def _serve(self, shard: Shard, spec: ShardSpec, gen: int) -> None:
         self._shard, self._n, self._spec, self._gen = shard, len(shard), spec, gen
         self._indices = self._source_ids = None
+        self._text = shard.text  # the shard's own slicing, bound once: item access calls it directly
 
     def _release(self, keep: set[int]) -> None:
         for gen in [g for g in self._kept if g not in keep]:
@@ -299,7 +300,7 @@ class ShardedDataset(Dataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         # Pickled to reach a spawn or forkserver worker: handles only, never a shard's bytes.
         state = self.__dict__.copy()
-        for name in ("_ctl", "_word", "_shard", "_kept", "_indices", "_source_ids"):
+        for name in ("_ctl", "_word", "_shard", "_text", "_kept", "_indices", "_source_ids"):
             state.pop(name, None)
         state["_ctl_handle"] = self._ctl.handle
         state["_owner"] = False
@@ -311,7 +312,7 @@ class ShardedDataset(Dataset[Any]):
         self.__dict__.update(state)
         self._ctl = ControlBlock.attach(handle)
         self._word = self._ctl.words
-        self._shard = None  # type: ignore[assignment]  # mapped on first use
+        self._shard = self._text = None  # type: ignore[assignment]  # mapped on first use
         self._kept, self._indices, self._source_ids = {}, None, None
         self._seen = -1  # look at the control block on first use
 
@@ -525,7 +526,7 @@ class ShardedDataset(Dataset[Any]):
             self._sync(items=True)
         if not (type(i) is int and 0 <= i < self._n):
             i = self._check_index(i)
-        text = self._shard.text(i)
+        text = self._text(i)
         return text if self._parser is None and self._parsers is None else self._parse(text, i)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:

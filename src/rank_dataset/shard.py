@@ -252,32 +252,31 @@ class Shard:
         return int(self.bounds[-1] - self.bounds[0]) if len(self) else 0
 
     def text(self, i: int) -> str:
-        """Line ``i`` as str (the shard was checked to be UTF-8 when it was built)."""
+        """Line ``i`` as str (the shard was checked to be UTF-8 when it was built); negative ``i``
+        counts from the end. The one expression every item access goes through."""
+        b, off = self._mv, self._offset
+        try:
+            if i >= 0:
+                return self._raw[off + b[i] : off + b[i + 1]].decode()
+        except IndexError:
+            pass
+        return self._wrapped(i)
+
+    def _wrapped(self, i: int) -> str:
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"line {i} is out of range for a shard of {n} lines")
-        return self._line(i % n)
-
-    def _line(self, i: int) -> str:
-        # ``0 <= i < len(self)``, checked by the caller: the dataset's fast path.
-        b, off = self._mv, self._offset
-        return self._raw[off + b[i] : off + b[i + 1]].decode()
+        return self.text(int(i) % n)
 
     def texts(self, indices: Sequence[int]) -> list[str]:
         """Lines ``indices`` as a list of str."""
-        n = len(self)
-        if not all(type(i) is int and 0 <= i < n for i in indices):
-            checked = []
-            for i in indices:
-                if not -n <= i < n:
-                    raise IndexError(f"line {i} is out of range for a shard of {n} lines")
-                checked.append(int(i) % n)
-            indices = checked
-        return self._lines(indices)
-
-    def _lines(self, indices: Sequence[int]) -> list[str]:
         raw, off, b = self._raw, self._offset, self._mv
-        return [raw[off + b[i] : off + b[i + 1]].decode() for i in indices]
+        try:
+            if all(i >= 0 for i in indices):
+                return [raw[off + b[i] : off + b[i + 1]].decode() for i in indices]
+        except IndexError:
+            pass
+        return [self._wrapped(i) for i in indices]
 
     def without_ids(self) -> Shard:
         """The same lines (the same memory) without the sample numbers."""
