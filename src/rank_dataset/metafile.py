@@ -1,73 +1,141 @@
 """MetaFile: the samples of one or more meta files, read through their line-offset index. No torch.
 
-This is the one module that touches a meta file's bytes: :class:`_FileBytes` opens and maps a file,
-and :meth:`MetaFile.read` copies a set of samples into a :class:`~rank_dataset.shard.Shard`. Another
-kind of file (compressed, remote) is another ``_FileBytes``.
+This is the one module that touches a meta file's bytes: :class:`_FileBytes` opens a file only
+while reading it and reads it with positional reads (a shared map of a file that shrinks kills the
+process with SIGBUS; a positional read comes back short), checking when it opens the file and again
+when it is done that it is still the file the index describes. :meth:`MetaFile.read` copies a set of
+samples into a :class:`~rank_dataset.shard.Shard` and checks each against the bytes it copied: a
+sample starts the file or follows a newline, ends at a line ending or the end of the file, and holds
+no newline. So a rewritten file is a :class:`MetaFileChangedError`, never a torn sample, and an
+index that disagrees with an unchanged file is rebuilt. Another kind of file (compressed, remote)
+is another ``_FileBytes``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
-import mmap
 import os
 import struct
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from rank_dataset._checks import check_index
-from rank_dataset._residency import drop_pages, return_freed_memory
-from rank_dataset.index import Index, load_index
-from rank_dataset.scan import PathLike
+from rank_dataset._pread import ShortRead, Window, count_newlines, pread_exact
+from rank_dataset._residency import return_freed_memory
+from rank_dataset.index import FileChanged, FileKey, Index, SpanReader, load_index
+from rank_dataset.scan import BOM, PathLike
 from rank_dataset.shard import Shard, new_buffer, offset_dtype
 
-__all__ = ["MetaFile"]
+__all__ = ["MetaFile", "MetaFileChangedError"]
 
-# Lines are copied in batches of about this many bytes, after each of which the file pages they
-# came from are dropped from this process's resident set.
-_WINDOW = 16 << 20
+# Lines are copied in batches that each span about this many bytes of the file, read into one
+# reusable buffer (small enough to stay in the CPU cache while its rows are gathered).
+_WINDOW = 2 << 20
 _MAX_WIDTH = 4096
-_INDEX_STEP = 1 << 18  # index entries gathered at a time, their pages dropped after
+_INDEX_STEP = 1 << 18  # index entries gathered at a time
+_BATCH_ROWS = 1 << 17  # rows copied at a time, bounding the temporaries of a batch
+_CHECK_ROWS = 1 << 16  # rows checked at a time once copied
+_TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the index in between
+_NL, _CR = 10, 13
+_BLANK = np.zeros(256, dtype=bool)
+_BLANK[[9, 10, 11, 12, 13, 32]] = True
+_FINGERPRINT_BYTES = 1 << 16
+_T = TypeVar("_T")
+
+
+class MetaFileChangedError(ValueError):
+    """A meta file is no longer the file that was indexed: rewritten, replaced, moved or deleted.
+
+    Its samples are not the ones its dataset planned with, so none is handed out. ``path`` is the
+    file, ``what`` says what changed.
+    """
+
+    def __init__(self, path: Path | str, what: str) -> None:
+        super().__init__(
+            f"meta file {path} changed after it was indexed: {what}. Its lines are no longer the samples its "
+            "index describes; build the dataset again (a new RankDataset or MetaFile indexes the file as it is "
+            "now), or restart the meta server that serves it"
+        )
+        self.path, self.what = Path(path), what
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.what))
+
+
+class _IndexMismatch(Exception):
+    """The index of file ``file`` cannot be used as it is: ``corrupt`` (its spans disagree with the
+    unchanged file: rebuild it) or gone (the cache was removed or replaced: load it again)."""
+
+    def __init__(self, file: int, *, corrupt: bool) -> None:
+        super().__init__(file, corrupt)
+        self.file, self.corrupt = file, corrupt
 
 
 class _FileBytes:
-    """The bytes of one file, mapped read-only once per process (a map survives fork, so forked
-    DataLoader workers share it)."""
+    """The bytes of one meta file: no descriptor is kept between reads (a job with thousands of meta
+    files stays far below the descriptor limit, and a DataLoader worker never needs the file)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._map: mmap.mmap | None = None
 
-    def map(self) -> mmap.mmap:
-        if self._map is None:
-            with open(self.path, "rb") as f:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        return self._map
+    @contextlib.contextmanager
+    def open(self, key: FileKey) -> Iterator[int]:
+        """A descriptor of the file, checked against ``key`` on entry and (after a read completes)
+        on exit, both the descriptor and the path: the bytes read are those of the file indexed.
 
-    def __getitem__(self, span: slice) -> bytes:
-        return self.map()[span]
+        Raises:
+            MetaFileChangedError: the file is not (or, by the end, no longer) the one indexed.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise MetaFileChangedError(self.path, "it was deleted or moved") from None
+        try:
+            self.check(fd, key)
+            try:
+                yield fd
+            except ShortRead:
+                self.check(fd, key)
+                raise MetaFileChangedError(self.path, "it shrank while being read") from None
+            self.check(fd, key)
+            try:
+                now = os.stat(self.path)
+            except FileNotFoundError:
+                raise MetaFileChangedError(self.path, "it was deleted or moved") from None
+            _raise_if_changed(self.path, key, FileKey.of(now))
+        finally:
+            os.close(fd)
 
-    def release_pages(self) -> None:
-        """Drop the file's pages from this process's resident set (the page cache keeps them)."""
-        if self._map is not None:
-            drop_pages(self._map, 0, len(self._map))
+    def check(self, fd: int, key: FileKey) -> None:
+        """Raise MetaFileChangedError if the file open at ``fd`` is not the one ``key`` describes."""
+        _raise_if_changed(self.path, key, FileKey.of(os.fstat(fd)))
+
+
+def _raise_if_changed(path: Path, key: FileKey, now: FileKey) -> None:
+    what = key.change(now)
+    if what is not None:
+        raise MetaFileChangedError(path, what)
 
 
 @dataclass(frozen=True)
 class _File:
     path: Path
-    size: int
     index: Index
     bytes: _FileBytes
 
-    def release_pages(self) -> None:
-        self.bytes.release_pages()
-        self.index.release_pages()
+
+def _load(path: Path, *, rebuild: bool = False) -> Index:
+    try:
+        return load_index(path, rebuild=rebuild)
+    except FileChanged as exc:
+        raise MetaFileChangedError(path, exc.what) from None
 
 
 class MetaFile:
@@ -103,12 +171,16 @@ class MetaFile:
             path = Path(p).expanduser().resolve()
             if not path.is_file():
                 raise FileNotFoundError(f"meta file not found: {os.fspath(p)!r}")
-            files.append(_File(path, path.stat().st_size, load_index(path), _FileBytes(path)))
-        self._files = tuple(files)
-        self._bounds = np.cumsum([0] + [len(f.index.spans) for f in files], dtype=np.int64)
+            files.append(_File(path, _load(path), _FileBytes(path)))
+        self._set(files, None)
         if self._bounds[-1] == 0:
             names = ", ".join(str(f.path) for f in files)
             raise ValueError(f"no samples in {names}: every line is empty or whitespace")
+
+    def _set(self, files: Sequence[_File], fingerprint: str | None) -> None:
+        self._files = tuple(files)
+        self._bounds = np.cumsum([0] + [f.index.count for f in files], dtype=np.int64)
+        self._fingerprint = fingerprint
 
     @property
     def paths(self) -> tuple[Path, ...]:
@@ -122,10 +194,15 @@ class MetaFile:
         return f"MetaFile({[str(p) for p in self.paths]!r}, samples={len(self)})"
 
     def __getstate__(self) -> dict[str, object]:
-        return {"paths": [str(p) for p in self.paths]}
+        # What lengths, error messages and later reads need, and no open file: a spawn worker that
+        # receives a dataset whose shard is in shared memory never touches the meta files (they may
+        # even be gone), and one that does read checks them against these keys first.
+        files = [(str(f.path), f.index) for f in self._files]
+        return {"files": files, "fingerprint": self._fingerprint}
 
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["paths"])  # type: ignore[misc]
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        files = [_File(Path(path), index, _FileBytes(Path(path))) for path, index in state["files"]]
+        self._set(files, state["fingerprint"])
 
     @property
     def fingerprint(self) -> str:
@@ -133,13 +210,25 @@ class MetaFile:
 
         Equal for the same files on any machine (paths and mtimes do not enter it), and computed
         without reading the whole files: what a resume state is checked against.
+
+        Raises:
+            MetaFileChangedError: a file changed since it was indexed.
         """
-        digest = hashlib.sha256()
-        for f in self._files:
-            digest.update(struct.pack("<qq", len(f.index.spans), f.size))
-            digest.update(f.bytes[: 1 << 16] if f.size else b"")
-            digest.update(f.bytes[max(0, f.size - (1 << 16)) :] if f.size else b"")
-        return digest.hexdigest()[:32]
+        if self._fingerprint is None:
+            digest = hashlib.sha256()
+            for f in self._files:
+                size = f.index.key.size
+                digest.update(struct.pack("<qq", f.index.count, size))
+                if size:
+                    head = np.empty(min(size, _FINGERPRINT_BYTES), np.uint8)
+                    tail = np.empty_like(head)
+                    with f.bytes.open(f.index.key) as fd:
+                        pread_exact(fd, head, 0)
+                        pread_exact(fd, tail, size - tail.size)
+                    digest.update(head.data)
+                    digest.update(tail.data)
+            self._fingerprint = digest.hexdigest()[:32]
+        return self._fingerprint
 
     @property
     def file_bounds(self) -> npt.NDArray[np.int64]:
@@ -154,18 +243,31 @@ class MetaFile:
         return file, index - int(self._bounds[file])
 
     def where(self, index: int) -> str:
-        """``path:line`` of global sample ``index``, for error messages."""
+        """``path:line`` of global sample ``index``, for error messages.
+
+        The line is found by counting newlines 16 MiB at a time. If the file cannot be read (it
+        changed or is gone), the sample's number within its file is given instead.
+        """
         file, local = self.locate(index)
-        f = self._files[file]
-        offset = int(f.index.spans[local, 0])
-        line = f.bytes[:offset].count(b"\n") + 1 if offset else 1
-        return f"{f.path}:{line}"
+        path = self._files[file].path
+        try:
+            start = int(self._retrying(lambda: _span(self._files[file], file, local))[0])
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                return f"{path}:{count_newlines(fd, start) + 1}"
+            finally:
+                os.close(fd)
+        except (OSError, MetaFileChangedError):
+            return f"{path}, sample {local} of the file"
 
     def raw(self, index: int) -> bytes:
-        """The bytes of sample ``index`` without its line ending."""
+        """The bytes of sample ``index`` without its line ending.
+
+        Raises:
+            MetaFileChangedError: the file changed since it was indexed.
+        """
         file, local = self.locate(index)
-        start, end = self._files[file].index.spans[local]
-        return self._files[file].bytes[int(start) : int(end)]
+        return self._retrying(lambda: _read_one(self._files[file], file, local))
 
     def __getitem__(self, index: int) -> str:
         raw = self.raw(index)
@@ -179,18 +281,92 @@ class MetaFile:
     def read(self, indices: npt.ArrayLike) -> Shard:
         """Read the samples ``indices`` (in that order) into a new Shard.
 
-        Reads the index entries and the lines of these samples only, in file order, and drops the
-        pages it read from this process's resident set as it goes.
+        Reads the index entries and the lines of these samples only, in file order, a window of
+        the file at a time into one reusable buffer, and checks every sample against the bytes.
 
         Raises:
+            MetaFileChangedError: a file changed since it was indexed (or while it was read).
             ValueError: a line is not valid UTF-8 (the message names its file and line).
         """
         indices = np.asarray(indices, np.int64)
-        data, starts, ends, check = _gather(self._files, self._bounds, indices)
+        data, starts, ends, check = self._retrying(lambda: _gather(self._files, self._bounds, indices))
         if check:
             _check_utf8(self.where, indices, data, starts, ends)
         return_freed_memory()
         return Shard(data, starts, ends, ids=indices)
+
+    def _retrying(self, attempt: Callable[[], _T]) -> _T:
+        """``attempt()``, loading the index of a file again (rebuilding it, if it disagrees with the
+        file's bytes) and retrying, a few times at most."""
+        for tries in itertools.count(1):
+            try:
+                return attempt()
+            except _IndexMismatch as exc:
+                if tries == _TRIES:
+                    what = "its lines still disagree with its index after the index was rebuilt"
+                    raise MetaFileChangedError(self._files[exc.file].path, what) from None
+                self._reindex(exc.file, rebuild=exc.corrupt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _reindex(self, file: int, *, rebuild: bool) -> None:
+        old = self._files[file]
+        index = _load(old.path, rebuild=rebuild)
+        what = old.index.key.change(index.key)
+        if what is None and index.count != old.index.count:
+            what = f"it holds {index.count:,} samples now, not {old.index.count:,}"
+        if what is not None:
+            raise MetaFileChangedError(old.path, what)
+        files = list(self._files)
+        files[file] = replace(old, index=index)
+        self._set(files, self._fingerprint)
+
+
+def _spans(index: Index, file: int, local: npt.NDArray[np.int64], out: npt.NDArray[np.int64]) -> None:
+    """Write the spans of samples ``local`` of file number ``file`` into ``out`` (``(k, 2)``), reading
+    the index a window at a time, and check that they could be lines of the file."""
+    try:
+        with SpanReader(index) as reader:
+            for a in range(0, local.size, _INDEX_STEP):
+                reader.take(local[a : a + _INDEX_STEP], out[a : a + _INDEX_STEP])
+    except LookupError:
+        raise _IndexMismatch(file, corrupt=False) from None
+    if out.size and not (
+        int(out[:, 0].min()) >= 0 and bool((out[:, 1] > out[:, 0]).all()) and int(out[:, 1].max()) <= index.key.size
+    ):
+        raise _IndexMismatch(file, corrupt=True)
+
+
+def _span(f: _File, file: int, local: int) -> npt.NDArray[np.int64]:
+    out = np.empty((1, 2), np.int64)
+    _spans(f.index, file, np.array([local], np.int64), out)
+    span: npt.NDArray[np.int64] = out[0]
+    return span
+
+
+def _read_one(f: _File, file: int, local: int) -> bytes:
+    start, end = _span(f, file, local).tolist()
+    s, e = np.array([start], np.int64), np.array([end], np.int64)
+    size = f.index.key.size
+    with f.bytes.open(f.index.key) as fd:
+        buf, lo = Window().load(fd, _need_lo(s), e + 2, size, pad=2)
+        line = buf[start - lo : end - lo]
+        if not (_bounds_ok(buf, lo, s, e, size) and _line_ok(line)):
+            f.bytes.check(fd, f.index.key)
+            raise _IndexMismatch(file, corrupt=True)
+        return line.tobytes()
+
+
+def _batches(positions: npt.NDArray[np.int64], window: int, max_rows: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive runs of ``positions`` (roughly ascending) that each span about
+    ``window`` bytes and hold at most ``max_rows`` entries."""
+    if not positions.size:
+        return []
+    region = np.maximum.accumulate(positions) // window
+    cuts = np.flatnonzero(region[1:] != region[:-1]) + 1
+    if cuts.size == 0 or np.diff(cuts, prepend=0, append=positions.size).max() > max_rows:
+        cuts = np.union1d(cuts, np.arange(max_rows, positions.size, max_rows))
+    bounds = [0, *cuts.tolist(), positions.size]
+    return list(itertools.pairwise(bounds))
 
 
 def _gather(
@@ -200,9 +376,13 @@ def _gather(
     whether they still need a UTF-8 check (then each row's tail is zeroed).
 
     Lines are copied as fixed-width rows (their length rounded up to a multiple of 8, the tail being
-    whatever follows the line in the file), one numpy gather per block of rows, so a shard costs at
-    most 7 bytes a line more than its text. Rows are visited in file order at the granularity of
-    1/4096 of the samples: a cheap radix sort instead of a full one.
+    whatever follows), one numpy gather per width and window of the file, so a shard costs at most 7
+    bytes a line more than its text. Rows are visited in file order at the granularity of 1/4096 of
+    the samples: a cheap radix sort instead of a full one.
+
+    Raises:
+        MetaFileChangedError: a file is not the one indexed.
+        _IndexMismatch: an index cannot be used as it is.
     """
     if not indices.size:
         return new_buffer(0), np.empty(0, np.uint32), np.empty(0, np.uint32), False
@@ -210,27 +390,32 @@ def _gather(
     shift = max(0, (n_total - 1).bit_length() - 12)
     order = np.argsort((indices >> shift).astype(np.uint16), kind="stable")
     sorted_idx = indices[order]
-    first = np.empty(indices.size, np.int64)  # where each row starts in its file, in visiting order
-    lengths = np.empty(indices.size, np.int64)
-    file_of = np.searchsorted(bounds, sorted_idx, side="right") - 1 if len(files) > 1 else None
-    for f, file in enumerate(files):
-        rows = np.flatnonzero(file_of == f) if file_of is not None else np.arange(indices.size)
-        # np.take of whole rows is several times faster than fancy indexing the 2-D index.
-        spans = np.asarray(file.index.spans)
-        for lo in range(0, rows.size, _INDEX_STEP):
-            part = rows[lo : lo + _INDEX_STEP]
-            local = sorted_idx[part] - bounds[f]
-            got = np.take(spans, local, axis=0)
-            first[part] = got[:, 0]
-            lengths[part] = got[:, 1] - got[:, 0]
-            file.index.release_pages(int(local.min()), int(local.max()) + 1)
+    spans = np.empty((indices.size, 2), np.int64)  # of each row, in visiting order
+    if len(files) > 1:
+        file_of = np.searchsorted(bounds, sorted_idx, side="right") - 1
+        by_file = np.argsort(file_of, kind="stable")  # visiting order kept within each file
+        cuts = np.cumsum(np.bincount(file_of, minlength=len(files)))
+        per_file = [(f, by_file[lo:hi]) for f, (lo, hi) in enumerate(itertools.pairwise([0, *cuts.tolist()]))]
+        per_file = [(f, rows) for f, rows in per_file if rows.size]
+        for f, rows in per_file:
+            part = np.empty((rows.size, 2), np.int64)
+            _spans(files[f].index, f, sorted_idx[rows] - bounds[f], part)
+            spans[rows] = part
+    else:
+        file_of = None
+        per_file = [(0, np.arange(indices.size))]
+        _spans(files[0].index, 0, sorted_idx, spans)
     del sorted_idx
-    code = ((np.maximum(lengths, 1) + 7) >> 3).astype(np.uint16)  # the row width in units of 8 bytes
+    first = np.ascontiguousarray(spans[:, 0])
+    lengths = spans[:, 1] - first
+    del spans
+    code = ((lengths + 7) >> 3).astype(np.uint16)  # the row width in units of 8 bytes
     code[lengths > _MAX_WIDTH] = 0  # long rows: copied one by one, at their exact length
-    # Lay rows out by (file, width), keeping the visiting order within each group, so that every
-    # group is one contiguous run of fixed-width records in data.
+    # Lay rows out by (file, width), keeping the visiting order within each group, so that the rows
+    # of one width in one window of a file are one contiguous run of fixed-width records in data.
     key = code if file_of is None else (file_of.astype(np.uint32) << 16) | code
     layout = np.argsort(key, kind="stable")
+    del key, file_of
     laid_width = code[layout].astype(np.int64) << 3
     exact = laid_width == 0
     laid_width[exact] = lengths[layout[exact]]
@@ -238,73 +423,148 @@ def _gather(
     data = new_buffer(total)
     row_starts = np.empty(indices.size, np.int64)
     row_starts[layout] = np.cumsum(laid_width) - laid_width
-    del laid_width, exact
+    del laid_width, exact, layout
     dtype = offset_dtype(total)
     starts = np.empty(indices.size, dtype)
     starts[order] = row_starts
     ends = starts.copy()
     ends[order] += lengths.astype(dtype)
     del order
-    laid_key = key[layout]
     # An ASCII file needs no UTF-8 check; otherwise row tails are zeroed so that whole runs of
     # rows can be decoded at once, a NUL ending every line that is shorter than its row.
     check = not all(file.index.ascii for file in files)
-    for group in np.split(layout, np.flatnonzero(laid_key[1:] != laid_key[:-1]) + 1):
-        f = int(file_of[group[0]]) if file_of is not None else 0
-        w = int(code[group[0]]) << 3
-        _copy_rows(files[f].bytes.map(), first, lengths, group, w, data, row_starts, zero_tails=check)
-    for file in files:
-        file.release_pages()
+    window = Window()
+    for f, rows in per_file:
+        file = files[f]
+        with file.bytes.open(file.index.key) as fd:
+            rows_ok = _copy_rows(fd, file.index.key.size, window, first, lengths, code, rows, data, row_starts, check)
+            if not rows_ok:
+                file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
+                raise _IndexMismatch(f, corrupt=True)
     return data, starts, ends, check
 
 
+def _need_lo(s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Where the bytes needed to check samples starting at ``s`` begin: the byte before each (the
+    whole byte order mark for a sample that may follow one)."""
+    return np.where(s == len(BOM), 0, np.maximum(s - 1, 0))
+
+
 def _copy_rows(
-    mm: mmap.mmap,
+    fd: int,
+    size: int,
+    window: Window,
     first: npt.NDArray[np.int64],
     lengths: npt.NDArray[np.int64],
+    code: npt.NDArray[np.uint16],
     rows: npt.NDArray[np.int64],
-    width: int,
     data: npt.NDArray[np.uint8],
     row_starts: npt.NDArray[np.int64],
-    *,
     zero_tails: bool,
-) -> None:
-    """Copy ``rows`` of one file into ``data`` at ``row_starts``, ``width`` bytes each (0: exact).
+) -> bool:
+    """Copy ``rows`` (of one file, in visiting order) into ``data`` at ``row_starts``, each
+    ``code * 8`` bytes wide (0: its exact length); False if a row is not a line of the file.
 
-    Rows go in batches that each span at most about ``_WINDOW`` bytes of the file (rows are in file
-    order up to a little jitter), and each batch's file pages are dropped from the resident set
-    after it, so the build never holds much of the file.
+    Rows go in batches that each span about ``_WINDOW`` bytes of the file (rows are in file order up
+    to a little jitter), each read once into ``window`` and gathered from it one width at a time.
     """
-    fbytes = np.frombuffer(mm, np.uint8)
-    starts_in_file = first[rows]
-    # Windows of the file a row could start at: a byte view with a stride of one byte, whose
-    # elements are ``width``-byte records, so that one fancy index copies whole rows.
-    windows = None
-    if 0 < width <= fbytes.size:
-        windows = np.ndarray((fbytes.size - width + 1,), dtype=f"V{width}", buffer=mm, strides=(1,))
-    region = np.maximum.accumulate(starts_in_file) // _WINDOW
-    cuts = np.flatnonzero(region[1:] != region[:-1]) + 1
-    max_rows = max(1, _WINDOW // max(width, 1))
-    if cuts.size == 0 or np.diff(cuts, prepend=0, append=rows.size).max() > max_rows:
-        cuts = np.union1d(cuts, np.arange(max_rows, rows.size, max_rows))
-    for batch in np.split(np.arange(rows.size), cuts):
-        if not batch.size:
+    batches = _batches(first[rows], _WINDOW, _BATCH_ROWS)
+    # Rows by width, in visiting order within a width: a batch's rows of one width are a slice.
+    by_width = np.argsort(code[rows], kind="stable")
+    widths = code[rows[by_width]]
+    groups = list(itertools.pairwise([0, *(np.flatnonzero(widths[1:] != widths[:-1]) + 1).tolist(), rows.size]))
+    batch_starts = np.array([a for a, _ in batches] + [rows.size])
+    cuts = [(np.searchsorted(by_width[a:b], batch_starts) + a).tolist() for a, b in groups]
+    for number, (a, b) in enumerate(batches):
+        s, w = first[rows[a:b]], code[rows[a:b]].astype(np.int64) << 3
+        e = s + lengths[rows[a:b]]
+        buf, lo = window.load(fd, _need_lo(s), np.maximum(s + w, e + 2), size, pad=max(int(w.max()), 8))
+        if not _bounds_ok(buf, lo, s, e, size):
+            return False
+        for g, group_cuts in enumerate(cuts):
+            start, stop = group_cuts[number], group_cuts[number + 1]
+            if start == stop:
+                continue
+            sub = rows[by_width[start:stop]]
+            width, src = int(widths[groups[g][0]]) << 3, first[sub] - lo
+            if width == 0:  # long lines, one by one
+                for x, n, o in zip(src.tolist(), lengths[sub].tolist(), row_starts[sub].tolist()):
+                    if not _line_ok(buf[x : x + n]):
+                        return False
+                    data[o : o + n] = buf[x : x + n]
+                continue
+            # A byte view with a stride of one byte, whose elements are ``width``-byte records, so
+            # that one fancy index copies whole rows (np.take would copy the whole strided view);
+            # the rows of one width land back to back.
+            records = np.ndarray((buf.size - width + 1,), dtype=f"V{width}", buffer=buf, strides=(1,))
+            dst = int(row_starts[sub[0]])
+            data[dst : dst + width * sub.size] = records[src].view(np.uint8)
+    # The copied rows, checked a run of one width at a time (and their tails zeroed).
+    for a, b in groups:
+        width = int(widths[a]) << 3
+        if width == 0:
             continue
-        b_first, b_rows = starts_in_file[batch], rows[batch]
-        dst = row_starts[b_rows]
-        fits = windows is not None and int(b_first.max()) <= fbytes.size - width
-        if fits and int(dst[-1] - dst[0]) == width * (b_rows.size - 1):
-            # Rows of one width land back to back: one copy for the batch.
-            out = data[dst[0] : dst[0] + width * b_rows.size]
-            out[:] = windows[b_first].view(np.uint8)  # type: ignore[index]
+        start = int(row_starts[rows[by_width[a]]])
+        for lo in range(a, b, _CHECK_ROWS):
+            hi = min(b, lo + _CHECK_ROWS)
+            block = data[start + (lo - a) * width : start + (hi - a) * width].reshape(hi - lo, width)
+            n = lengths[rows[by_width[lo:hi]]]
+            if not _rows_ok(block, n):
+                return False
             if zero_tails:
-                block = out.reshape(b_rows.size, width)
-                block[np.arange(width) >= lengths[b_rows][:, None]] = 0
-        else:  # rows with no full window left before the end of the file, or of no fixed width
-            for s, n, o in zip(b_first.tolist(), lengths[b_rows].tolist(), dst.tolist()):
-                data[o : o + n] = fbytes[s : s + n]
-                data[o + n : o + width] = 0
-        drop_pages(mm, int(b_first.min()), int(b_first.max()) + max(width, int(lengths[b_rows].max()), 1))
+                block[np.arange(width) >= n[:, None]] = 0
+    return True
+
+
+def _bounds_ok(
+    buf: npt.NDArray[np.uint8], lo: int, s: npt.NDArray[np.int64], e: npt.NDArray[np.int64], size: int
+) -> bool:
+    """Whether every span ``[s, e)`` is bounded as a sample is: it starts the file (after a byte
+    order mark, if the file has one) or follows a newline, and its end is a line ending (``\\n`` not
+    after ``\\r``, ``\\r\\n``, ``\\r`` at the end of the file) or the end of the file.
+
+    ``buf[x - lo]`` is byte ``x`` of the file for ``x`` in ``[s - 1, e + 2)``, and ``buf`` has at
+    least 2 bytes more after ``e``.
+    """
+    # The common case first, in a few passes: after a newline, before a newline not after a CR.
+    first = s == 0
+    ok = (buf[s - 1 - lo] == _NL) & (buf[e - lo] == _NL) & (buf[e - 1 - lo] != _CR) & ~first
+    if bool(ok.all()):
+        return True
+    rows = np.flatnonzero(~ok)  # the first sample, the last, CRLF endings, and wrong spans
+    s, e = s[rows], e[rows]
+    bom = lo == 0 and size >= len(BOM) and buf[: len(BOM)].tobytes() == BOM
+    after_newline = buf[np.maximum(s - 1 - lo, 0)] == _NL
+    start_ok = np.where(s == 0, not bom, after_newline | ((s == len(BOM)) & bom))
+    last, c1, c2 = buf[e - 1 - lo], buf[e - lo], buf[e + 1 - lo]
+    at_eof = e >= size
+    plain_end = (at_eof | (c1 == _NL)) & (last != _CR)
+    cr_end = ~at_eof & (c1 == _CR) & ((e + 1 >= size) | (c2 == _NL))
+    return bool((start_ok & (plain_end | cr_end)).all())
+
+
+def _rows_ok(block: npt.NDArray[np.uint8], n: npt.NDArray[np.int64]) -> bool:
+    """Whether each row of ``block`` (its first ``n`` bytes, ``n`` more than ``width - 8``) holds no
+    newline and something other than whitespace."""
+    width = block.shape[1]
+    # All but the last 8 bytes of a row are its line's; of the last 8, the first n - (width - 8).
+    # So the newlines in the rows must all be in those last bytes past the line (a line's own
+    # ending, typically): counted on the whole block, which is contiguous and so fast to compare.
+    past_line = np.arange(8) >= (n - (width - 8))[:, None]
+    if np.count_nonzero(block == _NL) != np.count_nonzero((block[:, width - 8 :] == _NL) & past_line):
+        return False
+    # Only a row that starts with whitespace can be blank: check those in full.
+    maybe_blank = np.flatnonzero(_BLANK[block[:, 0]])
+    if maybe_blank.size:
+        content = ~_BLANK[block[maybe_blank]] & (np.arange(width) < n[maybe_blank][:, None])
+        if not content.any(axis=1).all():
+            return False
+    return True
+
+
+def _line_ok(line: npt.NDArray[np.uint8]) -> bool:
+    """Whether ``line`` holds no newline and something other than whitespace."""
+    return not bool((line == _NL).any()) and not bool(_BLANK[line].all())
 
 
 def _check_utf8(
