@@ -345,8 +345,8 @@ def load_index(path: Path, *, rebuild: bool = False) -> Index:
 
 
 class SpanReader:
-    """The spans of one file's samples while a shard is built: the cache mapped (and its descriptor
-    open) only until :meth:`close`, or the spans in memory.
+    """The spans of one file's samples while a shard is built, from the cache (open until
+    :meth:`close`; mapped for large reads, read entry by entry for a few) or from memory.
 
     The cache is only ever replaced by a rename, never truncated in place, so the map cannot fault.
 
@@ -355,35 +355,43 @@ class SpanReader:
             index was in another process's memory.
     """
 
+    _FEW = 8  # entries read one by one rather than through a map
+
     def __init__(self, index: Index) -> None:
         self._index = index
+        self._fd: int | None = None
         self._map: mmap.mmap | None = None
+        self._spans: npt.NDArray[np.int64] | None = None
         if index.cache is None:
             if index.memory is None:
                 raise LookupError("the index was built in another process's memory")
             self._spans = index.memory
             return
         try:
-            fd = os.open(index.cache, os.O_RDONLY | os.O_CLOEXEC)
+            self._fd = os.open(index.cache, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             raise LookupError(f"the index cache {index.cache} cannot be opened ({exc.strerror})") from None
-        try:
-            header = _read_header(fd)
-            expect = (index.sample, index.count, index.ascii)
-            if header is None or not header[0].same_file(index.key) or header[1:] != expect:
-                raise LookupError(f"the index cache {index.cache} was replaced or damaged")
-            self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if index.count else None
-        finally:
-            os.close(fd)  # the map holds its own
-        self._spans = (
-            np.frombuffer(self._map, "<i8", count=2 * index.count, offset=_DATA_OFFSET).reshape(-1, 2)
-            if self._map is not None
-            else np.empty((0, 2), np.int64)
-        )
+        header = _read_header(self._fd)
+        if (
+            header is None
+            or not header[0].same_file(index.key)
+            or header[1:] != (index.sample, index.count, index.ascii)
+        ):
+            self.close()
+            raise LookupError(f"the index cache {index.cache} was replaced or damaged")
 
     def take(self, local: npt.NDArray[np.int64], out: npt.NDArray[np.int64]) -> None:
         """Write the spans of samples ``local`` of the file (in range, roughly ascending) into
-        ``out``, then drop the cache pages read from this process's resident set."""
+        ``out``, dropping the cache pages read from this process's resident set."""
+        if self._spans is None and self._fd is not None and local.size <= self._FEW:
+            for row, i in enumerate(local.tolist()):
+                pread_exact(self._fd, out[row].view(np.uint8), _DATA_OFFSET + _ENTRY * i)
+            return
+        if self._spans is None and self._fd is not None:
+            self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+            self._spans = np.frombuffer(self._map, "<i8", count=2 * self._index.count, offset=_DATA_OFFSET)
+            self._spans = self._spans.reshape(-1, 2)
+        assert self._spans is not None
         # np.take of whole rows is several times faster than fancy indexing the 2-D index.
         np.take(self._spans, local, axis=0, out=out, mode="clip")
         if self._map is not None and local.size:
@@ -391,10 +399,13 @@ class SpanReader:
             drop_pages(self._map, start, stop)
 
     def close(self) -> None:
-        self._spans = np.empty((0, 2), np.int64)  # no view may outlive the map
+        self._spans = None  # no view may outlive the map
         if self._map is not None:
             self._map.close()
             self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> SpanReader:
         return self

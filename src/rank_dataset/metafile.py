@@ -285,10 +285,14 @@ class MetaFile:
         the file at a time into one reusable buffer, and checks every sample against the bytes.
 
         Raises:
+            IndexError: an index outside ``[0, len(self))``.
             MetaFileChangedError: a file changed since it was indexed (or while it was read).
             ValueError: a line is not valid UTF-8 (the message names its file and line).
         """
         indices = np.asarray(indices, np.int64)
+        n, low, high = len(self), int(indices.min(initial=0)), int(indices.max(initial=0))
+        if low < 0 or high >= n:
+            raise IndexError(f"sample index {low if low < 0 else high} is out of range for {n} samples")
         data, starts, ends, check = self._retrying(lambda: _gather(self._files, self._bounds, indices))
         if check:
             _check_utf8(self.where, indices, data, starts, ends)
