@@ -59,8 +59,8 @@ class MetaFileChangedError(ValueError):
 
     def __init__(self, path: Path | str, what: str) -> None:
         super().__init__(
-            f"meta file {path} changed after it was indexed: {what}. Its lines are no longer the samples its "
-            "index describes; build the dataset again (a new RankDataset or MetaFile indexes the file as it is "
+            f"meta file {path} changed: {what}. Its lines are no longer the samples indexed for it; "
+            "build the dataset again (a new RankDataset or MetaFile indexes the file as it is "
             "now), or restart the meta server that serves it"
         )
         self.path, self.what = Path(path), what
@@ -326,8 +326,9 @@ class MetaFile:
 
 
 def _spans(index: Index, file: int, local: npt.NDArray[np.int64], out: npt.NDArray[np.int64]) -> None:
-    """Write the spans of samples ``local`` of file number ``file`` into ``out`` (``(k, 2)``), reading
-    the index a window at a time, and check that they could be lines of the file."""
+    """Write the spans of samples ``local`` of file number ``file`` into ``out`` (``(k, 2)``), taken
+    from the index ``_INDEX_STEP`` at a time, and check that they could be lines of the file (inside
+    it, not empty); the bytes they point at are checked when they are copied."""
     try:
         with SpanReader(index) as reader:
             for a in range(0, local.size, _INDEX_STEP):
