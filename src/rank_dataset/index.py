@@ -18,14 +18,16 @@ import socket
 import struct
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+import psutil
 from platformdirs import user_cache_dir
 
-from rank_dataset._pread import ShortRead, pread_exact
+from rank_dataset._pread import ShortRead, pread_exact, read_ends
 from rank_dataset._residency import drop_pages
 from rank_dataset.scan import scan_chunks
 
@@ -113,11 +115,7 @@ class Index:
 
 def content_sample(fd: int, size: int) -> bytes:
     """A hash of the first and last 64 KiB of the file open at ``fd``, of size ``size``."""
-    head = np.empty(min(size, _SAMPLE), np.uint8)
-    tail = np.empty(min(size, _SAMPLE), np.uint8)
-    pread_exact(fd, head, 0)
-    pread_exact(fd, tail, size - tail.size)
-    return hashlib.blake2b(head.tobytes() + tail.tobytes(), digest_size=16).digest()
+    return hashlib.blake2b(read_ends(fd, size, _SAMPLE), digest_size=16).digest()
 
 
 def _cache_paths(path: Path) -> list[Path]:
@@ -133,6 +131,11 @@ def _cache_paths(path: Path) -> list[Path]:
 def _header(key: FileKey, sample: bytes, count: int, ascii_only: bool) -> bytes:
     flags = _FLAG_ASCII if ascii_only else 0
     return _HEADER.pack(_MAGIC, key.size, key.mtime_ns, key.ctime_ns, key.inode, key.device, count, flags, sample)
+
+
+def _describes(header: tuple[FileKey, bytes, int, bool] | None, key: FileKey, sample: bytes) -> bool:
+    """Whether a cache's header is that of the file ``key`` and ``sample`` identify."""
+    return header is not None and header[0].same_file(key) and header[1] == sample
 
 
 def _read_header(fd: int) -> tuple[FileKey, bytes, int, bool] | None:
@@ -185,7 +188,7 @@ def _open_cache(cache: Path, key: FileKey, sample: bytes) -> Index | None:
         return None
     try:
         header = _read_header(fd)
-        if header is None or not header[0].same_file(key) or header[1] != sample:
+        if header is None or not _describes(header, key, sample):
             return None
         count, ascii_only = header[2], header[3]
         if not _cache_is_sane(fd, count, key.size):
@@ -223,19 +226,9 @@ def _remove_abandoned(cache: Path) -> None:
         except OSError:
             continue
         ours = tmp_host == host and pid_text.isdigit()
-        if age >= _TMP_GRACE and (not _alive(int(pid_text)) if ours else age > _OTHER_HOST_TMP_AGE):
+        if age >= _TMP_GRACE and (not psutil.pid_exists(int(pid_text)) if ours else age > _OTHER_HOST_TMP_AGE):
             with contextlib.suppress(OSError):
                 os.unlink(entry.path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -267,16 +260,10 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, sample: bytes) 
         with os.fdopen(tmp_fd, "wb") as f:
             f.seek(_DATA_OFFSET)
             count, ascii_only = 0, True
-            try:
-                for spans, ascii_chunk in scan_chunks(path, fd=fd):
-                    f.write(spans.astype("<i8", copy=False).data)
-                    count += len(spans)
-                    ascii_only = ascii_only and ascii_chunk
-            except ShortRead as exc:
-                raise FileChanged(path, "it shrank while being indexed") from exc
-            what = key.change(FileKey.of(os.fstat(fd)))
-            if what is not None:
-                raise FileChanged(path, f"{what} while being indexed")
+            for spans, ascii_chunk in _scan(path, fd, key):
+                f.write(spans.astype("<i8", copy=False).data)
+                count += len(spans)
+                ascii_only = ascii_only and ascii_chunk
             f.seek(0)
             f.write(_header(key, sample, count, ascii_only))
             f.flush()
@@ -292,17 +279,26 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, sample: bytes) 
         raise
 
 
-def _index_in_memory(path: Path, fd: int, key: FileKey, sample: bytes) -> Index:
-    parts, ascii_only = [], True
+def _scan(path: Path, fd: int, key: FileKey) -> Iterator[tuple[npt.NDArray[np.int64], bool]]:
+    """``scan_chunks`` of the file open at ``fd``, which must stay the file ``key`` describes to the end.
+
+    Raises:
+        FileChanged: the file changed while it was being indexed.
+    """
     try:
-        for spans, ascii_chunk in scan_chunks(path, fd=fd):
-            parts.append(spans)
-            ascii_only = ascii_only and ascii_chunk
+        yield from scan_chunks(path, fd=fd)
     except ShortRead as exc:
         raise FileChanged(path, "it shrank while being indexed") from exc
     what = key.change(FileKey.of(os.fstat(fd)))
     if what is not None:
         raise FileChanged(path, f"{what} while being indexed")
+
+
+def _index_in_memory(path: Path, fd: int, key: FileKey, sample: bytes) -> Index:
+    parts, ascii_only = [], True
+    for spans, ascii_chunk in _scan(path, fd, key):
+        parts.append(spans)
+        ascii_only = ascii_only and ascii_chunk
     spans = np.concatenate(parts) if parts else np.empty((0, 2), np.int64)
     return Index(key, sample, len(spans), ascii_only, None, spans)
 
@@ -374,8 +370,8 @@ class SpanReader:
         header = _read_header(self._fd)
         if (
             header is None
-            or not header[0].same_file(index.key)
-            or header[1:] != (index.sample, index.count, index.ascii)
+            or not _describes(header, index.key, index.sample)
+            or header[2:] != (index.count, index.ascii)
         ):
             self.close()
             raise LookupError(f"the index cache {index.cache} was replaced or damaged")

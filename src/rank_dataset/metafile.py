@@ -27,10 +27,10 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset._checks import check_index
-from rank_dataset._pread import ShortRead, Window, count_newlines, pread_exact
+from rank_dataset._pread import ShortRead, Window, count_newlines, read_ends
 from rank_dataset._residency import return_freed_memory
-from rank_dataset.index import FileChanged, FileKey, Index, SpanReader, load_index
-from rank_dataset.scan import BOM, PathLike
+from rank_dataset.index import FileChanged, FileKey, Index, SpanReader, load_index, spans_are_sane
+from rank_dataset.scan import BLANK, BOM, CR, NEWLINE, PathLike
 from rank_dataset.shard import Shard, new_buffer, offset_dtype
 
 __all__ = ["MetaFile", "MetaFileChangedError"]
@@ -43,9 +43,6 @@ _INDEX_STEP = 1 << 18  # index entries gathered at a time
 _BATCH_ROWS = 1 << 17  # rows copied at a time, bounding the temporaries of a batch
 _CHECK_ROWS = 1 << 16  # rows checked at a time once copied
 _TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the index in between
-_NL, _CR = 10, 13
-_BLANK = np.zeros(256, dtype=bool)
-_BLANK[[9, 10, 11, 12, 13, 32]] = True
 _FINGERPRINT_BYTES = 1 << 16
 _T = TypeVar("_T")
 
@@ -220,13 +217,8 @@ class MetaFile:
                 size = f.index.key.size
                 digest.update(struct.pack("<qq", f.index.count, size))
                 if size:
-                    head = np.empty(min(size, _FINGERPRINT_BYTES), np.uint8)
-                    tail = np.empty_like(head)
                     with f.bytes.open(f.index.key) as fd:
-                        pread_exact(fd, head, 0)
-                        pread_exact(fd, tail, size - tail.size)
-                    digest.update(head.data)
-                    digest.update(tail.data)
+                        digest.update(read_ends(fd, size, _FINGERPRINT_BYTES))
             self._fingerprint = digest.hexdigest()[:32]
         return self._fingerprint
 
@@ -335,9 +327,7 @@ def _spans(index: Index, file: int, local: npt.NDArray[np.int64], out: npt.NDArr
                 reader.take(local[a : a + _INDEX_STEP], out[a : a + _INDEX_STEP])
     except LookupError:
         raise _IndexMismatch(file, corrupt=False) from None
-    if out.size and not (
-        int(out[:, 0].min()) >= 0 and bool((out[:, 1] > out[:, 0]).all()) and int(out[:, 1].max()) <= index.key.size
-    ):
+    if not spans_are_sane(out, index.key.size, ordered=False):
         raise _IndexMismatch(file, corrupt=True)
 
 
@@ -533,18 +523,18 @@ def _bounds_ok(
     """
     # The common case first, in a few passes: after a newline, before a newline not after a CR.
     first = s == 0
-    ok = (buf[s - 1 - lo] == _NL) & (buf[e - lo] == _NL) & (buf[e - 1 - lo] != _CR) & ~first
+    ok = (buf[s - 1 - lo] == NEWLINE) & (buf[e - lo] == NEWLINE) & (buf[e - 1 - lo] != CR) & ~first
     if bool(ok.all()):
         return True
     rows = np.flatnonzero(~ok)  # the first sample, the last, CRLF endings, and wrong spans
     s, e = s[rows], e[rows]
     bom = lo == 0 and size >= len(BOM) and buf[: len(BOM)].tobytes() == BOM
-    after_newline = buf[np.maximum(s - 1 - lo, 0)] == _NL
+    after_newline = buf[np.maximum(s - 1 - lo, 0)] == NEWLINE
     start_ok = np.where(s == 0, not bom, after_newline | ((s == len(BOM)) & bom))
     last, c1, c2 = buf[e - 1 - lo], buf[e - lo], buf[e + 1 - lo]
     at_eof = e >= size
-    plain_end = (at_eof | (c1 == _NL)) & (last != _CR)
-    cr_end = ~at_eof & (c1 == _CR) & ((e + 1 >= size) | (c2 == _NL))
+    plain_end = (at_eof | (c1 == NEWLINE)) & (last != CR)
+    cr_end = ~at_eof & (c1 == CR) & ((e + 1 >= size) | (c2 == NEWLINE))
     return bool((start_ok & (plain_end | cr_end)).all())
 
 
@@ -556,12 +546,12 @@ def _rows_ok(block: npt.NDArray[np.uint8], n: npt.NDArray[np.int64]) -> bool:
     # So the newlines in the rows must all be in those last bytes past the line (a line's own
     # ending, typically): counted on the whole block, which is contiguous and so fast to compare.
     past_line = np.arange(8) >= (n - (width - 8))[:, None]
-    if np.count_nonzero(block == _NL) != np.count_nonzero((block[:, width - 8 :] == _NL) & past_line):
+    if np.count_nonzero(block == NEWLINE) != np.count_nonzero((block[:, width - 8 :] == NEWLINE) & past_line):
         return False
     # Only a row that starts with whitespace can be blank: check those in full.
-    maybe_blank = np.flatnonzero(_BLANK[block[:, 0]])
+    maybe_blank = np.flatnonzero(BLANK[block[:, 0]])
     if maybe_blank.size:
-        content = ~_BLANK[block[maybe_blank]] & (np.arange(width) < n[maybe_blank][:, None])
+        content = ~BLANK[block[maybe_blank]] & (np.arange(width) < n[maybe_blank][:, None])
         if not content.any(axis=1).all():
             return False
     return True
@@ -569,7 +559,7 @@ def _rows_ok(block: npt.NDArray[np.uint8], n: npt.NDArray[np.int64]) -> bool:
 
 def _line_ok(line: npt.NDArray[np.uint8]) -> bool:
     """Whether ``line`` holds no newline and something other than whitespace."""
-    return not bool((line == _NL).any()) and not bool(_BLANK[line].all())
+    return not bool((line == NEWLINE).any()) and not bool(BLANK[line].all())
 
 
 def _check_utf8(

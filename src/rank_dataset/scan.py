@@ -21,18 +21,19 @@ import numpy.typing as npt
 from rank_dataset._pread import pread_exact
 from rank_dataset._progress import progress_bar
 
-__all__ = ["BOM", "CHUNK", "PathLike", "build_index", "scan", "scan_chunks"]
+__all__ = ["BLANK", "BOM", "CHUNK", "CR", "NEWLINE", "PathLike", "build_index", "scan", "scan_chunks"]
 
 PathLike = str | os.PathLike[str]
 #: Bytes per chunk of a scan.
 CHUNK = 32 << 20
 _THREADS = 2
 _HIGH_BITS = np.uint64(0x8080808080808080)
-_NEWLINE, _CR = 10, 13
+NEWLINE, CR = 10, 13
 #: The UTF-8 byte order mark, skipped at the start of a file.
 BOM = b"\xef\xbb\xbf"
-_BLANK = np.zeros(256, dtype=bool)
-_BLANK[[9, 10, 11, 12, 13, 32]] = True
+#: Byte -> whether it is ASCII whitespace (space, tab, newline, CR, VT, FF).
+BLANK = np.zeros(256, dtype=bool)
+BLANK[[9, 10, 11, 12, 13, 32]] = True
 
 
 def _spans_of_chunk(buf: npt.NDArray[np.uint8], last: bool, first: bool = False) -> tuple[npt.NDArray[np.int64], int]:
@@ -43,7 +44,7 @@ def _spans_of_chunk(buf: npt.NDArray[np.uint8], last: bool, first: bool = False)
     """
     if not buf.size:
         return np.empty((0, 2), np.int64), 0
-    ends = np.flatnonzero(buf == _NEWLINE)
+    ends = np.flatnonzero(buf == NEWLINE)
     if last and (not ends.size or ends[-1] + 1 < buf.size):
         ends = np.append(ends, buf.size)
     if not ends.size:
@@ -54,9 +55,9 @@ def _spans_of_chunk(buf: npt.NDArray[np.uint8], last: bool, first: bool = False)
     np.add(ends[:-1], 1, out=starts[1:])
     # "\r\n" loses its "\r". For an empty first line this reads buf[-1]: harmless, as a span of
     # length <= 0 is blank either way.
-    ends -= buf[ends - 1] == _CR
+    ends -= buf[ends - 1] == CR
     # An empty line is blank; so is the rest of a line that is only a byte order mark.
-    maybe_blank = _BLANK[buf[np.minimum(starts, buf.size - 1)]] | (ends <= starts)
+    maybe_blank = BLANK[buf[np.minimum(starts, buf.size - 1)]] | (ends <= starts)
     if maybe_blank.any():
         # Only lines that start with whitespace (or are empty) can be blank: check those in full.
         rows = np.flatnonzero(maybe_blank)
@@ -64,7 +65,7 @@ def _spans_of_chunk(buf: npt.NDArray[np.uint8], last: bool, first: bool = False)
         keep[rows] = False
         sized = rows[ends[rows] > starts[rows]]
         if sized.size:
-            content = ~_BLANK[buf]
+            content = ~BLANK[buf]
             bounds = np.column_stack((starts[sized], ends[sized])).reshape(-1)
             if bounds[-1] == buf.size:
                 bounds = bounds[:-1]
