@@ -85,6 +85,7 @@ def test_rewritten_file_is_an_error_then_reindexed(write_meta, tmp_path: Path, h
     p = write_meta(LINES)
     mf = MetaFile(p)
     ds = RankDataset(p, rank=0, world_size=1)
+    fingerprint = mf.fingerprint
     if how == "longer lines":
         new = [f"/{i}.jpg {i}" for i in range(1000)]  # the bug: '/150304.jpg 150304\nIM'-like fragments
         rewrite(p, new)
@@ -103,6 +104,9 @@ def test_rewritten_file_is_an_error_then_reindexed(write_meta, tmp_path: Path, h
         with pytest.raises(MetaFileChangedError, match=rf"meta file {p} changed"):
             read()
     assert len(ds) == 1000 and ds.spec.epoch == 0
+    # The fingerprint is of the files as indexed: taking it does not fail (in the ranks' agreement
+    # check, one rank failing alone would leave the others waiting in the collective).
+    assert mf.fingerprint == fingerprint
     fresh = MetaFile(p)  # the cache is not trusted for the new file: rebuilt
     assert [fresh[i] for i in range(len(fresh))] == new
     assert fresh.read(np.arange(999, -1, -7)).texts(range(143)) == new[::-1][::7]

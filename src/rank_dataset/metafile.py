@@ -169,12 +169,14 @@ class MetaFile:
             if not path.is_file():
                 raise FileNotFoundError(f"meta file not found: {os.fspath(p)!r}")
             files.append(_File(path, _load(path), _FileBytes(path)))
-        self._set(files, None)
+        # The fingerprint of the files as indexed, computed now: taken later, from a file changed
+        # meanwhile, it would fail, and in the ranks' agreement check, one rank failing alone hangs the rest.
+        self._set(files, _fingerprint(files))
         if self._bounds[-1] == 0:
             names = ", ".join(str(f.path) for f in files)
             raise ValueError(f"no samples in {names}: every line is empty or whitespace")
 
-    def _set(self, files: Sequence[_File], fingerprint: str | None) -> None:
+    def _set(self, files: Sequence[_File], fingerprint: str) -> None:
         self._files = tuple(files)
         self._bounds = np.cumsum([0] + [f.index.count for f in files], dtype=np.int64)
         self._fingerprint = fingerprint
@@ -203,23 +205,11 @@ class MetaFile:
 
     @property
     def fingerprint(self) -> str:
-        """A short hash of the files' sample counts, sizes, and first and last 64 KiB.
+        """A short hash of the files' sample counts, sizes, and first and last 64 KiB, as indexed.
 
         Equal for the same files on any machine (paths and mtimes do not enter it), and computed
         without reading the whole files: what a resume state is checked against.
-
-        Raises:
-            MetaFileChangedError: a file changed since it was indexed.
         """
-        if self._fingerprint is None:
-            digest = hashlib.sha256()
-            for f in self._files:
-                size = f.index.key.size
-                digest.update(struct.pack("<qq", f.index.count, size))
-                if size:
-                    with f.bytes.open(f.index.key) as fd:
-                        digest.update(read_ends(fd, size, _FINGERPRINT_BYTES))
-            self._fingerprint = digest.hexdigest()[:32]
         return self._fingerprint
 
     @property
@@ -315,6 +305,17 @@ class MetaFile:
         files = list(self._files)
         files[file] = replace(old, index=index)
         self._set(files, self._fingerprint)
+
+
+def _fingerprint(files: Sequence[_File]) -> str:
+    digest = hashlib.sha256()
+    for f in files:
+        size = f.index.key.size
+        digest.update(struct.pack("<qq", f.index.count, size))
+        if size:
+            with f.bytes.open(f.index.key) as fd:
+                digest.update(read_ends(fd, size, _FINGERPRINT_BYTES))
+    return digest.hexdigest()[:32]
 
 
 def _spans(index: Index, file: int, local: npt.NDArray[np.int64], out: npt.NDArray[np.int64]) -> None:
