@@ -27,7 +27,7 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 bench: $(STAMP)
-	for b in build getitem server memory; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
+	for b in build getitem server memory mix; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from rank_dataset import MetaFile, RankDataset, RanksDisagreeError
+from rank_dataset import MetaFile, RankDataset, RanksDisagreeError, Source
 from rank_dataset.demo.synthetic import imagenet_line
 
 
@@ -65,6 +65,13 @@ def main(work: str, out: str) -> None:
 
     # The ranks pass different world sizes.
     case("world_size_differs", lambda: RankDataset(str(base / "meta_0.txt"), rank=rank, world_size=2 + rank))
+
+    # A mix of the same files and epoch size, with a different weight on each rank.
+    def mix() -> None:
+        sources = [Source(str(base / "meta_0.txt"), weight=1 + rank), Source(str(base / "meta_1.txt"), weight=1)]
+        RankDataset(sources, reload_cfg={"epoch_size": 500})
+
+    case("mix", mix)
 
     # Agreeing ranks build; then set_epoch with different epochs fails and leaves the dataset as it was.
     ds = RankDataset(str(base / "meta_0.txt"), reload_cfg={"mini_epoch": 2, "seed": 5})

@@ -150,6 +150,7 @@ CASES = {
     "world_size_differs": ("world_size", "2 on ranks [0], 3 on ranks [1]; the process group has 2 ranks"),
     "set_epoch": ("epoch", "1 on ranks [0], 2 on ranks [1]"),
     "load_state_dict": ("resume", "on ranks [0], ResumePoint("),
+    "mix": ("mix", "MixPlan(sizes=(1000, 1100), counts=(250, 250), epoch_size=500) on ranks [0]"),
 }
 
 

@@ -41,3 +41,12 @@ def test_bench_getitem_smoke(tmp_path: Path) -> None:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     assert 'parser="json"' in (tmp_path / "getitem.md").read_text()
+
+
+def test_bench_mix_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_mix.py"), "--lines", "4000", "--repeat", "1"]
+    cmd += ["--world-size", "4", "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "mix.md").read_text()
+    assert "| mix of 3 files" in table and "R = 1,000" in table and (tmp_path / "mix.png").stat().st_size > 0

@@ -10,6 +10,7 @@ def test_defaults_and_original_keys() -> None:
     cfg = ReloadConfig.coerce({"mini_epoch": 1, "seed": 3, "mini_epoch_idx": 0, "group": 1})
     assert cfg.seed == 3
     assert ReloadConfig.coerce(cfg) is cfg
+    assert cfg.epoch_size is None and ReloadConfig.coerce({"epoch_size": 10}).epoch_size == 10
 
 
 @pytest.mark.parametrize(
@@ -20,6 +21,8 @@ def test_defaults_and_original_keys() -> None:
         ({"mini_epoch": 2, "mini_epoch_idx": 2}, ValueError, r"mini_epoch_idx'\] must be in \[0, mini_epoch=2\)"),
         ({"epoch": -1}, ValueError, r"reload_cfg\['epoch'\] must be >= 0"),
         ({"group": 0}, ValueError, r"reload_cfg\['group'\] must be >= 1"),
+        ({"epoch_size": 0}, ValueError, r"reload_cfg\['epoch_size'\] must be >= 1, got 0"),
+        ({"epoch_size": 2.5}, TypeError, r"reload_cfg\['epoch_size'\] must be an int"),
         ({"seed": "1"}, TypeError, r"reload_cfg\['seed'\] must be an int, got '1'"),
         ([("seed", 1)], TypeError, "reload_cfg must be a dict"),
     ],

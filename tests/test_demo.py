@@ -49,3 +49,15 @@ def test_bad_arguments(tmp_path: Path) -> None:
     empty.write_text("\n\n")
     out = demo("--meta-file", str(empty), "--world-size", "2", "--workers", "0", "--no-baseline")
     assert out.returncode == 1 and "no samples in" in out.stderr and "empty.txt" in out.stderr
+
+
+def test_mix_demo_prints_each_source_share_next_to_its_target(tmp_path: Path) -> None:
+    out = demo("--mix", "--lines", "3001", "--world-size", "3", "--workers", "0", "--epochs", "2")
+    assert out.returncode == 0, out.stderr
+    assert "| web.txt | 1,801 | weight=1 | 1,951.0 | 1,951 | 1,951 | 1,951 | 65.01% | 65.01% | 65.01% |" in out.stdout
+    assert "| books.txt | 900 | repeat=0.5 | 450.0 | 450 | 450 | 450 | 15.00% |" in out.stdout
+    assert "| code.txt | 300 | choose=600 | 600.0 | 600 | 600 | 600 | 19.99% |" in out.stdout
+    assert "coverage (rank_dataset): OK - epoch 0: web.txt 1951 of 1951, books.txt 450 of 450" in out.stdout
+    assert "| naive |" not in out.stdout
+    both = demo("--mix", "--meta-file", str(tmp_path / "x.txt"))
+    assert both.returncode == 1 and "give --mix or --meta-file, not both" in both.stderr

@@ -99,3 +99,25 @@ def test_spec_type_validation() -> None:
         ShardSpec(10, 2, True)
     with pytest.raises(TypeError, match="is_test must be a bool"):
         ShardSpec(10, 2, 0, is_test=1)  # type: ignore[arg-type]
+
+
+def test_a_mix_keeps_the_layout_over_its_epoch_size() -> None:
+    from rank_dataset.mix import MixPlan
+
+    mix = MixPlan((10, 4, 3), (9, 8, 2), 19)
+    for w, m in [(1, 1), (2, 3), (4, 2)]:
+        r_ = -(-19 // (w * m))
+        for i in range(m):
+            for r in range(w):
+                spec = ShardSpec(19, w, r, mini_epoch=m, mini_epoch_idx=i, seed=3, epoch=1, mix=mix)
+                positions = i * r_ * w + r + np.arange(r_) * w  # the plain layout over T0 positions
+                assert np.array_equal(spec.positions(), positions)
+                assert np.array_equal(spec.indices(), mix.epoch_order(3, 1, positions))
+    every = MixPlan.every_sample((10, 4, 3))
+    assert np.array_equal(ShardSpec(17, 2, 1, is_test=True, mix=every).indices(), np.arange(9, 17))
+    with pytest.raises(ValueError, match="num_samples must be the mix's epoch size 19"):
+        ShardSpec(17, 1, 0, mix=mix)
+    with pytest.raises(ValueError, match="eval mix"):
+        ShardSpec(19, 1, 0, is_test=True, mix=mix)
+    with pytest.raises(TypeError, match="mix must be a MixPlan"):
+        ShardSpec(19, 1, 0, mix=(10, 4, 3))  # type: ignore[arg-type]

@@ -187,6 +187,47 @@ def test_server_dataset_resumes_the_same(write_meta, start_server) -> None:
         RankServerDataset(start_server([other]).url, rank=0, world_size=1).load_state_dict(state)
 
 
+def test_mix_record_round_trips_and_is_range_checked() -> None:
+    from rank_dataset.resume import MixRecord, ResumeState, SourceRecord
+
+    mix = MixRecord(12, (SourceRecord("a", 10, "f" * 32, 9), SourceRecord("b", 3, None, 3)))
+    state = ResumeState(12, None, 0, 1, 2, 1, 4, 3, mix=mix)
+    as_dict = json.loads(json.dumps(state.to_dict()))
+    assert as_dict["mix"] == {
+        "epoch_size": 12,
+        "sources": [
+            {"name": "a", "num_samples": 10, "fingerprint": "f" * 32, "count": 9},
+            {"name": "b", "num_samples": 3, "fingerprint": None, "count": 3},
+        ],
+    }
+    assert ResumeState.from_dict(as_dict) == state
+    renamed = MixRecord(12, (SourceRecord("x", 10, "f" * 32, 9), SourceRecord("y", 3, None, 3)))
+    assert state.same_shard(ResumeState(12, None, 0, 1, 2, 1, 4, 0, mix=renamed))
+    recounted = MixRecord(12, (SourceRecord("a", 10, "f" * 32, 8), SourceRecord("b", 3, None, 4)))
+    assert not state.same_shard(ResumeState(12, None, 0, 1, 2, 1, 4, 0, mix=recounted))
+    plain = ResumeState(12, None, 0, 1, 2, 1, 4, 3)
+    assert "mix" not in plain.to_dict() and ResumeState.from_dict(plain.to_dict()) == plain
+    bad_sources = [
+        ({"epoch_size": 12, "sources": []}, ValueError, "non-empty"),
+        ({"epoch_size": 13, "sources": as_dict["mix"]["sources"]}, ValueError, "sum of the counts, 12, got 13"),
+        ({"epoch_size": 12}, ValueError, "the keys epoch_size and sources"),
+        ({"epoch_size": 12, "sources": [{"name": "a"}]}, ValueError, "mix source 0 must be a dict with the keys"),
+        ({"epoch_size": 12, "sources": "ab"}, TypeError, "mix sources must be a list"),
+        (
+            {"epoch_size": 12, "sources": [{**as_dict["mix"]["sources"][0], "count": 0}, as_dict["mix"]["sources"][1]]},
+            ValueError,
+            "mix source 'a' count must be in \\[1, ",
+        ),
+    ]
+    for value, error, message in bad_sources:
+        with pytest.raises(error, match=f"invalid resume state: .*{message}"):
+            ResumeState.from_dict({**as_dict, "mix": value})
+    with pytest.raises(ValueError, match="num_samples of a mix's state must be its epoch_size 12, got 13"):
+        ResumeState.from_dict({**as_dict, "num_samples": 13, "consumed_positions": 0})
+    with pytest.raises(ValueError, match=r"consumed_positions must be in \[0, 8\]"):
+        ResumeState.from_dict({**as_dict, "consumed_positions": 9})  # keeps the plan's range check
+
+
 @pytest.mark.parametrize(
     ("key", "value", "error", "message"),
     [

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from rank_dataset._agree import RanksDisagreeError
 from rank_dataset.config import ReloadConfig
 from rank_dataset.metafile import MetaFile, MetaFileChangedError
+from rank_dataset.mix import Source
 from rank_dataset.permutation import permute
 from rank_dataset.plan import ResumePoint, ShardSpec, eval_range, spread_positions
 from rank_dataset.protocol import ProtocolError
@@ -41,6 +42,7 @@ __all__ = [
     "ServerDataset",
     "Shard",
     "ShardSpec",
+    "Source",
     "build_index",
     "eval_range",
     "get_rank_world_size",

@@ -46,6 +46,7 @@ _HINTS = {
     "world_size": "leave world_size=None to take it from the process group",
     "is_test": "every rank must pass the same is_test",
     "resume": "every rank must load the same state_dict",
+    "mix": "every rank must mix the same sources, with the same rules, in the same order, and the same epoch_size",
     "(field names)": "every rank must run the same version of rank_dataset",
 }
 _PLAN_HINT = "every rank must pass the same reload_cfg and call set_epoch / load_state_dict with the same arguments"

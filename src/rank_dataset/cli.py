@@ -121,6 +121,11 @@ def serve_cmd(
 @click.option("--lines", default=2_000_000, show_default=True, type=click.IntRange(1), help="Synthetic file size.")
 @click.option("--server", is_flag=True, help="Read through a meta server the demo starts and stops.")
 @click.option("--no-baseline", is_flag=True, help="Skip the naive loader's run.")
+@click.option(
+    "--mix",
+    is_flag=True,
+    help="Mix three synthetic sources (weight, repeat 0.5, choose 2x) into epochs of --lines samples; no baseline.",
+)
 def demo_cmd(
     meta_file: str | None,
     world_size: int,
@@ -130,13 +135,16 @@ def demo_cmd(
     lines: int,
     server: bool,
     no_baseline: bool,
+    mix: bool,
 ) -> None:
     """Run W ranks under torch.distributed, check every epoch's coverage, and compare memory with the naive loader."""
     from rank_dataset.demo import DemoError, format_table, run_demo
 
+    baseline = not (no_baseline or mix)
     click.echo(
         f"rank-dataset demo: {world_size} ranks x {workers} DataLoader workers, {epochs} epochs x {mini_epochs} "
-        f"mini-epochs, {'meta server' if server else 'RankDataset'}{'' if no_baseline else ' and the naive loader'}"
+        f"mini-epochs, {'meta server' if server else 'RankDataset'}{' and the naive loader' if baseline else ''}"
+        f"{', a mix of three sources' if mix else ''}"
     )
     try:
         results = run_demo(
@@ -147,7 +155,8 @@ def demo_cmd(
             mini_epochs=mini_epochs,
             lines=lines,
             server=server,
-            baseline=not no_baseline,
+            baseline=baseline,
+            mix=mix,
         )
     except (DemoError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None

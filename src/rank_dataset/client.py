@@ -25,7 +25,8 @@ from torch.utils.data import Dataset
 from rank_dataset import protocol
 from rank_dataset._checks import check_index, check_int
 from rank_dataset.config import ReloadConfig
-from rank_dataset.dataset import ShardedDataset
+from rank_dataset.dataset import ShardedDataset, as_sources
+from rank_dataset.mix import Source, combine_fingerprints
 from rank_dataset.parsers import LineError, Parser, resolve_parser
 from rank_dataset.plan import ShardSpec
 from rank_dataset.protocol import ProtocolError
@@ -189,6 +190,10 @@ class MetaServer:
             self.fingerprint = fingerprint
         return num_samples, fingerprint
 
+    def files(self) -> list[protocol.ServedFile]:
+        """The files the server serves, by name, with their sample counts and fingerprints."""
+        return protocol.files_from_body(self.get(protocol.FILES))
+
 
 def _parse(parser: Parser | None, text: str, where: str) -> Any:
     if parser is None:
@@ -267,10 +272,17 @@ class RankServerDataset(ShardedDataset):
         url: the server's base URL.
         is_test, reload_cfg, rank, world_size, parser: as for RankDataset.
         token, timeout, retries: as for ServerDataset.
+        sources: a mix of the served files: a list of :class:`~rank_dataset.mix.Source` whose paths
+            are names of served files (their file names, as ``GET /files`` lists them). None: every
+            served file, taken as one. The shard is RankDataset's for the same mix of those files.
+
+    Raises:
+        ValueError: as RankDataset; a source naming a file the server does not serve.
 
     Example (with a server started by ``rank-dataset serve meta.txt``)::
 
         ds = RankServerDataset("http://127.0.0.1:28889", reload_cfg={"seed": 0, "mini_epoch": 2})
+        mix = RankServerDataset(url, sources=[Source("a.txt", weight=2), Source("b.txt", repeat=0.5)])
     """
 
     def __init__(
@@ -285,13 +297,36 @@ class RankServerDataset(ShardedDataset):
         timeout: float = 30.0,
         retries: int = 5,
         parser: str | Parser | None = None,
+        sources: Source | Sequence[Source] | None = None,
     ) -> None:
         self.server = MetaServer(url, token=token, timeout=timeout, retries=retries)
         num_samples, self.fingerprint = self.server.num_samples()
-        super().__init__(num_samples, is_test, reload_cfg, rank, world_size, parser)
+        if sources is None:
+            self._source_files: list[tuple[str, ...]] | None = None
+            super().__init__(num_samples, is_test, reload_cfg, rank, world_size, parser)
+            return
+        mix = as_sources(sources)
+        if mix is None:
+            raise TypeError(f"sources must be a Source or a non-empty list of Source, got {sources!r}")
+        self._served = {f.name: f for f in self.server.files()}
+        for i, source in enumerate(mix):
+            for name in source.paths:
+                if name not in self._served:
+                    raise ValueError(
+                        f"source {i} {source.name!r}: {self.server.url} serves no file named {name!r} "
+                        f"(it serves {', '.join(self._served)}); a source names served files by file name"
+                    )
+        self._source_files = [source.paths for source in mix]
+        sizes = [sum(self._served[name].num_samples for name in names) for names in self._source_files]
+        super().__init__(sum(sizes), is_test, reload_cfg, rank, world_size, parser, mix, sizes)
+
+    def _source_fingerprints(self) -> tuple[str, ...]:
+        assert self._source_files is not None
+        return tuple(combine_fingerprints([self._served[n].fingerprint for n in names]) for names in self._source_files)
 
     def _build(self, spec: ShardSpec) -> Shard:
-        shard = self.server.shard(protocol.SHARD, fields=protocol.spec_to_query(spec))
+        query = protocol.spec_to_query(spec, self._source_files if spec.mix is not None else None)
+        shard = self.server.shard(protocol.SHARD, fields=query)
         expected = spec.indices()
         if shard.ids is None or not np.array_equal(shard.ids, expected):
             raise ProtocolError(
@@ -301,7 +336,16 @@ class RankServerDataset(ShardedDataset):
         return shard
 
     def _where(self, sample: int) -> str:
-        return f"{self.server.url} sample {sample}"
+        mix = self._spec.mix
+        if mix is None or self._source_files is None:
+            return f"{self.server.url} sample {sample}"
+        source = int(mix.source_of(sample))
+        local = sample - mix.offsets[source]
+        for name in self._source_files[source]:  # the served file holding it, and its sample number there
+            if local < self._served[name].num_samples:
+                break
+            local -= self._served[name].num_samples
+        return f"{self.server.url} file {name!r} sample {local}"
 
     def _fingerprint(self) -> str | None:
         return self.fingerprint

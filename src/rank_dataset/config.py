@@ -25,10 +25,14 @@ class ReloadConfig:
         group: accepted for code written for the original rank_dataset, where it was passed as
             ``"group": 1``. It changes nothing here: shards are always cut over the whole world.
             Any int >= 1 is accepted.
+        epoch_size: for a mix of sources (a list of :class:`~rank_dataset.mix.Source`), ``T0``, the
+            samples an epoch takes of all sources together (an int >= 1); None: the sum of the fixed
+            counts if no source has a weight, else the total number of samples of all sources.
+            Meaningless without sources (a ValueError there); ignored in eval mode.
 
     Example:
         >>> ReloadConfig.coerce({"mini_epoch": 2, "seed": 7})
-        ReloadConfig(mini_epoch=2, seed=7, mini_epoch_idx=0, epoch=0, group=1)
+        ReloadConfig(mini_epoch=2, seed=7, mini_epoch_idx=0, epoch=0, group=1, epoch_size=None)
     """
 
     mini_epoch: int = 1
@@ -36,6 +40,7 @@ class ReloadConfig:
     mini_epoch_idx: int = 0
     epoch: int = 0
     group: int = 1
+    epoch_size: int | None = None
 
     def __post_init__(self) -> None:
         check_int("reload_cfg['mini_epoch']", self.mini_epoch, low=1)
@@ -45,6 +50,8 @@ class ReloadConfig:
         )
         check_int("reload_cfg['epoch']", self.epoch, low=0)
         check_int("reload_cfg['group']", self.group, low=1)
+        if self.epoch_size is not None:
+            check_int("reload_cfg['epoch_size']", self.epoch_size, low=1)
 
     @classmethod
     def coerce(cls, value: ReloadConfig | Mapping[str, Any] | None) -> ReloadConfig:
@@ -61,6 +68,6 @@ class ReloadConfig:
             raise ValueError(f"unknown reload_cfg key {unknown[0]!r}; valid keys are {', '.join(known)}")
         return cls(**value)
 
-    def replace(self, **changes: int) -> ReloadConfig:
+    def replace(self, **changes: Any) -> ReloadConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)

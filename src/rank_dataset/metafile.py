@@ -169,17 +169,18 @@ class MetaFile:
             if not path.is_file():
                 raise FileNotFoundError(f"meta file not found: {os.fspath(p)!r}")
             files.append(_File(path, _load(path), _FileBytes(path)))
-        # The fingerprint of the files as indexed, computed now: taken later, from a file changed
-        # meanwhile, it would fail, and in the ranks' agreement check, one rank failing alone hangs the rest.
-        self._set(files, _fingerprint(files))
+        # The fingerprints of the files as indexed (together, and each alone), computed now: taken
+        # later, from a file changed meanwhile, they would fail, and in the ranks' agreement check
+        # one rank failing alone would leave the others waiting in the collective.
+        self._set(files, *_fingerprints(files))
         if self._bounds[-1] == 0:
             names = ", ".join(str(f.path) for f in files)
             raise ValueError(f"no samples in {names}: every line is empty or whitespace")
 
-    def _set(self, files: Sequence[_File], fingerprint: str) -> None:
+    def _set(self, files: Sequence[_File], fingerprint: str | None, file_fingerprints: tuple[str, ...]) -> None:
         self._files = tuple(files)
         self._bounds = np.cumsum([0] + [f.index.count for f in files], dtype=np.int64)
-        self._fingerprint = fingerprint
+        self._fingerprint, self._file_fingerprints = fingerprint, file_fingerprints
 
     @property
     def paths(self) -> tuple[Path, ...]:
@@ -197,11 +198,11 @@ class MetaFile:
         # receives a dataset whose shard is in shared memory never touches the meta files (they may
         # even be gone), and one that does read checks them against these keys first.
         files = [(str(f.path), f.index) for f in self._files]
-        return {"files": files, "fingerprint": self._fingerprint}
+        return {"files": files, "fingerprint": self._fingerprint, "file_fingerprints": self._file_fingerprints}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         files = [_File(Path(path), index, _FileBytes(Path(path))) for path, index in state["files"]]
-        self._set(files, state["fingerprint"])
+        self._set(files, state["fingerprint"], state["file_fingerprints"])
 
     @property
     def fingerprint(self) -> str:
@@ -210,7 +211,35 @@ class MetaFile:
         Equal for the same files on any machine (paths and mtimes do not enter it), and computed
         without reading the whole files: what a resume state is checked against.
         """
+        if self._fingerprint is None:  # a view from select
+            self._fingerprint = _fingerprint(self._files)
         return self._fingerprint
+
+    @property
+    def file_fingerprints(self) -> tuple[str, ...]:
+        """The fingerprint of each file alone (``MetaFile(path).fingerprint`` of each path), as indexed."""
+        return self._file_fingerprints
+
+    def select(self, files: Sequence[int]) -> MetaFile:
+        """The files numbered ``files`` (in that order, repeats allowed) as one MetaFile, sharing this
+        one's indexes: no file is opened or indexed again (its fingerprint is taken if asked for).
+
+        Example:
+            >>> import tempfile, os
+            >>> d = tempfile.mkdtemp()
+            >>> paths = [os.path.join(d, n) for n in ("a.txt", "b.txt")]
+            >>> for p, text in zip(paths, ["a0\\na1\\n", "b0\\n"]):
+            ...     _ = open(p, "w").write(text)
+            >>> mf = MetaFile(paths).select([1, 0])
+            >>> len(mf), mf[0], mf[1]
+            (3, 'b0', 'a0')
+        """
+        numbers = [check_index(f, len(self._files), label="file number", of="the files") for f in files]
+        if not numbers:
+            raise ValueError("select at least one file")
+        view = object.__new__(MetaFile)
+        view._set([self._files[f] for f in numbers], None, tuple(self._file_fingerprints[f] for f in numbers))
+        return view
 
     @property
     def file_bounds(self) -> npt.NDArray[np.int64]:
@@ -304,18 +333,25 @@ class MetaFile:
             raise MetaFileChangedError(old.path, what)
         files = list(self._files)
         files[file] = replace(old, index=index)
-        self._set(files, self._fingerprint)
+        self._set(files, self._fingerprint, self._file_fingerprints)
+
+
+def _fingerprints(files: Sequence[_File]) -> tuple[str, tuple[str, ...]]:
+    """The fingerprint of ``files`` taken as one, and of each alone, from one read of each file's ends."""
+    whole, each = hashlib.sha256(), []
+    for f in files:
+        size = f.index.key.size
+        part = struct.pack("<qq", f.index.count, size)
+        if size:
+            with f.bytes.open(f.index.key) as fd:
+                part += read_ends(fd, size, _FINGERPRINT_BYTES)
+        whole.update(part)
+        each.append(hashlib.sha256(part).hexdigest()[:32])
+    return whole.hexdigest()[:32], tuple(each)
 
 
 def _fingerprint(files: Sequence[_File]) -> str:
-    digest = hashlib.sha256()
-    for f in files:
-        size = f.index.key.size
-        digest.update(struct.pack("<qq", f.index.count, size))
-        if size:
-            with f.bytes.open(f.index.key) as fd:
-                digest.update(read_ends(fd, size, _FINGERPRINT_BYTES))
-    return digest.hexdigest()[:32]
+    return _fingerprints(files)[0]
 
 
 def _spans(index: Index, file: int, local: npt.NDArray[np.int64], out: npt.NDArray[np.int64]) -> None:
@@ -365,6 +401,18 @@ def _batches(positions: npt.NDArray[np.int64], window: int, max_rows: int) -> li
     return list(itertools.pairwise(bounds))
 
 
+def _file_of(bounds: npt.NDArray[np.int64], indices: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The file number of each sample: comparisons for a few files (several times faster than a
+    binary search), a binary search for many."""
+    inner = bounds[1:-1]
+    if inner.size > 16:
+        return np.searchsorted(bounds, indices, side="right") - 1
+    out = np.zeros(indices.size, np.int64)
+    for bound in inner.tolist():
+        out += indices >= bound
+    return out
+
+
 def _gather(
     files: Sequence[_File], bounds: npt.NDArray[np.int64], indices: npt.NDArray[np.int64]
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.integer[Any]], npt.NDArray[np.integer[Any]], bool]:
@@ -388,7 +436,7 @@ def _gather(
     sorted_idx = indices[order]
     spans = np.empty((indices.size, 2), np.int64)  # of each row, in visiting order
     if len(files) > 1:
-        file_of = np.searchsorted(bounds, sorted_idx, side="right") - 1
+        file_of = _file_of(bounds, sorted_idx)
         by_file = np.argsort(file_of, kind="stable")  # visiting order kept within each file
         cuts = np.cumsum(np.bincount(file_of, minlength=len(files)))
         per_file = [(f, by_file[lo:hi]) for f, (lo, hi) in enumerate(itertools.pairwise([0, *cuts.tolist()]))]

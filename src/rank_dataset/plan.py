@@ -7,6 +7,10 @@ positions ``[m*R*W, (m+1)*R*W)`` and rank ``r`` takes ``m*R*W + r + k*W`` for ``
 
 Layout (eval): no shuffle, no padding; rank ``r`` takes one contiguous ascending block, block sizes
 differing by at most one, the blocks in rank order being ``0..N-1``.
+
+A mix of several sources (:class:`~rank_dataset.mix.MixPlan`) changes only what a position holds: the
+layout is the same over its ``T0`` positions, and position ``p`` holds ``mix.epoch_order(seed, epoch, p)``
+instead of ``P[p mod N]``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset._checks import check_int
+from rank_dataset.mix import MixPlan
 from rank_dataset.permutation import permute
 
 __all__ = ["MAX_WORLD_SIZE", "ResumePoint", "ShardSpec", "epoch_order", "eval_range", "spread_positions"]
@@ -93,7 +98,8 @@ class ShardSpec:
     """Everything that fixes one rank's shard; validated on construction.
 
     Args:
-        num_samples: ``N``, the number of samples in the meta files.
+        num_samples: ``N``, the number of samples in the meta files; for a mix, its epoch size
+            ``T0`` (``mix.epoch_size``), the number of positions the layout covers.
         world_size: ``W``, at least 1.
         rank: in ``[0, world_size)``.
         is_test: eval layout (contiguous, unshuffled, unpadded) instead of the train layout.
@@ -102,6 +108,10 @@ class ShardSpec:
         seed: selects the permutation, with ``epoch``.
         epoch: any integer >= 0.
         resume: for an epoch resumed after an interruption, where it resumes (None: not resumed).
+        mix: for a mix of sources, its plan (None: the plain order of ``N`` samples). Position ``p``
+            then holds ``mix.epoch_order(seed, epoch, p)``, a global sample number in
+            ``[0, mix.num_samples)``; in eval mode the mix must take every sample once (as
+            RankDataset builds it), so an eval shard is again a contiguous block of them.
 
     Example:
         >>> ShardSpec(num_samples=10, world_size=2, rank=1, seed=3).indices().shape
@@ -117,6 +127,7 @@ class ShardSpec:
     seed: int = 0
     epoch: int = 0
     resume: ResumePoint | None = None
+    mix: MixPlan | None = None
 
     def __post_init__(self) -> None:
         _at_most("num_samples", check_int("num_samples", self.num_samples, low=1), _MAX_POSITIONS - 1)
@@ -128,6 +139,16 @@ class ShardSpec:
         check_int("epoch", self.epoch, low=0)
         if not isinstance(self.is_test, bool):
             raise TypeError(f"is_test must be a bool, got {self.is_test!r}")
+        if self.mix is not None:
+            if not isinstance(self.mix, MixPlan):
+                raise TypeError(f"mix must be a MixPlan or None, got {type(self.mix).__name__}")
+            if self.mix.epoch_size != self.num_samples:
+                raise ValueError(
+                    f"num_samples must be the mix's epoch size {self.mix.epoch_size} (the positions of its order), "
+                    f"got {self.num_samples}"
+                )
+            if self.is_test and self.mix.counts != self.mix.sizes:
+                raise ValueError("an eval mix (is_test=True) takes every sample of every source once: counts == sizes")
         if self.plan_width * self.mini_epoch >= _MAX_POSITIONS:
             raise ValueError(
                 f"mini_epoch={self.mini_epoch} is too large for {self.num_samples} samples on {self.world_size} ranks: "
@@ -167,15 +188,25 @@ class ShardSpec:
             start += self.resume.offset
         return start, stop
 
-    def indices(self) -> npt.NDArray[np.int64]:
-        """The sample numbers of this rank's shard, in the order it reads them."""
+    def positions(self) -> npt.NDArray[np.int64]:
+        """The positions of the epoch order that this rank's shard reads, in order (train layout:
+        a position ``>= num_samples`` is padding and holds what ``position mod num_samples`` holds;
+        eval layout: the positions are the sample numbers)."""
         if self.is_test:
             start, stop = eval_range(self.num_samples, self.world_size, self.rank)
             return np.arange(start, stop, dtype=np.int64)
         start, stop = self.mini_epoch_span
         if start == stop:  # a resumed mini-epoch that had been consumed entirely
             return np.empty(0, np.int64)
-        positions = spread_positions(start, stop, self.world_size, self.rank)
+        return spread_positions(start, stop, self.world_size, self.rank)
+
+    def indices(self) -> npt.NDArray[np.int64]:
+        """The sample numbers of this rank's shard, in the order it reads them."""
+        positions = self.positions()
+        if self.is_test:
+            return positions
+        if self.mix is not None:
+            return self.mix.epoch_order(self.seed, self.epoch, positions)
         return epoch_order(self.num_samples, self.seed, self.epoch, positions)
 
     def consumed_positions(self, consumed: int) -> int:

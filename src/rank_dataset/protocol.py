@@ -1,7 +1,12 @@
 """The wire protocol between the meta server and its clients: one home for both sides. No torch.
 
-- Paths: ``GET /healthz``, ``GET /len``, ``GET /sample/{index}``, ``POST /samples`` (a body of
-  little-endian int64 indices), ``GET /shard?<ShardSpec as query>``.
+- Paths: ``GET /healthz``, ``GET /len``, ``GET /files`` (each served file by name, with its sample
+  count and fingerprint), ``GET /sample/{index}``, ``POST /samples`` (a body of little-endian int64
+  indices), ``GET /shard?<ShardSpec as query>``.
+- Names: a served file is named by its file name (no directory); a server refuses to start on two
+  files of one name. A ``/shard`` query for a mix names each source's files (``mix_files``, JSON),
+  with the sample counts the client expects of them (``mix_sizes``) and what an epoch takes of each
+  (``mix_counts``), so that the server computes exactly the client's plan.
 - Auth: ``Authorization: Bearer <token>`` on every path but ``/healthz``.
 - Pinning: a client sends the fingerprint of the files it started with in ``X-Rank-Dataset-Fingerprint``;
   a server on other files answers 409 (kind ``files``).
@@ -19,13 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from rank_dataset.mix import MixPlan
 from rank_dataset.plan import ResumePoint, ShardSpec
 from rank_dataset.shard import Shard
 
@@ -37,12 +45,17 @@ __all__ = [
     "FilesMismatch",
     "FrameError",
     "ProtocolError",
+    "ServedFile",
     "decode_frame",
     "encode_frame",
     "error_body",
+    "files_body",
+    "files_from_body",
     "frame_size",
     "parse_int",
     "raise_for_error",
+    "served_names",
+    "shard_request_from_query",
     "spec_from_query",
     "spec_to_query",
 ]
@@ -53,7 +66,7 @@ TOKEN_ENV = "RANK_DATASET_TOKEN"
 FINGERPRINT_HEADER = "X-Rank-Dataset-Fingerprint"
 CONTENT_TYPE = "application/x-rank-dataset-shard"
 
-HEALTHZ, LEN, SAMPLES, SHARD = "/healthz", "/len", "/samples", "/shard"
+HEALTHZ, LEN, FILES, SAMPLES, SHARD = "/healthz", "/len", "/files", "/samples", "/shard"
 
 
 def sample_path(index: int | str) -> str:
@@ -97,6 +110,54 @@ def raise_for_error(url: str, status: int, body: bytes) -> None:
     raise ValueError(f"{url}: HTTP {status}: {message}")
 
 
+# -- served files -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServedFile:
+    """One file a server serves: its name (the file name), sample count and fingerprint."""
+
+    name: str
+    num_samples: int
+    fingerprint: str
+
+
+def served_names(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The names files are served by (their file names), in order.
+
+    Raises:
+        ValueError: two files share a name (the message names both paths).
+    """
+    names: dict[str, str] = {}
+    for path in paths:
+        name = os.path.basename(os.fspath(path))
+        if name in names:
+            raise ValueError(
+                f"two served files share the name {name!r} ({names[name]} and {os.fspath(path)}): a client names "
+                "served files by file name, so give each file a distinct name"
+            )
+        names[name] = os.fspath(path)
+    return list(names)
+
+
+def files_body(files: Sequence[ServedFile]) -> dict[str, Any]:
+    """The JSON body of ``GET /files``."""
+    return {"files": [dataclasses.asdict(f) for f in files]}
+
+
+def files_from_body(body: bytes) -> list[ServedFile]:
+    """The served files in a ``GET /files`` answer.
+
+    Raises:
+        ProtocolError: not such an answer (a server of another version, or not a meta server).
+    """
+    try:
+        entries = json.loads(body)["files"]
+        return [ServedFile(str(e["name"]), int(e["num_samples"]), str(e["fingerprint"])) for e in entries]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProtocolError(f"{FILES} did not answer as a meta server does: {exc!r}") from None
+
+
 # -- ShardSpec <-> query ----------------------------------------------------------------------------
 
 _RESUME = {
@@ -104,38 +165,63 @@ _RESUME = {
     "mini_epoch_idx": "resume_mini_epoch_idx",
     "offset": "resume_offset",
 }
-_SPEC_FIELDS = {f.name: f for f in dataclasses.fields(ShardSpec) if f.name not in ("num_samples", "resume")}
+_MIX = ("mix_files", "mix_sizes", "mix_counts")
+_SPEC_FIELDS = {f.name: f for f in dataclasses.fields(ShardSpec) if f.name not in ("num_samples", "resume", "mix")}
 
 
-def spec_to_query(spec: ShardSpec) -> dict[str, str]:
-    """The query parameters of ``GET /shard`` for ``spec``."""
+def spec_to_query(spec: ShardSpec, source_files: Sequence[Sequence[str]] | None = None) -> dict[str, str]:
+    """The query parameters of ``GET /shard`` for ``spec``; for a mix, ``source_files`` are the names
+    of each source's served files."""
     query = {name: _encode(getattr(spec, name)) for name in _SPEC_FIELDS}
     query["num_samples"] = str(spec.num_samples)
     if spec.resume is not None:
         query.update({q: str(getattr(spec.resume, f)) for f, q in _RESUME.items()})
+    if spec.mix is not None:
+        if source_files is None or len(source_files) != len(spec.mix.sizes):
+            raise ValueError("a mix's shard query needs the names of each source's files")
+        query["mix_files"] = json.dumps([list(names) for names in source_files], separators=(",", ":"))
+        query["mix_sizes"] = ",".join(map(str, spec.mix.sizes))
+        query["mix_counts"] = ",".join(map(str, spec.mix.counts))
     return query
 
 
-def spec_from_query(query: Mapping[str, str], num_samples: int) -> ShardSpec:
-    """The ShardSpec a ``/shard`` query asks for, on a server holding ``num_samples`` samples.
+def spec_from_query(query: Mapping[str, str], num_samples: int, files: Mapping[str, int] | None = None) -> ShardSpec:
+    """The ShardSpec a ``/shard`` query asks for (see :func:`shard_request_from_query`)."""
+    return shard_request_from_query(query, num_samples, files)[0]
+
+
+def shard_request_from_query(
+    query: Mapping[str, str], num_samples: int, files: Mapping[str, int] | None = None
+) -> tuple[ShardSpec, list[list[str]] | None]:
+    """The ShardSpec a ``/shard`` query asks for, on a server holding ``num_samples`` samples in
+    files of these names and sample counts (``files``); for a mix, also the names of each source's
+    files (whose samples, in that order, the mix's sample numbers count).
 
     Raises:
-        FilesMismatch: the query names another ``num_samples``.
-        ValueError: an unknown parameter, a malformed or out-of-range value, a missing one.
+        FilesMismatch: the query expects other files: another ``num_samples``, or for a mix other
+            sample counts of the named files.
+        ValueError: an unknown parameter or file name, a malformed or out-of-range value, a missing one.
     """
+    mix, source_files = _mix_from_query(query, files or {})
+    layout = num_samples if mix is None else mix.epoch_size
     values: dict[str, Any] = {}
     resume: dict[str, int] = {}
     resume_params = {q: f for f, q in _RESUME.items()}
     for name, raw in query.items():
+        if name in _MIX:
+            continue
         if name == "num_samples":
-            if parse_int(name, raw) != num_samples:
-                raise FilesMismatch(f"num_samples={raw} was expected, but this server's files hold {num_samples}")
+            if parse_int(name, raw) == layout:
+                continue
+            if mix is not None:
+                raise ValueError(f"num_samples={raw} must be the mix's epoch size, the sum of mix_counts ({layout})")
+            raise FilesMismatch(f"num_samples={raw} was expected, but this server's files hold {num_samples}")
         elif name in resume_params:
             resume[resume_params[name]] = parse_int(name, raw)
         elif name in _SPEC_FIELDS:
             values[name] = _parse_bool(name, raw) if _SPEC_FIELDS[name].type in ("bool", bool) else parse_int(name, raw)
         else:
-            valid = ", ".join([*_SPEC_FIELDS, *resume_params, "num_samples"])
+            valid = ", ".join([*_SPEC_FIELDS, *resume_params, "num_samples", *_MIX])
             raise ValueError(f"unknown shard parameter {name!r}; valid parameters are {valid}")
     for required in ("world_size", "rank"):
         if required not in values:
@@ -145,7 +231,45 @@ def spec_from_query(query: Mapping[str, str], num_samples: int) -> ShardSpec:
         if missing:
             raise ValueError(f"the resume parameters come together: {', '.join(missing)} missing")
         values["resume"] = ResumePoint(**resume)
-    return ShardSpec(num_samples=num_samples, **values)
+    return ShardSpec(num_samples=layout, mix=mix, **values), source_files
+
+
+def _mix_from_query(
+    query: Mapping[str, str], files: Mapping[str, int]
+) -> tuple[MixPlan | None, list[list[str]] | None]:
+    given = [name for name in _MIX if name in query]
+    if not given:
+        return None, None
+    if len(given) != len(_MIX):
+        missing = [name for name in _MIX if name not in query]
+        raise ValueError(f"the mix parameters come together: {', '.join(missing)} missing")
+    try:
+        source_files = json.loads(query["mix_files"])
+    except ValueError:
+        raise ValueError(f"mix_files must be a JSON list of lists of file names, got {query['mix_files']!r}") from None
+    if not (
+        isinstance(source_files, list)
+        and source_files
+        and all(isinstance(names, list) and names and all(isinstance(n, str) for n in names) for names in source_files)
+    ):
+        raise ValueError(
+            f"mix_files must be a non-empty JSON list of non-empty lists of file names, got {source_files!r}"
+        )
+    sizes, counts = _parse_ints("mix_sizes", query["mix_sizes"]), _parse_ints("mix_counts", query["mix_counts"])
+    if not len(source_files) == len(sizes) == len(counts):
+        raise ValueError(
+            f"mix_files, mix_sizes and mix_counts must name as many sources, got {len(source_files)}, {len(sizes)} "
+            f"and {len(counts)}"
+        )
+    for names in source_files:
+        for name in names:
+            if name not in files:
+                raise ValueError(f"no served file is named {name!r}; this server serves {', '.join(files) or 'none'}")
+    for i, (names, size) in enumerate(zip(source_files, sizes)):
+        held = sum(files[name] for name in names)
+        if held != size:
+            raise FilesMismatch(f"source {i} ({', '.join(names)}) was expected to hold {size} samples, it holds {held}")
+    return MixPlan(tuple(sizes), tuple(counts), sum(counts)), source_files
 
 
 def _encode(value: Any) -> str:
@@ -164,6 +288,14 @@ def parse_int(name: str, raw: str) -> int:
     if len(raw.lstrip("+-")) > 100:
         raise ValueError(f"{name} must have at most 100 digits, got {shown}")
     return int(raw)
+
+
+def _parse_ints(name: str, raw: str) -> list[int]:
+    try:
+        return [parse_int(name, x) for x in raw.split(",")]
+    except ValueError:
+        shown = raw if len(raw) <= 40 else f"{raw[:40]}..."
+        raise ValueError(f"{name} must be integers separated by commas, got {shown!r}") from None
 
 
 def _parse_bool(name: str, raw: str) -> bool:

@@ -1,20 +1,21 @@
 """The resume state: one frozen value, its format version, and every check of a loaded one. No torch.
 
 A state names positions of the epoch order, not ranks, so it can be loaded on any world size. It is
-a small JSON-serialisable dict on the wire (``to_dict`` / ``from_dict``).
+a small JSON-serialisable dict on the wire (``to_dict`` / ``from_dict``). A state of a mix of sources
+records the mix too (:class:`MixRecord`); a state of plain meta files has no ``mix`` key at all.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rank_dataset._checks import check_int
 from rank_dataset.plan import MAX_WORLD_SIZE, ResumePoint, ShardSpec
 
-__all__ = ["STATE_VERSION", "ResumeState", "find_state"]
+__all__ = ["STATE_VERSION", "MixRecord", "ResumeState", "SourceRecord", "find_state"]
 
 #: The format version of resume states; a state of another version is refused.
 STATE_VERSION = 1
@@ -22,16 +23,110 @@ _MAX_INT = 1 << 62  # epochs, mini-epochs and positions: a bound that keeps int6
 
 
 @dataclass(frozen=True)
+class SourceRecord:
+    """One source of a mix as a resume state records it.
+
+    Args:
+        name: the source's name (for messages only: a renamed source with the same files matches).
+        num_samples: ``N_s``, the samples of its files.
+        fingerprint: the hash of its files (None: unknown).
+        count: ``c_s``, the samples an epoch takes of it.
+    """
+
+    name: str
+    num_samples: int
+    fingerprint: str | None
+    count: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"mix source name must be a str, got {self.name!r}")
+        check_int(f"mix source {self.name!r} num_samples", self.num_samples, low=1, high=_MAX_INT)
+        if self.fingerprint is not None and not isinstance(self.fingerprint, str):
+            raise TypeError(f"mix source {self.name!r} fingerprint must be a str or None, got {self.fingerprint!r}")
+        check_int(f"mix source {self.name!r} count", self.count, low=1, high=_MAX_INT)
+
+
+@dataclass(frozen=True)
+class MixRecord:
+    """The mix a resume state was taken on: its sources, in order, and the epoch size ``T0``.
+
+    Args:
+        epoch_size: ``T0 = sum(count)``.
+        sources: one :class:`SourceRecord` per source (at least one).
+    """
+
+    epoch_size: int
+    sources: tuple[SourceRecord, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sources, tuple) or not self.sources:
+            raise ValueError(f"mix sources must be a non-empty tuple of SourceRecord, got {self.sources!r}")
+        for source in self.sources:
+            if not isinstance(source, SourceRecord):
+                raise TypeError(f"mix sources must be SourceRecords, got {source!r}")
+        total = check_int("mix epoch_size", self.epoch_size, low=1, high=_MAX_INT)
+        if total != sum(s.count for s in self.sources):
+            counts = sum(s.count for s in self.sources)
+            raise ValueError(f"mix epoch_size must be the sum of the counts, {counts}, got {total}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch_size": self.epoch_size, "sources": [dataclasses.asdict(s) for s in self.sources]}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> MixRecord:
+        if not isinstance(data, Mapping) or set(data) != {"epoch_size", "sources"}:
+            raise ValueError(f"mix must be a dict with the keys epoch_size and sources, got {data!r}")
+        sources = data["sources"]
+        if not isinstance(sources, Sequence) or isinstance(sources, (str, bytes)):
+            raise TypeError(f"mix sources must be a list, got {sources!r}")
+        keys = {f.name for f in dataclasses.fields(SourceRecord)}
+        records = []
+        for i, source in enumerate(sources):
+            if not isinstance(source, Mapping) or set(source) != keys:
+                raise ValueError(f"mix source {i} must be a dict with the keys {sorted(keys)}, got {source!r}")
+            records.append(SourceRecord(**source))
+        return cls(data["epoch_size"], tuple(records))
+
+    def check(self, other: MixRecord | None) -> None:
+        """Raise ValueError, naming the source that differs, unless ``other`` (a dataset's mix) is
+        this mix; source names may differ."""
+        if other is None:
+            names = ", ".join(repr(s.name) for s in self.sources)
+            raise ValueError(
+                f"the resume state is for a mix of {len(self.sources)} source(s) ({names}), "
+                "but this dataset reads plain meta files"
+            )
+        if len(other.sources) != len(self.sources):
+            raise ValueError(
+                f"the resume state is for a mix of {len(self.sources)} sources, this dataset mixes {len(other.sources)}"
+            )
+        for i, (mine, theirs) in enumerate(zip(self.sources, other.sources)):
+            for field, what in [("num_samples", "samples"), ("fingerprint", "fingerprint"), ("count", "count")]:
+                a, b = getattr(mine, field), getattr(theirs, field)
+                if a != b and not (field == "fingerprint" and (a is None or b is None)):
+                    state_name = "" if mine.name == theirs.name else f" (the state's {mine.name!r})"
+                    raise ValueError(
+                        f"the resume state is for another mix: source {i} {theirs.name!r}{state_name} has {what} {b}, "
+                        f"the state's has {a}"
+                    )
+        if self.epoch_size != other.epoch_size:  # pragma: no cover - equal counts give equal sums
+            raise ValueError(f"the resume state is for epoch_size {self.epoch_size}, this mix has {other.epoch_size}")
+
+
+@dataclass(frozen=True)
 class ResumeState:
     """Where a run stopped: the files, the plan, and the positions of the epoch order consumed.
 
     Args:
-        num_samples, fingerprint: the meta files the state is for (fingerprint None: unknown).
+        num_samples, fingerprint: the meta files the state is for (fingerprint None: unknown); for a
+            mix, ``num_samples`` is its epoch size ``T0`` (the positions of the epoch order).
         seed, epoch, mini_epoch, mini_epoch_idx: the plan and the mini-epoch that was interrupted.
         plan_world_size: the world size that mini-epoch was planned on.
         consumed_positions: positions of that mini-epoch consumed, summed over all ranks.
         world_size, consumed: the world size the state was taken on, and samples consumed per rank
             (what a sampler on the same world size skips).
+        mix: for a mix of sources, the mix (None: plain meta files, and no ``mix`` key in the dict).
     """
 
     num_samples: int
@@ -44,6 +139,7 @@ class ResumeState:
     consumed_positions: int
     world_size: int | None = None
     consumed: int | None = None
+    mix: MixRecord | None = None
 
     def __post_init__(self) -> None:
         check_int("num_samples", self.num_samples, low=1, high=_MAX_INT)
@@ -68,6 +164,13 @@ class ResumeState:
             check_int("world_size", self.world_size, low=1)
         if self.consumed is not None:
             check_int("consumed", self.consumed, low=0, high=_MAX_INT)
+        if self.mix is not None:
+            if not isinstance(self.mix, MixRecord):
+                raise TypeError(f"mix must be a MixRecord or None, got {self.mix!r}")
+            if self.mix.epoch_size != self.num_samples:
+                raise ValueError(
+                    f"num_samples of a mix's state must be its epoch_size {self.mix.epoch_size}, got {self.num_samples}"
+                )
 
     @property
     def point(self) -> ResumePoint:
@@ -86,8 +189,15 @@ class ResumeState:
             resume=self.point,
         )
 
-    def check_files(self, num_samples: int, fingerprint: str | None) -> None:
-        """Raise ValueError unless the state is for files with this count and fingerprint."""
+    def check_files(self, num_samples: int, fingerprint: str | None, mix: MixRecord | None = None) -> None:
+        """Raise ValueError unless the state is for files with this count and fingerprint, and for
+        this mix (None: plain files); a mix that differs is named by its first differing source."""
+        if self.mix is not None:
+            self.mix.check(mix)
+        elif mix is not None:
+            raise ValueError(
+                f"the resume state is for plain meta files, but this dataset mixes {len(mix.sources)} sources"
+            )
         if self.num_samples != num_samples:
             raise ValueError(
                 f"the resume state is for {self.num_samples} samples, but these meta files hold {num_samples}"
@@ -101,11 +211,14 @@ class ResumeState:
     def same_shard(self, other: ResumeState) -> bool:
         """Whether both states are points within the same mini-epoch of the same plan and files."""
         keys = ("num_samples", "fingerprint", "seed", "epoch", "mini_epoch", "mini_epoch_idx")
-        return all(getattr(self, k) == getattr(other, k) for k in keys)
+        return all(getattr(self, k) == getattr(other, k) for k in keys) and _mix_key(self.mix) == _mix_key(other.mix)
 
     def to_dict(self) -> dict[str, Any]:
-        """The state as a JSON-serialisable dict, with its format version."""
-        return {"version": STATE_VERSION, **dataclasses.asdict(self)}
+        """The state as a JSON-serialisable dict, with its format version (and ``mix`` only for a mix)."""
+        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "mix"}
+        if self.mix is not None:
+            state["mix"] = self.mix.to_dict()
+        return {"version": STATE_VERSION, **state}
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> ResumeState:
@@ -127,9 +240,19 @@ class ResumeState:
             )
         fields = {f.name for f in dataclasses.fields(cls)}
         try:
-            return cls(**{k: v for k, v in state.items() if k in fields})
+            values = {k: v for k, v in state.items() if k in fields}
+            if values.get("mix") is not None:
+                values["mix"] = MixRecord.from_dict(values["mix"])
+            return cls(**values)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"invalid resume state: {exc}") from None
+
+
+def _mix_key(mix: MixRecord | None) -> tuple[Any, ...] | None:
+    """What identifies a mix: its sources' numbers, not their names."""
+    if mix is None:
+        return None
+    return (mix.epoch_size, *((s.num_samples, s.fingerprint, s.count) for s in mix.sources))
 
 
 def find_state(node: Any) -> dict[str, Any] | None:

@@ -8,10 +8,12 @@ Endpoints (all but ``/healthz`` need ``Authorization: Bearer TOKEN`` when the se
 
 - ``GET /healthz``: 200 once the index is loaded.
 - ``GET /len``: ``{"num_samples": N, "fingerprint": ...}``.
+- ``GET /files``: each served file by name (its file name), with its sample count and fingerprint.
 - ``GET /sample/{index}``: one sample, the line as UTF-8 text.
 - ``POST /samples``: many samples; the body is the indices as little-endian int64; the answer a frame.
 - ``GET /shard?world_size=&rank=&...``: a whole rank shard (the ShardSpec as query parameters,
-  see :func:`rank_dataset.protocol.spec_to_query`), streamed as one frame.
+  see :func:`rank_dataset.protocol.spec_to_query`), streamed as one frame; for a mix of served files
+  (``mix_files``, ``mix_sizes``, ``mix_counts``), the sample numbers count the named files' samples.
 
 The wire format, the pinning of files and the error bodies are :mod:`rank_dataset.protocol`'s.
 
@@ -255,12 +257,23 @@ def create_app(
     """
     n = len(meta)
     fingerprint = meta.fingerprint
+    names = protocol.served_names(meta.paths)  # ValueError if two files share a name
+    bounds = meta.file_bounds
+    served = [
+        protocol.ServedFile(name, int(bounds[i + 1] - bounds[i]), fp)
+        for i, (name, fp) in enumerate(zip(names, meta.file_fingerprints))
+    ]
+    file_number = {name: i for i, name in enumerate(names)}
+    sizes = {f.name: f.num_samples for f in served}
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
     async def length(request: Request) -> Response:
         return JSONResponse({"num_samples": n, "fingerprint": fingerprint})
+
+    async def files(request: Request) -> Response:
+        return JSONResponse(protocol.files_body(served))
 
     async def sample(request: Request) -> Response:
         raw = request.path_params["index"]
@@ -291,10 +304,11 @@ def create_app(
             twice = sorted({k for k, _ in query.multi_items() if len(query.getlist(k)) > 1})
             return _error(400, f"the shard parameter {twice[0]!r} is given more than once")
         try:
-            spec = protocol.spec_from_query(dict(query), n)
+            spec, source_files = protocol.shard_request_from_query(dict(query), n, sizes)
         except protocol.FilesMismatch as exc:
             return _error(409, str(exc), "files")
-        return _frame_response(meta.read(spec.indices()))
+        source = meta if source_files is None else meta.select([file_number[f] for fs in source_files for f in fs])
+        return _frame_response(source.read(spec.indices()))
 
     async def bad_request(request: Request, exc: Exception) -> Response:
         return _error(400, str(exc))
@@ -315,6 +329,7 @@ def create_app(
         routes=[
             Route(protocol.HEALTHZ, healthz),
             Route(protocol.LEN, length),
+            Route(protocol.FILES, files),
             Route(protocol.sample_path("{index}"), sample),
             Route(protocol.SAMPLES, samples, methods=["POST"]),
             Route(protocol.SHARD, shard),
@@ -423,6 +438,7 @@ def serve(
             raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
 
     meta = MetaFile(list(paths))  # index once here, before any worker starts
+    protocol.served_names(meta.paths)  # two files of one name: refuse to start
     os.environ[_PATHS_ENV] = json.dumps([str(p) for p in meta.paths])
     if token:
         os.environ[TOKEN_ENV] = token

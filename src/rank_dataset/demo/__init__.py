@@ -4,6 +4,10 @@
 torch.distributed (gloo), the way torchrun does, each iterating its RankDataset through a DataLoader
 for every epoch and mini-epoch; it checks over torch.distributed that each epoch covered every sample
 with equal per-rank lengths, and prints a table beside the same run with the naive loader.
+
+With ``mix=True`` (``--mix``) it writes three synthetic sources instead (a weighted one, one with
+``repeat`` < 1 and one with ``choose``), checks each epoch's exact per-source counts, and prints each
+source's share of the epoch next to its target.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rank_dataset.demo.synthetic import write_imagenet_meta
+from rank_dataset.demo.synthetic import write_imagenet_meta, write_mix
 
 __all__ = ["DemoError", "DemoResult", "format_table", "launch_ranks", "run_demo"]
 
@@ -119,12 +123,13 @@ def _failure(out: Path, rank: int, code: int | None) -> str:
 class _Server:
     """A meta server the demo starts and stops itself."""
 
-    def __init__(self, meta: Path) -> None:
+    def __init__(self, meta: Path | list[str]) -> None:
         import urllib.request
 
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "rank_dataset", "serve", str(meta), "--port", str(self.port)]
+        paths = [str(p) for p in meta] if isinstance(meta, list) else [str(meta)]
+        cmd = [sys.executable, "-m", "rank_dataset", "serve", *paths, "--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -156,8 +161,12 @@ def run_demo(
     server: bool = False,
     baseline: bool = True,
     batch_size: int = 256,
+    mix: bool = False,
 ) -> list[DemoResult]:
     """Run the demo and return one DemoResult per loader (rank_dataset or server, then naive).
+
+    With ``mix``, the data is three synthetic sources of ``lines`` samples in all, mixed into epochs
+    of ``lines`` samples (no naive baseline: it cannot mix).
 
     Raises:
         DemoError: a rank failed (the message names it and why), or an epoch was not covered.
@@ -172,25 +181,39 @@ def run_demo(
     ]:
         if not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if mix and meta_file is not None:
+        raise ValueError("the mix demo writes its own three sources: give --mix or --meta-file, not both")
+    if mix and lines < 10:
+        raise ValueError(f"the mix demo needs lines >= 10, got {lines}")
     with tempfile.TemporaryDirectory(prefix="rank_dataset_demo_") as tmp:
         work = Path(tmp)
-        if meta_file is None:
-            meta = write_imagenet_meta(work / "train_meta.txt", lines)
+        mix_cfg: dict[str, Any] = {}
+        served: Path | list[str]
+        if mix:
+            paths, rules = write_mix(work, lines)
+            sources = [{"path": str(p), "name": p.name, **rule} for p, rule in zip(paths, rules)]
+            mix_cfg = {"mix": sources, "epoch_size": lines}
+            served = [str(p) for p in paths]
+            baseline = False
+        elif meta_file is None:
+            meta = served = write_imagenet_meta(work / "train_meta.txt", lines)
         else:
             meta = Path(meta_file)
             if not meta.is_file():
                 raise FileNotFoundError(f"meta file not found: {os.fspath(meta_file)!r}")
+            served = meta
         cfg: dict[str, Any] = {
-            "meta": str(meta),
+            "meta": served if isinstance(served, list) else str(served),
             "workers": workers,
             "epochs": epochs,
             "mini_epochs": mini_epochs,
             "batch_size": batch_size,
+            **mix_cfg,
         }
         os.environ.setdefault("RANK_DATASET_CACHE_DIR", str(work / "cache"))
         results = []
         if server:
-            srv = _Server(meta)
+            srv = _Server(served)
             try:
                 results.append(launch_ranks({**cfg, "loader": "server", "url": srv.url}, world_size, work))
             finally:
@@ -230,6 +253,35 @@ def format_table(results: list[DemoResult], *, world_size: int, workers: int) ->
         ratio = f"{naive / max(result.memory, 1):.1f}x less" if naive and result.loader != "naive" else "-"
         rows.append(f"| {result.loader} | {result.memory / mib:,.1f} | {ratio} |")
     rows.append("")
+    mix = results[0].ranks[0].get("mix") if results and results[0].ranks else None
+    if mix:
+        rows += [*_mix_table(mix), ""]
     for result in results:
         rows.append(f"coverage ({result.loader}): OK - " + "; ".join(result.ranks[0]["coverage"]))
     return "\n".join(rows)
+
+
+def _mix_table(mix: dict[str, Any]) -> list[str]:
+    """Each source's share of the epoch, read, next to the share its rule asks for."""
+    total = mix["epoch_size"]
+    epochs = range(len(mix["read"]))
+    rows = [
+        f"mix of {len(mix['names'])} sources, epochs of {total:,} samples (shares: of the epoch; read: over all ranks,"
+        " padding left out)",
+        "| source | samples | rule | target / epoch | planned | "
+        + " | ".join(f"read, epoch {e}" for e in epochs)
+        + " | target share | "
+        + " | ".join(f"share, epoch {e}" for e in epochs)
+        + " |",
+        "|---|---:|---|" + "---:|" * (2 + 2 * len(epochs) + 1),
+    ]
+    for s, name in enumerate(mix["names"]):
+        read = [mix["read"][e][s] for e in epochs]
+        rows.append(
+            f"| {name} | {mix['sizes'][s]:,} | {mix['rules'][s]} | {mix['targets'][s]:,.1f} | {mix['counts'][s]:,} | "
+            + " | ".join(f"{r:,}" for r in read)
+            + f" | {mix['targets'][s] / total:.2%} | "
+            + " | ".join(f"{r / total:.2%}" for r in read)
+            + " |"
+        )
+    return rows

@@ -3,6 +3,11 @@
 It iterates its loader (``rank_dataset``, ``server`` or ``naive``) through a DataLoader for every
 epoch and mini-epoch, gathers what every rank read, and writes its figures to ``<out>.<rank>.json``
 (rank 0 adds the coverage verdict). A failure is written to ``<out>.<rank>.error`` for the launcher.
+
+With ``mix`` in the config (a list of sources: ``path``, ``name`` and one rule), the dataset is that
+mix, and the check is the mix's: each epoch reads exactly each source's per-epoch count (padding
+left out), and after each epoch every sample of a source has been read floor or ceil of
+``epochs * count / samples`` times.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from rank_dataset.dataset import RankDataset, ShardedDataset
 from rank_dataset.demo.baselines import NaiveDataset, OriginalDataset
 from rank_dataset.demo.memory import pss_with_children
 from rank_dataset.demo.synthetic import imagenet_line
+from rank_dataset.mix import Source
 from rank_dataset.sampler import RandomSampler
 
 #: A test hook: the rank named here raises, to show how the demo reports a failing rank.
@@ -92,6 +98,61 @@ def _baseline_memory(cfg: dict[str, Any], samples: int) -> tuple[int, int]:
     return memory
 
 
+def _sources(cfg: dict[str, Any], served: bool) -> list[Source]:
+    """The mix's Sources: by path, or for a meta server by the served file's name."""
+    return [
+        Source(s["name"] if served else s["path"], **{k: v for k, v in s.items() if k not in ("path", "name")})
+        for s in cfg["mix"]
+    ]
+
+
+def _rule(source: Source) -> str:
+    if source.weight is not None:
+        return f"weight={source.weight:g}"
+    if source.choose is not None:
+        return f"choose={source.choose:,}"
+    return f"repeat={source.repeat:g}"
+
+
+class _MixCheck:
+    """Rank 0's check of a mix: exact per-source counts each epoch, cumulative floor/ceil per sample."""
+
+    def __init__(self, dataset: ShardedDataset) -> None:
+        mix, infos = dataset.spec.mix, dataset.sources
+        assert mix is not None and infos is not None
+        self.mix, self.names = mix, [s.name for s in infos]
+        self.rules = [_rule(s.source) for s in infos]
+        self.targets = [s.target for s in infos]
+        self.taken = np.zeros(mix.num_samples, np.uint16)  # times each sample was read so far
+        self.read: list[list[int]] = []
+        self.epochs = 0
+
+    def epoch(self, samples: np.ndarray) -> tuple[bool, str]:
+        self.epochs += 1
+        counts = np.bincount(self.mix.source_of(samples), minlength=len(self.names)).tolist()
+        self.read.append(counts)
+        np.add.at(self.taken, samples, 1)
+        ok, parts = True, []
+        for s, (name, n, c, offset) in enumerate(zip(self.names, self.mix.sizes, self.mix.counts, self.mix.offsets)):
+            taken = self.taken[offset : offset + n]
+            low = self.epochs * c // n
+            even = int(taken.min()) >= low and int(taken.max()) <= low + (self.epochs * c % n > 0)
+            ok &= counts[s] == c and even
+            parts.append(f"{name} {counts[s]} of {c}{'' if even else ' (UNEVEN over the epochs)'}")
+        return ok, ", ".join(parts)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "names": self.names,
+            "rules": self.rules,
+            "sizes": list(self.mix.sizes),
+            "counts": list(self.mix.counts),
+            "targets": self.targets,
+            "epoch_size": self.mix.epoch_size,
+            "read": self.read,
+        }
+
+
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     if os.environ.get(FAIL_RANK_ENV) == str(rank):
@@ -100,6 +161,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     base_memory = _baseline_memory(cfg, _BASELINE_SAMPLES)
     start = time.perf_counter()
     dataset: ShardedDataset | NaiveDataset | OriginalDataset
+    reload = {"mini_epoch": cfg["mini_epochs"], "seed": 0}
+    if cfg.get("mix"):
+        reload["epoch_size"] = cfg["epoch_size"]
     if kind == "naive":
         dataset = NaiveDataset(cfg["meta"])
     elif kind == "original":
@@ -107,11 +171,13 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     elif kind == "server":
         from rank_dataset.client import RankServerDataset
 
-        dataset = RankServerDataset(cfg["url"], reload_cfg={"mini_epoch": cfg["mini_epochs"], "seed": 0})
+        sources = _sources(cfg, served=True) if cfg.get("mix") else None
+        dataset = RankServerDataset(cfg["url"], reload_cfg=reload, sources=sources)
     else:
-        dataset = RankDataset(cfg["meta"], reload_cfg={"mini_epoch": cfg["mini_epochs"], "seed": 0})
+        dataset = RankDataset(_sources(cfg, served=False) if cfg.get("mix") else cfg["meta"], reload_cfg=reload)
     build = time.perf_counter() - start
     num_samples = len(dataset) if isinstance(dataset, NaiveDataset) else dataset.num_samples
+    mix_check = _MixCheck(dataset) if rank == 0 and isinstance(dataset, ShardedDataset) and dataset.sources else None
 
     rates, lengths, covered = [], [], True
     memory = (0, 0)
@@ -134,14 +200,24 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                 last = epoch == cfg["epochs"] - 1 and mini == cfg["mini_epochs"] - 1
                 order = RandomSampler(dataset, seed=rank)
                 order.set_epoch(epoch * cfg["mini_epochs"] + mini)
-                got, rate, mem = _pass(_Numbered(dataset, dataset.indices), order, cfg, last)
-                seen.append(got)
+                if not isinstance(dataset, ShardedDataset) or dataset.spec.mix is None:
+                    got, rate, mem = _pass(_Numbered(dataset, dataset.indices), order, cfg, last)
+                    seen.append(got)
+                else:  # numbered by shard position, to leave the padding out of the mix's counts
+                    got, rate, mem = _pass(_Numbered(dataset, np.arange(len(dataset))), order, cfg, last)
+                    seen.append(dataset.indices[got[dataset.spec.positions()[got] < dataset.spec.num_samples]])
                 rates.append(rate)
                 lengths.append(len(got))
                 memory = mem if mem[0] else memory
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, {"seen": np.concatenate(seen), "lengths": lengths[-1:]})
-        if rank == 0:
+        if rank == 0 and mix_check is not None:
+            everything = np.concatenate([g["seen"] for g in gathered])
+            equal = len({tuple(g["lengths"]) for g in gathered}) == 1
+            ok, message = mix_check.epoch(everything)
+            covered &= ok and equal
+            messages.append(f"epoch {epoch}: {message}{'' if equal else ', UNEQUAL per-rank lengths'}")
+        elif rank == 0:
             everything = np.concatenate([g["seen"] for g in gathered])
             missing = num_samples - int(np.unique(everything).size)
             equal = len({tuple(g["lengths"]) for g in gathered}) == 1
@@ -162,6 +238,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "worker_memory": memory[1] - base_memory[1],
         "covered": covered,
         "coverage": messages,
+        "mix": mix_check.report() if mix_check is not None else None,
     }
 
 

@@ -21,11 +21,32 @@ def sample_number(line: str) -> int:
     return int(line.rsplit("_", 1)[1].split(".", 1)[0])
 
 
-def write_imagenet_meta(path: Path, n: int, chunk: int = 200_000) -> Path:
-    """Write ``n`` lines made by :func:`imagenet_line` to ``path``, with a progress bar on a terminal."""
+def write_imagenet_meta(path: Path, n: int, chunk: int = 200_000, *, first: int = 0) -> Path:
+    """Write ``n`` lines made by :func:`imagenet_line` (``first`` to ``first + n - 1``) to ``path``,
+    with a progress bar on a terminal."""
     with open(path, "w") as f, progress_bar(n, f"writing {path.name}", unit="line", min_total=chunk) as bar:
         for lo in range(0, n, chunk):
             hi = min(n, lo + chunk)
-            f.write("".join(f"{imagenet_line(i)}\n" for i in range(lo, hi)))
+            f.write("".join(f"{imagenet_line(i)}\n" for i in range(first + lo, first + hi)))
             bar.update(hi - lo)
     return path
+
+
+#: The demo's mix (``--mix``): a share of ``--lines`` for each file, and its rule. The epoch size is
+#: ``--lines``: ``code`` is up-sampled (choose twice its size), ``books`` down-sampled (repeat 0.5),
+#: and ``web`` (weight) fills the rest of the epoch, a little more than once through.
+MIX = (("web.txt", 0.6, {"weight": 1.0}), ("books.txt", 0.3, {"repeat": 0.5}), ("code.txt", 0.1, {"choose": 0.2}))
+
+
+def write_mix(directory: Path, lines: int) -> tuple[list[Path], list[dict[str, float]]]:
+    """Write the demo's three sources under ``directory``: their paths, and each one's Source keyword
+    arguments (``choose`` in samples)."""
+    paths: list[Path] = []
+    rules: list[dict[str, float]] = []
+    first = 0
+    for name, share, rule in MIX:
+        n = max(1, round(lines * share))
+        paths.append(write_imagenet_meta(directory / name, n, first=first))
+        first += n
+        rules.append({k: (max(1, round(v * lines)) if k == "choose" else v) for k, v in rule.items()})
+    return paths, rules

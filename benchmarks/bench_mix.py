@@ -1,0 +1,167 @@
+"""Per-rank shard build of a three-source mix beside one file with the same R.
+
+The three sources hold N/2, N/4 and N/4 lines (weight=1, repeat=0.5 and choose=N/2: down-sampled,
+up-sampled twice, and the weighted one filling the rest), mixed into epochs of ``T0 = N``; the one
+file is their concatenation, N lines. So both plans have R = ceil(N / W) samples on a rank and the
+same bytes on disk: the difference is the mix (a second permutation per source, a source lookup per
+position, three files to read from instead of one).
+
+Each build runs in a fresh Python process with the index cached, the files in the page cache; the
+plan alone (``ds.spec.indices()``) is timed again in the same process after the build.
+
+Usage:
+    python benchmarks/bench_mix.py                          # N = 10M lines, W = 8
+    python benchmarks/bench_mix.py --lines 200000 --repeat 1 --out /tmp/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
+
+_BUILD = """
+import json, time
+import numpy as np
+from rank_dataset import RankDataset, Source
+def rss():
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+if MIX:
+    a, b, c = PATHS
+    source = [Source(a, weight=1), Source(b, repeat=0.5), Source(c, choose=CHOOSE)]
+    cfg = {"seed": 0, "epoch_size": LINES}
+else:
+    source, cfg = PATHS[0], {"seed": 0}
+before = rss()[0]
+t = time.perf_counter()
+ds = RankDataset(source, reload_cfg=cfg, rank=RANK, world_size=WORLD)
+elapsed = time.perf_counter() - t
+peak = rss()[1] - before
+t = time.perf_counter()
+ds.spec.indices()
+plan = time.perf_counter() - t
+print(json.dumps({"seconds": elapsed, "plan": plan, "peak": peak, "count": len(ds)}))
+"""
+
+
+def run(paths: list[Path], mix: bool, lines: int, rank: int, world: int, env: dict[str, str]) -> dict[str, float]:
+    head = f"PATHS = {[str(p) for p in paths]!r}\nMIX = {mix}\nLINES = {lines}\nCHOOSE = {lines // 2}\n"
+    code = head + f"RANK = {rank}\nWORLD = {world}\n" + textwrap.dedent(_BUILD)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"measurement failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lines", type=int, default=10_000_000, help="N, all three sources together")
+    parser.add_argument("--world-size", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3, help="builds of each kind, alternating (the median is kept)")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--workdir", type=Path, default=None, help="where to write the meta files (default: a tmp dir)")
+    args = parser.parse_args(argv)
+    n, w = args.lines, args.world_size
+    if n < 8:
+        parser.error("--lines must be at least 8")
+
+    work = Path(tempfile.mkdtemp(prefix="bench_mix_", dir=args.workdir))
+    try:
+        sizes = [n // 2, n // 4, n - n // 2 - n // 4]
+        parts, first = [], 0
+        for name, size in zip(["a.txt", "b.txt", "c.txt"], sizes):
+            parts.append(write_imagenet_meta(work / name, size, first=first))
+            first += size
+        whole = work / "whole.txt"
+        with open(whole, "wb") as out:
+            for p in parts:
+                with open(p, "rb") as f:
+                    shutil.copyfileobj(f, out)
+        env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(work / "cache")}
+        # Index every file once, outside the measurements (a warm index, as in a training job).
+        subprocess.run(
+            [sys.executable, "-m", "rank_dataset", "index", *map(str, [*parts, whole])],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        rows: dict[str, list[dict[str, float]]] = {"one": [], "mix": []}
+        for i in range(args.repeat):
+            rows["one"].append(run([whole], False, n, i % w, w, env))
+            rows["mix"].append(run(parts, True, n, i % w, w, env))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    assert rows["one"][0]["count"] == rows["mix"][0]["count"], "the two plans must have the same R"
+    med = {k: statistics.median(r["seconds"] for r in v) for k, v in rows.items()}
+    best = {k: min(r["seconds"] for r in v) for k, v in rows.items()}
+    plan = {k: statistics.median(r["plan"] for r in v) for k, v in rows.items()}
+    peak = {k: statistics.median(r["peak"] for r in v) for k, v in rows.items()}
+    r_ = int(rows["one"][0]["count"])
+    ratio = med["mix"] / med["one"]
+    mib = 1 << 20
+    labels = {
+        "one": "one file of N lines",
+        "mix": "mix of 3 files (weight, repeat=0.5, choose=N/2), epoch_size=N",
+    }
+    lines = [
+        f"# Shard build of a three-source mix, N = {n:,} lines, W = {w}, R = {r_:,}, one rank",
+        "",
+        "| build | seconds (median) | vs one file | seconds (fastest) | vs one file | plan alone (s) | peak memory "
+        "above start (MiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for k in ["one", "mix"]:
+        lines.append(
+            f"| {labels[k]} | {med[k]:.3f} | {med[k] / med['one']:.2f}x | {best[k]:.3f} | {best[k] / best['one']:.2f}x "
+            f"| {plan[k]:.3f} | {peak[k] / mib:.0f} |"
+        )
+    lines += [
+        "",
+        f"The mix's build takes {ratio:.2f}x the one file's, median against median ({best['mix'] / best['one']:.2f}x "
+        "fastest against fastest; target: within 1.3x). Sources: N/2 lines (weight=1, "
+        "3N/8 an epoch), N/4 (repeat=0.5, N/8) and N/4 (choose=N/2, two passes); the one file is their "
+        "concatenation. Warm index, files in the page cache, each build in a fresh process; "
+        f"median of {args.repeat} builds of each, alternating.",
+        "",
+        f"Command: `python benchmarks/bench_mix.py --lines {n} --world-size {w} --repeat {args.repeat}`",
+        "",
+        machine_info(),
+    ]
+    data = {"seconds": med, "fastest": best, "plan": plan, "peak": peak, "ratio": ratio, "per_rank": r_, "runs": rows}
+    save_results(args.out, "mix", lines, data, lambda path: _plot(med, plan, path, n, w))
+    return 0
+
+
+def _plot(med: dict[str, float], plan: dict[str, float], path: Path, n: int, w: int) -> None:
+    plt = plotting()
+    names = ["one file", "mix of 3"]
+    keys = ["one", "mix"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar(names, [med[k] for k in keys], color=["gray", "tab:blue"], label="whole build")
+    ax.bar(names, [plan[k] for k in keys], color=["black", "tab:cyan"], label="of which: the plan")
+    ax.set_ylabel("seconds")
+    ax.set_title(f"per-rank shard build, N={n:,}, W={w}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,351 @@
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rank_dataset import mix
+from rank_dataset.mix import MixPlan, Source, mix_counts
+from rank_dataset.permutation import permute
+from rank_dataset.plan import ShardSpec, spread_positions
+
+S = Source
+# (sizes, sources, epoch_size): weighted, fixed, mixed; up- and down-weighted; T0 a multiple of W*M or not.
+MIXES: list[tuple[list[int], list[Source], int | None]] = [
+    ([10, 7, 3], [S("a", weight=1), S("b", weight=2), S("c", weight=3)], None),
+    ([100, 5], [S("a"), S("b", weight=1)], 150),
+    ([13, 29, 4], [S("a", repeat=0.5), S("b", choose=9), S("c", repeat=2.5)], None),
+    ([1], [S("a")], None),
+    ([17, 1, 8], [S("a", weight=3), S("b", repeat=4), S("c", weight=0.5)], 61),
+    ([1000, 30, 7], [S("a", weight=5), S("b", weight=1), S("c", weight=1)], 257),
+    ([50, 50], [S("a", choose=13), S("b", choose=31)], None),
+    ([6, 9], [S("a", repeat=0.7), S("b", weight=2)], 23),
+    ([3, 40], [S("a", repeat=50), S("b", choose=24)], None),  # 150 of 3 samples: 50 passes an epoch
+    ([64, 32], [S("a"), S("b")], None),  # T0 = 96, divisible by every W*M below but 8*5
+]
+IDS = [f"mix{i}" for i in range(len(MIXES))]
+SEED = 11
+
+
+def plan_of(case: tuple[list[int], list[Source], int | None]) -> MixPlan:
+    return MixPlan.from_sources(*case)
+
+
+def rank_positions(t0: int, w: int, m: int, r: int, i: int, epoch: int) -> np.ndarray:
+    """The epoch-order positions that rank ``r`` reads in mini-epoch ``i`` (plan's layout over ``T0``)."""
+    spec = ShardSpec(t0, w, r, mini_epoch=m, mini_epoch_idx=i, seed=SEED, epoch=epoch)
+    positions = spread_positions(*spec.mini_epoch_span, w, r)
+    # These are the positions ShardSpec itself uses: its indices are the permuted slots.
+    assert np.array_equal(spec.indices(), permute(t0, SEED, epoch, positions % t0))
+    return positions
+
+
+def epoch_picks(plan: MixPlan, w: int, m: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Samples and source ids of one epoch, over all ranks and mini-epochs, padding left out."""
+    t0 = plan.epoch_size
+    got = [plan.locate(SEED, epoch, rank_positions(t0, w, m, r, i, epoch)) for r in range(w) for i in range(m)]
+    positions = np.concatenate([rank_positions(t0, w, m, r, i, epoch) for r in range(w) for i in range(m)])
+    samples, ids = np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+    real = positions < t0
+    assert np.array_equal(np.sort(positions[real]), np.arange(t0))  # every slot exactly once
+    # Padding holds what the wrapped position holds.
+    pad_samples, pad_ids = plan.locate(SEED, epoch, positions[~real] % t0)
+    assert np.array_equal(samples[~real], pad_samples) and np.array_equal(ids[~real], pad_ids)
+    return samples[real], ids[real]
+
+
+def stream(plan: MixPlan, source: int, epochs: int) -> np.ndarray:
+    """Source ``source``'s picks of epochs ``0..epochs-1``, in stream order (slot order within an epoch)."""
+    start = sum(plan.counts[:source])
+    parts = []
+    for e in range(epochs):
+        slots = permute(plan.epoch_size, SEED, e, np.arange(plan.epoch_size))
+        samples = plan.epoch_order(SEED, e, np.arange(plan.epoch_size))
+        by_slot = np.empty_like(samples)
+        by_slot[slots] = samples
+        parts.append(by_slot[start : start + plan.counts[source]])
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize("case", MIXES, ids=IDS)
+@pytest.mark.parametrize(("w", "m"), list(itertools.product([1, 2, 3, 4, 8], [1, 2, 5])))
+def test_each_epoch_takes_exactly_the_counts(case: Any, w: int, m: int) -> None:
+    plan = plan_of(case)
+    offsets = np.cumsum((0, *plan.sizes))
+    for epoch in [0, 1, 4]:
+        samples, ids = epoch_picks(plan, w, m, epoch)
+        assert np.array_equal(np.bincount(ids, minlength=len(plan.sizes)), plan.counts)
+        assert np.array_equal(plan.source_of(samples), ids)
+        assert (samples >= offsets[ids]).all() and (samples < offsets[ids + 1]).all()
+
+
+@pytest.mark.parametrize("case", MIXES, ids=IDS)
+def test_each_epoch_is_the_same_for_every_world_size(case: Any) -> None:
+    plan = plan_of(case)
+    for epoch in [0, 3]:
+        picks = [np.sort(epoch_picks(plan, w, 2, epoch)[0]) for w in [1, 3, 4, 8]]
+        for other in picks[1:]:
+            assert np.array_equal(other, picks[0])
+
+
+@pytest.mark.parametrize("case", MIXES, ids=IDS)
+def test_no_sample_repeats_before_its_source_is_exhausted(case: Any) -> None:
+    plan = plan_of(case)
+    offsets = np.cumsum((0, *plan.sizes))
+    for s, (n, c) in enumerate(zip(plan.sizes, plan.counts)):
+        epochs = max(3, -(-3 * n // c))  # at least three passes of the source
+        picks = stream(plan, s, epochs)
+        full = len(picks) // n
+        passes = picks[: full * n].reshape(full, n)
+        assert (np.sort(passes, axis=1) == np.arange(offsets[s], offsets[s + 1])).all()
+        tail = picks[full * n :]
+        assert len(np.unique(tail)) == len(tail)
+        if n > 2 and full >= 2:  # passes are reshuffled, not the same order again
+            assert not all(np.array_equal(passes[0], p) for p in passes[1:])
+
+
+@pytest.mark.parametrize("case", MIXES, ids=IDS)
+def test_counts_per_sample_follow_the_ratio(case: Any) -> None:
+    plan = plan_of(case)
+    offsets = np.cumsum((0, *plan.sizes))
+    for s, (n, c) in enumerate(zip(plan.sizes, plan.counts)):
+        seen = np.zeros(n, np.int64)
+        for e in range(6):
+            samples, ids = epoch_picks(plan, 1, 1, e)
+            once = np.bincount(samples[ids == s] - offsets[s], minlength=n)
+            # From epoch 0 on, each sample has been taken floor or ceil of (epochs * ratio) times.
+            seen += once
+            assert set(seen.tolist()) <= {(e + 1) * c // n, -(-(e + 1) * c // n)}
+            # In one epoch: the same, when the epoch starts or ends on a pass boundary; else one off at most.
+            lo, hi = c // n, -(-c // n)
+            if (e * c) % n == 0 or ((e + 1) * c) % n == 0:
+                assert set(once.tolist()) <= {lo, hi}
+            else:
+                assert lo - 1 <= once.min() and once.max() <= hi + 1
+
+
+def test_up_weighted_source_sees_each_sample_floor_or_ceil_of_its_ratio() -> None:
+    # 40 samples up-weighted to 130 an epoch (ratio 3.25); the first epoch starts on a pass boundary.
+    plan = MixPlan.from_sources([40, 200], [S("small", weight=13), S("big", weight=20)], 330)
+    assert plan.counts == (130, 200)
+    samples, ids = epoch_picks(plan, 4, 3, 0)
+    once = np.bincount(samples[ids == 0], minlength=40)
+    assert sorted(set(once.tolist())) == [3, 4] and once.sum() == 130
+    # An integer ratio gives every sample exactly that many times in every epoch.
+    plan = MixPlan.from_sources([7, 10], [S("x", repeat=3), S("y")])
+    for e in range(4):
+        samples, ids = epoch_picks(plan, 3, 2, e)
+        assert np.array_equal(np.bincount(samples[ids == 0], minlength=7), [3] * 7)
+
+
+def test_the_documented_layout() -> None:
+    plan = MixPlan.from_sources([5, 3], [S("a", repeat=0.6), S("b", repeat=2)])
+    assert (plan.counts, plan.epoch_size) == ((3, 6), 9)
+    for seed, epoch in [(0, 0), (SEED, 1), (-3, 7)]:
+        expect = []
+        for slot in permute(9, seed, epoch, np.arange(9)).tolist():
+            s, j = (0, slot) if slot < 3 else (1, slot - 3)
+            n, c, offset = plan.sizes[s], plan.counts[s], (0, 5)[s]
+            t = epoch * c + j
+            expect.append(int(permute(n, mix._source_seed(seed, s), t // n, [t % n])[0]) + offset)
+        samples, ids = plan.locate(seed, epoch, np.arange(9))
+        assert samples.tolist() == expect
+        assert ids.tolist() == [0 if x < 5 else 1 for x in expect]
+
+
+def test_order_is_fixed_by_seed_and_epoch() -> None:
+    plan = plan_of(MIXES[5])
+    pos = np.arange(plan.epoch_size)
+    a = plan.epoch_order(1, 2, pos)
+    assert np.array_equal(a, plan.epoch_order(1, 2, pos))
+    assert not np.array_equal(a, plan.epoch_order(2, 2, pos))
+    assert not np.array_equal(a, plan.epoch_order(1, 3, pos))
+    # Two sources of the same size get different streams.
+    twins = MixPlan.from_sources([50, 50], [S("a"), S("b")])
+    assert not np.array_equal(stream(twins, 0, 2), stream(twins, 1, 2) - 50)
+
+
+def test_locate_keeps_the_shape_and_rejects_bad_positions() -> None:
+    plan = plan_of(MIXES[0])
+    pos = np.arange(40).reshape(4, 10)
+    samples, ids = plan.locate(0, 0, pos)
+    assert samples.shape == ids.shape == (4, 10) and samples.dtype == ids.dtype == np.int64
+    assert np.array_equal(samples.ravel(), plan.epoch_order(0, 0, pos.ravel() % plan.epoch_size))
+    empty = plan.locate(0, 0, np.empty(0, np.int64))
+    assert empty[0].shape == empty[1].shape == (0,)
+    with pytest.raises(ValueError, match="positions must be >= 0, got -1"):
+        plan.locate(0, 0, [3, -1])
+    with pytest.raises(TypeError, match="positions must be integers"):
+        plan.locate(0, 0, [1.5])
+    with pytest.raises(ValueError, match="epoch must be >= 0"):
+        plan.locate(0, -1, [0])
+
+
+def test_memory_and_time_stay_o_positions() -> None:
+    sources = [S("a", weight=1), S("b", weight=2), S("c", repeat=0.001), S("d", choose=7)]
+    plan = MixPlan.from_sources([600_000_000, 300_000_000, 100_000_000, 3], sources, 10**9)
+    assert plan.epoch_size == 10**9
+    pos = np.random.default_rng(0).integers(0, 3 * 10**9, 1000)  # padding positions too
+    tracemalloc.start()
+    began = time.perf_counter()
+    for epoch in [0, 1, 10**6]:
+        samples, ids = plan.locate(SEED, epoch, pos)
+    elapsed = time.perf_counter() - began
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert elapsed < 1.0
+    assert peak < 1 << 20  # a T0- or N-sized array would be gigabytes
+    assert (samples >= 0).all() and (samples < plan.num_samples).all()
+    assert np.array_equal(plan.source_of(samples), ids)
+
+
+# --- mix_counts ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sizes", "sources", "epoch_size", "expect"),
+    [
+        ([100, 10], [S("a"), S("b", repeat=2.5)], None, ([100, 25], 125)),  # no weight: sum of fixed
+        ([100, 10], [S("a", weight=1), S("b", weight=3)], None, ([28, 82], 110)),  # weights: total samples
+        ([100, 10], [S("a", weight=1), S("b", repeat=3)], None, ([80, 30], 110)),
+        ([10, 10, 10], [S("a", weight=1), S("b", weight=1), S("c", weight=1)], 11, ([4, 4, 3], 11)),  # ties: earlier
+        ([10, 10], [S("a", weight=0.5), S("b", weight=1.0)], 10, ([3, 7], 10)),  # 3.33 and 6.67
+        ([10, 10], [S("a", repeat=0.25), S("b", repeat=0.35)], None, ([2, 4], 6)),  # round(): 2.5 -> 2, 3.5 -> 4
+        ([5], [S("a", choose=12)], None, ([12], 12)),  # choose may exceed N
+        ([5, 5], [S("a", choose=2), S("b", repeat=0.6)], 5, ([2, 3], 5)),  # fixed counts that fill epoch_size
+    ],
+)
+def test_mix_counts(sizes: list[int], sources: list[Source], epoch_size: int | None, expect: Any) -> None:
+    assert mix_counts(sizes, sources, epoch_size) == expect
+
+
+def test_weighted_counts_always_sum_exactly_and_follow_the_weights() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        k = int(rng.integers(1, 6))
+        weights = rng.uniform(0.01, 10, k)
+        total = int(rng.integers(1000, 10**6))
+        counts, t0 = mix_counts([7] * k, [S(f"s{i}", weight=float(w)) for i, w in enumerate(weights)], total)
+        assert t0 == total == sum(counts)
+        assert np.abs(np.asarray(counts) - total * weights / weights.sum()).max() < 1
+
+
+@pytest.mark.parametrize(
+    ("sizes", "sources", "epoch_size", "message"),
+    [
+        ([10, 10], [S("a"), S("b", choose=5)], 12, r"fixed per-epoch counts of the sources \('a': 10, 'b': 5\)"),
+        ([10, 5], [S("a", weight=1), S("b", repeat=4)], None, "add up to 20, more than the epoch size, by default"),
+        ([1000, 10], [S("big", weight=1000), S("tiny", weight=1)], 100, "share of source.s. 'tiny' rounds to 0"),
+        ([10, 10], [S("a", weight=1), S("b", choose=10)], 10, "'a' rounds to 0 of the 0 samples"),
+        ([3], [S("a", repeat=0.1)], None, "source 'a': repeat=0.1 of its 3 samples rounds to 0"),
+        ([10, 10], [S("a"), S("b")], 30, "add up to 20, less than epoch_size=30, and no source has a weight"),
+        ([10, 0], [S("a"), S("empty")], None, "size of source 'empty' must be >= 1, got 0"),
+        ([10], [S("a"), S("b")], None, "sizes has 1 entries for 2 sources"),
+        ([], [], None, "sources must not be empty"),
+        ([10], [S("a")], 0, "epoch_size must be >= 1, got 0"),
+        ([2**62], [S("a", repeat=2)], None, r"epoch size must be in \[1, 2\*\*62\]"),
+    ],
+)
+def test_mix_counts_errors(sizes: list[int], sources: list[Source], epoch_size: int | None, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        mix_counts(sizes, sources, epoch_size)
+
+
+def test_mix_counts_type_errors() -> None:
+    with pytest.raises(TypeError, match="sources must be a list of Source"):
+        mix_counts([1], S("a"), None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"sources\[1\] must be a Source"):
+        mix_counts([1, 1], [S("a"), "b"], None)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"size of source 'a' must be an int, got 1\.0"):
+        mix_counts([1.0], [S("a")], None)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="epoch_size must be an int"):
+        mix_counts([1], [S("a")], 2.0)  # type: ignore[arg-type]
+
+
+# --- Source ---------------------------------------------------------------------------------------------
+
+
+def test_source_defaults_and_normalisation() -> None:
+    a = Source(Path("data/x/train.txt"))
+    assert a.paths == ("data/x/train.txt",) and a.name == "train.txt"
+    assert (a.weight, a.repeat, a.choose, a.parser) == (None, 1.0, None, None)
+    assert a == Source("data/x/train.txt", repeat=1) and hash(a) == hash(Source("data/x/train.txt"))
+    b = Source(["p/1.txt", Path("p/2.txt")], weight=np.float32(2), parser="label", name="both")
+    assert b.paths == ("p/1.txt", "p/2.txt") and b.weight == 2.0 and isinstance(b.weight, float) and b.name == "both"
+    assert Source("a", choose=np.int64(3)).choose == 3
+    assert Source("a", parser=json.loads).parser is json.loads
+    assert Source("dir/").name == "dir/"  # no file name: the whole path
+    with pytest.raises(AttributeError):
+        a.weight = 3.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"paths": []}, ValueError, "non-empty list of paths, got an empty list"),
+        ({"paths": 3}, TypeError, "paths must be a path or a list of paths, got 3"),
+        ({"paths": ["a", 3]}, TypeError, r"paths\[1\] must be a str or os.PathLike, got 3"),
+        ({"paths": ["a", ""]}, ValueError, r"paths\[1\] is an empty path"),
+        ({"paths": b"a"}, TypeError, "paths must be a path or a list of paths"),
+        ({"weight": 1, "repeat": 2}, ValueError, "at most one of weight, repeat and choose, got weight and repeat"),
+        ({"repeat": 1, "choose": 2}, ValueError, "got repeat and choose"),
+        ({"weight": 0}, ValueError, "weight must be a finite number > 0, got 0"),
+        ({"weight": float("nan")}, ValueError, "weight must be a finite number > 0, got nan"),
+        ({"weight": "1"}, TypeError, "weight must be a number, got '1'"),
+        ({"repeat": -0.5}, ValueError, "repeat must be a finite number > 0, got -0.5"),
+        ({"repeat": float("inf")}, ValueError, "repeat must be a finite number > 0"),
+        ({"repeat": True}, TypeError, "repeat must be a number, got True"),
+        ({"choose": 0}, ValueError, "choose must be >= 1, got 0"),
+        ({"choose": 2.0}, TypeError, "choose must be an int, got 2.0"),
+        ({"parser": "csv"}, ValueError, "parser must be None, 'json', 'label' or a callable"),
+        ({"name": ""}, ValueError, "name must not be empty"),
+        ({"name": 5}, TypeError, "name must be a str, got 5"),
+    ],
+)
+def test_source_errors(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    kwargs = {"paths": "a.txt", **kwargs}
+    with pytest.raises(error, match=message):
+        Source(**kwargs)
+
+
+# --- MixPlan ----------------------------------------------------------------------------------------------
+
+
+def test_mix_plan_round_trips_and_hashes() -> None:
+    plan = plan_of(MIXES[2])
+    assert json.loads(json.dumps(plan.to_dict())) == plan.to_dict()
+    assert MixPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    assert len({plan, plan_of(MIXES[2]), plan_of(MIXES[3])}) == 2
+    assert plan.num_samples == 46
+    assert MixPlan([3], [4], 4) == MixPlan((3,), (4,), 4)  # lists are stored as tuples  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        (((), (), 1), ValueError, "non-empty and equally long"),
+        (((3, 4), (4,), 4), ValueError, "non-empty and equally long"),
+        (((3,), (4,), 5), ValueError, r"epoch_size must be sum\(counts\) = 4, got 5"),
+        (((0,), (4,), 4), ValueError, r"sizes\[0\] must be >= 1, got 0"),
+        (((3,), (0,), 0), ValueError, r"counts\[0\] must be >= 1, got 0"),
+        (((3,), (True,), 1), TypeError, r"counts\[0\] must be an int"),
+        ((3, (3,), 3), TypeError, "sizes must be a sequence of ints"),
+        (((2**62, 1), (1, 1), 2), ValueError, "at most 2\\*\\*62"),
+    ],
+)
+def test_mix_plan_errors(args: tuple[Any, ...], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        MixPlan(*args)
+
+
+def test_mix_plan_from_dict_errors() -> None:
+    with pytest.raises(ValueError, match="exactly the keys"):
+        MixPlan.from_dict({"sizes": [1], "counts": [1]})
+    with pytest.raises(ValueError, match="exactly the keys"):
+        MixPlan.from_dict({"sizes": [1], "counts": [1], "epoch_size": 1, "seed": 0})

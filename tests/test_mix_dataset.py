@@ -1,0 +1,337 @@
+"""Mixing at the dataset level: RankDataset and RankServerDataset over a list of Source.
+
+The pure properties of the mix's order are in test_mix.py; here the same properties are checked on
+what ranks actually hold, over many mixes, world sizes, mini-epochs and epochs, plus items, parsers,
+resume on another world size, parity with a real meta server, and the errors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rank_dataset import RankDataset, RankServerDataset, Source
+from rank_dataset.mix import MixPlan
+
+SEED = 5
+# (file sizes, source rules, epoch_size): each rule is the keyword arguments of a Source.
+CASES: list[tuple[list[int], list[dict[str, Any]], int | None]] = [
+    ([40, 13, 6], [{"weight": 2}, {"repeat": 0.5}, {"choose": 17}], None),  # T0 = 59: no W*M divides it
+    ([30, 10], [{"weight": 3}, {"weight": 1}], 48),  # T0 = 48: divisible by most W*M below
+    ([7, 25, 3], [{"repeat": 2.5}, {"weight": 1}, {"choose": 9}], 60),
+    ([12], [{"choose": 30}], None),  # one source, 2.5 passes an epoch
+    ([5, 50], [{"repeat": 4}, {"repeat": 0.3}], None),
+]
+LAYOUTS = [(1, 1), (2, 3), (3, 2), (4, 1), (5, 4)]
+EPOCHS = 4
+
+
+def write_sources(write_meta: Callable[..., Path], sizes: list[int], prefix: str = "s") -> list[Path]:
+    """One file per source; line ``k`` of file ``s`` is ``"<prefix><s>/<k> <k>"``."""
+    return [
+        write_meta([f"{prefix}{s}/{k} {k}" for k in range(n)], name=f"{prefix}{s}.txt") for s, n in enumerate(sizes)
+    ]
+
+
+def sources_of(paths: list[Path], rules: list[dict[str, Any]], **extra: Any) -> list[Source]:
+    return [Source(p, **rule, **extra) for p, rule in zip(paths, rules)]
+
+
+def ranks(source: Any, w: int, m: int, epoch_size: int | None, **kw: Any) -> list[RankDataset]:
+    cfg = {"seed": SEED, "mini_epoch": m, "epoch_size": epoch_size}
+    return [RankDataset(source, reload_cfg=cfg, rank=r, world_size=w, **kw) for r in range(w)]
+
+
+def read_epoch(datasets: list[Any], m: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Samples, source ids and a padding mask of everything the ranks read in ``epoch``."""
+    samples, ids, padding = [], [], []
+    for mini in range(m):
+        for ds in datasets:
+            ds.set_epoch(epoch, mini)
+            positions = ds.spec.positions()
+            samples.append(ds.indices)
+            ids.append(ds.source_ids)
+            padding.append(positions >= ds.spec.num_samples)
+    return np.concatenate(samples), np.concatenate(ids), np.concatenate(padding)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_epochs_take_exact_counts_the_same_on_every_world_size(write_meta, case) -> None:
+    sizes, rules, epoch_size = case
+    sources = sources_of(write_sources(write_meta, sizes), rules)
+    plan = MixPlan.from_sources(sizes, sources, epoch_size)
+    offsets = np.cumsum([0, *sizes])
+    totals = {w_m: np.zeros(sum(sizes), np.int64) for w_m in LAYOUTS}
+    for epoch in range(EPOCHS):
+        reference = None
+        for w, m in LAYOUTS:
+            datasets = ranks(sources, w, m, epoch_size)
+            assert len({len(ds) for ds in datasets}) == 1  # equal per-rank lengths
+            assert len(datasets[0]) == -(-plan.epoch_size // (w * m))  # R = ceil(T0 / (W*M))
+            samples, ids, padding = read_epoch(datasets, m, epoch)
+            assert np.array_equal(ids, np.searchsorted(offsets, samples, side="right") - 1)
+            assert padding.sum() == len(samples) - plan.epoch_size
+            real = np.sort(samples[~padding])
+            # exactly c_s samples of source s, whatever W and M (and whether W*M divides T0)
+            assert np.bincount(ids[~padding], minlength=len(sizes)).tolist() == list(plan.counts)
+            if reference is None:
+                reference = real
+            assert np.array_equal(real, reference)  # the epoch's multiset is the same on every world size
+            totals[(w, m)] += np.bincount(real, minlength=sum(sizes))
+            # cumulative: after e+1 epochs each sample of s was taken floor or ceil of (e+1)*c_s/N_s times
+            for s, (n, c) in enumerate(zip(sizes, plan.counts)):
+                got = totals[(w, m)][offsets[s] : offsets[s + 1]]
+                low = (epoch + 1) * c // n
+                assert got.min() >= low and got.max() <= low + ((epoch + 1) * c % n > 0), (s, epoch)
+                if epoch == 0 and c <= n:  # the first pass: no sample repeats before the source is exhausted
+                    assert np.unique(samples[~padding & (ids == s)]).size == c
+
+
+@pytest.mark.parametrize(("w", "m"), [(1, 1), (3, 2), (4, 3)])
+def test_items_come_from_their_source_with_its_parser(write_meta, w: int, m: int) -> None:
+    paths = write_sources(write_meta, [20, 9])
+    json_path = write_meta([json.dumps({"k": k}) for k in range(6)], name="j.txt")
+    sources = [
+        Source(paths[0], weight=1),  # the dataset's parser ("label")
+        Source(paths[1], repeat=2, parser=str.upper),
+        Source(json_path, choose=4, parser="json"),
+    ]
+    for ds in ranks(sources, w, m, 40, parser="label"):
+        for mini in range(m):
+            ds.set_epoch(1, mini)
+            offsets = [s.offset for s in ds.sources or ()]
+            assert not ds.source_ids.flags.writeable and not ds.indices.flags.writeable
+            items = [ds[i] for i in range(len(ds))]
+            assert items == ds.__getitems__(list(range(len(ds))))
+            for item, sample, source in zip(items, ds.indices.tolist(), ds.source_ids.tolist()):
+                k = sample - offsets[source]
+                assert item == [(f"s0/{k}", k), f"S1/{k} {k}", {"k": k}][source]
+
+
+def test_sources_describe_the_mix(write_meta) -> None:
+    paths = write_sources(write_meta, [40, 13, 6])
+    sources = sources_of(paths, CASES[0][1])
+    ds = RankDataset(sources, reload_cfg={"seed": 1}, rank=0, world_size=2)
+    info = ds.sources
+    assert info is not None
+    assert [(s.name, s.num_samples, s.count, s.offset) for s in info] == [
+        ("s0.txt", 40, 36, 0),
+        ("s1.txt", 13, 6, 40),
+        ("s2.txt", 6, 17, 53),
+    ]
+    assert [s.target for s in info] == [36.0, 6.5, 17.0] and info[2].passes == 17 / 6
+    assert ds.num_samples == 59 and ds.spec.num_samples == 59 and ds.reload_cfg.epoch_size is None
+    assert "mix of 3 sources" in repr(ds)
+    plain = RankDataset(paths[0], rank=0, world_size=1)
+    assert plain.sources is None and plain.source_ids is None
+    # several files as one source: numbered over the files in order
+    two = RankDataset([Source(paths[:2], choose=10), Source(paths[2], weight=1)], reload_cfg={"epoch_size": 20})
+    assert [(s.num_samples, s.count) for s in two.sources or ()] == [(53, 10), (6, 10)]
+    assert all(
+        two.meta[int(i)].startswith(("s0/", "s1/") if s == 0 else "s2/") for i, s in zip(two.indices, two.source_ids)
+    )
+
+
+def test_eval_reads_every_sample_once_sources_in_order(write_meta) -> None:
+    sizes = [40, 13, 6]
+    sources = sources_of(write_sources(write_meta, sizes), CASES[0][1])
+    for w in (1, 3, 7):
+        datasets = [RankDataset(sources, is_test=True, rank=r, world_size=w) for r in range(w)]
+        got = np.concatenate([ds.indices for ds in datasets])
+        assert np.array_equal(got, np.arange(59))  # no weights, no shuffle, no padding
+        assert np.array_equal(np.concatenate([ds.source_ids for ds in datasets]), np.repeat([0, 1, 2], sizes))
+        assert [s.count for s in datasets[0].sources or ()] == sizes
+        assert datasets[0][0] == "s0/0 0" and datasets[-1][len(datasets[-1]) - 1] == "s2/5 5"
+
+
+def test_resume_a_mix_from_four_ranks_onto_three(write_meta) -> None:
+    sizes, rules, epoch_size = CASES[0]
+    sources = sources_of(write_sources(write_meta, sizes), rules)
+    plan = MixPlan.from_sources(sizes, sources, epoch_size)
+    m, epoch = 2, 3
+    old = ranks(sources, 4, m, epoch_size)
+    for ds in old:
+        ds.set_epoch(epoch, 0)
+    first = [(ds.spec.positions(), ds.indices.copy()) for ds in old]  # mini-epoch 0, read whole
+    for ds in old:
+        ds.set_epoch(epoch, 1)
+    r_ = len(old[0])
+    for consumed in sorted({0, 1, r_ // 2, r_}):
+        state = json.loads(json.dumps(old[0].state_dict(consumed)))
+        assert all(ds.state_dict(consumed) == state for ds in old)
+        assert state["mix"]["epoch_size"] == plan.epoch_size
+        assert [s["count"] for s in state["mix"]["sources"]] == list(plan.counts)
+        before = [(ds.spec.positions()[:consumed], ds.indices[:consumed]) for ds in old]
+        new = ranks(sources, 3, 1, epoch_size)  # another M too: the state's replaces it
+        for ds in new:
+            ds.load_state_dict(state)
+        assert len({len(ds) for ds in new}) == 1
+        after = [(ds.spec.positions(), ds.indices) for ds in new]
+        positions = np.concatenate([p for p, _ in first + before + after])
+        samples = np.concatenate([s for _, s in first + before + after])
+        # nothing lost: every position of the epoch's plan (T = R*W*M) read
+        unique, where = np.unique(positions, return_index=True)
+        assert np.array_equal(unique, np.arange(r_ * 4 * m))
+        # each position holds what the plan says, and the epoch takes exactly c_s of each source
+        assert np.array_equal(samples, plan.epoch_order(SEED, epoch, positions))
+        real = samples[where][unique < plan.epoch_size]
+        assert np.bincount(plan.source_of(real), minlength=3).tolist() == list(plan.counts)
+        # no repeat beyond padding: the plan's own (T - T0) and the spread of the rest over 3 ranks
+        rest = r_ * 4 - consumed * 4
+        spread_padding = -(-rest // 3) * 3 - rest
+        assert len(positions) - len(unique) == spread_padding
+        for ds in new:  # then the next epoch is planned afresh on 3 ranks
+            ds.set_epoch(epoch + 1)
+        fresh = ranks(sources, 3, m, epoch_size)
+        for ds, f in zip(new, fresh):
+            f.set_epoch(epoch + 1)
+            assert np.array_equal(ds.indices, f.indices) and np.array_equal(ds.source_ids, f.source_ids)
+
+
+def test_resume_refuses_another_mix_naming_the_source(write_meta, tmp_path: Path) -> None:
+    paths = write_sources(write_meta, [40, 13, 6])
+    rules = CASES[0][1]
+    state = RankDataset(sources_of(paths, rules), rank=0, world_size=2).state_dict(3)
+    other_weight = [Source(paths[0], weight=2), Source(paths[1], repeat=0.6), Source(paths[2], choose=17)]
+    with pytest.raises(ValueError, match=r"another mix: source 0 's0.txt' has count 34, the state's has 36"):
+        RankDataset(other_weight, rank=0, world_size=2).load_state_dict(state)
+    same_size = write_meta([f"x/{k} {k}" for k in range(13)], name="other.txt")
+    other_files = sources_of([paths[0], same_size, paths[2]], rules)
+    with pytest.raises(ValueError, match=r"source 1 'other.txt' \(the state's 's1.txt'\) has fingerprint"):
+        RankDataset(other_files, rank=0, world_size=2).load_state_dict(state)
+    fewer = sources_of(paths[:2], rules[:2])
+    with pytest.raises(ValueError, match="a mix of 3 sources, this dataset mixes 2"):
+        RankDataset(fewer, rank=0, world_size=2).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"a mix of 3 source\(s\) \('s0.txt', 's1.txt', 's2.txt'\), but this dataset"):
+        RankDataset(paths, rank=0, world_size=2).load_state_dict(state)
+    plain_state = RankDataset(paths, rank=0, world_size=2).state_dict(3)
+    assert "mix" not in plain_state  # states of plain files are unchanged
+    with pytest.raises(ValueError, match="for plain meta files, but this dataset mixes 3 sources"):
+        RankDataset(sources_of(paths, rules), rank=0, world_size=2).load_state_dict(plain_state)
+    # renamed sources over the same files resume fine
+    renamed = [Source(p, **r, name=f"n{i}") for i, (p, r) in enumerate(zip(paths, rules))]
+    RankDataset(renamed, rank=0, world_size=3).load_state_dict(state)
+    with pytest.raises(ValueError, match="eval dataset"):
+        RankDataset(sources_of(paths, rules), is_test=True, rank=0, world_size=2).load_state_dict(state)
+
+
+def test_errors_name_the_source(write_meta) -> None:
+    a, b = write_sources(write_meta, [10, 4])
+    empty = write_meta(["", "  "], name="empty.txt")
+    with pytest.raises(ValueError, match=r"source 1 'empty.txt' has no samples"):
+        RankDataset([Source(a), Source(empty, weight=1)], rank=0, world_size=1)
+    with pytest.raises(ValueError, match=r"fixed per-epoch counts of the sources \('s0.txt': 10, 's1.txt': 8\)"):
+        RankDataset([Source(a), Source(b, repeat=2)], reload_cfg={"epoch_size": 12}, rank=0, world_size=1)
+    with pytest.raises(ValueError, match=r"source 's1.txt': repeat=0.1 of its 4 samples rounds to 0"):
+        RankDataset([Source(a), Source(b, repeat=0.1)], rank=0, world_size=1)
+    with pytest.raises(ValueError, match=r"weighted share of source\(s\) 's1.txt' rounds to 0"):
+        RankDataset([Source(a, weight=100), Source(b, weight=1)], reload_cfg={"epoch_size": 20}, rank=0, world_size=1)
+    with pytest.raises(ValueError, match=r"epoch_size.*give a list of Source"):
+        RankDataset(a, reload_cfg={"epoch_size": 5}, rank=0, world_size=1)
+    with pytest.raises(TypeError, match="only Source objects"):
+        RankDataset([Source(a), b], rank=0, world_size=1)  # type: ignore[list-item]
+    with pytest.raises(FileNotFoundError, match=r"nope.txt"):
+        RankDataset([Source(a), Source(a.parent / "nope.txt")], rank=0, world_size=1)
+    # eval ignores the weights, and so their errors
+    assert len(RankDataset([Source(a), Source(b, repeat=0.1)], is_test=True, rank=0, world_size=1)) == 14
+
+
+def test_server_parity(write_meta, start_server) -> None:
+    sizes = [40, 13, 6, 9]
+    paths = write_sources(write_meta, sizes)
+    server = start_server(paths)
+    files = requests_json(f"{server.url}/files")["files"]
+    assert [(f["name"], f["num_samples"]) for f in files] == [(p.name, n) for p, n in zip(paths, sizes)]
+    mixes: list[tuple[list[Source], list[Source], int | None]] = [
+        # local sources, the same by served names, epoch_size
+        (
+            [Source(paths[2], weight=2), Source(paths[0], repeat=0.5, parser="label"), Source(paths[1], choose=17)],
+            [Source("s2.txt", weight=2), Source("s0.txt", repeat=0.5, parser="label"), Source("s1.txt", choose=17)],
+            50,
+        ),
+        (
+            [Source(paths[1:4:2], weight=1), Source(paths[0], choose=7)],
+            [Source(["s1.txt", "s3.txt"], weight=1), Source("s0.txt", choose=7)],
+            None,
+        ),
+    ]
+    for local_sources, served_sources, epoch_size in mixes:
+        for (w, m), is_test in itertools.product([(1, 1), (3, 2), (4, 3)], [False, True]):
+            cfg = {"seed": 2, "mini_epoch": m, "mini_epoch_idx": m - 1, "epoch": 1, "epoch_size": epoch_size}
+            for r in sorted({0, w - 1}):
+                local = RankDataset(local_sources, is_test=is_test, reload_cfg=cfg, rank=r, world_size=w)
+                remote = RankServerDataset(
+                    server.url, is_test=is_test, reload_cfg=cfg, rank=r, world_size=w, sources=served_sources
+                )
+                assert np.array_equal(local.indices, remote.indices)
+                assert np.array_equal(local.source_ids, remote.source_ids)
+                assert [local[i] for i in range(len(local))] == [remote[i] for i in range(len(remote))]
+                assert [s.fingerprint for s in local.sources or ()] == [s.fingerprint for s in remote.sources or ()]
+                if is_test:
+                    continue
+                local.set_epoch(2, 0)
+                remote.set_epoch(2, 0)
+                assert np.array_equal(local.indices, remote.indices)
+                state = local.state_dict(1)
+                assert remote.state_dict(1) == state
+                resumed = RankServerDataset(server.url, rank=0, world_size=2, sources=served_sources, reload_cfg=cfg)
+                resumed_local = RankDataset(local_sources, rank=0, world_size=2, reload_cfg=cfg)
+                resumed.load_state_dict(state)
+                resumed_local.load_state_dict(state)
+                assert np.array_equal(resumed.indices, resumed_local.indices)
+    # without sources: every served file as one, as before
+    plain = RankServerDataset(server.url, rank=1, world_size=2)
+    assert np.array_equal(plain.indices, RankDataset(paths, rank=1, world_size=2).indices)
+    with pytest.raises(ValueError, match=r"source 1 'b.txt': .* serves no file named 'b.txt' \(it serves s0.txt"):
+        RankServerDataset(server.url, rank=0, world_size=1, sources=[Source("s0.txt"), Source("b.txt")])
+    with pytest.raises(ValueError, match=r"sources \('s0.txt': 50\) add up to 50, more than epoch_size=10"):
+        RankServerDataset(
+            server.url, rank=0, world_size=1, sources=[Source("s0.txt", choose=50)], reload_cfg={"epoch_size": 10}
+        )
+
+
+def test_serve_refuses_two_files_of_one_name(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    for d in ("x", "y"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "train.txt").write_text("a 1\n")
+    cmd = [sys.executable, "-m", "rank_dataset", "serve", str(tmp_path / "x/train.txt"), str(tmp_path / "y/train.txt")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "two served files share the name 'train.txt'" in out.stderr
+
+
+def requests_json(url: str) -> Any:
+    import requests
+
+    return requests.get(url, timeout=10).json()
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_and_stateful_loader(write_meta, context: str) -> None:
+    from torch.utils.data import DataLoader
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from rank_dataset import ResumableSampler, resume_state
+
+    paths = write_sources(write_meta, [50, 20])
+    sources = [Source(paths[0], weight=1), Source(paths[1], repeat=1.5, parser="label")]
+    ds = RankDataset(sources, reload_cfg={"seed": 4}, rank=1, world_size=2)
+    expect = [ds[i] for i in range(len(ds))]
+    loader = DataLoader(ds, batch_size=8, num_workers=1, collate_fn=list, multiprocessing_context=context)
+    assert [x for batch in loader for x in batch] == expect
+    stateful = StatefulDataLoader(ds, batch_size=8, sampler=ResumableSampler(ds), collate_fn=list)
+    for k, _ in enumerate(stateful):
+        if k == 2:
+            saved = json.loads(json.dumps(stateful.state_dict()))
+            break
+    again = RankDataset(sources, reload_cfg={"seed": 4}, rank=1, world_size=2)
+    again.load_state_dict(resume_state(saved))
+    assert [again[i] for i in range(len(again))] == expect[24:]
