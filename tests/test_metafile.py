@@ -112,6 +112,15 @@ def test_rewritten_file_is_an_error_then_reindexed(write_meta, tmp_path: Path, h
     assert fresh.read(np.arange(999, -1, -7)).texts(range(143)) == new[::-1][::7]
 
 
+def test_a_selection_of_files_is_checked_too(write_meta) -> None:
+    a, b = write_meta(LINES), write_meta(LINES[:10])
+    view = MetaFile([a, b]).select([1, 0])
+    assert view.read(np.arange(1010)).texts([0, 10]) == [LINES[0], LINES[0]]
+    rewrite(a, LINES[::-1])
+    with pytest.raises(MetaFileChangedError, match=rf"meta file {a} changed"):
+        view.read(np.arange(1010))
+
+
 def test_what_changed_is_named(write_meta, tmp_path: Path) -> None:
     p = write_meta(LINES)
     mf = MetaFile(p)
