@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -161,3 +162,80 @@ def test_corrupt_cache_is_rebuilt(write_meta, tmp_path: Path) -> None:
     (cache,) = (tmp_path / "cache").iterdir()
     cache.write_bytes(b"garbage")
     assert [MetaFile(p)[i] for i in range(2)] == ["a", "b"]
+
+
+LINES = [f"{i}.jpg {i}" for i in range(1000)]
+
+
+def the_cache(tmp_path: Path) -> Path:
+    (cache,) = [p for p in (tmp_path / "cache").iterdir() if p.suffix == ".rdidx"]
+    return cache
+
+
+def test_zeroed_cache_is_rebuilt_not_trusted(write_meta, tmp_path: Path) -> None:
+    # A crash could leave a cache renamed into place with its data never written: a valid header
+    # and zeroed spans, which gave '' for every sample.
+    p = write_meta(LINES)
+    MetaFile(p)
+    cache = the_cache(tmp_path)
+    raw = bytearray(cache.read_bytes())
+    raw[index_mod._DATA_OFFSET :] = bytes(len(raw) - index_mod._DATA_OFFSET)
+    cache.write_bytes(raw)
+    mf = MetaFile(p)
+    assert [mf[i] for i in range(1000)] == LINES
+    assert the_cache(tmp_path).read_bytes()[index_mod._DATA_OFFSET :] != bytes(len(raw) - index_mod._DATA_OFFSET)
+
+
+def test_cache_key_holds_inode_ctime_device_and_content(write_meta, tmp_path: Path) -> None:
+    p = write_meta(LINES)
+    index = index_mod.load_index(p.resolve())
+    st = p.stat()
+    assert index.key == index_mod.FileKey(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    header = the_cache(tmp_path).read_bytes()[: index_mod._HEADER.size]
+    magic, size, mtime, ctime, inode, device, count, _, sample = index_mod._HEADER.unpack(header)
+    assert (magic, size, mtime, ctime, inode, device, count) == (
+        b"RDIDX\x00\x00\x02",
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+        st.st_ino,
+        st.st_dev,
+        1000,
+    )
+    assert len(sample) == 16
+
+
+def test_cache_is_synced_before_it_is_renamed(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
+    MetaFile(write_meta(LINES))
+    assert events == ["fsync", "replace", "fsync"]  # the data, the rename, then the directory
+
+
+def test_abandoned_tmp_files_are_removed(write_meta, tmp_path: Path) -> None:
+    p = write_meta(LINES)
+    cache_dir = tmp_path / "cache"
+    name = index_mod._cache_paths(p.resolve())[0].name
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that is not alive
+    host = socket.gethostname()
+    old = 1_000_000_000  # 2001: long untouched
+    tmps = {
+        "dead builder": f"{name}.{dead.pid}@{host}.abc.tmp",
+        "live builder": f"{name}.{os.getpid()}@{host}.def.tmp",
+        "other host, old": f"{name}.{os.getpid()}@other-host.example.ghi.tmp",
+        "other host, recent": f"{name}.12@other-host.example.jkl.tmp",
+        "dead, just written": f"{name}.{dead.pid}@{host}.mno.tmp",
+        "older version, old": f"{name}xyz123.tmp",
+        "another file's": f"x{name}.{dead.pid}@{host}.pqr.tmp",
+    }
+    cache_dir.mkdir()
+    for label, tmp in tmps.items():
+        (cache_dir / tmp).write_bytes(b"\0" * 1000)
+        if label not in ("other host, recent", "dead, just written"):
+            os.utime(cache_dir / tmp, (old, old))
+    MetaFile(p)
+    left = {label for label, tmp in tmps.items() if (cache_dir / tmp).exists()}
+    assert left == {"live builder", "other host, recent", "dead, just written", "another file's"}

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rank_dataset._agree import RanksDisagreeError
 from rank_dataset.config import ReloadConfig
-from rank_dataset.metafile import MetaFile
+from rank_dataset.metafile import MetaFile, MetaFileChangedError
 from rank_dataset.mix import Source
 from rank_dataset.permutation import permute
 from rank_dataset.plan import ResumePoint, ShardSpec, eval_range, spread_positions
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MetaFile",
+    "MetaFileChangedError",
     "ProtocolError",
     "RandomSampler",
     "RankDataset",

@@ -1,72 +1,136 @@
 """MetaFile: the samples of one or more meta files, read through their line-offset index. No torch.
 
-This is the one module that touches a meta file's bytes: :class:`_FileBytes` opens and maps a file,
-and :meth:`MetaFile.read` copies a set of samples into a :class:`~rank_dataset.shard.Shard`. Another
-kind of file (compressed, remote) is another ``_FileBytes``.
+This is the one module that touches a meta file's bytes: :class:`_FileBytes` opens a file only
+while reading it and reads it with positional reads (a shared map of a file that shrinks kills the
+process with SIGBUS; a positional read comes back short), checking when it opens the file and again
+when it is done that it is still the file the index describes. :meth:`MetaFile.read` copies a set of
+samples into a :class:`~rank_dataset.shard.Shard` and checks each against the bytes it copied: a
+sample starts the file or follows a newline, ends at a line ending or the end of the file, and holds
+no newline. So a rewritten file is a :class:`MetaFileChangedError`, never a torn sample, and an
+index that disagrees with an unchanged file is rebuilt. Another kind of file (compressed, remote)
+is another ``_FileBytes``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
-import mmap
 import os
 import struct
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from rank_dataset._checks import check_index
-from rank_dataset._residency import drop_pages, return_freed_memory
-from rank_dataset.index import Index, load_index
-from rank_dataset.scan import PathLike
+from rank_dataset._pread import ShortRead, Window, count_newlines, read_ends
+from rank_dataset._residency import return_freed_memory
+from rank_dataset.index import FileChanged, FileKey, Index, SpanReader, load_index, spans_are_sane
+from rank_dataset.scan import BLANK, BOM, CR, NEWLINE, PathLike
 from rank_dataset.shard import Shard, ShardWriter, copy_rows
 
-__all__ = ["MetaFile"]
+__all__ = ["MetaFile", "MetaFileChangedError"]
 
-# Lines are copied in batches of about this many bytes, after each of which the file pages they
-# came from are dropped from this process's resident set.
-_WINDOW = 16 << 20
-_INDEX_STEP = 1 << 18  # index entries gathered at a time, their pages dropped after
+# Lines are copied in batches that each span about this many bytes of the file, read into one
+# reusable buffer (small enough to stay in the CPU cache while its rows are gathered).
+_WINDOW = 2 << 20
+_INDEX_STEP = 1 << 18  # index entries gathered at a time
+_BATCH_ROWS = 1 << 17  # rows copied at a time, bounding the temporaries of a batch
+_TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the index in between
+_FINGERPRINT_BYTES = 1 << 16
+_T = TypeVar("_T")
+
+
+class MetaFileChangedError(ValueError):
+    """A meta file is no longer the file that was indexed: rewritten, replaced, moved or deleted.
+
+    Its samples are not the ones its dataset planned with, so none is handed out. ``path`` is the
+    file, ``what`` says what changed.
+    """
+
+    def __init__(self, path: Path | str, what: str) -> None:
+        super().__init__(
+            f"meta file {path} changed: {what}. Its lines are no longer the samples indexed for it; "
+            "build the dataset again (a new RankDataset or MetaFile indexes the file as it is "
+            "now), or restart the meta server that serves it"
+        )
+        self.path, self.what = Path(path), what
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.what))
+
+
+class _IndexMismatch(Exception):
+    """The index of file ``file`` cannot be used as it is: ``corrupt`` (its spans disagree with the
+    unchanged file: rebuild it) or gone (the cache was removed or replaced: load it again)."""
+
+    def __init__(self, file: int, *, corrupt: bool) -> None:
+        super().__init__(file, corrupt)
+        self.file, self.corrupt = file, corrupt
 
 
 class _FileBytes:
-    """The bytes of one file, mapped read-only once per process (a map survives fork, so forked
-    DataLoader workers share it)."""
+    """The bytes of one meta file: no descriptor is kept between reads (a job with thousands of meta
+    files stays far below the descriptor limit, and a DataLoader worker never needs the file)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._map: mmap.mmap | None = None
 
-    def map(self) -> mmap.mmap:
-        if self._map is None:
-            with open(self.path, "rb") as f:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        return self._map
+    @contextlib.contextmanager
+    def open(self, key: FileKey) -> Iterator[int]:
+        """A descriptor of the file, checked against ``key`` on entry and (after a read completes)
+        on exit, both the descriptor and the path: the bytes read are those of the file indexed.
 
-    def __getitem__(self, span: slice) -> bytes:
-        return self.map()[span]
+        Raises:
+            MetaFileChangedError: the file is not (or, by the end, no longer) the one indexed.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise MetaFileChangedError(self.path, "it was deleted or moved") from None
+        try:
+            self.check(fd, key)
+            try:
+                yield fd
+            except ShortRead:
+                self.check(fd, key)
+                raise MetaFileChangedError(self.path, "it shrank while being read") from None
+            self.check(fd, key)
+            try:
+                now = os.stat(self.path)
+            except FileNotFoundError:
+                raise MetaFileChangedError(self.path, "it was deleted or moved") from None
+            _raise_if_changed(self.path, key, FileKey.of(now))
+        finally:
+            os.close(fd)
 
-    def release_pages(self) -> None:
-        """Drop the file's pages from this process's resident set (the page cache keeps them)."""
-        if self._map is not None:
-            drop_pages(self._map, 0, len(self._map))
+    def check(self, fd: int, key: FileKey) -> None:
+        """Raise MetaFileChangedError if the file open at ``fd`` is not the one ``key`` describes."""
+        _raise_if_changed(self.path, key, FileKey.of(os.fstat(fd)))
+
+
+def _raise_if_changed(path: Path, key: FileKey, now: FileKey) -> None:
+    what = key.change(now)
+    if what is not None:
+        raise MetaFileChangedError(path, what)
 
 
 @dataclass(frozen=True)
 class _File:
     path: Path
-    size: int
     index: Index
     bytes: _FileBytes
 
-    def release_pages(self) -> None:
-        self.bytes.release_pages()
-        self.index.release_pages()
+
+def _load(path: Path, *, rebuild: bool = False) -> Index:
+    try:
+        return load_index(path, rebuild=rebuild)
+    except FileChanged as exc:
+        raise MetaFileChangedError(path, exc.what) from None
 
 
 class MetaFile:
@@ -102,12 +166,19 @@ class MetaFile:
             path = Path(p).expanduser().resolve()
             if not path.is_file():
                 raise FileNotFoundError(f"meta file not found: {os.fspath(p)!r}")
-            files.append(_File(path, path.stat().st_size, load_index(path), _FileBytes(path)))
-        self._files = tuple(files)
-        self._bounds = np.cumsum([0] + [len(f.index.spans) for f in files], dtype=np.int64)
+            files.append(_File(path, _load(path), _FileBytes(path)))
+        # The fingerprints of the files as indexed (together, and each alone), computed now: taken
+        # later, from a file changed meanwhile, they would fail, and in the ranks' agreement check
+        # one rank failing alone would leave the others waiting in the collective.
+        self._set(files, *_fingerprints(files))
         if self._bounds[-1] == 0:
             names = ", ".join(str(f.path) for f in files)
             raise ValueError(f"no samples in {names}: every line is empty or whitespace")
+
+    def _set(self, files: Sequence[_File], fingerprint: str | None, file_fingerprints: tuple[str, ...]) -> None:
+        self._files = tuple(files)
+        self._bounds = np.cumsum([0] + [f.index.count for f in files], dtype=np.int64)
+        self._fingerprint, self._file_fingerprints = fingerprint, file_fingerprints
 
     @property
     def paths(self) -> tuple[Path, ...]:
@@ -121,28 +192,35 @@ class MetaFile:
         return f"MetaFile({[str(p) for p in self.paths]!r}, samples={len(self)})"
 
     def __getstate__(self) -> dict[str, object]:
-        return {"paths": [str(p) for p in self.paths]}
+        # What lengths, error messages and later reads need, and no open file: a spawn worker that
+        # receives a dataset whose shard is in shared memory never touches the meta files (they may
+        # even be gone), and one that does read checks them against these keys first.
+        files = [(str(f.path), f.index) for f in self._files]
+        return {"files": files, "fingerprint": self._fingerprint, "file_fingerprints": self._file_fingerprints}
 
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["paths"])  # type: ignore[misc]
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        files = [_File(Path(path), index, _FileBytes(Path(path))) for path, index in state["files"]]
+        self._set(files, state["fingerprint"], state["file_fingerprints"])
 
     @property
     def fingerprint(self) -> str:
-        """A short hash of the files' sample counts, sizes, and first and last 64 KiB.
+        """A short hash of the files' sample counts, sizes, and first and last 64 KiB, as indexed.
 
         Equal for the same files on any machine (paths and mtimes do not enter it), and computed
         without reading the whole files: what a resume state is checked against.
         """
-        return _fingerprint(self._files)
+        if self._fingerprint is None:  # a view from select
+            self._fingerprint = _fingerprint(self._files)
+        return self._fingerprint
 
     @property
     def file_fingerprints(self) -> tuple[str, ...]:
-        """The fingerprint of each file alone (``MetaFile(path).fingerprint`` of each path)."""
-        return tuple(_fingerprint([f]) for f in self._files)
+        """The fingerprint of each file alone (``MetaFile(path).fingerprint`` of each path), as indexed."""
+        return self._file_fingerprints
 
     def select(self, files: Sequence[int]) -> MetaFile:
         """The files numbered ``files`` (in that order, repeats allowed) as one MetaFile, sharing this
-        one's indexes and maps: no file is opened or indexed again.
+        one's indexes: no file is opened or indexed again (its fingerprint is taken if asked for).
 
         Example:
             >>> import tempfile, os
@@ -154,12 +232,11 @@ class MetaFile:
             >>> len(mf), mf[0], mf[1]
             (3, 'b0', 'a0')
         """
-        chosen = [self._files[check_index(f, len(self._files), label="file number", of="the files")] for f in files]
-        if not chosen:
+        numbers = [check_index(f, len(self._files), label="file number", of="the files") for f in files]
+        if not numbers:
             raise ValueError("select at least one file")
         view = object.__new__(MetaFile)
-        view._files = tuple(chosen)
-        view._bounds = np.cumsum([0] + [len(f.index.spans) for f in chosen], dtype=np.int64)
+        view._set([self._files[f] for f in numbers], None, tuple(self._file_fingerprints[f] for f in numbers))
         return view
 
     @property
@@ -175,18 +252,31 @@ class MetaFile:
         return file, index - int(self._bounds[file])
 
     def where(self, index: int) -> str:
-        """``path:line`` of global sample ``index``, for error messages."""
+        """``path:line`` of global sample ``index``, for error messages.
+
+        The line is found by counting newlines 16 MiB at a time. If the file cannot be read (it
+        changed or is gone), the sample's number within its file is given instead.
+        """
         file, local = self.locate(index)
-        f = self._files[file]
-        offset = int(f.index.spans[local, 0])
-        line = f.bytes[:offset].count(b"\n") + 1 if offset else 1
-        return f"{f.path}:{line}"
+        path = self._files[file].path
+        try:
+            start = int(self._retrying(lambda: _span(self._files[file], file, local))[0])
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                return f"{path}:{count_newlines(fd, start) + 1}"
+            finally:
+                os.close(fd)
+        except (OSError, MetaFileChangedError):
+            return f"{path}, sample {local} of the file"
 
     def raw(self, index: int) -> bytes:
-        """The bytes of sample ``index`` without its line ending."""
+        """The bytes of sample ``index`` without its line ending.
+
+        Raises:
+            MetaFileChangedError: the file changed since it was indexed.
+        """
         file, local = self.locate(index)
-        start, end = self._files[file].index.spans[local]
-        return self._files[file].bytes[int(start) : int(end)]
+        return self._retrying(lambda: _read_one(self._files[file], file, local))
 
     def __getitem__(self, index: int) -> str:
         raw = self.raw(index)
@@ -200,28 +290,115 @@ class MetaFile:
     def read(self, indices: npt.ArrayLike, *, ids: bool = True) -> Shard:
         """Read the samples ``indices`` (in that order) into a new Shard, in shareable memory.
 
-        Reads the index entries and the lines of these samples only, in file order, and drops the
-        pages it read from this process's resident set as it goes. With ``ids=False`` the shard
-        does not keep the sample numbers (a dataset recomputes them from its plan).
+        Reads the index entries and the lines of these samples only, in file order, a window of
+        the file at a time into one reusable buffer, and checks every sample against the bytes.
+        With ``ids=False`` the shard does not keep the sample numbers (a dataset recomputes them
+        from its plan).
 
         Raises:
+            IndexError: an index outside ``[0, len(self))``.
+            MetaFileChangedError: a file changed since it was indexed (or while it was read).
             ValueError: a line is not valid UTF-8 (the message names its file and line).
         """
         indices = np.asarray(indices, np.int64)
-        writer = _gather(self._files, self._bounds, indices, ids=ids)
+        n, low, high = len(self), int(indices.min(initial=0)), int(indices.max(initial=0))
+        if low < 0 or high >= n:
+            raise IndexError(f"sample index {low if low < 0 else high} is out of range for {n} samples")
+        writer = self._retrying(lambda: _gather(self._files, self._bounds, indices, ids=ids))
         if not all(file.index.ascii for file in self._files):
             _check_utf8(self.where, indices, writer.data, writer.bounds)
         return_freed_memory()
         return writer.finish()
 
+    def _retrying(self, attempt: Callable[[], _T]) -> _T:
+        """``attempt()``, loading the index of a file again (rebuilding it, if it disagrees with the
+        file's bytes) and retrying, a few times at most."""
+        for tries in itertools.count(1):
+            try:
+                return attempt()
+            except _IndexMismatch as exc:
+                if tries == _TRIES:
+                    what = "its lines still disagree with its index after the index was rebuilt"
+                    raise MetaFileChangedError(self._files[exc.file].path, what) from None
+                self._reindex(exc.file, rebuild=exc.corrupt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _reindex(self, file: int, *, rebuild: bool) -> None:
+        old = self._files[file]
+        index = _load(old.path, rebuild=rebuild)
+        what = old.index.key.change(index.key)
+        if what is None and index.count != old.index.count:
+            what = f"it holds {index.count:,} samples now, not {old.index.count:,}"
+        if what is not None:
+            raise MetaFileChangedError(old.path, what)
+        files = list(self._files)
+        files[file] = replace(old, index=index)
+        self._set(files, self._fingerprint, self._file_fingerprints)
+
+
+def _fingerprints(files: Sequence[_File]) -> tuple[str, tuple[str, ...]]:
+    """The fingerprint of ``files`` taken as one, and of each alone, from one read of each file's ends."""
+    whole, each = hashlib.sha256(), []
+    for f in files:
+        size = f.index.key.size
+        part = struct.pack("<qq", f.index.count, size)
+        if size:
+            with f.bytes.open(f.index.key) as fd:
+                part += read_ends(fd, size, _FINGERPRINT_BYTES)
+        whole.update(part)
+        each.append(hashlib.sha256(part).hexdigest()[:32])
+    return whole.hexdigest()[:32], tuple(each)
+
 
 def _fingerprint(files: Sequence[_File]) -> str:
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(struct.pack("<qq", len(f.index.spans), f.size))
-        digest.update(f.bytes[: 1 << 16] if f.size else b"")
-        digest.update(f.bytes[max(0, f.size - (1 << 16)) :] if f.size else b"")
-    return digest.hexdigest()[:32]
+    return _fingerprints(files)[0]
+
+
+def _spans(index: Index, file: int, local: npt.NDArray[np.int64], out: npt.NDArray[np.int64]) -> None:
+    """Write the spans of samples ``local`` of file number ``file`` into ``out`` (``(k, 2)``), taken
+    from the index ``_INDEX_STEP`` at a time, and check that they could be lines of the file (inside
+    it, not empty); the bytes they point at are checked when they are copied."""
+    try:
+        with SpanReader(index) as reader:
+            for a in range(0, local.size, _INDEX_STEP):
+                reader.take(local[a : a + _INDEX_STEP], out[a : a + _INDEX_STEP])
+    except LookupError:
+        raise _IndexMismatch(file, corrupt=False) from None
+    if not spans_are_sane(out, index.key.size, ordered=False):
+        raise _IndexMismatch(file, corrupt=True)
+
+
+def _span(f: _File, file: int, local: int) -> npt.NDArray[np.int64]:
+    out = np.empty((1, 2), np.int64)
+    _spans(f.index, file, np.array([local], np.int64), out)
+    span: npt.NDArray[np.int64] = out[0]
+    return span
+
+
+def _read_one(f: _File, file: int, local: int) -> bytes:
+    start, end = _span(f, file, local).tolist()
+    s, e = np.array([start], np.int64), np.array([end], np.int64)
+    size = f.index.key.size
+    with f.bytes.open(f.index.key) as fd:
+        buf, lo = Window().load(fd, _need_lo(s), e + 2, size, pad=2)
+        line = buf[start - lo : end - lo]
+        if not (_bounds_ok(buf, lo, s, e, size) and _line_ok(line)):
+            f.bytes.check(fd, f.index.key)
+            raise _IndexMismatch(file, corrupt=True)
+        return line.tobytes()
+
+
+def _batches(positions: npt.NDArray[np.int64], window: int, max_rows: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive runs of ``positions`` (roughly ascending) that each span about
+    ``window`` bytes and hold at most ``max_rows`` entries."""
+    if not positions.size:
+        return []
+    region = np.maximum.accumulate(positions) // window
+    cuts = np.flatnonzero(region[1:] != region[:-1]) + 1
+    if cuts.size == 0 or np.diff(cuts, prepend=0, append=positions.size).max() > max_rows:
+        cuts = np.union1d(cuts, np.arange(max_rows, positions.size, max_rows))
+    bounds = [0, *cuts.tolist(), positions.size]
+    return list(itertools.pairwise(bounds))
 
 
 def _file_of(bounds: npt.NDArray[np.int64], indices: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -242,8 +419,13 @@ def _gather(
     """A ShardWriter holding the lines of samples ``indices``, back to back in ``indices``' order.
 
     Rows are visited in file order at the granularity of 1/4096 of the samples (a cheap radix sort
-    instead of a full one), and each is copied at its exact length into its place in item order
+    instead of a full one), read a window of the file at a time, checked against the file's bytes,
+    and each copied at its exact length into its place in item order
     (:func:`~rank_dataset.shard.copy_rows`), so a shard holds nothing but its lines and offsets.
+
+    Raises:
+        MetaFileChangedError: a file is not the one indexed.
+        _IndexMismatch: an index cannot be used as it is.
     """
     n = indices.size
     if not n:
@@ -254,21 +436,25 @@ def _gather(
     shift = max(0, (n_total - 1).bit_length() - 12)
     order = np.argsort((indices >> shift).astype(np.uint16), kind="stable")
     sorted_idx = indices[order]
-    first = np.empty(n, np.int64)  # where each row starts in its file, in visiting order
-    lengths = np.empty(n, np.int64)
-    file_of = _file_of(bounds, sorted_idx) if len(files) > 1 else None
-    for f, file in enumerate(files):
-        rows = np.flatnonzero(file_of == f) if file_of is not None else np.arange(n)
-        # np.take of whole rows is several times faster than fancy indexing the 2-D index.
-        spans = np.asarray(file.index.spans)
-        for lo in range(0, rows.size, _INDEX_STEP):
-            part = rows[lo : lo + _INDEX_STEP]
-            local = sorted_idx[part] - bounds[f]
-            got = np.take(spans, local, axis=0)
-            first[part] = got[:, 0]
-            lengths[part] = got[:, 1] - got[:, 0]
-            file.index.release_pages(int(local.min()), int(local.max()) + 1)
+    spans = np.empty((n, 2), np.int64)  # of each row, in visiting order
+    if len(files) > 1:
+        file_of = _file_of(bounds, sorted_idx)
+        by_file = np.argsort(file_of, kind="stable")  # visiting order kept within each file
+        cuts = np.cumsum(np.bincount(file_of, minlength=len(files)))
+        per_file = [(f, by_file[lo:hi]) for f, (lo, hi) in enumerate(itertools.pairwise([0, *cuts.tolist()]))]
+        per_file = [(f, rows) for f, rows in per_file if rows.size]
+        for f, rows in per_file:
+            part = np.empty((rows.size, 2), np.int64)
+            _spans(files[f].index, f, sorted_idx[rows] - bounds[f], part)
+            spans[rows] = part
+        del file_of, by_file
+    else:
+        per_file = [(0, np.arange(n))]
+        _spans(files[0].index, 0, sorted_idx, spans)
     del sorted_idx
+    first = np.ascontiguousarray(spans[:, 0])
+    lengths = spans[:, 1] - first
+    del spans
     writer = ShardWriter(n, int(lengths.sum()), ids=ids)
     if writer.ids is not None:
         writer.ids[:] = indices
@@ -280,39 +466,87 @@ def _gather(
     del item_lengths
     dst = writer.bounds[:-1][order]
     del order
-    for f, file in enumerate(files):
-        rows = np.flatnonzero(file_of == f) if file_of is not None else np.arange(n)
-        if not rows.size:
-            continue
-        _copy_rows(file.bytes.map(), first[rows], lengths[rows], dst[rows], writer.data)
-    for file in files:
-        file.release_pages()
+    window = Window()
+    for f, rows in per_file:
+        file = files[f]
+        with file.bytes.open(file.index.key) as fd:
+            if not _copy_rows(fd, file.index.key.size, window, first[rows], lengths[rows], dst[rows], writer.data):
+                file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
+                raise _IndexMismatch(f, corrupt=True)
     return writer
 
 
+def _need_lo(s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Where the bytes needed to check samples starting at ``s`` begin: the byte before each (the
+    whole byte order mark for a sample that may follow one)."""
+    return np.where(s == len(BOM), 0, np.maximum(s - 1, 0))
+
+
 def _copy_rows(
-    mm: mmap.mmap,
+    fd: int,
+    size: int,
+    window: Window,
     first: npt.NDArray[np.int64],
     lengths: npt.NDArray[np.int64],
     dst: npt.NDArray[np.integer[Any]],
     data: npt.NDArray[np.uint8],
-) -> None:
-    """Copy rows of one file (``lengths`` bytes at ``first``, in about file order) to ``dst`` in ``data``.
+) -> bool:
+    """Copy rows of one file (``lengths`` bytes at ``first``, in about file order) to ``dst`` in
+    ``data``; False, before copying a batch, if one of its rows is not a line of the file.
 
-    Rows go in batches that each span at most about ``_WINDOW`` bytes of the file (rows are in file
-    order up to a little jitter) and of the shard, and each batch's file pages are dropped from the
-    resident set after it, so the build never holds much of the file.
+    Rows go in batches that each span about ``_WINDOW`` bytes of the file (rows are in file order up
+    to a little jitter), each read once into ``window``, checked there and copied from it.
     """
-    if not first.size:
-        return
-    fbytes = np.frombuffer(mm, np.uint8)
-    region = np.maximum.accumulate(first) // _WINDOW
-    region += np.cumsum(lengths) // _WINDOW  # also a new batch every _WINDOW bytes copied
-    cuts = np.flatnonzero(region[1:] != region[:-1]) + 1
-    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), first.size]):
-        b_first, b_lengths = first[lo:hi], lengths[lo:hi]
-        copy_rows(fbytes, b_first, b_lengths, data, dst[lo:hi])
-        drop_pages(mm, int(b_first.min()), int((b_first + b_lengths).max()))
+    for a, b in _batches(first, _WINDOW, _BATCH_ROWS):
+        s, e = first[a:b], first[a:b] + lengths[a:b]
+        buf, lo = window.load(fd, _need_lo(s), e + 2, size, pad=8)
+        if not (_bounds_ok(buf, lo, s, e, size) and _rows_ok(buf, s - lo, e - lo)):
+            return False
+        copy_rows(buf, s - lo, lengths[a:b], data, dst[a:b])
+    return True
+
+
+def _bounds_ok(
+    buf: npt.NDArray[np.uint8], lo: int, s: npt.NDArray[np.int64], e: npt.NDArray[np.int64], size: int
+) -> bool:
+    """Whether every span ``[s, e)`` is bounded as a sample is: it starts the file (after a byte
+    order mark, if the file has one) or follows a newline, and its end is a line ending (``\\n`` not
+    after ``\\r``, ``\\r\\n``, ``\\r`` at the end of the file) or the end of the file.
+
+    ``buf[x - lo]`` is byte ``x`` of the file for ``x`` in ``[s - 1, e + 2)``, and ``buf`` has at
+    least 2 bytes more after ``e``.
+    """
+    # The common case first, in a few passes: after a newline, before a newline not after a CR.
+    first = s == 0
+    ok = (buf[s - 1 - lo] == NEWLINE) & (buf[e - lo] == NEWLINE) & (buf[e - 1 - lo] != CR) & ~first
+    if bool(ok.all()):
+        return True
+    rows = np.flatnonzero(~ok)  # the first sample, the last, CRLF endings, and wrong spans
+    s, e = s[rows], e[rows]
+    bom = lo == 0 and size >= len(BOM) and buf[: len(BOM)].tobytes() == BOM
+    after_newline = buf[np.maximum(s - 1 - lo, 0)] == NEWLINE
+    start_ok = np.where(s == 0, not bom, after_newline | ((s == len(BOM)) & bom))
+    last, c1, c2 = buf[e - 1 - lo], buf[e - lo], buf[e + 1 - lo]
+    at_eof = e >= size
+    plain_end = (at_eof | (c1 == NEWLINE)) & (last != CR)
+    cr_end = ~at_eof & (c1 == CR) & ((e + 1 >= size) | (c2 == NEWLINE))
+    return bool((start_ok & (plain_end | cr_end)).all())
+
+
+def _rows_ok(buf: npt.NDArray[np.uint8], s: npt.NDArray[np.int64], e: npt.NDArray[np.int64]) -> bool:
+    """Whether each row ``buf[s:e]`` holds no newline and something other than whitespace."""
+    # The newlines of the window, counted on each side of each row: equal counts, none inside.
+    newlines = np.flatnonzero(buf[: int(e.max())] == NEWLINE)
+    if not np.array_equal(np.searchsorted(newlines, s), np.searchsorted(newlines, e)):
+        return False
+    # Only a row that starts with whitespace can be blank: check those in full (they are rare).
+    maybe_blank = np.flatnonzero(BLANK[buf[s]])
+    return all(_line_ok(buf[x:y]) for x, y in zip(s[maybe_blank].tolist(), e[maybe_blank].tolist()))
+
+
+def _line_ok(line: npt.NDArray[np.uint8]) -> bool:
+    """Whether ``line`` holds no newline and something other than whitespace."""
+    return not bool((line == NEWLINE).any()) and not bool(BLANK[line].all())
 
 
 def _check_utf8(

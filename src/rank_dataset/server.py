@@ -42,7 +42,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rank_dataset import protocol
-from rank_dataset.metafile import MetaFile
+from rank_dataset.metafile import MetaFile, MetaFileChangedError
 from rank_dataset.protocol import DEFAULT_PORT, FINGERPRINT_HEADER, TOKEN_ENV
 from rank_dataset.shard import Shard
 
@@ -313,6 +313,11 @@ def create_app(
     async def bad_request(request: Request, exc: Exception) -> Response:
         return _error(400, str(exc))
 
+    async def files_changed(request: Request, exc: Exception) -> Response:
+        # The files changed under the server: the client's request is fine, this server's files
+        # are not the ones it indexed. It keeps running (and answering this) until restarted.
+        return _error(409, str(exc), "files")
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         message = exc.detail
@@ -329,7 +334,12 @@ def create_app(
             Route(protocol.SAMPLES, samples, methods=["POST"]),
             Route(protocol.SHARD, shard),
         ],
-        exception_handlers={ValueError: bad_request, TypeError: bad_request, HTTPException: http_error},
+        exception_handlers={
+            MetaFileChangedError: files_changed,
+            ValueError: bad_request,
+            TypeError: bad_request,
+            HTTPException: http_error,
+        },
     )
     limited = _PinnedFiles(_BodyLimit(_BuildLimit(app, max_builds), max_body_size), fingerprint)
     return _BearerToken(limited, token) if token else limited

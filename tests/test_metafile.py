@@ -1,0 +1,326 @@
+"""A loader never hands out a sample that is not a line of the file as it is now.
+
+Each case rewrites, replaces, truncates or deletes a real file after it was indexed (or damages its
+index cache), then reads: the answer is the right samples or a MetaFileChangedError naming the file,
+never a fragment, an empty sample, or a process killed by SIGBUS.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from torch.utils.data import DataLoader
+
+import rank_dataset
+from rank_dataset import MetaFile, MetaFileChangedError, RankDataset
+from rank_dataset import _pread as pread_mod
+from rank_dataset import index as index_mod
+from rank_dataset import metafile as metafile_mod
+from tests_helpers import imagenet_line
+
+LINES = [f"{i}.jpg {i}" for i in range(1000)]
+
+
+def rewrite(path: Path, lines: list[str], *, keep_times: bool = False) -> None:
+    """Rewrite ``path`` in place (same inode), as an editor or ``cat > file`` does."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.truncate(0)
+        f.write("".join(f"{line}\n" for line in lines).encode())
+    if keep_times:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def the_cache(tmp_path: Path) -> Path:
+    (cache,) = [p for p in (tmp_path / "cache").iterdir() if p.suffix == ".rdidx"]
+    return cache
+
+
+def test_changed_error_is_public_and_says_what_and_how(tmp_path: Path) -> None:
+    assert "MetaFileChangedError" in rank_dataset.__all__
+    assert rank_dataset.__all__ == sorted(rank_dataset.__all__)
+    exc = MetaFileChangedError(tmp_path / "m.txt", "its size changed")
+    assert isinstance(exc, ValueError)
+    assert str(tmp_path / "m.txt") in str(exc) and "its size changed" in str(exc)
+    assert "build the dataset again" in str(exc) and "restart the meta server" in str(exc)
+    again = pickle.loads(pickle.dumps(exc))
+    assert str(again) == str(exc) and again.path == exc.path
+
+
+def test_shorter_file_is_an_error_not_sigbus(write_meta) -> None:
+    # Through a shared map of the file this was death by SIGBUS; it runs in a child so that a
+    # regression shows as a signal, not as a crashed test session.
+    p = write_meta(n=200_000)
+    code = """if True:
+        import os, sys
+        from rank_dataset import MetaFileChangedError, RankDataset
+        ds = RankDataset(sys.argv[1], reload_cfg={"seed": 1}, rank=0, world_size=2)
+        before = ds.indices.copy()
+        with open(sys.argv[1], "r+b") as f:
+            f.truncate(os.path.getsize(sys.argv[1]) // 3)
+        try:
+            ds.set_epoch(1)
+        except MetaFileChangedError as exc:
+            assert (ds.indices == before).all() and ds.spec.epoch == 0  # the dataset is as it was
+            print(exc)
+    """
+    out = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=120)
+    assert out.returncode != -signal.SIGBUS, "killed by SIGBUS"
+    assert out.returncode == 0, out.stderr
+    assert str(p) in out.stdout and "size changed from" in out.stdout
+
+
+@pytest.mark.parametrize("how", ["longer lines", "shorter lines", "same size, mtime restored", "cp -p over it"])
+def test_rewritten_file_is_an_error_then_reindexed(write_meta, tmp_path: Path, how: str) -> None:
+    p = write_meta(LINES)
+    mf = MetaFile(p)
+    ds = RankDataset(p, rank=0, world_size=1)
+    fingerprint = mf.fingerprint
+    if how == "longer lines":
+        new = [f"/{i}.jpg {i}" for i in range(1000)]  # the bug: '/150304.jpg 150304\nIM'-like fragments
+        rewrite(p, new)
+    elif how == "shorter lines":
+        new = [f"{i}.jp {i}" for i in range(1000)]
+        rewrite(p, new)
+    elif how == "same size, mtime restored":
+        new = [f"{i}.jpg {i}" for i in range(500)] + [f"{i}.JPG {i}" for i in range(500, 1000)]
+        rewrite(p, new, keep_times=True)  # os.utime / touch -r: only the ctime tells
+    else:
+        new = [f"{i}.JPG {i}" for i in range(1000)]
+        other = write_meta(new)
+        os.utime(other, ns=(p.stat().st_atime_ns, p.stat().st_mtime_ns))
+        shutil.copy2(other, p)  # cp -p: same inode, same size, same mtime
+    for read in [lambda: mf.read(np.arange(1000)), lambda: mf[5], lambda: mf.raw(999), lambda: ds.set_epoch(1)]:
+        with pytest.raises(MetaFileChangedError, match=rf"meta file {p} changed"):
+            read()
+    assert len(ds) == 1000 and ds.spec.epoch == 0
+    # The fingerprint is of the files as indexed: taking it does not fail (in the ranks' agreement
+    # check, one rank failing alone would leave the others waiting in the collective).
+    assert mf.fingerprint == fingerprint
+    fresh = MetaFile(p)  # the cache is not trusted for the new file: rebuilt
+    assert [fresh[i] for i in range(len(fresh))] == new
+    assert fresh.read(np.arange(999, -1, -7)).texts(range(143)) == new[::-1][::7]
+
+
+def test_a_selection_of_files_is_checked_too(write_meta) -> None:
+    a, b = write_meta(LINES), write_meta(LINES[:10])
+    view = MetaFile([a, b]).select([1, 0])
+    assert view.read(np.arange(1010)).texts([0, 10]) == [LINES[0], LINES[0]]
+    rewrite(a, LINES[::-1])
+    with pytest.raises(MetaFileChangedError, match=rf"meta file {a} changed"):
+        view.read(np.arange(1010))
+
+
+def test_what_changed_is_named(write_meta, tmp_path: Path) -> None:
+    p = write_meta(LINES)
+    mf = MetaFile(p)
+    os.chmod(p, 0o600)  # metadata only: ctime
+    with pytest.raises(MetaFileChangedError, match="ctime changed"):
+        mf.read([0])
+    mf = MetaFile(p)
+    size = p.stat().st_size
+    with open(p, "ab") as f:
+        f.write(b"more 1\n")
+    with pytest.raises(MetaFileChangedError, match=rf"size changed from {size:,} to {size + 7:,} bytes"):
+        mf.read([0])
+    mf = MetaFile(p)
+    moved = tmp_path / "moved.txt"
+    p.rename(moved)
+    with pytest.raises(MetaFileChangedError, match="deleted or moved"):
+        mf.read([0])
+    shutil.copy(moved, p)
+    with pytest.raises(MetaFileChangedError, match="replaced by another file"):
+        mf.read([0])
+
+
+def test_a_change_the_stat_cannot_see_is_caught_by_the_bytes(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Were mtime and ctime forged (root can set the clock), the spans are still checked against the
+    # bytes: lines that moved are refused rather than cut, and the index rebuilt finds the samples.
+    real = index_mod.FileKey.change
+    forged = lambda self, now: real(self, replace(now, mtime_ns=self.mtime_ns, ctime_ns=self.ctime_ns))  # noqa: E731
+    monkeypatch.setattr(index_mod.FileKey, "change", forged)
+    p = write_meta(LINES)
+    mf = MetaFile(p)
+    rewrite(p, LINES[::-1])  # same size, same number of lines, other lengths where they were
+    assert [mf[i] for i in (0, 999)] == [LINES[999], LINES[0]]  # re-indexed: still 1000 lines
+    assert mf.read(np.arange(1000)).texts(range(1000)) == LINES[::-1]
+    size = p.stat().st_size
+    rewrite(p, ["x" * (size // 2 - 1), "y" * (size - size // 2 - 1)])  # same size, two lines
+    with pytest.raises(MetaFileChangedError, match="holds 2 samples now, not 1,000"):
+        mf.read(np.arange(1000))
+
+
+def test_file_truncated_during_a_build(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = write_meta(n=20_000)
+    mf = MetaFile(p)
+    monkeypatch.setattr(metafile_mod, "_WINDOW", 1 << 14)  # many windows
+    real_load = pread_mod.Window.load
+    calls = []
+
+    def truncate_after_first_window(self: pread_mod.Window, *args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 2:
+            os.truncate(p, p.stat().st_size // 2)
+        return real_load(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pread_mod.Window, "load", truncate_after_first_window)
+    with pytest.raises(MetaFileChangedError, match=rf"meta file {p} changed: .*(shrank|size)"):
+        mf.read(np.arange(len(mf)))
+    assert len(calls) >= 2
+
+
+def test_file_rewritten_during_a_build_is_caught_after_the_copy(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = write_meta(LINES)
+    mf = MetaFile(p)
+    real = metafile_mod._copy_rows
+
+    def rewrite_after_copy(*args: object) -> bool:
+        ok = real(*args)  # type: ignore[arg-type]
+        rewrite(p, LINES[::-1], keep_times=True)  # same size and mtime: only the ctime differs
+        return ok
+
+    monkeypatch.setattr(metafile_mod, "_copy_rows", rewrite_after_copy)
+    with pytest.raises(MetaFileChangedError, match="ctime changed"):
+        mf.read(np.arange(1000))
+
+
+@pytest.mark.parametrize("damage", ["zeroed page", "overlapping spans", "span past the end"])
+def test_damaged_cache_found_when_read_is_rebuilt(write_meta, tmp_path: Path, damage: str) -> None:
+    # Damage in the middle of a large cache passes the cheap check at load (its ends); the spans a
+    # build uses are checked against the bytes, and the cache is rebuilt.
+    lines = [imagenet_line(i) for i in range(30_000)]
+    p = write_meta(lines)
+    MetaFile(p)
+    cache = the_cache(tmp_path)
+    spans = np.fromfile(cache, "<i8", offset=index_mod._DATA_OFFSET).reshape(-1, 2)
+    if damage == "zeroed page":
+        spans[15_000:15_256] = 0
+    elif damage == "overlapping spans":
+        spans[15_000, 1] = spans[15_001, 1]
+    else:
+        spans[15_000, 1] = p.stat().st_size + 100
+    with open(cache, "r+b") as f:
+        f.seek(index_mod._DATA_OFFSET)
+        f.write(spans.tobytes())
+    mf = MetaFile(p)
+    assert mf[15_000] == lines[15_000]
+    idx = np.arange(14_000, 16_000)
+    mf = MetaFile(p)  # from the rebuilt cache, then damaged again under it
+    with open(cache, "r+b") as f:
+        f.seek(index_mod._DATA_OFFSET)
+        f.write(spans.tobytes())
+    assert mf.read(idx).texts(range(idx.size)) == lines[14_000:16_000]
+
+
+def test_where_counts_lines_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pread_mod, "_COUNT_CHUNK", 7)
+    p = tmp_path / "m.txt"
+    p.write_bytes(b"a\n\n  \nb\r\nc\n" * 50 + b"last")
+    mf = MetaFile(p)
+    assert [mf.where(i) for i in (0, 1, 2, 3, len(mf) - 1)] == [
+        f"{p}:1",
+        f"{p}:4",
+        f"{p}:5",
+        f"{p}:6",
+        f"{p}:251",
+    ]
+    p.unlink()
+    assert mf.where(3) == f"{p}, sample 3 of the file"  # a message, even for a file that is gone
+
+
+def test_a_thousand_files_under_a_low_descriptor_limit(tmp_path: Path) -> None:
+    code = """if True:
+        import os, resource, sys
+        import numpy as np
+        from rank_dataset import MetaFile
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        paths = []
+        for f in range(1000):
+            path = os.path.join(sys.argv[1], f"m{f}.txt")
+            with open(path, "w") as out:
+                out.write("".join(f"f{f}_{i}\\n" for i in range(3)))
+            paths.append(path)
+        mf = MetaFile(paths)
+        before = len(os.listdir("/proc/self/fd"))
+        shard = mf.read(np.random.default_rng(0).permutation(len(mf)))
+        assert sorted(shard.texts(range(len(shard)))) == sorted(f"f{f}_{i}" for f in range(1000) for i in range(3))
+        assert mf.where(2999).endswith("m999.txt:3") and len(mf.fingerprint) == 32
+        # nothing kept open per file: the new descriptors are the shard's own shared-memory segment
+        # and the copy of it that its map holds
+        assert len(os.listdir("/proc/self/fd")) == before + 2
+        del shard
+        assert len(os.listdir("/proc/self/fd")) == before
+        again = MetaFile(paths)  # from the caches
+        print(len(again), before)
+    """
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, index_mod.CACHE_DIR_ENV: str(tmp_path / "cache")},
+    )
+    assert out.returncode == 0, out.stderr
+    count, fds = map(int, out.stdout.split())
+    assert count == 3000 and fds < 20
+
+
+def test_pickled_metafile_needs_no_file_until_it_reads(write_meta) -> None:
+    p = write_meta(LINES)
+    mf = MetaFile(p)
+    fingerprint = mf.fingerprint
+    p.unlink()
+    copy = pickle.loads(pickle.dumps(mf))  # reopened and re-indexed nothing
+    assert len(copy) == 1000 and copy.paths == mf.paths and copy.fingerprint == fingerprint
+    with pytest.raises(MetaFileChangedError, match="deleted or moved"):
+        copy.read([0])
+
+
+def test_in_memory_index_is_not_pickled_but_rebuilt_on_read(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(index_mod, "_cache_paths", lambda path: [])  # nowhere to cache
+    p = write_meta(n=50_000)
+    mf = MetaFile(p)
+    blob = pickle.dumps(mf)
+    assert len(blob) < 2000  # not the 800 KB of spans
+    assert pickle.loads(blob)[49_999] == imagenet_line(49_999)
+
+
+def line_of(i: int) -> str:
+    return f"sample_{i}"
+
+
+def test_spawn_workers_need_no_meta_file(write_meta) -> None:
+    p = write_meta([line_of(i) for i in range(3000)])
+    ds = RankDataset(p, reload_cfg={"seed": 2}, rank=0, world_size=1)
+    loader = DataLoader(ds, batch_size=100, num_workers=2, multiprocessing_context="spawn")
+    p.unlink()  # the shard is in shared memory: workers never open the file
+    got = [item for batch in loader for item in batch]
+    assert sorted(got) == sorted(line_of(i) for i in range(3000))
+
+
+def test_server_answers_409_when_its_file_changed_and_keeps_serving(write_meta, start_server) -> None:
+    p = write_meta(LINES)
+    server = start_server([p])
+    assert requests.get(f"{server.url}/sample/3").text == "3.jpg 3"
+    rewrite(p, LINES[: len(LINES) // 2])  # shorter: through a map, SIGBUS killed the server
+    for method, path, kwargs in [
+        ("GET", "/shard", {"params": {"world_size": 2, "rank": 1}}),
+        ("POST", "/samples", {"data": np.array([999, 3], "<i8").tobytes()}),
+        ("GET", "/sample/999", {}),
+    ]:
+        response = requests.request(method, f"{server.url}{path}", timeout=30, **kwargs)
+        assert response.status_code == 409, response.text
+        body = response.json()
+        assert body["kind"] == "files" and str(p) in body["error"] and "restart the meta server" in body["error"]
+    assert requests.get(f"{server.url}/healthz", timeout=30).status_code == 200
+    assert server.proc.poll() is None
