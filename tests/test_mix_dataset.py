@@ -335,3 +335,22 @@ def test_dataloader_workers_and_stateful_loader(write_meta, context: str) -> Non
     again = RankDataset(sources, reload_cfg={"seed": 4}, rank=1, world_size=2)
     again.load_state_dict(resume_state(saved))
     assert [again[i] for i in range(len(again))] == expect[24:]
+
+
+def test_a_mix_of_many_sources_reaches_persistent_workers(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from rank_dataset import RandomSampler
+
+    sources = []
+    for s in range(600):  # a plan of several KiB for the workers (sizes and counts of every source)
+        path = tmp_path / f"s{s}.txt"
+        path.write_text(f"s{s}_a {s}\ns{s}_b {s}\n")
+        sources.append(Source(path, choose=1))
+    ds = RankDataset(sources, rank=0, world_size=2)
+    loader = DataLoader(ds, batch_size=4096, sampler=RandomSampler(ds), num_workers=1, persistent_workers=True)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        got = sorted(x for batch in loader for x in batch)
+        assert got == sorted(ds[i] for i in range(len(ds)))
+    del loader

@@ -1,6 +1,6 @@
 """The control block of a dataset: which shard its DataLoader workers serve. No torch.
 
-A 4 KiB shareable segment (:mod:`rank_dataset._shm`), created with the dataset and written only by
+A 64 KiB shareable segment (:mod:`rank_dataset._shm`), created with the dataset and written only by
 the process that created it (the rank). Forked workers inherit its mapping; spawn and forkserver
 workers map it by handle. It holds:
 
@@ -26,11 +26,12 @@ from rank_dataset import _shm
 
 __all__ = ["ControlBlock", "Snapshot"]
 
-SIZE = 4096
+SIZE = 1 << 16  # room for the plan of a mix of a thousand or so sources in each slot
 VERSION, GEN, PASSES, PASS_GEN, JOINED = range(5)
-_SLOTS = (256, 256 + 1920)  # byte offsets of the current and the pass slot
+_SLOT = (SIZE - 256) // 2
+_SLOTS = (256, 256 + _SLOT)  # byte offsets of the current and the pass slot
 _SLOT_HEAD = struct.Struct("<QQ")  # generation, length of the record
-_SLOT_CAP = 1920 - _SLOT_HEAD.size
+_SLOT_CAP = _SLOT - _SLOT_HEAD.size
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,10 @@ class ControlBlock:
     def publish(self, gen: int, record: bytes) -> None:
         """Make shard ``gen`` (described by ``record``) the current one."""
         if len(record) > _SLOT_CAP:
-            raise ValueError(f"control record of {len(record)} bytes is over {_SLOT_CAP}")
+            raise ValueError(
+                f"this shard's plan takes {len(record)} bytes to describe to DataLoader workers, over the "
+                f"{_SLOT_CAP} a dataset's control block holds: mix fewer sources (concatenate small ones into one)"
+            )
         with self._lock:
             w = self.words
             w[VERSION] += 1
