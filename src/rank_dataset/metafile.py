@@ -36,8 +36,9 @@ from rank_dataset.shard import Shard, ShardWriter, copy_rows
 __all__ = ["MetaFile", "MetaFileChangedError"]
 
 # Lines are copied in batches that each span about this many bytes of the file, read into one
-# reusable buffer (small enough to stay in the CPU cache while its rows are gathered).
-_WINDOW = 2 << 20
+# reusable buffer: large enough that a build makes few numpy calls per batch, small enough to bound
+# its memory.
+_WINDOW = 8 << 20
 _INDEX_STEP = 1 << 18  # index entries gathered at a time
 _BATCH_ROWS = 1 << 17  # rows copied at a time, bounding the temporaries of a batch
 _TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the index in between
@@ -473,6 +474,15 @@ def _gather(
             if not _copy_rows(fd, file.index.key.size, window, first[rows], lengths[rows], dst[rows], writer.data):
                 file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
                 raise _IndexMismatch(f, corrupt=True)
+    # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
+    # row means its span covers more than one line. One pass over the copied bytes finds it.
+    bad = _first_newline(writer.data)
+    if bad >= 0:
+        row = int(np.searchsorted(writer.bounds, bad, side="right")) - 1
+        f = int(_file_of(bounds, indices[row : row + 1])[0])
+        with files[f].bytes.open(files[f].index.key) as fd:
+            files[f].bytes.check(fd, files[f].index.key)
+        raise _IndexMismatch(f, corrupt=True)
     return writer
 
 
@@ -534,14 +544,22 @@ def _bounds_ok(
 
 
 def _rows_ok(buf: npt.NDArray[np.uint8], s: npt.NDArray[np.int64], e: npt.NDArray[np.int64]) -> bool:
-    """Whether each row ``buf[s:e]`` holds no newline and something other than whitespace."""
-    # The newlines of the window, counted on each side of each row: equal counts, none inside.
-    newlines = np.flatnonzero(buf[: int(e.max())] == NEWLINE)
-    if not np.array_equal(np.searchsorted(newlines, s), np.searchsorted(newlines, e)):
-        return False
+    """Whether each row ``buf[s:e]`` holds something other than whitespace (newlines inside rows are
+    looked for once the whole shard is copied: :func:`_first_newline`)."""
     # Only a row that starts with whitespace can be blank: check those in full (they are rare).
     maybe_blank = np.flatnonzero(BLANK[buf[s]])
     return all(_line_ok(buf[x:y]) for x, y in zip(s[maybe_blank].tolist(), e[maybe_blank].tolist()))
+
+
+def _first_newline(data: npt.NDArray[np.uint8]) -> int:
+    """Where the first newline byte of ``data`` is, or -1: a few MiB at a time, so the comparison's
+    temporary stays small."""
+    step = 4 << 20
+    for lo in range(0, data.size, step):
+        hits = np.flatnonzero(data[lo : lo + step] == NEWLINE)
+        if hits.size:
+            return lo + int(hits[0])
+    return -1
 
 
 def _line_ok(line: npt.NDArray[np.uint8]) -> bool:
