@@ -13,7 +13,20 @@ from typing import Any
 
 from rank_dataset.demo.synthetic import write_imagenet_meta
 
-__all__ = ["machine_info", "plotting", "save_results", "write_imagenet_meta"]
+__all__ = ["PEAK_PRELUDE", "machine_info", "plotting", "save_results", "write_imagenet_meta"]
+
+#: Code for a measured child process: ``rss()`` gives (RSS, peak RSS) in bytes, ``reset_peak()`` resets
+#: the peak (through /proc/self/clear_refs), so a measurement's peak is its own.
+PEAK_PRELUDE = """
+import json, os, sys, time
+def rss():
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+def reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+"""
 
 
 def machine_info() -> str:

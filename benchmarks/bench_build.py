@@ -39,18 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
-
-_PRELUDE = """
-import json, os, sys, time
-def rss():
-    with open("/proc/self/status") as f:
-        fields = dict(line.split(":", 1) for line in f)
-    return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
-def reset_peak():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-"""
+from _common import PEAK_PRELUDE, machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
 
 _SCAN = """
 reset_peak(); before = rss()[0]
@@ -151,7 +140,7 @@ def run_agree(meta: Path, ranks: int, repeat: int, work: Path, env: dict[str, st
 
 
 def run(body: str, meta: Path, rank: int, world: int, env: dict[str, str]) -> dict[str, float]:
-    code = _PRELUDE + f"META = {str(meta)!r}\nRANK = {rank}\nWORLD = {world}\n" + textwrap.dedent(body)
+    code = PEAK_PRELUDE + f"META = {str(meta)!r}\nRANK = {rank}\nWORLD = {world}\n" + textwrap.dedent(body)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"measurement failed:\n{out.stderr}")

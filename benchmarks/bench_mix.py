@@ -30,18 +30,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
+from _common import PEAK_PRELUDE, machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
 
 _BUILD = """
-import json, time
 import numpy as np
 from rank_dataset import RankDataset, Source
-def rss():
-    with open("/proc/self/status") as f:
-        fields = dict(line.split(":", 1) for line in f)
-    return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
+reset_peak()
 if MIX:
     a, b, c = PATHS
     source = [Source(a, weight=1), Source(b, repeat=0.5), Source(c, choose=CHOOSE)]
@@ -62,7 +56,7 @@ print(json.dumps({"seconds": elapsed, "plan": plan, "peak": peak, "count": len(d
 
 def run(paths: list[Path], mix: bool, lines: int, rank: int, world: int, env: dict[str, str]) -> dict[str, float]:
     head = f"PATHS = {[str(p) for p in paths]!r}\nMIX = {mix}\nLINES = {lines}\nCHOOSE = {lines // 2}\n"
-    code = head + f"RANK = {rank}\nWORLD = {world}\n" + textwrap.dedent(_BUILD)
+    code = PEAK_PRELUDE + head + f"RANK = {rank}\nWORLD = {world}\n" + textwrap.dedent(_BUILD)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"measurement failed:\n{out.stderr}")

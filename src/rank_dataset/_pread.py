@@ -72,7 +72,9 @@ class Window:
         lo = int(starts.min())
         hi = min(int(stops.max()), end)
         if self._buf.size < hi - lo + pad:
-            self._buf = np.empty(hi - lo + pad, np.uint8)
+            # An anonymous map, not the heap: unmapped whole when the window goes, so a build leaves no
+            # freed-but-resident heap pages behind for forked DataLoader workers to share.
+            self._buf = np.frombuffer(mmap.mmap(-1, hi - lo + pad), np.uint8)
         buf = self._buf[: hi - lo + pad]
         if hi <= lo:
             return buf, lo
