@@ -23,6 +23,13 @@ def check_int(
     return number
 
 
+def check_at_most(name: str, value: int, high: int) -> int:
+    """Return ``value`` if it is at most ``high``, else raise ValueError naming ``name`` and the bound."""
+    if value > high:
+        raise ValueError(f"{name} must be at most {high}, got {value}")
+    return value
+
+
 def _of(high: int, high_name: str | None) -> str:
     return f"{high_name}={high}" if high_name else str(high)
 

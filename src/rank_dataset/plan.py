@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset._checks import check_int
+from rank_dataset._checks import check_at_most, check_int
 from rank_dataset.mix import MixPlan
 from rank_dataset.permutation import permute
 
@@ -66,11 +66,6 @@ def eval_range(num_samples: int, world_size: int, rank: int) -> tuple[int, int]:
     return start, start + base + (rank < extra)
 
 
-def _at_most(name: str, value: int, high: int) -> None:
-    if value > high:
-        raise ValueError(f"{name} must be at most {high}, got {value}")
-
-
 @dataclass(frozen=True)
 class ResumePoint:
     """Where an interrupted epoch resumes: its plan's boundaries and how far it had got.
@@ -88,7 +83,7 @@ class ResumePoint:
     offset: int
 
     def __post_init__(self) -> None:
-        _at_most("plan_world_size", check_int("plan_world_size", self.plan_world_size, low=1), MAX_WORLD_SIZE)
+        check_at_most("plan_world_size", check_int("plan_world_size", self.plan_world_size, low=1), MAX_WORLD_SIZE)
         check_int("resume mini_epoch_idx", self.mini_epoch_idx, low=0)
         check_int("resume offset", self.offset, low=0)
 
@@ -130,10 +125,10 @@ class ShardSpec:
     mix: MixPlan | None = None
 
     def __post_init__(self) -> None:
-        _at_most("num_samples", check_int("num_samples", self.num_samples, low=1), _MAX_POSITIONS - 1)
-        _at_most("world_size", check_int("world_size", self.world_size, low=1), MAX_WORLD_SIZE)
+        check_at_most("num_samples", check_int("num_samples", self.num_samples, low=1), _MAX_POSITIONS - 1)
+        check_at_most("world_size", check_int("world_size", self.world_size, low=1), MAX_WORLD_SIZE)
         check_int("rank", self.rank, low=0, high=self.world_size, high_name="world_size")
-        _at_most("mini_epoch", check_int("mini_epoch", self.mini_epoch, low=1), _MAX_POSITIONS - 1)
+        check_at_most("mini_epoch", check_int("mini_epoch", self.mini_epoch, low=1), _MAX_POSITIONS - 1)
         check_int("mini_epoch_idx", self.mini_epoch_idx, low=0, high=self.mini_epoch, high_name="mini_epoch")
         check_int("seed", self.seed)
         check_int("epoch", self.epoch, low=0)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rank_dataset._checks import check_int
+from rank_dataset._checks import check_at_most, check_int
 from rank_dataset.plan import MAX_WORLD_SIZE, ResumePoint, ShardSpec
 
 __all__ = ["STATE_VERSION", "MixRecord", "ResumeState", "SourceRecord", "find_state"]
@@ -149,9 +149,7 @@ class ResumeState:
         check_int("epoch", self.epoch, low=0, high=_MAX_INT)
         check_int("mini_epoch", self.mini_epoch, low=1, high=_MAX_INT)
         check_int("mini_epoch_idx", self.mini_epoch_idx, low=0, high=self.mini_epoch, high_name="mini_epoch")
-        check_int("plan_world_size", self.plan_world_size, low=1)
-        if self.plan_world_size > MAX_WORLD_SIZE:
-            raise ValueError(f"plan_world_size must be at most {MAX_WORLD_SIZE}, got {self.plan_world_size}")
+        check_at_most("plan_world_size", check_int("plan_world_size", self.plan_world_size, low=1), MAX_WORLD_SIZE)
         # The positions of a mini-epoch of the plan: ShardSpec.plan_width, before any spec exists.
         width = -(-self.num_samples // (self.plan_world_size * self.mini_epoch)) * self.plan_world_size
         positions = check_int("consumed_positions", self.consumed_positions, low=0)
