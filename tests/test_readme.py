@@ -1,38 +1,38 @@
-"""The README's example runs as written, and its quickstart names the real make targets."""
+"""The README's examples run as written (printing what it shows), and its quickstart names the real make targets."""
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+from markdown_examples import Example, check_example, examples, run_example
 
-
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+EXAMPLES = examples(README)
+LOOP = next(e for e in EXAMPLES if "set_epoch(epoch, mini)" in e.code)
+# A complete program runs; a fragment (a client of a server elsewhere, a two-node job) is compiled.
+PROGRAMS = [e for e in EXAMPLES if 'if __name__ == "__main__":' in e.code and e.not_run is None]
 
 
 def test_training_loop_example_runs(tmp_path: Path) -> None:
-    example = next(b for b in python_blocks() if "set_epoch(epoch, mini)" in b)
-    script = tmp_path / "example.py"
-    script.write_text(example)
-    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = run_example(LOOP, tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         f"epoch {e} mini-epoch {m}: 5000 samples on this rank" for e in range(2) for m in range(2)
     ]
 
 
-def test_every_runnable_example_runs(tmp_path: Path) -> None:
-    runnable = [b for b in python_blocks() if 'if __name__ == "__main__":' in b]
-    assert len(runnable) >= 3
-    for i, block in enumerate(runnable):
-        script = tmp_path / f"example_{i}.py"
-        script.write_text(block)
-        out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, f"example {i}:\n{block}\n{out.stderr}"
+def test_every_runnable_example_runs() -> None:
+    assert len(PROGRAMS) >= 3
+
+
+@pytest.mark.parametrize("example", [e for e in EXAMPLES if e is not LOOP], ids=lambda e: e.name(ROOT))
+def test_example(example: Example, tmp_path: Path) -> None:
+    if example not in PROGRAMS:
+        example = Example(example.page, example.line, example.code, None, "a fragment")
+    check_example(example, tmp_path, ROOT)
 
 
 def test_quickstart_targets_exist() -> None:

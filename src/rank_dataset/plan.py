@@ -37,7 +37,7 @@ def spread_positions(start: int, stop: int, world_size: int, rank: int) -> npt.N
     Every rank gets ``ceil((stop - start) / world_size)`` positions: ``start + rank + k * world_size``,
     a position past ``stop`` wrapping back to the start of the range, so ranks stay equally long.
 
-    Example:
+    Examples:
         >>> spread_positions(0, 10, 4, 3).tolist()
         [3, 7, 1]
     """
@@ -57,7 +57,7 @@ def spread_positions(start: int, stop: int, world_size: int, rank: int) -> npt.N
 def eval_range(num_samples: int, world_size: int, rank: int) -> tuple[int, int]:
     """The contiguous block ``[start, stop)`` of samples that ``rank`` reads in eval mode.
 
-    Example:
+    Examples:
         >>> [eval_range(10, 4, r) for r in range(4)]
         [(0, 3), (3, 6), (6, 8), (8, 10)]
     """
@@ -108,7 +108,7 @@ class ShardSpec:
             ``[0, mix.num_samples)``; in eval mode the mix must take every sample once (as
             RankDataset builds it), so an eval shard is again a contiguous block of them.
 
-    Example:
+    Examples:
         >>> ShardSpec(num_samples=10, world_size=2, rank=1, seed=3).indices().shape
         (5,)
     """
