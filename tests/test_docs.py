@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
-from markdown_examples import Example, check_example, examples
 
 import rank_dataset
+from markdown_examples import Example, check_example, examples
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from markdown_examples import Example, check_example, examples, run_example
 
 ROOT = Path(__file__).resolve().parents[1]
