@@ -45,3 +45,29 @@ def test_every_page_is_in_the_nav() -> None:
     nav = (ROOT / "mkdocs.yml").read_text()
     for page in PAGES:
         assert page.relative_to(DOCS).as_posix() in nav, f"{page} is not in mkdocs.yml's nav"
+
+
+def test_the_check_reads_outputs_and_markers_and_fails_on_a_wrong_output(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Intro.\n\n```python\nprint('hi')\n```\n\nIt prints:\n\n```text\nhi\n```\n\n"
+        "```python\nprint('no output block')\n```\n\n```sh\necho not text\n```\n\n"
+        "<!-- not run: needs a GPU -->\n```python\nimport torch\ntorch.cuda.set_device(0)\n```\n"
+        "```python\nprint('wrong')\n```\n```text\nright\n```\n"
+    )
+    first, second, gpu, wrong = examples(page)
+    assert (first.line, first.code, first.output, first.not_run) == (3, "print('hi')\n", "hi\n", None)
+    assert second.output is None  # the next fenced block is not a ```text block
+    assert gpu.not_run == "needs a GPU" and gpu.output is None
+    for example in (first, second, gpu):
+        check_example(example, tmp_path, tmp_path)
+    with pytest.raises(AssertionError, match="printed:\nwrong\n"):
+        check_example(wrong, tmp_path, tmp_path)
+    broken = Example(page, 1, "import nonexistent_module_xyz\n", None, None)
+    with pytest.raises(AssertionError, match="ModuleNotFoundError"):
+        check_example(broken, tmp_path, tmp_path)
+    with pytest.raises(SyntaxError):
+        check_example(Example(page, 1, "def (:\n", None, "a fragment"), tmp_path, tmp_path)
+    page.write_text("```python\nprint(1)\n")
+    with pytest.raises(ValueError, match="unclosed ``` fence opened at line 1"):
+        examples(page)
