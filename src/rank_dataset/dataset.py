@@ -124,13 +124,16 @@ class ShardedDataset(Dataset[Any]):
         dataset stays as it was."""
         self.channel.check_owner()
         if agreement_needed():  # under a process group, every rank must plan from the same inputs
-            dataset = f"{type(self).__module__}.{type(self).__qualname__}"
-            check_ranks_agree(agreement_fields(spec, self.reader.fingerprint, dataset), spec.rank)
+            check_ranks_agree(self._agreement_fields(spec), spec.rank)
         shard = self.reader.build(spec).without_ids().shared()
         self.channel.publish(shard, spec)
         self._serve(shard, spec)  # the old shard is unmapped here, once the new one exists
         self._seen = self.channel.seen
         return_freed_memory()
+
+    def _agreement_fields(self, spec: ShardSpec) -> dict[str, object]:
+        dataset = f"{type(self).__module__}.{type(self).__qualname__}"
+        return agreement_fields(spec, self.reader.fingerprint, dataset)
 
     def _serve(self, shard: Shard, spec: ShardSpec) -> None:
         self._shard, self._n, self._spec = shard, len(shard), spec
