@@ -1,4 +1,5 @@
-"""The README's examples run as written (printing what it shows), and its quickstart names the real make targets."""
+"""The README's examples run as written and print what the README shows; its quickstart names the real
+make targets."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 EXAMPLES = examples(README)
 LOOP = next(e for e in EXAMPLES if "set_epoch(epoch, mini)" in e.code)
-# A complete program runs; a fragment (a client of a server elsewhere, a two-node job) is compiled.
+# A complete program runs and shows its output after it; a fragment (a client of a server elsewhere, a
+# two-node job) is compiled.
 PROGRAMS = [e for e in EXAMPLES if 'if __name__ == "__main__":' in e.code and e.not_run is None]
 
 
@@ -25,12 +27,14 @@ def test_training_loop_example_runs(tmp_path: Path) -> None:
     ]
 
 
-def test_every_runnable_example_runs() -> None:
+def test_every_runnable_example_shows_its_output() -> None:
     assert len(PROGRAMS) >= 3
+    for example in PROGRAMS:
+        assert example.output is not None, f"{example.name(ROOT)} prints, but the README shows no output after it"
 
 
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if e is not LOOP], ids=lambda e: e.name(ROOT))
-def test_example(example: Example, tmp_path: Path) -> None:
+def test_every_runnable_example_prints_what_the_readme_shows(example: Example, tmp_path: Path) -> None:
     if example not in PROGRAMS:
         example = Example(example.page, example.line, example.code, None, "a fragment")
     check_example(example, tmp_path, ROOT)
