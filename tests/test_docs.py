@@ -31,6 +31,14 @@ def test_pages_have_examples_that_run() -> None:
     assert {"getting-started.md", "concepts/plan.md", "guides/meta-server.md", "guides/workers.md"} <= pages
 
 
+def test_every_runnable_example_shows_its_output() -> None:
+    # The README's rule, held on the pages its examples moved to: an example that runs shows what it prints.
+    runnable = [e for e in EXAMPLES if e.not_run is None]
+    assert sum('if __name__ == "__main__":' in e.code for e in runnable) >= 3
+    for example in runnable:
+        assert example.output is not None, f"{example.name(DOCS)} runs, but the page shows no output after it"
+
+
 def test_api_reference_documents_exactly_the_public_names() -> None:
     documented = [
         m.group(1)
