@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rank_dataset._agree import RanksDisagreeError
 from rank_dataset.config import ReloadConfig
+from rank_dataset.grouping import group_by
 from rank_dataset.metafile import MetaFile, MetaFileChangedError
 from rank_dataset.mix import Source
 from rank_dataset.permutation import permute
@@ -46,6 +47,7 @@ __all__ = [
     "build_index",
     "eval_range",
     "get_rank_world_size",
+    "group_by",
     "permute",
     "resume_state",
     "spread_positions",
