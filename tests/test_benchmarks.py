@@ -61,3 +61,13 @@ def test_bench_workers_smoke(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     table = (tmp_path / "workers.md").read_text()
     assert "| fork |" in table and "| forkserver |" in table and (tmp_path / "workers.png").exists()
+
+
+def test_bench_group_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_group.py"), "--lines", "5000"]
+    cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "group.md").read_text()
+    assert "| group_by again (cached, memory-mapped) |" in table and "N = 5,000 lines" in table
+    assert not list((tmp_path / "data").iterdir())  # the meta file is removed
