@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from rank_dataset._agree import agreement_needed, check_ranks_agree
 from rank_dataset._checks import check_index, check_int
 from rank_dataset._control import ControlBlock
 from rank_dataset._residency import return_freed_memory
+from rank_dataset._subsets import SampleMap, distinct_files
 from rank_dataset.config import ReloadConfig
 from rank_dataset.metafile import MetaFile
 from rank_dataset.mix import MixPlan, Source, SourceInfo, combine_fingerprints, mix_targets
@@ -141,6 +141,11 @@ class ShardedDataset(Dataset[Any]):
         self._kept: dict[int, _shm.Segment] = {}  # (rank) segments of shards a pass may need
         self._indices: npt.NDArray[np.int64] | None = None
         self._source_ids: npt.NDArray[np.integer[Any]] | None = None
+        if not hasattr(self, "_sample_map"):
+            self._sample_map: SampleMap | None = None
+        # Where plan numbers are not sample numbers (subsets, a file in several sources), the shard
+        # keeps each line's sample number (8 bytes a line), so workers need no map.
+        self._keeps_ids = self._sample_map is not None and not self._sample_map.identity
         spec = ShardSpec(
             num_samples=num_samples,
             world_size=world_size,
@@ -192,7 +197,8 @@ class ShardedDataset(Dataset[Any]):
             )
         if agreement_needed():  # under a process group, every rank must plan from the same inputs
             check_ranks_agree(self._agreement_fields(spec), spec.rank)
-        shard = self._build(spec).without_ids().shared()
+        shard = self._build(spec)
+        shard = (shard if self._keeps_ids else shard.without_ids()).shared()
         assert shard.handle is not None and shard.segment is not None
         gen = self._gen + 1
         record = json.dumps({"handle": shard.handle.to_dict(), "spec": _spec_to_dict(spec)}).encode()
@@ -300,8 +306,10 @@ class ShardedDataset(Dataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         # Pickled to reach a spawn or forkserver worker: handles only, never a shard's bytes.
         state = self.__dict__.copy()
-        for name in ("_ctl", "_word", "_shard", "_text", "_kept", "_indices", "_source_ids"):
+        for name in ("_ctl", "_word", "_shard", "_text", "_kept", "_indices", "_source_ids", "_sample_map"):
             state.pop(name, None)
+        if self._sources is not None:  # a worker needs no ids: only those in a file (a reference) go
+            state["_sources"] = tuple(_without_memory_ids(s) for s in self._sources)
         state["_ctl_handle"] = self._ctl.handle
         state["_owner"] = False
         state["_pass_open"] = 0
@@ -314,6 +322,7 @@ class ShardedDataset(Dataset[Any]):
         self._word = self._ctl.words
         self._shard = self._text = None  # type: ignore[assignment]  # mapped on first use
         self._kept, self._indices, self._source_ids = {}, None, None
+        self._sample_map = None
         self._seen = -1  # look at the control block on first use
 
     def _build(self, spec: ShardSpec) -> Shard:
@@ -368,7 +377,8 @@ class ShardedDataset(Dataset[Any]):
         if mix is None:
             return None
         if self._source_ids is None:
-            source_ids = mix.source_of(self.indices).astype(self._source_dtype)
+            plan = self._spec.indices() if self._keeps_ids else self.indices
+            source_ids = mix.source_of(plan).astype(self._source_dtype)
             source_ids.flags.writeable = False
             self._source_ids = source_ids
         return self._source_ids
@@ -491,7 +501,8 @@ class ShardedDataset(Dataset[Any]):
         if self._word[0] != self._seen:
             self._sync()
         if self._indices is None:
-            indices = self._spec.indices()
+            ids = self._shard.ids
+            indices = self._spec.indices() if ids is None else np.array(ids)
             indices.flags.writeable = False
             self._indices = indices
         return self._indices
@@ -598,16 +609,29 @@ class RankDataset(ShardedDataset):
             self.meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file)  # type: ignore[arg-type]
             super().__init__(len(self.meta), is_test, reload_cfg, rank, world_size, parser)
             return
-        # One MetaFile of every source's files in order: reading a shard stays MetaFile.read.
-        self.meta = MetaFile([path for source in sources for path in source.paths])
-        first = np.cumsum([0] + [len(s.paths) for s in sources])
-        self._source_files = [(int(a), int(b)) for a, b in itertools.pairwise(first)]
+        # One MetaFile of the distinct files of all sources, in order of first appearance: each is
+        # indexed once, and a shard is one MetaFile.read (each file read once).
+        paths, files = distinct_files([source.paths for source in sources])
+        self.meta = MetaFile(paths)
         bounds = self.meta.file_bounds
-        sizes = [int(bounds[b] - bounds[a]) for a, b in self._source_files]
+        counts = np.diff(bounds)
+        sizes = []
+        for source, mine in zip(sources, files):
+            n = int(counts[list(mine)].sum())
+            if source.ids is not None:
+                source.ids.check(n, source.name)
+                n = len(source.ids)
+            sizes.append(n)
+        self._source_files = files
+        self._sample_map = SampleMap(tuple(sizes), files, bounds, tuple(s.ids for s in sources))
         super().__init__(len(self.meta), is_test, reload_cfg, rank, world_size, parser, sources, sizes)
 
     def _build(self, spec: ShardSpec) -> Shard:
-        return self.meta.read(spec.indices(), ids=False)
+        plan = spec.indices()
+        if not self._keeps_ids:
+            return self.meta.read(plan, ids=False)
+        assert spec.mix is not None and self._sample_map is not None
+        return self.meta.read(self._sample_map.samples(plan, spec.mix.source_of(plan)), ids=True)
 
     def _where(self, sample: int) -> str:
         return self.meta.where(sample)
@@ -617,7 +641,21 @@ class RankDataset(ShardedDataset):
 
     def _source_fingerprints(self) -> tuple[str, ...]:
         files = self.meta.file_fingerprints
-        return tuple(combine_fingerprints(files[a:b]) for a, b in self._source_files)
+        assert self._sources is not None
+        return tuple(
+            combine_fingerprints([files[f] for f in mine] + ([] if s.ids is None else [s.ids.fingerprint]))
+            for s, mine in zip(self._sources, self._source_files)
+        )
+
+
+def _without_memory_ids(source: Source) -> Source:
+    """``source`` without ids held in memory (pickled, they would be copied): a worker needs none."""
+    if source.ids is None or isinstance(source.ids.base, np.memmap):
+        return source
+    copy = object.__new__(Source)
+    copy.__dict__.update(source.__dict__)
+    object.__setattr__(copy, "ids", None)
+    return copy
 
 
 def _spec_to_dict(spec: ShardSpec) -> dict[str, Any]:

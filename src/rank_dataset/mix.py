@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset._checks import check_int
+from rank_dataset._subsets import SampleIds
 from rank_dataset.parsers import Parser, resolve_parser
 from rank_dataset.permutation import _splitmix64, permute
 
@@ -66,12 +67,18 @@ def _fspath(i: int, path: Any) -> str:
 
 @dataclass(frozen=True, init=False)
 class Source:
-    """One source of a mix: one meta file, or a list of them taken as one source, and how much of it
-    an epoch takes. Pure: it does not open the files.
+    """One source of a mix: one meta file, or a list of them taken as one source, or the listed samples
+    of them, and how much of it an epoch takes. It does not open the meta files.
 
     Args:
         paths: a path, or a non-empty list of paths (taken as one source, in order). Stored as a
             tuple of str.
+        ids: None (every sample of the files), or the samples of the source: 0-based sample numbers
+            over its files taken as one, as a 1-D integer array or the path of a ``.npy`` file (which
+            is memory-mapped, as is a view of a memory-mapped array such as a value of
+            :func:`~rank_dataset.grouping.group_by`: ranks and workers then read only the ids at
+            their positions). The listed order is the order in eval mode. Stored as a
+            ``SampleIds``; checked (distinct, in range) when a dataset opens the files.
         weight: share of what the fixed-count sources leave of the epoch, in proportion to the
             other weights; a finite float > 0.
         repeat: the epoch takes ``round(repeat * N)`` samples (``N``: the source's size); a finite
@@ -85,9 +92,11 @@ class Source:
 
     Example:
         >>> Source("data/a.txt", weight=2)
-        Source(paths=('data/a.txt',), weight=2.0, repeat=None, choose=None, parser=None, name='a.txt')
+        Source(paths=('data/a.txt',), weight=2.0, repeat=None, choose=None, parser=None, name='a.txt', ids=None)
         >>> Source(["x/b1.txt", "x/b2.txt"]).repeat
         1.0
+        >>> Source("data/a.txt", ids=[5, 2, 9], name="a few").ids
+        SampleIds(n=3)
     """
 
     paths: tuple[str, ...]
@@ -96,11 +105,13 @@ class Source:
     choose: int | None
     parser: str | Parser | None
     name: str
+    ids: SampleIds | None
 
     def __init__(
         self,
         paths: PathArg | Sequence[PathArg],
         *,
+        ids: Any = None,
         weight: float | None = None,
         repeat: float | None = None,
         choose: int | None = None,
@@ -135,6 +146,7 @@ class Source:
             object.__setattr__(self, field, value)
         object.__setattr__(self, "parser", parser)
         object.__setattr__(self, "name", name)
+        object.__setattr__(self, "ids", None if ids is None else SampleIds.of(ids, name))
 
 
 def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int | None = None) -> tuple[list[int], int]:
