@@ -18,6 +18,7 @@ from rank_dataset.mix import Source
 from rank_dataset.permutation import permute
 from rank_dataset.plan import ResumePoint, ShardSpec, eval_range, spread_positions
 from rank_dataset.protocol import ProtocolError
+from rank_dataset.recipes import class_balanced, repeat_factor
 from rank_dataset.resume import ResumeState
 from rank_dataset.scan import build_index
 from rank_dataset.shard import Shard
@@ -45,10 +46,12 @@ __all__ = [
     "ShardSpec",
     "Source",
     "build_index",
+    "class_balanced",
     "eval_range",
     "get_rank_world_size",
     "group_by",
     "permute",
+    "repeat_factor",
     "resume_state",
     "spread_positions",
 ]

@@ -61,7 +61,7 @@ def _check_factors(factors: npt.ArrayLike, n: int | None = None, *, name: str = 
     r = r.astype(np.float64)
     bad = np.flatnonzero(~(np.isfinite(r) & (r > 0)))
     if bad.size:
-        raise ValueError(f"{name} must be finite and > 0, got {r[bad[0]]!r} for sample {int(bad[0])}")
+        raise ValueError(f"{name} must be finite and > 0, got {float(r[bad[0]])!r} for sample {int(bad[0])}")
     return r
 
 

@@ -15,6 +15,7 @@ the ``N`` int64 sample numbers, group after group.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -384,29 +385,44 @@ def _labels(lines: _Lines) -> npt.NDArray[np.int64]:
     return out
 
 
+def each_line(meta_file: PathLike, desc: str) -> Iterator[tuple[str, Callable[[], str]]]:
+    """Every sample of ``meta_file`` as ``(text, where)``, in order, ``where()`` giving its ``path:line``;
+    a progress bar on a terminal (in the first process of a node). For functions of the line."""
+    path = Path(meta_file).expanduser().resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"meta file not found: {os.fspath(meta_file)!r}")
+    try:
+        index = load_index(path)
+    except FileChanged as exc:
+        raise MetaFileChangedError(path, exc.what) from None
+    with _open_checked(path, index) as lines:
+        yield from _texts(lines, desc)
+
+
+def _texts(lines: _Lines, desc: str) -> Iterator[tuple[str, Callable[[], str]]]:
+    with progress_bar(lines.index.count, f"{desc} {lines.path}", unit="lines", min_total=1 << 16) as bar:
+        for _, base, buf, spans in lines.blocks():
+            data = buf.tobytes()
+            for start, end in spans.tolist():
+                yield data[start:end].decode("utf-8", "replace"), functools.partial(lines.where, base + start)
+            bar.update(len(spans))
+
+
 def _key_codes(lines: _Lines, key: Key) -> tuple[npt.NDArray[np.int64], list[Any]]:
     """For every sample, the number of its key in order of first appearance, and the keys."""
     codes = np.empty(lines.index.count, np.int64)
     number: dict[Any, int] = {}
     keys: list[Any] = []
-    with progress_bar(lines.index.count, f"grouping {lines.path}", unit="lines", min_total=1 << 16) as bar:
-        for first, base, buf, spans in lines.blocks():
-            data = buf.tobytes()
-            block = []
-            for start, end in spans.tolist():
-                text = data[start:end].decode("utf-8", "replace")
-                value = key(text)
-                try:
-                    code = number.get(value)
-                except TypeError:
-                    where = lines.where(base + start)
-                    raise TypeError(f"{where}: key returned {value!r} ({type(value).__name__}), not hashable") from None
-                if code is None:
-                    code = number[value] = len(keys)
-                    keys.append(value)
-                block.append(code)
-            codes[first : first + len(block)] = block
-            bar.update(len(block))
+    for i, (text, where) in enumerate(_texts(lines, "grouping")):
+        value = key(text)
+        try:
+            code = number.get(value)
+        except TypeError:
+            raise TypeError(f"{where()}: key returned {value!r} ({type(value).__name__}), not hashable") from None
+        if code is None:
+            code = number[value] = len(keys)
+            keys.append(value)
+        codes[i] = code
     return codes, keys
 
 
