@@ -91,7 +91,7 @@ class SampleIds:
             # A reference to the file, mapped again where it is unpickled (a spawn worker, a server).
             file = (os.fspath(base.filename), int(base.offset), base.dtype.str, base.size)
             return (_from_file, (file, self.start, self.stop, self.checked))
-        return (SampleIds, (np.asarray(base[self.start : self.stop]), 0, len(self), self.checked))
+        return (_from_array, (np.asarray(base[self.start : self.stop]), self.checked))
 
     def view(self) -> npt.NDArray[np.integer[Any]]:
         """The listed ids (a view: memory-mapped ones are not read)."""
@@ -167,6 +167,10 @@ def _root(array: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], int]:
             break
         base = base.base
     return root, start
+
+
+def _from_array(array: npt.NDArray[np.integer[Any]], checked: bool) -> SampleIds:
+    return SampleIds(array, 0, array.size, checked=checked)
 
 
 def _from_file(file: tuple[str, int, str, int], start: int, stop: int, checked: bool) -> SampleIds:
