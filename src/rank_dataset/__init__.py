@@ -10,14 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from rank_dataset._agree import RanksDisagreeError
 from rank_dataset.config import ReloadConfig
+from rank_dataset.errors import MetaFileChangedError, ProtocolError, RanksDisagreeError
 from rank_dataset.grouping import group_by
-from rank_dataset.metafile import MetaFile, MetaFileChangedError
+from rank_dataset.metafile import MetaFile
 from rank_dataset.mix import Source
 from rank_dataset.permutation import permute
 from rank_dataset.plan import ResumePoint, ShardSpec, eval_range, spread_positions
-from rank_dataset.protocol import ProtocolError
 from rank_dataset.recipes import class_balanced, repeat_factor
 from rank_dataset.resume import ResumeState
 from rank_dataset.scan import build_index
@@ -27,7 +26,7 @@ from rank_dataset.topology import get_rank_world_size
 if TYPE_CHECKING:
     from rank_dataset.client import RankServerDataset, ServerDataset
     from rank_dataset.dataset import RankDataset
-    from rank_dataset.sampler import RandomSampler, ResumableSampler, resume_state
+    from rank_dataset.sampler import RandomSampler, ResumableSampler, find_resume_state, resume_state
 
 __all__ = [
     "MetaFile",
@@ -48,6 +47,7 @@ __all__ = [
     "build_index",
     "class_balanced",
     "eval_range",
+    "find_resume_state",
     "get_rank_world_size",
     "group_by",
     "permute",
@@ -60,6 +60,7 @@ _LAZY = {
     "RandomSampler": "rank_dataset.sampler",
     "ResumableSampler": "rank_dataset.sampler",
     "resume_state": "rank_dataset.sampler",
+    "find_resume_state": "rank_dataset.sampler",
     "RankDataset": "rank_dataset.dataset",
     "RankServerDataset": "rank_dataset.client",
     "ServerDataset": "rank_dataset.client",

@@ -34,8 +34,8 @@ from rank_dataset._cachelock import load_or_build
 from rank_dataset._labels import PAD, tail_labels
 from rank_dataset._pread import ShortRead, count_newlines, pread_exact
 from rank_dataset._progress import progress_bar
-from rank_dataset.index import FileChanged, FileKey, Index, SpanReader, _cache_paths, _fsync_dir, load_index
-from rank_dataset.metafile import MetaFileChangedError
+from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.index import FileKey, Index, SpanReader, _cache_paths, _fsync_dir, load_index
 from rank_dataset.parsers import LineError, parse_label
 from rank_dataset.scan import PathLike
 
@@ -109,10 +109,7 @@ def group_by(meta_file: PathLike, key: str | Key = "label", *, cache_name: str |
     path = Path(meta_file).expanduser().resolve()
     if not path.is_file():
         raise FileNotFoundError(f"meta file not found: {os.fspath(meta_file)!r}")
-    try:
-        index = load_index(path)
-    except FileChanged as exc:
-        raise MetaFileChangedError(path, exc.what) from None
+    index = load_index(path)
     if index.count == 0:
         raise ValueError(f"no samples in {path}: every line is empty or whitespace")
     grouping = _load_or_group(path, index, key, name)
@@ -177,7 +174,7 @@ def _open_cache(cache: Path, index: Index) -> _Grouping | None:
         if (
             magic != _MAGIC
             or not FileKey(size, mtime, ctime, inode, device).same_file(index.key)
-            or sample != index.sample
+            or sample != index.ends_hash
             or count != index.count
             or not 1 <= nkeys <= count
             or form not in (_INT_KEYS, _JSON_KEYS)
@@ -227,7 +224,7 @@ def _write_cache(cache: Path, path: Path, index: Index, key: str | Key) -> _Grou
         k = index.key
         header = _HEADER.pack(
             _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, k.device, index.count, len(keys), len(key_part), form,
-            index.sample,
+            index.ends_hash,
         )  # fmt: skip
         with os.fdopen(tmp_fd, "wb") as f:
             f.write(header.ljust(_DATA_OFFSET, b"\0"))
@@ -391,10 +388,7 @@ def each_line(meta_file: PathLike, desc: str) -> Iterator[tuple[str, Callable[[]
     path = Path(meta_file).expanduser().resolve()
     if not path.is_file():
         raise FileNotFoundError(f"meta file not found: {os.fspath(meta_file)!r}")
-    try:
-        index = load_index(path)
-    except FileChanged as exc:
-        raise MetaFileChangedError(path, exc.what) from None
+    index = load_index(path)
     with _open_checked(path, index) as lines:
         yield from _texts(lines, desc)
 

@@ -20,8 +20,7 @@ import numpy.typing as npt
 from rank_dataset._subsets import SampleIds
 from rank_dataset.balance import _check_factors, class_weights, factor_groups, lvis_factors
 from rank_dataset.grouping import Key, each_line, group_by
-from rank_dataset.index import FileChanged, load_index
-from rank_dataset.metafile import MetaFileChangedError
+from rank_dataset.index import load_index
 from rank_dataset.mix import Source
 from rank_dataset.parsers import Parser
 from rank_dataset.scan import PathLike
@@ -148,7 +147,4 @@ def _count(meta_file: PathLike) -> int:
     path = Path(meta_file).expanduser().resolve()
     if not path.is_file():
         raise FileNotFoundError(f"meta file not found: {os.fspath(meta_file)!r}")
-    try:
-        return load_index(path).count
-    except FileChanged as exc:
-        raise MetaFileChangedError(path, exc.what) from None
+    return load_index(path).count
