@@ -166,3 +166,27 @@ def test_workers_serve_the_subset_items(files: tuple[Path, Path], start_method: 
         (line.rsplit(" ", 1)[0], int(line.rsplit(" ", 1)[1])) for line in (text[i] for i in ds.indices.tolist())
     )
     assert got == want
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_a_mix_of_20000_sources_works_with_workers_and_resume(write_meta, start_method: str) -> None:
+    from torch.utils.data import DataLoader
+
+    from rank_dataset import class_balanced
+
+    p = write_meta(f"img/{i}.jpg {i % 20_000}" for i in range(40_000))  # ImageNet-21k-like: 20,000 classes
+    sources = class_balanced(p)
+    assert len(sources) == 20_000
+    ds = RankDataset(sources, reload_cfg={"seed": 1}, rank=0, world_size=2)
+    loader = DataLoader(
+        ds, batch_size=4096, sampler=RandomSampler(ds), num_workers=1, persistent_workers=True,
+        multiprocessing_context=start_method, collate_fn=list,
+    )  # fmt: skip
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        assert sorted(x for batch in loader for x in batch) == sorted(ds[i] for i in range(len(ds)))
+    del loader
+    state = ds.state_dict(consumed=100)
+    other = RankDataset(sources, reload_cfg={"seed": 1}, rank=2, world_size=3)
+    other.load_state_dict(state)
+    assert len(other) == -(-(40_000 - 200) // 3)  # the rest of the epoch of 40,000, over 3 ranks

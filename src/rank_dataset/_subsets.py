@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -173,9 +174,16 @@ def _from_array(array: npt.NDArray[np.integer[Any]], checked: bool) -> SampleIds
     return SampleIds(array, 0, array.size, checked=checked)
 
 
+# The maps made by unpickling, by file: the thousands of sources of one grouping share one map (and
+# one descriptor), as they did where they were pickled.
+_MAPS: weakref.WeakValueDictionary[tuple[str, int, str, int], np.memmap] = weakref.WeakValueDictionary()
+
+
 def _from_file(file: tuple[str, int, str, int], start: int, stop: int, checked: bool) -> SampleIds:
-    path, offset, dtype, size = file
-    base = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(size,))
+    base = _MAPS.get(file)
+    if base is None:
+        path, offset, dtype, size = file
+        base = _MAPS[file] = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(size,))
     return SampleIds(base, start, stop, checked=checked)
 
 
