@@ -190,3 +190,37 @@ def test_a_mix_of_20000_sources_works_with_workers_and_resume(write_meta, start_
     other = RankDataset(sources, reload_cfg={"seed": 1}, rank=2, world_size=3)
     other.load_state_dict(state)
     assert len(other) == -(-(40_000 - 200) // 3)  # the rest of the epoch of 40,000, over 3 ranks
+
+
+def test_a_meta_server_gives_exactly_rank_datasets_shard(
+    files: tuple[Path, Path], tmp_path: Path, start_server
+) -> None:
+    from rank_dataset import RankServerDataset
+
+    a, b = files
+    server = start_server([b, a])  # served in another order than the sources name them
+    groups = group_by(a)
+    np.save(tmp_path / "few.npy", np.array([70, 3, 11]))
+    local_sources = [Source(a, ids=v, weight=1, name=f"class {k}") for k, v in groups.items()]
+    local_sources += [Source(b, ids=tmp_path / "few.npy", repeat=2), Source(a, choose=20)]
+    served_sources = [Source("a.txt", ids=v, weight=1, name=f"class {k}") for k, v in groups.items()]
+    served_sources += [Source("b.txt", ids=tmp_path / "few.npy", repeat=2), Source("a.txt", choose=20)]
+    for world, is_test in [(1, False), (3, False), (2, True)]:
+        for rank in range(world):
+            cfg = {"seed": 7, "epoch": 1}
+            local = RankDataset(local_sources, is_test=is_test, reload_cfg=cfg, rank=rank, world_size=world)
+            remote = RankServerDataset(
+                server.url, is_test=is_test, reload_cfg=cfg, rank=rank, world_size=world, sources=served_sources
+            )
+            assert np.array_equal(local.indices, remote.indices)
+            assert np.array_equal(local.source_ids, remote.source_ids)
+            assert [local[i] for i in range(len(local))] == [remote[i] for i in range(len(remote))]
+            assert [s.fingerprint for s in local.sources] == [s.fingerprint for s in remote.sources]
+            if not is_test:
+                state = local.state_dict(5)
+                assert remote.state_dict(5) == state
+                again = RankServerDataset(server.url, rank=0, world_size=2, sources=served_sources, reload_cfg=cfg)
+                again.load_state_dict(state)
+                mine = RankDataset(local_sources, rank=0, world_size=2, reload_cfg=cfg)
+                mine.load_state_dict(state)
+                assert np.array_equal(again.indices, mine.indices)
