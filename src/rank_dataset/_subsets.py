@@ -210,46 +210,42 @@ class SampleMap:
         return all(i is None for i in self.ids) and flat == list(range(len(self.file_bounds) - 1))
 
     def samples(self, plan: npt.NDArray[np.int64], source_ids: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.int64]:
-        """The sample numbers of plan numbers ``plan`` (whose sources are ``source_ids``)."""
+        """The sample numbers of plan numbers ``plan`` (whose sources are ``source_ids``), in a few
+        vectorised passes: one gather per distinct ids array (the groups of one grouping share one)."""
         if self.identity:
             return np.asarray(plan, np.int64)
+        src = np.asarray(source_ids, np.int64)
         offsets = np.concatenate(([0], np.cumsum(self.sizes[:-1], dtype=np.int64)))
-        local = plan - offsets[source_ids]
-        out: npt.NDArray[np.int64] = np.empty(local.shape, np.int64)
-        order = np.argsort(source_ids, kind="stable")
-        sorted_ids = source_ids[order]
-        cuts = np.flatnonzero(np.diff(sorted_ids)) + 1
-        starts, stops = np.r_[0, cuts], np.r_[cuts, order.size]
-        # Sources whose ids are slices of one array (a grouping's groups) are gathered together.
-        by_base: dict[int, list[tuple[int, npt.NDArray[np.int64]]]] = {}
-        for a, b in zip(starts.tolist(), stops.tolist()):
-            if a == b:
+        out: npt.NDArray[np.int64] = plan - offsets[src]  # the position within the source
+        bases: dict[int, int] = {}
+        base_of = np.full(len(self.sizes), -1, np.int64)
+        start_of = np.zeros(len(self.sizes), np.int64)
+        arrays: list[npt.NDArray[np.integer[Any]]] = []
+        for s, ids in enumerate(self.ids):
+            if ids is not None:
+                base_of[s] = bases.setdefault(id(ids.base), len(arrays))
+                if base_of[s] == len(arrays):
+                    arrays.append(ids.base)
+                start_of[s] = ids.start
+        if arrays:
+            which = base_of[src]
+            for b, base in enumerate(arrays):
+                rows = np.flatnonzero(which == b) if len(arrays) > 1 or (which < 0).any() else slice(None)
+                out[rows] = np.asarray(base[out[rows] + start_of[src[rows]]], np.int64)
+        # Now numbers over each source's files taken as one: place them among the distinct files.
+        single = np.array([self.file_bounds[f[0]] if len(f) == 1 else -1 for f in self.files], np.int64)
+        if (single >= 0).all():
+            out += single[src]
+            return out
+        counts = np.diff(self.file_bounds)
+        for s, files in enumerate(self.files):
+            rows = np.flatnonzero(src == s)
+            if not rows.size:
                 continue
-            s = int(sorted_ids[a])
-            rows = order[a:b]
-            ids = self.ids[s]
-            if ids is None:
-                out[rows] = local[rows]
-            else:
-                by_base.setdefault(id(ids.base), []).append((s, rows))
-        for group in by_base.values():
-            rows = np.concatenate([r for _, r in group])
-            first = self.ids[group[0][0]]
-            assert first is not None
-            shift = np.concatenate([np.full(r.size, self.ids[s].start, np.int64) for s, r in group])  # type: ignore[union-attr]
-            out[rows] = np.asarray(first.base[local[rows] + shift], np.int64)
-        # Now ``out`` holds numbers over each source's files taken as one: place them among the distinct files.
-        for a, b in zip(starts.tolist(), stops.tolist()):
-            if a == b:
-                continue
-            s = int(sorted_ids[a])
-            rows = order[a:b]
-            files = self.files[s]
             if len(files) == 1:
-                out[rows] += self.file_bounds[files[0]]
+                out[rows] += single[s]
                 continue
-            counts = np.diff(self.file_bounds)[list(files)]
-            own = np.concatenate(([0], np.cumsum(counts)))
+            own = np.concatenate(([0], np.cumsum(counts[list(files)])))
             j = np.searchsorted(own, out[rows], side="right") - 1
             out[rows] += self.file_bounds[np.asarray(files)[j]] - own[j]
         return out

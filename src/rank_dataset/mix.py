@@ -35,7 +35,7 @@ from rank_dataset._bounds import Bounds
 from rank_dataset._checks import MAX_EXACT, check_int
 from rank_dataset._subsets import SampleIds
 from rank_dataset.parsers import Parser, resolve_parser
-from rank_dataset.permutation import _splitmix64, permute, permute_each
+from rank_dataset.permutation import _splitmix64, grid_each, permute, permute_keyed, round_keys_each
 
 __all__ = [
     "MixPlan",
@@ -50,7 +50,8 @@ __all__ = [
 
 _MASK64 = (1 << 64) - 1
 _FEW_PASSES = 8  # up to this many passes of a source in one epoch, group positions by masks, not a sort
-_FEW_SOURCES = 16  # up to this many sources, find each one's positions by a mask, not a sort
+_FEW_SOURCES = 16  # up to this many sources, evaluate each one's permutation by a call of its own
+_BLOCK = 1 << 18  # positions located at a time in a mix of many sources: bounds the temporaries
 
 PathArg = str | os.PathLike[str]
 
@@ -468,19 +469,28 @@ class MixPlan:
         starts: npt.NDArray[np.int64],
     ) -> npt.NDArray[np.int64]:
         """:meth:`locate`'s samples for a mix of many sources: the same numbers, every source's
-        permutations evaluated together (:func:`~rank_dataset.permutation.permute_each`) rather than
-        a call per source and pass, which would cost a mix of thousands of sources seconds."""
+        permutations evaluated together (:func:`~rank_dataset.permutation.permute_keyed`) rather than
+        a call per source and pass, which would cost a mix of thousands of sources seconds. The grid
+        and round keys are computed once per source and pass, a block of positions at a time."""
         sizes = np.asarray(self.sizes, np.int64)
         heads = [divmod(epoch * c, n) for n, c in zip(self.sizes, self.counts)]
         first_pass = np.array([f for f, _ in heads], np.int64)
         head = np.array([h for _, h in heads], np.int64)
         keys = np.array([_source_seed(seed, s) for s in range(len(self.sizes))], np.uint64)
-        n = sizes[ids]
-        t = slots - starts[ids] + head[ids]
-        passes, k = np.divmod(t, n)
-        passes += first_pass[ids]
+        rows, col_bits = grid_each(sizes)
         offsets = np.concatenate(([0], np.cumsum(sizes[:-1])))
-        return permute_each(n, keys[ids], passes, k) + offsets[ids]
+        out = np.empty_like(slots)
+        for a in range(0, slots.size, _BLOCK):
+            src = ids[a : a + _BLOCK]
+            n = sizes[src]
+            rel, k = np.divmod(slots[a : a + _BLOCK] - starts[src] + head[src], n)
+            # The round keys of each (source, pass) once, not once a position.
+            span = int(rel.max()) + 1
+            pairs, which = np.unique(src * span + rel, return_inverse=True)
+            pair_keys = round_keys_each(keys[pairs // span], first_pass[pairs // span] + pairs % span)
+            out[a : a + _BLOCK] = permute_keyed(n, rows[src], col_bits[src], [g[which] for g in pair_keys], k)
+            out[a : a + _BLOCK] += offsets[src]
+        return out
 
     def epoch_order(self, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """The global sample numbers at ``positions`` (see :meth:`locate`); in the mix, this takes the

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from rank_dataset._checks import MAX_EXACT
 
-__all__ = ["permute", "permute_each"]
+__all__ = ["grid_each", "permute", "permute_each", "permute_keyed", "round_keys_each"]
 
 _ROUNDS = 6
 _MASK64 = (1 << 64) - 1
@@ -144,6 +144,29 @@ def _splitmix64_array(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     return out
 
 
+def round_keys_each(seed: npt.NDArray[np.uint64], epoch: npt.NDArray[np.int64]) -> list[npt.NDArray[np.uint32]]:
+    """The round keys of ``(seed[i], epoch[i])`` for every ``i`` (as :func:`_round_keys`), one array a round."""
+    with np.errstate(over="ignore"):
+        state = _splitmix64_array(_splitmix64_array(seed.astype(np.uint64)) ^ epoch.astype(np.int64).view(np.uint64))
+        keys = []
+        for _ in range(_ROUNDS):
+            state = _splitmix64_array(state)
+            keys.append((state >> np.uint64(32)).astype(np.uint32))
+    return keys
+
+
+def grid_each(n: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``(rows, col_bits)`` of :func:`_grid` for every ``n[i]``."""
+    n = np.asarray(n, np.int64)
+    below = np.maximum(n - 1, 0)
+    bit_length = np.where(below > 0, np.frexp(below.astype(np.float64))[1], 0).astype(np.int64)
+    # float64 rounds n - 1 >= 2**53 up to a power of two at most: correct the exponent where it did.
+    over = (bit_length > 53) & ((np.int64(1) << np.minimum(bit_length - 1, 62)) > below)
+    bit_length -= over
+    col_bits = (bit_length + 1) // 2
+    return -(-n // (np.int64(1) << col_bits)), col_bits
+
+
 def permute_each(
     n: npt.NDArray[np.int64],
     seed: npt.NDArray[np.uint64],
@@ -160,21 +183,19 @@ def permute_each(
         >>> got.tolist() == [int(permute(10, 1, 0, 3)), int(permute(7, 2, 5, 6)), int(permute(10, 1, 1, 3))]
         True
     """
-    n = np.asarray(n, np.int64)
-    with np.errstate(over="ignore"):
-        state = _splitmix64_array(_splitmix64_array(seed.astype(np.uint64)) ^ epoch.astype(np.int64).view(np.uint64))
-        keys = []
-        for _ in range(_ROUNDS):
-            state = _splitmix64_array(state)
-            keys.append((state >> np.uint64(32)).astype(np.uint32))
-    # The grid of each n, as _grid: col_bits = (bit_length(n - 1) + 1) // 2.
-    below = np.maximum(n - 1, 0)
-    bit_length = np.where(below > 0, np.frexp(below.astype(np.float64))[1], 0).astype(np.int64)
-    # float64 rounds n - 1 >= 2**53 up to a power of two at most: correct the exponent where it did.
-    over = (bit_length > 53) & ((np.int64(1) << np.minimum(bit_length - 1, 62)) > below)
-    bit_length -= over
-    col_bits = (bit_length + 1) // 2
-    rows = -(-n // (np.int64(1) << col_bits))
+    rows, col_bits = grid_each(n)
+    return permute_keyed(np.asarray(n, np.int64), rows, col_bits, round_keys_each(seed, epoch), positions)
+
+
+def permute_keyed(
+    n: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+    col_bits: npt.NDArray[np.int64],
+    keys: list[npt.NDArray[np.uint32]],
+    positions: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """:func:`permute_each` given each element's grid (:func:`grid_each`) and round keys
+    (:func:`round_keys_each`), which a caller with few distinct permutations computes once each."""
     out = np.empty(n.shape, np.int64)
     todo = np.arange(n.size)
     cells = positions.astype(np.int64)
@@ -183,9 +204,10 @@ def permute_each(
         hi = (cells >> cb).astype(np.uint32)
         lo = (cells & ((np.int64(1) << cb) - 1)).astype(np.uint32)
         col_mask = ((np.int64(1) << cb) - 1).astype(np.uint32)
+        first = todo.size == n.size
         with np.errstate(over="ignore"):
             for i, all_keys in enumerate(keys):
-                key = all_keys[todo]
+                key = all_keys if first else all_keys[todo]
                 if i % 2 == 0:
                     lo += _hash(hi, key)  # type: ignore[arg-type]
                     lo &= col_mask
