@@ -62,7 +62,7 @@ def tail_labels(
     ``decoded`` is False, the line is not of the common form and ``labels`` holds nothing useful;
     parse it with :func:`rank_dataset.parsers.parse_label` (which also says why a line has no label).
 
-    Example:
+    Examples:
         >>> text = b" " * PAD + b"a/b.jpg 12\\nc d -3 \\nnone\\n"
         >>> buf = np.frombuffer(text, np.uint8)
         >>> labels, decoded = tail_labels(buf, np.array([8, 19, 27]), np.array([18, 26, 31]))

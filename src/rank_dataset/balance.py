@@ -32,7 +32,7 @@ def class_weights(counts: npt.ArrayLike, power: float) -> npt.NDArray[np.float64
     Raises:
         ValueError: a count below 1, or ``power`` not a finite number.
 
-    Example:
+    Examples:
         >>> class_weights([100, 25, 4], 0.5).round(6).tolist()
         [1.0, 0.5, 0.2]
     """
@@ -68,7 +68,7 @@ def _check_factors(factors: npt.ArrayLike, n: int | None = None, *, name: str = 
 def round_factors(factors: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Each factor rounded to the nearest multiple of ``1/16`` (halves to even), at least ``1/16``.
 
-    Example:
+    Examples:
         >>> round_factors([1, 1.03, 1.04, 2.5, 0.01]).tolist()
         [1.0, 1.0, 1.0625, 2.5, 0.0625]
     """
@@ -80,7 +80,7 @@ def factor_groups(factors: npt.ArrayLike) -> dict[float, npt.NDArray[np.int64]]:
     """The samples grouped by their rounded factor (:func:`round_factors`): ``{factor: ascending
     sample numbers}``, factors ascending.
 
-    Example:
+    Examples:
         >>> {r: ids.tolist() for r, ids in factor_groups([1, 3, 1.02, 2.99]).items()}
         {1.0: [0, 2], 3.0: [1, 3]}
     """
@@ -103,7 +103,7 @@ def lvis_factors(categories: Iterable[Iterable[Hashable]], threshold: float) -> 
         threshold: ``t``, a number in (0, 1]: categories in fewer than this fraction of the samples
             are repeated.
 
-    Example:
+    Examples:
         >>> lvis_factors([["cat"], ["cat", "dog"], ["cat"], []], threshold=0.5).round(3).tolist()
         [1.0, 1.414, 1.0, 1.0]
     """

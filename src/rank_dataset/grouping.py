@@ -83,7 +83,7 @@ def group_by(meta_file: PathLike, key: str | Key = "label", *, cache_name: str |
 
     Memory: about 16 bytes a sample while grouping (and nothing once cached, but the shared map).
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
         >>> _ = open(p, "w").write("a.jpg 3\\nb.jpg 1\\nc.jpg 3\\n")

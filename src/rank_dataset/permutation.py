@@ -177,7 +177,7 @@ def permute_each(
     length; ``seed`` as uint64, i.e. the seed modulo 2**64): many small permutations (the sources of a
     large mix) in a fixed number of numpy passes instead of a call each. Arguments are not checked.
 
-    Example:
+    Examples:
         >>> n, pos = np.array([10, 7, 10]), np.array([3, 6, 3])
         >>> got = permute_each(n, np.array([1, 2, 1], np.uint64), np.array([0, 5, 1]), pos)
         >>> got.tolist() == [int(permute(10, 1, 0, 3)), int(permute(7, 2, 5, 6)), int(permute(10, 1, 1, 3))]

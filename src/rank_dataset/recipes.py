@@ -61,7 +61,7 @@ def class_balanced(
         The sources in ascending key order, named ``"<file name>[<key>]"``; their ids are views of the
         cached grouping (memory-mapped, shared by the ranks of a node).
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
         >>> _ = open(p, "w").write("".join(f"img{i}.jpg {int(i >= 8)}\\n" for i in range(10)))
@@ -106,7 +106,7 @@ def repeat_factor(
         ValueError: ``factors`` not one finite number > 0 per sample (naming the first bad one), or
             not exactly one of ``factors`` and ``categories`` (with ``threshold``).
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
         >>> _ = open(p, "w").write("".join(f"img{i}.jpg {i}\\n" for i in range(4)))
