@@ -71,3 +71,23 @@ def test_bench_smoke(
         assert (tmp_path / image).exists()
         if non_empty:
             assert (tmp_path / image).stat().st_size > 0
+
+
+def test_bench_group_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_group.py"), "--lines", "5000"]
+    cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "group.md").read_text()
+    assert "| group_by again (cached, memory-mapped) |" in table and "N = 5,000 lines" in table
+    assert not list((tmp_path / "data").iterdir())  # the meta file is removed
+
+
+def test_bench_balanced_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_balanced.py"), "--lines", "4000", "--repeat", "1"]
+    cmd += ["--world-size", "4", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "balanced.md").read_text()
+    assert "| balanced mix of 1,000 classes" in table and "R = 1,000" in table
+    assert not list((tmp_path / "data").iterdir())  # the meta file is removed

@@ -349,3 +349,21 @@ def test_mix_plan_from_dict_errors() -> None:
         MixPlan.from_dict({"sizes": [1], "counts": [1]})
     with pytest.raises(ValueError, match="exactly the keys"):
         MixPlan.from_dict({"sizes": [1], "counts": [1], "epoch_size": 1, "seed": 0})
+
+
+@pytest.mark.parametrize("trial", range(30))
+def test_a_mix_of_many_sources_locates_as_one_of_few(trial: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past a few sources, locate evaluates every source's permutations at once: the same numbers.
+    from rank_dataset import mix
+
+    rng = np.random.default_rng(trial)
+    s = int(rng.integers(2, 60))
+    counts = tuple(int(x) for x in rng.integers(1, 200, s))
+    plan = MixPlan(tuple(int(x) for x in rng.integers(1, 50, s)), counts, sum(counts))
+    seed, epoch = int(rng.integers(-5, 2**40)), int(rng.integers(0, 100))
+    positions = rng.integers(0, 2 * plan.epoch_size, 500)
+    monkeypatch.setattr(mix, "_FEW_SOURCES", 10**9)
+    one_by_one = plan.locate(seed, epoch, positions)
+    monkeypatch.setattr(mix, "_FEW_SOURCES", 0)
+    together = plan.locate(seed, epoch, positions)
+    assert all(np.array_equal(a, b) for a, b in zip(one_by_one, together))

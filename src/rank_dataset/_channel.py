@@ -29,6 +29,11 @@ from rank_dataset.shard import Shard
 
 __all__ = ["ShardChannel", "pass_of"]
 
+# A spec record longer than this (the plan of a mix of hundreds of sources and more) goes in a shared
+# segment of its own, which the control block's record names: the control block stays small whatever
+# the number of sources.
+_INLINE = 4 << 10
+
 
 class ShardChannel:
     """One dataset's channel to its workers: the rank side (:meth:`publish`, :meth:`begin_pass`,
@@ -48,7 +53,7 @@ class ShardChannel:
         self._pass_gen = 0  # (rank) the shard the latest of those passes started with
         self._pass_open = 0  # (rank) the pass whose sampler is running, 0: none
         self._managed = False  # (worker) passes are started by our samplers
-        self._kept: dict[int, _shm.Segment] = {}  # (rank) segments of shards a pass may need
+        self._kept: dict[int, list[_shm.Segment]] = {}  # (rank) segments of shards (and specs) a pass may need
 
     @property
     def is_owner(self) -> bool:
@@ -75,9 +80,18 @@ class ShardChannel:
         if shard.handle is None or shard.segment is None:
             raise ValueError("a published shard must be shared (Shard.shared())")
         gen = self._gen + 1
-        record = json.dumps({"handle": shard.handle.to_dict(), "spec": spec.to_dict()}).encode()
-        self._ctl.publish(gen, record)
-        self._kept[gen] = shard.segment
+        segments = [shard.segment]
+        described = json.dumps(spec.to_dict()).encode()
+        if len(described) > _INLINE:
+            spec_segment = _shm.Segment(len(described), name="rank_dataset_spec")
+            with spec_segment.map() as mm:
+                mm[: len(described)] = described
+            segments.append(spec_segment)
+            record = json.dumps({"handle": shard.handle.to_dict(), "spec_handle": spec_segment.handle.to_dict()})
+        else:
+            record = json.dumps({"handle": shard.handle.to_dict(), "spec": spec.to_dict()})
+        self._ctl.publish(gen, record.encode())
+        self._kept[gen] = segments
         self._gen = gen
         self._release(keep={gen, self._pass_gen} if self._passes else {gen})
         if not self._pass_open:
@@ -103,7 +117,8 @@ class ShardChannel:
 
     def _release(self, keep: set[int]) -> None:
         for gen in [g for g in self._kept if g not in keep]:
-            self._kept.pop(gen).close()
+            for segment in self._kept.pop(gen):
+                segment.close()
 
     # -- both sides -------------------------------------------------------------------------------
 
@@ -152,6 +167,8 @@ class ShardChannel:
                     raise _shm.SegmentGone(f"generation {target} is no longer published")
                 info = json.loads(record)
                 shard = Shard.attach(_shm.Handle.from_dict(info["handle"]))
+                if "spec_handle" in info:
+                    info["spec"] = _read_spec(_shm.Handle.from_dict(info["spec_handle"]))
             except _shm.SegmentGone:
                 if self._ctl.snapshot().version != snap.version:
                     continue  # the rank moved on meanwhile: look again
@@ -186,6 +203,12 @@ class ShardChannel:
         self.version = self._ctl.words
         self._kept = {}
         self.seen = -1  # look at the control block on first use
+
+
+def _read_spec(handle: _shm.Handle) -> Any:
+    """The spec a rank wrote to a segment of its own (see :data:`_INLINE`)."""
+    with _shm.attach(handle) as mm:
+        return json.loads(mm[: handle.size])
 
 
 @contextlib.contextmanager

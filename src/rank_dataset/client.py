@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 from rank_dataset import protocol
 from rank_dataset._bounds import Bounds
 from rank_dataset._checks import check_index, check_int
+from rank_dataset._subsets import SampleMap, distinct_files
 from rank_dataset.config import ReloadConfig
 from rank_dataset.dataset import ShardedDataset
 from rank_dataset.mix import Source, as_sources, combine_fingerprints
@@ -66,6 +67,7 @@ def _retry_after(value: str | None) -> float | None:
 
 
 _backoff = wait_exponential(multiplier=0.05, max=2.0)
+_SAMPLES_PER_REQUEST = 1 << 17  # 1 MiB of indices: within a server's default body limit
 
 
 def _wait(state: RetryCallState) -> float:
@@ -277,6 +279,7 @@ class ServerReader:
 
     def __init__(self, server: MetaServer, sources: Source | Sequence[Source] | None = None) -> None:
         self.server = server
+        self.keeps_ids = False
         self._num_samples, self._fingerprint = server.num_samples()
         self._source_files: list[tuple[str, ...]] | None = None
         self.sources = None if sources is None else as_sources(sources)
@@ -294,9 +297,33 @@ class ServerReader:
                         f"(it serves {', '.join(served)}); a source names served files by file name"
                     )
         self._source_files = [source.paths for source in sources]
-        self._files = [served[name] for names in self._source_files for name in names]  # in sample order
+        # Samples are numbered over the distinct files of the sources, in order of first appearance,
+        # as RankDataset numbers them; sources over subsets (or a file in several sources) map their
+        # plan numbers to those numbers, and are fetched by sample number (see build).
+        names, files = distinct_files(self._source_files)
+        self._files = [served[name] for name in names]  # in sample order
         self._layout = Bounds([f.num_samples for f in self._files])
         self._num_samples = self._layout.total
+        counts = np.array([f.num_samples for f in self._files], np.int64)
+        sizes = []
+        for source, mine in zip(sources, files):
+            n = int(counts[list(mine)].sum())
+            if source.ids is not None:
+                source.ids.check(n, source.name)
+                n = len(source.ids)
+            sizes.append(n)
+        self._sizes = tuple(sizes)
+        self._own_files = files
+        self._map = SampleMap(self._sizes, files, self._layout.starts, tuple(s.ids for s in sources))
+        self.keeps_ids = not self._map.identity
+        # Where each distinct file starts in the server's numbering (all its files, in its order).
+        server_layout = Bounds([f.num_samples for f in served.values()])
+        position = {name: i for i, name in enumerate(served)}
+        self._server_starts = server_layout.starts[[position[name] for name in names]]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A worker never builds: it needs no ids (those held in memory would be copied).
+        return {**self.__dict__, "_map": None, "sources": None}
 
     @property
     def num_samples(self) -> int:
@@ -308,17 +335,20 @@ class ServerReader:
 
     @property
     def source_sizes(self) -> tuple[int, ...] | None:
-        if self._source_files is None:
-            return None
-        first = Bounds([len(names) for names in self._source_files]).starts  # each source's first file
-        return tuple(np.diff(self._layout.starts[first]).tolist())
+        return None if self._source_files is None else self._sizes
 
     def source_fingerprints(self) -> tuple[str, ...]:
-        assert self._source_files is not None
-        it = iter(self._files)
-        return tuple(combine_fingerprints([next(it).fingerprint for _ in names]) for names in self._source_files)
+        assert self._source_files is not None and self.sources is not None
+        return tuple(
+            combine_fingerprints(
+                [self._files[f].fingerprint for f in mine] + ([] if s.ids is None else [s.ids.fingerprint])
+            )
+            for s, mine in zip(self.sources, self._own_files)
+        )
 
     def build(self, spec: ShardSpec) -> Shard:
+        if self.keeps_ids:
+            return self._build_by_samples(spec)
         query = protocol.spec_to_query(spec, self._source_files if spec.mix is not None else None)
         shard = self.server.shard(protocol.SHARD, fields=query)
         expected = spec.indices()
@@ -328,6 +358,31 @@ class ServerReader:
                 f"({len(expected)} samples): are client and server of different versions?"
             )
         return shard
+
+    def _build_by_samples(self, spec: ShardSpec) -> Shard:
+        """The shard of a mix over subsets: the plan mapped to sample numbers here (reading only the ids
+        at this rank's positions), the samples fetched by number (``POST /samples``, in requests within
+        the server's default body limit), the shard keeping the sample numbers."""
+        assert spec.mix is not None and self._map is not None
+        plan = spec.indices()
+        samples = self._map.samples(plan, spec.mix.source_of(plan))
+        file = self._layout.part_of(samples)
+        wanted = (samples - self._layout.starts[file] + self._server_starts[file]).astype("<i8")
+        parts = []
+        for a in range(0, wanted.size, _SAMPLES_PER_REQUEST):
+            chunk = wanted[a : a + _SAMPLES_PER_REQUEST]
+            part = self.server.shard(protocol.SAMPLES, body=chunk.tobytes())
+            if part.ids is None or not np.array_equal(part.ids, chunk):
+                raise ProtocolError(f"{self.server.url} answered other samples than the {chunk.size} asked for")
+            parts.append(part)
+        if not parts:
+            return Shard(np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64), ids=samples)
+        first = [int(p.bounds[0]) for p in parts]
+        shift = np.concatenate(([0], np.cumsum([p.text_bytes for p in parts])[:-1])).tolist()
+        data = np.concatenate([p.data[a : a + p.text_bytes] for p, a in zip(parts, first)])
+        starts = np.concatenate([p.starts.astype(np.int64) - a + d for p, a, d in zip(parts, first, shift)])
+        ends = np.concatenate([p.ends.astype(np.int64) - a + d for p, a, d in zip(parts, first, shift)])
+        return Shard(data, starts, ends, ids=samples)
 
     def where(self, sample: int) -> str:
         if self._source_files is None:

@@ -20,7 +20,7 @@ from rank_dataset.metafile import MetaFile
 from rank_dataset.mix import Mixture, Source, SourceInfo, as_sources
 from rank_dataset.parsers import LineError, Parser, resolve_parser
 from rank_dataset.plan import ShardSpec
-from rank_dataset.reader import FileReader, ShardReader
+from rank_dataset.reader import FileReader, ShardReader, files_of
 from rank_dataset.resume import MixRecord, ResumeState
 from rank_dataset.shard import Shard
 from rank_dataset.topology import get_rank_world_size
@@ -125,7 +125,8 @@ class ShardedDataset(Dataset[Any]):
         self.channel.check_owner()
         if agreement_needed():  # under a process group, every rank must plan from the same inputs
             check_ranks_agree(self._agreement_fields(spec), spec.rank)
-        shard = self.reader.build(spec).without_ids().shared()
+        shard = self.reader.build(spec)
+        shard = (shard if self.reader.keeps_ids else shard.without_ids()).shared()
         self.channel.publish(shard, spec)
         self._serve(shard, spec)  # the old shard is unmapped here, once the new one exists
         self._seen = self.channel.seen
@@ -180,7 +181,9 @@ class ShardedDataset(Dataset[Any]):
         if self._mixture is None:
             return None
         if self._source_ids is None:
-            source_ids = self._mixture.source_ids(self.indices)
+            # The source of a plan number (not of a sample: one sample may be in several sources).
+            plan = self._spec.indices() if self._shard.ids is not None else self.indices
+            source_ids = self._mixture.source_ids(plan)
             source_ids.flags.writeable = False
             self._source_ids = source_ids
         return self._source_ids
@@ -279,13 +282,14 @@ class ShardedDataset(Dataset[Any]):
     def indices(self) -> npt.NDArray[np.int64]:
         """Read-only int64 array of global sample numbers: ``self[i]`` is sample ``indices[i]``.
 
-        Computed from the plan on first use and kept until the shard changes (a shard does not store
-        its sample numbers).
+        Computed from the plan on first use and kept until the shard changes (a shard stores its
+        sample numbers only where the plan's numbers are not them: sources over subsets).
         """
         if self._version[0] != self._seen:
             self._sync()
         if self._indices is None:
-            indices = self._spec.indices()
+            ids = self._shard.ids
+            indices = self._spec.indices() if ids is None else np.array(ids)
             indices.flags.writeable = False
             self._indices = indices
         return self._indices
@@ -347,10 +351,12 @@ class RankDataset(ShardedDataset):
 
     Args:
         meta_file: a path, a list of paths (taken as one file, in order), a MetaFile, or a mix: a
-            list of :class:`~rank_dataset.mix.Source` (each a file or several, with a weight, a
-            repeat or a choose, and optionally its own parser). Items of a mix are numbered over
-            the sources' files in source order (sample ``k`` of source ``s`` is
-            ``sum(N_0..N_{s-1}) + k``); ``source_ids`` and ``sources`` describe them.
+            list of :class:`~rank_dataset.mix.Source` (each a file or several, or the listed samples
+            of them, with a weight, a repeat or a choose, and optionally its own parser). Items of a
+            mix are numbered over the distinct files of the sources, in order of first appearance
+            (for sources over distinct files: sample ``k`` of source ``s`` is ``sum(N_0..N_{s-1}) +
+            k``; for subsets of one file, the file's sample numbers); ``source_ids`` and ``sources``
+            describe them.
         is_test: eval layout: no shuffle, no padding, one contiguous block per rank (a mix then
             reads every sample of every source once, sources in order, ignoring weights).
         reload_cfg: a dict or ReloadConfig with ``mini_epoch``, ``seed``, ``mini_epoch_idx``,
@@ -386,7 +392,7 @@ class RankDataset(ShardedDataset):
         sources = as_sources(meta_file)
         if sources is None:
             meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file)  # type: ignore[arg-type]
-        else:  # one MetaFile of every source's files in order: reading a shard stays MetaFile.read
-            meta = MetaFile([path for source in sources for path in source.paths])
+        else:  # one MetaFile of the distinct files: each indexed once, read once per shard
+            meta = MetaFile(files_of(sources))
         self.meta = meta
         super().__init__(FileReader(meta, sources), is_test, reload_cfg, rank, world_size, parser, sources)
