@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -239,3 +240,56 @@ def test_abandoned_tmp_files_are_removed(write_meta, tmp_path: Path) -> None:
     MetaFile(p)
     left = {label for label, tmp in tmps.items() if (cache_dir / tmp).exists()}
     assert left == {"live builder", "other host, recent", "dead, just written", "another file's"}
+
+
+_MEASURED_LOAD = """
+import json, resource, sys
+from pathlib import Path
+import psutil
+from rank_dataset.index import load_index
+me = psutil.Process()
+print("ready", flush=True)
+sys.stdin.readline()  # go
+reads, usage = me.io_counters().read_chars, resource.getrusage(resource.RUSAGE_SELF)
+index = load_index(Path(sys.argv[1]), rebuild=sys.argv[2] == "1")
+after = resource.getrusage(resource.RUSAGE_SELF)
+cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
+print(json.dumps({"reads": me.io_counters().read_chars - reads, "cpu": cpu, "count": index.count}), flush=True)
+"""
+
+
+def _measured_loads(path: Path, processes: int, *, rebuild: bool = False) -> list[dict[str, float]]:
+    """Load the index of ``path`` in ``processes`` processes started at once: what each read and spent."""
+    argv = [sys.executable, "-c", _MEASURED_LOAD, str(path), str(int(rebuild))]
+    procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        return [json.loads(proc.communicate(timeout=300)[0]) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_processes_indexing_one_file_at_once_read_it_about_once(write_meta, tmp_path: Path, rebuild: bool) -> None:
+    # The 8 local ranks of a node opening a new file at job start (or all finding its cache bad).
+    p = write_meta(n=600_000)
+    size = p.stat().st_size
+    (alone,) = _measured_loads(write_meta(p.read_text().splitlines(), name="copy.txt"), 1)
+    if rebuild:
+        MetaFile(p)
+    runs = _measured_loads(p, 8, rebuild=rebuild)
+    assert {run["count"] for run in runs} == {alone["count"]} == {600_000}
+    assert alone["reads"] >= size
+    # Each process reads the file's ends and the cache's ends (about 0.4 MiB); one reads the file.
+    total_reads = sum(run["reads"] for run in runs)
+    assert total_reads <= alone["reads"] + 8 * (1 << 20), (total_reads, size)
+    total_cpu = sum(run["cpu"] for run in runs)
+    assert total_cpu <= 2 * alone["cpu"] + 8 * 0.03, (total_cpu, alone["cpu"])
+    assert sorted(x.suffix for x in (tmp_path / "cache").iterdir()) == [".rdidx", ".rdidx"]  # no lock, no tmp

@@ -27,6 +27,7 @@ import numpy.typing as npt
 import psutil
 from platformdirs import user_cache_dir
 
+from rank_dataset._cachelock import one_builder
 from rank_dataset._pread import ShortRead, pread_exact, read_ends
 from rank_dataset._residency import drop_pages
 from rank_dataset.scan import scan_chunks
@@ -303,10 +304,21 @@ def _index_in_memory(path: Path, fd: int, key: FileKey, sample: bytes) -> Index:
     return Index(key, sample, len(spans), ascii_only, None, spans)
 
 
+def _stamp(cache: Path) -> tuple[int, int] | None:
+    """What tells one write of ``cache`` from another (each is a new file renamed into place)."""
+    try:
+        st = os.stat(cache)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
 def load_index(path: Path, *, rebuild: bool = False) -> Index:
     """The index of ``path``: from its cache, else built (and cached where a location is writable).
 
-    With ``rebuild``, an existing cache is not trusted (it was found inconsistent with the file).
+    One process builds a missing cache while others that want it at the same time wait for it
+    (:mod:`rank_dataset._cachelock`), then load it. With ``rebuild``, an existing cache is not
+    trusted (it was found inconsistent with the file), unless another process wrote it anew since.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -322,9 +334,16 @@ def load_index(path: Path, *, rebuild: bool = False) -> Index:
                 index = _open_cache(cache, key, sample)
                 if index is not None:
                     return index
+            distrusted = {cache: _stamp(cache) for cache in candidates} if rebuild else {}
             try:
                 for cache in candidates:
-                    index = _write_cache(cache, path, fd, key, sample)
+                    with one_builder(cache):
+                        # Another process may have built it while this one waited for the lock.
+                        if not rebuild or _stamp(cache) != distrusted[cache]:
+                            index = _open_cache(cache, key, sample)
+                            if index is not None:
+                                return index
+                        index = _write_cache(cache, path, fd, key, sample)
                     if index is not None:
                         return index
                 # No writable cache location: index in memory.
