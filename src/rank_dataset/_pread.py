@@ -99,11 +99,11 @@ class Window:
         return buf, lo
 
 
-def count_newlines(fd: int, stop: int) -> int:
-    """The number of ``\\n`` in bytes ``[0, stop)`` of ``fd`` (or up to its end, if shorter), read
+def count_newlines(fd: int, stop: int, start: int = 0) -> int:
+    """The number of ``\\n`` in bytes ``[start, stop)`` of ``fd`` (or up to its end, if shorter), read
     16 MiB at a time, so locating a line of a 50 GB file costs 16 MiB of memory, not 50 GB."""
-    buf = np.empty(min(stop, _COUNT_CHUNK), np.uint8)
-    count, offset = 0, 0
+    buf = np.empty(max(0, min(stop - start, _COUNT_CHUNK)), np.uint8)
+    count, offset = 0, start
     while offset < stop:
         part = buf[: min(buf.size, stop - offset)]
         got = os.preadv(fd, [part.data], offset)

@@ -29,7 +29,7 @@ import numpy.typing as npt
 from rank_dataset._checks import check_index
 from rank_dataset._pread import ShortRead, Window, count_newlines, read_ends
 from rank_dataset._residency import return_freed_memory
-from rank_dataset.index import FileChanged, FileKey, Index, SpanReader, load_index, spans_are_sane
+from rank_dataset.index import FileChanged, FileKey, Index, SpanReader, line_mark, load_index, spans_are_sane
 from rank_dataset.scan import BLANK, BOM, CR, NEWLINE, PathLike
 from rank_dataset.shard import Shard, ShardWriter, copy_rows
 
@@ -39,7 +39,7 @@ __all__ = ["MetaFile", "MetaFileChangedError"]
 # reusable buffer: large enough that a build makes few numpy calls per batch, small enough to bound
 # its memory.
 _WINDOW = 8 << 20
-_INDEX_STEP = 1 << 18  # index entries gathered at a time
+_INDEX_SPAN = 1 << 20  # samples a batch of rows spans at most, so 8 MiB of index entries
 _BATCH_ROWS = 1 << 17  # rows copied at a time, bounding the temporaries of a batch
 _TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the index in between
 _FINGERPRINT_BYTES = 1 << 16
@@ -255,16 +255,17 @@ class MetaFile:
     def where(self, index: int) -> str:
         """``path:line`` of global sample ``index``, for error messages.
 
-        The line is found by counting newlines 16 MiB at a time. If the file cannot be read (it
-        changed or is gone), the sample's number within its file is given instead.
+        The line is found from the index's mark before it, by counting the newlines of less than
+        4 MiB. If the file cannot be read (it changed or is gone), the sample's number within its
+        file is given instead.
         """
         file, local = self.locate(index)
         path = self._files[file].path
         try:
-            start = int(self._retrying(lambda: _span(self._files[file], file, local))[0])
+            offset, line, start = self._retrying(lambda: _line_mark(self._files[file], file, local))
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                return f"{path}:{count_newlines(fd, start) + 1}"
+                return f"{path}:{line + count_newlines(fd, start, offset) + 1}"
             finally:
                 os.close(fd)
         except (OSError, MetaFileChangedError):
@@ -355,29 +356,33 @@ def _fingerprint(files: Sequence[_File]) -> str:
     return _fingerprints(files)[0]
 
 
-def _spans(index: Index, file: int, local: npt.NDArray[np.int64], out: npt.NDArray[np.int64]) -> None:
-    """Write the spans of samples ``local`` of file number ``file`` into ``out`` (``(k, 2)``), taken
-    from the index ``_INDEX_STEP`` at a time, and check that they could be lines of the file (inside
-    it, not empty); the bytes they point at are checked when they are copied."""
+def _span(f: _File, file: int, local: int) -> tuple[int, int]:
+    """``(start, end)`` of sample ``local`` of file number ``file``, checked to lie inside the file."""
     try:
-        with SpanReader(index) as reader:
-            for a in range(0, local.size, _INDEX_STEP):
-                reader.take(local[a : a + _INDEX_STEP], out[a : a + _INDEX_STEP])
+        with SpanReader(f.index) as reader:
+            starts, lengths = reader.take(np.array([local], np.int64))
     except LookupError:
         raise _IndexMismatch(file, corrupt=False) from None
-    if not spans_are_sane(out, index.key.size, ordered=False):
+    if not spans_are_sane(starts, lengths, f.index.key.size):
         raise _IndexMismatch(file, corrupt=True)
+    start = int(starts[0])
+    return start, start + int(lengths[0])
 
 
-def _span(f: _File, file: int, local: int) -> npt.NDArray[np.int64]:
-    out = np.empty((1, 2), np.int64)
-    _spans(f.index, file, np.array([local], np.int64), out)
-    span: npt.NDArray[np.int64] = out[0]
-    return span
+def _line_mark(f: _File, file: int, local: int) -> tuple[int, int, int]:
+    """``(offset, line, start)``: sample ``local``'s start, and the mark before it (see
+    :func:`~rank_dataset.index.line_mark`)."""
+    start, _ = _span(f, file, local)
+    try:
+        with SpanReader(f.index) as reader:
+            marks = reader.marks()
+    except LookupError:
+        raise _IndexMismatch(file, corrupt=False) from None
+    return (*line_mark(marks, start), start)
 
 
 def _read_one(f: _File, file: int, local: int) -> bytes:
-    start, end = _span(f, file, local).tolist()
+    start, end = _span(f, file, local)
     s, e = np.array([start], np.int64), np.array([end], np.int64)
     size = f.index.key.size
     with f.bytes.open(f.index.key) as fd:
@@ -420,9 +425,12 @@ def _gather(
     """A ShardWriter holding the lines of samples ``indices``, back to back in ``indices``' order.
 
     Rows are visited in file order at the granularity of 1/4096 of the samples (a cheap radix sort
-    instead of a full one), read a window of the file at a time, checked against the file's bytes,
-    and each copied at its exact length into its place in item order
-    (:func:`~rank_dataset.shard.copy_rows`), so a shard holds nothing but its lines and offsets.
+    instead of a full one), in two passes. The first reads the index entries of a batch of rows at a
+    time and keeps their lengths, which fix where each line goes; the second reads the entries
+    again and the lines, a window of the file at a time, checks them against the file's bytes and
+    copies each at its exact length into its place in item order
+    (:func:`~rank_dataset.shard.copy_rows`). So a build holds little beyond its shard and one
+    4-byte number a row (its place in the visiting order), besides ``indices``.
 
     Raises:
         MetaFileChangedError: a file is not the one indexed.
@@ -433,47 +441,30 @@ def _gather(
         writer = ShardWriter(0, 0, ids=ids)
         writer.bounds[0] = 0
         return writer
-    n_total = int(bounds[-1])
-    shift = max(0, (n_total - 1).bit_length() - 12)
-    order = np.argsort((indices >> shift).astype(np.uint16), kind="stable")
-    sorted_idx = indices[order]
-    spans = np.empty((n, 2), np.int64)  # of each row, in visiting order
-    if len(files) > 1:
-        file_of = _file_of(bounds, sorted_idx)
-        by_file = np.argsort(file_of, kind="stable")  # visiting order kept within each file
-        cuts = np.cumsum(np.bincount(file_of, minlength=len(files)))
-        per_file = [(f, by_file[lo:hi]) for f, (lo, hi) in enumerate(itertools.pairwise([0, *cuts.tolist()]))]
-        per_file = [(f, rows) for f, rows in per_file if rows.size]
-        for f, rows in per_file:
-            part = np.empty((rows.size, 2), np.int64)
-            _spans(files[f].index, f, sorted_idx[rows] - bounds[f], part)
-            spans[rows] = part
-        del file_of, by_file
-    else:
-        per_file = [(0, np.arange(n))]
-        _spans(files[0].index, 0, sorted_idx, spans)
-    del sorted_idx
-    first = np.ascontiguousarray(spans[:, 0])
-    lengths = spans[:, 1] - first
-    del spans
-    writer = ShardWriter(n, int(lengths.sum()), ids=ids)
+    visits = _visits(files, bounds, indices)
+    long_lines = any(f.index.key.size >= 1 << 32 for f in files)
+    lengths = np.empty(n, np.int64 if long_lines else np.uint32)  # in item order
+    for visit in visits:
+        for rows, _, took in _spans_of(visit, indices):
+            lengths[rows] = took
+    writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids)
+    writer.bounds[0] = 0
+    np.cumsum(lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
+    del lengths
     if writer.ids is not None:
         writer.ids[:] = indices
-    # Offsets in item order; each visited row's place among them.
-    item_lengths = np.empty(n, np.int64)
-    item_lengths[order] = lengths
-    writer.bounds[0] = 0
-    np.cumsum(item_lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
-    del item_lengths
-    dst = writer.bounds[:-1][order]
-    del order
     window = Window()
-    for f, rows in per_file:
-        file = files[f]
+    for visit in visits:
+        file = visit.file
         with file.bytes.open(file.index.key) as fd:
-            if not _copy_rows(fd, file.index.key.size, window, first[rows], lengths[rows], dst[rows], writer.data):
-                file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
-                raise _IndexMismatch(f, corrupt=True)
+            for rows, starts, took in _spans_of(visit, indices):
+                dst = writer.bounds[rows]
+                # The cache could have been replaced since the first pass: the lengths must agree.
+                if not np.array_equal(writer.bounds[rows + 1] - dst, took):
+                    raise _IndexMismatch(visit.number, corrupt=True)
+                if not _copy_rows(fd, file.index.key.size, window, starts, took, dst, writer.data):
+                    file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
+                    raise _IndexMismatch(visit.number, corrupt=True)
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. One pass over the copied bytes finds it.
     bad = _first_newline(writer.data)
@@ -484,6 +475,78 @@ def _gather(
             files[f].bytes.check(fd, files[f].index.key)
         raise _IndexMismatch(f, corrupt=True)
     return writer
+
+
+_BUCKET_BITS = 12  # rows are visited in file order at the granularity of 1/4096 of the samples
+
+
+@dataclass(frozen=True)
+class _Visit:
+    """The rows (item numbers) of ``indices`` that are samples of file ``number``, in visiting order,
+    and where each batch of them starts: consecutive buckets whose entries span at most
+    ``_INDEX_SPAN`` samples, at most ``_BATCH_ROWS`` rows."""
+
+    number: int
+    file: _File
+    base: int
+    rows: npt.NDArray[np.integer[Any]]
+    cuts: list[int]
+
+    def batches(self, indices: npt.NDArray[np.int64]) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+        """``(rows, local)`` of each batch: the item numbers and the samples' numbers in the file."""
+        for a, b in itertools.pairwise(self.cuts):
+            rows = self.rows[a:b].astype(np.int64)
+            yield rows, indices[rows] - self.base
+
+
+def _visits(files: Sequence[_File], bounds: npt.NDArray[np.int64], indices: npt.NDArray[np.int64]) -> list[_Visit]:
+    """Each file's rows of ``indices``, in file order at the granularity of a bucket of samples, and
+    cut into batches."""
+    n, n_total = indices.size, int(bounds[-1])
+    shift = max(0, (n_total - 1).bit_length() - _BUCKET_BITS)
+    keys = (indices >> shift).astype(np.uint16)
+    order = np.argsort(keys, kind="stable")
+    rows = order.astype(np.uint32) if n < 1 << 32 else order
+    del order
+    per_bucket = max(1, _INDEX_SPAN >> shift)  # buckets whose entries a batch reads
+    visits = []
+    if len(files) == 1:
+        groups = [(0, rows)]
+    else:
+        file_of = _file_of(bounds, indices[rows])
+        regroup = np.argsort(file_of, kind="stable")  # visiting order kept within each file
+        file_ends = np.cumsum(np.bincount(file_of, minlength=len(files))).tolist()
+        rows = rows[regroup]
+        del regroup, file_of
+        groups = [(f, rows[lo:hi]) for f, (lo, hi) in enumerate(itertools.pairwise([0, *file_ends])) if hi > lo]
+    for f, mine in groups:
+        counts = np.bincount(keys[mine], minlength=1 << _BUCKET_BITS)
+        bucket_ends = np.cumsum(counts)[per_bucket - 1 :: per_bucket].tolist()
+        cuts = [0]
+        for end in [*bucket_ends, mine.size]:
+            while end - cuts[-1] > _BATCH_ROWS:
+                cuts.append(cuts[-1] + _BATCH_ROWS)
+            if end > cuts[-1]:
+                cuts.append(end)
+        visits.append(_Visit(f, files[f], int(bounds[f]), mine, cuts))
+    return visits
+
+
+def _spans_of(
+    visit: _Visit, indices: npt.NDArray[np.int64]
+) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+    """``(rows, starts, lengths)`` of each batch of ``visit``, from the index, checked to lie inside
+    the file (the bytes they point at are checked when they are copied)."""
+    size = visit.file.index.key.size
+    try:
+        with SpanReader(visit.file.index) as reader:
+            for rows, local in visit.batches(indices):
+                starts, lengths = reader.take(local)
+                if not spans_are_sane(starts, lengths, size, ordered=False):
+                    raise _IndexMismatch(visit.number, corrupt=True)
+                yield rows, starts, lengths
+    except LookupError:
+        raise _IndexMismatch(visit.number, corrupt=False) from None
 
 
 def _need_lo(s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
