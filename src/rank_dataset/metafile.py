@@ -14,11 +14,13 @@ is another ``_FileBytes``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,6 +41,8 @@ __all__ = ["MetaFile", "MetaFileChangedError"]
 # reusable buffer: large enough that a build makes few numpy calls per batch, small enough to bound
 # its memory.
 _WINDOW = 8 << 20
+# Threads copying a build's rows (each its own batches): both cores, where the process may use two.
+_THREADS = min(2, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else 1
 _INDEX_SPAN = 1 << 20  # samples a batch of rows spans at most, so 8 MiB of index entries
 _BATCH_ROWS = 1 << 17  # rows copied at a time, bounding the temporaries of a batch
 _TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the index in between
@@ -402,7 +406,9 @@ def _batches(positions: npt.NDArray[np.int64], window: int, max_rows: int) -> li
     region = np.maximum.accumulate(positions) // window
     cuts = np.flatnonzero(region[1:] != region[:-1]) + 1
     if cuts.size == 0 or np.diff(cuts, prepend=0, append=positions.size).max() > max_rows:
-        cuts = np.union1d(cuts, np.arange(max_rows, positions.size, max_rows))
+        # np.union1d would import numpy.ma on first use (80 ms): sort and drop repeats instead.
+        cuts = np.sort(np.concatenate((cuts, np.arange(max_rows, positions.size, max_rows))))
+        cuts = cuts[np.diff(cuts, prepend=-1) > 0]
     bounds = [0, *cuts.tolist(), positions.size]
     return list(itertools.pairwise(bounds))
 
@@ -453,21 +459,13 @@ def _gather(
     del lengths
     if writer.ids is not None:
         writer.ids[:] = indices
-    window = Window()
     for visit in visits:
         file = visit.file
         with file.bytes.open(file.index.key) as fd:
-            for rows, starts, took in _spans_of(visit, indices):
-                dst = writer.bounds[rows]
-                # The cache could have been replaced since the first pass: the lengths must agree.
-                if not np.array_equal(writer.bounds[rows + 1] - dst, took):
-                    raise _IndexMismatch(visit.number, corrupt=True)
-                if not _copy_rows(fd, file.index.key.size, window, starts, took, dst, writer.data):
-                    file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
-                    raise _IndexMismatch(visit.number, corrupt=True)
+            _in_threads(functools.partial(_copy_part, visit, indices, fd=fd, writer=writer))
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. One pass over the copied bytes finds it.
-    bad = _first_newline(writer.data)
+    bad = writer.find(b"\n")
     if bad >= 0:
         row = int(np.searchsorted(writer.bounds, bad, side="right")) - 1
         f = int(_file_of(bounds, indices[row : row + 1])[0])
@@ -492,9 +490,13 @@ class _Visit:
     rows: npt.NDArray[np.integer[Any]]
     cuts: list[int]
 
-    def batches(self, indices: npt.NDArray[np.int64]) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
-        """``(rows, local)`` of each batch: the item numbers and the samples' numbers in the file."""
-        for a, b in itertools.pairwise(self.cuts):
+    def batches(
+        self, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1)
+    ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+        """``(rows, local)`` of each batch (of ``part`` ``(t, k)``: every k-th from the t-th): the item
+        numbers and the samples' numbers in the file."""
+        t, k = part
+        for a, b in list(itertools.pairwise(self.cuts))[t::k]:
             rows = self.rows[a:b].astype(np.int64)
             yield rows, indices[rows] - self.base
 
@@ -532,15 +534,44 @@ def _visits(files: Sequence[_File], bounds: npt.NDArray[np.int64], indices: npt.
     return visits
 
 
+def _in_threads(work: Callable[[tuple[int, int]], None]) -> None:
+    """``work((t, k))`` for each part ``t`` of ``k``, in ``k`` threads (numpy and positional reads
+    release the GIL); the first error raised, if any, once all are done."""
+    k = _THREADS
+    if k == 1:
+        work((0, 1))
+        return
+    with ThreadPoolExecutor(max_workers=k) as pool:
+        done = [pool.submit(work, (t, k)) for t in range(k)]
+    for future in done:
+        future.result()
+
+
+def _copy_part(
+    visit: _Visit, indices: npt.NDArray[np.int64], part: tuple[int, int], fd: int, writer: ShardWriter
+) -> None:
+    """Copy the rows of ``part`` of ``visit``'s batches from the file open at ``fd`` into ``writer``."""
+    file, window = visit.file, Window()
+    for rows, starts, took in _spans_of(visit, indices, part):
+        dst = writer.bounds[rows]
+        # The cache could have been replaced since the first pass: the lengths must agree.
+        if not np.array_equal(writer.bounds[rows + 1] - dst, took):
+            raise _IndexMismatch(visit.number, corrupt=True)
+        if not _copy_rows(fd, file.index.key.size, window, starts, took, dst, writer.data):
+            file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
+            raise _IndexMismatch(visit.number, corrupt=True)
+
+
 def _spans_of(
-    visit: _Visit, indices: npt.NDArray[np.int64]
+    visit: _Visit, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1)
 ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
-    """``(rows, starts, lengths)`` of each batch of ``visit``, from the index, checked to lie inside
-    the file (the bytes they point at are checked when they are copied)."""
+    """``(rows, starts, lengths)`` of each batch of ``visit`` (of ``part`` ``(t, k)``: every k-th
+    from the t-th), from the index, checked to lie inside the file (the bytes they point at are
+    checked when they are copied)."""
     size = visit.file.index.key.size
     try:
         with SpanReader(visit.file.index) as reader:
-            for rows, local in visit.batches(indices):
+            for rows, local in visit.batches(indices, part):
                 starts, lengths = reader.take(local)
                 if not spans_are_sane(starts, lengths, size, ordered=False):
                     raise _IndexMismatch(visit.number, corrupt=True)
@@ -608,21 +639,10 @@ def _bounds_ok(
 
 def _rows_ok(buf: npt.NDArray[np.uint8], s: npt.NDArray[np.int64], e: npt.NDArray[np.int64]) -> bool:
     """Whether each row ``buf[s:e]`` holds something other than whitespace (newlines inside rows are
-    looked for once the whole shard is copied: :func:`_first_newline`)."""
+    looked for once the whole shard is copied)."""
     # Only a row that starts with whitespace can be blank: check those in full (they are rare).
     maybe_blank = np.flatnonzero(BLANK[buf[s]])
     return all(_line_ok(buf[x:y]) for x, y in zip(s[maybe_blank].tolist(), e[maybe_blank].tolist()))
-
-
-def _first_newline(data: npt.NDArray[np.uint8]) -> int:
-    """Where the first newline byte of ``data`` is, or -1: a few MiB at a time, so the comparison's
-    temporary stays small."""
-    step = 4 << 20
-    for lo in range(0, data.size, step):
-        hits = np.flatnonzero(data[lo : lo + step] == NEWLINE)
-        if hits.size:
-            return lo + int(hits[0])
-    return -1
 
 
 def _line_ok(line: npt.NDArray[np.uint8]) -> bool:
