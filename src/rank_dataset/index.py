@@ -23,7 +23,7 @@ import struct
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +45,7 @@ __all__ = [
     "length_bits",
     "line_mark",
     "load_index",
+    "read_entry",
     "spans_are_sane",
 ]
 
@@ -91,7 +92,22 @@ class FileKey:
     def same_file(self, other: FileKey) -> bool:
         """Equal but for the device, which one file shared over NFS has a different one on each client
         (git leaves st_dev out of its index check for that reason): what a cache is matched on."""
-        return replace(other, device=self.device) == self
+        return (self.size, self.mtime_ns, self.ctime_ns, self.inode) == (
+            other.size,
+            other.mtime_ns,
+            other.ctime_ns,
+            other.inode,
+        )
+
+    def matches(self, st: os.stat_result) -> bool:
+        """Whether ``st`` is this file unchanged (the common case of :meth:`change`, without objects)."""
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev) == (
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.inode,
+            self.device,
+        )
 
     def change(self, now: FileKey) -> str | None:
         """What differs between the file as indexed (``self``) and ``now``, in words; None if nothing."""
@@ -485,6 +501,46 @@ def load_index(path: Path, *, rebuild: bool = False) -> Index:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def read_entry(index: Index, local: int) -> tuple[int, int]:
+    """``(start, length)`` of sample ``local`` of the file: for one sample, one read of the cache's
+    header (checked) and one of its entry, nothing else.
+
+    Raises:
+        LookupError: as :class:`SpanReader`.
+    """
+    if index.cache is None or index.count <= local:
+        with SpanReader(index) as reader:
+            starts, lengths = reader.take(np.array([local], np.int64))
+        return int(starts[0]), int(lengths[0])
+    try:
+        fd = os.open(index.cache, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise LookupError(f"the index cache {index.cache} cannot be opened ({exc.strerror})") from None
+    try:
+        head, raw = os.pread(fd, _HEADER.size, 0), os.pread(fd, _ENTRY, _DATA_OFFSET + _ENTRY * local)
+    finally:
+        os.close(fd)
+    fields = _HEADER.unpack(head) if len(head) == _HEADER.size else None
+    k = index.key
+    if (
+        fields is None
+        or len(raw) != _ENTRY
+        or fields[0] != _MAGIC
+        or not FileKey(*fields[1:6]).same_file(k)
+        or fields[6] != index.count
+        or bool(fields[7] & _FLAG_ASCII) != index.ascii
+        or fields[8] != index.sample
+    ):
+        raise LookupError(f"the index cache {index.cache} was replaced or damaged")
+    entry, bits = int.from_bytes(raw, "little"), length_bits(k.size)
+    length = entry & ((1 << bits) - 1)
+    if length == (1 << bits) - 1 and fields[9]:  # a long line: its length is in the table
+        with SpanReader(index) as reader:
+            starts, lengths = reader.take(np.array([local], np.int64))
+        return int(starts[0]), int(lengths[0])
+    return entry >> bits, length
+
+
 class SpanReader:
     """The spans of one file's samples while a shard is built: from the cache (open until
     :meth:`close`), reading only the pages of entries asked for, with positional reads into one
@@ -541,10 +597,11 @@ class SpanReader:
             assert self._fd is not None
             at = _DATA_OFFSET + _ENTRY * local
             try:
-                buf, lo = self._window.load(self._fd, at, at + _ENTRY, self._header.longs_at)
+                buf, shift = self._window.load(self._fd, at, at + _ENTRY, self._header.longs_at)
             except ShortRead:
                 raise LookupError(f"the index cache {self._index.cache} was damaged") from None
-            entries = buf[: (int(at.max()) + _ENTRY - lo)].view("<u8")[(at - lo) // _ENTRY]
+            # Entries start at multiples of 8 in the file, and so in buf (runs are page-aligned).
+            entries = buf[: buf.size - buf.size % _ENTRY].view("<u8")[(at - shift) // _ENTRY]
         return decode(entries, local, self._size, self._longs)
 
     def marks(self) -> _IntArray:

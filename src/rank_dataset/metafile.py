@@ -31,7 +31,16 @@ import numpy.typing as npt
 from rank_dataset._checks import check_index
 from rank_dataset._pread import ShortRead, Window, count_newlines, read_ends
 from rank_dataset._residency import return_freed_memory
-from rank_dataset.index import FileChanged, FileKey, Index, SpanReader, line_mark, load_index, spans_are_sane
+from rank_dataset.index import (
+    FileChanged,
+    FileKey,
+    Index,
+    SpanReader,
+    line_mark,
+    load_index,
+    read_entry,
+    spans_are_sane,
+)
 from rank_dataset.scan import BLANK, BOM, CR, NEWLINE, PathLike
 from rank_dataset.shard import Shard, ShardWriter, copy_rows
 
@@ -43,7 +52,11 @@ __all__ = ["MetaFile", "MetaFileChangedError"]
 _WINDOW = 8 << 20
 # Threads copying a build's rows (each its own batches): both cores, where the process may use two.
 _THREADS = min(2, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else 1
-_INDEX_SPAN = 1 << 20  # samples a batch of rows spans at most, so 8 MiB of index entries
+_SPARSE_ROW = 2 * 4096  # what a row far from the others costs to read, beyond its length
+_INDEX_BYTES = 8 << 20  # index bytes a batch of rows is read with, at most (about)
+_ENTRY_BYTES = 8  # an index entry
+_PAGE = 4096
+_THREADED_ROWS = 1 << 16  # builds of fewer rows copy in one thread (starting threads costs a millisecond)
 _BATCH_ROWS = 1 << 17  # rows copied at a time, bounding the temporaries of a batch
 _TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the index in between
 _FINGERPRINT_BYTES = 1 << 16
@@ -109,13 +122,16 @@ class _FileBytes:
                 now = os.stat(self.path)
             except FileNotFoundError:
                 raise MetaFileChangedError(self.path, "it was deleted or moved") from None
-            _raise_if_changed(self.path, key, FileKey.of(now))
+            if not key.matches(now):
+                _raise_if_changed(self.path, key, FileKey.of(now))
         finally:
             os.close(fd)
 
     def check(self, fd: int, key: FileKey) -> None:
         """Raise MetaFileChangedError if the file open at ``fd`` is not the one ``key`` describes."""
-        _raise_if_changed(self.path, key, FileKey.of(os.fstat(fd)))
+        now = os.fstat(fd)
+        if not key.matches(now):
+            _raise_if_changed(self.path, key, FileKey.of(now))
 
 
 def _raise_if_changed(path: Path, key: FileKey, now: FileKey) -> None:
@@ -363,14 +379,12 @@ def _fingerprint(files: Sequence[_File]) -> str:
 def _span(f: _File, file: int, local: int) -> tuple[int, int]:
     """``(start, end)`` of sample ``local`` of file number ``file``, checked to lie inside the file."""
     try:
-        with SpanReader(f.index) as reader:
-            starts, lengths = reader.take(np.array([local], np.int64))
+        start, length = read_entry(f.index, local)
     except LookupError:
         raise _IndexMismatch(file, corrupt=False) from None
-    if not spans_are_sane(starts, lengths, f.index.key.size):
+    if not (start >= 0 and length > 0 and start + length <= f.index.key.size):
         raise _IndexMismatch(file, corrupt=True)
-    start = int(starts[0])
-    return start, start + int(lengths[0])
+    return start, start + length
 
 
 def _line_mark(f: _File, file: int, local: int) -> tuple[int, int, int]:
@@ -386,24 +400,42 @@ def _line_mark(f: _File, file: int, local: int) -> tuple[int, int, int]:
 
 
 def _read_one(f: _File, file: int, local: int) -> bytes:
+    """The bytes of one sample, checked as a build checks them, in one read of the index and one of
+    the file (what ``mf[i]`` costs)."""
     start, end = _span(f, file, local)
-    s, e = np.array([start], np.int64), np.array([end], np.int64)
     size = f.index.key.size
+    lo = 0 if start == len(BOM) else max(start - 1, 0)  # as _need_lo
     with f.bytes.open(f.index.key) as fd:
-        buf, lo = Window().load(fd, _need_lo(s), e + 2, size, pad=2)
-        line = buf[start - lo : end - lo]
-        if not (_bounds_ok(buf, lo, s, e, size) and _line_ok(line)):
+        raw = os.pread(fd, min(end + 2, size) - lo, lo)
+        if len(raw) < min(end + 2, size) - lo:
+            raise ShortRead(lo + len(raw))
+        line = raw[start - lo : end - lo]
+        tail = raw[end - lo : end - lo + 2]
+        if start == 0 or (start == len(BOM) and raw[:3] == BOM):
+            start_ok = not (start == 0 and raw[:3] == BOM)
+        else:
+            start_ok = raw[start - 1 - lo] == NEWLINE
+        end_ok = (tail[:1] in (b"\n", b"") and line[-1:] != b"\r") or (tail[:1] == b"\r" and tail[1:] in (b"\n", b""))
+        if not (start_ok and end_ok and b"\n" not in line and line.strip(b" \t\r\x0b\x0c")):
             f.bytes.check(fd, f.index.key)
             raise _IndexMismatch(file, corrupt=True)
-        return line.tobytes()
+        return line
 
 
-def _batches(positions: npt.NDArray[np.int64], window: int, max_rows: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` of consecutive runs of ``positions`` (roughly ascending) that each span about
-    ``window`` bytes and hold at most ``max_rows`` entries."""
+def _batches(
+    positions: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64], window: int, max_rows: int
+) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive runs of rows at ``positions`` (roughly ascending) of
+    ``lengths`` bytes, each of which costs about ``window`` bytes to read and holds at most
+    ``max_rows`` rows. A row costs the bytes from the previous one, but at most two pages beyond its
+    own length (a sparse row is read with its pages alone: see :meth:`Window.load`)."""
     if not positions.size:
         return []
-    region = np.maximum.accumulate(positions) // window
+    top = np.maximum.accumulate(positions)
+    gaps = np.diff(top, prepend=top[0])
+    cost = np.minimum(gaps, lengths + _SPARSE_ROW)
+    np.cumsum(cost, out=cost)
+    region = cost // window
     cuts = np.flatnonzero(region[1:] != region[:-1]) + 1
     if cuts.size == 0 or np.diff(cuts, prepend=0, append=positions.size).max() > max_rows:
         # np.union1d would import numpy.ma on first use (80 ms): sort and drop repeats instead.
@@ -450,9 +482,13 @@ def _gather(
     visits = _visits(files, bounds, indices)
     long_lines = any(f.index.key.size >= 1 << 32 for f in files)
     lengths = np.empty(n, np.int64 if long_lines else np.uint32)  # in item order
+    small = n < _THREADED_ROWS  # a small build keeps its spans rather than read the index twice
+    kept: dict[int, list[_Batch]] = {}
     for visit in visits:
-        for rows, _, took in _spans_of(visit, indices):
-            lengths[rows] = took
+        for batch in _spans_of(visit, indices):
+            lengths[batch[0]] = batch[2]
+            if small:
+                kept.setdefault(visit.number, []).append(batch)
     writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids)
     writer.bounds[0] = 0
     np.cumsum(lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
@@ -462,7 +498,11 @@ def _gather(
     for visit in visits:
         file = visit.file
         with file.bytes.open(file.index.key) as fd:
-            _in_threads(functools.partial(_copy_part, visit, indices, fd=fd, writer=writer))
+            if small:
+                _copy_part(visit, iter(kept.get(visit.number, [])), fd, writer)
+            else:
+                work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
+                _in_threads(lambda part: work(_spans_of(visit, indices, part)), _THREADS)  # noqa: B023
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. One pass over the copied bytes finds it.
     bad = writer.find(b"\n")
@@ -481,8 +521,8 @@ _BUCKET_BITS = 12  # rows are visited in file order at the granularity of 1/4096
 @dataclass(frozen=True)
 class _Visit:
     """The rows (item numbers) of ``indices`` that are samples of file ``number``, in visiting order,
-    and where each batch of them starts: consecutive buckets whose entries span at most
-    ``_INDEX_SPAN`` samples, at most ``_BATCH_ROWS`` rows."""
+    and where each batch of them starts: consecutive buckets whose index entries are read with about
+    ``_INDEX_BYTES`` at most, at most ``_BATCH_ROWS`` rows."""
 
     number: int
     file: _File
@@ -510,7 +550,6 @@ def _visits(files: Sequence[_File], bounds: npt.NDArray[np.int64], indices: npt.
     order = np.argsort(keys, kind="stable")
     rows = order.astype(np.uint32) if n < 1 << 32 else order
     del order
-    per_bucket = max(1, _INDEX_SPAN >> shift)  # buckets whose entries a batch reads
     visits = []
     if len(files) == 1:
         groups = [(0, rows)]
@@ -523,9 +562,12 @@ def _visits(files: Sequence[_File], bounds: npt.NDArray[np.int64], indices: npt.
         groups = [(f, rows[lo:hi]) for f, (lo, hi) in enumerate(itertools.pairwise([0, *file_ends])) if hi > lo]
     for f, mine in groups:
         counts = np.bincount(keys[mine], minlength=1 << _BUCKET_BITS)
-        bucket_ends = np.cumsum(counts)[per_bucket - 1 :: per_bucket].tolist()
+        # The index bytes a bucket's rows are read with: a page a row at most, its entries at most.
+        cost = np.minimum(counts * _PAGE, _ENTRY_BYTES << shift)
+        region = np.cumsum(cost) // _INDEX_BYTES
+        last = np.flatnonzero(np.diff(region, append=region[-1] + 1))  # each region's last bucket
         cuts = [0]
-        for end in [*bucket_ends, mine.size]:
+        for end in np.cumsum(counts)[last].tolist():
             while end - cuts[-1] > _BATCH_ROWS:
                 cuts.append(cuts[-1] + _BATCH_ROWS)
             if end > cuts[-1]:
@@ -534,10 +576,9 @@ def _visits(files: Sequence[_File], bounds: npt.NDArray[np.int64], indices: npt.
     return visits
 
 
-def _in_threads(work: Callable[[tuple[int, int]], None]) -> None:
+def _in_threads(work: Callable[[tuple[int, int]], None], k: int) -> None:
     """``work((t, k))`` for each part ``t`` of ``k``, in ``k`` threads (numpy and positional reads
     release the GIL); the first error raised, if any, once all are done."""
-    k = _THREADS
     if k == 1:
         work((0, 1))
         return
@@ -547,12 +588,10 @@ def _in_threads(work: Callable[[tuple[int, int]], None]) -> None:
         future.result()
 
 
-def _copy_part(
-    visit: _Visit, indices: npt.NDArray[np.int64], part: tuple[int, int], fd: int, writer: ShardWriter
-) -> None:
-    """Copy the rows of ``part`` of ``visit``'s batches from the file open at ``fd`` into ``writer``."""
+def _copy_part(visit: _Visit, batches: Iterator[_Batch], fd: int, writer: ShardWriter) -> None:
+    """Copy the rows of ``batches`` of ``visit`` from the file open at ``fd`` into ``writer``."""
     file, window = visit.file, Window()
-    for rows, starts, took in _spans_of(visit, indices, part):
+    for rows, starts, took in batches:
         dst = writer.bounds[rows]
         # The cache could have been replaced since the first pass: the lengths must agree.
         if not np.array_equal(writer.bounds[rows + 1] - dst, took):
@@ -562,9 +601,10 @@ def _copy_part(
             raise _IndexMismatch(visit.number, corrupt=True)
 
 
-def _spans_of(
-    visit: _Visit, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1)
-) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+_Batch = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+
+
+def _spans_of(visit: _Visit, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1)) -> Iterator[_Batch]:
     """``(rows, starts, lengths)`` of each batch of ``visit`` (of ``part`` ``(t, k)``: every k-th
     from the t-th), from the index, checked to lie inside the file (the bytes they point at are
     checked when they are copied)."""
@@ -601,36 +641,43 @@ def _copy_rows(
     Rows go in batches that each span about ``_WINDOW`` bytes of the file (rows are in file order up
     to a little jitter), each read once into ``window``, checked there and copied from it.
     """
-    for a, b in _batches(first, _WINDOW, _BATCH_ROWS):
+    for a, b in _batches(first, lengths, _WINDOW, _BATCH_ROWS):
         s, e = first[a:b], first[a:b] + lengths[a:b]
-        buf, lo = window.load(fd, _need_lo(s), e + 2, size, pad=8)
-        if not (_bounds_ok(buf, lo, s, e, size) and _rows_ok(buf, s - lo, e - lo)):
+        buf, shift = window.load(fd, _need_lo(s), e + 2, size, pad=8)
+        if not (_bounds_ok(buf, shift, s, e, size) and _rows_ok(buf, s - shift, e - shift)):
             return False
-        copy_rows(buf, s - lo, lengths[a:b], data, dst[a:b])
+        copy_rows(buf, s - shift, lengths[a:b], data, dst[a:b])
     return True
 
 
 def _bounds_ok(
-    buf: npt.NDArray[np.uint8], lo: int, s: npt.NDArray[np.int64], e: npt.NDArray[np.int64], size: int
+    buf: npt.NDArray[np.uint8],
+    shift: int | npt.NDArray[np.int64],
+    s: npt.NDArray[np.int64],
+    e: npt.NDArray[np.int64],
+    size: int,
 ) -> bool:
     """Whether every span ``[s, e)`` is bounded as a sample is: it starts the file (after a byte
     order mark, if the file has one) or follows a newline, and its end is a line ending (``\\n`` not
     after ``\\r``, ``\\r\\n``, ``\\r`` at the end of the file) or the end of the file.
 
-    ``buf[x - lo]`` is byte ``x`` of the file for ``x`` in ``[s - 1, e + 2)``, and ``buf`` has at
-    least 2 bytes more after ``e``.
+    ``buf[x - shift]`` is byte ``x`` of the file for ``x`` in ``[s - 1, e + 2)`` (``[0, e + 2)`` for a
+    row that may follow a byte order mark), and ``buf`` has at least 2 bytes more after ``e``.
     """
     # The common case first, in a few passes: after a newline, before a newline not after a CR.
-    first = s == 0
-    ok = (buf[s - 1 - lo] == NEWLINE) & (buf[e - lo] == NEWLINE) & (buf[e - 1 - lo] != CR) & ~first
+    rs, re_ = s - shift, e - shift  # where the rows are in buf
+    ok = (buf[rs - 1] == NEWLINE) & (buf[re_] == NEWLINE) & (buf[re_ - 1] != CR) & (s != 0)
     if bool(ok.all()):
         return True
     rows = np.flatnonzero(~ok)  # the first sample, the last, CRLF endings, and wrong spans
-    s, e = s[rows], e[rows]
-    bom = lo == 0 and size >= len(BOM) and buf[: len(BOM)].tobytes() == BOM
-    after_newline = buf[np.maximum(s - 1 - lo, 0)] == NEWLINE
+    s, e, rs, re_ = s[rows], e[rows], rs[rows], re_[rows]
+    # A row that may follow the byte order mark was read from the file's first byte on.
+    head = np.flatnonzero(s <= len(BOM))
+    zero = int(rs[head[0]] - s[head[0]]) if head.size else 0  # where byte 0 of the file is in buf
+    bom = bool(head.size) and size >= len(BOM) and buf[zero : zero + len(BOM)].tobytes() == BOM
+    after_newline = buf[np.maximum(rs - 1, 0)] == NEWLINE
     start_ok = np.where(s == 0, not bom, after_newline | ((s == len(BOM)) & bom))
-    last, c1, c2 = buf[e - 1 - lo], buf[e - lo], buf[e + 1 - lo]
+    last, c1, c2 = buf[re_ - 1], buf[re_], buf[re_ + 1]
     at_eof = e >= size
     plain_end = (at_eof | (c1 == NEWLINE)) & (last != CR)
     cr_end = ~at_eof & (c1 == CR) & ((e + 1 >= size) | (c2 == NEWLINE))
