@@ -33,15 +33,15 @@ from platformdirs import user_cache_dir
 
 from rank_dataset._cachelock import one_builder
 from rank_dataset._pread import ShortRead, Window, pread_exact, read_ends
+from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.scan import Chunk, scan_map
 
 __all__ = [
     "CACHE_DIR_ENV",
-    "FileChanged",
     "FileKey",
     "Index",
     "SpanReader",
-    "content_sample",
+    "hash_ends",
     "length_bits",
     "line_mark",
     "load_index",
@@ -53,7 +53,7 @@ __all__ = [
 CACHE_DIR_ENV = "RANK_DATASET_CACHE_DIR"
 
 _MAGIC = b"RDIDX\x00\x00\x03"
-# magic, file size, mtime_ns, ctime_ns, inode, device, samples, flags, content sample, long lines, marks
+# magic, file size, mtime_ns, ctime_ns, inode, device, samples, flags, hash of the file's ends, long lines, marks
 _HEADER = struct.Struct("<8sqqqQQqq16sqq")
 _FLAG_ASCII = 1
 _DATA_OFFSET = 128
@@ -64,15 +64,6 @@ _CHECK_ROWS = 1 << 12  # entries checked at each end of a cache when it is loade
 _BUILD_TRIES = 3
 _OTHER_HOST_TMP_AGE = 24 * 3600  # seconds after which another host's unfinished cache is abandoned
 _IntArray = npt.NDArray[np.int64]
-
-
-class FileChanged(Exception):
-    """The file is not the one its index describes (``what`` says how); metafile turns this into
-    MetaFileChangedError."""
-
-    def __init__(self, path: Path, what: str) -> None:
-        super().__init__(f"{path}: {what}")
-        self.path, self.what = path, what
 
 
 @dataclass(frozen=True)
@@ -142,13 +133,13 @@ class Table:
 class Index:
     """Where the spans of a file's samples are, and what they describe.
 
-    ``key`` is the file as this process indexed it, ``sample`` the hash of its first and last
+    ``key`` is the file as this process indexed it, ``ends_hash`` the hash of its first and last
     64 KiB. The entries live in ``cache``, or in ``memory`` where no cache location was writable (not
     pickled: a process that receives the index rescans the file if it ever reads it).
     """
 
     key: FileKey
-    sample: bytes
+    ends_hash: bytes
     count: int
     ascii: bool
     cache: Path | None
@@ -161,7 +152,7 @@ class Index:
         self.__dict__.update(state)
 
 
-def content_sample(fd: int, size: int) -> bytes:
+def hash_ends(fd: int, size: int) -> bytes:
     """A hash of the first and last 64 KiB of the file open at ``fd``, of size ``size``."""
     return hashlib.blake2b(read_ends(fd, size, _SAMPLE), digest_size=16).digest()
 
@@ -179,7 +170,7 @@ def _cache_paths(path: Path) -> list[Path]:
 @dataclass(frozen=True)
 class _Header:
     key: FileKey
-    sample: bytes
+    ends_hash: bytes
     count: int
     ascii: bool
     longs: int
@@ -189,13 +180,13 @@ class _Header:
         k = self.key
         flags = _FLAG_ASCII if self.ascii else 0
         return _HEADER.pack(
-            _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, k.device, self.count, flags, self.sample, self.longs,
+            _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, k.device, self.count, flags, self.ends_hash, self.longs,
             self.marks,
         )  # fmt: skip
 
-    def describes(self, key: FileKey, sample: bytes) -> bool:
-        """Whether this is the header of an index of the file ``key`` and ``sample`` identify."""
-        return self.key.same_file(key) and self.sample == sample
+    def describes(self, key: FileKey, ends_hash: bytes) -> bool:
+        """Whether this is the header of an index of the file ``key`` and ``ends_hash`` identify."""
+        return self.key.same_file(key) and self.ends_hash == ends_hash
 
     @property
     def longs_at(self) -> int:
@@ -214,8 +205,9 @@ def _read_header(fd: int) -> _Header | None:
         length = os.fstat(fd).st_size
     except OSError:  # ShortRead; IsADirectoryError where the cache's path is a directory
         return None
-    magic, size, mtime, ctime, inode, device, count, flags, sample, longs, marks = _HEADER.unpack(raw.tobytes())
-    header = _Header(FileKey(size, mtime, ctime, inode, device), sample, count, bool(flags & _FLAG_ASCII), longs, marks)
+    magic, size, mtime, ctime, inode, device, count, flags, ends_hash, longs, marks = _HEADER.unpack(raw.tobytes())
+    key = FileKey(size, mtime, ctime, inode, device)
+    header = _Header(key, ends_hash, count, bool(flags & _FLAG_ASCII), longs, marks)
     if magic != _MAGIC or min(count, longs, marks) < 0 or length != header.marks_at + _PAIR * marks:
         return None
     return header
@@ -276,17 +268,17 @@ def _cache_is_sane(fd: int, header: _Header) -> bool:
     return bool(longs.size == 0 or (np.diff(longs[:, 0]) > 0).all())
 
 
-def _open_cache(cache: Path, key: FileKey, sample: bytes) -> Index | None:
-    """The index in ``cache`` if it describes the file ``key`` and ``sample`` identify, and is sane."""
+def _open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
+    """The index in ``cache`` if it describes the file ``key`` and ``ends_hash`` identify, and is sane."""
     try:
         fd = os.open(cache, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         header = _read_header(fd)
-        if header is None or not header.describes(key, sample) or not _cache_is_sane(fd, header):
+        if header is None or not header.describes(key, ends_hash) or not _cache_is_sane(fd, header):
             return None
-        return Index(key, sample, header.count, header.ascii, cache)
+        return Index(key, ends_hash, header.count, header.ascii, cache)
     finally:
         os.close(fd)
 
@@ -368,8 +360,8 @@ class _Built:
     longs: _IntArray
     marks: _IntArray
 
-    def header(self, key: FileKey, sample: bytes) -> _Header:
-        return _Header(key, sample, self.count, self.ascii, len(self.longs), len(self.marks))
+    def header(self, key: FileKey, ends_hash: bytes) -> _Header:
+        return _Header(key, ends_hash, self.count, self.ascii, len(self.longs), len(self.marks))
 
 
 def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _Built:
@@ -377,7 +369,7 @@ def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.ui
     its entries to ``write`` in order; what else its index holds.
 
     Raises:
-        FileChanged: the file changed while it was being indexed.
+        MetaFileChangedError: the file changed while it was being indexed.
     """
     count, lines, ascii_only = 0, 0, True
     longs: list[_IntArray] = []
@@ -391,10 +383,10 @@ def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.ui
             lines += part.newlines
             ascii_only = ascii_only and part.ascii
     except ShortRead as exc:
-        raise FileChanged(path, "it shrank while being indexed") from exc
+        raise MetaFileChangedError(path, "it shrank while being indexed") from exc
     what = key.change(FileKey.of(os.fstat(fd)))
     if what is not None:
-        raise FileChanged(path, f"{what} while being indexed")
+        raise MetaFileChangedError(path, f"{what} while being indexed")
     return _Built(count, ascii_only, _stack(longs), _stack(marks))
 
 
@@ -402,7 +394,7 @@ def _stack(parts: list[_IntArray]) -> _IntArray:
     return np.concatenate(parts).astype(np.int64) if parts else np.empty((0, 2), np.int64)
 
 
-def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, sample: bytes) -> Index | None:
+def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index | None:
     """Index the file open at ``fd`` straight into ``cache``; None if ``cache`` is not writable.
 
     The index goes to a temporary file that is synced and then renamed into place (and the directory
@@ -410,7 +402,7 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, sample: bytes) 
     never a torn one.
 
     Raises:
-        FileChanged: the file changed while it was being indexed.
+        MetaFileChangedError: the file changed while it was being indexed.
     """
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -425,12 +417,12 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, sample: bytes) 
             f.write(built.longs.astype("<i8").tobytes())
             f.write(built.marks.astype("<i8").tobytes())
             f.seek(0)
-            f.write(built.header(key, sample).pack())
+            f.write(built.header(key, ends_hash).pack())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, cache)
         _fsync_dir(cache.parent)
-        return Index(key, sample, built.count, built.ascii, cache)
+        return Index(key, ends_hash, built.count, built.ascii, cache)
     except OSError:  # a full disk; a directory where the cache would go
         Path(tmp).unlink(missing_ok=True)
         return None
@@ -439,11 +431,11 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, sample: bytes) 
         raise
 
 
-def _index_in_memory(path: Path, fd: int, key: FileKey, sample: bytes) -> Index:
+def _index_in_memory(path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index:
     parts: list[npt.NDArray[np.uint64]] = []
     built = _build(path, fd, key, parts.append)
     entries = np.concatenate(parts) if parts else np.empty(0, "<u8")
-    return Index(key, sample, built.count, built.ascii, None, Table(entries, built.longs, built.marks))
+    return Index(key, ends_hash, built.count, built.ascii, None, Table(entries, built.longs, built.marks))
 
 
 def _stamp(cache: Path) -> tuple[int, int] | None:
@@ -464,16 +456,16 @@ def load_index(path: Path, *, rebuild: bool = False) -> Index:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        FileChanged: the file kept changing while it was being indexed.
+        MetaFileChangedError: the file kept changing while it was being indexed.
     """
     for attempt in range(_BUILD_TRIES):
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             key = FileKey.of(os.fstat(fd))
-            sample = content_sample(fd, key.size)
+            ends_hash = hash_ends(fd, key.size)
             candidates = _cache_paths(path)
             for cache in [] if rebuild else candidates:
-                index = _open_cache(cache, key, sample)
+                index = _open_cache(cache, key, ends_hash)
                 if index is not None:
                     return index
             distrusted = {cache: _stamp(cache) for cache in candidates} if rebuild else {}
@@ -482,20 +474,20 @@ def load_index(path: Path, *, rebuild: bool = False) -> Index:
                     with one_builder(cache):
                         # Another process may have built it while this one waited for the lock.
                         if not rebuild or _stamp(cache) != distrusted[cache]:
-                            index = _open_cache(cache, key, sample)
+                            index = _open_cache(cache, key, ends_hash)
                             if index is not None:
                                 return index
-                        index = _write_cache(cache, path, fd, key, sample)
+                        index = _write_cache(cache, path, fd, key, ends_hash)
                     if index is not None:
                         return index
                 # No writable cache location: index in memory.
-                return _index_in_memory(path, fd, key, sample)
-            except FileChanged:
+                return _index_in_memory(path, fd, key, ends_hash)
+            except MetaFileChangedError:
                 if attempt == _BUILD_TRIES - 1:
                     raise
-        except ShortRead as exc:  # the content sample: the file shrank since fstat
+        except ShortRead as exc:  # hashing the ends: the file shrank since fstat
             if attempt == _BUILD_TRIES - 1:
-                raise FileChanged(path, "it shrank while being indexed") from exc
+                raise MetaFileChangedError(path, "it shrank while being indexed") from exc
         finally:
             os.close(fd)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -529,7 +521,7 @@ def read_entry(index: Index, local: int) -> tuple[int, int]:
         or not FileKey(*fields[1:6]).same_file(k)
         or fields[6] != index.count
         or bool(fields[7] & _FLAG_ASCII) != index.ascii
-        or fields[8] != index.sample
+        or fields[8] != index.ends_hash
     ):
         raise LookupError(f"the index cache {index.cache} was replaced or damaged")
     entry, bits = int.from_bytes(raw, "little"), length_bits(k.size)
@@ -570,7 +562,7 @@ class SpanReader:
         header = _read_header(self._fd)
         if (
             header is None
-            or not header.describes(index.key, index.sample)
+            or not header.describes(index.key, index.ends_hash)
             or (header.count, header.ascii) != (index.count, index.ascii)
         ):
             self.close()
