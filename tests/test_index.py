@@ -6,6 +6,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -284,3 +285,30 @@ def test_entries_hold_start_and_length_in_8_bytes(size: int) -> None:
     assert got_starts.tolist() == starts.tolist() and got_lengths.tolist() == lengths.tolist()
     assert (size < 1 << 32) == (len(part.longs) == 0)
     assert index_mod.length_bits(size) + size.bit_length() == 64
+
+
+def test_a_cache_path_that_is_a_directory_means_an_index_in_memory(write_meta, tmp_path: Path) -> None:
+    p = write_meta(LINES)
+    cache = index_mod._cache_paths(p.resolve())[0]
+    cache.mkdir(parents=True)  # hostile, or a mistake: where the cache would go is a directory
+    mf = MetaFile(p)
+    assert mf._files[0].index.cache is None and mf._files[0].index.memory is not None
+    assert [mf[i] for i in (0, 999)] == [LINES[0], LINES[999]]
+    assert mf.read(np.arange(1000)).texts(range(1000)) == LINES
+    assert cache.is_dir() and not list(cache.iterdir())
+
+
+def test_a_builder_killed_mid_build_leaves_nothing_in_the_way(write_meta, tmp_path: Path) -> None:
+    p = write_meta(n=2_000_000)
+    cache_dir = tmp_path / "cache"
+    code = "import sys, pathlib, rank_dataset.index as i; i.load_index(pathlib.Path(sys.argv[1]))"
+    child = subprocess.Popen([sys.executable, "-c", code, str(p.resolve())])
+    try:
+        while not list(cache_dir.glob("*.tmp")) and child.poll() is None:  # it holds the lock and writes
+            time.sleep(0.005)
+    finally:
+        child.kill()
+        child.wait()
+    index = index_mod.load_index(p.resolve())  # not wedged by the lock; the dead builder's file removed
+    assert index.count == 2_000_000 and index.cache is not None
+    assert sorted(x.suffix for x in cache_dir.iterdir()) == [".rdidx"]
