@@ -59,9 +59,10 @@ class Window:
 
     def _buffer(self, size: int) -> npt.NDArray[np.uint8]:
         if self._buf.size < size:
-            # Large: an anonymous map, not the heap: unmapped whole when the window goes, so a build
-            # leaves no freed-but-resident heap pages behind for forked DataLoader workers to share.
-            self._buf = np.empty(size, np.uint8) if size <= _SMALL else np.frombuffer(mmap.mmap(-1, size), np.uint8)
+            # Large: a private anonymous map, not the heap: unmapped whole when the window goes, so a
+            # build leaves no freed-but-resident heap pages behind for forked DataLoader workers to share.
+            big = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE) if size > _SMALL else None
+            self._buf = np.empty(size, np.uint8) if big is None else np.frombuffer(big, np.uint8)
         return self._buf[:size]
 
     def load(

@@ -405,18 +405,17 @@ def _batches(
     own length (a sparse row is read with its pages alone: see :meth:`Window.load`)."""
     if not positions.size:
         return []
+    # What a batch from row a to row b costs: the bytes it spans (rows jitter, so the running
+    # maximum), or, where less, its rows' lengths and two pages each (how sparse rows are read).
     top = np.maximum.accumulate(positions)
-    gaps = np.diff(top, prepend=top[0])
-    cost = np.minimum(gaps, lengths + _SPARSE_ROW)
-    np.cumsum(cost, out=cost)
-    region = cost // window
-    cuts = np.flatnonzero(region[1:] != region[:-1]) + 1
-    if cuts.size == 0 or np.diff(cuts, prepend=0, append=positions.size).max() > max_rows:
-        # np.union1d would import numpy.ma on first use (80 ms): sort and drop repeats instead.
-        cuts = np.sort(np.concatenate((cuts, np.arange(max_rows, positions.size, max_rows))))
-        cuts = cuts[np.diff(cuts, prepend=-1) > 0]
-    bounds = [0, *cuts.tolist(), positions.size]
-    return list(itertools.pairwise(bounds))
+    sparse = np.cumsum(lengths + _SPARSE_ROW)
+    cuts, n = [0], positions.size
+    while cuts[-1] < n:
+        a = cuts[-1]
+        by_span = int(np.searchsorted(top, int(positions[a]) + window, side="right"))
+        by_rows = int(np.searchsorted(sparse, int(sparse[a] - lengths[a] - _SPARSE_ROW) + window, side="right"))
+        cuts.append(min(max(by_span, by_rows, a + 1), a + max_rows, n))
+    return list(itertools.pairwise(cuts))
 
 
 def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int64], *, ids: bool) -> ShardWriter:
