@@ -22,7 +22,7 @@ memory against N.
 Usage:
     python benchmarks/bench_scale.py --data-dir /data/bench              # N = 10M and 100M
     python benchmarks/bench_scale.py --data-dir /data/bench --lines 1000000000 --worlds 8 512
-    python benchmarks/bench_scale.py --data-dir /tmp/d --lines 20000 --repeat 1 --out /tmp/results
+    python benchmarks/bench_scale.py --lines 20000 --repeat 1 --out /tmp/results  # files in a temporary directory
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -294,12 +295,12 @@ def plot(results: list[dict[str, Any]], args: argparse.Namespace, path: Path) ->
     ns = [r["lines"] for r in results]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     a.plot(ns, [_median(r["read"], "seconds") for r in results], "k--o", label="one read counting newlines")
-    a.plot(ns, [_median(r["cold"], "seconds") for r in results], "o-", label="index, cold")
-    for w in args.worlds:
-        key = f"{w},1"
-        a.plot(ns, [_median(r["builds"][key], "seconds") for r in results], "o-", label=f"build, W={w}")
-        b.plot(ns, [_median(r["builds"][key], "peak") / MIB for r in results], "o-", label=f"peak, W={w}")
-        b.plot(ns, [_median(r["builds"][key], "shard") / MIB for r in results], ":", label=f"shard, W={w}")
+    a.plot(ns, [_median(r["cold"], "seconds") for r in results], "o-", color="C0", label="index, cold")
+    for j, w in enumerate(args.worlds):
+        key, color = f"{w},1", f"C{j + 1}"
+        a.plot(ns, [_median(r["builds"][key], "seconds") for r in results], "o-", color=color, label=f"build, W={w}")
+        b.plot(ns, [_median(r["builds"][key], "peak") / MIB for r in results], "o-", color=color, label=f"peak, W={w}")
+        b.plot(ns, [_median(r["builds"][key], "shard") / MIB for r in results], ":", color=color, label=f"shard, W={w}")
     with_original = [r for r in results if "original" in r]
     if with_original:
         xs = [r["lines"] for r in with_original]
@@ -324,17 +325,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement (the median is kept)")
     parser.add_argument("--original-repeat", type=int, default=1, help="runs of the (slow) original approach")
     parser.add_argument("--original-max-lines", type=int, default=100_000_000, help="largest N to run it at")
-    parser.add_argument("--data-dir", type=Path, required=True, help="where the meta files are written and kept")
+    parser.add_argument("--data-dir", type=Path, default=None, help="where files are kept (default: a temporary dir)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
     if 1 not in args.mini_epochs:
         parser.error("--mini-epochs must include 1")
+    temporary = args.data_dir is None
+    if temporary:
+        args.data_dir = Path(tempfile.mkdtemp(prefix="bench_scale_"))
     cache = args.data_dir / "cache"
     env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(cache)}
     try:
         results = [measure(n, args, env) for n in args.lines]
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(args.data_dir if temporary else cache, ignore_errors=True)
     save_results(args.out, "scale", table(results, args), results, lambda p: plot(results, args, p))
     return 0
 
