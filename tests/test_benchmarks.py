@@ -47,6 +47,13 @@ CASES = [
         ("mix.png", True),
     ),
     (
+        "scale",
+        ["--lines", "20000", "--repeat", "1", "--worlds", "8", "64", "--mini-epochs", "1"],
+        "scale.md",
+        ["| index, cold (", "| set_epoch, W = 8, M = 1", "| original approach, W = 8 |"],
+        ("scale.png", True),
+    ),
+    (
         "workers",
         ["--lines", "4000", "--passes", "1", "--workers", "1"],
         "workers.md",

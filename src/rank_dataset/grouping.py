@@ -288,8 +288,8 @@ class _Lines:
         try:
             with SpanReader(self.index) as reader:
                 for first in range(0, n, _BLOCK):
-                    spans = np.empty((min(_BLOCK, n - first), 2), np.int64)
-                    reader.take(np.arange(first, first + len(spans), dtype=np.int64), spans)
+                    starts, lengths = reader.take(np.arange(first, min(first + _BLOCK, n), dtype=np.int64))
+                    spans = np.stack([starts, starts + lengths], axis=1).astype(np.int64, copy=False)
                     lo, hi = int(spans[0, 0]), int(spans[-1, 1])
                     # The byte after the last line too (its newline, if any), so every line's end is checked.
                     stop = min(hi + 1, size)
