@@ -349,3 +349,79 @@ def test_mix_plan_from_dict_errors() -> None:
         MixPlan.from_dict({"sizes": [1], "counts": [1]})
     with pytest.raises(ValueError, match="exactly the keys"):
         MixPlan.from_dict({"sizes": [1], "counts": [1], "epoch_size": 1, "seed": 0})
+
+
+# -- repeated augmentation: draws of the mixed order ---------------------------------------------------
+
+
+def source_stream_reference(n: int, key: int, stop: int) -> np.ndarray:
+    """The first ``stop`` positions of a source's stream, O(stop): pass j is the (key, j) permutation."""
+    return np.concatenate([permute(n, key, j, np.arange(n)) for j in range(max(1, -(-stop // n)))])[:stop]
+
+
+def aug_mix_reference(plan: MixPlan, k: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """An epoch's samples and source ids at positions 0..T0-1, from each source's stream, O(T0 + stream)."""
+    draws = mix.mix_draws(plan.counts, k)
+    total = sum(draws)
+    assert total == -(-plan.epoch_size // k)
+    owner = np.repeat(np.arange(len(draws)), draws)  # draw slot -> source
+    first = np.cumsum((0, *draws[:-1]))
+    slot_sample = np.empty(total, np.int64)
+    for s, (n, d) in enumerate(zip(plan.sizes, draws)):
+        key = mix._source_seed(SEED, s)
+        taken = source_stream_reference(n, key, (epoch + 1) * d)[epoch * d :]  # stream positions e*d..
+        slot_sample[first[s] : first[s] + d] = taken + sum(plan.sizes[:s])
+    slots = permute(total, SEED, epoch, np.arange(total))  # the draw order interleaves the slots
+    samples, ids = slot_sample[slots], owner[slots]
+    return np.repeat(samples, k)[: plan.epoch_size], np.repeat(ids, k)[: plan.epoch_size]
+
+
+AUG_MIXES = [case for case in MIXES if min(MixPlan.from_sources(*case).counts) >= 4]
+
+
+@pytest.mark.parametrize("case", AUG_MIXES)
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_aug_repeats_mix_is_the_reference(case: Any, k: int) -> None:
+    plan = plan_of(case)
+    t0 = plan.epoch_size
+    for epoch in [0, 1, 5]:
+        samples, ids = aug_mix_reference(plan, k, epoch)
+        got = plan.locate(SEED, epoch, np.arange(t0), k)
+        assert np.array_equal(got[0], samples) and np.array_equal(got[1], ids)
+        pad = plan.locate(SEED, epoch, np.arange(t0, 2 * t0 + 3), k)[0]  # padding wraps
+        assert np.array_equal(pad, np.resize(samples, t0 + 3))
+        if k == 1:  # without repeats each epoch takes exactly the counts
+            assert np.array_equal(np.bincount(got[1], minlength=len(plan.sizes)), plan.counts)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_aug_repeats_mix_walks_each_stream(k: int) -> None:
+    plan = MixPlan.from_sources([30, 12], [S("a"), S("b")])  # counts 30 and 12: k divides both
+    seen = [np.zeros(30, np.int64), np.zeros(12, np.int64)]
+    for epoch in range(k):
+        samples, ids = plan.locate(SEED, epoch, np.arange(plan.epoch_size)[::k], k)
+        for s in (0, 1):
+            seen[s] += np.bincount(samples[ids == s] - sum(plan.sizes[:s]), minlength=plan.sizes[s])
+    assert all((x == 1).all() for x in seen)  # k epochs of repeat=1 sources: every sample drawn once
+
+
+@pytest.mark.parametrize(
+    ("counts", "k"), [([6, 3, 2], 2), ([9, 8, 2], 2), ([100, 7, 1000], 3), ([5, 5], 4), ([1, 1, 1], 1), ([13], 5)]
+)
+def test_mix_draws_share_the_draws_by_the_counts(counts: list[int], k: int) -> None:
+    draws = mix.mix_draws(counts, k)
+    total = sum(counts)
+    assert sum(draws) == -(-total // k)
+    for c, d in zip(counts, draws):
+        assert abs(d - c * sum(draws) / total) < 1
+        if all(x % k == 0 for x in counts):
+            assert d == c // k
+    assert mix.mix_draws(counts, 1) == counts
+
+
+def test_mix_draws_refuse_a_source_too_small_for_a_draw() -> None:
+    with pytest.raises(ValueError, match="source 'books' takes 1 of the epoch's 101 samples"):
+        mix.mix_draws([100, 1], 3, ["web", "books"])
+    with pytest.raises(ValueError, match="aug_repeats must be >= 1"):
+        mix.mix_draws([100, 1], 0)
+    assert mix.mix_draws([100, 0, 4], 4) == [25, 0, 1]  # a source with no count gets no draw

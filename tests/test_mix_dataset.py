@@ -354,3 +354,34 @@ def test_a_mix_of_many_sources_reaches_persistent_workers(tmp_path: Path) -> Non
         got = sorted(x for batch in loader for x in batch)
         assert got == sorted(ds[i] for i in range(len(ds)))
     del loader
+
+
+def test_aug_repeats_in_a_mix_pairs_copies_on_ranks_and_matches_the_server(write_meta, start_server) -> None:
+    paths = write_sources(write_meta, [40, 14, 6])
+    rules: list[dict[str, Any]] = [{"weight": 2}, {"repeat": 1}, {"choose": 12}]
+    cfg = {"seed": SEED, "mini_epoch": 2, "epoch_size": 64, "aug_repeats": 2}
+    datasets = [RankDataset(sources_of(paths, rules), reload_cfg=cfg, rank=r, world_size=4) for r in range(4)]
+    plan = datasets[0].spec.mix
+    assert plan is not None and plan.draws(2) == tuple(c // 2 for c in plan.counts)  # 2 divides every count
+    for epoch in range(3):
+        samples, ids, padding = read_epoch(datasets, 2, epoch)
+        assert not padding.any()  # 64 positions, 4 ranks x 2 mini-epochs
+        assert np.array_equal(np.bincount(ids, minlength=3), plan.counts)  # k divides the counts: exact
+        assert (np.bincount(samples) % 2 == 0).all()  # every draw read twice
+        for mini in range(2):
+            for ds in datasets:
+                ds.set_epoch(epoch, mini)
+            assert np.array_equal(datasets[0].indices, datasets[1].indices)
+            assert np.array_equal(datasets[2].indices, datasets[3].indices)
+            assert not set(datasets[0].indices.tolist()) & set(datasets[2].indices.tolist())
+    server = start_server(paths)
+    served = [Source(p.name, **rule) for p, rule in zip(paths, rules)]
+    for r in (0, 3):
+        local = RankDataset(sources_of(paths, rules), reload_cfg={**cfg, "epoch": 2}, rank=r, world_size=4)
+        remote = RankServerDataset(server.url, reload_cfg={**cfg, "epoch": 2}, rank=r, world_size=4, sources=served)
+        assert np.array_equal(local.indices, remote.indices)
+        assert [local[i] for i in range(len(local))] == [remote[i] for i in range(len(remote))]
+    with pytest.raises(ValueError, match=r"source 's2.txt' takes 1 of the epoch's 64 samples, too few for one draw"):
+        RankDataset(sources_of(paths, [{"weight": 1}, {"repeat": 1}, {"choose": 1}]), reload_cfg=cfg, world_size=1)
+    with pytest.raises(ValueError, match=r"aug_repeats=2 .*eval mode"):
+        RankDataset(sources_of(paths, rules), is_test=True, reload_cfg=cfg, rank=0, world_size=1)

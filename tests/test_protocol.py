@@ -18,6 +18,7 @@ SPECS = [
     ShardSpec(100, 3, 0, is_test=True),
     ShardSpec(1000, 8, 5, mini_epoch=4, mini_epoch_idx=2, seed=-7, epoch=9),
     ShardSpec(1000, 3, 1, mini_epoch=2, mini_epoch_idx=1, seed=1, epoch=2, resume=ResumePoint(4, 1, 37)),
+    ShardSpec(1000, 6, 1, mini_epoch=2, seed=1, epoch=2, resume=ResumePoint(4, 1, 36), aug_repeats=2),
 ]
 
 
@@ -26,6 +27,16 @@ def test_spec_round_trips_through_a_query(spec: ShardSpec) -> None:
     query = protocol.spec_to_query(spec)
     assert all(isinstance(v, str) for v in query.values())
     assert protocol.spec_from_query(query, spec.num_samples) == spec
+
+
+def test_aug_repeats_travels_only_when_set() -> None:
+    assert "aug_repeats" not in protocol.spec_to_query(ShardSpec(100, 4, 3))  # a default query is as before
+    assert protocol.spec_to_query(ShardSpec(100, 4, 3, aug_repeats=4))["aug_repeats"] == "4"
+    for raw, error in [("0", ValueError), ("x", ValueError)]:
+        with pytest.raises(error, match="aug_repeats"):
+            protocol.spec_from_query({"world_size": "2", "rank": "0", "aug_repeats": raw}, 100)
+    with pytest.raises(ValueError, match=r"aug_repeats=2 .*eval mode"):
+        protocol.spec_from_query({"world_size": "2", "rank": "0", "aug_repeats": "2", "is_test": "true"}, 100)
 
 
 @pytest.mark.parametrize(

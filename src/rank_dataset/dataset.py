@@ -21,7 +21,7 @@ from rank_dataset._control import ControlBlock
 from rank_dataset._residency import return_freed_memory
 from rank_dataset.config import ReloadConfig
 from rank_dataset.metafile import MetaFile
-from rank_dataset.mix import MixPlan, Source, SourceInfo, combine_fingerprints, mix_targets
+from rank_dataset.mix import MixPlan, Source, SourceInfo, combine_fingerprints, mix_draws, mix_targets
 from rank_dataset.parsers import LineError, Parser, resolve_parser
 from rank_dataset.plan import ResumePoint, ShardSpec
 from rank_dataset.resume import MixRecord, ResumeState, SourceRecord
@@ -124,6 +124,8 @@ class ShardedDataset(Dataset[Any]):
                 else MixPlan.from_sources(source_sizes, sources, cfg.epoch_size)
             )
             num_samples = mix.epoch_size
+            if not is_test:  # a source too small for one draw of k copies, by its name
+                mix_draws(mix.counts, cfg.aug_repeats, [s.name for s in sources])
             if any(s.parser is not None for s in sources):
                 own = [resolve_parser(s.parser) for s in sources]
                 self._parsers = tuple(self._parser if p is None else p for p in own)
@@ -151,6 +153,7 @@ class ShardedDataset(Dataset[Any]):
             seed=cfg.seed,
             epoch=cfg.epoch,
             mix=mix,
+            aug_repeats=cfg.aug_repeats,
         )
         self._load(spec)
 
@@ -168,7 +171,9 @@ class ShardedDataset(Dataset[Any]):
         """The ``reload_cfg`` of the shard held now (read-only: change it with ``set_epoch`` or
         ``load_state_dict``)."""
         s = self.spec
-        return ReloadConfig(s.mini_epoch, s.seed, s.mini_epoch_idx, s.epoch, self._group, self._epoch_size)
+        return ReloadConfig(
+            s.mini_epoch, s.seed, s.mini_epoch_idx, s.epoch, self._group, self._epoch_size, s.aug_repeats
+        )
 
     @property
     def rank(self) -> int:
@@ -446,6 +451,7 @@ class ShardedDataset(Dataset[Any]):
             world_size=spec.world_size,
             consumed=consumed,
             mix=self._mix_record(),
+            aug_repeats=spec.aug_repeats,
         ).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -32,13 +32,12 @@ import numpy.typing as npt
 
 from rank_dataset._checks import check_int
 from rank_dataset.parsers import Parser, resolve_parser
-from rank_dataset.permutation import _splitmix64, permute
+from rank_dataset.permutation import _splitmix64, permute, permute_stream
 
-__all__ = ["MixPlan", "Source", "SourceInfo", "combine_fingerprints", "mix_counts", "mix_targets"]
+__all__ = ["MixPlan", "Source", "SourceInfo", "combine_fingerprints", "mix_counts", "mix_draws", "mix_targets"]
 
 _MAX = 1 << 62  # permute's largest n; also keeps every int64 sum below overflow
 _MASK64 = (1 << 64) - 1
-_FEW_PASSES = 8  # up to this many passes of a source in one epoch, group positions by masks, not a sort
 _FEW_BOUNDS = 16  # up to this many sources, find a value's source by comparisons, not a binary search
 
 PathArg = str | os.PathLike[str]
@@ -224,6 +223,43 @@ def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int 
     return counts, total
 
 
+def mix_draws(counts: Sequence[int], aug_repeats: int, names: Sequence[str] | None = None) -> list[int]:
+    """Each source's draws in an epoch of ``T0 = sum(counts)`` positions whose draws are ``k =
+    aug_repeats`` positions each: the epoch's ``D = ceil(T0 / k)`` draws shared in proportion to the
+    counts by largest remainder (exact rational arithmetic; equal remainders favour the earlier source).
+
+    So ``d_s = c_s / k`` when ``k`` divides every count, ``d_s = c_s`` when ``k = 1``, and in any case
+    ``d_s`` is within one of ``c_s * D / T0``. A source with no count gets no draw.
+
+    Raises:
+        ValueError: a source with a count gets no draw (its count is too small for ``k`` copies), naming
+            it (by ``names[s]`` if given, else its number).
+
+    Example:
+        >>> mix_draws([6, 3, 2], 2)
+        [3, 2, 1]
+    """
+    k = check_int("aug_repeats", aug_repeats, low=1)
+    if k == 1:
+        return list(counts)
+    total = sum(counts)
+    draws = -(-total // k)
+    quotas = [Fraction(c * draws, total) for c in counts]
+    shares = [math.floor(q) for q in quotas]
+    by_remainder = sorted(range(len(counts)), key=lambda s: (-(quotas[s] - shares[s]), s))
+    for s in by_remainder[: draws - sum(shares)]:
+        shares[s] += 1
+    starved = [s for s, (c, d) in enumerate(zip(counts, shares)) if c and not d]
+    if starved:
+        s = starved[0]
+        name = repr(names[s]) if names is not None else str(s)
+        raise ValueError(
+            f"source {name} takes {counts[s]} of the epoch's {total} samples, too few for one draw of "
+            f"aug_repeats={k} copies among the epoch's {draws} draws: raise its share or lower aug_repeats"
+        )
+    return shares
+
+
 def mix_targets(sizes: Sequence[int], sources: Sequence[Source], counts: Sequence[int]) -> list[float]:
     """What each source's rule asks an epoch to take, before rounding: ``repeat * N_s``, ``choose``,
     or the weighted share of what the fixed counts leave of ``T0 = sum(counts)``.
@@ -388,8 +424,12 @@ class MixPlan:
         stops = np.cumsum(np.asarray(self.sizes, np.int64))
         return _bucket(np.asarray(samples, np.int64), stops[:-1], np.dtype(dtype))
 
+    def draws(self, aug_repeats: int = 1) -> tuple[int, ...]:
+        """Each source's draws in an epoch whose draws are ``aug_repeats`` positions each (see :func:`mix_draws`)."""
+        return tuple(mix_draws(self.counts, aug_repeats))
+
     def locate(
-        self, seed: int, epoch: int, positions: npt.ArrayLike
+        self, seed: int, epoch: int, positions: npt.ArrayLike, aug_repeats: int = 1
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """The global sample numbers and source ids at ``positions`` of the epoch order.
 
@@ -398,12 +438,15 @@ class MixPlan:
             epoch: an int >= 0.
             positions: ints >= 0, any shape; a position ``p >= T0`` is padding and holds what ``p mod T0``
                 holds (as in :func:`rank_dataset.plan.epoch_order`).
+            aug_repeats: ``k``, the positions of a draw: position ``p`` holds draw ``p // k`` (1: every
+                position is a draw of its own, the order of a mix without repeated augmentation).
 
         Returns:
             ``(samples, source_ids)``: two int64 arrays of the shape of ``positions``.
         """
         check_int("seed", seed)
         check_int("epoch", epoch, low=0)
+        draws = self.draws(aug_repeats)
         pos = np.asarray(positions)
         if pos.size and not np.issubdtype(pos.dtype, np.integer):
             raise TypeError(f"positions must be integers, got dtype {pos.dtype}")
@@ -412,40 +455,27 @@ class MixPlan:
             raise ValueError(f"positions must be >= 0, got {int(flat.min())}")
         if flat.size and int(flat.max()) >= self.epoch_size:
             flat %= self.epoch_size
-        slots = permute(self.epoch_size, seed, epoch, flat)
-        starts = np.cumsum((0, *self.counts[:-1]), dtype=np.int64)
+        if aug_repeats > 1:
+            flat //= aug_repeats
+        # Draw slots [0, D) belong to the sources in order (d_0 of source 0, ...); the (seed, epoch)
+        # permutation of the D slots interleaves them.
+        slots = permute(sum(draws), seed, epoch, flat)
+        starts = np.cumsum((0, *draws[:-1]), dtype=np.int64)
         ids = _bucket(slots, starts[1:], np.dtype(np.int64))
         samples = np.empty_like(slots)
         offset = 0
-        for s, (n, c) in enumerate(zip(self.sizes, self.counts)):
+        for s, (n, d) in enumerate(zip(self.sizes, draws)):
             where = np.flatnonzero(ids == s) if len(self.sizes) > 1 else slice(None)
-            # Slot j of source s is its stream position epoch * c + j, i.e. sample t % n of pass
-            # first_pass + t // n, with t = head + j.
-            first_pass, head = divmod(epoch * c, n)
+            # Slot j of source s is its stream position epoch * d + j.
             t = slots[where]
-            t += head - int(starts[s])
-            key = _source_seed(seed, s)
-            spanned = (head + c - 1) // n + 1  # the passes this epoch's slots of s touch
-            if spanned == 1:
-                samples[where] = permute(n, key, first_pass, t) + offset
-            elif spanned <= _FEW_PASSES:  # a few passes: one mask each, cheaper than a sort
-                picked = np.empty_like(t)
-                for p in range(spanned):
-                    group = np.flatnonzero((t >= p * n) & (t < (p + 1) * n))
-                    picked[group] = permute(n, key, first_pass + p, t[group] - p * n)
-                samples[where] = picked + offset
-            elif t.size:
-                passes, k = np.divmod(t, n)
-                order = np.argsort(passes, kind="stable")
-                cuts = np.flatnonzero(np.diff(passes[order])) + 1
-                picked = np.empty_like(k)
-                for group in np.split(order, cuts):
-                    picked[group] = permute(n, key, first_pass + int(passes[group[0]]), k[group])
-                samples[where] = picked + offset
+            t -= int(starts[s])
+            samples[where] = permute_stream(n, _source_seed(seed, s), epoch * d, t) + offset
             offset += n
         return samples.reshape(pos.shape), ids.reshape(pos.shape)
 
-    def epoch_order(self, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    def epoch_order(
+        self, seed: int, epoch: int, positions: npt.ArrayLike, aug_repeats: int = 1
+    ) -> npt.NDArray[np.int64]:
         """The global sample numbers at ``positions`` (see :meth:`locate`); in the mix, this takes the
-        place of ``rank_dataset.plan.epoch_order(T0, seed, epoch, positions)``."""
-        return self.locate(seed, epoch, positions)[0]
+        place of ``rank_dataset.plan.epoch_order(T0, seed, epoch, positions, aug_repeats)``."""
+        return self.locate(seed, epoch, positions, aug_repeats)[0]

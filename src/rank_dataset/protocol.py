@@ -174,6 +174,8 @@ def spec_to_query(spec: ShardSpec, source_files: Sequence[Sequence[str]] | None 
     """The query parameters of ``GET /shard`` for ``spec``; for a mix, ``source_files`` are the names
     of each source's served files."""
     query = {name: _encode(getattr(spec, name)) for name in _SPEC_FIELDS}
+    if spec.aug_repeats == 1:  # the default: a query without repeated augmentation is as before
+        del query["aug_repeats"]
     query["num_samples"] = str(spec.num_samples)
     if spec.resume is not None:
         query.update({q: str(getattr(spec.resume, f)) for f, q in _RESUME.items()})

@@ -127,6 +127,8 @@ class ResumeState:
         world_size, consumed: the world size the state was taken on, and samples consumed per rank
             (what a sampler on the same world size skips).
         mix: for a mix of sources, the mix (None: plain meta files, and no ``mix`` key in the dict).
+        aug_repeats: the plan's repeated augmentation ``k`` (a state without it is for ``k = 1``): it
+            fixes which sample each position holds, so a state loads only into a plan of the same ``k``.
     """
 
     num_samples: int
@@ -140,6 +142,7 @@ class ResumeState:
     world_size: int | None = None
     consumed: int | None = None
     mix: MixRecord | None = None
+    aug_repeats: int = 1
 
     def __post_init__(self) -> None:
         check_int("num_samples", self.num_samples, low=1, high=_MAX_INT)
@@ -162,6 +165,7 @@ class ResumeState:
             check_int("world_size", self.world_size, low=1)
         if self.consumed is not None:
             check_int("consumed", self.consumed, low=0, high=_MAX_INT)
+        check_int("aug_repeats", self.aug_repeats, low=1, high=_MAX_INT)
         if self.mix is not None:
             if not isinstance(self.mix, MixRecord):
                 raise TypeError(f"mix must be a MixRecord or None, got {self.mix!r}")
@@ -177,7 +181,18 @@ class ResumeState:
 
     def apply(self, spec: ShardSpec) -> ShardSpec:
         """``spec`` (a rank's, on any world size) moved to its share of what was left of the
-        interrupted mini-epoch."""
+        interrupted mini-epoch.
+
+        Raises:
+            ValueError: ``spec`` has another ``aug_repeats`` than the state (the positions would hold
+                other samples).
+        """
+        if spec.aug_repeats != self.aug_repeats:
+            raise ValueError(
+                f"the resume state is for aug_repeats={self.aug_repeats}, this dataset has aug_repeats="
+                f"{spec.aug_repeats}: its positions would hold other samples; resume with "
+                f"reload_cfg['aug_repeats']={self.aug_repeats} (change it at the next epoch only by starting a new run)"
+            )
         return dataclasses.replace(
             spec,
             mini_epoch=self.mini_epoch,
@@ -208,7 +223,7 @@ class ResumeState:
 
     def same_shard(self, other: ResumeState) -> bool:
         """Whether both states are points within the same mini-epoch of the same plan and files."""
-        keys = ("num_samples", "fingerprint", "seed", "epoch", "mini_epoch", "mini_epoch_idx")
+        keys = ("num_samples", "fingerprint", "seed", "epoch", "mini_epoch", "mini_epoch_idx", "aug_repeats")
         return all(getattr(self, k) == getattr(other, k) for k in keys) and _mix_key(self.mix) == _mix_key(other.mix)
 
     def to_dict(self) -> dict[str, Any]:
