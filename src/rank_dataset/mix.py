@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -34,7 +34,16 @@ from rank_dataset._checks import check_int
 from rank_dataset.parsers import Parser, resolve_parser
 from rank_dataset.permutation import _splitmix64, permute, permute_stream
 
-__all__ = ["MixPlan", "Source", "SourceInfo", "combine_fingerprints", "mix_counts", "mix_draws", "mix_targets"]
+__all__ = [
+    "MixPlan",
+    "Source",
+    "SourceInfo",
+    "combine_fingerprints",
+    "mix_counts",
+    "mix_draws",
+    "mix_schedule",
+    "mix_targets",
+]
 
 _MAX = 1 << 62  # permute's largest n; also keeps every int64 sum below overflow
 _MASK64 = (1 << 64) - 1
@@ -63,6 +72,32 @@ def _fspath(i: int, path: Any) -> str:
     return text
 
 
+Rule = float | Mapping[int, float]  # a value, or a schedule {first_epoch: value}
+
+
+def _rule(name: str, value: Any, check: Callable[[str, Any], Any]) -> Any:
+    """``value`` checked by ``check``; a schedule ``{first_epoch: value}`` checked entry by entry and
+    sorted by epoch (a schedule of epoch 0 alone is its value)."""
+    if not isinstance(value, Mapping):
+        return check(name, value)
+    rules = {}
+    for epoch, v in value.items():
+        first = check_int(f"{name} schedule epoch", epoch, low=0)
+        rules[first] = check(f"{name}[{first}]", v)
+    if 0 not in rules:
+        raise ValueError(
+            f"a {name} schedule must hold epoch 0 (the rule from the start), got the epochs {sorted(rules)}"
+        )
+    return rules[0] if len(rules) == 1 else dict(sorted(rules.items()))
+
+
+def _in_force(rule: Any, epoch: int) -> Any:
+    """The value of ``rule`` (a value or a sorted schedule) in force at ``epoch``."""
+    if not isinstance(rule, Mapping):
+        return rule
+    return rule[max(e for e in rule if e <= epoch)]
+
+
 @dataclass(frozen=True, init=False)
 class Source:
     """One source of a mix: one meta file, or a list of them taken as one source, and how much of it
@@ -80,19 +115,24 @@ class Source:
             source's items.
         name: for messages; defaults to the first path's file name (the whole path if it has none).
 
-    At most one of ``weight``, ``repeat`` and ``choose``; none means ``repeat=1.0``.
+    At most one of ``weight``, ``repeat`` and ``choose``; none means ``repeat=1.0``. Each may be a
+    schedule, a dict ``{first_epoch: value}`` holding epoch 0: the value in force from that epoch on
+    (stored sorted by epoch; ``{0: v}`` alone is ``v``).
 
     Example:
         >>> Source("data/a.txt", weight=2)
         Source(paths=('data/a.txt',), weight=2.0, repeat=None, choose=None, parser=None, name='a.txt')
         >>> Source(["x/b1.txt", "x/b2.txt"]).repeat
         1.0
+        >>> late = Source("c.txt", weight={10: 3, 0: 1})
+        >>> late.weight, late.changes, late.at(12).weight
+        ({0: 1.0, 10: 3.0}, (10,), 3.0)
     """
 
     paths: tuple[str, ...]
-    weight: float | None
-    repeat: float | None
-    choose: int | None
+    weight: float | dict[int, float] | None
+    repeat: float | dict[int, float] | None
+    choose: int | dict[int, int] | None
     parser: str | Parser | None
     name: str
 
@@ -100,9 +140,9 @@ class Source:
         self,
         paths: PathArg | Sequence[PathArg],
         *,
-        weight: float | None = None,
-        repeat: float | None = None,
-        choose: int | None = None,
+        weight: Rule | None = None,
+        repeat: Rule | None = None,
+        choose: int | Mapping[int, int] | None = None,
         parser: str | Parser | None = None,
         name: str | None = None,
     ) -> None:
@@ -118,11 +158,11 @@ class Source:
         if len(given) > 1:
             raise ValueError(f"give at most one of weight, repeat and choose, got {' and '.join(given)}")
         if weight is not None:
-            weight = _positive_float("weight", weight)
+            weight = _rule("weight", weight, _positive_float)
         elif choose is not None:
-            choose = check_int("choose", choose, low=1)
+            choose = _rule("choose", choose, lambda label, v: check_int(label, v, low=1))
         else:
-            repeat = 1.0 if repeat is None else _positive_float("repeat", repeat)
+            repeat = 1.0 if repeat is None else _rule("repeat", repeat, _positive_float)
         resolve_parser(parser)  # raises on anything but None, "json", "label" or a callable
         if name is None:
             name = os.path.basename(normal[0]) or normal[0]
@@ -135,9 +175,44 @@ class Source:
         object.__setattr__(self, "parser", parser)
         object.__setattr__(self, "name", name)
 
+    @property
+    def kind(self) -> str:
+        """Which rule the source has: ``"weight"``, ``"repeat"`` or ``"choose"``."""
+        return "weight" if self.weight is not None else "choose" if self.choose is not None else "repeat"
 
-def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int | None = None) -> tuple[list[int], int]:
-    """Per-epoch counts ``c_s`` of each source and the epoch size ``T0 = sum(c_s)``.
+    @property
+    def changes(self) -> tuple[int, ...]:
+        """The epochs after 0 at which the source's rule changes (empty without a schedule)."""
+        rule = getattr(self, self.kind)
+        return tuple(e for e in rule if e) if isinstance(rule, Mapping) else ()
+
+    def value_at(self, epoch: int) -> float:
+        """The value of the source's rule in force at ``epoch`` (an int for ``choose``)."""
+        value: float = _in_force(getattr(self, self.kind), epoch)
+        return value
+
+    def at(self, epoch: int) -> Source:
+        """This source with the rule in force at ``epoch`` and no schedule (itself if it has none)."""
+        if not self.changes:
+            return self
+        value = self.value_at(epoch)
+        if self.kind == "weight":
+            return Source(self.paths, weight=value, parser=self.parser, name=self.name)
+        if self.kind == "choose":
+            return Source(self.paths, choose=int(value), parser=self.parser, name=self.name)
+        return Source(self.paths, repeat=value, parser=self.parser, name=self.name)
+
+    def describe(self, epoch: int = 0) -> str:
+        """The rule in force at ``epoch``, e.g. ``"weight=2"``, ``"choose=1,000"``."""
+        value = self.value_at(epoch)
+        return f"choose={int(value):,}" if self.kind == "choose" else f"{self.kind}={value:g}"
+
+
+def mix_counts(
+    sizes: Sequence[int], sources: Sequence[Source], epoch_size: int | None = None, epoch: int = 0
+) -> tuple[list[int], int]:
+    """Per-epoch counts ``c_s`` of each source and the epoch size ``T0 = sum(c_s)``, by the rules in
+    force at ``epoch`` (see :meth:`Source.at`).
 
     ``repeat=r`` takes ``round(r * N_s)`` (Python's round: halves to even), ``choose=k`` takes ``k``,
     and the weighted sources share what is left of ``T0`` in proportion to their weights, by largest
@@ -149,11 +224,12 @@ def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int 
         sizes: ``N_s``, the number of samples of each source (each >= 1), in the order of ``sources``.
         sources: the sources; at least one.
         epoch_size: ``T0``, an int >= 1, or None for the default above.
+        epoch: the epoch whose rules count (only sources with a schedule depend on it).
 
     Raises:
-        ValueError: naming the source, if a source is empty, a repeat rounds to 0, the fixed counts
-            exceed ``T0``, a weighted share rounds to 0, or, without weighted sources, the fixed
-            counts do not add up to ``epoch_size``.
+        ValueError: naming the source (and the epoch, past 0), if a source is empty, a repeat rounds
+            to 0, the fixed counts exceed ``T0``, a weighted share rounds to 0, or, without weighted
+            sources, the fixed counts do not add up to ``epoch_size``.
 
     Example:
         >>> mix_counts([100, 10, 50], [Source("a", weight=1), Source("b", repeat=2.5), Source("c", weight=2)], 100)
@@ -172,19 +248,22 @@ def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int 
         if not isinstance(source, Source):
             raise TypeError(f"sources[{i}] must be a Source, got {source!r} ({type(source).__name__})")
         names.append(repr(source.name))
+    epoch = check_int("epoch", epoch, low=0)
     ns = [check_int(f"size of source {name}", n, low=1) for name, n in zip(names, sizes)]
     counts: list[int] = [0] * len(sources)
-    weighted = []
+    weighted, weights = [], {}
     for i, (source, n, name) in enumerate(zip(sources, ns, names)):
-        if source.weight is not None:
+        value = source.value_at(epoch)
+        if source.kind == "weight":
             weighted.append(i)
-        elif source.choose is not None:
-            counts[i] = source.choose
+            weights[i] = Fraction(value)
+        elif source.kind == "choose":
+            counts[i] = int(value)
         else:
-            assert source.repeat is not None
-            counts[i] = round(source.repeat * n)
+            counts[i] = round(value * n)
             if counts[i] == 0:
-                raise ValueError(f"source {name}: repeat={source.repeat} of its {n} samples rounds to 0 per epoch")
+                when = f" from epoch {epoch}" if epoch else ""
+                raise ValueError(f"source {name}: repeat={value} of its {n} samples rounds to 0 per epoch{when}")
     fixed = sum(counts)
     if epoch_size is not None:
         total = check_int("epoch_size", epoch_size, low=1)
@@ -195,6 +274,8 @@ def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int 
         total, why = fixed, ""
     if not 1 <= total <= _MAX:
         raise ValueError(f"the epoch size must be in [1, 2**62], got {total}")
+    if epoch:
+        why += f" (at epoch {epoch}, by the schedules)"
     if fixed > total:
         listed = ", ".join(f"{names[i]}: {counts[i]}" for i in range(len(sources)) if counts[i])
         raise ValueError(f"the fixed per-epoch counts of the sources ({listed}) add up to {fixed}, more than {why}")
@@ -206,7 +287,6 @@ def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int 
             )
         return counts, total
     left = total - fixed
-    weights = {i: Fraction(sources[i].weight or 0.0) for i in weighted}
     whole = sum(weights.values())
     quotas = {i: left * w / whole for i, w in weights.items()}
     for i, q in quotas.items():
@@ -260,9 +340,9 @@ def mix_draws(counts: Sequence[int], aug_repeats: int, names: Sequence[str] | No
     return shares
 
 
-def mix_targets(sizes: Sequence[int], sources: Sequence[Source], counts: Sequence[int]) -> list[float]:
-    """What each source's rule asks an epoch to take, before rounding: ``repeat * N_s``, ``choose``,
-    or the weighted share of what the fixed counts leave of ``T0 = sum(counts)``.
+def mix_targets(sizes: Sequence[int], sources: Sequence[Source], counts: Sequence[int], epoch: int = 0) -> list[float]:
+    """What each source's rule in force at ``epoch`` asks an epoch to take, before rounding:
+    ``repeat * N_s``, ``choose``, or the weighted share of what the fixed counts leave of ``T0 = sum(counts)``.
 
     Example:
         >>> mix_targets([100, 10, 50], [Source("a", weight=1), Source("b", repeat=2.5), Source("c", weight=2)],
@@ -270,18 +350,50 @@ def mix_targets(sizes: Sequence[int], sources: Sequence[Source], counts: Sequenc
         [25.0, 25.0, 50.0]
     """
     total = sum(counts)
-    fixed = sum(c for c, s in zip(counts, sources) if s.weight is None)
-    weights = sum(s.weight for s in sources if s.weight is not None)
+    fixed = sum(c for c, s in zip(counts, sources) if s.kind != "weight")
+    weights = sum(s.value_at(epoch) for s in sources if s.kind == "weight")
     targets = []
     for n, source in zip(sizes, sources):
-        if source.weight is not None:
-            targets.append((total - fixed) * source.weight / weights)
-        elif source.choose is not None:
-            targets.append(float(source.choose))
+        value = source.value_at(epoch)
+        if source.kind == "weight":
+            targets.append((total - fixed) * value / weights)
+        elif source.kind == "choose":
+            targets.append(float(value))
         else:
-            assert source.repeat is not None
-            targets.append(source.repeat * n)
+            targets.append(value * n)
     return targets
+
+
+def mix_schedule(
+    sizes: Sequence[int], sources: Sequence[Source], epoch_size: int | None = None
+) -> tuple[list[int], int, tuple[tuple[int, tuple[int, ...]], ...]]:
+    """The counts of epoch 0, the epoch size ``T0``, and each later change of the counts that the
+    sources' schedules make: ``((first_epoch, counts), ...)``, ascending, each different from the
+    counts before it. O(changes x sources).
+
+    Raises:
+        ValueError: as :func:`mix_counts` at any epoch a schedule changes, or a change of ``T0`` (an
+            epoch keeps its size: set ``epoch_size`` and give a source a weight to take up the change).
+
+    Example:
+        >>> mix_schedule([100, 50], [Source("a", weight=1), Source("b", choose={0: 10, 5: 40})], 100)
+        ([90, 10], 100, ((5, (60, 40)),))
+    """
+    counts, total = mix_counts(sizes, sources, epoch_size)
+    changes: list[tuple[int, tuple[int, ...]]] = []
+    last = tuple(counts)
+    for epoch in sorted({e for source in sources for e in source.changes}):
+        now, size = mix_counts(sizes, sources, epoch_size, epoch)
+        if size != total:
+            moved = next(s.name for s in sources if epoch in s.changes)
+            raise ValueError(
+                f"the schedule of source {moved!r} changes the epoch size from {total} to {size} at epoch {epoch}: "
+                "an epoch keeps its size; set reload_cfg['epoch_size'] and give a source a weight to fill it"
+            )
+        if tuple(now) != last:
+            last = tuple(now)
+            changes.append((epoch, last))
+    return counts, total, tuple(changes)
 
 
 def combine_fingerprints(fingerprints: Sequence[str]) -> str:
@@ -345,14 +457,20 @@ def _source_seed(seed: int, source: int) -> int:
     return _splitmix64(_splitmix64(seed & _MASK64) ^ _splitmix64((source + 0x5EED) & _MASK64))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class MixPlan:
     """The numbers that fix a mix's epoch order (with a seed and an epoch); validated, hashable.
 
     Args:
         sizes: ``N_s``, the samples of each source (each >= 1).
-        counts: ``c_s``, the samples each epoch takes of each source (each >= 1).
+        counts: ``c_s``, the samples each epoch takes of each source (each >= 1), from epoch 0 on.
         epoch_size: ``T0``, which must be ``sum(counts)``, at most 2**62.
+        changes: the counts the sources' schedules set from later epochs on: ``((first_epoch,
+            counts), ...)``, epochs ascending and > 0, each counts summing to ``T0`` (empty: none).
+
+    Each source is a stream (see :func:`~rank_dataset.permutation.permute_stream`) that each epoch
+    advances by its draws (its count, without repeated augmentation): its stream position at epoch
+    ``e`` is the sum of its draws in the epochs before (:meth:`stream_starts`).
 
     Example:
         >>> plan = MixPlan.from_sources([3, 5], [Source("a", repeat=2), Source("b", choose=2)])
@@ -363,11 +481,19 @@ class MixPlan:
         ([0, 0, 0, 0, 0, 0, 1, 1], [0, 0, 1, 1, 2, 2])
         >>> MixPlan.from_dict(plan.to_dict()) == plan
         True
+        >>> later = MixPlan((3, 5), (6, 2), 8, changes=((4, (4, 4)),))
+        >>> later.counts_at(3), later.counts_at(9), later.stream_starts(6)
+        ((6, 2), (4, 4), (32, 16))
     """
 
     sizes: tuple[int, ...]
     counts: tuple[int, ...]
     epoch_size: int
+    changes: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    def __repr__(self) -> str:
+        later = f", changes={self.changes}" if self.changes else ""
+        return f"MixPlan(sizes={self.sizes}, counts={self.counts}, epoch_size={self.epoch_size}{later})"
 
     def __post_init__(self) -> None:
         for field in ("sizes", "counts"):
@@ -384,12 +510,31 @@ class MixPlan:
         if total > _MAX or sum(self.sizes) > _MAX:
             raise ValueError("the epoch size and the total number of samples must be at most 2**62")
         object.__setattr__(self, "epoch_size", total)
+        if isinstance(self.changes, (str, bytes)) or not isinstance(self.changes, Sequence):
+            raise TypeError(f"changes must be a sequence of (first_epoch, counts), got {self.changes!r}")
+        changes, last = [], 0
+        for i, change in enumerate(self.changes):
+            if isinstance(change, (str, bytes)) or not isinstance(change, Sequence) or len(change) != 2:
+                raise TypeError(f"changes[{i}] must be a pair (first_epoch, counts), got {change!r}")
+            first = check_int(f"changes[{i}] first epoch", change[0], low=last + 1)
+            counts = change[1]
+            if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence):
+                raise TypeError(f"changes[{i}] counts must be a sequence of ints, got {counts!r}")
+            checked = tuple(check_int(f"changes[{i}] counts[{j}]", c, low=1) for j, c in enumerate(counts))
+            if len(checked) != len(self.sizes) or sum(checked) != total:
+                raise ValueError(
+                    f"changes[{i}] counts must be {len(self.sizes)} counts summing to epoch_size={total} (an epoch "
+                    f"keeps its size), got {checked}"
+                )
+            changes.append((first, checked))
+            last = first
+        object.__setattr__(self, "changes", tuple(changes))
 
     @classmethod
     def from_sources(cls, sizes: Sequence[int], sources: Sequence[Source], epoch_size: int | None = None) -> MixPlan:
-        """The plan of ``sources`` with ``sizes`` samples each (see :func:`mix_counts`)."""
-        counts, total = mix_counts(sizes, sources, epoch_size)
-        return cls(tuple(sizes), tuple(counts), total)
+        """The plan of ``sources`` with ``sizes`` samples each, schedules included (see :func:`mix_schedule`)."""
+        counts, total, changes = mix_schedule(sizes, sources, epoch_size)
+        return cls(tuple(sizes), tuple(counts), total, changes)
 
     @classmethod
     def every_sample(cls, sizes: Sequence[int]) -> MixPlan:
@@ -407,16 +552,51 @@ class MixPlan:
         return tuple(int(x) for x in np.cumsum((0, *self.sizes[:-1])))
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict; :meth:`from_dict` makes the same plan of it."""
-        return {"sizes": list(self.sizes), "counts": list(self.counts), "epoch_size": self.epoch_size}
+        """A JSON-able dict; :meth:`from_dict` makes the same plan of it (``changes`` only if any)."""
+        data: dict[str, Any] = {"sizes": list(self.sizes), "counts": list(self.counts), "epoch_size": self.epoch_size}
+        if self.changes:
+            data["changes"] = [[first, list(counts)] for first, counts in self.changes]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MixPlan:
         """The plan that :meth:`to_dict` described; ValueError if keys are missing or unknown."""
         keys = {"sizes", "counts", "epoch_size"}
-        if not isinstance(data, Mapping) or set(data) != keys:
-            raise ValueError(f"a MixPlan dict has exactly the keys {sorted(keys)}, got {data!r}")
-        return cls(tuple(data["sizes"]), tuple(data["counts"]), data["epoch_size"])
+        if not isinstance(data, Mapping) or not keys <= set(data) <= keys | {"changes"}:
+            raise ValueError(f"a MixPlan dict has exactly the keys {sorted(keys)} (and changes), got {data!r}")
+        changes = data.get("changes", ())
+        if isinstance(changes, (str, bytes)) or not isinstance(changes, Sequence):
+            raise TypeError(f"changes must be a list of [first_epoch, counts], got {changes!r}")
+        pairs = tuple((c[0], tuple(c[1])) if isinstance(c, Sequence) and len(c) == 2 else c for c in changes)
+        return cls(tuple(data["sizes"]), tuple(data["counts"]), data["epoch_size"], pairs)
+
+    def counts_at(self, epoch: int) -> tuple[int, ...]:
+        """The counts in force at ``epoch``."""
+        counts = self.counts
+        for first, later in self.changes:
+            if first > epoch:
+                break
+            counts = later
+        return counts
+
+    def stream_starts(self, epoch: int, aug_repeats: int = 1) -> tuple[int, ...]:
+        """Each source's stream position at the start of ``epoch``: the sum of its draws (its counts,
+        with ``aug_repeats=1``) in epochs ``0..epoch-1``. O(changes x sources), exact Python ints."""
+        epoch = check_int("epoch", epoch, low=0)
+        starts = [0] * len(self.sizes)
+        bounds = [(0, self.counts), *self.changes]
+        for (first, counts), (stop, _) in zip(bounds, [*bounds[1:], (epoch, ())]):
+            span = min(stop, epoch) - first
+            if span <= 0:
+                break
+            for s, d in enumerate(mix_draws(counts, aug_repeats)):
+                starts[s] += span * d
+        return tuple(starts)
+
+    def check_draws(self, aug_repeats: int) -> None:
+        """Raise ValueError if a source's count, in any epoch, is too small for one draw of ``aug_repeats``."""
+        for counts in (self.counts, *(c for _, c in self.changes)):
+            mix_draws(counts, aug_repeats)
 
     def source_of(self, samples: npt.ArrayLike, dtype: npt.DTypeLike = np.int64) -> npt.NDArray[np.integer[Any]]:
         """The source of each global sample number (the source ``s`` with ``offset_s <= sample < offset_{s+1}``),
@@ -424,9 +604,9 @@ class MixPlan:
         stops = np.cumsum(np.asarray(self.sizes, np.int64))
         return _bucket(np.asarray(samples, np.int64), stops[:-1], np.dtype(dtype))
 
-    def draws(self, aug_repeats: int = 1) -> tuple[int, ...]:
-        """Each source's draws in an epoch whose draws are ``aug_repeats`` positions each (see :func:`mix_draws`)."""
-        return tuple(mix_draws(self.counts, aug_repeats))
+    def draws(self, aug_repeats: int = 1, epoch: int = 0) -> tuple[int, ...]:
+        """Each source's draws in ``epoch`` when draws are ``aug_repeats`` positions each (see :func:`mix_draws`)."""
+        return tuple(mix_draws(self.counts_at(epoch), aug_repeats))
 
     def locate(
         self, seed: int, epoch: int, positions: npt.ArrayLike, aug_repeats: int = 1
@@ -446,7 +626,8 @@ class MixPlan:
         """
         check_int("seed", seed)
         check_int("epoch", epoch, low=0)
-        draws = self.draws(aug_repeats)
+        draws = self.draws(aug_repeats, epoch)
+        bases = self.stream_starts(epoch, aug_repeats)
         pos = np.asarray(positions)
         if pos.size and not np.issubdtype(pos.dtype, np.integer):
             raise TypeError(f"positions must be integers, got dtype {pos.dtype}")
@@ -464,12 +645,12 @@ class MixPlan:
         ids = _bucket(slots, starts[1:], np.dtype(np.int64))
         samples = np.empty_like(slots)
         offset = 0
-        for s, (n, d) in enumerate(zip(self.sizes, draws)):
+        for s, n in enumerate(self.sizes):
             where = np.flatnonzero(ids == s) if len(self.sizes) > 1 else slice(None)
-            # Slot j of source s is its stream position epoch * d + j.
+            # Slot j of source s is its stream position bases[s] + j.
             t = slots[where]
             t -= int(starts[s])
-            samples[where] = permute_stream(n, _source_seed(seed, s), epoch * d, t) + offset
+            samples[where] = permute_stream(n, _source_seed(seed, s), bases[s], t) + offset
             offset += n
         return samples.reshape(pos.shape), ids.reshape(pos.shape)
 

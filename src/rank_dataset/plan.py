@@ -161,7 +161,7 @@ class ShardSpec:
                 )
             if self.is_test and self.mix.counts != self.mix.sizes:
                 raise ValueError("an eval mix (is_test=True) takes every sample of every source once: counts == sizes")
-            self.mix.draws(self.aug_repeats)  # raises if a source's count is too small for a draw
+            self.mix.check_draws(self.aug_repeats)  # a source's count too small for a draw of k copies
         if self.plan_width * self.mini_epoch >= _MAX_POSITIONS:
             raise ValueError(
                 f"mini_epoch={self.mini_epoch} is too large for {self.num_samples} samples on {self.world_size} ranks: "
