@@ -519,7 +519,7 @@ def test_a_schedule_keeps_the_epoch_size() -> None:
         MixPlan.from_sources([10, 5], [S("a"), S("b", choose={0: 5, 3: 10})])
     with pytest.raises(ValueError, match=r"add up to 20, more than epoch_size=15 \(at epoch 3, by the schedules\)"):
         MixPlan.from_sources([10, 5], [S("a", weight=1), S("b", choose={0: 5, 3: 20})], 15)
-    with pytest.raises(ValueError, match=r"source 'b': repeat=0\.01 of its 5 samples rounds to 0 per epoch from epoch 2"):
+    with pytest.raises(ValueError, match=r"'b': repeat=0\.01 of its 5 samples rounds to 0 per epoch from epoch 2"):
         MixPlan.from_sources([10, 5], [S("a", weight=1), S("b", repeat={0: 1, 2: 0.01})], 15)
     plan = MixPlan.from_sources([10, 5], [S("a", weight=1), S("b", choose={0: 5, 3: 10})], 15)
     assert plan.changes == ((3, (5, 10)),) and MixPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
