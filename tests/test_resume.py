@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -353,3 +355,42 @@ def test_aug_repeats_stateful_dataloader_and_server(write_meta, start_server) ->
         local.set_epoch(1, 1)
         remote.set_epoch(1, 1)
         assert np.array_equal(local.indices, remote.indices)
+
+
+# -- schedules in the resume state ----------------------------------------------------------------------
+
+
+def test_a_mix_record_holds_the_schedule_and_allows_changes_only_after_its_epoch() -> None:
+    from rank_dataset.resume import MixRecord, ResumeState, SourceRecord
+
+    def record(changes: Any, names: tuple[str, str] = ("a", "b")) -> MixRecord:
+        return MixRecord(12, (SourceRecord(names[0], 10, "f" * 32, 9), SourceRecord(names[1], 3, None, 3)), changes)
+
+    saved = record(((3, (6, 6)), (7, (4, 8))))
+    as_dict = json.loads(json.dumps(saved.to_dict()))
+    assert as_dict["changes"] == [[3, [6, 6]], [7, [4, 8]]] and MixRecord.from_dict(as_dict) == saved
+    assert "changes" not in record(()).to_dict()
+    # the state's epoch is 5: the counts of epochs 0..5 must match, later ones may differ
+    for ok in [((3, (6, 6)),), ((3, (6, 6)), (6, (2, 10))), ((3, (6, 6)), (7, (4, 8)), (9, (5, 7)))]:
+        saved.check(record(ok), epoch=5)
+        saved.check(record(ok, names=("x", "y")), epoch=5)  # renamed sources are the same sources
+    bad = [
+        ((), "source 0 'a' has count 9, the state's has 6, at epoch 3"),
+        (((3, (7, 5)),), "source 0 'a' has count 7, the state's has 6, at epoch 3"),
+        (((4, (6, 6)),), "source 0 'a' has count 9, the state's has 6, at epoch 3"),
+        (((3, (6, 6)), (5, (5, 7))), "source 0 'a' has count 5, the state's has 6, at epoch 5"),
+        (((2, (6, 6)),), "source 0 'a' has count 6, the state's has 9, at epoch 2"),
+    ]
+    for changes, message in bad:
+        with pytest.raises(ValueError, match=f"{re.escape(message)} .*only after the state's epoch 5"):
+            saved.check(record(changes), epoch=5)
+    state = ResumeState(12, None, 0, 5, 2, 1, 4, 3, mix=saved)
+    assert ResumeState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+    assert state.same_shard(ResumeState(12, None, 0, 5, 2, 1, 4, 0, mix=record(((3, (6, 6)), (6, (2, 10))))))
+    assert not state.same_shard(ResumeState(12, None, 0, 5, 2, 1, 4, 0, mix=record(((3, (6, 6)), (5, (2, 10))))))
+    with pytest.raises(ValueError, match=r"invalid resume state: changes\[0\] first epoch must be >= 1"):
+        ResumeState.from_dict({**state.to_dict(), "mix": {**as_dict, "changes": [[0, [6, 6]]]}})
+    with pytest.raises(ValueError, match=r"invalid resume state: changes\[0\] counts must be 2 counts summing to"):
+        ResumeState.from_dict({**state.to_dict(), "mix": {**as_dict, "changes": [[3, [6, 7]]]}})
+    with pytest.raises(TypeError, match=r"invalid resume state: mix changes must be a list"):
+        ResumeState.from_dict({**state.to_dict(), "mix": {**as_dict, "changes": "3"}})
