@@ -125,7 +125,8 @@ class ShardedDataset(Dataset[Any]):
             )
             num_samples = mix.epoch_size
             if not is_test:  # a source too small for one draw of k copies, by its name
-                mix_draws(mix.counts, cfg.aug_repeats, [s.name for s in sources])
+                for counts in (mix.counts, *(c for _, c in mix.changes)):
+                    mix_draws(counts, cfg.aug_repeats, [s.name for s in sources])
             if any(s.parser is not None for s in sources):
                 own = [resolve_parser(s.parser) for s in sources]
                 self._parsers = tuple(self._parser if p is None else p for p in own)
@@ -349,18 +350,25 @@ class ShardedDataset(Dataset[Any]):
 
     @property
     def sources(self) -> tuple[SourceInfo, ...] | None:
-        """For a mix, each source with its numbers: ``N_s`` (``num_samples``), the samples an epoch
-        takes of it (``count``; in eval mode ``N_s``), its first global sample number (``offset``),
-        what its rule asked for before rounding (``target``) and its fingerprint. None for plain
-        meta files."""
-        mix, sources = self._spec.mix, self._sources
+        """For a mix, each source with its numbers in the current epoch: ``N_s`` (``num_samples``),
+        the samples the epoch takes of it (``count``, by the schedules in force; in eval mode ``N_s``),
+        its first global sample number (``offset``), what its rule asked for before rounding
+        (``target``), its fingerprint, and the samples drawn from it from epoch 0 through this epoch
+        (``taken``; ``passes_completed``, ``epochs_seen``). None for plain meta files."""
+        spec, sources = self.spec, self._sources
+        mix = spec.mix
         if mix is None or sources is None:
             return None
-        targets = list(map(float, mix.sizes)) if self.is_test else mix_targets(mix.sizes, sources, mix.counts)
+        if spec.is_test:
+            counts, targets, taken = mix.sizes, list(map(float, mix.sizes)), mix.sizes
+        else:
+            counts = mix.counts_at(spec.epoch)
+            targets = mix_targets(mix.sizes, sources, counts, spec.epoch)
+            taken = mix.stream_starts(spec.epoch + 1, spec.aug_repeats)
         return tuple(
-            SourceInfo(source, n, c, offset, target, fingerprint)
-            for source, n, c, offset, target, fingerprint in zip(
-                sources, mix.sizes, mix.counts, mix.offsets, targets, self._mix_fingerprints
+            SourceInfo(source, n, c, offset, target, fingerprint, t)
+            for source, n, c, offset, target, fingerprint, t in zip(
+                sources, mix.sizes, counts, mix.offsets, targets, self._mix_fingerprints, taken
             )
         )
 
@@ -383,7 +391,7 @@ class ShardedDataset(Dataset[Any]):
         if mix is None or sources is None:
             return None
         records = zip(sources, mix.sizes, self._mix_fingerprints, mix.counts)
-        return MixRecord(mix.epoch_size, tuple(SourceRecord(s.name, n, f, c) for s, n, f, c in records))
+        return MixRecord(mix.epoch_size, tuple(SourceRecord(s.name, n, f, c) for s, n, f, c in records), mix.changes)
 
     def _state_fingerprint(self) -> str | None:
         """The fingerprint a resume state records: the files', or for a mix one of its sources'."""

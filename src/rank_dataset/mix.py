@@ -413,15 +413,17 @@ def combine_fingerprints(fingerprints: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class SourceInfo:
-    """One source of a dataset's mix, with its numbers (what ``ds.sources`` lists).
+    """One source of a dataset's mix, with its numbers in the current epoch (what ``ds.sources`` lists).
 
     Args:
         source: the Source as given.
         num_samples: ``N_s``, the samples of its files.
-        count: ``c_s``, the samples an epoch takes of it (in eval mode: ``N_s``, every sample once).
+        count: ``c_s``, the samples the current epoch takes of it (in eval mode: ``N_s``, every sample once).
         offset: the global number of its first sample (``sum(N_0..N_{s-1})``).
-        target: what its rule asks an epoch to take before rounding (see :func:`mix_targets`).
+        target: what its rule in force asks an epoch to take before rounding (see :func:`mix_targets`).
         fingerprint: the hash of its files (see :func:`combine_fingerprints`).
+        taken: the samples drawn from its stream from epoch 0 through the current epoch (with
+            repeated augmentation, draws: each is read ``aug_repeats`` times); in eval mode ``N_s``.
     """
 
     source: Source
@@ -430,6 +432,7 @@ class SourceInfo:
     offset: int
     target: float
     fingerprint: str
+    taken: int = 0
 
     @property
     def name(self) -> str:
@@ -440,6 +443,16 @@ class SourceInfo:
     def passes(self) -> float:
         """``c_s / N_s``: how many times an epoch goes through the source (< 1: a part of it)."""
         return self.count / self.num_samples
+
+    @property
+    def passes_completed(self) -> int:
+        """Whole passes through the source from epoch 0 through the current epoch: ``taken // N_s``."""
+        return self.taken // self.num_samples
+
+    @property
+    def epochs_seen(self) -> float:
+        """``taken / N_s``: how many times the source has been gone through, as a fraction."""
+        return self.taken / self.num_samples
 
 
 def _bucket(values: npt.NDArray[np.int64], bounds: npt.NDArray[np.int64], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
