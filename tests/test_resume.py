@@ -374,15 +374,16 @@ def test_a_mix_record_holds_the_schedule_and_allows_changes_only_after_its_epoch
     for ok in [((3, (6, 6)),), ((3, (6, 6)), (6, (2, 10))), ((3, (6, 6)), (7, (4, 8)), (9, (5, 7)))]:
         saved.check(record(ok), epoch=5)
         saved.check(record(ok, names=("x", "y")), epoch=5)  # renamed sources are the same sources
+    both = "source 0 'a' has count {}, the state's has {}; source 1 'b' has count {}, the state's has {}, at epoch {}"
     bad = [
-        ((), "source 0 'a' has count 9, the state's has 6, at epoch 3"),
-        (((3, (7, 5)),), "source 0 'a' has count 7, the state's has 6, at epoch 3"),
-        (((4, (6, 6)),), "source 0 'a' has count 9, the state's has 6, at epoch 3"),
-        (((3, (6, 6)), (5, (5, 7))), "source 0 'a' has count 5, the state's has 6, at epoch 5"),
-        (((2, (6, 6)),), "source 0 'a' has count 6, the state's has 9, at epoch 2"),
+        ((), both.format(9, 6, 3, 6, 3)),
+        (((3, (7, 5)),), both.format(7, 6, 5, 6, 3)),
+        (((4, (6, 6)),), both.format(9, 6, 3, 6, 3)),
+        (((3, (6, 6)), (5, (5, 7))), both.format(5, 6, 7, 6, 5)),
+        (((2, (6, 6)),), both.format(6, 9, 6, 3, 2)),
     ]
     for changes, message in bad:
-        with pytest.raises(ValueError, match=f"{re.escape(message)} .*only after the state's epoch 5"):
+        with pytest.raises(ValueError, match=f"another mix: {re.escape(message)} .*only after the state's epoch 5"):
             saved.check(record(changes), epoch=5)
     state = ResumeState(12, None, 0, 5, 2, 1, 4, 3, mix=saved)
     assert ResumeState.from_dict(json.loads(json.dumps(state.to_dict()))) == state

@@ -145,13 +145,12 @@ class MixRecord:
         firsts = sorted({first for first, _ in (*self.counts_up_to(epoch), *other.counts_up_to(epoch))})
         for first in firsts:
             a, b = mine_plan.counts_at(first), their_plan.counts_at(first)
-            for i in range(len(a)):
-                if a[i] != b[i]:
-                    raise ValueError(
-                        f"the resume state is for another mix: {named(i)} has count {b[i]}, the state's has {a[i]}, "
-                        f"at epoch {first} (a schedule may change only after the state's epoch {epoch}, the one it "
-                        "resumes)"
-                    )
+            differ = [f"{named(i)} has count {b[i]}, the state's has {a[i]}" for i in range(len(a)) if a[i] != b[i]]
+            if differ:
+                raise ValueError(
+                    f"the resume state is for another mix: {'; '.join(differ)}, at epoch {first} (a schedule may "
+                    f"change only after the state's epoch {epoch}, the one it resumes)"
+                )
         if self.epoch_size != other.epoch_size:  # pragma: no cover - equal counts give equal sums
             raise ValueError(f"the resume state is for epoch_size {self.epoch_size}, this mix has {other.epoch_size}")
 
