@@ -126,6 +126,9 @@ def serve_cmd(
     is_flag=True,
     help="Mix three synthetic sources (weight, repeat 0.5, choose 2x) into epochs of --lines samples; no baseline.",
 )
+@click.option(
+    "--schedule", is_flag=True, help="With --mix: books.txt goes from repeat 0.5 to 1 at epoch 1 (a schedule)."
+)
 def demo_cmd(
     meta_file: str | None,
     world_size: int,
@@ -136,6 +139,7 @@ def demo_cmd(
     server: bool,
     no_baseline: bool,
     mix: bool,
+    schedule: bool,
 ) -> None:
     """Run W ranks under torch.distributed, check every epoch's coverage, and compare memory with the naive loader."""
     from rank_dataset.demo import DemoError, format_table, run_demo
@@ -144,7 +148,7 @@ def demo_cmd(
     click.echo(
         f"rank-dataset demo: {world_size} ranks x {workers} DataLoader workers, {epochs} epochs x {mini_epochs} "
         f"mini-epochs, {'meta server' if server else 'RankDataset'}{' and the naive loader' if baseline else ''}"
-        f"{', a mix of three sources' if mix else ''}"
+        f"{', a mix of three sources' if mix else ''}{' with a schedule' if schedule else ''}"
     )
     try:
         results = run_demo(
@@ -157,6 +161,7 @@ def demo_cmd(
             server=server,
             baseline=baseline,
             mix=mix,
+            schedule=schedule,
         )
     except (DemoError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
