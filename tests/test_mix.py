@@ -440,6 +440,7 @@ def test_a_schedule_is_a_rule_per_first_epoch() -> None:
     assert S("a", repeat={0: 1, 3: 0.5}).at(3).repeat == 0.5
     assert S("a", choose={0: 5, 2: 7}).describe(2) == "choose=7"
     assert S("a").changes == () and S("a").at(7) == S("a")
+    assert len({s, S("a", weight={0: 1, 10: 3, 4: 2.5}), S("a", weight=1)}) == 2  # hashable, by value
 
 
 @pytest.mark.parametrize(

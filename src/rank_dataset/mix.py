@@ -11,10 +11,20 @@ any epoch each sample has been taken ``floor`` or ``ceil`` of ``epochs * c_s / N
 one epoch that does not start or end on a pass boundary a sample may be taken once more or once less
 than that: the tail of one pass and the head of the next are drawn independently.)
 
+Schedules: a source's rule may change from given epochs on (:class:`Source`); the counts of each
+epoch are then those of the rules in force (:attr:`MixPlan.changes`), ``T0`` stays fixed, and epoch
+``e`` takes stream positions from the sum of the source's counts in the epochs before ``e`` on
+(:meth:`MixPlan.stream_starts`), so both guarantees above hold across changes.
+
 The epoch order: slots ``[0, T0)`` belong to the sources in list order (``c_0`` slots, then ``c_1``,
 ...), and position ``p`` of the order holds slot ``permute(T0, seed, epoch, p mod T0)``, which
 interleaves the sources. The shard layout (``R``, padding by wrapping, mini-epochs, ranks) is the
 plain one of :mod:`rank_dataset.plan` over ``T0`` positions. Everything costs O(positions asked for).
+
+Repeated augmentation (``aug_repeats = k``): position ``p`` holds draw ``p // k``; the epoch's
+``D = ceil(T0 / k)`` draws are shared among the sources by their counts (:func:`mix_draws`), the
+``(seed, epoch)`` permutation of ``[0, D)`` interleaves them, and each stream advances by its draws.
+With ``k = 1`` that is the order above.
 """
 
 from __future__ import annotations
@@ -135,6 +145,12 @@ class Source:
     choose: int | dict[int, int] | None
     parser: str | Parser | None
     name: str
+
+    def __hash__(self) -> int:  # a schedule is a dict: hash its items
+        def frozen(rule: Any) -> Any:
+            return tuple(rule.items()) if isinstance(rule, Mapping) else rule
+
+        return hash((self.paths, *map(frozen, (self.weight, self.repeat, self.choose)), self.parser, self.name))
 
     def __init__(
         self,
