@@ -21,24 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
-import os
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from rank_dataset.server import DEFAULT_TIMEOUT_REQUEST, DEFAULT_TIMEOUT_SEND, LIMITS_ENV
+from rank_dataset._limits import ServerLimits
 
 __all__ = ["TimeoutH11Protocol"]
 
 
 @functools.cache
 def _timeouts() -> tuple[float, float]:
-    limits = json.loads(os.environ.get(LIMITS_ENV, "{}"))
-    return (
-        float(limits.get("timeout_request", DEFAULT_TIMEOUT_REQUEST)),
-        float(limits.get("timeout_send", DEFAULT_TIMEOUT_SEND)),
-    )
+    limits = ServerLimits.from_env()
+    return float(limits.timeout_request), float(limits.timeout_send)
 
 
 class TimeoutH11Protocol(H11Protocol):

@@ -29,6 +29,7 @@ With ``k = 1`` that is the order above.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -40,14 +41,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset._checks import check_int
+from rank_dataset._bounds import Bounds
+from rank_dataset._checks import MAX_EXACT, check_int
 from rank_dataset.parsers import Parser, resolve_parser
 from rank_dataset.permutation import _splitmix64, permute, permute_stream
 
 __all__ = [
     "MixPlan",
+    "Mixture",
     "Source",
     "SourceInfo",
+    "as_sources",
     "combine_fingerprints",
     "mix_counts",
     "mix_draws",
@@ -55,9 +59,7 @@ __all__ = [
     "mix_targets",
 ]
 
-_MAX = 1 << 62  # permute's largest n; also keeps every int64 sum below overflow
 _MASK64 = (1 << 64) - 1
-_FEW_BOUNDS = 16  # up to this many sources, find a value's source by comparisons, not a binary search
 
 PathArg = str | os.PathLike[str]
 
@@ -288,7 +290,7 @@ def mix_counts(
         total, why = sum(ns), f"the epoch size, by default the total number of samples ({sum(ns)})"
     else:
         total, why = fixed, ""
-    if not 1 <= total <= _MAX:
+    if not 1 <= total <= MAX_EXACT:
         raise ValueError(f"the epoch size must be in [1, 2**62], got {total}")
     if epoch:
         why += f" (at epoch {epoch}, by the schedules)"
@@ -471,16 +473,6 @@ class SourceInfo:
         return self.taken / self.num_samples
 
 
-def _bucket(values: npt.NDArray[np.int64], bounds: npt.NDArray[np.int64], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
-    """For each value, how many of the ascending ``bounds`` are <= it, as ``dtype``."""
-    if bounds.size > _FEW_BOUNDS:
-        return np.searchsorted(bounds, values, side="right").astype(dtype, copy=False)
-    out = np.zeros(values.shape, dtype)
-    for bound in bounds.tolist():
-        out += values >= bound
-    return out
-
-
 def _source_seed(seed: int, source: int) -> int:
     """The key of source ``source``'s stream, derived from the mix's ``seed``."""
     return _splitmix64(_splitmix64(seed & _MASK64) ^ _splitmix64((source + 0x5EED) & _MASK64))
@@ -536,7 +528,7 @@ class MixPlan:
         total = check_int("epoch_size", self.epoch_size, low=1)
         if total != sum(self.counts):
             raise ValueError(f"epoch_size must be sum(counts) = {sum(self.counts)}, got {total}")
-        if total > _MAX or sum(self.sizes) > _MAX:
+        if total > MAX_EXACT or sum(self.sizes) > MAX_EXACT:
             raise ValueError("the epoch size and the total number of samples must be at most 2**62")
         object.__setattr__(self, "epoch_size", total)
         if isinstance(self.changes, (str, bytes)) or not isinstance(self.changes, Sequence):
@@ -578,7 +570,7 @@ class MixPlan:
     @property
     def offsets(self) -> tuple[int, ...]:
         """The global number of each source's first sample."""
-        return tuple(int(x) for x in np.cumsum((0, *self.sizes[:-1])))
+        return tuple(Bounds(self.sizes).starts[:-1].tolist())
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict; :meth:`from_dict` makes the same plan of it (``changes`` only if any)."""
@@ -630,8 +622,7 @@ class MixPlan:
     def source_of(self, samples: npt.ArrayLike, dtype: npt.DTypeLike = np.int64) -> npt.NDArray[np.integer[Any]]:
         """The source of each global sample number (the source ``s`` with ``offset_s <= sample < offset_{s+1}``),
         as ``dtype`` (int64 by default; any integer dtype that holds the source numbers)."""
-        stops = np.cumsum(np.asarray(self.sizes, np.int64))
-        return _bucket(np.asarray(samples, np.int64), stops[:-1], np.dtype(dtype))
+        return Bounds(self.sizes).part_of(samples, dtype)
 
     def draws(self, aug_repeats: int = 1, epoch: int = 0) -> tuple[int, ...]:
         """Each source's draws in ``epoch`` when draws are ``aug_repeats`` positions each (see :func:`mix_draws`)."""
@@ -670,8 +661,9 @@ class MixPlan:
         # Draw slots [0, D) belong to the sources in order (d_0 of source 0, ...); the (seed, epoch)
         # permutation of the D slots interleaves them.
         slots = permute(sum(draws), seed, epoch, flat)
-        starts = np.cumsum((0, *draws[:-1]), dtype=np.int64)
-        ids = _bucket(slots, starts[1:], np.dtype(np.int64))
+        slot_bounds = Bounds(draws)
+        starts = slot_bounds.starts
+        ids = slot_bounds.part_of(slots)
         samples = np.empty_like(slots)
         offset = 0
         for s, n in enumerate(self.sizes):
@@ -689,3 +681,114 @@ class MixPlan:
         """The global sample numbers at ``positions`` (see :meth:`locate`); in the mix, this takes the
         place of ``rank_dataset.plan.epoch_order(T0, seed, epoch, positions, aug_repeats)``."""
         return self.locate(seed, epoch, positions, aug_repeats)[0]
+
+
+def as_sources(value: Any) -> tuple[Source, ...] | None:
+    """``value`` as a tuple of Sources if it is a Source or a list of them; None if it holds none.
+
+    Raises:
+        TypeError: a list that holds Sources and other things.
+    """
+    if isinstance(value, Source):
+        return (value,)
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and value:
+        kinds = [isinstance(v, Source) for v in value]
+        if all(kinds):
+            return tuple(value)
+        if any(kinds):
+            bad = next(v for v, k in zip(value, kinds) if not k)
+            raise TypeError(f"a list of sources must hold only Source objects, got {bad!r}: wrap each path in a Source")
+    return None
+
+
+def _source_id_dtype(count: int) -> np.dtype[Any]:
+    """The smallest signed dtype holding source numbers ``[0, count)``."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if count <= np.iinfo(dtype).max + 1:
+            return np.dtype(dtype)
+    return np.dtype(np.int64)  # pragma: no cover - more than 2**31 sources
+
+
+class Mixture:
+    """A dataset's mix: its sources, their sizes and fingerprints, its :class:`MixPlan`, and the
+    parser of each source.
+
+    Args:
+        sources: the Sources, in order.
+        sizes: ``N_s``, the samples of each source's files (each >= 1).
+        fingerprints: gives the fingerprint of each source's files (see :func:`combine_fingerprints`);
+            called once, when first needed.
+        parser: the dataset's parser, for the sources that have none of their own.
+        is_test: eval mode, which ignores weights: every sample of every source once, in order.
+        epoch_size: ``T0`` (None: as :func:`mix_counts` decides).
+        aug_repeats: the copies of each draw (see :func:`mix_draws`); train mode only.
+
+    Raises:
+        ValueError: a source with no samples (named), counts that cannot be met (in any epoch of the
+            schedules), or a source whose count holds no draw of ``aug_repeats`` copies (named).
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        sizes: Sequence[int],
+        fingerprints: Callable[[], tuple[str, ...]],
+        parser: Parser | None,
+        is_test: bool,
+        epoch_size: int | None,
+        aug_repeats: int = 1,
+    ) -> None:
+        if len(sizes) != len(sources):
+            raise ValueError(f"{len(sources)} sources need as many sizes, got {len(sizes)}")
+        for i, (source, n) in enumerate(zip(sources, sizes)):
+            if n == 0:
+                raise ValueError(f"source {i} {source.name!r} has no samples: every line is empty or whitespace")
+        self.sources = tuple(sources)
+        self.is_test = is_test
+        self.plan = MixPlan.every_sample(sizes) if is_test else MixPlan.from_sources(sizes, sources, epoch_size)
+        if not is_test:  # a source too small for one draw of k copies, by its name, in any epoch
+            for counts in (self.plan.counts, *(c for _, c in self.plan.changes)):
+                mix_draws(counts, aug_repeats, [s.name for s in sources])
+        self._fingerprints = fingerprints
+        # None: every source parses with the dataset's parser (so items need not know their source).
+        self.parsers: tuple[Parser | None, ...] | None = None
+        if any(s.parser is not None for s in sources):
+            own = [resolve_parser(s.parser) for s in sources]
+            self.parsers = tuple(parser if p is None else p for p in own)
+        self.source_dtype = _source_id_dtype(len(sources))
+
+    @functools.cached_property
+    def fingerprints(self) -> tuple[str, ...]:
+        """The fingerprint of each source's files."""
+        return self._fingerprints()
+
+    @property
+    def fingerprint(self) -> str:
+        """One fingerprint of every source's files (what a resume state of the mix records)."""
+        return combine_fingerprints(self.fingerprints)
+
+    def infos(self, epoch: int = 0, aug_repeats: int = 1) -> tuple[SourceInfo, ...]:
+        """Each source with its numbers in ``epoch`` (see :class:`SourceInfo`): its count and target by
+        the rules in force, and what its stream has given from epoch 0 through ``epoch``."""
+        mix = self.plan
+        if self.is_test:
+            counts, targets, taken = mix.sizes, list(map(float, mix.sizes)), mix.sizes
+        else:
+            counts = mix.counts_at(epoch)
+            targets = mix_targets(mix.sizes, self.sources, counts, epoch)
+            taken = mix.stream_starts(epoch + 1, aug_repeats)
+        return tuple(
+            SourceInfo(source, n, c, offset, target, fingerprint, t)
+            for source, n, c, offset, target, fingerprint, t in zip(
+                self.sources, mix.sizes, counts, mix.offsets, targets, self.fingerprints, taken
+            )
+        )
+
+    def source_ids(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.integer[Any]]:
+        """The source number of each global sample number in ``indices``, as :attr:`source_dtype`."""
+        return self.plan.source_of(indices, self.source_dtype)
+
+    def parser(self, source: int) -> Parser | None:
+        """The parser of source ``source`` (only when some source has its own: see :attr:`parsers`)."""
+        assert self.parsers is not None
+        return self.parsers[source]
