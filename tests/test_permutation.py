@@ -90,6 +90,8 @@ def test_permute_stream_is_the_concatenated_passes(n: int) -> None:
         for count in [0, 1, n, 5 * n, 12 * n]:  # one pass, a few (masks), many (sorted)
             offsets = rng.permutation(count)
             assert np.array_equal(permute_stream(n, 4, start, offsets), stream[start + offsets])
+            # a caller's bound on the offsets gives the same samples
+            assert np.array_equal(permute_stream(n, 4, start, offsets, stop=count), stream[start + offsets])
     assert permute_stream(n, 4, 2, np.arange(6).reshape(2, 3)).shape == (2, 3)
     with pytest.raises(ValueError, match="stream offsets must be >= 0"):
         permute_stream(n, 4, 0, [-1])

@@ -671,7 +671,7 @@ class MixPlan:
             # Slot j of source s is its stream position bases[s] + j.
             t = slots[where]
             t -= int(starts[s])
-            samples[where] = permute_stream(n, _source_seed(seed, s), bases[s], t) + offset
+            samples[where] = permute_stream(n, _source_seed(seed, s), bases[s], t, stop=draws[s]) + offset
             offset += n
         return samples.reshape(pos.shape), ids.reshape(pos.shape)
 

@@ -136,7 +136,9 @@ def permute(n: int, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDAr
         lo = (out[todo] & ((1 << col_bits) - 1)).astype(np.uint32)
 
 
-def permute_stream(n: int, seed: int, start: int, offsets: npt.ArrayLike) -> npt.NDArray[np.int64]:
+def permute_stream(
+    n: int, seed: int, start: int, offsets: npt.ArrayLike, stop: int | None = None
+) -> npt.NDArray[np.int64]:
     """The samples at positions ``start + offsets`` of the endless stream of passes over ``[0, n)``.
 
     Pass ``j`` of the stream is the permutation ``permute(n, seed, j, .)``, so stream position ``t``
@@ -149,6 +151,8 @@ def permute_stream(n: int, seed: int, start: int, offsets: npt.ArrayLike) -> npt
         seed: any integer; the key of the stream.
         start: an int >= 0, the stream position of offset 0 (any size: a Python int).
         offsets: ints >= 0 (below 2**62), of any shape.
+        stop: if given, a bound the caller knows: every offset is in ``[0, stop)`` (not checked; it
+            spares two passes over ``offsets``, as a plan asks for slots of a known range).
 
     Example:
         >>> permute_stream(5, 0, 3, [0, 1, 2]).tolist() == [*permute(5, 0, 0, [3, 4]), *permute(5, 0, 1, [0])]
@@ -156,12 +160,16 @@ def permute_stream(n: int, seed: int, start: int, offsets: npt.ArrayLike) -> npt
     """
     first_pass, head = divmod(int(start), n)
     t = np.asarray(offsets, dtype=np.int64)
-    if t.size and int(t.min()) < 0:
-        raise ValueError(f"stream offsets must be >= 0, got {int(t.min())}")
-    t = t + head
     if not t.size:
         return np.zeros(t.shape, np.int64)
-    low, high = int(t.min()) // n, int(t.max()) // n
+    if stop is None:
+        if int(t.min()) < 0:
+            raise ValueError(f"stream offsets must be >= 0, got {int(t.min())}")
+        low, high = (int(t.min()) + head) // n, (int(t.max()) + head) // n
+    else:
+        low, high = head // n, (head + max(stop, 1) - 1) // n
+    if head:
+        t = t + head
     if low == high:
         return permute(n, seed, first_pass + low, t - low * n if low else t)
     out = np.empty_like(t)

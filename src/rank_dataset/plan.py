@@ -280,4 +280,4 @@ def epoch_order(
     if aug_repeats == 1:
         return permute(num_samples, seed, epoch, positions)
     draws = -(-num_samples // aug_repeats)
-    return permute_stream(num_samples, seed, epoch * draws, positions // aug_repeats)
+    return permute_stream(num_samples, seed, epoch * draws, positions // aug_repeats, stop=draws)
