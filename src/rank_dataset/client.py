@@ -345,8 +345,14 @@ class RankServerDataset(ShardedDataset):
 
     Args:
         url: the server's base URL.
-        is_test, reload_cfg, rank, world_size, parser: as for RankDataset.
-        token, timeout, retries: as for ServerDataset.
+        is_test: as for RankDataset.
+        reload_cfg: as for RankDataset.
+        rank: as for RankDataset.
+        world_size: as for RankDataset.
+        parser: as for RankDataset.
+        token: as for ServerDataset.
+        timeout: as for ServerDataset.
+        retries: as for ServerDataset.
         sources: a mix of the served files: a list of :class:`~rank_dataset.mix.Source` whose paths
             are names of served files (their file names, as ``GET /files`` lists them). None: every
             served file, taken as one. The shard is RankDataset's for the same mix of those files.

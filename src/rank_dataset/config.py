@@ -34,7 +34,7 @@ class ReloadConfig:
             world size; an epoch keeps its size and holds ``ceil(size / k)`` draws. Train mode only
             (``k > 1`` with ``is_test=True`` is a ValueError).
 
-    Example:
+    Examples:
         >>> ReloadConfig.coerce({"mini_epoch": 2, "seed": 7})
         ReloadConfig(mini_epoch=2, seed=7, mini_epoch_idx=0, epoch=0, group=1, epoch_size=None, aug_repeats=1)
     """

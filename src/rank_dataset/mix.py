@@ -131,7 +131,7 @@ class Source:
     schedule, a dict ``{first_epoch: value}`` holding epoch 0: the value in force from that epoch on
     (stored sorted by epoch; ``{0: v}`` alone is ``v``).
 
-    Example:
+    Examples:
         >>> Source("data/a.txt", weight=2)
         Source(paths=('data/a.txt',), weight=2.0, repeat=None, choose=None, parser=None, name='a.txt')
         >>> Source(["x/b1.txt", "x/b2.txt"]).repeat
@@ -249,7 +249,7 @@ def mix_counts(
             to 0, the fixed counts exceed ``T0``, a weighted share rounds to 0, or, without weighted
             sources, the fixed counts do not add up to ``epoch_size``.
 
-    Example:
+    Examples:
         >>> mix_counts([100, 10, 50], [Source("a", weight=1), Source("b", repeat=2.5), Source("c", weight=2)], 100)
         ([25, 25, 50], 100)
         >>> mix_counts([100, 10], [Source("a"), Source("b", choose=30)], None)
@@ -362,7 +362,7 @@ def mix_targets(sizes: Sequence[int], sources: Sequence[Source], counts: Sequenc
     """What each source's rule in force at ``epoch`` asks an epoch to take, before rounding:
     ``repeat * N_s``, ``choose``, or the weighted share of what the fixed counts leave of ``T0 = sum(counts)``.
 
-    Example:
+    Examples:
         >>> mix_targets([100, 10, 50], [Source("a", weight=1), Source("b", repeat=2.5), Source("c", weight=2)],
         ...             [25, 25, 50])
         [25.0, 25.0, 50.0]
@@ -418,7 +418,7 @@ def combine_fingerprints(fingerprints: Sequence[str]) -> str:
     """One fingerprint for several files taken as one source: the file's own for one file, else a
     hash of theirs (so a client that knows each served file's fingerprint can compute it).
 
-    Example:
+    Examples:
         >>> combine_fingerprints(["abc"])
         'abc'
         >>> len(combine_fingerprints(["abc", "def"]))
@@ -493,7 +493,7 @@ class MixPlan:
     advances by its draws (its count, without repeated augmentation): its stream position at epoch
     ``e`` is the sum of its draws in the epochs before (:meth:`stream_starts`).
 
-    Example:
+    Examples:
         >>> plan = MixPlan.from_sources([3, 5], [Source("a", repeat=2), Source("b", choose=2)])
         >>> plan
         MixPlan(sizes=(3, 5), counts=(6, 2), epoch_size=8)

@@ -38,7 +38,7 @@ def get_rank_world_size(rank: int | None = None, world_size: int | None = None) 
     Raises:
         ValueError: world_size < 1, or rank outside [0, world_size).
 
-    Example:
+    Examples:
         >>> get_rank_world_size(rank=2, world_size=4)
         (2, 4)
     """
