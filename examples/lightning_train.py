@@ -5,7 +5,7 @@
     python examples/lightning_train.py meta.txt --devices 3 --resume stop.ckpt                     # the rest
 
 Lightning starts the other processes itself (``strategy="ddp"`` re-runs this script), so the dataset
-is built in ``RankDataModule.setup``, once the process group exists. With ``--log DIR`` each rank
+is built in ``RankDataModule.setup``, once the process group exists. With ``--reads DIR`` each rank
 writes the sample numbers it trained on, one JSON line per batch (the tests read them).
 """
 
@@ -73,10 +73,10 @@ def main() -> None:
     parser.add_argument("--stop-at", default=None, help="EPOCH:BATCH (Lightning's epoch) to checkpoint and stop at")
     parser.add_argument("--checkpoint", default="stop.ckpt")
     parser.add_argument("--resume", default=None, help="a checkpoint to resume from")
-    parser.add_argument("--log", default=None, help="a directory for each rank's sample log")
+    parser.add_argument("--reads", default=None, help="a directory for each rank's sample log")
     args = parser.parse_args()
-    if args.log:
-        os.makedirs(args.log, exist_ok=True)
+    if args.reads:
+        os.makedirs(args.reads, exist_ok=True)
 
     def build() -> RankDataset:  # called in each process once the process group exists
         cfg = {"mini_epoch": args.mini_epochs, "seed": 0}
@@ -101,7 +101,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(TinyModel(args.log), datamodule=data, ckpt_path=args.resume)
+    trainer.fit(TinyModel(args.reads), datamodule=data, ckpt_path=args.resume)
     if trainer.global_rank == 0:
         print(f"trained {trainer.current_epoch} epochs on {trainer.world_size} processes, pid {os.getpid()}")
 

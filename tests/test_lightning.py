@@ -84,7 +84,7 @@ def test_ddp_run_stopped_mid_epoch_resumes_exactly_on_three_processes(tmp_path: 
     assert first[1] == [rank[: 3 * BATCH] for rank in _plan(meta, 2, 1)]  # 3 batches trained before the stop
 
     # Resumed from the checkpoint on three processes, without workers.
-    _run(tmp_path, meta, "--devices", "3", "--resume", "stop.ckpt", "--log", "resumed")
+    _run(tmp_path, meta, "--devices", "3", "--resume", "stop.ckpt", "--reads", "resumed")
     resumed = _reads(tmp_path / "resumed")
     assert sorted(resumed) == [1, 2, 3]
     interrupted = [i for rank in first[1] + resumed[1] for i in rank]
