@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -19,6 +21,10 @@ from rank_dataset.demo.synthetic import imagenet_line
 __all__ = ["Server", "free_port", "imagenet_line", "kill_tree"]
 
 
+def _limit_fds(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -28,11 +34,21 @@ def free_port() -> int:
 class Server:
     """A real `rank-dataset serve` process on a free loopback port."""
 
-    def __init__(self, paths: list[Path], *args: str, env: dict[str, str] | None = None, port: int | None = None):
+    def __init__(
+        self,
+        paths: list[Path],
+        *args: str,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        fd_limit: int | None = None,
+    ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "rank_dataset", "serve", *map(str, paths), "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, text=True)
+        limit = None if fd_limit is None else functools.partial(_limit_fds, fd_limit)  # soft and hard: no raising it
+        self.proc = subprocess.Popen(
+            cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, text=True, preexec_fn=limit
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
