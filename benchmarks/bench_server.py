@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import requests
+
+from rank_dataset._localserver import LocalServer, free_port, wait_until_up
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -59,25 +60,6 @@ def get_shard():
 
 app.run(host="127.0.0.1", port=int(sys.argv[2]), threaded=True)
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server for {url} exited with {proc.returncode}")
-        try:
-            requests.get(url, timeout=1)
-            return
-        except requests.ConnectionError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
 
 
 class _OriginalDataset:
@@ -126,21 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_server_"))
     meta = write_imagenet_meta(work / "meta.txt", args.lines)
     env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(work / "cache")}
-    ours_port, base_port = _free_port(), _free_port()
-    ours = subprocess.Popen(
-        [sys.executable, "-m", "rank_dataset", "serve", str(meta), "--port", str(ours_port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
+    base_port = free_port()
+    ours = LocalServer([meta], env=env, stdout=subprocess.DEVNULL, timeout=300)
     script = work / "baseline_server.py"
     script.write_text(_FLASK_SERVER)
     base = subprocess.Popen(
         [sys.executable, str(script), str(meta), str(base_port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    ours_url, base_url = f"http://127.0.0.1:{ours_port}", f"http://127.0.0.1:{base_port}"
+    ours_url, base_url = ours.url, f"http://127.0.0.1:{base_port}"
     try:
-        _wait(f"{ours_url}/healthz", ours)
-        _wait(f"{base_url}/get_len", base)
+        wait_until_up(f"{base_url}/get_len", base, timeout=300)
         n = args.lines
         rates: dict[str, tuple[float, float]] = {}
 
@@ -170,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
         rates["whole-shard fetch (W = 1)"] = (max(fetch_ours() for _ in range(3)), max(fetch_base() for _ in range(2)))
     finally:
-        for proc in (ours, base):
+        for proc in (ours.proc, base):
             proc.terminate()
             proc.wait(timeout=30)
 

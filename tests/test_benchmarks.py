@@ -6,58 +6,68 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
+# script, its arguments at a tiny size, the table it writes, what the table holds, the plot it draws
+# (None: none checked) and whether the plot must be non-empty.
+CASES = [
+    (
+        "server",
+        ["--lines", "3000", "--seconds", "0.2", "--batched-samples", "1024"],
+        "server.md",
+        ["| whole-shard fetch (W = 1) |"],
+        ("server.png", True),
+    ),
+    (
+        "build",
+        ["--lines", "5000", "--repeat", "1", "--agree-repeat", "2"],
+        "build.md",
+        [
+            "RankDataset, warm index",
+            "| set_epoch, with the check |",
+            "| shard: lines back to back + one uint32 offset each |",
+        ],
+        None,
+    ),
+    (
+        "memory",
+        ["--sizes", "3000", "--world-size", "2", "--workers", "1", "--start-method", "forkserver"],
+        "memory_forkserver.md",
+        ["| 3,000 |", "forkserver"],
+        ("memory_forkserver.png", False),
+    ),
+    ("getitem", ["--lines", "3000"], "getitem.md", ['parser="json"'], None),
+    (
+        "mix",
+        ["--lines", "4000", "--repeat", "1", "--world-size", "4"],
+        "mix.md",
+        ["| mix of 3 files", "R = 1,000"],
+        ("mix.png", True),
+    ),
+    (
+        "workers",
+        ["--lines", "4000", "--passes", "1", "--workers", "1"],
+        "workers.md",
+        ["| fork |", "| forkserver |"],
+        ("workers.png", False),
+    ),
+]
 
-def test_bench_server_smoke(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_server.py"), "--lines", "3000", "--seconds", "0.2"]
-    cmd += ["--batched-samples", "1024", "--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-2000:]
-    table = (tmp_path / "server.md").read_text()
-    assert "| whole-shard fetch (W = 1) |" in table and (tmp_path / "server.png").stat().st_size > 0
 
-
-def test_bench_build_smoke(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_build.py"), "--lines", "5000", "--repeat", "1"]
-    cmd += ["--agree-repeat", "2"]
-    cmd += ["--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-2000:]
-    table = (tmp_path / "build.md").read_text()
-    assert "RankDataset, warm index" in table and "| set_epoch, with the check |" in table
-    assert "| shard: lines back to back + one uint32 offset each |" in table
-
-
-def test_bench_memory_smoke(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--sizes", "3000", "--world-size", "2"]
-    cmd += ["--workers", "1", "--start-method", "forkserver", "--out", str(tmp_path)]
+@pytest.mark.parametrize(("name", "args", "table", "holds", "plot"), CASES, ids=[c[0] for c in CASES])
+def test_bench_smoke(
+    tmp_path: Path, name: str, args: list[str], table: str, holds: list[str], plot: tuple[str, bool] | None
+) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / f"bench_{name}.py"), *args, "--out", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    table = (tmp_path / "memory_forkserver.md").read_text()
-    assert "| 3,000 |" in table and "forkserver" in table and (tmp_path / "memory_forkserver.png").exists()
-
-
-def test_bench_getitem_smoke(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_getitem.py"), "--lines", "3000", "--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert 'parser="json"' in (tmp_path / "getitem.md").read_text()
-
-
-def test_bench_mix_smoke(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_mix.py"), "--lines", "4000", "--repeat", "1"]
-    cmd += ["--world-size", "4", "--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-2000:]
-    table = (tmp_path / "mix.md").read_text()
-    assert "| mix of 3 files" in table and "R = 1,000" in table and (tmp_path / "mix.png").stat().st_size > 0
-
-
-def test_bench_workers_smoke(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_workers.py"), "--lines", "4000", "--passes", "1"]
-    cmd += ["--workers", "1", "--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    table = (tmp_path / "workers.md").read_text()
-    assert "| fork |" in table and "| forkserver |" in table and (tmp_path / "workers.png").exists()
+    text = (tmp_path / table).read_text()
+    for expected in holds:
+        assert expected in text, expected
+    if plot is not None:
+        image, non_empty = plot
+        assert (tmp_path / image).exists()
+        if non_empty:
+            assert (tmp_path / image).stat().st_size > 0

@@ -1,4 +1,5 @@
-"""The README's example runs as written, and its quickstart names the real make targets."""
+"""The README's examples run as written and print what the README shows; its quickstart names the real
+make targets."""
 
 from __future__ import annotations
 
@@ -25,14 +26,24 @@ def test_training_loop_example_runs(tmp_path: Path) -> None:
     ]
 
 
-def test_every_runnable_example_runs(tmp_path: Path) -> None:
-    runnable = [b for b in python_blocks() if 'if __name__ == "__main__":' in b]
+def runnable_examples() -> list[tuple[str, list[str] | None]]:
+    """Each runnable example, with the output the README shows right after it (None: it shows none)."""
+    found = re.findall(
+        r"```python\n(.*?)```\n(?:\s*Its output[^\n]*:\s*\n\s*```text\n(.*?)```)?", README.read_text(), flags=re.S
+    )
+    return [(code, out.splitlines() if out else None) for code, out in found if 'if __name__ == "__main__":' in code]
+
+
+def test_every_runnable_example_prints_what_the_readme_shows(tmp_path: Path) -> None:
+    runnable = runnable_examples()
     assert len(runnable) >= 3
-    for i, block in enumerate(runnable):
+    for i, (block, shown) in enumerate(runnable):
         script = tmp_path / f"example_{i}.py"
         script.write_text(block)
         out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, f"example {i}:\n{block}\n{out.stderr}"
+        assert shown is not None, f"example {i} prints {out.stdout!r}, but the README shows no output after it"
+        assert out.stdout.splitlines() == shown, f"example {i}:\n{block}"
 
 
 def test_quickstart_targets_exist() -> None:

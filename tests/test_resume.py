@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from rank_dataset import RankDataset, ResumableSampler, ShardSpec, resume_state
+from rank_dataset import RankDataset, ResumableSampler, ShardSpec, find_resume_state, resume_state
 from rank_dataset.permutation import permute
 
 
@@ -147,6 +147,7 @@ def test_stateful_dataloader_same_and_other_world(write_meta) -> None:
             saved = json.loads(json.dumps(loader.state_dict()))
             break
     assert resume_state(saved)["consumed"] == 140
+    assert find_resume_state(saved) == resume_state(saved)  # the new name; the old one keeps working
     # same world size: loading the loader state is enough
     ds2 = RankDataset(meta, reload_cfg={"seed": 5, "mini_epoch": 2}, rank=1, world_size=4)
     loader2 = StatefulDataLoader(ds2, batch_size=20, sampler=ResumableSampler(ds2), num_workers=2)

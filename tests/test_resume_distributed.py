@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rank_dataset import ShardSpec
+from rank_dataset.plan import mini_epoch_width
 from tests_helpers import kill_tree
 
 HERE = Path(__file__).resolve().parent
@@ -73,7 +73,7 @@ def test_resume_after_kill(killed_run: tuple[Path, Path], world: int) -> None:
     counts = np.bincount(np.array(before + after), minlength=N)
     assert counts.min() >= 1  # no sample lost
     # no repeat beyond padding: the plan's padding plus the wrap of spreading the rest over W2 ranks
-    r_old = ShardSpec(N, 4, 0, mini_epoch=2).per_rank
+    r_old = mini_epoch_width(N, 4, 2) // 4
     left = r_old * 4 - consumed * 4
     expected_pad = (
         (r_old * 4 * 2 - N) + (-(-left // world) * world - left) + (-(-r_old * 4 // world) * world - r_old * 4)

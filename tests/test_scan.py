@@ -1,4 +1,5 @@
-"""The line scanner: a leading UTF-8 byte order mark is not part of the first sample."""
+"""The line scanner: its contract (samples are the non-blank lines without their ending, whatever the
+chunk boundaries), and a leading UTF-8 byte order mark is not part of the first sample."""
 
 from __future__ import annotations
 
@@ -37,3 +38,56 @@ def test_leading_bom_is_not_part_of_the_first_sample(tmp_path: Path, data: bytes
         assert mf.read(np.arange(len(mf))[::-1]).texts(range(len(mf))) == [s.decode() for s in samples[::-1]]
         line = data[: data.index(samples[0])].count(b"\n") + 1
         assert mf.where(0) == f"{p.resolve()}:{line}"
+
+
+def reference_samples(data: bytes) -> list[bytes]:
+    """The contract, written plainly: non-blank lines without their ending."""
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    out = []
+    for line in lines:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if line.strip(b" \t\r\x0b\x0c"):
+            out.append(line)
+    return out
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"a\nb\nc\n",
+        b"a\nb\nc",  # no final newline
+        b"a\r\nb\r\nc\r\n",
+        b"a\r\nb\nc",
+        b"\n\n\na\n\n",
+        b"  \n\t\na b\n \t \r\n x\n",  # whitespace-only lines are not samples, leading space is kept
+        b"only",
+        b"x\r",
+        b"\xe5\x9b\xbe\xe7\x89\x87/1.jpg 3\n\xc3\xa9 4\n",
+    ],
+)
+def test_samples_follow_the_contract(tmp_path: Path, data: bytes) -> None:
+    p = tmp_path / "m.txt"
+    p.write_bytes(data)
+    mf = MetaFile(p)
+    expect = reference_samples(data)
+    assert len(mf) == len(expect)
+    assert [mf.raw(i) for i in range(len(mf))] == expect
+    assert [mf[i] for i in range(len(mf))] == [x.decode() for x in expect]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64, 1 << 20])
+def test_chunk_boundaries_do_not_matter(tmp_path: Path, chunk: int) -> None:
+    rng = np.random.default_rng(chunk)
+    parts = []
+    for _ in range(500):
+        kind = rng.integers(0, 6)
+        parts.append([b"", b"   ", b"\t", b"x" * int(rng.integers(1, 40)), b" y ", b"z\r"][kind])
+    data = b"\n".join(parts) + (b"\n" if chunk % 2 else b"")
+    p = tmp_path / "m.txt"
+    p.write_bytes(data)
+    spans = build_index(p, chunk_size=chunk)
+    got = [data[s:e] for s, e in spans]
+    assert got == reference_samples(data)

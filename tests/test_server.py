@@ -18,8 +18,9 @@ import pytest
 import requests
 
 from rank_dataset import MetaFile, protocol
+from rank_dataset._localserver import wait_until_up
 from rank_dataset.plan import ShardSpec
-from tests_helpers import free_port
+from tests_helpers import free_port, rewrite
 
 
 @pytest.fixture
@@ -153,12 +154,7 @@ def test_serves_without_torch(write_meta, tmp_path) -> None:
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
     try:
-        for _ in range(200):
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/sample/3", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                time.sleep(0.05)
+        wait_until_up(f"http://127.0.0.1:{port}/healthz", proc, timeout=60)
         assert requests.get(f"http://127.0.0.1:{port}/sample/3").text == MetaFile(meta)[3]
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -392,6 +388,27 @@ def test_serve_flags_have_serve_defaults() -> None:
         if option.name in defaults and option.name not in ("host", "port", "token", "workers"):
             assert option.default == defaults[option.name], option.name
     assert {"max_body_size", "max_header_size", "max_builds", "limit_concurrency"} <= {o.name for o in serve_cmd.params}
+
+
+CHANGED_LINES = [f"{i}.jpg {i}" for i in range(1000)]
+
+
+def test_server_answers_409_when_its_file_changed_and_keeps_serving(write_meta, start_server) -> None:
+    p = write_meta(CHANGED_LINES)
+    server = start_server([p])
+    assert requests.get(f"{server.url}/sample/3").text == "3.jpg 3"
+    rewrite(p, CHANGED_LINES[: len(CHANGED_LINES) // 2])  # shorter: through a map, SIGBUS killed the server
+    for method, path, kwargs in [
+        ("GET", "/shard", {"params": {"world_size": 2, "rank": 1}}),
+        ("POST", "/samples", {"data": np.array([999, 3], "<i8").tobytes()}),
+        ("GET", "/sample/999", {}),
+    ]:
+        response = requests.request(method, f"{server.url}{path}", timeout=30, **kwargs)
+        assert response.status_code == 409, response.text
+        body = response.json()
+        assert body["kind"] == "files" and str(p) in body["error"] and "restart the meta server" in body["error"]
+    assert requests.get(f"{server.url}/healthz", timeout=30).status_code == 200
+    assert server.proc.poll() is None
 
 
 # --- Hostile input: descriptors, and a refused body still being sent --------------------------------

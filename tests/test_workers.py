@@ -17,6 +17,7 @@ import pytest
 from torch.utils.data import DataLoader, SequentialSampler
 
 from rank_dataset import RandomSampler, RankDataset, ResumableSampler, _shm
+from rank_dataset._channel import pass_of
 from tests_helpers import imagenet_line
 
 CONTEXTS = ["fork", "spawn", "forkserver"]
@@ -211,8 +212,8 @@ def test_old_shards_are_released_everywhere(meta: Path, context: str) -> None:
     del loader
     gc.collect()
     ds.set_epoch(1)
-    ds._begin_pass()  # a pass starts with the new shard: the rank lets go of the last one
-    ds._end_pass(0)
+    with pass_of(ds):  # a pass starts with the new shard: the rank lets go of the last one
+        pass
     assert not _memfd_inodes(os.getpid()) & set(inodes)
 
 

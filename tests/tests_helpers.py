@@ -3,36 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import resource
-import signal
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import psutil
-import requests
 
+from rank_dataset._localserver import LocalServer, free_port
 from rank_dataset.demo.synthetic import imagenet_line
 
-__all__ = ["Server", "free_port", "imagenet_line", "kill_tree"]
+__all__ = ["Server", "free_port", "imagenet_line", "kill_tree", "rewrite"]
 
 
-def _limit_fds(limit: int) -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """A real `rank-dataset serve` process on a free loopback port."""
+class Server(LocalServer):
+    """A real `rank-dataset serve` process on a free loopback port, its stdout piped."""
 
     def __init__(
         self,
@@ -42,28 +26,7 @@ class Server:
         port: int | None = None,
         fd_limit: int | None = None,
     ):
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "rank_dataset", "serve", *map(str, paths), "--port", str(self.port), *args]
-        limit = None if fd_limit is None else functools.partial(_limit_fds, fd_limit)  # soft and hard: no raising it
-        self.proc = subprocess.Popen(
-            cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, text=True, preexec_fn=limit
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}")
-            try:
-                if requests.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError("server did not become healthy")
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout=30)
+        super().__init__(paths, *args, port=port, env=env, stdout=subprocess.PIPE, fd_limit=fd_limit)
 
 
 def _tree(root: psutil.Process) -> list[psutil.Process]:
@@ -101,3 +64,13 @@ def kill_tree(proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout: fl
     _, alive = psutil.wait_procs([p for p in seen.values() if p.pid != proc.pid], timeout=timeout)
     if alive:
         raise RuntimeError(f"processes still alive {timeout}s after SIGKILL: {[p.pid for p in alive]}")
+
+
+def rewrite(path: Path, lines: list[str], *, keep_times: bool = False) -> None:
+    """Rewrite ``path`` in place (same inode), as an editor or ``cat > file`` does."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.truncate(0)
+        f.write("".join(f"{line}\n" for line in lines).encode())
+    if keep_times:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))

@@ -10,13 +10,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from rank_dataset._agree import RanksDisagreeError
 from rank_dataset.config import ReloadConfig
-from rank_dataset.metafile import MetaFile, MetaFileChangedError
+from rank_dataset.errors import MetaFileChangedError, ProtocolError, RanksDisagreeError
+from rank_dataset.metafile import MetaFile
 from rank_dataset.mix import Source
 from rank_dataset.permutation import permute
 from rank_dataset.plan import ResumePoint, ShardSpec, eval_range, spread_positions
-from rank_dataset.protocol import ProtocolError
 from rank_dataset.resume import ResumeState
 from rank_dataset.scan import build_index
 from rank_dataset.shard import Shard
@@ -25,7 +24,7 @@ from rank_dataset.topology import get_rank_world_size
 if TYPE_CHECKING:
     from rank_dataset.client import RankServerDataset, ServerDataset
     from rank_dataset.dataset import RankDataset
-    from rank_dataset.sampler import RandomSampler, ResumableSampler, resume_state
+    from rank_dataset.sampler import RandomSampler, ResumableSampler, find_resume_state, resume_state
 
 __all__ = [
     "MetaFile",
@@ -45,6 +44,7 @@ __all__ = [
     "Source",
     "build_index",
     "eval_range",
+    "find_resume_state",
     "get_rank_world_size",
     "permute",
     "resume_state",
@@ -55,6 +55,7 @@ _LAZY = {
     "RandomSampler": "rank_dataset.sampler",
     "ResumableSampler": "rank_dataset.sampler",
     "resume_state": "rank_dataset.sampler",
+    "find_resume_state": "rank_dataset.sampler",
     "RankDataset": "rank_dataset.dataset",
     "RankServerDataset": "rank_dataset.client",
     "ServerDataset": "rank_dataset.client",

@@ -26,11 +26,15 @@ group, hence nothing to check.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["RanksDisagreeError", "agreement_needed", "check_ranks_agree", "disagreement"]
+from rank_dataset.errors import RanksDisagreeError
+from rank_dataset.plan import ShardSpec
+
+__all__ = ["RanksDisagreeError", "agreement_fields", "agreement_needed", "check_ranks_agree", "disagreement"]
 
 _SLOTS = 32  # the gathered tensor's length: the field names, one slot per field, and the rank last
 _SHOWN_VALUES = 8  # distinct values named in a message; more are counted
@@ -52,20 +56,11 @@ _HINTS = {
 _PLAN_HINT = "every rank must pass the same reload_cfg and call set_epoch / load_state_dict with the same arguments"
 
 
-class RanksDisagreeError(ValueError):
-    """The ranks of a process group were about to plan their shards from different inputs.
-
-    Raised with the same message on every rank. ``field`` is the first field that differs and
-    ``values`` maps each of its distinct values (as ``repr``) to the ranks holding it.
-    """
-
-    def __init__(self, message: str, field: str = "", values: Mapping[str, Sequence[int]] | None = None) -> None:
-        super().__init__(message)
-        self.field = field
-        self.values: dict[str, list[int]] = {k: list(v) for k, v in (values or {}).items()}
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (str(self), self.field, self.values)
+def agreement_fields(spec: ShardSpec, fingerprint: str | None, dataset: str) -> dict[str, object]:
+    """What every rank must agree on before building ``spec``: the files (their fingerprint), the
+    kind of dataset, and the plan but the rank."""
+    plan = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "rank"}
+    return {"num_samples": spec.num_samples, "fingerprint": fingerprint, **plan, "dataset": dataset}
 
 
 def check_ranks_agree(fields: Mapping[str, object], rank: int | None = None) -> None:

@@ -6,6 +6,10 @@ from typing import Any
 
 import numpy as np
 
+#: The bound of sample counts, positions, epochs and seeds: permute's largest ``n``, and small enough
+#: that every int64 sum and product of the plan stays exact.
+MAX_EXACT = 1 << 62
+
 
 def check_int(
     name: str, value: Any, *, low: int | None = None, high: int | None = None, high_name: str | None = None

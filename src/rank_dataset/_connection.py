@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
-import os
 from typing import Any
 
 try:
@@ -46,7 +44,7 @@ except ImportError:  # pragma: no cover - not on Windows
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from rank_dataset.server import DEFAULT_TIMEOUT_REQUEST, DEFAULT_TIMEOUT_SEND, LIMITS_ENV
+from rank_dataset._limits import ServerLimits
 
 __all__ = ["TimeoutH11Protocol"]
 
@@ -60,11 +58,8 @@ _LINGER_SECONDS = 10.0
 
 @functools.cache
 def _timeouts() -> tuple[float, float]:
-    limits = json.loads(os.environ.get(LIMITS_ENV, "{}"))
-    return (
-        float(limits.get("timeout_request", DEFAULT_TIMEOUT_REQUEST)),
-        float(limits.get("timeout_send", DEFAULT_TIMEOUT_SEND)),
-    )
+    limits = ServerLimits.from_env()
+    return float(limits.timeout_request), float(limits.timeout_send)
 
 
 @functools.cache

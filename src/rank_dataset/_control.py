@@ -43,12 +43,12 @@ class Snapshot:
     passes: int
     pass_gen: int
     joined: int
-    current: tuple[int, bytes]  # (generation, record)
-    pass_: tuple[int, bytes]
+    current_slot: tuple[int, bytes]  # (generation, record)
+    pass_slot: tuple[int, bytes]
 
     def record(self, gen: int) -> bytes | None:
         """The record of generation ``gen``, if a slot still holds it."""
-        for slot_gen, record in (self.pass_, self.current):
+        for slot_gen, record in (self.pass_slot, self.current_slot):
             if slot_gen == gen and record:
                 return record
         return None

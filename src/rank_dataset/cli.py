@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from rank_dataset._limits import DEFAULT_LIMITS
 from rank_dataset.protocol import DEFAULT_PORT, TOKEN_ENV
 
 __all__ = ["cli", "main"]
@@ -79,58 +80,62 @@ def index_cmd(meta_files: tuple[str, ...]) -> None:
     help=f"Require 'Authorization: Bearer TOKEN' (also from ${TOKEN_ENV}, which keeps it out of ps).",
 )
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1), help="Server processes.")
-# Limits, per server process; the defaults are serve()'s (a test checks that they agree).
+# Limits, per server process; the defaults are serve()'s (both from DEFAULT_LIMITS).
 @click.option(
     "--max-body-size",
-    default=1 << 20,
+    default=DEFAULT_LIMITS.max_body_size,
     show_default=True,
     type=click.IntRange(1),
     help="Bytes in a request body (413).",
 )
 @click.option(
     "--max-header-size",
-    default=16 << 10,
+    default=DEFAULT_LIMITS.max_header_size,
     show_default=True,
     type=click.IntRange(1),
     help="Bytes in a request line and headers (400).",
 )
 @click.option(
     "--max-builds",
-    default=4,
+    default=DEFAULT_LIMITS.max_builds,
     show_default=True,
     type=click.IntRange(1),
     help="Shard builds (/shard, /samples) in progress at once (503 with Retry-After).",
 )
 @click.option(
     "--limit-concurrency",
-    default=2048,
+    default=DEFAULT_LIMITS.limit_concurrency,
     show_default=True,
     type=click.IntRange(1),
     help="Connections and requests at once (uvicorn's limit: 503).",
 )
 @click.option(
     "--timeout-request",
-    default=10.0,
+    default=DEFAULT_LIMITS.timeout_request,
     show_default=True,
     type=click.FloatRange(0, min_open=True),
     help="Seconds for a whole request to arrive (the connection is closed).",
 )
 @click.option(
     "--timeout-send",
-    default=30.0,
+    default=DEFAULT_LIMITS.timeout_send,
     show_default=True,
     type=click.FloatRange(0, min_open=True),
     help="Seconds an answer waits for a client that reads none of it (closed).",
 )
 @click.option(
     "--timeout-keep-alive",
-    default=5,
+    default=DEFAULT_LIMITS.timeout_keep_alive,
     show_default=True,
     type=click.IntRange(1),
     help="Seconds an idle connection is kept after an answer.",
 )
 @click.option(
-    "--backlog", default=2048, show_default=True, type=click.IntRange(1), help="Connections waiting to be accepted."
+    "--backlog",
+    default=DEFAULT_LIMITS.backlog,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Connections waiting to be accepted.",
 )
 def serve_cmd(
     meta_files: tuple[str, ...], host: str, port: int, token: str | None, workers: int, **limits: Any

@@ -23,16 +23,17 @@ from tenacity import (
 from torch.utils.data import Dataset
 
 from rank_dataset import protocol
+from rank_dataset._bounds import Bounds
 from rank_dataset._checks import check_index, check_int
 from rank_dataset.config import ReloadConfig
-from rank_dataset.dataset import ShardedDataset, as_sources
-from rank_dataset.mix import Source, combine_fingerprints
+from rank_dataset.dataset import ShardedDataset
+from rank_dataset.mix import Source, as_sources, combine_fingerprints
 from rank_dataset.parsers import LineError, Parser, resolve_parser
 from rank_dataset.plan import ShardSpec
 from rank_dataset.protocol import ProtocolError
 from rank_dataset.shard import Shard
 
-__all__ = ["MetaServer", "RankServerDataset", "ServerDataset"]
+__all__ = ["MetaServer", "RankServerDataset", "ServerDataset", "ServerReader"]
 
 T = TypeVar("T")
 
@@ -328,6 +329,80 @@ class ServerDataset(Dataset[Any]):
         return [_parse(self._parser, t, f"{self.server.url} sample {i}") for t, i in zip(texts, wanted.tolist())]
 
 
+class ServerReader:
+    """Shards computed by a meta server (what :class:`RankServerDataset` reads): a
+    :class:`~rank_dataset.reader.ShardReader`.
+
+    Args:
+        server: the server.
+        sources: for a mix, a Source or a list of them whose paths are names of served files (kept as
+            ``sources``, a tuple); None: every served file, taken as one.
+
+    Raises:
+        ValueError: a source naming a file the server does not serve.
+    """
+
+    def __init__(self, server: MetaServer, sources: Source | Sequence[Source] | None = None) -> None:
+        self.server = server
+        self._num_samples, self._fingerprint = server.num_samples()
+        self._source_files: list[tuple[str, ...]] | None = None
+        self.sources = None if sources is None else as_sources(sources)
+        if sources is None:
+            return
+        if self.sources is None:
+            raise TypeError(f"sources must be a Source or a non-empty list of Source, got {sources!r}")
+        sources = self.sources
+        served = {f.name: f for f in server.files()}
+        for i, source in enumerate(sources):
+            for name in source.paths:
+                if name not in served:
+                    raise ValueError(
+                        f"source {i} {source.name!r}: {server.url} serves no file named {name!r} "
+                        f"(it serves {', '.join(served)}); a source names served files by file name"
+                    )
+        self._source_files = [source.paths for source in sources]
+        self._files = [served[name] for names in self._source_files for name in names]  # in sample order
+        self._layout = Bounds([f.num_samples for f in self._files])
+        self._num_samples = self._layout.total
+
+    @property
+    def num_samples(self) -> int:
+        return self._num_samples
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self._fingerprint
+
+    @property
+    def source_sizes(self) -> tuple[int, ...] | None:
+        if self._source_files is None:
+            return None
+        first = Bounds([len(names) for names in self._source_files]).starts  # each source's first file
+        return tuple(np.diff(self._layout.starts[first]).tolist())
+
+    def source_fingerprints(self) -> tuple[str, ...]:
+        assert self._source_files is not None
+        it = iter(self._files)
+        return tuple(combine_fingerprints([next(it).fingerprint for _ in names]) for names in self._source_files)
+
+    def build(self, spec: ShardSpec) -> Shard:
+        query = protocol.spec_to_query(spec, self._source_files if spec.mix is not None else None)
+        shard = self.server.shard(protocol.SHARD, fields=query)
+        expected = spec.indices()
+        if shard.ids is None or not np.array_equal(shard.ids, expected):
+            raise ProtocolError(
+                f"{self.server.url} sent a shard of {len(shard)} samples that is not the planned one "
+                f"({len(expected)} samples): are client and server of different versions?"
+            )
+        return shard
+
+    def where(self, sample: int) -> str:
+        if self._source_files is None:
+            return f"{self.server.url} sample {sample}"
+        file, local = self._layout.locate(sample)  # the served file holding it, and its sample number there
+        return f"{self.server.url} file {self._files[file].name!r} sample {local}"
+
+
 class RankServerDataset(ShardedDataset):
     """This rank's shard of the files a meta server serves: RankDataset's contract over HTTP.
 
@@ -376,58 +451,12 @@ class RankServerDataset(ShardedDataset):
     ) -> None:
         base, name = _server_url(url, server_ip, server_port)
         self.server = MetaServer(base, token=token, timeout=timeout, retries=retries)
-        num_samples, self.fingerprint = self.server.num_samples()
         if name is not None:
             if sources is not None:
                 raise ValueError("give either a meta file name (with server_ip and server_port) or sources, not both")
             served, _ = _served_file(self.server, name)
             if len(served) > 1:  # read that file alone: a mix of one source
                 sources = Source(name)
-        if sources is None:
-            self._source_files: list[tuple[str, ...]] | None = None
-            super().__init__(num_samples, is_test, reload_cfg, rank, world_size, parser)
-            return
-        mix = as_sources(sources)
-        if mix is None:
-            raise TypeError(f"sources must be a Source or a non-empty list of Source, got {sources!r}")
-        self._served = {f.name: f for f in self.server.files()}
-        for i, source in enumerate(mix):
-            for name in source.paths:
-                if name not in self._served:
-                    raise ValueError(
-                        f"source {i} {source.name!r}: {self.server.url} serves no file named {name!r} "
-                        f"(it serves {', '.join(self._served)}); a source names served files by file name"
-                    )
-        self._source_files = [source.paths for source in mix]
-        sizes = [sum(self._served[name].num_samples for name in names) for names in self._source_files]
-        super().__init__(sum(sizes), is_test, reload_cfg, rank, world_size, parser, mix, sizes)
-
-    def _source_fingerprints(self) -> tuple[str, ...]:
-        assert self._source_files is not None
-        return tuple(combine_fingerprints([self._served[n].fingerprint for n in names]) for names in self._source_files)
-
-    def _build(self, spec: ShardSpec) -> Shard:
-        query = protocol.spec_to_query(spec, self._source_files if spec.mix is not None else None)
-        shard = self.server.shard(protocol.SHARD, fields=query)
-        expected = spec.indices()
-        if shard.ids is None or not np.array_equal(shard.ids, expected):
-            raise ProtocolError(
-                f"{self.server.url} sent a shard of {len(shard)} samples that is not the planned one "
-                f"({len(expected)} samples): are client and server of different versions?"
-            )
-        return shard
-
-    def _where(self, sample: int) -> str:
-        mix = self._spec.mix
-        if mix is None or self._source_files is None:
-            return f"{self.server.url} sample {sample}"
-        source = int(mix.source_of(sample))
-        local = sample - mix.offsets[source]
-        for name in self._source_files[source]:  # the served file holding it, and its sample number there
-            if local < self._served[name].num_samples:
-                break
-            local -= self._served[name].num_samples
-        return f"{self.server.url} file {name!r} sample {local}"
-
-    def _fingerprint(self) -> str | None:
-        return self.fingerprint
+        reader = ServerReader(self.server, sources)
+        self.fingerprint = reader.fingerprint
+        super().__init__(reader, is_test, reload_cfg, rank, world_size, parser, reader.sources)

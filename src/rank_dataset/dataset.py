@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,97 +11,59 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Dataset
 
-from rank_dataset import _shm
-from rank_dataset._agree import agreement_needed, check_ranks_agree
+from rank_dataset._agree import agreement_fields, agreement_needed, check_ranks_agree
+from rank_dataset._channel import ShardChannel
 from rank_dataset._checks import check_index, check_int
-from rank_dataset._control import ControlBlock
 from rank_dataset._residency import return_freed_memory
 from rank_dataset.config import ReloadConfig
 from rank_dataset.metafile import MetaFile
-from rank_dataset.mix import MixPlan, Source, SourceInfo, combine_fingerprints, mix_targets
+from rank_dataset.mix import Mixture, Source, SourceInfo, as_sources
 from rank_dataset.parsers import LineError, Parser, resolve_parser
-from rank_dataset.plan import ResumePoint, ShardSpec
-from rank_dataset.resume import MixRecord, ResumeState, SourceRecord
+from rank_dataset.plan import ShardSpec
+from rank_dataset.reader import FileReader, ShardReader
+from rank_dataset.resume import MixRecord, ResumeState
 from rank_dataset.shard import Shard
 from rank_dataset.topology import get_rank_world_size
 
-__all__ = ["RankDataset", "ShardedDataset"]
+__all__ = ["RankDataset", "ShardedDataset", "as_sources"]
 
 MetaSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | MetaFile | Source | Sequence[Source]
 
 
-def as_sources(value: Any) -> tuple[Source, ...] | None:
-    """``value`` as a tuple of Sources if it is a Source or a list of them; None if it holds none.
-
-    Raises:
-        TypeError: a list that holds Sources and other things.
-    """
-    if isinstance(value, Source):
-        return (value,)
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and value:
-        kinds = [isinstance(v, Source) for v in value]
-        if all(kinds):
-            return tuple(value)
-        if any(kinds):
-            bad = next(v for v, k in zip(value, kinds) if not k)
-            raise TypeError(f"a list of sources must hold only Source objects, got {bad!r}: wrap each path in a Source")
-    return None
-
-
-def _source_id_dtype(count: int) -> np.dtype[Any]:
-    """The smallest signed dtype holding source numbers ``[0, count)``."""
-    for dtype in (np.int8, np.int16, np.int32):
-        if count <= np.iinfo(dtype).max + 1:
-            return np.dtype(dtype)
-    return np.dtype(np.int64)  # pragma: no cover - more than 2**31 sources
-
-
 class ShardedDataset(Dataset[Any]):
-    """What RankDataset and RankServerDataset share: a shard, its plan, item access and parsing.
+    """What RankDataset and RankServerDataset share: a shard reader, a shard channel and, for a mix,
+    a mixture; the plan, item access, resume and parsing.
 
     The plan lives in one place, the ShardSpec of the shard held now (``spec``); ``reload_cfg``,
-    ``rank``, ``world_size`` and ``is_test`` are read from it.
+    ``rank``, ``world_size`` and ``is_test`` are read from it. Shards come from ``reader`` (a
+    :class:`~rank_dataset.reader.ShardReader`: meta files, or a meta server), and reach DataLoader
+    workers through ``channel`` (:mod:`rank_dataset._channel`).
 
-    For a mix, ``sources`` are the Sources and ``source_sizes`` their ``N_s``; the global sample
-    numbers are then over the sources' files in source order, ``num_samples`` is ``sum(N_s)``, and
-    the spec carries the mix (its ``num_samples`` being the epoch size ``T0``).
-
-    Shards and DataLoader workers. The process that creates the dataset (the rank) builds every
-    shard straight into shareable memory and publishes it in a small control block (see
-    :mod:`rank_dataset._control`) under a new *generation*. A DataLoader worker holds a view of the
-    dataset (forked, or unpickled from a handle under spawn and forkserver): on each item it compares
-    one word of the control block with what it saw last, and when it changed it maps the shard it
-    should now serve and unmaps the one it held. Which one: rank_dataset's samplers record, when a
-    pass starts, the shard current then, and workers serve that shard for the whole pass (a
-    ``set_epoch`` during a pass takes effect in workers at the next pass). Workers of a DataLoader
-    whose sampler is not one of ours cannot tell passes apart: they serve the shard they started
-    with and raise if it is replaced under them. The rank keeps a replaced shard reachable until the
-    next pass starts (a running pass may still need it), then releases it; each worker unmaps it
-    when it first serves the new pass.
+    For a mix, ``sources`` are the Sources; the global sample numbers are then over the sources'
+    files in source order, ``num_samples`` is ``sum(N_s)``, and the spec carries the mix (its
+    ``num_samples`` being the epoch size ``T0``).
     """
 
     def __init__(
         self,
-        num_samples: int,
+        reader: ShardReader,
         is_test: bool,
         reload_cfg: ReloadConfig | Mapping[str, Any] | None,
         rank: int | None,
         world_size: int | None,
         parser: str | Parser | None,
         sources: Sequence[Source] | None = None,
-        source_sizes: Sequence[int] | None = None,
     ) -> None:
         cfg = ReloadConfig.coerce(reload_cfg)
         rank, world_size = get_rank_world_size(rank, world_size)
         if not isinstance(is_test, bool):
             raise TypeError(f"is_test must be a bool, got {is_test!r}")
-        self.num_samples = num_samples
+        self.reader = reader
+        self.num_samples = num_samples = reader.num_samples
         self._group = cfg.group
         self._epoch_size = cfg.epoch_size
         self._parser = resolve_parser(parser)
-        self._sources: tuple[Source, ...] | None = None
-        self._parsers: tuple[Parser | None, ...] | None = None
-        mix = None
+        self._mixture: Mixture | None = None
         if sources is None:
             if cfg.epoch_size is not None:
                 raise ValueError(
@@ -112,35 +71,13 @@ class ShardedDataset(Dataset[Any]):
                     "(e.g. [Source(path, weight=1)]) to resample plain meta files"
                 )
         else:
-            assert source_sizes is not None and len(source_sizes) == len(sources)
-            for i, (source, n) in enumerate(zip(sources, source_sizes)):
-                if n == 0:
-                    raise ValueError(f"source {i} {source.name!r} has no samples: every line is empty or whitespace")
-            self._sources = tuple(sources)
-            # Eval mode ignores weights: every sample of every source once, sources in order.
-            mix = (
-                MixPlan.every_sample(source_sizes)
-                if is_test
-                else MixPlan.from_sources(source_sizes, sources, cfg.epoch_size)
-            )
-            num_samples = mix.epoch_size
-            if any(s.parser is not None for s in sources):
-                own = [resolve_parser(s.parser) for s in sources]
-                self._parsers = tuple(self._parser if p is None else p for p in own)
-            self._source_dtype = _source_id_dtype(len(sources))
-        # Sharing with DataLoader workers (see the class docstring).
-        self._ctl = ControlBlock.create()
-        self._word = self._ctl.words  # word 0: the control block's version
-        self._owner, self._owner_pid = True, os.getpid()
-        self._gen = 0  # generation of the shard served here
-        self._seen = 0  # the control block version this process last acted on
-        self._passes = 0  # passes started by our samplers, as last seen here
-        self._pass_gen = 0  # (rank) the shard the latest of those passes started with
-        self._pass_open = 0  # (rank) the pass whose sampler is running, 0: none
-        self._managed = False  # (worker) passes are started by our samplers
-        self._kept: dict[int, _shm.Segment] = {}  # (rank) segments of shards a pass may need
-        self._indices: npt.NDArray[np.int64] | None = None
-        self._source_ids: npt.NDArray[np.integer[Any]] | None = None
+            sizes = reader.source_sizes
+            assert sizes is not None
+            self._mixture = Mixture(sources, sizes, reader.source_fingerprints, self._parser, is_test, cfg.epoch_size)
+            num_samples = self._mixture.plan.epoch_size
+        self._parsers = None if self._mixture is None else self._mixture.parsers
+        self.channel = ShardChannel()
+        self._version, self._seen = self.channel.version, self.channel.seen  # the per-item check (see _sync)
         spec = ShardSpec(
             num_samples=num_samples,
             world_size=world_size,
@@ -150,7 +87,7 @@ class ShardedDataset(Dataset[Any]):
             mini_epoch_idx=cfg.mini_epoch_idx,
             seed=cfg.seed,
             epoch=cfg.epoch,
-            mix=mix,
+            mix=None if self._mixture is None else self._mixture.plan,
         )
         self._load(spec)
 
@@ -159,7 +96,7 @@ class ShardedDataset(Dataset[Any]):
     @property
     def spec(self) -> ShardSpec:
         """The ShardSpec of the shard held now."""
-        if self._word[0] != self._seen:
+        if self._version[0] != self._seen:
             self._sync()
         return self._spec
 
@@ -185,160 +122,45 @@ class ShardedDataset(Dataset[Any]):
     def _load(self, spec: ShardSpec) -> None:
         """Build the shard of ``spec``, publish it to the workers and serve it; on any error the
         dataset stays as it was."""
-        if not self._is_owner():
-            raise RuntimeError(
-                "set_epoch and load_state_dict must be called in the process that created the dataset, "
-                "not in a DataLoader worker or a copy of the dataset"
-            )
+        self.channel.check_owner()
         if agreement_needed():  # under a process group, every rank must plan from the same inputs
             check_ranks_agree(self._agreement_fields(spec), spec.rank)
-        shard = self._build(spec).without_ids().shared()
-        assert shard.handle is not None and shard.segment is not None
-        gen = self._gen + 1
-        record = json.dumps({"handle": shard.handle.to_dict(), "spec": _spec_to_dict(spec)}).encode()
-        self._ctl.publish(gen, record)
-        self._kept[gen] = shard.segment
-        # The old shard is unmapped here, once the new one exists; its segment stays reachable for
-        # workers only if a pass started with it (until the next pass starts).
-        self._serve(shard, spec, gen)
-        self._release(keep={gen, self._pass_gen} if self._passes else {gen})
-        if not self._pass_open:
-            self._seen = self._word[0]
+        shard = self.reader.build(spec).without_ids().shared()
+        self.channel.publish(shard, spec)
+        self._serve(shard, spec)  # the old shard is unmapped here, once the new one exists
+        self._seen = self.channel.seen
         return_freed_memory()
 
-    def _serve(self, shard: Shard, spec: ShardSpec, gen: int) -> None:
-        self._shard, self._n, self._spec, self._gen = shard, len(shard), spec, gen
-        self._indices = self._source_ids = None
+    def _agreement_fields(self, spec: ShardSpec) -> dict[str, object]:
+        dataset = f"{type(self).__module__}.{type(self).__qualname__}"
+        return agreement_fields(spec, self.reader.fingerprint, dataset)
+
+    def _serve(self, shard: Shard, spec: ShardSpec) -> None:
+        self._shard, self._n, self._spec = shard, len(shard), spec
+        self._indices: npt.NDArray[np.int64] | None = None
+        self._source_ids: npt.NDArray[np.integer[Any]] | None = None
         self._text = shard.text  # the shard's own slicing, bound once: item access calls it directly
 
-    def _release(self, keep: set[int]) -> None:
-        for gen in [g for g in self._kept if g not in keep]:
-            self._kept.pop(gen).close()
-
-    def _is_owner(self) -> bool:
-        return self._owner and os.getpid() == self._owner_pid
-
-    # -- passes and workers -----------------------------------------------------------------------
-
-    def _begin_pass(self) -> int:
-        """Called by our samplers as a pass starts (in the rank): workers serve the current shard
-        until the next pass starts, whatever set_epoch does meanwhile. Returns a token for
-        :meth:`_end_pass` (0 outside the rank: nothing is recorded)."""
-        if not self._is_owner():
-            return 0
-        self._passes = self._ctl.start_pass()
-        self._pass_gen = self._gen
-        self._pass_open = self._passes
-        self._release(keep={self._gen})
-        self._seen = self._word[0]
-        return self._passes
-
-    def _end_pass(self, token: int) -> None:
-        """Called by our samplers when their iteration ends (exhausted or closed)."""
-        if token and self._pass_open == token:
-            self._pass_open = 0
-
     def _sync(self, items: bool = False) -> None:
-        """The control block changed since this process last looked: act on it.
-
-        In the rank: nothing to switch (it always serves the current shard), but an item read
-        during a pass that started with another shard and that no worker serves (a DataLoader
-        without workers, after a set_epoch in mid-pass) would mix shards: that raises. In a worker:
-        switch to the shard this pass serves (see the class docstring).
-        """
-        if self._is_owner():
-            snap = self._ctl.snapshot()
-            mixing = self._pass_open and self._pass_gen != self._gen and snap.joined != self._pass_open
-            if mixing and items:
-                raise RuntimeError(
-                    "set_epoch (or load_state_dict) was called while a pass over this dataset was running in "
-                    "this process (a DataLoader without workers): its remaining items would come from the new "
-                    "shard. Finish or drop the pass (or its iterator) before calling set_epoch."
-                )
-            if not mixing:
-                self._seen = snap.version
-            return
-        for _ in range(100):
-            snap = self._ctl.snapshot()
-            if snap.passes != self._passes:  # a pass started by one of our samplers: serve its shard
-                target = snap.pass_gen
-                managed = True
-            elif self._managed or snap.gen == self._gen:
-                target, managed = self._gen, self._managed
-            else:
-                raise RuntimeError(
-                    f"the shard of this dataset was replaced (set_epoch or load_state_dict) after this DataLoader "
-                    f"worker started, and the pass it serves was not started by rank_dataset's RandomSampler or "
-                    f"ResumableSampler, so it cannot tell which shard the pass needs (it held generation "
-                    f"{self._gen}, the dataset is at {snap.gen}). Use one of those samplers with persistent "
-                    f"workers, or build a new DataLoader after each set_epoch."
-                )
-            if target == self._gen and self._shard is not None:
-                break
-            record = snap.record(target)
-            try:
-                if record is None:
-                    raise _shm.SegmentGone(f"generation {target} is no longer published")
-                info = json.loads(record)
-                shard = Shard.attach(_shm.Handle.from_dict(info["handle"]))
-            except _shm.SegmentGone:
-                if self._ctl.snapshot().version != snap.version:
-                    continue  # the rank moved on meanwhile: look again
-                raise RuntimeError(
-                    f"the shard (generation {target}) this DataLoader worker must serve has been released by "
-                    f"the rank (pid {self._owner_pid}): a pass still running when the next one started?"
-                ) from None
-            self._serve(shard, _spec_from_dict(info["spec"]), target)
-            break
-        else:  # pragma: no cover - the rank would have to publish a hundred times during one attach
-            raise RuntimeError("the dataset's control block kept changing while a worker read it")
-        if managed and snap.passes != self._passes:
-            self._ctl.join(snap.passes)
-        self._passes, self._managed = snap.passes, managed
-        self._seen = snap.version
+        """The control block changed since this process last looked (``_version[0] != _seen``, the
+        per-item check): let the channel act on it, and serve the shard it says to."""
+        served = self.channel.follow(items, holding=self._shard is not None)
+        if served is not None:
+            self._serve(*served)
+        self._seen = self.channel.seen
 
     def __getstate__(self) -> dict[str, Any]:
-        # Pickled to reach a spawn or forkserver worker: handles only, never a shard's bytes.
+        # Pickled to reach a spawn or forkserver worker: the channel's handle, never a shard's bytes.
         state = self.__dict__.copy()
-        for name in ("_ctl", "_word", "_shard", "_text", "_kept", "_indices", "_source_ids"):
+        for name in ("_version", "_shard", "_text", "_indices", "_source_ids"):
             state.pop(name, None)
-        state["_ctl_handle"] = self._ctl.handle
-        state["_owner"] = False
-        state["_pass_open"] = 0
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        handle = state.pop("_ctl_handle")
         self.__dict__.update(state)
-        self._ctl = ControlBlock.attach(handle)
-        self._word = self._ctl.words
+        self._version, self._seen = self.channel.version, self.channel.seen  # -1: look on first use
         self._shard = self._text = None  # type: ignore[assignment]  # mapped on first use
-        self._kept, self._indices, self._source_ids = {}, None, None
-        self._seen = -1  # look at the control block on first use
-
-    def _build(self, spec: ShardSpec) -> Shard:
-        raise NotImplementedError
-
-    def _where(self, sample: int) -> str:
-        return f"sample {sample}"
-
-    def _fingerprint(self) -> str | None:
-        """A hash identifying the meta files (None: unknown); resume states are checked against it."""
-        return None
-
-    def _agreement_fields(self, spec: ShardSpec) -> dict[str, object]:
-        """What every rank must agree on before building ``spec``: the files, and the plan but the rank."""
-        plan = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "rank"}
-        fields = {"num_samples": spec.num_samples, "fingerprint": self._fingerprint(), **plan}
-        return {**fields, "dataset": f"{type(self).__module__}.{type(self).__qualname__}"}
-
-    def _source_fingerprints(self) -> tuple[str, ...]:
-        """For a mix, the fingerprint of each source's files (see ``combine_fingerprints``)."""
-        raise NotImplementedError
-
-    @functools.cached_property
-    def _mix_fingerprints(self) -> tuple[str, ...]:
-        return self._source_fingerprints()
+        self._indices = self._source_ids = None
 
     # -- the mix ----------------------------------------------------------------------------------
 
@@ -348,43 +170,27 @@ class ShardedDataset(Dataset[Any]):
         takes of it (``count``; in eval mode ``N_s``), its first global sample number (``offset``),
         what its rule asked for before rounding (``target``) and its fingerprint. None for plain
         meta files."""
-        mix, sources = self._spec.mix, self._sources
-        if mix is None or sources is None:
-            return None
-        targets = list(map(float, mix.sizes)) if self.is_test else mix_targets(mix.sizes, sources, mix.counts)
-        return tuple(
-            SourceInfo(source, n, c, offset, target, fingerprint)
-            for source, n, c, offset, target, fingerprint in zip(
-                sources, mix.sizes, mix.counts, mix.offsets, targets, self._mix_fingerprints
-            )
-        )
+        return None if self._mixture is None else self._mixture.infos()
 
     @property
     def source_ids(self) -> npt.NDArray[np.integer[Any]] | None:
         """For a mix, a read-only integer array: the source number of each item (``self[i]`` is a sample
         of ``sources[source_ids[i]]``). None for plain meta files. Computed from the plan on first use
         and kept until the shard changes, like ``indices``."""
-        mix = self.spec.mix
-        if mix is None:
+        if self._mixture is None:
             return None
         if self._source_ids is None:
-            source_ids = mix.source_of(self.indices).astype(self._source_dtype)
+            source_ids = self._mixture.source_ids(self.indices)
             source_ids.flags.writeable = False
             self._source_ids = source_ids
         return self._source_ids
 
     def _mix_record(self) -> MixRecord | None:
-        mix, sources = self._spec.mix, self._sources
-        if mix is None or sources is None:
-            return None
-        records = zip(sources, mix.sizes, self._mix_fingerprints, mix.counts)
-        return MixRecord(mix.epoch_size, tuple(SourceRecord(s.name, n, f, c) for s, n, f, c in records))
+        return None if self._mixture is None else MixRecord.of(self._mixture)
 
     def _state_fingerprint(self) -> str | None:
         """The fingerprint a resume state records: the files', or for a mix one of its sources'."""
-        if self._spec.mix is not None:
-            return combine_fingerprints(self._mix_fingerprints)
-        return self._fingerprint()
+        return self.reader.fingerprint if self._mixture is None else self._mixture.fingerprint
 
     def set_epoch(self, epoch: int, mini_epoch_idx: int = 0) -> None:
         """Load this rank's shard of ``(epoch, mini_epoch_idx)`` in place of the current one.
@@ -434,19 +240,7 @@ class ShardedDataset(Dataset[Any]):
         spec = self._spec
         if spec.is_test:
             raise ValueError("an eval dataset (is_test=True) has no resume point: run eval from the start")
-        return ResumeState(
-            num_samples=spec.num_samples,
-            fingerprint=self._state_fingerprint(),
-            seed=spec.seed,
-            epoch=spec.epoch,
-            mini_epoch=spec.mini_epoch,
-            mini_epoch_idx=spec.mini_epoch_idx,
-            plan_world_size=spec.resume.plan_world_size if spec.resume else spec.world_size,
-            consumed_positions=spec.consumed_positions(consumed),
-            world_size=spec.world_size,
-            consumed=consumed,
-            mix=self._mix_record(),
-        ).to_dict()
+        return ResumeState.at(spec, consumed, self._state_fingerprint(), self._mix_record()).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a resume point saved by :meth:`state_dict`, on this world size.
@@ -477,7 +271,7 @@ class ShardedDataset(Dataset[Any]):
     @property
     def shard(self) -> Shard:
         """The shard held now."""
-        if self._word[0] != self._seen:
+        if self._version[0] != self._seen:
             self._sync()
         return self._shard
 
@@ -488,7 +282,7 @@ class ShardedDataset(Dataset[Any]):
         Computed from the plan on first use and kept until the shard changes (a shard does not store
         its sample numbers).
         """
-        if self._word[0] != self._seen:
+        if self._version[0] != self._seen:
             self._sync()
         if self._indices is None:
             indices = self._spec.indices()
@@ -497,7 +291,7 @@ class ShardedDataset(Dataset[Any]):
         return self._indices
 
     def __len__(self) -> int:
-        if self._word[0] != self._seen:
+        if self._version[0] != self._seen:
             self._sync()
         return self._n
 
@@ -506,23 +300,19 @@ class ShardedDataset(Dataset[Any]):
         return check_index(i, n, label="dataset index", of=f"a shard of {n} samples")
 
     def _parse(self, text: str, i: int) -> Any:
-        if self._parsers is not None:  # a mix with parsers of its own: item i's source chooses
-            source_ids = self.source_ids
-            assert source_ids is not None
-            parser = self._parsers[source_ids[i]]
-        else:
-            parser = self._parser
+        # In a mix whose sources have parsers of their own, item i's source chooses.
+        parser = self._parser if self._parsers is None else self._parsers[self.source_ids[i]]  # type: ignore[index]
         if parser is None:
             return text
         try:
             return parser(text)
         except LineError as exc:
-            raise ValueError(f"{self._where(int(self.indices[i]))}: {exc}") from None
+            raise ValueError(f"{self.reader.where(int(self.indices[i]))}: {exc}") from None
 
     def __getitem__(self, i: int) -> Any:
         # Once per sample: one word of the control block says whether anything changed, the inline
         # check is the fast path, the shard does the slicing.
-        if self._word[0] != self._seen:
+        if self._version[0] != self._seen:
             self._sync(items=True)
         if not (type(i) is int and 0 <= i < self._n):
             i = self._check_index(i)
@@ -531,7 +321,7 @@ class ShardedDataset(Dataset[Any]):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch of items at once (torch's DataLoader calls this with each batch of indices)."""
-        if self._word[0] != self._seen:
+        if self._version[0] != self._seen:
             self._sync(items=True)
         n = self._n
         if not all(type(i) is int and 0 <= i < n for i in indices):
@@ -595,39 +385,8 @@ class RankDataset(ShardedDataset):
     ) -> None:
         sources = as_sources(meta_file)
         if sources is None:
-            self.meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file)  # type: ignore[arg-type]
-            super().__init__(len(self.meta), is_test, reload_cfg, rank, world_size, parser)
-            return
-        # One MetaFile of every source's files in order: reading a shard stays MetaFile.read.
-        self.meta = MetaFile([path for source in sources for path in source.paths])
-        first = np.cumsum([0] + [len(s.paths) for s in sources])
-        self._source_files = [(int(a), int(b)) for a, b in itertools.pairwise(first)]
-        bounds = self.meta.file_bounds
-        sizes = [int(bounds[b] - bounds[a]) for a, b in self._source_files]
-        super().__init__(len(self.meta), is_test, reload_cfg, rank, world_size, parser, sources, sizes)
-
-    def _build(self, spec: ShardSpec) -> Shard:
-        return self.meta.read(spec.indices(), ids=False)
-
-    def _where(self, sample: int) -> str:
-        return self.meta.where(sample)
-
-    def _fingerprint(self) -> str | None:
-        return self.meta.fingerprint
-
-    def _source_fingerprints(self) -> tuple[str, ...]:
-        files = self.meta.file_fingerprints
-        return tuple(combine_fingerprints(files[a:b]) for a, b in self._source_files)
-
-
-def _spec_to_dict(spec: ShardSpec) -> dict[str, Any]:
-    # What a worker needs of the spec, as JSON for the control block.
-    d = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-    d["resume"] = dataclasses.asdict(spec.resume) if spec.resume else None
-    d["mix"] = spec.mix.to_dict() if spec.mix else None
-    return d
-
-
-def _spec_from_dict(d: dict[str, Any]) -> ShardSpec:
-    resume, mix = d.pop("resume"), d.pop("mix")
-    return ShardSpec(**d, resume=ResumePoint(**resume) if resume else None, mix=MixPlan.from_dict(mix) if mix else None)
+            meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file)  # type: ignore[arg-type]
+        else:  # one MetaFile of every source's files in order: reading a shard stays MetaFile.read
+            meta = MetaFile([path for source in sources for path in source.paths])
+        self.meta = meta
+        super().__init__(FileReader(meta, sources), is_test, reload_cfg, rank, world_size, parser, sources)

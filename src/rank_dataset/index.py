@@ -29,15 +29,16 @@ from platformdirs import user_cache_dir
 
 from rank_dataset._pread import ShortRead, pread_exact, read_ends
 from rank_dataset._residency import drop_pages
+from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.scan import scan_chunks
 
-__all__ = ["CACHE_DIR_ENV", "FileChanged", "FileKey", "Index", "SpanReader", "content_sample", "load_index"]
+__all__ = ["CACHE_DIR_ENV", "FileKey", "Index", "SpanReader", "hash_ends", "load_index"]
 
 #: Environment variable naming a directory for index caches, used instead of the meta file's own.
 CACHE_DIR_ENV = "RANK_DATASET_CACHE_DIR"
 
 _MAGIC = b"RDIDX\x00\x00\x02"
-# magic, file size, mtime_ns, ctime_ns, inode, device, number of samples, flags, content sample
+# magic, file size, mtime_ns, ctime_ns, inode, device, number of samples, flags, hash of the file's ends
 _HEADER = struct.Struct("<8sqqqQQqq16s")
 _FLAG_ASCII = 1
 _DATA_OFFSET = 128
@@ -47,15 +48,6 @@ _CHECK_ROWS = 1 << 12  # spans checked at each end of a cache when it is loaded
 _BUILD_TRIES = 3
 _OTHER_HOST_TMP_AGE = 24 * 3600  # seconds after which another host's unfinished cache is abandoned
 _TMP_GRACE = 60  # a temporary file this recently written is never taken for abandoned
-
-
-class FileChanged(Exception):
-    """The file is not the one its index describes (``what`` says how); metafile turns this into
-    MetaFileChangedError."""
-
-    def __init__(self, path: Path, what: str) -> None:
-        super().__init__(f"{path}: {what}")
-        self.path, self.what = path, what
 
 
 @dataclass(frozen=True)
@@ -94,13 +86,13 @@ class FileKey:
 class Index:
     """Where the spans of a file's samples are, and what they describe.
 
-    ``key`` is the file as this process indexed it, ``sample`` the hash of its first and last
+    ``key`` is the file as this process indexed it, ``ends_hash`` the hash of its first and last
     64 KiB. The spans live in ``cache``, or in ``memory`` where no cache location was writable (not
     pickled: a process that receives the index rescans the file if it ever reads it).
     """
 
     key: FileKey
-    sample: bytes
+    ends_hash: bytes
     count: int
     ascii: bool
     cache: Path | None
@@ -113,7 +105,7 @@ class Index:
         self.__dict__.update(state)
 
 
-def content_sample(fd: int, size: int) -> bytes:
+def hash_ends(fd: int, size: int) -> bytes:
     """A hash of the first and last 64 KiB of the file open at ``fd``, of size ``size``."""
     return hashlib.blake2b(read_ends(fd, size, _SAMPLE), digest_size=16).digest()
 
@@ -128,27 +120,27 @@ def _cache_paths(path: Path) -> list[Path]:
     return [path.with_name(f".{path.name}.rdidx"), Path(user_cache_dir("rank-dataset")) / name]
 
 
-def _header(key: FileKey, sample: bytes, count: int, ascii_only: bool) -> bytes:
+def _header(key: FileKey, ends_hash: bytes, count: int, ascii_only: bool) -> bytes:
     flags = _FLAG_ASCII if ascii_only else 0
-    return _HEADER.pack(_MAGIC, key.size, key.mtime_ns, key.ctime_ns, key.inode, key.device, count, flags, sample)
+    return _HEADER.pack(_MAGIC, key.size, key.mtime_ns, key.ctime_ns, key.inode, key.device, count, flags, ends_hash)
 
 
-def _describes(header: tuple[FileKey, bytes, int, bool] | None, key: FileKey, sample: bytes) -> bool:
-    """Whether a cache's header is that of the file ``key`` and ``sample`` identify."""
-    return header is not None and header[0].same_file(key) and header[1] == sample
+def _describes(header: tuple[FileKey, bytes, int, bool] | None, key: FileKey, ends_hash: bytes) -> bool:
+    """Whether a cache's header is that of the file ``key`` and ``ends_hash`` identify."""
+    return header is not None and header[0].same_file(key) and header[1] == ends_hash
 
 
 def _read_header(fd: int) -> tuple[FileKey, bytes, int, bool] | None:
-    """``(key, sample, count, ascii)`` from the header of the cache open at ``fd``; None if invalid."""
+    """``(key, ends_hash, count, ascii)`` from the header of the cache open at ``fd``; None if invalid."""
     raw = np.empty(_HEADER.size, np.uint8)
     try:
         pread_exact(fd, raw, 0)
     except ShortRead:
         return None
-    magic, size, mtime, ctime, inode, device, count, flags, sample = _HEADER.unpack(raw.tobytes())
+    magic, size, mtime, ctime, inode, device, count, flags, ends_hash = _HEADER.unpack(raw.tobytes())
     if magic != _MAGIC or count < 0 or os.fstat(fd).st_size != _DATA_OFFSET + _ENTRY * count:
         return None
-    return FileKey(size, mtime, ctime, inode, device), sample, count, bool(flags & _FLAG_ASCII)
+    return FileKey(size, mtime, ctime, inode, device), ends_hash, count, bool(flags & _FLAG_ASCII)
 
 
 def spans_are_sane(spans: npt.NDArray[np.int64], size: int, *, ordered: bool = True) -> bool:
@@ -180,20 +172,20 @@ def _cache_is_sane(fd: int, count: int, size: int) -> bool:
     return True
 
 
-def _open_cache(cache: Path, key: FileKey, sample: bytes) -> Index | None:
-    """The index in ``cache`` if it describes the file ``key`` and ``sample`` identify, and is sane."""
+def _open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
+    """The index in ``cache`` if it describes the file ``key`` and ``ends_hash`` identify, and is sane."""
     try:
         fd = os.open(cache, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         header = _read_header(fd)
-        if header is None or not _describes(header, key, sample):
+        if header is None or not _describes(header, key, ends_hash):
             return None
         count, ascii_only = header[2], header[3]
         if not _cache_is_sane(fd, count, key.size):
             return None
-        return Index(key, sample, count, ascii_only, cache)
+        return Index(key, ends_hash, count, ascii_only, cache)
     finally:
         os.close(fd)
 
@@ -240,7 +232,7 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, sample: bytes) -> Index | None:
+def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index | None:
     """Index the file open at ``fd`` straight into ``cache``; None if ``cache`` is not writable.
 
     The index goes to a temporary file that is synced and then renamed into place (and the directory
@@ -248,7 +240,7 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, sample: bytes) 
     the old cache or the new one, never a torn one.
 
     Raises:
-        FileChanged: the file changed while it was being indexed.
+        MetaFileChangedError: the file changed while it was being indexed.
     """
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -265,12 +257,12 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, sample: bytes) 
                 count += len(spans)
                 ascii_only = ascii_only and ascii_chunk
             f.seek(0)
-            f.write(_header(key, sample, count, ascii_only))
+            f.write(_header(key, ends_hash, count, ascii_only))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, cache)
         _fsync_dir(cache.parent)
-        return Index(key, sample, count, ascii_only, cache)
+        return Index(key, ends_hash, count, ascii_only, cache)
     except OSError:
         Path(tmp).unlink(missing_ok=True)
         return None
@@ -283,24 +275,24 @@ def _scan(path: Path, fd: int, key: FileKey) -> Iterator[tuple[npt.NDArray[np.in
     """``scan_chunks`` of the file open at ``fd``, which must stay the file ``key`` describes to the end.
 
     Raises:
-        FileChanged: the file changed while it was being indexed.
+        MetaFileChangedError: the file changed while it was being indexed.
     """
     try:
         yield from scan_chunks(path, fd=fd)
     except ShortRead as exc:
-        raise FileChanged(path, "it shrank while being indexed") from exc
+        raise MetaFileChangedError(path, "it shrank while being indexed") from exc
     what = key.change(FileKey.of(os.fstat(fd)))
     if what is not None:
-        raise FileChanged(path, f"{what} while being indexed")
+        raise MetaFileChangedError(path, f"{what} while being indexed")
 
 
-def _index_in_memory(path: Path, fd: int, key: FileKey, sample: bytes) -> Index:
+def _index_in_memory(path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index:
     parts, ascii_only = [], True
     for spans, ascii_chunk in _scan(path, fd, key):
         parts.append(spans)
         ascii_only = ascii_only and ascii_chunk
     spans = np.concatenate(parts) if parts else np.empty((0, 2), np.int64)
-    return Index(key, sample, len(spans), ascii_only, None, spans)
+    return Index(key, ends_hash, len(spans), ascii_only, None, spans)
 
 
 def load_index(path: Path, *, rebuild: bool = False) -> Index:
@@ -310,31 +302,31 @@ def load_index(path: Path, *, rebuild: bool = False) -> Index:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        FileChanged: the file kept changing while it was being indexed.
+        MetaFileChangedError: the file kept changing while it was being indexed.
     """
     for attempt in range(_BUILD_TRIES):
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             key = FileKey.of(os.fstat(fd))
-            sample = content_sample(fd, key.size)
+            ends_hash = hash_ends(fd, key.size)
             candidates = _cache_paths(path)
             for cache in [] if rebuild else candidates:
-                index = _open_cache(cache, key, sample)
+                index = _open_cache(cache, key, ends_hash)
                 if index is not None:
                     return index
             try:
                 for cache in candidates:
-                    index = _write_cache(cache, path, fd, key, sample)
+                    index = _write_cache(cache, path, fd, key, ends_hash)
                     if index is not None:
                         return index
                 # No writable cache location: index in memory.
-                return _index_in_memory(path, fd, key, sample)
-            except FileChanged:
+                return _index_in_memory(path, fd, key, ends_hash)
+            except MetaFileChangedError:
                 if attempt == _BUILD_TRIES - 1:
                     raise
-        except ShortRead as exc:  # the content sample: the file shrank since fstat
+        except ShortRead as exc:  # hashing the ends: the file shrank since fstat
             if attempt == _BUILD_TRIES - 1:
-                raise FileChanged(path, "it shrank while being indexed") from exc
+                raise MetaFileChangedError(path, "it shrank while being indexed") from exc
         finally:
             os.close(fd)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -370,7 +362,7 @@ class SpanReader:
         header = _read_header(self._fd)
         if (
             header is None
-            or not _describes(header, index.key, index.sample)
+            or not _describes(header, index.key, index.ends_hash)
             or header[2:] != (index.count, index.ascii)
         ):
             self.close()

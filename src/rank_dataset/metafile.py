@@ -26,10 +26,12 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset._bounds import Bounds
 from rank_dataset._checks import check_index
 from rank_dataset._pread import ShortRead, Window, count_newlines, read_ends
 from rank_dataset._residency import return_freed_memory
-from rank_dataset.index import FileChanged, FileKey, Index, SpanReader, load_index, spans_are_sane
+from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.index import FileKey, Index, SpanReader, load_index, spans_are_sane
 from rank_dataset.scan import BLANK, BOM, CR, NEWLINE, PathLike
 from rank_dataset.shard import Shard, ShardWriter, copy_rows
 
@@ -44,25 +46,6 @@ _BATCH_ROWS = 1 << 17  # rows copied at a time, bounding the temporaries of a ba
 _TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the index in between
 _FINGERPRINT_BYTES = 1 << 16
 _T = TypeVar("_T")
-
-
-class MetaFileChangedError(ValueError):
-    """A meta file is no longer the file that was indexed: rewritten, replaced, moved or deleted.
-
-    Its samples are not the ones its dataset planned with, so none is handed out. ``path`` is the
-    file, ``what`` says what changed.
-    """
-
-    def __init__(self, path: Path | str, what: str) -> None:
-        super().__init__(
-            f"meta file {path} changed: {what}. Its lines are no longer the samples indexed for it; "
-            "build the dataset again (a new RankDataset or MetaFile indexes the file as it is "
-            "now), or restart the meta server that serves it"
-        )
-        self.path, self.what = Path(path), what
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.path, self.what))
 
 
 class _IndexMismatch(Exception):
@@ -127,13 +110,6 @@ class _File:
     bytes: _FileBytes
 
 
-def _load(path: Path, *, rebuild: bool = False) -> Index:
-    try:
-        return load_index(path, rebuild=rebuild)
-    except FileChanged as exc:
-        raise MetaFileChangedError(path, exc.what) from None
-
-
 class MetaFile:
     """The samples of one meta file, or of several taken as one in the order given.
 
@@ -167,18 +143,18 @@ class MetaFile:
             path = Path(p).expanduser().resolve()
             if not path.is_file():
                 raise FileNotFoundError(f"meta file not found: {os.fspath(p)!r}")
-            files.append(_File(path, _load(path), _FileBytes(path)))
+            files.append(_File(path, load_index(path), _FileBytes(path)))
         # The fingerprints of the files as indexed (together, and each alone), computed now: taken
         # later, from a file changed meanwhile, they would fail, and in the ranks' agreement check
         # one rank failing alone would leave the others waiting in the collective.
         self._set(files, *_fingerprints(files))
-        if self._bounds[-1] == 0:
+        if self._layout.total == 0:
             names = ", ".join(str(f.path) for f in files)
             raise ValueError(f"no samples in {names}: every line is empty or whitespace")
 
     def _set(self, files: Sequence[_File], fingerprint: str | None, file_fingerprints: tuple[str, ...]) -> None:
         self._files = tuple(files)
-        self._bounds = np.cumsum([0] + [f.index.count for f in files], dtype=np.int64)
+        self._layout = Bounds([f.index.count for f in files])
         self._fingerprint, self._file_fingerprints = fingerprint, file_fingerprints
 
     @property
@@ -187,7 +163,7 @@ class MetaFile:
         return tuple(f.path for f in self._files)
 
     def __len__(self) -> int:
-        return int(self._bounds[-1])
+        return self._layout.total
 
     def __repr__(self) -> str:
         return f"MetaFile({[str(p) for p in self.paths]!r}, samples={len(self)})"
@@ -243,14 +219,13 @@ class MetaFile:
     @property
     def file_bounds(self) -> npt.NDArray[np.int64]:
         """Sample numbers at which each file starts, and the total at the end."""
-        return self._bounds
+        return self._layout.starts
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(file number, sample number within that file)`` of global sample ``index``."""
         n = len(self)
         index = check_index(index, n, label="sample index", of=f"{n} samples")
-        file = int(np.searchsorted(self._bounds, index, side="right")) - 1
-        return file, index - int(self._bounds[file])
+        return self._layout.locate(index)
 
     def where(self, index: int) -> str:
         """``path:line`` of global sample ``index``, for error messages.
@@ -305,7 +280,7 @@ class MetaFile:
         n, low, high = len(self), int(indices.min(initial=0)), int(indices.max(initial=0))
         if low < 0 or high >= n:
             raise IndexError(f"sample index {low if low < 0 else high} is out of range for {n} samples")
-        writer = self._retrying(lambda: _gather(self._files, self._bounds, indices, ids=ids))
+        writer = self._retrying(lambda: _gather(self._files, self._layout, indices, ids=ids))
         if not all(file.index.ascii for file in self._files):
             _check_utf8(self.where, indices, writer.data, writer.bounds)
         return_freed_memory()
@@ -326,7 +301,7 @@ class MetaFile:
 
     def _reindex(self, file: int, *, rebuild: bool) -> None:
         old = self._files[file]
-        index = _load(old.path, rebuild=rebuild)
+        index = load_index(old.path, rebuild=rebuild)
         what = old.index.key.change(index.key)
         if what is None and index.count != old.index.count:
             what = f"it holds {index.count:,} samples now, not {old.index.count:,}"
@@ -402,21 +377,7 @@ def _batches(positions: npt.NDArray[np.int64], window: int, max_rows: int) -> li
     return list(itertools.pairwise(bounds))
 
 
-def _file_of(bounds: npt.NDArray[np.int64], indices: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """The file number of each sample: comparisons for a few files (several times faster than a
-    binary search), a binary search for many."""
-    inner = bounds[1:-1]
-    if inner.size > 16:
-        return np.searchsorted(bounds, indices, side="right") - 1
-    out = np.zeros(indices.size, np.int64)
-    for bound in inner.tolist():
-        out += indices >= bound
-    return out
-
-
-def _gather(
-    files: Sequence[_File], bounds: npt.NDArray[np.int64], indices: npt.NDArray[np.int64], *, ids: bool
-) -> ShardWriter:
+def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int64], *, ids: bool) -> ShardWriter:
     """A ShardWriter holding the lines of samples ``indices``, back to back in ``indices``' order.
 
     Rows are visited in file order at the granularity of 1/4096 of the samples (a cheap radix sort
@@ -433,20 +394,20 @@ def _gather(
         writer = ShardWriter(0, 0, ids=ids)
         writer.bounds[0] = 0
         return writer
-    n_total = int(bounds[-1])
+    n_total = bounds.total
     shift = max(0, (n_total - 1).bit_length() - 12)
     order = np.argsort((indices >> shift).astype(np.uint16), kind="stable")
     sorted_idx = indices[order]
     spans = np.empty((n, 2), np.int64)  # of each row, in visiting order
     if len(files) > 1:
-        file_of = _file_of(bounds, sorted_idx)
+        file_of = bounds.part_of(sorted_idx)
         by_file = np.argsort(file_of, kind="stable")  # visiting order kept within each file
         cuts = np.cumsum(np.bincount(file_of, minlength=len(files)))
         per_file = [(f, by_file[lo:hi]) for f, (lo, hi) in enumerate(itertools.pairwise([0, *cuts.tolist()]))]
         per_file = [(f, rows) for f, rows in per_file if rows.size]
         for f, rows in per_file:
             part = np.empty((rows.size, 2), np.int64)
-            _spans(files[f].index, f, sorted_idx[rows] - bounds[f], part)
+            _spans(files[f].index, f, sorted_idx[rows] - bounds.starts[f], part)
             spans[rows] = part
         del file_of, by_file
     else:
@@ -479,7 +440,7 @@ def _gather(
     bad = _first_newline(writer.data)
     if bad >= 0:
         row = int(np.searchsorted(writer.bounds, bad, side="right")) - 1
-        f = int(_file_of(bounds, indices[row : row + 1])[0])
+        f = bounds.locate(int(indices[row]))[0]
         with files[f].bytes.open(files[f].index.key) as fd:
             files[f].bytes.check(fd, files[f].index.key)
         raise _IndexMismatch(f, corrupt=True)

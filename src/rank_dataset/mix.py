@@ -19,10 +19,11 @@ plain one of :mod:`rank_dataset.plan` over ``T0`` positions. Everything costs O(
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -30,16 +31,24 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset._checks import check_int
+from rank_dataset._bounds import Bounds
+from rank_dataset._checks import MAX_EXACT, check_int
 from rank_dataset.parsers import Parser, resolve_parser
 from rank_dataset.permutation import _splitmix64, permute
 
-__all__ = ["MixPlan", "Source", "SourceInfo", "combine_fingerprints", "mix_counts", "mix_targets"]
+__all__ = [
+    "MixPlan",
+    "Mixture",
+    "Source",
+    "SourceInfo",
+    "as_sources",
+    "combine_fingerprints",
+    "mix_counts",
+    "mix_targets",
+]
 
-_MAX = 1 << 62  # permute's largest n; also keeps every int64 sum below overflow
 _MASK64 = (1 << 64) - 1
 _FEW_PASSES = 8  # up to this many passes of a source in one epoch, group positions by masks, not a sort
-_FEW_BOUNDS = 16  # up to this many sources, find a value's source by comparisons, not a binary search
 
 PathArg = str | os.PathLike[str]
 
@@ -194,7 +203,7 @@ def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int 
         total, why = sum(ns), f"the epoch size, by default the total number of samples ({sum(ns)})"
     else:
         total, why = fixed, ""
-    if not 1 <= total <= _MAX:
+    if not 1 <= total <= MAX_EXACT:
         raise ValueError(f"the epoch size must be in [1, 2**62], got {total}")
     if fixed > total:
         listed = ", ".join(f"{names[i]}: {counts[i]}" for i in range(len(sources)) if counts[i])
@@ -294,16 +303,6 @@ class SourceInfo:
         return self.count / self.num_samples
 
 
-def _bucket(values: npt.NDArray[np.int64], bounds: npt.NDArray[np.int64], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
-    """For each value, how many of the ascending ``bounds`` are <= it, as ``dtype``."""
-    if bounds.size > _FEW_BOUNDS:
-        return np.searchsorted(bounds, values, side="right").astype(dtype, copy=False)
-    out = np.zeros(values.shape, dtype)
-    for bound in bounds.tolist():
-        out += values >= bound
-    return out
-
-
 def _source_seed(seed: int, source: int) -> int:
     """The key of source ``source``'s stream, derived from the mix's ``seed``."""
     return _splitmix64(_splitmix64(seed & _MASK64) ^ _splitmix64((source + 0x5EED) & _MASK64))
@@ -345,7 +344,7 @@ class MixPlan:
         total = check_int("epoch_size", self.epoch_size, low=1)
         if total != sum(self.counts):
             raise ValueError(f"epoch_size must be sum(counts) = {sum(self.counts)}, got {total}")
-        if total > _MAX or sum(self.sizes) > _MAX:
+        if total > MAX_EXACT or sum(self.sizes) > MAX_EXACT:
             raise ValueError("the epoch size and the total number of samples must be at most 2**62")
         object.__setattr__(self, "epoch_size", total)
 
@@ -368,7 +367,7 @@ class MixPlan:
     @property
     def offsets(self) -> tuple[int, ...]:
         """The global number of each source's first sample."""
-        return tuple(int(x) for x in np.cumsum((0, *self.sizes[:-1])))
+        return tuple(Bounds(self.sizes).starts[:-1].tolist())
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict; :meth:`from_dict` makes the same plan of it."""
@@ -385,8 +384,7 @@ class MixPlan:
     def source_of(self, samples: npt.ArrayLike, dtype: npt.DTypeLike = np.int64) -> npt.NDArray[np.integer[Any]]:
         """The source of each global sample number (the source ``s`` with ``offset_s <= sample < offset_{s+1}``),
         as ``dtype`` (int64 by default; any integer dtype that holds the source numbers)."""
-        stops = np.cumsum(np.asarray(self.sizes, np.int64))
-        return _bucket(np.asarray(samples, np.int64), stops[:-1], np.dtype(dtype))
+        return Bounds(self.sizes).part_of(samples, dtype)
 
     def locate(
         self, seed: int, epoch: int, positions: npt.ArrayLike
@@ -413,8 +411,9 @@ class MixPlan:
         if flat.size and int(flat.max()) >= self.epoch_size:
             flat %= self.epoch_size
         slots = permute(self.epoch_size, seed, epoch, flat)
-        starts = np.cumsum((0, *self.counts[:-1]), dtype=np.int64)
-        ids = _bucket(slots, starts[1:], np.dtype(np.int64))
+        slot_bounds = Bounds(self.counts)
+        starts = slot_bounds.starts
+        ids = slot_bounds.part_of(slots)
         samples = np.empty_like(slots)
         offset = 0
         for s, (n, c) in enumerate(zip(self.sizes, self.counts)):
@@ -449,3 +448,102 @@ class MixPlan:
         """The global sample numbers at ``positions`` (see :meth:`locate`); in the mix, this takes the
         place of ``rank_dataset.plan.epoch_order(T0, seed, epoch, positions)``."""
         return self.locate(seed, epoch, positions)[0]
+
+
+def as_sources(value: Any) -> tuple[Source, ...] | None:
+    """``value`` as a tuple of Sources if it is a Source or a list of them; None if it holds none.
+
+    Raises:
+        TypeError: a list that holds Sources and other things.
+    """
+    if isinstance(value, Source):
+        return (value,)
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and value:
+        kinds = [isinstance(v, Source) for v in value]
+        if all(kinds):
+            return tuple(value)
+        if any(kinds):
+            bad = next(v for v, k in zip(value, kinds) if not k)
+            raise TypeError(f"a list of sources must hold only Source objects, got {bad!r}: wrap each path in a Source")
+    return None
+
+
+def _source_id_dtype(count: int) -> np.dtype[Any]:
+    """The smallest signed dtype holding source numbers ``[0, count)``."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if count <= np.iinfo(dtype).max + 1:
+            return np.dtype(dtype)
+    return np.dtype(np.int64)  # pragma: no cover - more than 2**31 sources
+
+
+class Mixture:
+    """A dataset's mix: its sources, their sizes and fingerprints, its :class:`MixPlan`, and the
+    parser of each source.
+
+    Args:
+        sources: the Sources, in order.
+        sizes: ``N_s``, the samples of each source's files (each >= 1).
+        fingerprints: gives the fingerprint of each source's files (see :func:`combine_fingerprints`);
+            called once, when first needed.
+        parser: the dataset's parser, for the sources that have none of their own.
+        is_test: eval mode, which ignores weights: every sample of every source once, in order.
+        epoch_size: ``T0`` (None: as :func:`mix_counts` decides).
+
+    Raises:
+        ValueError: a source with no samples (named), or counts that cannot be met.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        sizes: Sequence[int],
+        fingerprints: Callable[[], tuple[str, ...]],
+        parser: Parser | None,
+        is_test: bool,
+        epoch_size: int | None,
+    ) -> None:
+        if len(sizes) != len(sources):
+            raise ValueError(f"{len(sources)} sources need as many sizes, got {len(sizes)}")
+        for i, (source, n) in enumerate(zip(sources, sizes)):
+            if n == 0:
+                raise ValueError(f"source {i} {source.name!r} has no samples: every line is empty or whitespace")
+        self.sources = tuple(sources)
+        self.is_test = is_test
+        self.plan = MixPlan.every_sample(sizes) if is_test else MixPlan.from_sources(sizes, sources, epoch_size)
+        self._fingerprints = fingerprints
+        # None: every source parses with the dataset's parser (so items need not know their source).
+        self.parsers: tuple[Parser | None, ...] | None = None
+        if any(s.parser is not None for s in sources):
+            own = [resolve_parser(s.parser) for s in sources]
+            self.parsers = tuple(parser if p is None else p for p in own)
+        self.source_dtype = _source_id_dtype(len(sources))
+
+    @functools.cached_property
+    def fingerprints(self) -> tuple[str, ...]:
+        """The fingerprint of each source's files."""
+        return self._fingerprints()
+
+    @property
+    def fingerprint(self) -> str:
+        """One fingerprint of every source's files (what a resume state of the mix records)."""
+        return combine_fingerprints(self.fingerprints)
+
+    def infos(self) -> tuple[SourceInfo, ...]:
+        """Each source with its numbers (see :class:`SourceInfo`)."""
+        mix = self.plan
+        targets = list(map(float, mix.sizes)) if self.is_test else mix_targets(mix.sizes, self.sources, mix.counts)
+        return tuple(
+            SourceInfo(source, n, c, offset, target, fingerprint)
+            for source, n, c, offset, target, fingerprint in zip(
+                self.sources, mix.sizes, mix.counts, mix.offsets, targets, self.fingerprints
+            )
+        )
+
+    def source_ids(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.integer[Any]]:
+        """The source number of each global sample number in ``indices``, as :attr:`source_dtype`."""
+        return self.plan.source_of(indices, self.source_dtype)
+
+    def parser(self, source: int) -> Parser | None:
+        """The parser of source ``source`` (only when some source has its own: see :attr:`parsers`)."""
+        assert self.parsers is not None
+        return self.parsers[source]

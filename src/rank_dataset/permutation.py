@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset._checks import MAX_EXACT
+
 __all__ = ["permute"]
 
 _ROUNDS = 6
@@ -98,7 +100,7 @@ def permute(n: int, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDAr
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"n must be an int, got {type(n).__name__}")
-    if not 1 <= n <= 1 << 62:
+    if not 1 <= n <= MAX_EXACT:
         raise ValueError(f"n must be in [1, 2**62], got {n}")
     pos = np.asarray(positions)
     if pos.size and not np.issubdtype(pos.dtype, np.integer):

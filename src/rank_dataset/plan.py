@@ -15,20 +15,30 @@ instead of ``P[p mod N]``.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset._checks import check_at_most, check_int
+from rank_dataset._checks import MAX_EXACT, check_at_most, check_int
 from rank_dataset.mix import MixPlan
 from rank_dataset.permutation import permute
 
-__all__ = ["MAX_WORLD_SIZE", "ResumePoint", "ShardSpec", "epoch_order", "eval_range", "spread_positions"]
+__all__ = [
+    "MAX_WORLD_SIZE",
+    "ResumePoint",
+    "ShardSpec",
+    "epoch_order",
+    "eval_range",
+    "mini_epoch_width",
+    "spread_positions",
+]
 
 #: The largest world size a plan accepts: far beyond any job, small enough to plan on one rank.
 MAX_WORLD_SIZE = 1 << 20
-_MAX_POSITIONS = 1 << 62  # positions of an epoch: int64 arithmetic stays exact below this
 
 
 def spread_positions(start: int, stop: int, world_size: int, rank: int) -> npt.NDArray[np.int64]:
@@ -52,6 +62,16 @@ def spread_positions(start: int, stop: int, world_size: int, rank: int) -> npt.N
         offsets %= size
     offsets += start
     return offsets
+
+
+def mini_epoch_width(num_samples: int, world_size: int, mini_epoch: int) -> int:
+    """``R * W``: the positions of one mini-epoch, ``R = ceil(N / (W * M))`` samples per rank.
+
+    Example:
+        >>> mini_epoch_width(10, 4, 2)
+        8
+    """
+    return -(-num_samples // (world_size * mini_epoch)) * world_size
 
 
 def eval_range(num_samples: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -125,10 +145,10 @@ class ShardSpec:
     mix: MixPlan | None = None
 
     def __post_init__(self) -> None:
-        check_at_most("num_samples", check_int("num_samples", self.num_samples, low=1), _MAX_POSITIONS - 1)
+        check_at_most("num_samples", check_int("num_samples", self.num_samples, low=1), MAX_EXACT - 1)
         check_at_most("world_size", check_int("world_size", self.world_size, low=1), MAX_WORLD_SIZE)
         check_int("rank", self.rank, low=0, high=self.world_size, high_name="world_size")
-        check_at_most("mini_epoch", check_int("mini_epoch", self.mini_epoch, low=1), _MAX_POSITIONS - 1)
+        check_at_most("mini_epoch", check_int("mini_epoch", self.mini_epoch, low=1), MAX_EXACT - 1)
         check_int("mini_epoch_idx", self.mini_epoch_idx, low=0, high=self.mini_epoch, high_name="mini_epoch")
         check_int("seed", self.seed)
         check_int("epoch", self.epoch, low=0)
@@ -144,10 +164,10 @@ class ShardSpec:
                 )
             if self.is_test and self.mix.counts != self.mix.sizes:
                 raise ValueError("an eval mix (is_test=True) takes every sample of every source once: counts == sizes")
-        if self.plan_width * self.mini_epoch >= _MAX_POSITIONS:
+        if self.plan_width * self.mini_epoch >= MAX_EXACT:
             raise ValueError(
                 f"mini_epoch={self.mini_epoch} is too large for {self.num_samples} samples on {self.world_size} ranks: "
-                f"an epoch would span {self.plan_width * self.mini_epoch} positions (at most {_MAX_POSITIONS - 1})"
+                f"an epoch would span {self.plan_width * self.mini_epoch} positions (at most {MAX_EXACT - 1})"
             )
         if self.resume is not None:
             if not isinstance(self.resume, ResumePoint):
@@ -162,16 +182,25 @@ class ShardSpec:
                     f"resume offset must be in [0, {width}] (the positions of a mini-epoch), got {r.offset}"
                 )
 
-    @property
-    def per_rank(self) -> int:
-        """``R``: samples per rank in each mini-epoch (train layout)."""
-        return -(-self.num_samples // (self.world_size * self.mini_epoch))
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of every field; :meth:`from_dict` makes the same spec of it."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["resume"] = dataclasses.asdict(self.resume) if self.resume else None
+        d["mix"] = self.mix.to_dict() if self.mix else None
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ShardSpec:
+        """The spec that :meth:`to_dict` described (``resume`` and ``mix`` may be missing: None)."""
+        d = dict(data)
+        resume, mix = d.pop("resume", None), d.pop("mix", None)
+        return cls(**d, resume=ResumePoint(**resume) if resume else None, mix=MixPlan.from_dict(mix) if mix else None)
 
     @property
     def plan_width(self) -> int:
         """Positions per mini-epoch: ``R * W`` of the plan this epoch started with."""
         world = self.resume.plan_world_size if self.resume else self.world_size
-        return -(-self.num_samples // (world * self.mini_epoch)) * world
+        return mini_epoch_width(self.num_samples, world, self.mini_epoch)
 
     @property
     def mini_epoch_span(self) -> tuple[int, int]:

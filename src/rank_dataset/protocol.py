@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from rank_dataset.errors import ProtocolError
 from rank_dataset.mix import MixPlan
-from rank_dataset.plan import ResumePoint, ShardSpec
+from rank_dataset.plan import ShardSpec
 from rank_dataset.shard import Shard
 
 __all__ = [
@@ -73,10 +74,6 @@ HEALTHZ, LEN, FILES, SAMPLES, SHARD = "/healthz", "/len", "/files", "/samples", 
 def sample_path(index: int | str) -> str:
     """The path of one sample."""
     return f"/sample/{index}"
-
-
-class ProtocolError(ConnectionError):
-    """Client and server do not understand each other (different versions, or not a meta server)."""
 
 
 class FrameError(ValueError):
@@ -173,16 +170,17 @@ _SPEC_FIELDS = {f.name: f for f in dataclasses.fields(ShardSpec) if f.name not i
 def spec_to_query(spec: ShardSpec, source_files: Sequence[Sequence[str]] | None = None) -> dict[str, str]:
     """The query parameters of ``GET /shard`` for ``spec``; for a mix, ``source_files`` are the names
     of each source's served files."""
-    query = {name: _encode(getattr(spec, name)) for name in _SPEC_FIELDS}
-    query["num_samples"] = str(spec.num_samples)
-    if spec.resume is not None:
-        query.update({q: str(getattr(spec.resume, f)) for f, q in _RESUME.items()})
-    if spec.mix is not None:
-        if source_files is None or len(source_files) != len(spec.mix.sizes):
+    fields = spec.to_dict()
+    resume, mix = fields.pop("resume"), fields.pop("mix")
+    query = {name: _encode(value) for name, value in fields.items()}
+    if resume is not None:
+        query.update({q: str(resume[f]) for f, q in _RESUME.items()})
+    if mix is not None:
+        if source_files is None or len(source_files) != len(mix["sizes"]):
             raise ValueError("a mix's shard query needs the names of each source's files")
         query["mix_files"] = json.dumps([list(names) for names in source_files], separators=(",", ":"))
-        query["mix_sizes"] = ",".join(map(str, spec.mix.sizes))
-        query["mix_counts"] = ",".join(map(str, spec.mix.counts))
+        query["mix_sizes"] = ",".join(map(str, mix["sizes"]))
+        query["mix_counts"] = ",".join(map(str, mix["counts"]))
     return query
 
 
@@ -231,8 +229,8 @@ def shard_request_from_query(
         missing = [q for f, q in _RESUME.items() if f not in resume]
         if missing:
             raise ValueError(f"the resume parameters come together: {', '.join(missing)} missing")
-        values["resume"] = ResumePoint(**resume)
-    return ShardSpec(num_samples=layout, mix=mix, **values), source_files
+    fields = {**values, "num_samples": layout, "resume": resume or None, "mix": mix.to_dict() if mix else None}
+    return ShardSpec.from_dict(fields), source_files
 
 
 def _mix_from_query(

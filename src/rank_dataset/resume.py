@@ -12,14 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rank_dataset._checks import check_at_most, check_int
-from rank_dataset.plan import MAX_WORLD_SIZE, ResumePoint, ShardSpec
+from rank_dataset._checks import MAX_EXACT, check_at_most, check_int
+from rank_dataset.mix import Mixture
+from rank_dataset.plan import MAX_WORLD_SIZE, ResumePoint, ShardSpec, mini_epoch_width
 
 __all__ = ["STATE_VERSION", "MixRecord", "ResumeState", "SourceRecord", "find_state"]
 
 #: The format version of resume states; a state of another version is refused.
 STATE_VERSION = 1
-_MAX_INT = 1 << 62  # epochs, mini-epochs and positions: a bound that keeps int64 arithmetic exact
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,10 @@ class SourceRecord:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise TypeError(f"mix source name must be a str, got {self.name!r}")
-        check_int(f"mix source {self.name!r} num_samples", self.num_samples, low=1, high=_MAX_INT)
+        check_int(f"mix source {self.name!r} num_samples", self.num_samples, low=1, high=MAX_EXACT)
         if self.fingerprint is not None and not isinstance(self.fingerprint, str):
             raise TypeError(f"mix source {self.name!r} fingerprint must be a str or None, got {self.fingerprint!r}")
-        check_int(f"mix source {self.name!r} count", self.count, low=1, high=_MAX_INT)
+        check_int(f"mix source {self.name!r} count", self.count, low=1, high=MAX_EXACT)
 
 
 @dataclass(frozen=True)
@@ -59,13 +59,20 @@ class MixRecord:
     epoch_size: int
     sources: tuple[SourceRecord, ...]
 
+    @classmethod
+    def of(cls, mixture: Mixture) -> MixRecord:
+        """The record of a dataset's mixture."""
+        plan = mixture.plan
+        records = zip(mixture.sources, plan.sizes, mixture.fingerprints, plan.counts)
+        return cls(plan.epoch_size, tuple(SourceRecord(s.name, n, f, c) for s, n, f, c in records))
+
     def __post_init__(self) -> None:
         if not isinstance(self.sources, tuple) or not self.sources:
             raise ValueError(f"mix sources must be a non-empty tuple of SourceRecord, got {self.sources!r}")
         for source in self.sources:
             if not isinstance(source, SourceRecord):
                 raise TypeError(f"mix sources must be SourceRecords, got {source!r}")
-        total = check_int("mix epoch_size", self.epoch_size, low=1, high=_MAX_INT)
+        total = check_int("mix epoch_size", self.epoch_size, low=1, high=MAX_EXACT)
         if total != sum(s.count for s in self.sources):
             counts = sum(s.count for s in self.sources)
             raise ValueError(f"mix epoch_size must be the sum of the counts, {counts}, got {total}")
@@ -142,16 +149,15 @@ class ResumeState:
     mix: MixRecord | None = None
 
     def __post_init__(self) -> None:
-        check_int("num_samples", self.num_samples, low=1, high=_MAX_INT)
+        check_int("num_samples", self.num_samples, low=1, high=MAX_EXACT)
         if self.fingerprint is not None and not isinstance(self.fingerprint, str):
             raise TypeError(f"fingerprint must be a str or None, got {self.fingerprint!r}")
-        check_int("seed", self.seed, low=-_MAX_INT, high=_MAX_INT)
-        check_int("epoch", self.epoch, low=0, high=_MAX_INT)
-        check_int("mini_epoch", self.mini_epoch, low=1, high=_MAX_INT)
+        check_int("seed", self.seed, low=-MAX_EXACT, high=MAX_EXACT)
+        check_int("epoch", self.epoch, low=0, high=MAX_EXACT)
+        check_int("mini_epoch", self.mini_epoch, low=1, high=MAX_EXACT)
         check_int("mini_epoch_idx", self.mini_epoch_idx, low=0, high=self.mini_epoch, high_name="mini_epoch")
         check_at_most("plan_world_size", check_int("plan_world_size", self.plan_world_size, low=1), MAX_WORLD_SIZE)
-        # The positions of a mini-epoch of the plan: ShardSpec.plan_width, before any spec exists.
-        width = -(-self.num_samples // (self.plan_world_size * self.mini_epoch)) * self.plan_world_size
+        width = mini_epoch_width(self.num_samples, self.plan_world_size, self.mini_epoch)
         positions = check_int("consumed_positions", self.consumed_positions, low=0)
         if positions > width:
             raise ValueError(
@@ -161,7 +167,7 @@ class ResumeState:
         if self.world_size is not None:
             check_int("world_size", self.world_size, low=1)
         if self.consumed is not None:
-            check_int("consumed", self.consumed, low=0, high=_MAX_INT)
+            check_int("consumed", self.consumed, low=0, high=MAX_EXACT)
         if self.mix is not None:
             if not isinstance(self.mix, MixRecord):
                 raise TypeError(f"mix must be a MixRecord or None, got {self.mix!r}")
@@ -174,6 +180,24 @@ class ResumeState:
     def point(self) -> ResumePoint:
         """The resume point of the interrupted epoch."""
         return ResumePoint(self.plan_world_size, self.mini_epoch_idx, self.consumed_positions)
+
+    @classmethod
+    def at(cls, spec: ShardSpec, consumed: int, fingerprint: str | None, mix: MixRecord | None) -> ResumeState:
+        """The state of a (train) shard of ``spec`` after every rank consumed ``consumed`` of its samples,
+        on files of ``fingerprint`` (and for a mix, ``mix``)."""
+        return cls(
+            num_samples=spec.num_samples,
+            fingerprint=fingerprint,
+            seed=spec.seed,
+            epoch=spec.epoch,
+            mini_epoch=spec.mini_epoch,
+            mini_epoch_idx=spec.mini_epoch_idx,
+            plan_world_size=spec.resume.plan_world_size if spec.resume else spec.world_size,
+            consumed_positions=spec.consumed_positions(consumed),
+            world_size=spec.world_size,
+            consumed=consumed,
+            mix=mix,
+        )
 
     def apply(self, spec: ShardSpec) -> ShardSpec:
         """``spec`` (a rank's, on any world size) moved to its share of what was left of the

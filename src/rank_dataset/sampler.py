@@ -8,24 +8,14 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
+from rank_dataset._channel import pass_of
 from rank_dataset._checks import check_int
 from rank_dataset.dataset import ShardedDataset
 from rank_dataset.resume import ResumeState, find_state
 
-__all__ = ["RandomSampler", "ResumableSampler", "resume_state"]
+__all__ = ["RandomSampler", "ResumableSampler", "find_resume_state", "resume_state"]
 
 _CHUNK = 1 << 12  # indices turned into Python ints at a time (a few hundred KiB of them)
-
-
-def _begin_pass(data_source: object) -> int:
-    # A pass starts: DataLoader workers serve the dataset's current shard until the next one starts
-    # (see ShardedDataset). Iteration starts in the main process before any index reaches a worker.
-    return data_source._begin_pass() if isinstance(data_source, ShardedDataset) else 0
-
-
-def _end_pass(data_source: object, token: int) -> None:
-    if isinstance(data_source, ShardedDataset):
-        data_source._end_pass(token)
 
 
 class RandomSampler(Sampler[int]):
@@ -69,15 +59,12 @@ class RandomSampler(Sampler[int]):
         return rng.permutation(np.arange(len(self.data_source), dtype=dtype))
 
     def __iter__(self) -> Iterator[int]:
-        token = _begin_pass(self.data_source)
-        try:
+        with pass_of(self.data_source):
             # int32 where it fits: the order lives as long as the pass, in the training process.
             n = len(self.data_source)
             order = self._permutation(np.int32 if n < 1 << 31 else np.int64)
             for lo in range(0, order.size, _CHUNK):
                 yield from order[lo : lo + _CHUNK].tolist()
-        finally:
-            _end_pass(self.data_source, token)
 
     def __len__(self) -> int:
         return len(self.data_source)
@@ -93,7 +80,7 @@ class ResumableSampler(Sampler[int]):
     ``state_dict()`` is the dataset's resume point (:meth:`RankDataset.state_dict`) after the samples
     this sampler has handed out; torchdata's ``StatefulDataLoader`` stores it with its own state,
     taken at the batch last returned. To resume (on any world size), hand the loader's saved state
-    to :func:`resume_state` and that to the new dataset's ``load_state_dict`` before building the
+    to :func:`find_resume_state` and that to the new dataset's ``load_state_dict`` before building the
     loader; ``loader.load_state_dict(saved)`` may then be called too (it changes nothing more).
 
     Example:
@@ -116,15 +103,12 @@ class ResumableSampler(Sampler[int]):
         self._yielded = 0
 
     def __iter__(self) -> Iterator[int]:
-        token = _begin_pass(self.data_source)
-        try:
+        with pass_of(self.data_source):
             start, self._next = self._next, 0
             self._yielded = start
             for i in range(start, len(self.data_source)):
                 self._yielded = i + 1
                 yield i
-        finally:
-            _end_pass(self.data_source, token)
 
     def __len__(self) -> int:
         return len(self.data_source)
@@ -140,7 +124,7 @@ class ResumableSampler(Sampler[int]):
         if not saved.same_shard(current):
             raise ValueError(
                 "this resume state is for another epoch, mini-epoch or plan than the dataset's current shard: "
-                "call dataset.load_state_dict(resume_state(saved_loader_state)) before building the DataLoader"
+                "call dataset.load_state_dict(find_resume_state(saved_loader_state)) before building the DataLoader"
             )
         same_plan = saved.plan_world_size == current.plan_world_size
         if same_plan and saved.consumed_positions == current.consumed_positions:
@@ -150,13 +134,13 @@ class ResumableSampler(Sampler[int]):
         else:
             raise ValueError(
                 f"this resume state was taken on {saved.world_size} ranks and this job has "
-                f"{current.world_size}: call dataset.load_state_dict(resume_state(saved_loader_state)) "
+                f"{current.world_size}: call dataset.load_state_dict(find_resume_state(saved_loader_state)) "
                 "before building the DataLoader, so that the rest of the mini-epoch is spread over the new ranks"
             )
 
 
-def resume_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
-    """The dataset's resume point inside a torchdata ``StatefulDataLoader`` state dict.
+def find_resume_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
+    """The dataset's resume point, found inside a torchdata ``StatefulDataLoader`` state dict.
 
     Raises:
         ValueError: no ResumableSampler state in it.
@@ -165,3 +149,7 @@ def resume_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
     if found is None:
         raise ValueError("no rank_dataset resume state in this loader state: was the sampler a ResumableSampler?")
     return found
+
+
+#: The former name of :func:`find_resume_state`, kept working.
+resume_state = find_resume_state

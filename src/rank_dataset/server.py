@@ -42,6 +42,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rank_dataset import protocol
+from rank_dataset._limits import DEFAULT_LIMITS, LIMITS_ENV, ServerLimits
 from rank_dataset.metafile import MetaFile, MetaFileChangedError
 from rank_dataset.protocol import DEFAULT_PORT, FINGERPRINT_HEADER, TOKEN_ENV
 from rank_dataset.shard import Shard
@@ -49,8 +50,6 @@ from rank_dataset.shard import Shard
 __all__ = ["LIMITS_ENV", "create_app", "serve"]
 
 _PATHS_ENV = "RANK_DATASET_SERVE_PATHS"
-#: The limits of ``serve``, as JSON, for each uvicorn worker process (app and connection protocol).
-LIMITS_ENV = "RANK_DATASET_SERVE_LIMITS"
 _MAX_BATCH = 1 << 22  # indices in one /samples request
 
 
@@ -100,18 +99,10 @@ class _PinnedFiles:
         await self.app(scope, receive, send)
 
 
-# --- Limits: what one client can cost the server -------------------------------------------------
+# --- Limits: what one client can cost the server (their values: _limits.py) -----------------------
 # The connection-level ones (request and send timeouts) are in _connection.py; uvicorn's own
 # (header size, concurrency, keep-alive, backlog) are passed to it by serve().
 
-DEFAULT_MAX_BODY_SIZE = 1 << 20  # 131,072 indices in a /samples request
-DEFAULT_MAX_HEADER_SIZE = 16 << 10
-DEFAULT_MAX_BUILDS = 4
-DEFAULT_LIMIT_CONCURRENCY = 2048
-DEFAULT_TIMEOUT_REQUEST = 10.0
-DEFAULT_TIMEOUT_SEND = 30.0
-DEFAULT_TIMEOUT_KEEP_ALIVE = 5  # uvicorn's default, whole seconds
-DEFAULT_BACKLOG = 2048
 _BUILD_PATHS = frozenset({"/shard", "/samples"})
 _BUILD_WAIT = 1.0  # seconds a build request waits for a free slot before it is answered 503
 _RETRY_AFTER = 1  # seconds, in that 503's Retry-After header
@@ -239,8 +230,8 @@ def create_app(
     meta: MetaFile,
     *,
     token: str | None = None,
-    max_body_size: int = DEFAULT_MAX_BODY_SIZE,
-    max_builds: int = DEFAULT_MAX_BUILDS,
+    max_body_size: int = DEFAULT_LIMITS.max_body_size,
+    max_builds: int = DEFAULT_LIMITS.max_builds,
 ) -> ASGIApp:
     """The ASGI application serving ``meta``; with ``token``, requests must carry it.
 
@@ -348,11 +339,12 @@ def create_app(
 def _app_from_env() -> ASGIApp:
     """The app for each uvicorn worker process: files and token come through the environment."""
     paths = json.loads(os.environ[_PATHS_ENV])
-    limits = json.loads(os.environ.get(LIMITS_ENV, "{}"))
+    limits = ServerLimits.from_env()
     return create_app(
         MetaFile(paths),
         token=os.environ.get(TOKEN_ENV) or None,
-        **{k: limits[k] for k in ("max_body_size", "max_builds") if k in limits},
+        max_body_size=limits.max_body_size,
+        max_builds=limits.max_builds,
     )
 
 
@@ -391,14 +383,14 @@ def serve(
     token: str | None = None,
     workers: int = 1,
     log_level: str = "warning",
-    max_body_size: int = DEFAULT_MAX_BODY_SIZE,
-    max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
-    max_builds: int = DEFAULT_MAX_BUILDS,
-    limit_concurrency: int = DEFAULT_LIMIT_CONCURRENCY,
-    timeout_request: float = DEFAULT_TIMEOUT_REQUEST,
-    timeout_send: float = DEFAULT_TIMEOUT_SEND,
-    timeout_keep_alive: int = DEFAULT_TIMEOUT_KEEP_ALIVE,
-    backlog: int = DEFAULT_BACKLOG,
+    max_body_size: int = DEFAULT_LIMITS.max_body_size,
+    max_header_size: int = DEFAULT_LIMITS.max_header_size,
+    max_builds: int = DEFAULT_LIMITS.max_builds,
+    limit_concurrency: int = DEFAULT_LIMITS.limit_concurrency,
+    timeout_request: float = DEFAULT_LIMITS.timeout_request,
+    timeout_send: float = DEFAULT_LIMITS.timeout_send,
+    timeout_keep_alive: int = DEFAULT_LIMITS.timeout_keep_alive,
+    backlog: int = DEFAULT_LIMITS.backlog,
 ) -> None:
     """Index ``paths`` (if not cached yet), then serve them until SIGTERM or SIGINT.
 
@@ -419,32 +411,24 @@ def serve(
     """
     import uvicorn
 
-    from rank_dataset._checks import check_int
-
-    for name, number in [
-        ("max_body_size", max_body_size),
-        ("max_header_size", max_header_size),
-        ("max_builds", max_builds),
-        ("limit_concurrency", limit_concurrency),
-        ("timeout_keep_alive", timeout_keep_alive),
-        ("backlog", backlog),
-    ]:
-        check_int(name, number, low=1)
-    for name, seconds in [
-        ("timeout_request", timeout_request),
-        ("timeout_send", timeout_send),
-    ]:
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-            raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
+    limits = ServerLimits(
+        max_body_size=max_body_size,
+        max_header_size=max_header_size,
+        max_builds=max_builds,
+        limit_concurrency=limit_concurrency,
+        timeout_request=timeout_request,
+        timeout_send=timeout_send,
+        timeout_keep_alive=timeout_keep_alive,
+        backlog=backlog,
+    )
 
     meta = MetaFile(list(paths))  # index once here, before any worker starts
     protocol.served_names(meta.paths)  # two files of one name: refuse to start
     os.environ[_PATHS_ENV] = json.dumps([str(p) for p in meta.paths])
     if token:
         os.environ[TOKEN_ENV] = token
-    limits = {"max_body_size": max_body_size, "max_builds": max_builds}
-    os.environ[LIMITS_ENV] = json.dumps({**limits, "timeout_request": timeout_request, "timeout_send": timeout_send})
-    _raise_fd_limit(limit_concurrency)
+    limits.to_env()
+    _raise_fd_limit(limits.limit_concurrency)
     print(f"rank-dataset: serving {len(meta)} samples on http://{host}:{port}", flush=True)
     # uvicorn shuts down gracefully on SIGTERM and SIGINT, then raises the signal again with the
     # handlers it found: let those end the process with status 0 instead of death by signal.
@@ -461,8 +445,8 @@ def serve(
         # h11, not httptools: h11 bounds the request head (httptools reads headers of any size).
         # The subclass adds the request and send timeouts that uvicorn lacks.
         http="rank_dataset._connection:TimeoutH11Protocol",
-        h11_max_incomplete_event_size=max_header_size,
-        limit_concurrency=limit_concurrency,
-        timeout_keep_alive=timeout_keep_alive,
-        backlog=backlog,
+        h11_max_incomplete_event_size=limits.max_header_size,
+        limit_concurrency=limits.limit_concurrency,
+        timeout_keep_alive=limits.timeout_keep_alive,
+        backlog=limits.backlog,
     )

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rank_dataset._localserver import LocalServer, free_port
 from rank_dataset.demo.synthetic import write_imagenet_meta, write_mix
 
 __all__ = ["DemoError", "DemoResult", "format_table", "launch_ranks", "run_demo"]
@@ -49,12 +49,6 @@ class DemoResult:
     def memory(self) -> int:
         """Meta memory of all ranks and workers together: PSS after minus PSS before, in bytes."""
         return sum(r["memory"] for r in self.ranks)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -82,7 +76,7 @@ def launch_ranks(cfg: dict[str, Any], world_size: int, work: Path) -> DemoResult
     cfg = {**cfg, "out": str(out)}
     config = work / f"config_{cfg['loader']}.json"
     config.write_text(json.dumps(cfg))
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world_size):
         env = {
@@ -120,34 +114,13 @@ def _failure(out: Path, rank: int, code: int | None) -> str:
     return f"rank {rank} failed ({out.name.removeprefix('result_')} loader): {why}"
 
 
-class _Server:
-    """A meta server the demo starts and stops itself."""
-
-    def __init__(self, meta: Path | list[str]) -> None:
-        import urllib.request
-
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        paths = [str(p) for p in meta] if isinstance(meta, list) else [str(meta)]
-        cmd = [sys.executable, "-m", "rank_dataset", "serve", *paths, "--port", str(self.port)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise DemoError(f"the meta server exited with status {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise DemoError("the meta server did not become healthy within 300 s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        self.proc.wait(timeout=60)
+def _server(meta: Path | list[str]) -> LocalServer:
+    """A meta server the demo starts (and stops) itself."""
+    paths = [str(p) for p in meta] if isinstance(meta, list) else [str(meta)]
+    try:
+        return LocalServer(paths, stdout=subprocess.DEVNULL, timeout=300)
+    except RuntimeError as exc:
+        raise DemoError(f"the meta server did not start: {exc}") from None
 
 
 def run_demo(
@@ -213,7 +186,7 @@ def run_demo(
         os.environ.setdefault("RANK_DATASET_CACHE_DIR", str(work / "cache"))
         results = []
         if server:
-            srv = _Server(served)
+            srv = _server(served)
             try:
                 results.append(launch_ranks({**cfg, "loader": "server", "url": srv.url}, world_size, work))
             finally:

@@ -1,0 +1,53 @@
+"""Cumulative bounds: which part (file, source) a global number falls in, and its number there. Pure.
+
+Parts of ``sizes[i]`` numbers each, laid end to end: part ``i`` holds ``[starts[i], starts[i+1])``.
+Empty parts hold nothing, so a number is never placed in one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["Bounds"]
+
+_FEW = 16  # up to this many parts, find a number's part by comparisons (several times faster than a binary search)
+
+
+class Bounds:
+    """The cumulative bounds of parts of ``sizes`` numbers each.
+
+    Example:
+        >>> b = Bounds([2, 0, 3])
+        >>> b.starts.tolist(), b.total, b.locate(2), b.part_of([0, 1, 2, 4]).tolist()
+        ([0, 2, 2, 5], 5, (2, 0), [0, 0, 2, 2])
+    """
+
+    def __init__(self, sizes: Sequence[int] | npt.NDArray[np.int64]) -> None:
+        self.starts = np.zeros(len(sizes) + 1, np.int64)
+        np.cumsum(np.asarray(sizes, np.int64), out=self.starts[1:])
+        self._inner = self.starts[1:-1]
+        self._few = self._inner.tolist() if self._inner.size <= _FEW else None
+
+    @property
+    def total(self) -> int:
+        """The numbers of all parts together."""
+        return int(self.starts[-1])
+
+    def part_of(self, values: npt.ArrayLike, dtype: npt.DTypeLike = np.int64) -> npt.NDArray[Any]:
+        """The part of each number in ``values`` (in ``[0, total)``), as ``dtype``."""
+        v = np.asarray(values, np.int64)
+        if self._few is None:
+            return np.searchsorted(self._inner, v, side="right").astype(dtype, copy=False)
+        out = np.zeros(v.shape, dtype)
+        for bound in self._few:
+            out += v >= bound
+        return out
+
+    def locate(self, value: int) -> tuple[int, int]:
+        """``(part, number within that part)`` of one number in ``[0, total)``."""
+        part = int(np.searchsorted(self._inner, value, side="right"))
+        return part, value - int(self.starts[part])

@@ -1,0 +1,52 @@
+"""The errors users catch, in one place. No torch.
+
+They are also importable from where they were first defined (``rank_dataset``,
+``rank_dataset.metafile``, ``rank_dataset.protocol``, ``rank_dataset._agree``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MetaFileChangedError", "ProtocolError", "RanksDisagreeError"]
+
+
+class MetaFileChangedError(ValueError):
+    """A meta file is no longer the file that was indexed: rewritten, replaced, moved or deleted.
+
+    Its samples are not the ones its dataset planned with, so none is handed out. ``path`` is the
+    file, ``what`` says what changed.
+    """
+
+    def __init__(self, path: Path | str, what: str) -> None:
+        super().__init__(
+            f"meta file {path} changed: {what}. Its lines are no longer the samples indexed for it; "
+            "build the dataset again (a new RankDataset or MetaFile indexes the file as it is "
+            "now), or restart the meta server that serves it"
+        )
+        self.path, self.what = Path(path), what
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.what))
+
+
+class RanksDisagreeError(ValueError):
+    """The ranks of a process group were about to plan their shards from different inputs.
+
+    Raised with the same message on every rank. ``field`` is the first field that differs and
+    ``values`` maps each of its distinct values (as ``repr``) to the ranks holding it.
+    """
+
+    def __init__(self, message: str, field: str = "", values: Mapping[str, Sequence[int]] | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.values: dict[str, list[int]] = {k: list(v) for k, v in (values or {}).items()}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (str(self), self.field, self.values)
+
+
+class ProtocolError(ConnectionError):
+    """Client and server do not understand each other (different versions, or not a meta server)."""
