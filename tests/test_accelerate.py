@@ -45,7 +45,8 @@ def _planned(tmp_path: Path, epoch: int, mini: int) -> list[int]:
 
 
 def test_recipe_reads_every_sample_once(tmp_path: Path) -> None:
-    _run(tmp_path, "--workers", "1")
+    out = _run(tmp_path, "--workers", "1")
+    assert "PassAuditWarning" not in out.stderr
     reads = _reads(tmp_path)
     assert sorted(reads) == [(e, m) for e in range(EPOCHS) for m in range(MINI)]
     for (epoch, mini), ids in reads.items():
@@ -54,10 +55,19 @@ def test_recipe_reads_every_sample_once(tmp_path: Path) -> None:
         assert sorted(reads[epoch, 0] + reads[epoch, 1]) == list(range(N))  # every sample once an epoch
 
 
-def test_prepare_loader_shards_twice(tmp_path: Path) -> None:
-    # The mistake: each rank keeps one batch in W of its own shard, and training goes on as if nothing happened.
-    _run(tmp_path, "--prepare-loader")
+def test_prepare_loader_shards_twice_and_the_audit_says_so(tmp_path: Path) -> None:
+    # The mistake: each rank keeps one batch in W of its own shard, and training goes on as if nothing
+    # happened, but for the pass audit: at the next set_epoch each rank warns, once.
+    out = _run(tmp_path, "--prepare-loader")
     reads = _reads(tmp_path)
     for epoch in range(EPOCHS):
         read = reads[epoch, 0] + reads[epoch, 1]
         assert len(read) == N // W and len(set(read)) == N // W
+    warnings = [line for line in out.stderr.splitlines() if "PassAuditWarning" in line]
+    assert len(warnings) == W, out.stderr[-3000:]  # once per dataset, on each rank
+    per_rank = N // (W * MINI)
+    assert all(
+        f"pass 1 over this rank's shard read {per_rank // W} items, but its sampler drew {per_rank}" in line
+        for line in warnings
+    )
+    assert all("accelerator.prepare()" in line for line in warnings)

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 from rank_dataset import protocol
 from rank_dataset._bounds import Bounds
+from rank_dataset._channel import AuditMode
 from rank_dataset._checks import check_index, check_int
 from rank_dataset.config import ReloadConfig
 from rank_dataset.dataset import ShardedDataset
@@ -413,7 +414,7 @@ class RankServerDataset(ShardedDataset):
     Args:
         url: the server's base URL; or, in the original project's form, the meta file's path, with
             ``server_ip`` and ``server_port``.
-        is_test, reload_cfg, rank, world_size, parser: as for RankDataset.
+        is_test, reload_cfg, rank, world_size, parser, audit: as for RankDataset.
         server_ip, server_port: the server's address and port (the port may be a str). The server
             must serve a file of ``url``'s file name; the dataset reads that file (if the server
             serves others too, as a mix of that one file).
@@ -448,6 +449,7 @@ class RankServerDataset(ShardedDataset):
         retries: int = 5,
         parser: str | Parser | None = None,
         sources: Source | Sequence[Source] | None = None,
+        audit: AuditMode = "warn",
     ) -> None:
         base, name = _server_url(url, server_ip, server_port)
         self.server = MetaServer(base, token=token, timeout=timeout, retries=retries)
@@ -459,4 +461,4 @@ class RankServerDataset(ShardedDataset):
                 sources = Source(name)
         reader = ServerReader(self.server, sources)
         self.fingerprint = reader.fingerprint
-        super().__init__(reader, is_test, reload_cfg, rank, world_size, parser, reader.sources)
+        super().__init__(reader, is_test, reload_cfg, rank, world_size, parser, reader.sources, audit)
