@@ -50,15 +50,13 @@ def _reads(log: Path) -> dict[int, list[list[int]]]:
     return reads
 
 
-def _plan(world_size: int, lightning_epoch: int) -> list[list[int]]:
+def _plan(meta: Path, world_size: int, lightning_epoch: int) -> list[list[int]]:
+    """Each rank's samples in Lightning epoch ``lightning_epoch``, as the example's dataset plans them."""
     epoch, mini = divmod(lightning_epoch, MINI)
     cfg = {"mini_epoch": MINI, "seed": 0, "epoch": epoch, "mini_epoch_idx": mini}
     return [
-        RankDataset(_META[0], reload_cfg=cfg, rank=r, world_size=world_size).indices.tolist() for r in range(world_size)
+        RankDataset(meta, reload_cfg=cfg, rank=r, world_size=world_size).indices.tolist() for r in range(world_size)
     ]
-
-
-_META: list[Path] = []
 
 
 def test_ddp_run_stopped_mid_epoch_resumes_exactly_on_three_processes(tmp_path: Path) -> None:
@@ -75,7 +73,7 @@ def test_ddp_run_stopped_mid_epoch_resumes_exactly_on_three_processes(tmp_path: 
         "1:3",
         "--checkpoint",
         "stop.ckpt",
-        "--log",
+        "--reads",
         "first",
     )
     first = _reads(tmp_path / "first")

@@ -191,8 +191,10 @@ class ShardChannel:
         """Count ``items`` read here in the current pass (once per batch, or per item). A worker's
         count is the pass's; the rank's counts only if no worker served the pass (no workers)."""
         if self._tally_word >= 0:
-            self._tally_count = min(self._tally_count + items, self._tally_cap)
-            self.version[self._tally_word] = self._tally_count
+            count = self._tally_count + items
+            if count > self._tally_cap:  # (a comparison costs less than min())
+                count = self._tally_cap
+            self._tally_count = self.version[self._tally_word] = count
 
     def judge(self) -> None:
         """(Rank) record the latest pass, if not yet, and warn (or raise) if it finished having read
