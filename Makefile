@@ -4,19 +4,19 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest docs bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[server,dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[server,dev,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/rank-dataset demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks docs examples
+	$(BIN)/ruff format --check src tests benchmarks docs examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -24,11 +24,16 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest
 
-test: lint typecheck pytest
+# The documentation site, into site/ (open site/index.html). Strict: a broken link, anchor or API
+# reference fails the build. NO_MKDOCS_2_WARNING quiets Material's banner about its end of life.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: lint typecheck docs pytest
 
 bench: $(STAMP)
 	for b in build getitem server workers mix; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 	for m in fork forkserver; do $(BIN)/python benchmarks/bench_memory.py --start-method $$m || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+from rank_dataset.demo import DemoResult, format_table
+
 SMALL = ["--lines", "20000", "--world-size", "2", "--workers", "1", "--epochs", "1"]
+MIB = 1 << 20
+# A memory cell: a figure above the baseline's noise (never negative), or the noise it is below.
+MEMORY_CELL = re.compile(r"^\| (\w+) \| (\d[\d,]*\.\d|below noise \(±\d[\d,]*\.\d MiB\)) \| ([^|]+) \|$", re.M)
 
 
 def demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -22,6 +28,7 @@ def test_small_demo_checks_coverage_and_compares_memory() -> None:
     assert "coverage (naive): OK" in out.stdout
     assert out.stdout.count("| rank_dataset | ") == 3  # two ranks, and the memory row
     assert "x less |" in out.stdout
+    assert [m.group(1) for m in MEMORY_CELL.finditer(out.stdout)] == ["rank_dataset", "naive"]
 
 
 def test_demo_through_a_server(write_meta) -> None:
@@ -32,6 +39,8 @@ def test_demo_through_a_server(write_meta) -> None:
     assert out.returncode == 0, out.stderr
     assert "coverage (server): OK - epoch 0: 3006 samples read, 3001 of 3001 distinct" in out.stdout
     assert "| naive |" not in out.stdout
+    # A few KiB of metas: the figure is a positive number above the noise, or says it is below it.
+    assert [m.group(1) for m in MEMORY_CELL.finditer(out.stdout)] == ["server"]
 
 
 def test_a_failing_rank_is_named_and_stops_the_job() -> None:
@@ -61,3 +70,50 @@ def test_mix_demo_prints_each_source_share_next_to_its_target(tmp_path: Path) ->
     assert "| naive |" not in out.stdout
     both = demo("--mix", "--meta-file", str(tmp_path / "x.txt"))
     assert both.returncode == 1 and "give --mix or --meta-file, not both" in both.stderr
+
+
+def _result(loader: str, memory_mib: float, baselines_mib: list[list[float]]) -> DemoResult:
+    """A loader's figures as the ranks report them: the memory split over the ranks, and each rank's
+    baseline measurements."""
+    ranks = [
+        {
+            "rank": r,
+            "samples": 10,
+            "build_seconds": 0.1,
+            "samples_per_second": 100.0,
+            "covered": True,
+            "coverage": ["epoch 0: ok"],
+            "memory": int(memory_mib * MIB / len(baselines_mib)),
+            "baseline_memory": [int(b * MIB) for b in base],
+        }
+        for r, base in enumerate(baselines_mib)
+    ]
+    return DemoResult(loader, ranks)
+
+
+def test_noise_is_the_spread_of_the_baseline_summed_over_ranks() -> None:
+    # The ranks measure at once: the noise is the spread of the per-measurement totals, not of each rank's.
+    result = _result("server", 1.0, [[100, 104, 101], [200, 196, 203]])
+    assert result.noise == int(304 * MIB) - int(300 * MIB)
+    assert _result("server", 1.0, [[5], [7]]).noise == 0
+
+
+def test_a_figure_within_the_noise_is_reported_as_below_it_never_negative() -> None:
+    base = [[700, 705, 712], [690, 691, 699]]  # totals 1390, 1396, 1411: noise 21 MiB
+    for memory in (-20.6, -3.1, 0.0, 20.0):
+        table = format_table([_result("server", memory, base)], world_size=2, workers=1)
+        assert "| server | below noise (±21.0 MiB) | - |" in table, table
+        assert not re.search(r"\| -\d", table)
+    table = format_table([_result("server", 119.2, base)], world_size=2, workers=1)
+    assert "| server | 119.2 | - |" in table
+
+
+def test_the_ratio_to_the_naive_loader_is_bounded_by_the_noise() -> None:
+    base = [[700, 710], [700, 710]]  # noise 20 MiB
+    naive = _result("naive", 2000.0, base)
+    table = format_table([_result("rank_dataset", -5.0, base), naive], world_size=2, workers=1)
+    # The metas hold at most max(figure, 0) + noise = 20 MiB: at least 2000 / 20 = 100x less.
+    assert "| rank_dataset | below noise (±20.0 MiB) | at least 100.0x less |" in table
+    assert "| naive | 2,000.0 | - |" in table
+    table = format_table([_result("rank_dataset", 100.0, base), naive], world_size=2, workers=1)
+    assert "| rank_dataset | 100.0 | 20.0x less |" in table

@@ -80,7 +80,7 @@ def check_ranks_agree(fields: Mapping[str, object], rank: int | None = None) -> 
             each of its values and the ranks holding it), or ``world_size`` is not the group's size.
         ValueError: more than 30 fields.
 
-    Example:
+    Examples:
         >>> check_ranks_agree({"num_samples": 1000, "seed": 0})  # no process group: nothing to check
     """
     if len(fields) >= _SLOTS - 1:
@@ -133,7 +133,7 @@ def disagreement(per_rank: Sequence[Mapping[str, str]], group_size: int | None =
 
     Pure: what :func:`check_ranks_agree` raises once it has gathered the fields of every rank.
 
-    Example:
+    Examples:
         >>> str(disagreement([{"num_samples": "1000"}, {"num_samples": "1100"}]))[:68]
         'ranks disagree on num_samples: 1000 on ranks [0], 1100 on ranks [1]'
     """
@@ -190,7 +190,7 @@ def agreement_needed() -> bool:
     group is initialised and this is not a DataLoader worker (callers skip computing the fields
     otherwise).
 
-    Example:
+    Examples:
         >>> agreement_needed()  # no process group here
         False
     """

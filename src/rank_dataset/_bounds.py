@@ -20,7 +20,7 @@ _FEW = 16  # up to this many parts, find a number's part by comparisons (several
 class Bounds:
     """The cumulative bounds of parts of ``sizes`` numbers each.
 
-    Example:
+    Examples:
         >>> b = Bounds([2, 0, 3])
         >>> b.starts.tolist(), b.total, b.locate(2), b.part_of([0, 1, 2, 4]).tolist()
         ([0, 2, 2, 5], 5, (2, 0), [0, 0, 2, 2])

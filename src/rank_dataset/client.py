@@ -263,9 +263,10 @@ class ServerDataset(Dataset[Any]):
     Args:
         url: the server's base URL; or, in the original project's form, the meta file's path, with
             ``server_ip`` and ``server_port``.
-        server_ip, server_port: the server's address and port (the port may be a str, e.g.
-            ``"10080"``). The server must serve a file of ``url``'s file name; the dataset then holds
-            that file's samples (the server may serve others too).
+        server_ip: the server's address (the original project's keyword). The server must serve a
+            file of ``url``'s file name; the dataset then holds that file's samples (the server may
+            serve others too).
+        server_port: the server's port, an int or a str of digits (e.g. ``"10080"``).
         token: the server's token, if it has one.
         timeout: seconds for one request, and for all the retries of one call together.
         retries: further attempts after a connection error, a timeout or a 5xx answer.
@@ -414,14 +415,22 @@ class RankServerDataset(ShardedDataset):
     Args:
         url: the server's base URL; or, in the original project's form, the meta file's path, with
             ``server_ip`` and ``server_port``.
-        is_test, reload_cfg, rank, world_size, parser, audit: as for RankDataset.
-        server_ip, server_port: the server's address and port (the port may be a str). The server
-            must serve a file of ``url``'s file name; the dataset reads that file (if the server
-            serves others too, as a mix of that one file).
-        token, timeout, retries: as for ServerDataset.
+        is_test: as for RankDataset.
+        reload_cfg: as for RankDataset.
+        rank: as for RankDataset.
+        world_size: as for RankDataset.
+        parser: as for RankDataset.
+        server_ip: the server's address (the original project's keyword). The server must serve a
+            file of ``url``'s file name; the dataset reads that file (if the server serves others
+            too, as a mix of that one file).
+        server_port: the server's port, an int or a str of digits.
+        token: as for ServerDataset.
+        timeout: as for ServerDataset.
+        retries: as for ServerDataset.
         sources: a mix of the served files: a list of :class:`~rank_dataset.mix.Source` whose paths
             are names of served files (their file names, as ``GET /files`` lists them). None: every
             served file, taken as one. The shard is RankDataset's for the same mix of those files.
+        audit: as for RankDataset.
 
     Raises:
         ValueError: as RankDataset; a source naming a file the server does not serve; as ServerDataset

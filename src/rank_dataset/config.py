@@ -30,7 +30,7 @@ class ReloadConfig:
             counts if no source has a weight, else the total number of samples of all sources.
             Meaningless without sources (a ValueError there); ignored in eval mode.
 
-    Example:
+    Examples:
         >>> ReloadConfig.coerce({"mini_epoch": 2, "seed": 7})
         ReloadConfig(mini_epoch=2, seed=7, mini_epoch_idx=0, epoch=0, group=1, epoch_size=None)
     """

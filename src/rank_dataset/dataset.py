@@ -240,7 +240,7 @@ class ShardedDataset(Dataset[Any]):
         Raises:
             ValueError: ``consumed`` outside ``[0, len(self)]``, or an eval shard.
 
-        Example:
+        Examples:
             >>> import tempfile, os
             >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
             >>> _ = open(p, "w").write("".join(f"{i}.jpg {i}\\n" for i in range(10)))
@@ -387,7 +387,7 @@ class RankDataset(ShardedDataset):
         ValueError: as MetaFile; for a mix, a source with no samples or counts that cannot be met
             (see :func:`~rank_dataset.mix.mix_counts`), the message naming the source.
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
         >>> _ = open(p, "w").write("".join(f"img_{i}.JPEG {i % 3}\\n" for i in range(10)))

@@ -120,7 +120,7 @@ class MetaFile:
         FileNotFoundError: a file does not exist.
         ValueError: the files hold no sample.
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
         >>> _ = open(p, "w").write("img_0.JPEG 3\\nimg_1.JPEG 5\\n")
@@ -199,7 +199,7 @@ class MetaFile:
         """The files numbered ``files`` (in that order, repeats allowed) as one MetaFile, sharing this
         one's indexes: no file is opened or indexed again (its fingerprint is taken if asked for).
 
-        Example:
+        Examples:
             >>> import tempfile, os
             >>> d = tempfile.mkdtemp()
             >>> paths = [os.path.join(d, n) for n in ("a.txt", "b.txt")]

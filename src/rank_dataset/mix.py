@@ -92,7 +92,7 @@ class Source:
 
     At most one of ``weight``, ``repeat`` and ``choose``; none means ``repeat=1.0``.
 
-    Example:
+    Examples:
         >>> Source("data/a.txt", weight=2)
         Source(paths=('data/a.txt',), weight=2.0, repeat=None, choose=None, parser=None, name='a.txt')
         >>> Source(["x/b1.txt", "x/b2.txt"]).repeat
@@ -165,7 +165,7 @@ def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int 
             exceed ``T0``, a weighted share rounds to 0, or, without weighted sources, the fixed
             counts do not add up to ``epoch_size``.
 
-    Example:
+    Examples:
         >>> mix_counts([100, 10, 50], [Source("a", weight=1), Source("b", repeat=2.5), Source("c", weight=2)], 100)
         ([25, 25, 50], 100)
         >>> mix_counts([100, 10], [Source("a"), Source("b", choose=30)], None)
@@ -237,7 +237,7 @@ def mix_targets(sizes: Sequence[int], sources: Sequence[Source], counts: Sequenc
     """What each source's rule asks an epoch to take, before rounding: ``repeat * N_s``, ``choose``,
     or the weighted share of what the fixed counts leave of ``T0 = sum(counts)``.
 
-    Example:
+    Examples:
         >>> mix_targets([100, 10, 50], [Source("a", weight=1), Source("b", repeat=2.5), Source("c", weight=2)],
         ...             [25, 25, 50])
         [25.0, 25.0, 50.0]
@@ -261,7 +261,7 @@ def combine_fingerprints(fingerprints: Sequence[str]) -> str:
     """One fingerprint for several files taken as one source: the file's own for one file, else a
     hash of theirs (so a client that knows each served file's fingerprint can compute it).
 
-    Example:
+    Examples:
         >>> combine_fingerprints(["abc"])
         'abc'
         >>> len(combine_fingerprints(["abc", "def"]))
@@ -317,7 +317,7 @@ class MixPlan:
         counts: ``c_s``, the samples each epoch takes of each source (each >= 1).
         epoch_size: ``T0``, which must be ``sum(counts)``, at most 2**62.
 
-    Example:
+    Examples:
         >>> plan = MixPlan.from_sources([3, 5], [Source("a", repeat=2), Source("b", choose=2)])
         >>> plan
         MixPlan(sizes=(3, 5), counts=(6, 2), epoch_size=8)

@@ -18,7 +18,7 @@ class LineError(ValueError):
 def parse_label(line: str) -> tuple[str, int]:
     """Split ``"path/to/img.JPEG 3"`` at its last run of whitespace into ``(path, 3)``.
 
-    Example:
+    Examples:
         >>> parse_label("train/n01440764/my image.JPEG  3")
         ('train/n01440764/my image.JPEG', 3)
     """
@@ -35,7 +35,7 @@ def parse_label(line: str) -> tuple[str, int]:
 def parse_json(line: str) -> Any:
     """``json.loads`` of the line.
 
-    Example:
+    Examples:
         >>> parse_json('{"path": "a.jpg", "label": 1}')
         {'path': 'a.jpg', 'label': 1}
     """

@@ -93,7 +93,7 @@ def permute(n: int, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDAr
     Returns:
         An int64 array of the same shape: the sample number at each position.
 
-    Example:
+    Examples:
         >>> p = permute(10, seed=0, epoch=0, positions=range(10))
         >>> sorted(p.tolist()) == list(range(10))
         True

@@ -47,7 +47,7 @@ def spread_positions(start: int, stop: int, world_size: int, rank: int) -> npt.N
     Every rank gets ``ceil((stop - start) / world_size)`` positions: ``start + rank + k * world_size``,
     a position past ``stop`` wrapping back to the start of the range, so ranks stay equally long.
 
-    Example:
+    Examples:
         >>> spread_positions(0, 10, 4, 3).tolist()
         [3, 7, 1]
     """
@@ -67,7 +67,7 @@ def spread_positions(start: int, stop: int, world_size: int, rank: int) -> npt.N
 def mini_epoch_width(num_samples: int, world_size: int, mini_epoch: int) -> int:
     """``R * W``: the positions of one mini-epoch, ``R = ceil(N / (W * M))`` samples per rank.
 
-    Example:
+    Examples:
         >>> mini_epoch_width(10, 4, 2)
         8
     """
@@ -77,7 +77,7 @@ def mini_epoch_width(num_samples: int, world_size: int, mini_epoch: int) -> int:
 def eval_range(num_samples: int, world_size: int, rank: int) -> tuple[int, int]:
     """The contiguous block ``[start, stop)`` of samples that ``rank`` reads in eval mode.
 
-    Example:
+    Examples:
         >>> [eval_range(10, 4, r) for r in range(4)]
         [(0, 3), (3, 6), (6, 8), (8, 10)]
     """
@@ -128,7 +128,7 @@ class ShardSpec:
             ``[0, mix.num_samples)``; in eval mode the mix must take every sample once (as
             RankDataset builds it), so an eval shard is again a contiguous block of them.
 
-    Example:
+    Examples:
         >>> ShardSpec(num_samples=10, world_size=2, rank=1, seed=3).indices().shape
         (5,)
     """

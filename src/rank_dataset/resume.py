@@ -126,13 +126,17 @@ class ResumeState:
     """Where a run stopped: the files, the plan, and the positions of the epoch order consumed.
 
     Args:
-        num_samples, fingerprint: the meta files the state is for (fingerprint None: unknown); for a
-            mix, ``num_samples`` is its epoch size ``T0`` (the positions of the epoch order).
-        seed, epoch, mini_epoch, mini_epoch_idx: the plan and the mini-epoch that was interrupted.
+        num_samples: the number of samples of the meta files the state is for; for a mix, its epoch
+            size ``T0`` (the positions of the epoch order).
+        fingerprint: the meta files' fingerprint (None: unknown).
+        seed: the plan's seed.
+        epoch: the epoch that was interrupted.
+        mini_epoch: the plan's number of mini-epochs.
+        mini_epoch_idx: the mini-epoch that was interrupted.
         plan_world_size: the world size that mini-epoch was planned on.
         consumed_positions: positions of that mini-epoch consumed, summed over all ranks.
-        world_size, consumed: the world size the state was taken on, and samples consumed per rank
-            (what a sampler on the same world size skips).
+        world_size: the world size the state was taken on.
+        consumed: samples consumed per rank (what a sampler on the same world size skips).
         mix: for a mix of sources, the mix (None: plain meta files, and no ``mix`` key in the dict).
     """
 

@@ -31,7 +31,7 @@ class RandomSampler(Sampler[int]):
         data_source: a sized dataset (usually a RankDataset).
         seed: selects the order, with the epoch.
 
-    Example:
+    Examples:
         >>> s = RandomSampler(range(5), seed=1)
         >>> s.set_epoch(3)
         >>> sorted(s) == [0, 1, 2, 3, 4] and list(s) == list(s)
@@ -83,7 +83,7 @@ class ResumableSampler(Sampler[int]):
     to :func:`find_resume_state` and that to the new dataset's ``load_state_dict`` before building the
     loader; ``loader.load_state_dict(saved)`` may then be called too (it changes nothing more).
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> from rank_dataset import RankDataset
         >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")

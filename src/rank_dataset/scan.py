@@ -147,7 +147,7 @@ def scan(path: PathLike, chunk_size: int = CHUNK) -> tuple[npt.NDArray[np.int64]
 def build_index(path: PathLike, *, chunk_size: int = CHUNK) -> npt.NDArray[np.int64]:
     """Scan ``path`` once and return the ``(n, 2)`` spans of its samples (no cache involved).
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
         >>> _ = open(p, "w").write("a 1\\n\\n  \\nbb 2\\r\\nc 3")

@@ -238,7 +238,7 @@ def create_app(
     Request bodies are capped at ``max_body_size`` bytes (413) and at most ``max_builds`` shard
     builds are in progress at once (503 with Retry-After beyond); see ``serve``.
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> from starlette.testclient import TestClient
         >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")

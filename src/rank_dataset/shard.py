@@ -120,7 +120,7 @@ class Shard:
     Lines that already lie back to back in item order (``starts[i + 1] == ends[i]``) are used where
     they are; others are copied into a new buffer in that layout.
 
-    Example:
+    Examples:
         >>> s = Shard.from_lines([b"a 1", b"bb 2"])
         >>> len(s), s.text(1), s.bounds.tolist()
         (2, 'bb 2', [0, 3, 7])

@@ -45,7 +45,7 @@ def get_rank_world_size(rank: int | None = None, world_size: int | None = None) 
         ValueError: world_size < 1, rank outside [0, world_size), or a variable that is not an integer
             (the message names it).
 
-    Example:
+    Examples:
         >>> get_rank_world_size(rank=2, world_size=4)
         (2, 4)
     """

@@ -50,6 +50,14 @@ class DemoResult:
         """Meta memory of all ranks and workers together: PSS after minus PSS before, in bytes."""
         return sum(r["memory"] for r in self.ranks)
 
+    @property
+    def noise(self) -> int:
+        """How far the baseline moves with no metas at all, in bytes: the spread (largest minus
+        smallest) of its measurements, each summed over all ranks and workers (the ranks measure at
+        once). A memory figure within it cannot be told from zero."""
+        totals = [sum(samples) for samples in zip(*(r.get("baseline_memory", [0]) for r in self.ranks))]
+        return max(totals) - min(totals) if totals else 0
+
 
 def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
@@ -205,7 +213,6 @@ def run_demo(
 
 def format_table(results: list[DemoResult], *, world_size: int, workers: int) -> str:
     """The demo's report: per-rank figures and the meta memory of all processes together."""
-    mib = 1 << 20
     rows = [
         "| loader | rank | samples / pass | shard build (s) | samples/s through DataLoader |",
         "|---|---:|---:|---:|---:|",
@@ -223,8 +230,7 @@ def format_table(results: list[DemoResult], *, world_size: int, workers: int) ->
     ]
     naive = next((r.memory for r in results if r.loader == "naive"), None)
     for result in results:
-        ratio = f"{naive / max(result.memory, 1):.1f}x less" if naive and result.loader != "naive" else "-"
-        rows.append(f"| {result.loader} | {result.memory / mib:,.1f} | {ratio} |")
+        rows.append(f"| {result.loader} | {_memory_cells(result, naive, result.loader == 'naive')} |")
     rows.append("")
     mix = results[0].ranks[0].get("mix") if results and results[0].ranks else None
     if mix:
@@ -232,6 +238,21 @@ def format_table(results: list[DemoResult], *, world_size: int, workers: int) ->
     for result in results:
         rows.append(f"coverage ({result.loader}): OK - " + "; ".join(result.ranks[0]["coverage"]))
     return "\n".join(rows)
+
+
+def _memory_cells(result: DemoResult, naive: int | None, is_naive: bool) -> str:
+    """The memory and "vs naive" cells of a loader's row. A figure no larger than the baseline's noise
+    is not a measurement of the metas (it can even be negative): say so, and bound the ratio with it."""
+    mib = 1 << 20
+    memory, noise = result.memory, result.noise
+    if memory > noise:
+        figure, ratio = f"{memory / mib:,.1f}", f"{naive / memory:.1f}x less" if naive else "-"
+    else:
+        # The metas' memory is at most the figure plus the noise.
+        bound = max(memory, 0) + noise
+        figure = f"below noise (±{noise / mib:,.1f} MiB)"
+        ratio = f"at least {naive / bound:.1f}x less" if naive and bound > 0 else "-"
+    return f"{figure} | {'-' if is_naive else ratio}"
 
 
 def _mix_table(mix: dict[str, Any]) -> list[str]:

@@ -35,6 +35,8 @@ from rank_dataset.sampler import RandomSampler
 #: A test hook: the rank named here raises, to show how the demo reports a failing rank.
 FAIL_RANK_ENV = "RANK_DATASET_DEMO_FAIL_RANK"
 _BASELINE_SAMPLES = 100_000
+_BASELINE_PASSES = 2  # each with new workers, as every measured pass has
+_BASELINE_POINTS = 4  # PSS measurements in the second half of each baseline pass
 
 
 class _Numbered(Dataset[tuple[int, str]]):
@@ -58,10 +60,28 @@ def _measure() -> tuple[int, int]:
     return pss_with_children()
 
 
+def _measure_points(batches: int, points: int) -> set[int]:
+    """The batches at which a pass measures PSS: ``points`` spread over its second half, ending at its
+    last batch (fewer for a short pass). Every rank computes the same set: each measurement is a barrier.
+
+    Examples:
+        >>> sorted(_measure_points(100, 4))
+        [50, 67, 83, 99]
+        >>> sorted(_measure_points(100, 1)), sorted(_measure_points(2, 4)), _measure_points(0, 4)
+        ([99], [1], set())
+    """
+    if batches < 1 or points < 1:
+        return set()
+    first = batches // 2 if points > 1 else batches - 1
+    last = batches - 1
+    return {last - (last - first) * j // max(points - 1, 1) for j in range(points)}
+
+
 def _pass(
-    dataset: Dataset[Any], sampler: Any, cfg: dict[str, Any], measure: bool
-) -> tuple[np.ndarray, float, tuple[int, int]]:
-    """One pass of a DataLoader: the sample numbers read, samples/s, and PSS measured at its last batch."""
+    dataset: Dataset[Any], sampler: Any, cfg: dict[str, Any], points: int
+) -> tuple[np.ndarray, float, list[tuple[int, int]]]:
+    """One pass of a DataLoader: the sample numbers read, samples/s, and PSS measured at ``points``
+    batches of its second half (see _measure_points; 0: not measured), the last at its last batch."""
     context = cfg.get("start_method") if cfg["workers"] else None
     loader = DataLoader(
         dataset,
@@ -72,15 +92,15 @@ def _pass(
     )
     seen: list[np.ndarray] = []  # numpy, not Python ints: the check itself should cost little memory
     number_type = np.uint32 if len(dataset) < 1 << 32 else np.int64  # type: ignore[arg-type]
-    batches = len(loader)
-    memory = (0, 0)
+    at = _measure_points(len(loader), points)
+    memory: list[tuple[int, int]] = []
     start = time.perf_counter()
     for k, (numbers, _) in enumerate(loader):
         # A copy (uint32 where it fits): a view would keep every batch's tensor, and its shared-memory
         # block, alive until the measurement, charging the loader's transport to the metas.
         seen.append(numbers.numpy().astype(number_type))
-        if measure and k == batches - 1:
-            memory = _measure()  # the workers are alive and have touched the whole shard
+        if k in at:
+            memory.append(_measure())  # at the last batch, the workers are alive and have touched the whole shard
     read = np.concatenate(seen) if seen else np.empty(0, np.int64)
     return read, read.size / max(time.perf_counter() - start, 1e-9), memory
 
@@ -98,14 +118,18 @@ class _Generated(Dataset[str]):
         return imagenet_line(i)
 
 
-def _baseline_memory(cfg: dict[str, Any], samples: int) -> tuple[int, int]:
-    """The same processes' PSS with no metas: a rank and its workers after a pass over generated lines.
+def _baseline_memory(cfg: dict[str, Any], samples: int) -> list[tuple[int, int]]:
+    """The same processes' PSS with no metas: a rank and its workers during passes over generated lines.
 
-    A pass, not an idle loader, so that what workers allocate for batches anyway (heap arenas,
-    collation) is not charged to the metas.
+    Passes, not an idle loader, so that what workers allocate for batches anyway (heap arenas,
+    collation) is not charged to the metas. The demo subtracts the last measurement; all of them
+    together are the baseline's noise: how far the PSS of these processes moves with no metas at all
+    (within a pass, and between two passes, each with its own workers, as the measured pass has).
     """
     n = max(1, min(samples, _BASELINE_SAMPLES))
-    _, _, memory = _pass(_Numbered(_Generated(n), range(n)), None, cfg, measure=True)
+    memory = []
+    for _ in range(_BASELINE_PASSES):
+        memory += _pass(_Numbered(_Generated(n), range(n)), None, cfg, points=_BASELINE_POINTS)[2]
     return memory
 
 
@@ -199,11 +223,11 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             sampler: DistributedSampler[str] = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=0)
             sampler.set_epoch(epoch)
             last = epoch == cfg["epochs"] - 1
-            got, rate, mem = _pass(_Numbered(dataset, range(len(dataset))), sampler, cfg, last)
+            got, rate, mem = _pass(_Numbered(dataset, range(len(dataset))), sampler, cfg, int(last))
             seen.append(got)
             rates.append(rate)
             lengths.append(len(got))
-            memory = mem if mem[0] else memory
+            memory = mem[-1] if mem else memory
         else:
             for mini in range(cfg["mini_epochs"]):
                 if epoch or mini:
@@ -211,14 +235,14 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                 last = epoch == cfg["epochs"] - 1 and mini == cfg["mini_epochs"] - 1
                 order = RandomSampler(dataset, seed=rank)
                 order.set_epoch(epoch * cfg["mini_epochs"] + mini)
-                got, rate, mem = _pass(_Numbered(dataset, None), order, cfg, last)
+                got, rate, mem = _pass(_Numbered(dataset, None), order, cfg, int(last))
                 if not isinstance(dataset, ShardedDataset) or dataset.spec.mix is None:
                     seen.append(dataset.indices[got].astype(got.dtype))  # positions -> sample numbers
                 else:  # leave the padding out of the mix's counts
                     seen.append(dataset.indices[got[dataset.spec.positions()[got] < dataset.spec.num_samples]])
                 rates.append(rate)
                 lengths.append(len(got))
-                memory = mem if mem[0] else memory
+                memory = mem[-1] if mem else memory
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, {"seen": np.concatenate(seen), "lengths": lengths[-1:]})
         if rank == 0 and mix_check is not None:
@@ -246,9 +270,10 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "samples": int(np.mean(lengths)) if lengths else 0,
         "build_seconds": build,
         "samples_per_second": float(np.mean(rates)) if rates else 0.0,
-        "memory": sum(memory) - sum(base_memory),
-        "rank_memory": memory[0] - base_memory[0],
-        "worker_memory": memory[1] - base_memory[1],
+        "memory": sum(memory) - sum(base_memory[-1]),
+        "rank_memory": memory[0] - base_memory[-1][0],
+        "worker_memory": memory[1] - base_memory[-1][1],
+        "baseline_memory": [sum(m) for m in base_memory],  # this rank's baseline measurements, in order
         "covered": covered,
         "coverage": messages,
         "mix": mix_check.report() if mix_check is not None else None,
