@@ -6,7 +6,8 @@ servers run as separate processes on 127.0.0.1 and serve the same file. Measured
 
 - single gets: one sample per call (``ServerDataset[i]`` against ``requests.get('/get/i')``);
 - batches of 256 through a DataLoader with 4 workers (``ServerDataset.__getitems__``, one request
-  a batch, against the original one request a sample);
+  a batch, against the original one request a sample), with the indices in order and with random
+  ones (what ``DistributedSampler`` and ``RandomSampler`` give: the server reads scattered lines);
 - one whole-shard fetch (``RankServerDataset`` against the JSON bulk endpoint).
 
 Usage:
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import requests
 
 from rank_dataset._localserver import LocalServer, free_port, wait_until_up
@@ -86,10 +88,12 @@ def _timed(fn: Any, seconds: float) -> float:
     return done / (time.perf_counter() - start)
 
 
-def _loader_rate(dataset: Any, samples: int, batch_size: int, workers: int) -> float:
+def _loader_rate(dataset: Any, samples: int, batch_size: int, workers: int, *, shuffle: bool = False) -> float:
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=range(samples), num_workers=workers)
+    n = len(dataset)
+    order = np.random.default_rng(0).permutation(n)[:samples].tolist() if shuffle else range(samples)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=order, num_workers=workers)
     start = time.perf_counter()
     done = sum(len(batch) for batch in loader)
     return done / (time.perf_counter() - start)
@@ -129,10 +133,11 @@ def main(argv: list[str] | None = None) -> int:
             _timed(lambda k: len(original[(k * step) % n]) and 1, args.seconds),
         )
         base_samples = max(256, min(args.batched_samples, int(rates["single get"][1] * args.seconds * 2)))
-        rates["batches of 256, DataLoader with 4 workers"] = (
-            _loader_rate(ds, min(args.batched_samples, n), 256, 4),
-            _loader_rate(original, min(base_samples, n), 256, 4),
-        )
+        for label, shuffle in (("indices in order", False), ("random indices", True)):
+            rates[f"batches of 256, DataLoader with 4 workers, {label}"] = (
+                _loader_rate(ds, min(args.batched_samples, n), 256, 4, shuffle=shuffle),
+                _loader_rate(original, min(base_samples, n), 256, 4, shuffle=shuffle),
+            )
 
         def fetch_ours() -> float:
             start = time.perf_counter()

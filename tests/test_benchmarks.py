@@ -40,11 +40,25 @@ CASES = [
     ),
     ("getitem", ["--lines", "3000"], "getitem.md", ['parser="json"'], None),
     (
+        "audit",
+        ["--lines", "3000", "--rounds", "1"],
+        "audit.md",
+        ["| ds.__getitems__(batch of 256) |"],
+        ("audit.png", True),
+    ),
+    (
         "mix",
         ["--lines", "4000", "--repeat", "1", "--world-size", "4"],
         "mix.md",
         ["| mix of 3 files", "R = 1,000"],
         ("mix.png", True),
+    ),
+    (
+        "scale",
+        ["--lines", "20000", "--repeat", "1", "--worlds", "8", "64", "--mini-epochs", "1"],
+        "scale.md",
+        ["| index, cold (", "| set_epoch, W = 8, M = 1", "| original approach, W = 8 |"],
+        ("scale.png", True),
     ),
     (
         "workers",
@@ -71,3 +85,23 @@ def test_bench_smoke(
         assert (tmp_path / image).exists()
         if non_empty:
             assert (tmp_path / image).stat().st_size > 0
+
+
+def test_bench_group_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_group.py"), "--lines", "5000"]
+    cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "group.md").read_text()
+    assert "| group_by again (cached, memory-mapped) |" in table and "N = 5,000 lines" in table
+    assert not list((tmp_path / "data").iterdir())  # the meta file is removed
+
+
+def test_bench_balanced_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_balanced.py"), "--lines", "4000", "--repeat", "1"]
+    cmd += ["--world-size", "4", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "balanced.md").read_text()
+    assert "| balanced mix of 1,000 classes" in table and "R = 1,000" in table
+    assert not list((tmp_path / "data").iterdir())  # the meta file is removed

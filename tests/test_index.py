@@ -1,16 +1,21 @@
 from __future__ import annotations
 
+import json
 import os
 import socket
+import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from rank_dataset import MetaFile
+from rank_dataset import MetaFile, build_index
 from rank_dataset import index as index_mod
 from rank_dataset.index import CACHE_DIR_ENV
+from rank_dataset.scan import Chunk
 
 
 def test_index_out_of_range_and_negative(write_meta) -> None:
@@ -138,9 +143,9 @@ def test_cache_key_holds_inode_ctime_device_and_content(write_meta, tmp_path: Pa
     st = p.stat()
     assert index.key == index_mod.FileKey(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
     header = the_cache(tmp_path).read_bytes()[: index_mod._HEADER.size]
-    magic, size, mtime, ctime, inode, device, count, _, sample = index_mod._HEADER.unpack(header)
+    magic, size, mtime, ctime, inode, device, count, _, sample, *_ = index_mod._HEADER.unpack(header)
     assert (magic, size, mtime, ctime, inode, device, count) == (
-        b"RDIDX\x00\x00\x02",
+        b"RDIDX\x00\x00\x03",
         st.st_size,
         st.st_mtime_ns,
         st.st_ctime_ns,
@@ -184,4 +189,126 @@ def test_abandoned_tmp_files_are_removed(write_meta, tmp_path: Path) -> None:
             os.utime(cache_dir / tmp, (old, old))
     MetaFile(p)
     left = {label for label, tmp in tmps.items() if (cache_dir / tmp).exists()}
-    assert left == {"live builder", "other host, recent", "dead, just written", "another file's"}
+    # A builder on this host whose pid is gone left its file for good, however recent: removed at once.
+    assert left == {"live builder", "other host, recent", "another file's"}
+
+
+_MEASURED_LOAD = """
+import json, resource, sys
+from pathlib import Path
+import psutil
+from rank_dataset.index import load_index
+me = psutil.Process()
+print("ready", flush=True)
+sys.stdin.readline()  # go
+reads, usage = me.io_counters().read_chars, resource.getrusage(resource.RUSAGE_SELF)
+index = load_index(Path(sys.argv[1]), rebuild=sys.argv[2] == "1")
+after = resource.getrusage(resource.RUSAGE_SELF)
+cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
+print(json.dumps({"reads": me.io_counters().read_chars - reads, "cpu": cpu, "count": index.count}), flush=True)
+"""
+
+
+def _measured_loads(path: Path, processes: int, *, rebuild: bool = False) -> list[dict[str, float]]:
+    """Load the index of ``path`` in ``processes`` processes started at once: what each read and spent."""
+    argv = [sys.executable, "-c", _MEASURED_LOAD, str(path), str(int(rebuild))]
+    procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        return [json.loads(proc.communicate(timeout=300)[0]) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_processes_indexing_one_file_at_once_read_it_about_once(write_meta, tmp_path: Path, rebuild: bool) -> None:
+    # The 8 local ranks of a node opening a new file at job start (or all finding its cache bad).
+    p = write_meta(n=600_000)
+    size = p.stat().st_size
+    (alone,) = _measured_loads(write_meta(p.read_text().splitlines(), name="copy.txt"), 1)
+    if rebuild:
+        MetaFile(p)
+    runs = _measured_loads(p, 8, rebuild=rebuild)
+    assert {run["count"] for run in runs} == {alone["count"]} == {600_000}
+    assert alone["reads"] >= size
+    # Each process reads the file's ends and the cache's ends (about 0.4 MiB); one reads the file.
+    total_reads = sum(run["reads"] for run in runs)
+    assert total_reads <= alone["reads"] + 8 * (1 << 20), (total_reads, size)
+    total_cpu = sum(run["cpu"] for run in runs)
+    assert total_cpu <= 2 * alone["cpu"] + 8 * 0.03, (total_cpu, alone["cpu"])
+    assert sorted(x.suffix for x in (tmp_path / "cache").iterdir()) == [".rdidx", ".rdidx"]  # no lock, no tmp
+
+
+def test_an_index_of_the_format_before_is_rebuilt_not_misread(write_meta, tmp_path: Path) -> None:
+    # The format before: 16 bytes a sample (two int64) after the same 128-byte header, version 2.
+    p = write_meta(LINES)
+    data = p.read_bytes()
+    st = p.stat()
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        sample = index_mod.hash_ends(fd, st.st_size)
+    finally:
+        os.close(fd)
+    spans = build_index(p)
+    old = struct.pack("<8sqqqQQqq16s", b"RDIDX\x00\x00\x02", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                      st.st_dev, len(spans), 1, sample)  # fmt: skip
+    cache = index_mod._cache_paths(p.resolve())[0]
+    cache.parent.mkdir(parents=True)
+    cache.write_bytes(old.ljust(index_mod._DATA_OFFSET, b"\0") + spans.astype("<i8").tobytes())
+    mf = MetaFile(p)
+    assert [mf[i] for i in range(len(mf))] == LINES
+    assert cache.read_bytes()[:8] == b"RDIDX\x00\x00\x03"
+    assert cache.stat().st_size == index_mod._DATA_OFFSET + 8 * len(LINES) + 16  # entries, one mark
+    assert mf.read(np.arange(len(LINES))[::-1]).texts(range(len(LINES))) == LINES[::-1]
+    assert data == p.read_bytes()
+
+
+@pytest.mark.parametrize("size", [1, 100, 5000, (1 << 32) + 7, (1 << 40) + 3])
+def test_entries_hold_start_and_length_in_8_bytes(size: int) -> None:
+    # A file of `size` bytes: starts up to `size`, lengths up to `size`; what does not fit in the
+    # length field (only past 4 GiB) is a long line, kept in its table.
+    rng = np.random.default_rng(size)
+    starts = np.sort(rng.integers(0, size, 1000))
+    lengths = np.minimum(rng.integers(1, size + 1, 1000), size - starts).clip(1)
+    lengths[:3] = [1, size - starts[1], max(1, size // 2)]
+    chunk = Chunk(0, size, starts, lengths, True, 0, np.empty((0, 2), np.int64))
+    part = index_mod._encoder(size)(chunk)
+    assert part.entries.dtype == np.dtype("<u8")
+    got_starts, got_lengths = index_mod.decode(part.entries, np.arange(1000), size, part.longs)
+    assert got_starts.tolist() == starts.tolist() and got_lengths.tolist() == lengths.tolist()
+    assert (size < 1 << 32) == (len(part.longs) == 0)
+    assert index_mod.length_bits(size) + size.bit_length() == 64
+
+
+def test_a_cache_path_that_is_a_directory_means_an_index_in_memory(write_meta, tmp_path: Path) -> None:
+    p = write_meta(LINES)
+    cache = index_mod._cache_paths(p.resolve())[0]
+    cache.mkdir(parents=True)  # hostile, or a mistake: where the cache would go is a directory
+    mf = MetaFile(p)
+    assert mf._files[0].index.cache is None and mf._files[0].index.memory is not None
+    assert [mf[i] for i in (0, 999)] == [LINES[0], LINES[999]]
+    assert mf.read(np.arange(1000)).texts(range(1000)) == LINES
+    assert cache.is_dir() and not list(cache.iterdir())
+
+
+def test_a_builder_killed_mid_build_leaves_nothing_in_the_way(write_meta, tmp_path: Path) -> None:
+    p = write_meta(n=2_000_000)
+    cache_dir = tmp_path / "cache"
+    code = "import sys, pathlib, rank_dataset.index as i; i.load_index(pathlib.Path(sys.argv[1]))"
+    child = subprocess.Popen([sys.executable, "-c", code, str(p.resolve())])
+    try:
+        while not list(cache_dir.glob("*.tmp")) and child.poll() is None:  # it holds the lock and writes
+            time.sleep(0.005)
+    finally:
+        child.kill()
+        child.wait()
+    index = index_mod.load_index(p.resolve())  # not wedged by the lock; the dead builder's file removed
+    assert index.count == 2_000_000 and index.cache is not None
+    assert sorted(x.suffix for x in cache_dir.iterdir()) == [".rdidx"]

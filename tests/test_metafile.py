@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from torch.utils.data import DataLoader
 
@@ -191,23 +192,30 @@ def test_damaged_cache_found_when_read_is_rebuilt(write_meta, tmp_path: Path, da
     p = write_meta(lines)
     MetaFile(p)
     cache = the_cache(tmp_path)
-    spans = np.fromfile(cache, "<i8", offset=index_mod._DATA_OFFSET).reshape(-1, 2)
+    size = p.stat().st_size
+    entries = np.fromfile(cache, "<u8", count=30_000, offset=index_mod._DATA_OFFSET)
+    bits = np.uint64(index_mod.length_bits(size))
+    starts, lengths = (
+        (entries >> bits).astype(np.int64),
+        (entries & ((np.uint64(1) << bits) - np.uint64(1))).astype(np.int64),
+    )
     if damage == "zeroed page":
-        spans[15_000:15_256] = 0
+        starts[15_000:15_512] = lengths[15_000:15_512] = 0
     elif damage == "overlapping spans":
-        spans[15_000, 1] = spans[15_001, 1]
+        lengths[15_000] = starts[15_001] + lengths[15_001] - starts[15_000]
     else:
-        spans[15_000, 1] = p.stat().st_size + 100
+        lengths[15_000] = size + 100 - starts[15_000]
+    damaged = (starts.astype("<u8") << bits) | lengths.astype("<u8")
     with open(cache, "r+b") as f:
         f.seek(index_mod._DATA_OFFSET)
-        f.write(spans.tobytes())
+        f.write(damaged.tobytes())
     mf = MetaFile(p)
     assert mf[15_000] == lines[15_000]
     idx = np.arange(14_000, 16_000)
     mf = MetaFile(p)  # from the rebuilt cache, then damaged again under it
     with open(cache, "r+b") as f:
         f.seek(index_mod._DATA_OFFSET)
-        f.write(spans.tobytes())
+        f.write(damaged.tobytes())
     assert mf.read(idx).texts(range(idx.size)) == lines[14_000:16_000]
 
 
@@ -295,3 +303,18 @@ def test_spawn_workers_need_no_meta_file(write_meta) -> None:
     p.unlink()  # the shard is in shared memory: workers never open the file
     got = [item for batch in loader for item in batch]
     assert sorted(got) == sorted(line_of(i) for i in range(3000))
+
+
+def test_where_reads_less_than_a_window(tmp_path: Path) -> None:
+    # Every 7th line blank, so line numbers differ from sample numbers; 16 MiB of file.
+    lines = ["" if i % 7 == 3 else imagenet_line(i) for i in range(480_000)]
+    p = tmp_path / "m.txt"
+    p.write_text("".join(f"{line}\n" for line in lines))
+    assert p.stat().st_size > 16 << 20
+    line_of = [i + 1 for i, line in enumerate(lines) if line]
+    mf = MetaFile(p)
+    me = psutil.Process()
+    for sample in (0, 1, 1000, len(mf) // 2, len(mf) - 1):
+        before = me.io_counters().read_chars
+        assert mf.where(sample) == f"{p}:{line_of[sample]}"
+        assert me.io_counters().read_chars - before < (4 << 20) + (1 << 16)

@@ -541,3 +541,22 @@ def test_a_schedule_keeps_the_epoch_size() -> None:
 def test_bad_changes_are_named(changes: Any, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         MixPlan((8, 8), (5, 5), 10, changes)
+
+
+@pytest.mark.parametrize("trial", range(30))
+def test_a_mix_of_many_sources_locates_as_one_of_few(trial: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past a few sources, locate evaluates every source's permutations at once: the same numbers.
+    from rank_dataset import mix
+
+    rng = np.random.default_rng(trial)
+    s = int(rng.integers(2, 60))
+    k = int(rng.integers(1, 4))  # repeated augmentation: draws of the mixed order, streams from their bases
+    counts = tuple(k * int(x) for x in rng.integers(1, 200, s))
+    plan = MixPlan(tuple(int(x) for x in rng.integers(1, 50, s)), counts, sum(counts))
+    seed, epoch = int(rng.integers(-5, 2**40)), int(rng.integers(0, 100))
+    positions = rng.integers(0, 2 * plan.epoch_size, 500)
+    monkeypatch.setattr(mix, "_FEW_SOURCES", 10**9)
+    one_by_one = plan.locate(seed, epoch, positions, k)
+    monkeypatch.setattr(mix, "_FEW_SOURCES", 0)
+    together = plan.locate(seed, epoch, positions, k)
+    assert all(np.array_equal(a, b) for a, b in zip(one_by_one, together))

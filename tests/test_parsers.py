@@ -26,3 +26,12 @@ def test_resolve() -> None:
     assert resolve_parser(str.upper) is str.upper
     with pytest.raises(ValueError, match="parser must be None, 'json', 'label' or a callable"):
         resolve_parser("yaml")
+
+
+@pytest.mark.parametrize("line", ["x" * 10_000_000, "y" * 5_000_000 + " " + "z" * 5_000_000, "{" + "1" * 10_000_000])
+def test_messages_quote_at_most_about_200_characters_of_a_line(line: str) -> None:
+    parse = parse_json if line.startswith("{") else parse_label
+    with pytest.raises(LineError) as err:
+        parse(line)
+    message = str(err.value)
+    assert len(message) < 600 and f"({len(line):,} characters)" in message

@@ -95,3 +95,15 @@ def test_permute_stream_is_the_concatenated_passes(n: int) -> None:
     assert permute_stream(n, 4, 2, np.arange(6).reshape(2, 3)).shape == (2, 3)
     with pytest.raises(ValueError, match="stream offsets must be >= 0"):
         permute_stream(n, 4, 0, [-1])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 1000, 2**40 + 7, 2**53 + 1, 2**55, 2**62])
+def test_permute_each_is_permute_elementwise(n: int) -> None:
+    from rank_dataset.permutation import permute_each
+
+    rng = np.random.default_rng(n % 1000)
+    pos = rng.integers(0, n, 64) if n > 1 else np.zeros(64, np.int64)
+    seeds = rng.integers(0, 2**63, 64).astype(np.uint64)
+    epochs = rng.integers(0, 50, 64)
+    got = permute_each(np.full(64, n), seeds, epochs, pos)
+    assert got.tolist() == [int(permute(n, int(s), int(e), int(p))) for s, e, p in zip(seeds, epochs, pos)]

@@ -10,12 +10,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from rank_dataset._channel import PassCount
 from rank_dataset.config import ReloadConfig
-from rank_dataset.errors import MetaFileChangedError, ProtocolError, RanksDisagreeError
+from rank_dataset.errors import (
+    MetaFileChangedError,
+    PassAuditError,
+    PassAuditWarning,
+    ProtocolError,
+    RanksDisagreeError,
+)
+from rank_dataset.grouping import group_by
 from rank_dataset.metafile import MetaFile
 from rank_dataset.mix import Source
 from rank_dataset.permutation import permute
 from rank_dataset.plan import ResumePoint, ShardSpec, eval_range, spread_positions
+from rank_dataset.recipes import class_balanced, repeat_factor
 from rank_dataset.resume import ResumeState
 from rank_dataset.scan import build_index
 from rank_dataset.shard import Shard
@@ -29,6 +38,9 @@ if TYPE_CHECKING:
 __all__ = [
     "MetaFile",
     "MetaFileChangedError",
+    "PassAuditError",
+    "PassAuditWarning",
+    "PassCount",
     "ProtocolError",
     "RandomSampler",
     "RankDataset",
@@ -43,10 +55,13 @@ __all__ = [
     "ShardSpec",
     "Source",
     "build_index",
+    "class_balanced",
     "eval_range",
     "find_resume_state",
     "get_rank_world_size",
+    "group_by",
     "permute",
+    "repeat_factor",
     "resume_state",
     "spread_positions",
 ]

@@ -19,6 +19,7 @@ __all__ = ["ShortRead", "Window", "count_newlines", "pread_exact", "read_ends"]
 _PAGE = mmap.PAGESIZE
 _GAP = 2  # pages between two wanted ranges that are read rather than skipped
 _COUNT_CHUNK = 16 << 20
+_SMALL = 1 << 20  # window buffers up to this size are heap arrays (a map costs syscalls and faults)
 
 
 class ShortRead(OSError):
@@ -56,54 +57,66 @@ class Window:
     def __init__(self) -> None:
         self._buf = np.empty(0, np.uint8)
 
+    def _buffer(self, size: int) -> npt.NDArray[np.uint8]:
+        if self._buf.size < size:
+            # Large: a private anonymous map, not the heap: unmapped whole when the window goes, so a
+            # build leaves no freed-but-resident heap pages behind for forked DataLoader workers to share.
+            big = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE) if size > _SMALL else None
+            self._buf = np.empty(size, np.uint8) if big is None else np.frombuffer(big, np.uint8)
+        return self._buf[:size]
+
     def load(
         self, fd: int, starts: npt.NDArray[np.int64], stops: npt.NDArray[np.int64], end: int, pad: int = 0
-    ) -> tuple[npt.NDArray[np.uint8], int]:
+    ) -> tuple[npt.NDArray[np.uint8], int | npt.NDArray[np.int64]]:
         """Read the ranges ``[starts[i], stops[i])`` (cut at ``end``, the file size expected) of ``fd``.
 
-        Returns ``(buf, lo)``: byte ``x`` of the file is ``buf[x - lo]`` for every ``x`` in a range;
-        other bytes of ``buf`` are unspecified. ``buf`` has ``pad`` bytes more than the ranges need, so
-        that fixed-width records starting in a range never run past it. Every page that a range
-        touches is read whole, adjacent pages in one call.
+        Returns ``(buf, shift)``: byte ``x`` of the file is ``buf[x - shift[i]]`` for every ``x`` in
+        range ``i`` (``shift`` an int where one shift serves every range); other bytes of ``buf``
+        are unspecified. ``buf`` has ``pad`` bytes more than the ranges need, so that fixed-width
+        records starting in a range never run past it. Every page that a range touches is read
+        whole, adjacent pages in one call: where the ranges are dense, the span from the first to
+        the last; where they are sparse, only their pages, back to back (so the buffer holds what
+        the ranges need, however far apart they are).
 
         Raises:
             ShortRead: the file ends before ``end``.
         """
         lo = int(starts.min())
         hi = min(int(stops.max()), end)
-        if self._buf.size < hi - lo + pad:
-            # An anonymous map, not the heap: unmapped whole when the window goes, so a build leaves no
-            # freed-but-resident heap pages behind for forked DataLoader workers to share.
-            self._buf = np.frombuffer(mmap.mmap(-1, hi - lo + pad), np.uint8)
-        buf = self._buf[: hi - lo + pad]
         if hi <= lo:
-            return buf, lo
+            return self._buffer(pad), lo
         if starts.size * _PAGE >= 2 * (hi - lo):  # two ranges a page on average: every page is needed
+            buf = self._buffer(hi - lo + pad)
             pread_exact(fd, buf[: hi - lo], lo)
             return buf, lo
-        base = lo // _PAGE
-        pages = (hi - 1) // _PAGE - base + 1
-        first = np.minimum(starts, hi - 1) // _PAGE - base
-        last = (np.minimum(np.maximum(stops, starts + 1), hi) - 1) // _PAGE - base
-        # Pages covered by some range: +1 where a range's first page is, -1 past its last one.
-        cover = np.cumsum(np.bincount(first, minlength=pages + 1) - np.bincount(last + 1, minlength=pages + 1))
-        runs = np.flatnonzero(np.diff((cover[:pages] > 0).astype(np.int8), prepend=0, append=0)).reshape(-1, 2)
-        # A call costs about what copying a page does: runs with a page or two between them are one.
-        keep = np.flatnonzero(runs[1:, 0] - runs[:-1, 1] > _GAP)
-        run_starts = np.maximum((base + runs[np.r_[0, keep + 1], 0]) * _PAGE, lo)
-        run_stops = np.minimum((base + runs[np.r_[keep, len(runs) - 1], 1]) * _PAGE, hi)
+        # The pages each range touches, merged into runs (a call costs about what copying a page
+        # does: runs with a page or two between them are one).
+        order = np.argsort(starts, kind="stable")
+        first = np.minimum(starts[order], hi - 1) // _PAGE
+        last = np.maximum.accumulate((np.minimum(np.maximum(stops[order], starts[order] + 1), hi) - 1) // _PAGE)
+        opens = np.flatnonzero(first[1:] > last[:-1] + 1 + _GAP) + 1
+        run_of = np.zeros(starts.size, np.int64)
+        run_of[opens] = 1
+        np.cumsum(run_of, out=run_of)
+        run_starts = np.maximum(first[np.r_[0, opens]] * _PAGE, lo)
+        run_stops = np.minimum((last[np.r_[opens - 1, starts.size - 1]] + 1) * _PAGE, hi)
+        at = np.zeros(run_starts.size + 1, np.int64)  # where each run goes in the buffer
+        np.cumsum(run_stops - run_starts, out=at[1:])
+        buf = self._buffer(int(at[-1]) + pad)
         view = buf.data
-        for a, b in zip(run_starts.tolist(), run_stops.tolist()):
-            if os.preadv(fd, [view[a - lo : b - lo]], a) != b - a:
-                pread_exact(fd, buf[a - lo : b - lo], a)  # finish a short read, or raise
-        return buf, lo
+        for a, b, to in zip(run_starts.tolist(), run_stops.tolist(), at.tolist()):
+            if os.preadv(fd, [view[to : to + b - a]], a) != b - a:
+                pread_exact(fd, buf[to : to + b - a], a)  # finish a short read, or raise
+        shift = np.empty(starts.size, np.int64)
+        shift[order] = (run_starts - at[:-1])[run_of]
+        return buf, shift
 
 
-def count_newlines(fd: int, stop: int) -> int:
-    """The number of ``\\n`` in bytes ``[0, stop)`` of ``fd`` (or up to its end, if shorter), read
+def count_newlines(fd: int, stop: int, start: int = 0) -> int:
+    """The number of ``\\n`` in bytes ``[start, stop)`` of ``fd`` (or up to its end, if shorter), read
     16 MiB at a time, so locating a line of a 50 GB file costs 16 MiB of memory, not 50 GB."""
-    buf = np.empty(min(stop, _COUNT_CHUNK), np.uint8)
-    count, offset = 0, 0
+    buf = np.empty(max(0, min(stop - start, _COUNT_CHUNK)), np.uint8)
+    count, offset = 0, start
     while offset < stop:
         part = buf[: min(buf.size, stop - offset)]
         got = os.preadv(fd, [part.data], offset)

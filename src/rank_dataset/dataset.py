@@ -12,7 +12,7 @@ import numpy.typing as npt
 from torch.utils.data import Dataset
 
 from rank_dataset._agree import agreement_fields, agreement_needed, check_ranks_agree
-from rank_dataset._channel import ShardChannel
+from rank_dataset._channel import AuditMode, PassCount, ShardChannel
 from rank_dataset._checks import check_index, check_int
 from rank_dataset._residency import return_freed_memory
 from rank_dataset.config import ReloadConfig
@@ -20,7 +20,7 @@ from rank_dataset.metafile import MetaFile
 from rank_dataset.mix import Mixture, Source, SourceInfo, as_sources
 from rank_dataset.parsers import LineError, Parser, resolve_parser
 from rank_dataset.plan import ShardSpec
-from rank_dataset.reader import FileReader, ShardReader
+from rank_dataset.reader import FileReader, ShardReader, files_of
 from rank_dataset.resume import MixRecord, ResumeState
 from rank_dataset.shard import Shard
 from rank_dataset.topology import get_rank_world_size
@@ -53,6 +53,7 @@ class ShardedDataset(Dataset[Any]):
         world_size: int | None,
         parser: str | Parser | None,
         sources: Sequence[Source] | None = None,
+        audit: AuditMode = "warn",
     ) -> None:
         cfg = ReloadConfig.coerce(reload_cfg)
         rank, world_size = get_rank_world_size(rank, world_size)
@@ -78,7 +79,8 @@ class ShardedDataset(Dataset[Any]):
             )
             num_samples = self._mixture.plan.epoch_size
         self._parsers = None if self._mixture is None else self._mixture.parsers
-        self.channel = ShardChannel()
+        self.channel = ShardChannel(audit)
+        self._tally = self.channel.tally  # bound once: item access calls it directly
         self._version, self._seen = self.channel.version, self.channel.seen  # the per-item check (see _sync)
         spec = ShardSpec(
             num_samples=num_samples,
@@ -128,9 +130,11 @@ class ShardedDataset(Dataset[Any]):
         """Build the shard of ``spec``, publish it to the workers and serve it; on any error the
         dataset stays as it was."""
         self.channel.check_owner()
+        self.channel.judge()  # the last pass is over: audit it before anything changes
         if agreement_needed():  # under a process group, every rank must plan from the same inputs
             check_ranks_agree(self._agreement_fields(spec), spec.rank)
-        shard = self.reader.build(spec).without_ids().shared()
+        shard = self.reader.build(spec)
+        shard = (shard if self.reader.keeps_ids else shard.without_ids()).shared()
         self.channel.publish(shard, spec)
         self._serve(shard, spec)  # the old shard is unmapped here, once the new one exists
         self._seen = self.channel.seen
@@ -157,13 +161,14 @@ class ShardedDataset(Dataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         # Pickled to reach a spawn or forkserver worker: the channel's handle, never a shard's bytes.
         state = self.__dict__.copy()
-        for name in ("_version", "_shard", "_text", "_indices", "_source_ids"):
+        for name in ("_version", "_shard", "_text", "_indices", "_source_ids", "_tally"):
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._version, self._seen = self.channel.version, self.channel.seen  # -1: look on first use
+        self._tally = self.channel.tally
         self._shard = self._text = None  # type: ignore[assignment]  # mapped on first use
         self._indices = self._source_ids = None
 
@@ -189,7 +194,9 @@ class ShardedDataset(Dataset[Any]):
         if self._mixture is None:
             return None
         if self._source_ids is None:
-            source_ids = self._mixture.source_ids(self.indices)
+            # The source of a plan number (not of a sample: one sample may be in several sources).
+            plan = self._spec.indices() if self._shard.ids is not None else self.indices
+            source_ids = self._mixture.source_ids(plan)
             source_ids.flags.writeable = False
             self._source_ids = source_ids
         return self._source_ids
@@ -215,6 +222,21 @@ class ShardedDataset(Dataset[Any]):
         spec = self._spec
         resume = spec.resume if epoch == spec.epoch else None
         self._load(dataclasses.replace(spec, epoch=epoch, mini_epoch_idx=mini_epoch_idx, resume=resume))
+
+    # -- the pass audit ---------------------------------------------------------------------------
+
+    def audit(self) -> tuple[PassCount, ...]:
+        """The counts of the recent passes over this dataset started by rank_dataset's samplers (up to
+        16, oldest first): for each, the indices its sampler drew, the items the DataLoader's workers
+        (or the rank, without workers) read, and whether it finished, was left early or is running.
+
+        A finished pass that read fewer or more items than it drew warns once (a
+        :class:`~rank_dataset.errors.PassAuditWarning`; with ``audit="error"`` a
+        :class:`~rank_dataset.errors.PassAuditError`), when the next pass starts or at ``set_epoch``
+        or ``load_state_dict``: the loader was most likely sharded a second time. Call it in the
+        process that created the dataset.
+        """
+        return self.channel.audit()
 
     # -- resume -----------------------------------------------------------------------------------
 
@@ -288,13 +310,14 @@ class ShardedDataset(Dataset[Any]):
     def indices(self) -> npt.NDArray[np.int64]:
         """Read-only int64 array of global sample numbers: ``self[i]`` is sample ``indices[i]``.
 
-        Computed from the plan on first use and kept until the shard changes (a shard does not store
-        its sample numbers).
+        Computed from the plan on first use and kept until the shard changes (a shard stores its
+        sample numbers only where the plan's numbers are not them: sources over subsets).
         """
         if self._version[0] != self._seen:
             self._sync()
         if self._indices is None:
-            indices = self._spec.indices()
+            ids = self._shard.ids
+            indices = self._spec.indices() if ids is None else np.array(ids)
             indices.flags.writeable = False
             self._indices = indices
         return self._indices
@@ -326,6 +349,7 @@ class ShardedDataset(Dataset[Any]):
         if not (type(i) is int and 0 <= i < self._n):
             i = self._check_index(i)
         text = self._text(i)
+        self._tally(1)
         return text if self._parser is None and self._parsers is None else self._parse(text, i)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
@@ -336,6 +360,7 @@ class ShardedDataset(Dataset[Any]):
         if not all(type(i) is int and 0 <= i < n for i in indices):
             indices = [self._check_index(i) for i in indices]
         texts = self._shard.texts(indices)
+        self._tally(len(texts))  # the pass audit: a store in the control block per batch
         if self._parser is None and self._parsers is None:
             return texts
         return [self._parse(t, i) for t, i in zip(texts, indices)]
@@ -356,10 +381,12 @@ class RankDataset(ShardedDataset):
 
     Args:
         meta_file: a path, a list of paths (taken as one file, in order), a MetaFile, or a mix: a
-            list of :class:`~rank_dataset.mix.Source` (each a file or several, with a weight, a
-            repeat or a choose, and optionally its own parser). Items of a mix are numbered over
-            the sources' files in source order (sample ``k`` of source ``s`` is
-            ``sum(N_0..N_{s-1}) + k``); ``source_ids`` and ``sources`` describe them.
+            list of :class:`~rank_dataset.mix.Source` (each a file or several, or the listed samples
+            of them, with a weight, a repeat or a choose, and optionally its own parser). Items of a
+            mix are numbered over the distinct files of the sources, in order of first appearance
+            (for sources over distinct files: sample ``k`` of source ``s`` is ``sum(N_0..N_{s-1}) +
+            k``; for subsets of one file, the file's sample numbers); ``source_ids`` and ``sources``
+            describe them.
         is_test: eval layout: no shuffle, no padding, one contiguous block per rank (a mix then
             reads every sample of every source once, sources in order, ignoring weights).
         reload_cfg: a dict or ReloadConfig with ``mini_epoch``, ``seed``, ``mini_epoch_idx``,
@@ -368,6 +395,8 @@ class RankDataset(ShardedDataset):
         world_size: the number of ranks; default: the process group, else ``WORLD_SIZE``, else 1.
         parser: None (items are str), ``"json"``, ``"label"`` (``(path, int)``), or a callable;
             in a mix, for the sources that have no parser of their own.
+        audit: ``"warn"`` (a PassAuditWarning, once), ``"error"`` (a PassAuditError) or ``"off"``:
+            what a finished pass that read other than its sampler drew does (see :meth:`audit`).
 
     Raises:
         ValueError: as MetaFile; for a mix, a source with no samples or counts that cannot be met
@@ -391,11 +420,12 @@ class RankDataset(ShardedDataset):
         rank: int | None = None,
         world_size: int | None = None,
         parser: str | Parser | None = None,
+        audit: AuditMode = "warn",
     ) -> None:
         sources = as_sources(meta_file)
         if sources is None:
             meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file)  # type: ignore[arg-type]
-        else:  # one MetaFile of every source's files in order: reading a shard stays MetaFile.read
-            meta = MetaFile([path for source in sources for path in source.paths])
+        else:  # one MetaFile of the distinct files: each indexed once, read once per shard
+            meta = MetaFile(files_of(sources))
         self.meta = meta
-        super().__init__(FileReader(meta, sources), is_test, reload_cfg, rank, world_size, parser, sources)
+        super().__init__(FileReader(meta, sources), is_test, reload_cfg, rank, world_size, parser, sources, audit)

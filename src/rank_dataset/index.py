@@ -1,25 +1,29 @@
 """The line-offset index of a meta file and its cache on disk. No torch.
 
-The index of a file is the ``(n, 2)`` int64 array of the byte spans of its samples (see
-:mod:`rank_dataset.scan`), cached beside the file (or in the user cache directory). A cache is keyed
-by what identifies the file's content without reading all of it: size, mtime, ctime and inode (ctime
-cannot be set by ``utime``, so ``touch -r`` and ``cp -p`` over the file do not pass for it), and a
-hash of its first and last 64 KiB. No descriptor is kept open: the cache is mapped only while a
-shard is built (:class:`SpanReader`).
+The index of a file holds the byte span of each of its samples (see :mod:`rank_dataset.scan`) in
+8 bytes: one little-endian uint64 ``start << bits | length``, where ``bits = 64 - bit_length(size)``
+(a line too long for its field, which only a file over 4 GiB can hold, has an all-ones length and
+its true length in a table of long lines). After the entries come that table and the file's marks:
+where the first line after every 4 MiB starts and its line number, so that a sample's line number is
+found by reading less than 4 MiB. It is cached beside the file (or in the user cache directory),
+built by one process while others that want it wait (:mod:`rank_dataset._cachelock`). A cache is
+keyed by what identifies the file's content without reading all of it: size, mtime, ctime and inode
+(ctime cannot be set by ``utime``, so ``touch -r`` and ``cp -p`` over the file do not pass for it),
+and a hash of its first and last 64 KiB. No descriptor is kept open, and no cache is mapped: a build
+reads the entries it needs with positional reads (:class:`SpanReader`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import mmap
 import os
 import socket
 import struct
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,27 +31,39 @@ import numpy.typing as npt
 import psutil
 from platformdirs import user_cache_dir
 
-from rank_dataset._pread import ShortRead, pread_exact, read_ends
-from rank_dataset._residency import drop_pages
+from rank_dataset._cachelock import one_builder
+from rank_dataset._pread import ShortRead, Window, pread_exact, read_ends
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.scan import scan_chunks
+from rank_dataset.scan import Chunk, scan_map
 
-__all__ = ["CACHE_DIR_ENV", "FileKey", "Index", "SpanReader", "hash_ends", "load_index"]
+__all__ = [
+    "CACHE_DIR_ENV",
+    "FileKey",
+    "Index",
+    "SpanReader",
+    "hash_ends",
+    "length_bits",
+    "line_mark",
+    "load_index",
+    "read_entry",
+    "spans_are_sane",
+]
 
 #: Environment variable naming a directory for index caches, used instead of the meta file's own.
 CACHE_DIR_ENV = "RANK_DATASET_CACHE_DIR"
 
-_MAGIC = b"RDIDX\x00\x00\x02"
-# magic, file size, mtime_ns, ctime_ns, inode, device, number of samples, flags, hash of the file's ends
-_HEADER = struct.Struct("<8sqqqQQqq16s")
+_MAGIC = b"RDIDX\x00\x00\x03"
+# magic, file size, mtime_ns, ctime_ns, inode, device, samples, flags, hash of the file's ends, long lines, marks
+_HEADER = struct.Struct("<8sqqqQQqq16sqq")
 _FLAG_ASCII = 1
 _DATA_OFFSET = 128
-_ENTRY = 16  # one span: two little-endian int64
+_ENTRY = 8  # one sample: a little-endian uint64, start << bits | length
+_PAIR = 16  # a long line (sample, length) or a mark (offset, line number): two little-endian int64
 _SAMPLE = 1 << 16  # bytes hashed at each end of the file
-_CHECK_ROWS = 1 << 12  # spans checked at each end of a cache when it is loaded
+_CHECK_ROWS = 1 << 12  # entries checked at each end of a cache when it is loaded
 _BUILD_TRIES = 3
 _OTHER_HOST_TMP_AGE = 24 * 3600  # seconds after which another host's unfinished cache is abandoned
-_TMP_GRACE = 60  # a temporary file this recently written is never taken for abandoned
+_IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)
@@ -67,7 +83,22 @@ class FileKey:
     def same_file(self, other: FileKey) -> bool:
         """Equal but for the device, which one file shared over NFS has a different one on each client
         (git leaves st_dev out of its index check for that reason): what a cache is matched on."""
-        return replace(other, device=self.device) == self
+        return (self.size, self.mtime_ns, self.ctime_ns, self.inode) == (
+            other.size,
+            other.mtime_ns,
+            other.ctime_ns,
+            other.inode,
+        )
+
+    def matches(self, st: os.stat_result) -> bool:
+        """Whether ``st`` is this file unchanged (the common case of :meth:`change`, without objects)."""
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev) == (
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.inode,
+            self.device,
+        )
 
     def change(self, now: FileKey) -> str | None:
         """What differs between the file as indexed (``self``) and ``now``, in words; None if nothing."""
@@ -82,12 +113,28 @@ class FileKey:
         return None
 
 
+def length_bits(size: int) -> int:
+    """The low bits of an entry that hold a sample's length in a file of ``size`` bytes; the high
+    ``bit_length(size)`` bits hold its start."""
+    return 64 - max(1, size.bit_length())
+
+
+@dataclass(frozen=True)
+class Table:
+    """An index held in memory: the entries (uint64), the long lines ``(k, 2)`` (sample, length) and
+    the marks ``(k, 2)`` (offset, line number), as in a cache file."""
+
+    entries: npt.NDArray[np.uint64]
+    longs: _IntArray
+    marks: _IntArray
+
+
 @dataclass(frozen=True)
 class Index:
     """Where the spans of a file's samples are, and what they describe.
 
     ``key`` is the file as this process indexed it, ``ends_hash`` the hash of its first and last
-    64 KiB. The spans live in ``cache``, or in ``memory`` where no cache location was writable (not
+    64 KiB. The entries live in ``cache``, or in ``memory`` where no cache location was writable (not
     pickled: a process that receives the index rescans the file if it ever reads it).
     """
 
@@ -96,7 +143,7 @@ class Index:
     count: int
     ascii: bool
     cache: Path | None
-    memory: npt.NDArray[np.int64] | None = field(default=None, compare=False, repr=False)
+    memory: Table | None = field(default=None, compare=False, repr=False)
 
     def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "memory": None}
@@ -120,56 +167,105 @@ def _cache_paths(path: Path) -> list[Path]:
     return [path.with_name(f".{path.name}.rdidx"), Path(user_cache_dir("rank-dataset")) / name]
 
 
-def _header(key: FileKey, ends_hash: bytes, count: int, ascii_only: bool) -> bytes:
-    flags = _FLAG_ASCII if ascii_only else 0
-    return _HEADER.pack(_MAGIC, key.size, key.mtime_ns, key.ctime_ns, key.inode, key.device, count, flags, ends_hash)
+@dataclass(frozen=True)
+class _Header:
+    key: FileKey
+    ends_hash: bytes
+    count: int
+    ascii: bool
+    longs: int
+    marks: int
+
+    def pack(self) -> bytes:
+        k = self.key
+        flags = _FLAG_ASCII if self.ascii else 0
+        return _HEADER.pack(
+            _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, k.device, self.count, flags, self.ends_hash, self.longs,
+            self.marks,
+        )  # fmt: skip
+
+    def describes(self, key: FileKey, ends_hash: bytes) -> bool:
+        """Whether this is the header of an index of the file ``key`` and ``ends_hash`` identify."""
+        return self.key.same_file(key) and self.ends_hash == ends_hash
+
+    @property
+    def longs_at(self) -> int:
+        return _DATA_OFFSET + _ENTRY * self.count
+
+    @property
+    def marks_at(self) -> int:
+        return self.longs_at + _PAIR * self.longs
 
 
-def _describes(header: tuple[FileKey, bytes, int, bool] | None, key: FileKey, ends_hash: bytes) -> bool:
-    """Whether a cache's header is that of the file ``key`` and ``ends_hash`` identify."""
-    return header is not None and header[0].same_file(key) and header[1] == ends_hash
-
-
-def _read_header(fd: int) -> tuple[FileKey, bytes, int, bool] | None:
-    """``(key, ends_hash, count, ascii)`` from the header of the cache open at ``fd``; None if invalid."""
+def _read_header(fd: int) -> _Header | None:
+    """The header of the cache open at ``fd``; None if it is not a valid one (or not a file)."""
     raw = np.empty(_HEADER.size, np.uint8)
     try:
         pread_exact(fd, raw, 0)
-    except ShortRead:
+        length = os.fstat(fd).st_size
+    except OSError:  # ShortRead; IsADirectoryError where the cache's path is a directory
         return None
-    magic, size, mtime, ctime, inode, device, count, flags, ends_hash = _HEADER.unpack(raw.tobytes())
-    if magic != _MAGIC or count < 0 or os.fstat(fd).st_size != _DATA_OFFSET + _ENTRY * count:
+    magic, size, mtime, ctime, inode, device, count, flags, ends_hash, longs, marks = _HEADER.unpack(raw.tobytes())
+    key = FileKey(size, mtime, ctime, inode, device)
+    header = _Header(key, ends_hash, count, bool(flags & _FLAG_ASCII), longs, marks)
+    if magic != _MAGIC or min(count, longs, marks) < 0 or length != header.marks_at + _PAIR * marks:
         return None
-    return FileKey(size, mtime, ctime, inode, device), ends_hash, count, bool(flags & _FLAG_ASCII)
+    return header
 
 
-def spans_are_sane(spans: npt.NDArray[np.int64], size: int, *, ordered: bool = True) -> bool:
-    """Whether ``spans`` could be samples of a file of ``size`` bytes: non-empty, inside the file
+def _read_pairs(fd: int, offset: int, count: int) -> _IntArray:
+    raw = np.empty(_PAIR * count, np.uint8)
+    pread_exact(fd, raw, offset)
+    return raw.view("<i8").astype(np.int64).reshape(-1, 2)
+
+
+def decode(
+    entries: npt.NDArray[np.uint64], local: _IntArray, size: int, longs: _IntArray
+) -> tuple[_IntArray, _IntArray]:
+    """``(starts, lengths)`` of samples ``local`` of a file of ``size`` bytes from their ``entries``
+    and the file's long lines. A length the entry marks as long but the table does not hold is 0 (no
+    sample has it: the index is damaged)."""
+    bits = length_bits(size)
+    mask = (1 << bits) - 1
+    starts: _IntArray = np.right_shift(entries, np.uint64(bits)).view(np.int64)
+    lengths: _IntArray = np.bitwise_and(entries, np.uint64(mask)).view(np.int64)
+    rows = np.flatnonzero(lengths == mask) if longs.size or bits < 32 else np.empty(0, np.int64)
+    if rows.size:
+        at = np.minimum(np.searchsorted(longs[:, 0], local[rows]), max(len(longs) - 1, 0))
+        found = longs[at, 0] == local[rows] if longs.size else np.zeros(rows.size, bool)
+        lengths[rows] = np.where(found, longs[at, 1] if longs.size else 0, 0)
+    return starts, lengths
+
+
+def spans_are_sane(starts: _IntArray, lengths: _IntArray, size: int, *, ordered: bool = True) -> bool:
+    """Whether these spans could be samples of a file of ``size`` bytes: non-empty, inside the file
     and (``ordered``: consecutive samples) increasing without overlap, as a newline separates them."""
-    if not spans.size:
+    if not starts.size:
         return True
-    s, e = spans[:, 0], spans[:, 1]
-    if not (int(s.min()) >= 0 and int(e.max()) <= size and bool((e > s).all())):
+    if not (int(starts.min()) >= 0 and int(lengths.min()) > 0 and int((starts + lengths).max()) <= size):
         return False
-    return not ordered or bool((s[1:] > e[:-1]).all())
+    return not ordered or bool((starts[1:] > starts[:-1] + lengths[:-1]).all())
 
 
-def _cache_is_sane(fd: int, count: int, size: int) -> bool:
-    """Check the spans at each end of a cache (all of a small one): a cache that a crash or a bad
+def _cache_is_sane(fd: int, header: _Header) -> bool:
+    """Check the entries at each end of a cache (all of a small one): a cache that a crash or a bad
     disk left zeroed or torn is rebuilt instead of trusted. Spans are also checked, against the
     bytes they point at, whenever a shard is built from them."""
+    count, size = header.count, header.key.size
     blocks = [(0, min(count, _CHECK_ROWS))]
     if count > _CHECK_ROWS:
         blocks.append((max(_CHECK_ROWS, count - _CHECK_ROWS), count))
-    for lo, hi in blocks:
-        raw = np.empty(_ENTRY * (hi - lo), np.uint8)
-        try:
+    try:
+        longs = _read_pairs(fd, header.longs_at, header.longs)
+        for lo, hi in blocks:
+            raw = np.empty(_ENTRY * (hi - lo), np.uint8)
             pread_exact(fd, raw, _DATA_OFFSET + _ENTRY * lo)
-        except ShortRead:
-            return False
-        if not spans_are_sane(raw.view("<i8").reshape(-1, 2), size):
-            return False
-    return True
+            starts, lengths = decode(raw.view("<u8"), np.arange(lo, hi), size, longs)
+            if not spans_are_sane(starts, lengths, size):
+                return False
+    except ShortRead:
+        return False
+    return bool(longs.size == 0 or (np.diff(longs[:, 0]) > 0).all())
 
 
 def _open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
@@ -180,12 +276,9 @@ def _open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
         return None
     try:
         header = _read_header(fd)
-        if header is None or not _describes(header, key, ends_hash):
+        if header is None or not header.describes(key, ends_hash) or not _cache_is_sane(fd, header):
             return None
-        count, ascii_only = header[2], header[3]
-        if not _cache_is_sane(fd, count, key.size):
-            return None
-        return Index(key, ends_hash, count, ascii_only, cache)
+        return Index(key, ends_hash, header.count, header.ascii, cache)
     finally:
         os.close(fd)
 
@@ -198,8 +291,8 @@ def _tmp_prefix(cache: Path) -> str:
 
 def _remove_abandoned(cache: Path) -> None:
     """Remove the temporary files that dead builders of ``cache`` left: on this host, those whose
-    builder's pid is gone; from other hosts (whose pids mean nothing here), those untouched for a
-    day. Any written to within the last minute are left alone (a live builder writes steadily)."""
+    builder's pid is gone (at once: a live builder's pid is alive); from other hosts (whose pids mean
+    nothing here), those untouched for a day."""
     host, now = socket.gethostname(), time.time()
     try:
         entries = list(os.scandir(cache.parent))
@@ -213,12 +306,14 @@ def _remove_abandoned(cache: Path) -> None:
         # another host's.
         pid_text, _, rest = name[len(cache.name) :].removeprefix(".").partition("@")
         tmp_host = rest.rpartition(".")[0].rpartition(".")[0]
-        try:
-            age = now - entry.stat().st_mtime
-        except OSError:
-            continue
-        ours = tmp_host == host and pid_text.isdigit()
-        if age >= _TMP_GRACE and (not psutil.pid_exists(int(pid_text)) if ours else age > _OTHER_HOST_TMP_AGE):
+        if tmp_host == host and pid_text.isdigit():
+            abandoned = not psutil.pid_exists(int(pid_text))
+        else:
+            try:
+                abandoned = now - entry.stat().st_mtime > _OTHER_HOST_TMP_AGE
+            except OSError:
+                continue
+        if abandoned:
             with contextlib.suppress(OSError):
                 os.unlink(entry.path)
 
@@ -232,12 +327,79 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+@dataclass(frozen=True)
+class _Part:
+    """One chunk of a scan, encoded: its entries, its long lines (row in the chunk, length), what
+    else the index keeps."""
+
+    entries: npt.NDArray[np.uint64]
+    longs: _IntArray
+    ascii: bool
+    newlines: int
+    marks: _IntArray
+
+
+def _encoder(size: int) -> Callable[[Chunk], _Part]:
+    bits = length_bits(size)
+    mask = (1 << bits) - 1
+
+    def encode(chunk: Chunk) -> _Part:
+        entries = chunk.starts.astype("<u8")
+        entries <<= np.uint64(bits)
+        entries |= np.minimum(chunk.lengths, mask).astype("<u8")
+        rows = np.flatnonzero(chunk.lengths >= mask)
+        return _Part(entries, np.column_stack((rows, chunk.lengths[rows])), chunk.ascii, chunk.newlines, chunk.marks)
+
+    return encode
+
+
+@dataclass(frozen=True)
+class _Built:
+    count: int
+    ascii: bool
+    longs: _IntArray
+    marks: _IntArray
+
+    def header(self, key: FileKey, ends_hash: bytes) -> _Header:
+        return _Header(key, ends_hash, self.count, self.ascii, len(self.longs), len(self.marks))
+
+
+def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _Built:
+    """Scan the file open at ``fd`` (which must stay the file ``key`` describes to the end), passing
+    its entries to ``write`` in order; what else its index holds.
+
+    Raises:
+        MetaFileChangedError: the file changed while it was being indexed.
+    """
+    count, lines, ascii_only = 0, 0, True
+    longs: list[_IntArray] = []
+    marks: list[_IntArray] = []
+    try:
+        for part in scan_map(path, _encoder(key.size), fd=fd):
+            write(part.entries)
+            longs.append(part.longs + np.array([count, 0]))
+            marks.append(part.marks + np.array([0, lines]))
+            count += part.entries.size
+            lines += part.newlines
+            ascii_only = ascii_only and part.ascii
+    except ShortRead as exc:
+        raise MetaFileChangedError(path, "it shrank while being indexed") from exc
+    what = key.change(FileKey.of(os.fstat(fd)))
+    if what is not None:
+        raise MetaFileChangedError(path, f"{what} while being indexed")
+    return _Built(count, ascii_only, _stack(longs), _stack(marks))
+
+
+def _stack(parts: list[_IntArray]) -> _IntArray:
+    return np.concatenate(parts).astype(np.int64) if parts else np.empty((0, 2), np.int64)
+
+
 def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index | None:
     """Index the file open at ``fd`` straight into ``cache``; None if ``cache`` is not writable.
 
     The index goes to a temporary file that is synced and then renamed into place (and the directory
-    synced), so concurrent builders all succeed, a reader never sees half a file, and a crash leaves
-    the old cache or the new one, never a torn one.
+    synced), so a reader never sees half a file, and a crash leaves the old cache or the new one,
+    never a torn one.
 
     Raises:
         MetaFileChangedError: the file changed while it was being indexed.
@@ -251,19 +413,17 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: byte
     try:
         with os.fdopen(tmp_fd, "wb") as f:
             f.seek(_DATA_OFFSET)
-            count, ascii_only = 0, True
-            for spans, ascii_chunk in _scan(path, fd, key):
-                f.write(spans.astype("<i8", copy=False).data)
-                count += len(spans)
-                ascii_only = ascii_only and ascii_chunk
+            built = _build(path, fd, key, lambda entries: f.write(entries.data))
+            f.write(built.longs.astype("<i8").tobytes())
+            f.write(built.marks.astype("<i8").tobytes())
             f.seek(0)
-            f.write(_header(key, ends_hash, count, ascii_only))
+            f.write(built.header(key, ends_hash).pack())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, cache)
         _fsync_dir(cache.parent)
-        return Index(key, ends_hash, count, ascii_only, cache)
-    except OSError:
+        return Index(key, ends_hash, built.count, built.ascii, cache)
+    except OSError:  # a full disk; a directory where the cache would go
         Path(tmp).unlink(missing_ok=True)
         return None
     except BaseException:
@@ -271,34 +431,28 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: byte
         raise
 
 
-def _scan(path: Path, fd: int, key: FileKey) -> Iterator[tuple[npt.NDArray[np.int64], bool]]:
-    """``scan_chunks`` of the file open at ``fd``, which must stay the file ``key`` describes to the end.
-
-    Raises:
-        MetaFileChangedError: the file changed while it was being indexed.
-    """
-    try:
-        yield from scan_chunks(path, fd=fd)
-    except ShortRead as exc:
-        raise MetaFileChangedError(path, "it shrank while being indexed") from exc
-    what = key.change(FileKey.of(os.fstat(fd)))
-    if what is not None:
-        raise MetaFileChangedError(path, f"{what} while being indexed")
-
-
 def _index_in_memory(path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index:
-    parts, ascii_only = [], True
-    for spans, ascii_chunk in _scan(path, fd, key):
-        parts.append(spans)
-        ascii_only = ascii_only and ascii_chunk
-    spans = np.concatenate(parts) if parts else np.empty((0, 2), np.int64)
-    return Index(key, ends_hash, len(spans), ascii_only, None, spans)
+    parts: list[npt.NDArray[np.uint64]] = []
+    built = _build(path, fd, key, parts.append)
+    entries = np.concatenate(parts) if parts else np.empty(0, "<u8")
+    return Index(key, ends_hash, built.count, built.ascii, None, Table(entries, built.longs, built.marks))
+
+
+def _stamp(cache: Path) -> tuple[int, int] | None:
+    """What tells one write of ``cache`` from another (each is a new file renamed into place)."""
+    try:
+        st = os.stat(cache)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
 
 
 def load_index(path: Path, *, rebuild: bool = False) -> Index:
     """The index of ``path``: from its cache, else built (and cached where a location is writable).
 
-    With ``rebuild``, an existing cache is not trusted (it was found inconsistent with the file).
+    One process builds a missing cache while others that want it at the same time wait for it
+    (:mod:`rank_dataset._cachelock`), then load it. With ``rebuild``, an existing cache is not
+    trusted (it was found inconsistent with the file), unless another process wrote it anew since.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -314,9 +468,16 @@ def load_index(path: Path, *, rebuild: bool = False) -> Index:
                 index = _open_cache(cache, key, ends_hash)
                 if index is not None:
                     return index
+            distrusted = {cache: _stamp(cache) for cache in candidates} if rebuild else {}
             try:
                 for cache in candidates:
-                    index = _write_cache(cache, path, fd, key, ends_hash)
+                    with one_builder(cache):
+                        # Another process may have built it while this one waited for the lock.
+                        if not rebuild or _stamp(cache) != distrusted[cache]:
+                            index = _open_cache(cache, key, ends_hash)
+                            if index is not None:
+                                return index
+                        index = _write_cache(cache, path, fd, key, ends_hash)
                     if index is not None:
                         return index
                 # No writable cache location: index in memory.
@@ -332,28 +493,67 @@ def load_index(path: Path, *, rebuild: bool = False) -> Index:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-class SpanReader:
-    """The spans of one file's samples while a shard is built, from the cache (open until
-    :meth:`close`; mapped for large reads, read entry by entry for a few) or from memory.
+def read_entry(index: Index, local: int) -> tuple[int, int]:
+    """``(start, length)`` of sample ``local`` of the file: for one sample, one read of the cache's
+    header (checked) and one of its entry, nothing else.
 
-    The cache is only ever replaced by a rename, never truncated in place, so the map cannot fault.
+    Raises:
+        LookupError: as :class:`SpanReader`.
+    """
+    if index.cache is None or index.count <= local:
+        with SpanReader(index) as reader:
+            starts, lengths = reader.take(np.array([local], np.int64))
+        return int(starts[0]), int(lengths[0])
+    try:
+        fd = os.open(index.cache, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise LookupError(f"the index cache {index.cache} cannot be opened ({exc.strerror})") from None
+    try:
+        head, raw = os.pread(fd, _HEADER.size, 0), os.pread(fd, _ENTRY, _DATA_OFFSET + _ENTRY * local)
+    finally:
+        os.close(fd)
+    fields = _HEADER.unpack(head) if len(head) == _HEADER.size else None
+    k = index.key
+    if (
+        fields is None
+        or len(raw) != _ENTRY
+        or fields[0] != _MAGIC
+        or not FileKey(*fields[1:6]).same_file(k)
+        or fields[6] != index.count
+        or bool(fields[7] & _FLAG_ASCII) != index.ascii
+        or fields[8] != index.ends_hash
+    ):
+        raise LookupError(f"the index cache {index.cache} was replaced or damaged")
+    entry, bits = int.from_bytes(raw, "little"), length_bits(k.size)
+    length = entry & ((1 << bits) - 1)
+    if length == (1 << bits) - 1 and fields[9]:  # a long line: its length is in the table
+        with SpanReader(index) as reader:
+            starts, lengths = reader.take(np.array([local], np.int64))
+        return int(starts[0]), int(lengths[0])
+    return entry >> bits, length
+
+
+class SpanReader:
+    """The spans of one file's samples while a shard is built: from the cache (open until
+    :meth:`close`), reading only the pages of entries asked for, with positional reads into one
+    reusable buffer (nothing is mapped, so a build's resident memory holds no more of the index than
+    one batch's pages); or from memory.
 
     Raises (from the constructor):
         LookupError: the cache is gone or no longer holds this index (its header differs), or the
             index was in another process's memory.
     """
 
-    _FEW = 8  # entries read one by one rather than through a map
-
     def __init__(self, index: Index) -> None:
         self._index = index
         self._fd: int | None = None
-        self._map: mmap.mmap | None = None
-        self._spans: npt.NDArray[np.int64] | None = None
+        self._table = index.memory
+        self._window = Window()
+        self._size = index.key.size
         if index.cache is None:
             if index.memory is None:
                 raise LookupError("the index was built in another process's memory")
-            self._spans = index.memory
+            self._longs = index.memory.longs
             return
         try:
             self._fd = os.open(index.cache, os.O_RDONLY | os.O_CLOEXEC)
@@ -362,35 +562,47 @@ class SpanReader:
         header = _read_header(self._fd)
         if (
             header is None
-            or not _describes(header, index.key, index.ends_hash)
-            or header[2:] != (index.count, index.ascii)
+            or not header.describes(index.key, index.ends_hash)
+            or (header.count, header.ascii) != (index.count, index.ascii)
         ):
             self.close()
             raise LookupError(f"the index cache {index.cache} was replaced or damaged")
+        self._header = header
+        self._longs = self._pairs(header.longs_at, header.longs)
 
-    def take(self, local: npt.NDArray[np.int64], out: npt.NDArray[np.int64]) -> None:
-        """Write the spans of samples ``local`` of the file (in range, roughly ascending) into
-        ``out``, dropping the cache pages read from this process's resident set."""
-        if self._spans is None and self._fd is not None and local.size <= self._FEW:
-            for row, i in enumerate(local.tolist()):
-                pread_exact(self._fd, out[row].view(np.uint8), _DATA_OFFSET + _ENTRY * i)
-            return
-        if self._spans is None and self._fd is not None:
-            self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
-            self._spans = np.frombuffer(self._map, "<i8", count=2 * self._index.count, offset=_DATA_OFFSET)
-            self._spans = self._spans.reshape(-1, 2)
-        assert self._spans is not None
-        # np.take of whole rows is several times faster than fancy indexing the 2-D index.
-        np.take(self._spans, local, axis=0, out=out, mode="clip")
-        if self._map is not None and local.size:
-            start, stop = _DATA_OFFSET + _ENTRY * int(local.min()), _DATA_OFFSET + _ENTRY * int(local.max() + 1)
-            drop_pages(self._map, start, stop)
+    def _pairs(self, offset: int, count: int) -> _IntArray:
+        assert self._fd is not None
+        try:
+            return _read_pairs(self._fd, offset, count)
+        except ShortRead:
+            raise LookupError(f"the index cache {self._index.cache} was damaged") from None
+
+    def take(self, local: _IntArray) -> tuple[_IntArray, _IntArray]:
+        """``(starts, lengths)`` of samples ``local`` of the file (in range; best roughly ascending
+        and close together, as one batch of a build: the pages from the lowest to the highest entry
+        that some entry asked for are read)."""
+        if self._table is not None:
+            entries = self._table.entries[local]
+        elif not local.size:
+            entries = np.empty(0, "<u8")
+        else:
+            assert self._fd is not None
+            at = _DATA_OFFSET + _ENTRY * local
+            try:
+                buf, shift = self._window.load(self._fd, at, at + _ENTRY, self._header.longs_at)
+            except ShortRead:
+                raise LookupError(f"the index cache {self._index.cache} was damaged") from None
+            # Entries start at multiples of 8 in the file, and so in buf (runs are page-aligned).
+            entries = buf[: buf.size - buf.size % _ENTRY].view("<u8")[(at - shift) // _ENTRY]
+        return decode(entries, local, self._size, self._longs)
+
+    def marks(self) -> _IntArray:
+        """The file's marks: ``(k, 2)`` rows (offset, line number), by offset."""
+        if self._table is not None:
+            return self._table.marks
+        return self._pairs(self._header.marks_at, self._header.marks)
 
     def close(self) -> None:
-        self._spans = None  # no view may outlive the map
-        if self._map is not None:
-            self._map.close()
-            self._map = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -400,3 +612,13 @@ class SpanReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def line_mark(marks: _IntArray, start: int) -> tuple[int, int]:
+    """``(offset, line)`` of the last mark at or before byte ``start`` (line numbers from 0): the
+    line number of ``start``'s line is ``line`` plus the newlines in ``[offset, start)``. ``(0, 0)``
+    where the marks cannot be trusted (not increasing), so the count starts at the beginning."""
+    if not marks.size or not (bool((np.diff(marks, axis=0) >= 0).all()) and marks[0, 0] >= 0 and marks[0, 1] >= 0):
+        return 0, 0
+    at = int(np.searchsorted(marks[:, 0], start, side="right")) - 1
+    return (0, 0) if at < 0 else (int(marks[at, 0]), int(marks[at, 1]))

@@ -14,11 +14,13 @@ is another ``_FileBytes``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,7 +33,15 @@ from rank_dataset._checks import check_index
 from rank_dataset._pread import ShortRead, Window, count_newlines, read_ends
 from rank_dataset._residency import return_freed_memory
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.index import FileKey, Index, SpanReader, load_index, spans_are_sane
+from rank_dataset.index import (
+    FileKey,
+    Index,
+    SpanReader,
+    line_mark,
+    load_index,
+    read_entry,
+    spans_are_sane,
+)
 from rank_dataset.scan import BLANK, BOM, CR, NEWLINE, PathLike
 from rank_dataset.shard import Shard, ShardWriter, copy_rows
 
@@ -41,7 +51,13 @@ __all__ = ["MetaFile", "MetaFileChangedError"]
 # reusable buffer: large enough that a build makes few numpy calls per batch, small enough to bound
 # its memory.
 _WINDOW = 8 << 20
-_INDEX_STEP = 1 << 18  # index entries gathered at a time
+# Threads copying a build's rows (each its own batches): both cores, where the process may use two.
+_THREADS = min(2, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else 1
+_SPARSE_ROW = 2 * 4096  # what a row far from the others costs to read, beyond its length
+_INDEX_BYTES = 8 << 20  # index bytes a batch of rows is read with, at most (about)
+_ENTRY_BYTES = 8  # an index entry
+_PAGE = 4096
+_THREADED_ROWS = 1 << 16  # builds of fewer rows copy in one thread (starting threads costs a millisecond)
 _BATCH_ROWS = 1 << 17  # rows copied at a time, bounding the temporaries of a batch
 _TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the index in between
 _FINGERPRINT_BYTES = 1 << 16
@@ -88,13 +104,16 @@ class _FileBytes:
                 now = os.stat(self.path)
             except FileNotFoundError:
                 raise MetaFileChangedError(self.path, "it was deleted or moved") from None
-            _raise_if_changed(self.path, key, FileKey.of(now))
+            if not key.matches(now):
+                _raise_if_changed(self.path, key, FileKey.of(now))
         finally:
             os.close(fd)
 
     def check(self, fd: int, key: FileKey) -> None:
         """Raise MetaFileChangedError if the file open at ``fd`` is not the one ``key`` describes."""
-        _raise_if_changed(self.path, key, FileKey.of(os.fstat(fd)))
+        now = os.fstat(fd)
+        if not key.matches(now):
+            _raise_if_changed(self.path, key, FileKey.of(now))
 
 
 def _raise_if_changed(path: Path, key: FileKey, now: FileKey) -> None:
@@ -230,16 +249,17 @@ class MetaFile:
     def where(self, index: int) -> str:
         """``path:line`` of global sample ``index``, for error messages.
 
-        The line is found by counting newlines 16 MiB at a time. If the file cannot be read (it
-        changed or is gone), the sample's number within its file is given instead.
+        The line is found from the index's mark before it, by counting the newlines of less than
+        4 MiB. If the file cannot be read (it changed or is gone), the sample's number within its
+        file is given instead.
         """
         file, local = self.locate(index)
         path = self._files[file].path
         try:
-            start = int(self._retrying(lambda: _span(self._files[file], file, local))[0])
+            offset, line, start = self._retrying(lambda: _line_mark(self._files[file], file, local))
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                return f"{path}:{count_newlines(fd, start) + 1}"
+                return f"{path}:{line + count_newlines(fd, start, offset) + 1}"
             finally:
                 os.close(fd)
         except (OSError, MetaFileChangedError):
@@ -330,60 +350,84 @@ def _fingerprint(files: Sequence[_File]) -> str:
     return _fingerprints(files)[0]
 
 
-def _spans(index: Index, file: int, local: npt.NDArray[np.int64], out: npt.NDArray[np.int64]) -> None:
-    """Write the spans of samples ``local`` of file number ``file`` into ``out`` (``(k, 2)``), taken
-    from the index ``_INDEX_STEP`` at a time, and check that they could be lines of the file (inside
-    it, not empty); the bytes they point at are checked when they are copied."""
+def _span(f: _File, file: int, local: int) -> tuple[int, int]:
+    """``(start, end)`` of sample ``local`` of file number ``file``, checked to lie inside the file."""
     try:
-        with SpanReader(index) as reader:
-            for a in range(0, local.size, _INDEX_STEP):
-                reader.take(local[a : a + _INDEX_STEP], out[a : a + _INDEX_STEP])
+        start, length = read_entry(f.index, local)
     except LookupError:
         raise _IndexMismatch(file, corrupt=False) from None
-    if not spans_are_sane(out, index.key.size, ordered=False):
+    if not (start >= 0 and length > 0 and start + length <= f.index.key.size):
         raise _IndexMismatch(file, corrupt=True)
+    return start, start + length
 
 
-def _span(f: _File, file: int, local: int) -> npt.NDArray[np.int64]:
-    out = np.empty((1, 2), np.int64)
-    _spans(f.index, file, np.array([local], np.int64), out)
-    span: npt.NDArray[np.int64] = out[0]
-    return span
+def _line_mark(f: _File, file: int, local: int) -> tuple[int, int, int]:
+    """``(offset, line, start)``: sample ``local``'s start, and the mark before it (see
+    :func:`~rank_dataset.index.line_mark`)."""
+    start, _ = _span(f, file, local)
+    try:
+        with SpanReader(f.index) as reader:
+            marks = reader.marks()
+    except LookupError:
+        raise _IndexMismatch(file, corrupt=False) from None
+    return (*line_mark(marks, start), start)
 
 
 def _read_one(f: _File, file: int, local: int) -> bytes:
-    start, end = _span(f, file, local).tolist()
-    s, e = np.array([start], np.int64), np.array([end], np.int64)
+    """The bytes of one sample, checked as a build checks them, in one read of the index and one of
+    the file (what ``mf[i]`` costs)."""
+    start, end = _span(f, file, local)
     size = f.index.key.size
+    lo = 0 if start == len(BOM) else max(start - 1, 0)  # as _need_lo
     with f.bytes.open(f.index.key) as fd:
-        buf, lo = Window().load(fd, _need_lo(s), e + 2, size, pad=2)
-        line = buf[start - lo : end - lo]
-        if not (_bounds_ok(buf, lo, s, e, size) and _line_ok(line)):
+        raw = os.pread(fd, min(end + 2, size) - lo, lo)
+        if len(raw) < min(end + 2, size) - lo:
+            raise ShortRead(lo + len(raw))
+        line = raw[start - lo : end - lo]
+        tail = raw[end - lo : end - lo + 2]
+        if start == 0 or (start == len(BOM) and raw[:3] == BOM):
+            start_ok = not (start == 0 and raw[:3] == BOM)
+        else:
+            start_ok = raw[start - 1 - lo] == NEWLINE
+        end_ok = (tail[:1] in (b"\n", b"") and line[-1:] != b"\r") or (tail[:1] == b"\r" and tail[1:] in (b"\n", b""))
+        if not (start_ok and end_ok and b"\n" not in line and line.strip(b" \t\r\x0b\x0c")):
             f.bytes.check(fd, f.index.key)
             raise _IndexMismatch(file, corrupt=True)
-        return line.tobytes()
+        return line
 
 
-def _batches(positions: npt.NDArray[np.int64], window: int, max_rows: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` of consecutive runs of ``positions`` (roughly ascending) that each span about
-    ``window`` bytes and hold at most ``max_rows`` entries."""
+def _batches(
+    positions: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64], window: int, max_rows: int
+) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive runs of rows at ``positions`` (roughly ascending) of
+    ``lengths`` bytes, each of which costs about ``window`` bytes to read and holds at most
+    ``max_rows`` rows. A row costs the bytes from the previous one, but at most two pages beyond its
+    own length (a sparse row is read with its pages alone: see :meth:`Window.load`)."""
     if not positions.size:
         return []
-    region = np.maximum.accumulate(positions) // window
-    cuts = np.flatnonzero(region[1:] != region[:-1]) + 1
-    if cuts.size == 0 or np.diff(cuts, prepend=0, append=positions.size).max() > max_rows:
-        cuts = np.union1d(cuts, np.arange(max_rows, positions.size, max_rows))
-    bounds = [0, *cuts.tolist(), positions.size]
-    return list(itertools.pairwise(bounds))
+    # What a batch from row a to row b costs: the bytes it spans (rows jitter, so the running
+    # maximum), or, where less, its rows' lengths and two pages each (how sparse rows are read).
+    top = np.maximum.accumulate(positions)
+    sparse = np.cumsum(lengths + _SPARSE_ROW)
+    cuts, n = [0], positions.size
+    while cuts[-1] < n:
+        a = cuts[-1]
+        by_span = int(np.searchsorted(top, int(positions[a]) + window, side="right"))
+        by_rows = int(np.searchsorted(sparse, int(sparse[a] - lengths[a] - _SPARSE_ROW) + window, side="right"))
+        cuts.append(min(max(by_span, by_rows, a + 1), a + max_rows, n))
+    return list(itertools.pairwise(cuts))
 
 
 def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int64], *, ids: bool) -> ShardWriter:
     """A ShardWriter holding the lines of samples ``indices``, back to back in ``indices``' order.
 
     Rows are visited in file order at the granularity of 1/4096 of the samples (a cheap radix sort
-    instead of a full one), read a window of the file at a time, checked against the file's bytes,
-    and each copied at its exact length into its place in item order
-    (:func:`~rank_dataset.shard.copy_rows`), so a shard holds nothing but its lines and offsets.
+    instead of a full one), in two passes. The first reads the index entries of a batch of rows at a
+    time and keeps their lengths, which fix where each line goes; the second reads the entries
+    again and the lines, a window of the file at a time, checks them against the file's bytes and
+    copies each at its exact length into its place in item order
+    (:func:`~rank_dataset.shard.copy_rows`). So a build holds little beyond its shard and one
+    4-byte number a row (its place in the visiting order), besides ``indices``.
 
     Raises:
         MetaFileChangedError: a file is not the one indexed.
@@ -394,50 +438,33 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
         writer = ShardWriter(0, 0, ids=ids)
         writer.bounds[0] = 0
         return writer
-    n_total = bounds.total
-    shift = max(0, (n_total - 1).bit_length() - 12)
-    order = np.argsort((indices >> shift).astype(np.uint16), kind="stable")
-    sorted_idx = indices[order]
-    spans = np.empty((n, 2), np.int64)  # of each row, in visiting order
-    if len(files) > 1:
-        file_of = bounds.part_of(sorted_idx)
-        by_file = np.argsort(file_of, kind="stable")  # visiting order kept within each file
-        cuts = np.cumsum(np.bincount(file_of, minlength=len(files)))
-        per_file = [(f, by_file[lo:hi]) for f, (lo, hi) in enumerate(itertools.pairwise([0, *cuts.tolist()]))]
-        per_file = [(f, rows) for f, rows in per_file if rows.size]
-        for f, rows in per_file:
-            part = np.empty((rows.size, 2), np.int64)
-            _spans(files[f].index, f, sorted_idx[rows] - bounds.starts[f], part)
-            spans[rows] = part
-        del file_of, by_file
-    else:
-        per_file = [(0, np.arange(n))]
-        _spans(files[0].index, 0, sorted_idx, spans)
-    del sorted_idx
-    first = np.ascontiguousarray(spans[:, 0])
-    lengths = spans[:, 1] - first
-    del spans
-    writer = ShardWriter(n, int(lengths.sum()), ids=ids)
+    visits = _visits(files, bounds, indices)
+    long_lines = any(f.index.key.size >= 1 << 32 for f in files)
+    lengths = np.empty(n, np.int64 if long_lines else np.uint32)  # in item order
+    small = n < _THREADED_ROWS  # a small build keeps its spans rather than read the index twice
+    kept: dict[int, list[_Batch]] = {}
+    for visit in visits:
+        for batch in _spans_of(visit, indices):
+            lengths[batch[0]] = batch[2]
+            if small:
+                kept.setdefault(visit.number, []).append(batch)
+    writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids)
+    writer.bounds[0] = 0
+    np.cumsum(lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
+    del lengths
     if writer.ids is not None:
         writer.ids[:] = indices
-    # Offsets in item order; each visited row's place among them.
-    item_lengths = np.empty(n, np.int64)
-    item_lengths[order] = lengths
-    writer.bounds[0] = 0
-    np.cumsum(item_lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
-    del item_lengths
-    dst = writer.bounds[:-1][order]
-    del order
-    window = Window()
-    for f, rows in per_file:
-        file = files[f]
+    for visit in visits:
+        file = visit.file
         with file.bytes.open(file.index.key) as fd:
-            if not _copy_rows(fd, file.index.key.size, window, first[rows], lengths[rows], dst[rows], writer.data):
-                file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
-                raise _IndexMismatch(f, corrupt=True)
+            if small:
+                _copy_part(visit, iter(kept.get(visit.number, [])), fd, writer)
+            else:
+                work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
+                _in_threads(lambda part: work(_spans_of(visit, indices, part)), _THREADS)  # noqa: B023
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. One pass over the copied bytes finds it.
-    bad = _first_newline(writer.data)
+    bad = writer.find(b"\n")
     if bad >= 0:
         row = int(np.searchsorted(writer.bounds, bad, side="right")) - 1
         f = bounds.locate(int(indices[row]))[0]
@@ -445,6 +472,111 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
             files[f].bytes.check(fd, files[f].index.key)
         raise _IndexMismatch(f, corrupt=True)
     return writer
+
+
+_BUCKET_BITS = 12  # rows are visited in file order at the granularity of 1/4096 of the samples
+
+
+@dataclass(frozen=True)
+class _Visit:
+    """The rows (item numbers) of ``indices`` that are samples of file ``number``, in visiting order,
+    and where each batch of them starts: consecutive buckets whose index entries are read with about
+    ``_INDEX_BYTES`` at most, at most ``_BATCH_ROWS`` rows."""
+
+    number: int
+    file: _File
+    base: int
+    rows: npt.NDArray[np.integer[Any]]
+    cuts: list[int]
+
+    def batches(
+        self, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1)
+    ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+        """``(rows, local)`` of each batch (of ``part`` ``(t, k)``: every k-th from the t-th): the item
+        numbers and the samples' numbers in the file."""
+        t, k = part
+        for a, b in list(itertools.pairwise(self.cuts))[t::k]:
+            rows = self.rows[a:b].astype(np.int64)
+            yield rows, indices[rows] - self.base
+
+
+def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int64]) -> list[_Visit]:
+    """Each file's rows of ``indices``, in file order at the granularity of a bucket of samples, and
+    cut into batches."""
+    n, n_total = indices.size, bounds.total
+    shift = max(0, (n_total - 1).bit_length() - _BUCKET_BITS)
+    keys = (indices >> shift).astype(np.uint16)
+    order = np.argsort(keys, kind="stable")
+    rows = order.astype(np.uint32) if n < 1 << 32 else order
+    del order
+    visits = []
+    if len(files) == 1:
+        groups = [(0, rows)]
+    else:
+        file_of = bounds.part_of(indices[rows])
+        regroup = np.argsort(file_of, kind="stable")  # visiting order kept within each file
+        file_ends = np.cumsum(np.bincount(file_of, minlength=len(files))).tolist()
+        rows = rows[regroup]
+        del regroup, file_of
+        groups = [(f, rows[lo:hi]) for f, (lo, hi) in enumerate(itertools.pairwise([0, *file_ends])) if hi > lo]
+    for f, mine in groups:
+        counts = np.bincount(keys[mine], minlength=1 << _BUCKET_BITS)
+        # The index bytes a bucket's rows are read with: a page a row at most, its entries at most.
+        cost = np.minimum(counts * _PAGE, _ENTRY_BYTES << shift)
+        region = np.cumsum(cost) // _INDEX_BYTES
+        last = np.flatnonzero(np.diff(region, append=region[-1] + 1))  # each region's last bucket
+        cuts = [0]
+        for end in np.cumsum(counts)[last].tolist():
+            while end - cuts[-1] > _BATCH_ROWS:
+                cuts.append(cuts[-1] + _BATCH_ROWS)
+            if end > cuts[-1]:
+                cuts.append(end)
+        visits.append(_Visit(f, files[f], int(bounds.starts[f]), mine, cuts))
+    return visits
+
+
+def _in_threads(work: Callable[[tuple[int, int]], None], k: int) -> None:
+    """``work((t, k))`` for each part ``t`` of ``k``, in ``k`` threads (numpy and positional reads
+    release the GIL); the first error raised, if any, once all are done."""
+    if k == 1:
+        work((0, 1))
+        return
+    with ThreadPoolExecutor(max_workers=k) as pool:
+        done = [pool.submit(work, (t, k)) for t in range(k)]
+    for future in done:
+        future.result()
+
+
+def _copy_part(visit: _Visit, batches: Iterator[_Batch], fd: int, writer: ShardWriter) -> None:
+    """Copy the rows of ``batches`` of ``visit`` from the file open at ``fd`` into ``writer``."""
+    file, window = visit.file, Window()
+    for rows, starts, took in batches:
+        dst = writer.bounds[rows]
+        # The cache could have been replaced since the first pass: the lengths must agree.
+        if not np.array_equal(writer.bounds[rows + 1] - dst, took):
+            raise _IndexMismatch(visit.number, corrupt=True)
+        if not _copy_rows(fd, file.index.key.size, window, starts, took, dst, writer.data):
+            file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
+            raise _IndexMismatch(visit.number, corrupt=True)
+
+
+_Batch = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+
+
+def _spans_of(visit: _Visit, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1)) -> Iterator[_Batch]:
+    """``(rows, starts, lengths)`` of each batch of ``visit`` (of ``part`` ``(t, k)``: every k-th
+    from the t-th), from the index, checked to lie inside the file (the bytes they point at are
+    checked when they are copied)."""
+    size = visit.file.index.key.size
+    try:
+        with SpanReader(visit.file.index) as reader:
+            for rows, local in visit.batches(indices, part):
+                starts, lengths = reader.take(local)
+                if not spans_are_sane(starts, lengths, size, ordered=False):
+                    raise _IndexMismatch(visit.number, corrupt=True)
+                yield rows, starts, lengths
+    except LookupError:
+        raise _IndexMismatch(visit.number, corrupt=False) from None
 
 
 def _need_lo(s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -468,36 +600,43 @@ def _copy_rows(
     Rows go in batches that each span about ``_WINDOW`` bytes of the file (rows are in file order up
     to a little jitter), each read once into ``window``, checked there and copied from it.
     """
-    for a, b in _batches(first, _WINDOW, _BATCH_ROWS):
+    for a, b in _batches(first, lengths, _WINDOW, _BATCH_ROWS):
         s, e = first[a:b], first[a:b] + lengths[a:b]
-        buf, lo = window.load(fd, _need_lo(s), e + 2, size, pad=8)
-        if not (_bounds_ok(buf, lo, s, e, size) and _rows_ok(buf, s - lo, e - lo)):
+        buf, shift = window.load(fd, _need_lo(s), e + 2, size, pad=8)
+        if not (_bounds_ok(buf, shift, s, e, size) and _rows_ok(buf, s - shift, e - shift)):
             return False
-        copy_rows(buf, s - lo, lengths[a:b], data, dst[a:b])
+        copy_rows(buf, s - shift, lengths[a:b], data, dst[a:b])
     return True
 
 
 def _bounds_ok(
-    buf: npt.NDArray[np.uint8], lo: int, s: npt.NDArray[np.int64], e: npt.NDArray[np.int64], size: int
+    buf: npt.NDArray[np.uint8],
+    shift: int | npt.NDArray[np.int64],
+    s: npt.NDArray[np.int64],
+    e: npt.NDArray[np.int64],
+    size: int,
 ) -> bool:
     """Whether every span ``[s, e)`` is bounded as a sample is: it starts the file (after a byte
     order mark, if the file has one) or follows a newline, and its end is a line ending (``\\n`` not
     after ``\\r``, ``\\r\\n``, ``\\r`` at the end of the file) or the end of the file.
 
-    ``buf[x - lo]`` is byte ``x`` of the file for ``x`` in ``[s - 1, e + 2)``, and ``buf`` has at
-    least 2 bytes more after ``e``.
+    ``buf[x - shift]`` is byte ``x`` of the file for ``x`` in ``[s - 1, e + 2)`` (``[0, e + 2)`` for a
+    row that may follow a byte order mark), and ``buf`` has at least 2 bytes more after ``e``.
     """
     # The common case first, in a few passes: after a newline, before a newline not after a CR.
-    first = s == 0
-    ok = (buf[s - 1 - lo] == NEWLINE) & (buf[e - lo] == NEWLINE) & (buf[e - 1 - lo] != CR) & ~first
+    rs, re_ = s - shift, e - shift  # where the rows are in buf
+    ok = (buf[rs - 1] == NEWLINE) & (buf[re_] == NEWLINE) & (buf[re_ - 1] != CR) & (s != 0)
     if bool(ok.all()):
         return True
     rows = np.flatnonzero(~ok)  # the first sample, the last, CRLF endings, and wrong spans
-    s, e = s[rows], e[rows]
-    bom = lo == 0 and size >= len(BOM) and buf[: len(BOM)].tobytes() == BOM
-    after_newline = buf[np.maximum(s - 1 - lo, 0)] == NEWLINE
+    s, e, rs, re_ = s[rows], e[rows], rs[rows], re_[rows]
+    # A row that may follow the byte order mark was read from the file's first byte on.
+    head = np.flatnonzero(s <= len(BOM))
+    zero = int(rs[head[0]] - s[head[0]]) if head.size else 0  # where byte 0 of the file is in buf
+    bom = bool(head.size) and size >= len(BOM) and buf[zero : zero + len(BOM)].tobytes() == BOM
+    after_newline = buf[np.maximum(rs - 1, 0)] == NEWLINE
     start_ok = np.where(s == 0, not bom, after_newline | ((s == len(BOM)) & bom))
-    last, c1, c2 = buf[e - 1 - lo], buf[e - lo], buf[e + 1 - lo]
+    last, c1, c2 = buf[re_ - 1], buf[re_], buf[re_ + 1]
     at_eof = e >= size
     plain_end = (at_eof | (c1 == NEWLINE)) & (last != CR)
     cr_end = ~at_eof & (c1 == CR) & ((e + 1 >= size) | (c2 == NEWLINE))
@@ -506,21 +645,10 @@ def _bounds_ok(
 
 def _rows_ok(buf: npt.NDArray[np.uint8], s: npt.NDArray[np.int64], e: npt.NDArray[np.int64]) -> bool:
     """Whether each row ``buf[s:e]`` holds something other than whitespace (newlines inside rows are
-    looked for once the whole shard is copied: :func:`_first_newline`)."""
+    looked for once the whole shard is copied)."""
     # Only a row that starts with whitespace can be blank: check those in full (they are rare).
     maybe_blank = np.flatnonzero(BLANK[buf[s]])
     return all(_line_ok(buf[x:y]) for x, y in zip(s[maybe_blank].tolist(), e[maybe_blank].tolist()))
-
-
-def _first_newline(data: npt.NDArray[np.uint8]) -> int:
-    """Where the first newline byte of ``data`` is, or -1: a few MiB at a time, so the comparison's
-    temporary stays small."""
-    step = 4 << 20
-    for lo in range(0, data.size, step):
-        hits = np.flatnonzero(data[lo : lo + step] == NEWLINE)
-        if hits.size:
-            return lo + int(hits[0])
-    return -1
 
 
 def _line_ok(line: npt.NDArray[np.uint8]) -> bool:

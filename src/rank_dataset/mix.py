@@ -29,6 +29,7 @@ With ``k = 1`` that is the order above.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import math
@@ -43,8 +44,9 @@ import numpy.typing as npt
 
 from rank_dataset._bounds import Bounds
 from rank_dataset._checks import MAX_EXACT, check_int
+from rank_dataset._subsets import SampleIds
 from rank_dataset.parsers import Parser, resolve_parser
-from rank_dataset.permutation import _splitmix64, permute, permute_stream
+from rank_dataset.permutation import _splitmix64, grid_each, permute, permute_keyed, permute_stream, round_keys_each
 
 __all__ = [
     "MixPlan",
@@ -60,6 +62,8 @@ __all__ = [
 ]
 
 _MASK64 = (1 << 64) - 1
+_FEW_SOURCES = 16  # up to this many sources, evaluate each one's permutation by a call of its own
+_BLOCK = 1 << 18  # positions located at a time in a mix of many sources: bounds the temporaries
 
 PathArg = str | os.PathLike[str]
 
@@ -112,12 +116,18 @@ def _in_force(rule: Any, epoch: int) -> Any:
 
 @dataclass(frozen=True, init=False)
 class Source:
-    """One source of a mix: one meta file, or a list of them taken as one source, and how much of it
-    an epoch takes. Pure: it does not open the files.
+    """One source of a mix: one meta file, or a list of them taken as one source, or the listed samples
+    of them, and how much of it an epoch takes. It does not open the meta files.
 
     Args:
         paths: a path, or a non-empty list of paths (taken as one source, in order). Stored as a
             tuple of str.
+        ids: None (every sample of the files), or the samples of the source: 0-based sample numbers
+            over its files taken as one, as a 1-D integer array or the path of a ``.npy`` file (which
+            is memory-mapped, as is a view of a memory-mapped array such as a value of
+            :func:`~rank_dataset.grouping.group_by`: ranks and workers then read only the ids at
+            their positions). The listed order is the order in eval mode. Stored as a
+            ``SampleIds``; checked (distinct, in range) when a dataset opens the files.
         weight: share of what the fixed-count sources leave of the epoch, in proportion to the
             other weights; a finite float > 0.
         repeat: the epoch takes ``round(repeat * N)`` samples (``N``: the source's size); a finite
@@ -133,12 +143,14 @@ class Source:
 
     Examples:
         >>> Source("data/a.txt", weight=2)
-        Source(paths=('data/a.txt',), weight=2.0, repeat=None, choose=None, parser=None, name='a.txt')
+        Source(paths=('data/a.txt',), weight=2.0, repeat=None, choose=None, parser=None, name='a.txt', ids=None)
         >>> Source(["x/b1.txt", "x/b2.txt"]).repeat
         1.0
         >>> late = Source("c.txt", weight={10: 3, 0: 1})
         >>> late.weight, late.changes, late.at(12).weight
         ({0: 1.0, 10: 3.0}, (10,), 3.0)
+        >>> Source("data/a.txt", ids=[5, 2, 9], name="a few").ids
+        SampleIds(n=3)
     """
 
     paths: tuple[str, ...]
@@ -147,17 +159,21 @@ class Source:
     choose: int | dict[int, int] | None
     parser: str | Parser | None
     name: str
+    ids: SampleIds | None
 
     def __hash__(self) -> int:  # a schedule is a dict: hash its items
         def frozen(rule: Any) -> Any:
             return tuple(rule.items()) if isinstance(rule, Mapping) else rule
 
-        return hash((self.paths, *map(frozen, (self.weight, self.repeat, self.choose)), self.parser, self.name))
+        return hash(
+            (self.paths, *map(frozen, (self.weight, self.repeat, self.choose)), self.parser, self.name, self.ids)
+        )
 
     def __init__(
         self,
         paths: PathArg | Sequence[PathArg],
         *,
+        ids: Any = None,
         weight: Rule | None = None,
         repeat: Rule | None = None,
         choose: int | Mapping[int, int] | None = None,
@@ -192,6 +208,7 @@ class Source:
             object.__setattr__(self, field, value)
         object.__setattr__(self, "parser", parser)
         object.__setattr__(self, "name", name)
+        object.__setattr__(self, "ids", None if ids is None else SampleIds.of(ids, name))
 
     @property
     def kind(self) -> str:
@@ -214,11 +231,10 @@ class Source:
         if not self.changes:
             return self
         value = self.value_at(epoch)
-        if self.kind == "weight":
-            return Source(self.paths, weight=value, parser=self.parser, name=self.name)
-        if self.kind == "choose":
-            return Source(self.paths, choose=int(value), parser=self.parser, name=self.name)
-        return Source(self.paths, repeat=value, parser=self.parser, name=self.name)
+        # The same source (its subset too, not checked again) with the value in force as its rule.
+        source = copy.copy(self)
+        object.__setattr__(source, self.kind, int(value) if self.kind == "choose" else value)
+        return source
 
     def describe(self, epoch: int = 0) -> str:
         """The rule in force at ``epoch``, e.g. ``"weight=2"``, ``"choose=1,000"``."""
@@ -664,6 +680,8 @@ class MixPlan:
         slot_bounds = Bounds(draws)
         starts = slot_bounds.starts
         ids = slot_bounds.part_of(slots)
+        if len(self.sizes) > _FEW_SOURCES:
+            return self._locate_many(seed, bases, slots, ids, starts).reshape(pos.shape), ids.reshape(pos.shape)
         samples = np.empty_like(slots)
         offset = 0
         for s, n in enumerate(self.sizes):
@@ -674,6 +692,38 @@ class MixPlan:
             samples[where] = permute_stream(n, _source_seed(seed, s), bases[s], t, stop=draws[s]) + offset
             offset += n
         return samples.reshape(pos.shape), ids.reshape(pos.shape)
+
+    def _locate_many(
+        self,
+        seed: int,
+        bases: Sequence[int],
+        slots: npt.NDArray[np.int64],
+        ids: npt.NDArray[np.int64],
+        starts: npt.NDArray[np.int64],
+    ) -> npt.NDArray[np.int64]:
+        """:meth:`locate`'s samples for a mix of many sources: the same numbers, every source's
+        permutations evaluated together (:func:`~rank_dataset.permutation.permute_keyed`) rather than
+        a call per source and pass, which would cost a mix of thousands of sources seconds. The grid
+        and round keys are computed once per source and pass, a block of positions at a time."""
+        sizes = np.asarray(self.sizes, np.int64)
+        heads = [divmod(int(b), n) for n, b in zip(self.sizes, bases)]  # each source's stream start
+        first_pass = np.array([f for f, _ in heads], np.int64)
+        head = np.array([h for _, h in heads], np.int64)
+        keys = np.array([_source_seed(seed, s) for s in range(len(self.sizes))], np.uint64)
+        rows, col_bits = grid_each(sizes)
+        offsets = np.concatenate(([0], np.cumsum(sizes[:-1])))
+        out = np.empty_like(slots)
+        for a in range(0, slots.size, _BLOCK):
+            src = ids[a : a + _BLOCK]
+            n = sizes[src]
+            rel, k = np.divmod(slots[a : a + _BLOCK] - starts[src] + head[src], n)
+            # The round keys of each (source, pass) once, not once a position.
+            span = int(rel.max()) + 1
+            pairs, which = np.unique(src * span + rel, return_inverse=True)
+            pair_keys = round_keys_each(keys[pairs // span], first_pass[pairs // span] + pairs % span)
+            out[a : a + _BLOCK] = permute_keyed(n, rows[src], col_bits[src], [g[which] for g in pair_keys], k)
+            out[a : a + _BLOCK] += offsets[src]
+        return out
 
     def epoch_order(
         self, seed: int, epoch: int, positions: npt.ArrayLike, aug_repeats: int = 1
@@ -715,7 +765,7 @@ class Mixture:
 
     Args:
         sources: the Sources, in order.
-        sizes: ``N_s``, the samples of each source's files (each >= 1).
+        sizes: ``N_s``, the samples of each source (its files', or its listed ids; each >= 1).
         fingerprints: gives the fingerprint of each source's files (see :func:`combine_fingerprints`);
             called once, when first needed.
         parser: the dataset's parser, for the sources that have none of their own.
@@ -784,6 +834,12 @@ class Mixture:
             )
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A worker needs no ids: those held in memory would be copied (those in a file are a reference).
+        state = self.__dict__.copy()
+        state["sources"] = tuple(_without_memory_ids(s) for s in self.sources)
+        return state
+
     def source_ids(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.integer[Any]]:
         """The source number of each global sample number in ``indices``, as :attr:`source_dtype`."""
         return self.plan.source_of(indices, self.source_dtype)
@@ -792,3 +848,13 @@ class Mixture:
         """The parser of source ``source`` (only when some source has its own: see :attr:`parsers`)."""
         assert self.parsers is not None
         return self.parsers[source]
+
+
+def _without_memory_ids(source: Source) -> Source:
+    """``source`` without its ids if they are held in memory, else ``source``."""
+    if source.ids is None or isinstance(source.ids.base, np.memmap):
+        return source
+    copy = object.__new__(Source)
+    copy.__dict__.update(source.__dict__)
+    object.__setattr__(copy, "ids", None)
+    return copy

@@ -6,13 +6,29 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Parser", "parse_json", "parse_label", "resolve_parser"]
+__all__ = ["Parser", "parse_json", "parse_label", "quote", "resolve_parser"]
 
 Parser = Callable[[str], Any]
 
 
 class LineError(ValueError):
     """A line that its parser rejects; the dataset adds the file and line number."""
+
+
+_QUOTED = 200  # characters of a line an error message quotes at most
+
+
+def quote(text: str) -> str:
+    """``repr`` of ``text``, cut to its first 200 characters (and saying how long it is) when longer:
+    a message about a 10 MB line stays short.
+
+    Example:
+        >>> quote("a" * 300)[-25:]
+        "aaaa'... (300 characters)"
+    """
+    if len(text) <= _QUOTED:
+        return repr(text)
+    return f"{text[:_QUOTED]!r}... ({len(text):,} characters)"
 
 
 def parse_label(line: str) -> tuple[str, int]:
@@ -24,12 +40,12 @@ def parse_label(line: str) -> tuple[str, int]:
     """
     parts = line.rsplit(None, 1)
     if len(parts) != 2:
-        raise LineError(f"expected '<path> <integer label>', got {line!r}")
+        raise LineError(f"expected '<path> <integer label>', got {quote(line)}")
     path, label = parts
     try:
         return path, int(label)
     except ValueError:
-        raise LineError(f"label {label!r} is not an integer in line {line!r}") from None
+        raise LineError(f"label {quote(label)} is not an integer in line {quote(line)}") from None
 
 
 def parse_json(line: str) -> Any:
@@ -42,7 +58,7 @@ def parse_json(line: str) -> Any:
     try:
         return json.loads(line)
     except json.JSONDecodeError as exc:
-        raise LineError(f"invalid JSON ({exc.msg} at column {exc.colno}): {line[:200]!r}") from None
+        raise LineError(f"invalid JSON ({exc.msg} at column {exc.colno}): {quote(line)}") from None
 
 
 _BY_NAME: dict[str, Parser] = {"json": parse_json, "label": parse_label}

@@ -7,13 +7,12 @@ shard of a :class:`~rank_dataset.plan.ShardSpec`, and names where a sample lives
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from rank_dataset._bounds import Bounds
+from rank_dataset._subsets import SampleMap, distinct_files
 from rank_dataset.metafile import MetaFile
 from rank_dataset.mix import Source, combine_fingerprints
 from rank_dataset.plan import ShardSpec
@@ -25,10 +24,14 @@ __all__ = ["FileReader", "ShardReader"]
 class ShardReader(Protocol):
     """What a dataset needs of where its shards come from.
 
-    For a mix, the global sample numbers are over the sources' files in source order, and
-    ``source_sizes`` and ``source_fingerprints`` give each source's ``N_s`` and fingerprint (None
-    when the reader reads no mix).
+    For a mix, the global sample numbers are over the distinct files of the sources, in order of
+    first appearance, and ``source_sizes`` and ``source_fingerprints`` give each source's ``N_s``
+    and fingerprint (None when the reader reads no mix). ``keeps_ids``: its shards keep each line's
+    sample number (where the plan's numbers are not the sample numbers: sources over subsets, or a
+    file in several sources), which the dataset then serves as its ``indices``.
     """
+
+    keeps_ids: bool
 
     @property
     def num_samples(self) -> int:
@@ -62,14 +65,37 @@ class FileReader:
     """Shards read from meta files (what :class:`~rank_dataset.dataset.RankDataset` reads).
 
     Args:
-        meta: the files, as one MetaFile (for a mix, every source's files in source order).
-        sources: for a mix, the Sources whose paths ``meta`` holds in order; None: no mix.
+        meta: the files, as one MetaFile (for a mix, the distinct files of the sources in order of
+            first appearance: see :func:`files_of`).
+        sources: for a mix, the Sources; None: no mix.
+
+    Raises:
+        ValueError: a source's ids that are not distinct sample numbers of its files (naming it).
     """
 
     def __init__(self, meta: MetaFile, sources: Sequence[Source] | None = None) -> None:
         self.meta = meta
-        # Which of meta's files each source holds.
-        self._groups = None if sources is None else Bounds([len(s.paths) for s in sources])
+        self._sources = None if sources is None else tuple(sources)
+        self._map: SampleMap | None = None
+        self.keeps_ids = False
+        if sources is None:
+            return
+        _, self._files = distinct_files([s.paths for s in sources])
+        counts = np.diff(meta.file_bounds)
+        sizes = []
+        for source, mine in zip(sources, self._files):
+            n = int(counts[list(mine)].sum())
+            if source.ids is not None:
+                source.ids.check(n, source.name)
+                n = len(source.ids)
+            sizes.append(n)
+        self._sizes = tuple(sizes)
+        self._map = SampleMap(self._sizes, self._files, meta.file_bounds, tuple(s.ids for s in sources))
+        self.keeps_ids = not self._map.identity
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A worker never builds: it needs no ids (those held in memory would be copied).
+        return {**self.__dict__, "_map": None, "_sources": None}
 
     @property
     def num_samples(self) -> int:
@@ -81,17 +107,28 @@ class FileReader:
 
     @property
     def source_sizes(self) -> tuple[int, ...] | None:
-        if self._groups is None:
-            return None
-        return tuple(np.diff(self.meta.file_bounds[self._groups.starts]).tolist())
+        return None if self._sources is None else self._sizes
 
     def source_fingerprints(self) -> tuple[str, ...]:
-        assert self._groups is not None
+        """Each source's: its files', and for a subset the hash of its ids (read once, when asked)."""
+        assert self._sources is not None
         files = self.meta.file_fingerprints
-        return tuple(combine_fingerprints(files[a:b]) for a, b in itertools.pairwise(self._groups.starts.tolist()))
+        return tuple(
+            combine_fingerprints([files[f] for f in mine] + ([] if s.ids is None else [s.ids.fingerprint]))
+            for s, mine in zip(self._sources, self._files)
+        )
 
     def build(self, spec: ShardSpec) -> Shard:
-        return self.meta.read(spec.indices(), ids=False)
+        plan = spec.indices()
+        if not self.keeps_ids:
+            return self.meta.read(plan, ids=False)
+        assert spec.mix is not None and self._map is not None
+        return self.meta.read(self._map.samples(plan, spec.mix.source_of(plan)), ids=True)
 
     def where(self, sample: int) -> str:
         return self.meta.where(sample)
+
+
+def files_of(sources: Sequence[Source]) -> list[str]:
+    """The distinct files of ``sources`` in order of first appearance: what a mix's MetaFile holds."""
+    return distinct_files([s.paths for s in sources])[0]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import itertools
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import BinaryIO
+from dataclasses import dataclass
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -21,11 +22,28 @@ import numpy.typing as npt
 from rank_dataset._pread import pread_exact
 from rank_dataset._progress import progress_bar
 
-__all__ = ["BLANK", "BOM", "CHUNK", "CR", "NEWLINE", "PathLike", "build_index", "scan", "scan_chunks"]
+__all__ = [
+    "BLANK",
+    "BOM",
+    "CHUNK",
+    "CR",
+    "MARK",
+    "NEWLINE",
+    "Chunk",
+    "PathLike",
+    "build_index",
+    "scan",
+    "scan_chunks",
+    "scan_map",
+]
 
 PathLike = str | os.PathLike[str]
 #: Bytes per chunk of a scan.
 CHUNK = 32 << 20
+#: A scan marks where the first line at or after every multiple of this many bytes starts, and its
+#: number: finding a sample's line number then counts the newlines of less than this many bytes.
+MARK = 4 << 20
+_T = TypeVar("_T")
 _THREADS = 2
 _HIGH_BITS = np.uint64(0x8080808080808080)
 NEWLINE, CR = 10, 13
@@ -36,42 +54,70 @@ BLANK = np.zeros(256, dtype=bool)
 BLANK[[9, 10, 11, 12, 13, 32]] = True
 
 
-def _spans_of_chunk(buf: npt.NDArray[np.uint8], last: bool, first: bool = False) -> tuple[npt.NDArray[np.int64], int]:
-    """The sample spans of the complete lines in ``buf`` and the length of the complete part.
+@dataclass(frozen=True)
+class Chunk:
+    """What a scan finds in one chunk of a file (bytes ``[offset, offset + nbytes)``, whole lines).
 
-    With ``last``, bytes after the final newline form a line too. With ``first`` (``buf`` starts the
-    file), a leading byte order mark is skipped.
+    ``starts`` and ``lengths``: the samples' spans (absolute offsets). ``newlines``: the newline bytes
+    in the chunk. ``marks``: ``(k, 2)`` rows ``(offset, line)``: for each multiple of :data:`MARK` in
+    the chunk, where the first line at or after it starts and its number, counted from 0 at the
+    chunk's first line (what bounds the reading that finds a sample's line number).
     """
+
+    offset: int
+    nbytes: int
+    starts: npt.NDArray[np.int64]
+    lengths: npt.NDArray[np.int64]
+    ascii: bool
+    newlines: int
+    marks: npt.NDArray[np.int64]
+
+
+def _scan_chunk(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> Chunk:
+    """The samples of the complete lines in ``buf`` (byte ``offset`` of the file onwards; with
+    ``last``, bytes after the final newline form a line too). At offset 0 a leading byte order mark
+    is skipped."""
     if not buf.size:
-        return np.empty((0, 2), np.int64), 0
-    ends = np.flatnonzero(buf == NEWLINE)
+        empty = np.empty(0, np.int64)
+        return Chunk(offset, 0, empty, empty, True, 0, np.empty((0, 2), np.int64))
+    newline_at = np.flatnonzero(buf == NEWLINE)
+    # Line k starts at line_starts[k] (the last one, past the final newline, may be the next chunk's).
+    line_starts = np.empty(newline_at.size + 1, np.int64)
+    line_starts[0] = 0
+    np.add(newline_at, 1, out=line_starts[1:])
+    ends = newline_at
     if last and (not ends.size or ends[-1] + 1 < buf.size):
         ends = np.append(ends, buf.size)
-    if not ends.size:
-        return np.empty((0, 2), np.int64), 0
-    consumed = min(int(ends[-1]) + 1, buf.size)
-    starts = np.empty_like(ends)
-    starts[0] = len(BOM) if first and buf[: len(BOM)].tobytes() == BOM else 0
-    np.add(ends[:-1], 1, out=starts[1:])
+    starts = line_starts[: ends.size].copy()
+    if offset == 0 and starts.size and buf[: len(BOM)].tobytes() == BOM:
+        starts[0] = len(BOM)
     # "\r\n" loses its "\r". For an empty first line this reads buf[-1]: harmless, as a span of
     # length <= 0 is blank either way.
-    ends -= buf[ends - 1] == CR
+    lengths = ends - starts
+    lengths -= buf[ends - 1] == CR
     # An empty line is blank; so is the rest of a line that is only a byte order mark.
-    maybe_blank = BLANK[buf[np.minimum(starts, buf.size - 1)]] | (ends <= starts)
+    maybe_blank = lengths <= 0
+    maybe_blank |= BLANK[buf[np.minimum(starts, buf.size - 1)]]
     if maybe_blank.any():
         # Only lines that start with whitespace (or are empty) can be blank: check those in full.
         rows = np.flatnonzero(maybe_blank)
         keep = np.ones(ends.size, dtype=bool)
         keep[rows] = False
-        sized = rows[ends[rows] > starts[rows]]
+        sized = rows[lengths[rows] > 0]
         if sized.size:
             content = ~BLANK[buf]
-            bounds = np.column_stack((starts[sized], ends[sized])).reshape(-1)
+            bounds = np.column_stack((starts[sized], starts[sized] + lengths[sized])).reshape(-1)
             if bounds[-1] == buf.size:
                 bounds = bounds[:-1]
             keep[sized] = np.logical_or.reduceat(content, bounds)[::2]
-        starts, ends = starts[keep], ends[keep]
-    return np.column_stack((starts, ends)), consumed
+        starts, lengths = starts[keep], lengths[keep]
+    # Marks: the first line starting at or after each multiple of MARK in the chunk.
+    first_mark = -(-offset // MARK) * MARK
+    targets = np.arange(first_mark, offset + buf.size, MARK, dtype=np.int64) - offset
+    lines = np.searchsorted(line_starts, targets)
+    found = lines < line_starts.size
+    marks = np.column_stack((line_starts[lines[found]] + offset, lines[found]))
+    return Chunk(offset, buf.size, starts + offset, lengths, _is_ascii(buf), int(newline_at.size), marks)
 
 
 def _is_ascii(buf: npt.NDArray[np.uint8]) -> bool:
@@ -98,23 +144,21 @@ def _chunk_bounds(f: BinaryIO, size: int, chunk_size: int) -> list[int]:
     return bounds
 
 
-def _index_chunk(fd: int, start: int, stop: int, last: bool) -> tuple[npt.NDArray[np.int64], bool]:
+def _read_and_scan(fd: int, start: int, stop: int, last: bool) -> Chunk:
     buf = np.empty(stop - start, np.uint8)
     pread_exact(fd, buf, start)
-    spans, _ = _spans_of_chunk(buf, last=last, first=start == 0)
-    spans += start
-    return spans, _is_ascii(buf)
+    return _scan_chunk(buf, start, last)
 
 
-def scan_chunks(
-    path: PathLike, chunk_size: int = CHUNK, *, fd: int | None = None
-) -> Iterator[tuple[npt.NDArray[np.int64], bool]]:
-    """Yield ``(spans, ascii)`` for each chunk of ``path`` in file order: the ``(k, 2)`` spans of its
-    samples and whether the chunk is pure ASCII (which spares UTF-8 checks later).
+def scan_map(
+    path: PathLike, then: Callable[[Chunk], _T], chunk_size: int = CHUNK, *, fd: int | None = None
+) -> Iterator[_T]:
+    """Yield ``then(chunk)`` for each :class:`Chunk` of ``path``, in file order.
 
-    Chunks end just past a newline, so each is indexed on its own; two threads index them (numpy
-    releases the GIL in the array passes), and results are yielded in order as they come. With
-    ``fd``, that open descriptor of ``path`` is read (the file the caller checked), not the path.
+    Chunks end just past a newline, so each is scanned on its own; two threads scan them and apply
+    ``then`` (numpy releases the GIL in the array passes), and results are yielded in order as they
+    come. With ``fd``, that open descriptor of ``path`` is read (the file the caller checked), not
+    the path.
 
     Raises:
         rank_dataset._pread.ShortRead: the file shrank while being indexed.
@@ -124,15 +168,31 @@ def scan_chunks(
         size = os.fstat(f.fileno()).st_size
         bounds = _chunk_bounds(f, size, chunk_size)
         jobs = [(lo, hi, i == len(bounds) - 2) for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]
-        pending: deque[Future[tuple[npt.NDArray[np.int64], bool]]] = deque()
+        pending: deque[Future[tuple[_T, int]]] = deque()
+
+        def work(lo: int, hi: int, last: bool) -> tuple[_T, int]:
+            return then(_read_and_scan(f.fileno(), lo, hi, last)), hi - lo
+
         with progress_bar(size, f"indexing {os.fspath(path)}") as bar:
             for n, job in enumerate(jobs):
-                pending.append(pool.submit(_index_chunk, f.fileno(), *job))
+                pending.append(pool.submit(work, *job))
                 # Keep a few chunks in flight: enough to use both cores, few enough to bound memory.
                 while pending and (len(pending) > _THREADS or n == len(jobs) - 1):
-                    spans, ascii_chunk = pending.popleft().result()
-                    bar.update(int(spans[-1, 1] - spans[0, 0]) if spans.size else 0)
-                    yield spans, ascii_chunk
+                    result, nbytes = pending.popleft().result()
+                    bar.update(nbytes)
+                    yield result
+
+
+def _spans(chunk: Chunk) -> tuple[npt.NDArray[np.int64], bool]:
+    return np.column_stack((chunk.starts, chunk.starts + chunk.lengths)), chunk.ascii
+
+
+def scan_chunks(
+    path: PathLike, chunk_size: int = CHUNK, *, fd: int | None = None
+) -> Iterator[tuple[npt.NDArray[np.int64], bool]]:
+    """Yield ``(spans, ascii)`` for each chunk of ``path`` in file order: the ``(k, 2)`` spans of its
+    samples and whether the chunk is pure ASCII (which spares UTF-8 checks later); see :func:`scan_map`."""
+    return scan_map(path, _spans, chunk_size, fd=fd)
 
 
 def scan(path: PathLike, chunk_size: int = CHUNK) -> tuple[npt.NDArray[np.int64], bool]:

@@ -64,7 +64,9 @@ def copy_rows(
     if not count:
         return
     lengths = np.asarray(lengths, np.int64)
-    key = np.minimum(lengths, _GROUPED_MAX).astype(np.uint16 if _GROUPED_MAX < 1 << 16 else np.uint32)
+    # A 16-bit key, which numpy sorts by radix (a wider one takes a merge sort, several times slower);
+    # lengths past it are copied row by row, wherever the sort leaves them.
+    key = np.minimum(lengths, 0xFFFF).astype(np.uint16)
     order = np.argsort(key, kind="stable")
     by_length = lengths[order]
     cuts = np.flatnonzero(by_length[1:] != by_length[:-1]) + 1
@@ -100,6 +102,13 @@ class ShardWriter:
         self.bounds: _IntArray = np.frombuffer(self._map, dtype, n + 1, bounds_off)
         self.ids: npt.NDArray[np.int64] | None = np.frombuffer(self._map, np.int64, n, ids_off) if ids else None
         self.data: npt.NDArray[np.uint8] = np.frombuffer(self._map, np.uint8, nbytes, data_off)
+        self._data_off, self._nbytes = data_off, nbytes
+
+    def find(self, byte: bytes) -> int:
+        """Where ``byte`` first occurs in ``data``, or -1: a C search of the map (memchr), several
+        times faster than a numpy comparison over the same bytes."""
+        at = self._map.find(byte, self._data_off, self._data_off + self._nbytes)
+        return at - self._data_off if at >= 0 else -1
 
     def finish(self) -> Shard:
         """The shard written (read-only from now on)."""

@@ -1,0 +1,125 @@
+"""Per-rank build of a 1,000-class balanced mix beside one file's build with the same R.
+
+The meta file holds N lines of 1,000 classes (``imagenet_line``); the balanced mix is
+``class_balanced(meta_file)`` (1,000 sources over subsets of the one file, weight ``n_c ** 0``) with
+the default epoch size, N, so both plans have R = ceil(N / W) samples on a rank and read the same
+file. The difference is the mix: the sources made from the cached grouping, a permutation per class,
+the ids read at this rank's positions, the shard keeping its sample numbers.
+
+Each build runs in a fresh Python process with the index and the grouping cached and the file in the
+page cache, alternating the two kinds; the median of each is kept.
+
+Usage:
+    python benchmarks/bench_balanced.py                       # N = 10M lines, W = 8
+    python benchmarks/bench_balanced.py --lines 200000 --repeat 1 --out /tmp/results --data-dir /tmp/data
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import PEAK_PRELUDE, machine_info, plotting, save_results  # noqa: E402
+from bench_group import write_lines  # noqa: E402
+
+_BUILD = """
+from rank_dataset import RankDataset, class_balanced, group_by
+if KIND == "warm":
+    print(json.dumps({"classes": len(group_by(PATH))}))
+    raise SystemExit
+reset_peak()
+before = rss()[0]
+t = time.perf_counter()
+source = class_balanced(PATH) if KIND == "balanced" else PATH
+ds = RankDataset(source, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD)
+elapsed = time.perf_counter() - t
+peak = rss()[1] - before
+t = time.perf_counter()
+ds.spec.indices()
+plan = time.perf_counter() - t
+print(json.dumps({"seconds": elapsed, "plan": plan, "peak": peak, "count": len(ds)}))
+"""
+
+
+def run(kind: str, path: Path, rank: int, world: int, env: dict[str, str]) -> dict[str, float]:
+    head = f"KIND = {kind!r}\nPATH = {str(path)!r}\nRANK = {rank}\nWORLD = {world}\n"
+    code = PEAK_PRELUDE + head + textwrap.dedent(_BUILD)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"measurement failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lines", type=int, default=10_000_000)
+    parser.add_argument("--world-size", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3, help="builds of each kind, alternating (the median is kept)")
+    parser.add_argument("--data-dir", type=Path, default=Path("/work/bench-data"), help="where the meta file goes")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+    n, w = args.lines, args.world_size
+    if n < 1000:
+        parser.error("--lines must be at least 1000 (every class needs a sample)")
+    work = args.data_dir / f"balanced_{n}"
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "meta.txt"
+    env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(work / "cache")}
+    runs: dict[str, list[dict[str, float]]] = {"file": [], "balanced": []}
+    try:
+        write_lines(path, n)
+        classes = run("warm", path, 0, w, env)["classes"]  # index and grouping cached
+        for _ in range(args.repeat):
+            for kind in ("file", "balanced"):
+                runs[kind].append(run(kind, path, 0, w, env))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    r = -(-n // w)
+    assert all(x["count"] == r for kind in runs.values() for x in kind)
+    med = {k: {m: statistics.median(x[m] for x in v) for m in ("seconds", "plan", "peak")} for k, v in runs.items()}
+    ratio = med["balanced"]["seconds"] / med["file"]["seconds"]
+    rows = [
+        f"Per-rank build at N = {n:,} lines, W = {w} (R = {r:,} samples on the rank), index and grouping cached, "
+        f"the file in the page cache; median of {args.repeat} fresh processes of each kind, alternating.",
+        "",
+        machine_info(),
+        "",
+        "| build | seconds | vs one file | plan alone (s) | peak memory |",
+        "|---|---:|---:|---:|---:|",
+        f"| one file: RankDataset(meta_file) | {med['file']['seconds']:.2f} | 1.00x | {med['file']['plan']:.3f} | "
+        f"{med['file']['peak'] / 2**20:,.0f} MiB |",
+        f"| balanced mix of {classes:,} classes: RankDataset(class_balanced(meta_file)) | "
+        f"{med['balanced']['seconds']:.2f} | {ratio:.2f}x | {med['balanced']['plan']:.3f} | "
+        f"{med['balanced']['peak'] / 2**20:,.0f} MiB |",
+        "",
+        "The balanced build includes class_balanced (the cached grouping memory-mapped, 1,000 Sources made) and the",
+        "mapping of this rank's plan to sample numbers (the ids read at its positions only); its shard keeps each",
+        "line's sample number (8 bytes a line). Wall-clock figures come from a machine shared with other jobs.",
+    ]
+
+    def plot(png: Path) -> None:
+        plt = plotting()
+        fig, ax = plt.subplots(figsize=(6, 2.5))
+        ax.barh(["one file", f"{classes:,}-class balanced mix"], [med["file"]["seconds"], med["balanced"]["seconds"]])
+        ax.set_xlabel(f"seconds per rank (N = {n:,}, W = {w})")
+        ax.invert_yaxis()
+        fig.tight_layout()
+        fig.savefig(png, dpi=120)
+        plt.close(fig)
+
+    save_results(args.out, "balanced", rows, {"lines": n, "world_size": w, "runs": runs, "median": med}, plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""group_by(meta_file, key="label") on N lines: seconds and peak memory, beside the index build of the
+same file and the label parser in a Python loop.
+
+Each step runs in a fresh Python process, the file in the page cache: building the line-offset index
+(what any first use of the file costs, and what grouping reads through), grouping with no cached
+grouping (one pass over the file), grouping again (the cache, memory-mapped), and ``parse_label`` over
+the first million lines in a Python loop (what grouping by a function of the line costs a line).
+Peak memory is the rise of the process's peak RSS during the step.
+
+Usage:
+    python benchmarks/bench_group.py                       # N = 100M lines, file under /work/bench-data
+    python benchmarks/bench_group.py --lines 200000 --out /tmp/results --data-dir /tmp/data --keep
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import PEAK_PRELUDE, machine_info, plotting, save_results  # noqa: E402
+
+_STEP = """
+from pathlib import Path
+from rank_dataset.index import load_index
+from rank_dataset import group_by
+from rank_dataset.parsers import parse_label
+reset_peak()
+before = rss()[0]
+cpu, t = time.process_time(), time.perf_counter()
+if STEP == "index":
+    count = load_index(Path(PATH)).count
+elif STEP in ("group", "cached"):
+    groups = group_by(PATH)
+    count = sum(len(v) for v in groups.values())
+else:
+    count = 0
+    with open(PATH) as f:
+        for line in f:
+            parse_label(line)
+            count += 1
+            if count == 1_000_000:
+                break
+print(json.dumps({"seconds": time.perf_counter() - t, "cpu": time.process_time() - cpu,
+                  "peak": rss()[1] - before, "count": count}))
+"""
+
+
+def write_lines(path: Path, n: int, chunk: int = 1 << 20) -> None:
+    """Write ``rank_dataset.demo.synthetic.imagenet_line(i)`` for ``i < n``, vectorised (the same bytes)."""
+    fixed = np.frombuffer(b"train/n01440764/n01440764_", np.uint8)
+    with open(path, "wb") as f:
+        for lo in range(0, n, chunk):
+            i = np.arange(lo, min(n, lo + chunk), dtype=np.int64)
+            label = (i * 7919) % 1000
+            wnid = 1_440_764 + label
+            cols: list[np.ndarray] = []
+            keep: list[np.ndarray] = []
+
+            def put(part: np.ndarray, mask: np.ndarray | None = None, cols=cols, keep=keep, i=i) -> None:
+                part = np.broadcast_to(part, (i.size, part.shape[-1]))
+                cols.append(part)
+                keep.append(np.ones(part.shape, bool) if mask is None else mask)
+
+            def digits(x: np.ndarray, width: int) -> np.ndarray:
+                return ((x[:, None] // 10 ** np.arange(width - 1, -1, -1)) % 10 + 48).astype(np.uint8)
+
+            def significant(x: np.ndarray, width: int) -> np.ndarray:
+                shown = np.maximum(1, np.floor(np.log10(np.maximum(x, 1))).astype(np.int64) + 1)
+                return np.arange(width)[None, :] >= width - shown[:, None]
+
+            put(fixed[:7][None, :])  # "train/n"
+            put(digits(wnid, 8))
+            put(fixed[15:17][None, :])  # "/n"
+            put(digits(wnid, 8))
+            put(fixed[25:26][None, :])  # "_"
+            put(digits(i, 10), significant(i, 10))
+            put(np.frombuffer(b".JPEG ", np.uint8)[None, :])
+            put(digits(label, 3), significant(label, 3))
+            put(np.full((1, 1), 10, np.uint8))
+            f.write(np.concatenate(cols, axis=1)[np.concatenate(keep, axis=1)].tobytes())
+
+
+def run(step: str, path: Path, env: dict[str, str]) -> dict[str, float]:
+    code = PEAK_PRELUDE + f"STEP = {step!r}\nPATH = {str(path)!r}\n" + textwrap.dedent(_STEP)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"measurement failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lines", type=int, default=100_000_000)
+    parser.add_argument("--data-dir", type=Path, default=Path("/work/bench-data"), help="where the meta file goes")
+    parser.add_argument("--keep", action="store_true", help="keep the meta file and its caches")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+    n = args.lines
+    work = args.data_dir / f"group_{n}"
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "meta.txt"
+    env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(work / "cache")}
+    try:
+        if not path.exists() or path.stat().st_size == 0:
+            write_lines(path, n)
+        shutil.rmtree(work / "cache", ignore_errors=True)
+        with open(path, "rb") as f:  # into the page cache: what is measured is the work, not the disk
+            while f.read(64 << 20):
+                pass
+        size = path.stat().st_size
+        results = {step: run(step, path, env) for step in ("index", "group", "cached", "python")}
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    assert results["index"]["count"] == results["group"]["count"] == results["cached"]["count"] == n
+    python_rate = results["python"]["count"] / results["python"]["seconds"]
+    group = results["group"]
+    rows = [
+        f'group_by(meta_file, key="label") on N = {n:,} lines ({size / 1e9:.1f} GB)'
+        ", the file in the page cache; each step a fresh process.",
+        "",
+        machine_info(),
+        "",
+        "| step | seconds | lines/s | CPU seconds | peak memory | bytes/line | vs group_by |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    labels = {
+        "index": "index build (the baseline: any first use)",
+        "group": 'group_by(key="label"), no cached grouping',
+        "cached": "group_by again (cached, memory-mapped)",
+    }
+    for step, text in labels.items():
+        r = results[step]
+        rows.append(
+            f"| {text} | {r['seconds']:.2f} | {n / r['seconds'] / 1e6:.1f}M | {r['cpu']:.2f} | "
+            f"{r['peak'] / 2**20:,.0f} MiB | {r['peak'] / n:.1f} | {r['seconds'] / group['seconds']:.2f}x |"
+        )
+    rows.append(
+        f"| parse_label in a Python loop (first 1M lines) | {n / python_rate:.2f} (projected) | "
+        f"{python_rate / 1e6:.2f}M | | | | {n / python_rate / group['seconds']:.1f}x |"
+    )
+    rows += [
+        "",
+        "Wall-clock figures were taken on a machine shared with other jobs: the CPU seconds and the ratios are",
+        "the steadier figures. group_by parses in two threads; the CPU column counts both.",
+    ]
+
+    def plot(png: Path) -> None:
+        plt = plotting()
+        fig, ax = plt.subplots(figsize=(6, 3))
+        names = ["index build", "group_by", "group_by cached", "Python loop (proj.)"]
+        secs = [results["index"]["seconds"], group["seconds"], results["cached"]["seconds"], n / python_rate]
+        ax.barh(names, secs)
+        ax.set_xlabel(f"seconds for {n:,} lines")
+        ax.invert_yaxis()
+        fig.tight_layout()
+        fig.savefig(png, dpi=120)
+        plt.close(fig)
+
+    save_results(args.out, "group", rows, {"lines": n, "results": results}, plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,347 @@
+"""Scale: cold indexing, per-rank builds and set_epoch at N = 10M and 100M lines (1B with --lines).
+
+For each N, in one run and each measurement in a fresh Python process (the file in the page cache):
+- ``read``: one read of the file counting newlines, ``open(p, 'rb').read().count(b'\\n')`` (the
+  baseline every ratio is taken against, as in bench_build.py);
+- ``cold``: ``MetaFile(p)`` with no index cache (the file scanned, the cache written and synced),
+  and the cache's size;
+- ``build``: ``RankDataset`` with the index cached, one rank, for W in {8, 64, 512} and M in {1, 4};
+  time and peak memory above the process's RSS before the build (exact, VmHWM reset through
+  /proc/self/clear_refs), and separately the peaks of its anonymous and its file-backed and shared
+  memory (RssAnon; RssFile + RssShmem, where the shard's segment is counted), sampled by this script
+  every 2 ms from /proc/<pid>/status while the build runs;
+- ``set_epoch``: then ``ds.set_epoch(1)`` in the same process (W = 8, M = 1): time and peak above
+  the RSS before it, when the old shard is held;
+- ``original``: the original approach at W = 8 (the demo's OriginalDataset: the whole permutation
+  in every rank, every line of the file read into Python, its own lines kept as a list).
+
+Files of N lines of about 34 bytes (``train/n<wnid>/<i in hex>_<label>.JPEG <label>``) are written
+once under ``--data-dir`` and reused. Results: a markdown table, JSON and a PNG plot of time and
+memory against N.
+
+Usage:
+    python benchmarks/bench_scale.py --data-dir /data/bench              # N = 10M and 100M
+    python benchmarks/bench_scale.py --data-dir /data/bench --lines 1000000000 --worlds 8 512
+    python benchmarks/bench_scale.py --lines 20000 --repeat 1 --out /tmp/results  # files in a temporary directory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import PEAK_PRELUDE, machine_info, plotting, save_results  # noqa: E402
+
+MIB = 1 << 20
+
+_READ = """
+t = time.perf_counter()
+count = open(META, "rb").read().count(b"\\n")
+print(json.dumps({"seconds": time.perf_counter() - t, "count": count}))
+"""
+
+_COLD = """
+from rank_dataset import MetaFile
+mark("start")
+t = time.perf_counter()
+mf = MetaFile(META)
+elapsed = time.perf_counter() - t
+mark("stop")
+print(json.dumps({"seconds": elapsed, "count": len(mf)}))
+"""
+
+_BUILD = """
+from rank_dataset import RankDataset
+reset_peak(); before = rss()[0]
+mark("start")
+t = time.perf_counter()
+ds = RankDataset(META, reload_cfg={"seed": 0, "mini_epoch": MINI}, rank=RANK, world_size=WORLD)
+elapsed = time.perf_counter() - t
+mark("stop")
+out = {"seconds": elapsed, "peak": rss()[1] - before, "shard": ds.shard.nbytes, "count": len(ds)}
+if SET_EPOCH:
+    reset_peak(); before = rss()[0]
+    t = time.perf_counter()
+    ds.set_epoch(1)
+    out["set_epoch"] = time.perf_counter() - t
+    out["set_epoch_peak"] = rss()[1] - before
+print(json.dumps(out))
+"""
+
+_ORIGINAL = """
+from rank_dataset.demo.baselines import OriginalDataset
+reset_peak(); before = rss()[0]
+mark("start")
+t = time.perf_counter()
+ds = OriginalDataset(META, rank=RANK, world=WORLD, mini_epoch=1, seed=0)
+elapsed = time.perf_counter() - t
+mark("stop")
+print(json.dumps({"seconds": elapsed, "peak": rss()[1] - before, "count": len(ds)}))
+"""
+
+_MARK = """
+def mark(what):
+    print(what, flush=True)
+"""
+
+
+# -- the files ---------------------------------------------------------------------------------------
+
+_ALPHABET = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+def _digits(values: np.ndarray, base: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(n, width)`` ASCII digits of ``values`` in ``base``, right-aligned, and which of them to keep
+    (no leading zeros; one digit for 0)."""
+    digits = np.empty((values.size, width), np.uint8)
+    rest = values.copy()
+    for col in range(width - 1, -1, -1):
+        digits[:, col] = _ALPHABET[rest % base]
+        rest //= base
+    count = np.ones(values.size, np.int64)
+    for k in range(1, width):
+        count += values >= base**k
+    return digits, np.arange(width)[None, :] >= (width - count)[:, None]
+
+
+def _lines(first: int, count: int, hex_width: int) -> bytes:
+    """Lines ``first .. first + count - 1``: ``train/n<wnid>/<i in hex>_<label>.JPEG <label>``."""
+    i = np.arange(first, first + count, dtype=np.int64)
+    label = (i * 7919) % 1000
+    wnid, _ = _digits(1_440_764 + label, 10, 8)
+    name, name_keep = _digits(i, 16, hex_width)
+    lab, lab_keep = _digits(label, 10, 3)
+
+    def text(s: bytes) -> tuple[np.ndarray, np.ndarray]:
+        row = np.frombuffer(s, np.uint8)
+        return np.broadcast_to(row, (count, row.size)), np.ones((count, row.size), bool)
+
+    def whole(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return a, np.ones(a.shape, bool)
+
+    parts = [text(b"train/n"), whole(wnid), text(b"/"), (name, name_keep), text(b"_"), (lab, lab_keep)]
+    parts += [text(b".JPEG "), (lab, lab_keep), text(b"\n")]
+    matrix = np.concatenate([p for p, _ in parts], axis=1)
+    keep = np.concatenate([k for _, k in parts], axis=1)
+    return matrix[keep].tobytes()
+
+
+def meta_file(directory: Path, n: int) -> Path:
+    """The file of ``n`` lines under ``directory``, written once (through a temporary name)."""
+    path = directory / f"scale_{n}.txt"
+    if path.exists():
+        return path
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    hex_width = max(1, ((n - 1).bit_length() + 3) // 4)
+    with open(tmp, "wb") as f:
+        for lo in range(0, n, 1_000_000):
+            f.write(_lines(lo, min(n, lo + 1_000_000) - lo, hex_width))
+    tmp.rename(path)
+    return path
+
+
+# -- measuring ---------------------------------------------------------------------------------------
+
+
+def _status(pid: int) -> tuple[int, int]:
+    """(anonymous, file-backed and shared) resident bytes of ``pid``."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    kib = {k: int(fields[k].split()[0]) * 1024 for k in ("RssAnon", "RssFile", "RssShmem")}
+    return kib["RssAnon"], kib["RssFile"] + kib["RssShmem"]
+
+
+def run(body: str, meta: Path, env: dict[str, str], **values: Any) -> dict[str, Any]:
+    """Run ``body`` in a fresh process; while it is between its "start" and "stop" marks, sample its
+    anonymous and shared memory every 2 ms (peaks above their values at "start")."""
+    head = "".join(f"{k} = {v!r}\n" for k, v in {"META": str(meta), **values}.items())
+    code = PEAK_PRELUDE + _MARK + head + body
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    lines: list[str] = []
+    state = {"running": False}
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.strip()
+            if line == "start":
+                state["running"] = True
+            elif line == "stop":
+                state["running"] = False
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    base = peak = None
+    while reader.is_alive():
+        if state["running"]:
+            try:
+                now = _status(proc.pid)
+            except (OSError, KeyError):
+                break
+            if base is None:
+                base = peak = now
+            peak = (max(peak[0], now[0]), max(peak[1], now[1]))  # type: ignore[index]
+        time.sleep(0.002)
+    reader.join()
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"measurement failed:\n{err[-4000:]}")
+    out: dict[str, Any] = json.loads(lines[-1])
+    if base is not None and peak is not None:
+        out["anon"], out["shared"] = peak[0] - base[0], peak[1] - base[1]
+    return out
+
+
+def measure(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    meta = meta_file(args.data_dir, n)
+    cache = Path(env["RANK_DATASET_CACHE_DIR"])
+    result: dict[str, Any] = {"lines": n, "bytes": meta.stat().st_size, "read": [], "cold": [], "builds": {}}
+    builds: dict[str, list[dict[str, Any]]] = {}
+    for i in range(args.repeat):
+        result["read"].append(run(_READ, meta, env))
+        shutil.rmtree(cache, ignore_errors=True)
+        cold = run(_COLD, meta, env)
+        cold["index_bytes"] = sum(p.stat().st_size for p in cache.iterdir())
+        result["cold"].append(cold)
+        for w in args.worlds:
+            for m in args.mini_epochs:
+                first = w == args.worlds[0] and m == 1
+                one = run(_BUILD, meta, env, RANK=(i * 7 + 1) % w, WORLD=w, MINI=m, SET_EPOCH=first)
+                builds.setdefault(f"{w},{m}", []).append(one)
+        result["read"].append(run(_READ, meta, env))
+    result["builds"] = builds
+    if n <= args.original_max_lines:
+        result["original"] = [run(_ORIGINAL, meta, env, RANK=1, WORLD=8) for _ in range(args.original_repeat)]
+    return result
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(r[key] for r in rows))
+
+
+# -- reporting ---------------------------------------------------------------------------------------
+
+
+def table(results: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    lines = ["# Scale: indexing, per-rank builds and set_epoch against N", ""]
+    for res in results:
+        n, read = res["lines"], _median(res["read"], "seconds")
+        cold, index_bytes = _median(res["cold"], "seconds"), res["cold"][0]["index_bytes"]
+        lines += [
+            f"## N = {n:,} lines ({res['bytes'] / MIB:,.0f} MiB, {res['bytes'] / n:.1f} bytes a line)",
+            "",
+            "| what | seconds | vs one read | peak above start (MiB) | anon / shared (MiB, sampled) | shard (MiB) |"
+            " peak / shard |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            f"| one read counting newlines | {read:.2f} | 1.00x | | | | |",
+            f"| index, cold ({index_bytes / MIB:,.0f} MiB, {index_bytes / n:.2f} B a line) | {cold:.2f} |"
+            f" {cold / read:.2f}x | | | | |",
+        ]
+        for key, rows in res["builds"].items():
+            w, m = key.split(",")
+            sec, peak, shard = _median(rows, "seconds"), _median(rows, "peak"), _median(rows, "shard")
+            anon, shared = _median(rows, "anon"), _median(rows, "shared")
+            lines.append(
+                f"| build, W = {w}, M = {m} (warm index) | {sec:.3f} | {sec / read:.2f}x | {peak / MIB:,.0f} |"
+                f" {anon / MIB:,.0f} / {shared / MIB:,.0f} | {shard / MIB:,.1f} | {peak / shard:.2f} |"
+            )
+            if "set_epoch" in rows[0]:
+                sec, peak = _median(rows, "set_epoch"), _median(rows, "set_epoch_peak")
+                lines.append(
+                    f"| set_epoch, W = {w}, M = {m} (peak above the old shard) | {sec:.3f} | {sec / read:.2f}x |"
+                    f" {peak / MIB:,.0f} | | {shard / MIB:,.1f} | {peak / shard:.2f} |"
+                )
+        if "original" in res:
+            sec, peak = _median(res["original"], "seconds"), _median(res["original"], "peak")
+            ours = _median(res["builds"][f"{args.worlds[0]},1"], "seconds")
+            lines.append(f"| original approach, W = 8 | {sec:.2f} | {sec / read:.2f}x | {peak / MIB:,.0f} | | | |")
+            lines += ["", f"Warm build at W = 8 against the original approach: {sec / ours:.1f}x faster."]
+        lines.append("")
+    lines += [
+        f"Medians of {args.repeat} runs of each measurement ({args.repeat * 2} of the read), each in a fresh process,"
+        " the file in the page cache; the original approach run "
+        f"{args.original_repeat} time(s). Peaks above start are exact (VmHWM); anon / shared are peaks sampled every"
+        " 2 ms (RssAnon; RssFile + RssShmem, where the shard's shared-memory segment is counted).",
+        "",
+        f"Command: `python benchmarks/bench_scale.py --lines {' '.join(map(str, args.lines))} --repeat {args.repeat}"
+        f" --worlds {' '.join(map(str, args.worlds))} --mini-epochs {' '.join(map(str, args.mini_epochs))}`",
+        "",
+        machine_info(),
+    ]
+    return lines
+
+
+def plot(results: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> None:
+    plt = plotting()
+    ns = [r["lines"] for r in results]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    a.plot(ns, [_median(r["read"], "seconds") for r in results], "k--o", label="one read counting newlines")
+    a.plot(ns, [_median(r["cold"], "seconds") for r in results], "o-", color="C0", label="index, cold")
+    for j, w in enumerate(args.worlds):
+        key, color = f"{w},1", f"C{j + 1}"
+        a.plot(ns, [_median(r["builds"][key], "seconds") for r in results], "o-", color=color, label=f"build, W={w}")
+        b.plot(ns, [_median(r["builds"][key], "peak") / MIB for r in results], "o-", color=color, label=f"peak, W={w}")
+        b.plot(ns, [_median(r["builds"][key], "shard") / MIB for r in results], ":", color=color, label=f"shard, W={w}")
+    with_original = [r for r in results if "original" in r]
+    if with_original:
+        xs = [r["lines"] for r in with_original]
+        a.plot(xs, [_median(r["original"], "seconds") for r in with_original], "rx-", label="original, W=8")
+        b.plot(xs, [_median(r["original"], "peak") / MIB for r in with_original], "rx-", label="original, W=8")
+    for ax, title, unit in ((a, "time", "seconds"), (b, "peak memory above start", "MiB")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("N (lines)")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lines", type=int, nargs="+", default=[10_000_000, 100_000_000])
+    parser.add_argument("--worlds", type=int, nargs="+", default=[8, 64, 512])
+    parser.add_argument("--mini-epochs", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement (the median is kept)")
+    parser.add_argument("--original-repeat", type=int, default=1, help="runs of the (slow) original approach")
+    parser.add_argument("--original-max-lines", type=int, default=100_000_000, help="largest N to run it at")
+    parser.add_argument("--data-dir", type=Path, default=None, help="where files are kept (default: a temporary dir)")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+    if 1 not in args.mini_epochs:
+        parser.error("--mini-epochs must include 1")
+    temporary = args.data_dir is None
+    if temporary:
+        args.data_dir = Path(tempfile.mkdtemp(prefix="bench_scale_"))
+    cache = args.data_dir / "cache"
+    env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(cache)}
+    try:
+        results = [measure(n, args, env) for n in args.lines]
+    finally:
+        shutil.rmtree(args.data_dir if temporary else cache, ignore_errors=True)
+    save_results(args.out, "scale", table(results, args), results, lambda p: plot(results, args, p))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
