@@ -15,8 +15,8 @@ demo: $(STAMP)
 	$(BIN)/rank-dataset demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks docs
-	$(BIN)/ruff format --check src tests benchmarks docs
+	$(BIN)/ruff check src tests benchmarks docs examples
+	$(BIN)/ruff format --check src tests benchmarks docs examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         for proc in (ours.proc, base):
             proc.terminate()
             proc.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)  # the generated meta file, its index and the baseline's script
 
     rows = [
         f"# Meta server throughput, N = {args.lines:,} lines",

@@ -40,6 +40,13 @@ CASES = [
     ),
     ("getitem", ["--lines", "3000"], "getitem.md", ['parser="json"'], None),
     (
+        "audit",
+        ["--lines", "3000", "--rounds", "1"],
+        "audit.md",
+        ["| ds.__getitems__(batch of 256) |"],
+        ("audit.png", True),
+    ),
+    (
         "mix",
         ["--lines", "4000", "--repeat", "1", "--world-size", "4"],
         "mix.md",

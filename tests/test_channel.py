@@ -6,11 +6,17 @@ from __future__ import annotations
 import json
 import pickle
 import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from torch.utils.data import BatchSampler, DataLoader, Sampler
 
-from rank_dataset._channel import ShardChannel, pass_of
-from rank_dataset._control import ControlBlock
+from rank_dataset import RandomSampler, RankDataset, ResumableSampler
+from rank_dataset._channel import PassCount, ShardChannel, pass_of
+from rank_dataset._control import READERS, ControlBlock
+from rank_dataset.errors import PassAuditError, PassAuditWarning
 from rank_dataset.plan import ShardSpec
 from rank_dataset.shard import Shard
 
@@ -187,3 +193,139 @@ class _Holder:
 
     def __init__(self, channel: ShardChannel) -> None:
         self.channel = channel
+
+
+# -- the pass audit ---------------------------------------------------------------------------------
+
+
+class _EverySecondBatch(Sampler[list[int]]):
+    """A batch sampler that keeps every second batch of another: the kind of wrapper that shards a loader
+    again (accelerate's BatchSamplerShard keeps one batch in world_size)."""
+
+    def __init__(self, batches: BatchSampler) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for k, batch in enumerate(self.batches):
+            if k % 2 == 0:
+                yield batch
+
+    def __len__(self) -> int:
+        return (len(self.batches) + 1) // 2
+
+
+def _audit_dataset(write_meta, n: int = 100, **kwargs: Any) -> RankDataset:
+    return RankDataset(write_meta(n=n), rank=0, world_size=1, **kwargs)
+
+
+def _loader(ds: RankDataset, workers: int, sampler: Sampler[int] | None = None, **kwargs: Any) -> DataLoader:
+    extra = {"persistent_workers": True, "multiprocessing_context": "fork"} if workers else {}
+    return DataLoader(ds, batch_size=8, sampler=sampler or RandomSampler(ds), num_workers=workers, **extra, **kwargs)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_sampler_dropping_batches_is_caught(write_meta, workers: int) -> None:
+    ds = _audit_dataset(write_meta)
+    sampler = RandomSampler(ds)
+    loader = DataLoader(
+        ds,
+        batch_sampler=_EverySecondBatch(BatchSampler(sampler, 8, drop_last=False)),
+        num_workers=workers,
+        **({"persistent_workers": True, "multiprocessing_context": "fork"} if workers else {}),
+    )
+    read = [item for batch in loader for item in batch]
+    assert len(read) == 52  # batches 0, 2, ..., 12 of 13: 6 * 8 + 4
+    with pytest.warns(PassAuditWarning) as caught:
+        ds.set_epoch(1)  # the pass is over: audited here
+    message = str(caught[0].message)
+    assert "pass 1 over this rank's shard read 52 items, but its sampler drew 100 indices" in message
+    assert "accelerator.prepare()" in message and "DistributedSampler" in message and "batch sampler" in message
+    assert ds.audit()[0] == PassCount(1, 100, 52, "finished")
+    # Once per dataset: the next short pass is recorded, not warned again.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _ = [batch for batch in loader]
+        _ = iter(sampler), list(loader)  # the next pass starting judges the previous one
+    assert [c.read for c in ds.audit()[:3]] == [52, 52, 52] and not any(c.ok for c in ds.audit()[:3])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_full_and_interrupted_passes_stay_quiet(write_meta, workers: int) -> None:
+    ds = _audit_dataset(write_meta)
+    loader = _loader(ds, workers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            loader.sampler.set_epoch(epoch)
+            assert sorted(x for batch in loader for x in batch) == sorted(ds[i] for i in range(100))
+        for batch_index, _ in enumerate(loader):  # left early: not judged
+            if batch_index == 2:
+                break
+        for _ in loader:  # an exception in the loop: left early too
+            break
+        ds.set_epoch(3)
+        assert len([x for batch in loader for x in batch]) == 100
+        ds.set_epoch(4)
+    states = [(c.number, c.drawn, c.read, c.state) for c in ds.audit()]
+    assert states[:3] == [(1, 100, 100, "finished"), (2, 100, 100, "finished"), (3, 100, 100, "finished")]
+    assert [s[3] for s in states[3:5]] == ["left early", "left early"]
+    assert states[5] == (6, 100, 100, "finished")
+    assert all(c.ok for c in ds.audit())
+
+
+def test_resumable_sampler_passes_and_the_running_pass(write_meta) -> None:
+    ds = _audit_dataset(write_meta, n=40)
+    sampler = ResumableSampler(ds)
+    it = iter(sampler)
+    first = [next(it) for _ in range(5)]
+    [ds[i] for i in first]
+    assert ds.audit() == (PassCount(1, 40, 5, "running"),)
+    it.close()
+    assert ds.audit() == (PassCount(1, 40, 5, "left early"),)
+    ds.load_state_dict(ds.state_dict(consumed=5))  # judged here: left early, quiet
+    loader = DataLoader(ds, batch_size=4, sampler=ResumableSampler(ds))
+    assert len([x for b in loader for x in b]) == 35
+    assert ds.audit()[-1] == PassCount(2, 35, 35, "finished")
+
+
+def test_audit_error_mode_and_off(write_meta) -> None:
+    ds = _audit_dataset(write_meta, audit="error")
+    sampler = RandomSampler(ds)
+    loader = DataLoader(ds, batch_sampler=_EverySecondBatch(BatchSampler(sampler, 8, drop_last=False)))
+    _ = list(loader)
+    with pytest.raises(PassAuditError, match="read 52 items, but its sampler drew 100") as raised:
+        ds.set_epoch(1)
+    assert raised.value.count == PassCount(1, 100, 52, "finished")
+    assert ds.spec.epoch == 0  # the dataset is as it was
+    ds.set_epoch(1)  # judged once
+    off = _audit_dataset(write_meta, audit="off")
+    loader = DataLoader(off, batch_sampler=_EverySecondBatch(BatchSampler(RandomSampler(off), 8, drop_last=False)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _ = list(loader)
+        off.set_epoch(1)
+    assert off.audit() == ()
+    with pytest.raises(ValueError, match="audit must be one of 'warn', 'error', 'off', got 'loud'"):
+        _audit_dataset(write_meta, audit="loud")
+
+
+def test_more_items_read_than_drawn_is_caught_too(write_meta) -> None:
+    ds = _audit_dataset(write_meta, n=10)
+    for i in RandomSampler(ds):
+        ds[i], ds[i]  # every item read twice
+    with pytest.warns(PassAuditWarning, match="read 20 items, but its sampler drew 10"):
+        ds.set_epoch(1)
+
+
+def test_a_worker_past_the_tally_table_is_not_judged() -> None:
+    ctl = ControlBlock.create()
+    try:
+        assert ctl.tally_word(0, 1) > 0 and ctl.tally_word(READERS, 1) == -1
+        assert ctl.items_read(1) is None and ctl.items_read(2) == 0
+        word = ctl.tally_word(3, 2)
+        ctl.words[word] = 17
+        assert ctl.items_read(2) == 17 and ctl.items_read(3) == 0
+    finally:
+        assert ctl.segment is not None
+        ctl.segment.close()

@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
+from rank_dataset import cli as cli_module
 from rank_dataset.cli import cli
 
 
@@ -15,3 +20,71 @@ def test_index_command(write_meta, tmp_path: Path) -> None:
     missing = CliRunner().invoke(cli, ["index", str(tmp_path / "nope.txt")])
     assert missing.exit_code == 1
     assert "meta file not found" in missing.output and "nope.txt" in missing.output
+
+
+# A child process in which `blocked` cannot be imported (as on a machine without it: a None entry in
+# sys.modules makes `import` raise ModuleNotFoundError), running the command line in-process with
+# click's CliRunner, or for real through main().
+_WITHOUT = """
+import json, sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None
+from click.testing import CliRunner
+from rank_dataset.cli import cli
+result = CliRunner().invoke(cli, sys.argv[2:])
+print(json.dumps([result.exit_code, result.output, repr(result.exception)]))
+"""
+
+
+def _run_without(blocked: str, *args: str) -> tuple[int, str, str]:
+    out = subprocess.run(
+        [sys.executable, "-c", _WITHOUT, blocked, *args], capture_output=True, text=True, timeout=120, check=True
+    )
+    code, output, exception = json.loads(out.stdout)
+    return code, output, exception
+
+
+@pytest.mark.parametrize("blocked", ["starlette", "uvicorn", "h11", "starlette,uvicorn,h11"])
+def test_serve_without_the_server_extra_says_what_to_install(write_meta, blocked: str) -> None:
+    code, output, exception = _run_without(blocked, "serve", str(write_meta(n=5)), "--port", "0")
+    first = blocked.split(",")[0]
+    assert code == 1, exception
+    assert output == f"Error: this command needs {first}, which is not installed: pip install 'rank-dataset[server]'\n"
+
+
+def test_demo_without_torch_or_the_server_says_what_to_install() -> None:
+    code, output, _ = _run_without("torch", "demo", "--lines", "10", "--world-size", "1")
+    assert (code, output) == (1, "Error: this command needs torch, which is not installed: pip install 'torch'\n")
+    code, output, _ = _run_without("uvicorn", "demo", "--server", "--lines", "10", "--world-size", "1")
+    assert (code, output) == (
+        1,
+        "Error: this command needs uvicorn, which is not installed: pip install 'rank-dataset[server]'\n",
+    )
+
+
+def test_the_real_command_prints_one_line_not_a_traceback(write_meta) -> None:
+    # The installed entry point, as a user runs it: one line on stderr, exit status 1.
+    code = "import sys; sys.modules['starlette'] = None; from rank_dataset.cli import main; main()"
+    out = subprocess.run(
+        [sys.executable, "-c", code, "serve", str(write_meta(n=5)), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert out.stderr.splitlines() == [
+        "Error: this command needs starlette, which is not installed: pip install 'rank-dataset[server]'"
+    ]
+
+
+def test_index_needs_no_optional_dependency(write_meta) -> None:
+    code, output, exception = _run_without("torch,starlette,uvicorn,h11", "index", str(write_meta(n=7)))
+    assert code == 0, exception
+    assert output.split("\t")[0] == "7"
+
+
+def test_a_missing_module_that_is_not_optional_still_raises() -> None:
+    # Only the optional dependencies are turned into an install hint; anything else is a real bug.
+    with pytest.raises(ModuleNotFoundError), cli_module._optional_dependencies():
+        import rank_dataset_no_such_module  # noqa: F401

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from rank_dataset import MetaFile, RandomSampler, RankDataset, RankServerDataset, ServerDataset
+from rank_dataset import MetaFile, RandomSampler, RankDataset, RankServerDataset, ServerDataset, Source
 from rank_dataset.client import MetaServer, _retry_after
 from tests_helpers import Server
 
@@ -232,3 +232,83 @@ def test_retry_after_forms() -> None:
     assert _retry_after(None) is None and _retry_after("soon") is None and _retry_after("-1") is None
     assert 8 < (_retry_after(formatdate(time.time() + 10, usegmt=True)) or 0) <= 10
     assert _retry_after(formatdate(time.time() - 100, usegmt=True)) == 0.0
+
+
+# --- The original project's keywords: (meta_file, server_ip=, server_port=) ----------------------
+
+
+def test_original_keywords(meta, server) -> None:
+    port = server.url.rsplit(":", 1)[1]
+    cfg = {"seed": 3, "mini_epoch": 2}
+    by_url = RankServerDataset(server.url, reload_cfg=cfg, rank=1, world_size=2, parser="label")
+    for p in (port, int(port), f" {port} "):  # the original README writes the port as a str
+        old = RankServerDataset(
+            str(meta),
+            server_ip="127.0.0.1",
+            server_port=p,
+            is_test=False,
+            reload_cfg=cfg,
+            rank=1,
+            world_size=2,
+            parser="label",
+        )
+        assert np.array_equal(old.indices, by_url.indices)
+        assert old[0] == by_url[0]
+        plain = ServerDataset(meta, server_ip="127.0.0.1", server_port=p)
+        assert len(plain) == 1003 and plain[7] == ServerDataset(server.url)[7]
+    positional = ServerDataset(str(meta), "127.0.0.1", port)  # the original's positional order
+    assert positional.server.url == server.url
+    # Only the file name is compared: the client may see the file under another directory, or not at all.
+    assert len(ServerDataset(f"/elsewhere/{meta.name}", server_ip="localhost", server_port=port)) == 1003
+
+
+def test_original_keywords_check_the_served_file(meta, server) -> None:
+    port = server.url.rsplit(":", 1)[1]
+    with pytest.raises(ValueError, match=rf"serves no file named 'other.txt' \(it serves {meta.name}\)"):
+        ServerDataset("/data/other.txt", server_ip="127.0.0.1", server_port=port)
+    with pytest.raises(ValueError, match=r"serves no file named 'other\.txt'"):
+        RankServerDataset("other.txt", server_ip="127.0.0.1", server_port=port, rank=0, world_size=1)
+
+
+@pytest.mark.parametrize(
+    ("ip", "port", "message"),
+    [
+        ("127.0.0.1", None, "server_port is missing"),
+        (None, "80", "server_ip is missing"),
+        ("127.0.0.1", "80x", r"server_port must be an integer in \[1, 65535\].*'80x'"),
+        ("127.0.0.1", 0, r"server_port must be an integer in \[1, 65535\].*got 0"),
+        ("127.0.0.1", 70000, "got 70000"),
+        ("127.0.0.1", True, "got True"),
+        ("127.0.0.1", 8.0, "got 8.0"),
+        ("", 80, "server_ip must be a host name or address"),
+    ],
+)
+def test_original_keywords_bad_values(meta, ip, port, message) -> None:
+    for cls in (ServerDataset, RankServerDataset):
+        with pytest.raises(ValueError, match=message):
+            cls("meta.txt", server_ip=ip, server_port=port)
+
+
+def test_url_and_keywords_together_are_refused(server) -> None:
+    with pytest.raises(ValueError, match=r"either a URL .* or a meta file name"):
+        ServerDataset(server.url, server_ip="127.0.0.1", server_port=1)
+    with pytest.raises(ValueError, match=r"either a meta file name .* or sources"):
+        port = server.url.rsplit(":", 1)[1]
+        RankServerDataset("x.txt", server_ip="127.0.0.1", server_port=port, sources=Source("x.txt"))
+
+
+def test_original_keywords_pick_one_of_several_served_files(write_meta, start_server) -> None:
+    a, b = write_meta(n=30, name="a.txt"), write_meta(["b0", "b1", "b2", "b3", "b4"], name="b.txt")
+    server = start_server([a, b])
+    port = server.url.rsplit(":", 1)[1]
+    only_b = ServerDataset("b.txt", server_ip="127.0.0.1", server_port=port)
+    assert len(only_b) == 5 and only_b[0] == "b0" and only_b[-1] == "b4"
+    assert only_b.__getitems__([4, 0, 2]) == ["b4", "b0", "b2"]
+    with pytest.raises(IndexError):
+        only_b[5]
+    ds = RankServerDataset(
+        "b.txt", server_ip="127.0.0.1", server_port=port, reload_cfg={"seed": 1}, rank=0, world_size=1
+    )
+    ref = RankDataset([Source(str(b))], reload_cfg={"seed": 1}, rank=0, world_size=1)
+    assert np.array_equal(ds.indices, ref.indices)
+    assert sorted(ds[i] for i in range(len(ds))) == ["b0", "b1", "b2", "b3", "b4"]

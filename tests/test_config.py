@@ -11,6 +11,7 @@ def test_defaults_and_original_keys() -> None:
     assert cfg.seed == 3
     assert ReloadConfig.coerce(cfg) is cfg
     assert cfg.epoch_size is None and ReloadConfig.coerce({"epoch_size": 10}).epoch_size == 10
+    assert cfg.aug_repeats == 1 and ReloadConfig.coerce({"aug_repeats": 3}).aug_repeats == 3
 
 
 @pytest.mark.parametrize(
@@ -23,6 +24,10 @@ def test_defaults_and_original_keys() -> None:
         ({"group": 0}, ValueError, r"reload_cfg\['group'\] must be >= 1"),
         ({"epoch_size": 0}, ValueError, r"reload_cfg\['epoch_size'\] must be >= 1, got 0"),
         ({"epoch_size": 2.5}, TypeError, r"reload_cfg\['epoch_size'\] must be an int"),
+        ({"aug_repeats": 0}, ValueError, r"reload_cfg\['aug_repeats'\] must be >= 1, got 0"),
+        ({"aug_repeats": -3}, ValueError, r"reload_cfg\['aug_repeats'\] must be >= 1, got -3"),
+        ({"aug_repeats": 2.0}, TypeError, r"reload_cfg\['aug_repeats'\] must be an int, got 2.0"),
+        ({"aug_repeats": True}, TypeError, r"reload_cfg\['aug_repeats'\] must be an int"),
         ({"seed": "1"}, TypeError, r"reload_cfg\['seed'\] must be an int, got '1'"),
         ([("seed", 1)], TypeError, "reload_cfg must be a dict"),
     ],

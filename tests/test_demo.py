@@ -72,6 +72,17 @@ def test_mix_demo_prints_each_source_share_next_to_its_target(tmp_path: Path) ->
     assert both.returncode == 1 and "give --mix or --meta-file, not both" in both.stderr
 
 
+def test_mix_demo_with_a_schedule_through_a_server() -> None:
+    out = demo("--mix", "--schedule", "--server", "--lines", "3001", "--world-size", "2", "--workers", "0")
+    assert out.returncode == 0, out.stderr
+    assert "| books.txt | 900 | repeat={0: 0.5, 1: 1} | 450.0 -> 900.0 | 450 -> 900 | 450 | 900 |" in out.stdout
+    assert "| web.txt | 1,801 | weight=1 | 1,951.0 -> 1,501.0 | 1,951 -> 1,501 | 1,951 | 1,501 |" in out.stdout
+    assert "OK - epoch 0: web.txt 1951 of 1951, books.txt 450 of 450" in out.stdout
+    assert "epoch 1: web.txt 1501 of 1501, books.txt 900 of 900, code.txt 600 of 600" in out.stdout
+    alone = demo("--schedule", "--lines", "100")
+    assert alone.returncode == 1 and "give it with --mix" in alone.stderr
+
+
 def _result(loader: str, memory_mib: float, baselines_mib: list[list[float]]) -> DemoResult:
     """A loader's figures as the ranks report them: the memory split over the ranks, and each rank's
     baseline measurements."""

@@ -35,3 +35,37 @@ def test_three_ranks_get_the_exact_layout(write_meta, tmp_path: Path) -> None:
         # rank 1 through a DataLoader with two workers: each of its samples exactly once
         assert sorted(results[1][f"loader_{mini}"]) == sorted(results[1][f"expected_{mini}"])
         assert len(results[1][f"loader_{mini}"]) == r_
+
+
+def test_aug_repeats_copies_share_a_step_on_two_ranks(write_meta, tmp_path: Path) -> None:
+    n, w, k, m = 1000, 4, 2, 2
+    meta = write_meta(n=n)
+    lines = meta.read_text().splitlines()
+    out = tmp_path / "result"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={w}"]
+    cmd += [str(Path(__file__).with_name("aug_worker.py")), str(meta), str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(w)]
+    r_ = -(-n // (w * m))
+    d = -(-n // k)
+    stream = np.concatenate([permute(n, 7, j, np.arange(n)) for j in range(2)])  # the reference, O(N)
+    drawn = []
+    for epoch in range(2):
+        order = np.repeat(stream[epoch * d : (epoch + 1) * d], k)[:n]
+        for mini in range(m):
+            steps = results[0][f"steps_{epoch}_{mini}"]
+            for rank in range(w):
+                positions = mini * r_ * w + rank + np.arange(r_) * w  # n is a multiple of W*M: no padding
+                expect = [lines[i] for i in order[positions]]
+                assert results[rank][f"indices_{epoch}_{mini}"] == order[positions].tolist()
+                assert [x for batch in steps[rank] for x in batch] == expect
+            for a, b in zip(steps[0], steps[1]):  # ranks 0 and 1 hold the copies of one draw, step by step
+                assert a == b
+            for a, b in zip(steps[2], steps[3]):
+                assert a == b
+            for a, c in zip(steps[0], steps[2]):  # two pairs of ranks: two distinct draws
+                assert not set(a) & set(c)
+            drawn += [x for batch in steps[0] + steps[2] for x in batch]
+    assert sorted(drawn) == sorted(lines)  # k = 2 epochs drew every sample once

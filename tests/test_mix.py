@@ -351,6 +351,198 @@ def test_mix_plan_from_dict_errors() -> None:
         MixPlan.from_dict({"sizes": [1], "counts": [1], "epoch_size": 1, "seed": 0})
 
 
+# -- repeated augmentation: draws of the mixed order ---------------------------------------------------
+
+
+def source_stream_reference(n: int, key: int, stop: int) -> np.ndarray:
+    """The first ``stop`` positions of a source's stream, O(stop): pass j is the (key, j) permutation."""
+    return np.concatenate([permute(n, key, j, np.arange(n)) for j in range(max(1, -(-stop // n)))])[:stop]
+
+
+def aug_mix_reference(plan: MixPlan, k: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """An epoch's samples and source ids at positions 0..T0-1, from each source's stream, O(T0 + stream)."""
+    draws = mix.mix_draws(plan.counts, k)
+    total = sum(draws)
+    assert total == -(-plan.epoch_size // k)
+    owner = np.repeat(np.arange(len(draws)), draws)  # draw slot -> source
+    first = np.cumsum((0, *draws[:-1]))
+    slot_sample = np.empty(total, np.int64)
+    for s, (n, d) in enumerate(zip(plan.sizes, draws)):
+        key = mix._source_seed(SEED, s)
+        taken = source_stream_reference(n, key, (epoch + 1) * d)[epoch * d :]  # stream positions e*d..
+        slot_sample[first[s] : first[s] + d] = taken + sum(plan.sizes[:s])
+    slots = permute(total, SEED, epoch, np.arange(total))  # the draw order interleaves the slots
+    samples, ids = slot_sample[slots], owner[slots]
+    return np.repeat(samples, k)[: plan.epoch_size], np.repeat(ids, k)[: plan.epoch_size]
+
+
+AUG_MIXES = [case for case in MIXES if min(MixPlan.from_sources(*case).counts) >= 4]
+
+
+@pytest.mark.parametrize("case", AUG_MIXES)
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_aug_repeats_mix_is_the_reference(case: Any, k: int) -> None:
+    plan = plan_of(case)
+    t0 = plan.epoch_size
+    for epoch in [0, 1, 5]:
+        samples, ids = aug_mix_reference(plan, k, epoch)
+        got = plan.locate(SEED, epoch, np.arange(t0), k)
+        assert np.array_equal(got[0], samples) and np.array_equal(got[1], ids)
+        pad = plan.locate(SEED, epoch, np.arange(t0, 2 * t0 + 3), k)[0]  # padding wraps
+        assert np.array_equal(pad, np.resize(samples, t0 + 3))
+        if k == 1:  # without repeats each epoch takes exactly the counts
+            assert np.array_equal(np.bincount(got[1], minlength=len(plan.sizes)), plan.counts)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_aug_repeats_mix_walks_each_stream(k: int) -> None:
+    plan = MixPlan.from_sources([30, 12], [S("a"), S("b")])  # counts 30 and 12: k divides both
+    seen = [np.zeros(30, np.int64), np.zeros(12, np.int64)]
+    for epoch in range(k):
+        samples, ids = plan.locate(SEED, epoch, np.arange(plan.epoch_size)[::k], k)
+        for s in (0, 1):
+            seen[s] += np.bincount(samples[ids == s] - sum(plan.sizes[:s]), minlength=plan.sizes[s])
+    assert all((x == 1).all() for x in seen)  # k epochs of repeat=1 sources: every sample drawn once
+
+
+@pytest.mark.parametrize(
+    ("counts", "k"), [([6, 3, 2], 2), ([9, 8, 2], 2), ([100, 7, 1000], 3), ([5, 5], 4), ([1, 1, 1], 1), ([13], 5)]
+)
+def test_mix_draws_share_the_draws_by_the_counts(counts: list[int], k: int) -> None:
+    draws = mix.mix_draws(counts, k)
+    total = sum(counts)
+    assert sum(draws) == -(-total // k)
+    for c, d in zip(counts, draws):
+        assert abs(d - c * sum(draws) / total) < 1
+        if all(x % k == 0 for x in counts):
+            assert d == c // k
+    assert mix.mix_draws(counts, 1) == counts
+
+
+def test_mix_draws_refuse_a_source_too_small_for_a_draw() -> None:
+    with pytest.raises(ValueError, match="source 'books' takes 1 of the epoch's 101 samples"):
+        mix.mix_draws([100, 1], 3, ["web", "books"])
+    with pytest.raises(ValueError, match="aug_repeats must be >= 1"):
+        mix.mix_draws([100, 1], 0)
+    assert mix.mix_draws([100, 0, 4], 4) == [25, 0, 1]  # a source with no count gets no draw
+
+
+# -- schedules: rules that change from an epoch on -------------------------------------------------
+
+
+def test_a_schedule_is_a_rule_per_first_epoch() -> None:
+    s = S("a", weight={10: 3, 0: 1, 4: 2.5})
+    assert s.weight == {0: 1.0, 4: 2.5, 10: 3.0} and list(s.weight) == [0, 4, 10]  # sorted by epoch
+    assert (s.kind, s.changes) == ("weight", (4, 10))
+    assert [s.value_at(e) for e in (0, 3, 4, 9, 10, 99)] == [1.0, 1.0, 2.5, 2.5, 3.0, 3.0]
+    assert s.at(5) == S("a", weight=2.5) and s.at(5).changes == ()
+    assert S("a", choose={0: 5}) == S("a", choose=5)  # a schedule of epoch 0 alone is its value
+    assert S("a", repeat={0: 1, 3: 0.5}).at(3).repeat == 0.5
+    assert S("a", choose={0: 5, 2: 7}).describe(2) == "choose=7"
+    assert S("a").changes == () and S("a").at(7) == S("a")
+    assert len({s, S("a", weight={0: 1, 10: 3, 4: 2.5}), S("a", weight=1)}) == 2  # hashable, by value
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"weight": {1: 2}}, ValueError, r"a weight schedule must hold epoch 0 \(the rule from the start\), got"),
+        ({"weight": {}}, ValueError, "a weight schedule must hold epoch 0"),
+        ({"repeat": {0: 1, -1: 2}}, ValueError, "repeat schedule epoch must be >= 0, got -1"),
+        ({"choose": {0: 1, "5": 2}}, TypeError, "choose schedule epoch must be an int, got '5'"),
+        ({"weight": {0: 1, 5: 0}}, ValueError, r"weight\[5\] must be a finite number > 0, got 0"),
+        ({"choose": {0: 3, 5: 2.5}}, TypeError, r"choose\[5\] must be an int"),
+        ({"weight": {0: 1}, "choose": {0: 1}}, ValueError, "at most one of weight, repeat and choose"),
+    ],
+)
+def test_bad_schedules_are_named(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        S("a", **kwargs)
+
+
+# (sizes, sources, epoch_size): schedules of every kind, changes at different epochs, a change that
+# leaves the counts as they were, and T0 fixed by epoch_size or by the sizes.
+SCHEDULES: list[tuple[list[int], list[Source], int | None]] = [
+    ([20, 9, 5], [S("a", weight={0: 1, 3: 4}), S("b", repeat={0: 1, 2: 2.5}), S("c", choose={0: 3, 5: 8})], 40),
+    ([30, 7], [S("a", weight={0: 1, 4: 1}), S("b", weight={0: 1, 2: 3, 6: 0.5})], None),
+    ([11, 6, 40], [S("a", choose={0: 4, 1: 12}), S("b", choose={0: 6, 3: 2}), S("c", weight=1)], 30),
+]
+
+
+def reference_counts(case: Any, epoch: int) -> list[int]:
+    """The counts of one epoch, from the rules in force at it (each source with its schedule flattened)."""
+    sizes, sources, epoch_size = case
+    return mix_counts(sizes, [s.at(epoch) for s in sources], epoch_size)[0]
+
+
+@pytest.mark.parametrize("case", SCHEDULES)
+def test_each_epoch_takes_the_counts_in_force(case: Any) -> None:
+    plan = plan_of(case)
+    assert plan.changes and len({c for _, c in plan.changes}) == len(plan.changes)
+    for epoch in range(10):
+        expect = reference_counts(case, epoch)
+        assert list(plan.counts_at(epoch)) == expect and sum(expect) == plan.epoch_size
+        for w, m in [(1, 1), (3, 2)]:
+            _samples, ids = epoch_picks(plan, w, m, epoch)
+            assert np.bincount(ids, minlength=len(plan.sizes)).tolist() == expect
+    # the stream positions: the sum of the earlier counts (draws with k > 1), epoch by epoch
+    for k in (1, 2):
+        running = [0] * len(plan.sizes)
+        for epoch in range(40):
+            assert list(plan.stream_starts(epoch, k)) == running
+            running = [a + b for a, b in zip(running, mix.mix_draws(plan.counts_at(epoch), k))]
+
+
+@pytest.mark.parametrize("case", SCHEDULES)
+def test_each_stream_continues_across_a_change(case: Any) -> None:
+    plan = plan_of(case)
+    t0 = plan.epoch_size
+    epochs = 12
+    for s, n in enumerate(plan.sizes):
+        counts = [reference_counts(case, e)[s] for e in range(epochs)]
+        reference = source_stream_reference(n, mix._source_seed(SEED, s), sum(counts)) + sum(plan.sizes[:s])
+        start = 0
+        for epoch, c in enumerate(counts):
+            slots = permute(t0, SEED, epoch, np.arange(t0))
+            samples = plan.epoch_order(SEED, epoch, np.arange(t0))
+            by_slot = np.empty_like(samples)
+            by_slot[slots] = samples
+            first = sum(reference_counts(case, epoch)[:s])
+            assert np.array_equal(by_slot[first : first + c], reference[start : start + c])
+            start += c
+            # the cumulative bound holds across the changes: floor or ceil of taken / N
+            taken = np.bincount(reference[:start] - sum(plan.sizes[:s]), minlength=n)
+            assert set(taken.tolist()) <= {start // n, -(-start // n)}
+
+
+def test_a_schedule_keeps_the_epoch_size() -> None:
+    with pytest.raises(ValueError, match="schedule of source 'b' changes the epoch size from 15 to 20 at epoch 3"):
+        MixPlan.from_sources([10, 5], [S("a"), S("b", choose={0: 5, 3: 10})])
+    with pytest.raises(ValueError, match=r"add up to 20, more than epoch_size=15 \(at epoch 3, by the schedules\)"):
+        MixPlan.from_sources([10, 5], [S("a", weight=1), S("b", choose={0: 5, 3: 20})], 15)
+    with pytest.raises(ValueError, match=r"'b': repeat=0\.01 of its 5 samples rounds to 0 per epoch from epoch 2"):
+        MixPlan.from_sources([10, 5], [S("a", weight=1), S("b", repeat={0: 1, 2: 0.01})], 15)
+    plan = MixPlan.from_sources([10, 5], [S("a", weight=1), S("b", choose={0: 5, 3: 10})], 15)
+    assert plan.changes == ((3, (5, 10)),) and MixPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    assert "changes" not in MixPlan.from_sources([10, 5], [S("a"), S("b")]).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        (((0, (5, 5)),), ValueError, r"changes\[0\] first epoch must be >= 1"),
+        (((3, (5, 5)), (3, (4, 6))), ValueError, r"changes\[1\] first epoch must be >= 4, got 3"),
+        (((3, (5, 6)),), ValueError, r"changes\[0\] counts must be 2 counts summing to epoch_size=10"),
+        (((3, (10, 0)),), ValueError, r"changes\[0\] counts\[1\] must be >= 1"),
+        (((3, 5),), TypeError, r"changes\[0\] counts must be a sequence"),
+        ((3,), TypeError, r"changes\[0\] must be a pair"),
+    ],
+)
+def test_bad_changes_are_named(changes: Any, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        MixPlan((8, 8), (5, 5), 10, changes)
+
+
 @pytest.mark.parametrize("trial", range(30))
 def test_a_mix_of_many_sources_locates_as_one_of_few(trial: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # Past a few sources, locate evaluates every source's permutations at once: the same numbers.
@@ -358,12 +550,13 @@ def test_a_mix_of_many_sources_locates_as_one_of_few(trial: int, monkeypatch: py
 
     rng = np.random.default_rng(trial)
     s = int(rng.integers(2, 60))
-    counts = tuple(int(x) for x in rng.integers(1, 200, s))
+    k = int(rng.integers(1, 4))  # repeated augmentation: draws of the mixed order, streams from their bases
+    counts = tuple(k * int(x) for x in rng.integers(1, 200, s))
     plan = MixPlan(tuple(int(x) for x in rng.integers(1, 50, s)), counts, sum(counts))
     seed, epoch = int(rng.integers(-5, 2**40)), int(rng.integers(0, 100))
     positions = rng.integers(0, 2 * plan.epoch_size, 500)
     monkeypatch.setattr(mix, "_FEW_SOURCES", 10**9)
-    one_by_one = plan.locate(seed, epoch, positions)
+    one_by_one = plan.locate(seed, epoch, positions, k)
     monkeypatch.setattr(mix, "_FEW_SOURCES", 0)
-    together = plan.locate(seed, epoch, positions)
+    together = plan.locate(seed, epoch, positions, k)
     assert all(np.array_equal(a, b) for a, b in zip(one_by_one, together))

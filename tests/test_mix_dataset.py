@@ -354,3 +354,127 @@ def test_a_mix_of_many_sources_reaches_persistent_workers(tmp_path: Path) -> Non
         got = sorted(x for batch in loader for x in batch)
         assert got == sorted(ds[i] for i in range(len(ds)))
     del loader
+
+
+def test_aug_repeats_in_a_mix_pairs_copies_on_ranks_and_matches_the_server(write_meta, start_server) -> None:
+    paths = write_sources(write_meta, [40, 14, 6])
+    rules: list[dict[str, Any]] = [{"weight": 2}, {"repeat": 1}, {"choose": 12}]
+    cfg = {"seed": SEED, "mini_epoch": 2, "epoch_size": 64, "aug_repeats": 2}
+    datasets = [RankDataset(sources_of(paths, rules), reload_cfg=cfg, rank=r, world_size=4) for r in range(4)]
+    plan = datasets[0].spec.mix
+    assert plan is not None and plan.draws(2) == tuple(c // 2 for c in plan.counts)  # 2 divides every count
+    for epoch in range(3):
+        samples, ids, padding = read_epoch(datasets, 2, epoch)
+        assert not padding.any()  # 64 positions, 4 ranks x 2 mini-epochs
+        assert np.array_equal(np.bincount(ids, minlength=3), plan.counts)  # k divides the counts: exact
+        assert (np.bincount(samples) % 2 == 0).all()  # every draw read twice
+        for mini in range(2):
+            for ds in datasets:
+                ds.set_epoch(epoch, mini)
+            assert np.array_equal(datasets[0].indices, datasets[1].indices)
+            assert np.array_equal(datasets[2].indices, datasets[3].indices)
+            assert not set(datasets[0].indices.tolist()) & set(datasets[2].indices.tolist())
+    server = start_server(paths)
+    served = [Source(p.name, **rule) for p, rule in zip(paths, rules)]
+    for r in (0, 3):
+        local = RankDataset(sources_of(paths, rules), reload_cfg={**cfg, "epoch": 2}, rank=r, world_size=4)
+        remote = RankServerDataset(server.url, reload_cfg={**cfg, "epoch": 2}, rank=r, world_size=4, sources=served)
+        assert np.array_equal(local.indices, remote.indices)
+        assert [local[i] for i in range(len(local))] == [remote[i] for i in range(len(remote))]
+    with pytest.raises(ValueError, match=r"source 's2.txt' takes 1 of the epoch's 64 samples, too few for one draw"):
+        RankDataset(sources_of(paths, [{"weight": 1}, {"repeat": 1}, {"choose": 1}]), reload_cfg=cfg, world_size=1)
+    with pytest.raises(ValueError, match=r"aug_repeats=2 .*eval mode"):
+        RankDataset(sources_of(paths, rules), is_test=True, reload_cfg=cfg, rank=0, world_size=1)
+
+
+def test_a_schedule_changes_the_counts_and_each_stream_continues(write_meta, start_server) -> None:
+    sizes = [40, 14, 6]
+    paths = write_sources(write_meta, sizes)
+    rules: list[dict[str, Any]] = [{"weight": {0: 1, 3: 3}}, {"repeat": {0: 1, 2: 0.5}}, {"choose": {0: 6, 4: 12}}]
+    cfg = {"seed": SEED, "mini_epoch": 2, "epoch_size": 60}
+    w, m, epochs = 3, 2, 7
+    datasets = ranks(sources_of(paths, rules), w, m, 60)
+    # the reference: each epoch's counts from the rules in force, each source's stream walked in order
+    per_epoch = [[40, 14, 6], [40, 14, 6], [47, 7, 6], [47, 7, 6], [41, 7, 12], [41, 7, 12], [41, 7, 12]]
+    offsets = np.cumsum((0, *sizes))
+    taken = np.zeros(3, np.int64)
+    seen = [np.zeros(n, np.int64) for n in sizes]
+    for epoch in range(epochs):
+        samples, ids, padding = read_epoch(datasets, m, epoch)
+        assert np.bincount(ids[~padding], minlength=3).tolist() == per_epoch[epoch]
+        taken += per_epoch[epoch]
+        for s, n in enumerate(sizes):
+            seen[s] += np.bincount(samples[~padding][ids[~padding] == s] - offsets[s], minlength=n)
+            # the stream continues across the changes: floor or ceil of everything taken so far
+            assert set(seen[s].tolist()) <= {int(taken[s]) // n, -(-int(taken[s]) // n)}
+        infos = datasets[0].sources
+        assert infos is not None
+        assert [i.count for i in infos] == per_epoch[epoch] and [i.taken for i in infos] == taken.tolist()
+        assert [i.passes_completed for i in infos] == (taken // sizes).tolist()
+        assert infos[0].target == pytest.approx(60 - per_epoch[epoch][1] - per_epoch[epoch][2])
+    # DataLoader workers get the schedule with the spec, and a meta server in the query
+    from torch.utils.data import DataLoader
+
+    from rank_dataset import ResumableSampler
+
+    ds = datasets[2]
+    loader = DataLoader(ds, batch_size=4, sampler=ResumableSampler(ds), num_workers=2, collate_fn=list)
+    assert [x for batch in loader for x in batch] == [ds[i] for i in range(len(ds))]
+    server = start_server(paths)
+    served = [Source(p.name, **rule) for p, rule in zip(paths, rules)]
+    for epoch in (1, 5):
+        local = RankDataset(sources_of(paths, rules), reload_cfg={**cfg, "epoch": epoch}, rank=1, world_size=w)
+        remote = RankServerDataset(server.url, reload_cfg={**cfg, "epoch": epoch}, rank=1, world_size=w, sources=served)
+        assert np.array_equal(local.indices, remote.indices)
+    import requests
+
+    answer = requests.get(
+        f"{server.url}/shard",
+        params={"world_size": 1, "rank": 0, "mix_files": '[["s0.txt"]]', "mix_sizes": "40", "mix_counts": "5"}
+        | {"mix_changes": "[[1,[5.5]]]"},
+        timeout=30,
+    )
+    assert answer.status_code == 400 and "must be an int" in answer.json()["error"]
+
+
+def test_resume_a_schedule_allows_changes_only_after_the_state_epoch(write_meta) -> None:
+    paths = write_sources(write_meta, [40, 14, 6])
+    rules: list[dict[str, Any]] = [{"weight": 1}, {"repeat": {0: 1, 2: 0.5}}, {"choose": 6}]
+    cfg = {"seed": SEED, "mini_epoch": 2, "epoch_size": 60, "epoch": 3, "mini_epoch_idx": 1}
+    old = [RankDataset(sources_of(paths, rules), reload_cfg=cfg, rank=r, world_size=4) for r in range(4)]
+    state = old[0].state_dict(3)
+    assert state["mix"]["changes"] == [[2, [47, 7, 6]]]
+    # the same schedule up to epoch 3 and another one after it: allowed, and the new one takes over
+    later = [{"weight": 1}, {"repeat": {0: 1, 2: 0.5, 4: 2}}, {"choose": 6}]
+    new = [RankDataset(sources_of(paths, later), reload_cfg={"epoch_size": 60}, rank=r, world_size=3) for r in range(3)]
+    for ds in new:
+        ds.load_state_dict(state)
+    before = np.concatenate([ds.indices[:3] for ds in old])
+    after = np.concatenate([ds.indices for ds in new])
+    rest = len(old[0]) * 4 - 3 * 4
+    assert len(after) == 21 and rest == 20  # 3 ranks of 7: one position of padding, wrapping to the rest's first
+    whole = np.concatenate([ds.indices for ds in old])  # the old mini-epoch, planned on 4 ranks
+    expect = sorted([*whole.tolist(), int(new[0].indices[0])])
+    assert sorted(np.concatenate([before, after]).tolist()) == expect
+    for ds in new:
+        ds.set_epoch(4)
+    counts = np.zeros(3, np.int64)
+    for mini in range(2):
+        for ds in new:
+            ds.set_epoch(4, mini)
+            real = ds.spec.positions() < 60
+            counts += np.bincount(ds.source_ids[real], minlength=3)
+    assert counts.tolist() == [26, 28, 6]  # epoch 4 takes the new schedule's counts
+    assert new[0].sources is not None and new[0].sources[1].taken == 14 * 2 + 7 * 2 + 28
+    # a difference at or before the state's epoch is refused, naming the source and the epoch
+    for bad, epoch in [
+        ([{"weight": 1}, {"repeat": {0: 1, 2: 0.5, 3: 2}}, {"choose": 6}], 3),
+        ([{"weight": 1}, {"repeat": 1}, {"choose": 6}], 2),
+        ([{"weight": 1}, {"repeat": {0: 1, 1: 0.5}}, {"choose": 6}], 1),
+    ]:
+        ds = RankDataset(sources_of(paths, bad), reload_cfg={"epoch_size": 60}, rank=0, world_size=3)
+        with pytest.raises(
+            ValueError,
+            match=rf"source 0 's0.txt' has count \d+, the state's has \d+; source 1 's1.txt' .*, at epoch {epoch} ",
+        ):
+            ds.load_state_dict(state)

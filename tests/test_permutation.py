@@ -80,6 +80,23 @@ def test_rejects_bad_arguments() -> None:
         permute(5, 0, 0, [0.5])
 
 
+@pytest.mark.parametrize("n", [1, 2, 5, 17, 100])
+def test_permute_stream_is_the_concatenated_passes(n: int) -> None:
+    from rank_dataset.permutation import permute_stream
+
+    stream = np.concatenate([permute(n, 4, j, np.arange(n)) for j in range(20)])
+    rng = np.random.default_rng(n)
+    for start in [0, 1, n - 1, n, 3 * n + 2]:
+        for count in [0, 1, n, 5 * n, 12 * n]:  # one pass, a few (masks), many (sorted)
+            offsets = rng.permutation(count)
+            assert np.array_equal(permute_stream(n, 4, start, offsets), stream[start + offsets])
+            # a caller's bound on the offsets gives the same samples
+            assert np.array_equal(permute_stream(n, 4, start, offsets, stop=count), stream[start + offsets])
+    assert permute_stream(n, 4, 2, np.arange(6).reshape(2, 3)).shape == (2, 3)
+    with pytest.raises(ValueError, match="stream offsets must be >= 0"):
+        permute_stream(n, 4, 0, [-1])
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 1000, 2**40 + 7, 2**53 + 1, 2**55, 2**62])
 def test_permute_each_is_permute_elementwise(n: int) -> None:
     from rank_dataset.permutation import permute_each

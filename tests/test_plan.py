@@ -121,3 +121,116 @@ def test_a_mix_keeps_the_layout_over_its_epoch_size() -> None:
         ShardSpec(19, 1, 0, is_test=True, mix=mix)
     with pytest.raises(TypeError, match="mix must be a MixPlan"):
         ShardSpec(19, 1, 0, mix=(10, 4, 3))  # type: ignore[arg-type]
+
+
+# -- repeated augmentation (aug_repeats) -------------------------------------------------------------
+
+
+def stream_reference(n: int, seed: int, stop: int) -> np.ndarray:
+    """The first ``stop`` positions of a file's stream, O(stop): pass j is the (seed, j) permutation."""
+    passes = -(-stop // n)
+    return np.concatenate([permute(n, seed, j, np.arange(n)) for j in range(max(passes, 1))])[:stop]
+
+
+def aug_order_reference(n: int, k: int, seed: int, epoch: int) -> np.ndarray:
+    """The epoch order of N positions with k copies a draw, from the stream: draws e*D..(e+1)*D-1."""
+    d = -(-n // k)
+    draws = stream_reference(n, seed, (epoch + 1) * d)[epoch * d :]
+    return np.repeat(draws, k)[:n]
+
+
+AUG_CASES = [(n, k, w, m) for n in [1, 2, 7, 10, 24, 101] for k in [1, 2, 3, 4] for w in [1, 2, 4, 6] for m in [1, 3]]
+
+
+@pytest.mark.parametrize(("n", "k", "w", "m"), AUG_CASES)
+def test_aug_repeats_layout_is_the_reference_over_the_plain_layout(n: int, k: int, w: int, m: int) -> None:
+    for epoch in range(3):
+        order = aug_order_reference(n, k, 5, epoch)
+        r_ = -(-n // (w * m))
+        for i in range(m):
+            for r in range(w):
+                spec = ShardSpec(n, w, r, mini_epoch=m, mini_epoch_idx=i, seed=5, epoch=epoch, aug_repeats=k)
+                positions = (i * r_ * w + r + np.arange(r_) * w) % n  # padding wraps, as without repeats
+                assert np.array_equal(spec.indices(), order[positions])
+
+
+def test_aug_repeats_1_is_the_plain_order() -> None:
+    for n, w, m in [(10, 3, 2), (101, 4, 1), (1000, 8, 3)]:
+        for epoch in range(3):
+            for r in range(w):
+                a = ShardSpec(n, w, r, mini_epoch=m, mini_epoch_idx=m - 1, seed=2, epoch=epoch)
+                b = ShardSpec(n, w, r, mini_epoch=m, mini_epoch_idx=m - 1, seed=2, epoch=epoch, aug_repeats=1)
+                assert np.array_equal(a.indices(), b.indices())
+                assert np.array_equal(a.indices(), permute(n, 2, epoch, a.positions() % n))
+
+
+@pytest.mark.parametrize(("n", "k", "w"), [(96, 2, 4), (96, 4, 8), (100, 2, 6), (1000, 3, 6), (120, 4, 4)])
+def test_copies_sit_on_consecutive_ranks_at_one_shard_position(n: int, k: int, w: int) -> None:
+    for m in (1, 2):
+        for i in range(m):
+            shards = np.stack(
+                [ShardSpec(n, w, r, mini_epoch=m, mini_epoch_idx=i, seed=1, aug_repeats=k).indices() for r in range(w)]
+            )
+            positions = np.stack([ShardSpec(n, w, r, mini_epoch=m, mini_epoch_idx=i).positions() for r in range(w)])
+            real = positions < (n // k) * k  # neither the cut-short last draw nor the padding
+            groups = shards.reshape(w // k, k, -1)  # ranks r..r+k-1 of a group, at each shard position
+            held = real.reshape(w // k, k, -1).all(axis=1)
+            assert held.any()
+            same = (groups == groups[:, :1]).all(axis=1)
+            assert same[held].all()  # the k copies of a draw: same sample, k distinct ranks, one position
+            # and two groups of one step hold distinct draws
+            for j in np.flatnonzero(held.all(axis=0)):
+                assert len(set(groups[:, 0, j].tolist())) == w // k
+
+
+@pytest.mark.parametrize(("n", "k"), [(10, 2), (12, 3), (100, 4), (101, 2), (7, 3), (1000, 7)])
+def test_k_consecutive_epochs_draw_every_sample_once(n: int, k: int) -> None:
+    d = -(-n // k)
+    drawn = np.concatenate([ShardSpec(n, 1, 0, seed=3, epoch=e, aug_repeats=k).indices()[::k] for e in range(2 * k)])
+    assert len(drawn) == 2 * k * d
+    for start in (0, k * d):  # each group of k epochs, from epoch 0 and from epoch k
+        seen = np.bincount(drawn[start : start + k * d], minlength=n)
+        if n % k == 0:
+            assert (seen == 1).all()
+        # cumulative bound: after E epochs each sample drawn floor or ceil of E * D / N times
+    cumulative = np.bincount(drawn, minlength=n)
+    assert cumulative.min() == (2 * k * d) // n and cumulative.max() == -(-(2 * k * d) // n)
+    # within the first pass, no sample is drawn twice
+    assert len(set(drawn[:n].tolist())) == n
+
+
+def test_aug_repeats_order_does_not_depend_on_the_world_size() -> None:
+    n, k = 1000, 2
+    orders = []
+    for w in [1, 2, 3, 4, 8]:
+        shards = [ShardSpec(n, w, r, seed=9, epoch=1, aug_repeats=k).indices() for r in range(w)]
+        order = np.empty(len(shards[0]) * w, np.int64)
+        for r, got in enumerate(shards):
+            order[r::w] = got
+        orders.append(order[:n])
+    for o in orders[1:]:
+        assert np.array_equal(o, orders[0])
+
+
+def test_aug_repeats_validation() -> None:
+    with pytest.raises(ValueError, match="aug_repeats must be >= 1, got 0"):
+        ShardSpec(10, 2, 0, aug_repeats=0)
+    with pytest.raises(ValueError, match="aug_repeats must be >= 1, got -2"):
+        ShardSpec(10, 2, 0, aug_repeats=-2)
+    with pytest.raises(TypeError, match="aug_repeats must be an int"):
+        ShardSpec(10, 2, 0, aug_repeats=2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"aug_repeats=2 .*eval mode"):
+        ShardSpec(10, 2, 0, is_test=True, aug_repeats=2)
+    assert ShardSpec(10, 2, 0, is_test=True, aug_repeats=1).indices().tolist() == [0, 1, 2, 3, 4]
+
+
+def test_aug_repeats_in_a_mix_draws_the_mixed_order() -> None:
+    from rank_dataset.mix import MixPlan
+
+    mix = MixPlan((10, 4, 3), (9, 8, 2), 19)
+    for k, w in [(1, 2), (2, 2), (2, 4), (3, 3)]:
+        for r in range(w):
+            spec = ShardSpec(19, w, r, seed=3, epoch=2, mix=mix, aug_repeats=k)
+            assert np.array_equal(spec.indices(), mix.epoch_order(3, 2, spec.positions(), k))
+    with pytest.raises(ValueError, match="too few for one draw of aug_repeats=10"):
+        ShardSpec(19, 1, 0, mix=mix, aug_repeats=10)

@@ -18,6 +18,7 @@ SPECS = [
     ShardSpec(100, 3, 0, is_test=True),
     ShardSpec(1000, 8, 5, mini_epoch=4, mini_epoch_idx=2, seed=-7, epoch=9),
     ShardSpec(1000, 3, 1, mini_epoch=2, mini_epoch_idx=1, seed=1, epoch=2, resume=ResumePoint(4, 1, 37)),
+    ShardSpec(1000, 6, 1, mini_epoch=2, seed=1, epoch=2, resume=ResumePoint(4, 1, 36), aug_repeats=2),
 ]
 
 
@@ -26,6 +27,16 @@ def test_spec_round_trips_through_a_query(spec: ShardSpec) -> None:
     query = protocol.spec_to_query(spec)
     assert all(isinstance(v, str) for v in query.values())
     assert protocol.spec_from_query(query, spec.num_samples) == spec
+
+
+def test_aug_repeats_travels_only_when_set() -> None:
+    assert "aug_repeats" not in protocol.spec_to_query(ShardSpec(100, 4, 3))  # a default query is as before
+    assert protocol.spec_to_query(ShardSpec(100, 4, 3, aug_repeats=4))["aug_repeats"] == "4"
+    for raw, error in [("0", ValueError), ("x", ValueError)]:
+        with pytest.raises(error, match="aug_repeats"):
+            protocol.spec_from_query({"world_size": "2", "rank": "0", "aug_repeats": raw}, 100)
+    with pytest.raises(ValueError, match=r"aug_repeats=2 .*eval mode"):
+        protocol.spec_from_query({"world_size": "2", "rank": "0", "aug_repeats": "2", "is_test": "true"}, 100)
 
 
 @pytest.mark.parametrize(
@@ -134,6 +145,16 @@ def test_a_mix_round_trips_through_the_query() -> None:
     assert protocol.spec_from_query(query, 17, FILES) == every
     with pytest.raises(ValueError, match="needs the names of each source's files"):
         protocol.spec_to_query(spec)
+    assert "mix_changes" not in query  # a mix without schedules is as before
+    scheduled = ShardSpec(14, 4, 3, seed=1, epoch=5, mix=MixPlan((7, 10), (5, 9), 14, ((2, (7, 7)), (9, (3, 11)))))
+    query = protocol.spec_to_query(scheduled, [["c.txt", "b.txt"], ["a.txt"]])
+    assert query["mix_changes"] == "[[2,[7,7]],[9,[3,11]]]"
+    assert protocol.spec_from_query(query, 17, FILES) == scheduled
+
+
+def test_mix_changes_come_with_a_mix() -> None:
+    with pytest.raises(ValueError, match="mix_changes comes with the mix parameters"):
+        protocol.spec_from_query({"world_size": "1", "rank": "0", "mix_changes": "[]"}, 17, FILES)
 
 
 @pytest.mark.parametrize(
@@ -156,6 +177,13 @@ def test_a_mix_round_trips_through_the_query() -> None:
             r"num_samples=17 must be the mix's epoch size, the sum of mix_counts \(14\)",
         ),
         ({"mix_counts": None}, ValueError, "the mix parameters come together: mix_counts missing"),
+        ({"mix_changes": "[[2,[7,8]]]"}, ValueError, r"changes\[0\] counts must be 2 counts summing to epoch_size=14"),
+        ({"mix_changes": "[[0,[7,7]]]"}, ValueError, r"changes\[0\] first epoch must be >= 1"),
+        ({"mix_changes": '[["2",[7,7]]]'}, ValueError, r"changes\[0\] first epoch must be an int"),
+        ({"mix_changes": "[[2,[7.0,7]]]"}, ValueError, r"changes\[0\] counts\[0\] must be an int"),
+        ({"mix_changes": "[[2,7]]"}, ValueError, r"changes\[0\] counts must be a sequence"),
+        ({"mix_changes": "{}"}, ValueError, r"mix_changes must be a JSON list of \[first_epoch, \[counts\]\]"),
+        ({"mix_changes": "[[2"}, ValueError, r"mix_changes must be a JSON list"),
     ],
 )
 def test_bad_mix_queries(change: dict[str, str | None], error: type[Exception], message: str) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -265,3 +267,132 @@ def test_a_state_for_other_files_changes_nothing(write_meta) -> None:
     with pytest.raises(ValueError, match="other meta files"):
         ds.load_state_dict(state)
     assert ds.spec == spec and ds.reload_cfg.seed == 1 and ds.reload_cfg.mini_epoch == 1
+
+
+# -- repeated augmentation ----------------------------------------------------------------------------
+
+
+def aug_order(n: int, k: int, seed: int, epoch: int, t: int) -> np.ndarray:
+    """The reference epoch order over ``t`` positions, O(N): draws e*D.. of the stream, k copies each."""
+    d = -(-n // k)
+    stream = np.concatenate([permute(n, seed, j, np.arange(n)) for j in range((epoch + 1) * d // n + 1)])
+    return np.repeat(stream[epoch * d : (epoch + 1) * d], k)[:n][np.arange(t) % n]
+
+
+@pytest.mark.parametrize(("n", "m"), [(101, 1), (96, 2), (1000, 3)])
+def test_aug_repeats_resume_four_ranks_onto_three_mid_epoch(write_meta, n: int, m: int) -> None:
+    meta = write_meta(n=n)
+    old = datasets(meta, 4, m, mini_epoch_idx=m - 1, epoch=1, aug_repeats=2)
+    r_ = len(old[0])
+    width = r_ * 4
+    order = aug_order(n, 2, 3, 1, width * m)
+    for ds, r in zip(old, range(4)):  # the layout: the reference order at the plain positions
+        assert np.array_equal(ds.indices, order[(m - 1) * width + r + np.arange(r_) * 4])
+    consumed = r_ // 2
+    state = old[0].state_dict(consumed)
+    assert state["aug_repeats"] == 2 and all(ds.state_dict(consumed) == state for ds in old)
+    new = datasets(meta, 3, m, aug_repeats=2)
+    for ds in new:
+        ds.load_state_dict(json.loads(json.dumps(state)))
+    before = np.concatenate([ds.indices[:consumed] for ds in old])
+    after = np.concatenate([ds.indices for ds in new])
+    rest = width - consumed * 4
+    assert {len(ds) for ds in new} == {-(-rest // 3)}
+    start = (m - 1) * width + consumed * 4
+    padding = order[start + np.arange(len(after) - rest) % rest]
+    expect = np.concatenate([order[(m - 1) * width : m * width], padding])
+    assert np.array_equal(np.sort(np.concatenate([before, after])), np.sort(expect))
+    # rank r of 3 reads the rest of the mini-epoch's positions r, r + 3, ... (wrapping within it)
+    for r, ds in enumerate(new):
+        positions = start + (r + 3 * np.arange(len(ds))) % rest
+        assert np.array_equal(ds.indices, order[positions])
+    # the next epoch plans afresh on 3 ranks, with k = 2
+    for ds in new:
+        ds.set_epoch(2)
+    fresh = datasets(meta, 3, m, epoch=2, aug_repeats=2)
+    assert all(np.array_equal(a.indices, b.indices) for a, b in zip(new, fresh))
+
+
+def test_aug_repeats_resume_refuses_another_k(write_meta) -> None:
+    meta = write_meta(n=100)
+    state = datasets(meta, 4, 1, aug_repeats=2)[0].state_dict(5)
+    for k in (1, 4):
+        ds = datasets(meta, 2, 1, aug_repeats=k)[0]
+        before = ds.indices.copy()
+        with pytest.raises(ValueError, match=f"resume state is for aug_repeats=2, this dataset has aug_repeats={k}"):
+            ds.load_state_dict(state)
+        assert np.array_equal(ds.indices, before)  # the dataset is as it was
+    plain = datasets(meta, 4, 1)[0].state_dict(5)
+    assert plain["aug_repeats"] == 1
+    old_format = {key: v for key, v in plain.items() if key != "aug_repeats"}  # a state written before aug_repeats
+    with pytest.raises(ValueError, match="resume state is for aug_repeats=1, this dataset has aug_repeats=2"):
+        datasets(meta, 2, 1, aug_repeats=2)[0].load_state_dict(old_format)
+    ds = datasets(meta, 2, 1)[0]
+    ds.load_state_dict(old_format)
+    with pytest.raises(ValueError, match="invalid resume state: aug_repeats must be in"):
+        ds.load_state_dict({**state, "aug_repeats": 0})
+
+
+def test_aug_repeats_stateful_dataloader_and_server(write_meta, start_server) -> None:
+    from rank_dataset import RankServerDataset
+
+    meta = write_meta(n=500)
+    cfg = {"seed": 5, "mini_epoch": 2, "aug_repeats": 2}
+    ds = RankDataset(meta, reload_cfg=cfg, rank=1, world_size=4)
+    loader = StatefulDataLoader(ds, batch_size=10, sampler=ResumableSampler(ds), num_workers=2)
+    for step, _ in enumerate(loader):
+        if step == 3:
+            saved = json.loads(json.dumps(loader.state_dict()))
+            break
+    server = start_server([meta])
+    for r in range(3):
+        local = RankDataset(meta, reload_cfg=cfg, rank=r, world_size=3)
+        remote = RankServerDataset(server.url, reload_cfg=cfg, rank=r, world_size=3)
+        local.load_state_dict(resume_state(saved))
+        remote.load_state_dict(resume_state(saved))
+        assert np.array_equal(local.indices, remote.indices)
+        loader = StatefulDataLoader(local, batch_size=10, sampler=ResumableSampler(local), num_workers=2)
+        assert [x for b in loader for x in b] == [local.meta[int(i)] for i in local.indices]
+        local.set_epoch(1, 1)
+        remote.set_epoch(1, 1)
+        assert np.array_equal(local.indices, remote.indices)
+
+
+# -- schedules in the resume state ----------------------------------------------------------------------
+
+
+def test_a_mix_record_holds_the_schedule_and_allows_changes_only_after_its_epoch() -> None:
+    from rank_dataset.resume import MixRecord, ResumeState, SourceRecord
+
+    def record(changes: Any, names: tuple[str, str] = ("a", "b")) -> MixRecord:
+        return MixRecord(12, (SourceRecord(names[0], 10, "f" * 32, 9), SourceRecord(names[1], 3, None, 3)), changes)
+
+    saved = record(((3, (6, 6)), (7, (4, 8))))
+    as_dict = json.loads(json.dumps(saved.to_dict()))
+    assert as_dict["changes"] == [[3, [6, 6]], [7, [4, 8]]] and MixRecord.from_dict(as_dict) == saved
+    assert "changes" not in record(()).to_dict()
+    # the state's epoch is 5: the counts of epochs 0..5 must match, later ones may differ
+    for ok in [((3, (6, 6)),), ((3, (6, 6)), (6, (2, 10))), ((3, (6, 6)), (7, (4, 8)), (9, (5, 7)))]:
+        saved.check(record(ok), epoch=5)
+        saved.check(record(ok, names=("x", "y")), epoch=5)  # renamed sources are the same sources
+    both = "source 0 'a' has count {}, the state's has {}; source 1 'b' has count {}, the state's has {}, at epoch {}"
+    bad = [
+        ((), both.format(9, 6, 3, 6, 3)),
+        (((3, (7, 5)),), both.format(7, 6, 5, 6, 3)),
+        (((4, (6, 6)),), both.format(9, 6, 3, 6, 3)),
+        (((3, (6, 6)), (5, (5, 7))), both.format(5, 6, 7, 6, 5)),
+        (((2, (6, 6)),), both.format(6, 9, 6, 3, 2)),
+    ]
+    for changes, message in bad:
+        with pytest.raises(ValueError, match=f"another mix: {re.escape(message)} .*only after the state's epoch 5"):
+            saved.check(record(changes), epoch=5)
+    state = ResumeState(12, None, 0, 5, 2, 1, 4, 3, mix=saved)
+    assert ResumeState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+    assert state.same_shard(ResumeState(12, None, 0, 5, 2, 1, 4, 0, mix=record(((3, (6, 6)), (6, (2, 10))))))
+    assert not state.same_shard(ResumeState(12, None, 0, 5, 2, 1, 4, 0, mix=record(((3, (6, 6)), (5, (2, 10))))))
+    with pytest.raises(ValueError, match=r"invalid resume state: changes\[0\] first epoch must be >= 1"):
+        ResumeState.from_dict({**state.to_dict(), "mix": {**as_dict, "changes": [[0, [6, 6]]]}})
+    with pytest.raises(ValueError, match=r"invalid resume state: changes\[0\] counts must be 2 counts summing to"):
+        ResumeState.from_dict({**state.to_dict(), "mix": {**as_dict, "changes": [[3, [6, 7]]]}})
+    with pytest.raises(TypeError, match=r"invalid resume state: mix changes must be a list"):
+        ResumeState.from_dict({**state.to_dict(), "mix": {**as_dict, "changes": "3"}})

@@ -409,3 +409,84 @@ def test_server_answers_409_when_its_file_changed_and_keeps_serving(write_meta, 
         assert body["kind"] == "files" and str(p) in body["error"] and "restart the meta server" in body["error"]
     assert requests.get(f"{server.url}/healthz", timeout=30).status_code == 200
     assert server.proc.poll() is None
+
+
+# --- Hostile input: descriptors, and a refused body still being sent --------------------------------
+
+
+def test_half_sent_heads_past_the_descriptor_limit_lock_nobody_out(write_meta, start_server) -> None:
+    # 1100 connections that each sent half a request head, to a server allowed 1024 descriptors: it
+    # closes the ones waiting longest, so a real client is still served at once.
+    meta = write_meta(n=100)
+    server = start_server([meta], fd_limit=1024)
+    socks = []
+    try:
+        for _ in range(1100):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            sock.sendall(b"GET /len HTTP/1.1\r\nHost: t\r\n")
+            socks.append(sock)
+        for i in range(5):
+            start = time.monotonic()
+            assert requests.get(f"{server.url}/sample/{i}", timeout=5).text == MetaFile(meta)[i]
+            assert time.monotonic() - start < 2.0
+        # The server closed the oldest (at least those past 1024 less its reserve), well before its
+        # 10 s request timeout; the newest are still open.
+        closed = 0
+        for sock in socks:
+            sock.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                try:
+                    closed += sock.recv(1) == b""
+                except ConnectionResetError:
+                    closed += 1
+        assert 1100 - 1024 <= closed < 1100
+        assert all(_is_open(sock) for sock in socks[-100:])
+    finally:
+        for sock in socks:
+            sock.close()
+    assert requests.get(f"{server.url}/healthz", timeout=5).status_code == 200
+
+
+def _is_open(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except ConnectionResetError:
+        return False
+
+
+def _send_all(sock: socket.socket, head: bytes, body: int, chunked: bool = False) -> None:
+    """Send ``head`` and ``body`` bytes of body (chunked: in 64 KiB chunks, then the last chunk) the way a
+    client that does not read before it has sent its request does; raises if the server resets."""
+    sock.sendall(head)
+    block = 64 << 10
+    for _ in range(body // block):
+        sock.sendall(b"10000\r\n" + bytes(block) + b"\r\n" if chunked else bytes(block))
+    if chunked:
+        sock.sendall(b"0\r\n\r\n")
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_refused_body_still_being_sent_gets_its_answer(write_meta, start_server, chunked) -> None:
+    # 413 for an 8 MiB body on a 1 MiB limit: the client, still sending, gets the answer, not a reset.
+    server = start_server([write_meta(n=10)], "--max-body-size", str(1 << 20))
+    length = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % (8 << 20)
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            _send_all(sock, b"POST /samples HTTP/1.1\r\nHost: t\r\n" + length + b"\r\n\r\n", 8 << 20, chunked)
+            answer = _answer(sock, 10)
+        assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+        assert "bytes" in json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    response = requests.post(f"{server.url}/samples", data=bytes(8 << 20), timeout=10)
+    assert response.status_code == 413 and "at most 1048576" in response.json()["error"]
+    assert requests.get(f"{server.url}/healthz", timeout=5).status_code == 200
+
+
+def test_unauthorised_body_still_being_sent_gets_its_answer(write_meta, start_server) -> None:
+    server = start_server([write_meta(n=10)], "--token", "s3cret")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        _send_all(sock, b"POST /samples HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % (8 << 20), 8 << 20)
+        answer = _answer(sock, 10)
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]

@@ -224,3 +224,29 @@ def test_a_meta_server_gives_exactly_rank_datasets_shard(
                 mine = RankDataset(local_sources, rank=0, world_size=2, reload_cfg=cfg)
                 mine.load_state_dict(state)
                 assert np.array_equal(again.indices, mine.indices)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_subsets_with_a_schedule_and_repeated_augmentation(files: tuple[Path, Path], world: int) -> None:
+    # A subset keeps its ids when its rule changes (Source.at), and its stream continues across the
+    # change: over epochs 0..2 each listed sample is drawn floor or ceil of its cumulative share.
+    a, b = files
+    ids = np.arange(3, 500, 11)  # 46 samples
+    sources = [Source(a, ids=ids, choose={0: 20, 1: 60}), Source(b, weight=1)]
+    k, size = 2, 100
+    drawn: Counter[int] = Counter()
+    for epoch in range(3):
+        per_epoch: Counter[int] = Counter()
+        for rank in range(world):
+            cfg = {"seed": 5, "epoch": epoch, "epoch_size": size, "aug_repeats": k}
+            ds = RankDataset(sources, reload_cfg=cfg, rank=rank, world_size=world)
+            keep = ds.spec.positions() < size
+            picked = ds.indices[keep][ds.source_ids[keep] == 0]
+            assert set(picked.tolist()) <= set(ids.tolist())
+            per_epoch.update(picked.tolist())
+        assert sum(per_epoch.values()) == (20 if epoch == 0 else 60)  # copies: k per draw
+        assert all(v % k == 0 for v in per_epoch.values())
+        drawn.update({s: v // k for s, v in per_epoch.items()})
+    total = (20 + 60 + 60) // k  # draws of the subset over epochs 0..2
+    low, high = total // len(ids), -(-total // len(ids))
+    assert all(low <= drawn[s] <= high for s in ids.tolist())

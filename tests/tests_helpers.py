@@ -18,8 +18,15 @@ __all__ = ["Server", "free_port", "imagenet_line", "kill_tree", "rewrite"]
 class Server(LocalServer):
     """A real `rank-dataset serve` process on a free loopback port, its stdout piped."""
 
-    def __init__(self, paths: list[Path], *args: str, env: dict[str, str] | None = None, port: int | None = None):
-        super().__init__(paths, *args, port=port, env=env, stdout=subprocess.PIPE)
+    def __init__(
+        self,
+        paths: list[Path],
+        *args: str,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        fd_limit: int | None = None,
+    ):
+        super().__init__(paths, *args, port=port, env=env, stdout=subprocess.PIPE, fd_limit=fd_limit)
 
 
 def _tree(root: psutil.Process) -> list[psutil.Process]:

@@ -10,8 +10,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from rank_dataset._channel import PassCount
 from rank_dataset.config import ReloadConfig
-from rank_dataset.errors import MetaFileChangedError, ProtocolError, RanksDisagreeError
+from rank_dataset.errors import (
+    MetaFileChangedError,
+    PassAuditError,
+    PassAuditWarning,
+    ProtocolError,
+    RanksDisagreeError,
+)
 from rank_dataset.grouping import group_by
 from rank_dataset.metafile import MetaFile
 from rank_dataset.mix import Source
@@ -31,6 +38,9 @@ if TYPE_CHECKING:
 __all__ = [
     "MetaFile",
     "MetaFileChangedError",
+    "PassAuditError",
+    "PassAuditWarning",
+    "PassCount",
     "ProtocolError",
     "RandomSampler",
     "RankDataset",

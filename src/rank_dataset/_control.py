@@ -11,7 +11,11 @@ workers map it by handle. It holds:
 - ``passes``, ``pass_gen`` and the *pass* slot: how many passes rank_dataset's samplers have started,
   and the shard the latest one started with (what workers serve until the next pass starts);
 - ``joined``: the latest pass some worker has started serving (written by workers; a hint for the
-  rank, outside the seqlock).
+  rank, outside the seqlock);
+- the *tally*: for each reader of the dataset (the rank, and each DataLoader worker by its id), the
+  pass it last served and the items it has read in it (each pair written by its reader alone, outside
+  the seqlock), so that the rank can compare a finished pass's reads with its sampler's draws;
+  ``untallied``, the latest pass some reader could not count (a worker id past the table).
 """
 
 from __future__ import annotations
@@ -26,10 +30,14 @@ from rank_dataset import _shm
 
 __all__ = ["ControlBlock", "Snapshot"]
 
-SIZE = 1 << 16  # room for the plan of a mix of a thousand or so sources in each slot
-VERSION, GEN, PASSES, PASS_GEN, JOINED = range(5)
-_SLOT = (SIZE - 256) // 2
-_SLOTS = (256, 256 + _SLOT)  # byte offsets of the current and the pass slot
+VERSION, GEN, PASSES, PASS_GEN, JOINED, UNTALLIED = range(6)
+#: Readers the tally has room for: the rank (0) and DataLoader workers 0..READERS-2 (1..READERS-1).
+READERS = 512
+_TALLY = 32  # word offset of the tally: (pass, items) per reader
+_HEAD = 256 + 16 * READERS  # bytes before the record slots
+SIZE = _HEAD + 2 * ((1 << 15) - 128)  # each record slot: room for the plan of a mix of a thousand or so sources
+_SLOT = (SIZE - _HEAD) // 2
+_SLOTS = (_HEAD, _HEAD + _SLOT)  # byte offsets of the current and the pass slot
 _SLOT_HEAD = struct.Struct("<QQ")  # generation, length of the record
 _SLOT_CAP = _SLOT - _SLOT_HEAD.size
 
@@ -108,6 +116,32 @@ class ControlBlock:
     def join(self, passes: int) -> None:
         """(Worker) note that pass ``passes`` is being served."""
         self.words[JOINED] = passes
+
+    # -- the tally --------------------------------------------------------------------------------
+
+    def tally_word(self, reader: int, passes: int) -> int:
+        """(Reader ``reader``) start counting pass ``passes``: its count is 0 from now on. Returns
+        the word the reader stores its count in (-1: no room in the table; the pass is marked
+        untallied)."""
+        if not 0 <= reader < READERS:
+            self.words[UNTALLIED] = passes
+            return -1
+        word = _TALLY + 2 * reader
+        self.words[word + 1] = 0  # the count before the pass: never a stale count under the new pass
+        self.words[word] = passes
+        return word + 1
+
+    def items_read(self, passes: int) -> int | None:
+        """(Rank) the items read in pass ``passes``: by the DataLoader workers that served it, or if
+        none did, by the rank (reader 0) itself. None if some worker could not count."""
+        w = self.words
+        if w[UNTALLIED] == passes and passes:
+            return None
+        tally = w[_TALLY : _TALLY + 2 * READERS]
+        workers = [int(tally[k + 1]) for k in range(2, 2 * READERS, 2) if tally[k] == passes]
+        if workers:
+            return sum(workers)
+        return int(tally[1]) if tally[0] == passes else 0
 
     def snapshot(self) -> Snapshot:
         """A consistent copy of the block (retried while the rank is writing it)."""

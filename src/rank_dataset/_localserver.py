@@ -3,6 +3,7 @@ the wait until it answers ``/healthz``. No torch; used by the demo, the tests an
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -15,6 +16,12 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 __all__ = ["LocalServer", "free_port", "wait_until_up"]
+
+
+def _limit_open_files(limit: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
 
 def free_port() -> int:
@@ -56,6 +63,8 @@ class LocalServer:
         env: environment variables added to this process's.
         stdout: the server's stdout (e.g. ``subprocess.PIPE``; None: inherited).
         timeout: seconds to wait for ``/healthz``.
+        fd_limit: run the server with at most this many open files (its soft and hard limit, as
+            after ``ulimit -n``; None: this process's limits).
 
     Raises:
         RuntimeError: the server exited or did not answer ``/healthz`` in time (it is stopped).
@@ -69,11 +78,13 @@ class LocalServer:
         env: Mapping[str, str] | None = None,
         stdout: int | IO[Any] | None = None,
         timeout: float = 60.0,
+        fd_limit: int | None = None,
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "rank_dataset", "serve", *map(str, paths), "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=stdout, text=True)
+        limit = None if fd_limit is None else functools.partial(_limit_open_files, fd_limit)
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=stdout, text=True, preexec_fn=limit)
         try:
             wait_until_up(f"{self.url}/healthz", self.proc, timeout)
         except RuntimeError:

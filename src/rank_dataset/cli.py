@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -10,6 +13,37 @@ from rank_dataset._limits import DEFAULT_LIMITS
 from rank_dataset.protocol import DEFAULT_PORT, TOKEN_ENV
 
 __all__ = ["cli", "main"]
+
+# The optional dependencies a command may need, each with what a user installs to get it.
+_SERVER = "rank-dataset[server]"
+_INSTALL = {"starlette": _SERVER, "uvicorn": _SERVER, "h11": _SERVER, "torch": "torch"}
+
+
+def _missing(exc: ModuleNotFoundError) -> click.ClickException | None:
+    """A one-line error naming what to install, if ``exc`` is an optional dependency missing."""
+    top = (exc.name or "").partition(".")[0]
+    if top not in _INSTALL:
+        return None
+    return click.ClickException(f"this command needs {top}, which is not installed: pip install '{_INSTALL[top]}'")
+
+
+def _require(*modules: str) -> None:
+    """Import ``modules`` now, so that a missing one is named before any work starts."""
+    with _optional_dependencies():
+        for name in modules:
+            importlib.import_module(name)
+
+
+@contextlib.contextmanager
+def _optional_dependencies() -> Iterator[None]:
+    """Turn a missing optional dependency into one line saying what to install, not a traceback."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        error = _missing(exc)
+        if error is None:
+            raise
+        raise error from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -107,7 +141,9 @@ def serve_cmd(
     meta_files: tuple[str, ...], host: str, port: int, token: str | None, workers: int, **limits: Any
 ) -> None:
     """Serve META_FILES (taken as one, in order) to RankServerDataset and ServerDataset clients."""
-    from rank_dataset.server import serve
+    _require("starlette", "uvicorn", "h11")
+    with _optional_dependencies():
+        from rank_dataset.server import serve
 
     try:
         serve(meta_files, host=host, port=port, token=token, workers=workers, **limits)
@@ -131,6 +167,9 @@ def serve_cmd(
     is_flag=True,
     help="Mix three synthetic sources (weight, repeat 0.5, choose 2x) into epochs of --lines samples; no baseline.",
 )
+@click.option(
+    "--schedule", is_flag=True, help="With --mix: books.txt goes from repeat 0.5 to 1 at epoch 1 (a schedule)."
+)
 def demo_cmd(
     meta_file: str | None,
     world_size: int,
@@ -141,15 +180,17 @@ def demo_cmd(
     server: bool,
     no_baseline: bool,
     mix: bool,
+    schedule: bool,
 ) -> None:
     """Run W ranks under torch.distributed, check every epoch's coverage, and compare memory with the naive loader."""
+    _require("torch", *(("starlette", "uvicorn", "h11") if server else ()))
     from rank_dataset.demo import DemoError, format_table, run_demo
 
     baseline = not (no_baseline or mix)
     click.echo(
         f"rank-dataset demo: {world_size} ranks x {workers} DataLoader workers, {epochs} epochs x {mini_epochs} "
         f"mini-epochs, {'meta server' if server else 'RankDataset'}{' and the naive loader' if baseline else ''}"
-        f"{', a mix of three sources' if mix else ''}"
+        f"{', a mix of three sources' if mix else ''}{' with a schedule' if schedule else ''}"
     )
     try:
         results = run_demo(
@@ -162,6 +203,7 @@ def demo_cmd(
             server=server,
             baseline=baseline,
             mix=mix,
+            schedule=schedule,
         )
     except (DemoError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None

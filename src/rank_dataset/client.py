@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 from rank_dataset import protocol
 from rank_dataset._bounds import Bounds
+from rank_dataset._channel import AuditMode
 from rank_dataset._checks import check_index, check_int
 from rank_dataset._subsets import SampleMap, distinct_files
 from rank_dataset.config import ReloadConfig
@@ -198,6 +199,54 @@ class MetaServer:
         return protocol.files_from_body(self.get(protocol.FILES))
 
 
+def _server_url(
+    first: str | os.PathLike[str], server_ip: str | None, server_port: int | str | None
+) -> tuple[str, str | None]:
+    """The server's URL and, in the original project's form ``(meta_file, server_ip=, server_port=)``,
+    the name of the file the caller expects it to serve (else None: ``first`` is the URL).
+
+    Raises:
+        ValueError: one of server_ip and server_port without the other, a port that is not an
+            integer in [1, 65535], a URL given together with them, or a URL that is not one.
+    """
+    if server_ip is None and server_port is None:
+        if not isinstance(first, str):
+            raise TypeError(f"url must be a str such as 'http://127.0.0.1:28889', got {type(first).__name__}")
+        return first, None
+    if server_ip is None or server_port is None:
+        missing = "server_ip" if server_ip is None else "server_port"
+        raise ValueError(
+            f"give both server_ip and server_port (the original keywords), or a URL alone; {missing} is missing"
+        )
+    if isinstance(first, str) and first.startswith(("http://", "https://")):
+        raise ValueError(f"give either a URL ({first!r}) or a meta file name with server_ip and server_port, not both")
+    if not isinstance(server_ip, str) or not server_ip.strip():
+        raise ValueError(f"server_ip must be a host name or address such as '10.0.0.1', got {server_ip!r}")
+    text = str(server_port).strip() if isinstance(server_port, (int, str)) and not isinstance(server_port, bool) else ""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ValueError(
+            f"server_port must be an integer in [1, 65535] (an int or a str of digits), got {server_port!r}"
+        )
+    host = f"[{server_ip}]" if ":" in server_ip and not server_ip.startswith("[") else server_ip  # IPv6
+    return f"http://{host}:{int(text)}", os.path.basename(os.fspath(first))
+
+
+def _served_file(server: MetaServer, name: str) -> tuple[list[protocol.ServedFile], protocol.ServedFile]:
+    """The server's files and the one called ``name``.
+
+    Raises:
+        ValueError: the server serves no file of that name (the message lists the ones it serves).
+    """
+    served = server.files()
+    for f in served:
+        if f.name == name:
+            return served, f
+    raise ValueError(
+        f"{server.url} serves no file named {name!r} (it serves {', '.join(f.name for f in served)}): "
+        "meta_file must name a file the server was started on (its file name is compared)"
+    )
+
+
 def _parse(parser: Parser | None, text: str, where: str) -> Any:
     if parser is None:
         return text
@@ -214,7 +263,12 @@ class ServerDataset(Dataset[Any]):
     batch in one request.
 
     Args:
-        url: the server's base URL.
+        url: the server's base URL; or, in the original project's form, the meta file's path, with
+            ``server_ip`` and ``server_port``.
+        server_ip: the server's address (the original project's keyword). The server must serve a
+            file of ``url``'s file name; the dataset then holds that file's samples (the server may
+            serve others too).
+        server_port: the server's port, an int or a str of digits (e.g. ``"10080"``).
         token: the server's token, if it has one.
         timeout: seconds for one request, and for all the retries of one call together.
         retries: further attempts after a connection error, a timeout or a 5xx answer.
@@ -223,20 +277,35 @@ class ServerDataset(Dataset[Any]):
     Raises:
         ConnectionError: the server could not be reached within the retries (names the URL).
         PermissionError: the token is missing or wrong.
+        ValueError: a malformed server_ip or server_port, or a server that serves no file of the
+            meta file's name.
+
+    Example (the original project's form and the URL form)::
+
+        ds = ServerDataset("/path/to/meta", server_ip="10.10.10.10", server_port="10080")
+        ds = ServerDataset("http://10.10.10.10:10080")
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | os.PathLike[str],
+        server_ip: str | None = None,
+        server_port: int | str | None = None,
         *,
         token: str | None = None,
         timeout: float = 30.0,
         retries: int = 5,
         parser: str | Parser | None = None,
     ) -> None:
-        self.server = MetaServer(url, token=token, timeout=timeout, retries=retries)
+        base, name = _server_url(url, server_ip, server_port)
+        self.server = MetaServer(base, token=token, timeout=timeout, retries=retries)
         self._parser = resolve_parser(parser)
         self._len, self.fingerprint = self.server.num_samples()
+        self._offset = 0  # the served sample number of item 0
+        if name is not None:
+            served, wanted = _served_file(self.server, name)
+            self._offset = sum(f.num_samples for f in served[: served.index(wanted)])
+            self._len = wanted.num_samples
 
     def __len__(self) -> int:
         return self._len
@@ -245,7 +314,7 @@ class ServerDataset(Dataset[Any]):
         return check_index(i, self._len, label="dataset index", of=f"{self._len} samples")
 
     def __getitem__(self, i: int) -> Any:
-        index = self._check_index(i)
+        index = self._check_index(i) + self._offset
         raw = self.server.get(protocol.sample_path(index))
         where = f"{self.server.url} sample {index}"
         try:
@@ -256,7 +325,7 @@ class ServerDataset(Dataset[Any]):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples ``indices``, fetched in one request."""
-        wanted = np.array([self._check_index(i) for i in indices], dtype="<i8")
+        wanted = np.array([self._check_index(i) for i in indices], dtype="<i8") + self._offset
         shard = self.server.shard(protocol.SAMPLES, body=wanted.tobytes())
         if shard.ids is None or not np.array_equal(shard.ids, wanted):
             raise ProtocolError(f"{self.server.url} answered other samples than the {len(wanted)} asked for")
@@ -399,34 +468,44 @@ class RankServerDataset(ShardedDataset):
     plan computed here, and held in the same compact form as RankDataset's.
 
     Args:
-        url: the server's base URL.
+        url: the server's base URL; or, in the original project's form, the meta file's path, with
+            ``server_ip`` and ``server_port``.
         is_test: as for RankDataset.
         reload_cfg: as for RankDataset.
         rank: as for RankDataset.
         world_size: as for RankDataset.
         parser: as for RankDataset.
+        server_ip: the server's address (the original project's keyword). The server must serve a
+            file of ``url``'s file name; the dataset reads that file (if the server serves others
+            too, as a mix of that one file).
+        server_port: the server's port, an int or a str of digits.
         token: as for ServerDataset.
         timeout: as for ServerDataset.
         retries: as for ServerDataset.
         sources: a mix of the served files: a list of :class:`~rank_dataset.mix.Source` whose paths
             are names of served files (their file names, as ``GET /files`` lists them). None: every
             served file, taken as one. The shard is RankDataset's for the same mix of those files.
+        audit: as for RankDataset.
 
     Raises:
-        ValueError: as RankDataset; a source naming a file the server does not serve.
+        ValueError: as RankDataset; a source naming a file the server does not serve; as ServerDataset
+            for server_ip and server_port.
 
     Example (with a server started by ``rank-dataset serve meta.txt``)::
 
         ds = RankServerDataset("http://127.0.0.1:28889", reload_cfg={"seed": 0, "mini_epoch": 2})
+        ds = RankServerDataset("meta.txt", server_ip="127.0.0.1", server_port="28889", reload_cfg={"seed": 0})
         mix = RankServerDataset(url, sources=[Source("a.txt", weight=2), Source("b.txt", repeat=0.5)])
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | os.PathLike[str],
         is_test: bool = False,
         reload_cfg: ReloadConfig | Mapping[str, Any] | None = None,
         *,
+        server_ip: str | None = None,
+        server_port: int | str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         token: str | None = None,
@@ -434,8 +513,16 @@ class RankServerDataset(ShardedDataset):
         retries: int = 5,
         parser: str | Parser | None = None,
         sources: Source | Sequence[Source] | None = None,
+        audit: AuditMode = "warn",
     ) -> None:
-        self.server = MetaServer(url, token=token, timeout=timeout, retries=retries)
+        base, name = _server_url(url, server_ip, server_port)
+        self.server = MetaServer(base, token=token, timeout=timeout, retries=retries)
+        if name is not None:
+            if sources is not None:
+                raise ValueError("give either a meta file name (with server_ip and server_port) or sources, not both")
+            served, _ = _served_file(self.server, name)
+            if len(served) > 1:  # read that file alone: a mix of one source
+                sources = Source(name)
         reader = ServerReader(self.server, sources)
         self.fingerprint = reader.fingerprint
-        super().__init__(reader, is_test, reload_cfg, rank, world_size, parser, reader.sources)
+        super().__init__(reader, is_test, reload_cfg, rank, world_size, parser, reader.sources, audit)

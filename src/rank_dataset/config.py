@@ -29,10 +29,14 @@ class ReloadConfig:
             samples an epoch takes of all sources together (an int >= 1); None: the sum of the fixed
             counts if no source has a weight, else the total number of samples of all sources.
             Meaningless without sources (a ValueError there); ignored in eval mode.
+        aug_repeats: ``k``, repeated augmentation (an int >= 1; 1: none): each sample drawn appears
+            ``k`` times in a row of the epoch order, on ``k`` consecutive ranks when ``k`` divides the
+            world size; an epoch keeps its size and holds ``ceil(size / k)`` draws. Train mode only
+            (``k > 1`` with ``is_test=True`` is a ValueError).
 
     Examples:
         >>> ReloadConfig.coerce({"mini_epoch": 2, "seed": 7})
-        ReloadConfig(mini_epoch=2, seed=7, mini_epoch_idx=0, epoch=0, group=1, epoch_size=None)
+        ReloadConfig(mini_epoch=2, seed=7, mini_epoch_idx=0, epoch=0, group=1, epoch_size=None, aug_repeats=1)
     """
 
     mini_epoch: int = 1
@@ -41,6 +45,7 @@ class ReloadConfig:
     epoch: int = 0
     group: int = 1
     epoch_size: int | None = None
+    aug_repeats: int = 1
 
     def __post_init__(self) -> None:
         check_int("reload_cfg['mini_epoch']", self.mini_epoch, low=1)
@@ -52,6 +57,7 @@ class ReloadConfig:
         check_int("reload_cfg['group']", self.group, low=1)
         if self.epoch_size is not None:
             check_int("reload_cfg['epoch_size']", self.epoch_size, low=1)
+        check_int("reload_cfg['aug_repeats']", self.aug_repeats, low=1)
 
     @classmethod
     def coerce(cls, value: ReloadConfig | Mapping[str, Any] | None) -> ReloadConfig:

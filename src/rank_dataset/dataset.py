@@ -12,7 +12,7 @@ import numpy.typing as npt
 from torch.utils.data import Dataset
 
 from rank_dataset._agree import agreement_fields, agreement_needed, check_ranks_agree
-from rank_dataset._channel import ShardChannel
+from rank_dataset._channel import AuditMode, PassCount, ShardChannel
 from rank_dataset._checks import check_index, check_int
 from rank_dataset._residency import return_freed_memory
 from rank_dataset.config import ReloadConfig
@@ -53,6 +53,7 @@ class ShardedDataset(Dataset[Any]):
         world_size: int | None,
         parser: str | Parser | None,
         sources: Sequence[Source] | None = None,
+        audit: AuditMode = "warn",
     ) -> None:
         cfg = ReloadConfig.coerce(reload_cfg)
         rank, world_size = get_rank_world_size(rank, world_size)
@@ -73,10 +74,13 @@ class ShardedDataset(Dataset[Any]):
         else:
             sizes = reader.source_sizes
             assert sizes is not None
-            self._mixture = Mixture(sources, sizes, reader.source_fingerprints, self._parser, is_test, cfg.epoch_size)
+            self._mixture = Mixture(
+                sources, sizes, reader.source_fingerprints, self._parser, is_test, cfg.epoch_size, cfg.aug_repeats
+            )
             num_samples = self._mixture.plan.epoch_size
         self._parsers = None if self._mixture is None else self._mixture.parsers
-        self.channel = ShardChannel()
+        self.channel = ShardChannel(audit)
+        self._tally = self.channel.tally  # bound once: item access calls it directly
         self._version, self._seen = self.channel.version, self.channel.seen  # the per-item check (see _sync)
         spec = ShardSpec(
             num_samples=num_samples,
@@ -88,6 +92,7 @@ class ShardedDataset(Dataset[Any]):
             seed=cfg.seed,
             epoch=cfg.epoch,
             mix=None if self._mixture is None else self._mixture.plan,
+            aug_repeats=cfg.aug_repeats,
         )
         self._load(spec)
 
@@ -105,7 +110,9 @@ class ShardedDataset(Dataset[Any]):
         """The ``reload_cfg`` of the shard held now (read-only: change it with ``set_epoch`` or
         ``load_state_dict``)."""
         s = self.spec
-        return ReloadConfig(s.mini_epoch, s.seed, s.mini_epoch_idx, s.epoch, self._group, self._epoch_size)
+        return ReloadConfig(
+            s.mini_epoch, s.seed, s.mini_epoch_idx, s.epoch, self._group, self._epoch_size, s.aug_repeats
+        )
 
     @property
     def rank(self) -> int:
@@ -123,6 +130,7 @@ class ShardedDataset(Dataset[Any]):
         """Build the shard of ``spec``, publish it to the workers and serve it; on any error the
         dataset stays as it was."""
         self.channel.check_owner()
+        self.channel.judge()  # the last pass is over: audit it before anything changes
         if agreement_needed():  # under a process group, every rank must plan from the same inputs
             check_ranks_agree(self._agreement_fields(spec), spec.rank)
         shard = self.reader.build(spec)
@@ -153,13 +161,14 @@ class ShardedDataset(Dataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         # Pickled to reach a spawn or forkserver worker: the channel's handle, never a shard's bytes.
         state = self.__dict__.copy()
-        for name in ("_version", "_shard", "_text", "_indices", "_source_ids"):
+        for name in ("_version", "_shard", "_text", "_indices", "_source_ids", "_tally"):
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._version, self._seen = self.channel.version, self.channel.seen  # -1: look on first use
+        self._tally = self.channel.tally
         self._shard = self._text = None  # type: ignore[assignment]  # mapped on first use
         self._indices = self._source_ids = None
 
@@ -167,11 +176,15 @@ class ShardedDataset(Dataset[Any]):
 
     @property
     def sources(self) -> tuple[SourceInfo, ...] | None:
-        """For a mix, each source with its numbers: ``N_s`` (``num_samples``), the samples an epoch
-        takes of it (``count``; in eval mode ``N_s``), its first global sample number (``offset``),
-        what its rule asked for before rounding (``target``) and its fingerprint. None for plain
-        meta files."""
-        return None if self._mixture is None else self._mixture.infos()
+        """For a mix, each source with its numbers in the current epoch: ``N_s`` (``num_samples``),
+        the samples the epoch takes of it (``count``, by the schedules in force; in eval mode ``N_s``),
+        its first global sample number (``offset``), what its rule asked for before rounding
+        (``target``), its fingerprint, and the samples drawn from it from epoch 0 through this epoch
+        (``taken``; ``passes_completed``, ``epochs_seen``). None for plain meta files."""
+        if self._mixture is None:
+            return None
+        spec = self.spec
+        return self._mixture.infos(spec.epoch, spec.aug_repeats)
 
     @property
     def source_ids(self) -> npt.NDArray[np.integer[Any]] | None:
@@ -209,6 +222,21 @@ class ShardedDataset(Dataset[Any]):
         spec = self._spec
         resume = spec.resume if epoch == spec.epoch else None
         self._load(dataclasses.replace(spec, epoch=epoch, mini_epoch_idx=mini_epoch_idx, resume=resume))
+
+    # -- the pass audit ---------------------------------------------------------------------------
+
+    def audit(self) -> tuple[PassCount, ...]:
+        """The counts of the recent passes over this dataset started by rank_dataset's samplers (up to
+        16, oldest first): for each, the indices its sampler drew, the items the DataLoader's workers
+        (or the rank, without workers) read, and whether it finished, was left early or is running.
+
+        A finished pass that read fewer or more items than it drew warns once (a
+        :class:`~rank_dataset.errors.PassAuditWarning`; with ``audit="error"`` a
+        :class:`~rank_dataset.errors.PassAuditError`), when the next pass starts or at ``set_epoch``
+        or ``load_state_dict``: the loader was most likely sharded a second time. Call it in the
+        process that created the dataset.
+        """
+        return self.channel.audit()
 
     # -- resume -----------------------------------------------------------------------------------
 
@@ -321,6 +349,7 @@ class ShardedDataset(Dataset[Any]):
         if not (type(i) is int and 0 <= i < self._n):
             i = self._check_index(i)
         text = self._text(i)
+        self._tally(1)
         return text if self._parser is None and self._parsers is None else self._parse(text, i)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
@@ -331,6 +360,7 @@ class ShardedDataset(Dataset[Any]):
         if not all(type(i) is int and 0 <= i < n for i in indices):
             indices = [self._check_index(i) for i in indices]
         texts = self._shard.texts(indices)
+        self._tally(len(texts))  # the pass audit: a store in the control block per batch
         if self._parser is None and self._parsers is None:
             return texts
         return [self._parse(t, i) for t, i in zip(texts, indices)]
@@ -365,6 +395,8 @@ class RankDataset(ShardedDataset):
         world_size: the number of ranks; default: the process group, else ``WORLD_SIZE``, else 1.
         parser: None (items are str), ``"json"``, ``"label"`` (``(path, int)``), or a callable;
             in a mix, for the sources that have no parser of their own.
+        audit: ``"warn"`` (a PassAuditWarning, once), ``"error"`` (a PassAuditError) or ``"off"``:
+            what a finished pass that read other than its sampler drew does (see :meth:`audit`).
 
     Raises:
         ValueError: as MetaFile; for a mix, a source with no samples or counts that cannot be met
@@ -388,6 +420,7 @@ class RankDataset(ShardedDataset):
         rank: int | None = None,
         world_size: int | None = None,
         parser: str | Parser | None = None,
+        audit: AuditMode = "warn",
     ) -> None:
         sources = as_sources(meta_file)
         if sources is None:
@@ -395,4 +428,4 @@ class RankDataset(ShardedDataset):
         else:  # one MetaFile of the distinct files: each indexed once, read once per shard
             meta = MetaFile(files_of(sources))
         self.meta = meta
-        super().__init__(FileReader(meta, sources), is_test, reload_cfg, rank, world_size, parser, sources)
+        super().__init__(FileReader(meta, sources), is_test, reload_cfg, rank, world_size, parser, sources, audit)

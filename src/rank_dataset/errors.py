@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetaFileChangedError", "ProtocolError", "RanksDisagreeError"]
+__all__ = ["MetaFileChangedError", "PassAuditError", "PassAuditWarning", "ProtocolError", "RanksDisagreeError"]
 
 
 class MetaFileChangedError(ValueError):
@@ -50,3 +50,21 @@ class RanksDisagreeError(ValueError):
 
 class ProtocolError(ConnectionError):
     """Client and server do not understand each other (different versions, or not a meta server)."""
+
+
+class PassAuditWarning(UserWarning):
+    """A pass over a rank's shard read fewer or more items than its sampler drew: most likely the
+    DataLoader was sharded a second time (see ``ShardedDataset.audit``). Warned once per dataset;
+    ``warnings.simplefilter("error", PassAuditWarning)`` or ``audit="error"`` makes it an error."""
+
+
+class PassAuditError(RuntimeError):
+    """A pass over a rank's shard read fewer or more items than its sampler drew, under
+    ``audit="error"``. ``count`` is the pass's :class:`~rank_dataset._channel.PassCount`."""
+
+    def __init__(self, message: str, count: Any = None) -> None:
+        super().__init__(message)
+        self.count = count
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (str(self), self.count)

@@ -11,14 +11,25 @@ any epoch each sample has been taken ``floor`` or ``ceil`` of ``epochs * c_s / N
 one epoch that does not start or end on a pass boundary a sample may be taken once more or once less
 than that: the tail of one pass and the head of the next are drawn independently.)
 
+Schedules: a source's rule may change from given epochs on (:class:`Source`); the counts of each
+epoch are then those of the rules in force (:attr:`MixPlan.changes`), ``T0`` stays fixed, and epoch
+``e`` takes stream positions from the sum of the source's counts in the epochs before ``e`` on
+(:meth:`MixPlan.stream_starts`), so both guarantees above hold across changes.
+
 The epoch order: slots ``[0, T0)`` belong to the sources in list order (``c_0`` slots, then ``c_1``,
 ...), and position ``p`` of the order holds slot ``permute(T0, seed, epoch, p mod T0)``, which
 interleaves the sources. The shard layout (``R``, padding by wrapping, mini-epochs, ranks) is the
 plain one of :mod:`rank_dataset.plan` over ``T0`` positions. Everything costs O(positions asked for).
+
+Repeated augmentation (``aug_repeats = k``): position ``p`` holds draw ``p // k``; the epoch's
+``D = ceil(T0 / k)`` draws are shared among the sources by their counts (:func:`mix_draws`), the
+``(seed, epoch)`` permutation of ``[0, D)`` interleaves them, and each stream advances by its draws.
+With ``k = 1`` that is the order above.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import math
@@ -35,7 +46,7 @@ from rank_dataset._bounds import Bounds
 from rank_dataset._checks import MAX_EXACT, check_int
 from rank_dataset._subsets import SampleIds
 from rank_dataset.parsers import Parser, resolve_parser
-from rank_dataset.permutation import _splitmix64, grid_each, permute, permute_keyed, round_keys_each
+from rank_dataset.permutation import _splitmix64, grid_each, permute, permute_keyed, permute_stream, round_keys_each
 
 __all__ = [
     "MixPlan",
@@ -45,11 +56,12 @@ __all__ = [
     "as_sources",
     "combine_fingerprints",
     "mix_counts",
+    "mix_draws",
+    "mix_schedule",
     "mix_targets",
 ]
 
 _MASK64 = (1 << 64) - 1
-_FEW_PASSES = 8  # up to this many passes of a source in one epoch, group positions by masks, not a sort
 _FEW_SOURCES = 16  # up to this many sources, evaluate each one's permutation by a call of its own
 _BLOCK = 1 << 18  # positions located at a time in a mix of many sources: bounds the temporaries
 
@@ -76,6 +88,32 @@ def _fspath(i: int, path: Any) -> str:
     return text
 
 
+Rule = float | Mapping[int, float]  # a value, or a schedule {first_epoch: value}
+
+
+def _rule(name: str, value: Any, check: Callable[[str, Any], Any]) -> Any:
+    """``value`` checked by ``check``; a schedule ``{first_epoch: value}`` checked entry by entry and
+    sorted by epoch (a schedule of epoch 0 alone is its value)."""
+    if not isinstance(value, Mapping):
+        return check(name, value)
+    rules = {}
+    for epoch, v in value.items():
+        first = check_int(f"{name} schedule epoch", epoch, low=0)
+        rules[first] = check(f"{name}[{first}]", v)
+    if 0 not in rules:
+        raise ValueError(
+            f"a {name} schedule must hold epoch 0 (the rule from the start), got the epochs {sorted(rules)}"
+        )
+    return rules[0] if len(rules) == 1 else dict(sorted(rules.items()))
+
+
+def _in_force(rule: Any, epoch: int) -> Any:
+    """The value of ``rule`` (a value or a sorted schedule) in force at ``epoch``."""
+    if not isinstance(rule, Mapping):
+        return rule
+    return rule[max(e for e in rule if e <= epoch)]
+
+
 @dataclass(frozen=True, init=False)
 class Source:
     """One source of a mix: one meta file, or a list of them taken as one source, or the listed samples
@@ -99,33 +137,46 @@ class Source:
             source's items.
         name: for messages; defaults to the first path's file name (the whole path if it has none).
 
-    At most one of ``weight``, ``repeat`` and ``choose``; none means ``repeat=1.0``.
+    At most one of ``weight``, ``repeat`` and ``choose``; none means ``repeat=1.0``. Each may be a
+    schedule, a dict ``{first_epoch: value}`` holding epoch 0: the value in force from that epoch on
+    (stored sorted by epoch; ``{0: v}`` alone is ``v``).
 
     Examples:
         >>> Source("data/a.txt", weight=2)
         Source(paths=('data/a.txt',), weight=2.0, repeat=None, choose=None, parser=None, name='a.txt', ids=None)
         >>> Source(["x/b1.txt", "x/b2.txt"]).repeat
         1.0
+        >>> late = Source("c.txt", weight={10: 3, 0: 1})
+        >>> late.weight, late.changes, late.at(12).weight
+        ({0: 1.0, 10: 3.0}, (10,), 3.0)
         >>> Source("data/a.txt", ids=[5, 2, 9], name="a few").ids
         SampleIds(n=3)
     """
 
     paths: tuple[str, ...]
-    weight: float | None
-    repeat: float | None
-    choose: int | None
+    weight: float | dict[int, float] | None
+    repeat: float | dict[int, float] | None
+    choose: int | dict[int, int] | None
     parser: str | Parser | None
     name: str
     ids: SampleIds | None
+
+    def __hash__(self) -> int:  # a schedule is a dict: hash its items
+        def frozen(rule: Any) -> Any:
+            return tuple(rule.items()) if isinstance(rule, Mapping) else rule
+
+        return hash(
+            (self.paths, *map(frozen, (self.weight, self.repeat, self.choose)), self.parser, self.name, self.ids)
+        )
 
     def __init__(
         self,
         paths: PathArg | Sequence[PathArg],
         *,
         ids: Any = None,
-        weight: float | None = None,
-        repeat: float | None = None,
-        choose: int | None = None,
+        weight: Rule | None = None,
+        repeat: Rule | None = None,
+        choose: int | Mapping[int, int] | None = None,
         parser: str | Parser | None = None,
         name: str | None = None,
     ) -> None:
@@ -141,11 +192,11 @@ class Source:
         if len(given) > 1:
             raise ValueError(f"give at most one of weight, repeat and choose, got {' and '.join(given)}")
         if weight is not None:
-            weight = _positive_float("weight", weight)
+            weight = _rule("weight", weight, _positive_float)
         elif choose is not None:
-            choose = check_int("choose", choose, low=1)
+            choose = _rule("choose", choose, lambda label, v: check_int(label, v, low=1))
         else:
-            repeat = 1.0 if repeat is None else _positive_float("repeat", repeat)
+            repeat = 1.0 if repeat is None else _rule("repeat", repeat, _positive_float)
         resolve_parser(parser)  # raises on anything but None, "json", "label" or a callable
         if name is None:
             name = os.path.basename(normal[0]) or normal[0]
@@ -159,9 +210,43 @@ class Source:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "ids", None if ids is None else SampleIds.of(ids, name))
 
+    @property
+    def kind(self) -> str:
+        """Which rule the source has: ``"weight"``, ``"repeat"`` or ``"choose"``."""
+        return "weight" if self.weight is not None else "choose" if self.choose is not None else "repeat"
 
-def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int | None = None) -> tuple[list[int], int]:
-    """Per-epoch counts ``c_s`` of each source and the epoch size ``T0 = sum(c_s)``.
+    @property
+    def changes(self) -> tuple[int, ...]:
+        """The epochs after 0 at which the source's rule changes (empty without a schedule)."""
+        rule = getattr(self, self.kind)
+        return tuple(e for e in rule if e) if isinstance(rule, Mapping) else ()
+
+    def value_at(self, epoch: int) -> float:
+        """The value of the source's rule in force at ``epoch`` (an int for ``choose``)."""
+        value: float = _in_force(getattr(self, self.kind), epoch)
+        return value
+
+    def at(self, epoch: int) -> Source:
+        """This source with the rule in force at ``epoch`` and no schedule (itself if it has none)."""
+        if not self.changes:
+            return self
+        value = self.value_at(epoch)
+        # The same source (its subset too, not checked again) with the value in force as its rule.
+        source = copy.copy(self)
+        object.__setattr__(source, self.kind, int(value) if self.kind == "choose" else value)
+        return source
+
+    def describe(self, epoch: int = 0) -> str:
+        """The rule in force at ``epoch``, e.g. ``"weight=2"``, ``"choose=1,000"``."""
+        value = self.value_at(epoch)
+        return f"choose={int(value):,}" if self.kind == "choose" else f"{self.kind}={value:g}"
+
+
+def mix_counts(
+    sizes: Sequence[int], sources: Sequence[Source], epoch_size: int | None = None, epoch: int = 0
+) -> tuple[list[int], int]:
+    """Per-epoch counts ``c_s`` of each source and the epoch size ``T0 = sum(c_s)``, by the rules in
+    force at ``epoch`` (see :meth:`Source.at`).
 
     ``repeat=r`` takes ``round(r * N_s)`` (Python's round: halves to even), ``choose=k`` takes ``k``,
     and the weighted sources share what is left of ``T0`` in proportion to their weights, by largest
@@ -173,11 +258,12 @@ def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int 
         sizes: ``N_s``, the number of samples of each source (each >= 1), in the order of ``sources``.
         sources: the sources; at least one.
         epoch_size: ``T0``, an int >= 1, or None for the default above.
+        epoch: the epoch whose rules count (only sources with a schedule depend on it).
 
     Raises:
-        ValueError: naming the source, if a source is empty, a repeat rounds to 0, the fixed counts
-            exceed ``T0``, a weighted share rounds to 0, or, without weighted sources, the fixed
-            counts do not add up to ``epoch_size``.
+        ValueError: naming the source (and the epoch, past 0), if a source is empty, a repeat rounds
+            to 0, the fixed counts exceed ``T0``, a weighted share rounds to 0, or, without weighted
+            sources, the fixed counts do not add up to ``epoch_size``.
 
     Examples:
         >>> mix_counts([100, 10, 50], [Source("a", weight=1), Source("b", repeat=2.5), Source("c", weight=2)], 100)
@@ -196,19 +282,22 @@ def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int 
         if not isinstance(source, Source):
             raise TypeError(f"sources[{i}] must be a Source, got {source!r} ({type(source).__name__})")
         names.append(repr(source.name))
+    epoch = check_int("epoch", epoch, low=0)
     ns = [check_int(f"size of source {name}", n, low=1) for name, n in zip(names, sizes)]
     counts: list[int] = [0] * len(sources)
-    weighted = []
+    weighted, weights = [], {}
     for i, (source, n, name) in enumerate(zip(sources, ns, names)):
-        if source.weight is not None:
+        value = source.value_at(epoch)
+        if source.kind == "weight":
             weighted.append(i)
-        elif source.choose is not None:
-            counts[i] = source.choose
+            weights[i] = Fraction(value)
+        elif source.kind == "choose":
+            counts[i] = int(value)
         else:
-            assert source.repeat is not None
-            counts[i] = round(source.repeat * n)
+            counts[i] = round(value * n)
             if counts[i] == 0:
-                raise ValueError(f"source {name}: repeat={source.repeat} of its {n} samples rounds to 0 per epoch")
+                when = f" from epoch {epoch}" if epoch else ""
+                raise ValueError(f"source {name}: repeat={value} of its {n} samples rounds to 0 per epoch{when}")
     fixed = sum(counts)
     if epoch_size is not None:
         total = check_int("epoch_size", epoch_size, low=1)
@@ -219,6 +308,8 @@ def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int 
         total, why = fixed, ""
     if not 1 <= total <= MAX_EXACT:
         raise ValueError(f"the epoch size must be in [1, 2**62], got {total}")
+    if epoch:
+        why += f" (at epoch {epoch}, by the schedules)"
     if fixed > total:
         listed = ", ".join(f"{names[i]}: {counts[i]}" for i in range(len(sources)) if counts[i])
         raise ValueError(f"the fixed per-epoch counts of the sources ({listed}) add up to {fixed}, more than {why}")
@@ -230,7 +321,6 @@ def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int 
             )
         return counts, total
     left = total - fixed
-    weights = {i: Fraction(sources[i].weight or 0.0) for i in weighted}
     whole = sum(weights.values())
     quotas = {i: left * w / whole for i, w in weights.items()}
     for i, q in quotas.items():
@@ -247,9 +337,46 @@ def mix_counts(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int 
     return counts, total
 
 
-def mix_targets(sizes: Sequence[int], sources: Sequence[Source], counts: Sequence[int]) -> list[float]:
-    """What each source's rule asks an epoch to take, before rounding: ``repeat * N_s``, ``choose``,
-    or the weighted share of what the fixed counts leave of ``T0 = sum(counts)``.
+def mix_draws(counts: Sequence[int], aug_repeats: int, names: Sequence[str] | None = None) -> list[int]:
+    """Each source's draws in an epoch of ``T0 = sum(counts)`` positions whose draws are ``k =
+    aug_repeats`` positions each: the epoch's ``D = ceil(T0 / k)`` draws shared in proportion to the
+    counts by largest remainder (exact rational arithmetic; equal remainders favour the earlier source).
+
+    So ``d_s = c_s / k`` when ``k`` divides every count, ``d_s = c_s`` when ``k = 1``, and in any case
+    ``d_s`` is within one of ``c_s * D / T0``. A source with no count gets no draw.
+
+    Raises:
+        ValueError: a source with a count gets no draw (its count is too small for ``k`` copies), naming
+            it (by ``names[s]`` if given, else its number).
+
+    Example:
+        >>> mix_draws([6, 3, 2], 2)
+        [3, 2, 1]
+    """
+    k = check_int("aug_repeats", aug_repeats, low=1)
+    if k == 1:
+        return list(counts)
+    total = sum(counts)
+    draws = -(-total // k)
+    quotas = [Fraction(c * draws, total) for c in counts]
+    shares = [math.floor(q) for q in quotas]
+    by_remainder = sorted(range(len(counts)), key=lambda s: (-(quotas[s] - shares[s]), s))
+    for s in by_remainder[: draws - sum(shares)]:
+        shares[s] += 1
+    starved = [s for s, (c, d) in enumerate(zip(counts, shares)) if c and not d]
+    if starved:
+        s = starved[0]
+        name = repr(names[s]) if names is not None else str(s)
+        raise ValueError(
+            f"source {name} takes {counts[s]} of the epoch's {total} samples, too few for one draw of "
+            f"aug_repeats={k} copies among the epoch's {draws} draws: raise its share or lower aug_repeats"
+        )
+    return shares
+
+
+def mix_targets(sizes: Sequence[int], sources: Sequence[Source], counts: Sequence[int], epoch: int = 0) -> list[float]:
+    """What each source's rule in force at ``epoch`` asks an epoch to take, before rounding:
+    ``repeat * N_s``, ``choose``, or the weighted share of what the fixed counts leave of ``T0 = sum(counts)``.
 
     Examples:
         >>> mix_targets([100, 10, 50], [Source("a", weight=1), Source("b", repeat=2.5), Source("c", weight=2)],
@@ -257,18 +384,50 @@ def mix_targets(sizes: Sequence[int], sources: Sequence[Source], counts: Sequenc
         [25.0, 25.0, 50.0]
     """
     total = sum(counts)
-    fixed = sum(c for c, s in zip(counts, sources) if s.weight is None)
-    weights = sum(s.weight for s in sources if s.weight is not None)
+    fixed = sum(c for c, s in zip(counts, sources) if s.kind != "weight")
+    weights = sum(s.value_at(epoch) for s in sources if s.kind == "weight")
     targets = []
     for n, source in zip(sizes, sources):
-        if source.weight is not None:
-            targets.append((total - fixed) * source.weight / weights)
-        elif source.choose is not None:
-            targets.append(float(source.choose))
+        value = source.value_at(epoch)
+        if source.kind == "weight":
+            targets.append((total - fixed) * value / weights)
+        elif source.kind == "choose":
+            targets.append(float(value))
         else:
-            assert source.repeat is not None
-            targets.append(source.repeat * n)
+            targets.append(value * n)
     return targets
+
+
+def mix_schedule(
+    sizes: Sequence[int], sources: Sequence[Source], epoch_size: int | None = None
+) -> tuple[list[int], int, tuple[tuple[int, tuple[int, ...]], ...]]:
+    """The counts of epoch 0, the epoch size ``T0``, and each later change of the counts that the
+    sources' schedules make: ``((first_epoch, counts), ...)``, ascending, each different from the
+    counts before it. O(changes x sources).
+
+    Raises:
+        ValueError: as :func:`mix_counts` at any epoch a schedule changes, or a change of ``T0`` (an
+            epoch keeps its size: set ``epoch_size`` and give a source a weight to take up the change).
+
+    Example:
+        >>> mix_schedule([100, 50], [Source("a", weight=1), Source("b", choose={0: 10, 5: 40})], 100)
+        ([90, 10], 100, ((5, (60, 40)),))
+    """
+    counts, total = mix_counts(sizes, sources, epoch_size)
+    changes: list[tuple[int, tuple[int, ...]]] = []
+    last = tuple(counts)
+    for epoch in sorted({e for source in sources for e in source.changes}):
+        now, size = mix_counts(sizes, sources, epoch_size, epoch)
+        if size != total:
+            moved = next(s.name for s in sources if epoch in s.changes)
+            raise ValueError(
+                f"the schedule of source {moved!r} changes the epoch size from {total} to {size} at epoch {epoch}: "
+                "an epoch keeps its size; set reload_cfg['epoch_size'] and give a source a weight to fill it"
+            )
+        if tuple(now) != last:
+            last = tuple(now)
+            changes.append((epoch, last))
+    return counts, total, tuple(changes)
 
 
 def combine_fingerprints(fingerprints: Sequence[str]) -> str:
@@ -288,15 +447,17 @@ def combine_fingerprints(fingerprints: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class SourceInfo:
-    """One source of a dataset's mix, with its numbers (what ``ds.sources`` lists).
+    """One source of a dataset's mix, with its numbers in the current epoch (what ``ds.sources`` lists).
 
     Args:
         source: the Source as given.
         num_samples: ``N_s``, the samples of its files.
-        count: ``c_s``, the samples an epoch takes of it (in eval mode: ``N_s``, every sample once).
+        count: ``c_s``, the samples the current epoch takes of it (in eval mode: ``N_s``, every sample once).
         offset: the global number of its first sample (``sum(N_0..N_{s-1})``).
-        target: what its rule asks an epoch to take before rounding (see :func:`mix_targets`).
+        target: what its rule in force asks an epoch to take before rounding (see :func:`mix_targets`).
         fingerprint: the hash of its files (see :func:`combine_fingerprints`).
+        taken: the samples drawn from its stream from epoch 0 through the current epoch (with
+            repeated augmentation, draws: each is read ``aug_repeats`` times); in eval mode ``N_s``.
     """
 
     source: Source
@@ -305,6 +466,7 @@ class SourceInfo:
     offset: int
     target: float
     fingerprint: str
+    taken: int = 0
 
     @property
     def name(self) -> str:
@@ -316,20 +478,36 @@ class SourceInfo:
         """``c_s / N_s``: how many times an epoch goes through the source (< 1: a part of it)."""
         return self.count / self.num_samples
 
+    @property
+    def passes_completed(self) -> int:
+        """Whole passes through the source from epoch 0 through the current epoch: ``taken // N_s``."""
+        return self.taken // self.num_samples
+
+    @property
+    def epochs_seen(self) -> float:
+        """``taken / N_s``: how many times the source has been gone through, as a fraction."""
+        return self.taken / self.num_samples
+
 
 def _source_seed(seed: int, source: int) -> int:
     """The key of source ``source``'s stream, derived from the mix's ``seed``."""
     return _splitmix64(_splitmix64(seed & _MASK64) ^ _splitmix64((source + 0x5EED) & _MASK64))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class MixPlan:
     """The numbers that fix a mix's epoch order (with a seed and an epoch); validated, hashable.
 
     Args:
         sizes: ``N_s``, the samples of each source (each >= 1).
-        counts: ``c_s``, the samples each epoch takes of each source (each >= 1).
+        counts: ``c_s``, the samples each epoch takes of each source (each >= 1), from epoch 0 on.
         epoch_size: ``T0``, which must be ``sum(counts)``, at most 2**62.
+        changes: the counts the sources' schedules set from later epochs on: ``((first_epoch,
+            counts), ...)``, epochs ascending and > 0, each counts summing to ``T0`` (empty: none).
+
+    Each source is a stream (see :func:`~rank_dataset.permutation.permute_stream`) that each epoch
+    advances by its draws (its count, without repeated augmentation): its stream position at epoch
+    ``e`` is the sum of its draws in the epochs before (:meth:`stream_starts`).
 
     Examples:
         >>> plan = MixPlan.from_sources([3, 5], [Source("a", repeat=2), Source("b", choose=2)])
@@ -340,11 +518,19 @@ class MixPlan:
         ([0, 0, 0, 0, 0, 0, 1, 1], [0, 0, 1, 1, 2, 2])
         >>> MixPlan.from_dict(plan.to_dict()) == plan
         True
+        >>> later = MixPlan((3, 5), (6, 2), 8, changes=((4, (4, 4)),))
+        >>> later.counts_at(3), later.counts_at(9), later.stream_starts(6)
+        ((6, 2), (4, 4), (32, 16))
     """
 
     sizes: tuple[int, ...]
     counts: tuple[int, ...]
     epoch_size: int
+    changes: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    def __repr__(self) -> str:
+        later = f", changes={self.changes}" if self.changes else ""
+        return f"MixPlan(sizes={self.sizes}, counts={self.counts}, epoch_size={self.epoch_size}{later})"
 
     def __post_init__(self) -> None:
         for field in ("sizes", "counts"):
@@ -361,12 +547,31 @@ class MixPlan:
         if total > MAX_EXACT or sum(self.sizes) > MAX_EXACT:
             raise ValueError("the epoch size and the total number of samples must be at most 2**62")
         object.__setattr__(self, "epoch_size", total)
+        if isinstance(self.changes, (str, bytes)) or not isinstance(self.changes, Sequence):
+            raise TypeError(f"changes must be a sequence of (first_epoch, counts), got {self.changes!r}")
+        changes, last = [], 0
+        for i, change in enumerate(self.changes):
+            if isinstance(change, (str, bytes)) or not isinstance(change, Sequence) or len(change) != 2:
+                raise TypeError(f"changes[{i}] must be a pair (first_epoch, counts), got {change!r}")
+            first = check_int(f"changes[{i}] first epoch", change[0], low=last + 1)
+            counts = change[1]
+            if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence):
+                raise TypeError(f"changes[{i}] counts must be a sequence of ints, got {counts!r}")
+            checked = tuple(check_int(f"changes[{i}] counts[{j}]", c, low=1) for j, c in enumerate(counts))
+            if len(checked) != len(self.sizes) or sum(checked) != total:
+                raise ValueError(
+                    f"changes[{i}] counts must be {len(self.sizes)} counts summing to epoch_size={total} (an epoch "
+                    f"keeps its size), got {checked}"
+                )
+            changes.append((first, checked))
+            last = first
+        object.__setattr__(self, "changes", tuple(changes))
 
     @classmethod
     def from_sources(cls, sizes: Sequence[int], sources: Sequence[Source], epoch_size: int | None = None) -> MixPlan:
-        """The plan of ``sources`` with ``sizes`` samples each (see :func:`mix_counts`)."""
-        counts, total = mix_counts(sizes, sources, epoch_size)
-        return cls(tuple(sizes), tuple(counts), total)
+        """The plan of ``sources`` with ``sizes`` samples each, schedules included (see :func:`mix_schedule`)."""
+        counts, total, changes = mix_schedule(sizes, sources, epoch_size)
+        return cls(tuple(sizes), tuple(counts), total, changes)
 
     @classmethod
     def every_sample(cls, sizes: Sequence[int]) -> MixPlan:
@@ -384,24 +589,63 @@ class MixPlan:
         return tuple(Bounds(self.sizes).starts[:-1].tolist())
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict; :meth:`from_dict` makes the same plan of it."""
-        return {"sizes": list(self.sizes), "counts": list(self.counts), "epoch_size": self.epoch_size}
+        """A JSON-able dict; :meth:`from_dict` makes the same plan of it (``changes`` only if any)."""
+        data: dict[str, Any] = {"sizes": list(self.sizes), "counts": list(self.counts), "epoch_size": self.epoch_size}
+        if self.changes:
+            data["changes"] = [[first, list(counts)] for first, counts in self.changes]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MixPlan:
         """The plan that :meth:`to_dict` described; ValueError if keys are missing or unknown."""
         keys = {"sizes", "counts", "epoch_size"}
-        if not isinstance(data, Mapping) or set(data) != keys:
-            raise ValueError(f"a MixPlan dict has exactly the keys {sorted(keys)}, got {data!r}")
-        return cls(tuple(data["sizes"]), tuple(data["counts"]), data["epoch_size"])
+        if not isinstance(data, Mapping) or not keys <= set(data) <= keys | {"changes"}:
+            raise ValueError(f"a MixPlan dict has exactly the keys {sorted(keys)} (and changes), got {data!r}")
+        changes = data.get("changes", ())
+        if isinstance(changes, (str, bytes)) or not isinstance(changes, Sequence):
+            raise TypeError(f"changes must be a list of [first_epoch, counts], got {changes!r}")
+        pairs = tuple((c[0], tuple(c[1])) if isinstance(c, Sequence) and len(c) == 2 else c for c in changes)
+        return cls(tuple(data["sizes"]), tuple(data["counts"]), data["epoch_size"], pairs)
+
+    def counts_at(self, epoch: int) -> tuple[int, ...]:
+        """The counts in force at ``epoch``."""
+        counts = self.counts
+        for first, later in self.changes:
+            if first > epoch:
+                break
+            counts = later
+        return counts
+
+    def stream_starts(self, epoch: int, aug_repeats: int = 1) -> tuple[int, ...]:
+        """Each source's stream position at the start of ``epoch``: the sum of its draws (its counts,
+        with ``aug_repeats=1``) in epochs ``0..epoch-1``. O(changes x sources), exact Python ints."""
+        epoch = check_int("epoch", epoch, low=0)
+        starts = [0] * len(self.sizes)
+        bounds = [(0, self.counts), *self.changes]
+        for (first, counts), (stop, _) in zip(bounds, [*bounds[1:], (epoch, ())]):
+            span = min(stop, epoch) - first
+            if span <= 0:
+                break
+            for s, d in enumerate(mix_draws(counts, aug_repeats)):
+                starts[s] += span * d
+        return tuple(starts)
+
+    def check_draws(self, aug_repeats: int) -> None:
+        """Raise ValueError if a source's count, in any epoch, is too small for one draw of ``aug_repeats``."""
+        for counts in (self.counts, *(c for _, c in self.changes)):
+            mix_draws(counts, aug_repeats)
 
     def source_of(self, samples: npt.ArrayLike, dtype: npt.DTypeLike = np.int64) -> npt.NDArray[np.integer[Any]]:
         """The source of each global sample number (the source ``s`` with ``offset_s <= sample < offset_{s+1}``),
         as ``dtype`` (int64 by default; any integer dtype that holds the source numbers)."""
         return Bounds(self.sizes).part_of(samples, dtype)
 
+    def draws(self, aug_repeats: int = 1, epoch: int = 0) -> tuple[int, ...]:
+        """Each source's draws in ``epoch`` when draws are ``aug_repeats`` positions each (see :func:`mix_draws`)."""
+        return tuple(mix_draws(self.counts_at(epoch), aug_repeats))
+
     def locate(
-        self, seed: int, epoch: int, positions: npt.ArrayLike
+        self, seed: int, epoch: int, positions: npt.ArrayLike, aug_repeats: int = 1
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """The global sample numbers and source ids at ``positions`` of the epoch order.
 
@@ -410,12 +654,16 @@ class MixPlan:
             epoch: an int >= 0.
             positions: ints >= 0, any shape; a position ``p >= T0`` is padding and holds what ``p mod T0``
                 holds (as in :func:`rank_dataset.plan.epoch_order`).
+            aug_repeats: ``k``, the positions of a draw: position ``p`` holds draw ``p // k`` (1: every
+                position is a draw of its own, the order of a mix without repeated augmentation).
 
         Returns:
             ``(samples, source_ids)``: two int64 arrays of the shape of ``positions``.
         """
         check_int("seed", seed)
         check_int("epoch", epoch, low=0)
+        draws = self.draws(aug_repeats, epoch)
+        bases = self.stream_starts(epoch, aug_repeats)
         pos = np.asarray(positions)
         if pos.size and not np.issubdtype(pos.dtype, np.integer):
             raise TypeError(f"positions must be integers, got dtype {pos.dtype}")
@@ -424,46 +672,31 @@ class MixPlan:
             raise ValueError(f"positions must be >= 0, got {int(flat.min())}")
         if flat.size and int(flat.max()) >= self.epoch_size:
             flat %= self.epoch_size
-        slots = permute(self.epoch_size, seed, epoch, flat)
-        slot_bounds = Bounds(self.counts)
+        if aug_repeats > 1:
+            flat //= aug_repeats
+        # Draw slots [0, D) belong to the sources in order (d_0 of source 0, ...); the (seed, epoch)
+        # permutation of the D slots interleaves them.
+        slots = permute(sum(draws), seed, epoch, flat)
+        slot_bounds = Bounds(draws)
         starts = slot_bounds.starts
         ids = slot_bounds.part_of(slots)
         if len(self.sizes) > _FEW_SOURCES:
-            return self._locate_many(seed, epoch, slots, ids, starts).reshape(pos.shape), ids.reshape(pos.shape)
+            return self._locate_many(seed, bases, slots, ids, starts).reshape(pos.shape), ids.reshape(pos.shape)
         samples = np.empty_like(slots)
         offset = 0
-        for s, (n, c) in enumerate(zip(self.sizes, self.counts)):
+        for s, n in enumerate(self.sizes):
             where = np.flatnonzero(ids == s) if len(self.sizes) > 1 else slice(None)
-            # Slot j of source s is its stream position epoch * c + j, i.e. sample t % n of pass
-            # first_pass + t // n, with t = head + j.
-            first_pass, head = divmod(epoch * c, n)
+            # Slot j of source s is its stream position bases[s] + j.
             t = slots[where]
-            t += head - int(starts[s])
-            key = _source_seed(seed, s)
-            spanned = (head + c - 1) // n + 1  # the passes this epoch's slots of s touch
-            if spanned == 1:
-                samples[where] = permute(n, key, first_pass, t) + offset
-            elif spanned <= _FEW_PASSES:  # a few passes: one mask each, cheaper than a sort
-                picked = np.empty_like(t)
-                for p in range(spanned):
-                    group = np.flatnonzero((t >= p * n) & (t < (p + 1) * n))
-                    picked[group] = permute(n, key, first_pass + p, t[group] - p * n)
-                samples[where] = picked + offset
-            elif t.size:
-                passes, k = np.divmod(t, n)
-                order = np.argsort(passes, kind="stable")
-                cuts = np.flatnonzero(np.diff(passes[order])) + 1
-                picked = np.empty_like(k)
-                for group in np.split(order, cuts):
-                    picked[group] = permute(n, key, first_pass + int(passes[group[0]]), k[group])
-                samples[where] = picked + offset
+            t -= int(starts[s])
+            samples[where] = permute_stream(n, _source_seed(seed, s), bases[s], t, stop=draws[s]) + offset
             offset += n
         return samples.reshape(pos.shape), ids.reshape(pos.shape)
 
     def _locate_many(
         self,
         seed: int,
-        epoch: int,
+        bases: Sequence[int],
         slots: npt.NDArray[np.int64],
         ids: npt.NDArray[np.int64],
         starts: npt.NDArray[np.int64],
@@ -473,7 +706,7 @@ class MixPlan:
         a call per source and pass, which would cost a mix of thousands of sources seconds. The grid
         and round keys are computed once per source and pass, a block of positions at a time."""
         sizes = np.asarray(self.sizes, np.int64)
-        heads = [divmod(epoch * c, n) for n, c in zip(self.sizes, self.counts)]
+        heads = [divmod(int(b), n) for n, b in zip(self.sizes, bases)]  # each source's stream start
         first_pass = np.array([f for f, _ in heads], np.int64)
         head = np.array([h for _, h in heads], np.int64)
         keys = np.array([_source_seed(seed, s) for s in range(len(self.sizes))], np.uint64)
@@ -492,10 +725,12 @@ class MixPlan:
             out[a : a + _BLOCK] += offsets[src]
         return out
 
-    def epoch_order(self, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    def epoch_order(
+        self, seed: int, epoch: int, positions: npt.ArrayLike, aug_repeats: int = 1
+    ) -> npt.NDArray[np.int64]:
         """The global sample numbers at ``positions`` (see :meth:`locate`); in the mix, this takes the
-        place of ``rank_dataset.plan.epoch_order(T0, seed, epoch, positions)``."""
-        return self.locate(seed, epoch, positions)[0]
+        place of ``rank_dataset.plan.epoch_order(T0, seed, epoch, positions, aug_repeats)``."""
+        return self.locate(seed, epoch, positions, aug_repeats)[0]
 
 
 def as_sources(value: Any) -> tuple[Source, ...] | None:
@@ -536,9 +771,11 @@ class Mixture:
         parser: the dataset's parser, for the sources that have none of their own.
         is_test: eval mode, which ignores weights: every sample of every source once, in order.
         epoch_size: ``T0`` (None: as :func:`mix_counts` decides).
+        aug_repeats: the copies of each draw (see :func:`mix_draws`); train mode only.
 
     Raises:
-        ValueError: a source with no samples (named), or counts that cannot be met.
+        ValueError: a source with no samples (named), counts that cannot be met (in any epoch of the
+            schedules), or a source whose count holds no draw of ``aug_repeats`` copies (named).
     """
 
     def __init__(
@@ -549,6 +786,7 @@ class Mixture:
         parser: Parser | None,
         is_test: bool,
         epoch_size: int | None,
+        aug_repeats: int = 1,
     ) -> None:
         if len(sizes) != len(sources):
             raise ValueError(f"{len(sources)} sources need as many sizes, got {len(sizes)}")
@@ -558,6 +796,9 @@ class Mixture:
         self.sources = tuple(sources)
         self.is_test = is_test
         self.plan = MixPlan.every_sample(sizes) if is_test else MixPlan.from_sources(sizes, sources, epoch_size)
+        if not is_test:  # a source too small for one draw of k copies, by its name, in any epoch
+            for counts in (self.plan.counts, *(c for _, c in self.plan.changes)):
+                mix_draws(counts, aug_repeats, [s.name for s in sources])
         self._fingerprints = fingerprints
         # None: every source parses with the dataset's parser (so items need not know their source).
         self.parsers: tuple[Parser | None, ...] | None = None
@@ -576,14 +817,20 @@ class Mixture:
         """One fingerprint of every source's files (what a resume state of the mix records)."""
         return combine_fingerprints(self.fingerprints)
 
-    def infos(self) -> tuple[SourceInfo, ...]:
-        """Each source with its numbers (see :class:`SourceInfo`)."""
+    def infos(self, epoch: int = 0, aug_repeats: int = 1) -> tuple[SourceInfo, ...]:
+        """Each source with its numbers in ``epoch`` (see :class:`SourceInfo`): its count and target by
+        the rules in force, and what its stream has given from epoch 0 through ``epoch``."""
         mix = self.plan
-        targets = list(map(float, mix.sizes)) if self.is_test else mix_targets(mix.sizes, self.sources, mix.counts)
+        if self.is_test:
+            counts, targets, taken = mix.sizes, list(map(float, mix.sizes)), mix.sizes
+        else:
+            counts = mix.counts_at(epoch)
+            targets = mix_targets(mix.sizes, self.sources, counts, epoch)
+            taken = mix.stream_starts(epoch + 1, aug_repeats)
         return tuple(
-            SourceInfo(source, n, c, offset, target, fingerprint)
-            for source, n, c, offset, target, fingerprint in zip(
-                self.sources, mix.sizes, mix.counts, mix.offsets, targets, self.fingerprints
+            SourceInfo(source, n, c, offset, target, fingerprint, t)
+            for source, n, c, offset, target, fingerprint, t in zip(
+                self.sources, mix.sizes, counts, mix.offsets, targets, self.fingerprints, taken
             )
         )
 

@@ -18,9 +18,10 @@ import numpy.typing as npt
 
 from rank_dataset._checks import MAX_EXACT
 
-__all__ = ["grid_each", "permute", "permute_each", "permute_keyed", "round_keys_each"]
+__all__ = ["grid_each", "permute", "permute_each", "permute_keyed", "permute_stream", "round_keys_each"]
 
 _ROUNDS = 6
+_FEW_PASSES = 8  # up to this many passes in one request, group positions by masks, not a sort
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _FMIX1 = np.uint32(0x85EBCA6B)
@@ -145,6 +146,57 @@ def _permute(
         # Walk the cells that fell outside [0, n) again until they land inside.
         hi = (out[todo] >> col_bits).astype(np.uint32)
         lo = (out[todo] & ((1 << col_bits) - 1)).astype(np.uint32)
+
+
+def permute_stream(
+    n: int, seed: int, start: int, offsets: npt.ArrayLike, stop: int | None = None
+) -> npt.NDArray[np.int64]:
+    """The samples at positions ``start + offsets`` of the endless stream of passes over ``[0, n)``.
+
+    Pass ``j`` of the stream is the permutation ``permute(n, seed, j, .)``, so stream position ``t``
+    holds ``permute(n, seed, t // n, t % n)``: no sample repeats before all ``n`` have appeared, and
+    the first ``t`` positions hold each sample ``floor`` or ``ceil`` of ``t / n`` times. Costs
+    O(len(offsets)) whatever ``start`` is.
+
+    Args:
+        n: the number of samples, at least 1 (at most 2**62).
+        seed: any integer; the key of the stream.
+        start: an int >= 0, the stream position of offset 0 (any size: a Python int).
+        offsets: ints >= 0 (below 2**62), of any shape.
+        stop: if given, a bound the caller knows: every offset is in ``[0, stop)`` (not checked; it
+            spares two passes over ``offsets``, as a plan asks for slots of a known range).
+
+    Example:
+        >>> permute_stream(5, 0, 3, [0, 1, 2]).tolist() == [*permute(5, 0, 0, [3, 4]), *permute(5, 0, 1, [0])]
+        True
+    """
+    first_pass, head = divmod(int(start), n)
+    t = np.asarray(offsets, dtype=np.int64)
+    if not t.size:
+        return np.zeros(t.shape, np.int64)
+    if stop is None:
+        if int(t.min()) < 0:
+            raise ValueError(f"stream offsets must be >= 0, got {int(t.min())}")
+        low, high = (int(t.min()) + head) // n, (int(t.max()) + head) // n
+    else:
+        low, high = head // n, (head + max(stop, 1) - 1) // n
+    if head:
+        t = t + head
+    if low == high:
+        return permute(n, seed, first_pass + low, t - low * n if low else t)
+    out = np.empty_like(t)
+    if high - low < _FEW_PASSES:  # a few passes: one mask each, cheaper than a sort
+        for j in range(low, high + 1):
+            mask = (t >= j * n) & (t < (j + 1) * n)
+            out[mask] = permute(n, seed, first_pass + j, t[mask] - j * n)
+        return out
+    passes, within = np.divmod(t.reshape(-1), n)
+    order = np.argsort(passes, kind="stable")
+    cuts = np.flatnonzero(np.diff(passes[order])) + 1
+    flat = out.reshape(-1)
+    for group in np.split(order, cuts):
+        flat[group] = permute(n, seed, first_pass + int(passes[group[0]]), within[group])
+    return out
 
 
 def _splitmix64_array(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:

@@ -8,9 +8,17 @@ positions ``[m*R*W, (m+1)*R*W)`` and rank ``r`` takes ``m*R*W + r + k*W`` for ``
 Layout (eval): no shuffle, no padding; rank ``r`` takes one contiguous ascending block, block sizes
 differing by at most one, the blocks in rank order being ``0..N-1``.
 
+Repeated augmentation (``aug_repeats = k``): position ``p`` holds draw ``p // k``, so an epoch of ``N``
+positions holds ``D = ceil(N / k)`` draws, the last one cut short if ``k`` does not divide ``N``. The
+draws of epoch ``e`` are positions ``[e*D, (e+1)*D)`` of the file's endless stream of passes (pass ``j``
+the permutation of ``(seed, j)``), so ``k`` consecutive epochs draw every sample once. With ``k = 1``
+the stream position of ``p`` is ``e*N + p``, pass ``e``: the order above. As ``k`` divides
+``R * W`` whenever it divides ``W``, the ``k`` copies of a draw then sit on ``k`` consecutive ranks at
+the same position of their shards.
+
 A mix of several sources (:class:`~rank_dataset.mix.MixPlan`) changes only what a position holds: the
 layout is the same over its ``T0`` positions, and position ``p`` holds ``mix.epoch_order(seed, epoch, p)``
-instead of ``P[p mod N]``.
+instead of ``P[p mod N]`` (``mix.epoch_order(seed, epoch, p, k)`` with repeated augmentation).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import numpy.typing as npt
 
 from rank_dataset._checks import MAX_EXACT, check_at_most, check_int
 from rank_dataset.mix import MixPlan
-from rank_dataset.permutation import permute
+from rank_dataset.permutation import permute, permute_stream
 
 __all__ = [
     "MAX_WORLD_SIZE",
@@ -127,6 +135,8 @@ class ShardSpec:
             then holds ``mix.epoch_order(seed, epoch, p)``, a global sample number in
             ``[0, mix.num_samples)``; in eval mode the mix must take every sample once (as
             RankDataset builds it), so an eval shard is again a contiguous block of them.
+        aug_repeats: ``k``, repeated augmentation: each draw occupies ``k`` consecutive positions of
+            the epoch order (an int >= 1; 1: none). Train layout only.
 
     Examples:
         >>> ShardSpec(num_samples=10, world_size=2, rank=1, seed=3).indices().shape
@@ -143,6 +153,7 @@ class ShardSpec:
     epoch: int = 0
     resume: ResumePoint | None = None
     mix: MixPlan | None = None
+    aug_repeats: int = 1
 
     def __post_init__(self) -> None:
         check_at_most("num_samples", check_int("num_samples", self.num_samples, low=1), MAX_EXACT - 1)
@@ -154,6 +165,12 @@ class ShardSpec:
         check_int("epoch", self.epoch, low=0)
         if not isinstance(self.is_test, bool):
             raise TypeError(f"is_test must be a bool, got {self.is_test!r}")
+        check_at_most("aug_repeats", check_int("aug_repeats", self.aug_repeats, low=1), MAX_EXACT - 1)
+        if self.is_test and self.aug_repeats != 1:
+            raise ValueError(
+                f"aug_repeats={self.aug_repeats} repeats training draws; eval mode (is_test=True) reads every "
+                "sample once: use aug_repeats=1"
+            )
         if self.mix is not None:
             if not isinstance(self.mix, MixPlan):
                 raise TypeError(f"mix must be a MixPlan or None, got {type(self.mix).__name__}")
@@ -164,6 +181,7 @@ class ShardSpec:
                 )
             if self.is_test and self.mix.counts != self.mix.sizes:
                 raise ValueError("an eval mix (is_test=True) takes every sample of every source once: counts == sizes")
+            self.mix.check_draws(self.aug_repeats)  # a source's count too small for a draw of k copies
         if self.plan_width * self.mini_epoch >= MAX_EXACT:
             raise ValueError(
                 f"mini_epoch={self.mini_epoch} is too large for {self.num_samples} samples on {self.world_size} ranks: "
@@ -230,8 +248,8 @@ class ShardSpec:
         if self.is_test:
             return positions
         if self.mix is not None:
-            return self.mix.epoch_order(self.seed, self.epoch, positions)
-        return epoch_order(self.num_samples, self.seed, self.epoch, positions)
+            return self.mix.epoch_order(self.seed, self.epoch, positions, self.aug_repeats)
+        return epoch_order(self.num_samples, self.seed, self.epoch, positions, self.aug_repeats)
 
     def consumed_positions(self, consumed: int) -> int:
         """Positions of this mini-epoch consumed once every rank has read ``consumed`` samples of its
@@ -243,8 +261,23 @@ class ShardSpec:
         return base + min(consumed * self.world_size, stop - start)
 
 
-def epoch_order(num_samples: int, seed: int, epoch: int, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """The samples at ``positions`` of the epoch order (``P`` extended by wrapping past ``N``)."""
+def epoch_order(
+    num_samples: int, seed: int, epoch: int, positions: npt.NDArray[np.int64], aug_repeats: int = 1
+) -> npt.NDArray[np.int64]:
+    """The samples at ``positions`` of the epoch order (extended by wrapping past ``N``).
+
+    With ``aug_repeats = k > 1``, position ``p`` holds draw ``p // k``, and the ``D = ceil(N / k)``
+    draws of epoch ``e`` are positions ``[e*D, (e+1)*D)`` of the stream whose pass ``j`` is the
+    permutation of ``(seed, j)`` (see :func:`~rank_dataset.permutation.permute_stream`); with
+    ``k = 1`` that is ``P[p mod N]``, ``P`` the permutation of ``(seed, epoch)``.
+
+    Example:
+        >>> epoch_order(10, 0, 0, np.arange(4), aug_repeats=2).tolist() == [*np.repeat(permute(10, 0, 0, [0, 1]), 2)]
+        True
+    """
     if positions.size and int(positions.max()) >= num_samples:
         positions = positions % num_samples
-    return permute(num_samples, seed, epoch, positions)
+    if aug_repeats == 1:
+        return permute(num_samples, seed, epoch, positions)
+    draws = -(-num_samples // aug_repeats)
+    return permute_stream(num_samples, seed, epoch * draws, positions // aug_repeats, stop=draws)

@@ -6,7 +6,8 @@
 - Names: a served file is named by its file name (no directory); a server refuses to start on two
   files of one name. A ``/shard`` query for a mix names each source's files (``mix_files``, JSON),
   with the sample counts the client expects of them (``mix_sizes``) and what an epoch takes of each
-  (``mix_counts``), so that the server computes exactly the client's plan.
+  (``mix_counts``; with schedules, the counts from later epochs on in ``mix_changes``, JSON), so
+  that the server computes exactly the client's plan.
 - Auth: ``Authorization: Bearer <token>`` on every path but ``/healthz``.
 - Pinning: a client sends the fingerprint of the files it started with in ``X-Rank-Dataset-Fingerprint``;
   a server on other files answers 409 (kind ``files``).
@@ -172,6 +173,8 @@ def spec_to_query(spec: ShardSpec, source_files: Sequence[Sequence[str]] | None 
     of each source's served files."""
     fields = spec.to_dict()
     resume, mix = fields.pop("resume"), fields.pop("mix")
+    if fields["aug_repeats"] == 1:  # the default: a query without repeated augmentation is as before
+        del fields["aug_repeats"]
     query = {name: _encode(value) for name, value in fields.items()}
     if resume is not None:
         query.update({q: str(resume[f]) for f, q in _RESUME.items()})
@@ -181,6 +184,8 @@ def spec_to_query(spec: ShardSpec, source_files: Sequence[Sequence[str]] | None 
         query["mix_files"] = json.dumps([list(names) for names in source_files], separators=(",", ":"))
         query["mix_sizes"] = ",".join(map(str, mix["sizes"]))
         query["mix_counts"] = ",".join(map(str, mix["counts"]))
+        if "changes" in mix:
+            query["mix_changes"] = json.dumps(mix["changes"], separators=(",", ":"))
     return query
 
 
@@ -207,7 +212,7 @@ def shard_request_from_query(
     resume: dict[str, int] = {}
     resume_params = {q: f for f, q in _RESUME.items()}
     for name, raw in query.items():
-        if name in _MIX:
+        if name in _MIX or name == "mix_changes":
             continue
         if name == "num_samples":
             if parse_int(name, raw) == layout:
@@ -220,7 +225,7 @@ def shard_request_from_query(
         elif name in _SPEC_FIELDS:
             values[name] = _parse_bool(name, raw) if _SPEC_FIELDS[name].type in ("bool", bool) else parse_int(name, raw)
         else:
-            valid = ", ".join([*_SPEC_FIELDS, *resume_params, "num_samples", *_MIX])
+            valid = ", ".join([*_SPEC_FIELDS, *resume_params, "num_samples", *_MIX, "mix_changes"])
             raise ValueError(f"unknown shard parameter {name!r}; valid parameters are {valid}")
     for required in ("world_size", "rank"):
         if required not in values:
@@ -238,6 +243,8 @@ def _mix_from_query(
 ) -> tuple[MixPlan | None, list[list[str]] | None]:
     given = [name for name in _MIX if name in query]
     if not given:
+        if "mix_changes" in query:
+            raise ValueError("mix_changes comes with the mix parameters: mix_files, mix_sizes and mix_counts missing")
         return None, None
     if len(given) != len(_MIX):
         missing = [name for name in _MIX if name not in query]
@@ -268,7 +275,21 @@ def _mix_from_query(
         held = sum(files[name] for name in names)
         if held != size:
             raise FilesMismatch(f"source {i} ({', '.join(names)}) was expected to hold {size} samples, it holds {held}")
-    return MixPlan(tuple(sizes), tuple(counts), sum(counts)), source_files
+    changes: Any = ()
+    if "mix_changes" in query:
+        try:
+            changes = json.loads(query["mix_changes"])
+        except ValueError:
+            changes = None
+        if not (isinstance(changes, list) and all(isinstance(c, list) and len(c) == 2 for c in changes)):
+            raise ValueError(
+                f"mix_changes must be a JSON list of [first_epoch, [counts]], got {query['mix_changes']!r}"
+            )
+        changes = tuple((first, tuple(c) if isinstance(c, list) else c) for first, c in changes)
+    try:
+        return MixPlan(tuple(sizes), tuple(counts), sum(counts), changes), source_files
+    except TypeError as exc:  # a malformed value in mix_changes: the client's mistake, not the server's
+        raise ValueError(str(exc)) from None
 
 
 def _encode(value: Any) -> str:

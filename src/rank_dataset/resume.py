@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rank_dataset._checks import MAX_EXACT, check_at_most, check_int
-from rank_dataset.mix import Mixture
+from rank_dataset.mix import MixPlan, Mixture
 from rank_dataset.plan import MAX_WORLD_SIZE, ResumePoint, ShardSpec, mini_epoch_width
 
 __all__ = ["STATE_VERSION", "MixRecord", "ResumeState", "SourceRecord", "find_state"]
@@ -53,18 +53,21 @@ class MixRecord:
 
     Args:
         epoch_size: ``T0 = sum(count)``.
-        sources: one :class:`SourceRecord` per source (at least one).
+        sources: one :class:`SourceRecord` per source (at least one); ``count`` is of epoch 0.
+        changes: the counts that the sources' schedules set from later epochs on, as
+            :attr:`~rank_dataset.mix.MixPlan.changes` (empty: none; no ``changes`` key in the dict).
     """
 
     epoch_size: int
     sources: tuple[SourceRecord, ...]
+    changes: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @classmethod
     def of(cls, mixture: Mixture) -> MixRecord:
         """The record of a dataset's mixture."""
         plan = mixture.plan
         records = zip(mixture.sources, plan.sizes, mixture.fingerprints, plan.counts)
-        return cls(plan.epoch_size, tuple(SourceRecord(s.name, n, f, c) for s, n, f, c in records))
+        return cls(plan.epoch_size, tuple(SourceRecord(s.name, n, f, c) for s, n, f, c in records), plan.changes)
 
     def __post_init__(self) -> None:
         if not isinstance(self.sources, tuple) or not self.sources:
@@ -76,14 +79,29 @@ class MixRecord:
         if total != sum(s.count for s in self.sources):
             counts = sum(s.count for s in self.sources)
             raise ValueError(f"mix epoch_size must be the sum of the counts, {counts}, got {total}")
+        # The changes are checked (and normalised to tuples) as a plan's are.
+        object.__setattr__(self, "changes", self.plan.changes)
+
+    @property
+    def plan(self) -> MixPlan:
+        """The mix's plan: what fixes which samples each epoch takes."""
+        sizes = tuple(s.num_samples for s in self.sources)
+        return MixPlan(sizes, tuple(s.count for s in self.sources), self.epoch_size, self.changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"epoch_size": self.epoch_size, "sources": [dataclasses.asdict(s) for s in self.sources]}
+        data = {"epoch_size": self.epoch_size, "sources": [dataclasses.asdict(s) for s in self.sources]}
+        if self.changes:
+            data["changes"] = [[first, list(counts)] for first, counts in self.changes]
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> MixRecord:
-        if not isinstance(data, Mapping) or set(data) != {"epoch_size", "sources"}:
-            raise ValueError(f"mix must be a dict with the keys epoch_size and sources, got {data!r}")
+        if not isinstance(data, Mapping) or not {"epoch_size", "sources"} <= set(data) <= {
+            "epoch_size",
+            "sources",
+            "changes",
+        }:
+            raise ValueError(f"mix must be a dict with the keys epoch_size and sources (and changes), got {data!r}")
         sources = data["sources"]
         if not isinstance(sources, Sequence) or isinstance(sources, (str, bytes)):
             raise TypeError(f"mix sources must be a list, got {sources!r}")
@@ -93,11 +111,20 @@ class MixRecord:
             if not isinstance(source, Mapping) or set(source) != keys:
                 raise ValueError(f"mix source {i} must be a dict with the keys {sorted(keys)}, got {source!r}")
             records.append(SourceRecord(**source))
-        return cls(data["epoch_size"], tuple(records))
+        changes = data.get("changes", ())
+        if isinstance(changes, (str, bytes)) or not isinstance(changes, Sequence):
+            raise TypeError(f"mix changes must be a list of [first_epoch, counts], got {changes!r}")
+        pairs = tuple((c[0], tuple(c[1])) if isinstance(c, Sequence) and len(c) == 2 else c for c in changes)
+        return cls(data["epoch_size"], tuple(records), pairs)
 
-    def check(self, other: MixRecord | None) -> None:
+    def counts_up_to(self, epoch: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """The counts in force from epoch 0 up to ``epoch``: ``((first_epoch, counts), ...)``."""
+        return ((0, self.plan.counts), *((e, c) for e, c in self.changes if e <= epoch))
+
+    def check(self, other: MixRecord | None, epoch: int = 0) -> None:
         """Raise ValueError, naming the source that differs, unless ``other`` (a dataset's mix) is
-        this mix; source names may differ."""
+        this mix up to ``epoch`` (the state's): the same files, and the same counts in every epoch up
+        to it. Schedules may differ after it (the dataset's then takes over); source names may differ."""
         if other is None:
             names = ", ".join(repr(s.name) for s in self.sources)
             raise ValueError(
@@ -108,15 +135,28 @@ class MixRecord:
             raise ValueError(
                 f"the resume state is for a mix of {len(self.sources)} sources, this dataset mixes {len(other.sources)}"
             )
+
+        def named(i: int) -> str:
+            mine, theirs = self.sources[i], other.sources[i]
+            return f"source {i} {theirs.name!r}" + ("" if mine.name == theirs.name else f" (the state's {mine.name!r})")
+
         for i, (mine, theirs) in enumerate(zip(self.sources, other.sources)):
-            for field, what in [("num_samples", "samples"), ("fingerprint", "fingerprint"), ("count", "count")]:
+            for field, what in [("num_samples", "samples"), ("fingerprint", "fingerprint")]:
                 a, b = getattr(mine, field), getattr(theirs, field)
                 if a != b and not (field == "fingerprint" and (a is None or b is None)):
-                    state_name = "" if mine.name == theirs.name else f" (the state's {mine.name!r})"
                     raise ValueError(
-                        f"the resume state is for another mix: source {i} {theirs.name!r}{state_name} has {what} {b}, "
-                        f"the state's has {a}"
+                        f"the resume state is for another mix: {named(i)} has {what} {b}, the state's has {a}"
                     )
+        mine_plan, their_plan = self.plan, other.plan
+        firsts = sorted({first for first, _ in (*self.counts_up_to(epoch), *other.counts_up_to(epoch))})
+        for first in firsts:
+            a, b = mine_plan.counts_at(first), their_plan.counts_at(first)
+            differ = [f"{named(i)} has count {b[i]}, the state's has {a[i]}" for i in range(len(a)) if a[i] != b[i]]
+            if differ:
+                raise ValueError(
+                    f"the resume state is for another mix: {'; '.join(differ)}, at epoch {first} (a schedule may "
+                    f"change only after the state's epoch {epoch}, the one it resumes)"
+                )
         if self.epoch_size != other.epoch_size:  # pragma: no cover - equal counts give equal sums
             raise ValueError(f"the resume state is for epoch_size {self.epoch_size}, this mix has {other.epoch_size}")
 
@@ -138,6 +178,8 @@ class ResumeState:
         world_size: the world size the state was taken on.
         consumed: samples consumed per rank (what a sampler on the same world size skips).
         mix: for a mix of sources, the mix (None: plain meta files, and no ``mix`` key in the dict).
+        aug_repeats: the plan's repeated augmentation ``k`` (a state without it is for ``k = 1``): it
+            fixes which sample each position holds, so a state loads only into a plan of the same ``k``.
     """
 
     num_samples: int
@@ -151,6 +193,7 @@ class ResumeState:
     world_size: int | None = None
     consumed: int | None = None
     mix: MixRecord | None = None
+    aug_repeats: int = 1
 
     def __post_init__(self) -> None:
         check_int("num_samples", self.num_samples, low=1, high=MAX_EXACT)
@@ -172,6 +215,7 @@ class ResumeState:
             check_int("world_size", self.world_size, low=1)
         if self.consumed is not None:
             check_int("consumed", self.consumed, low=0, high=MAX_EXACT)
+        check_int("aug_repeats", self.aug_repeats, low=1, high=MAX_EXACT)
         if self.mix is not None:
             if not isinstance(self.mix, MixRecord):
                 raise TypeError(f"mix must be a MixRecord or None, got {self.mix!r}")
@@ -201,11 +245,23 @@ class ResumeState:
             world_size=spec.world_size,
             consumed=consumed,
             mix=mix,
+            aug_repeats=spec.aug_repeats,
         )
 
     def apply(self, spec: ShardSpec) -> ShardSpec:
         """``spec`` (a rank's, on any world size) moved to its share of what was left of the
-        interrupted mini-epoch."""
+        interrupted mini-epoch.
+
+        Raises:
+            ValueError: ``spec`` has another ``aug_repeats`` than the state (the positions would hold
+                other samples).
+        """
+        if spec.aug_repeats != self.aug_repeats:
+            raise ValueError(
+                f"the resume state is for aug_repeats={self.aug_repeats}, this dataset has aug_repeats="
+                f"{spec.aug_repeats}: its positions would hold other samples; resume with "
+                f"reload_cfg['aug_repeats']={self.aug_repeats}"
+            )
         return dataclasses.replace(
             spec,
             mini_epoch=self.mini_epoch,
@@ -219,7 +275,7 @@ class ResumeState:
         """Raise ValueError unless the state is for files with this count and fingerprint, and for
         this mix (None: plain files); a mix that differs is named by its first differing source."""
         if self.mix is not None:
-            self.mix.check(mix)
+            self.mix.check(mix, self.epoch)
         elif mix is not None:
             raise ValueError(
                 f"the resume state is for plain meta files, but this dataset mixes {len(mix.sources)} sources"
@@ -236,8 +292,10 @@ class ResumeState:
 
     def same_shard(self, other: ResumeState) -> bool:
         """Whether both states are points within the same mini-epoch of the same plan and files."""
-        keys = ("num_samples", "fingerprint", "seed", "epoch", "mini_epoch", "mini_epoch_idx")
-        return all(getattr(self, k) == getattr(other, k) for k in keys) and _mix_key(self.mix) == _mix_key(other.mix)
+        keys = ("num_samples", "fingerprint", "seed", "epoch", "mini_epoch", "mini_epoch_idx", "aug_repeats")
+        return all(getattr(self, k) == getattr(other, k) for k in keys) and _mix_key(self.mix, self.epoch) == _mix_key(
+            other.mix, other.epoch
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The state as a JSON-serialisable dict, with its format version (and ``mix`` only for a mix)."""
@@ -274,11 +332,11 @@ class ResumeState:
             raise type(exc)(f"invalid resume state: {exc}") from None
 
 
-def _mix_key(mix: MixRecord | None) -> tuple[Any, ...] | None:
-    """What identifies a mix: its sources' numbers, not their names."""
+def _mix_key(mix: MixRecord | None, epoch: int) -> tuple[Any, ...] | None:
+    """What identifies a mix up to ``epoch``: its sources' numbers (not their names) and its counts."""
     if mix is None:
         return None
-    return (mix.epoch_size, *((s.num_samples, s.fingerprint, s.count) for s in mix.sources))
+    return (mix.epoch_size, *((s.num_samples, s.fingerprint) for s in mix.sources), mix.counts_up_to(epoch))
 
 
 def find_state(node: Any) -> dict[str, Any] | None:

@@ -59,9 +59,9 @@ class RandomSampler(Sampler[int]):
         return rng.permutation(np.arange(len(self.data_source), dtype=dtype))
 
     def __iter__(self) -> Iterator[int]:
-        with pass_of(self.data_source):
+        n = len(self.data_source)
+        with pass_of(self.data_source, draws=n):
             # int32 where it fits: the order lives as long as the pass, in the training process.
-            n = len(self.data_source)
             order = self._permutation(np.int32 if n < 1 << 31 else np.int64)
             for lo in range(0, order.size, _CHUNK):
                 yield from order[lo : lo + _CHUNK].tolist()
@@ -103,8 +103,8 @@ class ResumableSampler(Sampler[int]):
         self._yielded = 0
 
     def __iter__(self) -> Iterator[int]:
-        with pass_of(self.data_source):
-            start, self._next = self._next, 0
+        start, self._next = self._next, 0
+        with pass_of(self.data_source, draws=max(0, len(self.data_source) - start)):
             self._yielded = start
             for i in range(start, len(self.data_source)):
                 self._yielded = i + 1

@@ -8,6 +8,10 @@ from rank_dataset._checks import check_int
 
 __all__ = ["get_rank_world_size"]
 
+# Environment variables naming (rank, world size), in the order they are consulted: torchrun's (and
+# every launcher that imitates it), then SLURM's, for jobs started by ``srun python train.py``.
+_ENV_PAIRS = (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
+
 
 def _from_process_group() -> tuple[int, int] | None:
     try:
@@ -19,24 +23,27 @@ def _from_process_group() -> tuple[int, int] | None:
     return None
 
 
-def _from_env() -> tuple[int, int] | None:
-    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+def _from_env(rank_var: str, world_var: str) -> tuple[int, int] | None:
+    rank, world = os.environ.get(rank_var), os.environ.get(world_var)
     if rank is None or world is None:
         return None
     try:
         return int(rank), int(world)
     except ValueError:
-        raise ValueError(f"RANK={rank!r} and WORLD_SIZE={world!r} must be integers") from None
+        raise ValueError(f"{rank_var}={rank!r} and {world_var}={world!r} must be integers") from None
 
 
 def get_rank_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """``(rank, world_size)``: the explicit arguments, else an initialised torch.distributed process
-    group, else the RANK and WORLD_SIZE environment variables, else ``(0, 1)``.
+    group, else the ``RANK`` and ``WORLD_SIZE`` environment variables (torchrun), else
+    ``SLURM_PROCID`` and ``SLURM_NTASKS`` (``srun``), else ``(0, 1)``.
 
-    An argument left as None is taken from the first source that has it.
+    An argument left as None is taken from the first source that has it. An environment source
+    counts only when both of its variables are set.
 
     Raises:
-        ValueError: world_size < 1, or rank outside [0, world_size).
+        ValueError: world_size < 1, rank outside [0, world_size), or a variable that is not an integer
+            (the message names it).
 
     Examples:
         >>> get_rank_world_size(rank=2, world_size=4)
@@ -44,7 +51,10 @@ def get_rank_world_size(rank: int | None = None, world_size: int | None = None) 
     """
     found = None
     if rank is None or world_size is None:
-        found = _from_process_group() or _from_env() or (0, 1)
+        found = _from_process_group()
+        for rank_var, world_var in _ENV_PAIRS:
+            found = found or _from_env(rank_var, world_var)
+        found = found or (0, 1)
     r = rank if rank is not None else found[0]  # type: ignore[index]
     w = world_size if world_size is not None else found[1]  # type: ignore[index]
     check_int("world_size", w, low=1)

@@ -143,11 +143,14 @@ def run_demo(
     baseline: bool = True,
     batch_size: int = 256,
     mix: bool = False,
+    schedule: bool = False,
 ) -> list[DemoResult]:
     """Run the demo and return one DemoResult per loader (rank_dataset or server, then naive).
 
     With ``mix``, the data is three synthetic sources of ``lines`` samples in all, mixed into epochs
-    of ``lines`` samples (no naive baseline: it cannot mix).
+    of ``lines`` samples (no naive baseline: it cannot mix). With ``schedule`` too, the mix changes
+    from epoch 1 on (``books.txt`` goes from ``repeat=0.5`` to ``repeat=1``; ``web.txt``, weighted,
+    takes up the change).
 
     Raises:
         DemoError: a rank failed (the message names it and why), or an epoch was not covered.
@@ -164,6 +167,8 @@ def run_demo(
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     if mix and meta_file is not None:
         raise ValueError("the mix demo writes its own three sources: give --mix or --meta-file, not both")
+    if schedule and not mix:
+        raise ValueError("--schedule changes the mix demo's rules from epoch 1 on: give it with --mix")
     if mix and lines < 10:
         raise ValueError(f"the mix demo needs lines >= 10, got {lines}")
     with tempfile.TemporaryDirectory(prefix="rank_dataset_demo_") as tmp:
@@ -171,7 +176,7 @@ def run_demo(
         mix_cfg: dict[str, Any] = {}
         served: Path | list[str]
         if mix:
-            paths, rules = write_mix(work, lines)
+            paths, rules = write_mix(work, lines, schedule)
             sources = [{"path": str(p), "name": p.name, **rule} for p, rule in zip(paths, rules)]
             mix_cfg = {"mix": sources, "epoch_size": lines}
             served = [str(p) for p in paths]
@@ -256,9 +261,15 @@ def _memory_cells(result: DemoResult, naive: int | None, is_naive: bool) -> str:
 
 
 def _mix_table(mix: dict[str, Any]) -> list[str]:
-    """Each source's share of the epoch, read, next to the share its rule asks for."""
+    """Each source's share of the epoch, read, next to the share its rule asks for (with a schedule,
+    the planned counts and targets of each epoch, joined by arrows where they change)."""
     total = mix["epoch_size"]
     epochs = range(len(mix["read"]))
+
+    def per_epoch(values: list[Any], shown: Any) -> str:
+        texts = [shown(v) for v in values]
+        return texts[0] if len(set(texts)) == 1 else " -> ".join(texts)
+
     rows = [
         f"mix of {len(mix['names'])} sources, epochs of {total:,} samples (shares: of the epoch; read: over all ranks,"
         " padding left out)",
@@ -271,10 +282,13 @@ def _mix_table(mix: dict[str, Any]) -> list[str]:
     ]
     for s, name in enumerate(mix["names"]):
         read = [mix["read"][e][s] for e in epochs]
+        targets = [mix["targets"][e][s] for e in epochs]
+        planned = per_epoch([mix["planned"][e][s] for e in epochs], lambda v: f"{v:,}")
         rows.append(
-            f"| {name} | {mix['sizes'][s]:,} | {mix['rules'][s]} | {mix['targets'][s]:,.1f} | {mix['counts'][s]:,} | "
+            f"| {name} | {mix['sizes'][s]:,} | {mix['rules'][s]} | {per_epoch(targets, lambda v: f'{v:,.1f}')} | "
+            f"{planned} | "
             + " | ".join(f"{r:,}" for r in read)
-            + f" | {mix['targets'][s] / total:.2%} | "
+            + f" | {per_epoch(targets, lambda v: f'{v / total:.2%}')} | "
             + " | ".join(f"{r / total:.2%}" for r in read)
             + " |"
         )

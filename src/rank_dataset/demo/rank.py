@@ -134,46 +134,59 @@ def _baseline_memory(cfg: dict[str, Any], samples: int) -> list[tuple[int, int]]
 
 
 def _sources(cfg: dict[str, Any], served: bool) -> list[Source]:
-    """The mix's Sources: by path, or for a meta server by the served file's name."""
+    """The mix's Sources: by path, or for a meta server by the served file's name. A schedule's
+    epochs come back from the JSON config as strings."""
+
+    def rule(value: Any) -> Any:
+        return {int(e): v for e, v in value.items()} if isinstance(value, dict) else value
+
     return [
-        Source(s["name"] if served else s["path"], **{k: v for k, v in s.items() if k not in ("path", "name")})
+        Source(s["name"] if served else s["path"], **{k: rule(v) for k, v in s.items() if k not in ("path", "name")})
         for s in cfg["mix"]
     ]
 
 
 def _rule(source: Source) -> str:
-    if source.weight is not None:
-        return f"weight={source.weight:g}"
-    if source.choose is not None:
-        return f"choose={source.choose:,}"
-    return f"repeat={source.repeat:g}"
+    """The source's rule as the table shows it: ``weight=1``, ``choose=600``, ``repeat={0: 0.5, 1: 1}``."""
+    value = getattr(source, source.kind)
+
+    def shown(v: float) -> str:
+        return f"{int(v):,}" if source.kind == "choose" else f"{v:g}"
+
+    if isinstance(value, dict):
+        return f"{source.kind}={{" + ", ".join(f"{e}: {shown(v)}" for e, v in value.items()) + "}"
+    return f"{source.kind}={shown(value)}"
 
 
 class _MixCheck:
-    """Rank 0's check of a mix: exact per-source counts each epoch, cumulative floor/ceil per sample."""
+    """Rank 0's check of a mix: exact per-source counts each epoch (by the schedules in force), and
+    each sample read floor or ceil of its source's samples taken so far over its size."""
 
     def __init__(self, dataset: ShardedDataset) -> None:
         mix, infos = dataset.spec.mix, dataset.sources
         assert mix is not None and infos is not None
         self.mix, self.names = mix, [s.name for s in infos]
         self.rules = [_rule(s.source) for s in infos]
-        self.targets = [s.target for s in infos]
         self.taken = np.zeros(mix.num_samples, np.uint16)  # times each sample was read so far
         self.read: list[list[int]] = []
-        self.epochs = 0
+        self.planned: list[list[int]] = []
+        self.targets: list[list[float]] = []
 
-    def epoch(self, samples: np.ndarray) -> tuple[bool, str]:
-        self.epochs += 1
+    def epoch(self, samples: np.ndarray, dataset: ShardedDataset) -> tuple[bool, str]:
+        infos = dataset.sources
+        assert infos is not None
         counts = np.bincount(self.mix.source_of(samples), minlength=len(self.names)).tolist()
         self.read.append(counts)
+        self.planned.append([s.count for s in infos])
+        self.targets.append([s.target for s in infos])
         np.add.at(self.taken, samples, 1)
         ok, parts = True, []
-        for s, (name, n, c, offset) in enumerate(zip(self.names, self.mix.sizes, self.mix.counts, self.mix.offsets)):
-            taken = self.taken[offset : offset + n]
-            low = self.epochs * c // n
-            even = int(taken.min()) >= low and int(taken.max()) <= low + (self.epochs * c % n > 0)
-            ok &= counts[s] == c and even
-            parts.append(f"{name} {counts[s]} of {c}{'' if even else ' (UNEVEN over the epochs)'}")
+        for s, info in enumerate(infos):
+            taken = self.taken[info.offset : info.offset + info.num_samples]
+            low = info.taken // info.num_samples  # the stream continues across schedule changes
+            even = int(taken.min()) >= low and int(taken.max()) <= low + (info.taken % info.num_samples > 0)
+            ok &= counts[s] == info.count and even
+            parts.append(f"{info.name} {counts[s]} of {info.count}{'' if even else ' (UNEVEN over the epochs)'}")
         return ok, ", ".join(parts)
 
     def report(self) -> dict[str, Any]:
@@ -181,7 +194,7 @@ class _MixCheck:
             "names": self.names,
             "rules": self.rules,
             "sizes": list(self.mix.sizes),
-            "counts": list(self.mix.counts),
+            "planned": self.planned,
             "targets": self.targets,
             "epoch_size": self.mix.epoch_size,
             "read": self.read,
@@ -248,7 +261,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         if rank == 0 and mix_check is not None:
             everything = np.concatenate([g["seen"] for g in gathered])
             equal = len({tuple(g["lengths"]) for g in gathered}) == 1
-            ok, message = mix_check.epoch(everything)
+            assert isinstance(dataset, ShardedDataset)  # a mix check exists only for one
+            ok, message = mix_check.epoch(everything, dataset)
             covered &= ok and equal
             messages.append(f"epoch {epoch}: {message}{'' if equal else ', UNEQUAL per-rank lengths'}")
         elif rank == 0:

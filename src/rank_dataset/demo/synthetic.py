@@ -36,17 +36,23 @@ def write_imagenet_meta(path: Path, n: int, chunk: int = 200_000, *, first: int 
 #: ``--lines``: ``code`` is up-sampled (choose twice its size), ``books`` down-sampled (repeat 0.5),
 #: and ``web`` (weight) fills the rest of the epoch, a little more than once through.
 MIX = (("web.txt", 0.6, {"weight": 1.0}), ("books.txt", 0.3, {"repeat": 0.5}), ("code.txt", 0.1, {"choose": 0.2}))
+#: ``--mix --schedule``: from epoch 1 on, all of the books each epoch (``web`` takes up the change).
+SCHEDULE = {"books.txt": {"repeat": {0: 0.5, 1: 1.0}}}
 
 
-def write_mix(directory: Path, lines: int) -> tuple[list[Path], list[dict[str, float]]]:
+def write_mix(
+    directory: Path, lines: int, schedule: bool = False
+) -> tuple[list[Path], list[dict[str, float | dict[int, float]]]]:
     """Write the demo's three sources under ``directory``: their paths, and each one's Source keyword
-    arguments (``choose`` in samples)."""
+    arguments (``choose`` in samples; with ``schedule``, the rules of :data:`SCHEDULE`)."""
     paths: list[Path] = []
-    rules: list[dict[str, float]] = []
+    rules: list[dict[str, float | dict[int, float]]] = []
     first = 0
     for name, share, rule in MIX:
         n = max(1, round(lines * share))
         paths.append(write_imagenet_meta(directory / name, n, first=first))
         first += n
         rules.append({k: (max(1, round(v * lines)) if k == "choose" else v) for k, v in rule.items()})
+        if schedule and name in SCHEDULE:
+            rules[-1] = dict(SCHEDULE[name])
     return paths, rules
