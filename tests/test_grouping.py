@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rank_dataset import MetaFile, group_by
+from rank_dataset import MetaFile, group_by, grouping
 from rank_dataset.parsers import LineError, parse_label
 
 
@@ -83,6 +83,51 @@ def test_a_line_without_a_label_is_named(tmp_path: Path, bad: str, line: int) ->
         group_by(p)
     with pytest.raises((LineError, OverflowError, ValueError)):
         np.int64(label(bad))
+
+
+def random_label_file(rng: np.random.Generator, n: int) -> bytes:
+    """n lines of labelled samples, with blank lines, "\\r\\n" or "\\n", tabs, signs, long labels, a
+    final newline or none."""
+    ending = str(rng.choice(["\n", "\r\n"]))
+    lines = []
+    for i in range(n):
+        if rng.random() < 0.03:
+            lines.append(str(rng.choice(["", " ", "\t \r"])))
+        sep = str(rng.choice([" ", "\t", " \t "]))
+        value = int(rng.integers(-50, 60)) * 10 ** int(rng.choice([0, 0, 0, 1, 9, 16]))
+        lines.append(f"d/{i}{'x' * int(rng.integers(0, 40))}.jpg{sep}{value}{' ' * int(rng.random() < 0.05)}")
+    return ending.join(lines).encode() + (ending.encode() if rng.random() < 0.7 else b"")
+
+
+@pytest.mark.parametrize("block", [16, 100, 1000, 1 << 20])
+@pytest.mark.parametrize("n", [1, 2, 3, 50, 2_000])
+def test_labels_over_many_blocks_match_the_label_parser(tmp_path: Path, monkeypatch, block: int, n: int) -> None:
+    monkeypatch.setattr(grouping, "_CHUNK", block)  # blocks of a few lines: every kind of boundary
+    rng = np.random.default_rng([n, block])
+    p = tmp_path / "m.txt"
+    p.write_bytes(random_label_file(rng, n))
+    assert as_lists(group_by(p)) == reference(p, label)
+
+
+@pytest.mark.parametrize("block", [8, 64, 333, 1 << 20])
+def test_the_first_bad_line_is_named_across_blocks(tmp_path: Path, monkeypatch, block: int) -> None:
+    monkeypatch.setattr(grouping, "_CHUNK", block)
+    lines = [f"img{i}.jpg {i % 7}" for i in range(300)]
+    lines[123] = "img123.jpg seven"
+    lines[250] = "no_label_here"
+    p = tmp_path / "m.txt"
+    p.write_text("\n".join(lines[:10]) + "\n\n" + "\n".join(lines[10:]) + "\n")
+    with pytest.raises(ValueError, match=r"m\.txt:125: label 'seven' is not an integer"):
+        group_by(p)
+
+
+def test_labels_outside_int64_are_named(tmp_path: Path) -> None:
+    p = tmp_path / "m.txt"
+    p.write_text("a 1\nb 9223372036854775807\nc -9223372036854775808\nd 9223372036854775808\n")
+    with pytest.raises(ValueError, match=r"m\.txt:4: label outside the int64 range"):
+        group_by(p)
+    p.write_text("a 1\nb 9223372036854775807\nc -9223372036854775808\n")
+    assert as_lists(group_by(p)) == {-(2**63): [2], 1: [0], 2**63 - 1: [1]}
 
 
 def test_the_grouping_is_cached_beside_the_index_and_redone_for_a_changed_file(write_meta, tmp_path: Path) -> None:

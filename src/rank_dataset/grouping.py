@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import os
 import re
 import struct
 import tempfile
+import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,13 +33,13 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset._cachelock import load_or_build
-from rank_dataset._labels import PAD, tail_labels
+from rank_dataset._labels import PAD, block_labels
 from rank_dataset._pread import ShortRead, count_newlines, pread_exact
 from rank_dataset._progress import progress_bar
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.index import FileKey, Index, SpanReader, _cache_paths, _fsync_dir, load_index
-from rank_dataset.parsers import LineError, parse_label
-from rank_dataset.scan import PathLike
+from rank_dataset.parsers import LineError, parse_label, quote
+from rank_dataset.scan import PathLike, _chunk_bounds
 
 __all__ = ["group_by"]
 
@@ -48,11 +50,11 @@ _MAGIC = b"RDGRP\x00\x00\x01"
 _HEADER = struct.Struct("<8sqqqQQqqqq16s")
 _DATA_OFFSET = 128
 _INT_KEYS, _JSON_KEYS = 0, 1
-_BLOCK = 1 << 20  # lines parsed at a time: bounds the temporaries (about 100 bytes a line)
+_BLOCK = 1 << 20  # lines read at a time for a function key
 _THREADS = 2
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _NEWLINE, _CR = 10, 13
-_DENSE = 1 << 20  # labels spanning fewer values than this (or N / 8) are counted in an array, not sorted
+_CHUNK = 8 << 20  # bytes of the file parsed at a time for key="label": a block's temporaries stay in cache
 
 
 def group_by(meta_file: PathLike, key: str | Key = "label", *, cache_name: str | None = None) -> dict[Any, np.ndarray]:
@@ -337,8 +339,7 @@ def _open_checked(path: Path, index: Index) -> Iterator[_Lines]:
 def _group(path: Path, index: Index, key: str | Key) -> _Grouping:
     with _open_checked(path, index) as lines:
         if key == "label":
-            values = _labels(lines)
-            return _group_ints(values)
+            return _label_grouping(lines)
         assert callable(key)
         codes, keys = _key_codes(lines, key)
     try:
@@ -352,34 +353,112 @@ def _group(path: Path, index: Index, key: str | Key) -> _Grouping:
     return _Grouping([keys[i] for i in rank], _bounds(counts), order)
 
 
-def _labels(lines: _Lines) -> npt.NDArray[np.int64]:
-    """The label of every sample, parsed a block at a time in two threads (numpy releases the GIL)."""
-    out = np.empty(lines.index.count, np.int64)
+def _label_grouping(lines: _Lines) -> _Grouping:
+    """Group the samples by their integer label: each block of the file parsed and sorted by label on
+    its own (two threads; numpy releases the GIL), then every block's samples scattered to their
+    places, a stable counting sort. Only the result is N-sized, and each block's order (4 bytes a
+    sample) until it is placed."""
+    fd, size = lines.fd, lines.index.key.size
+    with open(fd, "rb", closefd=False) as f:
+        bounds = _chunk_bounds(f, size, _CHUNK)
+    scratch = threading.local()
 
-    def parse(first: int, base: int, buf: npt.NDArray[np.uint8], spans: npt.NDArray[np.int64]) -> None:
-        labels, decoded = tail_labels(buf, spans[:, 0], spans[:, 1].copy())
-        for row in np.flatnonzero(~decoded).tolist():  # not the common form: the parser decides
-            start, end = spans[row].tolist()
-            line = buf[start:end].tobytes().decode("utf-8", "replace")
+    def part(lo: int, hi: int) -> _Part:
+        buf = getattr(scratch, "buf", None)
+        if buf is None or buf.size < PAD + hi - lo + 1:
+            buf = scratch.buf = np.empty(max(PAD + _CHUNK + 1, PAD + hi - lo + 1), np.uint8)
+        end = PAD + hi - lo
+        buf[:PAD] = _NEWLINE
+        try:
+            pread_exact(fd, buf[PAD:end], lo)
+        except ShortRead:
+            raise MetaFileChangedError(lines.path, "it shrank while being read") from None
+        if buf[end - 1] != _NEWLINE:
+            if hi != size:  # blocks end just past a newline
+                raise MetaFileChangedError(lines.path, "it changed while it was grouped")
+            buf[end] = _NEWLINE  # the last line has no newline of its own
+            end += 1
+        labels, todo, starts, ends = block_labels(buf[:end], end, file_start=lo == 0)
+        for row, start, stop in zip(todo.tolist(), starts.tolist(), ends.tolist()):  # the parser decides
+            line = buf[start:stop].tobytes().decode("utf-8", "replace")
             try:
                 labels[row] = parse_label(line)[1]
             except LineError as exc:
-                raise ValueError(f"{lines.where(base + start)}: {exc}") from None
+                raise ValueError(f"{lines.where(lo + start - PAD)}: {exc}") from None
             except OverflowError:
                 raise ValueError(
-                    f"{lines.where(base + start)}: label outside the int64 range in line {line!r}"
+                    f"{lines.where(lo + start - PAD)}: label outside the int64 range in line {quote(line)}"
                 ) from None
-        out[first : first + labels.size] = labels
+        return _Part.of(labels)
 
     with ThreadPoolExecutor(_THREADS) as pool:
-        pending: list[Future[None]] = []
-        for block in lines.blocks():
-            pending.append(pool.submit(parse, *block))
-            if len(pending) > _THREADS:  # a few blocks in flight: both cores busy, memory bounded
-                pending.pop(0).result()
-        for job in pending:
+        jobs = [pool.submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
+        try:
+            parts = [job.result() for job in jobs]  # the first bad line of the file is the one named
+        except BaseException:
+            for job in jobs:
+                job.cancel()
+            raise
+        count = sum(p.perm.size for p in parts)
+        if count != lines.index.count:
+            raise MetaFileChangedError(lines.path, f"it holds {count:,} samples, its index {lines.index.count:,}")
+        keys = np.unique(np.concatenate([p.keys for p in parts]))
+        codes = [np.searchsorted(keys, p.keys) for p in parts]
+        totals = np.zeros(keys.size, np.int64)
+        for code, p in zip(codes, parts):
+            totals[code] += p.sizes  # a block's keys are distinct
+        group_bounds = _bounds(totals)
+        order = np.empty(count, np.int64)
+        cursor = group_bounds[:-1].copy()
+        placed: list[Future[None]] = []
+        base = 0
+        for code, p in zip(codes, parts):
+            placed.append(pool.submit(p.place, order, cursor[code], base))
+            cursor[code] += p.sizes
+            base += p.perm.size
+        del parts
+        for job in placed:
             job.result()
-    return out
+    return _Grouping(keys.tolist(), group_bounds, order)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One block's samples in label order: ``perm`` (stable, numbered within the block), and the
+    block's distinct labels, ascending, with how many samples have each."""
+
+    perm: npt.NDArray[np.uint32]
+    keys: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, labels: npt.NDArray[np.int64]) -> _Part:
+        if not labels.size:
+            return cls(np.empty(0, np.uint32), np.empty(0, np.int64), np.empty(0, np.int64))
+        lo = int(labels.min())
+        span = int(labels.max()) - lo
+        if span < 1 << 16:  # a stable sort of 16-bit values is a radix sort: linear
+            offset = (labels - lo).astype(np.uint16)
+            perm = np.argsort(offset, kind="stable")
+            sizes = np.bincount(offset, minlength=span + 1)
+            keys = np.flatnonzero(sizes)
+            return cls(perm.astype(np.uint32), keys + lo, sizes[keys])
+        if span < 1 << 32:  # two radix passes, low half then high half
+            offset = (labels - lo).astype(np.uint32)
+            perm = np.argsort((offset & 0xFFFF).astype(np.uint16), kind="stable")
+            perm = perm[np.argsort((offset[perm] >> 16).astype(np.uint16), kind="stable")]
+        else:
+            perm = np.argsort(labels, kind="stable")
+        ordered = labels[perm]
+        heads = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1))
+        return cls(perm.astype(np.uint32), ordered[heads], np.diff(np.append(heads, ordered.size)))
+
+    def place(self, order: npt.NDArray[np.int64], at: npt.NDArray[np.int64], base: int) -> None:
+        """Write samples ``base + perm`` into ``order``, those of key ``keys[k]`` from ``at[k]`` on."""
+        firsts = np.cumsum(self.sizes) - self.sizes
+        where = np.repeat(at - firsts, self.sizes)
+        where += np.arange(self.perm.size)
+        order[where] = self.perm.astype(np.int64) + base
 
 
 def each_line(meta_file: PathLike, desc: str) -> Iterator[tuple[str, Callable[[], str]]]:
@@ -418,36 +497,6 @@ def _key_codes(lines: _Lines, key: Key) -> tuple[npt.NDArray[np.int64], list[Any
             keys.append(value)
         codes[i] = code
     return codes, keys
-
-
-def _group_ints(values: npt.NDArray[np.int64]) -> _Grouping:
-    """Group the samples by integer ``values`` (freed as it goes: the caller's array is consumed)."""
-    n = values.size
-    lo, hi = int(values.min()), int(values.max())
-    if hi - lo < max(_DENSE, n // 8):
-        counts_all = np.zeros(hi - lo + 1, np.int64)
-        for a in range(0, n, _BLOCK):
-            counts_all += np.bincount(values[a : a + _BLOCK] - lo, minlength=hi - lo + 1)
-        present = np.flatnonzero(counts_all)
-        code = np.full(hi - lo + 1, -1, np.int64)
-        code[present] = np.arange(present.size)
-        keys = (present + lo).tolist()
-        counts = counts_all[present]
-
-        def codes_of(a: int, b: int) -> npt.NDArray[np.int64]:
-            return code[values[a:b] - lo]
-
-    else:  # few samples per value, or values far apart: sort out the distinct ones
-        uniq = np.unique(np.concatenate([np.unique(values[a : a + _BLOCK]) for a in range(0, n, _BLOCK)]))
-        keys = uniq.tolist()
-        counts = np.zeros(uniq.size, np.int64)
-        for a in range(0, n, _BLOCK):
-            counts += np.bincount(np.searchsorted(uniq, values[a : a + _BLOCK]), minlength=uniq.size)
-
-        def codes_of(a: int, b: int) -> npt.NDArray[np.int64]:
-            return np.searchsorted(uniq, values[a:b])
-
-    return _Grouping(keys, _bounds(counts), _scatter(n, counts, codes_of))
 
 
 def _bounds(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
