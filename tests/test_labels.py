@@ -104,7 +104,8 @@ def test_block_labels_decode_the_common_lines_in_numpy() -> None:
     rng = np.random.default_rng(1)
     values = rng.integers(-(10**7) + 1, 10**7, 3000) // 10 ** rng.integers(0, 7, 3000)
     seps = rng.choice([" ", "\t", " \t"], 3000)
-    lines = [f"train/n0{i}/img {i}.JPEG{sep}{v:+d}" if i % 2 else f"图 {i}{sep}{v}" for i, (sep, v) in enumerate(zip(seps, values))]
+    pairs = enumerate(zip(seps, values))
+    lines = [f"train/n0{i}/img {i}.JPEG{s}{v:+d}" if i % 2 else f"图 {i}{s}{v}" for i, (s, v) in pairs]
     for ending in ("\n", "\r\n"):
         buf = np.frombuffer(b"\n" * PAD + ending.join(lines).encode() + ending.encode(), np.uint8)
         labels, todo, _, _ = block_labels(buf, buf.size, file_start=True)

@@ -560,3 +560,39 @@ def test_a_mix_of_many_sources_locates_as_one_of_few(trial: int, monkeypatch: py
     monkeypatch.setattr(mix, "_FEW_SOURCES", 0)
     together = plan.locate(seed, epoch, positions, k)
     assert all(np.array_equal(a, b) for a, b in zip(one_by_one, together))
+
+
+@pytest.mark.parametrize("passes", ["within one", "across two", "many", "too many for a table"])
+@pytest.mark.parametrize("trial", range(4))
+def test_many_sources_locate_as_few_however_many_passes_an_epoch_makes(
+    passes: str, trial: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rank_dataset import mix
+
+    rng = np.random.default_rng(trial)
+    s = int(rng.integers(17, 80))
+    sizes = rng.integers(1000, 2000, s)
+    if passes == "within one":
+        counts = sizes // 3
+    elif passes == "across two":
+        counts = sizes // 2 + rng.integers(0, 400, s)
+    elif passes == "many":
+        counts = sizes * int(rng.integers(2, 9)) + rng.integers(0, 999, s)
+    else:
+        sizes = rng.integers(1, 3, s)
+        counts = rng.integers(20_000, 40_000, s)
+    plan = MixPlan(tuple(sizes.tolist()), tuple(counts.tolist()), int(counts.sum()))
+    seed, epoch = int(rng.integers(0, 2**40)), int(rng.integers(0, 7))
+    positions = rng.integers(0, plan.epoch_size, 3000)
+    monkeypatch.setattr(mix, "_FEW_SOURCES", 10**9)
+    one_by_one = plan.locate(seed, epoch, positions)
+    monkeypatch.setattr(mix, "_FEW_SOURCES", 0)
+    together = plan.locate(seed, epoch, positions)
+    assert all(np.array_equal(a, b) for a, b in zip(one_by_one, together))
+
+
+@pytest.mark.parametrize("seed", [0, 1, -5, 2**63 + 7, 2**70, -(2**64) - 3])
+def test_the_source_seeds_of_many_sources_are_those_of_one(seed: int) -> None:
+    from rank_dataset.mix import _source_seed, _source_seeds
+
+    assert _source_seeds(seed, 2000).tolist() == [_source_seed(seed, s) for s in range(2000)]

@@ -149,6 +149,37 @@ def test_sources_sharing_one_base_array(files: tuple[Path, Path]) -> None:
     assert [x.view().tolist() for x in ids] == [v.tolist() for v in groups.values()]
 
 
+@pytest.mark.parametrize(("in_b", "first"), [(False, 0), (False, 1), (False, 3), (True, 1)])
+def test_the_classes_of_a_grouping_map_plan_numbers_in_one_gather(
+    files: tuple[Path, Path], in_b: bool, first: int
+) -> None:
+    # Slices of one array, back to back in the sources' order: plan number p is base[p + shift]. The
+    # same numbers as the general map, which looks up each number's source first.
+    from rank_dataset._subsets import SampleMap
+
+    a, b = files
+    groups = list(group_by(b if in_b else a).values())[first:]
+    ids = tuple(SampleIds.of(v, str(k)) for k, v in enumerate(groups))
+    sizes = tuple(len(v) for v in groups)
+    file_bounds = np.array([0, 500, 580])
+    one_file = (1,) if in_b else (0,)
+    plan = np.random.default_rng(first).integers(0, sum(sizes), 3000)
+    source = np.searchsorted(np.cumsum(sizes), plan, side="right")
+    want = [int(groups[s][p - sum(sizes[:s])]) + int(file_bounds[one_file[0]]) for p, s in zip(plan, source)]
+
+    def never(_: np.ndarray) -> np.ndarray:
+        raise AssertionError("the sources were looked up")
+
+    direct = SampleMap(sizes, (one_file,) * len(groups), file_bounds, ids)
+    assert direct.samples(plan, never).tolist() == want
+    general = SampleMap(sizes, (one_file,) * len(groups), file_bounds, ids)
+    general.__dict__["_slices"] = None
+    assert general.samples(plan, lambda p: np.searchsorted(np.cumsum(sizes), p, side="right")).tolist() == want
+    if len(groups) > 1:  # out of order: not one gather
+        swapped = SampleMap(sizes[::-1], (one_file,) * len(groups), file_bounds, ids[::-1])
+        assert swapped._slices is None
+
+
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_workers_serve_the_subset_items(files: tuple[Path, Path], start_method: str) -> None:
     a, b = files

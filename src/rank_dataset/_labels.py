@@ -1,13 +1,12 @@
-"""The samples of a block of a file's bytes and their integer labels, read as the ``"label"`` parser reads them. No torch.
+"""The samples of a block of whole lines and their integer labels, as the ``"label"`` parser reads them. No torch.
 
-:func:`sample_spans` finds the samples of a block of whole lines (the scanner's rules: blank lines
-are not samples, a ``\\r`` before the ``\\n`` is not text, a byte order mark opens no line).
-:func:`tail_labels` reads their labels: :func:`rank_dataset.parsers.parse_label` takes the text
-after a line's last run of whitespace and passes it to ``int``; here that is done for a whole batch
-of lines with a fixed number of numpy passes, eight bytes per line at a time. The common line
-(``<path> <digits>``, optionally a sign before the digits and whitespace after them) is decoded in
-place; any other line is handed back to be parsed in Python by the parser itself, so the two never
-disagree.
+:func:`rank_dataset.parsers.parse_label` takes the text after a line's last run of whitespace and
+passes it to ``int``. :func:`block_labels` does that for every sample of a block of a file's bytes
+(the scanner's samples: blank lines are not samples, a ``\\r`` before the ``\\n`` is not text, a
+byte order mark opens no line) with a fixed number of numpy passes: the common line, ``<path>
+<digits>\\n`` with a sign or not, is decoded from the one 8-byte word before its newline; the rest
+go through :func:`tail_labels` (whitespace after the label, up to 18 digits); what neither decodes
+is handed back to be parsed in Python by the parser itself, so that the two never disagree.
 """
 
 from __future__ import annotations
@@ -95,11 +94,15 @@ def block_labels(buf: npt.NDArray[np.uint8], end: int, *, file_start: bool) -> B
 def _words(buf: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
     """``words[i]``: bytes ``i .. i + 7`` of ``buf`` as one little-endian word, so that gathering a word
     a line is one load a line."""
-    return np.ndarray((max(buf.size - (_WORD - 1), 0),), "<u8", buffer=buf, strides=(1,))
+    words: npt.NDArray[np.uint64] = np.ndarray((max(buf.size - (_WORD - 1), 0),), "<u8", buffer=buf, strides=(1,))
+    return words
 
 
 def _common_labels(
-    buf: npt.NDArray[np.uint8], words: npt.NDArray[np.uint64], starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
+    buf: npt.NDArray[np.uint8],
+    words: npt.NDArray[np.uint64],
+    starts: npt.NDArray[np.int64],
+    ends: npt.NDArray[np.int64],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
     """The label of each line ``buf[starts[i]:ends[i]]`` that ends in 1-7 digits, a sign or not, after
     whitespace after text (``ok``); nothing useful elsewhere. Few passes: one word a line."""
@@ -135,7 +138,9 @@ def _common_labels(
     return labels, ok
 
 
-def _blank(buf: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+def _blank(
+    buf: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bool_]:
     """Whether each line ``buf[starts[i]:ends[i]]`` holds only ASCII whitespace."""
     blank = np.zeros(starts.size, bool)
     rows = np.arange(starts.size)

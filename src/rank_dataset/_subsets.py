@@ -11,10 +11,11 @@ memory-mapped, and pickled as a reference to the file, never copied into every r
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,12 +210,38 @@ class SampleMap:
         flat = [f for files in self.files for f in files]
         return all(i is None for i in self.ids) and flat == list(range(len(self.file_bounds) - 1))
 
-    def samples(self, plan: npt.NDArray[np.int64], source_ids: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.int64]:
-        """The sample numbers of plan numbers ``plan`` (whose sources are ``source_ids``), in a few
-        vectorised passes: one gather per distinct ids array (the groups of one grouping share one)."""
+    @functools.cached_property
+    def _slices(self) -> tuple[npt.NDArray[np.integer[Any]], int, int] | None:
+        """``(base, shift, first)`` when every source lists a slice of one array, the slices in the
+        sources' order and back to back (the classes of a grouping, in key order), and all of them
+        samples of one file: plan number ``p`` is then sample ``base[p + shift] + first``."""
+        ids = [i for i in self.ids if i is not None]
+        if not ids or len(ids) < len(self.ids) or any(i.base is not ids[0].base for i in ids):
+            return None
+        if any(files != self.files[0] or len(files) != 1 for files in self.files):
+            return None
+        plan_starts = np.concatenate(([0], np.cumsum(self.sizes[:-1], dtype=np.int64)))
+        shifts = np.array([i.start for i in ids], np.int64) - plan_starts
+        if (shifts != shifts[0]).any():
+            return None
+        return ids[0].base, int(shifts[0]), int(self.file_bounds[self.files[0][0]])
+
+    def samples(
+        self,
+        plan: npt.NDArray[np.int64],
+        source_of: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.integer[Any]]],
+    ) -> npt.NDArray[np.int64]:
+        """The sample numbers of plan numbers ``plan`` (``source_of(plan)`` gives their sources, asked
+        only where needed), in a few vectorised passes: one gather per distinct ids array (the groups
+        of one grouping share one)."""
         if self.identity:
             return np.asarray(plan, np.int64)
-        src = np.asarray(source_ids, np.int64)
+        if self._slices is not None:
+            base, shift, first = self._slices
+            direct = np.asarray(base[plan + shift if shift else plan], np.int64)
+            direct += first
+            return direct
+        src = np.asarray(source_of(plan), np.int64)
         offsets = np.concatenate(([0], np.cumsum(self.sizes[:-1], dtype=np.int64)))
         out: npt.NDArray[np.int64] = plan - offsets[src]  # the position within the source
         bases: dict[int, int] = {}
@@ -257,10 +284,13 @@ def distinct_files(paths: Sequence[Sequence[str]]) -> tuple[list[str], tuple[tup
     number: dict[str, int] = {}
     order: list[str] = []
     files = []
+    resolved: dict[str, str] = {}  # the sources of one grouping name one path thousands of times
     for source in paths:
         mine = []
         for p in source:
-            key = os.path.realpath(os.path.expanduser(p))
+            key = resolved.get(p)
+            if key is None:
+                key = resolved[p] = os.path.realpath(os.path.expanduser(p))
             if key not in number:
                 number[key] = len(order)
                 order.append(p)

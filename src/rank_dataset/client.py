@@ -434,7 +434,7 @@ class ServerReader:
         the server's default body limit), the shard keeping the sample numbers."""
         assert spec.mix is not None and self._map is not None
         plan = spec.indices()
-        samples = self._map.samples(plan, spec.mix.source_of(plan))
+        samples = self._map.samples(plan, spec.mix.source_of)
         file = self._layout.part_of(samples)
         wanted = (samples - self._layout.starts[file] + self._server_starts[file]).astype("<i8")
         parts = []

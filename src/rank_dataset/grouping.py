@@ -1,7 +1,9 @@
 """The samples of a meta file grouped by a key (its label, or any function of its line), cached. No torch.
 
-:func:`group_by` reads the file once, through its line-offset index, and returns for each key the
-ascending sample numbers that have it. The result is cached beside the index and keyed like it (the
+:func:`group_by` reads the file once and returns for each key the ascending sample numbers that
+have it: ``key="label"`` reads the file's bytes in blocks, parsed and sorted in numpy in two threads
+(:mod:`rank_dataset._labels`); a function of the line is called on each line, read through the
+line-offset index. The result is cached beside the index and keyed like it (the
 file's size, mtime, ctime, inode and a hash of its ends): a changed file is grouped again, and of
 many processes that ask at once (the ranks of a node at job start), one builds the cache while the
 others wait for it (:mod:`rank_dataset._cachelock`). A cached grouping is memory-mapped, so the
@@ -392,11 +394,11 @@ def _label_grouping(lines: _Lines) -> _Grouping:
         return _Part.of(labels)
 
     with ThreadPoolExecutor(_THREADS) as pool:
-        jobs = [pool.submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
+        parsing = [pool.submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
         try:
-            parts = [job.result() for job in jobs]  # the first bad line of the file is the one named
+            parts = [job.result() for job in parsing]  # the first bad line of the file is the one named
         except BaseException:
-            for job in jobs:
+            for job in parsing:
                 job.cancel()
             raise
         count = sum(p.perm.size for p in parts)
@@ -417,8 +419,8 @@ def _label_grouping(lines: _Lines) -> _Grouping:
             cursor[code] += p.sizes
             base += p.perm.size
         del parts
-        for job in placed:
-            job.result()
+        for done in placed:
+            done.result()
     return _Grouping(keys.tolist(), group_bounds, order)
 
 

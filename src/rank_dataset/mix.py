@@ -46,7 +46,15 @@ from rank_dataset._bounds import Bounds
 from rank_dataset._checks import MAX_EXACT, check_int
 from rank_dataset._subsets import SampleIds
 from rank_dataset.parsers import Parser, resolve_parser
-from rank_dataset.permutation import _splitmix64, grid_each, permute, permute_keyed, permute_stream, round_keys_each
+from rank_dataset.permutation import (
+    _splitmix64,
+    _splitmix64_array,
+    grid_each,
+    permute,
+    permute_keyed,
+    permute_stream,
+    round_keys_each,
+)
 
 __all__ = [
     "MixPlan",
@@ -63,7 +71,7 @@ __all__ = [
 
 _MASK64 = (1 << 64) - 1
 _FEW_SOURCES = 16  # up to this many sources, evaluate each one's permutation by a call of its own
-_BLOCK = 1 << 18  # positions located at a time in a mix of many sources: bounds the temporaries
+_BLOCK = 1 << 16  # positions located at a time in a mix of many sources: the temporaries stay in cache
 
 PathArg = str | os.PathLike[str]
 
@@ -285,12 +293,12 @@ def mix_counts(
     epoch = check_int("epoch", epoch, low=0)
     ns = [check_int(f"size of source {name}", n, low=1) for name, n in zip(names, sizes)]
     counts: list[int] = [0] * len(sources)
-    weighted, weights = [], {}
+    weighted, ratios = [], []
     for i, (source, n, name) in enumerate(zip(sources, ns, names)):
         value = source.value_at(epoch)
         if source.kind == "weight":
             weighted.append(i)
-            weights[i] = Fraction(value)
+            ratios.append(float(value).as_integer_ratio())
         elif source.kind == "choose":
             counts[i] = int(value)
         else:
@@ -321,11 +329,15 @@ def mix_counts(
             )
         return counts, total
     left = total - fixed
-    whole = sum(weights.values())
-    quotas = {i: left * w / whole for i, w in weights.items()}
-    for i, q in quotas.items():
-        counts[i] = math.floor(q)
-    by_remainder = sorted(weighted, key=lambda i: (-(quotas[i] - counts[i]), i))
+    # Exact rationals as integers: each weight (a float, so a dyadic fraction) times the common
+    # denominator; quota_i = left * w_i / whole, its floor and remainder by one integer division.
+    denominator = max(d for _, d in ratios)
+    scaled = [num * (denominator // d) for num, d in ratios]
+    whole = sum(scaled)
+    remainders = {}
+    for i, w in zip(weighted, scaled):
+        counts[i], remainders[i] = divmod(left * w, whole)
+    by_remainder = sorted(weighted, key=lambda i: (-remainders[i], i))
     for i in by_remainder[: total - sum(counts)]:
         counts[i] += 1
     zero = [names[i] for i in weighted if counts[i] == 0]
@@ -492,6 +504,13 @@ class SourceInfo:
 def _source_seed(seed: int, source: int) -> int:
     """The key of source ``source``'s stream, derived from the mix's ``seed``."""
     return _splitmix64(_splitmix64(seed & _MASK64) ^ _splitmix64((source + 0x5EED) & _MASK64))
+
+
+def _source_seeds(seed: int, count: int) -> npt.NDArray[np.uint64]:
+    """:func:`_source_seed` of sources ``0..count-1``, in numpy."""
+    sources = np.arange(0x5EED, 0x5EED + count, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        return _splitmix64_array(np.uint64(_splitmix64(seed & _MASK64)) ^ _splitmix64_array(sources))
 
 
 @dataclass(frozen=True, repr=False)
@@ -709,19 +728,38 @@ class MixPlan:
         heads = [divmod(int(b), n) for n, b in zip(self.sizes, bases)]  # each source's stream start
         first_pass = np.array([f for f, _ in heads], np.int64)
         head = np.array([h for _, h in heads], np.int64)
-        keys = np.array([_source_seed(seed, s) for s in range(len(self.sizes))], np.uint64)
+        seeds = _source_seeds(seed, len(self.sizes))
         rows, col_bits = grid_each(sizes)
         offsets = np.concatenate(([0], np.cumsum(sizes[:-1])))
+        # Slot j of source s is pass (head + j) // n of its stream, after its first pass: at most
+        # `span` passes a source in this epoch. The round keys of each (source, pass) are computed
+        # once, not once a position: all of them in one table where that is small, else those met.
+        span = int(((np.diff(starts) - 1 + head) // sizes).max()) + 1
+        table = None
+        if sizes.size * span <= max(slots.size, 1 << 16):
+            pair = np.arange(sizes.size * span, dtype=np.int64)
+            table = round_keys_each(np.repeat(seeds, span), np.repeat(first_pass, span) + pair % span)
+        shift = starts[:-1] - head  # slot j of source s is stream position j - shift[s] from its first pass
         out = np.empty_like(slots)
         for a in range(0, slots.size, _BLOCK):
             src = ids[a : a + _BLOCK]
             n = sizes[src]
-            rel, k = np.divmod(slots[a : a + _BLOCK] - starts[src] + head[src], n)
-            # The round keys of each (source, pass) once, not once a position.
-            span = int(rel.max()) + 1
-            pairs, which = np.unique(src * span + rel, return_inverse=True)
-            pair_keys = round_keys_each(keys[pairs // span], first_pass[pairs // span] + pairs % span)
-            out[a : a + _BLOCK] = permute_keyed(n, rows[src], col_bits[src], [g[which] for g in pair_keys], k)
+            k = slots[a : a + _BLOCK] - shift[src]
+            if span == 1:
+                rel = None
+            elif span == 2:  # one pass boundary at most: a comparison, not a division
+                rel = (k >= n).view(np.int8)
+                k -= n * rel
+            else:
+                rel, k = np.divmod(k, n)
+            code = src * span if rel is None else src * span + rel
+            if table is not None:
+                pair_keys = [g[code] for g in table]
+            else:
+                pairs, which = np.unique(code, return_inverse=True)
+                keys = round_keys_each(seeds[pairs // span], first_pass[pairs // span] + pairs % span)
+                pair_keys = [g[which] for g in keys]
+            out[a : a + _BLOCK] = permute_keyed(n, rows[src], col_bits[src], pair_keys, k)
             out[a : a + _BLOCK] += offsets[src]
         return out
 

@@ -264,11 +264,12 @@ def permute_keyed(
     todo = np.arange(n.size)
     cells = positions.astype(np.int64)
     while todo.size:
-        cb, r = col_bits[todo], rows[todo].astype(np.uint32)
+        first = todo.size == n.size
+        cb = col_bits if first else col_bits[todo]
+        r = (rows if first else rows[todo]).astype(np.uint32)
         hi = (cells >> cb).astype(np.uint32)
         lo = (cells & ((np.int64(1) << cb) - 1)).astype(np.uint32)
         col_mask = ((np.int64(1) << cb) - 1).astype(np.uint32)
-        first = todo.size == n.size
         with np.errstate(over="ignore"):
             for i, all_keys in enumerate(keys):
                 key = all_keys if first else all_keys[todo]

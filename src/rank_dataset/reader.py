@@ -123,7 +123,7 @@ class FileReader:
         if not self.keeps_ids:
             return self.meta.read(plan, ids=False)
         assert spec.mix is not None and self._map is not None
-        return self.meta.read(self._map.samples(plan, spec.mix.source_of(plan)), ids=True)
+        return self.meta.read(self._map.samples(plan, spec.mix.source_of), ids=True)
 
     def where(self, sample: int) -> str:
         return self.meta.where(sample)
