@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Hashable
@@ -246,3 +248,21 @@ def test_many_processes_asking_at_once_group_the_file_once(write_meta, tmp_path:
             proc.wait()
     assert len(list(marks.iterdir())) == 1
     assert sorted(x.suffix for x in (tmp_path / "cache").iterdir()) == [".rdgrp", ".rdidx"]  # no lock, no tmp
+
+
+@pytest.mark.parametrize("code", [errno.EOPNOTSUPP, errno.ENOSPC])
+def test_a_cache_whose_space_cannot_be_reserved(write_meta, tmp_path: Path, monkeypatch, code: int) -> None:
+    # No reservation on this file system: the grouping is written to the cache the plain way. No space
+    # left: nothing is cached, and the grouping is still returned.
+    p = write_meta(f"x{i} {i % 6}" for i in range(3000))
+
+    def refuse(fd: int, offset: int, length: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "posix_fallocate", refuse)
+    assert as_lists(group_by(p)) == reference(p, label)
+    cached = list((tmp_path / "cache").glob("*.rdgrp"))
+    assert len(cached) == (code == errno.EOPNOTSUPP)
+    assert not list((tmp_path / "cache").glob("*.tmp"))
+    monkeypatch.undo()
+    assert as_lists(group_by(p)) == reference(p, label)

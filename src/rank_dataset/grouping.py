@@ -17,9 +17,11 @@ the ``N`` int64 sample numbers, group after group.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import itertools
 import json
+import mmap
 import os
 import re
 import struct
@@ -212,15 +214,20 @@ def _order_offset(nkeys: int, key_bytes: int) -> int:
 
 def _write_cache(cache: Path, path: Path, index: Index, key: str | Key) -> _Grouping | None:
     """Group the file into ``cache`` (a temporary file renamed into place, as the index is); None if
-    ``cache`` cannot be written."""
+    ``cache`` cannot be written.
+
+    The sample numbers are placed straight into a shared map of the temporary file, its space
+    reserved first (so that writing the map cannot fail): no copy of them in memory, no write of
+    them to the file (which costs more than the grouping's parsing on some kernels)."""
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp_fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=f"{cache.name}.{os.getpid()}.", suffix=".tmp")
     except OSError:
         return None
-    try:
-        grouping = _group(path, index, key)
-        keys = grouping.keys
+    maps: list[mmap.mmap] = []
+    written: list[_Grouping] = []
+
+    def place(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         if all(type(k) is int and -(1 << 63) <= k < 1 << 63 for k in keys):
             form, key_part = _INT_KEYS, np.asarray(keys, "<i8").tobytes()
         else:
@@ -230,23 +237,47 @@ def _write_cache(cache: Path, path: Path, index: Index, key: str | Key) -> _Grou
             _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, k.device, index.count, len(keys), len(key_part), form,
             index.ends_hash,
         )  # fmt: skip
-        with os.fdopen(tmp_fd, "wb") as f:
-            f.write(header.ljust(_DATA_OFFSET, b"\0"))
-            f.write(grouping.bounds.astype("<i8").tobytes())
-            f.write(key_part.ljust(-(-len(key_part) // 8) * 8, b"\0"))
-            f.write(grouping.order.astype("<i8", copy=False).data)
-            f.flush()
-            os.fsync(f.fileno())
+        head = header.ljust(_DATA_OFFSET, b"\0") + bounds.astype("<i8").tobytes()
+        head += key_part.ljust(-(-len(key_part) // 8) * 8, b"\0")
+        size = len(head) + 8 * index.count
+        try:
+            os.posix_fallocate(tmp_fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            written.append(_Grouping(keys, bounds, np.empty(index.count, np.int64)))  # write it afterwards
+            return written[0].order
+        os.pwrite(tmp_fd, head, 0)
+        maps.append(mmap.mmap(tmp_fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+        return np.frombuffer(maps[0], "<i8", count=index.count, offset=len(head))
+
+    try:
+        grouping = _group(path, index, key, place)
         del grouping
+        if maps:
+            maps[0].flush()
+            maps[0].close()  # no view of it is left
+        else:
+            with open(tmp_fd, "ab", closefd=False) as f:
+                f.write(written[0].order.astype("<i8", copy=False).data)
+            written.clear()
+        os.fsync(tmp_fd)
+        os.close(tmp_fd)
         os.replace(tmp, cache)
         _fsync_dir(cache.parent)
     except OSError:
-        Path(tmp).unlink(missing_ok=True)
+        _abandon(tmp_fd, tmp)
         return None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        _abandon(tmp_fd, tmp)
         raise
     return _open_cache(cache, index)
+
+
+def _abandon(fd: int, tmp: str) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
 
 
 def _encode_keys(keys: Sequence[Any]) -> bytes:
@@ -338,10 +369,18 @@ def _open_checked(path: Path, index: Index) -> Iterator[_Lines]:
         os.close(fd)
 
 
-def _group(path: Path, index: Index, key: str | Key) -> _Grouping:
+#: Given the keys and the bounds of their groups, the int64 array the sample numbers are placed in.
+Place = Callable[[list[Any], npt.NDArray[np.int64]], npt.NDArray[np.int64]]
+
+
+def _in_memory(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    return np.empty(int(bounds[-1]), np.int64)
+
+
+def _group(path: Path, index: Index, key: str | Key, place: Place = _in_memory) -> _Grouping:
     with _open_checked(path, index) as lines:
         if key == "label":
-            return _label_grouping(lines)
+            return _label_grouping(lines, place)
         assert callable(key)
         codes, keys = _key_codes(lines, key)
     try:
@@ -351,11 +390,13 @@ def _group(path: Path, index: Index, key: str | Key) -> _Grouping:
     new_code = np.empty(len(keys), np.int64)
     new_code[rank] = np.arange(len(keys))
     counts = np.bincount(new_code[codes], minlength=len(keys))
-    order = _scatter(codes.size, counts, lambda a, b: new_code[codes[a:b]])
-    return _Grouping([keys[i] for i in rank], _bounds(counts), order)
+    ordered, bounds = [keys[i] for i in rank], _bounds(counts)
+    order = place(ordered, bounds)
+    _scatter(order, counts, lambda a, b: new_code[codes[a:b]])
+    return _Grouping(ordered, bounds, order)
 
 
-def _label_grouping(lines: _Lines) -> _Grouping:
+def _label_grouping(lines: _Lines, place: Place) -> _Grouping:
     """Group the samples by their integer label: each block of the file parsed and sorted by label on
     its own (two threads; numpy releases the GIL), then every block's samples scattered to their
     places, a stable counting sort. Only the result is N-sized, and each block's order (4 bytes a
@@ -410,7 +451,8 @@ def _label_grouping(lines: _Lines) -> _Grouping:
         for code, p in zip(codes, parts):
             totals[code] += p.sizes  # a block's keys are distinct
         group_bounds = _bounds(totals)
-        order = np.empty(count, np.int64)
+        keys_list = keys.tolist()
+        order = place(keys_list, group_bounds)
         cursor = group_bounds[:-1].copy()
         placed: list[Future[None]] = []
         base = 0
@@ -421,7 +463,7 @@ def _label_grouping(lines: _Lines) -> _Grouping:
         del parts
         for done in placed:
             done.result()
-    return _Grouping(keys.tolist(), group_bounds, order)
+    return _Grouping(keys_list, group_bounds, order)
 
 
 @dataclass(frozen=True)
@@ -506,12 +548,14 @@ def _bounds(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
 
 
 def _scatter(
-    n: int, counts: npt.NDArray[np.int64], codes_of: Callable[[int, int], npt.NDArray[np.int64]]
-) -> npt.NDArray[np.int64]:
-    """The sample numbers ``0..n-1`` grouped by code (``codes_of(a, b)``: the codes of samples
-    ``a..b-1``), ascending within each group: a stable counting sort, a block at a time, so that only
-    the result is N-sized."""
-    order = np.empty(n, np.int64)
+    order: npt.NDArray[np.int64],
+    counts: npt.NDArray[np.int64],
+    codes_of: Callable[[int, int], npt.NDArray[np.int64]],
+) -> None:
+    """Place the sample numbers ``0..n-1`` in ``order``, grouped by code (``codes_of(a, b)``: the codes
+    of samples ``a..b-1``), ascending within each group: a stable counting sort, a block at a time,
+    so that only the result is N-sized."""
+    n = order.size
     cursor = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
     # A stable sort of 16-bit codes is a radix sort, several times faster than one of wider ints.
     narrow = np.uint16 if counts.size <= 1 << 16 else np.int64
@@ -523,4 +567,3 @@ def _scatter(
         run_start = np.repeat(head, np.diff(np.append(head, codes.size)))
         order[cursor[sorted_codes] + np.arange(codes.size) - run_start] = perm + a
         cursor[sorted_codes[head]] += np.diff(np.append(head, codes.size))
-    return order
