@@ -281,3 +281,30 @@ def test_subsets_with_a_schedule_and_repeated_augmentation(files: tuple[Path, Pa
     total = (20 + 60 + 60) // k  # draws of the subset over epochs 0..2
     low, high = total // len(ids), -(-total // len(ids))
     assert all(low <= drawn[s] <= high for s in ids.tolist())
+
+
+def test_20000_subset_sources_through_a_meta_server(write_meta, start_server) -> None:
+    # ImageNet-21k-like: 20,000 classes, each a source over a subset of one served file.
+    from rank_dataset import RankServerDataset, class_balanced
+
+    p = write_meta((f"img/{i}.jpg {(i * 7919) % 20_000}" for i in range(60_000)), name="m.txt")
+    server = start_server([p])
+    local_sources = class_balanced(p)
+    served_sources = [Source("m.txt", ids=s.ids, weight=s.weight, name=s.name) for s in local_sources]
+    assert len(served_sources) == 20_000
+    for world, rank, is_test in [(3, 1, False), (2, 0, True)]:
+        cfg = {"seed": 5, "epoch": 2}
+        local = RankDataset(local_sources, is_test=is_test, reload_cfg=cfg, rank=rank, world_size=world)
+        remote = RankServerDataset(
+            server.url, is_test=is_test, reload_cfg=cfg, rank=rank, world_size=world, sources=served_sources
+        )
+        assert np.array_equal(local.indices, remote.indices) and np.array_equal(local.source_ids, remote.source_ids)
+        assert [local[i] for i in range(len(local))] == [remote[i] for i in range(len(remote))]
+        if not is_test:
+            state = remote.state_dict(100)
+            assert state == local.state_dict(100)
+            again = RankServerDataset(server.url, rank=0, world_size=2, reload_cfg=cfg, sources=served_sources)
+            again.load_state_dict(state)
+            mine = RankDataset(local_sources, rank=0, world_size=2, reload_cfg=cfg)
+            mine.load_state_dict(state)
+            assert np.array_equal(again.indices, mine.indices)

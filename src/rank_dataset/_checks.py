@@ -27,6 +27,14 @@ def check_int(
     return number
 
 
+def check_ints(name: str, values: Any, *, low: int) -> tuple[int, ...]:
+    """``values`` as a tuple of ints, each >= ``low``, else raise naming ``name[i]`` (one pass over
+    plain ints: a mix of 20,000 sources checks its sizes and counts in microseconds)."""
+    if all(type(v) is int and v >= low for v in values):
+        return tuple(values)
+    return tuple(check_int(f"{name}[{i}]", v, low=low) for i, v in enumerate(values))
+
+
 def check_at_most(name: str, value: int, high: int) -> int:
     """Return ``value`` if it is at most ``high``, else raise ValueError naming ``name`` and the bound."""
     if value > high:

@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset._bounds import Bounds
-from rank_dataset._checks import MAX_EXACT, check_int
+from rank_dataset._checks import MAX_EXACT, check_int, check_ints
 from rank_dataset._subsets import SampleIds
 from rank_dataset.parsers import Parser, resolve_parser
 from rank_dataset.permutation import (
@@ -285,13 +285,15 @@ def mix_counts(
         raise ValueError("sources must not be empty")
     if len(sizes) != len(sources):
         raise ValueError(f"sizes has {len(sizes)} entries for {len(sources)} sources")
-    names = []
     for i, source in enumerate(sources):
         if not isinstance(source, Source):
             raise TypeError(f"sources[{i}] must be a Source, got {source!r} ({type(source).__name__})")
-        names.append(repr(source.name))
+    names = [repr(source.name) for source in sources]
     epoch = check_int("epoch", epoch, low=0)
-    ns = [check_int(f"size of source {name}", n, low=1) for name, n in zip(names, sizes)]
+    if all(type(n) is int and n >= 1 for n in sizes):
+        ns = list(sizes)
+    else:
+        ns = [check_int(f"size of source {name}", n, low=1) for name, n in zip(names, sizes)]
     counts: list[int] = [0] * len(sources)
     weighted, ratios = [], []
     for i, (source, n, name) in enumerate(zip(sources, ns, names)):
@@ -556,7 +558,7 @@ class MixPlan:
             values = getattr(self, field)
             if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
                 raise TypeError(f"{field} must be a sequence of ints, got {values!r}")
-            checked = tuple(check_int(f"{field}[{i}]", v, low=1) for i, v in enumerate(values))
+            checked = check_ints(field, values, low=1)
             object.__setattr__(self, field, checked)
         if not self.sizes or len(self.sizes) != len(self.counts):
             raise ValueError(f"sizes and counts must be non-empty and equally long, got {self.sizes} and {self.counts}")
