@@ -47,6 +47,7 @@ def _optional_dependencies() -> Iterator[None]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rank-dataset", prog_name="rank-dataset")
 def cli() -> None:
     """Rank-sharded loading of very large meta files for PyTorch distributed training."""
 
