@@ -205,6 +205,7 @@ def demo_cmd(
             baseline=baseline,
             mix=mix,
             schedule=schedule,
+            progress=lambda line: click.echo(f"  {line} ...", err=True),
         )
     except (DemoError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
