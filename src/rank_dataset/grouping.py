@@ -98,6 +98,11 @@ def group_by(meta_file: PathLike, key: str | Key = "label", *, cache_name: str |
         >>> {k: v.tolist() for k, v in group_by(p, key=lambda line: line[0]).items()}
         {'a': [0], 'b': [1], 'c': [2]}
     """
+    return grouping_of(meta_file, key, cache_name).as_dict()
+
+
+def grouping_of(meta_file: PathLike, key: str | Key = "label", cache_name: str | None = None) -> Grouping:
+    """:func:`group_by`'s grouping as one :class:`Grouping` (its groups slices of one array)."""
     if not isinstance(meta_file, (str, os.PathLike)):
         raise TypeError(f"meta_file must be a path, got {meta_file!r} ({type(meta_file).__name__})")
     if key == "label":
@@ -118,12 +123,11 @@ def group_by(meta_file: PathLike, key: str | Key = "label", *, cache_name: str |
     index = load_index(path)
     if index.count == 0:
         raise ValueError(f"no samples in {path}: every line is empty or whitespace")
-    grouping = _load_or_group(path, index, key, name)
-    return grouping.as_dict()
+    return _load_or_group(path, index, key, name)
 
 
 @dataclass(frozen=True)
-class _Grouping:
+class Grouping:
     """Keys in order, the ``C + 1`` bounds of their groups, and the sample numbers group after group."""
 
     keys: list[Any]
@@ -131,6 +135,7 @@ class _Grouping:
     order: npt.NDArray[np.int64]
 
     def as_dict(self) -> dict[Any, np.ndarray]:
+        """``{key: its sample numbers}``, each a read-only view of :attr:`order`."""
         self.order.flags.writeable = False
         bounds = self.bounds.tolist()
         return {k: self.order[a:b] for k, a, b in zip(self.keys, bounds, bounds[1:])}
@@ -141,7 +146,7 @@ def _cache_candidates(path: Path, name: str) -> list[Path]:
     return [cache.with_suffix(f".{name}.rdgrp") for cache in _cache_paths(path)]
 
 
-def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -> _Grouping:
+def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -> Grouping:
     if name is None:
         return _group(path, index, key)
     candidates = _cache_candidates(path, name)
@@ -151,10 +156,10 @@ def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -
             return found
     for cache in candidates:
 
-        def load(cache: Path = cache) -> _Grouping | None:
+        def load(cache: Path = cache) -> Grouping | None:
             return _open_cache(cache, index)
 
-        def build(cache: Path = cache) -> _Grouping | None:
+        def build(cache: Path = cache) -> Grouping | None:
             return _write_cache(cache, path, index, key)
 
         built = load_or_build(cache, load, build)
@@ -167,7 +172,7 @@ def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -
 # The cache
 
 
-def _open_cache(cache: Path, index: Index) -> _Grouping | None:
+def _open_cache(cache: Path, index: Index) -> Grouping | None:
     """The grouping in ``cache`` if it is one of the file ``index`` describes, and whole; else None."""
     try:
         fd = os.open(cache, os.O_RDONLY | os.O_CLOEXEC)
@@ -205,14 +210,14 @@ def _open_cache(cache: Path, index: Index) -> _Grouping | None:
     order = np.memmap(cache, dtype="<i8", mode="r", offset=order_at, shape=(count,))
     if not (0 <= int(order[0]) < count and 0 <= int(order[-1]) < count):
         return None
-    return _Grouping(keys, bounds, order)
+    return Grouping(keys, bounds, order)
 
 
 def _order_offset(nkeys: int, key_bytes: int) -> int:
     return _DATA_OFFSET + 8 * (nkeys + 1) + -(-key_bytes // 8) * 8
 
 
-def _write_cache(cache: Path, path: Path, index: Index, key: str | Key) -> _Grouping | None:
+def _write_cache(cache: Path, path: Path, index: Index, key: str | Key) -> Grouping | None:
     """Group the file into ``cache`` (a temporary file renamed into place, as the index is); None if
     ``cache`` cannot be written.
 
@@ -225,7 +230,7 @@ def _write_cache(cache: Path, path: Path, index: Index, key: str | Key) -> _Grou
     except OSError:
         return None
     maps: list[mmap.mmap] = []
-    written: list[_Grouping] = []
+    written: list[Grouping] = []
 
     def place(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         if all(type(k) is int and -(1 << 63) <= k < 1 << 63 for k in keys):
@@ -245,7 +250,7 @@ def _write_cache(cache: Path, path: Path, index: Index, key: str | Key) -> _Grou
         except OSError as exc:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
-            written.append(_Grouping(keys, bounds, np.empty(index.count, np.int64)))  # write it afterwards
+            written.append(Grouping(keys, bounds, np.empty(index.count, np.int64)))  # write it afterwards
             return written[0].order
         os.pwrite(tmp_fd, head, 0)
         maps.append(mmap.mmap(tmp_fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE))
@@ -377,7 +382,7 @@ def _in_memory(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np
     return np.empty(int(bounds[-1]), np.int64)
 
 
-def _group(path: Path, index: Index, key: str | Key, place: Place = _in_memory) -> _Grouping:
+def _group(path: Path, index: Index, key: str | Key, place: Place = _in_memory) -> Grouping:
     with _open_checked(path, index) as lines:
         if key == "label":
             return _label_grouping(lines, place)
@@ -393,10 +398,10 @@ def _group(path: Path, index: Index, key: str | Key, place: Place = _in_memory) 
     ordered, bounds = [keys[i] for i in rank], _bounds(counts)
     order = place(ordered, bounds)
     _scatter(order, counts, lambda a, b: new_code[codes[a:b]])
-    return _Grouping(ordered, bounds, order)
+    return Grouping(ordered, bounds, order)
 
 
-def _label_grouping(lines: _Lines, place: Place) -> _Grouping:
+def _label_grouping(lines: _Lines, place: Place) -> Grouping:
     """Group the samples by their integer label: each block of the file parsed and sorted by label on
     its own (two threads; numpy releases the GIL), then every block's samples scattered to their
     places, a stable counting sort. Only the result is N-sized, and each block's order (4 bytes a
@@ -463,7 +468,7 @@ def _label_grouping(lines: _Lines, place: Place) -> _Grouping:
         del parts
         for done in placed:
             done.result()
-    return _Grouping(keys_list, group_bounds, order)
+    return Grouping(keys_list, group_bounds, order)
 
 
 @dataclass(frozen=True)

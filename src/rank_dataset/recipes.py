@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from rank_dataset._subsets import SampleIds
 from rank_dataset.balance import _check_factors, class_weights, factor_groups, lvis_factors
-from rank_dataset.grouping import Key, each_line, group_by
+from rank_dataset.grouping import Key, each_line, grouping_of
 from rank_dataset.index import load_index
 from rank_dataset.mix import Source
 from rank_dataset.parsers import Parser
@@ -68,13 +68,16 @@ def class_balanced(
         >>> [(s.name, len(s.ids), round(s.weight, 3)) for s in class_balanced(p, power=0.5)]
         [('meta.txt[0]', 8, 1.0), ('meta.txt[1]', 2, 0.5)]
     """
-    groups = group_by(meta_file, key, cache_name=cache_name)
-    weights = class_weights(np.array([len(v) for v in groups.values()]), power)
+    grouping = grouping_of(meta_file, key, cache_name)
+    grouping.order.flags.writeable = False
+    bounds = grouping.bounds.tolist()
+    weights = class_weights(np.diff(grouping.bounds), power)
     base = os.path.basename(os.fspath(meta_file))
     sources = []
-    for (k, ids), w in zip(groups.items(), weights.tolist()):
-        name = f"{base}[{k}]"
-        sources.append(Source(meta_file, ids=_trusted(ids, name), weight=w, parser=parser, name=name))
+    for k, a, b, w in zip(grouping.keys, bounds, bounds[1:], weights.tolist()):
+        # Slices of the grouping's array (its cache's map): made here, not found back from views.
+        ids = SampleIds(grouping.order, a, b, checked=True)
+        sources.append(Source(meta_file, ids=ids, weight=w, parser=parser, name=f"{base}[{k}]"))
     return sources
 
 
