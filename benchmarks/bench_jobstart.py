@@ -3,10 +3,11 @@
 In one run, on one file of N lines (N = 10M by default, lines of about 34 bytes, in the page cache):
 - ``read``: one read of the file counting newlines, ``open(p, 'rb').read().count(b'\\n')``, in a
   fresh process: the baseline the ratios are taken against (as in bench_scale.py);
-- ``shared``: a real server process (``rank-dataset serve``, default limits) and W client processes
-  on loopback, each a ``RankServerDataset`` for its rank (forked from this process, torch already
-  imported), released together by a barrier; timed from the release until the last client has its
-  shard received, decoded and checked against its plan. Concurrent requests of one plan share
+- ``shared``: a real server process (``rank-dataset serve``, default limits) and W clients on
+  loopback, each a ``RankServerDataset`` for its rank in a thread of one of at most 8 client
+  processes (forked from this one, torch imported: 256 processes would not fit in memory), released
+  together by a barrier; timed from the release until the last client has its shard received,
+  decoded and checked against its plan. Concurrent requests of one plan share
   their passes over the file (``--max-pass-samples``, default);
 - ``alone``: the same with ``--max-pass-samples 1``, so each request reads its shard alone (the
   server before shared passes: at most ``--max-builds`` 4 at once, 503 and a retry beyond);
@@ -23,6 +24,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -31,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -67,31 +70,51 @@ def _fresh(code: str, *args: str, env: dict[str, str]) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def _client(url: str, world: int, rank: int, barrier: Any, results: Any) -> None:
+_PROCESSES = 8  # client processes at most (torch imported in each); a process runs several ranks in threads
+
+
+def _clients(url: str, world: int, ranks: list[int], barrier: Any, results: Any) -> None:
+    """Ranks ``ranks`` of ``world``, each a RankServerDataset in a thread, started by ``barrier``."""
     from rank_dataset import RankServerDataset
 
+    go = threading.Event()
+
+    def client(rank: int) -> None:
+        go.wait()
+        try:
+            ds = RankServerDataset(url, reload_cfg={"seed": 0}, rank=rank, world_size=world, timeout=900)
+            results.put((rank, time.perf_counter(), len(ds), None))
+        except Exception as exc:  # reported by the parent
+            results.put((rank, time.perf_counter(), 0, repr(exc)))
+
+    threads = [threading.Thread(target=client, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
     barrier.wait()
-    try:
-        ds = RankServerDataset(url, reload_cfg={"seed": 0}, rank=rank, world_size=world, timeout=900)
-        results.put((rank, time.perf_counter(), len(ds), None))
-        ds.shard.release()
-    except Exception as exc:  # reported by the parent
-        results.put((rank, time.perf_counter(), 0, repr(exc)))
+    go.set()
+    for t in threads:
+        t.join()
 
 
 def job_start(url: str, world: int) -> dict[str, float]:
-    """Seconds from releasing ``world`` client processes at once until the last has its shard (and
-    until the first has)."""
+    """Seconds from releasing ``world`` clients at once until the last has its shard (and until the
+    first has): at most _PROCESSES processes, forked from this one, each with its share of the ranks
+    in threads."""
     ctx = mp.get_context("fork")  # torch and rank_dataset are imported once, here
-    barrier, results = ctx.Barrier(world + 1), ctx.SimpleQueue()
-    procs = [ctx.Process(target=_client, args=(url, world, r, barrier, results)) for r in range(world)]
+    k = min(world, _PROCESSES)
+    barrier, results = ctx.Barrier(k + 1), ctx.SimpleQueue()
+    gc.freeze()  # fewer pages copied into each child
+    procs = [
+        ctx.Process(target=_clients, args=(url, world, list(range(p, world, k)), barrier, results)) for p in range(k)
+    ]
     for p in procs:
         p.start()
     barrier.wait()
     start = time.perf_counter()
-    done = [results.get() for _ in procs]
+    done = [results.get() for _ in range(world)]
     for p in procs:
         p.join()
+    gc.unfreeze()
     errors = [f"rank {rank}: {error}" for rank, _, _, error in done if error]
     if errors:
         raise RuntimeError(f"{len(errors)} of {world} clients failed, e.g. {errors[0]}")
@@ -152,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     rows += [
         "",
-        "Each client is a `RankServerDataset` in its own process (forked, torch imported), released with the",
-        "others by a barrier; the time is until the last one has its shard received, decoded and checked.",
+        "Each client is a `RankServerDataset` in a thread of one of at most 8 client processes (forked, torch",
+        "imported), all released by a barrier; the time is until the last has its shard received, decoded and checked.",
         "Shared: the server's default limits (`--max-builds 4`, `--max-pass-samples 16777216`); alone:",
         "`--max-pass-samples 1` (every request reads its shard alone, 4 at once, 503 and a retry beyond).",
         "Server, clients and the transfer over loopback share this machine's cores; the median of "

@@ -169,3 +169,13 @@ def test_client_mistakes_stay_4xx_among_shared_requests(write_meta, start_server
     calls.append(lambda: requests.post(f"{server.url}/shard", params={"world_size": 4, "rank": 0}, timeout=30))
     answers = _at_once(calls)
     assert [a.status_code for a in answers] == [200] * 4 + [400, 400, 405]
+
+
+def test_several_server_processes_each_share_what_they_accept(write_meta, start_server) -> None:
+    meta = write_meta(n=50_000)
+    server = start_server([meta], "--workers", "2")
+    world = 8
+    answers = _at_once([_get_shard(server.url, world_size=world, rank=r, epoch=1) for r in range(world)])
+    for rank, answer in enumerate(answers):
+        assert answer.status_code == 200, answer.text
+        assert answer.content == _alone(meta, world_size=world, rank=rank, epoch=1)
