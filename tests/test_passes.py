@@ -179,3 +179,4 @@ def test_several_server_processes_each_share_what_they_accept(write_meta, start_
     for rank, answer in enumerate(answers):
         assert answer.status_code == 200, answer.text
         assert answer.content == _alone(meta, world_size=world, rank=rank, epoch=1)
+    assert server.stop() == 0  # SIGTERM: uvicorn stops its worker processes too
