@@ -180,3 +180,11 @@ def test_several_server_processes_each_share_what_they_accept(write_meta, start_
         assert answer.status_code == 200, answer.text
         assert answer.content == _alone(meta, world_size=world, rank=rank, epoch=1)
     assert server.stop() == 0  # SIGTERM: uvicorn stops its worker processes too
+
+
+@pytest.mark.parametrize("value", [0, -3, 1.5, True])
+def test_max_pass_samples_must_be_a_positive_int(value) -> None:
+    from rank_dataset._limits import ServerLimits
+
+    with pytest.raises((TypeError, ValueError), match="max_pass_samples"):
+        ServerLimits(max_pass_samples=value)

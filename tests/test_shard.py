@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import pickle
 import subprocess
 import sys
@@ -166,7 +167,7 @@ def test_rows_are_the_shard_of_those_lines_over_the_same_bytes(write_meta) -> No
     idx = rng.integers(0, len(mf), 2500)
     whole = mf.read(idx)
     cuts = sorted({0, 2500, *rng.integers(0, 2500, 12).tolist()})
-    for a, b in [*zip(cuts, cuts[1:]), (7, 7), (0, 2500)]:
+    for a, b in [*itertools.pairwise(cuts), (7, 7), (0, 2500)]:
         part = whole.rows(a, b)
         alone = mf.read(idx[a:b])
         # What a server sends of it: the same frame as the shard of those lines read alone.
