@@ -517,8 +517,7 @@ def read_entry(index: Index, local: int) -> tuple[int, int]:
     if (
         fields is None
         or len(raw) != _ENTRY
-        or fields[0] != _MAGIC
-        or not FileKey(*fields[1:6]).same_file(k)
+        or fields[:5] != (_MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode)  # as FileKey.same_file
         or fields[6] != index.count
         or bool(fields[7] & _FLAG_ASCII) != index.ascii
         or fields[8] != index.ends_hash
@@ -592,7 +591,7 @@ class SpanReader:
                 buf, shift = self._window.load(self._fd, at, at + _ENTRY, self._header.longs_at)
             except ShortRead:
                 raise LookupError(f"the index cache {self._index.cache} was damaged") from None
-            # Entries start at multiples of 8 in the file, and so in buf (runs are page-aligned).
+            # Entries start at multiples of 8 in the file, and so in buf (runs start and end at entries).
             entries = buf[: buf.size - buf.size % _ENTRY].view("<u8")[(at - shift) // _ENTRY]
         return decode(entries, local, self._size, self._longs)
 

@@ -53,7 +53,7 @@ __all__ = ["MetaFile", "MetaFileChangedError"]
 _WINDOW = 8 << 20
 # Threads copying a build's rows (each its own batches): both cores, where the process may use two.
 _THREADS = min(2, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else 1
-_SPARSE_ROW = 2 * 4096  # what a row far from the others costs to read, beyond its length
+_SPARSE_ROW = 2 * 4096  # what a row far from the others costs to read, beyond its length (at most _pread._GAP)
 _INDEX_BYTES = 8 << 20  # index bytes a batch of rows is read with, at most (about)
 _ENTRY_BYTES = 8  # an index entry
 _PAGE = 4096
@@ -303,7 +303,8 @@ class MetaFile:
         writer = self._retrying(lambda: _gather(self._files, self._layout, indices, ids=ids))
         if not all(file.index.ascii for file in self._files):
             _check_utf8(self.where, indices, writer.data, writer.bounds)
-        return_freed_memory()
+        if indices.size >= _THREADED_ROWS:  # a small read leaves no large temporaries behind
+            return_freed_memory()
         return writer.finish()
 
     def _retrying(self, attempt: Callable[[], _T]) -> _T:
@@ -374,26 +375,39 @@ def _line_mark(f: _File, file: int, local: int) -> tuple[int, int, int]:
 
 
 def _read_one(f: _File, file: int, local: int) -> bytes:
-    """The bytes of one sample, checked as a build checks them, in one read of the index and one of
-    the file (what ``mf[i]`` costs)."""
+    """The bytes of one sample, checked as a build checks them: one read of the index (its header
+    and entry) and one of the file, whose descriptor is checked against the index's key once the
+    line is read (what ``mf[i]`` costs: a changed file is seen however it changed, as the key holds
+    the ctime; the path named the file when it was opened, and the line is of the file as indexed).
+    """
     start, end = _span(f, file, local)
-    size = f.index.key.size
+    key = f.index.key
+    size = key.size
     lo = 0 if start == len(BOM) else max(start - 1, 0)  # as _need_lo
-    with f.bytes.open(f.index.key) as fd:
-        raw = os.pread(fd, min(end + 2, size) - lo, lo)
-        if len(raw) < min(end + 2, size) - lo:
-            raise ShortRead(lo + len(raw))
-        line = raw[start - lo : end - lo]
-        tail = raw[end - lo : end - lo + 2]
-        if start == 0 or (start == len(BOM) and raw[:3] == BOM):
-            start_ok = not (start == 0 and raw[:3] == BOM)
-        else:
-            start_ok = raw[start - 1 - lo] == NEWLINE
-        end_ok = (tail[:1] in (b"\n", b"") and line[-1:] != b"\r") or (tail[:1] == b"\r" and tail[1:] in (b"\n", b""))
-        if not (start_ok and end_ok and b"\n" not in line and line.strip(b" \t\r\x0b\x0c")):
-            f.bytes.check(fd, f.index.key)
-            raise _IndexMismatch(file, corrupt=True)
-        return line
+    hi = min(end + 2, size)
+    try:
+        fd = os.open(f.path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise MetaFileChangedError(f.path, "it was deleted or moved") from None
+    try:
+        raw = os.pread(fd, hi - lo, lo)
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not key.matches(st):
+        _raise_if_changed(f.path, key, FileKey.of(st))
+    if len(raw) < hi - lo:
+        raise MetaFileChangedError(f.path, "it shrank while being read")
+    line = raw[start - lo : end - lo]
+    tail = raw[end - lo : end - lo + 2]
+    if start == 0 or (start == len(BOM) and raw[:3] == BOM):
+        start_ok = not (start == 0 and raw[:3] == BOM)
+    else:
+        start_ok = raw[start - 1 - lo] == NEWLINE
+    end_ok = (tail[:1] in (b"\n", b"") and line[-1:] != b"\r") or (tail[:1] == b"\r" and tail[1:] in (b"\n", b""))
+    if not (start_ok and end_ok and b"\n" not in line and line.strip(b" \t\r\x0b\x0c")):
+        raise _IndexMismatch(file, corrupt=True)
+    return line
 
 
 def _batches(
@@ -402,7 +416,8 @@ def _batches(
     """``(start, stop)`` of consecutive runs of rows at ``positions`` (roughly ascending) of
     ``lengths`` bytes, each of which costs about ``window`` bytes to read and holds at most
     ``max_rows`` rows. A row costs the bytes from the previous one, but at most two pages beyond its
-    own length (a sparse row is read with its pages alone: see :meth:`Window.load`)."""
+    own length (a sparse row is read alone, or with the bytes up to a close one: see
+    :meth:`Window.load`)."""
     if not positions.size:
         return []
     # What a batch from row a to row b costs: the bytes it spans (rows jitter, so the running
@@ -475,6 +490,9 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
 
 
 _BUCKET_BITS = 12  # rows are visited in file order at the granularity of 1/4096 of the samples
+# Reads of at most this many rows are sorted in full, one batch a file: their index entries span at
+# most 2 pages each where they are read as one range (see Window.load), so about _INDEX_BYTES.
+_SORTED_ROWS = 1 << 12
 
 
 @dataclass(frozen=True)
@@ -504,6 +522,8 @@ def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     """Each file's rows of ``indices``, in file order at the granularity of a bucket of samples, and
     cut into batches."""
     n, n_total = indices.size, bounds.total
+    if n <= _SORTED_ROWS:
+        return _sorted_visits(files, bounds, indices)
     shift = max(0, (n_total - 1).bit_length() - _BUCKET_BITS)
     keys = (indices >> shift).astype(np.uint16)
     order = np.argsort(keys, kind="stable")
@@ -533,6 +553,19 @@ def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
                 cuts.append(end)
         visits.append(_Visit(f, files[f], int(bounds.starts[f]), mine, cuts))
     return visits
+
+
+def _sorted_visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int64]) -> list[_Visit]:
+    """The visits of a small read (at most ``_SORTED_ROWS`` rows): its rows in file order exactly,
+    one batch a file (sorting a few thousand numbers costs less than bucketing them)."""
+    order = np.argsort(indices, kind="stable")
+    rows = order.astype(np.uint32)
+    ends = np.searchsorted(indices[order], bounds.starts, side="left").tolist()
+    return [
+        _Visit(f, files[f], int(bounds.starts[f]), rows[lo:hi], [0, hi - lo])
+        for f, (lo, hi) in enumerate(itertools.pairwise(ends))
+        if hi > lo
+    ]
 
 
 def _in_threads(work: Callable[[tuple[int, int]], None], k: int) -> None:
