@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from markdown_examples import Example, check_example, examples, run_example
+from markdown_examples import Example, check_example, examples
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -19,25 +19,32 @@ LOOP = next(e for e in EXAMPLES if "set_epoch(epoch, mini)" in e.code)
 PROGRAMS = [e for e in EXAMPLES if 'if __name__ == "__main__":' in e.code and e.not_run is None]
 
 
-def test_training_loop_example_runs(tmp_path: Path) -> None:
-    out = run_example(LOOP, tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == [
+def test_training_loop_example_shows_one_rank_reading_its_half_each_mini_epoch() -> None:
+    # The README's output block is itself right: 10,000 samples, 2 mini-epochs, one rank.
+    assert LOOP.output is not None
+    assert LOOP.output.splitlines() == [
         f"epoch {e} mini-epoch {m}: 5000 samples on this rank" for e in range(2) for m in range(2)
     ]
 
 
 def test_every_runnable_example_shows_its_output() -> None:
-    assert len(PROGRAMS) >= 3
+    assert PROGRAMS, "the README has no complete example program"
     for example in PROGRAMS:
         assert example.output is not None, f"{example.name(ROOT)} prints, but the README shows no output after it"
 
 
-@pytest.mark.parametrize("example", [e for e in EXAMPLES if e is not LOOP], ids=lambda e: e.name(ROOT))
-def test_every_runnable_example_prints_what_the_readme_shows(example: Example, tmp_path: Path) -> None:
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.name(ROOT))
+def test_every_example_prints_what_the_readme_shows(example: Example, tmp_path: Path) -> None:
     if example not in PROGRAMS:
         example = Example(example.page, example.line, example.code, None, "a fragment")
     check_example(example, tmp_path, ROOT)
+
+
+def test_readme_is_a_front_page() -> None:
+    # The details live on the documentation site; the README points there.
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    assert "make docs" in text and "site/index.html" in text
 
 
 def test_quickstart_targets_exist() -> None:
