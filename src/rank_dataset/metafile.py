@@ -459,10 +459,17 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     small = n < _THREADED_ROWS  # a small build keeps its spans rather than read the index twice
     kept: dict[int, list[_Batch]] = {}
     for visit in visits:
-        for batch in _spans_of(visit, indices):
-            lengths[batch[0]] = batch[2]
-            if small:
+        if small:
+            for batch in _spans_of(visit, indices):
+                lengths[batch[0]] = batch[2]
                 kept.setdefault(visit.number, []).append(batch)
+            continue
+
+        def take_lengths(part: tuple[int, int], visit: _Visit = visit, out: npt.NDArray[Any] = lengths) -> None:
+            for rows, _, took in _spans_of(visit, indices, part):
+                out[rows] = took  # the threads' rows are disjoint
+
+        _in_threads(take_lengths, _THREADS)
     writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids)
     writer.bounds[0] = 0
     np.cumsum(lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
@@ -525,7 +532,9 @@ def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     if n <= _SORTED_ROWS:
         return _sorted_visits(files, bounds, indices)
     shift = max(0, (n_total - 1).bit_length() - _BUCKET_BITS)
-    keys = (indices >> shift).astype(np.uint16)
+    keys = np.empty(n, np.uint16)
+    for lo in range(0, n, _BATCH_ROWS):  # a slice at a time: no n-sized int64 temporary
+        np.right_shift(indices[lo : lo + _BATCH_ROWS], shift, out=keys[lo : lo + _BATCH_ROWS], casting="unsafe")
     order = np.argsort(keys, kind="stable")
     rows = order.astype(np.uint32) if n < 1 << 32 else order
     del order
