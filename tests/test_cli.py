@@ -22,6 +22,14 @@ def test_index_command(write_meta, tmp_path: Path) -> None:
     assert "meta file not found" in missing.output and "nope.txt" in missing.output
 
 
+def test_version_option_prints_the_installed_version() -> None:
+    import rank_dataset
+
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"rank-dataset, version {rank_dataset.__version__}\n"
+
+
 # A child process in which `blocked` cannot be imported (as on a machine without it: a None entry in
 # sys.modules makes `import` raise ModuleNotFoundError), running the command line in-process with
 # click's CliRunner, or for real through main().

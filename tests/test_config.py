@@ -17,7 +17,12 @@ def test_defaults_and_original_keys() -> None:
 @pytest.mark.parametrize(
     ("value", "error", "message"),
     [
-        ({"mini_epochs": 2}, ValueError, "unknown reload_cfg key 'mini_epochs'; valid keys are mini_epoch, seed"),
+        (
+            {"mini_epochs": 2},
+            ValueError,
+            r"unknown reload_cfg key 'mini_epochs' \(did you mean 'mini_epoch'\?\); valid keys are mini_epoch, seed",
+        ),
+        ({"shuffle": True}, ValueError, r"unknown reload_cfg key 'shuffle'; valid keys are mini_epoch, seed"),
         ({"mini_epoch": 0}, ValueError, r"reload_cfg\['mini_epoch'\] must be >= 1, got 0"),
         ({"mini_epoch": 2, "mini_epoch_idx": 2}, ValueError, r"mini_epoch_idx'\] must be in \[0, mini_epoch=2\)"),
         ({"epoch": -1}, ValueError, r"reload_cfg\['epoch'\] must be >= 0"),

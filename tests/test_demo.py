@@ -29,6 +29,10 @@ def test_small_demo_checks_coverage_and_compares_memory() -> None:
     assert out.stdout.count("| rank_dataset | ") == 3  # two ranks, and the memory row
     assert "x less |" in out.stdout
     assert [m.group(1) for m in MEMORY_CELL.finditer(out.stdout)] == ["rank_dataset", "naive"]
+    # Each step says it started, on stderr (stdout stays the report): minutes of silence look like a hang.
+    steps = [line for line in out.stderr.splitlines() if line.startswith("  ") and line.endswith(" ...")]
+    assert [s.split()[0] for s in steps] == ["writing", "2", "2"], out.stderr
+    assert "20,000 lines" in steps[0] and "RankDataset" in steps[1] and "naive" in steps[2]
 
 
 def test_demo_through_a_server(write_meta) -> None:
@@ -39,6 +43,7 @@ def test_demo_through_a_server(write_meta) -> None:
     assert out.returncode == 0, out.stderr
     assert "coverage (server): OK - epoch 0: 3006 samples read, 3001 of 3001 distinct" in out.stdout
     assert "| naive |" not in out.stdout
+    assert "  starting a meta server on a loopback port (it indexes the files) ...\n" in out.stderr
     # A few KiB of metas: the figure is a positive number above the noise, or says it is below it.
     assert [m.group(1) for m in MEMORY_CELL.finditer(out.stdout)] == ["server"]
 

@@ -44,3 +44,7 @@ def test_changelog_has_the_current_version_and_an_unreleased_section() -> None:
     headings = re.findall(r"^## (.+)$", changelog, flags=re.M)
     assert headings[0] == "Unreleased"
     assert PROJECT["project"]["version"] in headings
+
+
+def test_the_installed_version_is_the_projects() -> None:
+    assert rank_dataset.__version__ == PROJECT["project"]["version"]

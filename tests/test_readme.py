@@ -52,3 +52,11 @@ def test_quickstart_targets_exist() -> None:
     for target in ("demo", "test"):
         assert f"make {target}" in README.read_text()
         assert re.search(rf"^{target}:", makefile, flags=re.M)
+
+
+def test_readme_links_to_files_that_exist() -> None:
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text())
+    local = [link for link in links if "://" not in link]
+    assert local, "the README links to no documentation page"
+    missing = [link for link in local if not (ROOT / link).is_file()]
+    assert not missing, f"the README links to files that do not exist: {missing}"

@@ -8,6 +8,7 @@ tools and the meta server import and run without torch.
 from __future__ import annotations
 
 import importlib
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from rank_dataset._channel import PassCount
@@ -29,6 +30,11 @@ from rank_dataset.resume import ResumeState
 from rank_dataset.scan import build_index
 from rank_dataset.shard import Shard
 from rank_dataset.topology import get_rank_world_size
+
+try:
+    __version__ = metadata.version("rank-dataset")
+except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
     from rank_dataset.client import RankServerDataset, ServerDataset

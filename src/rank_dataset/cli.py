@@ -47,6 +47,7 @@ def _optional_dependencies() -> Iterator[None]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rank-dataset", prog_name="rank-dataset")
 def cli() -> None:
     """Rank-sharded loading of very large meta files for PyTorch distributed training."""
 
@@ -204,6 +205,7 @@ def demo_cmd(
             baseline=baseline,
             mix=mix,
             schedule=schedule,
+            progress=lambda line: click.echo(f"  {line} ...", err=True),
         )
     except (DemoError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -71,7 +72,9 @@ class ReloadConfig:
         known = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(value) - set(known), key=str)
         if unknown:
-            raise ValueError(f"unknown reload_cfg key {unknown[0]!r}; valid keys are {', '.join(known)}")
+            close = difflib.get_close_matches(str(unknown[0]), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown reload_cfg key {unknown[0]!r}{hint}; valid keys are {', '.join(known)}")
         return cls(**value)
 
     def replace(self, **changes: Any) -> ReloadConfig:

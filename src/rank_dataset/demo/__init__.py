@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,13 +145,14 @@ def run_demo(
     batch_size: int = 256,
     mix: bool = False,
     schedule: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> list[DemoResult]:
     """Run the demo and return one DemoResult per loader (rank_dataset or server, then naive).
 
     With ``mix``, the data is three synthetic sources of ``lines`` samples in all, mixed into epochs
     of ``lines`` samples (no naive baseline: it cannot mix). With ``schedule`` too, the mix changes
     from epoch 1 on (``books.txt`` goes from ``repeat=0.5`` to ``repeat=1``; ``web.txt``, weighted,
-    takes up the change).
+    takes up the change). ``progress`` is called with a line as each step starts (the CLI prints it).
 
     Raises:
         DemoError: a rank failed (the message names it and why), or an epoch was not covered.
@@ -171,17 +173,20 @@ def run_demo(
         raise ValueError("--schedule changes the mix demo's rules from epoch 1 on: give it with --mix")
     if mix and lines < 10:
         raise ValueError(f"the mix demo needs lines >= 10, got {lines}")
+    say = progress or (lambda line: None)
     with tempfile.TemporaryDirectory(prefix="rank_dataset_demo_") as tmp:
         work = Path(tmp)
         mix_cfg: dict[str, Any] = {}
         served: Path | list[str]
         if mix:
+            say(f"writing three synthetic sources of {lines:,} lines in all")
             paths, rules = write_mix(work, lines, schedule)
             sources = [{"path": str(p), "name": p.name, **rule} for p, rule in zip(paths, rules)]
             mix_cfg = {"mix": sources, "epoch_size": lines}
             served = [str(p) for p in paths]
             baseline = False
         elif meta_file is None:
+            say(f"writing a synthetic meta file of {lines:,} lines")
             meta = served = write_imagenet_meta(work / "train_meta.txt", lines)
         else:
             meta = Path(meta_file)
@@ -198,15 +203,22 @@ def run_demo(
         }
         os.environ.setdefault("RANK_DATASET_CACHE_DIR", str(work / "cache"))
         results = []
+        passes = f"{epochs} epochs x {mini_epochs} mini-epochs"
         if server:
+            say("starting a meta server on a loopback port (it indexes the files)")
             srv = _server(served)
             try:
+                say(
+                    f"{world_size} ranks reading through the server: {passes}, beside two passes of the memory baseline"
+                )
                 results.append(launch_ranks({**cfg, "loader": "server", "url": srv.url}, world_size, work))
             finally:
                 srv.stop()
         else:
+            say(f"{world_size} ranks with RankDataset: {passes}, beside two passes of the memory baseline")
             results.append(launch_ranks({**cfg, "loader": "rank_dataset"}, world_size, work))
         if baseline:
+            say(f"{world_size} ranks with the naive loader (a list in every rank): {epochs} epochs")
             results.append(launch_ranks({**cfg, "loader": "naive"}, world_size, work))
     for result in results:
         if not result.covered:
