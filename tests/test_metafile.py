@@ -335,7 +335,7 @@ def test_reads_give_exactly_the_samples_asked_for_in_order(tmp_path: Path, rows:
     # Small reads (sorted in full, joined reads of what each line needs) and large ones (bucketed,
     # windows, two threads) give the same: the lines asked for, in that order, repeats included,
     # across files with a BOM, CRLF endings and blank lines.
-    sizes = [30_000, 5, 45_000]
+    sizes = [30_000, 5, 45_000]  # the last file's 70,000 rows are read by two threads
     samples: list[str] = []
     paths = []
     for f, size in enumerate(sizes):
@@ -351,6 +351,7 @@ def test_reads_give_exactly_the_samples_asked_for_in_order(tmp_path: Path, rows:
         "consecutive": np.arange(start, start + min(rows, n)),
         "descending": np.arange(n - 1, -1, -max(1, n // rows))[:rows],
         "one sample many times": np.full(rows, n - 1),
+        "from the last file, repeats": rng.integers(30_005, n, rows),
         "the first and last of each file": np.resize(np.array([0, 29_999, 30_000, 30_004, 30_005, n - 1]), rows),
     }
     for what, indices in picks.items():

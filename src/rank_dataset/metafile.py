@@ -469,7 +469,11 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
             for rows, _, took in _spans_of(visit, indices, part):
                 out[rows] = took  # the threads' rows are disjoint
 
-        _in_threads(take_lengths, _THREADS)
+        _in_threads(take_lengths, _threads(visit))
+    if not small:
+        # The threads' freed batches stay in their malloc arenas: returned before the shard exists,
+        # so that they do not count on top of it.
+        return_freed_memory()
     writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids)
     writer.bounds[0] = 0
     np.cumsum(lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
@@ -483,7 +487,7 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
                 _copy_part(visit, iter(kept.get(visit.number, [])), fd, writer)
             else:
                 work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
-                _in_threads(lambda part: work(_spans_of(visit, indices, part)), _THREADS)  # noqa: B023
+                _in_threads(lambda part: work(_spans_of(visit, indices, part)), _threads(visit))  # noqa: B023
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. One pass over the copied bytes finds it.
     bad = writer.find(b"\n")
@@ -575,6 +579,12 @@ def _sorted_visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[
         for f, (lo, hi) in enumerate(itertools.pairwise(ends))
         if hi > lo
     ]
+
+
+def _threads(visit: _Visit) -> int:
+    """Threads to read a visit's rows with: one for few (starting threads costs about a millisecond,
+    which a mix of thousands of files would pay for each)."""
+    return _THREADS if visit.rows.size >= _THREADED_ROWS else 1
 
 
 def _in_threads(work: Callable[[tuple[int, int]], None], k: int) -> None:
