@@ -464,16 +464,8 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
                 lengths[batch[0]] = batch[2]
                 kept.setdefault(visit.number, []).append(batch)
             continue
-
-        def take_lengths(part: tuple[int, int], visit: _Visit = visit, out: npt.NDArray[Any] = lengths) -> None:
-            for rows, _, took in _spans_of(visit, indices, part):
-                out[rows] = took  # the threads' rows are disjoint
-
-        _in_threads(take_lengths, _threads(visit))
-    if not small:
-        # The threads' freed batches stay in their malloc arenas: returned before the shard exists,
-        # so that they do not count on top of it.
-        return_freed_memory()
+        # (No name may keep ``lengths`` alive past the ``del`` below: a partial, not a local function.)
+        _in_threads(functools.partial(_take_lengths, visit, indices, lengths), _threads(visit))
     writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids)
     writer.bounds[0] = 0
     np.cumsum(lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
@@ -579,6 +571,12 @@ def _sorted_visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[
         for f, (lo, hi) in enumerate(itertools.pairwise(ends))
         if hi > lo
     ]
+
+
+def _take_lengths(visit: _Visit, indices: npt.NDArray[np.int64], out: npt.NDArray[Any], part: tuple[int, int]) -> None:
+    """Set ``out[row]`` to the length of each row of ``visit``'s batches of ``part`` (see :func:`_spans_of`)."""
+    for rows, _, took in _spans_of(visit, indices, part):
+        out[rows] = took  # the parts' rows are disjoint
 
 
 def _threads(visit: _Visit) -> int:
