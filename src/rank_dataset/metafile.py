@@ -437,10 +437,10 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     """A ShardWriter holding the lines of samples ``indices``, back to back in ``indices``' order.
 
     Rows are visited in file order at the granularity of 1/4096 of the samples (a cheap radix sort
-    instead of a full one), in two passes. The first reads the index entries of a batch of rows at a
-    time and keeps their lengths, which fix where each line goes; the second reads the entries
-    again and the lines, a window of the file at a time, checks them against the file's bytes and
-    copies each at its exact length into its place in item order
+    instead of a full one; a small read is sorted in full), in two passes. The first reads the index
+    entries of a batch of rows at a time and keeps their lengths, which fix where each line goes; the
+    second reads the entries again and the lines, a window of the file at a time, checks them against
+    the file's bytes and copies each at its exact length into its place in item order
     (:func:`~rank_dataset.shard.copy_rows`). So a build holds little beyond its shard and one
     4-byte number a row (its place in the visiting order), besides ``indices``.
 
