@@ -21,6 +21,13 @@ CASES = [
         ("server.png", True),
     ),
     (
+        "jobstart",
+        ["--lines", "20000", "--worlds", "1", "16", "--repeat", "1"],
+        "jobstart.md",
+        ["| 16 |", "One read of the file counting newlines"],
+        ("jobstart.png", True),
+    ),
+    (
         "build",
         ["--lines", "5000", "--repeat", "1", "--agree-repeat", "2"],
         "build.md",

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import pickle
 import subprocess
 import sys
@@ -158,3 +159,25 @@ def test_a_forked_child_does_not_keep_the_parents_segments(write_meta) -> None:
     with pytest.raises(FileNotFoundError):  # released by its creator: no one can attach it any more
         Shard.attach(s.handle)
     assert s.text(3)  # still mapped here
+
+
+def test_rows_are_the_shard_of_those_lines_over_the_same_bytes(write_meta) -> None:
+    from rank_dataset import protocol
+
+    mf = MetaFile(write_meta(n=3000))
+    rng = np.random.default_rng(2)
+    idx = rng.integers(0, len(mf), 2500)
+    whole = mf.read(idx)
+    cuts = sorted({0, 2500, *rng.integers(0, 2500, 12).tolist()})
+    for a, b in [*itertools.pairwise(cuts), (7, 7), (0, 2500)]:
+        part = whole.rows(a, b)
+        alone = mf.read(idx[a:b])
+        # What a server sends of it: the same frame as the shard of those lines read alone.
+        assert b"".join(protocol.encode_frame(part)) == b"".join(protocol.encode_frame(alone)), (a, b)
+        assert part.texts(range(b - a)) == alone.texts(range(b - a))
+        assert part.bounds.dtype == alone.bounds.dtype and part.bounds[0] == 0
+        assert np.shares_memory(part.data, whole.data) or b == a
+    assert Shard.from_lines([b"a", b"b"]).rows(1, 2).ids is None
+    for a, b in [(-1, 2), (2, 1), (0, 2501)]:
+        with pytest.raises(IndexError, match="not within a shard of 2500 lines"):
+            whole.rows(a, b)

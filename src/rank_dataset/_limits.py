@@ -30,6 +30,7 @@ class ServerLimits:
     max_body_size: int = 1 << 20  # 131,072 indices in a /samples request
     max_header_size: int = 16 << 10
     max_builds: int = 4
+    max_pass_samples: int = 1 << 24  # about 0.8 GB of 34-byte lines, with their ids and offsets
     limit_concurrency: int = 2048
     timeout_request: float = 10.0
     timeout_send: float = 30.0
@@ -37,7 +38,14 @@ class ServerLimits:
     backlog: int = 2048
 
     def __post_init__(self) -> None:
-        for name in ("max_body_size", "max_header_size", "max_builds", "limit_concurrency", "timeout_keep_alive"):
+        for name in (
+            "max_body_size",
+            "max_header_size",
+            "max_builds",
+            "max_pass_samples",
+            "limit_concurrency",
+            "timeout_keep_alive",
+        ):
             check_int(name, getattr(self, name), low=1)
         check_int("backlog", self.backlog, low=1)
         for name in ("timeout_request", "timeout_send"):

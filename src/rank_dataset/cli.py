@@ -104,6 +104,13 @@ def index_cmd(meta_files: tuple[str, ...]) -> None:
     help="Shard builds (/shard, /samples) in progress at once (503 with Retry-After).",
 )
 @click.option(
+    "--max-pass-samples",
+    default=DEFAULT_LIMITS.max_pass_samples,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Samples read in one pass shared by concurrent /shard requests of one plan (1: none shared).",
+)
+@click.option(
     "--limit-concurrency",
     default=DEFAULT_LIMITS.limit_concurrency,
     show_default=True,

@@ -20,19 +20,21 @@ The wire format, the pinning of files and the error bodies are :mod:`rank_datase
 Limits (see ``serve``): a request's head is at most ``max_header_size`` bytes (h11 answers 400), its
 body at most ``max_body_size`` (413), and the whole request must arrive within ``timeout_request``
 seconds; at most ``max_builds`` shard builds run at once (503 with Retry-After beyond).
+
+Concurrent ``/shard`` requests of one plan (all but the rank alike) share their reads of the files:
+see :mod:`rank_dataset._passes`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import os
 import signal
-from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -43,6 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rank_dataset import protocol
 from rank_dataset._limits import DEFAULT_LIMITS, LIMITS_ENV, ServerLimits
+from rank_dataset._passes import BuildSlots, Busy, SharedPasses
 from rank_dataset.metafile import MetaFile, MetaFileChangedError
 from rank_dataset.protocol import DEFAULT_PORT, FINGERPRINT_HEADER, TOKEN_ENV
 from rank_dataset.shard import Shard
@@ -103,7 +106,6 @@ class _PinnedFiles:
 # The connection-level ones (request and send timeouts) are in _connection.py; uvicorn's own
 # (header size, concurrency, keep-alive, backlog) are passed to it by serve().
 
-_BUILD_PATHS = frozenset({"/shard", "/samples"})
 _BUILD_WAIT = 1.0  # seconds a build request waits for a free slot before it is answered 503
 _RETRY_AFTER = 1  # seconds, in that 503's Retry-After header
 
@@ -164,58 +166,45 @@ class _BodyLimit:
 
 
 class _BuildLimit:
-    """ASGI middleware (innermost): at most ``max_builds`` shard builds (/shard, /samples) at once.
+    """ASGI middleware (innermost): each ``/samples`` request takes a build slot (``/shard`` requests
+    take one a pass, see :mod:`rank_dataset._passes`).
 
     A build counts from its request until the last byte of its answer is sent, since the shard is
     held in memory until then. A request that finds every slot taken waits up to _BUILD_WAIT seconds
-    for one, then is answered 503 with ``Retry-After``. One event loop runs all of this, so a counter
-    and a queue of futures are enough.
+    for one, then is answered 503 with ``Retry-After``.
     """
 
-    def __init__(self, app: ASGIApp, max_builds: int) -> None:
+    def __init__(self, app: ASGIApp, slots: BuildSlots) -> None:
         self.app = app
-        self.free = max_builds
-        self.waiting: deque[asyncio.Future[None]] = deque()
+        self.slots = slots
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in _BUILD_PATHS:
+        if scope["type"] != "http" or scope["path"] != protocol.SAMPLES:
             await self.app(scope, receive, send)
             return
-        if not await self._acquire():
-            message = f"the server is building as many shards as it may at once; retry in {_RETRY_AFTER}s"
-            await _error(503, message, "busy", headers={"Retry-After": str(_RETRY_AFTER)})(scope, receive, send)
+        if not await self.slots.acquire():
+            await _busy()(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
         finally:
-            self._release()
+            self.slots.release()
 
-    async def _acquire(self) -> bool:
-        if self.free and not self.waiting:
-            self.free -= 1
-            return True
-        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiting.append(slot)
-        try:
-            await asyncio.wait_for(asyncio.shield(slot), _BUILD_WAIT)
-            return True
-        except asyncio.TimeoutError:
-            if slot.done():  # handed over just as the wait ran out: it is ours
-                return True
-            self.waiting.remove(slot)
-            return False
-        except BaseException:  # the request was cancelled while it waited
-            if slot.done():
-                self._release()  # it had been handed a slot: pass it on
-            else:
-                self.waiting.remove(slot)
-            raise
 
-    def _release(self) -> None:
-        if self.waiting:
-            self.waiting.popleft().set_result(None)  # straight to the longest waiting request
-        else:
-            self.free += 1
+def _busy() -> JSONResponse:
+    message = f"the server is building as many shards as it may at once; retry in {_RETRY_AFTER}s"
+    return _error(503, message, "busy", headers={"Retry-After": str(_RETRY_AFTER)})
+
+
+class _AsgiRoute:
+    """A route's endpoint that is an ASGI app itself (Starlette calls a plain function with a Request
+    and sends what it returns), so that it can act once its answer is sent."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
 
 
 def _frame_response(shard: Shard) -> StreamingResponse:
@@ -232,11 +221,13 @@ def create_app(
     token: str | None = None,
     max_body_size: int = DEFAULT_LIMITS.max_body_size,
     max_builds: int = DEFAULT_LIMITS.max_builds,
+    max_pass_samples: int = DEFAULT_LIMITS.max_pass_samples,
 ) -> ASGIApp:
     """The ASGI application serving ``meta``; with ``token``, requests must carry it.
 
-    Request bodies are capped at ``max_body_size`` bytes (413) and at most ``max_builds`` shard
-    builds are in progress at once (503 with Retry-After beyond); see ``serve``.
+    Request bodies are capped at ``max_body_size`` bytes (413), at most ``max_builds`` shard
+    builds are in progress at once (503 with Retry-After beyond), and concurrent ``/shard`` requests
+    of one plan share passes of at most ``max_pass_samples`` samples; see ``serve``.
 
     Examples:
         >>> import tempfile, os
@@ -289,7 +280,12 @@ def create_app(
             return _error(404, f"sample index {bad} is out of range for {n} samples", "index")
         return _frame_response(meta.read(indices))
 
-    def shard(request: Request) -> Response:
+    slots = BuildSlots(max_builds, _BUILD_WAIT)
+    passes = SharedPasses(slots, max_pass_samples)
+
+    def plan_shard(request: Request) -> Response | tuple[str, MetaFile, npt.NDArray[np.int64]]:
+        """The request's plan key (every field but the rank), source and indices, or the answer to
+        a request that cannot be planned."""
         query = request.query_params
         if len(query.multi_items()) != len(query):
             twice = sorted({k for k, _ in query.multi_items() if len(query.getlist(k)) > 1})
@@ -299,7 +295,20 @@ def create_app(
         except protocol.FilesMismatch as exc:
             return _error(409, str(exc), "files")
         source = meta if source_files is None else meta.select([file_number[f] for fs in source_files for f in fs])
-        return _frame_response(source.read(spec.indices()))
+        key = json.dumps([{**spec.to_dict(), "rank": None}, source_files], sort_keys=True)
+        return key, source, spec.indices()
+
+    async def shard(scope: Scope, receive: Receive, send: Send) -> None:
+        # Planning (the permutation) is CPU work: off the event loop, like the sync endpoints.
+        planned = await run_in_threadpool(plan_shard, Request(scope, receive))
+        if isinstance(planned, Response):
+            await planned(scope, receive, send)
+            return
+        try:
+            async with passes.shard(*planned) as part:
+                await _frame_response(part)(scope, receive, send)
+        except Busy:
+            await _busy()(scope, receive, send)
 
     async def bad_request(request: Request, exc: Exception) -> Response:
         return _error(400, str(exc))
@@ -323,7 +332,7 @@ def create_app(
             Route(protocol.FILES, files),
             Route(protocol.sample_path("{index}"), sample),
             Route(protocol.SAMPLES, samples, methods=["POST"]),
-            Route(protocol.SHARD, shard),
+            Route(protocol.SHARD, _AsgiRoute(shard), methods=["GET"]),
         ],
         exception_handlers={
             MetaFileChangedError: files_changed,
@@ -332,7 +341,7 @@ def create_app(
             HTTPException: http_error,
         },
     )
-    limited = _PinnedFiles(_BodyLimit(_BuildLimit(app, max_builds), max_body_size), fingerprint)
+    limited = _PinnedFiles(_BodyLimit(_BuildLimit(app, slots), max_body_size), fingerprint)
     return _BearerToken(limited, token) if token else limited
 
 
@@ -345,6 +354,7 @@ def _app_from_env() -> ASGIApp:
         token=os.environ.get(TOKEN_ENV) or None,
         max_body_size=limits.max_body_size,
         max_builds=limits.max_builds,
+        max_pass_samples=limits.max_pass_samples,
     )
 
 
@@ -386,6 +396,7 @@ def serve(
     max_body_size: int = DEFAULT_LIMITS.max_body_size,
     max_header_size: int = DEFAULT_LIMITS.max_header_size,
     max_builds: int = DEFAULT_LIMITS.max_builds,
+    max_pass_samples: int = DEFAULT_LIMITS.max_pass_samples,
     limit_concurrency: int = DEFAULT_LIMITS.limit_concurrency,
     timeout_request: float = DEFAULT_LIMITS.timeout_request,
     timeout_send: float = DEFAULT_LIMITS.timeout_send,
@@ -401,7 +412,11 @@ def serve(
     - ``max_body_size``: bytes in a request body (413, before the body is read if it is declared).
     - ``max_header_size``: bytes in a request line and headers (h11's ``max_incomplete_event_size``: 400).
     - ``max_builds``: shard builds (/shard, /samples) in progress at once, each until its answer is
-      sent; a request waits up to 1 s for one, then gets 503 with ``Retry-After: 1``.
+      sent; a request waits up to 1 s for one, then gets 503 with ``Retry-After: 1``. Concurrent
+      ``/shard`` requests of one plan share a build: see ``max_pass_samples``.
+    - ``max_pass_samples``: samples read in one pass shared by concurrent ``/shard`` requests of
+      one plan (every parameter alike but the rank); a pass holds its shards until the last is
+      sent. 1: each request is read alone. Passes are shared within a server process only.
     - ``limit_concurrency``: connections and requests at once (uvicorn's own: 503).
     - ``timeout_request``: seconds for a whole request (head and body) to arrive, counted from the
       connection's start or its previous answer (the connection is closed).
@@ -415,6 +430,7 @@ def serve(
         max_body_size=max_body_size,
         max_header_size=max_header_size,
         max_builds=max_builds,
+        max_pass_samples=max_pass_samples,
         limit_concurrency=limit_concurrency,
         timeout_request=timeout_request,
         timeout_send=timeout_send,

@@ -305,6 +305,27 @@ class Shard:
         shard.ids = None
         return shard
 
+    def rows(self, start: int, stop: int) -> Shard:
+        """Lines ``[start, stop)`` as a shard over the same bytes: offsets from 0 (of the dtype a shard
+        of just these lines has), the ids (if any) a view. Not in a segment of its own.
+
+        Raises:
+            IndexError: not ``0 <= start <= stop <= len(self)``.
+
+        Examples:
+            >>> s = Shard.from_lines([b"a", b"bb", b"ccc"]).rows(1, 3)
+            >>> s.texts([0, 1]), s.bounds.tolist()
+            (['bb', 'ccc'], [0, 2, 5])
+        """
+        if not 0 <= start <= stop <= len(self):
+            raise IndexError(f"rows [{start}, {stop}) are not within a shard of {len(self)} lines")
+        lo, hi = int(self.bounds[start]), int(self.bounds[stop])
+        bounds = (self.bounds[start : stop + 1] - np.array(lo, self.bounds.dtype)).astype(offset_dtype(hi - lo))
+        ids = None if self.ids is None else self.ids[start:stop]
+        shard = Shard.__new__(Shard)
+        shard._set(self.data[lo:hi], bounds, ids, None, None)
+        return shard
+
     def shared(self) -> Shard:
         """This shard if it lives in a shareable segment, else a copy of it in a new one."""
         if self.handle is not None:

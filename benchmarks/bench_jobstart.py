@@ -1,0 +1,212 @@
+"""Job start through the meta server: W ranks asking for their shards at once, with and without shared passes.
+
+In one run, on one file of N lines (N = 10M by default, lines of about 34 bytes, in the page cache):
+- ``read``: one read of the file counting newlines, ``open(p, 'rb').read().count(b'\\n')``, in a
+  fresh process: the baseline the ratios are taken against (as in bench_scale.py);
+- ``shared``: a real server process (``rank-dataset serve``, default limits) and W clients on
+  loopback, each a ``RankServerDataset`` for its rank in a thread of one of at most 8 client
+  processes (forked from this one, torch imported: 256 processes would not fit in memory), released
+  together by a barrier; timed from the release until the last client has its shard received,
+  decoded and checked against its plan. Concurrent requests of one plan share
+  their passes over the file (``--max-pass-samples``, default);
+- ``alone``: the same with ``--max-pass-samples 1``, so each request reads its shard alone (the
+  server before shared passes: at most ``--max-builds`` 4 at once, 503 and a retry beyond);
+- ``pass``: what the server's shared work costs by itself: ``MetaFile.read`` of all W ranks'
+  indices at once, in a fresh process (no HTTP, no clients).
+
+W = 1 is a lone request: sharing must not slow it down.
+
+Usage:
+    python benchmarks/bench_jobstart.py --data-dir /work/bench-data/serve      # N = 10M, W in {1, 8, 64, 256}
+    python benchmarks/bench_jobstart.py --lines 20000 --worlds 1 4 --repeat 1 --out /tmp/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import machine_info, plotting, save_results  # noqa: E402
+from bench_scale import meta_file  # noqa: E402
+
+_READ = """
+import json, sys, time
+t = time.perf_counter()
+count = open(sys.argv[1], "rb").read().count(b"\\n")
+print(json.dumps({"seconds": time.perf_counter() - t, "count": count}))
+"""
+
+_PASS = """
+import json, sys, time
+import numpy as np
+from rank_dataset import MetaFile
+from rank_dataset.plan import ShardSpec
+mf = MetaFile(sys.argv[1])
+world = int(sys.argv[2])
+t = time.perf_counter()
+indices = np.concatenate([ShardSpec(len(mf), world, r, seed=0).indices() for r in range(world)])
+shard = mf.read(indices)
+print(json.dumps({"seconds": time.perf_counter() - t, "count": len(shard)}))
+"""
+
+
+def _fresh(code: str, *args: str, env: dict[str, str]) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+_PROCESSES = 8  # client processes at most (torch imported in each); a process runs several ranks in threads
+
+
+def _clients(url: str, world: int, ranks: list[int], barrier: Any, results: Any) -> None:
+    """Ranks ``ranks`` of ``world``, each a RankServerDataset in a thread, started by ``barrier``."""
+    from rank_dataset import RankServerDataset
+
+    go = threading.Event()
+
+    def client(rank: int) -> None:
+        go.wait()
+        try:
+            ds = RankServerDataset(url, reload_cfg={"seed": 0}, rank=rank, world_size=world, timeout=900)
+            results.put((rank, time.perf_counter(), len(ds), None))
+        except Exception as exc:  # reported by the parent
+            results.put((rank, time.perf_counter(), 0, repr(exc)))
+
+    threads = [threading.Thread(target=client, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    go.set()
+    for t in threads:
+        t.join()
+
+
+def job_start(url: str, world: int) -> dict[str, float]:
+    """Seconds from releasing ``world`` clients at once until the last has its shard (and until the
+    first has): at most _PROCESSES processes, forked from this one, each with its share of the ranks
+    in threads."""
+    ctx = mp.get_context("fork")  # torch and rank_dataset are imported once, here
+    k = min(world, _PROCESSES)
+    barrier, results = ctx.Barrier(k + 1), ctx.SimpleQueue()
+    gc.freeze()  # fewer pages copied into each child
+    procs = [
+        ctx.Process(target=_clients, args=(url, world, list(range(p, world, k)), barrier, results)) for p in range(k)
+    ]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    start = time.perf_counter()
+    done = [results.get() for _ in range(world)]
+    for p in procs:
+        p.join()
+    gc.unfreeze()
+    errors = [f"rank {rank}: {error}" for rank, _, _, error in done if error]
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {world} clients failed, e.g. {errors[0]}")
+    ends = [end - start for _, end, _, _ in done]
+    return {"seconds": max(ends), "first": min(ends), "samples": sum(count for _, _, count, _ in done)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lines", type=int, default=10_000_000)
+    parser.add_argument("--worlds", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--repeat", type=int, default=3, help="job starts of each kind (the median is shown)")
+    parser.add_argument("--data-dir", type=Path, default=None, help="where the file is kept (default: a temporary dir)")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+
+    import rank_dataset  # noqa: F401 - imported before the clients are forked
+    from rank_dataset._localserver import LocalServer
+
+    with tempfile.TemporaryDirectory(prefix="bench_jobstart_") as tmp:
+        data = args.data_dir or Path(tmp)
+        meta = meta_file(data, args.lines)
+        size = meta.stat().st_size
+        env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(data / "cache")}
+        os.environ["RANK_DATASET_CACHE_DIR"] = env["RANK_DATASET_CACHE_DIR"]
+        _fresh(_READ, str(meta), env=env)  # the file into the page cache
+        reads = [_fresh(_READ, str(meta), env=env)["seconds"] for _ in range(args.repeat)]
+        passes = {
+            w: [_fresh(_PASS, str(meta), str(w), env=env)["seconds"] for _ in range(args.repeat)] for w in args.worlds
+        }
+        times: dict[str, dict[int, list[dict[str, float]]]] = {"shared": {}, "alone": {}}
+        for kind, flags in (("shared", []), ("alone", ["--max-pass-samples", "1"])):
+            with LocalServer([meta], *flags, env=env, stdout=subprocess.DEVNULL, timeout=600) as server:
+                for world in args.worlds:
+                    times[kind][world] = [job_start(server.url, world) for _ in range(args.repeat)]
+                    print(kind, world, [round(t["seconds"], 2) for t in times[kind][world]], flush=True)
+        if args.data_dir is None:
+            shutil.rmtree(data / "cache", ignore_errors=True)
+
+    read = statistics.median(reads)
+    med = {k: {w: statistics.median(t["seconds"] for t in v[w]) for w in args.worlds} for k, v in times.items()}
+    first = {w: statistics.median(t["first"] for t in times["shared"][w]) for w in args.worlds}
+    pass_s = {w: statistics.median(passes[w]) for w in args.worlds}
+    rows = [
+        f"# Job start through the meta server, N = {args.lines:,} lines",
+        "",
+        f"One read of the file counting newlines: {read:.2f} s (the 1.00x of every ratio).",
+        "",
+        "| W clients at once | shared passes (s) | ratio to one read | each request alone (s) | ratio to one read "
+        "| alone / shared | first shard, shared (s) | one pass of all W ranks' samples, no HTTP (s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for w in args.worlds:
+        s, a = med["shared"][w], med["alone"][w]
+        rows.append(
+            f"| {w} | {s:.2f} | {s / read:.2f}x | {a:.2f} | {a / read:.2f}x | {a / s:.1f}x | {first[w]:.2f} "
+            f"| {pass_s[w]:.2f} ({pass_s[w] / read:.2f}x) |"
+        )
+    rows += [
+        "",
+        "Each client is a `RankServerDataset` in a thread of one of at most 8 client processes (forked, torch",
+        "imported), all released by a barrier; the time is until the last has its shard received, decoded and checked.",
+        "Shared: the server's default limits (`--max-builds 4`, `--max-pass-samples 16777216`); alone:",
+        "`--max-pass-samples 1` (every request reads its shard alone, 4 at once, 503 and a retry beyond).",
+        "Server, clients and the transfer over loopback share this machine's cores; the median of "
+        f"{args.repeat} job starts.",
+        "",
+        f"Command: `python benchmarks/bench_jobstart.py --lines {args.lines} --worlds "
+        f"{' '.join(map(str, args.worlds))} --repeat {args.repeat}`",
+        "",
+        machine_info(),
+    ]
+    data_out = {"lines": args.lines, "read": reads, "pass": passes, "times": times, "file_bytes": size}
+    save_results(args.out, "jobstart", rows, data_out, lambda path: _plot(args.worlds, read, med, path))
+    return 0
+
+
+def _plot(worlds: list[int], read: float, med: dict[str, dict[int, float]], path: Path) -> None:
+    plt = plotting()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(worlds, [med["shared"][w] for w in worlds], "o-", label="shared passes")
+    ax.plot(worlds, [med["alone"][w] for w in worlds], "s-", label="each request alone")
+    ax.axhline(read, color="k", ls="--", label="one read of the file")
+    ax.axhline(4 * read, color="gray", ls=":", label="4x one read")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("W ranks asking at once")
+    ax.set_ylabel("seconds until the last shard")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,224 @@
+"""Shared passes: concurrent ``/shard`` requests of one plan read the meta files once between them.
+
+At the start of a job every rank asks the server for its shard at once. A rank's samples are a
+``1/W`` draw spread over the whole file, so ``W`` requests read alone touch every page of it ``W``
+times. Requests that differ only in their rank (same files, seed, epoch, world size, mini-epoch...)
+instead join one *pass*: one read of the union of their samples (:meth:`MetaFile.read` visits any
+indices in file order), cut into each request's shard, byte for byte the shard it would get alone.
+
+Group commit, per plan: a request whose plan has no pass under way starts one at once, so a lone
+request waits for nothing; the requests that arrive while it runs wait and go together in the next
+one. A pass takes at most ``max_samples`` samples (but at least one request), so its memory stays
+bounded however many ranks ask; waiting requests that fill a pass start it at once. A pass holds one
+build slot (:class:`BuildSlots`) from its read until the last of its answers is sent or abandoned,
+and so does its memory (its shards share one segment). A pass that finds no free slot in time
+answers all its requests :class:`Busy`.
+
+A pass that fails (a file changed, a line that is not UTF-8) is read again request by request, so
+that each gets the answer it would get alone. Passes are shared within one server process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections import deque
+from collections.abc import AsyncIterator, Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+from starlette.concurrency import run_in_threadpool
+
+from rank_dataset.metafile import MetaFile
+from rank_dataset.shard import Shard
+
+__all__ = ["BuildSlots", "Busy", "SharedPasses"]
+
+
+class Busy(Exception):
+    """No build slot came free in time: the server answers 503 with Retry-After."""
+
+
+class BuildSlots:
+    """At most ``count`` builds at once; :meth:`acquire` waits up to ``wait`` seconds for one.
+
+    One event loop runs all of this, so a counter and a queue of futures are enough.
+    """
+
+    def __init__(self, count: int, wait: float) -> None:
+        self.free = count
+        self.wait = wait
+        self.waiting: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> bool:
+        """Whether a slot was taken within ``wait`` seconds (then :meth:`release` it)."""
+        if self.free and not self.waiting:
+            self.free -= 1
+            return True
+        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.append(slot)
+        try:
+            await asyncio.wait_for(asyncio.shield(slot), self.wait)
+            return True
+        except asyncio.TimeoutError:
+            if slot.done():  # handed over just as the wait ran out: it is ours
+                return True
+            self.waiting.remove(slot)
+            return False
+        except BaseException:  # the caller was cancelled while it waited
+            if slot.done():
+                self.release()  # it had been handed a slot: pass it on
+            else:
+                self.waiting.remove(slot)
+            raise
+
+    def release(self) -> None:
+        if self.waiting:
+            self.waiting.popleft().set_result(None)  # straight to the longest waiting build
+        else:
+            self.free += 1
+
+
+class _Pass:
+    """One read for ``members`` requests: it holds a build slot until each is done with its shard."""
+
+    def __init__(self, slots: BuildSlots, members: int) -> None:
+        self.slots, self.left = slots, members
+
+    def done(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.slots.release()
+
+
+@dataclass(eq=False)
+class _Request:
+    indices: npt.NDArray[np.int64]
+    answer: asyncio.Future[Shard]
+    read_by: _Pass | None = None  # set with the answer
+
+
+@dataclass(eq=False)
+class _Plan:
+    """The requests of one plan waiting for a pass, and its passes under way."""
+
+    source: MetaFile
+    waiting: deque[_Request] = field(default_factory=deque)
+    samples: int = 0  # of the waiting requests
+    running: int = 0
+
+
+class SharedPasses:
+    """Reads of rank shards, shared by the requests of one plan (see the module's docstring).
+
+    Args:
+        slots: the server's build slots (a pass takes one).
+        max_samples: samples one pass reads at most (a request of more is read alone).
+    """
+
+    def __init__(self, slots: BuildSlots, max_samples: int) -> None:
+        self.slots = slots
+        self.max_samples = max_samples
+        self._plans: dict[Hashable, _Plan] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # the event loop keeps weak references only
+
+    @contextlib.asynccontextmanager
+    async def shard(self, key: Hashable, source: MetaFile, indices: npt.NDArray[np.int64]) -> AsyncIterator[Shard]:
+        """The shard of samples ``indices`` of ``source``, read in a pass with the other requests of
+        plan ``key`` (every field of the request but the rank: ``source`` is the same for all).
+        Leave the context once the shard is sent (or will not be): that frees the pass.
+
+        Raises:
+            Busy: no build slot came free in time.
+            MetaFileChangedError, ValueError: what :meth:`MetaFile.read` of ``indices`` alone raises.
+        """
+        plan = self._plans.setdefault(key, _Plan(source))
+        request = _Request(indices, asyncio.get_running_loop().create_future())
+        plan.waiting.append(request)
+        plan.samples += indices.size
+        self._start(key, plan)
+        try:
+            shard = await request.answer  # cancelled with the caller
+        except asyncio.CancelledError:
+            if request in plan.waiting:  # no pass took it
+                plan.waiting.remove(request)
+                plan.samples -= indices.size
+                self._forget_if_idle(key, plan)
+            elif request.read_by is not None:  # answered just before the caller was cancelled
+                request.read_by.done()
+            raise
+        try:
+            yield shard
+        finally:
+            del shard
+            assert request.read_by is not None
+            request.read_by.done()
+
+    def _start(self, key: Hashable, plan: _Plan) -> None:
+        """Start passes for the waiting requests: one if none is under way, and any that are full."""
+        while plan.waiting and (not plan.running or plan.samples >= self.max_samples):
+            members = [plan.waiting.popleft()]
+            taken = members[0].indices.size
+            while plan.waiting and taken + plan.waiting[0].indices.size <= self.max_samples:
+                members.append(plan.waiting.popleft())
+                taken += members[-1].indices.size
+            plan.samples -= taken
+            plan.running += 1
+            task = asyncio.get_running_loop().create_task(self._run(key, plan, members))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, key: Hashable, plan: _Plan, members: list[_Request]) -> None:
+        try:
+            if not await self.slots.acquire():
+                for m in members:
+                    if not m.answer.done():
+                        m.answer.set_exception(Busy())
+                return
+            read = _Pass(self.slots, len(members))
+            try:
+                outcomes = await run_in_threadpool(_read, plan.source, [m.indices for m in members])
+            except BaseException:  # cancelled: the server is stopping
+                self.slots.release()
+                for m in members:
+                    m.answer.cancel()
+                raise
+            for m, outcome in zip(members, outcomes):
+                if m.answer.done():  # its caller is gone
+                    read.done()
+                elif isinstance(outcome, Exception):
+                    m.answer.set_exception(outcome)
+                    read.done()
+                else:
+                    m.read_by = read
+                    m.answer.set_result(outcome)
+        finally:
+            plan.running -= 1
+            self._start(key, plan)
+            self._forget_if_idle(key, plan)
+
+    def _forget_if_idle(self, key: Hashable, plan: _Plan) -> None:
+        if not plan.running and not plan.waiting and self._plans.get(key) is plan:
+            del self._plans[key]
+
+
+def _read(source: MetaFile, parts: Sequence[npt.NDArray[np.int64]]) -> list[Shard | Exception]:
+    """Each of ``parts`` read from ``source``: in one read of all of them if it succeeds, else each
+    alone (the shard, or the exception it raises alone)."""
+    if len(parts) > 1:
+        try:
+            whole = source.read(np.concatenate(parts))
+        except Exception:  # some part's read fails: each gets the answer it would get alone
+            pass
+        else:
+            cuts = itertools.accumulate((p.size for p in parts), initial=0)
+            return [whole.rows(a, b) for a, b in itertools.pairwise(cuts)]
+    outcomes: list[Shard | Exception] = []
+    for part in parts:
+        try:
+            outcomes.append(source.read(part))
+        except Exception as exc:
+            outcomes.append(exc)
+    return outcomes
