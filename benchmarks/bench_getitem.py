@@ -1,4 +1,6 @@
-"""Item access in one process: RankDataset beside a plain Python list of str, and the parsers' cost.
+"""Item access in one process: RankDataset beside a plain Python list of str, and the parsers' cost;
+and reads from the meta file itself: ``mf[i]`` and ``MetaFile.read`` of 256 random indices beside
+256 consecutive ones (what a sampler's batch costs the meta server, with every check of the file).
 
 Usage:
     python benchmarks/bench_getitem.py                     # N = 1M lines, W = 1
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -39,6 +42,33 @@ def rate(fn: Callable[[], Any], items: int, repeat: int = 3) -> float:
         fn()
         best = min(best, time.perf_counter() - start)
     return items / best
+
+
+def file_reads(meta: Path, n: int, rounds: int = 7, calls: int = 100) -> dict[str, float]:
+    """Microseconds a call of ``mf[i]`` (random i), ``mf.read`` of 256 consecutive and of 256 random
+    indices: medians over ``rounds`` alternating rounds of ``calls`` calls each."""
+    import numpy as np
+
+    from rank_dataset import MetaFile
+
+    mf = MetaFile(meta)
+    rng = np.random.default_rng(0)
+    batch = min(256, n)
+    times: dict[str, list[float]] = {"mf[i]": [], "consecutive": [], "random": []}
+    for _ in range(rounds):
+        consecutive = [np.arange(a, a + batch) for a in rng.integers(0, n - batch + 1, calls).tolist()]
+        randoms = [rng.integers(0, n, batch) for _ in range(calls)]
+        for name, batches in (("consecutive", consecutive), ("random", randoms)):
+            start = time.perf_counter()
+            for indices in batches:
+                mf.read(indices)
+            times[name].append((time.perf_counter() - start) / calls * 1e6)
+        singles = rng.integers(0, n, calls * 10).tolist()
+        start = time.perf_counter()
+        for i in singles:
+            mf[i]
+        times["mf[i]"].append((time.perf_counter() - start) / len(singles) * 1e6)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             'RankDataset, parser="label": ds[i]': rate(lambda: [labels[i] for i in order], k),
             'RankDataset, parser="json": ds[i]': rate(lambda: [jsons[i] for i in order], k),
         }
+        reads = file_reads(meta, n)
     base_list, base_ds = rates["plain list: lines[i]"], rates["list-backed Dataset: ds[i]"]
     ours = rates["RankDataset: ds[i]"]
     rows = [
@@ -93,11 +124,24 @@ def main(argv: list[str] | None = None) -> int:
         "(beyond the plain str item; the JSON lines are longer).",
         "Best of 3 passes over the same scattered order of every 7th item.",
         "",
+        f"## Reads from the meta file (N = {n:,}, its index cached)",
+        "",
+        "| call | µs per call | vs 256 consecutive |",
+        "|---|---:|---:|",
+        f"| MetaFile.read of 256 consecutive indices | {reads['consecutive']:,.0f} | 1.00x |",
+        f"| MetaFile.read of 256 random indices | {reads['random']:,.0f} |"
+        f" {reads['random'] / reads['consecutive']:.2f}x |",
+        f"| mf[i], random i | {reads['mf[i]']:,.1f} | |",
+        "",
+        "Medians over 7 alternating rounds of 100 calls each (1,000 for mf[i]); every call opens the file and",
+        "its index cache, checks that neither changed and checks each line against the bytes read.",
+        "",
         f"Command: `python benchmarks/bench_getitem.py --lines {n}`",
         "",
         machine_info(),
     ]
-    save_results(args.out, "getitem", rows, rates, lambda path: _plot(rates, path))
+    data = {**rates, "file reads (us per call)": reads}
+    save_results(args.out, "getitem", rows, data, lambda path: _plot(rates, path))
     return 0
 
 

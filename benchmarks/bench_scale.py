@@ -1,10 +1,11 @@
 """Scale: cold indexing, per-rank builds and set_epoch at N = 10M and 100M lines (1B with --lines).
 
-For each N, in one run and each measurement in a fresh Python process (the file in the page cache):
+For each N, in one run and each measurement in a fresh Python process (the file, and its index
+cache if any, read just before, so in the page cache):
 - ``read``: one read of the file counting newlines, ``open(p, 'rb').read().count(b'\\n')`` (the
   baseline every ratio is taken against, as in bench_build.py);
 - ``cold``: ``MetaFile(p)`` with no index cache (the file scanned, the cache written and synced),
-  and the cache's size;
+  and the cache's size; and a cold build: ``RankDataset`` at the first W, M = 1, with no index cache;
 - ``build``: ``RankDataset`` with the index cached, one rank, for W in {8, 64, 512} and M in {1, 4};
   time and peak memory above the process's RSS before the build (exact, VmHWM reset through
   /proc/self/clear_refs), and separately the peaks of its anonymous and its file-backed and shared
@@ -81,6 +82,16 @@ if SET_EPOCH:
     out["set_epoch"] = time.perf_counter() - t
     out["set_epoch_peak"] = rss()[1] - before
 print(json.dumps(out))
+"""
+
+_COLD_BUILD = """
+from rank_dataset import RankDataset
+mark("start")
+t = time.perf_counter()
+ds = RankDataset(META, reload_cfg={"seed": 0, "mini_epoch": 1}, rank=RANK, world_size=WORLD)
+elapsed = time.perf_counter() - t
+mark("stop")
+print(json.dumps({"seconds": elapsed, "count": len(ds)}))
 """
 
 _ORIGINAL = """
@@ -167,9 +178,23 @@ def _status(pid: int) -> tuple[int, int]:
     return kib["RssAnon"], kib["RssFile"] + kib["RssShmem"]
 
 
+def warm(*paths: Path) -> None:
+    """Read ``paths`` once (16 MiB at a time), so that a measurement finds them in the page cache: a
+    machine that pages out cold memory (DAMON reclaim) otherwise has part of a large file on disk,
+    and the one read or a build would time the disk, not the work."""
+    buf = bytearray(16 << 20)
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
 def run(body: str, meta: Path, env: dict[str, str], **values: Any) -> dict[str, Any]:
-    """Run ``body`` in a fresh process; while it is between its "start" and "stop" marks, sample its
-    anonymous and shared memory every 2 ms (peaks above their values at "start")."""
+    """Run ``body`` in a fresh process, the meta file and its index cache read just before; while
+    it is between its "start" and "stop" marks, sample its anonymous and shared memory every 2 ms
+    (peaks above their values at "start")."""
+    cache = Path(env["RANK_DATASET_CACHE_DIR"])
+    warm(meta, *(sorted(cache.glob("*.rdidx")) if cache.is_dir() else []))
     head = "".join(f"{k} = {v!r}\n" for k, v in {"META": str(meta), **values}.items())
     code = PEAK_PRELUDE + _MARK + head + body
     proc = subprocess.Popen(
@@ -219,6 +244,8 @@ def measure(n: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, 
     for i in range(args.repeat):
         result["read"].append(run(_READ, meta, env))
         shutil.rmtree(cache, ignore_errors=True)
+        result.setdefault("cold_build", []).append(run(_COLD_BUILD, meta, env, RANK=1, WORLD=args.worlds[0]))
+        shutil.rmtree(cache, ignore_errors=True)
         cold = run(_COLD, meta, env)
         cold["index_bytes"] = sum(p.stat().st_size for p in cache.iterdir())
         result["cold"].append(cold)
@@ -256,13 +283,23 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
             f"| index, cold ({index_bytes / MIB:,.0f} MiB, {index_bytes / n:.2f} B a line) | {cold:.2f} |"
             f" {cold / read:.2f}x | | | | |",
         ]
+        if "cold_build" in res:
+            sec = _median(res["cold_build"], "seconds")
+            lines.append(
+                f"| build, W = {args.worlds[0]}, M = 1, cold (no index cache: indexing included) | {sec:.2f} |"
+                f" {sec / read:.2f}x | | | | |"
+            )
         for key, rows in res["builds"].items():
             w, m = key.split(",")
             sec, peak, shard = _median(rows, "seconds"), _median(rows, "peak"), _median(rows, "shard")
-            anon, shared = _median(rows, "anon"), _median(rows, "shared")
+            # A build shorter than the sampling period leaves no sample (tiny files): say so, not a KeyError.
+            sampled = all("anon" in r for r in rows)
+            split = (
+                f"{_median(rows, 'anon') / MIB:,.0f} / {_median(rows, 'shared') / MIB:,.0f}" if sampled else "too short"
+            )
             lines.append(
                 f"| build, W = {w}, M = {m} (warm index) | {sec:.3f} | {sec / read:.2f}x | {peak / MIB:,.0f} |"
-                f" {anon / MIB:,.0f} / {shared / MIB:,.0f} | {shard / MIB:,.1f} | {peak / shard:.2f} |"
+                f" {split} | {shard / MIB:,.1f} | {peak / shard:.2f} |"
             )
             if "set_epoch" in rows[0]:
                 sec, peak = _median(rows, "set_epoch"), _median(rows, "set_epoch_peak")
@@ -278,7 +315,7 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
         lines.append("")
     lines += [
         f"Medians of {args.repeat} runs of each measurement ({args.repeat * 2} of the read), each in a fresh process,"
-        " the file in the page cache; the original approach run "
+        " the file (and its index cache) read just before, so in the page cache; the original approach run "
         f"{args.original_repeat} time(s). Peaks above start are exact (VmHWM); anon / shared are peaks sampled every"
         " 2 ms (RssAnon; RssFile + RssShmem, where the shard's shared-memory segment is counted).",
         "",

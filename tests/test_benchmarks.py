@@ -45,7 +45,7 @@ CASES = [
         ["| 3,000 |", "forkserver"],
         ("memory_forkserver.png", False),
     ),
-    ("getitem", ["--lines", "3000"], "getitem.md", ['parser="json"'], None),
+    ("getitem", ["--lines", "3000"], "getitem.md", ['parser="json"', "| MetaFile.read of 256 random indices |"], None),
     (
         "audit",
         ["--lines", "3000", "--rounds", "1"],
@@ -64,7 +64,7 @@ CASES = [
         "scale",
         ["--lines", "20000", "--repeat", "1", "--worlds", "8", "64", "--mini-epochs", "1"],
         "scale.md",
-        ["| index, cold (", "| set_epoch, W = 8, M = 1", "| original approach, W = 8 |"],
+        ["| index, cold (", "| set_epoch, W = 8, M = 1", "| original approach, W = 8 |", "cold (no index cache"],
         ("scale.png", True),
     ),
     (

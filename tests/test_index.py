@@ -312,3 +312,26 @@ def test_a_builder_killed_mid_build_leaves_nothing_in_the_way(write_meta, tmp_pa
     index = index_mod.load_index(p.resolve())  # not wedged by the lock; the dead builder's file removed
     assert index.count == 2_000_000 and index.cache is not None
     assert sorted(x.suffix for x in cache_dir.iterdir()) == [".rdidx"]
+
+
+@pytest.mark.parametrize("field", ["size", "inode", "samples", "ascii flag", "hash"])
+def test_one_entry_is_read_only_from_a_header_of_this_index(write_meta, tmp_path: Path, field: str) -> None:
+    # mf[i] reads one entry and the cache's header: a header of another file (or another index of
+    # this one) means the cache was replaced, and its entry is not used.
+    lines = [f"{i}.jpg {i}" for i in range(5000)]
+    p = write_meta(lines)
+    mf = MetaFile(p)
+    index = mf._files[0].index
+    assert index_mod.read_entry(index, 4321)[1] == len(lines[4321])
+    cache = the_cache(tmp_path)
+    raw = bytearray(cache.read_bytes())
+    at = {"size": 8, "inode": 32, "samples": 48, "ascii flag": 56, "hash": 64}[field]
+    raw[at] ^= 1
+    cache.write_bytes(raw)
+    with pytest.raises(LookupError, match="replaced or damaged"):
+        index_mod.read_entry(index, 4321)
+    assert mf[4321] == lines[4321]  # the index loaded again (rebuilt): the sample still read
+    rebuilt = bytearray(the_cache(tmp_path).read_bytes())
+    rebuilt[40] ^= 1  # the device differs on every NFS client: not part of the match
+    the_cache(tmp_path).write_bytes(rebuilt)
+    assert index_mod.read_entry(mf._files[0].index, 4321)[1] == len(lines[4321])

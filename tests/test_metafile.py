@@ -318,3 +318,73 @@ def test_where_reads_less_than_a_window(tmp_path: Path) -> None:
         before = me.io_counters().read_chars
         assert mf.where(sample) == f"{p}:{line_of[sample]}"
         assert me.io_counters().read_chars - before < (4 << 20) + (1 << 16)
+
+
+def varied_file(path: Path, first: int, count: int, *, bom: bool, crlf: bool) -> list[str]:
+    """A file of ``count`` samples of varied lengths (blank lines between some), written as bytes;
+    its samples."""
+    lines = [f"s{first + i}_" + "x" * ((first + i) * 7919 % 53) for i in range(count)]
+    ending = b"\r\n" if crlf else b"\n"
+    body = b"".join(line.encode() + ending + (b"  \n" if i % 11 == 5 else b"") for i, line in enumerate(lines))
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + body[: -len(ending)])  # no ending after the last
+    return lines
+
+
+@pytest.mark.parametrize("rows", [1, 7, 256, 4096, 4097, 70_000])
+def test_reads_give_exactly_the_samples_asked_for_in_order(tmp_path: Path, rows: int) -> None:
+    # Small reads (sorted in full, joined reads of what each line needs) and large ones (bucketed,
+    # windows, two threads) give the same: the lines asked for, in that order, repeats included,
+    # across files with a BOM, CRLF endings and blank lines.
+    sizes = [30_000, 5, 45_000]  # the last file's 70,000 rows are read by two threads
+    samples: list[str] = []
+    paths = []
+    for f, size in enumerate(sizes):
+        paths.append(tmp_path / f"m{f}.txt")
+        samples += varied_file(paths[-1], len(samples), size, bom=f == 0, crlf=f == 2)
+    mf = MetaFile(paths)
+    n = len(mf)
+    assert n == len(samples)
+    rng = np.random.default_rng(rows)
+    start = int(rng.integers(0, n - min(rows, n) + 1))
+    picks = {
+        "random, repeats": rng.integers(0, n, rows),
+        "consecutive": np.arange(start, start + min(rows, n)),
+        "descending": np.arange(n - 1, -1, -max(1, n // rows))[:rows],
+        "one sample many times": np.full(rows, n - 1),
+        "from the last file, repeats": rng.integers(30_005, n, rows),
+        "the first and last of each file": np.resize(np.array([0, 29_999, 30_000, 30_004, 30_005, n - 1]), rows),
+    }
+    for what, indices in picks.items():
+        shard = mf.read(indices)
+        assert shard.texts(range(len(shard))) == [samples[i] for i in indices.tolist()], what
+        assert shard.ids is not None and shard.ids.tolist() == indices.tolist(), what
+    for i in picks["random, repeats"][:50].tolist():
+        assert mf[i] == samples[i]
+
+
+@pytest.mark.parametrize("read", ["mf[i]", "read 3", "read 5000"])
+def test_a_file_changed_between_reads_is_seen_by_the_next(write_meta, tmp_path: Path, read: str) -> None:
+    p = write_meta(n=20_000)
+    reads = {
+        "mf[i]": lambda mf: [mf[17]],
+        "read 3": lambda mf: mf.read([19_999, 5, 5]).texts(range(3)),
+        "read 5000": lambda mf: mf.read(np.arange(0, 20_000, 4)).texts([0]),
+    }
+    go = reads[read]
+    mf = MetaFile(p)
+    go(mf)
+    rewrite(p, [imagenet_line(i) for i in range(20_000)][::-1], keep_times=True)  # same size and times
+    with pytest.raises(MetaFileChangedError, match="ctime changed"):
+        go(mf)
+    mf = MetaFile(p)
+    go(mf)
+    other = tmp_path / "other.txt"
+    shutil.copy(p, other)
+    os.replace(other, p)  # the same bytes, another file
+    with pytest.raises(MetaFileChangedError, match="replaced by another file"):
+        go(mf)
+    mf = MetaFile(p)
+    go(mf)
+    p.unlink()
+    with pytest.raises(MetaFileChangedError, match="deleted or moved"):
+        go(mf)

@@ -110,12 +110,14 @@ def test_a_shard_does_not_copy_its_lines(write_meta) -> None:
     assert again.text(7) == mf[7]
 
 
-def test_copy_rows_copies_exactly_and_nothing_else() -> None:
-    from rank_dataset.shard import copy_rows
+@pytest.mark.parametrize("rows, longest", [(3000, 70_000), (300, 100)])  # many bytes (by length), few (bytewise)
+def test_copy_rows_copies_exactly_and_nothing_else(rows: int, longest: int) -> None:
+    from rank_dataset.shard import _BYTEWISE_MAX, copy_rows
 
     rng = np.random.default_rng(3)
     src = rng.integers(0, 256, 200_000, dtype=np.uint8)
-    lengths = np.concatenate([rng.integers(0, 60, 3000), [0, 70_000, 5]])  # empty, grouped and very long rows
+    lengths = np.concatenate([rng.integers(0, 60, rows), [0, longest, 5]])  # empty, grouped and very long rows
+    assert (lengths.sum() <= _BYTEWISE_MAX) == (rows < 1000)
     src_starts = rng.integers(0, src.size - lengths + 1)
     dst_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) + 7  # back to back after 7 bytes
     dst = np.full(int(lengths.sum()) + 20, 0xEE, np.uint8)

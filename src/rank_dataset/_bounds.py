@@ -6,6 +6,7 @@ Empty parts hold nothing, so a number is never placed in one.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,11 +35,12 @@ class Bounds:
         self._inner = self.starts[1:-1]
         self._few = self._inner.tolist() if self._inner.size <= _FEW else None
         self._table: tuple[int, npt.NDArray[np.int64]] | None = None
+        self._starts: list[int] = self.starts.tolist()  # for locating one number (bisect on a list: no numpy call)
 
     @property
     def total(self) -> int:
         """The numbers of all parts together."""
-        return int(self.starts[-1])
+        return self._starts[-1]
 
     def part_of(self, values: npt.ArrayLike, dtype: npt.DTypeLike = np.int64) -> npt.NDArray[Any]:
         """The part of each number in ``values`` (in ``[0, total)``), as ``dtype``."""
@@ -76,5 +78,5 @@ class Bounds:
 
     def locate(self, value: int) -> tuple[int, int]:
         """``(part, number within that part)`` of one number in ``[0, total)``."""
-        part = int(np.searchsorted(self._inner, value, side="right"))
-        return part, value - int(self.starts[part])
+        part = bisect.bisect_right(self._starts, value, 1, len(self._starts) - 1) - 1
+        return part, value - self._starts[part]

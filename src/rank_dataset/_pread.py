@@ -2,12 +2,13 @@
 
 Reading a file through a shared map kills the process with SIGBUS when the file shrinks under the
 map; a positional read returns short instead, which the caller turns into an error. The buffer is
-reused from one window of the file to the next, and only the pages that some wanted range touches
-are read, so a sparse shard (one line in a hundred) does not copy the whole file.
+reused from one window of the file to the next, and where the wanted ranges are sparse only they are
+read, so a sparse shard (one line in a hundred) does not copy the whole file.
 """
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 
@@ -17,7 +18,7 @@ import numpy.typing as npt
 __all__ = ["ShortRead", "Window", "count_newlines", "pread_exact", "read_ends"]
 
 _PAGE = mmap.PAGESIZE
-_GAP = 2  # pages between two wanted ranges that are read rather than skipped
+_GAP = 2 * _PAGE  # bytes between two wanted ranges that are read rather than skipped
 _COUNT_CHUNK = 16 << 20
 _SMALL = 1 << 20  # window buffers up to this size are heap arrays (a map costs syscalls and faults)
 
@@ -73,10 +74,10 @@ class Window:
         Returns ``(buf, shift)``: byte ``x`` of the file is ``buf[x - shift[i]]`` for every ``x`` in
         range ``i`` (``shift`` an int where one shift serves every range); other bytes of ``buf``
         are unspecified. ``buf`` has ``pad`` bytes more than the ranges need, so that fixed-width
-        records starting in a range never run past it. Every page that a range touches is read
-        whole, adjacent pages in one call: where the ranges are dense, the span from the first to
-        the last; where they are sparse, only their pages, back to back (so the buffer holds what
-        the ranges need, however far apart they are).
+        records starting in a range never run past it. Where the ranges are dense (two a page on
+        average), the span from the first to the last is read in one call; where they are sparse,
+        only the ranges, those less than ``_GAP`` apart in one call with the bytes between them,
+        back to back (so the buffer holds what the ranges need, however far apart they are).
 
         Raises:
             ShortRead: the file ends before ``end``.
@@ -89,27 +90,54 @@ class Window:
             buf = self._buffer(hi - lo + pad)
             pread_exact(fd, buf[: hi - lo], lo)
             return buf, lo
-        # The pages each range touches, merged into runs (a call costs about what copying a page
-        # does: runs with a page or two between them are one).
+        # Sparse: the ranges alone, merged into runs where they overlap or lie close (a call costs
+        # about what copying a few KiB does), read back to back into a buffer of what they need.
         order = np.argsort(starts, kind="stable")
-        first = np.minimum(starts[order], hi - 1) // _PAGE
-        last = np.maximum.accumulate((np.minimum(np.maximum(stops[order], starts[order] + 1), hi) - 1) // _PAGE)
-        opens = np.flatnonzero(first[1:] > last[:-1] + 1 + _GAP) + 1
+        first = np.minimum(starts[order], hi)
+        top = np.maximum.accumulate(np.clip(stops[order], first, hi))
+        opens = np.flatnonzero(first[1:] > top[:-1] + _GAP) + 1
+        run_starts = first[np.concatenate(([0], opens))]
+        run_stops = top[np.concatenate((opens - 1, [starts.size - 1]))]
+        at = np.zeros(run_starts.size + 1, np.int64)  # where each run goes in the buffer
+        np.cumsum(run_stops - run_starts, out=at[1:])
+        if at[-1] <= _SMALL:
+            buf = _read_runs(fd, run_starts, run_stops, int(at[-1]), pad)
+        else:
+            buf = self._buffer(int(at[-1]) + pad)
+            view = buf.data
+            for a, b, to in zip(run_starts.tolist(), run_stops.tolist(), at.tolist()):
+                if os.preadv(fd, [view[to : to + b - a]], a) != b - a:
+                    pread_exact(fd, buf[to : to + b - a], a)  # finish a short read, or raise
         run_of = np.zeros(starts.size, np.int64)
         run_of[opens] = 1
         np.cumsum(run_of, out=run_of)
-        run_starts = np.maximum(first[np.r_[0, opens]] * _PAGE, lo)
-        run_stops = np.minimum((last[np.r_[opens - 1, starts.size - 1]] + 1) * _PAGE, hi)
-        at = np.zeros(run_starts.size + 1, np.int64)  # where each run goes in the buffer
-        np.cumsum(run_stops - run_starts, out=at[1:])
-        buf = self._buffer(int(at[-1]) + pad)
-        view = buf.data
-        for a, b, to in zip(run_starts.tolist(), run_stops.tolist(), at.tolist()):
-            if os.preadv(fd, [view[to : to + b - a]], a) != b - a:
-                pread_exact(fd, buf[to : to + b - a], a)  # finish a short read, or raise
         shift = np.empty(starts.size, np.int64)
         shift[order] = (run_starts - at[:-1])[run_of]
         return buf, shift
+
+
+def _read_runs(
+    fd: int, starts: npt.NDArray[np.int64], stops: npt.NDArray[np.int64], total: int, pad: int
+) -> npt.NDArray[np.uint8]:
+    """Bytes ``[starts[i], stops[i])`` of ``fd`` (``total`` in all) back to back, and ``pad`` zero
+    bytes (read-only).
+
+    One ``pread`` a run, each returning a new ``bytes``, joined once: for many small runs, half the
+    cost of reading each into a slice of one buffer.
+
+    Raises:
+        ShortRead: the file ends before a run does.
+    """
+    want = (stops - starts).tolist()
+    parts = list(map(os.pread, itertools.repeat(fd, len(want)), want, starts.tolist()))
+    if sum(map(len, parts)) != total:
+        for i, (part, n, at) in enumerate(zip(parts, want, starts.tolist())):
+            if len(part) != n:  # finish a short read, or raise
+                rest = np.empty(n - len(part), np.uint8)
+                pread_exact(fd, rest, at + len(part))
+                parts[i] = part + rest.tobytes()
+    parts.append(bytes(pad))
+    return np.frombuffer(b"".join(parts), np.uint8)
 
 
 def count_newlines(fd: int, stop: int, start: int = 0) -> int:

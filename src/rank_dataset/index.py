@@ -16,6 +16,7 @@ reads the entries it needs with positional reads (:class:`SpanReader`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import socket
@@ -144,6 +145,17 @@ class Index:
     ascii: bool
     cache: Path | None
     memory: Table | None = field(default=None, compare=False, repr=False)
+
+    @functools.cached_property
+    def header_fields(self) -> tuple[bytes, bytes]:
+        """What a cache's header holds for this index, but for the device and the table sizes: its
+        bytes ``[0, 40)`` (magic, size, mtime, ctime, inode) and ``[48, 80)`` (samples, flags, hash)."""
+        k = self.key
+        head = _HEADER.pack(
+            _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, 0, self.count, _FLAG_ASCII if self.ascii else 0,
+            self.ends_hash, 0, 0,
+        )  # fmt: skip
+        return head[:40], head[48:80]
 
     def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "memory": None}
@@ -512,21 +524,13 @@ def read_entry(index: Index, local: int) -> tuple[int, int]:
         head, raw = os.pread(fd, _HEADER.size, 0), os.pread(fd, _ENTRY, _DATA_OFFSET + _ENTRY * local)
     finally:
         os.close(fd)
-    fields = _HEADER.unpack(head) if len(head) == _HEADER.size else None
-    k = index.key
-    if (
-        fields is None
-        or len(raw) != _ENTRY
-        or fields[0] != _MAGIC
-        or not FileKey(*fields[1:6]).same_file(k)
-        or fields[6] != index.count
-        or bool(fields[7] & _FLAG_ASCII) != index.ascii
-        or fields[8] != index.ends_hash
-    ):
+    # The header as a cache of this index writes it, the device aside (as FileKey.same_file).
+    key_bytes, count_bytes = index.header_fields
+    if len(raw) != _ENTRY or head[:40] != key_bytes or head[48:80] != count_bytes:
         raise LookupError(f"the index cache {index.cache} was replaced or damaged")
-    entry, bits = int.from_bytes(raw, "little"), length_bits(k.size)
+    entry, bits = int.from_bytes(raw, "little"), length_bits(index.key.size)
     length = entry & ((1 << bits) - 1)
-    if length == (1 << bits) - 1 and fields[9]:  # a long line: its length is in the table
+    if length == (1 << bits) - 1 and head[80:88] != bytes(8):  # a long line: its length is in the table
         with SpanReader(index) as reader:
             starts, lengths = reader.take(np.array([local], np.int64))
         return int(starts[0]), int(lengths[0])
@@ -592,7 +596,7 @@ class SpanReader:
                 buf, shift = self._window.load(self._fd, at, at + _ENTRY, self._header.longs_at)
             except ShortRead:
                 raise LookupError(f"the index cache {self._index.cache} was damaged") from None
-            # Entries start at multiples of 8 in the file, and so in buf (runs are page-aligned).
+            # Entries start at multiples of 8 in the file, and so in buf (runs start and end at entries).
             entries = buf[: buf.size - buf.size % _ENTRY].view("<u8")[(at - shift) // _ENTRY]
         return decode(entries, local, self._size, self._longs)
 

@@ -53,7 +53,7 @@ __all__ = ["MetaFile", "MetaFileChangedError"]
 _WINDOW = 8 << 20
 # Threads copying a build's rows (each its own batches): both cores, where the process may use two.
 _THREADS = min(2, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else 1
-_SPARSE_ROW = 2 * 4096  # what a row far from the others costs to read, beyond its length
+_SPARSE_ROW = 2 * 4096  # what a row far from the others costs to read, beyond its length (at most _pread._GAP)
 _INDEX_BYTES = 8 << 20  # index bytes a batch of rows is read with, at most (about)
 _ENTRY_BYTES = 8  # an index entry
 _PAGE = 4096
@@ -303,7 +303,8 @@ class MetaFile:
         writer = self._retrying(lambda: _gather(self._files, self._layout, indices, ids=ids))
         if not all(file.index.ascii for file in self._files):
             _check_utf8(self.where, indices, writer.data, writer.bounds)
-        return_freed_memory()
+        if indices.size >= _THREADED_ROWS:  # a small read leaves no large temporaries behind
+            return_freed_memory()
         return writer.finish()
 
     def _retrying(self, attempt: Callable[[], _T]) -> _T:
@@ -374,26 +375,39 @@ def _line_mark(f: _File, file: int, local: int) -> tuple[int, int, int]:
 
 
 def _read_one(f: _File, file: int, local: int) -> bytes:
-    """The bytes of one sample, checked as a build checks them, in one read of the index and one of
-    the file (what ``mf[i]`` costs)."""
+    """The bytes of one sample, checked as a build checks them: one read of the index (its header
+    and entry) and one of the file, whose descriptor is checked against the index's key once the
+    line is read (what ``mf[i]`` costs: a changed file is seen however it changed, as the key holds
+    the ctime; the path named the file when it was opened, and the line is of the file as indexed).
+    """
     start, end = _span(f, file, local)
-    size = f.index.key.size
+    key = f.index.key
+    size = key.size
     lo = 0 if start == len(BOM) else max(start - 1, 0)  # as _need_lo
-    with f.bytes.open(f.index.key) as fd:
-        raw = os.pread(fd, min(end + 2, size) - lo, lo)
-        if len(raw) < min(end + 2, size) - lo:
-            raise ShortRead(lo + len(raw))
-        line = raw[start - lo : end - lo]
-        tail = raw[end - lo : end - lo + 2]
-        if start == 0 or (start == len(BOM) and raw[:3] == BOM):
-            start_ok = not (start == 0 and raw[:3] == BOM)
-        else:
-            start_ok = raw[start - 1 - lo] == NEWLINE
-        end_ok = (tail[:1] in (b"\n", b"") and line[-1:] != b"\r") or (tail[:1] == b"\r" and tail[1:] in (b"\n", b""))
-        if not (start_ok and end_ok and b"\n" not in line and line.strip(b" \t\r\x0b\x0c")):
-            f.bytes.check(fd, f.index.key)
-            raise _IndexMismatch(file, corrupt=True)
-        return line
+    hi = min(end + 2, size)
+    try:
+        fd = os.open(f.path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise MetaFileChangedError(f.path, "it was deleted or moved") from None
+    try:
+        raw = os.pread(fd, hi - lo, lo)
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not key.matches(st):
+        _raise_if_changed(f.path, key, FileKey.of(st))
+    if len(raw) < hi - lo:
+        raise MetaFileChangedError(f.path, "it shrank while being read")
+    line = raw[start - lo : end - lo]
+    tail = raw[end - lo : end - lo + 2]
+    if start == 0 or (start == len(BOM) and raw[:3] == BOM):
+        start_ok = not (start == 0 and raw[:3] == BOM)
+    else:
+        start_ok = raw[start - 1 - lo] == NEWLINE
+    end_ok = (tail[:1] in (b"\n", b"") and line[-1:] != b"\r") or (tail[:1] == b"\r" and tail[1:] in (b"\n", b""))
+    if not (start_ok and end_ok and b"\n" not in line and line.strip(b" \t\r\x0b\x0c")):
+        raise _IndexMismatch(file, corrupt=True)
+    return line
 
 
 def _batches(
@@ -402,7 +416,8 @@ def _batches(
     """``(start, stop)`` of consecutive runs of rows at ``positions`` (roughly ascending) of
     ``lengths`` bytes, each of which costs about ``window`` bytes to read and holds at most
     ``max_rows`` rows. A row costs the bytes from the previous one, but at most two pages beyond its
-    own length (a sparse row is read with its pages alone: see :meth:`Window.load`)."""
+    own length (a sparse row is read alone, or with the bytes up to a close one: see
+    :meth:`Window.load`)."""
     if not positions.size:
         return []
     # What a batch from row a to row b costs: the bytes it spans (rows jitter, so the running
@@ -422,10 +437,10 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     """A ShardWriter holding the lines of samples ``indices``, back to back in ``indices``' order.
 
     Rows are visited in file order at the granularity of 1/4096 of the samples (a cheap radix sort
-    instead of a full one), in two passes. The first reads the index entries of a batch of rows at a
-    time and keeps their lengths, which fix where each line goes; the second reads the entries
-    again and the lines, a window of the file at a time, checks them against the file's bytes and
-    copies each at its exact length into its place in item order
+    instead of a full one; a small read is sorted in full), in two passes. The first reads the index
+    entries of a batch of rows at a time and keeps their lengths, which fix where each line goes; the
+    second reads the entries again and the lines, a window of the file at a time, checks them against
+    the file's bytes and copies each at its exact length into its place in item order
     (:func:`~rank_dataset.shard.copy_rows`). So a build holds little beyond its shard and one
     4-byte number a row (its place in the visiting order), besides ``indices``.
 
@@ -444,10 +459,13 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     small = n < _THREADED_ROWS  # a small build keeps its spans rather than read the index twice
     kept: dict[int, list[_Batch]] = {}
     for visit in visits:
-        for batch in _spans_of(visit, indices):
-            lengths[batch[0]] = batch[2]
-            if small:
+        if small:
+            for batch in _spans_of(visit, indices):
+                lengths[batch[0]] = batch[2]
                 kept.setdefault(visit.number, []).append(batch)
+            continue
+        # (No name may keep ``lengths`` alive past the ``del`` below: a partial, not a local function.)
+        _in_threads(functools.partial(_take_lengths, visit, indices, lengths), _threads(visit))
     writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids)
     writer.bounds[0] = 0
     np.cumsum(lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
@@ -461,7 +479,7 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
                 _copy_part(visit, iter(kept.get(visit.number, [])), fd, writer)
             else:
                 work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
-                _in_threads(lambda part: work(_spans_of(visit, indices, part)), _THREADS)  # noqa: B023
+                _in_threads(lambda part: work(_spans_of(visit, indices, part)), _threads(visit))  # noqa: B023
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. One pass over the copied bytes finds it.
     bad = writer.find(b"\n")
@@ -475,6 +493,9 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
 
 
 _BUCKET_BITS = 12  # rows are visited in file order at the granularity of 1/4096 of the samples
+# Reads of at most this many rows are sorted in full, one batch a file: their index entries span at
+# most 2 pages each where they are read as one range (see Window.load), so about _INDEX_BYTES.
+_SORTED_ROWS = 1 << 12
 
 
 @dataclass(frozen=True)
@@ -504,8 +525,12 @@ def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     """Each file's rows of ``indices``, in file order at the granularity of a bucket of samples, and
     cut into batches."""
     n, n_total = indices.size, bounds.total
+    if n <= _SORTED_ROWS:
+        return _sorted_visits(files, bounds, indices)
     shift = max(0, (n_total - 1).bit_length() - _BUCKET_BITS)
-    keys = (indices >> shift).astype(np.uint16)
+    keys = np.empty(n, np.uint16)
+    for lo in range(0, n, _BATCH_ROWS):  # a slice at a time: no n-sized int64 temporary
+        np.right_shift(indices[lo : lo + _BATCH_ROWS], shift, out=keys[lo : lo + _BATCH_ROWS], casting="unsafe")
     order = np.argsort(keys, kind="stable")
     rows = order.astype(np.uint32) if n < 1 << 32 else order
     del order
@@ -533,6 +558,31 @@ def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
                 cuts.append(end)
         visits.append(_Visit(f, files[f], int(bounds.starts[f]), mine, cuts))
     return visits
+
+
+def _sorted_visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int64]) -> list[_Visit]:
+    """The visits of a small read (at most ``_SORTED_ROWS`` rows): its rows in file order exactly,
+    one batch a file (sorting a few thousand numbers costs less than bucketing them)."""
+    order = np.argsort(indices, kind="stable")
+    rows = order.astype(np.uint32)
+    ends = np.searchsorted(indices[order], bounds.starts, side="left").tolist()
+    return [
+        _Visit(f, files[f], int(bounds.starts[f]), rows[lo:hi], [0, hi - lo])
+        for f, (lo, hi) in enumerate(itertools.pairwise(ends))
+        if hi > lo
+    ]
+
+
+def _take_lengths(visit: _Visit, indices: npt.NDArray[np.int64], out: npt.NDArray[Any], part: tuple[int, int]) -> None:
+    """Set ``out[row]`` to the length of each row of ``visit``'s batches of ``part`` (see :func:`_spans_of`)."""
+    for rows, _, took in _spans_of(visit, indices, part):
+        out[rows] = took  # the parts' rows are disjoint
+
+
+def _threads(visit: _Visit) -> int:
+    """Threads to read a visit's rows with: one for few (starting threads costs about a millisecond,
+    which a mix of thousands of files would pay for each)."""
+    return _THREADS if visit.rows.size >= _THREADED_ROWS else 1
 
 
 def _in_threads(work: Callable[[tuple[int, int]], None], k: int) -> None:

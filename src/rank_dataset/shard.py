@@ -35,6 +35,8 @@ _ALIGN = 64
 _GROUPED_MAX = 1 << 16
 # A length group this small is copied row by row (a slice copy is cheaper than two fancy indexings).
 _SMALL_GROUP = 4
+# Rows of at most this many bytes in all are copied byte by byte, in one gather.
+_BYTEWISE_MAX = 1 << 16
 
 
 def offset_dtype(total: int) -> np.dtype[Any]:
@@ -64,6 +66,15 @@ def copy_rows(
     if not count:
         return
     lengths = np.asarray(lengths, np.int64)
+    total = int(lengths.sum())
+    if total <= _BYTEWISE_MAX:
+        # Few bytes: one gather of every byte, from where each row's bytes are to where they go.
+        # (Sorting rows by length and copying each group costs more than that below about 64 KiB.)
+        step = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        dst[np.repeat(np.asarray(dst_starts, np.int64), lengths) + step] = src[
+            np.repeat(np.asarray(src_starts, np.int64), lengths) + step
+        ]
+        return
     # A 16-bit key, which numpy sorts by radix (a wider one takes a merge sort, several times slower);
     # lengths past it are copied row by row, wherever the sort leaves them.
     key = np.minimum(lengths, 0xFFFF).astype(np.uint16)
