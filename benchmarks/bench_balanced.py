@@ -23,6 +23,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -65,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, default=10_000_000)
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3, help="builds of each kind, alternating (the median is kept)")
-    parser.add_argument("--data-dir", type=Path, default=Path("/work/bench-data"), help="where the meta file goes")
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(tempfile.gettempdir()), help="where the meta file goes (removed after)"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
     n, w = args.lines, args.world_size

@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -102,7 +103,12 @@ def run(step: str, path: Path, env: dict[str, str]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lines", type=int, default=100_000_000)
-    parser.add_argument("--data-dir", type=Path, default=Path("/work/bench-data"), help="where the meta file goes")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()),
+        help="where the meta file goes (removed after, unless --keep)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the meta file and its caches")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
