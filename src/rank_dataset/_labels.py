@@ -106,21 +106,7 @@ def _common_labels(
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
     """The label of each line ``buf[starts[i]:ends[i]]`` that ends in 1-7 digits, a sign or not, after
     whitespace after text (``ok``); nothing useful elsewhere. Few passes: one word a line."""
-    value = words[ends - _WORD]
-    digits = value.view(np.uint8)
-    digits -= ord("0")  # uint8: every byte but '0'..'9' wraps to >= 10
-    other = (digits >= 10).view(np.uint64)  # 0x01 in each byte that is not a digit
-    # Spread each such byte's flag to every lower byte: the bytes left unflagged are the run of digits
-    # that ends the line (the high bytes), and the flags' sum (gathered in the top byte) the rest.
-    other |= other >> _U8
-    other |= other >> _U16
-    other |= other >> _U32
-    before = (other * _BYTES) >> _U56
-    value &= ~(other * np.uint64(0xFF))  # the run's digits; a zero byte is a leading zero
-    # Byte 0 is the first digit: combine neighbours into 2-, 4- and 8-digit numbers (SWAR).
-    value = ((value * np.uint64(10 << 8 | 1)) >> _U8) & np.uint64(0x00FF_00FF_00FF_00FF)
-    value = ((value * np.uint64(100 << 16 | 1)) >> _U16) & np.uint64(0x0000_FFFF_0000_FFFF)
-    value = (value * np.uint64(10000 << 32 | 1)) >> _U32
+    value, before = _word_digits(words, ends - 1)
     labels = value.view(np.int64)
     sep_at = ends - (_WORD + 1)
     sep_at += before.view(np.int64)
@@ -161,8 +147,9 @@ def _blank(
 def _word_digits(
     words: npt.NDArray[np.uint64], last: npt.NDArray[np.int64]
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
-    """The number formed by the decimal digits that end at byte ``last`` of each line (at most 8) and
-    how many there are. ``words[i]`` are the 8 bytes starting at byte ``i``, one little-endian word."""
+    """The number formed by the decimal digits that end at byte ``last`` of each line (at most 8), and
+    how many of the 8 bytes up to ``last`` come before those digits (8: no digit). ``words[i]`` are the
+    8 bytes starting at byte ``i``, one little-endian word."""
     value = words[last - (_WORD - 1)]  # one 8-byte load a line
     digits = value.view(np.uint8)
     digits -= ord("0")  # uint8: every byte but '0'..'9' wraps to >= 10
@@ -172,14 +159,14 @@ def _word_digits(
     other |= other >> _U8
     other |= other >> _U16
     other |= other >> _U32
-    count = _WORD - ((other * _BYTES) >> _U56).astype(np.int64)
+    before = (other * _BYTES) >> _U56
     # Keep the digits of the run; a zero byte is a leading zero of the number.
     value &= ~(other * np.uint64(0xFF))
     # Byte 0 is the first digit: combine neighbours into 2-, 4- and 8-digit numbers in place.
     value = (value * np.uint64(10) + (value >> _U8)) & np.uint64(0x00FF_00FF_00FF_00FF)
     value = (value * np.uint64(100) + (value >> _U16)) & np.uint64(0x0000_FFFF_0000_FFFF)
     value = (value * np.uint64(10000) + (value >> _U32)) & np.uint64(0xFFFF_FFFF)
-    return value, count
+    return value, before
 
 
 def tail_labels(
@@ -206,11 +193,13 @@ def tail_labels(
     while rows.size:
         last[rows] -= 1
         rows = rows[(last[rows] >= starts[rows]) & _SPACE[buf[np.maximum(last[rows], 0)]]]
-    value, count = _word_digits(words, last)
+    value, before = _word_digits(words, last)
+    count = _WORD - before.astype(np.int64)
     longer = np.flatnonzero(count == _WORD)
     while longer.size and int(count[longer].min()) < _MAX_DIGITS:
-        more, more_count = _word_digits(words, np.maximum(last[longer] - count[longer], _WORD - 1))
+        more, more_before = _word_digits(words, np.maximum(last[longer] - count[longer], _WORD - 1))
         value[longer] += more * np.uint64(10) ** count[longer].astype(np.uint64)
+        more_count = _WORD - more_before.astype(np.int64)
         count[longer] += more_count
         longer = longer[more_count == _WORD]
     sep_at = last - count
