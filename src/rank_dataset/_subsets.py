@@ -204,6 +204,26 @@ class SampleMap:
     file_bounds: npt.NDArray[np.int64]
     ids: tuple[SampleIds | None, ...]
 
+    @classmethod
+    def of(
+        cls,
+        files: tuple[tuple[int, ...], ...],
+        file_bounds: npt.NDArray[np.int64],
+        ids: Sequence[SampleIds | None],
+        names: Sequence[str],
+    ) -> SampleMap:
+        """The map of sources with these files, ids and names; each source's ids are checked against
+        its files' samples (ValueError naming the source and one offending value)."""
+        counts = np.diff(file_bounds)
+        sizes = []
+        for mine, listed, name in zip(files, ids, names):
+            n = int(counts[list(mine)].sum())
+            if listed is not None:
+                listed.check(n, name)
+                n = len(listed)
+            sizes.append(n)
+        return cls(tuple(sizes), files, file_bounds, tuple(ids))
+
     @property
     def identity(self) -> bool:
         """Whether plan numbers are the sample numbers (no subsets, each file in one source, in order)."""

@@ -373,17 +373,10 @@ class ServerReader:
         self._files = [served[name] for name in names]  # in sample order
         self._layout = Bounds([f.num_samples for f in self._files])
         self._num_samples = self._layout.total
-        counts = np.array([f.num_samples for f in self._files], np.int64)
-        sizes = []
-        for source, mine in zip(sources, files):
-            n = int(counts[list(mine)].sum())
-            if source.ids is not None:
-                source.ids.check(n, source.name)
-                n = len(source.ids)
-            sizes.append(n)
-        self._sizes = tuple(sizes)
         self._own_files = files
-        self._map = SampleMap(self._sizes, files, self._layout.starts, tuple(s.ids for s in sources))
+        ids = [s.ids for s in sources]
+        self._map = SampleMap.of(files, self._layout.starts, ids, [s.name for s in sources])
+        self._sizes = self._map.sizes
         self.keeps_ids = not self._map.identity
         # Where each distinct file starts in the server's numbering (all its files, in its order).
         server_layout = Bounds([f.num_samples for f in served.values()])

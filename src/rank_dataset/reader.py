@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import numpy as np
-
 from rank_dataset._subsets import SampleMap, distinct_files
 from rank_dataset.metafile import MetaFile
 from rank_dataset.mix import Source, combine_fingerprints
@@ -81,16 +79,9 @@ class FileReader:
         if sources is None:
             return
         _, self._files = distinct_files([s.paths for s in sources])
-        counts = np.diff(meta.file_bounds)
-        sizes = []
-        for source, mine in zip(sources, self._files):
-            n = int(counts[list(mine)].sum())
-            if source.ids is not None:
-                source.ids.check(n, source.name)
-                n = len(source.ids)
-            sizes.append(n)
-        self._sizes = tuple(sizes)
-        self._map = SampleMap(self._sizes, self._files, meta.file_bounds, tuple(s.ids for s in sources))
+        ids, names = [s.ids for s in sources], [s.name for s in sources]
+        self._map = SampleMap.of(self._files, meta.file_bounds, ids, names)
+        self._sizes = self._map.sizes
         self.keeps_ids = not self._map.identity
 
     def __getstate__(self) -> dict[str, Any]:
