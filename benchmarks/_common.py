@@ -1,22 +1,37 @@
-"""Shared by the benchmark scripts: the machine description and synthetic meta files."""
+"""Shared by the benchmark scripts: measured child processes, the machine description, results, meta files."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import textwrap
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rank_dataset.demo.synthetic import write_imagenet_meta
 
-__all__ = ["PEAK_PRELUDE", "machine_info", "plotting", "save_results", "write_imagenet_meta"]
+__all__ = [
+    "PEAK_PRELUDE",
+    "cache_env",
+    "child_code",
+    "machine_info",
+    "plotting",
+    "run_child",
+    "save_results",
+    "scratch_dir",
+    "write_imagenet_meta",
+]
 
 #: Code for a measured child process: ``rss()`` gives (RSS, peak RSS) in bytes, ``reset_peak()`` resets
-#: the peak (through /proc/self/clear_refs), so a measurement's peak is its own.
+#: the peak (through /proc/self/clear_refs), so a measurement's peak is its own; ``measured(make)`` gives
+#: ``make()``'s result, its seconds and the rise of the peak RSS while it ran (with ``marks``, "start" and
+#: "stop" are printed around it, for a parent sampling the process's memory in between).
 PEAK_PRELUDE = """
 import json, os, sys, time
 def rss():
@@ -26,7 +41,54 @@ def rss():
 def reset_peak():
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
+def measured(make, marks=False):
+    reset_peak(); before = rss()[0]
+    if marks: print("start", flush=True)
+    t = time.perf_counter()
+    made = make()
+    elapsed = time.perf_counter() - t
+    if marks: print("stop", flush=True)
+    return made, elapsed, rss()[1] - before
 """
+
+
+def child_code(body: str, **names: object) -> str:
+    """Source of a measured child process: PEAK_PRELUDE, a ``NAME = value`` line per keyword, then ``body``.
+
+    Each value is written as its ``repr``, so it must be a literal: str, int, float, bool, or lists of them
+    (pass paths as ``str``).
+    """
+    head = "".join(f"{name} = {value!r}\n" for name, value in names.items())
+    return PEAK_PRELUDE + head + textwrap.dedent(body)
+
+
+def run_child(body: str, env: dict[str, str], **names: object) -> dict[str, Any]:
+    """Run ``child_code(body, **names)`` in a fresh Python process; the JSON object it prints last.
+
+    Raises:
+        RuntimeError: the process failed (its stderr is in the message).
+    """
+    code = child_code(body, **names)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"measurement failed:\n{out.stderr}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def cache_env(cache: Path) -> dict[str, str]:
+    """This process's environment with rank_dataset's caches (index, grouping) under ``cache``."""
+    return {**os.environ, "RANK_DATASET_CACHE_DIR": str(cache)}
+
+
+@contextmanager
+def scratch_dir(path: Path, *, keep: bool = False) -> Iterator[Path]:
+    """``path``, created if missing and removed with all it holds on leaving, unless ``keep``."""
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def machine_info() -> str:

@@ -17,20 +17,16 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import PEAK_PRELUDE, machine_info, plotting, save_results  # noqa: E402
+from _common import cache_env, machine_info, plotting, run_child, save_results, scratch_dir  # noqa: E402
 from bench_group import write_lines  # noqa: E402
 
 _BUILD = """
@@ -38,27 +34,13 @@ from rank_dataset import RankDataset, class_balanced, group_by
 if KIND == "warm":
     print(json.dumps({"classes": len(group_by(PATH))}))
     raise SystemExit
-reset_peak()
-before = rss()[0]
-t = time.perf_counter()
-source = class_balanced(PATH) if KIND == "balanced" else PATH
-ds = RankDataset(source, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD)
-elapsed = time.perf_counter() - t
-peak = rss()[1] - before
-t = time.perf_counter()
-ds.spec.indices()
-plan = time.perf_counter() - t
+def build():
+    source = class_balanced(PATH) if KIND == "balanced" else PATH  # timed: class_balanced is part of the build
+    return RankDataset(source, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD)
+ds, elapsed, peak = measured(build)
+_, plan, _ = measured(ds.spec.indices)
 print(json.dumps({"seconds": elapsed, "plan": plan, "peak": peak, "count": len(ds)}))
 """
-
-
-def run(kind: str, path: Path, rank: int, world: int, env: dict[str, str]) -> dict[str, float]:
-    head = f"KIND = {kind!r}\nPATH = {str(path)!r}\nRANK = {rank}\nWORLD = {world}\n"
-    code = PEAK_PRELUDE + head + textwrap.dedent(_BUILD)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"measurement failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,19 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     n, w = args.lines, args.world_size
     if n < 1000:
         parser.error("--lines must be at least 1000 (every class needs a sample)")
-    work = args.data_dir / f"balanced_{n}"
-    work.mkdir(parents=True, exist_ok=True)
-    path = work / "meta.txt"
-    env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(work / "cache")}
-    runs: dict[str, list[dict[str, float]]] = {"file": [], "balanced": []}
-    try:
+    runs: dict[str, list[dict[str, Any]]] = {"file": [], "balanced": []}
+    with scratch_dir(args.data_dir / f"balanced_{n}") as work:
+        path = work / "meta.txt"
+        env = cache_env(work / "cache")
+
+        def run(kind: str) -> dict[str, Any]:
+            return run_child(_BUILD, env, KIND=kind, PATH=str(path), RANK=0, WORLD=w)
+
         write_lines(path, n)
-        classes = run("warm", path, 0, w, env)["classes"]  # index and grouping cached
+        classes = run("warm")["classes"]  # index and grouping cached
         for _ in range(args.repeat):
             for kind in ("file", "balanced"):
-                runs[kind].append(run(kind, path, 0, w, env))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+                runs[kind].append(run(kind))
     r = -(-n // w)
     assert all(x["count"] == r for kind in runs.values() for x in kind)
     med = {k: {m: statistics.median(x[m] for x in v) for m in ("seconds", "plan", "peak")} for k, v in runs.items()}

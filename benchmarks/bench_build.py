@@ -26,42 +26,34 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import PEAK_PRELUDE, machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
+from _common import cache_env, machine_info, plotting, run_child, save_results, write_imagenet_meta  # noqa: E402
 
 _SCAN = """
-reset_peak(); before = rss()[0]
-t = time.perf_counter()
-count = open(META, "rb").read().count(b"\\n")
-elapsed = time.perf_counter() - t
-print(json.dumps({"seconds": elapsed, "peak": rss()[1] - before, "count": count}))
+count, elapsed, peak = measured(lambda: open(META, "rb").read().count(b"\\n"))
+print(json.dumps({"seconds": elapsed, "peak": peak, "count": count}))
 """
 
 _RANK_DATASET = """
 import numpy as np
 from rank_dataset import RankDataset
-reset_peak(); before = rss()[0]
-t = time.perf_counter()
-ds = RankDataset(META, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD)
-elapsed = time.perf_counter() - t
+ds, elapsed, peak = measured(lambda: RankDataset(META, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD))
 shard = ds.shard
 text = int(shard.ends.astype(np.int64).sum() - shard.starts.astype(np.int64).sum())
 lengths = shard.ends.astype(np.int64) - shard.starts
 # The layout before: each line padded to a multiple of 8 bytes, uint32 start and end, int64 sample number.
 before_layout = int(((np.maximum(lengths, 1) + 7) // 8 * 8).sum()) + 16 * len(ds)
-print(json.dumps({"seconds": elapsed, "peak": rss()[1] - before, "count": len(ds), "own": text + 4 * len(ds),
+print(json.dumps({"seconds": elapsed, "peak": peak, "count": len(ds), "own": text + 4 * len(ds),
                   "held": shard.nbytes, "text": text, "segment": shard.handle.size, "before_layout": before_layout}))
 """
 
@@ -139,14 +131,6 @@ def run_agree(meta: Path, ranks: int, repeat: int, work: Path, env: dict[str, st
     return json.loads(out.read_text())
 
 
-def run(body: str, meta: Path, rank: int, world: int, env: dict[str, str]) -> dict[str, float]:
-    code = PEAK_PRELUDE + f"META = {str(meta)!r}\nRANK = {rank}\nWORLD = {world}\n" + textwrap.dedent(body)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"measurement failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lines", type=int, default=10_000_000)
@@ -159,24 +143,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="where to write the meta file (default: a tmp dir)")
     args = parser.parse_args(argv)
 
-    work = Path(tempfile.mkdtemp(prefix="bench_build_", dir=args.workdir))
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench_build_", dir=args.workdir) as tmp:
+        work = Path(tmp)
         meta = work / "meta.txt"
         write_imagenet_meta(meta, args.lines)
         cache = work / "cache"
-        env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(cache)}
+        env = cache_env(cache)
         w = args.world_size
-        rows: dict[str, list[dict[str, float]]] = {"scan": [], "cold": [], "warm": [], "original": []}
+
+        def run(body: str, rank: int) -> dict[str, Any]:
+            return run_child(body, env, META=str(meta), RANK=rank, WORLD=w)
+
+        rows: dict[str, list[dict[str, Any]]] = {"scan": [], "cold": [], "warm": [], "original": []}
         for i in range(args.repeat):
-            rows["scan"].append(run(_SCAN, meta, 0, w, env))
+            rows["scan"].append(run(_SCAN, 0))
             shutil.rmtree(cache, ignore_errors=True)
-            rows["cold"].append(run(_RANK_DATASET, meta, i % w, w, env))
-            rows["warm"].append(run(_RANK_DATASET, meta, (i + 1) % w, w, env))
+            rows["cold"].append(run(_RANK_DATASET, i % w))
+            rows["warm"].append(run(_RANK_DATASET, (i + 1) % w))
         for _ in range(args.original_repeat):
-            rows["original"].append(run(_ORIGINAL, meta, 0, w, env))
+            rows["original"].append(run(_ORIGINAL, 0))
         agree = run_agree(meta, args.agree_ranks, args.agree_repeat, work, env) if args.agree_ranks else None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
     med = {k: statistics.median(r["seconds"] for r in v) for k, v in rows.items()}
     peak = {k: statistics.median(r["peak"] for r in v) for k, v in rows.items()}

@@ -15,13 +15,9 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +25,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import PEAK_PRELUDE, machine_info, plotting, save_results  # noqa: E402
+from _common import cache_env, machine_info, plotting, run_child, save_results, scratch_dir  # noqa: E402
 
 _STEP = """
 from pathlib import Path
@@ -92,14 +88,6 @@ def write_lines(path: Path, n: int, chunk: int = 1 << 20) -> None:
             f.write(np.concatenate(cols, axis=1)[np.concatenate(keep, axis=1)].tobytes())
 
 
-def run(step: str, path: Path, env: dict[str, str]) -> dict[str, float]:
-    code = PEAK_PRELUDE + f"STEP = {step!r}\nPATH = {str(path)!r}\n" + textwrap.dedent(_STEP)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"measurement failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lines", type=int, default=100_000_000)
@@ -113,11 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
     n = args.lines
-    work = args.data_dir / f"group_{n}"
-    work.mkdir(parents=True, exist_ok=True)
-    path = work / "meta.txt"
-    env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(work / "cache")}
-    try:
+    with scratch_dir(args.data_dir / f"group_{n}", keep=args.keep) as work:
+        path = work / "meta.txt"
+        env = cache_env(work / "cache")
         if not path.exists() or path.stat().st_size == 0:
             write_lines(path, n)
         shutil.rmtree(work / "cache", ignore_errors=True)
@@ -125,10 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             while f.read(64 << 20):
                 pass
         size = path.stat().st_size
-        results = {step: run(step, path, env) for step in ("index", "group", "cached", "python")}
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+        results = {
+            step: run_child(_STEP, env, STEP=step, PATH=str(path)) for step in ("index", "group", "cached", "python")
+        }
     assert results["index"]["count"] == results["group"]["count"] == results["cached"]["count"] == n
     python_rate = results["python"]["count"] / results["python"]["seconds"]
     group = results["group"]

@@ -41,7 +41,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine_info, plotting, save_results  # noqa: E402
+from _common import cache_env, machine_info, plotting, save_results  # noqa: E402
 from bench_scale import meta_file  # noqa: E402
 
 _READ = """
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         data = args.data_dir or Path(tmp)
         meta = meta_file(data, args.lines)
         size = meta.stat().st_size
-        env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(data / "cache")}
+        env = cache_env(data / "cache")
         os.environ["RANK_DATASET_CACHE_DIR"] = env["RANK_DATASET_CACHE_DIR"]
         _fresh(_READ, str(meta), env=env)  # the file into the page cache
         reads = [_fresh(_READ, str(meta), env=env)["seconds"] for _ in range(args.repeat)]

@@ -17,50 +17,32 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import PEAK_PRELUDE, machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
+from _common import cache_env, machine_info, plotting, run_child, save_results, write_imagenet_meta  # noqa: E402
 
 _BUILD = """
 import numpy as np
 from rank_dataset import RankDataset, Source
-reset_peak()
 if MIX:
     a, b, c = PATHS
     source = [Source(a, weight=1), Source(b, repeat=0.5), Source(c, choose=CHOOSE)]
     cfg = {"seed": 0, "epoch_size": LINES}
 else:
     source, cfg = PATHS[0], {"seed": 0}
-before = rss()[0]
-t = time.perf_counter()
-ds = RankDataset(source, reload_cfg=cfg, rank=RANK, world_size=WORLD)
-elapsed = time.perf_counter() - t
-peak = rss()[1] - before
-t = time.perf_counter()
-ds.spec.indices()
-plan = time.perf_counter() - t
+ds, elapsed, peak = measured(lambda: RankDataset(source, reload_cfg=cfg, rank=RANK, world_size=WORLD))
+_, plan, _ = measured(ds.spec.indices)
 print(json.dumps({"seconds": elapsed, "plan": plan, "peak": peak, "count": len(ds)}))
 """
-
-
-def run(paths: list[Path], mix: bool, lines: int, rank: int, world: int, env: dict[str, str]) -> dict[str, float]:
-    head = f"PATHS = {[str(p) for p in paths]!r}\nMIX = {mix}\nLINES = {lines}\nCHOOSE = {lines // 2}\n"
-    code = PEAK_PRELUDE + head + f"RANK = {rank}\nWORLD = {world}\n" + textwrap.dedent(_BUILD)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"measurement failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     if n < 8:
         parser.error("--lines must be at least 8")
 
-    work = Path(tempfile.mkdtemp(prefix="bench_mix_", dir=args.workdir))
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench_mix_", dir=args.workdir) as tmp:
+        work = Path(tmp)
         sizes = [n // 2, n // 4, n - n // 2 - n // 4]
         parts, first = [], 0
         for name, size in zip(["a.txt", "b.txt", "c.txt"], sizes):
@@ -87,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             for p in parts:
                 with open(p, "rb") as f:
                     shutil.copyfileobj(f, out)
-        env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(work / "cache")}
+        env = cache_env(work / "cache")
         # Index every file once, outside the measurements (a warm index, as in a training job).
         subprocess.run(
             [sys.executable, "-m", "rank_dataset", "index", *map(str, [*parts, whole])],
@@ -95,12 +77,15 @@ def main(argv: list[str] | None = None) -> int:
             check=True,
             capture_output=True,
         )
-        rows: dict[str, list[dict[str, float]]] = {"one": [], "mix": []}
+
+        def run(paths: list[Path], mix: bool, rank: int) -> dict[str, Any]:
+            names = {"PATHS": [str(p) for p in paths], "MIX": mix, "LINES": n, "CHOOSE": n // 2}
+            return run_child(_BUILD, env, **names, RANK=rank, WORLD=w)
+
+        rows: dict[str, list[dict[str, Any]]] = {"one": [], "mix": []}
         for i in range(args.repeat):
-            rows["one"].append(run([whole], False, n, i % w, w, env))
-            rows["mix"].append(run(parts, True, n, i % w, w, env))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            rows["one"].append(run([whole], False, i % w))
+            rows["mix"].append(run(parts, True, i % w))
 
     assert rows["one"][0]["count"] == rows["mix"][0]["count"], "the two plans must have the same R"
     med = {k: statistics.median(r["seconds"] for r in v) for k, v in rows.items()}

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -46,7 +45,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import PEAK_PRELUDE, machine_info, plotting, save_results  # noqa: E402
+from _common import cache_env, child_code, machine_info, plotting, save_results  # noqa: E402
 
 MIB = 1 << 20
 
@@ -58,23 +57,16 @@ print(json.dumps({"seconds": time.perf_counter() - t, "count": count}))
 
 _COLD = """
 from rank_dataset import MetaFile
-mark("start")
-t = time.perf_counter()
-mf = MetaFile(META)
-elapsed = time.perf_counter() - t
-mark("stop")
+mf, elapsed, _ = measured(lambda: MetaFile(META), marks=True)
 print(json.dumps({"seconds": elapsed, "count": len(mf)}))
 """
 
 _BUILD = """
 from rank_dataset import RankDataset
-reset_peak(); before = rss()[0]
-mark("start")
-t = time.perf_counter()
-ds = RankDataset(META, reload_cfg={"seed": 0, "mini_epoch": MINI}, rank=RANK, world_size=WORLD)
-elapsed = time.perf_counter() - t
-mark("stop")
-out = {"seconds": elapsed, "peak": rss()[1] - before, "shard": ds.shard.nbytes, "count": len(ds)}
+ds, elapsed, peak = measured(
+    lambda: RankDataset(META, reload_cfg={"seed": 0, "mini_epoch": MINI}, rank=RANK, world_size=WORLD), marks=True
+)
+out = {"seconds": elapsed, "peak": peak, "shard": ds.shard.nbytes, "count": len(ds)}
 if SET_EPOCH:
     reset_peak(); before = rss()[0]
     t = time.perf_counter()
@@ -86,30 +78,19 @@ print(json.dumps(out))
 
 _COLD_BUILD = """
 from rank_dataset import RankDataset
-mark("start")
-t = time.perf_counter()
-ds = RankDataset(META, reload_cfg={"seed": 0, "mini_epoch": 1}, rank=RANK, world_size=WORLD)
-elapsed = time.perf_counter() - t
-mark("stop")
+ds, elapsed, _ = measured(
+    lambda: RankDataset(META, reload_cfg={"seed": 0, "mini_epoch": 1}, rank=RANK, world_size=WORLD), marks=True
+)
 print(json.dumps({"seconds": elapsed, "count": len(ds)}))
 """
 
 _ORIGINAL = """
 from rank_dataset.demo.baselines import OriginalDataset
-reset_peak(); before = rss()[0]
-mark("start")
-t = time.perf_counter()
-ds = OriginalDataset(META, rank=RANK, world=WORLD, mini_epoch=1, seed=0)
-elapsed = time.perf_counter() - t
-mark("stop")
-print(json.dumps({"seconds": elapsed, "peak": rss()[1] - before, "count": len(ds)}))
+ds, elapsed, peak = measured(
+    lambda: OriginalDataset(META, rank=RANK, world=WORLD, mini_epoch=1, seed=0), marks=True
+)
+print(json.dumps({"seconds": elapsed, "peak": peak, "count": len(ds)}))
 """
-
-_MARK = """
-def mark(what):
-    print(what, flush=True)
-"""
-
 
 # -- the files ---------------------------------------------------------------------------------------
 
@@ -195,8 +176,7 @@ def run(body: str, meta: Path, env: dict[str, str], **values: Any) -> dict[str, 
     (peaks above their values at "start")."""
     cache = Path(env["RANK_DATASET_CACHE_DIR"])
     warm(meta, *(sorted(cache.glob("*.rdidx")) if cache.is_dir() else []))
-    head = "".join(f"{k} = {v!r}\n" for k, v in {"META": str(meta), **values}.items())
-    code = PEAK_PRELUDE + _MARK + head + body
+    code = child_code(body, META=str(meta), **values)
     proc = subprocess.Popen(
         [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -371,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     if temporary:
         args.data_dir = Path(tempfile.mkdtemp(prefix="bench_scale_"))
     cache = args.data_dir / "cache"
-    env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(cache)}
+    env = cache_env(cache)
     try:
         results = [measure(n, args, env) for n in args.lines]
     finally:

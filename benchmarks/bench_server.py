@@ -18,7 +18,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from rank_dataset._localserver import LocalServer, free_port, wait_until_up
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
+from _common import cache_env, machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
 
 _FLASK_SERVER = """
 import json, sys
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench_server_"))
     meta = write_imagenet_meta(work / "meta.txt", args.lines)
-    env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(work / "cache")}
+    env = cache_env(work / "cache")
     base_port = free_port()
     ours = LocalServer([meta], env=env, stdout=subprocess.DEVNULL, timeout=300)
     script = work / "baseline_server.py"
