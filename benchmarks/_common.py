@@ -18,6 +18,7 @@ from rank_dataset.demo.synthetic import write_imagenet_meta
 
 __all__ = [
     "PEAK_PRELUDE",
+    "barh",
     "cache_env",
     "child_code",
     "machine_info",
@@ -121,6 +122,18 @@ def plotting() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def barh(path: Path, bars: dict[str, float], xlabel: str, height: float) -> None:
+    """Save a horizontal bar chart of ``bars`` (the first on top), 6 inches wide, to ``path``."""
+    plt = plotting()
+    fig, ax = plt.subplots(figsize=(6, height))
+    ax.barh(list(bars), list(bars.values()))
+    ax.set_xlabel(xlabel)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def save_results(out: Path, name: str, rows: list[str], data: Any, plot: Callable[[Path], None]) -> None:

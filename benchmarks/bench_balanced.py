@@ -26,7 +26,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import cache_env, machine_info, plotting, run_child, save_results, scratch_dir  # noqa: E402
+from _common import barh, cache_env, machine_info, run_child, save_results, scratch_dir  # noqa: E402
 from bench_group import write_lines  # noqa: E402
 
 _BUILD = """
@@ -97,18 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `python benchmarks/bench_balanced.py --lines {n} --world-size {w} --repeat {args.repeat}`",
     ]
 
-    def plot(png: Path) -> None:
-        plt = plotting()
-        fig, ax = plt.subplots(figsize=(6, 2.5))
-        ax.barh(["one file", f"{classes:,}-class balanced mix"], [med["file"]["seconds"], med["balanced"]["seconds"]])
-        ax.set_xlabel(f"seconds per rank (N = {n:,}, W = {w})")
-        ax.invert_yaxis()
-        fig.tight_layout()
-        fig.savefig(png, dpi=120)
-        plt.close(fig)
-
+    bars = {"one file": med["file"]["seconds"], f"{classes:,}-class balanced mix": med["balanced"]["seconds"]}
     data = {"lines": n, "world_size": w, "runs": runs, "median": med, "fastest": best}
-    save_results(args.out, "balanced", rows, data, plot)
+    save_results(
+        args.out, "balanced", rows, data, lambda png: barh(png, bars, f"seconds per rank (N = {n:,}, W = {w})", 2.5)
+    )
     return 0
 
 

@@ -25,7 +25,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import cache_env, machine_info, plotting, run_child, save_results, scratch_dir  # noqa: E402
+from _common import barh, cache_env, machine_info, run_child, save_results, scratch_dir  # noqa: E402
 
 _STEP = """
 from pathlib import Path
@@ -151,19 +151,19 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `python benchmarks/bench_group.py --lines {n}`",
     ]
 
-    def plot(png: Path) -> None:
-        plt = plotting()
-        fig, ax = plt.subplots(figsize=(6, 3))
-        names = ["index build", "group_by", "group_by cached", "Python loop (proj.)"]
-        secs = [results["index"]["seconds"], group["seconds"], results["cached"]["seconds"], n / python_rate]
-        ax.barh(names, secs)
-        ax.set_xlabel(f"seconds for {n:,} lines")
-        ax.invert_yaxis()
-        fig.tight_layout()
-        fig.savefig(png, dpi=120)
-        plt.close(fig)
-
-    save_results(args.out, "group", rows, {"lines": n, "results": results}, plot)
+    bars = {
+        "index build": results["index"]["seconds"],
+        "group_by": group["seconds"],
+        "group_by cached": results["cached"]["seconds"],
+        "Python loop (proj.)": n / python_rate,
+    }
+    save_results(
+        args.out,
+        "group",
+        rows,
+        {"lines": n, "results": results},
+        lambda png: barh(png, bars, f"seconds for {n:,} lines", 3),
+    )
     return 0
 
 
