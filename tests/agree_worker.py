@@ -8,7 +8,6 @@ raised, then meets the other rank in a barrier: a case that left one rank behind
 from __future__ import annotations
 
 import datetime
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch.distributed as dist
 
 from rank_dataset import MetaFile, RankDataset, RanksDisagreeError, Source
 from rank_dataset.demo.synthetic import imagenet_line
+from tests_helpers import write_rank_result
 
 
 def main(work: str, out: str) -> None:
@@ -92,9 +92,7 @@ def main(work: str, out: str) -> None:
     case("agree", agree)
     results["agree"]["world_size"] = ds.world_size
 
-    Path(f"{out}.{rank}.json").write_text(json.dumps(results))
-    dist.barrier()
-    dist.destroy_process_group()
+    write_rank_result(out, results)
 
 
 if __name__ == "__main__":

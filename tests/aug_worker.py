@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from rank_dataset import RankDataset, ResumableSampler
+from tests_helpers import write_rank_result
 
 
 def main(meta: str, out: str) -> None:
@@ -27,10 +27,7 @@ def main(meta: str, out: str) -> None:
             dist.all_gather_object(gathered, steps)
             result[f"steps_{epoch}_{mini}"] = gathered
             result[f"indices_{epoch}_{mini}"] = ds.indices.tolist()
-    with open(f"{out}.{rank}.json", "w") as f:
-        json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    write_rank_result(out, result)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import numpy as np
@@ -10,6 +9,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from rank_dataset import RandomSampler, RankDataset
+from tests_helpers import write_rank_result
 
 
 def main(meta: str, out: str) -> None:
@@ -27,10 +27,7 @@ def main(meta: str, out: str) -> None:
             items = [line for batch in loader for line in batch]
             result[f"loader_{mini}"] = items
             result[f"expected_{mini}"] = [ds.meta[int(i)] for i in np.asarray(ds.indices)]
-    with open(f"{out}.{rank}.json", "w") as f:
-        json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    write_rank_result(out, result)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import pickle
 import signal
@@ -20,7 +19,7 @@ import rank_dataset
 from rank_dataset import RankDataset, RanksDisagreeError
 from rank_dataset._agree import _SLOTS, _hashes, agreement_needed, check_ranks_agree, disagreement
 from test_no_torch import BLOCK_TORCH
-from tests_helpers import imagenet_line
+from tests_helpers import imagenet_line, rank_results, torchrun_cmd, worker_env
 
 HERE = Path(__file__).resolve().parent
 
@@ -127,10 +126,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     for name, n in [("meta_0.txt", 1000), ("meta_1.txt", 1100), ("appended.txt", 1000)]:
         (work / name).write_text("".join(f"{imagenet_line(i)}\n" for i in range(n)))
     out = work / "result"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
-    env["RANK_DATASET_CACHE_DIR"] = str(work / "cache")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    cmd += [str(HERE / "agree_worker.py"), str(work), str(out)]
+    cmd, env = torchrun_cmd("agree_worker.py", 2, work, out), worker_env(RANK_DATASET_CACHE_DIR=str(work / "cache"))
     job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         _, stderr = job.communicate(timeout=180)  # a hang fails here instead of blocking the suite
@@ -139,7 +135,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
         job.communicate()
         pytest.fail("the 2-rank job hung")
     assert job.returncode == 0, stderr.decode()[-3000:]
-    return [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(2)]
+    return rank_results(out, 2)
 
 
 CASES = {

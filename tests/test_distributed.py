@@ -2,27 +2,24 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from rank_dataset.permutation import permute
+from tests_helpers import rank_results, torchrun_cmd, worker_env
 
 
 def test_three_ranks_get_the_exact_layout(write_meta, tmp_path: Path) -> None:
     n, w, m = 1001, 3, 2
     meta = write_meta(n=n)
     out = tmp_path / "result"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={w}"]
-    cmd += [str(Path(__file__).with_name("dist_worker.py")), str(meta), str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        torchrun_cmd("dist_worker.py", w, meta, out), env=worker_env(), capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(w)]
+    results = rank_results(out, w)
     assert [r["world_size"] for r in results] == [w] * w
 
     r_ = -(-n // (w * m))
@@ -42,12 +39,11 @@ def test_aug_repeats_copies_share_a_step_on_two_ranks(write_meta, tmp_path: Path
     meta = write_meta(n=n)
     lines = meta.read_text().splitlines()
     out = tmp_path / "result"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={w}"]
-    cmd += [str(Path(__file__).with_name("aug_worker.py")), str(meta), str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        torchrun_cmd("aug_worker.py", w, meta, out), env=worker_env(), capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(w)]
+    results = rank_results(out, w)
     r_ = -(-n // (w * m))
     d = -(-n // k)
     stream = np.concatenate([permute(n, 7, j, np.arange(n)) for j in range(2)])  # the reference, O(N)

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Hashable
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from rank_dataset import MetaFile, group_by, grouping
 from rank_dataset.parsers import LineError, parse_label
+from tests_helpers import start_together
 
 
 def samples(path: Path) -> list[str]:
@@ -233,19 +233,7 @@ def test_many_processes_asking_at_once_group_the_file_once(write_meta, tmp_path:
     marks = tmp_path / "marks"
     marks.mkdir()
     argv = [sys.executable, "-c", _COUNTED, str(p), str(marks)]
-    procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(6)]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        assert [proc.communicate(timeout=300)[0].strip() for proc in procs] == ["200000"] * 6
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+    assert [out.strip() for out in start_together(argv, 6)] == ["200000"] * 6
     assert len(list(marks.iterdir())) == 1
     assert sorted(x.suffix for x in (tmp_path / "cache").iterdir()) == [".rdgrp", ".rdidx"]  # no lock, no tmp
 

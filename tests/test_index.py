@@ -16,6 +16,7 @@ from rank_dataset import MetaFile, build_index
 from rank_dataset import index as index_mod
 from rank_dataset.index import CACHE_DIR_ENV
 from rank_dataset.scan import Chunk
+from tests_helpers import start_together
 
 
 def test_index_out_of_range_and_negative(write_meta) -> None:
@@ -212,19 +213,7 @@ print(json.dumps({"reads": me.io_counters().read_chars - reads, "cpu": cpu, "cou
 def _measured_loads(path: Path, processes: int, *, rebuild: bool = False) -> list[dict[str, float]]:
     """Load the index of ``path`` in ``processes`` processes started at once: what each read and spent."""
     argv = [sys.executable, "-c", _MEASURED_LOAD, str(path), str(int(rebuild))]
-    procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        return [json.loads(proc.communicate(timeout=300)[0]) for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+    return [json.loads(out) for out in start_together(argv, processes)]
 
 
 @pytest.mark.parametrize("rebuild", [False, True])

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,17 +11,16 @@ import numpy as np
 import pytest
 
 from rank_dataset.plan import mini_epoch_width
-from tests_helpers import kill_tree
+from tests_helpers import kill_tree, torchrun_cmd, worker_env
 
-HERE = Path(__file__).resolve().parent
 N = 1001
 
 
 def torchrun(nproc: int, meta: Path, work: Path, phase: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    cmd += [str(HERE / "resume_worker.py"), str(meta), str(work), phase]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    cmd = torchrun_cmd("resume_worker.py", nproc, meta, work, phase)
+    return subprocess.Popen(
+        cmd, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,35 @@
-"""Helpers importable by tests (conftest keeps the fixtures): synthetic lines, free ports, a real server."""
+"""Helpers importable by tests (conftest keeps the fixtures): synthetic lines, free ports, a real server,
+torchrun jobs of the worker scripts beside this file."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from rank_dataset._localserver import LocalServer, free_port
 from rank_dataset.demo.synthetic import imagenet_line
 
-__all__ = ["Server", "free_port", "imagenet_line", "kill_tree", "rewrite"]
+__all__ = [
+    "Server",
+    "free_port",
+    "imagenet_line",
+    "kill_tree",
+    "rank_results",
+    "rewrite",
+    "start_together",
+    "torchrun_cmd",
+    "worker_env",
+    "write_rank_result",
+]
+
+HERE = Path(__file__).resolve().parent
 
 
 class Server(LocalServer):
@@ -74,3 +91,51 @@ def rewrite(path: Path, lines: list[str], *, keep_times: bool = False) -> None:
         f.write("".join(f"{line}\n" for line in lines).encode())
     if keep_times:
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def start_together(argv: list[str], processes: int, timeout: float = 300) -> list[str]:
+    """Run ``processes`` copies of ``argv`` at once; what each printed after "ready", in start order.
+
+    Each copy prints "ready" and waits for a line on stdin; every copy gets it once all are ready, so
+    that they race. They are killed on the way out, also on failure.
+    """
+    procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        return [proc.communicate(timeout=timeout)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def torchrun_cmd(worker: str, nproc: int, *args: object) -> list[str]:
+    """The command running ``nproc`` gloo ranks of the script ``tests/<worker>`` (given ``args``) under
+    ``torchrun --standalone``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return [*cmd, str(HERE / worker), *map(str, args)]
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """This environment with ``extra`` and tests/ on PYTHONPATH, so a worker imports what the tests import."""
+    return {**os.environ, **extra, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
+
+
+def write_rank_result(out: str, result: object) -> None:
+    """In a worker: write this rank's ``result`` to ``{out}.{rank}.json``, wait for every rank, leave the group."""
+    import torch.distributed as dist  # here, not above: the other helpers do not need torch
+
+    with open(f"{out}.{dist.get_rank()}.json", "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def rank_results(out: Path, nproc: int) -> list[Any]:
+    """What each of ``nproc`` ranks wrote with ``write_rank_result(out, ...)``, in rank order."""
+    return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in range(nproc)]
