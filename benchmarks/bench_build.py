@@ -124,6 +124,7 @@ def run_agree(meta: Path, ranks: int, repeat: int, work: Path, env: dict[str, st
     script, out = work / "agree_rank.py", work / "agree.json"
     script.write_text(_AGREE_RANK)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    cmd += ["--log-dir", str(work / "logs")]  # else torchrun leaves a /tmp/torchelastic_* directory
     cmd += [str(script), str(meta), str(repeat), str(out)]
     proc = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:

@@ -20,6 +20,7 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     meta = tmp_path / "meta.txt"
     meta.write_text("".join(f"img_{i}.jpg {i % 10}\n" for i in range(N)))
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={W}", "--master-port", str(free_port())]
+    cmd += ["--log-dir", str(tmp_path / "logs")]  # else torchrun leaves a /tmp/torchelastic_* directory
     cmd += [str(EXAMPLE), str(meta), "--epochs", str(EPOCHS), "--mini-epochs", str(MINI)]
     cmd += ["--batch-size", str(BATCH), "--reads", "reads", *args]
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=400)

@@ -126,7 +126,10 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     for name, n in [("meta_0.txt", 1000), ("meta_1.txt", 1100), ("appended.txt", 1000)]:
         (work / name).write_text("".join(f"{imagenet_line(i)}\n" for i in range(n)))
     out = work / "result"
-    cmd, env = torchrun_cmd("agree_worker.py", 2, work, out), worker_env(RANK_DATASET_CACHE_DIR=str(work / "cache"))
+    cmd, env = (
+        torchrun_cmd("agree_worker.py", 2, work, out, log_dir=work / "logs"),
+        worker_env(RANK_DATASET_CACHE_DIR=str(work / "cache")),
+    )
     job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         _, stderr = job.communicate(timeout=180)  # a hang fails here instead of blocking the suite

@@ -16,7 +16,11 @@ def test_three_ranks_get_the_exact_layout(write_meta, tmp_path: Path) -> None:
     meta = write_meta(n=n)
     out = tmp_path / "result"
     proc = subprocess.run(
-        torchrun_cmd("dist_worker.py", w, meta, out), env=worker_env(), capture_output=True, text=True, timeout=240
+        torchrun_cmd("dist_worker.py", w, meta, out, log_dir=tmp_path / "logs"),
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = rank_results(out, w)
@@ -40,7 +44,11 @@ def test_aug_repeats_copies_share_a_step_on_two_ranks(write_meta, tmp_path: Path
     lines = meta.read_text().splitlines()
     out = tmp_path / "result"
     proc = subprocess.run(
-        torchrun_cmd("aug_worker.py", w, meta, out), env=worker_env(), capture_output=True, text=True, timeout=240
+        torchrun_cmd("aug_worker.py", w, meta, out, log_dir=tmp_path / "logs"),
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = rank_results(out, w)

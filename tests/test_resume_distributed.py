@@ -17,7 +17,7 @@ N = 1001
 
 
 def torchrun(nproc: int, meta: Path, work: Path, phase: str) -> subprocess.Popen[bytes]:
-    cmd = torchrun_cmd("resume_worker.py", nproc, meta, work, phase)
+    cmd = torchrun_cmd("resume_worker.py", nproc, meta, work, phase, log_dir=work / f"logs_{phase}")
     return subprocess.Popen(
         cmd, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )

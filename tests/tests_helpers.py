@@ -114,11 +114,12 @@ def start_together(argv: list[str], processes: int, timeout: float = 300) -> lis
             proc.wait()
 
 
-def torchrun_cmd(worker: str, nproc: int, *args: object) -> list[str]:
+def torchrun_cmd(worker: str, nproc: int, *args: object, log_dir: Path) -> list[str]:
     """The command running ``nproc`` gloo ranks of the script ``tests/<worker>`` (given ``args``) under
-    ``torchrun --standalone``."""
+    ``torchrun --standalone``, its logs under ``log_dir`` (without it torchrun makes a
+    ``/tmp/torchelastic_*`` directory that it never removes)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    return [*cmd, str(HERE / worker), *map(str, args)]
+    return [*cmd, "--log-dir", str(log_dir), str(HERE / worker), *map(str, args)]
 
 
 def worker_env(**extra: str) -> dict[str, str]:
