@@ -150,11 +150,7 @@ class Index:
     def header_fields(self) -> tuple[bytes, bytes]:
         """What a cache's header holds for this index, but for the device and the table sizes: its
         bytes ``[0, 40)`` (magic, size, mtime, ctime, inode) and ``[48, 80)`` (samples, flags, hash)."""
-        k = self.key
-        head = _HEADER.pack(
-            _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, 0, self.count, _FLAG_ASCII if self.ascii else 0,
-            self.ends_hash, 0, 0,
-        )  # fmt: skip
+        head = _Header(self.key, self.ends_hash, self.count, self.ascii, longs=0, marks=0).pack()
         return head[:40], head[48:80]
 
     def __getstate__(self) -> dict[str, object]:
