@@ -88,10 +88,7 @@ class _FileBytes:
         Raises:
             MetaFileChangedError: the file is not (or, by the end, no longer) the one indexed.
         """
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise MetaFileChangedError(self.path, "it was deleted or moved") from None
+        fd = self._descriptor()
         try:
             self.check(fd, key)
             try:
@@ -108,6 +105,30 @@ class _FileBytes:
                 _raise_if_changed(self.path, key, FileKey.of(now))
         finally:
             os.close(fd)
+
+    def read_once(self, key: FileKey, offset: int, count: int) -> bytes:
+        """``count`` bytes at ``offset``, the descriptor checked against ``key`` once, after the read:
+        enough for one read, as the key holds the ctime (any change since indexing is seen), and the
+        path named the file when it was opened.
+
+        Raises:
+            MetaFileChangedError: the file is not the one indexed, or ends before the bytes do.
+        """
+        fd = self._descriptor()
+        try:
+            raw = os.pread(fd, count, offset)
+            self.check(fd, key)
+        finally:
+            os.close(fd)
+        if len(raw) < count:
+            raise MetaFileChangedError(self.path, "it shrank while being read")
+        return raw
+
+    def _descriptor(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise MetaFileChangedError(self.path, "it was deleted or moved") from None
 
     def check(self, fd: int, key: FileKey) -> None:
         """Raise MetaFileChangedError if the file open at ``fd`` is not the one ``key`` describes."""
@@ -376,28 +397,12 @@ def _line_mark(f: _File, file: int, local: int) -> tuple[int, int, int]:
 
 def _read_one(f: _File, file: int, local: int) -> bytes:
     """The bytes of one sample, checked as a build checks them: one read of the index (its header
-    and entry) and one of the file, whose descriptor is checked against the index's key once the
-    line is read (what ``mf[i]`` costs: a changed file is seen however it changed, as the key holds
-    the ctime; the path named the file when it was opened, and the line is of the file as indexed).
-    """
+    and entry) and one of the file, checked against the index's key once the line is read
+    (:meth:`_FileBytes.read_once`: what ``mf[i]`` costs)."""
     start, end = _span(f, file, local)
-    key = f.index.key
-    size = key.size
     lo = 0 if start == len(BOM) else max(start - 1, 0)  # as _need_lo
-    hi = min(end + 2, size)
-    try:
-        fd = os.open(f.path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise MetaFileChangedError(f.path, "it was deleted or moved") from None
-    try:
-        raw = os.pread(fd, hi - lo, lo)
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if not key.matches(st):
-        _raise_if_changed(f.path, key, FileKey.of(st))
-    if len(raw) < hi - lo:
-        raise MetaFileChangedError(f.path, "it shrank while being read")
+    hi = min(end + 2, f.index.key.size)
+    raw = f.bytes.read_once(f.index.key, lo, hi - lo)
     line = raw[start - lo : end - lo]
     tail = raw[end - lo : end - lo + 2]
     if start == 0 or (start == len(BOM) and raw[:3] == BOM):
