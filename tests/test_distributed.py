@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -11,19 +12,24 @@ from rank_dataset.permutation import permute
 from tests_helpers import rank_results, torchrun_cmd, worker_env
 
 
-def test_three_ranks_get_the_exact_layout(write_meta, tmp_path: Path) -> None:
-    n, w, m = 1001, 3, 2
-    meta = write_meta(n=n)
+def run_ranks(worker: str, w: int, meta: Path, tmp_path: Path) -> list[dict[str, Any]]:
+    """Run ``w`` ranks of ``tests/<worker>`` on ``meta`` under torchrun; what each rank wrote."""
     out = tmp_path / "result"
     proc = subprocess.run(
-        torchrun_cmd("dist_worker.py", w, meta, out, log_dir=tmp_path / "logs"),
+        torchrun_cmd(worker, w, meta, out, log_dir=tmp_path / "logs"),
         env=worker_env(),
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = rank_results(out, w)
+    return rank_results(out, w)
+
+
+def test_three_ranks_get_the_exact_layout(write_meta, tmp_path: Path) -> None:
+    n, w, m = 1001, 3, 2
+    meta = write_meta(n=n)
+    results = run_ranks("dist_worker.py", w, meta, tmp_path)
     assert [r["world_size"] for r in results] == [w] * w
 
     r_ = -(-n // (w * m))
@@ -42,16 +48,7 @@ def test_aug_repeats_copies_share_a_step_on_two_ranks(write_meta, tmp_path: Path
     n, w, k, m = 1000, 4, 2, 2
     meta = write_meta(n=n)
     lines = meta.read_text().splitlines()
-    out = tmp_path / "result"
-    proc = subprocess.run(
-        torchrun_cmd("aug_worker.py", w, meta, out, log_dir=tmp_path / "logs"),
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = rank_results(out, w)
+    results = run_ranks("aug_worker.py", w, meta, tmp_path)
     r_ = -(-n // (w * m))
     d = -(-n // k)
     stream = np.concatenate([permute(n, 7, j, np.arange(n)) for j in range(2)])  # the reference, O(N)
