@@ -20,7 +20,6 @@ import itertools
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,6 +31,7 @@ from rank_dataset._bounds import Bounds
 from rank_dataset._checks import check_index
 from rank_dataset._pread import ShortRead, Window, count_newlines, read_ends
 from rank_dataset._residency import return_freed_memory
+from rank_dataset._threads import THREADS, in_threads
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.index import (
     FileKey,
@@ -51,8 +51,6 @@ __all__ = ["MetaFile", "MetaFileChangedError"]
 # reusable buffer: large enough that a build makes few numpy calls per batch, small enough to bound
 # its memory.
 _WINDOW = 8 << 20
-# Threads copying a build's rows (each its own batches): both cores, where the process may use two.
-_THREADS = min(2, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else 1
 _SPARSE_ROW = 2 * 4096  # what a row far from the others costs to read, beyond its length (at most _pread._GAP)
 _INDEX_BYTES = 8 << 20  # index bytes a batch of rows is read with, at most (about)
 _ENTRY_BYTES = 8  # an index entry
@@ -470,7 +468,7 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
                 kept.setdefault(visit.number, []).append(batch)
             continue
         # (No name may keep ``lengths`` alive past the ``del`` below: a partial, not a local function.)
-        _in_threads(functools.partial(_take_lengths, visit, indices, lengths), _threads(visit))
+        in_threads(functools.partial(_take_lengths, visit, indices, lengths), _threads(visit))
     writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids)
     writer.bounds[0] = 0
     np.cumsum(lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
@@ -484,7 +482,7 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
                 _copy_part(visit, iter(kept.get(visit.number, [])), fd, writer)
             else:
                 work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
-                _in_threads(lambda part: work(_spans_of(visit, indices, part)), _threads(visit))  # noqa: B023
+                in_threads(lambda part: work(_spans_of(visit, indices, part)), _threads(visit))  # noqa: B023
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. One pass over the copied bytes finds it.
     bad = writer.find(b"\n")
@@ -536,9 +534,10 @@ def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     keys = np.empty(n, np.uint16)
     for lo in range(0, n, _BATCH_ROWS):  # a slice at a time: no n-sized int64 temporary
         np.right_shift(indices[lo : lo + _BATCH_ROWS], shift, out=keys[lo : lo + _BATCH_ROWS], casting="unsafe")
-    order = np.argsort(keys, kind="stable")
+    order = np.argsort(keys, kind="stable")  # a radix sort of 16-bit keys
     rows = order.astype(np.uint32) if n < 1 << 32 else order
     del order
+    counts = np.bincount(keys, minlength=1 << _BUCKET_BITS)  # in item order: no gather
     visits = []
     if len(files) == 1:
         groups = [(0, rows)]
@@ -550,7 +549,8 @@ def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
         del regroup, file_of
         groups = [(f, rows[lo:hi]) for f, (lo, hi) in enumerate(itertools.pairwise([0, *file_ends])) if hi > lo]
     for f, mine in groups:
-        counts = np.bincount(keys[mine], minlength=1 << _BUCKET_BITS)
+        if len(groups) > 1:  # this file's rows only
+            counts = np.bincount(keys[mine], minlength=1 << _BUCKET_BITS)
         # The index bytes a bucket's rows are read with: a page a row at most, its entries at most.
         cost = np.minimum(counts * _PAGE, _ENTRY_BYTES << shift)
         region = np.cumsum(cost) // _INDEX_BYTES
@@ -587,19 +587,7 @@ def _take_lengths(visit: _Visit, indices: npt.NDArray[np.int64], out: npt.NDArra
 def _threads(visit: _Visit) -> int:
     """Threads to read a visit's rows with: one for few (starting threads costs about a millisecond,
     which a mix of thousands of files would pay for each)."""
-    return _THREADS if visit.rows.size >= _THREADED_ROWS else 1
-
-
-def _in_threads(work: Callable[[tuple[int, int]], None], k: int) -> None:
-    """``work((t, k))`` for each part ``t`` of ``k``, in ``k`` threads (numpy and positional reads
-    release the GIL); the first error raised, if any, once all are done."""
-    if k == 1:
-        work((0, 1))
-        return
-    with ThreadPoolExecutor(max_workers=k) as pool:
-        done = [pool.submit(work, (t, k)) for t in range(k)]
-    for future in done:
-        future.result()
+    return THREADS if visit.rows.size >= _THREADED_ROWS else 1
 
 
 def _copy_part(visit: _Visit, batches: Iterator[_Batch], fd: int, writer: ShardWriter) -> None:
