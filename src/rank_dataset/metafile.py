@@ -17,6 +17,7 @@ import contextlib
 import functools
 import hashlib
 import itertools
+import mmap
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +31,7 @@ import numpy.typing as npt
 from rank_dataset._bounds import Bounds
 from rank_dataset._checks import check_index
 from rank_dataset._pread import ShortRead, Window, count_newlines, read_ends
-from rank_dataset._residency import return_freed_memory
+from rank_dataset._residency import free_pages, return_freed_memory
 from rank_dataset._threads import THREADS, in_threads
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.index import (
@@ -477,7 +478,7 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
             work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
             spans = functools.partial(_kept_spans, visit, indices, starts)
             in_threads(lambda part: work(spans(part)), _threads(visit))  # noqa: B023
-        starts.offsets = starts.offsets[:0]  # done with: freed now, not when the build ends
+        starts.free()
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. One pass over the copied bytes finds it.
     bad = writer.find(b"\n")
@@ -597,10 +598,33 @@ class _Starts:
 
     offsets: npt.NDArray[np.uint32]
     bases: list[int | None]
+    # Where ``offsets`` lives if in a map of its own: the second pass frees each batch's pages once
+    # it has taken them, so that they are gone by the time the shard is whole (the build's peak).
+    map: mmap.mmap | None = None
 
     @classmethod
     def of(cls, visit: _Visit) -> _Starts:
-        return cls(np.empty(visit.rows.size, np.uint32), [None] * (len(visit.cuts) - 1))
+        n, batches = visit.rows.size, len(visit.cuts) - 1
+        if n < _THREADED_ROWS:
+            return cls(np.empty(n, np.uint32), [None] * batches)
+        mm = mmap.mmap(-1, 4 * n, flags=mmap.MAP_PRIVATE)
+        return cls(np.frombuffer(mm, np.uint32, n), [None] * batches, mm)
+
+    def free(self) -> None:
+        """Let go of the offsets (and their map): done with."""
+        self.offsets, self.map = self.offsets[:0].copy(), None
+
+    def take(self, j: int, a: int, b: int) -> npt.NDArray[np.int64] | None:
+        """The starts of batch ``j`` (rows ``a`` to ``b`` in visiting order), or None if not kept;
+        its offsets are freed (a page shared with another batch's stays)."""
+        base = self.bases[j]
+        if base is None:
+            return None
+        starts = self.offsets[a:b].astype(np.int64)
+        starts += base
+        if self.map is not None:
+            free_pages(self.map, 4 * a, 4 * b)
+        return starts
 
     def keep(self, j: int, a: int, starts: npt.NDArray[np.int64]) -> None:
         """Keep ``starts``, those of batch ``j``, whose rows begin at ``a`` in visiting order."""
@@ -621,13 +645,11 @@ def _kept_spans(
     parts = visit.parts(part)
     again = _spans_of(visit, indices, part, only=[j for j, _, _ in parts if kept.bases[j] is None])
     for j, a, b in parts:
-        base = kept.bases[j]
-        if base is None:
+        starts = kept.take(j, a, b)
+        if starts is None:
             yield next(again)[1]
-            continue
-        starts = kept.offsets[a:b].astype(np.int64)
-        starts += base
-        yield visit.rows[a:b].astype(np.int64), starts, None
+        else:
+            yield visit.rows[a:b].astype(np.int64), starts, None
 
 
 def _threads(visit: _Visit) -> int:
