@@ -51,13 +51,13 @@ __all__ = ["MetaFile", "MetaFileChangedError"]
 # Lines are copied in batches that each span about this many bytes of the file, read into one
 # reusable buffer: large enough that a build makes few numpy calls per batch, small enough to bound
 # its memory.
-_WINDOW = 8 << 20
+_WINDOW = 2 << 20
 _SPARSE_ROW = 2 * 4096  # what a row far from the others costs to read, beyond its length (at most _pread._GAP)
-_INDEX_BYTES = 8 << 20  # index bytes a batch of rows is read with, at most (about)
+_INDEX_BYTES = 2 << 20  # index bytes a batch of rows is read with, at most (about)
 _ENTRY_BYTES = 8  # an index entry
 _PAGE = 4096
 _THREADED_ROWS = 1 << 16  # builds of fewer rows copy in one thread (starting threads costs a millisecond)
-_BATCH_ROWS = 1 << 17  # rows copied at a time, bounding the temporaries of a batch
+_BATCH_ROWS = 1 << 15  # rows copied at a time, bounding the temporaries of a batch
 _TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the index in between
 _FINGERPRINT_BYTES = 1 << 16
 _KEPT_SPAN = 1 << 32  # a batch's starts are kept as offsets from its lowest: less apart than this
