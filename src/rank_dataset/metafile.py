@@ -508,6 +508,16 @@ class _Visit:
     base: int
     rows: npt.NDArray[np.integer[Any]]
     cuts: list[int]
+    # Where ``rows`` lives if in a map of its own (at element ``first`` of it): the second pass frees
+    # each batch's pages once it has taken them, as it does the kept starts.
+    map: mmap.mmap | None = None
+    first: int = 0
+
+    def free(self, a: int, b: int) -> None:
+        """Free the pages of ``rows[a:b]`` (a page shared with other rows stays): they are done with."""
+        if self.map is not None:
+            size = self.rows.itemsize
+            free_pages(self.map, size * (self.first + a), size * (self.first + b))
 
     def parts(self, part: tuple[int, int] = (0, 1)) -> list[tuple[int, int, int]]:
         """``(j, a, b)`` of each batch ``j`` of ``part`` ``(t, k)`` (every k-th from the t-th): it holds
@@ -541,15 +551,22 @@ def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     counts = np.bincount(keys, minlength=1 << _BUCKET_BITS)  # in item order: no gather
     visits = []
     if len(files) == 1:
-        groups = [(0, rows)]
+        groups = [(0, 0, n)]
     else:
         file_of = bounds.part_of(indices[rows])
         regroup = np.argsort(file_of, kind="stable")  # visiting order kept within each file
         file_ends = np.cumsum(np.bincount(file_of, minlength=len(files))).tolist()
         rows = rows[regroup]
         del regroup, file_of
-        groups = [(f, rows[lo:hi]) for f, (lo, hi) in enumerate(itertools.pairwise([0, *file_ends])) if hi > lo]
-    for f, mine in groups:
+        groups = [(f, lo, hi) for f, (lo, hi) in enumerate(itertools.pairwise([0, *file_ends])) if hi > lo]
+    mm = None
+    if n >= _THREADED_ROWS:  # in a map of its own, whose pages the second pass frees as it goes
+        mm = mmap.mmap(-1, rows.nbytes, flags=mmap.MAP_PRIVATE)
+        mapped: npt.NDArray[Any] = np.frombuffer(mm, rows.dtype)
+        mapped[:] = rows
+        rows = mapped
+    for f, lo, hi in groups:
+        mine = rows[lo:hi]
         if len(groups) > 1:  # this file's rows only
             counts = np.bincount(keys[mine], minlength=1 << _BUCKET_BITS)
         # The index bytes a bucket's rows are read with: a page a row at most, its entries at most.
@@ -562,7 +579,7 @@ def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
                 cuts.append(cuts[-1] + _BATCH_ROWS)
             if end > cuts[-1]:
                 cuts.append(end)
-        visits.append(_Visit(f, files[f], int(bounds.starts[f]), mine, cuts))
+        visits.append(_Visit(f, files[f], int(bounds.starts[f]), mine, cuts, mm, lo))
     return visits
 
 
@@ -647,9 +664,11 @@ def _kept_spans(
     for j, a, b in parts:
         starts = kept.take(j, a, b)
         if starts is None:
-            yield next(again)[1]
+            batch: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None] = next(again)[1]
         else:
-            yield visit.rows[a:b].astype(np.int64), starts, None
+            batch = visit.rows[a:b].astype(np.int64), starts, None
+        visit.free(a, b)
+        yield batch
 
 
 def _threads(visit: _Visit) -> int:
