@@ -396,3 +396,28 @@ def test_a_file_changed_between_reads_is_seen_by_the_next(write_meta, tmp_path: 
     p.unlink()
     with pytest.raises(MetaFileChangedError, match="deleted or moved"):
         go(mf)
+
+
+def test_a_plan_is_let_go_by_the_build_and_made_again_when_needed(tmp_path: Path) -> None:
+    # _read_made (a dataset's builds) holds no sample numbers while the shard fills: it makes them
+    # once for the build, and again only to name a bad line.
+    n, bad = 70_000, 54_321
+    p = tmp_path / "m.txt"
+    p.write_bytes(b"".join(b"\xff_bad\n" if i == bad else f"\u00e9_{i}\n".encode() for i in range(n)))
+    mf = MetaFile(p)
+    made: list[int] = []
+
+    def make() -> np.ndarray:
+        made.append(1)
+        return np.arange(n - 1, -1, -1, dtype=np.int64)
+
+    with pytest.raises(ValueError, match=rf"m\.txt:{bad + 1}: line is not valid UTF-8"):
+        mf._read_made(make, ids=False)
+    assert len(made) == 2
+    made.clear()
+    good = tmp_path / "good.txt"
+    good.write_text("".join(f"s_{i}\n" for i in range(n)))
+    shard = MetaFile(good)._read_made(make, ids=True)
+    assert made == [1]
+    assert shard.texts([0, n - 1]) == [f"s_{n - 1}", "s_0"]
+    assert shard.ids is not None and shard.ids[:3].tolist() == [n - 1, n - 2, n - 3]

@@ -317,14 +317,25 @@ class MetaFile:
             MetaFileChangedError: a file changed since it was indexed (or while it was read).
             ValueError: a line is not valid UTF-8 (the message names its file and line).
         """
-        indices = np.asarray(indices, np.int64)
+        return self._read(_Samples(self._in_range(np.asarray(indices, np.int64))), ids=ids)
+
+    def _read_made(self, make: Callable[[], npt.NDArray[np.int64]], *, ids: bool) -> Shard:
+        """``read(make(), ids=ids)``, for samples that ``make`` gives again whenever called (a plan's):
+        the build lets go of them once its passes are planned, so that its peak (the shard filling)
+        holds none of them, and makes them again if it needs them (a retry, an error message)."""
+        return self._read(_Samples(self._in_range(make()), make), ids=ids)
+
+    def _in_range(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         n, low, high = len(self), int(indices.min(initial=0)), int(indices.max(initial=0))
         if low < 0 or high >= n:
             raise IndexError(f"sample index {low if low < 0 else high} is out of range for {n} samples")
-        writer = self._retrying(lambda: _gather(self._files, self._layout, indices, ids=ids))
+        return indices
+
+    def _read(self, samples: _Samples, *, ids: bool) -> Shard:
+        writer = self._retrying(lambda: _gather(self._files, self._layout, samples, ids=ids))
         if not all(file.index.ascii for file in self._files):
-            _check_utf8(self.where, indices, writer.data, writer.bounds)
-        if indices.size >= _THREADED_ROWS:  # a small read leaves no large temporaries behind
+            _check_utf8(lambda row: self.where(int(samples.get()[row])), writer.data, writer.bounds)
+        if samples.size >= _THREADED_ROWS:  # a small read leaves no large temporaries behind
             return_freed_memory()
         return writer.finish()
 
@@ -438,7 +449,28 @@ def _batches(
     return list(itertools.pairwise(cuts))
 
 
-def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int64], *, ids: bool) -> ShardWriter:
+class _Samples:
+    """The sample numbers of a read; where they can be made again (``make``), the build lets go of
+    them once it no longer needs them."""
+
+    def __init__(self, indices: npt.NDArray[np.int64], make: Callable[[], npt.NDArray[np.int64]] | None = None) -> None:
+        self._indices: npt.NDArray[np.int64] | None = indices
+        self._make = make
+        self.size = indices.size
+
+    def get(self) -> npt.NDArray[np.int64]:
+        if self._indices is None:
+            assert self._make is not None
+            self._indices = self._make()
+        return self._indices
+
+    def let_go(self) -> None:
+        """Drop this hold on the numbers if they can be made again."""
+        if self._make is not None:
+            self._indices = None
+
+
+def _gather(files: Sequence[_File], bounds: Bounds, samples: _Samples, *, ids: bool) -> ShardWriter:
     """A ShardWriter holding the lines of samples ``indices``, back to back in ``indices``' order.
 
     Rows are visited in file order at the granularity of 1/4096 of the samples (a cheap radix sort
@@ -454,6 +486,7 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
         MetaFileChangedError: a file is not the one indexed.
         _IndexMismatch: an index cannot be used as it is.
     """
+    indices = samples.get()
     n = indices.size
     if not n:
         writer = ShardWriter(0, 0, ids=ids)
@@ -472,11 +505,15 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     del lengths
     if writer.ids is not None:
         writer.ids[:] = indices
+    # The second pass needs the sample numbers only for batches whose starts were not kept.
+    del indices
+    if all(base is not None for starts in kept for base in starts.bases):
+        samples.let_go()
     for visit, starts in zip(visits, kept):
         file = visit.file
         with file.bytes.open(file.index.key) as fd:
             work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
-            spans = functools.partial(_kept_spans, visit, indices, starts)
+            spans = functools.partial(_kept_spans, visit, samples, starts)
             in_threads(lambda part: work(spans(part)), _threads(visit))  # noqa: B023
         starts.free()
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
@@ -484,7 +521,7 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     bad = writer.find(b"\n")
     if bad >= 0:
         row = int(np.searchsorted(writer.bounds, bad, side="right")) - 1
-        f = bounds.locate(int(indices[row]))[0]
+        f = bounds.locate(int(samples.get()[row]))[0]
         with files[f].bytes.open(files[f].index.key) as fd:
             files[f].bytes.check(fd, files[f].index.key)
         raise _IndexMismatch(f, corrupt=True)
@@ -654,13 +691,14 @@ class _Starts:
 
 
 def _kept_spans(
-    visit: _Visit, indices: npt.NDArray[np.int64], kept: _Starts, part: tuple[int, int]
+    visit: _Visit, samples: _Samples, kept: _Starts, part: tuple[int, int]
 ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]]:
     """``(rows, starts, lengths)`` of each batch of ``visit`` of ``part`` for the second pass: the
     starts the first pass kept, the lengths None (those it gave the shard's bounds); a batch not
     kept is read from the index again, its lengths to be checked against the bounds."""
     parts = visit.parts(part)
-    again = _spans_of(visit, indices, part, only=[j for j, _, _ in parts if kept.bases[j] is None])
+    missing = [j for j, _, _ in parts if kept.bases[j] is None]
+    again = _spans_of(visit, samples.get(), part, only=missing) if missing else iter(())
     for j, a, b in parts:
         starts = kept.take(j, a, b)
         if starts is None:
@@ -797,13 +835,12 @@ def _line_ok(line: npt.NDArray[np.uint8]) -> bool:
 
 def _check_utf8(
     where: Callable[[int], str],
-    indices: npt.NDArray[np.int64],
     data: npt.NDArray[np.uint8],
     bounds: npt.NDArray[np.integer[Any]],
 ) -> None:
-    """Raise ValueError naming file and line of a sample that is not valid UTF-8.
+    """Raise ValueError naming file and line (``where(row)``) of a row that is not valid UTF-8.
 
-    ``data`` holds the lines back to back, line ``i`` at ``bounds[i]:bounds[i + 1]``.
+    ``data`` holds the rows back to back, row ``i`` at ``bounds[i]:bounds[i + 1]``.
     """
 
     def fail(row: int) -> None:
@@ -812,7 +849,7 @@ def _check_utf8(
             reason = "invalid byte sequence"  # pragma: no cover - callers pass an invalid row
         except UnicodeDecodeError as exc:
             reason = f"{exc.reason} at byte {exc.start}"
-        raise ValueError(f"{where(int(indices[row]))}: line is not valid UTF-8 ({reason})")
+        raise ValueError(f"{where(row)}: line is not valid UTF-8 ({reason})")
 
     starts, ends = bounds[:-1], bounds[1:]
     nonempty = np.flatnonzero(ends > starts)

@@ -110,11 +110,13 @@ class FileReader:
         )
 
     def build(self, spec: ShardSpec) -> Shard:
-        plan = spec.indices()
+        # The plan is made by the read (and again if it needs it), so that no name here holds it
+        # while the shard fills.
         if not self.keeps_ids:
-            return self.meta.read(plan, ids=False)
-        assert spec.mix is not None and self._map is not None
-        return self.meta.read(self._map.samples(plan, spec.mix.source_of), ids=True)
+            return self.meta._read_made(spec.indices, ids=False)
+        sample_map, mix = self._map, spec.mix
+        assert mix is not None and sample_map is not None
+        return self.meta._read_made(lambda: sample_map.samples(spec.indices(), mix.source_of), ids=True)
 
     def where(self, sample: int) -> str:
         return self.meta.where(sample)
