@@ -404,8 +404,10 @@ def _plot_one(res: dict[str, Any], args: argparse.Namespace, path: Path) -> None
         memory["original, W=8: peak"] = _median(res["original"], "peak") / MIB
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.32 * max(len(seconds), len(memory))))
     for ax, bars, title, unit in ((a, seconds, "time", "seconds"), (b, memory, "peak memory above start", "MiB")):
-        ax.barh(list(bars), list(bars.values()))
-        ax.set_xscale("log")
+        drawn = ax.barh(list(bars), list(bars.values()))
+        ax.bar_label(drawn, fmt="{:,.1f}", fontsize=7, padding=2)
+        ax.set_xscale("log" if ax is b else "linear")  # memory spans a 75 MiB shard to a 5 GiB one
+        ax.margins(x=0.15)
         ax.invert_yaxis()
         ax.set_xlabel(unit)
         ax.set_title(f"{title}, N = {res['lines']:,}")
