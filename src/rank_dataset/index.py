@@ -352,10 +352,14 @@ def _encoder(size: int) -> Callable[[Chunk], _Part]:
     mask = (1 << bits) - 1
 
     def encode(chunk: Chunk) -> _Part:
-        entries = chunk.starts.astype("<u8")
-        entries <<= np.uint64(bits)
-        entries |= np.minimum(chunk.lengths, mask).astype("<u8")
-        rows = np.flatnonzero(chunk.lengths >= mask)
+        # Spans lie inside their chunk: only a chunk of at least `mask` bytes can hold a long line.
+        lengths, rows = chunk.lengths, np.empty(0, np.int64)
+        if chunk.nbytes >= mask:
+            rows = np.flatnonzero(lengths >= mask)
+            lengths = np.minimum(lengths, mask)
+        # Starts and lengths are not negative: their int64 bits are their uint64 ones.
+        entries = np.left_shift(chunk.starts.view(np.uint64), np.uint64(bits), out=np.empty(chunk.starts.size, "<u8"))
+        entries |= lengths.view(np.uint64)
         return _Part(entries, np.column_stack((rows, chunk.lengths[rows])), chunk.ascii, chunk.newlines, chunk.marks)
 
     return encode

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,12 +40,14 @@ __all__ = [
 
 PathLike = str | os.PathLike[str]
 #: Bytes per chunk of a scan.
-CHUNK = 32 << 20
+CHUNK = 4 << 20
 #: A scan marks where the first line at or after every multiple of this many bytes starts, and its
 #: number: finding a sample's line number then counts the newlines of less than this many bytes.
 MARK = 4 << 20
 _T = TypeVar("_T")
 _THREADS = 2
+_IN_FLIGHT = 6
+_PROBE = 4096
 _HIGH_BITS = np.uint64(0x8080808080808080)
 NEWLINE, CR = 10, 13
 #: The UTF-8 byte order mark, skipped at the start of a file.
@@ -85,21 +88,32 @@ def _scan_chunk(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> Chunk:
     line_starts = np.empty(newline_at.size + 1, np.int64)
     line_starts[0] = 0
     np.add(newline_at, 1, out=line_starts[1:])
+    # Marks: the first line starting at or after each multiple of MARK in the chunk.
+    first_mark = -(-offset // MARK) * MARK
+    targets = np.arange(first_mark, offset + buf.size, MARK, dtype=np.int64) - offset
+    lines = np.searchsorted(line_starts, targets)
+    found = lines < line_starts.size
+    marks = np.column_stack((line_starts[lines[found]] + offset, lines[found]))
     ends = newline_at
-    if last and (not ends.size or ends[-1] + 1 < buf.size):
+    if last and line_starts[-1] < buf.size:
         ends = np.append(ends, buf.size)
-    starts = line_starts[: ends.size].copy()
-    if offset == 0 and starts.size and buf[: len(BOM)].tobytes() == BOM:
+    starts = line_starts[: ends.size]  # a view: line_starts is not needed past this point
+    bom = offset == 0 and buf[: len(BOM)].tobytes() == BOM
+    if bom and starts.size:
         starts[0] = len(BOM)
+    lengths = ends - starts
     # "\r\n" loses its "\r". For an empty first line this reads buf[-1]: harmless, as a span of
     # length <= 0 is blank either way.
-    lengths = ends - starts
-    lengths -= buf[ends - 1] == CR
-    # An empty line is blank; so is the rest of a line that is only a byte order mark.
-    maybe_blank = lengths <= 0
-    maybe_blank |= BLANK[buf[np.minimum(starts, buf.size - 1)]]
+    cr = buf.take(ends - 1) == CR
+    if cr.any():
+        lengths -= cr
+    # Only a line whose first byte is a control character or a space can be blank: that holds every
+    # empty line too (its first byte is its "\n" or "\r"), but for one that is only a byte order mark.
+    maybe_blank = buf.take(starts, mode="clip") <= ord(" ")
+    if bom and starts.size:
+        maybe_blank[0] |= lengths[0] <= 0
     if maybe_blank.any():
-        # Only lines that start with whitespace (or are empty) can be blank: check those in full.
+        # Check those in full.
         rows = np.flatnonzero(maybe_blank)
         keep = np.ones(ends.size, dtype=bool)
         keep[rows] = False
@@ -111,12 +125,6 @@ def _scan_chunk(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> Chunk:
                 bounds = bounds[:-1]
             keep[sized] = np.logical_or.reduceat(content, bounds)[::2]
         starts, lengths = starts[keep], lengths[keep]
-    # Marks: the first line starting at or after each multiple of MARK in the chunk.
-    first_mark = -(-offset // MARK) * MARK
-    targets = np.arange(first_mark, offset + buf.size, MARK, dtype=np.int64) - offset
-    lines = np.searchsorted(line_starts, targets)
-    found = lines < line_starts.size
-    marks = np.column_stack((line_starts[lines[found]] + offset, lines[found]))
     return Chunk(offset, buf.size, starts + offset, lengths, _is_ascii(buf), int(newline_at.size), marks)
 
 
@@ -128,26 +136,45 @@ def _is_ascii(buf: npt.NDArray[np.uint8]) -> bool:
 def _chunk_bounds(f: BinaryIO, size: int, chunk_size: int) -> list[int]:
     """Offsets ``0 = b0 < b1 < ... < bk = size`` near multiples of ``chunk_size``, each just past a newline."""
     bounds = [0]
+    fd = f.fileno()
     for target in range(chunk_size, size, chunk_size):
         pos = max(target, bounds[-1])
+        step = _PROBE
         while pos < size:
-            f.seek(pos)
-            piece = f.read(1 << 16)
+            # Lines are short as a rule: look at a page first, then at more and more.
+            piece = os.pread(fd, step, pos)
+            if not piece:
+                break
             hit = piece.find(b"\n")
             if hit >= 0:
                 pos += hit + 1
                 break
             pos += len(piece)
+            step = min(2 * step, 1 << 20)
         if bounds[-1] < pos < size:
             bounds.append(pos)
     bounds.append(size)
     return bounds
 
 
-def _read_and_scan(fd: int, start: int, stop: int, last: bool) -> Chunk:
-    buf = np.empty(stop - start, np.uint8)
-    pread_exact(fd, buf, start)
-    return _scan_chunk(buf, start, last)
+class _Reader:
+    """Reads chunks of one file for the scanning threads, each into a buffer of its own that is
+    reused from one chunk to the next (a new buffer each time would cost a page fault every 4 KiB)."""
+
+    def __init__(self, fd: int, chunk_size: int) -> None:
+        self._fd = fd
+        self._keep = chunk_size + (chunk_size >> 2)  # a chunk is chunk_size and a line, as a rule
+        self._local = threading.local()
+
+    def scan(self, lo: int, hi: int, last: bool) -> Chunk:
+        buf: npt.NDArray[np.uint8] | None = getattr(self._local, "buf", None)
+        if buf is None or buf.size < hi - lo:
+            buf = np.empty(max(hi - lo, self._keep), np.uint8)
+            if buf.size == self._keep:  # not one for a chunk around a huge line
+                self._local.buf = buf
+        view = buf[: hi - lo]
+        pread_exact(self._fd, view, lo)
+        return _scan_chunk(view, lo, last)
 
 
 def scan_map(
@@ -170,14 +197,16 @@ def scan_map(
         jobs = [(lo, hi, i == len(bounds) - 2) for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]
         pending: deque[Future[tuple[_T, int]]] = deque()
 
+        reader = _Reader(f.fileno(), chunk_size)
+
         def work(lo: int, hi: int, last: bool) -> tuple[_T, int]:
-            return then(_read_and_scan(f.fileno(), lo, hi, last)), hi - lo
+            return then(reader.scan(lo, hi, last)), hi - lo
 
         with progress_bar(size, f"indexing {os.fspath(path)}") as bar:
             for n, job in enumerate(jobs):
                 pending.append(pool.submit(work, *job))
                 # Keep a few chunks in flight: enough to use both cores, few enough to bound memory.
-                while pending and (len(pending) > _THREADS or n == len(jobs) - 1):
+                while pending and (len(pending) > _IN_FLIGHT or n == len(jobs) - 1):
                     result, nbytes = pending.popleft().result()
                     bar.update(nbytes)
                     yield result
