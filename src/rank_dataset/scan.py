@@ -134,17 +134,16 @@ def _is_ascii(buf: npt.NDArray[np.uint8]) -> bool:
 
 
 def _chunk_bounds(f: BinaryIO, size: int, chunk_size: int) -> list[int]:
-    """Offsets ``0 = b0 < b1 < ... < bk = size`` near multiples of ``chunk_size``, each just past a newline."""
-    bounds = [0]
-    fd = f.fileno()
+    """Offsets ``0 = b0 < b1 < ... < bk = size`` near multiples of ``chunk_size``, each just past a
+    newline (but where the file turns out shorter than ``size``: reading the missing bytes fails)."""
+    bounds, fd = [0], f.fileno()
     for target in range(chunk_size, size, chunk_size):
-        pos = max(target, bounds[-1])
-        step = _PROBE
+        pos, step = max(target, bounds[-1]), _PROBE
         while pos < size:
             # Lines are short as a rule: look at a page first, then at more and more.
             piece = os.pread(fd, step, pos)
-            if not piece:
-                break
+            if not piece:  # the file shrank
+                return [*bounds, size]
             hit = piece.find(b"\n")
             if hit >= 0:
                 pos += hit + 1
