@@ -168,6 +168,34 @@ def test_cache_is_synced_before_it_is_renamed(write_meta, monkeypatch: pytest.Mo
     assert events == ["fsync", "replace", "fsync"]  # the data, the rename, then the directory
 
 
+def test_a_large_cache_is_synced_while_it_is_built(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every _SYNC_EVERY bytes written, a sync in the background; the one before the rename still comes.
+    events: list[str] = []
+    real_fsync, real_fdatasync, real_replace = os.fsync, os.fdatasync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (events.append("fdatasync"), real_fdatasync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
+    monkeypatch.setattr(index_mod, "_SYNC_EVERY", 1000)
+    monkeypatch.setattr(index_mod, "scan_map", functools.partial(scan_mod.scan_map, chunk_size=4096))
+    mf = MetaFile(write_meta(LINES))
+    assert events[-3:] == ["fsync", "replace", "fsync"] and "fdatasync" in events[:-3]
+    assert [mf[i] for i in range(len(LINES))] == LINES
+
+
+def test_a_cache_whose_sync_fails_is_not_used(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sync that failed may have lost data that a later one would not report: the cache is dropped,
+    # and the index is kept in memory.
+    def fail(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", fail)
+    monkeypatch.setattr(index_mod, "_SYNC_EVERY", 1000)
+    mf = MetaFile(write_meta(LINES))
+    assert mf._files[0].index.cache is None and mf._files[0].index.memory is not None
+    assert [mf[i] for i in (0, 999)] == [LINES[0], LINES[999]]
+    assert not list((tmp_path / "cache").iterdir())
+
+
 def test_abandoned_tmp_files_are_removed(write_meta, tmp_path: Path) -> None:
     p = write_meta(LINES)
     cache_dir = tmp_path / "cache"
