@@ -330,11 +330,19 @@ def varied_file(path: Path, first: int, count: int, *, bom: bool, crlf: bool) ->
     return lines
 
 
-@pytest.mark.parametrize("rows", [1, 7, 256, 4096, 4097, 70_000])
-def test_reads_give_exactly_the_samples_asked_for_in_order(tmp_path: Path, rows: int) -> None:
+@pytest.mark.parametrize(
+    ("rows", "kept_span"),
+    [*((rows, None) for rows in (1, 7, 256, 4096, 4097, 70_000)), (4097, 0), (70_000, 0), (70_000, 40_000)],
+)
+def test_reads_give_exactly_the_samples_asked_for_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int, kept_span: int | None
+) -> None:
     # Small reads (sorted in full, joined reads of what each line needs) and large ones (bucketed,
     # windows, two threads) give the same: the lines asked for, in that order, repeats included,
-    # across files with a BOM, CRLF endings and blank lines.
+    # across files with a BOM, CRLF endings and blank lines. With kept_span, batches whose rows lie
+    # that far apart (none, or some) have their entries read again by the second pass.
+    if kept_span is not None:
+        monkeypatch.setattr(metafile_mod, "_KEPT_SPAN", kept_span)
     sizes = [30_000, 5, 45_000]  # the last file's 70,000 rows are read by two threads
     samples: list[str] = []
     paths = []

@@ -7,7 +7,7 @@ import functools
 import mmap
 from typing import Any
 
-__all__ = ["drop_pages", "return_freed_memory"]
+__all__ = ["drop_pages", "free_pages", "return_freed_memory"]
 
 
 def drop_pages(mm: mmap.mmap, start: int, stop: int) -> None:
@@ -17,6 +17,18 @@ def drop_pages(mm: mmap.mmap, start: int, stop: int) -> None:
         return
     start -= start % mmap.PAGESIZE
     stop = min(stop, len(mm))
+    if stop > start:
+        mm.madvise(advice, start, stop - start)
+
+
+def free_pages(mm: mmap.mmap, start: int, stop: int) -> None:
+    """Free the pages of an anonymous private map that lie wholly inside ``[start, stop)`` (a page
+    that also holds bytes outside it is kept): they read as zeros from now on."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if advice is None:
+        return
+    page = mmap.PAGESIZE
+    start, stop = -(-start // page) * page, min(stop, len(mm)) // page * page
     if stop > start:
         mm.madvise(advice, start, stop - start)
 

@@ -17,10 +17,10 @@ import contextlib
 import functools
 import hashlib
 import itertools
+import mmap
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,7 +31,8 @@ import numpy.typing as npt
 from rank_dataset._bounds import Bounds
 from rank_dataset._checks import check_index
 from rank_dataset._pread import ShortRead, Window, count_newlines, read_ends
-from rank_dataset._residency import return_freed_memory
+from rank_dataset._residency import free_pages, return_freed_memory
+from rank_dataset._threads import THREADS, in_threads
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.index import (
     FileKey,
@@ -50,17 +51,16 @@ __all__ = ["MetaFile", "MetaFileChangedError"]
 # Lines are copied in batches that each span about this many bytes of the file, read into one
 # reusable buffer: large enough that a build makes few numpy calls per batch, small enough to bound
 # its memory.
-_WINDOW = 8 << 20
-# Threads copying a build's rows (each its own batches): both cores, where the process may use two.
-_THREADS = min(2, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else 1
+_WINDOW = 2 << 20
 _SPARSE_ROW = 2 * 4096  # what a row far from the others costs to read, beyond its length (at most _pread._GAP)
-_INDEX_BYTES = 8 << 20  # index bytes a batch of rows is read with, at most (about)
+_INDEX_BYTES = 2 << 20  # index bytes a batch of rows is read with, at most (about)
 _ENTRY_BYTES = 8  # an index entry
 _PAGE = 4096
 _THREADED_ROWS = 1 << 16  # builds of fewer rows copy in one thread (starting threads costs a millisecond)
-_BATCH_ROWS = 1 << 17  # rows copied at a time, bounding the temporaries of a batch
+_BATCH_ROWS = 1 << 15  # rows copied at a time, bounding the temporaries of a batch
 _TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the index in between
 _FINGERPRINT_BYTES = 1 << 16
+_KEPT_SPAN = 1 << 32  # a batch's starts are kept as offsets from its lowest: less apart than this
 _T = TypeVar("_T")
 
 
@@ -443,11 +443,12 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
 
     Rows are visited in file order at the granularity of 1/4096 of the samples (a cheap radix sort
     instead of a full one; a small read is sorted in full), in two passes. The first reads the index
-    entries of a batch of rows at a time and keeps their lengths, which fix where each line goes; the
-    second reads the entries again and the lines, a window of the file at a time, checks them against
-    the file's bytes and copies each at its exact length into its place in item order
-    (:func:`~rank_dataset.shard.copy_rows`). So a build holds little beyond its shard and one
-    4-byte number a row (its place in the visiting order), besides ``indices``.
+    entries of a batch of rows at a time, keeps their lengths, which fix where each line goes, and
+    their starts (:class:`_Starts`); the second reads the lines, a window of the file at a time,
+    checks them against the file's bytes and copies each at its exact length into its place in item
+    order (:func:`~rank_dataset.shard.copy_rows`). So a build reads the index once and holds little
+    beyond its shard and two 4-byte numbers a row (its place in the visiting order, its start),
+    besides ``indices``.
 
     Raises:
         MetaFileChangedError: a file is not the one indexed.
@@ -461,30 +462,23 @@ def _gather(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     visits = _visits(files, bounds, indices)
     long_lines = any(f.index.key.size >= 1 << 32 for f in files)
     lengths = np.empty(n, np.int64 if long_lines else np.uint32)  # in item order
-    small = n < _THREADED_ROWS  # a small build keeps its spans rather than read the index twice
-    kept: dict[int, list[_Batch]] = {}
-    for visit in visits:
-        if small:
-            for batch in _spans_of(visit, indices):
-                lengths[batch[0]] = batch[2]
-                kept.setdefault(visit.number, []).append(batch)
-            continue
+    kept = [_Starts.of(visit) for visit in visits]
+    for visit, starts in zip(visits, kept):
         # (No name may keep ``lengths`` alive past the ``del`` below: a partial, not a local function.)
-        _in_threads(functools.partial(_take_lengths, visit, indices, lengths), _threads(visit))
+        in_threads(functools.partial(_take_lengths, visit, indices, lengths, starts), _threads(visit))
     writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids)
     writer.bounds[0] = 0
     np.cumsum(lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
     del lengths
     if writer.ids is not None:
         writer.ids[:] = indices
-    for visit in visits:
+    for visit, starts in zip(visits, kept):
         file = visit.file
         with file.bytes.open(file.index.key) as fd:
-            if small:
-                _copy_part(visit, iter(kept.get(visit.number, [])), fd, writer)
-            else:
-                work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
-                _in_threads(lambda part: work(_spans_of(visit, indices, part)), _threads(visit))  # noqa: B023
+            work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
+            spans = functools.partial(_kept_spans, visit, indices, starts)
+            in_threads(lambda part: work(spans(part)), _threads(visit))  # noqa: B023
+        starts.free()
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. One pass over the copied bytes finds it.
     bad = writer.find(b"\n")
@@ -515,15 +509,20 @@ class _Visit:
     rows: npt.NDArray[np.integer[Any]]
     cuts: list[int]
 
-    def batches(
-        self, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1)
-    ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
-        """``(rows, local)`` of each batch (of ``part`` ``(t, k)``: every k-th from the t-th): the item
-        numbers and the samples' numbers in the file."""
+    def parts(self, part: tuple[int, int] = (0, 1)) -> list[tuple[int, int, int]]:
+        """``(j, a, b)`` of each batch ``j`` of ``part`` ``(t, k)`` (every k-th from the t-th): it holds
+        ``rows[a:b]``."""
         t, k = part
-        for a, b in list(itertools.pairwise(self.cuts))[t::k]:
+        return [(j, a, b) for j, (a, b) in enumerate(itertools.pairwise(self.cuts))][t::k]
+
+    def batches(
+        self, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1), only: Sequence[int] | None = None
+    ) -> Iterator[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+        """``(j, rows, local)`` of each batch ``j`` of ``part`` (with ``only``: of those batches): the
+        item numbers and the samples' numbers in the file."""
+        for j, a, b in self.parts(part) if only is None else [(j, self.cuts[j], self.cuts[j + 1]) for j in only]:
             rows = self.rows[a:b].astype(np.int64)
-            yield rows, indices[rows] - self.base
+            yield j, rows, indices[rows] - self.base
 
 
 def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int64]) -> list[_Visit]:
@@ -536,9 +535,10 @@ def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     keys = np.empty(n, np.uint16)
     for lo in range(0, n, _BATCH_ROWS):  # a slice at a time: no n-sized int64 temporary
         np.right_shift(indices[lo : lo + _BATCH_ROWS], shift, out=keys[lo : lo + _BATCH_ROWS], casting="unsafe")
-    order = np.argsort(keys, kind="stable")
+    order = np.argsort(keys, kind="stable")  # a radix sort of 16-bit keys
     rows = order.astype(np.uint32) if n < 1 << 32 else order
     del order
+    counts = np.bincount(keys, minlength=1 << _BUCKET_BITS)  # in item order: no gather
     visits = []
     if len(files) == 1:
         groups = [(0, rows)]
@@ -550,7 +550,8 @@ def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
         del regroup, file_of
         groups = [(f, rows[lo:hi]) for f, (lo, hi) in enumerate(itertools.pairwise([0, *file_ends])) if hi > lo]
     for f, mine in groups:
-        counts = np.bincount(keys[mine], minlength=1 << _BUCKET_BITS)
+        if len(groups) > 1:  # this file's rows only
+            counts = np.bincount(keys[mine], minlength=1 << _BUCKET_BITS)
         # The index bytes a bucket's rows are read with: a page a row at most, its entries at most.
         cost = np.minimum(counts * _PAGE, _ENTRY_BYTES << shift)
         region = np.cumsum(cost) // _INDEX_BYTES
@@ -578,39 +579,100 @@ def _sorted_visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[
     ]
 
 
-def _take_lengths(visit: _Visit, indices: npt.NDArray[np.int64], out: npt.NDArray[Any], part: tuple[int, int]) -> None:
-    """Set ``out[row]`` to the length of each row of ``visit``'s batches of ``part`` (see :func:`_spans_of`)."""
-    for rows, _, took in _spans_of(visit, indices, part):
+def _take_lengths(
+    visit: _Visit, indices: npt.NDArray[np.int64], out: npt.NDArray[Any], kept: _Starts, part: tuple[int, int]
+) -> None:
+    """Set ``out[row]`` to the length of each row of ``visit``'s batches of ``part`` (see
+    :func:`_spans_of`), and keep their starts in ``kept``."""
+    for j, (rows, starts, took) in _spans_of(visit, indices, part):
         out[rows] = took  # the parts' rows are disjoint
+        kept.keep(j, visit.cuts[j], starts)
+
+
+@dataclass
+class _Starts:
+    """The starts of a visit's rows, which the first pass keeps for the second, so that a build
+    reads the index once: in visiting order, as 4-byte offsets from their batch's lowest start (a
+    batch whose rows lie 4 GiB apart or more is not kept, and the second pass reads its entries
+    again)."""
+
+    offsets: npt.NDArray[np.uint32]
+    bases: list[int | None]
+    # Where ``offsets`` lives if in a map of its own: the second pass frees each batch's pages once
+    # it has taken them, so that they are gone by the time the shard is whole (the build's peak).
+    map: mmap.mmap | None = None
+
+    @classmethod
+    def of(cls, visit: _Visit) -> _Starts:
+        n, batches = visit.rows.size, len(visit.cuts) - 1
+        if n < _THREADED_ROWS:
+            return cls(np.empty(n, np.uint32), [None] * batches)
+        mm = mmap.mmap(-1, 4 * n, flags=mmap.MAP_PRIVATE)
+        return cls(np.frombuffer(mm, np.uint32, n), [None] * batches, mm)
+
+    def free(self) -> None:
+        """Let go of the offsets (and their map): done with."""
+        self.offsets, self.map = self.offsets[:0].copy(), None
+
+    def take(self, j: int, a: int, b: int) -> npt.NDArray[np.int64] | None:
+        """The starts of batch ``j`` (rows ``a`` to ``b`` in visiting order), or None if not kept;
+        its offsets are freed (a page shared with another batch's stays)."""
+        base = self.bases[j]
+        if base is None:
+            return None
+        starts = self.offsets[a:b].astype(np.int64)
+        starts += base
+        if self.map is not None:
+            free_pages(self.map, 4 * a, 4 * b)
+        return starts
+
+    def keep(self, j: int, a: int, starts: npt.NDArray[np.int64]) -> None:
+        """Keep ``starts``, those of batch ``j``, whose rows begin at ``a`` in visiting order."""
+        if not starts.size:
+            return
+        low = int(starts.min())
+        if int(starts.max()) - low < _KEPT_SPAN:
+            np.subtract(starts, low, out=self.offsets[a : a + starts.size], casting="unsafe")
+            self.bases[j] = low  # (each batch is one thread's: a list item set is atomic)
+
+
+def _kept_spans(
+    visit: _Visit, indices: npt.NDArray[np.int64], kept: _Starts, part: tuple[int, int]
+) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]]:
+    """``(rows, starts, lengths)`` of each batch of ``visit`` of ``part`` for the second pass: the
+    starts the first pass kept, the lengths None (those it gave the shard's bounds); a batch not
+    kept is read from the index again, its lengths to be checked against the bounds."""
+    parts = visit.parts(part)
+    again = _spans_of(visit, indices, part, only=[j for j, _, _ in parts if kept.bases[j] is None])
+    for j, a, b in parts:
+        starts = kept.take(j, a, b)
+        if starts is None:
+            yield next(again)[1]
+        else:
+            yield visit.rows[a:b].astype(np.int64), starts, None
 
 
 def _threads(visit: _Visit) -> int:
     """Threads to read a visit's rows with: one for few (starting threads costs about a millisecond,
     which a mix of thousands of files would pay for each)."""
-    return _THREADS if visit.rows.size >= _THREADED_ROWS else 1
+    return THREADS if visit.rows.size >= _THREADED_ROWS else 1
 
 
-def _in_threads(work: Callable[[tuple[int, int]], None], k: int) -> None:
-    """``work((t, k))`` for each part ``t`` of ``k``, in ``k`` threads (numpy and positional reads
-    release the GIL); the first error raised, if any, once all are done."""
-    if k == 1:
-        work((0, 1))
-        return
-    with ThreadPoolExecutor(max_workers=k) as pool:
-        done = [pool.submit(work, (t, k)) for t in range(k)]
-    for future in done:
-        future.result()
-
-
-def _copy_part(visit: _Visit, batches: Iterator[_Batch], fd: int, writer: ShardWriter) -> None:
+def _copy_part(
+    visit: _Visit,
+    batches: Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]],
+    fd: int,
+    writer: ShardWriter,
+) -> None:
     """Copy the rows of ``batches`` of ``visit`` from the file open at ``fd`` into ``writer``."""
     file, window = visit.file, Window()
     for rows, starts, took in batches:
         dst = writer.bounds[rows]
-        # The cache could have been replaced since the first pass: the lengths must agree.
-        if not np.array_equal(writer.bounds[rows + 1] - dst, took):
+        lengths = (writer.bounds[rows + 1] - dst).astype(np.int64)
+        # Entries read again: the cache could have been replaced since the first pass.
+        if took is not None and not np.array_equal(lengths, took):
             raise _IndexMismatch(visit.number, corrupt=True)
-        if not _copy_rows(fd, file.index.key.size, window, starts, took, dst, writer.data):
+        if not _copy_rows(fd, file.index.key.size, window, starts, lengths, dst, writer.data):
             file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
             raise _IndexMismatch(visit.number, corrupt=True)
 
@@ -618,18 +680,21 @@ def _copy_part(visit: _Visit, batches: Iterator[_Batch], fd: int, writer: ShardW
 _Batch = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
 
-def _spans_of(visit: _Visit, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1)) -> Iterator[_Batch]:
-    """``(rows, starts, lengths)`` of each batch of ``visit`` (of ``part`` ``(t, k)``: every k-th
-    from the t-th), from the index, checked to lie inside the file (the bytes they point at are
-    checked when they are copied)."""
+def _spans_of(
+    visit: _Visit, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1), only: Sequence[int] | None = None
+) -> Iterator[tuple[int, _Batch]]:
+    """``(j, (rows, starts, lengths))`` of each batch ``j`` of ``visit`` (of ``part`` ``(t, k)``: every
+    k-th from the t-th; with ``only``, of those batches), from the index, checked to lie inside the
+    file (the bytes they point at are checked when they are copied). The index is opened at the
+    first batch."""
     size = visit.file.index.key.size
     try:
         with SpanReader(visit.file.index) as reader:
-            for rows, local in visit.batches(indices, part):
+            for j, rows, local in visit.batches(indices, part, only):
                 starts, lengths = reader.take(local)
                 if not spans_are_sane(starts, lengths, size, ordered=False):
                     raise _IndexMismatch(visit.number, corrupt=True)
-                yield rows, starts, lengths
+                yield j, (rows, starts, lengths)
     except LookupError:
         raise _IndexMismatch(visit.number, corrupt=False) from None
 

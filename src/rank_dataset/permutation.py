@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset._checks import MAX_EXACT
+from rank_dataset._threads import THREADS, in_threads
 
 __all__ = ["grid_each", "permute", "permute_each", "permute_keyed", "permute_stream", "round_keys_each"]
 
@@ -28,6 +29,7 @@ _FMIX1 = np.uint32(0x85EBCA6B)
 _FMIX2 = np.uint32(0xC2B2AE35)
 _S16, _S13 = np.uint32(16), np.uint32(13)
 _SLICE = 1 << 17  # positions permuted at a time
+_THREADED_POSITIONS = 1 << 19  # fewer are permuted in one thread (starting threads costs about a millisecond)
 
 
 def _splitmix64(x: int) -> int:
@@ -117,10 +119,15 @@ def permute(n: int, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDAr
     keys = _round_keys(int(seed), int(epoch))
     flat = pos.reshape(-1)
     out = np.empty(flat.size, np.int64)
+    slices = range(0, flat.size, _SLICE)
+
     # A slice at a time: its temporaries stay in the CPU cache (3-4x faster than whole arrays) and
-    # small, so a rank's plan costs its output and little more.
-    for lo in range(0, flat.size, _SLICE):
-        out[lo : lo + _SLICE] = _permute(flat[lo : lo + _SLICE], n, keys, rows, col_bits)
+    # small, so a rank's plan costs its output and little more. Part t of k takes every k-th slice.
+    def work(part: tuple[int, int]) -> None:
+        for lo in slices[part[0] :: part[1]]:
+            out[lo : lo + _SLICE] = _permute(flat[lo : lo + _SLICE], n, keys, rows, col_bits)
+
+    in_threads(work, THREADS if flat.size >= _THREADED_POSITIONS else 1)
     return out.reshape(pos.shape)
 
 

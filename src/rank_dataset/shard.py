@@ -13,6 +13,7 @@ never the data, and unpickling maps the same pages, in any process of the same u
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import struct
 from collections.abc import Sequence
@@ -80,19 +81,21 @@ def copy_rows(
     key = np.minimum(lengths, 0xFFFF).astype(np.uint16)
     order = np.argsort(key, kind="stable")
     by_length = lengths[order]
-    cuts = np.flatnonzero(by_length[1:] != by_length[:-1]) + 1
-    for group in np.split(order, cuts):
-        width = int(lengths[group[0]])
+    # Both ends in length order, so that each group's are slices (one gather each, not one a group).
+    src_at, dst_at = np.asarray(src_starts)[order], np.asarray(dst_starts)[order]
+    cuts = [0, *(np.flatnonzero(by_length[1:] != by_length[:-1]) + 1).tolist(), count]
+    for lo, hi in itertools.pairwise(cuts):
+        width = int(by_length[lo])
         if width == 0:
             continue
-        if width > _GROUPED_MAX or group.size <= _SMALL_GROUP:
-            for s, d in zip(np.asarray(src_starts)[group].tolist(), np.asarray(dst_starts)[group].tolist()):
+        if width > _GROUPED_MAX or hi - lo <= _SMALL_GROUP:
+            for s, d in zip(src_at[lo:hi].tolist(), dst_at[lo:hi].tolist()):
                 dst[d : d + width] = src[s : s + width]
             continue
         records = f"V{width}"
         src_view = np.ndarray((src.size - width + 1,), records, buffer=src, strides=(1,))
         dst_view = np.ndarray((dst.size - width + 1,), records, buffer=dst, strides=(1,))
-        dst_view[np.asarray(dst_starts)[group]] = src_view[np.asarray(src_starts)[group]]
+        dst_view[dst_at[lo:hi]] = src_view[src_at[lo:hi]]
 
 
 class ShardWriter:
