@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from rank_dataset._pread import pread_exact
 from rank_dataset._progress import progress_bar
+from rank_dataset._threads import THREADS
 
 __all__ = [
     "BLANK",
@@ -46,7 +47,6 @@ CHUNK = 4 << 20
 MARK = 4 << 20
 _T = TypeVar("_T")
 _D = TypeVar("_D", bound=np.generic)
-_THREADS = 2
 _IN_FLIGHT = 6
 _PROBE = 4096
 _HIGH_BITS = np.uint64(0x8080808080808080)
@@ -208,16 +208,17 @@ def scan_map(
 ) -> Iterator[_T]:
     """Yield ``then(chunk)`` for each :class:`Chunk` of ``path``, in file order.
 
-    Chunks end just past a newline, so each is scanned on its own; two threads scan them and apply
-    ``then`` (numpy releases the GIL in the array passes), and results are yielded in order as they
-    come. With ``fd``, that open descriptor of ``path`` is read (the file the caller checked), not
-    the path.
+    Chunks end just past a newline, so each is scanned on its own; two threads (one in a process
+    held to one core) scan them and apply ``then`` (numpy releases the GIL in the array passes), and
+    results are yielded in order as they come. ``then`` runs in a scanning thread and must not keep
+    the chunk's buffer (a :class:`Chunk` holds none). With ``fd``, that open descriptor of ``path``
+    is read (the file the caller checked), not the path.
 
     Raises:
         rank_dataset._pread.ShortRead: the file shrank while being indexed.
     """
     source: PathLike | int = path if fd is None else fd
-    with open(source, "rb", closefd=fd is None) as f, ThreadPoolExecutor(max_workers=_THREADS) as pool:
+    with open(source, "rb", closefd=fd is None) as f, ThreadPoolExecutor(max_workers=THREADS) as pool:
         size = os.fstat(f.fileno()).st_size
         bounds = _chunk_bounds(f, size, chunk_size)
         jobs = [(lo, hi, i == len(bounds) - 2) for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]
