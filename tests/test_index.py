@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -14,9 +15,10 @@ import pytest
 
 from rank_dataset import MetaFile, build_index
 from rank_dataset import index as index_mod
+from rank_dataset import scan as scan_mod
 from rank_dataset.index import CACHE_DIR_ENV
 from rank_dataset.scan import Chunk
-from tests_helpers import start_together
+from tests_helpers import random_file, reference_index, start_together
 
 
 def test_index_out_of_range_and_negative(write_meta) -> None:
@@ -164,6 +166,34 @@ def test_cache_is_synced_before_it_is_renamed(write_meta, monkeypatch: pytest.Mo
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
     MetaFile(write_meta(LINES))
     assert events == ["fsync", "replace", "fsync"]  # the data, the rename, then the directory
+
+
+def test_a_large_cache_is_synced_while_it_is_built(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every _SYNC_EVERY bytes written, a sync in the background; the one before the rename still comes.
+    events: list[str] = []
+    real_fsync, real_fdatasync, real_replace = os.fsync, os.fdatasync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (events.append("fdatasync"), real_fdatasync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
+    monkeypatch.setattr(index_mod, "_SYNC_EVERY", 1000)
+    monkeypatch.setattr(index_mod, "scan_map", functools.partial(scan_mod.scan_map, chunk_size=4096))
+    mf = MetaFile(write_meta(LINES))
+    assert events[-3:] == ["fsync", "replace", "fsync"] and "fdatasync" in events[:-3]
+    assert [mf[i] for i in range(len(LINES))] == LINES
+
+
+def test_a_cache_whose_sync_fails_is_not_used(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sync that failed may have lost data that a later one would not report: the cache is dropped,
+    # and the index is kept in memory.
+    def fail(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", fail)
+    monkeypatch.setattr(index_mod, "_SYNC_EVERY", 1000)
+    mf = MetaFile(write_meta(LINES))
+    assert mf._files[0].index.cache is None and mf._files[0].index.memory is not None
+    assert [mf[i] for i in (0, 999)] == [LINES[0], LINES[999]]
+    assert not list((tmp_path / "cache").iterdir())
 
 
 def test_abandoned_tmp_files_are_removed(write_meta, tmp_path: Path) -> None:
@@ -324,3 +354,26 @@ def test_one_entry_is_read_only_from_a_header_of_this_index(write_meta, tmp_path
     rebuilt[40] ^= 1  # the device differs on every NFS client: not part of the match
     the_cache(tmp_path).write_bytes(rebuilt)
     assert index_mod.read_entry(mf._files[0].index, 4321)[1] == len(lines[4321])
+
+
+@pytest.mark.parametrize("chunk_size", [3, 200, 1 << 20])
+def test_a_cache_holds_the_format_whatever_the_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_size: int
+) -> None:
+    # Written plainly: the entries (start << bits | length, little-endian), no long lines, then the
+    # marks; counts, lines and offsets carried across the chunks of a scan.
+    monkeypatch.setattr(scan_mod, "MARK", 97)
+    monkeypatch.setattr(index_mod, "scan_map", functools.partial(scan_mod.scan_map, chunk_size=chunk_size))
+    rng = np.random.default_rng(chunk_size)
+    for trial in range(20):
+        data = random_file(rng, 3000 if chunk_size < 64 else 40_000)
+        p = tmp_path / f"m{trial}.txt"
+        p.write_bytes(data)
+        spans, marks = reference_index(data, 97)
+        index = index_mod.load_index(p.resolve())
+        assert index.cache is not None and (index.count, index.ascii) == (len(spans), data.isascii())
+        body = index.cache.read_bytes()[index_mod._DATA_OFFSET :]
+        bits = 64 - max(1, len(data).bit_length())
+        expect = b"".join(struct.pack("<Q", start << bits | (stop - start)) for start, stop in spans)
+        expect += b"".join(struct.pack("<qq", offset, line) for offset, line in marks)
+        assert body == expect, f"file {trial}: {data[:60]!r}"

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from rank_dataset import MetaFile, build_index
+from rank_dataset import scan as scan_mod
 from rank_dataset.scan import BOM
+from tests_helpers import random_file, reference_index
 
 
 @pytest.mark.parametrize(
@@ -91,3 +93,44 @@ def test_chunk_boundaries_do_not_matter(tmp_path: Path, chunk: int) -> None:
     spans = build_index(p, chunk_size=chunk)
     got = [data[s:e] for s, e in spans]
     assert got == reference_samples(data)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_chunks_match_a_plain_reference_whatever_their_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    # Chunks of one byte up to ones larger than the file: lines longer than a chunk and than the
+    # page a chunk bound looks at first, CRLFs and blank lines at every place relative to a bound.
+    rng = np.random.default_rng(seed)
+    p = tmp_path / "m.txt"
+    for trial in range(12):
+        data = random_file(rng, int(rng.choice([50, 600, 20_000])))
+        p.write_bytes(data)
+        mark = int(rng.integers(1, 200))
+        monkeypatch.setattr(scan_mod, "MARK", mark)
+        spans, marks = reference_index(data, mark)
+        for chunk_size in sorted({1, 2, 3, int(rng.integers(4, 100)), 4096, 1 << 20}):
+            if chunk_size < 64 and len(data) > 1000:
+                continue  # a thread job per byte: slow, and the small files cover these sizes
+            chunks = list(scan_mod.scan_map(p, lambda chunk: chunk, chunk_size))
+            what = f"seed {seed}, file {trial}, chunk size {chunk_size}: {data[:60]!r}"
+            # The chunks tile the file, each ending just past a newline but the last.
+            assert [c.offset for c in chunks] == [0] + [c.offset + c.nbytes for c in chunks[:-1]], what
+            assert sum(c.nbytes for c in chunks) == len(data), what
+            assert all(data[c.offset + c.nbytes - 1] == ord("\n") for c in chunks[:-1]), what
+            got = [(int(s), int(s + n)) for c in chunks for s, n in zip(c.starts, c.lengths)]
+            assert got == spans, what
+            assert all(c.ascii == data[c.offset : c.offset + c.nbytes].isascii() for c in chunks), what
+            assert sum(c.newlines for c in chunks) == data.count(b"\n"), what
+            lines_before = np.cumsum([0] + [c.newlines for c in chunks[:-1]])
+            got_marks = [(int(o), int(k + before)) for c, before in zip(chunks, lines_before) for o, k in c.marks]
+            assert got_marks == marks, what
+
+
+def test_chunk_bounds_stop_at_a_file_shorter_than_its_size(tmp_path: Path) -> None:
+    # A file that shrank after its size was taken: the bounds end (the read of the missing bytes
+    # then fails), they do not look for a newline past the end forever.
+    p = tmp_path / "m.txt"
+    p.write_bytes(b"a\n" * 5000)
+    with open(p, "rb") as f:
+        assert scan_mod._chunk_bounds(f, 50_000, 1000) == [0, *range(1002, 10_000, 1000), 50_000]

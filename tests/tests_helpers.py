@@ -1,5 +1,5 @@
-"""Helpers importable by tests (conftest keeps the fixtures): synthetic lines, free ports, a real server,
-torchrun jobs of the worker scripts beside this file."""
+"""Helpers importable by tests (conftest keeps the fixtures): synthetic lines, random meta files and a plain
+reference index of them, free ports, a real server, torchrun jobs of the worker scripts beside this file."""
 
 from __future__ import annotations
 
@@ -11,17 +11,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 
 from rank_dataset._localserver import LocalServer, free_port
 from rank_dataset.demo.synthetic import imagenet_line
+from rank_dataset.scan import BOM
 
 __all__ = [
     "Server",
     "free_port",
     "imagenet_line",
     "kill_tree",
+    "random_file",
     "rank_results",
+    "reference_index",
     "rewrite",
     "start_together",
     "torchrun_cmd",
@@ -140,3 +144,44 @@ def write_rank_result(out: str, result: object) -> None:
 def rank_results(out: Path, nproc: int) -> list[Any]:
     """What each of ``nproc`` ranks wrote with ``write_rank_result(out, ...)``, in rank order."""
     return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in range(nproc)]
+
+
+def random_file(rng: np.random.Generator, most: int) -> bytes:
+    """Up to ``most`` bytes of lines made to catch a scanner out: empty and whitespace-only lines,
+    control characters and spaces that start a line with content after them, lone and doubled CRs,
+    non-ASCII bytes, lines of several KiB (past a page), CRLF and LF endings, sometimes a byte order
+    mark, sometimes no final newline."""
+    pieces = [b"", b" ", b"\t", b"\r", b"\r\r", b" \x0b\x0c ", b"\x00", b"\x1f", b"\x01a", b"\t x", b"a\rb", b"a\r"]
+    pieces += [b"x" * int(n) for n in rng.integers(1, 50, 4)] + [b"\xc3\xa9 1", b"y" * 5000]
+    out, size = [], 0
+    while size < most:
+        piece = pieces[int(rng.integers(len(pieces)))] + b"z" * int(rng.integers(0, 3))
+        line = piece + (b"\r\n" if rng.random() < 0.3 else b"\n")
+        out.append(line)
+        size += len(line)
+    data = b"".join(out)[: int(rng.integers(0, most + 1))]
+    return (BOM + data) if rng.random() < 0.2 else data
+
+
+def reference_index(data: bytes, mark: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The spans of the samples of ``data`` and its marks, written plainly: a sample is a non-blank
+    line without its ending (a leading byte order mark is not part of the first one); a mark says
+    where the first line at or after each multiple of ``mark`` starts, and its number."""
+    spans, start = [], 0
+    line_starts = [0] + [i + 1 for i, byte in enumerate(data) if byte == ord("\n")]
+    for k, start in enumerate(line_starts):
+        if start == len(data) and k:
+            break  # past the final newline: no line
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        if k == 0 and data.startswith(BOM):
+            start = len(BOM)
+        stop = end - 1 if end > start and data[end - 1] == ord("\r") else end
+        if data[start:stop].strip(b" \t\r\x0b\x0c"):
+            spans.append((start, stop))
+    marks = []
+    for target in range(0, len(data), mark):
+        at = next((k for k, s in enumerate(line_starts) if s >= target), None)
+        if at is not None:
+            marks.append((line_starts[at], at))
+    return spans, marks

@@ -22,6 +22,7 @@ import os
 import socket
 import struct
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ _SAMPLE = 1 << 16  # bytes hashed at each end of the file
 _CHECK_ROWS = 1 << 12  # entries checked at each end of a cache when it is loaded
 _BUILD_TRIES = 3
 _OTHER_HOST_TMP_AGE = 24 * 3600  # seconds after which another host's unfinished cache is abandoned
+_SYNC_EVERY = 64 << 20  # bytes of a cache written between two syncs while it is being built
 _IntArray = npt.NDArray[np.int64]
 
 
@@ -335,6 +337,53 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+class _Syncer:
+    """Syncs a file to disk in a thread of its own each time another ``_SYNC_EVERY`` bytes have
+    been written to it, so that the sync before the rename has only the last ones left: the disk
+    writes while the scan goes on, instead of after it (a third of a cold index of 100M lines).
+
+    :meth:`close` returns the OSError of a sync that failed (the data may not be on disk), if any.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._written = self._synced = 0
+        self._closed = False
+        self._error: OSError | None = None
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="rank-dataset-index-sync", daemon=True)
+        self._thread.start()
+
+    def wrote(self, nbytes: int) -> None:
+        with self._cond:
+            self._written += nbytes
+            if self._written - self._synced >= _SYNC_EVERY:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or self._written - self._synced >= _SYNC_EVERY)
+                if self._written - self._synced < _SYNC_EVERY:  # closed, and no sync due
+                    return
+                target = self._written
+            try:
+                sync(self._fd)
+            except OSError as exc:
+                self._error = exc
+                return
+            with self._cond:
+                self._synced = target
+
+    def close(self) -> OSError | None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+        return self._error
+
+
 @dataclass(frozen=True)
 class _Part:
     """One chunk of a scan, encoded: its entries, its long lines (row in the chunk, length), what
@@ -352,10 +401,14 @@ def _encoder(size: int) -> Callable[[Chunk], _Part]:
     mask = (1 << bits) - 1
 
     def encode(chunk: Chunk) -> _Part:
-        entries = chunk.starts.astype("<u8")
-        entries <<= np.uint64(bits)
-        entries |= np.minimum(chunk.lengths, mask).astype("<u8")
-        rows = np.flatnonzero(chunk.lengths >= mask)
+        # Spans lie inside their chunk: only a chunk of at least `mask` bytes can hold a long line.
+        lengths, rows = chunk.lengths, np.empty(0, np.int64)
+        if chunk.nbytes >= mask:
+            rows = np.flatnonzero(lengths >= mask)
+            lengths = np.minimum(lengths, mask)
+        # Starts and lengths are not negative: their int64 bits are their uint64 ones.
+        entries = np.left_shift(chunk.starts.view(np.uint64), np.uint64(bits), out=np.empty(chunk.starts.size, "<u8"))
+        entries |= lengths.view(np.uint64)
         return _Part(entries, np.column_stack((rows, chunk.lengths[rows])), chunk.ascii, chunk.newlines, chunk.marks)
 
     return encode
@@ -421,7 +474,13 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: byte
     try:
         with os.fdopen(tmp_fd, "wb") as f:
             f.seek(_DATA_OFFSET)
-            built = _build(path, fd, key, lambda entries: f.write(entries.data))
+            syncer = _Syncer(tmp_fd)
+            try:
+                built = _build(path, fd, key, lambda entries: syncer.wrote(f.write(entries.data)))
+            finally:
+                failed = syncer.close()
+            if failed is not None:
+                raise failed
             f.write(built.longs.astype("<i8").tobytes())
             f.write(built.marks.astype("<i8").tobytes())
             f.seek(0)
