@@ -8,7 +8,7 @@ as at N = 1B here, cannot be held there: it is not read before, and every measur
   same count 16 MiB at a time into one reusable buffer;
 - ``chunked``: for a file that fits, that chunked count too, beside the read: the whole-file read
   first faults in a buffer the file's size, which on some machines costs more than the copy (a
-  fresh page took about 9 µs to fault on one of ours), so the chunked read is the floor without it;
+  fresh page took about 5 µs to fault in on one of ours), so the chunked read is the floor without it;
 - ``cold``: ``MetaFile(p)`` with no index cache (the file scanned, the cache written and synced),
   and the cache's size; and a cold build: ``RankDataset`` at the first W, M = 1, with no index cache;
 - ``build``: ``RankDataset`` with the index cached, one rank, for W in {8, 64, 512} and M in {1, 4};
