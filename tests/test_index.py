@@ -7,6 +7,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -180,6 +181,23 @@ def test_a_large_cache_is_synced_while_it_is_built(write_meta, monkeypatch: pyte
     mf = MetaFile(write_meta(LINES))
     assert events[-3:] == ["fsync", "replace", "fsync"] and "fdatasync" in events[:-3]
     assert [mf[i] for i in range(len(LINES))] == LINES
+
+
+def test_the_sync_thread_starts_only_when_a_sync_is_due(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A small cache (a file of a mix of thousands) costs no thread; a large one syncs in one.
+    started: list[str] = []
+
+    class Recorded(threading.Thread):
+        def start(self) -> None:
+            started.append(self.name)
+            super().start()
+
+    monkeypatch.setattr(threading, "Thread", Recorded)
+    MetaFile(write_meta(LINES))
+    assert "rank-dataset-index-sync" not in started
+    monkeypatch.setattr(index_mod, "_SYNC_EVERY", 1000)
+    MetaFile(write_meta(LINES))
+    assert started.count("rank-dataset-index-sync") == 1
 
 
 def test_a_cache_whose_sync_fails_is_not_used(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -40,6 +40,7 @@ from rank_dataset._cachelock import load_or_build
 from rank_dataset._labels import PAD, block_labels
 from rank_dataset._pread import ShortRead, count_newlines, pread_exact
 from rank_dataset._progress import progress_bar
+from rank_dataset._threads import THREADS
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.index import FileKey, Index, SpanReader, _cache_paths, _fsync_dir, load_index
 from rank_dataset.parsers import LineError, parse_label, quote
@@ -55,7 +56,6 @@ _HEADER = struct.Struct("<8sqqqQQqqqq16s")
 _DATA_OFFSET = 128
 _INT_KEYS, _JSON_KEYS = 0, 1
 _BLOCK = 1 << 20  # lines read at a time for a function key
-_THREADS = 2
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _NEWLINE, _CR = 10, 13
 _CHUNK = 8 << 20  # bytes of the file parsed at a time for key="label": a block's temporaries stay in cache
@@ -440,7 +440,7 @@ def _label_grouping(lines: _Lines, place: Place) -> Grouping:
                 ) from None
         return _Part.of(labels)
 
-    with ThreadPoolExecutor(_THREADS) as pool:
+    with ThreadPoolExecutor(THREADS) as pool:
         parsing = [pool.submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
         try:
             parts = [job.result() for job in parsing]  # the first bad line of the file is the one named

@@ -725,7 +725,7 @@ def _copy_part(
     file, window = visit.file, Window()
     for rows, starts, took in batches:
         dst = writer.bounds[rows]
-        lengths = (writer.bounds[rows + 1] - dst).astype(np.int64)
+        lengths = (writer.bounds[rows + 1] - dst).astype(np.int64, copy=False)
         # Entries read again: the cache could have been replaced since the first pass.
         if took is not None and not np.array_equal(lengths, took):
             raise _IndexMismatch(visit.number, corrupt=True)
