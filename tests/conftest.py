@@ -6,10 +6,13 @@ in whatever session or process group) and no shared-memory segment its processes
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
+import getpass
 import glob
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing import forkserver, resource_tracker
@@ -26,6 +29,18 @@ from tests_helpers import Server, imagenet_line
 # which tells them from those of other sessions on the same machine.
 _SHM_TAG = f"pytest{os.getpid()}"
 os.environ[_shm.TAG_ENV] = _SHM_TAG
+
+# Importing lightning makes torch's compile cache directory (/tmp/torchinductor_<user>): give it one of
+# this session's, removed at exit, as is pytest's own base directory once no kept test directory is in it.
+_TORCH_CACHE = tempfile.mkdtemp(prefix="rank-dataset-tests-torch-")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = _TORCH_CACHE
+atexit.register(shutil.rmtree, _TORCH_CACHE, True)
+
+
+@atexit.register
+def _remove_empty_pytest_base() -> None:
+    with contextlib.suppress(OSError):  # not empty: a failed test's directory is kept
+        os.rmdir(Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}")
 
 
 def _become_subreaper() -> bool:
