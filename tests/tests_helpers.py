@@ -167,7 +167,7 @@ def reference_index(data: bytes, mark: int) -> tuple[list[tuple[int, int]], list
     """The spans of the samples of ``data`` and its marks, written plainly: a sample is a non-blank
     line without its ending (a leading byte order mark is not part of the first one); a mark says
     where the first line at or after each multiple of ``mark`` starts, and its number."""
-    spans, start = [], 0
+    spans = []
     line_starts = [0] + [i + 1 for i, byte in enumerate(data) if byte == ord("\n")]
     for k, start in enumerate(line_starts):
         if start == len(data) and k:

@@ -690,9 +690,12 @@ class _Starts:
             self.bases[j] = low  # (each batch is one thread's: a list item set is atomic)
 
 
-def _kept_spans(
-    visit: _Visit, samples: _Samples, kept: _Starts, part: tuple[int, int]
-) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]]:
+# (rows, starts, lengths) of a batch read from the index; for the second pass, lengths None where the first gave them.
+_Batch = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+_Kept = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]
+
+
+def _kept_spans(visit: _Visit, samples: _Samples, kept: _Starts, part: tuple[int, int]) -> Iterator[_Kept]:
     """``(rows, starts, lengths)`` of each batch of ``visit`` of ``part`` for the second pass: the
     starts the first pass kept, the lengths None (those it gave the shard's bounds); a batch not
     kept is read from the index again, its lengths to be checked against the bounds."""
@@ -702,7 +705,7 @@ def _kept_spans(
     for j, a, b in parts:
         starts = kept.take(j, a, b)
         if starts is None:
-            batch: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None] = next(again)[1]
+            batch: _Kept = next(again)[1]
         else:
             batch = visit.rows[a:b].astype(np.int64), starts, None
         visit.free(a, b)
@@ -717,7 +720,7 @@ def _threads(visit: _Visit) -> int:
 
 def _copy_part(
     visit: _Visit,
-    batches: Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]],
+    batches: Iterator[_Kept],
     fd: int,
     writer: ShardWriter,
 ) -> None:
@@ -732,9 +735,6 @@ def _copy_part(
         if not _copy_rows(fd, file.index.key.size, window, starts, lengths, dst, writer.data):
             file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
             raise _IndexMismatch(visit.number, corrupt=True)
-
-
-_Batch = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
 
 def _spans_of(
