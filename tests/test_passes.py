@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import pytest
 import requests
 
 from rank_dataset import MetaFile, protocol
+from rank_dataset._passes import BuildSlots, Part, SharedPasses
 from rank_dataset.plan import ShardSpec
 from tests_helpers import rewrite
 
@@ -48,6 +50,15 @@ def _alone(meta: Path, **fields: int) -> bytes:
     return b"".join(protocol.encode_frame(MetaFile(meta).read(spec.indices())))
 
 
+def _shard(frame: bytes) -> tuple[bytes, str, bytes, bytes]:
+    """What a client decodes from ``frame``: its sample numbers, offsets (dtype and values) and lines.
+    A frame cut from a shared pass lists its lines in file order, so it differs from the frame read
+    alone, byte for byte; what it decodes to does not."""
+    shard = protocol.decode_frame(frame)
+    assert shard.ids is not None
+    return shard.ids.tobytes(), shard.bounds.dtype.str, shard.bounds.tobytes(), shard.data.tobytes()
+
+
 def _read_chars(server: Any) -> int:
     return int(psutil.Process(server.proc.pid).io_counters().read_chars)
 
@@ -63,10 +74,10 @@ def test_concurrent_ranks_of_one_plan_share_one_read(write_meta, start_server, m
     read = _read_chars(server) - before
     for rank, answer in enumerate(answers):
         assert answer.status_code == 200, answer.text
-        # Byte for byte what the rank gets alone (its sample numbers, offsets of its own dtype, lines).
-        assert answer.content == _alone(meta, world_size=world, rank=rank, seed=7, epoch=2), rank
+        # What the rank gets alone, byte for byte (its sample numbers, offsets of its own dtype, lines).
+        assert _shard(answer.content) == _shard(_alone(meta, world_size=world, rank=rank, seed=7, epoch=2)), rank
     # Each rank's samples are spread over the whole file: read alone, each request reads about all
-    # of it (16x in all); shared, the first request's pass and one pass for the rest (about 2x).
+    # of it (16x in all); shared, one pass waits for all 16 (about 1x; 2x if one came late).
     if max_pass_samples is None:
         assert read < 4 * size, read / size
     else:
@@ -107,10 +118,10 @@ def test_a_client_gone_while_waiting_costs_the_others_nothing(write_meta, start_
     answers = _at_once(calls)
     for rank in (0, 1, 2, 4, 5, 6, 7):
         assert answers[rank].status_code == 200, answers[rank].text
-        assert answers[rank].content == _alone(meta, world_size=world, rank=rank)
+        assert _shard(answers[rank].content) == _shard(_alone(meta, world_size=world, rank=rank))
     # The passes let go of the only build slot: the next request is served, not answered 503.
     again = requests.get(f"{server.url}/shard", params={"world_size": world, "rank": 3}, timeout=30)
-    assert again.status_code == 200 and again.content == _alone(meta, world_size=world, rank=3)
+    assert again.status_code == 200 and _shard(again.content) == _shard(_alone(meta, world_size=world, rank=3))
 
 
 LINES = [f"img_{i}.jpg {i % 10}" for i in range(60_000)]
@@ -129,7 +140,7 @@ def test_a_file_changed_under_a_shared_pass_is_409_for_every_waiter(write_meta, 
     for rank, answer in enumerate(answers[:world]):
         assert answer.status_code in (200, 409), answer.text
         if answer.status_code == 200:
-            assert answer.content == frames[rank]
+            assert _shard(answer.content) == _shard(frames[rank])
         else:
             assert answer.json()["kind"] == "files"
     # Afterwards, all at once: every waiter of the shared pass gets the 409.
@@ -158,7 +169,7 @@ def test_one_ranks_bad_line_fails_that_rank_alone(write_meta, start_server) -> N
             assert f"{meta}:{bad + 1}" in answer.json()["error"]
         else:
             assert answer.status_code == 200, answer.text
-            assert answer.content == _alone(meta, world_size=world, rank=rank)
+            assert _shard(answer.content) == _shard(_alone(meta, world_size=world, rank=rank))
 
 
 def test_client_mistakes_stay_4xx_among_shared_requests(write_meta, start_server) -> None:
@@ -178,7 +189,7 @@ def test_several_server_processes_each_share_what_they_accept(write_meta, start_
     answers = _at_once([_get_shard(server.url, world_size=world, rank=r, epoch=1) for r in range(world)])
     for rank, answer in enumerate(answers):
         assert answer.status_code == 200, answer.text
-        assert answer.content == _alone(meta, world_size=world, rank=rank, epoch=1)
+        assert _shard(answer.content) == _shard(_alone(meta, world_size=world, rank=rank, epoch=1))
     assert server.stop() == 0  # SIGTERM: uvicorn stops its worker processes too
 
 
@@ -188,3 +199,73 @@ def test_max_pass_samples_must_be_a_positive_int(value) -> None:
 
     with pytest.raises((TypeError, ValueError), match="max_pass_samples"):
         ServerLimits(max_pass_samples=value)
+
+
+def _asking(
+    meta: Path, world: int, arrivals: list[float], linger: float, max_linger: float
+) -> list[tuple[float, Part]]:
+    """Ranks ``0..len(arrivals)-1`` of a plan of ``world`` ranks ask for their shards ``arrivals[r]``
+    seconds from now (in one event loop, as in a server); when each got its answer (seconds from
+    now), and the answer."""
+    mf = MetaFile(meta)
+    specs = [ShardSpec(len(mf), world, r, seed=3) for r in range(world)]
+
+    async def main() -> list[tuple[float, Part]]:
+        passes = SharedPasses(BuildSlots(4, 10.0), 1 << 20, linger=linger, max_linger=max_linger)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def ask(rank: int, delay: float) -> tuple[float, Part]:
+            await asyncio.sleep(delay)
+            async with passes.shard("plan", mf, specs[rank].indices(), ranks=world) as part:
+                return loop.time() - start, part
+
+        return list(await asyncio.gather(*(ask(r, d) for r, d in enumerate(arrivals))))
+
+    answers = asyncio.run(main())
+    for rank, (_, part) in enumerate(answers):  # each decodes to the shard it would get alone
+        framed = b"".join(protocol.encode_frame(part.shard, part.order))
+        assert _shard(framed) == _shard(b"".join(protocol.encode_frame(mf.read(specs[rank].indices())))), rank
+    return answers
+
+
+def _one_pass(parts: list[Part]) -> bool:
+    """Whether ``parts`` were cut from one pass (their lines are views of one buffer)."""
+
+    def owner(a: Any) -> Any:
+        while isinstance(a, np.ndarray) and a.base is not None:
+            a = a.base
+        return a
+
+    return all(owner(p.shard.data) is owner(parts[0].shard.data) for p in parts[1:])
+
+
+def test_a_pass_waits_for_the_ranks_of_its_plan_and_starts_when_all_are_in(write_meta) -> None:
+    meta = write_meta(n=20_000)
+    answers = _asking(meta, 4, [0.0, 0.1, 0.2, 0.3], linger=2.0, max_linger=10.0)
+    assert _one_pass([part for _, part in answers])
+    assert all(part.order is not None for _, part in answers)  # framed in file order
+    # Started as the 4th came, not a linger later; nobody answered before it came.
+    assert all(0.3 <= t < 1.5 for t, _ in answers), [t for t, _ in answers]
+
+
+def test_a_pass_stops_waiting_a_linger_after_the_last_rank_came(write_meta) -> None:
+    meta = write_meta(n=20_000)
+    answers = _asking(meta, 4, [0.0, 0.1, 0.2, 5.0], linger=0.5, max_linger=10.0)
+    first, late = [part for _, part in answers[:3]], answers[3][1]
+    assert _one_pass(first) and not _one_pass([first[0], late])
+    assert all(0.7 <= t < 3.0 for t, _ in answers[:3]), [t for t, _ in answers]
+    assert answers[3][0] >= 5.0
+
+
+def test_a_pass_waits_at_most_max_linger_from_its_first_rank(write_meta) -> None:
+    meta = write_meta(n=20_000)
+    answers = _asking(meta, 8, [0.0, 0.2, 0.4, 0.6, 0.8], linger=0.5, max_linger=0.5)
+    times = [t for t, _ in answers]
+    assert all(t >= 0.5 for t in times) and min(times) < 0.8, times  # not waiting for the ranks after 0.5 s
+
+
+def test_a_plan_of_one_rank_waits_for_nothing(write_meta) -> None:
+    meta = write_meta(n=20_000)
+    ((t, part),) = _asking(meta, 1, [0.0], linger=5.0, max_linger=10.0)
+    assert t < 2.0 and part.order is None  # read alone: framed as it lies

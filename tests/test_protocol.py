@@ -68,6 +68,24 @@ def test_frame_round_trip(offsets: type) -> None:
     assert back.ids is not None and back.ids.tolist() == [4, 0, 9, 2]
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_a_frame_in_another_order_decodes_to_the_shard_in_its_own(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 300))
+    lines = [bytes(rng.integers(97, 123, int(rng.integers(0, 40)), dtype=np.uint8)) for _ in range(n)]
+    ids = rng.permutation(10 * n + 1)[:n].astype(np.int64)
+    order = rng.permutation(n)  # the lines lie in the shard as shard[order[i]] = item i
+    stored = Shard.from_lines([lines[i] for i in np.argsort(order)], ids=ids[np.argsort(order)])
+    body = b"".join(protocol.encode_frame(stored, order))
+    assert len(body) == protocol.frame_size(stored)
+    back = protocol.decode_frame(body)
+    assert back.texts(range(n)) == [x.decode() for x in lines]
+    assert back.ids is not None and back.ids.tolist() == ids.tolist()
+    assert back.bounds.tolist() == np.cumsum([0, *map(len, lines)]).tolist()
+    with pytest.raises(ValueError, match="one entry per row"):
+        list(protocol.encode_frame(stored, order[:-1] if n else np.zeros(1, np.intp)))
+
+
 def test_bad_frames() -> None:
     body = b"".join(protocol.encode_frame(Shard.from_lines([b"abc"], ids=np.array([0], np.int64))))
     with pytest.raises(protocol.FrameError, match="incomplete frame"):

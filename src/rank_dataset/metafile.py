@@ -578,10 +578,8 @@ def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
     n, n_total = indices.size, bounds.total
     if n <= _SORTED_ROWS:
         return _sorted_visits(files, bounds, indices)
-    shift = max(0, (n_total - 1).bit_length() - _BUCKET_BITS)
-    keys = np.empty(n, np.uint16)
-    for lo in range(0, n, _BATCH_ROWS):  # a slice at a time: no n-sized int64 temporary
-        np.right_shift(indices[lo : lo + _BATCH_ROWS], shift, out=keys[lo : lo + _BATCH_ROWS], casting="unsafe")
+    shift = _bucket_shift(n_total)
+    keys = _bucket_keys(indices, shift)
     order = np.argsort(keys, kind="stable")  # a radix sort of 16-bit keys
     rows = order.astype(np.uint32) if n < 1 << 32 else order
     del order
@@ -618,6 +616,30 @@ def _visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int6
                 cuts.append(end)
         visits.append(_Visit(f, files[f], int(bounds.starts[f]), mine, cuts, mm, lo))
     return visits
+
+
+def _bucket_shift(total: int) -> int:
+    """How far sample numbers of ``total`` are shifted to give their bucket (1/4096 of ``total``)."""
+    return max(0, (total - 1).bit_length() - _BUCKET_BITS)
+
+
+def _bucket_keys(indices: npt.NDArray[np.int64], shift: int) -> npt.NDArray[np.uint16]:
+    keys = np.empty(indices.size, np.uint16)
+    for lo in range(0, indices.size, _BATCH_ROWS):  # a slice at a time: no n-sized int64 temporary
+        np.right_shift(indices[lo : lo + _BATCH_ROWS], shift, out=keys[lo : lo + _BATCH_ROWS], casting="unsafe")
+    return keys
+
+
+def bucket_order(indices: npt.NDArray[np.int64], total: int) -> npt.NDArray[np.intp]:
+    """An order of ``indices`` (sample numbers below ``total``) in file order at the granularity a
+    read visits them (1/4096 of ``total``): a read of ``indices[order]`` writes its shard almost in
+    the order it reads the files, a few times faster than into a random order. A stable radix sort.
+
+    Examples:
+        >>> bucket_order(np.array([9000, 5, 4097]), 10_000).tolist()
+        [1, 2, 0]
+    """
+    return np.argsort(_bucket_keys(indices, _bucket_shift(total)), kind="stable")
 
 
 def _sorted_visits(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int64]) -> list[_Visit]:

@@ -16,8 +16,11 @@
 - Frames: many samples as one binary body, a 24-byte header (magic ``RDS1``, the offsets' item size,
   the sample count, the number of data bytes) followed by four little-endian arrays: the sample
   numbers (int64), the line starts and ends (uint32 or int64), and the data bytes they point into.
-  Starts and ends are views of the Shard's one offsets array (its lines lie back to back), so
-  neither side converts anything: the client's Shard uses the frame's bytes where they are.
+  A frame lists its samples in the shard's order; its lines may lie in the data in another order.
+  A shard read alone is framed as it lies (starts and ends are views of its one offsets array,
+  the lines back to back) and the client's Shard uses the frame's bytes where they are. A shard cut
+  from a pass shared by many ranks is framed with its lines in file order (what the pass writes
+  fastest) and the client packs them into shard order, one copy of its own lines.
 
 A client and server that do not understand each other raise :class:`ProtocolError`.
 """
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from rank_dataset.errors import ProtocolError
 from rank_dataset.mix import MixPlan
@@ -332,26 +336,46 @@ _CHUNK = 4 << 20
 
 
 def frame_size(shard: Shard) -> int:
-    """The number of bytes :func:`encode_frame` yields for ``shard``."""
+    """The number of bytes :func:`encode_frame` yields for ``shard`` (in any ``order``)."""
     n = len(shard)
     return _HEADER.size + 8 * n + 2 * shard.starts.dtype.itemsize * n + shard.data.nbytes
 
 
-def encode_frame(shard: Shard) -> Iterator[bytes]:
-    """The frame of ``shard`` (which must carry ids), in chunks of at most a few MiB."""
+def encode_frame(shard: Shard, order: npt.NDArray[np.integer[Any]] | None = None) -> Iterator[bytes | memoryview]:
+    """The frame of ``shard`` (which must carry ids), in chunks of at most a few MiB.
+
+    With ``order`` (a permutation of the shard's rows), the frame's sample ``i`` is the shard's row
+    ``order[i]``: the data goes as it lies and the client packs it (a shard cut from a shared pass
+    lies in file order). Chunks of the data are views of ``shard``'s memory: send each before
+    letting go of the shard.
+
+    Examples:
+        >>> s = Shard.from_lines([b"b 1", b"a 0"], ids=np.array([1, 0]))
+        >>> decode_frame(b"".join(encode_frame(s, np.array([1, 0])))).texts([0, 1])
+        ['a 0', 'b 1']
+    """
     if shard.ids is None:
         raise ValueError("a shard sent over the wire must carry its sample numbers")
     size = shard.starts.dtype.itemsize
+    offsets = f"<u{size}" if size == 4 else "<i8"
+    if order is None:
+        ids, starts, ends = shard.ids, shard.starts, shard.ends
+    else:
+        if np.shape(order) != (len(shard),):
+            raise ValueError(f"order must have one entry per row ({len(shard)}), got shape {np.shape(order)}")
+        ids, starts, ends = shard.ids[order], shard.bounds[order], shard.bounds[order + 1]
     yield _HEADER.pack(_MAGIC, size, len(shard), shard.data.nbytes)
-    for array in (
-        shard.ids.astype("<i8"),
-        shard.starts.astype(f"<u{size}" if size == 4 else "<i8"),
-        shard.ends.astype(f"<u{size}" if size == 4 else "<i8"),
-        shard.data,
-    ):
-        raw = np.ascontiguousarray(array).data.cast("B")
-        for lo in range(0, len(raw), _CHUNK):
-            yield bytes(raw[lo : lo + _CHUNK])
+    for array in (ids.astype("<i8", copy=False), starts.astype(offsets, copy=False), ends.astype(offsets, copy=False)):
+        yield from _chunks(array)
+    yield from _chunks(shard.data)
+
+
+def _chunks(array: npt.NDArray[Any]) -> Iterator[memoryview]:
+    """``array``'s bytes as views of at most ``_CHUNK`` bytes each (the HTTP server copies each once
+    into its output: copying here too would be one more pass over every byte sent)."""
+    raw = np.ascontiguousarray(array).data.cast("B")
+    for lo in range(0, len(raw), _CHUNK):
+        yield raw[lo : lo + _CHUNK]
 
 
 def decode_frame(body: bytes) -> Shard:

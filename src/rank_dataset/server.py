@@ -207,9 +207,9 @@ class _AsgiRoute:
         await self.app(scope, receive, send)
 
 
-def _frame_response(shard: Shard) -> StreamingResponse:
+def _frame_response(shard: Shard, order: npt.NDArray[np.intp] | None = None) -> StreamingResponse:
     return StreamingResponse(
-        protocol.encode_frame(shard),
+        protocol.encode_frame(shard, order),
         media_type=protocol.CONTENT_TYPE,
         headers={"Content-Length": str(protocol.frame_size(shard)), "X-Sample-Count": str(len(shard))},
     )
@@ -283,9 +283,9 @@ def create_app(
     slots = BuildSlots(max_builds, _BUILD_WAIT)
     passes = SharedPasses(slots, max_pass_samples)
 
-    def plan_shard(request: Request) -> Response | tuple[str, MetaFile, npt.NDArray[np.int64]]:
-        """The request's plan key (every field but the rank), source and indices, or the answer to
-        a request that cannot be planned."""
+    def plan_shard(request: Request) -> Response | tuple[str, MetaFile, npt.NDArray[np.int64], int]:
+        """The request's plan key (every field but the rank), source, indices and number of ranks,
+        or the answer to a request that cannot be planned."""
         query = request.query_params
         if len(query.multi_items()) != len(query):
             twice = sorted({k for k, _ in query.multi_items() if len(query.getlist(k)) > 1})
@@ -296,7 +296,7 @@ def create_app(
             return _error(409, str(exc), "files")
         source = meta if source_files is None else meta.select([file_number[f] for fs in source_files for f in fs])
         key = json.dumps([{**spec.to_dict(), "rank": None}, source_files], sort_keys=True)
-        return key, source, spec.indices()
+        return key, source, spec.indices(), spec.world_size
 
     async def shard(scope: Scope, receive: Receive, send: Send) -> None:
         # Planning (the permutation) is CPU work: off the event loop, like the sync endpoints.
@@ -306,7 +306,7 @@ def create_app(
             return
         try:
             async with passes.shard(*planned) as part:
-                await _frame_response(part)(scope, receive, send)
+                await _frame_response(part.shard, part.order)(scope, receive, send)
         except Busy:
             await _busy()(scope, receive, send)
 

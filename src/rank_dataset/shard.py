@@ -181,7 +181,10 @@ class Shard:
             total = int(lengths.sum())
             bounds = np.zeros(n + 1, offset_dtype(total))
             np.cumsum(lengths, out=bounds[1:], dtype=bounds.dtype)
-            packed = np.empty(total, np.uint8)
+            # In a map of its own, which item access slices as it is (a heap array it would copy).
+            packed = np.empty(0, np.uint8)
+            if total:
+                packed = np.frombuffer(mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE), np.uint8)
             copy_rows(data, starts, lengths, packed, bounds[:-1])
             data = packed
         self._set(data, bounds, None if ids is None else np.array(ids, np.int64), None, None)
