@@ -1,12 +1,15 @@
-"""Freeing pages of a build's own maps: only whole pages inside the range, never a neighbour's."""
+"""Freeing pages of a build's own maps (only whole pages inside the range, never a neighbour's); new maps."""
 
 from __future__ import annotations
 
 import mmap
+import re
+from pathlib import Path
 
 import numpy as np
+import pytest
 
-from rank_dataset._residency import free_pages
+from rank_dataset._residency import anonymous_map, free_pages
 
 PAGE = mmap.PAGESIZE
 
@@ -28,3 +31,28 @@ def test_free_pages_of_a_range_within_one_page_frees_nothing() -> None:
     free_pages(mm, 10, PAGE - 10)
     free_pages(mm, PAGE + 1, 3 * PAGE)  # past the end of the map: cut at it, and page 1 is partial
     assert (a == 7).all()
+
+
+def _anon_huge_kib() -> int:
+    return int(re.search(r"AnonHugePages:\s+(\d+)", Path("/proc/self/smaps_rollup").read_text()).group(1))
+
+
+@pytest.mark.parametrize("size", [1, 5000, 3 << 20])
+def test_anonymous_map_is_a_private_zeroed_map_of_its_size(size: int) -> None:
+    mm = anonymous_map(size)
+    a = np.frombuffer(mm, np.uint8)
+    assert a.size == size and not a.any()
+    a[:] = 9
+    assert (a == 9).all()
+
+
+def test_a_large_anonymous_map_is_filled_with_huge_pages_where_the_system_gives_them_on_request() -> None:
+    setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not setting.exists() or "[never]" in setting.read_text() or not Path("/proc/self/smaps_rollup").exists():
+        pytest.skip("no transparent huge pages here")
+    before = _anon_huge_kib()
+    mm = anonymous_map(16 << 20)
+    np.frombuffer(mm, np.uint8)[:] = 1
+    # 16 MiB holds at least 7 aligned 2 MiB pages; the kernel may fall back to small pages when
+    # memory is fragmented, so ask for some, not all.
+    assert _anon_huge_kib() - before >= 2048, "no huge page backs a 16 MiB map that asked for them"

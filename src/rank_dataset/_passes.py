@@ -10,8 +10,8 @@ the shard it would get alone.
 Group commit, per plan: a request whose plan has no pass under way starts one, and the requests
 that arrive while it runs wait and go together in the next one. Before it starts, a pass waits for
 more of its plan's ranks, since a job's ranks ask within moments of each other: until all ``W``
-are in, or no other came for ``linger`` seconds (0.05), or the first has waited ``max_linger``
-(0.5). A plan of one rank waits for nothing; a job of 64 ranks is then read in one pass, not in a
+are in, or no other came for ``linger`` seconds (0.2), or the first has waited ``max_linger``
+(1.0). A plan of one rank waits for nothing; a job of 64 ranks is then read in one pass, not in a
 pass for the first and one for the rest. A pass takes at most ``max_samples`` samples (but at
 least one request), so its memory stays bounded however many ranks ask; waiting requests that fill
 a pass start it at once. A pass holds one build slot (:class:`BuildSlots`) from its read until the
@@ -136,7 +136,7 @@ class SharedPasses:
         max_linger: seconds a pass waits for them at most, from its first request's arrival.
     """
 
-    def __init__(self, slots: BuildSlots, max_samples: int, linger: float = 0.05, max_linger: float = 0.5) -> None:
+    def __init__(self, slots: BuildSlots, max_samples: int, linger: float = 0.2, max_linger: float = 1.0) -> None:
         self.slots = slots
         self.max_samples = max_samples
         self.linger, self.max_linger = linger, max_linger

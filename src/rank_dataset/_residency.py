@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import mmap
 from typing import Any
 
-__all__ = ["drop_pages", "free_pages", "return_freed_memory"]
+__all__ = ["anonymous_map", "drop_pages", "free_pages", "return_freed_memory"]
+
+_HUGE = 2 << 20  # a transparent huge page (x86-64, arm64 with 4 KiB pages)
+
+
+def anonymous_map(size: int) -> mmap.mmap:
+    """A new private anonymous map of ``size`` bytes (``size > 0``), unmapped whole when it goes.
+
+    From 2 MiB on it asks for transparent huge pages (where the system leaves them to
+    ``madvise``): filling it then takes one fault per 2 MiB instead of one per 4 KiB page, which
+    costs microseconds each under virtualisation (about a third of copying a 5 MiB shard here).
+    """
+    mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None and size >= _HUGE:
+        with contextlib.suppress(OSError):  # a kernel without THP says EINVAL: small pages, then
+            mm.madvise(advice)
+    return mm
 
 
 def drop_pages(mm: mmap.mmap, start: int, stop: int) -> None:

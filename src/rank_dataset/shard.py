@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset import _shm
+from rank_dataset._residency import anonymous_map
 
 __all__ = ["Shard", "ShardWriter", "copy_rows", "offset_dtype"]
 
@@ -184,7 +185,7 @@ class Shard:
             # In a map of its own, which item access slices as it is (a heap array it would copy).
             packed = np.empty(0, np.uint8)
             if total:
-                packed = np.frombuffer(mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE), np.uint8)
+                packed = np.frombuffer(anonymous_map(total), np.uint8)
             copy_rows(data, starts, lengths, packed, bounds[:-1])
             data = packed
         self._set(data, bounds, None if ids is None else np.array(ids, np.int64), None, None)
