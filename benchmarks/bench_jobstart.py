@@ -11,8 +11,11 @@ In one run, on one file of N lines (N = 10M by default, lines of about 34 bytes,
   their passes over the file (``--max-pass-samples``, default);
 - ``alone``: the same with ``--max-pass-samples 1``, so each request reads its shard alone (the
   server before shared passes: at most ``--max-builds`` 4 at once, 503 and a retry beyond);
-- ``pass``: what the server's shared work costs by itself: ``MetaFile.read`` of all W ranks'
-  indices at once, in a fresh process (no HTTP, no clients).
+- ``pass``: what the server's shared work costs by itself: the shared pass of all W ranks'
+  requests (``rank_dataset._passes``: each rank's samples in file order, one read), in a fresh
+  process (no HTTP, no clients);
+- ``server CPU``: the server process's CPU seconds over each job start (user and system): what
+  its own node spends, the figure that carries to a job whose clients run on other nodes.
 
 W = 1 is a lone request: sharing must not slow it down.
 
@@ -38,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -53,15 +58,14 @@ print(json.dumps({"seconds": time.perf_counter() - t, "count": count}))
 
 _PASS = """
 import json, sys, time
-import numpy as np
 from rank_dataset import MetaFile
+from rank_dataset._passes import _read
 from rank_dataset.plan import ShardSpec
 mf = MetaFile(sys.argv[1])
 world = int(sys.argv[2])
 t = time.perf_counter()
-indices = np.concatenate([ShardSpec(len(mf), world, r, seed=0).indices() for r in range(world)])
-shard = mf.read(indices)
-print(json.dumps({"seconds": time.perf_counter() - t, "count": len(shard)}))
+parts = _read(mf, [ShardSpec(len(mf), world, r, seed=0).indices() for r in range(world)])
+print(json.dumps({"seconds": time.perf_counter() - t, "count": sum(len(p.shard) for p in parts)}))
 """
 
 
@@ -96,10 +100,11 @@ def _clients(url: str, world: int, ranks: list[int], barrier: Any, results: Any)
         t.join()
 
 
-def job_start(url: str, world: int) -> dict[str, float]:
+def job_start(url: str, world: int, server_pid: int | None = None) -> dict[str, float]:
     """Seconds from releasing ``world`` clients at once until the last has its shard (and until the
     first has): at most _PROCESSES processes, forked from this one, each with its share of the ranks
-    in threads."""
+    in threads. With ``server_pid``, also the CPU seconds that process spent meanwhile."""
+    server = psutil.Process(server_pid) if server_pid is not None else None
     ctx = mp.get_context("fork")  # torch and rank_dataset are imported once, here
     k = min(world, _PROCESSES)
     barrier, results = ctx.Barrier(k + 1), ctx.SimpleQueue()
@@ -111,7 +116,10 @@ def job_start(url: str, world: int) -> dict[str, float]:
         p.start()
     barrier.wait()
     start = time.perf_counter()
+    cpu = sum(server.cpu_times()[:2]) if server is not None else 0.0
     done = [results.get() for _ in range(world)]
+    if server is not None:
+        cpu = sum(server.cpu_times()[:2]) - cpu
     for p in procs:
         p.join()
     gc.unfreeze()
@@ -119,7 +127,12 @@ def job_start(url: str, world: int) -> dict[str, float]:
     if errors:
         raise RuntimeError(f"{len(errors)} of {world} clients failed, e.g. {errors[0]}")
     ends = [end - start for _, end, _, _ in done]
-    return {"seconds": max(ends), "first": min(ends), "samples": sum(count for _, _, count, _ in done)}
+    return {
+        "seconds": max(ends),
+        "first": min(ends),
+        "samples": sum(count for _, _, count, _ in done),
+        "server_cpu": cpu,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,14 +162,16 @@ def main(argv: list[str] | None = None) -> int:
         for kind, flags in (("shared", []), ("alone", ["--max-pass-samples", "1"])):
             with LocalServer([meta], *flags, env=env, stdout=subprocess.DEVNULL, timeout=600) as server:
                 for world in args.worlds:
-                    times[kind][world] = [job_start(server.url, world) for _ in range(args.repeat)]
-                    print(kind, world, [round(t["seconds"], 2) for t in times[kind][world]], flush=True)
+                    runs = [job_start(server.url, world, server.proc.pid) for _ in range(args.repeat)]
+                    times[kind][world] = runs
+                    print(kind, world, [(round(t["seconds"], 2), round(t["server_cpu"], 2)) for t in runs], flush=True)
         if args.data_dir is None:
             shutil.rmtree(data / "cache", ignore_errors=True)
 
     read = statistics.median(reads)
     med = {k: {w: statistics.median(t["seconds"] for t in v[w]) for w in args.worlds} for k, v in times.items()}
     first = {w: statistics.median(t["first"] for t in times["shared"][w]) for w in args.worlds}
+    cpu = {k: {w: statistics.median(t["server_cpu"] for t in v[w]) for w in args.worlds} for k, v in times.items()}
     pass_s = {w: statistics.median(passes[w]) for w in args.worlds}
     rows = [
         f"# Job start through the meta server, N = {args.lines:,} lines",
@@ -164,19 +179,21 @@ def main(argv: list[str] | None = None) -> int:
         f"One read of the file counting newlines: {read:.2f} s (the 1.00x of every ratio).",
         "",
         "| W clients at once | shared passes (s) | ratio to one read | each request alone (s) | ratio to one read "
-        "| alone / shared | first shard, shared (s) | one pass of all W ranks' samples, no HTTP (s) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| alone / shared | first shard, shared (s) | one pass of all W ranks' samples, no HTTP (s) "
+        "| server CPU, shared (s) | server CPU, alone (s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for w in args.worlds:
         s, a = med["shared"][w], med["alone"][w]
         rows.append(
             f"| {w} | {s:.2f} | {s / read:.2f}x | {a:.2f} | {a / read:.2f}x | {a / s:.1f}x | {first[w]:.2f} "
-            f"| {pass_s[w]:.2f} ({pass_s[w] / read:.2f}x) |"
+            f"| {pass_s[w]:.2f} ({pass_s[w] / read:.2f}x) | {cpu['shared'][w]:.2f} | {cpu['alone'][w]:.2f} |"
         )
     rows += [
         "",
         "Each client is a `RankServerDataset` in a thread of one of at most 8 client processes (forked, torch",
         "imported), all released by a barrier; the time is until the last has its shard received, decoded and checked.",
+        "Server CPU: the server process's user and system seconds over the same span (what its own node spends).",
         "Shared: the server's default limits (`--max-builds 4`, `--max-pass-samples 16777216`); alone:",
         "`--max-pass-samples 1` (every request reads its shard alone, 4 at once, 503 and a retry beyond).",
         "Server, clients and the transfer over loopback share this machine's cores; the median of "
