@@ -224,7 +224,7 @@ def _asking(
 
     answers = asyncio.run(main())
     for rank, (_, part) in enumerate(answers):  # each decodes to the shard it would get alone
-        framed = b"".join(protocol.encode_frame(part.shard, part.order))
+        framed = b"".join(protocol.encode_frame(part.shard, part.order, part.ids))
         assert _shard(framed) == _shard(b"".join(protocol.encode_frame(mf.read(specs[rank].indices())))), rank
     return answers
 
@@ -244,7 +244,7 @@ def test_a_pass_waits_for_the_ranks_of_its_plan_and_starts_when_all_are_in(write
     meta = write_meta(n=20_000)
     answers = _asking(meta, 4, [0.0, 0.1, 0.2, 0.3], linger=2.0, max_linger=10.0)
     assert _one_pass([part for _, part in answers])
-    assert all(part.order is not None for _, part in answers)  # framed in file order
+    assert all(part.order is not None and part.shard.ids is None for _, part in answers)  # in file order, no ids
     # Started as the 4th came, not a linger later; nobody answered before it came.
     assert all(0.3 <= t < 1.5 for t, _ in answers), [t for t, _ in answers]
 

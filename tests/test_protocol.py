@@ -84,6 +84,10 @@ def test_a_frame_in_another_order_decodes_to_the_shard_in_its_own(seed: int) -> 
     assert back.bounds.tolist() == np.cumsum([0, *map(len, lines)]).tolist()
     with pytest.raises(ValueError, match="one entry per row"):
         list(protocol.encode_frame(stored, order[:-1] if n else np.zeros(1, np.intp)))
+    # A shard that carries no sample numbers is given them, in the frame's order.
+    assert b"".join(protocol.encode_frame(stored.without_ids(), order, ids)) == body
+    with pytest.raises(ValueError, match="ids must have one entry per row"):
+        list(protocol.encode_frame(stored.without_ids(), order, np.zeros(n + 1, np.int64)))
 
 
 def test_bad_frames() -> None:

@@ -341,30 +341,38 @@ def frame_size(shard: Shard) -> int:
     return _HEADER.size + 8 * n + 2 * shard.starts.dtype.itemsize * n + shard.data.nbytes
 
 
-def encode_frame(shard: Shard, order: npt.NDArray[np.integer[Any]] | None = None) -> Iterator[bytes | memoryview]:
-    """The frame of ``shard`` (which must carry ids), in chunks of at most a few MiB.
+def encode_frame(
+    shard: Shard, order: npt.NDArray[np.integer[Any]] | None = None, ids: npt.NDArray[np.int64] | None = None
+) -> Iterator[bytes | memoryview]:
+    """The frame of ``shard``, in chunks of at most a few MiB.
 
     With ``order`` (a permutation of the shard's rows), the frame's sample ``i`` is the shard's row
     ``order[i]``: the data goes as it lies and the client packs it (a shard cut from a shared pass
-    lies in file order). Chunks of the data are views of ``shard``'s memory: send each before
-    letting go of the shard.
+    lies in file order). The sample numbers are the shard's (in the frame's order), or ``ids``, in
+    the frame's order, for a shard that carries none. Chunks of the data are views of ``shard``'s
+    memory: send each before letting go of the shard.
 
     Examples:
         >>> s = Shard.from_lines([b"b 1", b"a 0"], ids=np.array([1, 0]))
         >>> decode_frame(b"".join(encode_frame(s, np.array([1, 0])))).texts([0, 1])
         ['a 0', 'b 1']
     """
-    if shard.ids is None:
-        raise ValueError("a shard sent over the wire must carry its sample numbers")
+    n = len(shard)
+    if ids is None:
+        if shard.ids is None:
+            raise ValueError("a shard sent over the wire must carry its sample numbers, or be given them (ids)")
+        ids = shard.ids if order is None else shard.ids[order]
+    elif np.shape(ids) != (n,):
+        raise ValueError(f"ids must have one entry per row ({n}), got shape {np.shape(ids)}")
     size = shard.starts.dtype.itemsize
     offsets = f"<u{size}" if size == 4 else "<i8"
     if order is None:
-        ids, starts, ends = shard.ids, shard.starts, shard.ends
+        starts, ends = shard.starts, shard.ends
     else:
-        if np.shape(order) != (len(shard),):
-            raise ValueError(f"order must have one entry per row ({len(shard)}), got shape {np.shape(order)}")
-        ids, starts, ends = shard.ids[order], shard.bounds[order], shard.bounds[order + 1]
-    yield _HEADER.pack(_MAGIC, size, len(shard), shard.data.nbytes)
+        if np.shape(order) != (n,):
+            raise ValueError(f"order must have one entry per row ({n}), got shape {np.shape(order)}")
+        starts, ends = shard.bounds[order], shard.bounds[order + 1]
+    yield _HEADER.pack(_MAGIC, size, n, shard.data.nbytes)
     for array in (ids.astype("<i8", copy=False), starts.astype(offsets, copy=False), ends.astype(offsets, copy=False)):
         yield from _chunks(array)
     yield from _chunks(shard.data)

@@ -207,9 +207,11 @@ class _AsgiRoute:
         await self.app(scope, receive, send)
 
 
-def _frame_response(shard: Shard, order: npt.NDArray[np.intp] | None = None) -> StreamingResponse:
+def _frame_response(
+    shard: Shard, order: npt.NDArray[np.intp] | None = None, ids: npt.NDArray[np.int64] | None = None
+) -> StreamingResponse:
     return StreamingResponse(
-        protocol.encode_frame(shard, order),
+        protocol.encode_frame(shard, order, ids),
         media_type=protocol.CONTENT_TYPE,
         headers={"Content-Length": str(protocol.frame_size(shard)), "X-Sample-Count": str(len(shard))},
     )
@@ -306,7 +308,7 @@ def create_app(
             return
         try:
             async with passes.shard(*planned) as part:
-                await _frame_response(part.shard, part.order)(scope, receive, send)
+                await _frame_response(part.shard, part.order, part.ids)(scope, receive, send)
         except Busy:
             await _busy()(scope, receive, send)
 
