@@ -99,13 +99,13 @@ class _Pass:
 
 @dataclass(frozen=True, eq=False)
 class Part:
-    """A request's answer: ``shard`` holds its samples, sample ``i`` at row ``order[i]`` (row ``i``
-    where ``order`` is None), whose numbers are ``ids`` (the shard's where None): frame it with
+    """A request's answer: ``shard`` holds its samples ``ids`` (the request's own numbers), sample
+    ``i`` at row ``order[i]`` (row ``i`` where ``order`` is None): frame it with
     :func:`~rank_dataset.protocol.encode_frame`."""
 
     shard: Shard
+    ids: npt.NDArray[np.int64]
     order: npt.NDArray[np.intp] | None = None
-    ids: npt.NDArray[np.int64] | None = None
 
 
 @dataclass(eq=False)
@@ -248,8 +248,8 @@ def _read(source: MetaFile, parts: Sequence[npt.NDArray[np.int64]]) -> list[Part
     The one read takes each part's samples in file order (to the granularity a read visits them),
     so that it writes every part's lines about in the order it reads them, not all over the whole
     shard: a third less time at W = 64. Each part is framed with its lines in that order and the
-    client packs its own (see :func:`~rank_dataset.protocol.encode_frame`); its sample numbers are
-    the part itself, so the read keeps none.
+    client packs its own (see :func:`~rank_dataset.protocol.encode_frame`). A part's sample numbers
+    are the part itself, so no read keeps them.
     """
     if len(parts) > 1:
         orders = [bucket_order(p, len(source)) for p in parts]
@@ -259,11 +259,11 @@ def _read(source: MetaFile, parts: Sequence[npt.NDArray[np.int64]]) -> list[Part
             pass
         else:
             cuts = itertools.pairwise(itertools.accumulate((p.size for p in parts), initial=0))
-            return [Part(whole.rows(a, b), _inverse(o), p) for (a, b), o, p in zip(cuts, orders, parts)]
+            return [Part(whole.rows(a, b), p, _inverse(o)) for (a, b), o, p in zip(cuts, orders, parts)]
     outcomes: list[Part | Exception] = []
     for part in parts:
         try:
-            outcomes.append(Part(source.read(part)))
+            outcomes.append(Part(source.read(part, ids=False), part))
         except Exception as exc:
             outcomes.append(exc)
     return outcomes
