@@ -77,8 +77,9 @@ def _fresh(code: str, *args: str, env: dict[str, str]) -> dict[str, Any]:
 _PROCESSES = 8  # client processes at most (torch imported in each); a process runs several ranks in threads
 
 
-def _clients(url: str, world: int, ranks: list[int], barrier: Any, results: Any) -> None:
-    """Ranks ``ranks`` of ``world``, each a RankServerDataset in a thread, started by ``barrier``."""
+def _clients(url: str, world: int, ranks: list[int], barrier: Any, results: Any, cpu: Any) -> None:
+    """Ranks ``ranks`` of ``world``, each a RankServerDataset in a thread, started by ``barrier``;
+    the CPU seconds this process spent on them, into ``cpu``."""
     from rank_dataset import RankServerDataset
 
     go = threading.Event()
@@ -95,9 +96,11 @@ def _clients(url: str, world: int, ranks: list[int], barrier: Any, results: Any)
     for t in threads:
         t.start()
     barrier.wait()
+    before = time.process_time()
     go.set()
     for t in threads:
         t.join()
+    cpu.put(time.process_time() - before)
 
 
 def job_start(url: str, world: int, server_pid: int | None = None) -> dict[str, float]:
@@ -107,10 +110,11 @@ def job_start(url: str, world: int, server_pid: int | None = None) -> dict[str, 
     server = psutil.Process(server_pid) if server_pid is not None else None
     ctx = mp.get_context("fork")  # torch and rank_dataset are imported once, here
     k = min(world, _PROCESSES)
-    barrier, results = ctx.Barrier(k + 1), ctx.SimpleQueue()
+    barrier, results, client_cpu = ctx.Barrier(k + 1), ctx.SimpleQueue(), ctx.SimpleQueue()
     gc.freeze()  # fewer pages copied into each child
     procs = [
-        ctx.Process(target=_clients, args=(url, world, list(range(p, world, k)), barrier, results)) for p in range(k)
+        ctx.Process(target=_clients, args=(url, world, list(range(p, world, k)), barrier, results, client_cpu))
+        for p in range(k)
     ]
     for p in procs:
         p.start()
@@ -120,6 +124,7 @@ def job_start(url: str, world: int, server_pid: int | None = None) -> dict[str, 
     done = [results.get() for _ in range(world)]
     if server is not None:
         cpu = sum(server.cpu_times()[:2]) - cpu
+    clients = sum(client_cpu.get() for _ in procs)
     for p in procs:
         p.join()
     gc.unfreeze()
@@ -132,6 +137,7 @@ def job_start(url: str, world: int, server_pid: int | None = None) -> dict[str, 
         "first": min(ends),
         "samples": sum(count for _, _, count, _ in done),
         "server_cpu": cpu,
+        "client_cpu": clients,
     }
 
 
@@ -172,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: {w: statistics.median(t["seconds"] for t in v[w]) for w in args.worlds} for k, v in times.items()}
     first = {w: statistics.median(t["first"] for t in times["shared"][w]) for w in args.worlds}
     cpu = {k: {w: statistics.median(t["server_cpu"] for t in v[w]) for w in args.worlds} for k, v in times.items()}
+    clients = {w: statistics.median(t["client_cpu"] for t in times["shared"][w]) for w in args.worlds}
     pass_s = {w: statistics.median(passes[w]) for w in args.worlds}
+    cores = len(os.sched_getaffinity(0))
     rows = [
         f"# Job start through the meta server, N = {args.lines:,} lines",
         "",
@@ -180,20 +188,25 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "| W clients at once | shared passes (s) | ratio to one read | each request alone (s) | ratio to one read "
         "| alone / shared | first shard, shared (s) | one pass of all W ranks' samples, no HTTP (s) "
-        "| server CPU, shared (s) | server CPU, alone (s) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| server CPU, shared (s) | server CPU, alone (s) | clients' CPU, shared (s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for w in args.worlds:
         s, a = med["shared"][w], med["alone"][w]
         rows.append(
             f"| {w} | {s:.2f} | {s / read:.2f}x | {a:.2f} | {a / read:.2f}x | {a / s:.1f}x | {first[w]:.2f} "
-            f"| {pass_s[w]:.2f} ({pass_s[w] / read:.2f}x) | {cpu['shared'][w]:.2f} | {cpu['alone'][w]:.2f} |"
+            f"| {pass_s[w]:.2f} ({pass_s[w] / read:.2f}x) | {cpu['shared'][w]:.2f} | {cpu['alone'][w]:.2f} "
+            f"| {clients[w]:.2f} |"
         )
     rows += [
         "",
         "Each client is a `RankServerDataset` in a thread of one of at most 8 client processes (forked, torch",
         "imported), all released by a barrier; the time is until the last has its shard received, decoded and checked.",
-        "Server CPU: the server process's user and system seconds over the same span (what its own node spends).",
+        "Server CPU: the server process's user and system seconds over the same span (what its own node spends);",
+        "clients' CPU: the client processes' together (receiving, decoding, checking and keeping their shards: on a",
+        f"cluster, the ranks' own nodes). Within 4x one read, this machine's {cores} cores have"
+        f" {4 * read * cores:.2f} CPU seconds",
+        "for both.",
         "Shared: the server's default limits (`--max-builds 4`, `--max-pass-samples 16777216`); alone:",
         "`--max-pass-samples 1` (every request reads its shard alone, 4 at once, 503 and a retry beyond).",
         "Server, clients and the transfer over loopback share this machine's cores; the median of "

@@ -149,7 +149,7 @@ def test_cache_key_holds_inode_ctime_device_and_content(write_meta, tmp_path: Pa
     header = the_cache(tmp_path).read_bytes()[: index_mod._HEADER.size]
     magic, size, mtime, ctime, inode, device, count, _, sample, *_ = index_mod._HEADER.unpack(header)
     assert (magic, size, mtime, ctime, inode, device, count) == (
-        b"RDIDX\x00\x00\x03",
+        b"RDIDX\x00\x00\x04",
         st.st_size,
         st.st_mtime_ns,
         st.st_ctime_ns,
@@ -160,27 +160,165 @@ def test_cache_key_holds_inode_ctime_device_and_content(write_meta, tmp_path: Pa
     assert len(sample) == 16
 
 
-def test_cache_is_synced_before_it_is_renamed(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
+def _record_syncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record each sync, rename and seal written, in order."""
     events: list[str] = []
-    real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
-    monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
-    MetaFile(write_meta(LINES))
-    assert events == ["fsync", "replace", "fsync"]  # the data, the rename, then the directory
-
-
-def test_a_large_cache_is_synced_while_it_is_built(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every _SYNC_EVERY bytes written, a sync in the background; the one before the rename still comes.
-    events: list[str] = []
-    real_fsync, real_fdatasync, real_replace = os.fsync, os.fdatasync, os.replace
+    real_fsync, real_fdatasync, real_replace, real_pwrite = os.fsync, os.fdatasync, os.replace, os.pwrite
     monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
     monkeypatch.setattr(os, "fdatasync", lambda fd: (events.append("fdatasync"), real_fdatasync(fd))[1])
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        if data == index_mod._SEAL:
+            events.append("seal")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    return events
+
+
+def _join_seals() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "rank-dataset-index-seal":
+            thread.join()
+
+
+def _sealed(cache: Path) -> bool:
+    return cache.read_bytes()[index_mod._SEAL_AT :][: len(index_mod._SEAL)] == index_mod._SEAL
+
+
+def test_cache_is_sealed_once_synced(write_meta, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Renamed into place, then: its data synced, the seal written and synced, the directory synced.
+    events = _record_syncs(monkeypatch)
+    MetaFile(write_meta(LINES))
+    assert events == ["replace", "fdatasync", "seal", "fdatasync", "fsync"]
+    assert _sealed(the_cache(tmp_path))
+
+
+def test_a_large_cache_is_synced_while_it_is_built(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every _SYNC_EVERY bytes written, a sync in the background; the seal's syncs still come.
+    events = _record_syncs(monkeypatch)
     monkeypatch.setattr(index_mod, "_SYNC_EVERY", 1000)
     monkeypatch.setattr(index_mod, "scan_map", functools.partial(scan_mod.scan_map, chunk_size=4096))
     mf = MetaFile(write_meta(LINES))
-    assert events[-3:] == ["fsync", "replace", "fsync"] and "fdatasync" in events[:-3]
+    seal = events.index("seal")  # (a sync while it was written may come after the rename)
+    assert events[seal - 1 :] == ["fdatasync", "seal", "fdatasync", "fsync"] and "replace" in events[:seal]
+    assert events.count("fdatasync") >= 3
     assert [mf[i] for i in range(len(LINES))] == LINES
+
+
+def test_an_unsealed_cache_is_rebuilt_not_trusted(write_meta, tmp_path: Path) -> None:
+    # A crash after the rename, before the seal reached the disk: the cache may be torn.
+    p = write_meta(LINES)
+    MetaFile(p)
+    cache = the_cache(tmp_path)
+    with open(cache, "r+b") as f:
+        f.seek(index_mod._SEAL_AT)
+        f.write(bytes(len(index_mod._SEAL)))
+    before = cache.stat().st_ino
+    mf = MetaFile(p)
+    assert the_cache(tmp_path).stat().st_ino != before and _sealed(the_cache(tmp_path))
+    assert [mf[i] for i in range(len(LINES))] == LINES
+
+
+def test_a_cache_of_the_format_before_is_rebuilt(write_meta, tmp_path: Path) -> None:
+    # Format 3 had the same layout, synced before its rename, and no seal.
+    p = write_meta(LINES)
+    MetaFile(p)
+    cache = the_cache(tmp_path)
+    raw = bytearray(cache.read_bytes())
+    raw[:8], raw[index_mod._SEAL_AT : index_mod._DATA_OFFSET] = b"RDIDX\x00\x00\x03", bytes(32)
+    cache.write_bytes(raw)
+    before = cache.stat().st_ino
+    mf = MetaFile(p)
+    assert the_cache(tmp_path).read_bytes()[:8] == index_mod._MAGIC and the_cache(tmp_path).stat().st_ino != before
+    assert [mf[i] for i in range(len(LINES))] == LINES
+
+
+def test_a_large_cache_is_used_while_it_is_sealed(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The builder reads its samples before the cache is sealed; another process that wants the
+    # index waits for the seal, then loads the cache (it does not rebuild it).
+    monkeypatch.setattr(index_mod, "_SEAL_APART", 1)
+    real_fdatasync, release = os.fdatasync, threading.Event()
+
+    def held_back(fd: int) -> None:
+        if threading.current_thread().name == "rank-dataset-index-seal":
+            release.wait(60)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held_back)
+    p = write_meta(LINES)
+    try:
+        mf = MetaFile(p)
+        cache = the_cache(tmp_path)
+        assert not _sealed(cache)
+        assert [mf[i] for i in range(len(LINES))] == LINES
+        assert mf.read(np.arange(len(LINES))[::-1]).texts(range(len(LINES))) == LINES[::-1]
+        code = f"from rank_dataset import MetaFile; print(len(MetaFile({str(p)!r})))"
+        other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                other.wait(1.0)  # waiting for the builder's lock
+        finally:
+            release.set()
+        out, _ = other.communicate(timeout=60)
+    finally:
+        release.set()
+        _join_seals()
+    assert out.strip() == str(len(LINES)) and other.returncode == 0
+    assert _sealed(cache) and the_cache(tmp_path).stat().st_ino == cache.stat().st_ino
+
+
+def test_a_load_in_the_builders_process_waits_for_its_seal(
+    write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The builder's thread took the lock that the seal's thread holds: loading the index again in
+    # it waits for the seal, then loads the sealed cache (neither a deadlock nor a rebuild).
+    monkeypatch.setattr(index_mod, "_SEAL_APART", 1)
+    real_fdatasync, release = os.fdatasync, threading.Event()
+
+    def held_back(fd: int) -> None:
+        if threading.current_thread().name == "rank-dataset-index-seal":
+            release.wait(60)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held_back)
+    p = write_meta(LINES)
+    MetaFile(p)
+    cache = the_cache(tmp_path)
+    inode = cache.stat().st_ino
+    timer = threading.Timer(0.3, release.set)
+    timer.start()
+    try:
+        again = MetaFile(p)
+    finally:
+        release.set()
+        timer.join()
+        _join_seals()
+    assert _sealed(cache) and cache.stat().st_ino == inode
+    assert [again[i] for i in range(len(LINES))] == LINES
+
+
+def test_a_large_cache_whose_seal_fails_is_rebuilt(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its data may not be on disk: it stays unsealed, and the next load rebuilds it. The builder's
+    # own reads (its bytes are in the page cache, and checked) are right.
+    monkeypatch.setattr(index_mod, "_SEAL_APART", 1)
+    real_fdatasync = os.fdatasync
+
+    def fail(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", fail)
+    p = write_meta(LINES)
+    mf = MetaFile(p)
+    _join_seals()
+    cache = the_cache(tmp_path)
+    assert not _sealed(cache)
+    assert [mf[i] for i in (0, 999)] == [LINES[0], LINES[999]]
+    monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+    before = cache.stat().st_ino
+    assert [MetaFile(p)[i] for i in (0, 999)] == [LINES[0], LINES[999]]
+    assert the_cache(tmp_path).stat().st_ino != before and _sealed(the_cache(tmp_path))
 
 
 def test_the_sync_thread_starts_only_when_a_sync_is_due(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -301,7 +439,7 @@ def test_an_index_of_the_format_before_is_rebuilt_not_misread(write_meta, tmp_pa
     cache.write_bytes(old.ljust(index_mod._DATA_OFFSET, b"\0") + spans.astype("<i8").tobytes())
     mf = MetaFile(p)
     assert [mf[i] for i in range(len(mf))] == LINES
-    assert cache.read_bytes()[:8] == b"RDIDX\x00\x00\x03"
+    assert cache.read_bytes()[:8] == b"RDIDX\x00\x00\x04"
     assert cache.stat().st_size == index_mod._DATA_OFFSET + 8 * len(LINES) + 16  # entries, one mark
     assert mf.read(np.arange(len(LINES))[::-1]).texts(range(len(LINES))) == LINES[::-1]
     assert data == p.read_bytes()
@@ -348,6 +486,7 @@ def test_a_builder_killed_mid_build_leaves_nothing_in_the_way(write_meta, tmp_pa
         child.wait()
     index = index_mod.load_index(p.resolve())  # not wedged by the lock; the dead builder's file removed
     assert index.count == 2_000_000 and index.cache is not None
+    _join_seals()  # (the lock is held, and its file kept, until the cache is sealed)
     assert sorted(x.suffix for x in cache_dir.iterdir()) == [".rdidx"]
 
 

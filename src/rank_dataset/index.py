@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import io
 import os
 import socket
 import struct
@@ -54,9 +55,13 @@ __all__ = [
 #: Environment variable naming a directory for index caches, used instead of the meta file's own.
 CACHE_DIR_ENV = "RANK_DATASET_CACHE_DIR"
 
-_MAGIC = b"RDIDX\x00\x00\x03"
+_MAGIC = b"RDIDX\x00\x00\x04"
 # magic, file size, mtime_ns, ctime_ns, inode, device, samples, flags, hash of the file's ends, long lines, marks
 _HEADER = struct.Struct("<8sqqqQQqq16sqq")
+# After the header: written, and synced, only once the rest of the cache is on disk. Other processes
+# load only a sealed cache (see :func:`_write_cache`).
+_SEAL = b"RDSEALED"
+_SEAL_AT = _HEADER.size
 _FLAG_ASCII = 1
 _DATA_OFFSET = 128
 _ENTRY = 8  # one sample: a little-endian uint64, start << bits | length
@@ -66,6 +71,7 @@ _CHECK_ROWS = 1 << 12  # entries checked at each end of a cache when it is loade
 _BUILD_TRIES = 3
 _OTHER_HOST_TMP_AGE = 24 * 3600  # seconds after which another host's unfinished cache is abandoned
 _SYNC_EVERY = 64 << 20  # bytes of a cache written between two syncs while it is being built
+_SEAL_APART = 4 << 20  # bytes of entries from which a cache is sealed in a thread of its own
 _IntArray = npt.NDArray[np.int64]
 
 
@@ -279,14 +285,17 @@ def _cache_is_sane(fd: int, header: _Header) -> bool:
 
 
 def _open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
-    """The index in ``cache`` if it describes the file ``key`` and ``ends_hash`` identify, and is sane."""
+    """The index in ``cache`` if it describes the file ``key`` and ``ends_hash`` identify, is sealed
+    (whole on disk) and is sane."""
     try:
         fd = os.open(cache, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         header = _read_header(fd)
-        if header is None or not header.describes(key, ends_hash) or not _cache_is_sane(fd, header):
+        if header is None or not header.describes(key, ends_hash) or os.pread(fd, len(_SEAL), _SEAL_AT) != _SEAL:
+            return None
+        if not _cache_is_sane(fd, header):
             return None
         return Index(key, ends_hash, header.count, header.ascii, cache)
     finally:
@@ -339,7 +348,7 @@ def _fsync_dir(directory: Path) -> None:
 
 class _Syncer:
     """Syncs a file to disk in a thread of its own each time another ``_SYNC_EVERY`` bytes have
-    been written to it, so that the sync before the rename has only the last ones left: the disk
+    been written to it, so that the seal (:class:`_Seal`) has only the last ones left: the disk
     writes while the scan goes on, instead of after it (a third of a cold index of 100M lines).
 
     The thread starts with the first sync due, so a small cache (the many files of a mix) costs none.
@@ -460,12 +469,15 @@ def _stack(parts: list[_IntArray]) -> _IntArray:
     return np.concatenate(parts).astype(np.int64) if parts else np.empty((0, 2), np.int64)
 
 
-def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index | None:
+def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: bytes) -> tuple[Index, _Seal] | None:
     """Index the file open at ``fd`` straight into ``cache``; None if ``cache`` is not writable.
 
-    The index goes to a temporary file that is synced and then renamed into place (and the directory
-    synced), so a reader never sees half a file, and a crash leaves the old cache or the new one,
-    never a torn one.
+    The index goes to a temporary file that is renamed into place once written, and returned with
+    what seals it: a sync of the file, then the seal written and synced, then the directory synced.
+    Other processes load only a sealed cache (:func:`_open_cache`), so a crash at any point leaves
+    the old cache, a sealed whole one, or one that is rebuilt: never a torn one trusted. The caller
+    may use the index before it is sealed (its bytes are in the page cache), and so overlap the
+    sync with its build.
 
     Raises:
         MetaFileChangedError: the file changed while it was being indexed.
@@ -476,31 +488,96 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: byte
         tmp_fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=_tmp_prefix(cache), suffix=".tmp")
     except OSError:
         return None
+    f = os.fdopen(tmp_fd, "wb")
+    syncer = _Syncer(tmp_fd)
     try:
-        with os.fdopen(tmp_fd, "wb") as f:
-            f.seek(_DATA_OFFSET)
-            syncer = _Syncer(tmp_fd)
-            try:
-                built = _build(path, fd, key, lambda entries: syncer.wrote(f.write(entries.data)))
-            finally:
-                failed = syncer.close()
-            if failed is not None:
-                raise failed
-            f.write(built.longs.astype("<i8").tobytes())
-            f.write(built.marks.astype("<i8").tobytes())
-            f.seek(0)
-            f.write(built.header(key, ends_hash).pack())
-            f.flush()
-            os.fsync(f.fileno())
+        f.seek(_DATA_OFFSET)
+        built = _build(path, fd, key, lambda entries: syncer.wrote(f.write(entries.data)))
+        f.write(built.longs.astype("<i8").tobytes())
+        f.write(built.marks.astype("<i8").tobytes())
+        f.seek(0)
+        f.write(built.header(key, ends_hash).pack())
+        f.flush()
         os.replace(tmp, cache)
-        _fsync_dir(cache.parent)
-        return Index(key, ends_hash, built.count, built.ascii, cache)
-    except OSError:  # a full disk; a directory where the cache would go
+    except BaseException as exc:
+        syncer.close()
+        with contextlib.suppress(OSError):
+            f.close()
         Path(tmp).unlink(missing_ok=True)
-        return None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # a full disk; a directory where the cache would go
+            return None
         raise
+    return Index(key, ends_hash, built.count, built.ascii, cache), _Seal(cache, f, syncer, built.count * _ENTRY)
+
+
+@dataclass(frozen=True)
+class _Seal:
+    """Seals a cache written and renamed into place (see :func:`_write_cache`), through ``file``,
+    open on it."""
+
+    cache: Path
+    file: io.BufferedWriter
+    syncer: _Syncer  # the syncs while it was written (one may still be under way)
+    nbytes: int  # of its entries
+
+    def __call__(self) -> bool:
+        """Whether the cache is sealed; False if a sync failed (its data may not be on disk, and a
+        later sync would not say so): it is left unsealed, so the next process that loads it
+        rebuilds it."""
+        sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+        with self.file as f:
+            if self.syncer.close() is not None:
+                return False
+            try:
+                sync(f.fileno())
+                os.pwrite(f.fileno(), _SEAL, _SEAL_AT)
+                sync(f.fileno())
+            except OSError:
+                return False
+        _fsync_dir(self.cache.parent)
+        return True
+
+    def after(self, held: contextlib.ExitStack) -> bool:
+        """Seal, then let go of what ``held`` holds (the builder's lock). A large cache is sealed in
+        a thread of its own, so that the caller builds its shard meanwhile, and the processes waiting
+        for the lock find it sealed; a small one here (a mix of thousands of files starts no thread).
+        False if a small one's seal failed: it is removed, and the caller indexes in memory."""
+        if self.nbytes >= _SEAL_APART:
+            # Not a daemon: an exiting interpreter waits for it, so a job that ends at once still
+            # leaves a sealed cache for the next.
+            thread = threading.Thread(target=self._seal_and_release, args=(held,), name="rank-dataset-index-seal")
+            with _SEALING_LOCK:
+                _SEALING[self.cache] = thread
+            thread.start()
+            return True
+        with held:
+            if self():
+                return True
+            with contextlib.suppress(OSError):
+                os.unlink(self.cache)
+            return False
+
+    def _seal_and_release(self, held: contextlib.ExitStack) -> None:
+        try:
+            with held:
+                self()
+        finally:
+            with _SEALING_LOCK:
+                if _SEALING.get(self.cache) is threading.current_thread():
+                    del _SEALING[self.cache]
+
+
+# The caches this process is sealing in the background, and their threads: a load of one waits for
+# its seal rather than for the lock the seal holds (which this process took, in another thread).
+_SEALING: dict[Path, threading.Thread] = {}
+_SEALING_LOCK = threading.Lock()
+
+
+def _wait_for_seal(cache: Path) -> None:
+    with _SEALING_LOCK:
+        thread = _SEALING.get(cache)
+    if thread is not None:
+        thread.join()
 
 
 def _index_in_memory(path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index:
@@ -536,6 +613,8 @@ def load_index(path: Path, *, rebuild: bool = False) -> Index:
             key = FileKey.of(os.fstat(fd))
             ends_hash = hash_ends(fd, key.size)
             candidates = _cache_paths(path)
+            for cache in candidates:
+                _wait_for_seal(cache)
             for cache in [] if rebuild else candidates:
                 index = _open_cache(cache, key, ends_hash)
                 if index is not None:
@@ -543,15 +622,17 @@ def load_index(path: Path, *, rebuild: bool = False) -> Index:
             distrusted = {cache: _stamp(cache) for cache in candidates} if rebuild else {}
             try:
                 for cache in candidates:
-                    with one_builder(cache):
+                    with contextlib.ExitStack() as held:
+                        held.enter_context(one_builder(cache))
                         # Another process may have built it while this one waited for the lock.
                         if not rebuild or _stamp(cache) != distrusted[cache]:
                             index = _open_cache(cache, key, ends_hash)
                             if index is not None:
                                 return index
-                        index = _write_cache(cache, path, fd, key, ends_hash)
-                    if index is not None:
-                        return index
+                        written = _write_cache(cache, path, fd, key, ends_hash)
+                        # The lock is held until the cache is sealed.
+                        if written is not None and written[1].after(held.pop_all()):
+                            return written[0]
                 # No writable cache location: index in memory.
                 return _index_in_memory(path, fd, key, ends_hash)
             except MetaFileChangedError:
