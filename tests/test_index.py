@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 import os
 import socket
 import struct
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -297,6 +299,46 @@ def test_a_load_in_the_builders_process_waits_for_its_seal(
         _join_seals()
     assert _sealed(cache) and cache.stat().st_ino == inode
     assert [again[i] for i in range(len(LINES))] == LINES
+
+
+def _length_of(path: str, out: Any) -> None:
+    try:
+        out.put(len(MetaFile(path)))
+    except Exception as exc:
+        out.put(repr(exc))
+
+
+def test_a_process_forked_while_a_cache_is_sealed_waits_for_it(
+    write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A DataLoader worker forked right after the build: its load of the index waits for the
+    # parent's seal (the lock the parent's seal holds), then loads the sealed cache.
+    monkeypatch.setattr(index_mod, "_SEAL_APART", 1)
+    real_fdatasync, release = os.fdatasync, threading.Event()
+
+    def held_back(fd: int) -> None:
+        if threading.current_thread().name == "rank-dataset-index-seal":
+            release.wait(60)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held_back)
+    p = write_meta(LINES)
+    MetaFile(p)
+    cache = the_cache(tmp_path)
+    inode = cache.stat().st_ino
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.SimpleQueue()
+    child = ctx.Process(target=_length_of, args=(str(p), out))
+    try:
+        child.start()
+        child.join(1.0)
+        assert child.is_alive()  # waiting for the seal
+    finally:
+        release.set()
+        _join_seals()
+    child.join(60)
+    assert child.exitcode == 0 and out.get() == len(LINES)
+    assert _sealed(cache) and cache.stat().st_ino == inode
 
 
 def test_a_large_cache_whose_seal_fails_is_rebuilt(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
