@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -237,10 +239,20 @@ def test_a_cache_of_the_format_before_is_rebuilt(write_meta, tmp_path: Path) -> 
     assert [mf[i] for i in range(len(LINES))] == LINES
 
 
-def test_a_large_cache_is_used_while_it_is_sealed(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The builder reads its samples before the cache is sealed; another process that wants the
-    # index waits for the seal, then loads the cache (it does not rebuild it).
-    monkeypatch.setattr(index_mod, "_SEAL_APART", 1)
+@dataclass
+class _Sealing:
+    """A cache just built by ``mf`` from ``path``, whose seal waits until ``release`` is set."""
+
+    path: Path
+    mf: MetaFile
+    cache: Path
+    inode: int
+    release: threading.Event
+
+
+@pytest.fixture
+def sealing(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Sealing]:
+    monkeypatch.setattr(index_mod, "_SEAL_APART", 1)  # every cache is sealed in the background
     real_fdatasync, release = os.fdatasync, threading.Event()
 
     def held_back(fd: int) -> None:
@@ -249,55 +261,45 @@ def test_a_large_cache_is_used_while_it_is_sealed(write_meta, tmp_path: Path, mo
         real_fdatasync(fd)
 
     monkeypatch.setattr(os, "fdatasync", held_back)
-    p = write_meta(LINES)
     try:
+        p = write_meta(LINES)
         mf = MetaFile(p)
         cache = the_cache(tmp_path)
-        assert not _sealed(cache)
-        assert [mf[i] for i in range(len(LINES))] == LINES
-        assert mf.read(np.arange(len(LINES))[::-1]).texts(range(len(LINES))) == LINES[::-1]
-        code = f"from rank_dataset import MetaFile; print(len(MetaFile({str(p)!r})))"
-        other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-        try:
-            with pytest.raises(subprocess.TimeoutExpired):
-                other.wait(1.0)  # waiting for the builder's lock
-        finally:
-            release.set()
-        out, _ = other.communicate(timeout=60)
+        yield _Sealing(p, mf, cache, cache.stat().st_ino, release)
     finally:
         release.set()
         _join_seals()
+
+
+def test_a_large_cache_is_used_while_it_is_sealed(sealing: _Sealing) -> None:
+    # The builder reads its samples before the cache is sealed; another process that wants the
+    # index waits for the seal, then loads the cache (it does not rebuild it).
+    mf = sealing.mf
+    assert not _sealed(sealing.cache)
+    assert [mf[i] for i in range(len(LINES))] == LINES
+    assert mf.read(np.arange(len(LINES))[::-1]).texts(range(len(LINES))) == LINES[::-1]
+    code = f"from rank_dataset import MetaFile; print(len(MetaFile({str(sealing.path)!r})))"
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            other.wait(1.0)  # waiting for the builder's lock
+    finally:
+        sealing.release.set()
+    out, _ = other.communicate(timeout=60)
+    _join_seals()
     assert out.strip() == str(len(LINES)) and other.returncode == 0
-    assert _sealed(cache) and the_cache(tmp_path).stat().st_ino == cache.stat().st_ino
+    assert _sealed(sealing.cache) and sealing.cache.stat().st_ino == sealing.inode
 
 
-def test_a_load_in_the_builders_process_waits_for_its_seal(
-    write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_load_in_the_builders_process_waits_for_its_seal(sealing: _Sealing) -> None:
     # The builder's thread took the lock that the seal's thread holds: loading the index again in
     # it waits for the seal, then loads the sealed cache (neither a deadlock nor a rebuild).
-    monkeypatch.setattr(index_mod, "_SEAL_APART", 1)
-    real_fdatasync, release = os.fdatasync, threading.Event()
-
-    def held_back(fd: int) -> None:
-        if threading.current_thread().name == "rank-dataset-index-seal":
-            release.wait(60)
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(os, "fdatasync", held_back)
-    p = write_meta(LINES)
-    MetaFile(p)
-    cache = the_cache(tmp_path)
-    inode = cache.stat().st_ino
-    timer = threading.Timer(0.3, release.set)
+    timer = threading.Timer(0.3, sealing.release.set)
     timer.start()
-    try:
-        again = MetaFile(p)
-    finally:
-        release.set()
-        timer.join()
-        _join_seals()
-    assert _sealed(cache) and cache.stat().st_ino == inode
+    again = MetaFile(sealing.path)
+    timer.join()
+    _join_seals()
+    assert _sealed(sealing.cache) and sealing.cache.stat().st_ino == sealing.inode
     assert [again[i] for i in range(len(LINES))] == LINES
 
 
@@ -308,37 +310,20 @@ def _length_of(path: str, out: Any) -> None:
         out.put(repr(exc))
 
 
-def test_a_process_forked_while_a_cache_is_sealed_waits_for_it(
-    write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_process_forked_while_a_cache_is_sealed_waits_for_it(sealing: _Sealing) -> None:
     # A DataLoader worker forked right after the build: its load of the index waits for the
     # parent's seal (the lock the parent's seal holds), then loads the sealed cache.
-    monkeypatch.setattr(index_mod, "_SEAL_APART", 1)
-    real_fdatasync, release = os.fdatasync, threading.Event()
-
-    def held_back(fd: int) -> None:
-        if threading.current_thread().name == "rank-dataset-index-seal":
-            release.wait(60)
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(os, "fdatasync", held_back)
-    p = write_meta(LINES)
-    MetaFile(p)
-    cache = the_cache(tmp_path)
-    inode = cache.stat().st_ino
     ctx = multiprocessing.get_context("fork")
     out = ctx.SimpleQueue()
-    child = ctx.Process(target=_length_of, args=(str(p), out))
-    try:
-        child.start()
-        child.join(1.0)
-        assert child.is_alive()  # waiting for the seal
-    finally:
-        release.set()
-        _join_seals()
+    child = ctx.Process(target=_length_of, args=(str(sealing.path), out))
+    child.start()
+    child.join(1.0)
+    alive = child.is_alive()  # waiting for the seal
+    sealing.release.set()
     child.join(60)
+    assert alive
     assert child.exitcode == 0 and out.get() == len(LINES)
-    assert _sealed(cache) and cache.stat().st_ino == inode
+    assert _sealed(sealing.cache) and sealing.cache.stat().st_ino == sealing.inode
 
 
 def test_a_large_cache_whose_seal_fails_is_rebuilt(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
