@@ -326,6 +326,81 @@ def test_a_process_forked_while_a_cache_is_sealed_waits_for_it(sealing: _Sealing
     assert _sealed(sealing.cache) and sealing.cache.stat().st_ino == sealing.inode
 
 
+def _rebuilt_inode(path: str, release: threading.Event, out: Any) -> None:
+    release.set()  # (this process's copy: its own seal goes ahead)
+    index = index_mod.load_index(Path(path), rebuild=True)
+    assert index.cache is not None
+    out.put(index.cache.stat().st_ino)
+
+
+def test_a_rebuild_asked_for_while_a_cache_is_sealed_rebuilds_it(sealing: _Sealing) -> None:
+    # A process that found the unsealed cache wrong distrusts it: the seal (which changes its mtime)
+    # is not another process writing it anew.
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.SimpleQueue()
+    child = ctx.Process(target=_rebuilt_inode, args=(str(sealing.path.resolve()), sealing.release, out))
+    child.start()
+    child.join(0.5)
+    sealing.release.set()
+    child.join(60)
+    assert child.exitcode == 0 and out.get() != sealing.inode
+
+
+def test_a_seal_outlives_a_builder_in_a_daemon_thread(write_meta, tmp_path: Path) -> None:
+    # The interpreter waits for the seal even when the thread that built the cache was a daemon.
+    p = write_meta(LINES)
+    code = f"""
+import os, threading, time
+from rank_dataset import MetaFile, index
+index._SEAL_APART = 1
+real = os.fdatasync
+def slow(fd):
+    if threading.current_thread().name == "rank-dataset-index-seal":
+        time.sleep(0.5)
+    real(fd)
+os.fdatasync = slow
+builder = threading.Thread(target=MetaFile, args=({str(p)!r},), daemon=True)
+builder.start()
+builder.join()
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert _sealed(the_cache(tmp_path))
+    assert not list((tmp_path / "cache").glob("*.lock"))
+
+
+def test_a_cache_is_sealed_in_place_when_no_thread_can_start(
+    write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(index_mod, "_SEAL_APART", 1)
+    real_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if self.name == "rank-dataset-index-seal":
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    p = write_meta(LINES)
+    mf = MetaFile(p)
+    assert _sealed(the_cache(tmp_path)) and not index_mod._SEALING
+    assert not list((tmp_path / "cache").glob("*.lock"))  # the lock was let go
+    assert [mf[i] for i in (0, 999)] == [LINES[0], LINES[999]]
+
+
+def _sealing_state(out: Any) -> None:
+    out.put((index_mod._SEALING_LOCK.locked(), dict(index_mod._SEALING)))
+
+
+def test_a_child_forked_while_the_seal_registry_is_locked_gets_it_unlocked() -> None:
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.SimpleQueue()
+    with index_mod._SEALING_LOCK:
+        child = ctx.Process(target=_sealing_state, args=(out,))
+        child.start()
+    child.join(60)
+    assert child.exitcode == 0 and out.get() == (False, {})
+
+
 def test_a_large_cache_whose_seal_fails_is_rebuilt(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Its data may not be on disk: it stays unsealed, and the next load rebuilds it. The builder's
     # own reads (its bytes are in the page cache, and checked) are right.

@@ -521,19 +521,21 @@ class _Seal:
     nbytes: int  # of its entries
 
     def __call__(self) -> bool:
-        """Whether the cache is sealed; False if a sync failed (its data may not be on disk, and a
-        later sync would not say so): it is left unsealed, so the next process that loads it
-        rebuilds it."""
+        """Whether the cache's data is on disk; False if a sync of it failed (the data may not be,
+        and a later sync would not say so): it is left unsealed, so the next process that loads it
+        rebuilds it. Once the data is on disk the seal is written and synced (if that fails, the
+        cache is whole but unsealed, and rebuilt by the next process)."""
         sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
         with self.file as f:
             if self.syncer.close() is not None:
                 return False
             try:
                 sync(f.fileno())
-                os.pwrite(f.fileno(), _SEAL, _SEAL_AT)
-                sync(f.fileno())
             except OSError:
                 return False
+            with contextlib.suppress(OSError):
+                os.pwrite(f.fileno(), _SEAL, _SEAL_AT)
+                sync(f.fileno())
         _fsync_dir(self.cache.parent)
         return True
 
@@ -541,15 +543,22 @@ class _Seal:
         """Seal, then let go of what ``held`` holds (the builder's lock). A large cache is sealed in
         a thread of its own, so that the caller builds its shard meanwhile, and the processes waiting
         for the lock find it sealed; a small one here (a mix of thousands of files starts no thread).
-        False if a small one's seal failed: it is removed, and the caller indexes in memory."""
+        False if a small one's seal failed: it is removed, and the caller goes on to its next cache
+        location (else to an index in memory)."""
         if self.nbytes >= _SEAL_APART:
-            # Not a daemon: an exiting interpreter waits for it, so a job that ends at once still
-            # leaves a sealed cache for the next.
-            thread = threading.Thread(target=self._seal_and_release, args=(held,), name="rank-dataset-index-seal")
-            with _SEALING_LOCK:
-                _SEALING[self.cache] = thread
-            thread.start()
-            return True
+            # Not a daemon (whatever the caller's thread is): an exiting interpreter waits for it, so
+            # a job that ends at once still leaves a sealed cache for the next.
+            thread = threading.Thread(
+                target=self._seal_and_release, args=(held,), name="rank-dataset-index-seal", daemon=False
+            )
+            with _SEALING_LOCK:  # registered before its end can unregister it
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread to be had: seal here
+                    pass
+                else:
+                    _SEALING[self.cache] = thread
+                    return True
         with held:
             if self():
                 return True
@@ -580,6 +589,18 @@ def _wait_for_seal(cache: Path) -> None:
         thread.join()
 
 
+def _after_fork_in_child() -> None:
+    # The seal threads are the parent's (a child waits for their lock instead), and a fork while one
+    # of them held _SEALING_LOCK would leave the child's copy held for good.
+    global _SEALING_LOCK
+    _SEALING_LOCK = threading.Lock()
+    _SEALING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _index_in_memory(path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index:
     parts: list[npt.NDArray[np.uint64]] = []
     built = _build(path, fd, key, parts.append)
@@ -587,13 +608,13 @@ def _index_in_memory(path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Ind
     return Index(key, ends_hash, built.count, built.ascii, None, Table(entries, built.longs, built.marks))
 
 
-def _stamp(cache: Path) -> tuple[int, int] | None:
-    """What tells one write of ``cache`` from another (each is a new file renamed into place)."""
+def _stamp(cache: Path) -> int | None:
+    """What tells one write of ``cache`` from another: each is a new file renamed into place, so its
+    inode (not its mtime, which the seal changes)."""
     try:
-        st = os.stat(cache)
+        return os.stat(cache).st_ino
     except OSError:
         return None
-    return st.st_ino, st.st_mtime_ns
 
 
 def load_index(path: Path, *, rebuild: bool = False) -> Index:
