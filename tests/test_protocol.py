@@ -90,6 +90,27 @@ def test_a_frame_in_another_order_decodes_to_the_shard_in_its_own(seed: int) -> 
         list(protocol.encode_frame(stored.without_ids(), order, np.zeros(n + 1, np.int64)))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_frame_of_a_plan_is_checked_and_kept_shareable(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    lines = [bytes(rng.integers(97, 123, int(rng.integers(0, 40)), dtype=np.uint8)) for _ in range(n)]
+    ids = rng.permutation(10 * n)[:n].astype(np.int64)
+    order = rng.permutation(n)
+    stored = Shard.from_lines([lines[i] for i in np.argsort(order)], ids=ids[np.argsort(order)])
+    body = b"".join(protocol.encode_frame(stored, order))
+    kept = protocol.decode_frame(body, planned=ids)
+    assert kept.texts(range(n)) == [x.decode() for x in lines]
+    assert kept.ids is None and kept.handle is not None  # in a segment, without the sample numbers
+    assert kept.bounds.tolist() == protocol.decode_frame(body).bounds.tolist()
+    kept.release()
+    other = ids.copy()
+    other[-1] += 1
+    for wrong in (other, ids[:-1]):
+        with pytest.raises(ProtocolError, match=f"the frame holds {n} samples that are not the {wrong.size} planned"):
+            protocol.decode_frame(body, planned=wrong)
+
+
 def test_bad_frames() -> None:
     body = b"".join(protocol.encode_frame(Shard.from_lines([b"abc"], ids=np.array([0], np.int64))))
     with pytest.raises(protocol.FrameError, match="incomplete frame"):
@@ -148,6 +169,19 @@ def test_not_a_meta_server_is_a_protocol_error(start_server, write_meta) -> None
 
     with pytest.raises(ProtocolError, match="did not answer as a meta server does"):
         Wrong(server.url).num_samples()
+
+
+def test_a_shard_of_another_plan_is_refused_naming_the_server(start_server, write_meta) -> None:
+    server = start_server([write_meta(n=50)])
+    spec = ShardSpec(50, 4, 1, seed=3)
+    query = protocol.spec_to_query(spec)
+    client = MetaServer(server.url)
+    kept = client.shard(protocol.SHARD, planned=spec.indices(), fields=query)
+    assert len(kept) == len(spec.indices()) and kept.handle is not None
+    kept.release()
+    other = ShardSpec(50, 4, 1, seed=4).indices()  # what a client of another permutation would expect
+    with pytest.raises(ProtocolError, match=rf"{server.url}/shard: the frame holds 13 samples that are not the 13"):
+        client.shard(protocol.SHARD, planned=other, fields=query)
 
 
 FILES = {"a.txt": 10, "b.txt": 4, "c.txt": 3}

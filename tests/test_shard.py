@@ -142,6 +142,28 @@ def test_lines_not_back_to_back_are_packed() -> None:
     assert Shard.attach(shared.handle).texts(range(4)) == s.texts(range(4))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_shared_from_packs_straight_into_a_segment(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    data = rng.integers(97, 123, 20_000, dtype=np.uint8)
+    starts = rng.integers(0, 19_000, n)
+    ends = starts + rng.integers(0, 900, n)
+    packed = Shard(data, starts, ends)
+    shared = Shard.shared_from(data.tobytes(), starts, ends)
+    assert shared.handle is not None and shared.ids is None and shared.shared() is shared
+    assert shared.bounds.tolist() == packed.bounds.tolist() and shared.data.tobytes() == packed.data.tobytes()
+    assert Shard.attach(shared.handle).texts(range(n)) == packed.texts(range(n))
+    shared.release()
+    # Lines already back to back (a frame in item order), from an offset on: copied as one slice.
+    at = np.frombuffer(b"xx" + packed.data.tobytes(), np.uint8)
+    whole = Shard.shared_from(at, packed.starts.astype(np.int64) + 2, packed.ends.astype(np.int64) + 2)
+    assert whole.bounds.tolist() == packed.bounds.tolist() and whole.texts(range(n)) == packed.texts(range(n))
+    whole.release()
+    with pytest.raises(ValueError, match="offsets out of range for 20000 bytes"):
+        Shard.shared_from(data, np.array([0]), np.array([20_001]))
+
+
 def test_a_forked_child_does_not_keep_the_parents_segments(write_meta) -> None:
     import os
 

@@ -170,14 +170,18 @@ class MetaServer:
         """The body of the answer to ``GET path``, with retries."""
         return self._call("GET", path, lambda body: body)
 
-    def shard(self, path: str, **kwargs: Any) -> Shard:
-        """The shard framed in the answer to ``path`` (POST when ``body`` is given, else GET)."""
+    def shard(self, path: str, planned: np.ndarray[Any, np.dtype[np.int64]] | None = None, **kwargs: Any) -> Shard:
+        """The shard framed in the answer to ``path`` (POST when ``body`` is given, else GET); with
+        ``planned``, checked to hold those samples and kept in a shareable segment without them
+        (see :func:`~rank_dataset.protocol.decode_frame`)."""
 
         def decode(body: bytes) -> Shard:
             try:
-                return protocol.decode_frame(body)
+                return protocol.decode_frame(body, planned=planned)
             except protocol.FrameError as exc:  # cut short, e.g. by a server that died mid-answer
                 raise _Retryable(str(exc)) from exc
+            except ProtocolError as exc:  # not a frame, or not of the plan: different versions?
+                raise ProtocolError(f"{self.url}{path}: {exc}") from None
 
         return self._call("POST" if "body" in kwargs else "GET", path, decode, **kwargs)
 
@@ -412,14 +416,7 @@ class ServerReader:
         if self.keeps_ids:
             return self._build_by_samples(spec)
         query = protocol.spec_to_query(spec, self._source_files if spec.mix is not None else None)
-        shard = self.server.shard(protocol.SHARD, fields=query)
-        expected = spec.indices()
-        if shard.ids is None or not np.array_equal(shard.ids, expected):
-            raise ProtocolError(
-                f"{self.server.url} sent a shard of {len(shard)} samples that is not the planned one "
-                f"({len(expected)} samples): are client and server of different versions?"
-            )
-        return shard
+        return self.server.shard(protocol.SHARD, planned=spec.indices(), fields=query)
 
     def _build_by_samples(self, spec: ShardSpec) -> Shard:
         """The shard of a mix over subsets: the plan mapped to sample numbers here (reading only the ids

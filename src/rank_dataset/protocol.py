@@ -386,11 +386,16 @@ def _chunks(array: npt.NDArray[Any]) -> Iterator[memoryview]:
         yield raw[lo : lo + _CHUNK]
 
 
-def decode_frame(body: bytes) -> Shard:
+def decode_frame(body: bytes, *, planned: npt.NDArray[np.int64] | None = None) -> Shard:
     """The Shard in a whole frame.
 
+    With ``planned``, the frame must hold exactly those samples, in that order, and the shard is
+    packed straight into a shareable segment without them (what a rank keeps: one copy of its
+    lines less than decoding, checking and then :meth:`~rank_dataset.shard.Shard.shared`).
+
     Raises:
-        ProtocolError: not a frame of this protocol (another version, or not a meta server).
+        ProtocolError: not a frame of this protocol (another version, or not a meta server), or not
+            of the ``planned`` samples.
         FrameError: a frame that is short, long or malformed (e.g. cut off by a server that died).
     """
     if len(body) < _HEADER.size:
@@ -410,7 +415,12 @@ def decode_frame(body: bytes) -> Shard:
     ends = np.frombuffer(body, dtype, count, offset)
     offset += size * count
     data = np.frombuffer(body, np.uint8, nbytes, offset)
+    if planned is not None and not np.array_equal(ids, planned):
+        raise ProtocolError(
+            f"the frame holds {count} samples that are not the {len(planned)} planned: are client and server of "
+            "different versions?"
+        )
     try:
-        return Shard(data, starts, ends, ids=ids)
+        return Shard(data, starts, ends, ids=ids) if planned is None else Shard.shared_from(data, starts, ends)
     except ValueError as exc:
         raise FrameError(f"malformed frame: {exc}") from None

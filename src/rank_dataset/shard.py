@@ -99,6 +99,19 @@ def copy_rows(
         dst_view[dst_at[lo:hi]] = src_view[src_at[lo:hi]]
 
 
+def _checked(data: Any, starts: _IntArray, ends: _IntArray) -> tuple[npt.NDArray[np.uint8], _IntArray, _IntArray]:
+    """``data`` as a uint8 array and the offsets as arrays, checked to describe lines within it."""
+    data = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
+    if data.dtype != np.uint8 or data.ndim != 1:
+        raise TypeError(f"data must be a 1-D uint8 array, got {data.dtype} with shape {data.shape}")
+    starts, ends = np.asarray(starts), np.asarray(ends)
+    if starts.shape != ends.shape or starts.ndim != 1:
+        raise ValueError(f"starts and ends must be 1-D of one length, got {starts.shape} and {ends.shape}")
+    if starts.size and (int(starts.min()) < 0 or int(ends.max()) > data.size or bool((ends < starts).any())):
+        raise ValueError(f"offsets out of range for {data.size} bytes of data")
+    return data, starts, ends
+
+
 class ShardWriter:
     """A new shard of ``n`` lines and ``nbytes`` bytes of text, in a new shareable segment.
 
@@ -162,14 +175,7 @@ class Shard:
         *,
         ids: npt.NDArray[np.int64] | None = None,
     ) -> None:
-        data = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
-        if data.dtype != np.uint8 or data.ndim != 1:
-            raise TypeError(f"data must be a 1-D uint8 array, got {data.dtype} with shape {data.shape}")
-        starts, ends = np.asarray(starts), np.asarray(ends)
-        if starts.shape != ends.shape or starts.ndim != 1:
-            raise ValueError(f"starts and ends must be 1-D of one length, got {starts.shape} and {ends.shape}")
-        if starts.size and (int(starts.min()) < 0 or int(ends.max()) > data.size or bool((ends < starts).any())):
-            raise ValueError(f"offsets out of range for {data.size} bytes of data")
+        data, starts, ends = _checked(data, starts, ends)
         if ids is not None and np.shape(ids) != starts.shape:
             raise ValueError(f"ids must have one entry per line, got shape {np.shape(ids)} for {starts.size} lines")
         n = starts.size
@@ -189,6 +195,33 @@ class Shard:
             copy_rows(data, starts, lengths, packed, bounds[:-1])
             data = packed
         self._set(data, bounds, None if ids is None else np.array(ids, np.int64), None, None)
+
+    @classmethod
+    def shared_from(cls, data: Any, starts: _IntArray, ends: _IntArray) -> Shard:
+        """A shard of the lines ``data[starts[i]:ends[i]]``, packed straight into a new shareable
+        segment, without sample numbers: ``Shard(data, starts, ends).shared()`` with one copy of
+        the lines less (what a rank does with a shard it receives).
+
+        Examples:
+            >>> s = Shard.shared_from(b"b 1\na 0", np.array([4, 0]), np.array([7, 3]))
+            >>> s.texts([0, 1]), s.handle is not None
+            (['a 0', 'b 1'], True)
+        """
+        data, starts, ends = _checked(data, starts, ends)
+        n = starts.size
+        if n and bool((starts[1:] == ends[:-1]).all()):  # back to back already: one slice
+            first, last = int(starts[0]), int(ends[-1])
+            writer = ShardWriter(n, last - first)
+            np.subtract(starts, first, out=writer.bounds[:-1], casting="unsafe")
+            writer.bounds[-1] = last - first
+            writer.data[:] = data[first:last]
+            return writer.finish()
+        lengths = ends.astype(np.int64) - starts
+        writer = ShardWriter(n, int(lengths.sum()))
+        writer.bounds[0] = 0
+        np.cumsum(lengths, out=writer.bounds[1:], dtype=writer.bounds.dtype)
+        copy_rows(data, starts, lengths, writer.data, writer.bounds[:-1])
+        return writer.finish()
 
     @classmethod
     def from_lines(cls, lines: Sequence[bytes], *, ids: npt.NDArray[np.int64] | None = None) -> Shard:
