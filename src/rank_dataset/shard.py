@@ -203,7 +203,7 @@ class Shard:
         the lines less (what a rank does with a shard it receives).
 
         Examples:
-            >>> s = Shard.shared_from(b"b 1\na 0", np.array([4, 0]), np.array([7, 3]))
+            >>> s = Shard.shared_from(b"b 1\\na 0", np.array([4, 0]), np.array([7, 3]))
             >>> s.texts([0, 1]), s.handle is not None
             (['a 0', 'b 1'], True)
         """
