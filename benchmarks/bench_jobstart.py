@@ -9,6 +9,9 @@ In one run, on one file of N lines (N = 10M by default, lines of about 34 bytes,
   together by a barrier; timed from the release until the last client has its shard received,
   decoded and checked against its plan. Concurrent requests of one plan share
   their passes over the file (``--max-pass-samples``, default);
+- ``receive``: the shared job start with clients that only receive their frames (each asks as a
+  ``RankServerDataset`` does, for a plan made before the release, and decodes nothing): the
+  server's own time to start a job whose ranks cost nothing on its cores, as on a cluster;
 - ``alone``: the same with ``--max-pass-samples 1``, so each request reads its shard alone (the
   server before shared passes: at most ``--max-builds`` 4 at once, 503 and a retry beyond);
 - ``pass``: what the server's shared work costs by itself: the shared pass of all W ranks'
@@ -77,18 +80,30 @@ def _fresh(code: str, *args: str, env: dict[str, str]) -> dict[str, Any]:
 _PROCESSES = 8  # client processes at most (torch imported in each); a process runs several ranks in threads
 
 
-def _clients(url: str, world: int, ranks: list[int], barrier: Any, results: Any, cpu: Any) -> None:
+def _clients(url: str, world: int, ranks: list[int], barrier: Any, results: Any, cpu: Any, receive: bool) -> None:
     """Ranks ``ranks`` of ``world``, each a RankServerDataset in a thread, started by ``barrier``;
-    the CPU seconds this process spent on them, into ``cpu``."""
-    from rank_dataset import RankServerDataset
+    the CPU seconds this process spent on them, into ``cpu``. With ``receive``, each only receives
+    its frame (asked for as a RankServerDataset asks, planned before the start): what the server
+    does for clients that cost nothing on its cores."""
+    from urllib.parse import urlencode
+
+    from rank_dataset import RankServerDataset, protocol
+    from rank_dataset.client import MetaServer
+    from rank_dataset.plan import ShardSpec
 
     go = threading.Event()
+    server = MetaServer(url, timeout=900)
+    n = server.num_samples()[0]
+    paths = {r: f"{protocol.SHARD}?{urlencode(protocol.spec_to_query(ShardSpec(n, world, r, seed=0)))}" for r in ranks}
 
     def client(rank: int) -> None:
         go.wait()
         try:
-            ds = RankServerDataset(url, reload_cfg={"seed": 0}, rank=rank, world_size=world, timeout=900)
-            results.put((rank, time.perf_counter(), len(ds), None))
+            if receive:
+                count = protocol._HEADER.unpack_from(server.get(paths[rank]))[2]  # the frame's samples
+            else:
+                count = len(RankServerDataset(url, reload_cfg={"seed": 0}, rank=rank, world_size=world, timeout=900))
+            results.put((rank, time.perf_counter(), count, None))
         except Exception as exc:  # reported by the parent
             results.put((rank, time.perf_counter(), 0, repr(exc)))
 
@@ -103,17 +118,18 @@ def _clients(url: str, world: int, ranks: list[int], barrier: Any, results: Any,
     cpu.put(time.process_time() - before)
 
 
-def job_start(url: str, world: int, server_pid: int | None = None) -> dict[str, float]:
+def job_start(url: str, world: int, server_pid: int | None = None, receive: bool = False) -> dict[str, float]:
     """Seconds from releasing ``world`` clients at once until the last has its shard (and until the
     first has): at most _PROCESSES processes, forked from this one, each with its share of the ranks
-    in threads. With ``server_pid``, also the CPU seconds that process spent meanwhile."""
+    in threads (with ``receive``, clients that only receive their frames). With ``server_pid``, also
+    the CPU seconds that process spent meanwhile."""
     server = psutil.Process(server_pid) if server_pid is not None else None
     ctx = mp.get_context("fork")  # torch and rank_dataset are imported once, here
     k = min(world, _PROCESSES)
     barrier, results, client_cpu = ctx.Barrier(k + 1), ctx.SimpleQueue(), ctx.SimpleQueue()
     gc.freeze()  # fewer pages copied into each child
     procs = [
-        ctx.Process(target=_clients, args=(url, world, list(range(p, world, k)), barrier, results, client_cpu))
+        ctx.Process(target=_clients, args=(url, world, list(range(p, world, k)), barrier, results, client_cpu, receive))
         for p in range(k)
     ]
     for p in procs:
@@ -164,11 +180,14 @@ def main(argv: list[str] | None = None) -> int:
         passes = {
             w: [_fresh(_PASS, str(meta), str(w), env=env)["seconds"] for _ in range(args.repeat)] for w in args.worlds
         }
-        times: dict[str, dict[int, list[dict[str, float]]]] = {"shared": {}, "alone": {}}
-        for kind, flags in (("shared", []), ("alone", ["--max-pass-samples", "1"])):
+        times: dict[str, dict[int, list[dict[str, float]]]] = {"shared": {}, "receive": {}, "alone": {}}
+        for kind, flags in (("shared", []), ("receive", []), ("alone", ["--max-pass-samples", "1"])):
             with LocalServer([meta], *flags, env=env, stdout=subprocess.DEVNULL, timeout=600) as server:
                 for world in args.worlds:
-                    runs = [job_start(server.url, world, server.proc.pid) for _ in range(args.repeat)]
+                    runs = [
+                        job_start(server.url, world, server.proc.pid, receive=kind == "receive")
+                        for _ in range(args.repeat)
+                    ]
                     times[kind][world] = runs
                     print(kind, world, [(round(t["seconds"], 2), round(t["server_cpu"], 2)) for t in runs], flush=True)
         if args.data_dir is None:
@@ -188,15 +207,17 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "| W clients at once | shared passes (s) | ratio to one read | each request alone (s) | ratio to one read "
         "| alone / shared | first shard, shared (s) | one pass of all W ranks' samples, no HTTP (s) "
-        "| server CPU, shared (s) | server CPU, alone (s) | clients' CPU, shared (s) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| server CPU, shared (s) | server CPU, alone (s) | clients' CPU, shared (s) "
+        "| shared, clients that only receive (s) | ratio to one read | server CPU, only receive (s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for w in args.worlds:
         s, a = med["shared"][w], med["alone"][w]
         rows.append(
             f"| {w} | {s:.2f} | {s / read:.2f}x | {a:.2f} | {a / read:.2f}x | {a / s:.1f}x | {first[w]:.2f} "
             f"| {pass_s[w]:.2f} ({pass_s[w] / read:.2f}x) | {cpu['shared'][w]:.2f} | {cpu['alone'][w]:.2f} "
-            f"| {clients[w]:.2f} |"
+            f"| {clients[w]:.2f} | {med['receive'][w]:.2f} | {med['receive'][w] / read:.2f}x "
+            f"| {cpu['receive'][w]:.2f} |"
         )
     rows += [
         "",
@@ -207,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         f"cluster, the ranks' own nodes). Within 4x one read, this machine's {cores} cores have"
         f" {4 * read * cores:.2f} CPU seconds",
         "for both.",
+        "Only receive: the same job start with clients that only receive their frames (planned before the release,",
+        "nothing decoded or kept): what the server takes when its clients cost nothing on its cores.",
         "Shared: the server's default limits (`--max-builds 4`, `--max-pass-samples 16777216`); alone:",
         "`--max-pass-samples 1` (every request reads its shard alone, 4 at once, 503 and a retry beyond).",
         "Server, clients and the transfer over loopback share this machine's cores; the median of "
