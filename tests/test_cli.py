@@ -1,14 +1,17 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from rank_dataset import cli as cli_module
+from rank_dataset._localserver import wait_until_up
 from rank_dataset.cli import cli
 
 
@@ -96,3 +99,37 @@ def test_a_missing_module_that_is_not_optional_still_raises() -> None:
     # Only the optional dependencies are turned into an install hint; anything else is a real bug.
     with pytest.raises(ModuleNotFoundError), cli_module._optional_dependencies():
         import rank_dataset_no_such_module  # noqa: F401
+
+
+def test_serve_on_a_port_in_use_says_so_before_serving(write_meta, start_server) -> None:
+    busy = start_server([write_meta(n=5)])
+    out = subprocess.run(
+        [sys.executable, "-m", "rank_dataset", "serve", str(write_meta(n=3)), "--port", str(busy.port)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1 and "serving" not in out.stdout
+    assert out.stderr.splitlines() == [
+        f"Error: cannot listen on 127.0.0.1:{busy.port}: Address already in use (another server there? --port 0 "
+        "takes a free port)"
+    ]
+
+
+def test_serve_on_port_0_prints_the_port_it_took(write_meta) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rank_dataset", "serve", str(write_meta(n=3)), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.fullmatch(r"rank-dataset: serving 3 samples on (http://127\.0\.0\.1:(\d+))\n", line)
+        assert match and int(match[2]) > 0, line
+        wait_until_up(f"{match[1]}/len", proc, timeout=60)
+        with urllib.request.urlopen(f"{match[1]}/len", timeout=10) as answer:
+            assert json.loads(answer.read())["num_samples"] == 3
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

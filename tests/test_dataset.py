@@ -71,8 +71,10 @@ def test_label_parser_error(tmp_path: Path) -> None:
 
 def test_errors(write_meta, tmp_path: Path) -> None:
     p = write_meta(n=10)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"meta file not found: '.*missing\.txt'$"):
         RankDataset(tmp_path / "missing.txt", rank=0, world_size=1)
+    with pytest.raises(FileNotFoundError, match="is a directory: give the meta file in it"):
+        RankDataset(tmp_path, rank=0, world_size=1)
     empty = tmp_path / "empty.txt"
     empty.write_text("\n \n")
     with pytest.raises(ValueError, match=r"no samples in .*empty\.txt"):

@@ -206,8 +206,10 @@ def test_arguments_are_checked(tmp_path: Path, kwargs: dict, error: type, match:
 
 
 def test_missing_and_empty_files(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"nope\.txt'$"):
         group_by(tmp_path / "nope.txt")
+    with pytest.raises(FileNotFoundError, match="is a directory"):
+        group_by(tmp_path)
     (tmp_path / "blank.txt").write_text("\n  \n")
     with pytest.raises(ValueError, match="no samples"):
         group_by(tmp_path / "blank.txt")

@@ -68,8 +68,20 @@ def test_errors(clean_env: pytest.MonkeyPatch) -> None:
         get_rank_world_size()
     monkeypatch.setenv("SLURM_NTASKS", "2")
     monkeypatch.setenv("SLURM_PROCID", "2")
-    with pytest.raises(ValueError, match=r"rank must be in \[0, world_size=2\), got 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"rank must be in \[0, world_size=2\), got 2 \(rank and world_size from the environment "
+        r"\(SLURM_PROCID=2, SLURM_NTASKS=2\)\)$",
+    ):
         get_rank_world_size()
+    # The message says where what was not given came from: here the default world of one.
+    monkeypatch.delenv("SLURM_NTASKS")
+    with pytest.raises(
+        ValueError,
+        match=r"rank must be in \[0, world_size=1\), got 1 \(world_size from the default: no process group "
+        r"and none of RANK/WORLD_SIZE, SLURM_PROCID/SLURM_NTASKS\)$",
+    ):
+        get_rank_world_size(rank=1)
 
 
 _SRUN_TASK = """

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -9,6 +11,19 @@ import numpy as np
 #: The bound of sample counts, positions, epochs and seeds: permute's largest ``n``, and small enough
 #: that every int64 sum and product of the plan stays exact.
 MAX_EXACT = 1 << 62
+
+
+def meta_path(meta_file: str | os.PathLike[str]) -> Path:
+    """``meta_file`` resolved, checked to be a file.
+
+    Raises:
+        FileNotFoundError: it does not exist, or is a directory (the message says which).
+    """
+    path = Path(meta_file).expanduser().resolve()
+    if not path.is_file():
+        why = " is a directory: give the meta file in it" if path.is_dir() else ""
+        raise FileNotFoundError(f"meta file not found: {os.fspath(meta_file)!r}{why}")
+    return path
 
 
 def check_int(

@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset._cachelock import load_or_build
+from rank_dataset._checks import meta_path
 from rank_dataset._labels import PAD, block_labels
 from rank_dataset._pread import ShortRead, count_newlines, pread_exact
 from rank_dataset._progress import progress_bar
@@ -118,9 +119,7 @@ def grouping_of(meta_file: PathLike, key: str | Key = "label", cache_name: str |
         name = cache_name
     else:
         raise ValueError(f'key must be "label" or a function of the line returning a hashable, got {key!r}')
-    path = Path(meta_file).expanduser().resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"meta file not found: {os.fspath(meta_file)!r}")
+    path = meta_path(meta_file)
     index = load_index(path)
     if index.count == 0:
         raise ValueError(f"no samples in {path}: every line is empty or whitespace")
@@ -514,9 +513,7 @@ class _Part:
 def each_line(meta_file: PathLike, desc: str) -> Iterator[tuple[str, Callable[[], str]]]:
     """Every sample of ``meta_file`` as ``(text, where)``, in order, ``where()`` giving its ``path:line``;
     a progress bar on a terminal (in the first process of a node). For functions of the line."""
-    path = Path(meta_file).expanduser().resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"meta file not found: {os.fspath(meta_file)!r}")
+    path = meta_path(meta_file)
     index = load_index(path)
     with _open_checked(path, index) as lines:
         yield from _texts(lines, desc)

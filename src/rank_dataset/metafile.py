@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset._bounds import Bounds
-from rank_dataset._checks import check_index
+from rank_dataset._checks import check_index, meta_path
 from rank_dataset._pread import ShortRead, Window, count_newlines, read_ends
 from rank_dataset._residency import free_pages, return_freed_memory
 from rank_dataset._threads import THREADS, in_threads
@@ -180,9 +180,7 @@ class MetaFile:
             raise ValueError("path_or_paths is empty: give at least one meta file")
         files = []
         for p in raw:
-            path = Path(p).expanduser().resolve()
-            if not path.is_file():
-                raise FileNotFoundError(f"meta file not found: {os.fspath(p)!r}")
+            path = meta_path(p)
             files.append(_File(path, load_index(path), _FileBytes(path)))
         # The fingerprints of the files as indexed (together, and each alone), computed now: taken
         # later, from a file changed meanwhile, they would fail, and in the ranks' agreement check

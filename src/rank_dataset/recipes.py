@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Hashable, Iterable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset._checks import meta_path
 from rank_dataset._subsets import SampleIds
 from rank_dataset.balance import _check_factors, class_weights, factor_groups, lvis_factors
 from rank_dataset.grouping import Key, each_line, grouping_of
@@ -147,7 +147,5 @@ def _load_factors(factors: Any) -> Any:
 
 
 def _count(meta_file: PathLike) -> int:
-    path = Path(meta_file).expanduser().resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"meta file not found: {os.fspath(meta_file)!r}")
+    path = meta_path(meta_file)
     return load_index(path).count

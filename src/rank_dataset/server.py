@@ -31,6 +31,7 @@ import hmac
 import json
 import os
 import signal
+import socket
 from collections.abc import Sequence
 
 import numpy as np
@@ -324,7 +325,8 @@ def create_app(
         assert isinstance(exc, HTTPException)
         message = exc.detail
         if exc.status_code == 404:
-            message = f"no such endpoint {request.url.path!r}; see /healthz, /len, /sample/<i>, /samples, /shard"
+            endpoints = "/healthz, /len, /files, /sample/<i>, /samples, /shard"
+            message = f"no such endpoint {request.url.path!r}; see {endpoints}"
         return _error(exc.status_code, message)
 
     app = Starlette(
@@ -387,6 +389,26 @@ def _raise_fd_limit(connections: int) -> None:
             print(f"rank-dataset: only {new} open files allowed (ulimit -n); --limit-concurrency is {connections}")
 
 
+def _port_to_listen_on(host: str, port: int) -> int:
+    """``port``, or for 0 a free one, checked free on ``host`` the way uvicorn binds it
+    (SO_REUSEADDR): a server that cannot listen there says so before it says it serves.
+
+    Raises:
+        ValueError: the address is taken (another server?) or not this machine's.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ValueError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+                "(another server there? --port 0 takes a free port)"
+            ) from None
+        return int(sock.getsockname()[1])
+
+
 def serve(
     paths: Sequence[str | os.PathLike[str]],
     *,
@@ -447,6 +469,7 @@ def serve(
         os.environ[TOKEN_ENV] = token
     limits.to_env()
     _raise_fd_limit(limits.limit_concurrency)
+    port = _port_to_listen_on(host, port)
     print(f"rank-dataset: serving {len(meta)} samples on http://{host}:{port}", flush=True)
     # uvicorn shuts down gracefully on SIGTERM and SIGINT, then raises the signal again with the
     # handlers it found: let those end the process with status 0 instead of death by signal.

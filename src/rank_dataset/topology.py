@@ -13,24 +13,27 @@ __all__ = ["get_rank_world_size"]
 _ENV_PAIRS = (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
 
 
-def _from_process_group() -> tuple[int, int] | None:
+def _from_process_group() -> tuple[int, int, str] | None:
     try:
         import torch.distributed as dist
     except ImportError:  # the server and index tools run without torch
         return None
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
+        return dist.get_rank(), dist.get_world_size(), "the initialised process group"
     return None
 
 
-def _from_env(rank_var: str, world_var: str) -> tuple[int, int] | None:
+def _from_env(rank_var: str, world_var: str) -> tuple[int, int, str] | None:
     rank, world = os.environ.get(rank_var), os.environ.get(world_var)
     if rank is None or world is None:
         return None
     try:
-        return int(rank), int(world)
+        return int(rank), int(world), f"the environment ({rank_var}={rank}, {world_var}={world})"
     except ValueError:
         raise ValueError(f"{rank_var}={rank!r} and {world_var}={world!r} must be integers") from None
+
+
+_DEFAULT = (0, 1, "the default: no process group and none of " + ", ".join("/".join(pair) for pair in _ENV_PAIRS))
 
 
 def get_rank_world_size(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -49,14 +52,20 @@ def get_rank_world_size(rank: int | None = None, world_size: int | None = None) 
         >>> get_rank_world_size(rank=2, world_size=4)
         (2, 4)
     """
-    found = None
-    if rank is None or world_size is None:
-        found = _from_process_group()
-        for rank_var, world_var in _ENV_PAIRS:
-            found = found or _from_env(rank_var, world_var)
-        found = found or (0, 1)
-    r = rank if rank is not None else found[0]  # type: ignore[index]
-    w = world_size if world_size is not None else found[1]  # type: ignore[index]
-    check_int("world_size", w, low=1)
-    check_int("rank", r, low=0, high=w, high_name="world_size")
+    if rank is not None and world_size is not None:
+        check_int("world_size", world_size, low=1)
+        check_int("rank", rank, low=0, high=world_size, high_name="world_size")
+        return int(rank), int(world_size)
+    found = _from_process_group()
+    for rank_var, world_var in _ENV_PAIRS:
+        found = found or _from_env(rank_var, world_var)
+    found_rank, found_world, source = found or _DEFAULT
+    r = rank if rank is not None else found_rank
+    w = world_size if world_size is not None else found_world
+    try:
+        check_int("world_size", w, low=1)
+        check_int("rank", r, low=0, high=w, high_name="world_size")
+    except ValueError as exc:
+        taken = " and ".join(name for name, given in (("rank", rank), ("world_size", world_size)) if given is None)
+        raise ValueError(f"{exc} ({taken} from {source})") from None
     return int(r), int(w)
