@@ -97,10 +97,13 @@ def test_ddp_run_stopped_mid_epoch_resumes_exactly_on_three_processes(tmp_path: 
         assert sorted(i for reads in mini_epochs for rank in reads for i in rank) == list(range(N))
 
 
-def test_setup_refuses_lightnings_distributed_sampler(tmp_path: Path) -> None:
+@pytest.mark.parametrize("devices", [1, 2])
+def test_setup_refuses_lightnings_distributed_sampler(tmp_path: Path, devices: int) -> None:
+    # On one device too, where Lightning adds no sampler: the script would fail only on two.
     meta = _meta(tmp_path)
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)  # not launched: fit is not run
-    dm = RankDataModule(lambda: RankDataset(meta, rank=0, world_size=2), batch_size=4)
+    strategy = "ddp" if devices > 1 else "auto"
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False)  # fit is not run
+    dm = RankDataModule(lambda: RankDataset(meta, rank=0, world_size=devices), batch_size=4)
     dm.trainer = trainer
     with pytest.raises(ValueError, match="use_distributed_sampler=False"):
         dm.setup("fit")

@@ -141,7 +141,8 @@ class RankDataModule(pl.LightningDataModule):
         if stage != "fit":
             return
         trainer = self.trainer
-        if trainer is not None and trainer.world_size > 1:
+        # On one device too: a script tried on one must not fail only once it runs on eight.
+        if trainer is not None:
             connector = getattr(trainer, "_accelerator_connector", None)
             if getattr(connector, "use_distributed_sampler", False):
                 raise ValueError(
