@@ -17,6 +17,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks docs examples
 	$(BIN)/ruff format --check src tests benchmarks docs examples
+	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -85,7 +85,7 @@ print(json.dumps({"seconds": elapsed, "peak": rss()[1] - before, "count": len(me
 _AGREE_RANK = """
 import json, statistics, sys, time
 import torch.distributed as dist
-import rank_dataset._agree as agree
+import rank_dataset.training._agree as agree
 from rank_dataset import RankDataset
 
 meta, repeat, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]

@@ -29,9 +29,9 @@ from _common import barh, cache_env, machine_info, run_child, save_results, scra
 
 _STEP = """
 from pathlib import Path
-from rank_dataset.index import load_index
+from rank_dataset.files.index import load_index
 from rank_dataset import group_by
-from rank_dataset.parsers import parse_label
+from rank_dataset.core.parsers import parse_label
 reset_peak()
 before = rss()[0]
 cpu, t = time.process_time(), time.perf_counter()

@@ -15,7 +15,7 @@ In one run, on one file of N lines (N = 10M by default, lines of about 34 bytes,
 - ``alone``: the same with ``--max-pass-samples 1``, so each request reads its shard alone (the
   server before shared passes: at most ``--max-builds`` 4 at once, 503 and a retry beyond);
 - ``pass``: what the server's shared work costs by itself: the shared pass of all W ranks'
-  requests (``rank_dataset._passes``: each rank's samples in file order, one read), in a fresh
+  requests (``rank_dataset.server._passes``: each rank's samples in file order, one read), in a fresh
   process (no HTTP, no clients);
 - ``server CPU``: the server process's CPU seconds over each job start (user and system): what
   its own node spends, the figure that carries to a job whose clients run on other nodes.
@@ -62,8 +62,8 @@ print(json.dumps({"seconds": time.perf_counter() - t, "count": count}))
 _PASS = """
 import json, sys, time
 from rank_dataset import MetaFile
-from rank_dataset._passes import _read
-from rank_dataset.plan import ShardSpec
+from rank_dataset.server._passes import _read
+from rank_dataset.plan.spec import ShardSpec
 mf = MetaFile(sys.argv[1])
 world = int(sys.argv[2])
 t = time.perf_counter()
@@ -87,9 +87,10 @@ def _clients(url: str, world: int, ranks: list[int], barrier: Any, results: Any,
     does for clients that cost nothing on its cores."""
     from urllib.parse import urlencode
 
-    from rank_dataset import RankServerDataset, protocol
-    from rank_dataset.client import MetaServer
-    from rank_dataset.plan import ShardSpec
+    from rank_dataset import RankServerDataset
+    from rank_dataset.plan.spec import ShardSpec
+    from rank_dataset.server import protocol
+    from rank_dataset.training.client import MetaServer
 
     go = threading.Event()
     server = MetaServer(url, timeout=900)
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import rank_dataset  # noqa: F401 - imported before the clients are forked
-    from rank_dataset._localserver import LocalServer
+    from rank_dataset.server.local import LocalServer
 
     with tempfile.TemporaryDirectory(prefix="bench_jobstart_") as tmp:
         data = args.data_dir or Path(tmp)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import requests
 
-from rank_dataset._localserver import LocalServer, free_port, wait_until_up
+from rank_dataset.server.local import LocalServer, free_port, wait_until_up
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -21,7 +21,7 @@ import lightning.pytorch as pl
 import torch
 
 from rank_dataset import RankDataset
-from rank_dataset.lightning import RankDataModule
+from rank_dataset.training.lightning import RankDataModule
 
 
 def sample_number(path: str) -> int:

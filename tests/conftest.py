@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
-from rank_dataset import _shm
+from rank_dataset.core import shm as _shm
 from tests_helpers import Server, imagenet_line
 
 # Every process of this session names its segments with this tag (inherited through the environment),

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import rank_dataset
 from rank_dataset import RankDataset, RanksDisagreeError
-from rank_dataset._agree import _SLOTS, _hashes, agreement_needed, check_ranks_agree, disagreement
+from rank_dataset.training._agree import _SLOTS, _hashes, agreement_needed, check_ranks_agree, disagreement
 from test_no_torch import BLOCK_TORCH
 from tests_helpers import imagenet_line, rank_results, torchrun_cmd, worker_env
 
@@ -84,7 +84,7 @@ def test_error_is_public_and_pickles() -> None:
 def test_imports_and_does_nothing_without_torch() -> None:
     code = BLOCK_TORCH + (
         "from rank_dataset import RanksDisagreeError\n"
-        "from rank_dataset._agree import check_ranks_agree\n"
+        "from rank_dataset.training._agree import check_ranks_agree\n"
         "check_ranks_agree({'num_samples': 1})\n"
         "print('ok')\n"
     )

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from rank_dataset.balance import FACTOR_GRID, class_weights, factor_groups, lvis_factors, round_factors
+from rank_dataset.plan.balance import FACTOR_GRID, class_weights, factor_groups, lvis_factors, round_factors
 
 
 @pytest.mark.parametrize("power", [0.0, 0.5, 1.0, 2.0, -1.0])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rank_dataset._bounds import Bounds
+from rank_dataset.plan.bounds import Bounds
 
 
 def _walk(sizes: list[int], value: int) -> tuple[int, int]:

@@ -14,11 +14,11 @@ import pytest
 from torch.utils.data import BatchSampler, DataLoader, Sampler
 
 from rank_dataset import RandomSampler, RankDataset, ResumableSampler
-from rank_dataset._channel import PassCount, ShardChannel, pass_of
-from rank_dataset._control import READERS, ControlBlock
+from rank_dataset.core.shard import Shard
 from rank_dataset.errors import PassAuditError, PassAuditWarning
-from rank_dataset.plan import ShardSpec
-from rank_dataset.shard import Shard
+from rank_dataset.plan.spec import ShardSpec
+from rank_dataset.shards._control import READERS, ControlBlock
+from rank_dataset.shards.channel import PassCount, ShardChannel, pass_of
 
 
 def _shard(tag: str, n: int = 3) -> Shard:

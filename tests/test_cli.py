@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from rank_dataset import cli as cli_module
-from rank_dataset._localserver import wait_until_up
 from rank_dataset.cli import cli
+from rank_dataset.server.local import wait_until_up
 
 
 def test_index_command(write_meta, tmp_path: Path) -> None:

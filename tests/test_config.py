@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from rank_dataset.config import ReloadConfig
+from rank_dataset.plan.config import ReloadConfig
 
 
 def test_defaults_and_original_keys() -> None:

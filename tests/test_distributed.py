@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from rank_dataset.permutation import permute
+from rank_dataset.plan.permutation import permute
 from tests_helpers import rank_results, torchrun_cmd, worker_env
 
 

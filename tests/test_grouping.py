@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rank_dataset import MetaFile, group_by, grouping
-from rank_dataset.parsers import LineError, parse_label
+from rank_dataset import MetaFile, group_by
+from rank_dataset.core.parsers import LineError, parse_label
+from rank_dataset.files import grouping
 from tests_helpers import start_together
 
 

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from rank_dataset import MetaFile, build_index
-from rank_dataset import index as index_mod
-from rank_dataset import scan as scan_mod
-from rank_dataset.index import CACHE_DIR_ENV
-from rank_dataset.scan import Chunk
+from rank_dataset.files import index as index_mod
+from rank_dataset.files import scan as scan_mod
+from rank_dataset.files.index import CACHE_DIR_ENV
+from rank_dataset.files.scan import Chunk
 from tests_helpers import random_file, reference_index, start_together
 
 
@@ -351,7 +351,8 @@ def test_a_seal_outlives_a_builder_in_a_daemon_thread(write_meta, tmp_path: Path
     p = write_meta(LINES)
     code = f"""
 import os, threading, time
-from rank_dataset import MetaFile, index
+from rank_dataset import MetaFile
+from rank_dataset.files import index
 index._SEAL_APART = 1
 real = os.fdatasync
 def slow(fd):
@@ -486,7 +487,7 @@ _MEASURED_LOAD = """
 import json, resource, sys
 from pathlib import Path
 import psutil
-from rank_dataset.index import load_index
+from rank_dataset.files.index import load_index
 me = psutil.Process()
 print("ready", flush=True)
 sys.stdin.readline()  # go
@@ -578,7 +579,7 @@ def test_a_cache_path_that_is_a_directory_means_an_index_in_memory(write_meta, t
 def test_a_builder_killed_mid_build_leaves_nothing_in_the_way(write_meta, tmp_path: Path) -> None:
     p = write_meta(n=2_000_000)
     cache_dir = tmp_path / "cache"
-    code = "import sys, pathlib, rank_dataset.index as i; i.load_index(pathlib.Path(sys.argv[1]))"
+    code = "import sys, pathlib, rank_dataset.files.index as i; i.load_index(pathlib.Path(sys.argv[1]))"
     child = subprocess.Popen([sys.executable, "-c", code, str(p.resolve())])
     try:
         while not list(cache_dir.glob("*.tmp")) and child.poll() is None:  # it holds the lock and writes

@@ -1,4 +1,4 @@
-"""rank_dataset.lightning: the example trains for real under lightning.Trainer (DDP, CPU, gloo), is
+"""rank_dataset.training.lightning: the example trains for real under lightning.Trainer (DDP, CPU, gloo), is
 stopped mid-epoch and resumed on another number of processes; every sample is read as planned."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import lightning.pytorch as pl
 import pytest
 
 from rank_dataset import RankDataset
-from rank_dataset.lightning import RankDataModule
+from rank_dataset.training.lightning import RankDataModule
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning_train.py"
 N, MINI, BATCH = 96, 2, 4  # 96 samples: every mini-epoch splits evenly over 2 and over 3 ranks

@@ -23,9 +23,9 @@ from torch.utils.data import DataLoader
 
 import rank_dataset
 from rank_dataset import MetaFile, MetaFileChangedError, RankDataset
-from rank_dataset import _pread as pread_mod
-from rank_dataset import index as index_mod
-from rank_dataset import metafile as metafile_mod
+from rank_dataset.files import _pread as pread_mod
+from rank_dataset.files import index as index_mod
+from rank_dataset.files import metafile as metafile_mod
 from tests_helpers import imagenet_line, rewrite
 
 LINES = [f"{i}.jpg {i}" for i in range(1000)]

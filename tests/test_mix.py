@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rank_dataset import mix
-from rank_dataset.mix import MixPlan, Source, mix_counts
-from rank_dataset.permutation import permute
-from rank_dataset.plan import ShardSpec, spread_positions
+from rank_dataset.plan import mix
+from rank_dataset.plan.mix import MixPlan, Source, mix_counts
+from rank_dataset.plan.permutation import permute
+from rank_dataset.plan.spec import ShardSpec, spread_positions
 
 S = Source
 # (sizes, sources, epoch_size): weighted, fixed, mixed; up- and down-weighted; T0 a multiple of W*M or not.
@@ -546,7 +546,7 @@ def test_bad_changes_are_named(changes: Any, error: type[Exception], message: st
 @pytest.mark.parametrize("trial", range(30))
 def test_a_mix_of_many_sources_locates_as_one_of_few(trial: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # Past a few sources, locate evaluates every source's permutations at once: the same numbers.
-    from rank_dataset import mix
+    from rank_dataset.plan import mix
 
     rng = np.random.default_rng(trial)
     s = int(rng.integers(2, 60))
@@ -567,7 +567,7 @@ def test_a_mix_of_many_sources_locates_as_one_of_few(trial: int, monkeypatch: py
 def test_many_sources_locate_as_few_however_many_passes_an_epoch_makes(
     passes: str, trial: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rank_dataset import mix
+    from rank_dataset.plan import mix
 
     rng = np.random.default_rng(trial)
     s = int(rng.integers(17, 80))
@@ -593,6 +593,6 @@ def test_many_sources_locate_as_few_however_many_passes_an_epoch_makes(
 
 @pytest.mark.parametrize("seed", [0, 1, -5, 2**63 + 7, 2**70, -(2**64) - 3])
 def test_the_source_seeds_of_many_sources_are_those_of_one(seed: int) -> None:
-    from rank_dataset.mix import _source_seed, _source_seeds
+    from rank_dataset.plan.mix import _source_seed, _source_seeds
 
     assert _source_seeds(seed, 2000).tolist() == [_source_seed(seed, s) for s in range(2000)]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from rank_dataset import RankDataset, RankServerDataset, Source
-from rank_dataset.mix import MixPlan
+from rank_dataset.plan.mix import MixPlan
 
 SEED = 5
 # (file sizes, source rules, epoch_size): each rule is the keyword arguments of a Source.

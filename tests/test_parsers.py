@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from rank_dataset.parsers import LineError, parse_json, parse_label, resolve_parser
+from rank_dataset.core.parsers import LineError, parse_json, parse_label, resolve_parser
 
 
 def test_label_splits_at_the_last_run_of_whitespace() -> None:

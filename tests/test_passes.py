@@ -14,9 +14,10 @@ import psutil
 import pytest
 import requests
 
-from rank_dataset import MetaFile, protocol
-from rank_dataset._passes import BuildSlots, Part, SharedPasses
-from rank_dataset.plan import ShardSpec
+from rank_dataset import MetaFile
+from rank_dataset.plan.spec import ShardSpec
+from rank_dataset.server import protocol
+from rank_dataset.server._passes import BuildSlots, Part, SharedPasses
 from tests_helpers import rewrite
 
 
@@ -195,7 +196,7 @@ def test_several_server_processes_each_share_what_they_accept(write_meta, start_
 
 @pytest.mark.parametrize("value", [0, -3, 1.5, True])
 def test_max_pass_samples_must_be_a_positive_int(value) -> None:
-    from rank_dataset._limits import ServerLimits
+    from rank_dataset.server.limits import ServerLimits
 
     with pytest.raises((TypeError, ValueError), match="max_pass_samples"):
         ServerLimits(max_pass_samples=value)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rank_dataset.permutation import permute
+from rank_dataset.plan.permutation import permute
 
 SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 64, 100, 255, 256, 257, 1000, 4097, 65535, 65537, 100_003]
 
@@ -82,7 +82,7 @@ def test_rejects_bad_arguments() -> None:
 
 @pytest.mark.parametrize("n", [1, 2, 5, 17, 100])
 def test_permute_stream_is_the_concatenated_passes(n: int) -> None:
-    from rank_dataset.permutation import permute_stream
+    from rank_dataset.plan.permutation import permute_stream
 
     stream = np.concatenate([permute(n, 4, j, np.arange(n)) for j in range(20)])
     rng = np.random.default_rng(n)
@@ -99,7 +99,7 @@ def test_permute_stream_is_the_concatenated_passes(n: int) -> None:
 
 @pytest.mark.parametrize("n", [1, 2, 3, 1000, 2**40 + 7, 2**53 + 1, 2**55, 2**62])
 def test_permute_each_is_permute_elementwise(n: int) -> None:
-    from rank_dataset.permutation import permute_each
+    from rank_dataset.plan.permutation import permute_each
 
     rng = np.random.default_rng(n % 1000)
     pos = rng.integers(0, n, 64) if n > 1 else np.zeros(64, np.int64)

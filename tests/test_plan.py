@@ -5,8 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from rank_dataset.permutation import permute
-from rank_dataset.plan import ShardSpec, eval_range, spread_positions
+from rank_dataset.plan.permutation import permute
+from rank_dataset.plan.spec import ShardSpec, eval_range, spread_positions
 
 CASES = [(n, w, m) for n, w, m in itertools.product([1, 2, 3, 7, 10, 16, 17, 100, 1001], [1, 2, 3, 4, 8], [1, 2, 3, 5])]
 
@@ -102,7 +102,7 @@ def test_spec_type_validation() -> None:
 
 
 def test_a_mix_keeps_the_layout_over_its_epoch_size() -> None:
-    from rank_dataset.mix import MixPlan
+    from rank_dataset.plan.mix import MixPlan
 
     mix = MixPlan((10, 4, 3), (9, 8, 2), 19)
     for w, m in [(1, 1), (2, 3), (4, 2)]:
@@ -225,7 +225,7 @@ def test_aug_repeats_validation() -> None:
 
 
 def test_aug_repeats_in_a_mix_draws_the_mixed_order() -> None:
-    from rank_dataset.mix import MixPlan
+    from rank_dataset.plan.mix import MixPlan
 
     mix = MixPlan((10, 4, 3), (9, 8, 2), 19)
     for k, w in [(1, 2), (2, 2), (2, 4), (3, 3)]:

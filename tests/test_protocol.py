@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import requests
 
-from rank_dataset import ProtocolError, RankServerDataset, ResumePoint, ServerDataset, Shard, ShardSpec, protocol
-from rank_dataset.client import MetaServer
-from rank_dataset.mix import MixPlan
+from rank_dataset import ProtocolError, RankServerDataset, ResumePoint, ServerDataset, Shard, ShardSpec
+from rank_dataset.plan.mix import MixPlan
+from rank_dataset.server import protocol
+from rank_dataset.training.client import MetaServer
 
 SPECS = [
     ShardSpec(100, 4, 3),

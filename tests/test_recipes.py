@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rank_dataset import RankDataset, class_balanced, repeat_factor
-from rank_dataset.parsers import parse_label
+from rank_dataset.core.parsers import parse_label
 
 
 def epoch_order(sources: list, cfg: dict, world: int) -> list[int]:

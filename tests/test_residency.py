@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rank_dataset._residency import anonymous_map, free_pages
+from rank_dataset.core.residency import anonymous_map, free_pages
 
 PAGE = mmap.PAGESIZE
 

@@ -13,7 +13,7 @@ import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from rank_dataset import RankDataset, ResumableSampler, ShardSpec, find_resume_state, resume_state
-from rank_dataset.permutation import permute
+from rank_dataset.plan.permutation import permute
 
 
 def datasets(meta: Path, w: int, m: int, **cfg: int) -> list[RankDataset]:
@@ -191,7 +191,7 @@ def test_server_dataset_resumes_the_same(write_meta, start_server) -> None:
 
 
 def test_mix_record_round_trips_and_is_range_checked() -> None:
-    from rank_dataset.resume import MixRecord, ResumeState, SourceRecord
+    from rank_dataset.plan.resume import MixRecord, ResumeState, SourceRecord
 
     mix = MixRecord(12, (SourceRecord("a", 10, "f" * 32, 9), SourceRecord("b", 3, None, 3)))
     state = ResumeState(12, None, 0, 1, 2, 1, 4, 3, mix=mix)
@@ -362,7 +362,7 @@ def test_aug_repeats_stateful_dataloader_and_server(write_meta, start_server) ->
 
 
 def test_a_mix_record_holds_the_schedule_and_allows_changes_only_after_its_epoch() -> None:
-    from rank_dataset.resume import MixRecord, ResumeState, SourceRecord
+    from rank_dataset.plan.resume import MixRecord, ResumeState, SourceRecord
 
     def record(changes: Any, names: tuple[str, str] = ("a", "b")) -> MixRecord:
         return MixRecord(12, (SourceRecord(names[0], 10, "f" * 32, 9), SourceRecord(names[1], 3, None, 3)), changes)

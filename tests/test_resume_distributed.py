@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rank_dataset.plan import mini_epoch_width
+from rank_dataset.plan.spec import mini_epoch_width
 from tests_helpers import kill_tree, torchrun_cmd, worker_env
 
 N = 1001

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from rank_dataset.sampler import RandomSampler
+from rank_dataset.training.sampler import RandomSampler
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 10, 100_001])

@@ -17,9 +17,10 @@ import psutil
 import pytest
 import requests
 
-from rank_dataset import MetaFile, protocol
-from rank_dataset._localserver import wait_until_up
-from rank_dataset.plan import ShardSpec
+from rank_dataset import MetaFile
+from rank_dataset.plan.spec import ShardSpec
+from rank_dataset.server import protocol
+from rank_dataset.server.local import wait_until_up
 from tests_helpers import free_port, rewrite
 
 
@@ -316,7 +317,7 @@ def test_half_open_connections_are_timed_out_and_lock_nobody_out(write_meta, sta
 
 
 def test_half_open_connections_past_the_concurrency_limit_only_delay_a_client(write_meta, start_server) -> None:
-    from rank_dataset.client import MetaServer
+    from rank_dataset.training.client import MetaServer
 
     meta = write_meta(n=100)
     server = start_server([meta], "--timeout-request", "1", "--limit-concurrency", "50")
@@ -381,7 +382,7 @@ def test_serve_flags_have_serve_defaults() -> None:
     import inspect
 
     from rank_dataset.cli import serve_cmd
-    from rank_dataset.server import serve
+    from rank_dataset.server.app import serve
 
     defaults = {name: p.default for name, p in inspect.signature(serve).parameters.items()}
     for option in serve_cmd.params:

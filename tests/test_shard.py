@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from rank_dataset import MetaFile
-from rank_dataset import metafile as metafile_mod
-from rank_dataset.shard import Shard
+from rank_dataset.core.shard import Shard
+from rank_dataset.files import metafile as metafile_mod
 
 
 def test_from_meta_matches_the_file_in_any_order(write_meta) -> None:
@@ -112,7 +112,7 @@ def test_a_shard_does_not_copy_its_lines(write_meta) -> None:
 
 @pytest.mark.parametrize("rows, longest", [(3000, 70_000), (300, 100)])  # many bytes (by length), few (bytewise)
 def test_copy_rows_copies_exactly_and_nothing_else(rows: int, longest: int) -> None:
-    from rank_dataset.shard import _BYTEWISE_MAX, copy_rows
+    from rank_dataset.core.shard import _BYTEWISE_MAX, copy_rows
 
     rng = np.random.default_rng(3)
     src = rng.integers(0, 256, 200_000, dtype=np.uint8)
@@ -184,7 +184,7 @@ def test_a_forked_child_does_not_keep_the_parents_segments(write_meta) -> None:
 
 
 def test_rows_are_the_shard_of_those_lines_over_the_same_bytes(write_meta) -> None:
-    from rank_dataset import protocol
+    from rank_dataset.server import protocol
 
     mf = MetaFile(write_meta(n=3000))
     rng = np.random.default_rng(2)

@@ -11,7 +11,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from rank_dataset import RandomSampler, RankDataset, Source, group_by
-from rank_dataset._subsets import SampleIds
+from rank_dataset.plan.subsets import SampleIds
 
 
 def lines_of(path: Path) -> list[str]:
@@ -155,7 +155,7 @@ def test_the_classes_of_a_grouping_map_plan_numbers_in_one_gather(
 ) -> None:
     # Slices of one array, back to back in the sources' order: plan number p is base[p + shift]. The
     # same numbers as the general map, which looks up each number's source first.
-    from rank_dataset._subsets import SampleMap
+    from rank_dataset.plan.subsets import SampleMap
 
     a, b = files
     groups = list(group_by(b if in_b else a).values())[first:]

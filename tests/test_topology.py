@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from rank_dataset.topology import get_rank_world_size
+from rank_dataset.training.topology import get_rank_world_size
 
 _VARS = ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")
 

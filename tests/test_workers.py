@@ -16,8 +16,9 @@ import psutil
 import pytest
 from torch.utils.data import DataLoader, SequentialSampler
 
-from rank_dataset import RandomSampler, RankDataset, ResumableSampler, _shm
-from rank_dataset._channel import pass_of
+from rank_dataset import RandomSampler, RankDataset, ResumableSampler
+from rank_dataset.core import shm as _shm
+from rank_dataset.shards.channel import pass_of
 from tests_helpers import imagenet_line
 
 CONTEXTS = ["fork", "spawn", "forkserver"]

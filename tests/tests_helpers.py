@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import psutil
 
-from rank_dataset._localserver import LocalServer, free_port
 from rank_dataset.demo.synthetic import imagenet_line
-from rank_dataset.scan import BOM
+from rank_dataset.files.scan import BOM
+from rank_dataset.server.local import LocalServer, free_port
 
 __all__ = [
     "Server",

@@ -1,7 +1,9 @@
 """rank-dataset: load meta files of 10M to 1B samples in PyTorch distributed training, each rank
 holding only its own shard in compact numpy buffers.
 
-The names that need torch (the datasets and the sampler) are imported on first use, so the index
+The public API is this module's ``__all__``; the layers below it are sub-packages
+(``core`` < ``plan`` < ``files`` < ``shards`` | ``server`` < ``training``, see the development guide).
+The names that need torch (the datasets and the samplers) are imported on first use, so the index
 tools and the meta server import and run without torch.
 """
 
@@ -11,8 +13,7 @@ import importlib
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from rank_dataset._channel import PassCount
-from rank_dataset.config import ReloadConfig
+from rank_dataset._moved import MOVED_NAMES, install_module_shims, moved_name
 from rank_dataset.errors import (
     MetaFileChangedError,
     PassAuditError,
@@ -20,16 +21,15 @@ from rank_dataset.errors import (
     ProtocolError,
     RanksDisagreeError,
 )
-from rank_dataset.grouping import group_by
-from rank_dataset.metafile import MetaFile
-from rank_dataset.mix import Source
-from rank_dataset.permutation import permute
-from rank_dataset.plan import ResumePoint, ShardSpec, eval_range, spread_positions
-from rank_dataset.recipes import class_balanced, repeat_factor
-from rank_dataset.resume import ResumeState
-from rank_dataset.scan import build_index
-from rank_dataset.shard import Shard
-from rank_dataset.topology import get_rank_world_size
+from rank_dataset.files.grouping import group_by
+from rank_dataset.files.metafile import MetaFile
+from rank_dataset.files.recipes import class_balanced, repeat_factor
+from rank_dataset.files.scan import build_index
+from rank_dataset.plan.config import ReloadConfig
+from rank_dataset.plan.mix import Source
+from rank_dataset.plan.resume import ResumeState
+from rank_dataset.shards.channel import PassCount
+from rank_dataset.training.topology import get_rank_world_size
 
 try:
     __version__ = metadata.version("rank-dataset")
@@ -37,9 +37,9 @@ except metadata.PackageNotFoundError:  # imported from a source tree that was ne
     __version__ = "0+unknown"
 
 if TYPE_CHECKING:
-    from rank_dataset.client import RankServerDataset, ServerDataset
-    from rank_dataset.dataset import RankDataset
-    from rank_dataset.sampler import RandomSampler, ResumableSampler, find_resume_state, resume_state
+    from rank_dataset.training.client import RankServerDataset, ServerDataset
+    from rank_dataset.training.dataset import RankDataset
+    from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
 
 __all__ = [
     "MetaFile",
@@ -54,36 +54,32 @@ __all__ = [
     "RanksDisagreeError",
     "ReloadConfig",
     "ResumableSampler",
-    "ResumePoint",
     "ResumeState",
     "ServerDataset",
-    "Shard",
-    "ShardSpec",
     "Source",
     "build_index",
     "class_balanced",
-    "eval_range",
     "find_resume_state",
     "get_rank_world_size",
     "group_by",
-    "permute",
     "repeat_factor",
-    "resume_state",
-    "spread_positions",
 ]
 
 _LAZY = {
-    "RandomSampler": "rank_dataset.sampler",
-    "ResumableSampler": "rank_dataset.sampler",
-    "resume_state": "rank_dataset.sampler",
-    "find_resume_state": "rank_dataset.sampler",
-    "RankDataset": "rank_dataset.dataset",
-    "RankServerDataset": "rank_dataset.client",
-    "ServerDataset": "rank_dataset.client",
+    "RandomSampler": "rank_dataset.training.sampler",
+    "ResumableSampler": "rank_dataset.training.sampler",
+    "find_resume_state": "rank_dataset.training.sampler",
+    "RankDataset": "rank_dataset.training.dataset",
+    "RankServerDataset": "rank_dataset.training.client",
+    "ServerDataset": "rank_dataset.training.client",
 }
+
+install_module_shims()
 
 
 def __getattr__(name: str) -> Any:
+    if name in MOVED_NAMES:
+        return moved_name(name)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'rank_dataset' has no attribute {name!r}")

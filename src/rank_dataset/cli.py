@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from rank_dataset._limits import DEFAULT_LIMITS
-from rank_dataset.protocol import DEFAULT_PORT, TOKEN_ENV
+from rank_dataset.server.limits import DEFAULT_LIMITS
+from rank_dataset.server.protocol import DEFAULT_PORT, TOKEN_ENV
 
 __all__ = ["cli", "main"]
 
@@ -56,7 +56,7 @@ def cli() -> None:
 @click.argument("meta_files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 def index_cmd(meta_files: tuple[str, ...]) -> None:
     """Build (or check) the line-offset index of META_FILES and print their sample counts."""
-    from rank_dataset.metafile import MetaFile
+    from rank_dataset.files.metafile import MetaFile
 
     total = 0
     for path in meta_files:
@@ -151,7 +151,7 @@ def serve_cmd(
     """Serve META_FILES (taken as one, in order) to RankServerDataset and ServerDataset clients."""
     _require("starlette", "uvicorn", "h11")
     with _optional_dependencies():
-        from rank_dataset.server import serve
+        from rank_dataset.server.app import serve
 
     try:
         serve(meta_files, host=host, port=port, token=token, workers=workers, **limits)

@@ -1,7 +1,7 @@
 """The errors users catch, in one place. No torch.
 
 They are also importable from where they were first defined (``rank_dataset``,
-``rank_dataset.metafile``, ``rank_dataset.protocol``, ``rank_dataset._agree``).
+``rank_dataset.files.metafile``, ``rank_dataset.server.protocol``, ``rank_dataset.training._agree``).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class PassAuditWarning(UserWarning):
 
 class PassAuditError(RuntimeError):
     """A pass over a rank's shard read fewer or more items than its sampler drew, under
-    ``audit="error"``. ``count`` is the pass's :class:`~rank_dataset._channel.PassCount`."""
+    ``audit="error"``. ``count`` is the pass's :class:`~rank_dataset.shards.channel.PassCount`."""
 
     def __init__(self, message: str, count: Any = None) -> None:
         super().__init__(message)

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rank_dataset._localserver import LocalServer, free_port
 from rank_dataset.demo.synthetic import write_imagenet_meta, write_mix
+from rank_dataset.server.local import LocalServer, free_port
 
 __all__ = ["DemoError", "DemoResult", "format_table", "launch_ranks", "run_demo"]
 
@@ -76,7 +76,7 @@ def launch_ranks(cfg: dict[str, Any], world_size: int, work: Path) -> DemoResult
     ``meta``, ``workers``, ``epochs``, ``mini_epochs``, ``batch_size``; ``work``: a scratch directory.
     """
     if cfg["loader"] == "rank_dataset":
-        from rank_dataset.metafile import MetaFile
+        from rank_dataset.files.metafile import MetaFile
 
         # Index once before the job, as `rank-dataset index` or an earlier run would: the ranks then
         # load a warm index, and the memory figures are those of a training run, not of indexing.

@@ -24,13 +24,13 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from rank_dataset._residency import return_freed_memory
-from rank_dataset.dataset import RankDataset, ShardedDataset
+from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.demo.baselines import NaiveDataset, OriginalDataset
 from rank_dataset.demo.memory import pss_with_children
 from rank_dataset.demo.synthetic import imagenet_line
-from rank_dataset.mix import Source
-from rank_dataset.sampler import RandomSampler
+from rank_dataset.plan.mix import Source
+from rank_dataset.training.dataset import RankDataset, ShardedDataset
+from rank_dataset.training.sampler import RandomSampler
 
 #: A test hook: the rank named here raises, to show how the demo reports a failing rank.
 FAIL_RANK_ENV = "RANK_DATASET_DEMO_FAIL_RANK"
@@ -217,7 +217,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     elif kind == "original":
         dataset = OriginalDataset(cfg["meta"], rank, world, cfg["mini_epochs"], seed=0)
     elif kind == "server":
-        from rank_dataset.client import RankServerDataset
+        from rank_dataset.training.client import RankServerDataset
 
         sources = _sources(cfg, served=True) if cfg.get("mix") else None
         dataset = RankServerDataset(cfg["url"], reload_cfg=reload, sources=sources)

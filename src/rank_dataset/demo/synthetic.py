@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rank_dataset._progress import progress_bar
+from rank_dataset.core.progress import progress_bar
 
 _WNID_BASE = 1_440_764  # ImageNet's first wnid is n01440764
 

@@ -1,0 +1,5 @@
+"""The building blocks every layer uses: argument checks, threads, progress bars, the line parsers,
+shared memory and the :class:`~rank_dataset.core.shard.Shard` (a rank's lines as bytes + offsets).
+
+No torch, no meta files: the bottom layer, importing nothing else of the package.
+"""

@@ -1,0 +1,572 @@
+"""The samples of a meta file grouped by a key (its label, or any function of its line), cached. No torch.
+
+:func:`group_by` reads the file once and returns for each key the ascending sample numbers that
+have it: ``key="label"`` reads the file's bytes in blocks, parsed and sorted in numpy in two threads
+(:mod:`rank_dataset.files._labels`); a function of the line is called on each line, read through the
+line-offset index. The result is cached beside the index and keyed like it (the
+file's size, mtime, ctime, inode and a hash of its ends): a changed file is grouped again, and of
+many processes that ask at once (the ranks of a node at job start), one builds the cache while the
+others wait for it (:mod:`rank_dataset.files._cachelock`). A cached grouping is memory-mapped, so the
+ranks of a node share one copy of it in the page cache.
+
+The cache file: a 128-byte header (magic, the file's key, the number of samples and keys, how the keys
+are stored), then the ``C + 1`` int64 bounds of the groups, the keys (``C`` int64 or UTF-8 JSON), and
+the ``N`` int64 sample numbers, group after group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import itertools
+import json
+import mmap
+import os
+import re
+import struct
+import tempfile
+import threading
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.core.checks import meta_path
+from rank_dataset.core.parsers import LineError, parse_label, quote
+from rank_dataset.core.progress import progress_bar
+from rank_dataset.core.threads import THREADS
+from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.files._cachelock import load_or_build
+from rank_dataset.files._labels import PAD, block_labels
+from rank_dataset.files._pread import ShortRead, count_newlines, pread_exact
+from rank_dataset.files.index import FileKey, Index, SpanReader, _cache_paths, _fsync_dir, load_index
+from rank_dataset.files.scan import PathLike, _chunk_bounds
+
+__all__ = ["group_by"]
+
+Key = Callable[[str], Hashable]
+
+_MAGIC = b"RDGRP\x00\x00\x01"
+# magic, file size, mtime_ns, ctime_ns, inode, device, samples, keys, key bytes, key format, content sample
+_HEADER = struct.Struct("<8sqqqQQqqqq16s")
+_DATA_OFFSET = 128
+_INT_KEYS, _JSON_KEYS = 0, 1
+_BLOCK = 1 << 20  # lines read at a time for a function key
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_NEWLINE, _CR = 10, 13
+_CHUNK = 8 << 20  # bytes of the file parsed at a time for key="label": a block's temporaries stay in cache
+
+
+def group_by(meta_file: PathLike, key: str | Key = "label", *, cache_name: str | None = None) -> dict[Any, np.ndarray]:
+    """The sample numbers of ``meta_file`` grouped by ``key``: ``{key: ascending int64 sample numbers}``.
+
+    Args:
+        meta_file: the path of a meta file. Sample numbers are 0-based, as ``RankDataset(meta_file)``
+            numbers them (blank lines are not samples).
+        key: ``"label"``, the integer after a line's last run of whitespace (what the ``"label"``
+            parser returns as the label), read from the bytes in numpy; or a function of the line's
+            text returning a hashable key, called once per line in Python (a progress bar on a
+            terminal, in the first process of a node).
+        cache_name: with a function ``key``, the name its grouping is cached under (letters, digits,
+            ``_`` and ``-``; not ``"label"``); without one it is computed anew on each call. Keep a
+            name for one function: a cache is matched on the file, not on the function.
+
+    Returns:
+        A dict in ascending key order (in order of first appearance where the keys cannot be ordered);
+        each value a read-only int64 array (a view of the memory-mapped cache when cached). The values
+        partition ``range(N)``.
+
+    Raises:
+        FileNotFoundError: ``meta_file`` does not exist.
+        ValueError: a line has no integer label (``key="label"``; the message names the file and line),
+            the file holds no sample, or ``cache_name`` is invalid.
+        TypeError: ``key`` returned an unhashable value (naming the line), or a key to be cached is not
+            an int, float, str, bool or None, or a tuple of those.
+
+    Memory: about 12 bytes a sample while grouping by label (the result's 8, and 4 for each block's order until it
+    is placed; the result is a map of the cache file where there is one), and nothing once cached but the shared map.
+
+    Examples:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
+        >>> _ = open(p, "w").write("a.jpg 3\\nb.jpg 1\\nc.jpg 3\\n")
+        >>> {k: v.tolist() for k, v in group_by(p).items()}
+        {1: [1], 3: [0, 2]}
+        >>> {k: v.tolist() for k, v in group_by(p, key=lambda line: line[0]).items()}
+        {'a': [0], 'b': [1], 'c': [2]}
+    """
+    return grouping_of(meta_file, key, cache_name).as_dict()
+
+
+def grouping_of(meta_file: PathLike, key: str | Key = "label", cache_name: str | None = None) -> Grouping:
+    """:func:`group_by`'s grouping as one :class:`Grouping` (its groups slices of one array)."""
+    if not isinstance(meta_file, (str, os.PathLike)):
+        raise TypeError(f"meta_file must be a path, got {meta_file!r} ({type(meta_file).__name__})")
+    if key == "label":
+        if cache_name is not None:
+            raise ValueError(f'cache_name is for a function key; key="label" is cached as "label", got {cache_name!r}')
+        name: str | None = "label"
+    elif callable(key):
+        if cache_name is not None and (not isinstance(cache_name, str) or not _NAME.fullmatch(cache_name)):
+            raise ValueError(f"cache_name must be 1-64 letters, digits, '_' or '-', got {cache_name!r}")
+        if cache_name == "label":
+            raise ValueError('cache_name "label" is the cache of key="label": choose another name')
+        name = cache_name
+    else:
+        raise ValueError(f'key must be "label" or a function of the line returning a hashable, got {key!r}')
+    path = meta_path(meta_file)
+    index = load_index(path)
+    if index.count == 0:
+        raise ValueError(f"no samples in {path}: every line is empty or whitespace")
+    return _load_or_group(path, index, key, name)
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """Keys in order, the ``C + 1`` bounds of their groups, and the sample numbers group after group."""
+
+    keys: list[Any]
+    bounds: npt.NDArray[np.int64]
+    order: npt.NDArray[np.int64]
+
+    def as_dict(self) -> dict[Any, np.ndarray]:
+        """``{key: its sample numbers}``, each a read-only view of :attr:`order`."""
+        self.order.flags.writeable = False
+        bounds = self.bounds.tolist()
+        return {k: self.order[a:b] for k, a, b in zip(self.keys, bounds, bounds[1:])}
+
+
+def _cache_candidates(path: Path, name: str) -> list[Path]:
+    """Where the grouping ``name`` of ``path`` may be cached: beside each place its index may be."""
+    return [cache.with_suffix(f".{name}.rdgrp") for cache in _cache_paths(path)]
+
+
+def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -> Grouping:
+    if name is None:
+        return _group(path, index, key)
+    candidates = _cache_candidates(path, name)
+    for cache in candidates:
+        found = _open_cache(cache, index)
+        if found is not None:
+            return found
+    for cache in candidates:
+
+        def load(cache: Path = cache) -> Grouping | None:
+            return _open_cache(cache, index)
+
+        def build(cache: Path = cache) -> Grouping | None:
+            return _write_cache(cache, path, index, key)
+
+        built = load_or_build(cache, load, build)
+        if built is not None:
+            return built
+    return _group(path, index, key)  # no writable cache location
+
+
+# ---------------------------------------------------------------------------------------------------
+# The cache
+
+
+def _open_cache(cache: Path, index: Index) -> Grouping | None:
+    """The grouping in ``cache`` if it is one of the file ``index`` describes, and whole; else None."""
+    try:
+        fd = os.open(cache, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = np.empty(_HEADER.size, np.uint8)
+        pread_exact(fd, raw, 0)
+        magic, size, mtime, ctime, inode, device, count, nkeys, key_bytes, form, sample = _HEADER.unpack(raw.tobytes())
+        if (
+            magic != _MAGIC
+            or not FileKey(size, mtime, ctime, inode, device).same_file(index.key)
+            or sample != index.ends_hash
+            or count != index.count
+            or not 1 <= nkeys <= count
+            or form not in (_INT_KEYS, _JSON_KEYS)
+        ):
+            return None
+        order_at = _order_offset(nkeys, key_bytes)
+        if os.fstat(fd).st_size != order_at + 8 * count:
+            return None
+        head = np.empty(order_at - _DATA_OFFSET, np.uint8)
+        pread_exact(fd, head, _DATA_OFFSET)
+        bounds = head[: 8 * (nkeys + 1)].view("<i8").astype(np.int64)
+        if bounds[0] != 0 or bounds[-1] != count or not bool((np.diff(bounds) > 0).all()):
+            return None
+        key_part = head[8 * (nkeys + 1) : 8 * (nkeys + 1) + key_bytes]
+        keys = key_part.view("<i8").tolist() if form == _INT_KEYS else _decode_keys(key_part.tobytes())
+        if keys is None or len(keys) != nkeys:
+            return None
+    except (OSError, ValueError, struct.error):
+        return None
+    finally:
+        os.close(fd)
+    order = np.memmap(cache, dtype="<i8", mode="r", offset=order_at, shape=(count,))
+    if not (0 <= int(order[0]) < count and 0 <= int(order[-1]) < count):
+        return None
+    return Grouping(keys, bounds, order)
+
+
+def _order_offset(nkeys: int, key_bytes: int) -> int:
+    return _DATA_OFFSET + 8 * (nkeys + 1) + -(-key_bytes // 8) * 8
+
+
+def _write_cache(cache: Path, path: Path, index: Index, key: str | Key) -> Grouping | None:
+    """Group the file into ``cache`` (a temporary file renamed into place, as the index is); None if
+    ``cache`` cannot be written.
+
+    The sample numbers are placed straight into a shared map of the temporary file, its space
+    reserved first (so that writing the map cannot fail): no copy of them in memory, no write of
+    them to the file (which costs more than the grouping's parsing on some kernels)."""
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp_fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=f"{cache.name}.{os.getpid()}.", suffix=".tmp")
+    except OSError:
+        return None
+    maps: list[mmap.mmap] = []
+    written: list[Grouping] = []
+
+    def place(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        if all(type(k) is int and -(1 << 63) <= k < 1 << 63 for k in keys):
+            form, key_part = _INT_KEYS, np.asarray(keys, "<i8").tobytes()
+        else:
+            form, key_part = _JSON_KEYS, _encode_keys(keys)
+        k = index.key
+        header = _HEADER.pack(
+            _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, k.device, index.count, len(keys), len(key_part), form,
+            index.ends_hash,
+        )  # fmt: skip
+        head = header.ljust(_DATA_OFFSET, b"\0") + bounds.astype("<i8").tobytes()
+        head += key_part.ljust(-(-len(key_part) // 8) * 8, b"\0")
+        size = len(head) + 8 * index.count
+        try:
+            os.posix_fallocate(tmp_fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            written.append(Grouping(keys, bounds, np.empty(index.count, np.int64)))  # write it afterwards
+            return written[0].order
+        os.pwrite(tmp_fd, head, 0)
+        maps.append(mmap.mmap(tmp_fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+        return np.frombuffer(maps[0], "<i8", count=index.count, offset=len(head))
+
+    try:
+        grouping = _group(path, index, key, place)
+        del grouping
+        if maps:
+            maps[0].flush()
+            maps[0].close()  # no view of it is left
+        else:
+            with open(tmp_fd, "ab", closefd=False) as f:
+                f.write(written[0].order.astype("<i8", copy=False).data)
+            written.clear()
+        os.fsync(tmp_fd)
+        os.close(tmp_fd)
+        os.replace(tmp, cache)
+        _fsync_dir(cache.parent)
+    except OSError:
+        _abandon(tmp_fd, tmp)
+        return None
+    except BaseException:
+        _abandon(tmp_fd, tmp)
+        raise
+    return _open_cache(cache, index)
+
+
+def _abandon(fd: int, tmp: str) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
+
+
+def _encode_keys(keys: Sequence[Any]) -> bytes:
+    def tag(value: Any) -> Any:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, tuple):
+            return {"t": [tag(v) for v in value]}
+        raise TypeError(
+            f"a key to be cached must be an int, float, str, bool, None or a tuple of those, got {value!r} "
+            f"({type(value).__name__}); return one of those, or leave cache_name unset"
+        )
+
+    return json.dumps([tag(k) for k in keys], allow_nan=True).encode()
+
+
+def _decode_keys(data: bytes) -> list[Any] | None:
+    def untag(value: Any) -> Any:
+        return tuple(untag(v) for v in value["t"]) if isinstance(value, dict) else value
+
+    try:
+        keys = json.loads(data)
+    except ValueError:
+        return None
+    return [untag(k) for k in keys] if isinstance(keys, list) else None
+
+
+# ---------------------------------------------------------------------------------------------------
+# One pass over the file
+
+
+class _Lines:
+    """The lines of an indexed file, a block of samples at a time, checked against the file."""
+
+    def __init__(self, path: Path, index: Index, fd: int) -> None:
+        self.path, self.index, self.fd = path, index, fd
+
+    def blocks(self) -> Iterator[tuple[int, int, npt.NDArray[np.uint8], npt.NDArray[np.int64]]]:
+        """Yield ``(first, base, buf, spans)``: samples ``first ..`` are ``buf[spans[i, 0]:spans[i, 1]]``,
+        and ``buf[j]`` is byte ``base + j`` of the file; ``buf`` has :data:`~rank_dataset.files._labels.PAD`
+        bytes before the first sample."""
+        n, size = self.index.count, self.index.key.size
+        try:
+            with SpanReader(self.index) as reader:
+                for first in range(0, n, _BLOCK):
+                    starts, lengths = reader.take(np.arange(first, min(first + _BLOCK, n), dtype=np.int64))
+                    spans = np.stack([starts, starts + lengths], axis=1).astype(np.int64, copy=False)
+                    lo, hi = int(spans[0, 0]), int(spans[-1, 1])
+                    # The byte after the last line too (its newline, if any), so every line's end is checked.
+                    stop = min(hi + 1, size)
+                    buf = np.empty(PAD + stop - lo + 1, np.uint8)
+                    buf[:PAD] = _NEWLINE
+                    buf[-1] = _NEWLINE
+                    pread_exact(self.fd, buf[PAD : PAD + stop - lo], lo)
+                    spans += PAD - lo
+                    # A line ends at a newline, a "\r\n" or the end of the file: anything else is an index
+                    # that no longer describes the bytes.
+                    after = buf[spans[:, 1]]
+                    if not (
+                        bool(((after == _NEWLINE) | (after == _CR)).all()) and bool((spans[:, 1] > spans[:, 0]).all())
+                    ):
+                        raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
+                    yield first, lo - PAD, buf, spans
+        except ShortRead:
+            raise MetaFileChangedError(self.path, "it shrank while being read") from None
+        except LookupError as exc:
+            raise MetaFileChangedError(self.path, f"its index cache changed while it was read ({exc})") from None
+
+    def where(self, start: int) -> str:
+        """``path:line`` of the line starting at byte ``start`` of the file."""
+        return f"{self.path}:{count_newlines(self.fd, start) + 1}"
+
+
+@contextlib.contextmanager
+def _open_checked(path: Path, index: Index) -> Iterator[_Lines]:
+    """The file's lines, checked on entry and exit to be those of the file ``index`` describes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise MetaFileChangedError(path, "it was deleted or moved") from None
+    try:
+        for when in ("", " while it was grouped"):
+            what = index.key.change(FileKey.of(os.fstat(fd)))
+            if what is not None:
+                raise MetaFileChangedError(path, what + when)
+            if not when:
+                yield _Lines(path, index, fd)
+    finally:
+        os.close(fd)
+
+
+#: Given the keys and the bounds of their groups, the int64 array the sample numbers are placed in.
+Place = Callable[[list[Any], npt.NDArray[np.int64]], npt.NDArray[np.int64]]
+
+
+def _in_memory(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    return np.empty(int(bounds[-1]), np.int64)
+
+
+def _group(path: Path, index: Index, key: str | Key, place: Place = _in_memory) -> Grouping:
+    with _open_checked(path, index) as lines:
+        if key == "label":
+            return _label_grouping(lines, place)
+        assert callable(key)
+        codes, keys = _key_codes(lines, key)
+    try:
+        rank = sorted(range(len(keys)), key=keys.__getitem__)
+    except TypeError:  # keys that cannot be ordered keep the order they first appeared in
+        rank = list(range(len(keys)))
+    new_code = np.empty(len(keys), np.int64)
+    new_code[rank] = np.arange(len(keys))
+    counts = np.bincount(new_code[codes], minlength=len(keys))
+    ordered, bounds = [keys[i] for i in rank], _bounds(counts)
+    order = place(ordered, bounds)
+    _scatter(order, counts, lambda a, b: new_code[codes[a:b]])
+    return Grouping(ordered, bounds, order)
+
+
+def _label_grouping(lines: _Lines, place: Place) -> Grouping:
+    """Group the samples by their integer label: each block of the file parsed and sorted by label on
+    its own (two threads; numpy releases the GIL), then every block's samples scattered to their
+    places, a stable counting sort. Only the result is N-sized, and each block's order (4 bytes a
+    sample) until it is placed."""
+    fd, size = lines.fd, lines.index.key.size
+    with open(fd, "rb", closefd=False) as f:
+        bounds = _chunk_bounds(f, size, _CHUNK)
+    scratch = threading.local()
+
+    def part(lo: int, hi: int) -> _Part:
+        buf = getattr(scratch, "buf", None)
+        if buf is None or buf.size < PAD + hi - lo + 1:
+            buf = scratch.buf = np.empty(max(PAD + _CHUNK + 1, PAD + hi - lo + 1), np.uint8)
+        end = PAD + hi - lo
+        buf[:PAD] = _NEWLINE
+        try:
+            pread_exact(fd, buf[PAD:end], lo)
+        except ShortRead:
+            raise MetaFileChangedError(lines.path, "it shrank while being read") from None
+        if buf[end - 1] != _NEWLINE:
+            if hi != size:  # blocks end just past a newline
+                raise MetaFileChangedError(lines.path, "it changed while it was grouped")
+            buf[end] = _NEWLINE  # the last line has no newline of its own
+            end += 1
+        labels, todo, starts, ends = block_labels(buf[:end], end, file_start=lo == 0)
+        for row, start, stop in zip(todo.tolist(), starts.tolist(), ends.tolist()):  # the parser decides
+            line = buf[start:stop].tobytes().decode("utf-8", "replace")
+            try:
+                labels[row] = parse_label(line)[1]
+            except LineError as exc:
+                raise ValueError(f"{lines.where(lo + start - PAD)}: {exc}") from None
+            except OverflowError:
+                raise ValueError(
+                    f"{lines.where(lo + start - PAD)}: label outside the int64 range in line {quote(line)}"
+                ) from None
+        return _Part.of(labels)
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        parsing = [pool.submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
+        try:
+            parts = [job.result() for job in parsing]  # the first bad line of the file is the one named
+        except BaseException:
+            for job in parsing:
+                job.cancel()
+            raise
+        count = sum(p.perm.size for p in parts)
+        if count != lines.index.count:
+            raise MetaFileChangedError(lines.path, f"it holds {count:,} samples, its index {lines.index.count:,}")
+        keys = np.unique(np.concatenate([p.keys for p in parts]))
+        codes = [np.searchsorted(keys, p.keys) for p in parts]
+        totals = np.zeros(keys.size, np.int64)
+        for code, p in zip(codes, parts):
+            totals[code] += p.sizes  # a block's keys are distinct
+        group_bounds = _bounds(totals)
+        keys_list = keys.tolist()
+        order = place(keys_list, group_bounds)
+        cursor = group_bounds[:-1].copy()
+        placed: list[Future[None]] = []
+        base = 0
+        for code, p in zip(codes, parts):
+            placed.append(pool.submit(p.place, order, cursor[code], base))
+            cursor[code] += p.sizes
+            base += p.perm.size
+        del parts
+        for done in placed:
+            done.result()
+    return Grouping(keys_list, group_bounds, order)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One block's samples in label order: ``perm`` (stable, numbered within the block), and the
+    block's distinct labels, ascending, with how many samples have each."""
+
+    perm: npt.NDArray[np.uint32]
+    keys: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, labels: npt.NDArray[np.int64]) -> _Part:
+        if not labels.size:
+            return cls(np.empty(0, np.uint32), np.empty(0, np.int64), np.empty(0, np.int64))
+        lo = int(labels.min())
+        span = int(labels.max()) - lo
+        if span < 1 << 16:  # a stable sort of 16-bit values is a radix sort: linear
+            offset = (labels - lo).astype(np.uint16)
+            perm = np.argsort(offset, kind="stable")
+            sizes = np.bincount(offset, minlength=span + 1)
+            keys = np.flatnonzero(sizes)
+            return cls(perm.astype(np.uint32), keys + lo, sizes[keys])
+        if span < 1 << 32:  # two radix passes, low half then high half
+            offset = (labels - lo).astype(np.uint32)
+            perm = np.argsort((offset & 0xFFFF).astype(np.uint16), kind="stable")
+            perm = perm[np.argsort((offset[perm] >> 16).astype(np.uint16), kind="stable")]
+        else:
+            perm = np.argsort(labels, kind="stable")
+        ordered = labels[perm]
+        heads = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1))
+        return cls(perm.astype(np.uint32), ordered[heads], np.diff(np.append(heads, ordered.size)))
+
+    def place(self, order: npt.NDArray[np.int64], at: npt.NDArray[np.int64], base: int) -> None:
+        """Write samples ``base + perm`` into ``order``, those of key ``keys[k]`` from ``at[k]`` on."""
+        firsts = np.cumsum(self.sizes) - self.sizes
+        where = np.repeat(at - firsts, self.sizes)
+        where += np.arange(self.perm.size)
+        order[where] = self.perm.astype(np.int64) + base
+
+
+def each_line(meta_file: PathLike, desc: str) -> Iterator[tuple[str, Callable[[], str]]]:
+    """Every sample of ``meta_file`` as ``(text, where)``, in order, ``where()`` giving its ``path:line``;
+    a progress bar on a terminal (in the first process of a node). For functions of the line."""
+    path = meta_path(meta_file)
+    index = load_index(path)
+    with _open_checked(path, index) as lines:
+        yield from _texts(lines, desc)
+
+
+def _texts(lines: _Lines, desc: str) -> Iterator[tuple[str, Callable[[], str]]]:
+    with progress_bar(lines.index.count, f"{desc} {lines.path}", unit="lines", min_total=1 << 16) as bar:
+        for _, base, buf, spans in lines.blocks():
+            data = buf.tobytes()
+            for start, end in spans.tolist():
+                yield data[start:end].decode("utf-8", "replace"), functools.partial(lines.where, base + start)
+            bar.update(len(spans))
+
+
+def _key_codes(lines: _Lines, key: Key) -> tuple[npt.NDArray[np.int64], list[Any]]:
+    """For every sample, the number of its key in order of first appearance, and the keys."""
+    codes = np.empty(lines.index.count, np.int64)
+    number: dict[Any, int] = {}
+    keys: list[Any] = []
+    for i, (text, where) in enumerate(_texts(lines, "grouping")):
+        value = key(text)
+        try:
+            code = number.get(value)
+        except TypeError:
+            raise TypeError(f"{where()}: key returned {value!r} ({type(value).__name__}), not hashable") from None
+        if code is None:
+            code = number[value] = len(keys)
+            keys.append(value)
+        codes[i] = code
+    return codes, keys
+
+
+def _bounds(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+
+
+def _scatter(
+    order: npt.NDArray[np.int64],
+    counts: npt.NDArray[np.int64],
+    codes_of: Callable[[int, int], npt.NDArray[np.int64]],
+) -> None:
+    """Place the sample numbers ``0..n-1`` in ``order``, grouped by code (``codes_of(a, b)``: the codes
+    of samples ``a..b-1``), ascending within each group: a stable counting sort, a block at a time,
+    so that only the result is N-sized."""
+    n = order.size
+    cursor = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    # A stable sort of 16-bit codes is a radix sort, several times faster than one of wider ints.
+    narrow = np.uint16 if counts.size <= 1 << 16 else np.int64
+    for a in range(0, n, _BLOCK):
+        codes = codes_of(a, min(a + _BLOCK, n))
+        perm = np.argsort(codes.astype(narrow), kind="stable")
+        sorted_codes = codes[perm]
+        head = np.flatnonzero(np.diff(sorted_codes, prepend=-1))  # the first of each run of one code
+        run_start = np.repeat(head, np.diff(np.append(head, codes.size)))
+        order[cursor[sorted_codes] + np.arange(codes.size) - run_start] = perm + a
+        cursor[sorted_codes[head]] += np.diff(np.append(head, codes.size))

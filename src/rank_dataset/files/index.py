@@ -1,0 +1,790 @@
+"""The line-offset index of a meta file and its cache on disk. No torch.
+
+The index of a file holds the byte span of each of its samples (see :mod:`rank_dataset.files.scan`) in
+8 bytes: one little-endian uint64 ``start << bits | length``, where ``bits = 64 - bit_length(size)``
+(a line too long for its field, which only a file over 4 GiB can hold, has an all-ones length and
+its true length in a table of long lines). After the entries come that table and the file's marks:
+where the first line after every 4 MiB starts and its line number, so that a sample's line number is
+found by reading less than 4 MiB. It is cached beside the file (or in the user cache directory),
+built by one process while others that want it wait (:mod:`rank_dataset.files._cachelock`). A cache is
+keyed by what identifies the file's content without reading all of it: size, mtime, ctime and inode
+(ctime cannot be set by ``utime``, so ``touch -r`` and ``cp -p`` over the file do not pass for it),
+and a hash of its first and last 64 KiB. No descriptor is kept open, and no cache is mapped: a build
+reads the entries it needs with positional reads (:class:`SpanReader`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import os
+import socket
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import psutil
+from platformdirs import user_cache_dir
+
+from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.files._cachelock import one_builder
+from rank_dataset.files._pread import ShortRead, Window, pread_exact, read_ends
+from rank_dataset.files.scan import Chunk, scan_map
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "FileKey",
+    "Index",
+    "SpanReader",
+    "hash_ends",
+    "length_bits",
+    "line_mark",
+    "load_index",
+    "read_entry",
+    "spans_are_sane",
+]
+
+#: Environment variable naming a directory for index caches, used instead of the meta file's own.
+CACHE_DIR_ENV = "RANK_DATASET_CACHE_DIR"
+
+_MAGIC = b"RDIDX\x00\x00\x04"
+# magic, file size, mtime_ns, ctime_ns, inode, device, samples, flags, hash of the file's ends, long lines, marks
+_HEADER = struct.Struct("<8sqqqQQqq16sqq")
+# After the header: written, and synced, only once the rest of the cache is on disk. Other processes
+# load only a sealed cache (see :func:`_write_cache`).
+_SEAL = b"RDSEALED"
+_SEAL_AT = _HEADER.size
+_FLAG_ASCII = 1
+_DATA_OFFSET = 128
+_ENTRY = 8  # one sample: a little-endian uint64, start << bits | length
+_PAIR = 16  # a long line (sample, length) or a mark (offset, line number): two little-endian int64
+_SAMPLE = 1 << 16  # bytes hashed at each end of the file
+_CHECK_ROWS = 1 << 12  # entries checked at each end of a cache when it is loaded
+_BUILD_TRIES = 3
+_OTHER_HOST_TMP_AGE = 24 * 3600  # seconds after which another host's unfinished cache is abandoned
+_SYNC_EVERY = 64 << 20  # bytes of a cache written between two syncs while it is being built
+_SEAL_APART = 4 << 20  # bytes of entries from which a cache is sealed in a thread of its own
+_IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class FileKey:
+    """What identifies a file's content without reading it: ``fstat`` fields that change with it."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+    device: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileKey:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+    def same_file(self, other: FileKey) -> bool:
+        """Equal but for the device, which one file shared over NFS has a different one on each client
+        (git leaves st_dev out of its index check for that reason): what a cache is matched on."""
+        return (self.size, self.mtime_ns, self.ctime_ns, self.inode) == (
+            other.size,
+            other.mtime_ns,
+            other.ctime_ns,
+            other.inode,
+        )
+
+    def matches(self, st: os.stat_result) -> bool:
+        """Whether ``st`` is this file unchanged (the common case of :meth:`change`, without objects)."""
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev) == (
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.inode,
+            self.device,
+        )
+
+    def change(self, now: FileKey) -> str | None:
+        """What differs between the file as indexed (``self``) and ``now``, in words; None if nothing."""
+        if (now.inode, now.device) != (self.inode, self.device):
+            return "it was replaced by another file (another inode)"
+        if now.size != self.size:
+            return f"its size changed from {self.size:,} to {now.size:,} bytes"
+        if now.mtime_ns != self.mtime_ns:
+            return "it was modified (its mtime changed)"
+        if now.ctime_ns != self.ctime_ns:
+            return "it was modified or its mtime was set back (its ctime changed)"
+        return None
+
+
+def length_bits(size: int) -> int:
+    """The low bits of an entry that hold a sample's length in a file of ``size`` bytes; the high
+    ``bit_length(size)`` bits hold its start."""
+    return 64 - max(1, size.bit_length())
+
+
+@dataclass(frozen=True)
+class Table:
+    """An index held in memory: the entries (uint64), the long lines ``(k, 2)`` (sample, length) and
+    the marks ``(k, 2)`` (offset, line number), as in a cache file."""
+
+    entries: npt.NDArray[np.uint64]
+    longs: _IntArray
+    marks: _IntArray
+
+
+@dataclass(frozen=True)
+class Index:
+    """Where the spans of a file's samples are, and what they describe.
+
+    ``key`` is the file as this process indexed it, ``ends_hash`` the hash of its first and last
+    64 KiB. The entries live in ``cache``, or in ``memory`` where no cache location was writable (not
+    pickled: a process that receives the index rescans the file if it ever reads it).
+    """
+
+    key: FileKey
+    ends_hash: bytes
+    count: int
+    ascii: bool
+    cache: Path | None
+    memory: Table | None = field(default=None, compare=False, repr=False)
+
+    @functools.cached_property
+    def header_fields(self) -> tuple[bytes, bytes]:
+        """What a cache's header holds for this index, but for the device and the table sizes: its
+        bytes ``[0, 40)`` (magic, size, mtime, ctime, inode) and ``[48, 80)`` (samples, flags, hash)."""
+        head = _Header(self.key, self.ends_hash, self.count, self.ascii, longs=0, marks=0).pack()
+        return head[:40], head[48:80]
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "memory": None}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+
+
+def hash_ends(fd: int, size: int) -> bytes:
+    """A hash of the first and last 64 KiB of the file open at ``fd``, of size ``size``."""
+    return hashlib.blake2b(read_ends(fd, size, _SAMPLE), digest_size=16).digest()
+
+
+def _cache_paths(path: Path) -> list[Path]:
+    """Where the index of ``path`` may live, in order of preference."""
+    digest = hashlib.sha256(os.fsencode(path)).hexdigest()[:32]
+    name = f"{path.name}.{digest}.rdidx"
+    override = os.environ.get(CACHE_DIR_ENV)
+    if override:
+        return [Path(override) / name]
+    return [path.with_name(f".{path.name}.rdidx"), Path(user_cache_dir("rank-dataset")) / name]
+
+
+@dataclass(frozen=True)
+class _Header:
+    key: FileKey
+    ends_hash: bytes
+    count: int
+    ascii: bool
+    longs: int
+    marks: int
+
+    def pack(self) -> bytes:
+        k = self.key
+        flags = _FLAG_ASCII if self.ascii else 0
+        return _HEADER.pack(
+            _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, k.device, self.count, flags, self.ends_hash, self.longs,
+            self.marks,
+        )  # fmt: skip
+
+    def describes(self, key: FileKey, ends_hash: bytes) -> bool:
+        """Whether this is the header of an index of the file ``key`` and ``ends_hash`` identify."""
+        return self.key.same_file(key) and self.ends_hash == ends_hash
+
+    @property
+    def longs_at(self) -> int:
+        return _DATA_OFFSET + _ENTRY * self.count
+
+    @property
+    def marks_at(self) -> int:
+        return self.longs_at + _PAIR * self.longs
+
+
+def _read_header(fd: int) -> _Header | None:
+    """The header of the cache open at ``fd``; None if it is not a valid one (or not a file)."""
+    raw = np.empty(_HEADER.size, np.uint8)
+    try:
+        pread_exact(fd, raw, 0)
+        length = os.fstat(fd).st_size
+    except OSError:  # ShortRead; IsADirectoryError where the cache's path is a directory
+        return None
+    magic, size, mtime, ctime, inode, device, count, flags, ends_hash, longs, marks = _HEADER.unpack(raw.tobytes())
+    key = FileKey(size, mtime, ctime, inode, device)
+    header = _Header(key, ends_hash, count, bool(flags & _FLAG_ASCII), longs, marks)
+    if magic != _MAGIC or min(count, longs, marks) < 0 or length != header.marks_at + _PAIR * marks:
+        return None
+    return header
+
+
+def _read_pairs(fd: int, offset: int, count: int) -> _IntArray:
+    raw = np.empty(_PAIR * count, np.uint8)
+    pread_exact(fd, raw, offset)
+    return raw.view("<i8").astype(np.int64).reshape(-1, 2)
+
+
+def decode(
+    entries: npt.NDArray[np.uint64], local: _IntArray, size: int, longs: _IntArray
+) -> tuple[_IntArray, _IntArray]:
+    """``(starts, lengths)`` of samples ``local`` of a file of ``size`` bytes from their ``entries``
+    and the file's long lines. A length the entry marks as long but the table does not hold is 0 (no
+    sample has it: the index is damaged)."""
+    bits = length_bits(size)
+    mask = (1 << bits) - 1
+    starts: _IntArray = np.right_shift(entries, np.uint64(bits)).view(np.int64)
+    lengths: _IntArray = np.bitwise_and(entries, np.uint64(mask)).view(np.int64)
+    rows = np.flatnonzero(lengths == mask) if longs.size or bits < 32 else np.empty(0, np.int64)
+    if rows.size:
+        at = np.minimum(np.searchsorted(longs[:, 0], local[rows]), max(len(longs) - 1, 0))
+        found = longs[at, 0] == local[rows] if longs.size else np.zeros(rows.size, bool)
+        lengths[rows] = np.where(found, longs[at, 1] if longs.size else 0, 0)
+    return starts, lengths
+
+
+def spans_are_sane(starts: _IntArray, lengths: _IntArray, size: int, *, ordered: bool = True) -> bool:
+    """Whether these spans could be samples of a file of ``size`` bytes: non-empty, inside the file
+    and (``ordered``: consecutive samples) increasing without overlap, as a newline separates them."""
+    if not starts.size:
+        return True
+    if not (int(starts.min()) >= 0 and int(lengths.min()) > 0 and int((starts + lengths).max()) <= size):
+        return False
+    return not ordered or bool((starts[1:] > starts[:-1] + lengths[:-1]).all())
+
+
+def _cache_is_sane(fd: int, header: _Header) -> bool:
+    """Check the entries at each end of a cache (all of a small one): a cache that a crash or a bad
+    disk left zeroed or torn is rebuilt instead of trusted. Spans are also checked, against the
+    bytes they point at, whenever a shard is built from them."""
+    count, size = header.count, header.key.size
+    blocks = [(0, min(count, _CHECK_ROWS))]
+    if count > _CHECK_ROWS:
+        blocks.append((max(_CHECK_ROWS, count - _CHECK_ROWS), count))
+    try:
+        longs = _read_pairs(fd, header.longs_at, header.longs)
+        for lo, hi in blocks:
+            raw = np.empty(_ENTRY * (hi - lo), np.uint8)
+            pread_exact(fd, raw, _DATA_OFFSET + _ENTRY * lo)
+            starts, lengths = decode(raw.view("<u8"), np.arange(lo, hi), size, longs)
+            if not spans_are_sane(starts, lengths, size):
+                return False
+    except ShortRead:
+        return False
+    return bool(longs.size == 0 or (np.diff(longs[:, 0]) > 0).all())
+
+
+def _open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
+    """The index in ``cache`` if it describes the file ``key`` and ``ends_hash`` identify, is sealed
+    (whole on disk) and is sane."""
+    try:
+        fd = os.open(cache, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        header = _read_header(fd)
+        if header is None or not header.describes(key, ends_hash) or os.pread(fd, len(_SEAL), _SEAL_AT) != _SEAL:
+            return None
+        if not _cache_is_sane(fd, header):
+            return None
+        return Index(key, ends_hash, header.count, header.ascii, cache)
+    finally:
+        os.close(fd)
+
+
+def _tmp_prefix(cache: Path) -> str:
+    # The builder's pid and host are in the name, so that a later builder can tell a dead one's
+    # leftover from a live one's work in progress.
+    return f"{cache.name}.{os.getpid()}@{socket.gethostname()}."
+
+
+def _remove_abandoned(cache: Path) -> None:
+    """Remove the temporary files that dead builders of ``cache`` left: on this host, those whose
+    builder's pid is gone (at once: a live builder's pid is alive); from other hosts (whose pids mean
+    nothing here), those untouched for a day."""
+    host, now = socket.gethostname(), time.time()
+    try:
+        entries = list(os.scandir(cache.parent))
+    except OSError:
+        return
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(cache.name) and name.endswith(".tmp")):
+            continue
+        # "<cache>.<pid>@<host>.<random>.tmp"; a name without a pid (an older version's) counts as
+        # another host's.
+        pid_text, _, rest = name[len(cache.name) :].removeprefix(".").partition("@")
+        tmp_host = rest.rpartition(".")[0].rpartition(".")[0]
+        if tmp_host == host and pid_text.isdigit():
+            abandoned = not psutil.pid_exists(int(pid_text))
+        else:
+            try:
+                abandoned = now - entry.stat().st_mtime > _OTHER_HOST_TMP_AGE
+            except OSError:
+                continue
+        if abandoned:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # not every platform or file system can sync a directory
+        fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class _Syncer:
+    """Syncs a file to disk in a thread of its own each time another ``_SYNC_EVERY`` bytes have
+    been written to it, so that the seal (:class:`_Seal`) has only the last ones left: the disk
+    writes while the scan goes on, instead of after it (a third of a cold index of 100M lines).
+
+    The thread starts with the first sync due, so a small cache (the many files of a mix) costs none.
+    :meth:`close` returns the OSError of a sync that failed (the data may not be on disk), if any.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._written = self._synced = 0
+        self._closed = False
+        self._error: OSError | None = None
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def wrote(self, nbytes: int) -> None:
+        with self._cond:
+            self._written += nbytes
+            if self._written - self._synced >= _SYNC_EVERY:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="rank-dataset-index-sync", daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+
+    def _run(self) -> None:
+        sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or self._written - self._synced >= _SYNC_EVERY)
+                if self._written - self._synced < _SYNC_EVERY:  # closed, and no sync due
+                    return
+                target = self._written
+            try:
+                sync(self._fd)
+            except OSError as exc:
+                self._error = exc
+                return
+            with self._cond:
+                self._synced = target
+
+    def close(self) -> OSError | None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        return self._error
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One chunk of a scan, encoded: its entries, its long lines (row in the chunk, length), what
+    else the index keeps."""
+
+    entries: npt.NDArray[np.uint64]
+    longs: _IntArray
+    ascii: bool
+    newlines: int
+    marks: _IntArray
+
+
+def _encoder(size: int) -> Callable[[Chunk], _Part]:
+    bits = length_bits(size)
+    mask = (1 << bits) - 1
+
+    def encode(chunk: Chunk) -> _Part:
+        # Spans lie inside their chunk: only a chunk of at least `mask` bytes can hold a long line.
+        lengths, rows = chunk.lengths, np.empty(0, np.int64)
+        if chunk.nbytes >= mask:
+            rows = np.flatnonzero(lengths >= mask)
+            lengths = np.minimum(lengths, mask)
+        # Starts and lengths are not negative: their int64 bits are their uint64 ones.
+        entries = np.left_shift(chunk.starts.view(np.uint64), np.uint64(bits), out=np.empty(chunk.starts.size, "<u8"))
+        entries |= lengths.view(np.uint64)
+        return _Part(entries, np.column_stack((rows, chunk.lengths[rows])), chunk.ascii, chunk.newlines, chunk.marks)
+
+    return encode
+
+
+@dataclass(frozen=True)
+class _Built:
+    count: int
+    ascii: bool
+    longs: _IntArray
+    marks: _IntArray
+
+    def header(self, key: FileKey, ends_hash: bytes) -> _Header:
+        return _Header(key, ends_hash, self.count, self.ascii, len(self.longs), len(self.marks))
+
+
+def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _Built:
+    """Scan the file open at ``fd`` (which must stay the file ``key`` describes to the end), passing
+    its entries to ``write`` in order; what else its index holds.
+
+    Raises:
+        MetaFileChangedError: the file changed while it was being indexed.
+    """
+    count, lines, ascii_only = 0, 0, True
+    longs: list[_IntArray] = []
+    marks: list[_IntArray] = []
+    try:
+        for part in scan_map(path, _encoder(key.size), fd=fd):
+            write(part.entries)
+            longs.append(part.longs + np.array([count, 0]))
+            marks.append(part.marks + np.array([0, lines]))
+            count += part.entries.size
+            lines += part.newlines
+            ascii_only = ascii_only and part.ascii
+    except ShortRead as exc:
+        raise MetaFileChangedError(path, "it shrank while being indexed") from exc
+    what = key.change(FileKey.of(os.fstat(fd)))
+    if what is not None:
+        raise MetaFileChangedError(path, f"{what} while being indexed")
+    return _Built(count, ascii_only, _stack(longs), _stack(marks))
+
+
+def _stack(parts: list[_IntArray]) -> _IntArray:
+    return np.concatenate(parts).astype(np.int64) if parts else np.empty((0, 2), np.int64)
+
+
+def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: bytes) -> tuple[Index, _Seal] | None:
+    """Index the file open at ``fd`` straight into ``cache``; None if ``cache`` is not writable.
+
+    The index goes to a temporary file that is renamed into place once written, and returned with
+    what seals it: a sync of the file, then the seal written and synced, then the directory synced.
+    Other processes load only a sealed cache (:func:`_open_cache`), so a crash at any point leaves
+    the old cache, a sealed whole one, or one that is rebuilt: never a torn one trusted. The caller
+    may use the index before it is sealed (its bytes are in the page cache), and so overlap the
+    sync with its build.
+
+    Raises:
+        MetaFileChangedError: the file changed while it was being indexed.
+    """
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned(cache)
+        tmp_fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=_tmp_prefix(cache), suffix=".tmp")
+    except OSError:
+        return None
+    f = os.fdopen(tmp_fd, "wb")
+    syncer = _Syncer(tmp_fd)
+    try:
+        f.seek(_DATA_OFFSET)
+        built = _build(path, fd, key, lambda entries: syncer.wrote(f.write(entries.data)))
+        f.write(built.longs.astype("<i8").tobytes())
+        f.write(built.marks.astype("<i8").tobytes())
+        f.seek(0)
+        f.write(built.header(key, ends_hash).pack())
+        f.flush()
+        os.replace(tmp, cache)
+    except BaseException as exc:
+        syncer.close()
+        with contextlib.suppress(OSError):
+            f.close()
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # a full disk; a directory where the cache would go
+            return None
+        raise
+    return Index(key, ends_hash, built.count, built.ascii, cache), _Seal(cache, f, syncer, built.count * _ENTRY)
+
+
+@dataclass(frozen=True)
+class _Seal:
+    """Seals a cache written and renamed into place (see :func:`_write_cache`), through ``file``,
+    open on it."""
+
+    cache: Path
+    file: io.BufferedWriter
+    syncer: _Syncer  # the syncs while it was written (one may still be under way)
+    nbytes: int  # of its entries
+
+    def __call__(self) -> bool:
+        """Whether the cache's data is on disk; False if a sync of it failed (the data may not be,
+        and a later sync would not say so): it is left unsealed, so the next process that loads it
+        rebuilds it. Once the data is on disk the seal is written and synced (if that fails, the
+        cache is whole but unsealed, and rebuilt by the next process)."""
+        sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+        with self.file as f:
+            if self.syncer.close() is not None:
+                return False
+            try:
+                sync(f.fileno())
+            except OSError:
+                return False
+            with contextlib.suppress(OSError):
+                os.pwrite(f.fileno(), _SEAL, _SEAL_AT)
+                sync(f.fileno())
+        _fsync_dir(self.cache.parent)
+        return True
+
+    def after(self, held: contextlib.ExitStack) -> bool:
+        """Seal, then let go of what ``held`` holds (the builder's lock). A large cache is sealed in
+        a thread of its own, so that the caller builds its shard meanwhile, and the processes waiting
+        for the lock find it sealed; a small one here (a mix of thousands of files starts no thread).
+        False if a small one's seal failed: it is removed, and the caller goes on to its next cache
+        location (else to an index in memory)."""
+        if self.nbytes >= _SEAL_APART:
+            # Not a daemon (whatever the caller's thread is): an exiting interpreter waits for it, so
+            # a job that ends at once still leaves a sealed cache for the next.
+            thread = threading.Thread(
+                target=self._seal_and_release, args=(held,), name="rank-dataset-index-seal", daemon=False
+            )
+            with _SEALING_LOCK:  # registered before its end can unregister it
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread to be had: seal here
+                    pass
+                else:
+                    _SEALING[self.cache] = thread
+                    return True
+        with held:
+            if self():
+                return True
+            with contextlib.suppress(OSError):
+                os.unlink(self.cache)
+            return False
+
+    def _seal_and_release(self, held: contextlib.ExitStack) -> None:
+        try:
+            with held:
+                self()
+        finally:
+            with _SEALING_LOCK:
+                if _SEALING.get(self.cache) is threading.current_thread():
+                    del _SEALING[self.cache]
+
+
+# The caches this process is sealing in the background, and their threads: a load of one waits for
+# its seal rather than for the lock the seal holds (which this process took, in another thread).
+_SEALING: dict[Path, threading.Thread] = {}
+_SEALING_LOCK = threading.Lock()
+
+
+def _wait_for_seal(cache: Path) -> None:
+    with _SEALING_LOCK:
+        thread = _SEALING.get(cache)
+    if thread is not None:
+        thread.join()
+
+
+def _after_fork_in_child() -> None:
+    # The seal threads are the parent's (a child waits for their lock instead), and a fork while one
+    # of them held _SEALING_LOCK would leave the child's copy held for good.
+    global _SEALING_LOCK
+    _SEALING_LOCK = threading.Lock()
+    _SEALING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _index_in_memory(path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index:
+    parts: list[npt.NDArray[np.uint64]] = []
+    built = _build(path, fd, key, parts.append)
+    entries = np.concatenate(parts) if parts else np.empty(0, "<u8")
+    return Index(key, ends_hash, built.count, built.ascii, None, Table(entries, built.longs, built.marks))
+
+
+def _stamp(cache: Path) -> int | None:
+    """What tells one write of ``cache`` from another: each is a new file renamed into place, so its
+    inode (not its mtime, which the seal changes)."""
+    try:
+        return os.stat(cache).st_ino
+    except OSError:
+        return None
+
+
+def load_index(path: Path, *, rebuild: bool = False) -> Index:
+    """The index of ``path``: from its cache, else built (and cached where a location is writable).
+
+    One process builds a missing cache while others that want it at the same time wait for it
+    (:mod:`rank_dataset.files._cachelock`), then load it. With ``rebuild``, an existing cache is not
+    trusted (it was found inconsistent with the file), unless another process wrote it anew since.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        MetaFileChangedError: the file kept changing while it was being indexed.
+    """
+    for attempt in range(_BUILD_TRIES):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            key = FileKey.of(os.fstat(fd))
+            ends_hash = hash_ends(fd, key.size)
+            candidates = _cache_paths(path)
+            for cache in candidates:
+                _wait_for_seal(cache)
+            for cache in [] if rebuild else candidates:
+                index = _open_cache(cache, key, ends_hash)
+                if index is not None:
+                    return index
+            distrusted = {cache: _stamp(cache) for cache in candidates} if rebuild else {}
+            try:
+                for cache in candidates:
+                    with contextlib.ExitStack() as held:
+                        held.enter_context(one_builder(cache))
+                        # Another process may have built it while this one waited for the lock.
+                        if not rebuild or _stamp(cache) != distrusted[cache]:
+                            index = _open_cache(cache, key, ends_hash)
+                            if index is not None:
+                                return index
+                        written = _write_cache(cache, path, fd, key, ends_hash)
+                        # The lock is held until the cache is sealed.
+                        if written is not None and written[1].after(held.pop_all()):
+                            return written[0]
+                # No writable cache location: index in memory.
+                return _index_in_memory(path, fd, key, ends_hash)
+            except MetaFileChangedError:
+                if attempt == _BUILD_TRIES - 1:
+                    raise
+        except ShortRead as exc:  # hashing the ends: the file shrank since fstat
+            if attempt == _BUILD_TRIES - 1:
+                raise MetaFileChangedError(path, "it shrank while being indexed") from exc
+        finally:
+            os.close(fd)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def read_entry(index: Index, local: int) -> tuple[int, int]:
+    """``(start, length)`` of sample ``local`` of the file: for one sample, one read of the cache's
+    header (checked) and one of its entry, nothing else.
+
+    Raises:
+        LookupError: as :class:`SpanReader`.
+    """
+    if index.cache is None or index.count <= local:
+        with SpanReader(index) as reader:
+            starts, lengths = reader.take(np.array([local], np.int64))
+        return int(starts[0]), int(lengths[0])
+    try:
+        fd = os.open(index.cache, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise LookupError(f"the index cache {index.cache} cannot be opened ({exc.strerror})") from None
+    try:
+        head, raw = os.pread(fd, _HEADER.size, 0), os.pread(fd, _ENTRY, _DATA_OFFSET + _ENTRY * local)
+    finally:
+        os.close(fd)
+    # The header as a cache of this index writes it, the device aside (as FileKey.same_file).
+    key_bytes, count_bytes = index.header_fields
+    if len(raw) != _ENTRY or head[:40] != key_bytes or head[48:80] != count_bytes:
+        raise LookupError(f"the index cache {index.cache} was replaced or damaged")
+    entry, bits = int.from_bytes(raw, "little"), length_bits(index.key.size)
+    length = entry & ((1 << bits) - 1)
+    if length == (1 << bits) - 1 and head[80:88] != bytes(8):  # a long line: its length is in the table
+        with SpanReader(index) as reader:
+            starts, lengths = reader.take(np.array([local], np.int64))
+        return int(starts[0]), int(lengths[0])
+    return entry >> bits, length
+
+
+class SpanReader:
+    """The spans of one file's samples while a shard is built: from the cache (open until
+    :meth:`close`), reading only the pages of entries asked for, with positional reads into one
+    reusable buffer (nothing is mapped, so a build's resident memory holds no more of the index than
+    one batch's pages); or from memory.
+
+    Raises (from the constructor):
+        LookupError: the cache is gone or no longer holds this index (its header differs), or the
+            index was in another process's memory.
+    """
+
+    def __init__(self, index: Index) -> None:
+        self._index = index
+        self._fd: int | None = None
+        self._table = index.memory
+        self._window = Window()
+        self._size = index.key.size
+        if index.cache is None:
+            if index.memory is None:
+                raise LookupError("the index was built in another process's memory")
+            self._longs = index.memory.longs
+            return
+        try:
+            self._fd = os.open(index.cache, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise LookupError(f"the index cache {index.cache} cannot be opened ({exc.strerror})") from None
+        header = _read_header(self._fd)
+        if (
+            header is None
+            or not header.describes(index.key, index.ends_hash)
+            or (header.count, header.ascii) != (index.count, index.ascii)
+        ):
+            self.close()
+            raise LookupError(f"the index cache {index.cache} was replaced or damaged")
+        self._header = header
+        self._longs = self._pairs(header.longs_at, header.longs)
+
+    def _pairs(self, offset: int, count: int) -> _IntArray:
+        assert self._fd is not None
+        try:
+            return _read_pairs(self._fd, offset, count)
+        except ShortRead:
+            raise LookupError(f"the index cache {self._index.cache} was damaged") from None
+
+    def take(self, local: _IntArray) -> tuple[_IntArray, _IntArray]:
+        """``(starts, lengths)`` of samples ``local`` of the file (in range; best roughly ascending
+        and close together, as one batch of a build: the pages from the lowest to the highest entry
+        that some entry asked for are read)."""
+        if self._table is not None:
+            entries = self._table.entries[local]
+        elif not local.size:
+            entries = np.empty(0, "<u8")
+        else:
+            assert self._fd is not None
+            at = _DATA_OFFSET + _ENTRY * local
+            try:
+                buf, shift = self._window.load(self._fd, at, at + _ENTRY, self._header.longs_at)
+            except ShortRead:
+                raise LookupError(f"the index cache {self._index.cache} was damaged") from None
+            # Entries start at multiples of 8 in the file, and so in buf (runs start and end at entries).
+            entries = buf[: buf.size - buf.size % _ENTRY].view("<u8")[(at - shift) // _ENTRY]
+        return decode(entries, local, self._size, self._longs)
+
+    def marks(self) -> _IntArray:
+        """The file's marks: ``(k, 2)`` rows (offset, line number), by offset."""
+        if self._table is not None:
+            return self._table.marks
+        return self._pairs(self._header.marks_at, self._header.marks)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> SpanReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def line_mark(marks: _IntArray, start: int) -> tuple[int, int]:
+    """``(offset, line)`` of the last mark at or before byte ``start`` (line numbers from 0): the
+    line number of ``start``'s line is ``line`` plus the newlines in ``[offset, start)``. ``(0, 0)``
+    where the marks cannot be trusted (not increasing), so the count starts at the beginning."""
+    if not marks.size or not (bool((np.diff(marks, axis=0) >= 0).all()) and marks[0, 0] >= 0 and marks[0, 1] >= 0):
+        return 0, 0
+    at = int(np.searchsorted(marks[:, 0], start, side="right")) - 1
+    return (0, 0) if at < 0 else (int(marks[at, 0]), int(marks[at, 1]))

@@ -1,0 +1,295 @@
+"""A keyed pseudo-random permutation of ``[0, n)`` that can be evaluated at any positions.
+
+The permutation is fixed by ``(n, seed, epoch)`` alone. Evaluating it at ``k`` positions costs
+O(k) time and memory, whatever ``n`` is, so no rank ever holds an ``n``-sized array.
+
+Construction: a position ``x`` is written as a pair ``(hi, lo) = divmod(x, cols)`` on a grid of
+``rows * cols >= n`` cells, ``cols`` a power of two and both sides near ``sqrt(n)``. Each of six
+rounds adds a keyed 32-bit hash of one coordinate to the other, modulo its size (a mixed-radix
+Feistel network, Black and Rogaway 2002), which is a bijection of the grid. Cells ``>= n`` are
+walked again until they land in ``[0, n)`` (cycle walking); as the grid exceeds ``n`` by less than
+``2 * sqrt(n) + 1`` cells, the walk almost never takes a second step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.core.checks import MAX_EXACT
+from rank_dataset.core.threads import THREADS, in_threads
+
+__all__ = ["grid_each", "permute", "permute_each", "permute_keyed", "permute_stream", "round_keys_each"]
+
+_ROUNDS = 6
+_FEW_PASSES = 8  # up to this many passes in one request, group positions by masks, not a sort
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_FMIX1 = np.uint32(0x85EBCA6B)
+_FMIX2 = np.uint32(0xC2B2AE35)
+_S16, _S13 = np.uint32(16), np.uint32(13)
+_SLICE = 1 << 17  # positions permuted at a time
+_THREADED_POSITIONS = 1 << 19  # fewer are permuted in one thread (starting threads costs about a millisecond)
+
+
+def _splitmix64(x: int) -> int:
+    """One step of splitmix64 on a Python int, for deriving round keys."""
+    z = (x + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _round_keys(seed: int, epoch: int) -> list[np.uint32]:
+    state = _splitmix64(_splitmix64(seed & _MASK64) ^ (epoch & _MASK64))
+    keys = []
+    for _ in range(_ROUNDS):
+        state = _splitmix64(state)
+        keys.append(np.uint32(state >> 32))
+    return keys
+
+
+def _grid(n: int) -> tuple[int, int]:
+    """``(rows, col_bits)``: a grid of ``rows * 2**col_bits >= n`` cells, both sides near sqrt(n)."""
+    col_bits = max(0, (n - 1).bit_length() + 1) // 2
+    rows = -(-n // (1 << col_bits))
+    return rows, col_bits
+
+
+def _hash(x: npt.NDArray[np.uint32], key: np.uint32) -> npt.NDArray[np.uint32]:
+    """A keyed 32-bit mix of ``x`` (murmur3's finaliser); all arithmetic wraps modulo 2**32."""
+    h = x ^ key
+    h ^= h >> _S16
+    h *= _FMIX1
+    h ^= h >> _S13
+    h *= _FMIX2
+    h ^= h >> _S16
+    return h
+
+
+def _feistel(
+    hi: npt.NDArray[np.uint32], lo: npt.NDArray[np.uint32], keys: list[np.uint32], rows: int, col_bits: int
+) -> None:
+    """Apply the rounds in place to the grid coordinates ``hi`` in [0, rows) and ``lo`` in [0, 2**col_bits)."""
+    col_mask = np.uint32((1 << col_bits) - 1)
+    r = np.uint32(rows)
+    for i, key in enumerate(keys):
+        if i % 2 == 0:
+            lo += _hash(hi, key)
+            lo &= col_mask
+        else:
+            h = _hash(lo, key)
+            h %= r
+            hi += h
+            # hi + h < 2 * rows: subtracting rows where it wraps is the cheap modulo.
+            np.minimum(hi, hi - r, out=hi)
+
+
+def permute(n: int, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """Return ``P[positions]`` for the permutation ``P`` of ``[0, n)`` fixed by ``(seed, epoch)``.
+
+    Args:
+        n: size of the permuted range, at least 1 (at most 2**62).
+        seed: any integer; with ``epoch`` it selects the permutation.
+        epoch: any integer.
+        positions: integers in ``[0, n)``, of any shape.
+
+    Returns:
+        An int64 array of the same shape: the sample number at each position.
+
+    Examples:
+        >>> p = permute(10, seed=0, epoch=0, positions=range(10))
+        >>> sorted(p.tolist()) == list(range(10))
+        True
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    if not 1 <= n <= MAX_EXACT:
+        raise ValueError(f"n must be in [1, 2**62], got {n}")
+    pos = np.asarray(positions)
+    if pos.size and not np.issubdtype(pos.dtype, np.integer):
+        raise TypeError(f"positions must be integers, got dtype {pos.dtype}")
+    pos = pos.astype(np.int64, copy=False)
+    if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= n):
+        bad = int(pos.min()) if int(pos.min()) < 0 else int(pos.max())
+        raise ValueError(f"position {bad} is outside [0, {n})")
+    if n == 1 or pos.size == 0:
+        return np.zeros(pos.shape, np.int64)
+    rows, col_bits = _grid(int(n))
+    keys = _round_keys(int(seed), int(epoch))
+    flat = pos.reshape(-1)
+    out = np.empty(flat.size, np.int64)
+    slices = range(0, flat.size, _SLICE)
+
+    # A slice at a time: its temporaries stay in the CPU cache (3-4x faster than whole arrays) and
+    # small, so a rank's plan costs its output and little more. Part t of k takes every k-th slice.
+    def work(part: tuple[int, int]) -> None:
+        for lo in slices[part[0] :: part[1]]:
+            out[lo : lo + _SLICE] = _permute(flat[lo : lo + _SLICE], n, keys, rows, col_bits)
+
+    in_threads(work, THREADS if flat.size >= _THREADED_POSITIONS else 1)
+    return out.reshape(pos.shape)
+
+
+def _permute(
+    flat: npt.NDArray[np.int64], n: int, keys: list[np.uint32], rows: int, col_bits: int
+) -> npt.NDArray[np.int64]:
+    hi = (flat >> col_bits).astype(np.uint32)
+    lo = (flat & ((1 << col_bits) - 1)).astype(np.uint32)
+    todo = None
+    while True:
+        _feistel(hi, lo, keys, rows, col_bits)
+        cell = hi.astype(np.int64)
+        cell <<= col_bits
+        cell |= lo
+        if todo is None:
+            out = cell
+            todo = np.flatnonzero(out >= n)
+        else:
+            out[todo] = cell
+            todo = todo[cell >= n]
+        if not todo.size:
+            return out
+        # Walk the cells that fell outside [0, n) again until they land inside.
+        hi = (out[todo] >> col_bits).astype(np.uint32)
+        lo = (out[todo] & ((1 << col_bits) - 1)).astype(np.uint32)
+
+
+def permute_stream(
+    n: int, seed: int, start: int, offsets: npt.ArrayLike, stop: int | None = None
+) -> npt.NDArray[np.int64]:
+    """The samples at positions ``start + offsets`` of the endless stream of passes over ``[0, n)``.
+
+    Pass ``j`` of the stream is the permutation ``permute(n, seed, j, .)``, so stream position ``t``
+    holds ``permute(n, seed, t // n, t % n)``: no sample repeats before all ``n`` have appeared, and
+    the first ``t`` positions hold each sample ``floor`` or ``ceil`` of ``t / n`` times. Costs
+    O(len(offsets)) whatever ``start`` is.
+
+    Args:
+        n: the number of samples, at least 1 (at most 2**62).
+        seed: any integer; the key of the stream.
+        start: an int >= 0, the stream position of offset 0 (any size: a Python int).
+        offsets: ints >= 0 (below 2**62), of any shape.
+        stop: if given, a bound the caller knows: every offset is in ``[0, stop)`` (not checked; it
+            spares two passes over ``offsets``, as a plan asks for slots of a known range).
+
+    Example:
+        >>> permute_stream(5, 0, 3, [0, 1, 2]).tolist() == [*permute(5, 0, 0, [3, 4]), *permute(5, 0, 1, [0])]
+        True
+    """
+    first_pass, head = divmod(int(start), n)
+    t = np.asarray(offsets, dtype=np.int64)
+    if not t.size:
+        return np.zeros(t.shape, np.int64)
+    if stop is None:
+        if int(t.min()) < 0:
+            raise ValueError(f"stream offsets must be >= 0, got {int(t.min())}")
+        low, high = (int(t.min()) + head) // n, (int(t.max()) + head) // n
+    else:
+        low, high = head // n, (head + max(stop, 1) - 1) // n
+    if head:
+        t = t + head
+    if low == high:
+        return permute(n, seed, first_pass + low, t - low * n if low else t)
+    out = np.empty_like(t)
+    if high - low < _FEW_PASSES:  # a few passes: one mask each, cheaper than a sort
+        for j in range(low, high + 1):
+            mask = (t >= j * n) & (t < (j + 1) * n)
+            out[mask] = permute(n, seed, first_pass + j, t[mask] - j * n)
+        return out
+    passes, within = np.divmod(t.reshape(-1), n)
+    order = np.argsort(passes, kind="stable")
+    cuts = np.flatnonzero(np.diff(passes[order])) + 1
+    flat = out.reshape(-1)
+    for group in np.split(order, cuts):
+        flat[group] = permute(n, seed, first_pass + int(passes[group[0]]), within[group])
+    return out
+
+
+def _splitmix64_array(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """:func:`_splitmix64` of each element (uint64 arithmetic wraps as the Python version masks)."""
+    z = x + np.uint64(_GOLDEN)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    out: npt.NDArray[np.uint64] = z ^ (z >> np.uint64(31))
+    return out
+
+
+def round_keys_each(seed: npt.NDArray[np.uint64], epoch: npt.NDArray[np.int64]) -> list[npt.NDArray[np.uint32]]:
+    """The round keys of ``(seed[i], epoch[i])`` for every ``i`` (as :func:`_round_keys`), one array a round."""
+    with np.errstate(over="ignore"):
+        state = _splitmix64_array(_splitmix64_array(seed.astype(np.uint64)) ^ epoch.astype(np.int64).view(np.uint64))
+        keys = []
+        for _ in range(_ROUNDS):
+            state = _splitmix64_array(state)
+            keys.append((state >> np.uint64(32)).astype(np.uint32))
+    return keys
+
+
+def grid_each(n: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``(rows, col_bits)`` of :func:`_grid` for every ``n[i]``."""
+    n = np.asarray(n, np.int64)
+    below = np.maximum(n - 1, 0)
+    bit_length = np.where(below > 0, np.frexp(below.astype(np.float64))[1], 0).astype(np.int64)
+    # float64 rounds n - 1 >= 2**53 up to a power of two at most: correct the exponent where it did.
+    over = (bit_length > 53) & ((np.int64(1) << np.minimum(bit_length - 1, 62)) > below)
+    bit_length -= over
+    col_bits = (bit_length + 1) // 2
+    return -(-n // (np.int64(1) << col_bits)), col_bits
+
+
+def permute_each(
+    n: npt.NDArray[np.int64],
+    seed: npt.NDArray[np.uint64],
+    epoch: npt.NDArray[np.int64],
+    positions: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """``permute(n[i], seed[i], epoch[i], positions[i])`` for every ``i`` at once (1-D arrays of one
+    length; ``seed`` as uint64, i.e. the seed modulo 2**64): many small permutations (the sources of a
+    large mix) in a fixed number of numpy passes instead of a call each. Arguments are not checked.
+
+    Examples:
+        >>> n, pos = np.array([10, 7, 10]), np.array([3, 6, 3])
+        >>> got = permute_each(n, np.array([1, 2, 1], np.uint64), np.array([0, 5, 1]), pos)
+        >>> got.tolist() == [int(permute(10, 1, 0, 3)), int(permute(7, 2, 5, 6)), int(permute(10, 1, 1, 3))]
+        True
+    """
+    rows, col_bits = grid_each(n)
+    return permute_keyed(np.asarray(n, np.int64), rows, col_bits, round_keys_each(seed, epoch), positions)
+
+
+def permute_keyed(
+    n: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+    col_bits: npt.NDArray[np.int64],
+    keys: list[npt.NDArray[np.uint32]],
+    positions: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """:func:`permute_each` given each element's grid (:func:`grid_each`) and round keys
+    (:func:`round_keys_each`), which a caller with few distinct permutations computes once each."""
+    out = np.empty(n.shape, np.int64)
+    todo = np.arange(n.size)
+    cells = positions.astype(np.int64)
+    while todo.size:
+        first = todo.size == n.size
+        cb = col_bits if first else col_bits[todo]
+        r = (rows if first else rows[todo]).astype(np.uint32)
+        hi = (cells >> cb).astype(np.uint32)
+        lo = (cells & ((np.int64(1) << cb) - 1)).astype(np.uint32)
+        col_mask = ((np.int64(1) << cb) - 1).astype(np.uint32)
+        with np.errstate(over="ignore"):
+            for i, all_keys in enumerate(keys):
+                key = all_keys if first else all_keys[todo]
+                if i % 2 == 0:
+                    lo += _hash(hi, key)  # type: ignore[arg-type]
+                    lo &= col_mask
+                else:
+                    h = _hash(lo, key)  # type: ignore[arg-type]
+                    h %= r
+                    hi += h
+                    np.minimum(hi, hi - r, out=hi)
+        cells = (hi.astype(np.int64) << cb) | lo
+        inside = cells < n[todo]
+        out[todo[inside]] = cells[inside]
+        todo, cells = todo[~inside], cells[~inside]
+    return out

@@ -1,0 +1,493 @@
+"""The meta server: one process holds the meta files and serves samples and whole rank shards.
+
+A Starlette application served by uvicorn. It is stateless: every request carries all it needs
+(seed, epoch, world size, mini-epoch, rank, eval or train), so any number of jobs, epochs and
+server replicas can share files and processes. No torch.
+
+Endpoints (all but ``/healthz`` need ``Authorization: Bearer TOKEN`` when the server has a token):
+
+- ``GET /healthz``: 200 once the index is loaded.
+- ``GET /len``: ``{"num_samples": N, "fingerprint": ...}``.
+- ``GET /files``: each served file by name (its file name), with its sample count and fingerprint.
+- ``GET /sample/{index}``: one sample, the line as UTF-8 text.
+- ``POST /samples``: many samples; the body is the indices as little-endian int64; the answer a frame.
+- ``GET /shard?world_size=&rank=&...``: a whole rank shard (the ShardSpec as query parameters,
+  see :func:`rank_dataset.server.protocol.spec_to_query`), streamed as one frame; for a mix of served files
+  (``mix_files``, ``mix_sizes``, ``mix_counts``), the sample numbers count the named files' samples.
+
+The wire format, the pinning of files and the error bodies are :mod:`rank_dataset.server.protocol`'s.
+
+Limits (see ``serve``): a request's head is at most ``max_header_size`` bytes (h11 answers 400), its
+body at most ``max_body_size`` (413), and the whole request must arrive within ``timeout_request``
+seconds; at most ``max_builds`` shard builds run at once (503 with Retry-After beyond).
+
+Concurrent ``/shard`` requests of one plan (all but the rank alike) share their reads of the files:
+see :mod:`rank_dataset.server._passes`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import signal
+import socket
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from rank_dataset.core.shard import Shard
+from rank_dataset.files.metafile import MetaFile, MetaFileChangedError
+from rank_dataset.server import protocol
+from rank_dataset.server._passes import BuildSlots, Busy, SharedPasses
+from rank_dataset.server.limits import DEFAULT_LIMITS, LIMITS_ENV, ServerLimits
+from rank_dataset.server.protocol import DEFAULT_PORT, FINGERPRINT_HEADER, TOKEN_ENV
+
+__all__ = ["LIMITS_ENV", "create_app", "serve"]
+
+_PATHS_ENV = "RANK_DATASET_SERVE_PATHS"
+_MAX_BATCH = 1 << 22  # indices in one /samples request
+
+
+def _error(
+    status: int, message: str, kind: str = "request", *, close: bool = False, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    headers = {**(headers or {}), **({"Connection": "close"} if close else {})}
+    return JSONResponse(protocol.error_body(message, kind), status_code=status, headers=headers)
+
+
+class _BearerToken:
+    """ASGI middleware: every path but /healthz needs ``Authorization: Bearer <token>``."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != protocol.HEALTHZ:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                message = "missing or wrong token: send 'Authorization: Bearer <token>'"
+                response = _error(401, message, "auth", close=True)  # close: never read a body it did not want
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _PinnedFiles:
+    """ASGI middleware: a request pinned to other files (by fingerprint) is answered 409."""
+
+    def __init__(self, app: ASGIApp, fingerprint: str) -> None:
+        self.app = app
+        self.fingerprint = fingerprint.encode()
+        self.header = FINGERPRINT_HEADER.lower().encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            pinned = dict(scope["headers"]).get(self.header)
+            if pinned is not None and not hmac.compare_digest(pinned, self.fingerprint):
+                message = (
+                    f"the request is for files with fingerprint {pinned.decode(errors='replace')!r}, "
+                    f"this server's files have {self.fingerprint.decode()!r}: it was restarted on other files"
+                )
+                await _error(409, message, "files")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+# --- Limits: what one client can cost the server (their values: _limits.py) -----------------------
+# The connection-level ones (request and send timeouts) are in _connection.py; uvicorn's own
+# (header size, concurrency, keep-alive, backlog) are passed to it by serve().
+
+_BUILD_WAIT = 1.0  # seconds a build request waits for a free slot before it is answered 503
+_RETRY_AFTER = 1  # seconds, in that 503's Retry-After header
+
+
+class _BodyLimit:
+    """ASGI middleware: request bodies of at most ``max_body`` bytes, read whole before the app runs.
+
+    A declared Content-Length over the limit is answered 413 before any byte of the body is read; a
+    body without one (chunked) is counted as it streams and answered 413 once over the limit; both
+    close the connection, so that the server never reads the rest. A body within the limit is read
+    here, before the app (and its build slot) is involved, so that a slow upload holds nothing but
+    its connection, which the request timeout closes. A client gone mid-body gets no answer.
+    """
+
+    def __init__(self, app: ASGIApp, max_body: int) -> None:
+        self.app = app
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.max_body:
+            refusal = f"a request body of {declared.decode(errors='replace')} bytes; at most {self.max_body}"
+            await _error(413, refusal, close=True)(scope, receive, send)
+            return
+        if int(declared) == 0 and b"transfer-encoding" not in headers:
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left, or the request timeout closed the connection
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body:
+                await _error(413, f"a request body of more than {self.max_body} bytes", close=True)(
+                    scope, receive, send
+                )
+                return
+            more = message.get("more_body", False)
+        first: Message | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        del chunks
+
+        async def replay() -> Message:
+            nonlocal first
+            if first is None:
+                return await receive()  # what follows the body: a disconnect
+            message, first = first, None
+            return message
+
+        await self.app(scope, replay, send)
+
+
+class _BuildLimit:
+    """ASGI middleware (innermost): each ``/samples`` request takes a build slot (``/shard`` requests
+    take one a pass, see :mod:`rank_dataset.server._passes`).
+
+    A build counts from its request until the last byte of its answer is sent, since the shard is
+    held in memory until then. A request that finds every slot taken waits up to _BUILD_WAIT seconds
+    for one, then is answered 503 with ``Retry-After``.
+    """
+
+    def __init__(self, app: ASGIApp, slots: BuildSlots) -> None:
+        self.app = app
+        self.slots = slots
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != protocol.SAMPLES:
+            await self.app(scope, receive, send)
+            return
+        if not await self.slots.acquire():
+            await _busy()(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.slots.release()
+
+
+def _busy() -> JSONResponse:
+    message = f"the server is building as many shards as it may at once; retry in {_RETRY_AFTER}s"
+    return _error(503, message, "busy", headers={"Retry-After": str(_RETRY_AFTER)})
+
+
+class _AsgiRoute:
+    """A route's endpoint that is an ASGI app itself (Starlette calls a plain function with a Request
+    and sends what it returns), so that it can act once its answer is sent."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+def _frame_response(
+    shard: Shard, order: npt.NDArray[np.intp] | None = None, ids: npt.NDArray[np.int64] | None = None
+) -> StreamingResponse:
+    return StreamingResponse(
+        protocol.encode_frame(shard, order, ids),
+        media_type=protocol.CONTENT_TYPE,
+        headers={"Content-Length": str(protocol.frame_size(shard)), "X-Sample-Count": str(len(shard))},
+    )
+
+
+def create_app(
+    meta: MetaFile,
+    *,
+    token: str | None = None,
+    max_body_size: int = DEFAULT_LIMITS.max_body_size,
+    max_builds: int = DEFAULT_LIMITS.max_builds,
+    max_pass_samples: int = DEFAULT_LIMITS.max_pass_samples,
+) -> ASGIApp:
+    """The ASGI application serving ``meta``; with ``token``, requests must carry it.
+
+    Request bodies are capped at ``max_body_size`` bytes (413), at most ``max_builds`` shard
+    builds are in progress at once (503 with Retry-After beyond), and concurrent ``/shard`` requests
+    of one plan share passes of at most ``max_pass_samples`` samples; see ``serve``.
+
+    Examples:
+        >>> import tempfile, os
+        >>> from starlette.testclient import TestClient
+        >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
+        >>> _ = open(p, "w").write("a 1\\nb 2\\n")
+        >>> TestClient(create_app(MetaFile(p))).get("/len").json()["num_samples"]
+        2
+    """
+    n = len(meta)
+    fingerprint = meta.fingerprint
+    names = protocol.served_names(meta.paths)  # ValueError if two files share a name
+    bounds = meta.file_bounds
+    served = [
+        protocol.ServedFile(name, int(bounds[i + 1] - bounds[i]), fp)
+        for i, (name, fp) in enumerate(zip(names, meta.file_fingerprints))
+    ]
+    file_number = {name: i for i, name in enumerate(names)}
+    sizes = {f.name: f.num_samples for f in served}
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def length(request: Request) -> Response:
+        return JSONResponse({"num_samples": n, "fingerprint": fingerprint})
+
+    async def files(request: Request) -> Response:
+        return JSONResponse(protocol.files_body(served))
+
+    async def sample(request: Request) -> Response:
+        raw = request.path_params["index"]
+        index = protocol.parse_int("index", raw)
+        if not 0 <= index < n:
+            return _error(404, f"sample index {index} is out of range for {n} samples", "index")
+        return Response(meta.raw(index), media_type="text/plain; charset=utf-8")
+
+    async def samples(request: Request) -> Response:
+        # Building a shard is CPU work: off the event loop, like the sync endpoints.
+        return await run_in_threadpool(_samples, await request.body())
+
+    def _samples(body: bytes) -> Response:
+        if len(body) % 8:
+            message = f"the body must be little-endian int64 indices; got {len(body)} bytes, not a multiple of 8"
+            return _error(400, message)
+        indices = np.frombuffer(body, "<i8").astype(np.int64)
+        if indices.size > _MAX_BATCH:
+            return _error(413, f"{indices.size} indices in one request; at most {_MAX_BATCH}")
+        if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= n):
+            bad = int(indices.min()) if int(indices.min()) < 0 else int(indices.max())
+            return _error(404, f"sample index {bad} is out of range for {n} samples", "index")
+        return _frame_response(meta.read(indices))
+
+    slots = BuildSlots(max_builds, _BUILD_WAIT)
+    passes = SharedPasses(slots, max_pass_samples)
+
+    def plan_shard(request: Request) -> Response | tuple[str, MetaFile, npt.NDArray[np.int64], int]:
+        """The request's plan key (every field but the rank), source, indices and number of ranks,
+        or the answer to a request that cannot be planned."""
+        query = request.query_params
+        if len(query.multi_items()) != len(query):
+            twice = sorted({k for k, _ in query.multi_items() if len(query.getlist(k)) > 1})
+            return _error(400, f"the shard parameter {twice[0]!r} is given more than once")
+        try:
+            spec, source_files = protocol.shard_request_from_query(dict(query), n, sizes)
+        except protocol.FilesMismatch as exc:
+            return _error(409, str(exc), "files")
+        source = meta if source_files is None else meta.select([file_number[f] for fs in source_files for f in fs])
+        key = json.dumps([{**spec.to_dict(), "rank": None}, source_files], sort_keys=True)
+        return key, source, spec.indices(), spec.world_size
+
+    async def shard(scope: Scope, receive: Receive, send: Send) -> None:
+        # Planning (the permutation) is CPU work: off the event loop, like the sync endpoints.
+        planned = await run_in_threadpool(plan_shard, Request(scope, receive))
+        if isinstance(planned, Response):
+            await planned(scope, receive, send)
+            return
+        try:
+            async with passes.shard(*planned) as part:
+                await _frame_response(part.shard, part.order, part.ids)(scope, receive, send)
+        except Busy:
+            await _busy()(scope, receive, send)
+
+    async def bad_request(request: Request, exc: Exception) -> Response:
+        return _error(400, str(exc))
+
+    async def files_changed(request: Request, exc: Exception) -> Response:
+        # The files changed under the server: the client's request is fine, this server's files
+        # are not the ones it indexed. It keeps running (and answering this) until restarted.
+        return _error(409, str(exc), "files")
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        message = exc.detail
+        if exc.status_code == 404:
+            endpoints = "/healthz, /len, /files, /sample/<i>, /samples, /shard"
+            message = f"no such endpoint {request.url.path!r}; see {endpoints}"
+        return _error(exc.status_code, message)
+
+    app = Starlette(
+        routes=[
+            Route(protocol.HEALTHZ, healthz),
+            Route(protocol.LEN, length),
+            Route(protocol.FILES, files),
+            Route(protocol.sample_path("{index}"), sample),
+            Route(protocol.SAMPLES, samples, methods=["POST"]),
+            Route(protocol.SHARD, _AsgiRoute(shard), methods=["GET"]),
+        ],
+        exception_handlers={
+            MetaFileChangedError: files_changed,
+            ValueError: bad_request,
+            TypeError: bad_request,
+            HTTPException: http_error,
+        },
+    )
+    limited = _PinnedFiles(_BodyLimit(_BuildLimit(app, slots), max_body_size), fingerprint)
+    return _BearerToken(limited, token) if token else limited
+
+
+def _app_from_env() -> ASGIApp:
+    """The app for each uvicorn worker process: files and token come through the environment."""
+    paths = json.loads(os.environ[_PATHS_ENV])
+    limits = ServerLimits.from_env()
+    return create_app(
+        MetaFile(paths),
+        token=os.environ.get(TOKEN_ENV) or None,
+        max_body_size=limits.max_body_size,
+        max_builds=limits.max_builds,
+        max_pass_samples=limits.max_pass_samples,
+    )
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    print(f"rank-dataset: stopped by {signal.Signals(signum).name}", flush=True)
+    raise SystemExit(0)
+
+
+def _raise_fd_limit(connections: int) -> None:
+    """Let the process hold at least ``connections`` sockets if the hard limit allows.
+
+    Past the soft limit on open files (often 1024) the server cannot accept a connection at all,
+    so ``limit_concurrency`` would never get to answer 503.
+    """
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + 256  # the meta files, the index, the listening socket, logs
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError):
+            new = soft
+        if new < want:
+            print(f"rank-dataset: only {new} open files allowed (ulimit -n); --limit-concurrency is {connections}")
+
+
+def _port_to_listen_on(host: str, port: int) -> int:
+    """``port``, or for 0 a free one, checked free on ``host`` the way uvicorn binds it
+    (SO_REUSEADDR): a server that cannot listen there says so before it says it serves.
+
+    Raises:
+        ValueError: the address is taken (another server?) or not this machine's.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ValueError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+                "(another server there? --port 0 takes a free port)"
+            ) from None
+        return int(sock.getsockname()[1])
+
+
+def serve(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    token: str | None = None,
+    workers: int = 1,
+    log_level: str = "warning",
+    max_body_size: int = DEFAULT_LIMITS.max_body_size,
+    max_header_size: int = DEFAULT_LIMITS.max_header_size,
+    max_builds: int = DEFAULT_LIMITS.max_builds,
+    max_pass_samples: int = DEFAULT_LIMITS.max_pass_samples,
+    limit_concurrency: int = DEFAULT_LIMITS.limit_concurrency,
+    timeout_request: float = DEFAULT_LIMITS.timeout_request,
+    timeout_send: float = DEFAULT_LIMITS.timeout_send,
+    timeout_keep_alive: int = DEFAULT_LIMITS.timeout_keep_alive,
+    backlog: int = DEFAULT_LIMITS.backlog,
+) -> None:
+    """Index ``paths`` (if not cached yet), then serve them until SIGTERM or SIGINT.
+
+    With ``workers > 1``, that many server processes share the port (and the index cache).
+
+    Limits, each per server process (what a client sees when it is exceeded):
+
+    - ``max_body_size``: bytes in a request body (413, before the body is read if it is declared).
+    - ``max_header_size``: bytes in a request line and headers (h11's ``max_incomplete_event_size``: 400).
+    - ``max_builds``: shard builds (/shard, /samples) in progress at once, each until its answer is
+      sent; a request waits up to 1 s for one, then gets 503 with ``Retry-After: 1``. Concurrent
+      ``/shard`` requests of one plan share a build: see ``max_pass_samples``.
+    - ``max_pass_samples``: samples read in one pass shared by concurrent ``/shard`` requests of
+      one plan (every parameter alike but the rank); a pass holds its shards until the last is
+      sent. 1: each request is read alone. Passes are shared within a server process only.
+    - ``limit_concurrency``: connections and requests at once (uvicorn's own: 503).
+    - ``timeout_request``: seconds for a whole request (head and body) to arrive, counted from the
+      connection's start or its previous answer (the connection is closed).
+    - ``timeout_send``: seconds an answer may wait for a client that reads none of it (closed).
+    - ``timeout_keep_alive``: seconds an idle connection is kept after an answer (uvicorn's: closed).
+    - ``backlog``: connections waiting to be accepted (uvicorn's ``backlog``).
+    """
+    import uvicorn
+
+    limits = ServerLimits(
+        max_body_size=max_body_size,
+        max_header_size=max_header_size,
+        max_builds=max_builds,
+        max_pass_samples=max_pass_samples,
+        limit_concurrency=limit_concurrency,
+        timeout_request=timeout_request,
+        timeout_send=timeout_send,
+        timeout_keep_alive=timeout_keep_alive,
+        backlog=backlog,
+    )
+
+    meta = MetaFile(list(paths))  # index once here, before any worker starts
+    protocol.served_names(meta.paths)  # two files of one name: refuse to start
+    os.environ[_PATHS_ENV] = json.dumps([str(p) for p in meta.paths])
+    if token:
+        os.environ[TOKEN_ENV] = token
+    limits.to_env()
+    _raise_fd_limit(limits.limit_concurrency)
+    port = _port_to_listen_on(host, port)
+    print(f"rank-dataset: serving {len(meta)} samples on http://{host}:{port}", flush=True)
+    # uvicorn shuts down gracefully on SIGTERM and SIGINT, then raises the signal again with the
+    # handlers it found: let those end the process with status 0 instead of death by signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
+    uvicorn.run(
+        "rank_dataset.server.app:_app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level=log_level,
+        access_log=False,
+        # h11, not httptools: h11 bounds the request head (httptools reads headers of any size).
+        # The subclass adds the request and send timeouts that uvicorn lacks.
+        http="rank_dataset.server._connection:TimeoutH11Protocol",
+        h11_max_incomplete_event_size=limits.max_header_size,
+        limit_concurrency=limits.limit_concurrency,
+        timeout_keep_alive=limits.timeout_keep_alive,
+        backlog=limits.backlog,
+    )

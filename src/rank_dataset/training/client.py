@@ -1,0 +1,518 @@
+"""Datasets served by a meta server: ServerDataset (the whole file) and RankServerDataset (a shard)."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import os
+import random
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+import numpy as np
+import urllib3
+from tenacity import (
+    RetryCallState,
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_before_delay,
+    wait_exponential,
+)
+from torch.utils.data import Dataset
+
+from rank_dataset.core.checks import check_index, check_int
+from rank_dataset.core.parsers import LineError, Parser, resolve_parser
+from rank_dataset.core.shard import Shard
+from rank_dataset.plan.bounds import Bounds
+from rank_dataset.plan.config import ReloadConfig
+from rank_dataset.plan.mix import Source, as_sources, combine_fingerprints
+from rank_dataset.plan.spec import ShardSpec
+from rank_dataset.plan.subsets import SampleMap, distinct_files
+from rank_dataset.server import protocol
+from rank_dataset.server.protocol import ProtocolError
+from rank_dataset.shards.channel import AuditMode
+from rank_dataset.training.dataset import ShardedDataset
+
+__all__ = ["MetaServer", "RankServerDataset", "ServerDataset", "ServerReader"]
+
+T = TypeVar("T")
+
+
+class _Retryable(Exception):
+    """A failure worth another try: the server answered 5xx, or sent an incomplete frame."""
+
+
+class _Busy(_Retryable):
+    """The server answered 503: it is at a limit, and may say in how many seconds to come back."""
+
+    def __init__(self, message: str, retry_after: float | None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header: delay-seconds or an HTTP date; None if absent or malformed."""
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+_backoff = wait_exponential(multiplier=0.05, max=2.0)
+_SAMPLES_PER_REQUEST = 1 << 17  # 1 MiB of indices: within a server's default body limit
+
+
+def _wait(state: RetryCallState) -> float:
+    """Exponential backoff, but never sooner than a busy server's Retry-After (plus a little jitter,
+    so that the clients it turned away do not all come back at once)."""
+    seconds = float(_backoff(state))
+    error = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(error, _Busy) and error.retry_after is not None:
+        seconds = max(seconds, error.retry_after) + random.uniform(0, 0.1)
+    return seconds
+
+
+class MetaServer:
+    """HTTP access to a meta server: a keep-alive pool per process, retries with backoff.
+
+    Args:
+        url: the server's base URL, e.g. ``http://10.0.0.1:28889``.
+        token: the server's token, if it has one.
+        timeout: seconds for one request, and for all the retries of one call together.
+        retries: further attempts after a connection error, a timeout or a 5xx answer; a 503 (the
+            server at one of its limits) is retried, after its Retry-After, until ``timeout`` without
+            using these up. Other 4xx answers are never retried.
+
+    Once :meth:`num_samples` has been called, every request carries the fingerprint of the files
+    the server held then, and a server on other files answers 409 (a ValueError here).
+    """
+
+    def __init__(self, url: str, *, token: str | None = None, timeout: float = 30.0, retries: int = 5) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {url!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = float(timeout)
+        self.retries = check_int("retries", retries, low=0)
+        self.fingerprint: str | None = None
+        self._pool: urllib3.PoolManager | None = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A pool's sockets belong to the process that opened them.
+        return {**self.__dict__, "_pool": None, "_pid": -1}
+
+    def _get_pool(self) -> urllib3.PoolManager:
+        if self._pool is None or self._pid != os.getpid():
+            # A new pool in each process: a forked DataLoader worker must not share sockets.
+            self._pool = urllib3.PoolManager(retries=False, timeout=self.timeout)
+            self._pid = os.getpid()
+        return self._pool
+
+    def _call(self, method: str, path: str, parse: Callable[[bytes], T], **kwargs: Any) -> T:
+        """One call, retried on connection errors, timeouts, 5xx and incomplete frames; 4xx raise at once.
+
+        A 503 (a server at one of its limits) is retried no sooner than its Retry-After says and
+        does not use up ``retries``; every retry ends when the next would start past ``timeout``.
+        """
+        url = f"{self.url}{path}"
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        if self.fingerprint:
+            headers[protocol.FINGERPRINT_HEADER] = self.fingerprint
+        failures = 0
+        out_of_time = stop_before_delay(self.timeout)
+
+        def stop(state: RetryCallState) -> bool:
+            nonlocal failures
+            error = state.outcome.exception() if state.outcome is not None else None
+            failures += not isinstance(error, _Busy)
+            return failures > self.retries or out_of_time(state)
+
+        retrying = Retrying(
+            stop=stop,
+            wait=_wait,
+            retry=retry_if_exception_type((urllib3.exceptions.HTTPError, _Retryable)),
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    response = self._get_pool().request(method, url, headers=headers, **kwargs)
+                    if response.status == 503:
+                        retry_after = _retry_after(response.headers.get("Retry-After"))
+                        raise _Busy(f"HTTP 503: {response.data[:200]!r}", retry_after)
+                    if response.status >= 500:
+                        raise _Retryable(f"HTTP {response.status}: {response.data[:200]!r}")
+                    if response.status >= 400:
+                        protocol.raise_for_error(url, response.status, response.data)
+                    return parse(response.data)
+        except RetryError as exc:
+            cause = exc.last_attempt.exception()
+            attempts = exc.last_attempt.attempt_number
+            what = "was still busy with" if isinstance(cause, _Busy) else "did not answer"
+            raise ConnectionError(
+                f"meta server at {self.url} {what} {method} {path} after {attempts} attempts "
+                f"within {self.timeout:g}s: {cause}"
+            ) from cause
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def get(self, path: str) -> bytes:
+        """The body of the answer to ``GET path``, with retries."""
+        return self._call("GET", path, lambda body: body)
+
+    def shard(self, path: str, planned: np.ndarray[Any, np.dtype[np.int64]] | None = None, **kwargs: Any) -> Shard:
+        """The shard framed in the answer to ``path`` (POST when ``body`` is given, else GET); with
+        ``planned``, checked to hold those samples and kept in a shareable segment without them
+        (see :func:`~rank_dataset.server.protocol.decode_frame`)."""
+
+        def decode(body: bytes) -> Shard:
+            try:
+                return protocol.decode_frame(body, planned=planned)
+            except protocol.FrameError as exc:  # cut short, e.g. by a server that died mid-answer
+                raise _Retryable(str(exc)) from exc
+            except ProtocolError as exc:  # not a frame, or not of the plan: different versions?
+                raise ProtocolError(f"{self.url}{path}: {exc}") from None
+
+        return self._call("POST" if "body" in kwargs else "GET", path, decode, **kwargs)
+
+    def num_samples(self) -> tuple[int, str | None]:
+        """The number of samples the server serves, and the fingerprint of its files (which later
+        requests then carry)."""
+        body = self.get(protocol.LEN)
+        try:
+            info = json.loads(body)
+            num_samples, fingerprint = int(info["num_samples"]), info.get("fingerprint")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProtocolError(f"{self.url}{protocol.LEN} did not answer as a meta server does: {exc}") from None
+        if self.fingerprint is None:
+            self.fingerprint = fingerprint
+        return num_samples, fingerprint
+
+    def files(self) -> list[protocol.ServedFile]:
+        """The files the server serves, by name, with their sample counts and fingerprints."""
+        return protocol.files_from_body(self.get(protocol.FILES))
+
+
+def _server_url(
+    first: str | os.PathLike[str], server_ip: str | None, server_port: int | str | None
+) -> tuple[str, str | None]:
+    """The server's URL and, in the original project's form ``(meta_file, server_ip=, server_port=)``,
+    the name of the file the caller expects it to serve (else None: ``first`` is the URL).
+
+    Raises:
+        ValueError: one of server_ip and server_port without the other, a port that is not an
+            integer in [1, 65535], a URL given together with them, or a URL that is not one.
+    """
+    if server_ip is None and server_port is None:
+        if not isinstance(first, str):
+            raise TypeError(f"url must be a str such as 'http://127.0.0.1:28889', got {type(first).__name__}")
+        return first, None
+    if server_ip is None or server_port is None:
+        missing = "server_ip" if server_ip is None else "server_port"
+        raise ValueError(
+            f"give both server_ip and server_port (the original keywords), or a URL alone; {missing} is missing"
+        )
+    if isinstance(first, str) and first.startswith(("http://", "https://")):
+        raise ValueError(f"give either a URL ({first!r}) or a meta file name with server_ip and server_port, not both")
+    if not isinstance(server_ip, str) or not server_ip.strip():
+        raise ValueError(f"server_ip must be a host name or address such as '10.0.0.1', got {server_ip!r}")
+    text = str(server_port).strip() if isinstance(server_port, (int, str)) and not isinstance(server_port, bool) else ""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ValueError(
+            f"server_port must be an integer in [1, 65535] (an int or a str of digits), got {server_port!r}"
+        )
+    host = f"[{server_ip}]" if ":" in server_ip and not server_ip.startswith("[") else server_ip  # IPv6
+    return f"http://{host}:{int(text)}", os.path.basename(os.fspath(first))
+
+
+def _served_file(server: MetaServer, name: str) -> tuple[list[protocol.ServedFile], protocol.ServedFile]:
+    """The server's files and the one called ``name``.
+
+    Raises:
+        ValueError: the server serves no file of that name (the message lists the ones it serves).
+    """
+    served = server.files()
+    for f in served:
+        if f.name == name:
+            return served, f
+    raise ValueError(
+        f"{server.url} serves no file named {name!r} (it serves {', '.join(f.name for f in served)}): "
+        "meta_file must name a file the server was started on (its file name is compared)"
+    )
+
+
+def _parse(parser: Parser | None, text: str, where: str) -> Any:
+    if parser is None:
+        return text
+    try:
+        return parser(text)
+    except LineError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+class ServerDataset(Dataset[Any]):
+    """Every sample of the files a meta server serves, as a map-style Dataset.
+
+    ``ds.__getitems__(indices)``, which torch's DataLoader calls with each batch, fetches the whole
+    batch in one request.
+
+    Args:
+        url: the server's base URL; or, in the original project's form, the meta file's path, with
+            ``server_ip`` and ``server_port``.
+        server_ip: the server's address (the original project's keyword). The server must serve a
+            file of ``url``'s file name; the dataset then holds that file's samples (the server may
+            serve others too).
+        server_port: the server's port, an int or a str of digits (e.g. ``"10080"``).
+        token: the server's token, if it has one.
+        timeout: seconds for one request, and for all the retries of one call together.
+        retries: further attempts after a connection error, a timeout or a 5xx answer.
+        parser: None (items are str), ``"json"``, ``"label"``, or a callable taking the str.
+
+    Raises:
+        ConnectionError: the server could not be reached within the retries (names the URL).
+        PermissionError: the token is missing or wrong.
+        ValueError: a malformed server_ip or server_port, or a server that serves no file of the
+            meta file's name.
+
+    Example (the original project's form and the URL form)::
+
+        ds = ServerDataset("/path/to/meta", server_ip="10.10.10.10", server_port="10080")
+        ds = ServerDataset("http://10.10.10.10:10080")
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        server_ip: str | None = None,
+        server_port: int | str | None = None,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 5,
+        parser: str | Parser | None = None,
+    ) -> None:
+        base, name = _server_url(url, server_ip, server_port)
+        self.server = MetaServer(base, token=token, timeout=timeout, retries=retries)
+        self._parser = resolve_parser(parser)
+        self._len, self.fingerprint = self.server.num_samples()
+        self._offset = 0  # the served sample number of item 0
+        if name is not None:
+            served, wanted = _served_file(self.server, name)
+            self._offset = sum(f.num_samples for f in served[: served.index(wanted)])
+            self._len = wanted.num_samples
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _check_index(self, i: Any) -> int:
+        return check_index(i, self._len, label="dataset index", of=f"{self._len} samples")
+
+    def __getitem__(self, i: int) -> Any:
+        index = self._check_index(i) + self._offset
+        raw = self.server.get(protocol.sample_path(index))
+        where = f"{self.server.url} sample {index}"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{where}: line is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+        return _parse(self._parser, text, where)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The samples ``indices``, fetched in one request."""
+        wanted = np.array([self._check_index(i) for i in indices], dtype="<i8") + self._offset
+        shard = self.server.shard(protocol.SAMPLES, body=wanted.tobytes())
+        if shard.ids is None or not np.array_equal(shard.ids, wanted):
+            raise ProtocolError(f"{self.server.url} answered other samples than the {len(wanted)} asked for")
+        texts = shard.texts(range(len(shard)))
+        return [_parse(self._parser, t, f"{self.server.url} sample {i}") for t, i in zip(texts, wanted.tolist())]
+
+
+class ServerReader:
+    """Shards computed by a meta server (what :class:`RankServerDataset` reads): a
+    :class:`~rank_dataset.shards.reader.ShardReader`.
+
+    Args:
+        server: the server.
+        sources: for a mix, a Source or a list of them whose paths are names of served files (kept as
+            ``sources``, a tuple); None: every served file, taken as one.
+
+    Raises:
+        ValueError: a source naming a file the server does not serve.
+    """
+
+    def __init__(self, server: MetaServer, sources: Source | Sequence[Source] | None = None) -> None:
+        self.server = server
+        self.keeps_ids = False
+        self._num_samples, self._fingerprint = server.num_samples()
+        self._source_files: list[tuple[str, ...]] | None = None
+        self.sources = None if sources is None else as_sources(sources)
+        if sources is None:
+            return
+        if self.sources is None:
+            raise TypeError(f"sources must be a Source or a non-empty list of Source, got {sources!r}")
+        sources = self.sources
+        served = {f.name: f for f in server.files()}
+        for i, source in enumerate(sources):
+            for name in source.paths:
+                if name not in served:
+                    raise ValueError(
+                        f"source {i} {source.name!r}: {server.url} serves no file named {name!r} "
+                        f"(it serves {', '.join(served)}); a source names served files by file name"
+                    )
+        self._source_files = [source.paths for source in sources]
+        # Samples are numbered over the distinct files of the sources, in order of first appearance,
+        # as RankDataset numbers them; sources over subsets (or a file in several sources) map their
+        # plan numbers to those numbers, and are fetched by sample number (see build).
+        names, files = distinct_files(self._source_files)
+        self._files = [served[name] for name in names]  # in sample order
+        self._layout = Bounds([f.num_samples for f in self._files])
+        self._num_samples = self._layout.total
+        self._own_files = files
+        ids = [s.ids for s in sources]
+        self._map = SampleMap.of(files, self._layout.starts, ids, [s.name for s in sources])
+        self._sizes = self._map.sizes
+        self.keeps_ids = not self._map.identity
+        # Where each distinct file starts in the server's numbering (all its files, in its order).
+        server_layout = Bounds([f.num_samples for f in served.values()])
+        position = {name: i for i, name in enumerate(served)}
+        self._server_starts = server_layout.starts[[position[name] for name in names]]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A worker never builds: it needs no ids (those held in memory would be copied).
+        return {**self.__dict__, "_map": None, "sources": None}
+
+    @property
+    def num_samples(self) -> int:
+        return self._num_samples
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self._fingerprint
+
+    @property
+    def source_sizes(self) -> tuple[int, ...] | None:
+        return None if self._source_files is None else self._sizes
+
+    def source_fingerprints(self) -> tuple[str, ...]:
+        assert self._source_files is not None and self.sources is not None
+        return tuple(
+            combine_fingerprints(
+                [self._files[f].fingerprint for f in mine] + ([] if s.ids is None else [s.ids.fingerprint])
+            )
+            for s, mine in zip(self.sources, self._own_files)
+        )
+
+    def build(self, spec: ShardSpec) -> Shard:
+        if self.keeps_ids:
+            return self._build_by_samples(spec)
+        query = protocol.spec_to_query(spec, self._source_files if spec.mix is not None else None)
+        return self.server.shard(protocol.SHARD, planned=spec.indices(), fields=query)
+
+    def _build_by_samples(self, spec: ShardSpec) -> Shard:
+        """The shard of a mix over subsets: the plan mapped to sample numbers here (reading only the ids
+        at this rank's positions), the samples fetched by number (``POST /samples``, in requests within
+        the server's default body limit), the shard keeping the sample numbers."""
+        assert spec.mix is not None and self._map is not None
+        plan = spec.indices()
+        samples = self._map.samples(plan, spec.mix.source_of)
+        file = self._layout.part_of(samples)
+        wanted = (samples - self._layout.starts[file] + self._server_starts[file]).astype("<i8")
+        parts = []
+        for a in range(0, wanted.size, _SAMPLES_PER_REQUEST):
+            chunk = wanted[a : a + _SAMPLES_PER_REQUEST]
+            part = self.server.shard(protocol.SAMPLES, body=chunk.tobytes())
+            if part.ids is None or not np.array_equal(part.ids, chunk):
+                raise ProtocolError(f"{self.server.url} answered other samples than the {chunk.size} asked for")
+            parts.append(part)
+        if not parts:
+            return Shard(np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64), ids=samples)
+        first = [int(p.bounds[0]) for p in parts]
+        shift = np.concatenate(([0], np.cumsum([p.text_bytes for p in parts])[:-1])).tolist()
+        data = np.concatenate([p.data[a : a + p.text_bytes] for p, a in zip(parts, first)])
+        starts = np.concatenate([p.starts.astype(np.int64) - a + d for p, a, d in zip(parts, first, shift)])
+        ends = np.concatenate([p.ends.astype(np.int64) - a + d for p, a, d in zip(parts, first, shift)])
+        return Shard(data, starts, ends, ids=samples)
+
+    def where(self, sample: int) -> str:
+        if self._source_files is None:
+            return f"{self.server.url} sample {sample}"
+        file, local = self._layout.locate(sample)  # the served file holding it, and its sample number there
+        return f"{self.server.url} file {self._files[file].name!r} sample {local}"
+
+
+class RankServerDataset(ShardedDataset):
+    """This rank's shard of the files a meta server serves: RankDataset's contract over HTTP.
+
+    For the same files and settings it has exactly RankDataset's indices and samples. The shard is
+    computed on the server with the same code, fetched in one streamed request, checked against the
+    plan computed here, and held in the same compact form as RankDataset's.
+
+    Args:
+        url: the server's base URL; or, in the original project's form, the meta file's path, with
+            ``server_ip`` and ``server_port``.
+        is_test: as for RankDataset.
+        reload_cfg: as for RankDataset.
+        rank: as for RankDataset.
+        world_size: as for RankDataset.
+        parser: as for RankDataset.
+        server_ip: the server's address (the original project's keyword). The server must serve a
+            file of ``url``'s file name; the dataset reads that file (if the server serves others
+            too, as a mix of that one file).
+        server_port: the server's port, an int or a str of digits.
+        token: as for ServerDataset.
+        timeout: as for ServerDataset.
+        retries: as for ServerDataset.
+        sources: a mix of the served files: a list of :class:`~rank_dataset.plan.mix.Source` whose paths
+            are names of served files (their file names, as ``GET /files`` lists them). None: every
+            served file, taken as one. The shard is RankDataset's for the same mix of those files.
+        audit: as for RankDataset.
+
+    Raises:
+        ValueError: as RankDataset; a source naming a file the server does not serve; as ServerDataset
+            for server_ip and server_port.
+
+    Example (with a server started by ``rank-dataset serve meta.txt``)::
+
+        ds = RankServerDataset("http://127.0.0.1:28889", reload_cfg={"seed": 0, "mini_epoch": 2})
+        ds = RankServerDataset("meta.txt", server_ip="127.0.0.1", server_port="28889", reload_cfg={"seed": 0})
+        mix = RankServerDataset(url, sources=[Source("a.txt", weight=2), Source("b.txt", repeat=0.5)])
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        is_test: bool = False,
+        reload_cfg: ReloadConfig | Mapping[str, Any] | None = None,
+        *,
+        server_ip: str | None = None,
+        server_port: int | str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 5,
+        parser: str | Parser | None = None,
+        sources: Source | Sequence[Source] | None = None,
+        audit: AuditMode = "warn",
+    ) -> None:
+        base, name = _server_url(url, server_ip, server_port)
+        self.server = MetaServer(base, token=token, timeout=timeout, retries=retries)
+        if name is not None:
+            if sources is not None:
+                raise ValueError("give either a meta file name (with server_ip and server_port) or sources, not both")
+            served, _ = _served_file(self.server, name)
+            if len(served) > 1:  # read that file alone: a mix of one source
+                sources = Source(name)
+        reader = ServerReader(self.server, sources)
+        self.fingerprint = reader.fingerprint
+        super().__init__(reader, is_test, reload_cfg, rank, world_size, parser, reader.sources, audit)

@@ -1,0 +1,431 @@
+"""RankDataset: a map-style torch Dataset holding only this rank's shard of the meta files."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from torch.utils.data import Dataset
+
+from rank_dataset.core.checks import check_index, check_int
+from rank_dataset.core.parsers import LineError, Parser, resolve_parser
+from rank_dataset.core.residency import return_freed_memory
+from rank_dataset.core.shard import Shard
+from rank_dataset.files.metafile import MetaFile
+from rank_dataset.plan.config import ReloadConfig
+from rank_dataset.plan.mix import Mixture, Source, SourceInfo, as_sources
+from rank_dataset.plan.resume import MixRecord, ResumeState
+from rank_dataset.plan.spec import ShardSpec
+from rank_dataset.shards.channel import AuditMode, PassCount, ShardChannel
+from rank_dataset.shards.reader import FileReader, ShardReader, files_of
+from rank_dataset.training._agree import agreement_fields, agreement_needed, check_ranks_agree
+from rank_dataset.training.topology import get_rank_world_size
+
+__all__ = ["RankDataset", "ShardedDataset", "as_sources"]
+
+MetaSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | MetaFile | Source | Sequence[Source]
+
+
+class ShardedDataset(Dataset[Any]):
+    """What RankDataset and RankServerDataset share: a shard reader, a shard channel and, for a mix,
+    a mixture; the plan, item access, resume and parsing.
+
+    The plan lives in one place, the ShardSpec of the shard held now (``spec``); ``reload_cfg``,
+    ``rank``, ``world_size`` and ``is_test`` are read from it. Shards come from ``reader`` (a
+    :class:`~rank_dataset.shards.reader.ShardReader`: meta files, or a meta server), and reach DataLoader
+    workers through ``channel`` (:mod:`rank_dataset.shards.channel`).
+
+    For a mix, ``sources`` are the Sources; the global sample numbers are then over the sources'
+    files in source order, ``num_samples`` is ``sum(N_s)``, and the spec carries the mix (its
+    ``num_samples`` being the epoch size ``T0``).
+    """
+
+    def __init__(
+        self,
+        reader: ShardReader,
+        is_test: bool,
+        reload_cfg: ReloadConfig | Mapping[str, Any] | None,
+        rank: int | None,
+        world_size: int | None,
+        parser: str | Parser | None,
+        sources: Sequence[Source] | None = None,
+        audit: AuditMode = "warn",
+    ) -> None:
+        cfg = ReloadConfig.coerce(reload_cfg)
+        rank, world_size = get_rank_world_size(rank, world_size)
+        if not isinstance(is_test, bool):
+            raise TypeError(f"is_test must be a bool, got {is_test!r}")
+        self.reader = reader
+        self.num_samples = num_samples = reader.num_samples
+        self._group = cfg.group
+        self._epoch_size = cfg.epoch_size
+        self._parser = resolve_parser(parser)
+        self._mixture: Mixture | None = None
+        if sources is None:
+            if cfg.epoch_size is not None:
+                raise ValueError(
+                    "reload_cfg['epoch_size'] sets the epoch size of a mix: give a list of Source "
+                    "(e.g. [Source(path, weight=1)]) to resample plain meta files"
+                )
+        else:
+            sizes = reader.source_sizes
+            assert sizes is not None
+            self._mixture = Mixture(
+                sources, sizes, reader.source_fingerprints, self._parser, is_test, cfg.epoch_size, cfg.aug_repeats
+            )
+            num_samples = self._mixture.plan.epoch_size
+        self._parsers = None if self._mixture is None else self._mixture.parsers
+        self.channel = ShardChannel(audit)
+        self._tally = self.channel.tally  # bound once: item access calls it directly
+        self._version, self._seen = self.channel.version, self.channel.seen  # the per-item check (see _sync)
+        spec = ShardSpec(
+            num_samples=num_samples,
+            world_size=world_size,
+            rank=rank,
+            is_test=is_test,
+            mini_epoch=cfg.mini_epoch,
+            mini_epoch_idx=cfg.mini_epoch_idx,
+            seed=cfg.seed,
+            epoch=cfg.epoch,
+            mix=None if self._mixture is None else self._mixture.plan,
+            aug_repeats=cfg.aug_repeats,
+        )
+        self._load(spec)
+
+    # -- the plan ---------------------------------------------------------------------------------
+
+    @property
+    def spec(self) -> ShardSpec:
+        """The ShardSpec of the shard held now."""
+        if self._version[0] != self._seen:
+            self._sync()
+        return self._spec
+
+    @property
+    def reload_cfg(self) -> ReloadConfig:
+        """The ``reload_cfg`` of the shard held now (read-only: change it with ``set_epoch`` or
+        ``load_state_dict``)."""
+        s = self.spec
+        return ReloadConfig(
+            s.mini_epoch, s.seed, s.mini_epoch_idx, s.epoch, self._group, self._epoch_size, s.aug_repeats
+        )
+
+    @property
+    def rank(self) -> int:
+        return self.spec.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
+
+    @property
+    def is_test(self) -> bool:
+        return self.spec.is_test
+
+    def _load(self, spec: ShardSpec) -> None:
+        """Build the shard of ``spec``, publish it to the workers and serve it; on any error the
+        dataset stays as it was."""
+        self.channel.check_owner()
+        self.channel.judge()  # the last pass is over: audit it before anything changes
+        if agreement_needed():  # under a process group, every rank must plan from the same inputs
+            check_ranks_agree(self._agreement_fields(spec), spec.rank)
+        shard = self.reader.build(spec)
+        shard = (shard if self.reader.keeps_ids else shard.without_ids()).shared()
+        self.channel.publish(shard, spec)
+        self._serve(shard, spec)  # the old shard is unmapped here, once the new one exists
+        self._seen = self.channel.seen
+        return_freed_memory()
+
+    def _agreement_fields(self, spec: ShardSpec) -> dict[str, object]:
+        dataset = f"{type(self).__module__}.{type(self).__qualname__}"
+        return agreement_fields(spec, self.reader.fingerprint, dataset)
+
+    def _serve(self, shard: Shard, spec: ShardSpec) -> None:
+        self._shard, self._n, self._spec = shard, len(shard), spec
+        self._indices: npt.NDArray[np.int64] | None = None
+        self._source_ids: npt.NDArray[np.integer[Any]] | None = None
+        self._text = shard.text  # the shard's own slicing, bound once: item access calls it directly
+
+    def _sync(self, items: bool = False) -> None:
+        """The control block changed since this process last looked (``_version[0] != _seen``, the
+        per-item check): let the channel act on it, and serve the shard it says to."""
+        served = self.channel.follow(items, holding=self._shard is not None)
+        if served is not None:
+            self._serve(*served)
+        self._seen = self.channel.seen
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled to reach a spawn or forkserver worker: the channel's handle, never a shard's bytes.
+        state = self.__dict__.copy()
+        for name in ("_version", "_shard", "_text", "_indices", "_source_ids", "_tally"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._version, self._seen = self.channel.version, self.channel.seen  # -1: look on first use
+        self._tally = self.channel.tally
+        self._shard = self._text = None  # type: ignore[assignment]  # mapped on first use
+        self._indices = self._source_ids = None
+
+    # -- the mix ----------------------------------------------------------------------------------
+
+    @property
+    def sources(self) -> tuple[SourceInfo, ...] | None:
+        """For a mix, each source with its numbers in the current epoch: ``N_s`` (``num_samples``),
+        the samples the epoch takes of it (``count``, by the schedules in force; in eval mode ``N_s``),
+        its first global sample number (``offset``), what its rule asked for before rounding
+        (``target``), its fingerprint, and the samples drawn from it from epoch 0 through this epoch
+        (``taken``; ``passes_completed``, ``epochs_seen``). None for plain meta files."""
+        if self._mixture is None:
+            return None
+        spec = self.spec
+        return self._mixture.infos(spec.epoch, spec.aug_repeats)
+
+    @property
+    def source_ids(self) -> npt.NDArray[np.integer[Any]] | None:
+        """For a mix, a read-only integer array: the source number of each item (``self[i]`` is a sample
+        of ``sources[source_ids[i]]``). None for plain meta files. Computed from the plan on first use
+        and kept until the shard changes, like ``indices``."""
+        if self._mixture is None:
+            return None
+        if self._source_ids is None:
+            # The source of a plan number (not of a sample: one sample may be in several sources).
+            plan = self._spec.indices() if self._shard.ids is not None else self.indices
+            source_ids = self._mixture.source_ids(plan)
+            source_ids.flags.writeable = False
+            self._source_ids = source_ids
+        return self._source_ids
+
+    def _mix_record(self) -> MixRecord | None:
+        return None if self._mixture is None else MixRecord.of(self._mixture)
+
+    def _state_fingerprint(self) -> str | None:
+        """The fingerprint a resume state records: the files', or for a mix one of its sources'."""
+        return self.reader.fingerprint if self._mixture is None else self._mixture.fingerprint
+
+    def set_epoch(self, epoch: int, mini_epoch_idx: int = 0) -> None:
+        """Load this rank's shard of ``(epoch, mini_epoch_idx)`` in place of the current one.
+
+        Within an epoch resumed by :meth:`load_state_dict`, the plan keeps the boundaries that epoch
+        started with. Call it between passes: one DataLoader (``persistent_workers=True`` or not)
+        serves every shard if its sampler is a :class:`~rank_dataset.training.sampler.RandomSampler` or
+        :class:`~rank_dataset.training.sampler.ResumableSampler`; a pass that is running when it is called
+        finishes on the shard it started with. With another sampler, build a new DataLoader after
+        each call (its workers would raise rather than mix shards).
+        """
+        epoch = check_int("epoch", epoch, low=0)
+        spec = self._spec
+        resume = spec.resume if epoch == spec.epoch else None
+        self._load(dataclasses.replace(spec, epoch=epoch, mini_epoch_idx=mini_epoch_idx, resume=resume))
+
+    # -- the pass audit ---------------------------------------------------------------------------
+
+    def audit(self) -> tuple[PassCount, ...]:
+        """The counts of the recent passes over this dataset started by rank_dataset's samplers (up to
+        16, oldest first): for each, the indices its sampler drew, the items the DataLoader's workers
+        (or the rank, without workers) read, and whether it finished, was left early or is running.
+
+        A finished pass that read fewer or more items than it drew warns once (a
+        :class:`~rank_dataset.errors.PassAuditWarning`; with ``audit="error"`` a
+        :class:`~rank_dataset.errors.PassAuditError`), when the next pass starts or at ``set_epoch``
+        or ``load_state_dict``: the loader was most likely sharded a second time. Call it in the
+        process that created the dataset.
+        """
+        return self.channel.audit()
+
+    # -- resume -----------------------------------------------------------------------------------
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """The resume point after every rank consumed ``consumed`` samples of its current shard.
+
+        A small JSON-serialisable dict (:class:`~rank_dataset.plan.resume.ResumeState`), the same on
+        every rank (so rank 0 alone can save it). It names positions of the epoch order, not ranks,
+        so it can be loaded on any world size. Called with no argument (as torchdata's
+        StatefulDataLoader calls every dataset that has a ``state_dict``), it returns ``{}``: the
+        resume point then lives in ResumableSampler's state.
+
+        Raises:
+            ValueError: ``consumed`` outside ``[0, len(self)]``, or an eval shard.
+
+        Examples:
+            >>> import tempfile, os
+            >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
+            >>> _ = open(p, "w").write("".join(f"{i}.jpg {i}\\n" for i in range(10)))
+            >>> old = RankDataset(p, rank=0, world_size=2)
+            >>> state = old.state_dict(consumed=2)
+            >>> new = RankDataset(p, rank=0, world_size=2)
+            >>> new.load_state_dict(state)
+            >>> new.indices.tolist() == old.indices[2:].tolist()
+            True
+        """
+        if consumed is None:
+            return {}
+        consumed = check_int("consumed", consumed, low=0)
+        if consumed > len(self):
+            raise ValueError(f"consumed must be in [0, {len(self)}] (this rank's shard), got {consumed}")
+        spec = self._spec
+        if spec.is_test:
+            raise ValueError("an eval dataset (is_test=True) has no resume point: run eval from the start")
+        return ResumeState.at(spec, consumed, self._state_fingerprint(), self._mix_record()).to_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a resume point saved by :meth:`state_dict`, on this world size.
+
+        This rank gets its share of what was left of the interrupted mini-epoch (all ranks equally
+        long, padded by wrapping within it). Afterwards ``set_epoch(same_epoch, later_idx)`` keeps
+        the boundaries that epoch started with, and ``set_epoch(next_epoch)`` plans afresh. The
+        state's seed and mini-epoch count replace this dataset's. ``{}`` is ignored. A state that
+        fails a check leaves the dataset exactly as it was.
+
+        Raises:
+            ValueError: a state for other files (number of samples or fingerprint) or another mix (the
+                message names the first source that differs), of another format version, with
+                missing keys or a value out of range (the message names it), or an eval dataset.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        if not state:
+            return
+        resume = ResumeState.from_dict(state)
+        if self.is_test:
+            raise ValueError("an eval dataset (is_test=True) cannot be resumed: run eval from the start")
+        resume.check_files(self._spec.num_samples, self._state_fingerprint(), self._mix_record())
+        self._load(resume.apply(self._spec))
+
+    # -- items ------------------------------------------------------------------------------------
+
+    @property
+    def shard(self) -> Shard:
+        """The shard held now."""
+        if self._version[0] != self._seen:
+            self._sync()
+        return self._shard
+
+    @property
+    def indices(self) -> npt.NDArray[np.int64]:
+        """Read-only int64 array of global sample numbers: ``self[i]`` is sample ``indices[i]``.
+
+        Computed from the plan on first use and kept until the shard changes (a shard stores its
+        sample numbers only where the plan's numbers are not them: sources over subsets).
+        """
+        if self._version[0] != self._seen:
+            self._sync()
+        if self._indices is None:
+            ids = self._shard.ids
+            indices = self._spec.indices() if ids is None else np.array(ids)
+            indices.flags.writeable = False
+            self._indices = indices
+        return self._indices
+
+    def __len__(self) -> int:
+        if self._version[0] != self._seen:
+            self._sync()
+        return self._n
+
+    def _check_index(self, i: Any) -> int:
+        n = self._n
+        return check_index(i, n, label="dataset index", of=f"a shard of {n} samples")
+
+    def _parse(self, text: str, i: int) -> Any:
+        # In a mix whose sources have parsers of their own, item i's source chooses.
+        parser = self._parser if self._parsers is None else self._parsers[self.source_ids[i]]  # type: ignore[index]
+        if parser is None:
+            return text
+        try:
+            return parser(text)
+        except LineError as exc:
+            raise ValueError(f"{self.reader.where(int(self.indices[i]))}: {exc}") from None
+
+    def __getitem__(self, i: int) -> Any:
+        # Once per sample: one word of the control block says whether anything changed, the inline
+        # check is the fast path, the shard does the slicing.
+        if self._version[0] != self._seen:
+            self._sync(items=True)
+        if not (type(i) is int and 0 <= i < self._n):
+            i = self._check_index(i)
+        text = self._text(i)
+        self._tally(1)
+        return text if self._parser is None and self._parsers is None else self._parse(text, i)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """A batch of items at once (torch's DataLoader calls this with each batch of indices)."""
+        if self._version[0] != self._seen:
+            self._sync(items=True)
+        n = self._n
+        if not all(type(i) is int and 0 <= i < n for i in indices):
+            indices = [self._check_index(i) for i in indices]
+        texts = self._shard.texts(indices)
+        self._tally(len(texts))  # the pass audit: a store in the control block per batch
+        if self._parser is None and self._parsers is None:
+            return texts
+        return [self._parse(t, i) for t, i in zip(texts, indices)]
+
+    def __repr__(self) -> str:
+        s = self.spec
+        mode = "eval" if s.is_test else f"epoch={s.epoch}, mini_epoch={s.mini_epoch_idx}/{s.mini_epoch}"
+        mix = "" if s.mix is None else f", mix of {len(s.mix.sizes)} sources"
+        return f"{type(self).__name__}(rank={s.rank}/{s.world_size}, {mode}, samples={len(self)}/{s.num_samples}{mix})"
+
+
+class RankDataset(ShardedDataset):
+    """This rank's shard of one or more meta files, as a map-style torch Dataset.
+
+    Each rank holds only its own ``ceil(N / (world_size * mini_epoch))`` samples (or its contiguous
+    block in eval mode), read from the files through a cached line-offset index and kept in compact
+    numpy buffers that DataLoader workers share.
+
+    Args:
+        meta_file: a path, a list of paths (taken as one file, in order), a MetaFile, or a mix: a
+            list of :class:`~rank_dataset.plan.mix.Source` (each a file or several, or the listed samples
+            of them, with a weight, a repeat or a choose, and optionally its own parser). Items of a
+            mix are numbered over the distinct files of the sources, in order of first appearance
+            (for sources over distinct files: sample ``k`` of source ``s`` is ``sum(N_0..N_{s-1}) +
+            k``; for subsets of one file, the file's sample numbers); ``source_ids`` and ``sources``
+            describe them.
+        is_test: eval layout: no shuffle, no padding, one contiguous block per rank (a mix then
+            reads every sample of every source once, sources in order, ignoring weights).
+        reload_cfg: a dict or ReloadConfig with ``mini_epoch``, ``seed``, ``mini_epoch_idx``,
+            ``epoch``, ``group`` and, for a mix, ``epoch_size`` (see ReloadConfig).
+        rank: this rank; default: the process group, else ``RANK``, else 0.
+        world_size: the number of ranks; default: the process group, else ``WORLD_SIZE``, else 1.
+        parser: None (items are str), ``"json"``, ``"label"`` (``(path, int)``), or a callable;
+            in a mix, for the sources that have no parser of their own.
+        audit: ``"warn"`` (a PassAuditWarning, once), ``"error"`` (a PassAuditError) or ``"off"``:
+            what a finished pass that read other than its sampler drew does (see :meth:`audit`).
+
+    Raises:
+        ValueError: as MetaFile; for a mix, a source with no samples or counts that cannot be met
+            (see :func:`~rank_dataset.plan.mix.mix_counts`), the message naming the source.
+
+    Examples:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
+        >>> _ = open(p, "w").write("".join(f"img_{i}.JPEG {i % 3}\\n" for i in range(10)))
+        >>> ds = RankDataset(p, reload_cfg={"seed": 1}, rank=0, world_size=2, parser="label")
+        >>> len(ds), ds[0] == ("img_%d.JPEG" % ds.indices[0], ds.indices[0] % 3)
+        (5, True)
+    """
+
+    def __init__(
+        self,
+        meta_file: MetaSource,
+        is_test: bool = False,
+        reload_cfg: ReloadConfig | Mapping[str, Any] | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        parser: str | Parser | None = None,
+        audit: AuditMode = "warn",
+    ) -> None:
+        sources = as_sources(meta_file)
+        if sources is None:
+            meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file)  # type: ignore[arg-type]
+        else:  # one MetaFile of the distinct files: each indexed once, read once per shard
+            meta = MetaFile(files_of(sources))
+        self.meta = meta
+        super().__init__(FileReader(meta, sources), is_test, reload_cfg, rank, world_size, parser, sources, audit)
