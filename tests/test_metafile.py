@@ -284,7 +284,7 @@ def test_pickled_metafile_needs_no_file_until_it_reads(write_meta) -> None:
 
 
 def test_in_memory_index_is_not_pickled_but_rebuilt_on_read(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(index_mod, "_cache_paths", lambda path: [])  # nowhere to cache
+    monkeypatch.setattr(index_mod, "cache_paths", lambda path: [])  # nowhere to cache
     p = write_meta(n=50_000)
     mf = MetaFile(p)
     blob = pickle.dumps(mf)
