@@ -17,14 +17,14 @@ __all__ = ["MOVED_MODULES", "MOVED_NAMES", "install_module_shims", "moved_name"]
 # old public module -> the modules its names live in now (searched in order)
 MOVED_MODULES: dict[str, tuple[str, ...]] = {
     "rank_dataset.balance": ("rank_dataset.plan.balance",),
-    "rank_dataset.client": ("rank_dataset.server.transport", "rank_dataset.training.server_datasets"),
+    "rank_dataset.client": ("rank_dataset.training.client",),
     "rank_dataset.config": ("rank_dataset.plan.config",),
     "rank_dataset.dataset": ("rank_dataset.training.dataset",),
     "rank_dataset.grouping": ("rank_dataset.files.grouping",),
     "rank_dataset.index": ("rank_dataset.files.index",),
     "rank_dataset.lightning": ("rank_dataset.training.lightning",),
     "rank_dataset.metafile": ("rank_dataset.files.metafile",),
-    "rank_dataset.mix": ("rank_dataset.plan.sources", "rank_dataset.plan.counts", "rank_dataset.plan.mix"),
+    "rank_dataset.mix": ("rank_dataset.plan.mix",),
     "rank_dataset.parsers": ("rank_dataset.core.parsers",),
     "rank_dataset.permutation": ("rank_dataset.plan.permutation",),
     "rank_dataset.protocol": ("rank_dataset.server.protocol",),
