@@ -317,7 +317,7 @@ def test_half_open_connections_are_timed_out_and_lock_nobody_out(write_meta, sta
 
 
 def test_half_open_connections_past_the_concurrency_limit_only_delay_a_client(write_meta, start_server) -> None:
-    from rank_dataset.training.client import MetaServer
+    from rank_dataset.server.transport import MetaServer
 
     meta = write_meta(n=100)
     server = start_server([meta], "--timeout-request", "1", "--limit-concurrency", "50")

@@ -17,7 +17,7 @@ __all__ = ["MOVED_MODULES", "MOVED_NAMES", "install_module_shims", "moved_name"]
 # old public module -> the modules its names live in now (searched in order)
 MOVED_MODULES: dict[str, tuple[str, ...]] = {
     "rank_dataset.balance": ("rank_dataset.plan.balance",),
-    "rank_dataset.client": ("rank_dataset.training.client",),
+    "rank_dataset.client": ("rank_dataset.server.transport", "rank_dataset.training.server_datasets"),
     "rank_dataset.config": ("rank_dataset.plan.config",),
     "rank_dataset.dataset": ("rank_dataset.training.dataset",),
     "rank_dataset.grouping": ("rank_dataset.files.grouping",),
