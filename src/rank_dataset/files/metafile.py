@@ -31,7 +31,7 @@ import numpy.typing as npt
 from rank_dataset.core.checks import check_index, meta_path
 from rank_dataset.core.residency import free_pages, return_freed_memory
 from rank_dataset.core.shard import Shard, ShardWriter, copy_rows
-from rank_dataset.core.threads import THREADS, in_threads
+from rank_dataset.core.threads import HELPED_ITEMS, THREADS, in_threads
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files._pread import ShortRead, Window, count_newlines, read_ends
 from rank_dataset.files.index import (
@@ -733,9 +733,10 @@ def _kept_spans(visit: _Visit, samples: _Samples, kept: _Starts, part: tuple[int
 
 
 def _threads(visit: _Visit) -> int:
-    """Threads to read a visit's rows with: one for few (starting threads costs about a millisecond,
-    which a mix of thousands of files would pay for each)."""
-    return THREADS if visit.rows.size >= _THREADED_ROWS else 1
+    """Threads to read a visit's rows with: one for fewer than ``HELPED_ITEMS`` (a helper thread keeps
+    a few MiB resident for good; and starting one costs about a millisecond, which a mix of thousands
+    of files would pay for each)."""
+    return THREADS if visit.rows.size >= HELPED_ITEMS else 1
 
 
 def _copy_part(
