@@ -15,8 +15,8 @@ import pytest
 
 from rank_dataset import MetaFile
 from rank_dataset.core import threads as _threads
+from rank_dataset.files import _gather as gather_mod
 from rank_dataset.files import _pread
-from rank_dataset.files import metafile as metafile_mod
 from rank_dataset.files._pread import Window
 from rank_dataset.plan import permutation as permutation_mod
 from rank_dataset.plan.permutation import permute
@@ -96,12 +96,12 @@ def test_a_read_below_helped_items_starts_no_thread_and_above_it_the_same_lines(
     meta = write_meta(n=5000)
     mf = MetaFile(meta)
     indices = np.random.default_rng(0).permutation(len(mf))[:3000]
-    asked = _threads_asked(monkeypatch, metafile_mod)
-    monkeypatch.setattr(metafile_mod, "_THREADED_ROWS", 1000)  # the maps of a large read, still
+    asked = _threads_asked(monkeypatch, gather_mod)
+    monkeypatch.setattr(gather_mod, "THREADED_ROWS", 1000)  # the maps of a large read, still
     alone = mf.read(indices)
     assert asked and set(asked) == {1}
-    monkeypatch.setattr(metafile_mod, "HELPED_ITEMS", 1000)
-    monkeypatch.setattr(metafile_mod, "THREADS", 2)
+    monkeypatch.setattr(gather_mod, "HELPED_ITEMS", 1000)
+    monkeypatch.setattr(gather_mod, "THREADS", 2)
     asked.clear()
     helped = mf.read(indices)
     assert set(asked) == {2}
