@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from rank_dataset import MetaFile, RandomSampler, RankDataset, RankServerDataset, ServerDataset, Source
 from rank_dataset.client import MetaServer, _retry_after
-from tests_helpers import Server
+from tests_helpers import Server, start_methods
 
 SETTINGS = [
     (1, 1, False, 0, 0),
@@ -91,17 +91,15 @@ def test_server_dataset(meta, server) -> None:
         ds["1"]  # type: ignore[index]
 
 
-def test_dataloader_workers(meta, server) -> None:
+@pytest.mark.parametrize("context", start_methods("fork", "spawn"))
+def test_dataloader_workers(meta, server, context: str) -> None:
     mf = MetaFile(meta)
     ds = ServerDataset(server.url)
-    got = [line for batch in DataLoader(ds, batch_size=100, num_workers=2) for line in batch]
-    assert got == [mf[i] for i in range(len(mf))]
+    loader = DataLoader(ds, batch_size=100, num_workers=2, multiprocessing_context=context)
+    assert [line for batch in loader for line in batch] == [mf[i] for i in range(len(mf))]
     rds = RankServerDataset(server.url, reload_cfg={"seed": 3}, rank=1, world_size=3)
-    for context in ["fork", "spawn"]:
-        loader = DataLoader(
-            rds, batch_size=64, sampler=RandomSampler(rds), num_workers=2, multiprocessing_context=context
-        )
-        assert sorted(x for batch in loader for x in batch) == sorted(mf[int(i)] for i in rds.indices)
+    loader = DataLoader(rds, batch_size=64, sampler=RandomSampler(rds), num_workers=2, multiprocessing_context=context)
+    assert sorted(x for batch in loader for x in batch) == sorted(mf[int(i)] for i in rds.indices)
 
 
 def test_token(meta, start_server) -> None:
