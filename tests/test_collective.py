@@ -66,9 +66,26 @@ def test_persistent_workers_under_every_start_method(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("w", [2, 4, 8])
+def test_a_build_reads_the_files_about_once_across_the_ranks(tmp_path: Path, w: int) -> None:
+    # read_chars of every rank together: the first build (the dataset's making, which counts lines
+    # first) at most 2.05x the file, every later build at most 1.05x, each plus 1 MiB a rank.
+    (tmp_path / "big.txt").write_text(
+        "".join(f"train/n{i % 1000:08d}/img_{i:08d}.JPEG {i % 1000}\n" for i in range(200_000))
+    )
+    results = run("io", w, tmp_path)
+    size = results[0]["size"]
+    first = sum(r["first"] for r in results)
+    assert first <= 2.05 * size + w * (1 << 20), (first / size, w)
+    for build in range(2):
+        later = sum(r["later"][build] for r in results)
+        assert later <= 1.05 * size + w * (1 << 20), (later / size, w)
+        assert later >= size  # every byte of the file was read (by one rank)
+
+
 def test_reader_collective_needs_a_process_group(tmp_path: Path) -> None:
     write_files(tmp_path)
-    with pytest.raises(ValueError, match="initialised torch.distributed process group"):
+    with pytest.raises(ValueError, match=r"initialised torch\.distributed process group"):
         RankDataset(tmp_path / "a.txt", reader="collective")
     with pytest.raises(ValueError, match="reader must be 'file' or 'collective', got 'mmap'"):
         RankDataset(tmp_path / "a.txt", reader="mmap")
