@@ -148,7 +148,8 @@ def fault(kind: str, d: Path, result: dict[str, Any]) -> None:
                 return
             if kind == "dies" and rank == world - 1:
                 os._exit(0)  # gone without a word (exit code 0: torchrun would stop the others otherwise)
-            dist.barrier()
+            if kind == "changed":
+                dist.barrier()  # the file changed before any rank builds again
             ds.set_epoch(1)
         result["error"] = None
     except Exception as exc:  # what each rank ended with is the point

@@ -89,3 +89,53 @@ def test_reader_collective_needs_a_process_group(tmp_path: Path) -> None:
         RankDataset(tmp_path / "a.txt", reader="collective")
     with pytest.raises(ValueError, match="reader must be 'file' or 'collective', got 'mmap'"):
         RankDataset(tmp_path / "a.txt", reader="mmap")
+
+
+def fault_run(kind: str, w: int, d: Path) -> list[str]:
+    """The error each surviving rank ended with (the last rank is the one at fault, where one is)."""
+    subprocess.run(
+        torchrun_cmd("collective_worker.py", w, f"fault-{kind}", d, log_dir=d / "logs"),
+        env=worker_env(),
+        capture_output=True,
+        timeout=300,
+    )
+    files = [d / f"result.{r}.json" for r in range(w)]
+    return [json.loads(f.read_text())["error"] if f.exists() else "(none)" for f in files]
+
+
+def test_a_rank_that_dies_or_stays_away_ends_every_other_rank_with_the_collective_and_epoch(tmp_path: Path) -> None:
+    write_files(tmp_path)
+    for kind in ("dies", "absent"):
+        errors = fault_run(kind, 3, tmp_path)
+        survivors = errors[:2]
+        assert survivors[0] == survivors[1], errors
+        assert survivors[0].startswith("CollectiveError: the collective reader's exchange of "), errors
+        assert "of epoch 1 did not complete on every one of the 3 ranks" in survivors[0]
+        for r in range(3):
+            (tmp_path / f"result.{r}.json").unlink(missing_ok=True)
+
+
+def test_a_file_changed_under_a_slice_is_the_same_error_on_every_rank(tmp_path: Path) -> None:
+    write_files(tmp_path)
+    errors = fault_run("changed", 3, tmp_path)
+    assert len(set(errors)) == 1, errors
+    assert errors[0].startswith(f"MetaFileChangedError: meta file {tmp_path / 'a.txt'} changed: it was modified")
+
+
+def test_a_bad_line_from_another_slice_is_named_on_every_rank(tmp_path: Path) -> None:
+    lines = [f"img_{i}.jpg {i % 5}".encode() for i in range(3000)]
+    lines[1700] = b"img_\xff.jpg 1"  # not UTF-8; line 1702 of the file (two blank lines before it)
+    (tmp_path / "bad.txt").write_bytes(b"\n\n" + b"\n".join(lines) + b"\n")
+    (tmp_path / "a.txt").write_text("x\n")
+    errors = fault_run("badline", 3, tmp_path)
+    assert len(set(errors)) == 1, errors
+    assert errors[0] == (
+        f"ValueError: {tmp_path / 'bad.txt'}:1703: line is not valid UTF-8 (invalid start byte at byte 4)"
+    )
+
+
+def test_ranks_that_disagree_meet_the_agreement_check_first(tmp_path: Path) -> None:
+    write_files(tmp_path)
+    errors = fault_run("disagree", 3, tmp_path)
+    assert len(set(errors)) == 1, errors
+    assert errors[0].startswith("RanksDisagreeError: ranks disagree on seed: 0 on ranks [0], 1 on ranks [1]"), errors
