@@ -5,6 +5,7 @@ bytes it reads (``io``), or meeting a fault (``fault-*``)."""
 from __future__ import annotations
 
 import datetime
+import gc
 import hashlib
 import os
 import sys
@@ -101,7 +102,12 @@ def workers(d: Path, result: dict[str, Any]) -> None:
                 warnings.simplefilter("error")
                 ds.set_epoch(2)  # audits the last pass
             result[method] = ok and all(p.read == p.drawn for p in ds.audit())
+            # Stop the workers and free the loader's queues now: a spawn or forkserver context's
+            # semaphores are named ones, unlinked when collected.
+            if loader._iterator is not None:
+                loader._iterator._shutdown_workers()
             del loader
+            gc.collect()
         else:
             ds.set_epoch(2)
     ds.close()
