@@ -34,7 +34,6 @@ sys.path.insert(0, str(HERE))
 
 from _common import PEAK_PRELUDE, machine_info, plotting, save_results, scratch_dir  # noqa: E402
 from bench_scale import meta_file  # noqa: E402
-
 from rank_dataset.server.local import free_port  # noqa: E402
 
 _ONE_READ = """
@@ -160,7 +159,8 @@ def main() -> None:
     ]
     for w, s in rows_data.items():
         rows.append(
-            f"| {w} | {s['collective_epoch']:.2f} | {s['file_epoch']:.2f} | {s['collective_epoch'] / s['file_epoch']:.2f}x "
+            f"| {w} | {s['collective_epoch']:.2f} | {s['file_epoch']:.2f} "
+            f"| {s['collective_epoch'] / s['file_epoch']:.2f}x "
             f"| {s['collective_cold']:.2f} | {s['collective_cold'] / base:.2f}x | {s['file_cold']:.2f} "
             f"| {s['collective_read_x']:.2f}x | {s['collective_cold_read_x']:.2f}x | {s['file_read_x']:.2f}x "
             f"| {s['collective_read_mb']:,.1f} | {s['sent_mb']:,.1f} | {s['shard_mib']:,.1f} "
