@@ -24,6 +24,7 @@ import hashlib
 import os
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -199,21 +200,22 @@ class CollectiveReader:
         ask = np.diff(np.searchsorted(wanted, self._owned)).astype(np.int64)
         asked = self._all_to_all(ask, np.ones(self.world_size, np.int64), "the request sizes")
         requests = self._all_to_all(wanted, ask, "the requests", out_splits=asked)
+        del wanted
         mine = _distinct(requests)[0]  # each line asked for, once
         failure: _Failure | None = None
+        parts: list[_Part] = []
         try:
-            lengths, data = self._serve(mine)
+            lengths = self._serve(mine, parts)
         except _Failure as exc:
-            failure, lengths, data = exc, np.zeros(0, np.int64), np.zeros(0, np.uint8)
+            failure, lengths, parts = exc, np.zeros(0, np.int64), []
         self._check_status(failure)
         # Round 2: the lengths of the lines asked for, in the order asked, then their bytes.
         at = np.searchsorted(mine, requests)
-        del mine
+        del mine, requests
         send_lengths = lengths[at]
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        send = np.empty(int(send_lengths.sum()), np.uint8)
-        copy_rows(data, starts[at], send_lengths, send, np.concatenate([[0], np.cumsum(send_lengths)[:-1]]))
-        del data, starts, at, requests
+        del lengths
+        send = _gather_parts(parts, at, send_lengths)
+        del at
         got_lengths = self._all_to_all(send_lengths, asked, "the line lengths", out_splits=ask)
         send_bytes = _split_sums(send_lengths, asked)
         got_bytes = _split_sums(got_lengths, ask)
@@ -348,15 +350,15 @@ class CollectiveReader:
 
     # -- serving -----------------------------------------------------------------------------------
 
-    def _serve(self, wanted: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
-        """The lengths and bytes (back to back) of global samples ``wanted`` (ascending, all in this
-        rank's slice), from one sequential read of the slice, which is checked against the counts.
+    def _serve(self, wanted: npt.NDArray[np.int64], parts: list[_Part]) -> npt.NDArray[np.int64]:
+        """The lengths of global samples ``wanted`` (ascending, all in this rank's slice), their bytes
+        appended to ``parts`` (a part a read), from one sequential read of the slice, which is checked
+        against the counts.
 
         Raises:
             _Failure: a file changed, or a wanted line is not valid UTF-8 (naming file and line).
         """
         lengths = np.zeros(wanted.size, np.int64)
-        parts: list[npt.NDArray[np.uint8]] = []
         local = wanted - int(self._owned[self.rank])
         done, first = 0, 0  # wanted lines found; the slice's number of the current chunk's first sample
         try:
@@ -380,7 +382,7 @@ class CollectiveReader:
                             copy_rows(buf, s, n, packed, at)
                             if not chunk.ascii:
                                 _check_utf8(packed, at, n, lambda r: _line_of(buf, s, r, line, path))  # noqa: B023
-                            parts.append(packed)
+                            parts.append(_Part(done, packed, at))
                             lengths[done:end] = n
                             done = end
                         first += m
@@ -394,8 +396,7 @@ class CollectiveReader:
             raise _Failure(_CHANGED, (str(exc.path), exc.what)) from None
         except ValueError as exc:
             raise _Failure(_NOT_UTF8, (str(exc),)) from None
-        data = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
-        return lengths, data
+        return lengths
 
     def _check_status(self, failure: _Failure | None) -> None:
         """Every rank learns whether every slice was served as counted: if not, every rank raises the
@@ -495,6 +496,34 @@ def _backend_config(dist: Any, group: Any) -> str:
     """``"cpu:gloo"``, ``"cuda:nccl"``, ``"cpu:gloo,cuda:nccl"``...: the backends of ``group``."""
     config = str(dist.get_backend_config(group))
     return config if ":" in config else {"gloo": "cpu:gloo,cuda:gloo"}.get(config, "cuda:" + config)
+
+
+@dataclass
+class _Part:
+    """Lines served from one read: rows ``first`` onwards of what the owner serves, back to back in
+    ``data`` (row ``first + k`` at ``starts[k]``)."""
+
+    first: int
+    data: npt.NDArray[np.uint8]
+    starts: npt.NDArray[np.int64]
+
+
+def _gather_parts(
+    parts: list[_Part], at: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
+) -> npt.NDArray[np.uint8]:
+    """The lines of rows ``at`` (of ``lengths`` bytes) back to back, copied from ``parts``, each part
+    let go of once copied (so that the lines are held about once, not twice)."""
+    out = np.empty(int(lengths.sum()), np.uint8)
+    dst = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    order = np.argsort(at, kind="stable")
+    ordered = at[order]
+    while parts:
+        part = parts.pop(0)
+        lo, hi = np.searchsorted(ordered, [part.first, part.first + part.starts.size])
+        rows = order[lo:hi]
+        copy_rows(part.data, part.starts[at[rows] - part.first], lengths[rows], out, dst[rows])
+        del part
+    return out
 
 
 def _distinct(values: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
