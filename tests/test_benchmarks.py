@@ -70,6 +70,13 @@ CASES = [
         ("scale.png", True),
     ),
     (
+        "collective",
+        ["--lines", "20000", "--worlds", "2"],
+        "collective.md",
+        ["| 2 |", "read per build, all ranks, collective"],
+        ("collective.png", True),
+    ),
+    (
         "workers",
         ["--lines", "4000", "--passes", "1", "--workers", "1"],
         "workers.md",

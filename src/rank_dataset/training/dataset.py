@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from rank_dataset.plan.mix import Mixture, Source, SourceInfo, as_sources
 from rank_dataset.plan.resume import MixRecord, ResumeState
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards.channel import AuditMode, PassCount, ShardChannel
+from rank_dataset.shards.collective import CollectiveReader
 from rank_dataset.shards.reader import FileReader, ShardReader, files_of
 from rank_dataset.training._agree import agreement_fields, agreement_needed, check_ranks_agree
 from rank_dataset.training.topology import get_rank_world_size
@@ -54,9 +56,11 @@ class ShardedDataset(Dataset[Any]):
         parser: str | Parser | None,
         sources: Sequence[Source] | None = None,
         audit: AuditMode = "warn",
+        group: Any = None,
     ) -> None:
         cfg = ReloadConfig.coerce(reload_cfg)
-        rank, world_size = get_rank_world_size(rank, world_size)
+        rank, world_size = _rank_world_size(rank, world_size, group)
+        self._process_group = group  # the ranks that agree (default: the world)
         if not isinstance(is_test, bool):
             raise TypeError(f"is_test must be a bool, got {is_test!r}")
         self.reader = reader
@@ -131,14 +135,23 @@ class ShardedDataset(Dataset[Any]):
         dataset stays as it was."""
         self.channel.check_owner()
         self.channel.judge()  # the last pass is over: audit it before anything changes
-        if agreement_needed():  # under a process group, every rank must plan from the same inputs
-            check_ranks_agree(self._agreement_fields(spec), spec.rank)
+        self._agree(spec)
         shard = self.reader.build(spec)
         shard = (shard if self.reader.keeps_ids else shard.without_ids()).shared()
         self.channel.publish(shard, spec)
         self._serve(shard, spec)  # the old shard is unmapped here, once the new one exists
         self._seen = self.channel.seen
         return_freed_memory()
+
+    def _agree(self, spec: ShardSpec) -> None:
+        """Under a process group, every rank must plan from the same inputs: check it."""
+        if not agreement_needed():
+            return
+        if isinstance(self.reader, CollectiveReader):  # on the reader's group, within its timeout
+            with self.reader.collective("the agreement check", spec.epoch):
+                check_ranks_agree(self._agreement_fields(spec), spec.rank, self.reader.group)
+        else:
+            check_ranks_agree(self._agreement_fields(spec), spec.rank, self._process_group)
 
     def _agreement_fields(self, spec: ShardSpec) -> dict[str, object]:
         dataset = f"{type(self).__module__}.{type(self).__qualname__}"
@@ -161,12 +174,13 @@ class ShardedDataset(Dataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         # Pickled to reach a spawn or forkserver worker: the channel's handle, never a shard's bytes.
         state = self.__dict__.copy()
-        for name in ("_version", "_shard", "_text", "_indices", "_source_ids", "_tally"):
+        for name in ("_version", "_shard", "_text", "_indices", "_source_ids", "_tally", "_process_group"):
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._process_group = None  # a worker joins no collective
         self._version, self._seen = self.channel.version, self.channel.seen  # -1: look on first use
         self._tally = self.channel.tally
         self._shard = self._text = None  # type: ignore[assignment]  # mapped on first use
@@ -397,10 +411,22 @@ class RankDataset(ShardedDataset):
             in a mix, for the sources that have no parser of their own.
         audit: ``"warn"`` (a PassAuditWarning, once), ``"error"`` (a PassAuditError) or ``"off"``:
             what a finished pass that read other than its sampler drew does (see :meth:`audit`).
+        reader: ``"file"`` (each rank reads its own lines through the files' cached line index: one
+            node, or a fast local copy) or ``"collective"`` (under an initialised process group: each
+            rank reads 1/W of the files' bytes once per build and the ranks exchange the lines over a
+            gloo group; no index. For many nodes on a shared file system: see the collective reader guide).
+            The shards are the same, byte for byte.
+        group: a torch.distributed process group (e.g. a DeviceMesh's data-parallel dimension,
+            ``mesh["dp"].get_group()``): rank and world size are this group's (``rank`` and
+            ``world_size``, if given, must agree), and its ranks check their agreement (default: the
+            whole world).
+        timeout: with ``reader="collective"``, how long its collectives wait for every rank (a
+            ``datetime.timedelta``; default: torch's); past it every rank raises a CollectiveError.
 
     Raises:
-        ValueError: as MetaFile; for a mix, a source with no samples or counts that cannot be met
-            (see :func:`~rank_dataset.plan.mix.mix_counts`), the message naming the source.
+        ValueError: as MetaFile; ``reader="collective"`` without an initialised process group; for a
+            mix, a source with no samples or counts that cannot be met (see
+            :func:`~rank_dataset.plan.mix.mix_counts`), the message naming the source.
 
     Examples:
         >>> import tempfile, os
@@ -421,11 +447,70 @@ class RankDataset(ShardedDataset):
         world_size: int | None = None,
         parser: str | Parser | None = None,
         audit: AuditMode = "warn",
+        reader: str = "file",
+        group: Any = None,
+        timeout: datetime.timedelta | None = None,
     ) -> None:
+        if reader not in ("file", "collective"):
+            raise ValueError(f"reader must be 'file' or 'collective', got {reader!r}")
+        if timeout is not None and reader != "collective":
+            raise ValueError("timeout applies to reader='collective' only (the file reader runs no exchange)")
         sources = as_sources(meta_file)
-        if sources is None:
-            meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file)  # type: ignore[arg-type]
-        else:  # one MetaFile of the distinct files: each indexed once, read once per shard
-            meta = MetaFile(files_of(sources))
-        self.meta = meta
-        super().__init__(FileReader(meta, sources), is_test, reload_cfg, rank, world_size, parser, sources, audit)
+        if reader == "collective":
+            paths = _paths_of(meta_file) if sources is None else files_of(sources)
+            self.meta: MetaFile | None = None  # no MetaFile: no index is read or written
+            shards: ShardReader = CollectiveReader(paths, sources, group=group, timeout=timeout, agree=_agree_files)
+        else:
+            if sources is None:
+                meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file)  # type: ignore[arg-type]
+            else:  # one MetaFile of the distinct files: each indexed once, read once per shard
+                meta = MetaFile(files_of(sources))
+            self.meta = meta
+            shards = FileReader(meta, sources)
+        try:
+            super().__init__(shards, is_test, reload_cfg, rank, world_size, parser, sources, audit, group)
+        except BaseException:
+            close = getattr(shards, "close", None)
+            if close is not None:
+                close()
+            raise
+
+    def close(self) -> None:
+        """Free what the reader holds beyond the shard (the collective reader's gloo group). Every rank
+        should close together; a closed dataset keeps serving its shard but cannot load another."""
+        close = getattr(self.reader, "close", None)
+        if close is not None:
+            close()
+
+
+def _paths_of(meta_file: Any) -> list[str | os.PathLike[str]]:
+    """The paths of plain meta files (a path, a list of paths, or a MetaFile's files)."""
+    if isinstance(meta_file, MetaFile):
+        return list(meta_file.paths)
+    if isinstance(meta_file, (str, os.PathLike)):
+        return [meta_file]
+    if isinstance(meta_file, Sequence) and meta_file and all(isinstance(p, (str, os.PathLike)) for p in meta_file):
+        return list(meta_file)
+    raise TypeError(f"meta_file must be a path, a list of paths, a MetaFile or Sources, got {meta_file!r}")
+
+
+def _agree_files(fields: Mapping[str, object], group: Any) -> None:
+    """The ranks' agreement on the files, before the collective reader's first collective over them."""
+    check_ranks_agree(fields, None, group)
+
+
+def _rank_world_size(rank: int | None, world_size: int | None, group: Any) -> tuple[int, int]:
+    """``(rank, world_size)``: the group's, if given (an explicit one must equal it), else as found."""
+    if group is None:
+        return get_rank_world_size(rank, world_size)
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("group= needs an initialised torch.distributed process group")
+    found = dist.get_rank(group), dist.get_world_size(group)
+    if found[0] < 0:
+        raise ValueError("this process is not a member of the group given (group=): give one it belongs to")
+    for name, given, theirs in (("rank", rank, found[0]), ("world_size", world_size, found[1])):
+        if given is not None and given != theirs:
+            raise ValueError(f"{name}={given!r} differs from the group's ({theirs}): leave it None with group=")
+    return found
