@@ -94,7 +94,9 @@ def choose_substitute(spec: ShardSpec, position: int, i: int, n: int, attempt: i
     return int(h % n)
 
 
-def too_many(failures: list[Failure], count: int, limit: float | None, n: int, rank: int, reason: str = "") -> Exception:
+def too_many(
+    failures: list[Failure], count: int, limit: float | None, n: int, rank: int, reason: str = ""
+) -> Exception:
     """The TooManyFailuresError naming the first ``failures`` and how to leave them out."""
     named = "; ".join(str(f) for f in failures[:_NAMED])
     more = f" (and {len(failures) - _NAMED} more here)" if len(failures) > _NAMED else ""
