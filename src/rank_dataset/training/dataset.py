@@ -157,8 +157,9 @@ class ShardedDataset(Dataset[Any]):
     @property
     def failures(self) -> list[Failure]:
         """The samples whose item failed to load and was replaced (``on_error="replace"``), one record each
-        (:class:`~rank_dataset.shards.failures.Failure`: ``.sample``, ``.where``, ``.error``), in order of
-        first failure, gathered from the DataLoader workers. Call it in the process that created the dataset."""
+        (:class:`~rank_dataset.shards.failures.Failure`: ``.sample``, ``.where``, ``.error``), the first
+        failure of each, in plan order (epoch, mini-epoch, position), gathered from the DataLoader workers.
+        Call it in the process that created the dataset."""
         self._collect_failures()
         return list(self._failures)
 
@@ -170,24 +171,28 @@ class ShardedDataset(Dataset[Any]):
     def _collect_failures(self) -> None:
         found, lost = self.channel.collect_failures()
         self._failures_lost += lost
-        known = {f.sample for f in self._failures}
-        for failure in found:
-            if failure.sample not in known:
-                known.add(failure.sample)
-                self._failures.append(failure)
+        if found:
+            self._merge_failures(found)
+
+    def _merge_failures(self, records: Sequence[Failure]) -> None:
+        """Add ``records`` to :attr:`failures` (one per sample), all in plan order (epoch, mini-epoch,
+        position): the same list on every rank that holds the same records."""
+        merged: dict[int, Failure] = {}
+        for failure in sorted([*self._failures, *records], key=lambda f: (f.epoch, f.mini_epoch, f.position)):
+            merged.setdefault(failure.sample, failure)
+        self._failures = list(merged.values())
 
     def _agreed_failures(self) -> tuple[int, ...]:
-        """The samples that failed on any rank so far (under a process group, all-gathered: every rank
-        plans from the same set), with those left out already."""
+        """The samples that failed on any rank so far, with those left out already. Under a process group
+        the ranks all-gather their records (a collective), so every rank plans from the same set."""
         self._collect_failures()
-        mine = sorted({f.sample for f in self._failures} | set(self._failed))
         if agreement_needed():
             import torch.distributed as dist
 
             gathered: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, mine)
-            mine = sorted({s for part in gathered for s in part})
-        return tuple(mine)
+            dist.all_gather_object(gathered, self._failures)
+            self._merge_failures([f for part in gathered for f in part])
+        return tuple(sorted({f.sample for f in self._failures} | set(self._failed)))
 
     # -- the plan ---------------------------------------------------------------------------------
 
@@ -363,6 +368,11 @@ class ShardedDataset(Dataset[Any]):
         StatefulDataLoader calls every dataset that has a ``state_dict``), it returns ``{}``: the
         resume point then lives in ResumableSampler's state.
 
+        With ``on_error="replace"`` it holds the failure records (``failures``) and the samples the plan
+        left out for having failed (``excluded_failures``). With ``exclude_failures=True`` under a process
+        group it all-gathers every rank's failures, so that a resume leaves out of the next epoch what
+        every rank saw fail: it is then a collective, to be called on every rank (and still the same on each).
+
         Raises:
             ValueError: ``consumed`` outside ``[0, len(self)]``, or an eval shard.
 
@@ -389,7 +399,10 @@ class ShardedDataset(Dataset[Any]):
         if self._failed:  # the plan left these out: a resume must too
             state["excluded_failures"] = list(self._failed)
         if self._replace:
-            self._collect_failures()
+            if self._policy.exclude_failures:  # every rank's failures: the next epoch's plan leaves them out
+                self._agreed_failures()
+            else:
+                self._collect_failures()
             if self._failures:
                 state["failures"] = [f.to_dict() for f in self._failures]
         return state
@@ -427,8 +440,7 @@ class ShardedDataset(Dataset[Any]):
             raise
         if failures:
             self._collect_failures()
-            known = {f.sample for f in self._failures}
-            self._failures = [f for f in failures if f.sample not in known] + self._failures
+            self._merge_failures(failures)
 
     # -- items ------------------------------------------------------------------------------------
 
