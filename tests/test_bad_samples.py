@@ -14,7 +14,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from failures_worker import is_bad, load  # importable by spawn and forkserver workers (tests/ is on the path)
-from rank_dataset import RandomSampler, RankDataset, Source, TooManyFailuresError, ids_of
+from rank_dataset import RandomSampler, RankDataset, RankServerDataset, Source, TooManyFailuresError, ids_of
 from rank_dataset.plan.exclude import Exclusion, KeptIds
 from rank_dataset.plan.permutation import permute
 from rank_dataset.plan.subsets import SampleIds
@@ -226,6 +226,31 @@ def test_on_error_raise_and_arguments_are_checked(meta: Path) -> None:
         RankDataset(meta, on_error="replace", max_failures=1.5)
     with pytest.raises(TypeError, match="transform must be"):
         RankDataset(meta, transform=3)  # type: ignore[arg-type]
+
+
+def test_the_meta_server_gives_the_same(meta: Path, start_server: Any) -> None:
+    server = start_server([meta])
+    other = meta.parent / "other.txt"
+    other.write_text("".join(f"img_{i}.JPEG {i % 10}\n" for i in range(N, N + 50)))
+    two = start_server([meta, other])
+    kw: dict[str, Any] = {"reload_cfg": {"seed": 4, "mini_epoch": 2}, "parser": "label", "transform": load}
+    kw.update(on_error="replace", max_failures=None, exclude_failures=True, rank=1, world_size=3)
+    cases = [
+        (RankDataset(meta, exclude=[0, 9, 10], **kw), RankServerDataset(server.url, exclude=[0, 9, 10], **kw)),
+        (
+            RankDataset([Source(meta, exclude=[4]), Source(other, weight=1)], exclude=[N + 1], **kw),
+            RankServerDataset(two.url, sources=[Source("meta.txt", exclude=[4]), Source("other.txt", weight=1)],
+                              exclude=[N + 1], **kw),
+        ),
+    ]  # fmt: skip
+    for local, remote in cases:
+        for epoch in range(2):
+            local.set_epoch(epoch)
+            remote.set_epoch(epoch)
+            assert local.indices.tolist() == remote.indices.tolist()
+            assert items_of(local, num_workers=2) == items_of(remote, num_workers=2)
+        assert {f.sample for f in local.failures} == {f.sample for f in remote.failures} != set()
+        assert local.excluded_failures == remote.excluded_failures
 
 
 # -- two gloo ranks, two workers each ------------------------------------------------------------------
