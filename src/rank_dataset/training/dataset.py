@@ -171,8 +171,11 @@ class ShardedDataset(Dataset[Any]):
     def _collect_failures(self) -> None:
         found, lost = self.channel.collect_failures()
         self._failures_lost += lost
-        if found:
-            self._merge_failures(found)
+        if found:  # file:line is found here, not in the worker, where it would cost each failure a read
+            self._merge_failures([self._located(f) for f in found])
+
+    def _located(self, failure: Failure) -> Failure:
+        return failure if failure.where else dataclasses.replace(failure, where=self.reader.where(failure.sample))
 
     def _merge_failures(self, records: Sequence[Failure]) -> None:
         """Add ``records`` to :attr:`failures` (one per sample), all in plan order (epoch, mini-epoch,
@@ -502,14 +505,14 @@ class ShardedDataset(Dataset[Any]):
             except Exception as again:
                 self._failed_item(j, position_of(spec, j), again)
         raise too_many(
-            self._recent, len(self._recent), None, n, spec.rank,
+            [self._located(f) for f in self._recent[:5]], len(self._recent), None, n, spec.rank,
             f"no substitute could be made for item {i} of rank {spec.rank}'s shard: {MAX_ATTEMPTS} tried, all failed",
         )  # fmt: skip
 
     def _failed_item(self, i: int, position: int, exc: Exception) -> None:
         sample = int(self.indices[i])
         spec = self._spec
-        failure = Failure.of(sample, self.reader.where(sample), exc, spec.epoch, spec.mini_epoch_idx, position)
+        failure = Failure.of(sample, "", exc, spec.epoch, spec.mini_epoch_idx, position)  # where: by the rank
         passes = self.channel.passes
         if passes != self._recent_pass:
             self._recent, self._recent_pass = [], passes
@@ -517,7 +520,8 @@ class ShardedDataset(Dataset[Any]):
         count = self.channel.record_failure(failure)
         limit = self._policy.limit(self._n)
         if limit is not None and count > limit:
-            raise too_many(self._recent, count, self._policy.max_failures, self._n, spec.rank) from exc
+            named = [self._located(f) for f in self._recent[:5]]
+            raise too_many(named, count, self._policy.max_failures, self._n, spec.rank) from exc
 
     def _parse(self, text: str, i: int) -> Any:
         # In a mix whose sources have parsers of their own, item i's source chooses.
