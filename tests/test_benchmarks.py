@@ -77,6 +77,13 @@ CASES = [
         ("collective.png", True),
     ),
     (
+        "failures",
+        ["--lines", "4000", "--rounds", "1", "--workers", "1"],
+        "failures.md",
+        ['| transform, on_error="replace", no failures |', '| transform, on_error="replace", 1 failure in 1,000 |'],
+        ("failures.png", True),
+    ),
+    (
         "workers",
         ["--lines", "4000", "--passes", "1", "--workers", "1"],
         "workers.md",

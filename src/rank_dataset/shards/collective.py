@@ -37,9 +37,10 @@ from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.index import FileKey
 from rank_dataset.files.scan import NEWLINE, scan_buffer
 from rank_dataset.plan.bounds import Bounds
-from rank_dataset.plan.mix import Source, combine_fingerprints
+from rank_dataset.plan.exclude import Exclusion
+from rank_dataset.plan.mix import Source
 from rank_dataset.plan.spec import ShardSpec
-from rank_dataset.plan.subsets import SampleMap, distinct_files
+from rank_dataset.shards.reader import Sampling
 
 __all__ = ["CollectiveError", "CollectiveReader"]
 
@@ -148,15 +149,10 @@ class CollectiveReader:
             names = ", ".join(str(p) for p in self.paths)
             raise ValueError(f"no samples in {names}: every line is empty or whitespace")
         self._fingerprint, self._file_fingerprints = self._fingerprints(file_samples)
-        self._sources = None if sources is None else tuple(sources)
-        self._map: SampleMap | None = None
+        self._sampling: Sampling | None = Sampling(self._bounds.total, self._bounds.starts, sources)
+        self._is_mix = sources is not None
         self.keeps_ids = False
-        if sources is not None:
-            _, self._files = distinct_files([s.paths for s in sources])
-            ids, source_names = [s.ids for s in sources], [s.name for s in sources]
-            self._map = SampleMap.of(self._files, self._bounds.starts, ids, source_names)
-            self._sizes = self._map.sizes
-            self.keeps_ids = not self._map.identity
+        self.set_exclusion(None)
 
     # -- the ShardReader protocol ------------------------------------------------------------------
 
@@ -172,27 +168,31 @@ class CollectiveReader:
 
     @property
     def source_sizes(self) -> tuple[int, ...] | None:
-        return None if self._sources is None else self._sizes
+        return self._sizes if self._is_mix else None
 
     def source_fingerprints(self) -> tuple[str, ...]:
         """Each source's: its files', and for a subset the hash of its ids (as the file reader's)."""
-        assert self._sources is not None
-        files = self._file_fingerprints
-        return tuple(
-            combine_fingerprints([files[f] for f in mine] + ([] if s.ids is None else [s.ids.fingerprint]))
-            for s, mine in zip(self._sources, self._files)
-        )
+        assert self._sampling is not None
+        return self._sampling.source_fingerprints(self._file_fingerprints)
+
+    def set_exclusion(self, exclusion: Exclusion | None) -> None:
+        """See :meth:`~rank_dataset.shards.reader.Sampling.exclude`."""
+        assert self._sampling is not None
+        self._sampling.exclude(exclusion)
+        self.keeps_ids = self._sampling.keeps_ids
+        self._plan_size, self._sizes = self._sampling.plan_size, self._sampling.sizes
+
+    @property
+    def plan_size(self) -> int:
+        return self._plan_size
 
     def build(self, spec: ShardSpec) -> Shard:
         """The shard of ``spec``: every rank of the group must call it together (a collective)."""
         if self.group is None:
             raise ValueError("this collective reader was closed (or is a copy in a DataLoader worker): it cannot build")
         self._epoch = spec.epoch
-        plan = spec.indices()
-        if self.keeps_ids:
-            sample_map, mix = self._map, spec.mix
-            assert sample_map is not None and mix is not None
-            plan = sample_map.samples(plan, mix.source_of)
+        assert self._sampling is not None
+        plan = self._sampling.samples_of(spec)()
         wanted, inverse = _distinct(plan)
         ids = plan if self.keeps_ids else None
         del plan
@@ -271,7 +271,7 @@ class CollectiveReader:
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker never builds: no group (it cannot be pickled), no ids.
-        return {**self.__dict__, "group": None, "_map": None, "_sources": None}
+        return {**self.__dict__, "group": None, "_sampling": None}
 
     # -- the slices --------------------------------------------------------------------------------
 
