@@ -19,6 +19,7 @@ import contextlib
 import functools
 import hashlib
 import io
+import logging
 import os
 import socket
 import struct
@@ -38,6 +39,8 @@ from rank_dataset._cachelock import one_builder
 from rank_dataset._pread import ShortRead, Window, pread_exact, read_ends
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.scan import Chunk, scan_map
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -527,17 +530,30 @@ class _Seal:
         cache is whole but unsealed, and rebuilt by the next process)."""
         sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
         with self.file as f:
-            if self.syncer.close() is not None:
+            error = self.syncer.close()
+            if error is not None:
+                self._failed("a sync of its data while it was written", error)
                 return False
             try:
                 sync(f.fileno())
-            except OSError:
+            except OSError as exc:
+                self._failed("the sync of its data", exc)
                 return False
-            with contextlib.suppress(OSError):
+            try:
                 os.pwrite(f.fileno(), _SEAL, _SEAL_AT)
                 sync(f.fileno())
+            except OSError as exc:
+                self._failed("the seal's write or sync (its data is on disk)", exc)
         _fsync_dir(self.cache.parent)
         return True
+
+    def _failed(self, step: str, error: OSError) -> None:
+        _log.warning(
+            "could not seal the index cache %s: %s failed: %s; it is not trusted, and is rebuilt by the next load",
+            self.cache,
+            step,
+            error,
+        )
 
     def after(self, held: contextlib.ExitStack) -> bool:
         """Seal, then let go of what ``held`` holds (the builder's lock). A large cache is sealed in
