@@ -1,18 +1,31 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test`.
+# PYTHON picks the interpreter (3.10-3.13), VENV where it installs: give each Python its own VENV
+# (make PYTHON=python3.10 VENV=.venv-3.10 test), since an existing venv keeps the Python it was made with.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
+# What `make demo` installs (the package and its server extra), and what the checks install on top of it.
+DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
+# Options for the demo, e.g. DEMO_ARGS="--lines 20000 --world-size 2 --workers 1 --epochs 1 --mini-epochs 1".
+DEMO_ARGS ?=
 
 .PHONY: demo test test-quick lint typecheck pytest docs bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[server,dev,docs]'
+
+$(DEMO_STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -e '.[server]'
+	touch $(DEMO_STAMP)
+
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -e '.[server,dev,docs]'
 	touch $(STAMP)
 
-demo: $(STAMP)
-	$(BIN)/rank-dataset demo
+demo: $(DEMO_STAMP)
+	$(BIN)/rank-dataset demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks docs examples
@@ -42,4 +55,4 @@ bench: $(STAMP)
 	for m in fork forkserver; do $(BIN)/python benchmarks/bench_memory.py --start-method $$m || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
+	rm -rf $(VENV) .venv-3.* .pytest_cache .mypy_cache .ruff_cache site

@@ -47,6 +47,11 @@ print(json.dumps([result.exit_code, result.output, repr(result.exception)]))
 """
 
 
+# What a user without the server extra is told to run: the form for an installed package, and the
+# one for a clone of the repository.
+SERVER_HINT = "pip install 'rank-dataset[server]' (from a clone: pip install -e '.[server]')"
+
+
 def _run_without(blocked: str, *args: str) -> tuple[int, str, str]:
     out = subprocess.run(
         [sys.executable, "-c", _WITHOUT, blocked, *args], capture_output=True, text=True, timeout=120, check=True
@@ -60,16 +65,16 @@ def test_serve_without_the_server_extra_says_what_to_install(write_meta, blocked
     code, output, exception = _run_without(blocked, "serve", str(write_meta(n=5)), "--port", "0")
     first = blocked.split(",")[0]
     assert code == 1, exception
-    assert output == f"Error: this command needs {first}, which is not installed: pip install 'rank-dataset[server]'\n"
+    assert output == f"Error: this command needs {first}, which is not installed: {SERVER_HINT}\n"
 
 
 def test_demo_without_torch_or_the_server_says_what_to_install() -> None:
     code, output, _ = _run_without("torch", "demo", "--lines", "10", "--world-size", "1")
-    assert (code, output) == (1, "Error: this command needs torch, which is not installed: pip install 'torch'\n")
+    assert (code, output) == (1, "Error: this command needs torch, which is not installed: pip install torch\n")
     code, output, _ = _run_without("uvicorn", "demo", "--server", "--lines", "10", "--world-size", "1")
     assert (code, output) == (
         1,
-        "Error: this command needs uvicorn, which is not installed: pip install 'rank-dataset[server]'\n",
+        f"Error: this command needs uvicorn, which is not installed: {SERVER_HINT}\n",
     )
 
 
@@ -84,9 +89,7 @@ def test_the_real_command_prints_one_line_not_a_traceback(write_meta) -> None:
     )
     assert out.returncode == 1
     assert out.stdout == ""
-    assert out.stderr.splitlines() == [
-        "Error: this command needs starlette, which is not installed: pip install 'rank-dataset[server]'"
-    ]
+    assert out.stderr.splitlines() == [f"Error: this command needs starlette, which is not installed: {SERVER_HINT}"]
 
 
 def test_index_needs_no_optional_dependency(write_meta) -> None:

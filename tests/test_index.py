@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -403,9 +404,17 @@ def test_a_child_forked_while_the_seal_registry_is_locked_gets_it_unlocked() -> 
     assert child.exitcode == 0 and out.get() == (False, {})
 
 
-def test_a_large_cache_whose_seal_fails_is_rebuilt(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _seal_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if r.name == "rank_dataset.files._cache" and r.levelno == logging.WARNING
+    ]
+
+
+def test_a_large_cache_whose_seal_fails_is_rebuilt(
+    write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # Its data may not be on disk: it stays unsealed, and the next load rebuilds it. The builder's
-    # own reads (its bytes are in the page cache, and checked) are right.
+    # own reads (its bytes are in the page cache, and checked) are right. The seal's thread says so.
     monkeypatch.setattr(cache_mod, "SEAL_APART", 1)
     real_fdatasync = os.fdatasync
 
@@ -414,10 +423,15 @@ def test_a_large_cache_whose_seal_fails_is_rebuilt(write_meta, tmp_path: Path, m
 
     monkeypatch.setattr(os, "fdatasync", fail)
     p = write_meta(LINES)
-    mf = MetaFile(p)
-    _join_seals()
+    with caplog.at_level(logging.WARNING, logger="rank_dataset.files._cache"):
+        mf = MetaFile(p)
+        _join_seals()
     cache = the_cache(tmp_path)
     assert not _sealed(cache)
+    assert _seal_warnings(caplog) == [
+        f"could not seal the index cache {cache}: the sync of its data failed: [Errno 5] Input/output error; "
+        "it is not trusted, and is rebuilt by the next load"
+    ]
     assert [mf[i] for i in (0, 999)] == [LINES[0], LINES[999]]
     monkeypatch.setattr(os, "fdatasync", real_fdatasync)
     before = cache.stat().st_ino
@@ -442,18 +456,55 @@ def test_the_sync_thread_starts_only_when_a_sync_is_due(write_meta, monkeypatch:
     assert started.count("rank-dataset-index-sync") == 1
 
 
-def test_a_cache_whose_sync_fails_is_not_used(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cache_whose_sync_fails_is_not_used(
+    write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # A sync that failed may have lost data that a later one would not report: the cache is dropped,
-    # and the index is kept in memory.
+    # and the index is kept in memory. Each location tried is named in a warning.
     def fail(fd: int) -> None:
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(os, "fdatasync", fail)
     monkeypatch.setattr(cache_mod, "SYNC_EVERY", 1000)
-    mf = MetaFile(write_meta(LINES))
+    p = write_meta(LINES)
+    with caplog.at_level(logging.WARNING, logger="rank_dataset.files._cache"):
+        mf = MetaFile(p)
+    warnings = _seal_warnings(caplog)
+    caches = cache_mod.cache_paths(p.resolve())
+    assert len(warnings) == len(caches) >= 1
+    for cache, warning in zip(caches, warnings):
+        assert warning.startswith(f"could not seal the index cache {cache}: a sync of its data while it was written")
+        assert "[Errno 5] Input/output error" in warning
     assert mf._files[0].index.cache is None and mf._files[0].index.memory is not None
     assert [mf[i] for i in (0, 999)] == [LINES[0], LINES[999]]
     assert not list((tmp_path / "cache").iterdir())
+
+
+def test_a_seal_refused_by_the_kernel_is_logged(write_meta, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # No fault put into os: the descriptor the seal syncs is made a pipe's, which the kernel will not
+    # sync (EINVAL), as a file system whose syncs fail would. The cache stays unsealed, and a warning
+    # from the module's logger names it and the error.
+    p = write_meta(LINES)
+    cache = tmp_path / "cache" / "refused.rdidx"
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        key = index_mod.FileKey.of(os.fstat(fd))
+        written = index_mod._write_cache(cache, p, fd, key, index_mod.hash_ends(fd, key.size))
+    finally:
+        os.close(fd)
+    assert written is not None
+    seal = written[1]
+    r, w = os.pipe()
+    os.dup2(r, seal.file.fileno())
+    os.close(r)
+    os.close(w)
+    with caplog.at_level(logging.WARNING, logger="rank_dataset.files._cache"):
+        assert seal() is False
+    assert _seal_warnings(caplog) == [
+        f"could not seal the index cache {cache}: the sync of its data failed: [Errno 22] Invalid argument; "
+        "it is not trusted, and is rebuilt by the next load"
+    ]
+    assert not _sealed(cache)
 
 
 def test_abandoned_tmp_files_are_removed(write_meta, tmp_path: Path) -> None:

@@ -14,9 +14,10 @@ from rank_dataset.server.protocol import DEFAULT_PORT, TOKEN_ENV
 
 __all__ = ["cli", "main"]
 
-# The optional dependencies a command may need, each with what a user installs to get it.
-_SERVER = "rank-dataset[server]"
-_INSTALL = {"starlette": _SERVER, "uvicorn": _SERVER, "h11": _SERVER, "torch": "torch"}
+# The optional dependencies a command may need, each with what a user installs to get it: the
+# package's extra (from PyPI), and the same from a clone of the repository (an editable install).
+_SERVER = "pip install 'rank-dataset[server]' (from a clone: pip install -e '.[server]')"
+_INSTALL = {"starlette": _SERVER, "uvicorn": _SERVER, "h11": _SERVER, "torch": "pip install torch"}
 
 
 def _missing(exc: ModuleNotFoundError) -> click.ClickException | None:
@@ -24,7 +25,7 @@ def _missing(exc: ModuleNotFoundError) -> click.ClickException | None:
     top = (exc.name or "").partition(".")[0]
     if top not in _INSTALL:
         return None
-    return click.ClickException(f"this command needs {top}, which is not installed: pip install '{_INSTALL[top]}'")
+    return click.ClickException(f"this command needs {top}, which is not installed: {_INSTALL[top]}")
 
 
 def _require(*modules: str) -> None:

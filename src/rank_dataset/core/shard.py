@@ -94,8 +94,8 @@ def copy_rows(
                 dst[d : d + width] = src[s : s + width]
             continue
         records = f"V{width}"
-        src_view = np.ndarray((src.size - width + 1,), records, buffer=src, strides=(1,))
-        dst_view = np.ndarray((dst.size - width + 1,), records, buffer=dst, strides=(1,))
+        src_view: npt.NDArray[np.void] = np.ndarray((src.size - width + 1,), records, buffer=src, strides=(1,))
+        dst_view: npt.NDArray[np.void] = np.ndarray((dst.size - width + 1,), records, buffer=dst, strides=(1,))
         dst_view[dst_at[lo:hi]] = src_view[src_at[lo:hi]]
 
 
@@ -189,7 +189,7 @@ class Shard:
             bounds = np.zeros(n + 1, offset_dtype(total))
             np.cumsum(lengths, out=bounds[1:], dtype=bounds.dtype)
             # In a map of its own, which item access slices as it is (a heap array it would copy).
-            packed = np.empty(0, np.uint8)
+            packed: npt.NDArray[np.uint8] = np.empty(0, np.uint8)
             if total:
                 packed = np.frombuffer(anonymous_map(total), np.uint8)
             copy_rows(data, starts, lengths, packed, bounds[:-1])

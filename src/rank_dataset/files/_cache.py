@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import logging
 import os
 import socket
 import tempfile
@@ -31,6 +32,8 @@ __all__ = [
     "temp_beside",
     "wait_for_seal",
 ]
+
+_log = logging.getLogger(__name__)
 
 #: Environment variable naming a directory for index caches, used instead of the meta file's own.
 CACHE_DIR_ENV = "RANK_DATASET_CACHE_DIR"
@@ -174,17 +177,30 @@ class Seal:
         cache is whole but unsealed, and rebuilt by the next process)."""
         sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
         with self.file as f:
-            if self.syncer.close() is not None:
+            error = self.syncer.close()
+            if error is not None:
+                self._failed("a sync of its data while it was written", error)
                 return False
             try:
                 sync(f.fileno())
-            except OSError:
+            except OSError as exc:
+                self._failed("the sync of its data", exc)
                 return False
-            with contextlib.suppress(OSError):
+            try:
                 os.pwrite(f.fileno(), SEAL, self.at)
                 sync(f.fileno())
+            except OSError as exc:
+                self._failed("the seal's write or sync (its data is on disk)", exc)
         fsync_dir(self.cache.parent)
         return True
+
+    def _failed(self, step: str, error: OSError) -> None:
+        _log.warning(
+            "could not seal the index cache %s: %s failed: %s; it is not trusted, and is rebuilt by the next load",
+            self.cache,
+            step,
+            error,
+        )
 
     def after(self, held: contextlib.ExitStack) -> bool:
         """Seal, then let go of what ``held`` holds (the builder's lock). A large cache is sealed in

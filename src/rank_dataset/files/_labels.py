@@ -146,7 +146,7 @@ def _blank(
 
 def _word_digits(
     words: npt.NDArray[np.uint64], last: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
     """The number formed by the decimal digits that end at byte ``last`` of each line (at most 8), and
     how many of the 8 bytes up to ``last`` come before those digits (8: no digit). ``words[i]`` are the
     8 bytes starting at byte ``i``, one little-endian word."""

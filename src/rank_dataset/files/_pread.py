@@ -66,7 +66,7 @@ class Window:
     """A reusable buffer holding the parts of a file that a batch of byte ranges needs."""
 
     def __init__(self) -> None:
-        self._buf = np.empty(0, np.uint8)
+        self._buf: npt.NDArray[np.uint8] = np.empty(0, np.uint8)
 
     def _buffer(self, size: int) -> npt.NDArray[np.uint8]:
         if self._buf.size < size:

@@ -305,7 +305,8 @@ def _encoder(size: int) -> Callable[[Chunk], _Part]:
 
     def encode(chunk: Chunk) -> _Part:
         # Spans lie inside their chunk: only a chunk of at least `mask` bytes can hold a long line.
-        lengths, rows = chunk.lengths, np.empty(0, np.int64)
+        lengths = chunk.lengths
+        rows: npt.NDArray[np.intp] = np.empty(0, np.intp)
         if chunk.nbytes >= mask:
             rows = np.flatnonzero(lengths >= mask)
             lengths = np.minimum(lengths, mask)

@@ -149,7 +149,7 @@ def _scan_chunk(buf: npt.NDArray[np.uint8], offset: int, last: bool, scratch: _S
         sized = rows[lengths[rows] > 0]
         if sized.size:
             content = ~BLANK[buf]
-            bounds = np.column_stack((starts[sized], starts[sized] + lengths[sized])).reshape(-1)
+            bounds: npt.NDArray[np.int64] = np.column_stack((starts[sized], starts[sized] + lengths[sized])).reshape(-1)
             if bounds[-1] == buf.size:
                 bounds = bounds[:-1]
             keep[sized] = np.logical_or.reduceat(content, bounds)[::2]
