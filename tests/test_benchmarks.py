@@ -84,6 +84,13 @@ CASES = [
         ("failures.png", True),
     ),
     (
+        "versions",
+        ["--old", "HEAD", "--lines", "2000", "--repeat", "1", "--items", "200"],
+        "versions.md",
+        ["| build, W = 8 (s) |", "| ds[i], random i (µs) |"],
+        ("versions.png", True),
+    ),
+    (
         "workers",
         ["--lines", "4000", "--passes", "1", "--workers", "1"],
         "workers.md",
