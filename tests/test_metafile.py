@@ -422,3 +422,59 @@ def test_a_plan_is_let_go_by_the_build_and_made_again_when_needed(tmp_path: Path
     assert made == [1]
     assert shard.texts([0, n - 1]) == [f"s_{n - 1}", "s_0"]
     assert shard.ids is not None and shard.ids[:3].tolist() == [n - 1, n - 2, n - 3]
+
+
+def test_a_random_batch_is_read_in_one_window_a_call_a_line(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 256 random lines of an 8 MiB file: one read of their index entries and one of their lines
+    # (a batch charged what its reads hold: 256 lines and the bytes around them, not 256 pages),
+    # each a call per entry and per line at most, besides the index's header.
+    p = write_meta(n=200_000)
+    assert p.stat().st_size > 2 * gather_mod._WINDOW
+    mf = MetaFile(p)
+    lines = p.read_text().splitlines()
+    loads: list[int] = []
+    calls: list[int] = []
+    real_load, real_pread, real_preadv = pread_mod.Window.load, os.pread, os.preadv
+
+    def load(self: pread_mod.Window, fd: int, starts: np.ndarray, *args: object, **kwargs: object) -> object:
+        loads.append(starts.size)
+        return real_load(self, fd, starts, *args, **kwargs)  # type: ignore[arg-type]
+
+    def pread(fd: int, n: int, at: int) -> bytes:
+        calls.append(n)
+        return real_pread(fd, n, at)
+
+    def preadv(fd: int, buffers: list[memoryview], at: int) -> int:
+        calls.append(sum(len(b) for b in buffers))
+        return real_preadv(fd, buffers, at)
+
+    monkeypatch.setattr(pread_mod.Window, "load", load)
+    monkeypatch.setattr(os, "pread", pread)
+    monkeypatch.setattr(os, "preadv", preadv)
+    rng = np.random.default_rng(5)
+    for _ in range(5):
+        indices = rng.integers(0, len(mf), 256)
+        loads.clear()
+        calls.clear()
+        shard = mf.read(indices)
+        assert shard.texts(range(256)) == [lines[i] for i in indices.tolist()]
+        assert loads == [256, 256]  # the entries, then the lines
+        assert len(calls) <= 2 * 256 + 2  # and the index's header and table of long lines
+
+
+def test_batches_charge_a_row_what_its_read_holds() -> None:
+    window, page = gather_mod._WINDOW, 4096
+    rng = np.random.default_rng(0)
+    # Rows far apart (40 KiB on average): one batch of as many as load reads one by one.
+    far = np.sort(rng.integers(0, 1 << 30, 5000))
+    lengths = np.full(far.size, 42)
+    batches = gather_mod._batches(far, lengths, window, 1 << 15)
+    assert [b - a for a, b in batches[:-1]] == [gather_mod._SPARSE_ROWS] * (len(batches) - 1)
+    for a, b in batches:  # each wider than the window, so too sparse for load to read its span whole
+        assert (b - a) * page < 2 * int(far[b - 1] + 44 - far[a] + 1)
+    assert gather_mod._batches(far[:256], lengths[:256], window, 1 << 15) == [(0, 256)]
+    # Rows 6 KiB apart are read with the bytes between them: a batch spans about the window.
+    close = np.arange(0, 64 << 20, 6 << 10)
+    batches = gather_mod._batches(close, np.full(close.size, 42), window, 1 << 15)
+    spans = [int(close[b - 1] - close[a]) for a, b in batches]
+    assert len(batches) > 1 and all(window - (8 << 10) <= s <= window for s in spans[:-1])

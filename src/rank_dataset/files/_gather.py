@@ -24,7 +24,7 @@ import numpy.typing as npt
 from rank_dataset.core.residency import free_pages
 from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import HELPED_ITEMS, THREADS, in_threads
-from rank_dataset.files._pread import Window
+from rank_dataset.files._pread import _GAP, Window
 from rank_dataset.files.index import (
     SpanReader,
     line_mark,
@@ -55,7 +55,12 @@ __all__ = [
 _WINDOW = 2 << 20
 
 
-_SPARSE_ROW = 2 * 4096  # what a row far from the others costs to read, beyond its length (at most _pread._GAP)
+# A batch wider than the window is read row by row (see _batches): at most this many rows, too few
+# for Window.load to read its whole span instead (it does where the rows average two a page).
+_SPARSE_ROWS = 2 * _WINDOW // 4096
+
+
+_ROW_EXTRA = 3  # bytes a sparse row is read with beyond its own: the byte before it, its line ending (_copy_rows)
 
 
 _INDEX_BYTES = 2 << 20  # index bytes a batch of rows is read with, at most (about)
@@ -133,21 +138,30 @@ def _batches(
 ) -> list[tuple[int, int]]:
     """``(start, stop)`` of consecutive runs of rows at ``positions`` (roughly ascending) of
     ``lengths`` bytes, each of which costs about ``window`` bytes to read and holds at most
-    ``max_rows`` rows. A row costs the bytes from the previous one, but at most two pages beyond its
-    own length (a sparse row is read alone, or with the bytes up to a close one: see
-    :meth:`Window.load`)."""
+    ``max_rows`` rows.
+
+    A batch costs the bytes it spans, or, where less, what its rows are read with one by one (see
+    :meth:`Window.load`): each row with the bytes around it that a check needs (``_ROW_EXTRA``), and
+    the bytes from the row before it where they are less than ``_GAP`` apart (read in the same call).
+    A batch wider than ``window`` holds at most ``_SPARSE_ROWS`` rows, so that it is read row by row.
+    """
     if not positions.size:
         return []
-    # What a batch from row a to row b costs: the bytes it spans (rows jitter, so the running
-    # maximum), or, where less, its rows' lengths and two pages each (how sparse rows are read).
-    top = np.maximum.accumulate(positions)
-    sparse = np.cumsum(lengths + _SPARSE_ROW)
+    top = np.maximum.accumulate(positions)  # rows jitter: the running maximum
+    ends = np.maximum.accumulate(positions + lengths)
+    gaps = np.empty_like(ends)
+    gaps[0] = 0
+    np.subtract(positions[1:] - _ROW_EXTRA, ends[:-1], out=gaps[1:])
+    gaps[gaps > _GAP] = 0  # a row far from the others is read alone
+    np.maximum(gaps, 0, out=gaps)
+    cost = lengths + _ROW_EXTRA + gaps
+    sparse = np.cumsum(cost)
     cuts, n = [0], positions.size
     while cuts[-1] < n:
         a = cuts[-1]
         by_span = int(np.searchsorted(top, int(positions[a]) + window, side="right"))
-        by_rows = int(np.searchsorted(sparse, int(sparse[a] - lengths[a] - _SPARSE_ROW) + window, side="right"))
-        cuts.append(min(max(by_span, by_rows, a + 1), a + max_rows, n))
+        by_rows = int(np.searchsorted(sparse, int(sparse[a] - cost[a]) + window, side="right"))
+        cuts.append(min(max(by_span, min(by_rows, a + _SPARSE_ROWS), a + 1), a + max_rows, n))
     return list(itertools.pairwise(cuts))
 
 

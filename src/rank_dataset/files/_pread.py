@@ -100,14 +100,23 @@ class Window:
             buf = self._buffer(hi - lo + pad)
             pread_exact(fd, buf[: hi - lo], lo)
             return buf, lo
+        n = starts.size
         # Sparse: the ranges alone, merged into runs where they overlap or lie close (a call costs
         # about what copying a few KiB does), read back to back into a buffer of what they need.
-        order = np.argsort(starts, kind="stable")
-        first = np.minimum(starts[order], hi)
-        top = np.maximum.accumulate(np.clip(stops[order], first, hi))
-        opens = np.flatnonzero(first[1:] > top[:-1] + _GAP) + 1
-        run_starts = first[np.concatenate(([0], opens))]
-        run_stops = top[np.concatenate((opens - 1, [starts.size - 1]))]
+        # (Few numpy calls, and no sort where the ranges come in order: a small read's rows do.)
+        ordered = n < 2 or bool((starts[1:] >= starts[:-1]).all())
+        order = None if ordered else starts.argsort(kind="stable")
+        first = np.minimum(starts if order is None else starts[order], hi)
+        top = np.maximum(stops if order is None else stops[order], first)
+        np.minimum(top, hi, out=top)
+        np.maximum.accumulate(top, out=top)
+        opens = np.empty(n, np.bool_)  # where each run opens: its first range
+        opens[0] = True
+        np.greater(first[1:], top[:-1] + _GAP, out=opens[1:])
+        closes = np.empty(n, np.bool_)  # and its last
+        closes[:-1] = opens[1:]
+        closes[-1] = True
+        run_starts, run_stops = first[opens], top[closes]
         at = np.zeros(run_starts.size + 1, np.int64)  # where each run goes in the buffer
         np.cumsum(run_stops - run_starts, out=at[1:])
         if at[-1] <= _small():
@@ -118,11 +127,13 @@ class Window:
             for a, b, to in zip(run_starts.tolist(), run_stops.tolist(), at.tolist()):
                 if os.preadv(fd, [view[to : to + b - a]], a) != b - a:
                     pread_exact(fd, buf[to : to + b - a], a)  # finish a short read, or raise
-        run_of = np.zeros(starts.size, np.int64)
-        run_of[opens] = 1
-        np.cumsum(run_of, out=run_of)
-        shift = np.empty(starts.size, np.int64)
-        shift[order] = (run_starts - at[:-1])[run_of]
+        run_of = opens.cumsum()
+        run_of -= 1
+        moved = (run_starts - at[:-1])[run_of]  # in order
+        if order is None:
+            return buf, moved
+        shift = np.empty(n, np.int64)
+        shift[order] = moved
         return buf, shift
 
 
@@ -138,16 +149,18 @@ def _read_runs(
     Raises:
         ShortRead: the file ends before a run does.
     """
-    want = (stops - starts).tolist()
-    parts = list(map(os.pread, itertools.repeat(fd, len(want)), want, starts.tolist()))
-    if sum(map(len, parts)) != total:
-        for i, (part, n, at) in enumerate(zip(parts, want, starts.tolist())):
+    want, at = (stops - starts).tolist(), starts.tolist()
+    parts = list(map(os.pread, itertools.repeat(fd, len(want)), want, at))
+    parts.append(bytes(pad))
+    joined = b"".join(parts)
+    if len(joined) != total + pad:
+        for i, (part, n, offset) in enumerate(zip(parts, want, at)):
             if len(part) != n:  # finish a short read, or raise
                 rest = np.empty(n - len(part), np.uint8)
-                pread_exact(fd, rest, at + len(part))
+                pread_exact(fd, rest, offset + len(part))
                 parts[i] = part + rest.tobytes()
-    parts.append(bytes(pad))
-    return np.frombuffer(b"".join(parts), np.uint8)
+        joined = b"".join(parts)
+    return np.frombuffer(joined, np.uint8)
 
 
 def count_newlines(fd: int, stop: int, start: int = 0) -> int:
