@@ -90,7 +90,7 @@ def _clients(url: str, world: int, ranks: list[int], barrier: Any, results: Any,
     from rank_dataset import RankServerDataset
     from rank_dataset.plan.spec import ShardSpec
     from rank_dataset.server import protocol
-    from rank_dataset.training.client import MetaServer
+    from rank_dataset.server.transport import MetaServer
 
     go = threading.Event()
     server = MetaServer(url, timeout=900)

@@ -13,18 +13,30 @@ Loaders:
 DataLoader workers start with ``--start-method`` (fork, spawn or forkserver; the default of
 Python 3.14 on Linux is forkserver); results go to ``results/memory_<start method>.{md,json,png}``.
 
+With ``--compare REF`` (a git commit, branch or tag), RankDataset is measured with the code of REF
+and with this tree's, alternately, ``--rounds`` times each (the naive loader once), each run in a
+process of its own whose ``rank_dataset`` (library and demo harness) is that code and whose index
+cache is its own; results go to ``results/memory_compare_<start method>.{md,json,png}``.
+
 Usage:
     python benchmarks/bench_memory.py                    # N in 1M, 4M, fork
     python benchmarks/bench_memory.py --start-method forkserver
     python benchmarks/bench_memory.py --sizes 1000000 4000000 10000000
+    python benchmarks/bench_memory.py --sizes 1000000 --compare HEAD~3 --rounds 3 --start-method spawn
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -33,6 +45,18 @@ from _common import machine_info, plotting, save_results, write_imagenet_meta  #
 from rank_dataset.demo import launch_ranks  # noqa: E402
 
 LOADERS = ["naive", "original", "rank_dataset"]
+SRC = HERE.parent / "src"
+# One loader's run with the rank_dataset on PYTHONPATH: its memory figure (bytes) on stdout, as JSON.
+_CHILD = """
+import json, sys
+from pathlib import Path
+from rank_dataset.demo import launch_ranks
+cfg, world_size, work = json.loads(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+result = launch_ranks(cfg, world_size, work)
+if not result.covered:
+    raise SystemExit(f"{cfg['loader']} did not cover the epoch")
+print(json.dumps({"memory": result.memory, "noise": result.noise}))
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--start-method", choices=["fork", "spawn", "forkserver"], default="fork")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--compare", metavar="REF", help="RankDataset with the code of git REF against this tree's")
+    parser.add_argument("--rounds", type=int, default=3, help="with --compare: runs of each code, alternating")
     args = parser.parse_args(argv)
+    if args.compare:
+        return _compare(args)
 
     mib = 1 << 20
     memory: dict[int, dict[str, float]] = {}
@@ -85,6 +113,99 @@ def main(argv: list[str] | None = None) -> int:
     ]
     save_results(args.out, f"memory_{method}", rows, memory, lambda path: _plot(memory, path, w, k, method))
     return 0
+
+
+def _source_of(ref: str, into: Path) -> Path:
+    """The ``src`` directory of git ``ref`` of this repository, unpacked under ``into``."""
+    repo = HERE.parent
+    archive = subprocess.run(["git", "-C", str(repo), "archive", ref, "src"], check=True, capture_output=True).stdout
+    into.mkdir(parents=True)
+    with tempfile.TemporaryFile() as f:
+        f.write(archive)
+        f.seek(0)
+        with tarfile.open(fileobj=f) as tar:
+            tar.extractall(into, filter="data")
+    return into / "src"
+
+
+def _run_with(src: Path, cfg: dict[str, Any], world_size: int, work: Path, cache: Path) -> dict[str, int]:
+    """One loader's run in a process importing ``rank_dataset`` from ``src``, its index cache in ``cache``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    env["RANK_DATASET_CACHE_DIR"] = str(cache)
+    cmd = [sys.executable, "-c", _CHILD, json.dumps(cfg), str(world_size), str(work)]
+    done = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True)
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """RankDataset with the code of ``args.compare`` against this tree's, alternately; the naive loader once."""
+    mib = 1 << 20
+    w, k, method = args.world_size, args.workers, args.start_method
+    data: dict[int, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench_memory_") as tmp:
+        root = Path(tmp)
+        codes = {"old": _source_of(args.compare, root / "old"), "new": SRC}
+        for n in args.sizes:
+            work = root / f"n{n}"
+            work.mkdir()
+            meta = write_imagenet_meta(work / "meta.txt", n)
+            cfg = {"meta": str(meta), "workers": k, "epochs": 1, "mini_epochs": 1, "start_method": method}
+            cfg["batch_size"] = 256
+            naive = _run_with(SRC, {**cfg, "loader": "naive"}, w, work, work / "cache_naive")["memory"] / mib
+            print(f"N={n:,} naive ({method}): {naive:,.1f} MiB", flush=True)
+            runs: dict[str, list[float]] = {"old": [], "new": []}
+            for r in range(args.rounds):
+                for code in ("old", "new") if r % 2 == 0 else ("new", "old"):
+                    got = _run_with(codes[code], {**cfg, "loader": "rank_dataset"}, w, work, work / f"cache_{code}")
+                    runs[code].append(got["memory"] / mib)
+                    print(f"N={n:,} rank_dataset, {code} code ({method}): {runs[code][-1]:,.1f} MiB", flush=True)
+            data[n] = {"naive": naive, **runs}
+    rows = [
+        f"# Meta memory, {w} ranks x (1 + {k} DataLoader workers started by {method}):"
+        f" {args.compare} against this tree",
+        "",
+        f"| N | naive (MiB) | RankDataset, {args.compare} (MiB) | RankDataset, this tree (MiB) |"
+        f" naive / ours, {args.compare} | naive / ours, this tree |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n, d in data.items():
+        old, new = statistics.median(d["old"]), statistics.median(d["new"])
+        rows.append(
+            f"| {n:,} | {d['naive']:,.0f} | {old:,.1f} ({', '.join(f'{x:.1f}' for x in d['old'])}) |"
+            f" {new:,.1f} ({', '.join(f'{x:.1f}' for x in d['new'])}) |"
+            f" {d['naive'] / old:.1f}x | {d['naive'] / new:.1f}x |"
+        )
+    rows += [
+        "",
+        f"Medians of {args.rounds} runs of each code, alternating (each run in brackets); the naive loader run once.",
+        "PSS summed over every rank and worker (/proc/PID/smaps_rollup through psutil), at the last batch of the",
+        "pass, minus the same processes' PSS during passes over generated lines before the metas existed.",
+        "",
+        f"Command: `python benchmarks/bench_memory.py --sizes {' '.join(map(str, args.sizes))}"
+        f" --start-method {method} --compare {args.compare} --rounds {args.rounds}`",
+        "",
+        machine_info(),
+    ]
+    save_results(args.out, f"memory_compare_{method}", rows, data, lambda path: _plot_compare(data, path, args.compare))
+    return 0
+
+
+def _plot_compare(data: dict[int, dict[str, Any]], path: Path, ref: str) -> None:
+    plt = plotting()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    labels = [f"N = {n:,}" for n in data]
+    for i, (code, label) in enumerate([("old", ref), ("new", "this tree")]):
+        ax.bar(
+            [x + 0.4 * i for x in range(len(data))],
+            [statistics.median(d[code]) for d in data.values()],
+            0.4,
+            label=f"RankDataset, {label}",
+        )
+    ax.set_xticks([x + 0.2 for x in range(len(data))], labels)
+    ax.set_ylabel("meta memory, PSS (MiB)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def _plot(memory: dict[int, dict[str, float]], path: Path, w: int, k: int, method: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from rank_dataset import MetaFile, RandomSampler, RankDataset, RankServerDataset, ServerDataset, Source
-from rank_dataset.training.client import MetaServer, _retry_after
+from rank_dataset.server.transport import MetaServer, _retry_after
 from tests_helpers import Server
 
 SETTINGS = [

@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 
 from rank_dataset import MetaFile, build_index
+from rank_dataset.files import _cache as cache_mod
 from rank_dataset.files import index as index_mod
 from rank_dataset.files import scan as scan_mod
-from rank_dataset.files.index import CACHE_DIR_ENV
+from rank_dataset.files._cache import CACHE_DIR_ENV
 from rank_dataset.files.scan import Chunk
 from tests_helpers import random_file, reference_index, start_together
 
@@ -84,7 +85,7 @@ def test_cache_beside_file_else_user_cache(write_meta, tmp_path: Path, monkeypat
     p = write_meta(["a", "b"])
     MetaFile(p)
     assert (p.parent / f".{p.name}.rdidx").exists()
-    beside, user = index_mod._cache_paths(p.resolve())
+    beside, user = cache_mod.cache_paths(p.resolve())
     assert beside == p.resolve().parent / f".{p.name}.rdidx"
     assert user.parent == tmp_path / "xdg" / "rank-dataset"
 
@@ -95,7 +96,7 @@ def test_unwritable_cache_location_falls_back(write_meta, tmp_path: Path, monkey
     blocker = tmp_path / "blocker"
     blocker.write_text("")
     monkeypatch.setattr(
-        index_mod, "_cache_paths", lambda path: [blocker / "sub" / "x.rdidx", tmp_path / "fallback" / "x.rdidx"]
+        index_mod, "cache_paths", lambda path: [blocker / "sub" / "x.rdidx", tmp_path / "fallback" / "x.rdidx"]
     )
     p = write_meta(["a", "b", "c"])
     assert len(MetaFile(p)) == 3
@@ -173,7 +174,7 @@ def _record_syncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
 
     def pwrite(fd: int, data: bytes, offset: int) -> int:
-        if data == index_mod._SEAL:
+        if data == cache_mod.SEAL:
             events.append("seal")
         return real_pwrite(fd, data, offset)
 
@@ -188,7 +189,7 @@ def _join_seals() -> None:
 
 
 def _sealed(cache: Path) -> bool:
-    return cache.read_bytes()[index_mod._SEAL_AT :][: len(index_mod._SEAL)] == index_mod._SEAL
+    return cache.read_bytes()[index_mod._SEAL_AT :][: len(cache_mod.SEAL)] == cache_mod.SEAL
 
 
 def test_cache_is_sealed_once_synced(write_meta, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -200,9 +201,9 @@ def test_cache_is_sealed_once_synced(write_meta, monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_large_cache_is_synced_while_it_is_built(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every _SYNC_EVERY bytes written, a sync in the background; the seal's syncs still come.
+    # Every SYNC_EVERY bytes written, a sync in the background; the seal's syncs still come.
     events = _record_syncs(monkeypatch)
-    monkeypatch.setattr(index_mod, "_SYNC_EVERY", 1000)
+    monkeypatch.setattr(cache_mod, "SYNC_EVERY", 1000)
     monkeypatch.setattr(index_mod, "scan_map", functools.partial(scan_mod.scan_map, chunk_size=4096))
     mf = MetaFile(write_meta(LINES))
     seal = events.index("seal")  # (a sync while it was written may come after the rename)
@@ -218,7 +219,7 @@ def test_an_unsealed_cache_is_rebuilt_not_trusted(write_meta, tmp_path: Path) ->
     cache = the_cache(tmp_path)
     with open(cache, "r+b") as f:
         f.seek(index_mod._SEAL_AT)
-        f.write(bytes(len(index_mod._SEAL)))
+        f.write(bytes(len(cache_mod.SEAL)))
     before = cache.stat().st_ino
     mf = MetaFile(p)
     assert the_cache(tmp_path).stat().st_ino != before and _sealed(the_cache(tmp_path))
@@ -252,7 +253,7 @@ class _Sealing:
 
 @pytest.fixture
 def sealing(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Sealing]:
-    monkeypatch.setattr(index_mod, "_SEAL_APART", 1)  # every cache is sealed in the background
+    monkeypatch.setattr(cache_mod, "SEAL_APART", 1)  # every cache is sealed in the background
     real_fdatasync, release = os.fdatasync, threading.Event()
 
     def held_back(fd: int) -> None:
@@ -352,8 +353,8 @@ def test_a_seal_outlives_a_builder_in_a_daemon_thread(write_meta, tmp_path: Path
     code = f"""
 import os, threading, time
 from rank_dataset import MetaFile
-from rank_dataset.files import index
-index._SEAL_APART = 1
+from rank_dataset.files import _cache
+_cache.SEAL_APART = 1
 real = os.fdatasync
 def slow(fd):
     if threading.current_thread().name == "rank-dataset-index-seal":
@@ -372,7 +373,7 @@ builder.join()
 def test_a_cache_is_sealed_in_place_when_no_thread_can_start(
     write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(index_mod, "_SEAL_APART", 1)
+    monkeypatch.setattr(cache_mod, "SEAL_APART", 1)
     real_start = threading.Thread.start
 
     def start(self: threading.Thread) -> None:
@@ -383,19 +384,19 @@ def test_a_cache_is_sealed_in_place_when_no_thread_can_start(
     monkeypatch.setattr(threading.Thread, "start", start)
     p = write_meta(LINES)
     mf = MetaFile(p)
-    assert _sealed(the_cache(tmp_path)) and not index_mod._SEALING
+    assert _sealed(the_cache(tmp_path)) and not cache_mod.SEALING
     assert not list((tmp_path / "cache").glob("*.lock"))  # the lock was let go
     assert [mf[i] for i in (0, 999)] == [LINES[0], LINES[999]]
 
 
 def _sealing_state(out: Any) -> None:
-    out.put((index_mod._SEALING_LOCK.locked(), dict(index_mod._SEALING)))
+    out.put((cache_mod.SEALING_LOCK.locked(), dict(cache_mod.SEALING)))
 
 
 def test_a_child_forked_while_the_seal_registry_is_locked_gets_it_unlocked() -> None:
     ctx = multiprocessing.get_context("fork")
     out = ctx.SimpleQueue()
-    with index_mod._SEALING_LOCK:
+    with cache_mod.SEALING_LOCK:
         child = ctx.Process(target=_sealing_state, args=(out,))
         child.start()
     child.join(60)
@@ -405,7 +406,7 @@ def test_a_child_forked_while_the_seal_registry_is_locked_gets_it_unlocked() -> 
 def test_a_large_cache_whose_seal_fails_is_rebuilt(write_meta, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Its data may not be on disk: it stays unsealed, and the next load rebuilds it. The builder's
     # own reads (its bytes are in the page cache, and checked) are right.
-    monkeypatch.setattr(index_mod, "_SEAL_APART", 1)
+    monkeypatch.setattr(cache_mod, "SEAL_APART", 1)
     real_fdatasync = os.fdatasync
 
     def fail(fd: int) -> None:
@@ -436,7 +437,7 @@ def test_the_sync_thread_starts_only_when_a_sync_is_due(write_meta, monkeypatch:
     monkeypatch.setattr(threading, "Thread", Recorded)
     MetaFile(write_meta(LINES))
     assert "rank-dataset-index-sync" not in started
-    monkeypatch.setattr(index_mod, "_SYNC_EVERY", 1000)
+    monkeypatch.setattr(cache_mod, "SYNC_EVERY", 1000)
     MetaFile(write_meta(LINES))
     assert started.count("rank-dataset-index-sync") == 1
 
@@ -448,7 +449,7 @@ def test_a_cache_whose_sync_fails_is_not_used(write_meta, tmp_path: Path, monkey
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(os, "fdatasync", fail)
-    monkeypatch.setattr(index_mod, "_SYNC_EVERY", 1000)
+    monkeypatch.setattr(cache_mod, "SYNC_EVERY", 1000)
     mf = MetaFile(write_meta(LINES))
     assert mf._files[0].index.cache is None and mf._files[0].index.memory is not None
     assert [mf[i] for i in (0, 999)] == [LINES[0], LINES[999]]
@@ -458,7 +459,7 @@ def test_a_cache_whose_sync_fails_is_not_used(write_meta, tmp_path: Path, monkey
 def test_abandoned_tmp_files_are_removed(write_meta, tmp_path: Path) -> None:
     p = write_meta(LINES)
     cache_dir = tmp_path / "cache"
-    name = index_mod._cache_paths(p.resolve())[0].name
+    name = cache_mod.cache_paths(p.resolve())[0].name
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a pid that is not alive
     host = socket.gethostname()
@@ -537,7 +538,7 @@ def test_an_index_of_the_format_before_is_rebuilt_not_misread(write_meta, tmp_pa
     spans = build_index(p)
     old = struct.pack("<8sqqqQQqq16s", b"RDIDX\x00\x00\x02", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
                       st.st_dev, len(spans), 1, sample)  # fmt: skip
-    cache = index_mod._cache_paths(p.resolve())[0]
+    cache = cache_mod.cache_paths(p.resolve())[0]
     cache.parent.mkdir(parents=True)
     cache.write_bytes(old.ljust(index_mod._DATA_OFFSET, b"\0") + spans.astype("<i8").tobytes())
     mf = MetaFile(p)
@@ -567,7 +568,7 @@ def test_entries_hold_start_and_length_in_8_bytes(size: int) -> None:
 
 def test_a_cache_path_that_is_a_directory_means_an_index_in_memory(write_meta, tmp_path: Path) -> None:
     p = write_meta(LINES)
-    cache = index_mod._cache_paths(p.resolve())[0]
+    cache = cache_mod.cache_paths(p.resolve())[0]
     cache.mkdir(parents=True)  # hostile, or a mistake: where the cache would go is a directory
     mf = MetaFile(p)
     assert mf._files[0].index.cache is None and mf._files[0].index.memory is not None

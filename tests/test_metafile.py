@@ -23,9 +23,9 @@ from torch.utils.data import DataLoader
 
 import rank_dataset
 from rank_dataset import MetaFile, MetaFileChangedError, RankDataset
+from rank_dataset.files import _gather as gather_mod
 from rank_dataset.files import _pread as pread_mod
 from rank_dataset.files import index as index_mod
-from rank_dataset.files import metafile as metafile_mod
 from tests_helpers import imagenet_line, rewrite
 
 LINES = [f"{i}.jpg {i}" for i in range(1000)]
@@ -153,7 +153,7 @@ def test_a_change_the_stat_cannot_see_is_caught_by_the_bytes(write_meta, monkeyp
 def test_file_truncated_during_a_build(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
     p = write_meta(n=20_000)
     mf = MetaFile(p)
-    monkeypatch.setattr(metafile_mod, "_WINDOW", 1 << 14)  # many windows
+    monkeypatch.setattr(gather_mod, "_WINDOW", 1 << 14)  # many windows
     real_load = pread_mod.Window.load
     calls = []
 
@@ -172,14 +172,14 @@ def test_file_truncated_during_a_build(write_meta, monkeypatch: pytest.MonkeyPat
 def test_file_rewritten_during_a_build_is_caught_after_the_copy(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
     p = write_meta(LINES)
     mf = MetaFile(p)
-    real = metafile_mod._copy_rows
+    real = gather_mod._copy_rows
 
     def rewrite_after_copy(*args: object) -> bool:
         ok = real(*args)  # type: ignore[arg-type]
         rewrite(p, LINES[::-1], keep_times=True)  # same size and mtime: only the ctime differs
         return ok
 
-    monkeypatch.setattr(metafile_mod, "_copy_rows", rewrite_after_copy)
+    monkeypatch.setattr(gather_mod, "_copy_rows", rewrite_after_copy)
     with pytest.raises(MetaFileChangedError, match="ctime changed"):
         mf.read(np.arange(1000))
 
@@ -284,7 +284,7 @@ def test_pickled_metafile_needs_no_file_until_it_reads(write_meta) -> None:
 
 
 def test_in_memory_index_is_not_pickled_but_rebuilt_on_read(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(index_mod, "_cache_paths", lambda path: [])  # nowhere to cache
+    monkeypatch.setattr(index_mod, "cache_paths", lambda path: [])  # nowhere to cache
     p = write_meta(n=50_000)
     mf = MetaFile(p)
     blob = pickle.dumps(mf)
@@ -342,7 +342,7 @@ def test_reads_give_exactly_the_samples_asked_for_in_order(
     # across files with a BOM, CRLF endings and blank lines. With kept_span, batches whose rows lie
     # that far apart (none, or some) have their entries read again by the second pass.
     if kept_span is not None:
-        monkeypatch.setattr(metafile_mod, "_KEPT_SPAN", kept_span)
+        monkeypatch.setattr(gather_mod, "_KEPT_SPAN", kept_span)
     sizes = [30_000, 5, 45_000]  # the last file's 70,000 rows are read by two threads
     samples: list[str] = []
     paths = []

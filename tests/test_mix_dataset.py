@@ -319,7 +319,7 @@ def test_dataloader_workers_and_stateful_loader(write_meta, context: str) -> Non
     from torch.utils.data import DataLoader
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from rank_dataset import ResumableSampler, resume_state
+    from rank_dataset import ResumableSampler, find_resume_state
 
     paths = write_sources(write_meta, [50, 20])
     sources = [Source(paths[0], weight=1), Source(paths[1], repeat=1.5, parser="label")]
@@ -333,7 +333,7 @@ def test_dataloader_workers_and_stateful_loader(write_meta, context: str) -> Non
             saved = json.loads(json.dumps(stateful.state_dict()))
             break
     again = RankDataset(sources, reload_cfg={"seed": 4}, rank=1, world_size=2)
-    again.load_state_dict(resume_state(saved))
+    again.load_state_dict(find_resume_state(saved))
     assert [again[i] for i in range(len(again))] == expect[24:]
 
 

@@ -19,7 +19,8 @@ def test_index_tools_without_torch(write_meta) -> None:
     p = write_meta(n=100)
     code = BLOCK_TORCH + (
         "import numpy as np\n"
-        "from rank_dataset import MetaFile, Shard, ShardSpec, Source, build_index\n"
+        "from rank_dataset import MetaFile, Source, build_index\n"
+        "from rank_dataset.plan import ShardSpec\n"
         f"mf = MetaFile({str(p)!r})\n"
         "s = mf.read(ShardSpec(len(mf), 4, 1, seed=2).indices())\n"
         "print(len(mf), len(s), len(build_index(mf.paths[0])))\n"

@@ -12,7 +12,7 @@ import requests
 from rank_dataset import ProtocolError, RankServerDataset, ResumePoint, ServerDataset, Shard, ShardSpec
 from rank_dataset.plan.mix import MixPlan
 from rank_dataset.server import protocol
-from rank_dataset.training.client import MetaServer
+from rank_dataset.server.transport import MetaServer
 
 SPECS = [
     ShardSpec(100, 4, 3),

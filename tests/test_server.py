@@ -317,7 +317,7 @@ def test_half_open_connections_are_timed_out_and_lock_nobody_out(write_meta, sta
 
 
 def test_half_open_connections_past_the_concurrency_limit_only_delay_a_client(write_meta, start_server) -> None:
-    from rank_dataset.training.client import MetaServer
+    from rank_dataset.server.transport import MetaServer
 
     meta = write_meta(n=100)
     server = start_server([meta], "--timeout-request", "1", "--limit-concurrency", "50")
@@ -378,17 +378,29 @@ def test_shard_builds_are_bounded_and_a_stalled_reader_is_cut_off(write_meta, st
         stalled.close()
 
 
-def test_serve_flags_have_serve_defaults() -> None:
-    import inspect
+def test_serve_flags_are_the_server_limits() -> None:
+    import dataclasses
 
     from rank_dataset.cli import serve_cmd
+    from rank_dataset.server.limits import DEFAULT_LIMITS, ServerLimits
+
+    options = {o.name: o for o in serve_cmd.params}
+    for limit in dataclasses.fields(ServerLimits):
+        option = options[limit.name]
+        assert option.default == getattr(DEFAULT_LIMITS, limit.name), limit.name
+        assert option.help == limit.metadata["help"]
+    assert set(options) - {f.name for f in dataclasses.fields(ServerLimits)} == {
+        "meta_files", "host", "port", "token", "workers"
+    }  # fmt: skip
+
+
+def test_serve_takes_the_old_limit_keywords_with_a_warning(write_meta) -> None:
     from rank_dataset.server.app import serve
 
-    defaults = {name: p.default for name, p in inspect.signature(serve).parameters.items()}
-    for option in serve_cmd.params:
-        if option.name in defaults and option.name not in ("host", "port", "token", "workers"):
-            assert option.default == defaults[option.name], option.name
-    assert {"max_body_size", "max_header_size", "max_builds", "limit_concurrency"} <= {o.name for o in serve_cmd.params}
+    p = write_meta(n=10)
+    # An invalid limit is refused before anything is served: the keyword reached ServerLimits.
+    with pytest.warns(DeprecationWarning, match="limits=ServerLimits"), pytest.raises(ValueError, match="max_builds"):
+        serve([p], max_builds=0)
 
 
 CHANGED_LINES = [f"{i}.jpg {i}" for i in range(1000)]

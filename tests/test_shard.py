@@ -11,7 +11,7 @@ import pytest
 
 from rank_dataset import MetaFile
 from rank_dataset.core.shard import Shard
-from rank_dataset.files import metafile as metafile_mod
+from rank_dataset.files import _gather as gather_mod
 
 
 def test_from_meta_matches_the_file_in_any_order(write_meta) -> None:
@@ -26,7 +26,7 @@ def test_from_meta_matches_the_file_in_any_order(write_meta) -> None:
 
 
 def test_lines_of_every_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metafile_mod, "_WINDOW", 64)  # many small batches
+    monkeypatch.setattr(gather_mod, "_WINDOW", 64)  # many small batches
     rng = np.random.default_rng(1)
     lines = ["x" * int(n) for n in rng.integers(1, 9000, 300)] + ["é" * 5, "a"]
     p = tmp_path / "m.txt"

@@ -37,9 +37,9 @@ except metadata.PackageNotFoundError:  # imported from a source tree that was ne
     __version__ = "0+unknown"
 
 if TYPE_CHECKING:
-    from rank_dataset.training.client import RankServerDataset, ServerDataset
     from rank_dataset.training.dataset import RankDataset
     from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
+    from rank_dataset.training.server_datasets import RankServerDataset, ServerDataset
 
 __all__ = [
     "MetaFile",
@@ -70,8 +70,8 @@ _LAZY = {
     "ResumableSampler": "rank_dataset.training.sampler",
     "find_resume_state": "rank_dataset.training.sampler",
     "RankDataset": "rank_dataset.training.dataset",
-    "RankServerDataset": "rank_dataset.training.client",
-    "ServerDataset": "rank_dataset.training.client",
+    "RankServerDataset": "rank_dataset.training.server_datasets",
+    "ServerDataset": "rank_dataset.training.server_datasets",
 }
 
 install_module_shims()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
 
-from rank_dataset.server.limits import DEFAULT_LIMITS
+from rank_dataset.server.limits import ServerLimits, limit_fields
 from rank_dataset.server.protocol import DEFAULT_PORT, TOKEN_ENV
 
 __all__ = ["cli", "main"]
@@ -70,6 +70,18 @@ def index_cmd(meta_files: tuple[str, ...]) -> None:
         click.echo(f"{total}\ttotal")
 
 
+def _limit_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """An option for each server limit (``--max-body-size`` for ``max_body_size``), its default and help
+    taken from :class:`ServerLimits`: the limits are listed in one place."""
+    for limit in reversed(limit_fields()):
+        kind = click.FloatRange(0, min_open=True) if limit.type in (float, "float") else click.IntRange(1)
+        name = "--" + limit.name.replace("_", "-")
+        command = click.option(name, default=limit.default, show_default=True, type=kind, help=limit.metadata["help"])(
+            command
+        )
+    return command
+
+
 @cli.command("serve")
 @click.argument("meta_files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind; 0.0.0.0 for other nodes.")
@@ -81,70 +93,7 @@ def index_cmd(meta_files: tuple[str, ...]) -> None:
     help=f"Require 'Authorization: Bearer TOKEN' (also from ${TOKEN_ENV}, which keeps it out of ps).",
 )
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1), help="Server processes.")
-# Limits, per server process; the defaults are serve()'s (both from DEFAULT_LIMITS).
-@click.option(
-    "--max-body-size",
-    default=DEFAULT_LIMITS.max_body_size,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Bytes in a request body (413).",
-)
-@click.option(
-    "--max-header-size",
-    default=DEFAULT_LIMITS.max_header_size,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Bytes in a request line and headers (400).",
-)
-@click.option(
-    "--max-builds",
-    default=DEFAULT_LIMITS.max_builds,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Shard builds (/shard, /samples) in progress at once (503 with Retry-After).",
-)
-@click.option(
-    "--max-pass-samples",
-    default=DEFAULT_LIMITS.max_pass_samples,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Samples read in one pass shared by concurrent /shard requests of one plan (1: none shared).",
-)
-@click.option(
-    "--limit-concurrency",
-    default=DEFAULT_LIMITS.limit_concurrency,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Connections and requests at once (uvicorn's limit: 503).",
-)
-@click.option(
-    "--timeout-request",
-    default=DEFAULT_LIMITS.timeout_request,
-    show_default=True,
-    type=click.FloatRange(0, min_open=True),
-    help="Seconds for a whole request to arrive (the connection is closed).",
-)
-@click.option(
-    "--timeout-send",
-    default=DEFAULT_LIMITS.timeout_send,
-    show_default=True,
-    type=click.FloatRange(0, min_open=True),
-    help="Seconds an answer waits for a client that reads none of it (closed).",
-)
-@click.option(
-    "--timeout-keep-alive",
-    default=DEFAULT_LIMITS.timeout_keep_alive,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Seconds an idle connection is kept after an answer.",
-)
-@click.option(
-    "--backlog",
-    default=DEFAULT_LIMITS.backlog,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Connections waiting to be accepted.",
-)
+@_limit_options
 def serve_cmd(
     meta_files: tuple[str, ...], host: str, port: int, token: str | None, workers: int, **limits: Any
 ) -> None:
@@ -154,7 +103,7 @@ def serve_cmd(
         from rank_dataset.server.app import serve
 
     try:
-        serve(meta_files, host=host, port=port, token=token, workers=workers, **limits)
+        serve(meta_files, host=host, port=port, token=token, workers=workers, limits=ServerLimits(**limits))
     except (FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 

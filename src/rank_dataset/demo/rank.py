@@ -217,7 +217,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     elif kind == "original":
         dataset = OriginalDataset(cfg["meta"], rank, world, cfg["mini_epochs"], seed=0)
     elif kind == "server":
-        from rank_dataset.training.client import RankServerDataset
+        from rank_dataset.training.server_datasets import RankServerDataset
 
         sources = _sources(cfg, served=True) if cfg.get("mix") else None
         dataset = RankServerDataset(cfg["url"], reload_cfg=reload, sources=sources)

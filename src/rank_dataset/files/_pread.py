@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import threading
 
 import numpy as np
 import numpy.typing as npt
@@ -20,7 +21,16 @@ __all__ = ["ShortRead", "Window", "count_newlines", "pread_exact", "read_ends"]
 _PAGE = mmap.PAGESIZE
 _GAP = 2 * _PAGE  # bytes between two wanted ranges that are read rather than skipped
 _COUNT_CHUNK = 16 << 20
-_SMALL = 1 << 20  # window buffers up to this size are heap arrays (a map costs syscalls and faults)
+_SMALL = 1 << 20  # window buffers up to this size are heap arrays (a map costs syscalls and faults)...
+_MAIN = threading.main_thread()  # ...in the main thread only: see _small
+
+
+def _small() -> int:
+    """The largest buffer a window of this thread takes from the heap: ``_SMALL`` in the main thread,
+    none in another. glibc serves another thread from an arena of its own and keeps that arena's top
+    resident for good (``malloc_trim`` leaves it alone), so a build thread's buffers would stay in the
+    process's memory, and in every DataLoader worker forked from it; a map is unmapped whole."""
+    return _SMALL if threading.current_thread() is _MAIN else 0
 
 
 class ShortRead(OSError):
@@ -62,7 +72,7 @@ class Window:
         if self._buf.size < size:
             # Large: a private anonymous map, not the heap: unmapped whole when the window goes, so a
             # build leaves no freed-but-resident heap pages behind for forked DataLoader workers to share.
-            big = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE) if size > _SMALL else None
+            big = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE) if size > _small() else None
             self._buf = np.empty(size, np.uint8) if big is None else np.frombuffer(big, np.uint8)
         return self._buf[:size]
 
@@ -100,7 +110,7 @@ class Window:
         run_stops = top[np.concatenate((opens - 1, [starts.size - 1]))]
         at = np.zeros(run_starts.size + 1, np.int64)  # where each run goes in the buffer
         np.cumsum(run_stops - run_starts, out=at[1:])
-        if at[-1] <= _SMALL:
+        if at[-1] <= _small():
             buf = _read_runs(fd, run_starts, run_stops, int(at[-1]), pad)
         else:
             buf = self._buffer(int(at[-1]) + pad)

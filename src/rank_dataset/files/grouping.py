@@ -25,7 +25,6 @@ import mmap
 import os
 import re
 import struct
-import tempfile
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,10 +40,11 @@ from rank_dataset.core.parsers import LineError, parse_label, quote
 from rank_dataset.core.progress import progress_bar
 from rank_dataset.core.threads import THREADS
 from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.files._cache import cache_paths, discard, fsync_dir, temp_beside
 from rank_dataset.files._cachelock import load_or_build
 from rank_dataset.files._labels import PAD, block_labels
 from rank_dataset.files._pread import ShortRead, count_newlines, pread_exact
-from rank_dataset.files.index import FileKey, Index, SpanReader, _cache_paths, _fsync_dir, load_index
+from rank_dataset.files.index import FileKey, Index, SpanReader, load_index
 from rank_dataset.files.scan import PathLike, _chunk_bounds
 
 __all__ = ["group_by"]
@@ -143,7 +143,7 @@ class Grouping:
 
 def _cache_candidates(path: Path, name: str) -> list[Path]:
     """Where the grouping ``name`` of ``path`` may be cached: beside each place its index may be."""
-    return [cache.with_suffix(f".{name}.rdgrp") for cache in _cache_paths(path)]
+    return [cache.with_suffix(f".{name}.rdgrp") for cache in cache_paths(path)]
 
 
 def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -> Grouping:
@@ -224,11 +224,10 @@ def _write_cache(cache: Path, path: Path, index: Index, key: str | Key) -> Group
     The sample numbers are placed straight into a shared map of the temporary file, its space
     reserved first (so that writing the map cannot fail): no copy of them in memory, no write of
     them to the file (which costs more than the grouping's parsing on some kernels)."""
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp_fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=f"{cache.name}.{os.getpid()}.", suffix=".tmp")
-    except OSError:
+    temp = temp_beside(cache)
+    if temp is None:
         return None
+    tmp_fd, tmp = temp
     maps: list[mmap.mmap] = []
     written: list[Grouping] = []
 
@@ -269,20 +268,14 @@ def _write_cache(cache: Path, path: Path, index: Index, key: str | Key) -> Group
         os.fsync(tmp_fd)
         os.close(tmp_fd)
         os.replace(tmp, cache)
-        _fsync_dir(cache.parent)
+        fsync_dir(cache.parent)
     except OSError:
-        _abandon(tmp_fd, tmp)
+        discard(tmp_fd, tmp)
         return None
     except BaseException:
-        _abandon(tmp_fd, tmp)
+        discard(tmp_fd, tmp)
         raise
     return _open_cache(cache, index)
-
-
-def _abandon(fd: int, tmp: str) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
-    Path(tmp).unlink(missing_ok=True)
 
 
 def _encode_keys(keys: Sequence[Any]) -> bytes:

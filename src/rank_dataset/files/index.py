@@ -18,23 +18,26 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import io
 import os
-import socket
 import struct
-import tempfile
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-import psutil
-from platformdirs import user_cache_dir
 
 from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.files._cache import (
+    CACHE_DIR_ENV,
+    SEAL,
+    Seal,
+    Syncer,
+    cache_paths,
+    discard,
+    temp_beside,
+    wait_for_seal,
+)
 from rank_dataset.files._cachelock import one_builder
 from rank_dataset.files._pread import ShortRead, Window, pread_exact, read_ends
 from rank_dataset.files.scan import Chunk, scan_map
@@ -52,15 +55,10 @@ __all__ = [
     "spans_are_sane",
 ]
 
-#: Environment variable naming a directory for index caches, used instead of the meta file's own.
-CACHE_DIR_ENV = "RANK_DATASET_CACHE_DIR"
 
 _MAGIC = b"RDIDX\x00\x00\x04"
 # magic, file size, mtime_ns, ctime_ns, inode, device, samples, flags, hash of the file's ends, long lines, marks
 _HEADER = struct.Struct("<8sqqqQQqq16sqq")
-# After the header: written, and synced, only once the rest of the cache is on disk. Other processes
-# load only a sealed cache (see :func:`_write_cache`).
-_SEAL = b"RDSEALED"
 _SEAL_AT = _HEADER.size
 _FLAG_ASCII = 1
 _DATA_OFFSET = 128
@@ -69,9 +67,6 @@ _PAIR = 16  # a long line (sample, length) or a mark (offset, line number): two 
 _SAMPLE = 1 << 16  # bytes hashed at each end of the file
 _CHECK_ROWS = 1 << 12  # entries checked at each end of a cache when it is loaded
 _BUILD_TRIES = 3
-_OTHER_HOST_TMP_AGE = 24 * 3600  # seconds after which another host's unfinished cache is abandoned
-_SYNC_EVERY = 64 << 20  # bytes of a cache written between two syncs while it is being built
-_SEAL_APART = 4 << 20  # bytes of entries from which a cache is sealed in a thread of its own
 _IntArray = npt.NDArray[np.int64]
 
 
@@ -171,16 +166,6 @@ class Index:
 def hash_ends(fd: int, size: int) -> bytes:
     """A hash of the first and last 64 KiB of the file open at ``fd``, of size ``size``."""
     return hashlib.blake2b(read_ends(fd, size, _SAMPLE), digest_size=16).digest()
-
-
-def _cache_paths(path: Path) -> list[Path]:
-    """Where the index of ``path`` may live, in order of preference."""
-    digest = hashlib.sha256(os.fsencode(path)).hexdigest()[:32]
-    name = f"{path.name}.{digest}.rdidx"
-    override = os.environ.get(CACHE_DIR_ENV)
-    if override:
-        return [Path(override) / name]
-    return [path.with_name(f".{path.name}.rdidx"), Path(user_cache_dir("rank-dataset")) / name]
 
 
 @dataclass(frozen=True)
@@ -293,109 +278,13 @@ def _open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
         return None
     try:
         header = _read_header(fd)
-        if header is None or not header.describes(key, ends_hash) or os.pread(fd, len(_SEAL), _SEAL_AT) != _SEAL:
+        if header is None or not header.describes(key, ends_hash) or os.pread(fd, len(SEAL), _SEAL_AT) != SEAL:
             return None
         if not _cache_is_sane(fd, header):
             return None
         return Index(key, ends_hash, header.count, header.ascii, cache)
     finally:
         os.close(fd)
-
-
-def _tmp_prefix(cache: Path) -> str:
-    # The builder's pid and host are in the name, so that a later builder can tell a dead one's
-    # leftover from a live one's work in progress.
-    return f"{cache.name}.{os.getpid()}@{socket.gethostname()}."
-
-
-def _remove_abandoned(cache: Path) -> None:
-    """Remove the temporary files that dead builders of ``cache`` left: on this host, those whose
-    builder's pid is gone (at once: a live builder's pid is alive); from other hosts (whose pids mean
-    nothing here), those untouched for a day."""
-    host, now = socket.gethostname(), time.time()
-    try:
-        entries = list(os.scandir(cache.parent))
-    except OSError:
-        return
-    for entry in entries:
-        name = entry.name
-        if not (name.startswith(cache.name) and name.endswith(".tmp")):
-            continue
-        # "<cache>.<pid>@<host>.<random>.tmp"; a name without a pid (an older version's) counts as
-        # another host's.
-        pid_text, _, rest = name[len(cache.name) :].removeprefix(".").partition("@")
-        tmp_host = rest.rpartition(".")[0].rpartition(".")[0]
-        if tmp_host == host and pid_text.isdigit():
-            abandoned = not psutil.pid_exists(int(pid_text))
-        else:
-            try:
-                abandoned = now - entry.stat().st_mtime > _OTHER_HOST_TMP_AGE
-            except OSError:
-                continue
-        if abandoned:
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not every platform or file system can sync a directory
-        fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-class _Syncer:
-    """Syncs a file to disk in a thread of its own each time another ``_SYNC_EVERY`` bytes have
-    been written to it, so that the seal (:class:`_Seal`) has only the last ones left: the disk
-    writes while the scan goes on, instead of after it (a third of a cold index of 100M lines).
-
-    The thread starts with the first sync due, so a small cache (the many files of a mix) costs none.
-    :meth:`close` returns the OSError of a sync that failed (the data may not be on disk), if any.
-    """
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._written = self._synced = 0
-        self._closed = False
-        self._error: OSError | None = None
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def wrote(self, nbytes: int) -> None:
-        with self._cond:
-            self._written += nbytes
-            if self._written - self._synced >= _SYNC_EVERY:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="rank-dataset-index-sync", daemon=True)
-                    self._thread.start()
-                self._cond.notify()
-
-    def _run(self) -> None:
-        sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._closed or self._written - self._synced >= _SYNC_EVERY)
-                if self._written - self._synced < _SYNC_EVERY:  # closed, and no sync due
-                    return
-                target = self._written
-            try:
-                sync(self._fd)
-            except OSError as exc:
-                self._error = exc
-                return
-            with self._cond:
-                self._synced = target
-
-    def close(self) -> OSError | None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join()
-        return self._error
 
 
 @dataclass(frozen=True)
@@ -469,7 +358,7 @@ def _stack(parts: list[_IntArray]) -> _IntArray:
     return np.concatenate(parts).astype(np.int64) if parts else np.empty((0, 2), np.int64)
 
 
-def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: bytes) -> tuple[Index, _Seal] | None:
+def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: bytes) -> tuple[Index, Seal] | None:
     """Index the file open at ``fd`` straight into ``cache``; None if ``cache`` is not writable.
 
     The index goes to a temporary file that is renamed into place once written, and returned with
@@ -482,14 +371,12 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: byte
     Raises:
         MetaFileChangedError: the file changed while it was being indexed.
     """
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        _remove_abandoned(cache)
-        tmp_fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=_tmp_prefix(cache), suffix=".tmp")
-    except OSError:
+    temp = temp_beside(cache)
+    if temp is None:
         return None
+    tmp_fd, tmp = temp
     f = os.fdopen(tmp_fd, "wb")
-    syncer = _Syncer(tmp_fd)
+    syncer = Syncer(tmp_fd)
     try:
         f.seek(_DATA_OFFSET)
         built = _build(path, fd, key, lambda entries: syncer.wrote(f.write(entries.data)))
@@ -503,102 +390,13 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: byte
         syncer.close()
         with contextlib.suppress(OSError):
             f.close()
-        Path(tmp).unlink(missing_ok=True)
+        discard(None, tmp)
         if isinstance(exc, OSError):  # a full disk; a directory where the cache would go
             return None
         raise
-    return Index(key, ends_hash, built.count, built.ascii, cache), _Seal(cache, f, syncer, built.count * _ENTRY)
-
-
-@dataclass(frozen=True)
-class _Seal:
-    """Seals a cache written and renamed into place (see :func:`_write_cache`), through ``file``,
-    open on it."""
-
-    cache: Path
-    file: io.BufferedWriter
-    syncer: _Syncer  # the syncs while it was written (one may still be under way)
-    nbytes: int  # of its entries
-
-    def __call__(self) -> bool:
-        """Whether the cache's data is on disk; False if a sync of it failed (the data may not be,
-        and a later sync would not say so): it is left unsealed, so the next process that loads it
-        rebuilds it. Once the data is on disk the seal is written and synced (if that fails, the
-        cache is whole but unsealed, and rebuilt by the next process)."""
-        sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
-        with self.file as f:
-            if self.syncer.close() is not None:
-                return False
-            try:
-                sync(f.fileno())
-            except OSError:
-                return False
-            with contextlib.suppress(OSError):
-                os.pwrite(f.fileno(), _SEAL, _SEAL_AT)
-                sync(f.fileno())
-        _fsync_dir(self.cache.parent)
-        return True
-
-    def after(self, held: contextlib.ExitStack) -> bool:
-        """Seal, then let go of what ``held`` holds (the builder's lock). A large cache is sealed in
-        a thread of its own, so that the caller builds its shard meanwhile, and the processes waiting
-        for the lock find it sealed; a small one here (a mix of thousands of files starts no thread).
-        False if a small one's seal failed: it is removed, and the caller goes on to its next cache
-        location (else to an index in memory)."""
-        if self.nbytes >= _SEAL_APART:
-            # Not a daemon (whatever the caller's thread is): an exiting interpreter waits for it, so
-            # a job that ends at once still leaves a sealed cache for the next.
-            thread = threading.Thread(
-                target=self._seal_and_release, args=(held,), name="rank-dataset-index-seal", daemon=False
-            )
-            with _SEALING_LOCK:  # registered before its end can unregister it
-                try:
-                    thread.start()
-                except RuntimeError:  # no thread to be had: seal here
-                    pass
-                else:
-                    _SEALING[self.cache] = thread
-                    return True
-        with held:
-            if self():
-                return True
-            with contextlib.suppress(OSError):
-                os.unlink(self.cache)
-            return False
-
-    def _seal_and_release(self, held: contextlib.ExitStack) -> None:
-        try:
-            with held:
-                self()
-        finally:
-            with _SEALING_LOCK:
-                if _SEALING.get(self.cache) is threading.current_thread():
-                    del _SEALING[self.cache]
-
-
-# The caches this process is sealing in the background, and their threads: a load of one waits for
-# its seal rather than for the lock the seal holds (which this process took, in another thread).
-_SEALING: dict[Path, threading.Thread] = {}
-_SEALING_LOCK = threading.Lock()
-
-
-def _wait_for_seal(cache: Path) -> None:
-    with _SEALING_LOCK:
-        thread = _SEALING.get(cache)
-    if thread is not None:
-        thread.join()
-
-
-def _after_fork_in_child() -> None:
-    # The seal threads are the parent's (a child waits for their lock instead), and a fork while one
-    # of them held _SEALING_LOCK would leave the child's copy held for good.
-    global _SEALING_LOCK
-    _SEALING_LOCK = threading.Lock()
-    _SEALING.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    return Index(key, ends_hash, built.count, built.ascii, cache), Seal(
+        cache, f, syncer, built.count * _ENTRY, _SEAL_AT
+    )
 
 
 def _index_in_memory(path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index:
@@ -633,9 +431,9 @@ def load_index(path: Path, *, rebuild: bool = False) -> Index:
         try:
             key = FileKey.of(os.fstat(fd))
             ends_hash = hash_ends(fd, key.size)
-            candidates = _cache_paths(path)
+            candidates = cache_paths(path)
             for cache in candidates:
-                _wait_for_seal(cache)
+                wait_for_seal(cache)
             for cache in [] if rebuild else candidates:
                 index = _open_cache(cache, key, ends_hash)
                 if index is not None:

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.checks import MAX_EXACT
-from rank_dataset.core.threads import THREADS, in_threads
+from rank_dataset.core.threads import HELPED_ITEMS, THREADS, in_threads
 
 __all__ = ["grid_each", "permute", "permute_each", "permute_keyed", "permute_stream", "round_keys_each"]
 
@@ -29,7 +29,6 @@ _FMIX1 = np.uint32(0x85EBCA6B)
 _FMIX2 = np.uint32(0xC2B2AE35)
 _S16, _S13 = np.uint32(16), np.uint32(13)
 _SLICE = 1 << 17  # positions permuted at a time
-_THREADED_POSITIONS = 1 << 19  # fewer are permuted in one thread (starting threads costs about a millisecond)
 
 
 def _splitmix64(x: int) -> int:
@@ -127,7 +126,7 @@ def permute(n: int, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDAr
         for lo in slices[part[0] :: part[1]]:
             out[lo : lo + _SLICE] = _permute(flat[lo : lo + _SLICE], n, keys, rows, col_bits)
 
-    in_threads(work, THREADS if flat.size >= _THREADED_POSITIONS else 1)
+    in_threads(work, THREADS if flat.size >= HELPED_ITEMS else 1)  # fewer: one thread (see HELPED_ITEMS)
     return out.reshape(pos.shape)
 
 

@@ -27,12 +27,15 @@ see :mod:`rank_dataset.server._passes`.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import os
 import signal
 import socket
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -417,21 +420,15 @@ def serve(
     token: str | None = None,
     workers: int = 1,
     log_level: str = "warning",
-    max_body_size: int = DEFAULT_LIMITS.max_body_size,
-    max_header_size: int = DEFAULT_LIMITS.max_header_size,
-    max_builds: int = DEFAULT_LIMITS.max_builds,
-    max_pass_samples: int = DEFAULT_LIMITS.max_pass_samples,
-    limit_concurrency: int = DEFAULT_LIMITS.limit_concurrency,
-    timeout_request: float = DEFAULT_LIMITS.timeout_request,
-    timeout_send: float = DEFAULT_LIMITS.timeout_send,
-    timeout_keep_alive: int = DEFAULT_LIMITS.timeout_keep_alive,
-    backlog: int = DEFAULT_LIMITS.backlog,
+    limits: ServerLimits = DEFAULT_LIMITS,
+    **old_limits: Any,
 ) -> None:
     """Index ``paths`` (if not cached yet), then serve them until SIGTERM or SIGINT.
 
     With ``workers > 1``, that many server processes share the port (and the index cache).
 
-    Limits, each per server process (what a client sees when it is exceeded):
+    ``limits`` (a :class:`~rank_dataset.server.limits.ServerLimits`), each per server process (what a
+    client sees when it is exceeded):
 
     - ``max_body_size``: bytes in a request body (413, before the body is read if it is declared).
     - ``max_header_size``: bytes in a request line and headers (h11's ``max_incomplete_event_size``: 400).
@@ -450,17 +447,14 @@ def serve(
     """
     import uvicorn
 
-    limits = ServerLimits(
-        max_body_size=max_body_size,
-        max_header_size=max_header_size,
-        max_builds=max_builds,
-        max_pass_samples=max_pass_samples,
-        limit_concurrency=limit_concurrency,
-        timeout_request=timeout_request,
-        timeout_send=timeout_send,
-        timeout_keep_alive=timeout_keep_alive,
-        backlog=backlog,
-    )
+    if old_limits:  # the 0.1 form: each limit a keyword argument of its own
+        warnings.warn(
+            "serve(max_body_size=..., ...) is deprecated: pass limits=ServerLimits(...) "
+            "(from rank_dataset.server.limits); the keywords go in rank-dataset 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        limits = dataclasses.replace(limits, **old_limits)
 
     meta = MetaFile(list(paths))  # index once here, before any worker starts
     protocol.served_names(meta.paths)  # two files of one name: refuse to start

@@ -1,5 +1,5 @@
 """The meta server's limits: what one client can cost it. One frozen value gives ``rank-dataset
-serve`` its defaults, :func:`rank_dataset.server.app.serve` its parameters, and each uvicorn worker
+serve`` its options and defaults, :func:`rank_dataset.server.app.serve` its ``limits``, and each uvicorn worker
 process (the app and the connection protocol of :mod:`rank_dataset.server._connection`) what it enforces,
 through the environment. No torch, no server dependencies."""
 
@@ -13,10 +13,21 @@ from typing import Any
 
 from rank_dataset.core.checks import check_int
 
-__all__ = ["DEFAULT_LIMITS", "LIMITS_ENV", "ServerLimits"]
+__all__ = ["DEFAULT_LIMITS", "LIMITS_ENV", "ServerLimits", "limit_fields"]
 
 #: The limits of ``serve``, as JSON, for each uvicorn worker process (app and connection protocol).
 LIMITS_ENV = "RANK_DATASET_SERVE_LIMITS"
+
+
+def _limit(default: Any, help: str) -> Any:
+    # The help is what `rank-dataset serve --help` says of the limit: the CLI's options are made from
+    # these fields (limit_fields), so the limits are listed here and nowhere else.
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def limit_fields() -> tuple[dataclasses.Field[Any], ...]:
+    """The limits, in order, each with its default and ``metadata["help"]``."""
+    return dataclasses.fields(ServerLimits)
 
 
 @dataclass(frozen=True)
@@ -27,15 +38,18 @@ class ServerLimits:
         TypeError, ValueError: a limit that is not a positive int (seconds: a positive number).
     """
 
-    max_body_size: int = 1 << 20  # 131,072 indices in a /samples request
-    max_header_size: int = 16 << 10
-    max_builds: int = 4
-    max_pass_samples: int = 1 << 24  # about 0.8 GB of 34-byte lines, with their ids and offsets
-    limit_concurrency: int = 2048
-    timeout_request: float = 10.0
-    timeout_send: float = 30.0
-    timeout_keep_alive: int = 5  # uvicorn's default, whole seconds
-    backlog: int = 2048
+    max_body_size: int = _limit(1 << 20, "Bytes in a request body (413).")  # 131,072 indices in a /samples request
+    max_header_size: int = _limit(16 << 10, "Bytes in a request line and headers (400).")
+    max_builds: int = _limit(4, "Shard builds (/shard, /samples) in progress at once (503 with Retry-After).")
+    # about 0.8 GB of 34-byte lines, with their ids and offsets
+    max_pass_samples: int = _limit(
+        1 << 24, "Samples read in one pass shared by concurrent /shard requests of one plan (1: none shared)."
+    )
+    limit_concurrency: int = _limit(2048, "Connections and requests at once (uvicorn's limit: 503).")
+    timeout_request: float = _limit(10.0, "Seconds for a whole request to arrive (the connection is closed).")
+    timeout_send: float = _limit(30.0, "Seconds an answer waits for a client that reads none of it (closed).")
+    timeout_keep_alive: int = _limit(5, "Seconds an idle connection is kept after an answer.")  # uvicorn's default
+    backlog: int = _limit(2048, "Connections waiting to be accepted.")
 
     def __post_init__(self) -> None:
         for name in (

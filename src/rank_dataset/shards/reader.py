@@ -1,5 +1,5 @@
 """Shard readers: where a dataset's shards come from. The file reader reads meta files; the server
-reader (:class:`rank_dataset.training.client.ServerReader`) asks a meta server. No torch.
+reader (:class:`rank_dataset.training.server_datasets.ServerReader`) asks a meta server. No torch.
 
 A reader knows the samples (their number and fingerprint, and for a mix each source's), builds the
 shard of a :class:`~rank_dataset.plan.spec.ShardSpec`, and names where a sample lives for error messages.

@@ -1,0 +1,121 @@
+"""Work split over threads: part 0 in the calling thread, errors after all parts, and what a helper
+thread may keep resident (a build starts one only for large passes; its buffers are maps)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rank_dataset import MetaFile
+from rank_dataset.core import threads as _threads
+from rank_dataset.files import _gather as gather_mod
+from rank_dataset.files import _pread
+from rank_dataset.files._pread import Window
+from rank_dataset.plan import permutation as permutation_mod
+from rank_dataset.plan.permutation import permute
+
+
+def test_part_zero_runs_in_the_calling_thread_the_others_in_helpers() -> None:
+    seen: dict[tuple[int, int], int] = {}
+    _threads.in_threads(lambda part: seen.__setitem__(part, threading.get_ident()), 3)
+    assert sorted(seen) == [(0, 3), (1, 3), (2, 3)]
+    assert seen[(0, 3)] == threading.get_ident()
+    assert threading.get_ident() not in (seen[(1, 3)], seen[(2, 3)])
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_an_error_is_raised_once_every_part_is_done(failing: int) -> None:
+    done: list[int] = []
+    release = threading.Event()
+
+    def work(part: tuple[int, int]) -> None:
+        if part[0] == failing:
+            release.set()
+            raise ValueError(f"part {part[0]} failed")
+        release.wait(5)  # the other part ends after the failure
+        done.append(part[0])
+
+    with pytest.raises(ValueError, match=f"part {failing} failed"):
+        _threads.in_threads(work, 2)
+    assert done == [1 - failing]
+
+
+def _root(buf: Any) -> Any:
+    """The object owning an array's memory, under numpy views and memoryviews."""
+    while True:
+        if isinstance(buf, np.ndarray) and buf.base is not None:
+            buf = buf.base
+        elif isinstance(buf, memoryview):
+            buf = buf.obj
+        else:
+            return buf
+
+
+def test_a_helper_threads_window_is_a_map_the_main_threads_a_heap_array(tmp_path: Path) -> None:
+    # glibc keeps the top of a helper thread's arena resident for good: its buffers are maps there.
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(256)) * 4096)  # 1 MiB
+    starts = np.arange(0, 1 << 20, 4096)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        here = Window().load(fd, starts, starts + 100, 1 << 20)[0]
+        there: list[np.ndarray] = []
+        thread = threading.Thread(target=lambda: there.append(Window().load(fd, starts, starts + 100, 1 << 20)[0]))
+        thread.start()
+        thread.join()
+    finally:
+        os.close(fd)
+    assert not isinstance(_root(here), mmap.mmap)  # a few KiB: joined reads on the heap
+    assert isinstance(_root(there[0]), mmap.mmap)
+    assert there[0][:100].tobytes() == here[:100].tobytes() == bytes(range(100))
+    assert _pread._small() == _pread._SMALL
+
+
+def _threads_asked(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[int]:
+    asked: list[int] = []
+    real: Callable[..., None] = module.in_threads
+
+    def counting(work: Callable[[tuple[int, int]], None], k: int = _threads.THREADS) -> None:
+        asked.append(k)
+        real(work, k)
+
+    monkeypatch.setattr(module, "in_threads", counting)
+    return asked
+
+
+def test_a_read_below_helped_items_starts_no_thread_and_above_it_the_same_lines(
+    write_meta: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    meta = write_meta(n=5000)
+    mf = MetaFile(meta)
+    indices = np.random.default_rng(0).permutation(len(mf))[:3000]
+    asked = _threads_asked(monkeypatch, gather_mod)
+    monkeypatch.setattr(gather_mod, "THREADED_ROWS", 1000)  # the maps of a large read, still
+    alone = mf.read(indices)
+    assert asked and set(asked) == {1}
+    monkeypatch.setattr(gather_mod, "HELPED_ITEMS", 1000)
+    monkeypatch.setattr(gather_mod, "THREADS", 2)
+    asked.clear()
+    helped = mf.read(indices)
+    assert set(asked) == {2}
+    assert helped.texts(range(len(helped))) == alone.texts(range(len(alone)))
+    assert helped.ids is not None and (helped.ids == indices).all()
+    lines = meta.read_text().splitlines()
+    assert alone.texts(range(len(alone))) == [lines[i] for i in indices.tolist()]
+
+
+def test_permutation_helped_only_from_helped_items(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _threads_asked(monkeypatch, permutation_mod)
+    alone = permute(10**6, seed=3, epoch=1, positions=np.arange(300_000))
+    assert asked == [1]
+    monkeypatch.setattr(permutation_mod, "HELPED_ITEMS", 1000)
+    monkeypatch.setattr(permutation_mod, "THREADS", 2)
+    assert (permute(10**6, seed=3, epoch=1, positions=np.arange(300_000)) == alone).all()
+    assert asked == [1, 2]
