@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest docs bench clean
+.PHONY: demo test test-quick lint typecheck pytest docs bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 test: lint typecheck docs pytest
+
+# Everything but the tests marked slow (torchrun jobs, Lightning, Accelerate, the demo, benchmark smoke
+# runs, doc and README examples) and the docs build: a couple of minutes. `make test` runs them all.
+test-quick: lint typecheck
+	$(BIN)/pytest -m "not slow"
 
 bench: $(STAMP)
 	for b in build getitem server workers mix audit group balanced jobstart scale; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done

@@ -120,6 +120,9 @@ def test_group_of_one_checks_world_size_against_the_group(group_of_one: None, wr
 # -- two real ranks under torchrun (gloo on loopback) ---------------------------------------------
 
 
+TORCHRUN = pytest.mark.slow  # the tests of one 2-rank torchrun job: not in make test-quick
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     work = tmp_path_factory.mktemp("agree")
@@ -153,6 +156,7 @@ CASES = {
 }
 
 
+@TORCHRUN
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_two_ranks_that_disagree_both_raise_the_same_error(two_ranks: list[dict[str, Any]], case: str) -> None:
     field, values = CASES[case]
@@ -163,6 +167,7 @@ def test_two_ranks_that_disagree_both_raise_the_same_error(two_ranks: list[dict[
     assert got[0]["message"].startswith(f"ranks disagree on {field}: ") and values in got[0]["message"]
 
 
+@TORCHRUN
 def test_two_ranks_claiming_a_world_of_three(two_ranks: list[dict[str, Any]]) -> None:
     got = [result["world_size_vs_group"] for result in two_ranks]
     assert [g["raised"] for g in got] == ["RanksDisagreeError"] * 2 and got[0]["message"] == got[1]["message"]
@@ -170,6 +175,7 @@ def test_two_ranks_claiming_a_world_of_three(two_ranks: list[dict[str, Any]]) ->
     assert "world_size: 3 on every rank, but the process group has 2 ranks" in got[0]["message"]
 
 
+@TORCHRUN
 def test_two_processes_claiming_one_rank(two_ranks: list[dict[str, Any]]) -> None:
     got = [result["same_rank"] for result in two_ranks]
     assert [g["raised"] for g in got] == ["RanksDisagreeError"] * 2 and got[0]["message"] == got[1]["message"]
@@ -177,13 +183,16 @@ def test_two_processes_claiming_one_rank(two_ranks: list[dict[str, Any]]) -> Non
     assert "rank 0 on processes [0-1] — each rank in [0, 2) must be held by 1 of" in got[0]["message"]
 
 
+@TORCHRUN
 def test_a_rank_held_by_several_processes_is_fine(two_ranks: list[dict[str, Any]]) -> None:
     assert [r["shared_rank"] for r in two_ranks] == [{"raised": None}] * 2
 
 
+@TORCHRUN
 def test_a_failed_check_leaves_the_dataset_as_it_was(two_ranks: list[dict[str, Any]]) -> None:
     assert all(r["set_epoch"]["unchanged"] and r["load_state_dict"]["unchanged"] for r in two_ranks)
 
 
+@TORCHRUN
 def test_agreeing_ranks_are_not_disturbed(two_ranks: list[dict[str, Any]]) -> None:
     assert [r["agree"] for r in two_ranks] == [{"raised": None, "world_size": 2}] * 2

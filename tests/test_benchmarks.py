@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # benchmark smoke runs: not in make test-quick
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # script, its arguments at a tiny size, the table it writes, what the table holds, the plot it draws

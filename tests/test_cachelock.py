@@ -47,10 +47,8 @@ def test_a_killed_holder_does_not_wedge_the_next_builder(tmp_path: Path) -> None
     holder = _holder(cache)
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait(timeout=30)
-    started = time.monotonic()
     with one_builder(cache, timeout=10) as locked:
-        assert locked
-    assert time.monotonic() - started < 5
+        assert locked  # taken: a wedged lock would have timed out (False)
 
 
 def test_the_lock_file_is_not_left_behind(tmp_path: Path) -> None:

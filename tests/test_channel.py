@@ -182,10 +182,19 @@ def test_only_the_rank_publishes() -> None:
 
 
 def test_pass_of_other_objects_does_nothing() -> None:
-    with pass_of(range(3)):
+    holder = _Holder(object())  # type: ignore[arg-type]
+    before = vars(holder).copy()
+    with pass_of(range(3), draws=3):
         pass
-    with pass_of(_Holder(object())):  # type: ignore[arg-type]
+    with pass_of(holder, draws=3):
         pass
+    assert vars(holder) == before and holder.channel.__class__ is object  # nothing set on it or its channel
+    # The same body over a channel records a pass: what the two above did not.
+    rank = ShardChannel()
+    rank.publish(_shard("a"), _spec(0))
+    with pass_of(_Holder(rank), draws=3):
+        assert rank.audit() == (PassCount(1, 3, 0, "running"),)
+    assert rank.audit() == (PassCount(1, 3, 0, "finished"),)
 
 
 class _Holder:
@@ -308,6 +317,42 @@ def test_audit_error_mode_and_off(write_meta) -> None:
     assert off.audit() == ()
     with pytest.raises(ValueError, match="audit must be one of 'warn', 'error', 'off', got 'loud'"):
         _audit_dataset(write_meta, audit="loud")
+
+
+def test_a_sampler_listed_without_a_loader_stays_quiet(write_meta) -> None:
+    ds = _audit_dataset(write_meta, n=500)
+    sampler = RandomSampler(ds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first, second = list(sampler), list(sampler)  # one epoch's order, looked at twice
+        ds.set_epoch(1)
+    assert first == second and sorted(first) == list(range(500))
+    assert ds.audit() == (PassCount(1, 500, 0, "finished"), PassCount(2, 500, 0, "finished"))
+    assert all(c.ok for c in ds.audit())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_listed_sampler_then_a_loader_reading_part_of_a_pass_is_still_caught(write_meta, workers: int) -> None:
+    ds = _audit_dataset(write_meta)
+    sampler = RandomSampler(ds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _ = list(sampler)  # a pass that read nothing: quiet
+    loader = DataLoader(
+        ds,
+        batch_sampler=_EverySecondBatch(BatchSampler(sampler, 8, drop_last=False)),
+        num_workers=workers,
+        **({"persistent_workers": True, "multiprocessing_context": "fork"} if workers else {}),
+    )
+    assert len([item for batch in loader for item in batch]) == 52
+    with pytest.warns(PassAuditWarning, match="pass 2 over this rank's shard read 52 items, but its sampler drew 100"):
+        ds.set_epoch(1)
+    assert ds.audit() == (PassCount(1, 100, 0, "finished"), PassCount(2, 100, 52, "finished"))
+    erroring = _audit_dataset(write_meta, audit="error")
+    loader = DataLoader(erroring, batch_sampler=_EverySecondBatch(BatchSampler(RandomSampler(erroring), 8, False)))
+    _ = list(loader.batch_sampler.batches.sampler), list(loader)
+    with pytest.raises(PassAuditError, match="pass 2 over this rank's shard read 52 items, but its sampler drew 100"):
+        erroring.set_epoch(1)
 
 
 def test_more_items_read_than_drawn_is_caught_too(write_meta) -> None:

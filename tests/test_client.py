@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import signal
 import threading
 import time
@@ -16,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from rank_dataset import MetaFile, RandomSampler, RankDataset, RankServerDataset, ServerDataset, Source
 from rank_dataset.server.transport import MetaServer, _retry_after
-from tests_helpers import Server
+from tests_helpers import Server, start_methods
 
 SETTINGS = [
     (1, 1, False, 0, 0),
@@ -26,6 +27,21 @@ SETTINGS = [
     (3, 2, True, 0, 0),
     (2000, 1, False, 3, 2),  # N < W
 ]
+
+
+@pytest.fixture
+def sleeps(monkeypatch) -> list[float]:
+    """The seconds of every ``time.sleep`` in this process from here on (they are still slept): the
+    client's waits between retries, counted instead of timed."""
+    recorded: list[float] = []
+    real = time.sleep
+
+    def sleep(seconds: float) -> None:
+        recorded.append(seconds)
+        real(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    return recorded
 
 
 @pytest.fixture
@@ -75,17 +91,15 @@ def test_server_dataset(meta, server) -> None:
         ds["1"]  # type: ignore[index]
 
 
-def test_dataloader_workers(meta, server) -> None:
+@pytest.mark.parametrize("context", start_methods("fork", "spawn"))
+def test_dataloader_workers(meta, server, context: str) -> None:
     mf = MetaFile(meta)
     ds = ServerDataset(server.url)
-    got = [line for batch in DataLoader(ds, batch_size=100, num_workers=2) for line in batch]
-    assert got == [mf[i] for i in range(len(mf))]
+    loader = DataLoader(ds, batch_size=100, num_workers=2, multiprocessing_context=context)
+    assert [line for batch in loader for line in batch] == [mf[i] for i in range(len(mf))]
     rds = RankServerDataset(server.url, reload_cfg={"seed": 3}, rank=1, world_size=3)
-    for context in ["fork", "spawn"]:
-        loader = DataLoader(
-            rds, batch_size=64, sampler=RandomSampler(rds), num_workers=2, multiprocessing_context=context
-        )
-        assert sorted(x for batch in loader for x in batch) == sorted(mf[int(i)] for i in rds.indices)
+    loader = DataLoader(rds, batch_size=64, sampler=RandomSampler(rds), num_workers=2, multiprocessing_context=context)
+    assert sorted(x for batch in loader for x in batch) == sorted(mf[int(i)] for i in rds.indices)
 
 
 def test_token(meta, start_server) -> None:
@@ -106,14 +120,16 @@ def test_bad_arguments_are_value_errors(server) -> None:
         ServerDataset(server.url, retries=-1)
 
 
-def test_killed_server_gives_connection_error_within_timeout(meta, server) -> None:
+def test_killed_server_gives_connection_error_within_timeout(meta, server, sleeps) -> None:
     ds = ServerDataset(server.url, timeout=2.0, retries=3)
     assert ds[0]
     server.stop(signal.SIGKILL)
-    start = time.monotonic()
-    with pytest.raises(ConnectionError, match=rf"meta server at {server.url} did not answer .* after \d attempts"):
+    sleeps.clear()
+    with pytest.raises(ConnectionError, match=rf"meta server at {server.url} did not answer .* after \d attempts") as e:
         ds[1]
-    assert time.monotonic() - start < 2.0 + 1.0
+    attempts = int(re.search(r"after (\d) attempts", str(e.value)).group(1))  # type: ignore[union-attr]
+    # Up to retries + 1 attempts, and no wait that would end past the timeout.
+    assert 1 <= attempts <= 4 and len(sleeps) == attempts - 1 and sum(sleeps) <= 2.0, (attempts, sleeps)
     with pytest.raises(ConnectionError, match=server.url):
         RankServerDataset(server.url, rank=0, world_size=1, timeout=1.0)
 
@@ -190,31 +206,33 @@ LENGTH = (200, {"Content-Type": "application/json"}, json.dumps({"num_samples": 
 BUSY = (503, {"Retry-After": "1"}, b'{"error": "busy", "kind": "busy"}')
 
 
-def test_busy_server_is_retried_after_its_retry_after(stub) -> None:
+def test_busy_server_is_retried_after_its_retry_after(stub, sleeps) -> None:
     server = stub(BUSY, BUSY, LENGTH)
     # retries=0: a 503 does not use up retries, only time
     assert MetaServer(server.url, timeout=10, retries=0).num_samples() == (7, None)
     gaps = np.diff(server.times)
-    assert len(server.times) == 3 and all(1.0 <= gap < 3.0 for gap in gaps), gaps
+    assert len(server.times) == 3 and all(gap >= 1.0 for gap in gaps), gaps  # a lower bound: load only adds
+    assert len(sleeps) == 2 and all(1.0 <= s <= 1.1 for s in sleeps), sleeps  # Retry-After, plus its jitter
 
 
-def test_busy_server_without_retry_after_is_retried_with_backoff(stub) -> None:
+def test_busy_server_without_retry_after_is_retried_with_backoff(stub, sleeps) -> None:
     server = stub((503, {}, b"Service Unavailable"), LENGTH)
     assert MetaServer(server.url, timeout=10, retries=0).num_samples() == (7, None)
-    assert len(server.times) == 2 and server.times[1] - server.times[0] < 0.5
+    assert len(server.times) == 2 and len(sleeps) == 1 and sleeps[0] < 0.5, sleeps  # the first backoff step
 
 
-def test_busy_retries_end_with_the_timeout(stub) -> None:
+def test_busy_retries_end_with_the_timeout(stub, sleeps) -> None:
     server = stub(BUSY)
-    start = time.monotonic()
     with pytest.raises(ConnectionError, match=r"was still busy with GET /len after \d attempts within 2.5s"):
         MetaServer(server.url, timeout=2.5).num_samples()
-    assert time.monotonic() - start < 3.0  # no sleep that would end past the timeout (2.5 s)
+    # Each wait honours Retry-After, and none would end past the timeout (2.5 s).
+    assert sleeps and all(s >= 1.0 for s in sleeps) and sum(sleeps) <= 2.5, sleeps
+    assert len(server.times) == len(sleeps) + 1
     late = stub((503, {"Retry-After": "30"}, b"busy"))
-    start = time.monotonic()
+    sleeps.clear()
     with pytest.raises(ConnectionError, match="after 1 attempts"):  # asked to come back too late: at once
         MetaServer(late.url, timeout=5).num_samples()
-    assert time.monotonic() - start < 1.0
+    assert sleeps == [] and len(late.times) == 1
 
 
 @pytest.mark.parametrize("status", [400, 404, 408, 413, 429, 431])
@@ -230,7 +248,10 @@ def test_retry_after_forms() -> None:
 
     assert _retry_after("3") == 3.0 and _retry_after(" 0 ") == 0.0
     assert _retry_after(None) is None and _retry_after("soon") is None and _retry_after("-1") is None
-    assert 8 < (_retry_after(formatdate(time.time() + 10, usegmt=True)) or 0) <= 10
+    before = time.time()
+    seconds = _retry_after(formatdate(before + 10, usegmt=True)) or 0
+    # The date is in whole seconds (up to 1 s earlier), and the clock went on meanwhile.
+    assert 10 - 1 - (time.time() - before) <= seconds <= 10
     assert _retry_after(formatdate(time.time() - 100, usegmt=True)) == 0.0
 
 

@@ -8,7 +8,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from rank_dataset import MetaFile, RandomSampler, RankDataset, ReloadConfig, ShardSpec
-from tests_helpers import imagenet_line
+from tests_helpers import imagenet_line, start_methods
 
 
 def test_items_are_the_planned_samples(write_meta) -> None:
@@ -101,7 +101,7 @@ def test_invalid_utf8_is_found_when_the_shard_is_built(tmp_path: Path) -> None:
         RankDataset(p, is_test=True, rank=0, world_size=1)
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("context", start_methods("fork", "spawn", "forkserver"))
 def test_dataloader_workers(write_meta, context: str) -> None:
     p = write_meta(n=5000)
     ds = RankDataset(p, reload_cfg={"seed": 3, "mini_epoch": 2}, rank=1, world_size=3, parser="label")

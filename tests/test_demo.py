@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rank_dataset.demo import DemoResult, format_table
+
+pytestmark = pytest.mark.slow  # demo runs: not in make test-quick
 
 SMALL = ["--lines", "20000", "--world-size", "2", "--workers", "1", "--epochs", "1"]
 MIB = 1 << 20

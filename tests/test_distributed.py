@@ -7,9 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from rank_dataset.plan.permutation import permute
 from tests_helpers import rank_results, torchrun_cmd, worker_env
+
+pytestmark = pytest.mark.slow  # torchrun jobs: not in make test-quick
 
 
 def run_ranks(worker: str, w: int, meta: Path, tmp_path: Path) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ PAGES = sorted(p for p in DOCS.rglob("*.md") if not p.is_symlink() and "results"
 EXAMPLES = [e for page in PAGES for e in examples(page)]
 
 
+@pytest.mark.slow  # each example a Python process, some of them DataLoaders: not in make test-quick
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.name(DOCS) for e in EXAMPLES])
 def test_example_runs_and_prints_what_the_page_shows(example: Example, tmp_path: Path) -> None:
     check_example(example, tmp_path, DOCS)

@@ -4,12 +4,12 @@ import functools
 import json
 import multiprocessing
 import os
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -577,19 +577,48 @@ def test_a_cache_path_that_is_a_directory_means_an_index_in_memory(write_meta, t
     assert cache.is_dir() and not list(cache.iterdir())
 
 
+# A builder that says, from inside its build (its first chunk encoded: it holds the lock and writes
+# its temporary file), that it is there, and waits to be killed.
+_BUILDER_STOPPED_MID_BUILD = """
+import os, pathlib, sys, time
+import rank_dataset.files.index as index
+
+encoder = index._encoder
+
+def stopping(size):
+    encode = encoder(size)
+
+    def first(chunk):
+        part = encode(chunk)
+        os.write(1, b"mid-build\\n")  # one write a line: the encoding threads may each get here
+        time.sleep(600)  # killed here
+        return part
+
+    return first
+
+index._encoder = stopping
+index.load_index(pathlib.Path(sys.argv[1]))
+print("finished", flush=True)
+"""
+
+
 def test_a_builder_killed_mid_build_leaves_nothing_in_the_way(write_meta, tmp_path: Path) -> None:
-    p = write_meta(n=2_000_000)
+    p = write_meta(n=200_000)
     cache_dir = tmp_path / "cache"
-    code = "import sys, pathlib, rank_dataset.files.index as i; i.load_index(pathlib.Path(sys.argv[1]))"
-    child = subprocess.Popen([sys.executable, "-c", code, str(p.resolve())])
+    child = subprocess.Popen(
+        [sys.executable, "-c", _BUILDER_STOPPED_MID_BUILD, str(p.resolve())], stdout=subprocess.PIPE, text=True
+    )
     try:
-        while not list(cache_dir.glob("*.tmp")) and child.poll() is None:  # it holds the lock and writes
-            time.sleep(0.005)
+        assert child.stdout is not None and child.stdout.readline() == "mid-build\n"
+        # Its lock, and its file half written; no cache.
+        assert sorted(x.suffix for x in cache_dir.iterdir()) == [".lock", ".tmp"]
     finally:
         child.kill()
-        child.wait()
+        out, _ = child.communicate(timeout=30)
+    assert child.returncode == -signal.SIGKILL and "finished" not in out  # killed, and mid-build
+    assert ".rdidx" not in [x.suffix for x in cache_dir.iterdir()]
     index = index_mod.load_index(p.resolve())  # not wedged by the lock; the dead builder's file removed
-    assert index.count == 2_000_000 and index.cache is not None
+    assert index.count == 200_000 and index.cache is not None
     _join_seals()  # (the lock is held, and its file kept, until the cache is sealed)
     assert sorted(x.suffix for x in cache_dir.iterdir()) == [".rdidx"]
 

@@ -296,6 +296,7 @@ def line_of(i: int) -> str:
     return f"sample_{i}"
 
 
+@pytest.mark.slow  # spawned DataLoader workers: not in make test-quick
 def test_spawn_workers_need_no_meta_file(write_meta) -> None:
     p = write_meta([line_of(i) for i in range(3000)])
     ds = RankDataset(p, reload_cfg={"seed": 2}, rank=0, world_size=1)

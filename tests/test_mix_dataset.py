@@ -18,6 +18,7 @@ import pytest
 
 from rank_dataset import RankDataset, RankServerDataset, Source
 from rank_dataset.plan.mix import MixPlan
+from tests_helpers import start_methods
 
 SEED = 5
 # (file sizes, source rules, epoch_size): each rule is the keyword arguments of a Source.
@@ -314,7 +315,7 @@ def requests_json(url: str) -> Any:
     return requests.get(url, timeout=10).json()
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", start_methods("fork", "spawn"))
 def test_dataloader_workers_and_stateful_loader(write_meta, context: str) -> None:
     from torch.utils.data import DataLoader
     from torchdata.stateful_dataloader import StatefulDataLoader

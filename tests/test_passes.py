@@ -203,25 +203,44 @@ def test_max_pass_samples_must_be_a_positive_int(value) -> None:
 
 
 def _asking(
-    meta: Path, world: int, arrivals: list[float], linger: float, max_linger: float
+    meta: Path,
+    world: int,
+    arrivals: list[float],
+    linger: float,
+    max_linger: float,
+    events: list[str] | None = None,
+    marks: tuple[float, ...] = (),
 ) -> list[tuple[float, Part]]:
     """Ranks ``0..len(arrivals)-1`` of a plan of ``world`` ranks ask for their shards ``arrivals[r]``
     seconds from now (in one event loop, as in a server); when each got its answer (seconds from
-    now), and the answer."""
+    now), and the answer. ``events`` gets, in the order they happened, ``asked r``, ``answered r``
+    and ``mark m`` when ``m`` seconds (of ``marks``) had passed: an order to assert, not a time."""
     mf = MetaFile(meta)
     specs = [ShardSpec(len(mf), world, r, seed=3) for r in range(world)]
+    log = events if events is not None else []
 
     async def main() -> list[tuple[float, Part]]:
         passes = SharedPasses(BuildSlots(4, 10.0), 1 << 20, linger=linger, max_linger=max_linger)
         loop = asyncio.get_running_loop()
         start = loop.time()
 
+        async def mark(seconds: float) -> None:
+            await asyncio.sleep(seconds)
+            log.append(f"mark {seconds:g}")
+
         async def ask(rank: int, delay: float) -> tuple[float, Part]:
             await asyncio.sleep(delay)
+            log.append(f"asked {rank}")
             async with passes.shard("plan", mf, specs[rank].indices(), ranks=world) as part:
+                log.append(f"answered {rank}")
                 return loop.time() - start, part
 
-        return list(await asyncio.gather(*(ask(r, d) for r, d in enumerate(arrivals))))
+        timers = [asyncio.ensure_future(mark(m)) for m in marks]
+        try:
+            return list(await asyncio.gather(*(ask(r, d) for r, d in enumerate(arrivals))))
+        finally:
+            for timer in timers:
+                timer.cancel()
 
     answers = asyncio.run(main())
     for rank, (_, part) in enumerate(answers):  # each decodes to the shard it would get alone
@@ -243,30 +262,42 @@ def _one_pass(parts: list[Part]) -> bool:
 
 def test_a_pass_waits_for_the_ranks_of_its_plan_and_starts_when_all_are_in(write_meta) -> None:
     meta = write_meta(n=20_000)
-    answers = _asking(meta, 4, [0.0, 0.1, 0.2, 0.3], linger=2.0, max_linger=10.0)
+    events: list[str] = []
+    answers = _asking(meta, 4, [0.0, 0.1, 0.2, 0.3], linger=10.0, max_linger=30.0, events=events, marks=(10.3,))
     assert _one_pass([part for _, part in answers])
     assert all(part.order is not None and part.shard.ids is None for _, part in answers)  # in file order, no ids
-    # Started as the 4th came, not a linger later; nobody answered before it came.
-    assert all(0.3 <= t < 1.5 for t, _ in answers), [t for t, _ in answers]
+    # Nobody answered before the 4th came, and all were answered then, not a linger (10 s) later.
+    assert events[:4] == [f"asked {r}" for r in range(4)] and sorted(events[4:]) == [f"answered {r}" for r in range(4)]
+    assert all(t >= 0.3 for t, _ in answers), [t for t, _ in answers]
 
 
 def test_a_pass_stops_waiting_a_linger_after_the_last_rank_came(write_meta) -> None:
     meta = write_meta(n=20_000)
-    answers = _asking(meta, 4, [0.0, 0.1, 0.2, 5.0], linger=0.5, max_linger=10.0)
+    events: list[str] = []
+    answers = _asking(meta, 4, [0.0, 0.1, 0.2, 5.0], linger=0.5, max_linger=10.0, events=events)
     first, late = [part for _, part in answers[:3]], answers[3][1]
     assert _one_pass(first) and not _one_pass([first[0], late])
-    assert all(0.7 <= t < 3.0 for t, _ in answers[:3]), [t for t, _ in answers]
+    # The first three were answered a linger after the third came (a lower bound), before the 4th came.
+    assert all(t >= 0.7 for t, _ in answers[:3]), [t for t, _ in answers]
+    assert events.index("asked 3") > max(events.index(f"answered {r}") for r in range(3)), events
     assert answers[3][0] >= 5.0
 
 
 def test_a_pass_waits_at_most_max_linger_from_its_first_rank(write_meta) -> None:
     meta = write_meta(n=20_000)
-    answers = _asking(meta, 8, [0.0, 0.2, 0.4, 0.6, 0.8], linger=0.5, max_linger=0.5)
+    # A linger of 10 s would keep the first pass open for the rank that comes at 3 s; max_linger
+    # (0.5 s from the first rank) closes it before.
+    events: list[str] = []
+    answers = _asking(meta, 8, [0.0, 0.2, 0.4, 3.0], linger=10.0, max_linger=0.5, events=events)
     times = [t for t, _ in answers]
-    assert all(t >= 0.5 for t in times) and min(times) < 0.8, times  # not waiting for the ranks after 0.5 s
+    assert all(t >= 0.5 for t in times), times  # a lower bound
+    assert events.index("asked 3") > max(events.index(f"answered {r}") for r in range(3)), events
+    assert _one_pass([part for _, part in answers[:3]]) and not _one_pass([answers[0][1], answers[3][1]])
 
 
 def test_a_plan_of_one_rank_waits_for_nothing(write_meta) -> None:
     meta = write_meta(n=20_000)
-    ((t, part),) = _asking(meta, 1, [0.0], linger=5.0, max_linger=10.0)
-    assert t < 2.0 and part.order is None  # read alone: framed as it lies
+    events: list[str] = []
+    ((_, part),) = _asking(meta, 1, [0.0], linger=30.0, max_linger=60.0, events=events, marks=(30.0,))
+    assert events == ["asked 0", "answered 0"]  # not a linger (30 s) later: the mark never came
+    assert part.order is None  # read alone: framed as it lies

@@ -33,6 +33,7 @@ def test_every_runnable_example_shows_its_output() -> None:
         assert example.output is not None, f"{example.name(ROOT)} prints, but the README shows no output after it"
 
 
+@pytest.mark.slow  # each example a Python process, some of them DataLoaders: not in make test-quick
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.name(ROOT))
 def test_every_example_prints_what_the_readme_shows(example: Example, tmp_path: Path) -> None:
     if example not in PROGRAMS:

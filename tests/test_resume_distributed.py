@@ -13,6 +13,8 @@ import pytest
 from rank_dataset.plan.spec import mini_epoch_width
 from tests_helpers import kill_tree, torchrun_cmd, worker_env
 
+pytestmark = pytest.mark.slow  # torchrun jobs: not in make test-quick
+
 N = 1001
 
 

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from rank_dataset import RandomSampler, RankDataset, Source, group_by
 from rank_dataset.plan.subsets import SampleIds
+from tests_helpers import start_methods
 
 
 def lines_of(path: Path) -> list[str]:
@@ -180,7 +181,7 @@ def test_the_classes_of_a_grouping_map_plan_numbers_in_one_gather(
         assert swapped._slices is None
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("start_method", start_methods("fork", "spawn"))
 def test_workers_serve_the_subset_items(files: tuple[Path, Path], start_method: str) -> None:
     a, b = files
     groups = group_by(a)
@@ -199,7 +200,7 @@ def test_workers_serve_the_subset_items(files: tuple[Path, Path], start_method: 
     assert got == want
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("start_method", start_methods("fork", "spawn", "forkserver"))
 def test_a_mix_of_20000_sources_works_with_workers_and_resume(write_meta, start_method: str) -> None:
     from torch.utils.data import DataLoader
 

@@ -92,6 +92,7 @@ print(json.dumps([ds.rank, ds.world_size, ds.indices.tolist()]))
 """
 
 
+@pytest.mark.slow  # three interpreters that import torch: not in make test-quick
 def test_tasks_started_like_srun_split_the_data(write_meta: Callable[..., Path]) -> None:
     # What `srun --ntasks 3 python train.py` gives each task: SLURM's variables, no RANK/WORLD_SIZE.
     path = write_meta(n=100)

@@ -19,9 +19,9 @@ from torch.utils.data import DataLoader, SequentialSampler
 from rank_dataset import RandomSampler, RankDataset, ResumableSampler
 from rank_dataset.core import shm as _shm
 from rank_dataset.shards.channel import pass_of
-from tests_helpers import imagenet_line
+from tests_helpers import imagenet_line, start_methods
 
-CONTEXTS = ["fork", "spawn", "forkserver"]
+CONTEXTS = start_methods("fork", "spawn", "forkserver")
 
 
 def _memfd_inodes(pid: int) -> set[int]:
@@ -170,7 +170,7 @@ def test_set_epoch_mid_pass_without_workers_raises(meta: Path) -> None:
     assert _read(DataLoader(ds, batch_size=50, sampler=ResumableSampler(ds))) == _expect(ds)
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", start_methods("fork", "spawn"))
 def test_foreign_sampler_with_persistent_workers_fails_loudly(meta: Path, context: str) -> None:
     ds = RankDataset(meta, reload_cfg={"seed": 2}, rank=0, world_size=2)
     loader = DataLoader(

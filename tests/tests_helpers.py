@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+import pytest
 
 from rank_dataset.demo.synthetic import imagenet_line
 from rank_dataset.files.scan import BOM
@@ -27,6 +28,7 @@ __all__ = [
     "rank_results",
     "reference_index",
     "rewrite",
+    "start_methods",
     "start_together",
     "torchrun_cmd",
     "worker_env",
@@ -34,6 +36,12 @@ __all__ = [
 ]
 
 HERE = Path(__file__).resolve().parent
+
+
+def start_methods(*names: str) -> list[Any]:
+    """DataLoader start methods to parametrize a test with: fork runs in ``make test-quick``; spawn and
+    forkserver start fresh interpreters that import torch (seconds each, on 2 cores), so they are marked slow."""
+    return [name if name == "fork" else pytest.param(name, marks=pytest.mark.slow) for name in names]
 
 
 class Server(LocalServer):

@@ -17,10 +17,11 @@ The pass audit: every reader of the dataset (each DataLoader worker, and the ran
 items it reads in each pass (:meth:`ShardChannel.tally`, a store in the control block per batch).
 When the next pass starts, or ``set_epoch`` or ``load_state_dict`` publishes a shard, the rank
 compares the last pass's count with the indices its sampler drew. A pass whose sampler was left
-early (a ``break``, an exception) is recorded but not judged. A finished pass that read fewer or
-more items than were drawn means something between the sampler and the dataset dropped or added
-indices, most likely the loader was sharded a second time: a :class:`PassAuditWarning` (once per
-dataset), or a :class:`PassAuditError` with ``audit="error"``.
+early (a ``break``, an exception) is recorded but not judged, and so is a pass that read nothing (its
+sampler listed with no loader, to look at its order: a loader sharded twice still reads part of each
+pass). A finished pass that read fewer or more items than were drawn means something between the
+sampler and the dataset dropped or added indices, most likely the loader was sharded a second time:
+a :class:`PassAuditWarning` (once per dataset), or a :class:`PassAuditError` with ``audit="error"``.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class PassCount:
         read: the items read meanwhile by the DataLoader's workers and the rank (None: a worker
             could not count, its id being past the table).
         state: ``"finished"`` (the sampler drew every index), ``"left early"`` (a ``break`` or an
-            exception closed it first: not judged) or ``"running"``.
+            exception closed it first: not judged) or ``"running"``. A finished pass that read nothing
+            (its sampler listed with no loader) is not judged either.
     """
 
     number: int
@@ -78,8 +80,8 @@ class PassCount:
 
     @property
     def ok(self) -> bool:
-        """False for a finished pass that read other than it drew."""
-        return self.state != "finished" or self.read is None or self.read == self.drawn
+        """False for a finished pass that read some items, but other than it drew."""
+        return self.state != "finished" or self.read is None or self.read == self.drawn or self.read == 0
 
 
 def _worker_id() -> int | None:
@@ -213,8 +215,8 @@ class ShardChannel:
 
     def judge(self) -> None:
         """(Rank) record the latest pass, if not yet, and warn (or raise) if it finished having read
-        other than it drew. Its readers are done with it: the next pass starts, or set_epoch or
-        load_state_dict is called (after the loop, as they must be)."""
+        some items, but other than it drew (see :attr:`PassCount.ok`). Its readers are done with it: the
+        next pass starts, or set_epoch or load_state_dict is called (after the loop, as they must be)."""
         number = self._passes
         if not number or number == self._judged or number == self._pass_open or self.audit_mode == "off":
             return
