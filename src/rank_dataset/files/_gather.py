@@ -91,7 +91,7 @@ def _span(f: _File, file: int, local: int) -> tuple[int, int]:
         start, length = read_entry(f.index, local)
     except LookupError:
         raise IndexMismatch(file, corrupt=False) from None
-    if not (start >= 0 and length > 0 and start + length <= f.index.key.size):
+    if not (start >= 0 and length > 0 and start + length <= f.index.size):
         raise IndexMismatch(file, corrupt=True)
     return start, start + length
 
@@ -114,7 +114,7 @@ def read_one(f: _File, file: int, local: int) -> bytes:
     (:meth:`_FileBytes.read_once`: what ``mf[i]`` costs)."""
     start, end = _span(f, file, local)
     lo = 0 if start == len(BOM) else max(start - 1, 0)  # as _check_from
-    hi = min(end + 2, f.index.key.size)
+    hi = min(end + 2, f.index.size)
     raw = f.bytes.read_once(f.index.key, lo, hi - lo)
     line = raw[start - lo : end - lo]
     tail = raw[end - lo : end - lo + 2]
@@ -195,7 +195,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
         writer.bounds[0] = 0
         return writer
     visits = _file_rows(files, bounds, indices)
-    long_lines = any(f.index.key.size >= 1 << 32 for f in files)
+    long_lines = any(f.index.size >= 1 << 32 for f in files)
     lengths = np.empty(n, np.int64 if long_lines else np.uint32)  # in item order
     kept = [_KeptStarts.of(visit) for visit in visits]
     for visit, starts in zip(visits, kept):
@@ -461,7 +461,7 @@ def _copy_part(
         # Entries read again: the cache could have been replaced since the first pass.
         if took is not None and not np.array_equal(lengths, took):
             raise IndexMismatch(visit.number, corrupt=True)
-        if not _copy_rows(fd, file.index.key.size, window, starts, lengths, dst, writer.data):
+        if not _copy_rows(fd, file.index.size, window, starts, lengths, dst, writer.data):
             file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
             raise IndexMismatch(visit.number, corrupt=True)
 
@@ -473,7 +473,7 @@ def _spans_of(
     k-th from the t-th; with ``only``, of those batches), from the index, checked to lie inside the
     file (the bytes they point at are checked when they are copied). The index is opened at the
     first batch."""
-    size = visit.file.index.key.size
+    size = visit.file.index.size
     try:
         with SpanReader(visit.file.index) as reader:
             for j, rows, local in visit.batches(indices, part, only):
