@@ -24,7 +24,7 @@ import numpy.typing as npt
 from rank_dataset.core.residency import free_pages
 from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import HELPED_ITEMS, THREADS, in_threads
-from rank_dataset.files._pread import Window
+from rank_dataset.files._pread import ByteSource, Window
 from rank_dataset.files.index import (
     SpanReader,
     line_mark,
@@ -115,7 +115,7 @@ def read_one(f: _File, file: int, local: int) -> bytes:
     start, end = _span(f, file, local)
     lo = 0 if start == len(BOM) else max(start - 1, 0)  # as _check_from
     hi = min(end + 2, f.index.size)
-    raw = f.bytes.read_once(f.index.key, lo, hi - lo)
+    raw = f.bytes.read_once(f.index, lo, hi - lo)
     line = raw[start - lo : end - lo]
     tail = raw[end - lo : end - lo + 2]
     if start == 0 or (start == len(BOM) and raw[:3] == BOM):
@@ -213,7 +213,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
         samples.release()
     for visit, starts in zip(visits, kept):
         file = visit.file
-        with file.bytes.open(file.index.key) as fd:
+        with file.bytes.open(file.index) as fd:
             work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
             spans = functools.partial(_kept_spans, visit, samples, starts)
             in_threads(lambda part: work(spans(part)), _threads(visit))  # noqa: B023
@@ -224,7 +224,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
     if bad >= 0:
         row = int(np.searchsorted(writer.bounds, bad, side="right")) - 1
         f = bounds.locate(int(samples.get()[row]))[0]
-        with files[f].bytes.open(files[f].index.key) as fd:
+        with files[f].bytes.open(files[f].index) as fd:
             files[f].bytes.check(fd, files[f].index.key)
         raise IndexMismatch(f, corrupt=True)
     return writer
@@ -450,7 +450,7 @@ def _threads(visit: _FileRows) -> int:
 def _copy_part(
     visit: _FileRows,
     batches: Iterator[_Kept],
-    fd: int,
+    fd: int | ByteSource,
     writer: ShardWriter,
 ) -> None:
     """Copy the rows of ``batches`` of ``visit`` from the file open at ``fd`` into ``writer``."""
@@ -492,7 +492,7 @@ def _check_from(s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
 
 
 def _copy_rows(
-    fd: int,
+    fd: int | ByteSource,
     size: int,
     window: Window,
     first: npt.NDArray[np.int64],

@@ -100,7 +100,7 @@ def _members(path: Path, fd: int, block: int) -> Iterator[bytes]:
                     path,
                     member,
                     f"corrupt gzip data (or a wrong CRC or size in its trailer) in the member that starts here, "
-                    f"before compressed byte {pos:,} ({exc}); bytes after the last member count as one"
+                    f"before compressed byte {pos:,} ({exc}); bytes after the last member count as one",
                 ) from None
             data = d.unconsumed_tail
             if out:

@@ -23,10 +23,12 @@ and the compressed offset, never a wrong sample.
 
 from __future__ import annotations
 
+import collections
 import enum
 import os
 import struct
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,7 @@ __all__ = [
     "DecompressedView",
     "Decompression",
     "Format",
+    "SpanSource",
     "detect",
     "detect_path",
 ]
@@ -243,3 +246,107 @@ class DecompressedView:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: Decompressed bytes a :class:`SpanSource` decodes and keeps at a time (at most; less between checkpoints).
+SPAN = 4 << 20
+_KEPT_SPANS = 4
+
+
+class SpanSource:
+    """The decompressed bytes of a compressed file as a gather reads them (``Window.load``'s
+    protocol): spans between checkpoints, cut at most :data:`SPAN` long, each decompressed once
+    from its checkpoint and kept while a few others are (a batch's rows share them). Each thread
+    reads through a decoder and a descriptor of its own (``open_fd`` makes one, checked by the caller).
+
+    Raises (from reads):
+        CorruptMetaFileError: the file is corrupt, or ends early.
+    """
+
+    def __init__(self, path: Path, fd: int, checkpoints: Checkpoints, open_fd: Callable[[], int]) -> None:
+        self.path, self.fd, self.checkpoints = path, fd, checkpoints
+        size = checkpoints.size
+        cuts = np.union1d(checkpoints.points[:, 0], np.arange(0, size, SPAN, dtype=np.int64))
+        self._bounds: _IntArray = np.append(cuts[cuts < size], size).astype(np.int64) if size else np.zeros(1, np.int64)
+        self._open_fd = open_fd
+        self._kept: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._views: list[tuple[DecompressedView, int]] = []
+        self.decompressed = 0  # output bytes decoded, those skipped to reach a span included
+
+    def _view(self) -> DecompressedView:
+        view: DecompressedView | None = getattr(self._local, "view", None)
+        if view is None:
+            fd = self._open_fd()
+            view = DecompressedView(self.path, fd, self.checkpoints)
+            self._local.view = view
+            with self._lock:
+                self._views.append((view, fd))
+        return view
+
+    def span(self, k: int) -> bytes:
+        """Decompressed span ``k``: bytes ``[bounds[k], bounds[k + 1])``."""
+        with self._lock:
+            data = self._kept.get(k)
+            if data is not None:
+                self._kept.move_to_end(k)
+                return data
+        view = self._view()
+        before = view.decompressed
+        data = view.read(int(self._bounds[k]), int(self._bounds[k + 1]))
+        with self._lock:
+            self.decompressed += view.decompressed - before
+            self._kept[k] = data
+            while len(self._kept) > _KEPT_SPANS:
+                self._kept.popitem(last=False)
+        return data
+
+    def _spans_of(self, a: int, b: int) -> tuple[int, int]:
+        """The spans ``[k0, k1)`` that hold bytes ``[a, b)``."""
+        k0 = int(np.searchsorted(self._bounds, a, side="right")) - 1
+        k1 = int(np.searchsorted(self._bounds, b, side="left"))
+        return max(k0, 0), max(k1, k0 + 1)
+
+    def read(self, a: int, b: int) -> bytes:
+        """Decompressed bytes ``[a, b)`` (cut at the end)."""
+        b = min(b, self.checkpoints.size)
+        if b <= a:
+            return b""
+        k0, k1 = self._spans_of(a, b)
+        data = b"".join(self.span(k) for k in range(k0, k1))
+        lo = int(self._bounds[k0])
+        return data[a - lo : b - lo]
+
+    def load(
+        self, starts: _IntArray, stops: _IntArray, end: int, pad: int = 0
+    ) -> tuple[npt.NDArray[np.uint8], int | _IntArray]:
+        """As :meth:`rank_dataset.files._pread.Window.load`: ranges ``[starts[i], stops[i])`` (cut at
+        ``end``), the spans that hold them back to back: byte ``x`` of range ``i`` is ``buf[x - shift[i]]``."""
+        hi_all = np.minimum(stops, end)
+        lo_all = np.minimum(starts, hi_all)
+        k0 = np.maximum(np.searchsorted(self._bounds, lo_all, side="right") - 1, 0)
+        k1 = np.maximum(np.searchsorted(self._bounds, hi_all, side="left"), k0 + 1)
+        spans = len(self._bounds) - 1
+        needed = np.zeros(max(spans, 1) + 1, np.int64)
+        np.add.at(needed, k0, 1)
+        np.add.at(needed, np.minimum(k1, spans), -1)
+        wanted = np.flatnonzero(np.cumsum(needed)[:spans] > 0)
+        if not wanted.size:
+            return np.zeros(pad, np.uint8), 0
+        parts = [self.span(int(k)) for k in wanted]
+        place = np.zeros(spans + 1, np.int64)  # where a wanted span starts in the buffer
+        sizes = np.array([len(p) for p in parts], np.int64)
+        place[wanted] = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        buf = np.frombuffer(b"".join(parts) + bytes(pad), np.uint8)
+        # A range's spans are consecutive and all wanted, so back to back: one shift serves it.
+        shift = self._bounds[k0] - place[k0]
+        return buf, shift
+
+    def close(self) -> None:
+        with self._lock:
+            views, self._views = self._views, []
+            self._kept.clear()
+        for view, fd in views:
+            view.close()
+            os.close(fd)

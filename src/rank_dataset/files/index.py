@@ -148,7 +148,8 @@ class Index:
 
     ``key`` is the file as this process indexed it, ``ends_hash`` the hash of its first and last
     64 KiB. For a compressed file, the spans are of its decompressed bytes (``extent`` of them, laid
-    out as for a file of ``bound`` bytes), and its checkpoints follow the marks in the cache. The entries live in ``cache``, or in ``memory`` where no cache location was writable (not
+    out as for a file of ``bound`` bytes), and its checkpoints follow the marks in the cache.
+    The entries live in ``cache``, or in ``memory`` where no cache location was writable (not
     pickled: a process that receives the index rescans the file if it ever reads it).
     """
 
@@ -176,7 +177,9 @@ class Index:
     def header_fields(self) -> tuple[bytes, bytes]:
         """What a cache's header holds for this index, but for the device and the table sizes: its
         bytes ``[0, 40)`` (magic, size, mtime, ctime, inode) and ``[48, 80)`` (samples, flags, hash)."""
-        head = _Header(self.key, self.ends_hash, self.count, self.ascii, 0, 0, self.size, self.bits_size, self.format).pack()
+        head = _Header(
+            self.key, self.ends_hash, self.count, self.ascii, 0, 0, self.size, self.bits_size, self.format
+        ).pack()
         return head[:40], head[48:80]
 
     def __getstate__(self) -> dict[str, object]:
@@ -373,7 +376,9 @@ class _Built:
     def header(self, key: FileKey, ends_hash: bytes) -> _Header:
         extent = key.size if self.extent < 0 else self.extent
         bound = key.size if self.bound < 0 else self.bound
-        return _Header(key, ends_hash, self.count, self.ascii, len(self.longs), len(self.marks), extent, bound, self.format)
+        return _Header(
+            key, ends_hash, self.count, self.ascii, len(self.longs), len(self.marks), extent, bound, self.format
+        )
 
     def index(self, key: FileKey, ends_hash: bytes, cache: Path | None, memory: Table | None = None) -> Index:
         return Index(key, ends_hash, self.count, self.ascii, cache, memory, self.format, self.extent, self.bound)
@@ -412,7 +417,9 @@ def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.ui
     if decompression is not None:
         checkpoints = decompression.checkpoints
         if checkpoints.size > _COMPRESSED_BOUND:
-            raise ValueError(f"{path} decompresses to {checkpoints.size:,} bytes; at most {_COMPRESSED_BOUND:,} are read")
+            raise ValueError(
+                f"{path} decompresses to {checkpoints.size:,} bytes; at most {_COMPRESSED_BOUND:,} are read"
+            )
         return _Built(
             count, ascii_only, _stack(longs), _stack(marks), fmt, checkpoints.size, _COMPRESSED_BOUND,
             checkpoints.to_bytes(),
@@ -461,9 +468,7 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: byte
         if isinstance(exc, OSError):  # a full disk; a directory where the cache would go
             return None
         raise
-    return built.index(key, ends_hash, cache), Seal(
-        cache, f, syncer, built.count * _ENTRY, _SEAL_AT
-    )
+    return built.index(key, ends_hash, cache), Seal(cache, f, syncer, built.count * _ENTRY, _SEAL_AT)
 
 
 def _index_in_memory(path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index:
@@ -594,7 +599,8 @@ class SpanReader:
         if (
             header is None
             or not header.describes(index.key, index.ends_hash)
-            or (header.count, header.ascii, header.extent, header.bound) != (index.count, index.ascii, index.size, index.bits_size)
+            or (header.count, header.ascii, header.extent, header.bound)
+            != (index.count, index.ascii, index.size, index.bits_size)
         ):
             self.close()
             raise LookupError(f"the index cache {index.cache} was replaced or damaged")
