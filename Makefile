@@ -38,7 +38,7 @@ test-quick: lint typecheck
 	$(BIN)/pytest -m "not slow"
 
 bench: $(STAMP)
-	for b in build getitem server workers mix audit group balanced jobstart scale; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
+	for b in build getitem server workers mix audit group balanced jobstart scale failures; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 	for m in fork forkserver; do $(BIN)/python benchmarks/bench_memory.py --start-method $$m || exit 1; done
 
 clean:

@@ -70,6 +70,20 @@ CASES = [
         ("scale.png", True),
     ),
     (
+        "collective",
+        ["--lines", "20000", "--worlds", "2"],
+        "collective.md",
+        ["| 2 |", "read per build, all ranks, collective"],
+        ("collective.png", True),
+    ),
+    (
+        "failures",
+        ["--lines", "4000", "--rounds", "1", "--workers", "1"],
+        "failures.md",
+        ['| transform, on_error="replace", no failures |', '| transform, on_error="replace", 1 failure in 1,000 |'],
+        ("failures.png", True),
+    ),
+    (
         "workers",
         ["--lines", "4000", "--passes", "1", "--workers", "1"],
         "workers.md",

@@ -20,8 +20,10 @@ from rank_dataset.errors import (
     PassAuditWarning,
     ProtocolError,
     RanksDisagreeError,
+    TooManyFailuresError,
 )
 from rank_dataset.files.grouping import group_by
+from rank_dataset.files.ids import ids_of
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.files.recipes import class_balanced, repeat_factor
 from rank_dataset.files.scan import build_index
@@ -57,11 +59,13 @@ __all__ = [
     "ResumeState",
     "ServerDataset",
     "Source",
+    "TooManyFailuresError",
     "build_index",
     "class_balanced",
     "find_resume_state",
     "get_rank_world_size",
     "group_by",
+    "ids_of",
     "repeat_factor",
 ]
 

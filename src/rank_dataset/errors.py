@@ -17,6 +17,7 @@ __all__ = [
     "PassAuditWarning",
     "ProtocolError",
     "RanksDisagreeError",
+    "TooManyFailuresError",
 ]
 
 
@@ -90,3 +91,17 @@ class PassAuditError(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (str(self), self.count)
+
+
+class TooManyFailuresError(RuntimeError):
+    """More items of a pass failed to load (their ``transform`` raised) than ``max_failures`` allows, under
+    ``on_error="replace"``; or no substitute could be made for an item. The message names the first
+    failures (sample number, ``file:line``, error) and how to leave those samples out. ``failures``
+    holds their records (:class:`~rank_dataset.shards.failures.Failure`), where known."""
+
+    def __init__(self, message: str, failures: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (str(self), self.failures)

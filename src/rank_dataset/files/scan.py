@@ -36,6 +36,7 @@ __all__ = [
     "build_index",
     "scan",
     "scan_blocks",
+    "scan_buffer",
     "scan_chunks",
     "scan_map",
 ]
@@ -155,6 +156,19 @@ def _scan_chunk(buf: npt.NDArray[np.uint8], offset: int, last: bool, scratch: _S
             keep[sized] = np.logical_or.reduceat(content, bounds)[::2]
         starts, lengths = starts[keep], lengths[keep]
     return Chunk(offset, buf.size, starts + offset, lengths, _is_ascii(buf), int(newline_at.size), marks)
+
+
+def scan_buffer(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> Chunk:
+    """The samples of the complete lines in ``buf``, which holds bytes ``offset`` onwards of a file and
+    starts a line (with ``last``, bytes after its final newline form a line too; at offset 0 a byte
+    order mark is skipped): what a scan finds in one chunk, for readers that read a file their own way.
+
+    Examples:
+        >>> c = scan_buffer(np.frombuffer(b"a 1\\n\\nbb 2\\n", np.uint8), 100, False)
+        >>> c.starts.tolist(), c.lengths.tolist(), c.newlines
+        ([100, 105], [3, 4], 3)
+    """
+    return _scan_chunk(buf, offset, last)
 
 
 def _is_ascii(buf: npt.NDArray[np.uint8]) -> bool:

@@ -45,6 +45,7 @@ import numpy.typing as npt
 from rank_dataset.core.checks import MAX_EXACT, check_int, check_ints
 from rank_dataset.core.parsers import Parser, resolve_parser
 from rank_dataset.plan.bounds import Bounds
+from rank_dataset.plan.exclude import Exclusion
 from rank_dataset.plan.permutation import (
     _splitmix64,
     _splitmix64_array,
@@ -136,6 +137,11 @@ class Source:
             :func:`~rank_dataset.files.grouping.group_by`: ranks and workers then read only the ids at
             their positions). The listed order is the order in eval mode. Stored as a
             ``SampleIds``; checked (distinct, in range) when a dataset opens the files.
+        exclude: None, or sample numbers (in the numbering of ``ids``: over its files taken as one) to
+            leave out of the source, the complement of ``ids``: a 1-D integer array, a list, or the
+            path of a ``.npy`` file. With ``ids``, the listed ids that it names are left out. Stored
+            sorted as an :class:`~rank_dataset.plan.exclude.Exclusion` (8 bytes a number; what is
+            kept is never materialised); checked (in range, something left) when a dataset opens the files.
         weight: share of what the fixed-count sources leave of the epoch, in proportion to the
             other weights; a finite float > 0.
         repeat: the epoch takes ``round(repeat * N)`` samples (``N``: the source's size); a finite
@@ -150,8 +156,8 @@ class Source:
     (stored sorted by epoch; ``{0: v}`` alone is ``v``).
 
     Examples:
-        >>> Source("data/a.txt", weight=2)
-        Source(paths=('data/a.txt',), weight=2.0, repeat=None, choose=None, parser=None, name='a.txt', ids=None)
+        >>> Source("data/a.txt", weight=2)  # doctest: +ELLIPSIS
+        Source(paths=('data/a.txt',), weight=2.0, repeat=None, choose=None, parser=None, name='a.txt', ids=None, ...)
         >>> Source(["x/b1.txt", "x/b2.txt"]).repeat
         1.0
         >>> late = Source("c.txt", weight={10: 3, 0: 1})
@@ -168,13 +174,21 @@ class Source:
     parser: str | Parser | None
     name: str
     ids: SampleIds | None
+    exclude: Exclusion | None = None
 
     def __hash__(self) -> int:  # a schedule is a dict: hash its items
         def frozen(rule: Any) -> Any:
             return tuple(rule.items()) if isinstance(rule, Mapping) else rule
 
         return hash(
-            (self.paths, *map(frozen, (self.weight, self.repeat, self.choose)), self.parser, self.name, self.ids)
+            (
+                self.paths,
+                *map(frozen, (self.weight, self.repeat, self.choose)),
+                self.parser,
+                self.name,
+                self.ids,
+                self.exclude,
+            )
         )
 
     def __init__(
@@ -182,6 +196,7 @@ class Source:
         paths: PathArg | Sequence[PathArg],
         *,
         ids: Any = None,
+        exclude: Any = None,
         weight: Rule | None = None,
         repeat: Rule | None = None,
         choose: int | Mapping[int, int] | None = None,
@@ -217,6 +232,7 @@ class Source:
         object.__setattr__(self, "parser", parser)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "ids", None if ids is None else SampleIds.of(ids, name))
+        object.__setattr__(self, "exclude", None if exclude is None else Exclusion.of(exclude, f"source {name!r}"))
 
     @property
     def kind(self) -> str:
@@ -891,10 +907,13 @@ class Mixture:
 
 
 def _without_memory_ids(source: Source) -> Source:
-    """``source`` without its ids if they are held in memory, else ``source``."""
-    if source.ids is None or isinstance(source.ids.base, np.memmap):
+    """``source`` without its ids if they are held in memory, and without its exclusion; else ``source``."""
+    memory_ids = source.ids is not None and not isinstance(source.ids.base, np.memmap)
+    if not memory_ids and source.exclude is None:
         return source
     copy = object.__new__(Source)
     copy.__dict__.update(source.__dict__)
-    object.__setattr__(copy, "ids", None)
+    if memory_ids:
+        object.__setattr__(copy, "ids", None)
+    object.__setattr__(copy, "exclude", None)
     return copy

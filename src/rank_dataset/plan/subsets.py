@@ -196,20 +196,21 @@ class SampleMap:
         sizes: ``N_s`` of each source (its listed ids, or its files' samples).
         files: for each source, the numbers of its files among the distinct files.
         file_bounds: the cumulative sample counts of the distinct files (``F + 1`` entries).
-        ids: for each source, its SampleIds, or None for all the samples of its files.
+        ids: for each source, its SampleIds, or None for all the samples of its files, or a listing
+            with ``take`` (a :class:`~rank_dataset.plan.exclude.KeptIds`: what is left once some are excluded).
     """
 
     sizes: tuple[int, ...]
     files: tuple[tuple[int, ...], ...]
     file_bounds: npt.NDArray[np.int64]
-    ids: tuple[SampleIds | None, ...]
+    ids: tuple[Any, ...]
 
     @classmethod
     def of(
         cls,
         files: tuple[tuple[int, ...], ...],
         file_bounds: npt.NDArray[np.int64],
-        ids: Sequence[SampleIds | None],
+        ids: Sequence[Any],
         names: Sequence[str],
     ) -> SampleMap:
         """The map of sources with these files, ids and names; each source's ids are checked against
@@ -235,7 +236,7 @@ class SampleMap:
         """``(base, shift, first)`` when every source lists a slice of one array, the slices in the
         sources' order and back to back (the classes of a grouping, in key order), and all of them
         samples of one file: plan number ``p`` is then sample ``base[p + shift] + first``."""
-        ids = [i for i in self.ids if i is not None]
+        ids = [i for i in self.ids if isinstance(i, SampleIds)]
         if not ids or len(ids) < len(self.ids) or any(i.base is not ids[0].base for i in ids):
             return None
         if any(files != self.files[0] or len(files) != 1 for files in self.files):
@@ -264,12 +265,16 @@ class SampleMap:
         src = np.asarray(source_of(plan), np.int64)
         offsets = np.concatenate(([0], np.cumsum(self.sizes[:-1], dtype=np.int64)))
         out: npt.NDArray[np.int64] = plan - offsets[src]  # the position within the source
+        for s, ids in enumerate(self.ids):
+            if ids is not None and not isinstance(ids, SampleIds):  # a listing of its own (what an exclusion keeps)
+                mine = np.flatnonzero(src == s)
+                out[mine] = ids.take(out[mine])
         bases: dict[int, int] = {}
         base_of = np.full(len(self.sizes), -1, np.int64)
         start_of = np.zeros(len(self.sizes), np.int64)
         arrays: list[npt.NDArray[np.integer[Any]]] = []
         for s, ids in enumerate(self.ids):
-            if ids is not None:
+            if isinstance(ids, SampleIds):
                 base_of[s] = bases.setdefault(id(ids.base), len(arrays))
                 if base_of[s] == len(arrays):
                     arrays.append(ids.base)

@@ -41,6 +41,7 @@ from rank_dataset.core.shard import Shard
 from rank_dataset.errors import PassAuditError, PassAuditWarning
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards._control import ControlBlock
+from rank_dataset.shards.failures import Failure, FailureLog
 
 __all__ = ["AUDIT_MODES", "PassCount", "ShardChannel", "pass_of"]
 
@@ -105,10 +106,13 @@ class ShardChannel:
     nothing needs doing (the per-item check of the dataset).
     """
 
-    def __init__(self, audit: AuditMode = "warn") -> None:
+    def __init__(self, audit: AuditMode = "warn", failures: bool = False) -> None:
         if audit not in AUDIT_MODES:
             raise ValueError(f"audit must be one of {', '.join(map(repr, AUDIT_MODES))}, got {audit!r}")
         self.audit_mode = audit
+        # The failure records of items that could not be made (only for a dataset that replaces them).
+        self.failure_log = FailureLog.create() if failures else None
+        self._reader = 0  # this process's reader number: 0 the rank, k + 1 DataLoader worker k, -1 a copy
         self._ctl = ControlBlock.create()
         self.version = self._ctl.words  # word 0: the control block's version
         self._owner, self._owner_pid = True, os.getpid()
@@ -201,6 +205,7 @@ class ShardChannel:
 
     def _count_for(self, reader: int) -> None:
         """Start counting the current pass as reader ``reader`` (0: the rank; worker k: k + 1)."""
+        self._reader = reader
         self._tally_word = -1 if self.audit_mode == "off" else self._ctl.tally_word(reader, self._passes)
         self._tally_count, self._tally_cap = 0, _NO_CAP
 
@@ -250,6 +255,29 @@ class ShardChannel:
             )
             counts.append(PassCount(number, self._draws, self._ctl.items_read(number), state))
         return tuple(counts)
+
+    # -- failures ---------------------------------------------------------------------------------
+
+    @property
+    def passes(self) -> int:
+        """The pass this process serves (0 before any pass started by rank_dataset's samplers)."""
+        return self._passes
+
+    def record_failure(self, failure: Failure) -> int:
+        """Record ``failure`` for the rank; return this rank's failures in the current pass so far."""
+        if self.failure_log is None:
+            raise RuntimeError("this dataset's channel keeps no failure records (on_error is not 'replace')")
+        reader = self._reader
+        if not self.is_owner and reader == 0:  # a worker not yet told its pass: its id, else a copy
+            worker = _worker_id()
+            reader = self._reader = -1 if worker is None else worker + 1
+        return self.failure_log.add(reader, self._passes, failure)
+
+    def collect_failures(self) -> tuple[list[Failure], int]:
+        """(Rank) the failure records written since the last call, and how many were lost."""
+        if self.failure_log is None or not self.is_owner:
+            return [], 0
+        return self.failure_log.collect()
 
     def _release(self, keep: set[int]) -> None:
         for gen in [g for g in self._kept if g not in keep]:
@@ -322,7 +350,7 @@ class ShardChannel:
             self._passes = snap.passes
             reader = _worker_id()
             if reader is None:  # a copy of the dataset outside a DataLoader worker: not audited
-                self._tally_word = -1
+                self._tally_word, self._reader = -1, -1
             else:
                 self._count_for(reader + 1)
         self._passes, self._managed = snap.passes, managed

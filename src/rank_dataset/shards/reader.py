@@ -7,16 +7,20 @@ shard of a :class:`~rank_dataset.plan.spec.ShardSpec`, and names where a sample 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from rank_dataset.core.shard import Shard
 from rank_dataset.files.metafile import MetaFile
+from rank_dataset.plan.exclude import Exclusion, KeptIds, listing_of, split_exclusion
 from rank_dataset.plan.mix import Source, combine_fingerprints
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.plan.subsets import SampleMap, distinct_files
 
-__all__ = ["FileReader", "ShardReader"]
+__all__ = ["FileReader", "Sampling", "ShardReader"]
 
 
 class ShardReader(Protocol):
@@ -26,7 +30,10 @@ class ShardReader(Protocol):
     first appearance, and ``source_sizes`` and ``source_fingerprints`` give each source's ``N_s``
     and fingerprint (None when the reader reads no mix). ``keeps_ids``: its shards keep each line's
     sample number (where the plan's numbers are not the sample numbers: sources over subsets, or a
-    file in several sources), which the dataset then serves as its ``indices``.
+    file in several sources, or samples left out), which the dataset then serves as its ``indices``.
+
+    An exclusion (:meth:`set_exclusion`: sample numbers over all its files left out) changes the plan's
+    size: ``plan_size`` for plain files, ``source_sizes`` for a mix.
     """
 
     keeps_ids: bool
@@ -50,6 +57,15 @@ class ShardReader(Protocol):
         """For a mix, the fingerprint of each source's files (see ``combine_fingerprints``)."""
         ...
 
+    @property
+    def plan_size(self) -> int:
+        """For plain files, the samples a plan covers: ``num_samples`` less those left out."""
+        ...
+
+    def set_exclusion(self, exclusion: Exclusion | None) -> None:
+        """Leave these global sample numbers out of the plans from now on (None: none)."""
+        ...
+
     def build(self, spec: ShardSpec) -> Shard:
         """The shard of ``spec`` (its samples in ``spec.indices()`` order; ids need not be kept)."""
         ...
@@ -59,6 +75,73 @@ class ShardReader(Protocol):
         ...
 
 
+class Sampling:
+    """How a reader turns a plan's numbers into global sample numbers: as they are (plain files), through
+    the numbers kept after an exclusion (plain files), or through a mix's sample map (sources over subsets,
+    a file in several sources, samples left out). Shared by the file and collective readers.
+
+    Args:
+        total: the samples of every file together.
+        starts: where each file's samples start in the global numbering (``total`` last).
+        sources: for a mix, the Sources; None: no mix.
+    """
+
+    def __init__(self, total: int, starts: npt.NDArray[np.int64], sources: Sequence[Source] | None) -> None:
+        self.total, self._starts = total, starts
+        self.sources = None if sources is None else tuple(sources)
+        self.files: tuple[tuple[int, ...], ...] = (
+            () if sources is None else distinct_files([s.paths for s in sources])[1]
+        )
+        self.map: SampleMap | None = None
+        self.kept: KeptIds | None = None
+        self.keeps_ids = False
+        self.sizes: tuple[int, ...] | None = None
+
+    def exclude(self, exclusion: Exclusion | None) -> None:
+        """Leave the global sample numbers ``exclusion`` out of the plans from now on (None: none but
+        the sources' own). Raises ValueError if one is past the files or nothing of a source is left."""
+        self.kept = None
+        if self.sources is None:
+            if exclusion is not None and len(exclusion):
+                kept = KeptIds(None, exclusion)
+                kept.check(self.total, "the meta files")
+                self.kept = kept
+            self.keeps_ids = self.kept is not None
+            return
+        if exclusion is not None:
+            exclusion.check(self.total, "exclude")
+        sources = self.sources
+        extra = [None] * len(sources) if exclusion is None else split_exclusion(exclusion, self.files, self._starts)
+        listings = [listing_of(s.ids, _union(s.exclude, e)) for s, e in zip(sources, extra)]
+        self.map = SampleMap.of(self.files, self._starts, listings, [s.name for s in sources])
+        self.sizes = self.map.sizes
+        self.keeps_ids = not self.map.identity
+
+    @property
+    def plan_size(self) -> int:
+        return self.total if self.kept is None else len(self.kept)
+
+    def source_fingerprints(self, files: Sequence[str]) -> tuple[str, ...]:
+        """Each source's, from its files' (``files``): and for a subset the hash of its ids."""
+        assert self.map is not None
+        return tuple(
+            combine_fingerprints([files[f] for f in mine] + ([] if listed is None else [listed.fingerprint]))
+            for listed, mine in zip(self.map.ids, self.files)
+        )
+
+    def samples_of(self, spec: ShardSpec) -> Callable[[], npt.NDArray[np.int64]]:
+        """What makes the global sample numbers of ``spec``'s plan (called when they are needed, so that
+        no name holds them while the shard fills)."""
+        if not self.keeps_ids:
+            return spec.indices
+        if self.kept is not None:
+            kept = self.kept
+            return lambda: kept.take(spec.indices())
+        sample_map, mix = self.map, spec.mix
+        assert mix is not None and sample_map is not None
+        return lambda: sample_map.samples(spec.indices(), mix.source_of)
+
+
 class FileReader:
     """Shards read from meta files (what :class:`~rank_dataset.training.dataset.RankDataset` reads).
 
@@ -66,27 +149,35 @@ class FileReader:
         meta: the files, as one MetaFile (for a mix, the distinct files of the sources in order of
             first appearance: see :func:`files_of`).
         sources: for a mix, the Sources; None: no mix.
+        exclude: global sample numbers left out of the plans (see :meth:`set_exclusion`).
 
     Raises:
         ValueError: a source's ids that are not distinct sample numbers of its files (naming it).
     """
 
-    def __init__(self, meta: MetaFile, sources: Sequence[Source] | None = None) -> None:
+    def __init__(
+        self, meta: MetaFile, sources: Sequence[Source] | None = None, exclude: Exclusion | None = None
+    ) -> None:
         self.meta = meta
-        self._sources = None if sources is None else tuple(sources)
-        self._map: SampleMap | None = None
+        self._sampling: Sampling | None = Sampling(len(meta), meta.file_bounds, sources)
+        self._is_mix = sources is not None
         self.keeps_ids = False
-        if sources is None:
-            return
-        _, self._files = distinct_files([s.paths for s in sources])
-        ids, names = [s.ids for s in sources], [s.name for s in sources]
-        self._map = SampleMap.of(self._files, meta.file_bounds, ids, names)
-        self._sizes = self._map.sizes
-        self.keeps_ids = not self._map.identity
+        self.set_exclusion(exclude)
+
+    def set_exclusion(self, exclusion: Exclusion | None) -> None:
+        """See :meth:`Sampling.exclude`."""
+        assert self._sampling is not None
+        self._sampling.exclude(exclusion)
+        self.keeps_ids = self._sampling.keeps_ids
+        self._plan_size, self._sizes = self._sampling.plan_size, self._sampling.sizes
+
+    @property
+    def plan_size(self) -> int:
+        return self._plan_size
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker never builds: it needs no ids (those held in memory would be copied).
-        return {**self.__dict__, "_map": None, "_sources": None}
+        return {**self.__dict__, "_sampling": None}
 
     @property
     def num_samples(self) -> int:
@@ -98,28 +189,23 @@ class FileReader:
 
     @property
     def source_sizes(self) -> tuple[int, ...] | None:
-        return None if self._sources is None else self._sizes
+        return self._sizes if self._is_mix else None
 
     def source_fingerprints(self) -> tuple[str, ...]:
         """Each source's: its files', and for a subset the hash of its ids (read once, when asked)."""
-        assert self._sources is not None
-        files = self.meta.file_fingerprints
-        return tuple(
-            combine_fingerprints([files[f] for f in mine] + ([] if s.ids is None else [s.ids.fingerprint]))
-            for s, mine in zip(self._sources, self._files)
-        )
+        assert self._sampling is not None
+        return self._sampling.source_fingerprints(self.meta.file_fingerprints)
 
     def build(self, spec: ShardSpec) -> Shard:
-        # The plan is made by the read (and again if it needs it), so that no name here holds it
-        # while the shard fills.
-        if not self.keeps_ids:
-            return self.meta._read_made(spec.indices, ids=False)
-        sample_map, mix = self._map, spec.mix
-        assert mix is not None and sample_map is not None
-        return self.meta._read_made(lambda: sample_map.samples(spec.indices(), mix.source_of), ids=True)
+        assert self._sampling is not None
+        return self.meta._read_made(self._sampling.samples_of(spec), ids=self.keeps_ids)
 
     def where(self, sample: int) -> str:
         return self.meta.where(sample)
+
+
+def _union(a: Exclusion | None, b: Exclusion | None) -> Exclusion | None:
+    return b if a is None else a.union(b)
 
 
 def files_of(sources: Sequence[Source]) -> list[str]:

@@ -63,8 +63,10 @@ def agreement_fields(spec: ShardSpec, fingerprint: str | None, dataset: str) -> 
     return {"num_samples": spec.num_samples, "fingerprint": fingerprint, **plan, "dataset": dataset}
 
 
-def check_ranks_agree(fields: Mapping[str, object], rank: int | None = None) -> None:
+def check_ranks_agree(fields: Mapping[str, object], rank: int | None = None, group: Any = None) -> None:
     """Raise :class:`RanksDisagreeError` on every rank unless all ranks passed equal ``fields``.
+
+    ``group``: the process group whose ranks are compared (default: the whole world).
 
     A no-op unless torch.distributed is available and its default process group initialised (and
     in a DataLoader worker, which must not join the group's collectives). Every rank of the group
@@ -93,17 +95,17 @@ def check_ranks_agree(fields: Mapping[str, object], rank: int | None = None) -> 
     reprs = {str(name): repr(value) for name, value in fields.items()}
     local = _hashes(reprs)
     local[-1] = -1 if rank is None else int(rank)  # not compared: the ranks' coverage is checked below
-    device = _collective_device(dist, torch)
+    device = _collective_device(dist, torch, group)
     mine = torch.tensor(local, dtype=torch.int64, device=device)
-    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, mine)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
     rows = [[int(x) for x in t.tolist()] for t in gathered]
     ranks = [row.pop() for row in rows]
     group_size = len(rows)
     if any(row != rows[0] for row in rows):
         # Every rank saw the same rows, so every rank is here: the second collective cannot hang.
         everyone: list[Any] = [None] * group_size
-        dist.all_gather_object(everyone, reprs)
+        dist.all_gather_object(everyone, reprs, group=group)
         raise disagreement(everyone, group_size)
     world = fields.get("world_size")
     if isinstance(world, int) and group_size % world:
@@ -208,12 +210,13 @@ def agreement_needed() -> bool:
     return get_worker_info() is None
 
 
-def _collective_device(dist: Any, torch: Any) -> Any:
-    """The CPU if the default group has a CPU backend, else the current device of its first backend."""
+def _collective_device(dist: Any, torch: Any, group: Any = None) -> Any:
+    """The CPU if the group (default: the default group) has a CPU backend, else the current device of
+    its first backend."""
     try:
-        config = str(dist.get_backend_config())  # e.g. "cpu:gloo,cuda:gloo", "cuda:nccl", "cpu:gloo,cuda:nccl"
+        config = str(dist.get_backend_config(group))  # e.g. "cpu:gloo,cuda:gloo", "cuda:nccl", "cpu:gloo,cuda:nccl"
     except AttributeError:  # torch < 2.2: the bare backend name
-        config = str(dist.get_backend())
+        config = str(dist.get_backend(group))
     types = [p.split(":", 1)[0] for p in config.split(",") if ":" in p]
     if not types:  # a bare backend name
         types = ["cuda"] if config == "nccl" else ["cpu"]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,12 +18,23 @@ from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.core.shard import Shard
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.config import ReloadConfig
-from rank_dataset.plan.mix import Mixture, Source, SourceInfo, as_sources
+from rank_dataset.plan.exclude import Exclusion
+from rank_dataset.plan.mix import Mixture, Source, SourceInfo, as_sources, combine_fingerprints
 from rank_dataset.plan.resume import MixRecord, ResumeState
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards.channel import AuditMode, PassCount, ShardChannel
+from rank_dataset.shards.collective import CollectiveReader
+from rank_dataset.shards.failures import Failure
 from rank_dataset.shards.reader import FileReader, ShardReader, files_of
 from rank_dataset.training._agree import agreement_fields, agreement_needed, check_ranks_agree
+from rank_dataset.training._failures import (
+    MAX_ATTEMPTS,
+    FailurePolicy,
+    OnError,
+    choose_substitute,
+    position_of,
+    too_many,
+)
 from rank_dataset.training.topology import get_rank_world_size
 
 __all__ = ["RankDataset", "ShardedDataset", "as_sources"]
@@ -47,39 +59,51 @@ class ShardedDataset(Dataset[Any]):
     def __init__(
         self,
         reader: ShardReader,
-        is_test: bool,
-        reload_cfg: ReloadConfig | Mapping[str, Any] | None,
-        rank: int | None,
-        world_size: int | None,
-        parser: str | Parser | None,
+        *,
+        is_test: bool = False,
+        reload_cfg: ReloadConfig | Mapping[str, Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        parser: str | Parser | None = None,
         sources: Sequence[Source] | None = None,
         audit: AuditMode = "warn",
+        group: Any = None,
+        exclude: Any = None,
+        transform: Callable[[Any], Any] | None = None,
+        on_error: OnError = "raise",
+        max_failures: int | float | None = 0.01,
+        exclude_failures: bool = False,
     ) -> None:
+        self._policy = FailurePolicy(transform, on_error, max_failures, exclude_failures)
+        self._transform = transform
+        self._replace = on_error == "replace"
+        self._exclude = None if exclude is None else Exclusion.of(exclude, "exclude")
+        self._failed: tuple[int, ...] = ()  # samples left out of this epoch's plan for having failed before
+        self._failures: list[Failure] = []  # (rank) one record per failed sample, first failure first
+        self._failures_lost = 0
+        self._recent: list[Failure] = []  # (each reader) this pass's failures seen here, for messages
+        self._recent_pass = -1
         cfg = ReloadConfig.coerce(reload_cfg)
-        rank, world_size = get_rank_world_size(rank, world_size)
+        rank, world_size = _rank_world_size(rank, world_size, group)
+        self._process_group = group  # the ranks that agree (default: the world)
         if not isinstance(is_test, bool):
             raise TypeError(f"is_test must be a bool, got {is_test!r}")
         self.reader = reader
-        self.num_samples = num_samples = reader.num_samples
+        self.num_samples = reader.num_samples
         self._group = cfg.group
         self._epoch_size = cfg.epoch_size
+        self._aug_repeats = cfg.aug_repeats
         self._parser = resolve_parser(parser)
+        self._sources = None if sources is None else tuple(sources)
         self._mixture: Mixture | None = None
-        if sources is None:
-            if cfg.epoch_size is not None:
-                raise ValueError(
-                    "reload_cfg['epoch_size'] sets the epoch size of a mix: give a list of Source "
-                    "(e.g. [Source(path, weight=1)]) to resample plain meta files"
-                )
-        else:
-            sizes = reader.source_sizes
-            assert sizes is not None
-            self._mixture = Mixture(
-                sources, sizes, reader.source_fingerprints, self._parser, is_test, cfg.epoch_size, cfg.aug_repeats
+        if sources is None and cfg.epoch_size is not None:
+            raise ValueError(
+                "reload_cfg['epoch_size'] sets the epoch size of a mix: give a list of Source "
+                "(e.g. [Source(path, weight=1)]) to resample plain meta files"
             )
-            num_samples = self._mixture.plan.epoch_size
+        num_samples, mix = self._plan_samples(self._exclusion(), is_test)
         self._parsers = None if self._mixture is None else self._mixture.parsers
-        self.channel = ShardChannel(audit)
+        self.channel = ShardChannel(audit, failures=self._replace)
         self._tally = self.channel.tally  # bound once: item access calls it directly
         self._version, self._seen = self.channel.version, self.channel.seen  # the per-item check (see _sync)
         spec = ShardSpec(
@@ -91,10 +115,91 @@ class ShardedDataset(Dataset[Any]):
             mini_epoch_idx=cfg.mini_epoch_idx,
             seed=cfg.seed,
             epoch=cfg.epoch,
-            mix=None if self._mixture is None else self._mixture.plan,
+            mix=mix,
             aug_repeats=cfg.aug_repeats,
         )
         self._load(spec)
+
+    # -- what is left out -------------------------------------------------------------------------
+
+    def _exclusion(self, failed: Sequence[int] | None = None) -> Exclusion | None:
+        """The samples left out of the plan: ``exclude=``, and the failed samples ``failed`` (default:
+        those of the current plan)."""
+        failed = self._failed if failed is None else failed
+        if not failed:
+            return self._exclude
+        extra = Exclusion.of(list(failed), "failed samples")
+        return extra if self._exclude is None else self._exclude.union(extra)
+
+    def _plan_samples(self, exclusion: Exclusion | None, is_test: bool) -> tuple[int, Any]:
+        """Leave ``exclusion`` out of the reader's plans; the plan's size and, for a mix, its MixPlan."""
+        self.reader.set_exclusion(exclusion)
+        self._exclusion_fingerprint = None if exclusion is None or not len(exclusion) else exclusion.fingerprint
+        if self._sources is None:
+            return self.reader.plan_size, None
+        sizes = self.reader.source_sizes
+        assert sizes is not None
+        self._mixture = Mixture(
+            self._sources,
+            sizes,
+            self.reader.source_fingerprints,
+            self._parser,
+            is_test,
+            self._epoch_size,
+            self._aug_repeats,
+        )
+        return self._mixture.plan.epoch_size, self._mixture.plan
+
+    def _replan(self, spec: ShardSpec, failed: tuple[int, ...]) -> ShardSpec:
+        """``spec`` with the failed samples ``failed`` left out (the reader, mix and ``_failed`` follow)."""
+        if failed == self._failed:
+            return spec
+        num_samples, mix = self._plan_samples(self._exclusion(failed), spec.is_test)
+        self._failed = failed
+        return dataclasses.replace(spec, num_samples=num_samples, mix=mix)
+
+    @property
+    def failures(self) -> list[Failure]:
+        """The samples whose item failed to load and was replaced (``on_error="replace"``), one record each
+        (:class:`~rank_dataset.shards.failures.Failure`: ``.sample``, ``.where``, ``.error``), the first
+        failure of each, in plan order (epoch, mini-epoch, position), gathered from the DataLoader workers.
+        Call it in the process that created the dataset."""
+        self._collect_failures()
+        return list(self._failures)
+
+    @property
+    def excluded_failures(self) -> tuple[int, ...]:
+        """The samples that ``exclude_failures=True`` left out of the current epoch's plan."""
+        return self._failed
+
+    def _collect_failures(self) -> None:
+        found, lost = self.channel.collect_failures()
+        self._failures_lost += lost
+        if found:  # file:line is found here, not in the worker, where it would cost each failure a read
+            self._merge_failures([self._located(f) for f in found])
+
+    def _located(self, failure: Failure) -> Failure:
+        return failure if failure.where else dataclasses.replace(failure, where=self.reader.where(failure.sample))
+
+    def _merge_failures(self, records: Sequence[Failure]) -> None:
+        """Add ``records`` to :attr:`failures` (one per sample), all in plan order (epoch, mini-epoch,
+        position): the same list on every rank that holds the same records."""
+        merged: dict[int, Failure] = {}
+        for failure in sorted([*self._failures, *records], key=lambda f: (f.epoch, f.mini_epoch, f.position)):
+            merged.setdefault(failure.sample, failure)
+        self._failures = list(merged.values())
+
+    def _agreed_failures(self) -> tuple[int, ...]:
+        """The samples that failed on any rank so far, with those left out already. Under a process group
+        the ranks all-gather their records (a collective), so every rank plans from the same set."""
+        self._collect_failures()
+        if agreement_needed():
+            import torch.distributed as dist
+
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, self._failures)
+            self._merge_failures([f for part in gathered for f in part])
+        return tuple(sorted({f.sample for f in self._failures} | set(self._failed)))
 
     # -- the plan ---------------------------------------------------------------------------------
 
@@ -131,8 +236,7 @@ class ShardedDataset(Dataset[Any]):
         dataset stays as it was."""
         self.channel.check_owner()
         self.channel.judge()  # the last pass is over: audit it before anything changes
-        if agreement_needed():  # under a process group, every rank must plan from the same inputs
-            check_ranks_agree(self._agreement_fields(spec), spec.rank)
+        self._agree(spec)
         shard = self.reader.build(spec)
         shard = (shard if self.reader.keeps_ids else shard.without_ids()).shared()
         self.channel.publish(shard, spec)
@@ -140,9 +244,22 @@ class ShardedDataset(Dataset[Any]):
         self._seen = self.channel.seen
         return_freed_memory()
 
+    def _agree(self, spec: ShardSpec) -> None:
+        """Under a process group, every rank must plan from the same inputs: check it."""
+        if not agreement_needed():
+            return
+        if isinstance(self.reader, CollectiveReader):  # on the reader's group, within its timeout
+            with self.reader.collective("the agreement check", spec.epoch):
+                check_ranks_agree(self._agreement_fields(spec), spec.rank, self.reader.group)
+        else:
+            check_ranks_agree(self._agreement_fields(spec), spec.rank, self._process_group)
+
     def _agreement_fields(self, spec: ShardSpec) -> dict[str, object]:
         dataset = f"{type(self).__module__}.{type(self).__qualname__}"
-        return agreement_fields(spec, self.reader.fingerprint, dataset)
+        fields = agreement_fields(spec, self.reader.fingerprint, dataset)
+        if self._exclusion_fingerprint is not None:
+            fields["exclude"] = self._exclusion_fingerprint
+        return fields
 
     def _serve(self, shard: Shard, spec: ShardSpec) -> None:
         self._shard, self._n, self._spec = shard, len(shard), spec
@@ -161,12 +278,15 @@ class ShardedDataset(Dataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         # Pickled to reach a spawn or forkserver worker: the channel's handle, never a shard's bytes.
         state = self.__dict__.copy()
-        for name in ("_version", "_shard", "_text", "_indices", "_source_ids", "_tally"):
+        for name in ("_version", "_shard", "_text", "_indices", "_source_ids", "_tally", "_process_group"):
             state.pop(name, None)
+        state["_exclude"] = None  # workers never plan: the rank builds every shard
+        state["_failures"], state["_failed"] = [], ()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._process_group = None  # a worker joins no collective
         self._version, self._seen = self.channel.version, self.channel.seen  # -1: look on first use
         self._tally = self.channel.tally
         self._shard = self._text = None  # type: ignore[assignment]  # mapped on first use
@@ -205,8 +325,14 @@ class ShardedDataset(Dataset[Any]):
         return None if self._mixture is None else MixRecord.of(self._mixture)
 
     def _state_fingerprint(self) -> str | None:
-        """The fingerprint a resume state records: the files', or for a mix one of its sources'."""
-        return self.reader.fingerprint if self._mixture is None else self._mixture.fingerprint
+        """The fingerprint a resume state records: the files' (and what is left out of them), or for a mix
+        one of its sources' (each with what is left out of it)."""
+        if self._mixture is not None:
+            return self._mixture.fingerprint
+        files = self.reader.fingerprint
+        if files is None or self._exclusion_fingerprint is None:
+            return files
+        return combine_fingerprints([files, self._exclusion_fingerprint])
 
     def set_epoch(self, epoch: int, mini_epoch_idx: int = 0) -> None:
         """Load this rank's shard of ``(epoch, mini_epoch_idx)`` in place of the current one.
@@ -221,7 +347,17 @@ class ShardedDataset(Dataset[Any]):
         epoch = check_int("epoch", epoch, low=0)
         spec = self._spec
         resume = spec.resume if epoch == spec.epoch else None
-        self._load(dataclasses.replace(spec, epoch=epoch, mini_epoch_idx=mini_epoch_idx, resume=resume))
+        new = dataclasses.replace(spec, epoch=epoch, mini_epoch_idx=mini_epoch_idx, resume=resume)
+        if self._policy.exclude_failures and epoch != spec.epoch:  # a new epoch: plan without what failed
+            before = self._failed
+            failed = self._agreed_failures()
+            try:
+                self._load(self._replan(new, failed))
+            except BaseException:
+                self._replan(spec, before)
+                raise
+            return
+        self._load(new)
 
     # -- the pass audit ---------------------------------------------------------------------------
 
@@ -249,6 +385,11 @@ class ShardedDataset(Dataset[Any]):
         StatefulDataLoader calls every dataset that has a ``state_dict``), it returns ``{}``: the
         resume point then lives in ResumableSampler's state.
 
+        With ``on_error="replace"`` it holds the failure records (``failures``) and the samples the plan
+        left out for having failed (``excluded_failures``). With ``exclude_failures=True`` under a process
+        group it all-gathers every rank's failures, so that a resume leaves out of the next epoch what
+        every rank saw fail: it is then a collective, to be called on every rank (and still the same on each).
+
         Raises:
             ValueError: ``consumed`` outside ``[0, len(self)]``, or an eval shard.
 
@@ -271,7 +412,17 @@ class ShardedDataset(Dataset[Any]):
         spec = self._spec
         if spec.is_test:
             raise ValueError("an eval dataset (is_test=True) has no resume point: run eval from the start")
-        return ResumeState.at(spec, consumed, self._state_fingerprint(), self._mix_record()).to_dict()
+        state = ResumeState.at(spec, consumed, self._state_fingerprint(), self._mix_record()).to_dict()
+        if self._failed:  # the plan left these out: a resume must too
+            state["excluded_failures"] = list(self._failed)
+        if self._replace:
+            if self._policy.exclude_failures:  # every rank's failures: the next epoch's plan leaves them out
+                self._agreed_failures()
+            else:
+                self._collect_failures()
+            if self._failures:
+                state["failures"] = [f.to_dict() for f in self._failures]
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a resume point saved by :meth:`state_dict`, on this world size.
@@ -294,8 +445,19 @@ class ShardedDataset(Dataset[Any]):
         resume = ResumeState.from_dict(state)
         if self.is_test:
             raise ValueError("an eval dataset (is_test=True) cannot be resumed: run eval from the start")
-        resume.check_files(self._spec.num_samples, self._state_fingerprint(), self._mix_record())
-        self._load(resume.apply(self._spec))
+        failed = _sample_list(state.get("excluded_failures", []), "excluded_failures")
+        failures = [Failure.from_dict(f) for f in _records(state.get("failures", []))]
+        spec, before = self._spec, self._failed
+        try:
+            planned = self._replan(spec, failed)
+            resume.check_files(planned.num_samples, self._state_fingerprint(), self._mix_record())
+            self._load(resume.apply(planned))
+        except BaseException:
+            self._replan(spec, before)
+            raise
+        if failures:
+            self._collect_failures()
+            self._merge_failures(failures)
 
     # -- items ------------------------------------------------------------------------------------
 
@@ -331,6 +493,50 @@ class ShardedDataset(Dataset[Any]):
         n = self._n
         return check_index(i, n, label="dataset index", of=f"a shard of {n} samples")
 
+    def _item(self, text: str, i: int) -> Any:
+        """Item ``i`` (of line ``text``): parsed and transformed; with ``on_error="replace"``, a substitute's
+        if that raises."""
+        try:
+            item = text if self._parser is None and self._parsers is None else self._parse(text, i)
+            return item if self._transform is None else self._transform(item)
+        except Exception as exc:
+            if not self._replace:
+                raise
+            return self._substitute(i, exc)
+
+    def _substitute(self, i: int, exc: Exception) -> Any:
+        """The item of item ``i``'s substitute (see :mod:`rank_dataset.training._failures`); each failure
+        recorded and counted against ``max_failures``."""
+        spec, n = self._spec, self._n
+        position = position_of(spec, i)
+        self._failed_item(i, position, exc)
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            j = choose_substitute(spec, position, i, n, attempt)
+            try:
+                text = self._text(j)
+                item = text if self._parser is None and self._parsers is None else self._parse(text, j)
+                return item if self._transform is None else self._transform(item)
+            except Exception as again:
+                self._failed_item(j, position_of(spec, j), again)
+        raise too_many(
+            [self._located(f) for f in self._recent[:5]], len(self._recent), None, n, spec.rank,
+            f"no substitute could be made for item {i} of rank {spec.rank}'s shard: {MAX_ATTEMPTS} tried, all failed",
+        )  # fmt: skip
+
+    def _failed_item(self, i: int, position: int, exc: Exception) -> None:
+        sample = int(self.indices[i])
+        spec = self._spec
+        failure = Failure.of(sample, "", exc, spec.epoch, spec.mini_epoch_idx, position)  # where: by the rank
+        passes = self.channel.passes
+        if passes != self._recent_pass:
+            self._recent, self._recent_pass = [], passes
+        self._recent.append(failure)
+        count = self.channel.record_failure(failure)
+        limit = self._policy.limit(self._n)
+        if limit is not None and count > limit:
+            named = [self._located(f) for f in self._recent[:5]]
+            raise too_many(named, count, self._policy.max_failures, self._n, spec.rank) from exc
+
     def _parse(self, text: str, i: int) -> Any:
         # In a mix whose sources have parsers of their own, item i's source chooses.
         parser = self._parser if self._parsers is None else self._parsers[self.source_ids[i]]  # type: ignore[index]
@@ -350,6 +556,8 @@ class ShardedDataset(Dataset[Any]):
             i = self._check_index(i)
         text = self._text(i)
         self._tally(1)
+        if self._policy.active:
+            return self._item(text, i)
         return text if self._parser is None and self._parsers is None else self._parse(text, i)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
@@ -360,7 +568,9 @@ class ShardedDataset(Dataset[Any]):
         if not all(type(i) is int and 0 <= i < n for i in indices):
             indices = [self._check_index(i) for i in indices]
         texts = self._shard.texts(indices)
-        self._tally(len(texts))  # the pass audit: a store in the control block per batch
+        self._tally(len(texts))  # the pass audit: a store in the control block per batch (a replaced item counts)
+        if self._policy.active:
+            return [self._item(t, i) for t, i in zip(texts, indices)]
         if self._parser is None and self._parsers is None:
             return texts
         return [self._parse(t, i) for t, i in zip(texts, indices)]
@@ -397,10 +607,38 @@ class RankDataset(ShardedDataset):
             in a mix, for the sources that have no parser of their own.
         audit: ``"warn"`` (a PassAuditWarning, once), ``"error"`` (a PassAuditError) or ``"off"``:
             what a finished pass that read other than its sampler drew does (see :meth:`audit`).
+        reader: ``"file"`` (each rank reads its own lines through the files' cached line index: one
+            node, or a fast local copy) or ``"collective"`` (under an initialised process group: each
+            rank reads 1/W of the files' bytes once per build and the ranks exchange the lines over a
+            gloo group; no index. For many nodes on a shared file system: see the collective reader guide).
+            The shards are the same, byte for byte.
+        group: a torch.distributed process group (e.g. a DeviceMesh's data-parallel dimension,
+            ``mesh["dp"].get_group()``): rank and world size are this group's (``rank`` and
+            ``world_size``, if given, must agree), and its ranks check their agreement (default: the
+            whole world).
+        timeout: with ``reader="collective"``, how long its collectives wait for every rank (a
+            ``datetime.timedelta``; default: torch's); past it every rank raises a CollectiveError.
+        exclude: sample numbers to leave out (as ``indices`` numbers them; for a mix, over the distinct
+            files of its sources): a 1-D integer array, a list, or the path of a ``.npy`` file. The plans
+            cover what is left (every kept sample once an epoch, equal lengths, resume on any world size);
+            memory: 8 bytes an excluded sample, what is kept is never materialised. See
+            :func:`~rank_dataset.files.ids.ids_of` to exclude by path.
+        transform: a function of the parsed sample (the item's line after ``parser``) that makes the item,
+            run where the item is made (the DataLoader worker): the image load and decode.
+        on_error: ``"raise"`` (an exception in the parser or ``transform`` propagates) or ``"replace"``:
+            the item of a substitute from this rank's shard, chosen from ``(seed, epoch, mini-epoch,
+            position, attempt)`` (the same run and a resume give the same), and the failure recorded in
+            :attr:`failures`.
+        max_failures: with ``"replace"``, the failures a pass over this rank's shard may have: a count
+            (an int), a fraction of the shard (a float in [0, 1]; default 0.01), or None for no limit.
+            Past it a :class:`~rank_dataset.errors.TooManyFailuresError` names the first failures.
+        exclude_failures: with ``"replace"``, leave every sample that failed out of the plans of later
+            epochs (under a process group the ranks all-gather them at ``set_epoch``); kept in the resume state.
 
     Raises:
-        ValueError: as MetaFile; for a mix, a source with no samples or counts that cannot be met
-            (see :func:`~rank_dataset.plan.mix.mix_counts`), the message naming the source.
+        ValueError: as MetaFile; ``reader="collective"`` without an initialised process group; for a
+            mix, a source with no samples or counts that cannot be met (see
+            :func:`~rank_dataset.plan.mix.mix_counts`), the message naming the source.
 
     Examples:
         >>> import tempfile, os
@@ -421,11 +659,102 @@ class RankDataset(ShardedDataset):
         world_size: int | None = None,
         parser: str | Parser | None = None,
         audit: AuditMode = "warn",
+        reader: str = "file",
+        group: Any = None,
+        timeout: datetime.timedelta | None = None,
+        exclude: Any = None,
+        transform: Callable[[Any], Any] | None = None,
+        on_error: OnError = "raise",
+        max_failures: int | float | None = 0.01,
+        exclude_failures: bool = False,
     ) -> None:
+        if reader not in ("file", "collective"):
+            raise ValueError(f"reader must be 'file' or 'collective', got {reader!r}")
+        if timeout is not None and reader != "collective":
+            raise ValueError("timeout applies to reader='collective' only (the file reader runs no exchange)")
         sources = as_sources(meta_file)
-        if sources is None:
-            meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file)  # type: ignore[arg-type]
-        else:  # one MetaFile of the distinct files: each indexed once, read once per shard
-            meta = MetaFile(files_of(sources))
-        self.meta = meta
-        super().__init__(FileReader(meta, sources), is_test, reload_cfg, rank, world_size, parser, sources, audit)
+        if reader == "collective":
+            paths = _paths_of(meta_file) if sources is None else files_of(sources)
+            self.meta: MetaFile | None = None  # no MetaFile: no index is read or written
+            shards: ShardReader = CollectiveReader(paths, sources, group=group, timeout=timeout, agree=_agree_files)
+        else:
+            if sources is None:
+                meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file)  # type: ignore[arg-type]
+            else:  # one MetaFile of the distinct files: each indexed once, read once per shard
+                meta = MetaFile(files_of(sources))
+            self.meta = meta
+            shards = FileReader(meta, sources)
+        try:
+            super().__init__(
+                shards,
+                is_test=is_test,
+                reload_cfg=reload_cfg,
+                rank=rank,
+                world_size=world_size,
+                parser=parser,
+                sources=sources,
+                audit=audit,
+                group=group,
+                exclude=exclude,
+                transform=transform,
+                on_error=on_error,
+                max_failures=max_failures,
+                exclude_failures=exclude_failures,
+            )
+        except BaseException:
+            close = getattr(shards, "close", None)
+            if close is not None:
+                close()
+            raise
+
+    def close(self) -> None:
+        """Free what the reader holds beyond the shard (the collective reader's gloo group). Every rank
+        should close together; a closed dataset keeps serving its shard but cannot load another."""
+        close = getattr(self.reader, "close", None)
+        if close is not None:
+            close()
+
+
+def _paths_of(meta_file: Any) -> list[str | os.PathLike[str]]:
+    """The paths of plain meta files (a path, a list of paths, or a MetaFile's files)."""
+    if isinstance(meta_file, MetaFile):
+        return list(meta_file.paths)
+    if isinstance(meta_file, (str, os.PathLike)):
+        return [meta_file]
+    if isinstance(meta_file, Sequence) and meta_file and all(isinstance(p, (str, os.PathLike)) for p in meta_file):
+        return list(meta_file)
+    raise TypeError(f"meta_file must be a path, a list of paths, a MetaFile or Sources, got {meta_file!r}")
+
+
+def _agree_files(fields: Mapping[str, object], group: Any) -> None:
+    """The ranks' agreement on the files, before the collective reader's first collective over them."""
+    check_ranks_agree(fields, None, group)
+
+
+def _rank_world_size(rank: int | None, world_size: int | None, group: Any) -> tuple[int, int]:
+    """``(rank, world_size)``: the group's, if given (an explicit one must equal it), else as found."""
+    if group is None:
+        return get_rank_world_size(rank, world_size)
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("group= needs an initialised torch.distributed process group")
+    found = dist.get_rank(group), dist.get_world_size(group)
+    if found[0] < 0:
+        raise ValueError("this process is not a member of the group given (group=): give one it belongs to")
+    for name, given, theirs in (("rank", rank, found[0]), ("world_size", world_size, found[1])):
+        if given is not None and given != theirs:
+            raise ValueError(f"{name}={given!r} differs from the group's ({theirs}): leave it None with group=")
+    return found
+
+
+def _sample_list(value: Any, key: str) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or not all(type(v) is int and v >= 0 for v in value):
+        raise TypeError(f"invalid resume state: {key} must be a list of sample numbers, got {value!r}")
+    return tuple(sorted(set(value)))
+
+
+def _records(value: Any) -> list[Any]:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"invalid resume state: failures must be a list of failure records, got {value!r}")
+    return list(value)

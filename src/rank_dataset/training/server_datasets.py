@@ -4,7 +4,7 @@ the ServerReader that fills its shard; the HTTP they use is :mod:`rank_dataset.s
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,6 +15,7 @@ from rank_dataset.core.parsers import LineError, Parser, resolve_parser
 from rank_dataset.core.shard import Shard
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.config import ReloadConfig
+from rank_dataset.plan.exclude import Exclusion, KeptIds, listing_of, split_exclusion
 from rank_dataset.plan.mix import Source, as_sources, combine_fingerprints
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.plan.subsets import SampleMap, distinct_files
@@ -22,6 +23,7 @@ from rank_dataset.server import protocol
 from rank_dataset.server.protocol import ProtocolError
 from rank_dataset.server.transport import SAMPLES_PER_REQUEST, MetaServer, served_file, server_url
 from rank_dataset.shards.channel import AuditMode
+from rank_dataset.training._failures import OnError
 from rank_dataset.training.dataset import ShardedDataset
 
 __all__ = ["RankServerDataset", "ServerDataset", "ServerReader"]
@@ -129,6 +131,8 @@ class ServerReader:
     def __init__(self, server: MetaServer, sources: Source | Sequence[Source] | None = None) -> None:
         self.server = server
         self.keeps_ids = False
+        self._kept: KeptIds | None = None
+        self._map: SampleMap | None = None
         self._num_samples, self._fingerprint = server.num_samples()
         self._source_files: list[tuple[str, ...]] | None = None
         self.sources = None if sources is None else as_sources(sources)
@@ -154,18 +158,38 @@ class ServerReader:
         self._layout = Bounds([f.num_samples for f in self._files])
         self._num_samples = self._layout.total
         self._own_files = files
-        ids = [s.ids for s in sources]
-        self._map = SampleMap.of(files, self._layout.starts, ids, [s.name for s in sources])
-        self._sizes = self._map.sizes
-        self.keeps_ids = not self._map.identity
         # Where each distinct file starts in the server's numbering (all its files, in its order).
         server_layout = Bounds([f.num_samples for f in served.values()])
         position = {name: i for i, name in enumerate(served)}
         self._server_starts = server_layout.starts[[position[name] for name in names]]
+        self.set_exclusion(None)
+
+    def set_exclusion(self, exclusion: Exclusion | None) -> None:
+        """Leave the global sample numbers ``exclusion`` out of the plans from now on (as FileReader)."""
+        self._kept = None
+        if self.sources is None:
+            if exclusion is not None and len(exclusion):
+                kept = KeptIds(None, exclusion)
+                kept.check(self._num_samples, f"the files served by {self.server.url}")
+                self._kept = kept
+            self.keeps_ids = self._kept is not None
+            return
+        sources, bounds = self.sources, self._layout.starts
+        if exclusion is not None:
+            exclusion.check(self._num_samples, "exclude")
+        extra = [None] * len(sources) if exclusion is None else split_exclusion(exclusion, self._own_files, bounds)
+        listings = [listing_of(s.ids, e if s.exclude is None else s.exclude.union(e)) for s, e in zip(sources, extra)]
+        self._map = SampleMap.of(self._own_files, bounds, listings, [s.name for s in sources])
+        self._sizes = self._map.sizes
+        self.keeps_ids = not self._map.identity
+
+    @property
+    def plan_size(self) -> int:
+        return self._num_samples if self._kept is None else len(self._kept)
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker never builds: it needs no ids (those held in memory would be copied).
-        return {**self.__dict__, "_map": None, "sources": None}
+        return {**self.__dict__, "_map": None, "sources": None, "_kept": None}
 
     @property
     def num_samples(self) -> int:
@@ -180,12 +204,12 @@ class ServerReader:
         return None if self._source_files is None else self._sizes
 
     def source_fingerprints(self) -> tuple[str, ...]:
-        assert self._source_files is not None and self.sources is not None
+        assert self._source_files is not None and self._map is not None
         return tuple(
             combine_fingerprints(
-                [self._files[f].fingerprint for f in mine] + ([] if s.ids is None else [s.ids.fingerprint])
+                [self._files[f].fingerprint for f in mine] + ([] if listed is None else [listed.fingerprint])
             )
-            for s, mine in zip(self.sources, self._own_files)
+            for listed, mine in zip(self._map.ids, self._own_files)
         )
 
     def build(self, spec: ShardSpec) -> Shard:
@@ -198,11 +222,15 @@ class ServerReader:
         """The shard of a mix over subsets: the plan mapped to sample numbers here (reading only the ids
         at this rank's positions), the samples fetched by number (``POST /samples``, in requests within
         the server's default body limit), the shard keeping the sample numbers."""
-        assert spec.mix is not None and self._map is not None
         plan = spec.indices()
-        samples = self._map.samples(plan, spec.mix.source_of)
-        file = self._layout.part_of(samples)
-        wanted = (samples - self._layout.starts[file] + self._server_starts[file]).astype("<i8")
+        if self._kept is not None:  # plain files, some left out: the server numbers samples as we do
+            samples = self._kept.take(plan)
+            wanted = samples.astype("<i8")
+        else:
+            assert spec.mix is not None and self._map is not None
+            samples = self._map.samples(plan, spec.mix.source_of)
+            file = self._layout.part_of(samples)
+            wanted = (samples - self._layout.starts[file] + self._server_starts[file]).astype("<i8")
         parts = []
         for a in range(0, wanted.size, SAMPLES_PER_REQUEST):
             chunk = wanted[a : a + SAMPLES_PER_REQUEST]
@@ -252,6 +280,11 @@ class RankServerDataset(ShardedDataset):
             are names of served files (their file names, as ``GET /files`` lists them). None: every
             served file, taken as one. The shard is RankDataset's for the same mix of those files.
         audit: as for RankDataset.
+        exclude: as for RankDataset.
+        transform: as for RankDataset.
+        on_error: as for RankDataset.
+        max_failures: as for RankDataset.
+        exclude_failures: as for RankDataset.
 
     Raises:
         ValueError: as RankDataset; a source naming a file the server does not serve; as ServerDataset
@@ -280,6 +313,11 @@ class RankServerDataset(ShardedDataset):
         parser: str | Parser | None = None,
         sources: Source | Sequence[Source] | None = None,
         audit: AuditMode = "warn",
+        exclude: Any = None,
+        transform: Callable[[Any], Any] | None = None,
+        on_error: OnError = "raise",
+        max_failures: int | float | None = 0.01,
+        exclude_failures: bool = False,
     ) -> None:
         base, name = server_url(url, server_ip, server_port)
         self.server = MetaServer(base, token=token, timeout=timeout, retries=retries)
@@ -291,4 +329,18 @@ class RankServerDataset(ShardedDataset):
                 sources = Source(name)
         reader = ServerReader(self.server, sources)
         self.fingerprint = reader.fingerprint
-        super().__init__(reader, is_test, reload_cfg, rank, world_size, parser, reader.sources, audit)
+        super().__init__(
+            reader,
+            is_test=is_test,
+            reload_cfg=reload_cfg,
+            rank=rank,
+            world_size=world_size,
+            parser=parser,
+            sources=reader.sources,
+            audit=audit,
+            exclude=exclude,
+            transform=transform,
+            on_error=on_error,
+            max_failures=max_failures,
+            exclude_failures=exclude_failures,
+        )

@@ -1,0 +1,201 @@
+"""The collective reader beside the file reader: W gloo ranks on one file of N lines, in one run.
+
+For each W, W processes join a gloo process group on loopback (each imports torch; the file of
+lines of about 34 bytes is in the page cache, as on a node that read it recently) and, released
+together by barriers:
+- ``cold start``: make the dataset with no index cache anywhere until every rank holds its first
+  shard: the collective reader (each rank counts the lines of its 1/W slice, then the first
+  exchange), then the file reader (the ranks race to build the index through its cache lock);
+- ``set_epoch``: the next epoch's shard, both readers (the file reader's index cache warm);
+- per rank: the bytes read (``read_chars`` of the process), the bytes the collective reader sent
+  (requests, lengths and lines), and the rise of its peak RSS over the set_epoch against its shard.
+Times are the slowest rank's. ``one read`` is a fresh process reading the file 16 MiB at a time and
+counting newlines: the baseline of the cold start ratio.
+
+Usage:
+    python benchmarks/bench_collective.py                       # N = 10M, W in {4, 8, 16}
+    python benchmarks/bench_collective.py --lines 100000000     # 3.4 GB under --data-dir, deleted after
+    python benchmarks/bench_collective.py --lines 20000 --worlds 2 --out /tmp/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import PEAK_PRELUDE, machine_info, plotting, save_results, scratch_dir  # noqa: E402
+from bench_scale import meta_file  # noqa: E402
+from rank_dataset.server.local import free_port  # noqa: E402
+
+_ONE_READ = """
+import json, os, sys, time
+t = time.perf_counter()
+fd, count = os.open(sys.argv[1], os.O_RDONLY), 0
+while chunk := os.read(fd, 16 << 20):
+    count += chunk.count(b"\\n")
+print(json.dumps({"seconds": time.perf_counter() - t, "count": count}))
+"""
+
+_RANK = (
+    PEAK_PRELUDE
+    + """
+import psutil, torch.distributed as dist
+from rank_dataset import RankDataset
+path = sys.argv[1]
+dist.init_process_group("gloo")
+me, out = psutil.Process(), {}
+def step(name, make):
+    dist.barrier()
+    read = me.io_counters().read_chars
+    made, seconds, peak = measured(make)
+    dist.barrier()
+    out[name] = {"seconds": seconds, "peak": peak, "read": me.io_counters().read_chars - read}
+    return made
+coll = step("collective_cold", lambda: RankDataset(path, reader="collective", reload_cfg={"seed": 1}))
+out["collective_cold"]["sent"] = coll.reader.stats["sent"]
+step("collective_epoch", lambda: coll.set_epoch(1))
+out["collective_epoch"]["sent"] = coll.reader.stats["sent"]
+out["shard"] = coll.shard.nbytes
+coll.close()
+del coll
+f = step("file_cold", lambda: RankDataset(path, reload_cfg={"seed": 1}))
+step("file_epoch", lambda: f.set_epoch(1))
+print(json.dumps(out), flush=True)
+dist.destroy_process_group()
+"""
+)
+
+
+def one_read(path: Path) -> float:
+    out = subprocess.run([sys.executable, "-c", _ONE_READ, str(path)], capture_output=True, text=True, check=True)
+    return float(json.loads(out.stdout)["seconds"])
+
+
+def run_world(path: Path, w: int, cache: Path) -> list[dict[str, Any]]:
+    """W ranks on ``path``, the index cache under ``cache`` (empty: the file reader starts cold)."""
+    env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(cache), "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"], env["WORLD_SIZE"] = str(free_port()), str(w)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK, str(path)],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(w)
+    ]
+    results = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=3600)
+        if p.returncode != 0:
+            raise RuntimeError(f"a rank failed:\n{stderr[-3000:]}")
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    return results
+
+
+def summary(results: list[dict[str, Any]], size: int) -> dict[str, float]:
+    def slowest(k: str) -> float:
+        return max(r[k]["seconds"] for r in results)
+
+    def per_rank(k: str, field: str) -> float:
+        return sum(r[k][field] for r in results) / len(results)
+
+    return {
+        "collective_epoch": slowest("collective_epoch"),
+        "file_epoch": slowest("file_epoch"),
+        "collective_cold": slowest("collective_cold"),
+        "file_cold": slowest("file_cold"),
+        "collective_read_x": sum(r["collective_epoch"]["read"] for r in results) / size,
+        "collective_cold_read_x": sum(r["collective_cold"]["read"] for r in results) / size,
+        "file_read_x": sum(r["file_epoch"]["read"] for r in results) / size,
+        "collective_read_mb": per_rank("collective_epoch", "read") / 1e6,
+        "file_read_mb": per_rank("file_epoch", "read") / 1e6,
+        "sent_mb": per_rank("collective_epoch", "sent") / 1e6,
+        "shard_mib": sum(r["shard"] for r in results) / len(results) / (1 << 20),
+        "collective_peak_mib": max(r["collective_epoch"]["peak"] for r in results) / (1 << 20),
+        "file_peak_mib": max(r["file_epoch"]["peak"] for r in results) / (1 << 20),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--lines", type=int, default=10_000_000)
+    parser.add_argument("--worlds", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--data-dir", type=Path, default=None, help="where the file is written (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the file (with --data-dir)")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args()
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="rank-dataset-collective-"))
+    rows_data: dict[int, dict[str, float]] = {}
+    with scratch_dir(data_dir, keep=args.keep and args.data_dir is not None) as d:
+        path = meta_file(d, args.lines)
+        size = path.stat().st_size
+        one_read(path)  # into the page cache
+        base = min(one_read(path) for _ in range(3))
+        for w in args.worlds:
+            with scratch_dir(d / f"cache_{w}") as cache:
+                rows_data[w] = summary(run_world(path, w, cache), size)
+            print(w, rows_data[w], flush=True)
+    rows = [
+        f"# The collective reader beside the file reader, N = {args.lines:,} lines ({size / 1e6:,.0f} MB)",
+        "",
+        f"One read of the file counting newlines 16 MiB at a time: {base:.2f} s (the 1.00x of the cold start ratios).",
+        "",
+        "| W | set_epoch, collective (s) | set_epoch, file (s) | collective / file | cold start, collective (s) "
+        "| ratio to one read | cold start, file (s) | read per build, all ranks, collective | read, first build | "
+        "read per build, all ranks, file | read per rank, collective (MB) | sent per rank, collective (MB) | "
+        "shard per rank (MiB) | peak rise over set_epoch, collective (MiB) | the same, file (MiB) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for w, s in rows_data.items():
+        rows.append(
+            f"| {w} | {s['collective_epoch']:.2f} | {s['file_epoch']:.2f} "
+            f"| {s['collective_epoch'] / s['file_epoch']:.2f}x "
+            f"| {s['collective_cold']:.2f} | {s['collective_cold'] / base:.2f}x | {s['file_cold']:.2f} "
+            f"| {s['collective_read_x']:.2f}x | {s['collective_cold_read_x']:.2f}x | {s['file_read_x']:.2f}x "
+            f"| {s['collective_read_mb']:,.1f} | {s['sent_mb']:,.1f} | {s['shard_mib']:,.1f} "
+            f"| {s['collective_peak_mib']:,.1f} | {s['file_peak_mib']:,.1f} |"
+        )
+    rows += [
+        "",
+        "Times are the slowest rank's, from a barrier to a barrier; all W processes and gloo's loopback "
+        "traffic share this machine's cores. Read: `read_chars` of every rank together, as a multiple of "
+        "the file's size (the first build of the collective reader counts its slice's lines, then reads it "
+        "again to serve the exchange). Peak rise: the most any rank's peak RSS rose over the set_epoch "
+        "(the old shard is held until the new one is whole).",
+        "",
+        f"Command: `python benchmarks/bench_collective.py --lines {args.lines} --worlds "
+        f"{' '.join(map(str, args.worlds))}`",
+        "",
+        machine_info(),
+    ]
+
+    def plot(png: Path) -> None:
+        plt = plotting()
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        worlds = list(rows_data)
+        x = range(len(worlds))
+        ax.bar([i - 0.2 for i in x], [rows_data[w]["collective_epoch"] for w in worlds], 0.4, label="collective")
+        ax.bar([i + 0.2 for i in x], [rows_data[w]["file_epoch"] for w in worlds], 0.4, label="file")
+        ax.set_xticks(list(x), [f"W = {w}" for w in worlds])
+        ax.set_ylabel("set_epoch, slowest rank (s)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(png, dpi=120)
+        plt.close(fig)
+
+    save_results(args.out, "collective", rows, {"lines": args.lines, "one_read": base, "worlds": rows_data}, plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Run by test_collective.py under torchrun: one rank of a gloo job comparing the collective reader's
+shards with the file reader's (``identity``), serving DataLoader workers (``workers``), counting the
+bytes it reads (``io``), or meeting a fault (``fault-*``)."""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import hashlib
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from rank_dataset import RandomSampler, RankDataset, Source, class_balanced
+from rank_dataset.core.shard import Shard
+from tests_helpers import write_rank_result
+
+
+def digest(shard: Shard) -> str:
+    h = hashlib.sha256(shard.bounds.tobytes() + shard.data.tobytes())
+    if shard.ids is not None:
+        h.update(shard.ids.tobytes())
+    return h.hexdigest()
+
+
+def compare(name: str, meta: Any, steps: list[tuple[int, int]], result: dict[str, Any], **kw: Any) -> None:
+    """Build both readers' datasets of ``meta`` and compare their shards at each (epoch, mini_epoch_idx)."""
+    file_ds = RankDataset(meta, **kw)
+    coll = RankDataset(meta, reader="collective", **kw)
+    same = coll.reader.fingerprint == file_ds.reader.fingerprint
+    for epoch, idx in steps:
+        file_ds.set_epoch(epoch, idx)
+        coll.set_epoch(epoch, idx)
+        same = same and digest(file_ds.shard) == digest(coll.shard)
+        same = same and coll.indices.tolist() == file_ds.indices.tolist()
+    if len(coll):
+        i = int(coll.indices[-1])
+        same = same and coll.reader.where(i) == file_ds.reader.where(i)
+    result[name] = same
+    coll.close()
+
+
+def identity(d: Path, result: dict[str, Any]) -> None:
+    a, b, c = d / "a.txt", d / "b.txt", d / "c.txt"
+    compare("plain", a, [(0, 0), (1, 0)], result, reload_cfg={"seed": 3})
+    compare("mini_epochs", a, [(0, 0), (0, 2), (1, 1)], result, reload_cfg={"mini_epoch": 3, "seed": 1})
+    compare("eval", [a, b, c], [(0, 0)], result, is_test=True)
+    compare("files", [a, b, c], [(0, 0), (1, 0)], result, reload_cfg={"seed": 5})
+    mix = [Source(a, weight={0: 1, 1: 3}), Source(b, repeat=2), Source(c, choose=7)]
+    compare("mix_schedule", mix, [(0, 0), (1, 0), (2, 0)], result, reload_cfg={"seed": 2, "mini_epoch": 2})
+    compare("mix_eval", mix, [(0, 0)], result, is_test=True)
+    subsets = [Source(a, ids=range(0, 900, 3), weight=1), Source(a, ids=range(1, 300, 2), weight=1), Source(b)]
+    compare("subsets", subsets, [(0, 0), (1, 0)], result, reload_cfg={"seed": 4})
+    compare("class_balanced", class_balanced(a), [(0, 0), (3, 0)], result, reload_cfg={"seed": 6})
+    compare("aug_repeats", a, [(0, 0), (1, 0)], result, reload_cfg={"seed": 7, "aug_repeats": 3})
+    # Resume on another world size, through group=: saved by the whole world, loaded on a smaller group.
+    state = RankDataset(a, reload_cfg={"seed": 8, "mini_epoch": 2}).state_dict(consumed=5)
+    world = dist.get_world_size()
+    small = dist.new_group(list(range(max(1, world - 1))))
+    if dist.get_rank() < max(1, world - 1):
+        file_ds = RankDataset(a, reload_cfg={"seed": 8, "mini_epoch": 2}, group=small)
+        coll = RankDataset(a, reader="collective", reload_cfg={"seed": 8, "mini_epoch": 2}, group=small)
+        file_ds.load_state_dict(state)
+        coll.load_state_dict(state)
+        result["resume_group"] = (coll.world_size, digest(coll.shard) == digest(file_ds.shard))
+        coll.set_epoch(0, 1)
+        file_ds.set_epoch(0, 1)
+        result["resume_next"] = digest(coll.shard) == digest(file_ds.shard)
+        coll.close()
+
+
+def workers(d: Path, result: dict[str, Any]) -> None:
+    """Persistent workers under each start method on rank 0 (every rank calls set_epoch together)."""
+    ds = RankDataset(d / "a.txt", reader="collective", reload_cfg={"seed": 1}, audit="error")
+    for method in ("fork", "spawn", "forkserver"):
+        loader = None
+        if dist.get_rank() == 0:
+            sampler = RandomSampler(ds, seed=0)
+            loader = DataLoader(
+                ds,
+                batch_size=64,
+                sampler=sampler,
+                num_workers=1,
+                persistent_workers=True,
+                multiprocessing_context=method,
+            )
+        ok = True
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            if loader is not None:
+                items = [x for batch in loader for x in batch]
+                ok = ok and sorted(items) == sorted(ds.shard.texts(range(len(ds))))
+        if loader is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                ds.set_epoch(2)  # audits the last pass
+            result[method] = ok and all(p.read == p.drawn for p in ds.audit())
+            # Stop the workers and free the loader's queues now: a spawn or forkserver context's
+            # semaphores are named ones, unlinked when collected.
+            if loader._iterator is not None:
+                loader._iterator._shutdown_workers()
+            del loader
+            gc.collect()
+        else:
+            ds.set_epoch(2)
+    ds.close()
+
+
+def io(d: Path, result: dict[str, Any]) -> None:
+    """``read_chars`` of the first build (the dataset's making) and of later builds."""
+    me = psutil.Process()
+    before = me.io_counters().read_chars
+    ds = RankDataset(d / "big.txt", reader="collective", reload_cfg={"seed": 1})
+    first = me.io_counters().read_chars - before
+    later = []
+    for epoch in range(1, 3):
+        before = me.io_counters().read_chars
+        ds.set_epoch(epoch)
+        later.append(me.io_counters().read_chars - before)
+    result.update(first=first, later=later, size=os.path.getsize(d / "big.txt"))
+    ds.close()
+
+
+def fault(kind: str, d: Path, result: dict[str, Any]) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    timeout = datetime.timedelta(seconds=20)
+    meta = d / "a.txt"
+    try:
+        if kind == "disagree":
+            ds = RankDataset(meta, reader="collective", reload_cfg={"seed": rank}, timeout=timeout)
+        elif kind == "badline":
+            ds = RankDataset(d / "bad.txt", reader="collective", reload_cfg={"seed": 1}, timeout=timeout)
+        else:
+            ds = RankDataset(meta, reader="collective", reload_cfg={"seed": 1}, timeout=timeout)
+            dist.barrier()
+            if kind == "changed" and rank == world - 1:
+                data = meta.read_bytes()
+                meta.write_bytes(data[: len(data) - 40] + b"x" * 40)
+            if kind == "absent" and rank == world - 1:
+                # Never calls set_epoch; its process stays until the others are done.
+                others = [d / f"result.{r}.json" for r in range(world - 1)]
+                deadline = time.monotonic() + 120
+                while not all(p.exists() for p in others) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                result["error"] = "absent"
+                write_rank_result_plain(d, rank, result)
+                return
+            if kind == "dies" and rank == world - 1:
+                os._exit(0)  # gone without a word (exit code 0: torchrun would stop the others otherwise)
+            if kind == "changed":
+                dist.barrier()  # the file changed before any rank builds again
+            ds.set_epoch(1)
+        result["error"] = None
+    except Exception as exc:  # what each rank ended with is the point
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    write_rank_result_plain(d, rank, result)
+
+
+def write_rank_result_plain(d: Path, rank: int, result: dict[str, Any]) -> None:
+    """Write this rank's result without a collective (the group may be broken)."""
+    import json
+
+    (d / f"result.{rank}.json").write_text(json.dumps(result))
+
+
+def main(mode: str, d: str) -> None:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    result: dict[str, Any] = {"rank": dist.get_rank()}
+    if mode.startswith("fault-"):
+        fault(mode[6:], Path(d), result)
+        os._exit(0)  # the group may be broken: leave without its teardown
+    {"identity": identity, "workers": workers, "io": io}[mode](Path(d), result)
+    write_rank_result(str(Path(d) / "result"), result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

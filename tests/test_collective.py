@@ -1,0 +1,141 @@
+"""The collective reader with real gloo processes under torchrun: its shards are the file reader's byte
+for byte (every plan kind, resume on another world size, group=), DataLoader workers under every start
+method, the bytes it reads, and faults (every rank ends with the same clear error)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rank_dataset import RankDataset
+from tests_helpers import torchrun_cmd, worker_env
+
+pytestmark = pytest.mark.slow
+
+
+def write_files(d: Path, n: int = 3000) -> None:
+    """Meta files made to catch a slicer out: a byte order mark, CRLF endings, blank and whitespace
+    lines, non-ASCII text, long lines, no final newline."""
+    lines = []
+    for i in range(n):
+        if i % 37 == 0:
+            lines.append(" \t")
+        elif i % 53 == 0:
+            lines.append("")
+        lines.append(f"img_{i}{'é' if i % 11 == 0 else ''}{'x' * (3000 if i % 401 == 0 else 0)}.jpg {i % 5}")
+    (d / "a.txt").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
+    (d / "b.txt").write_text("".join(f"b_{i} 1\n" for i in range(41)))
+    (d / "c.txt").write_text("\n\nc_0 2\n  \nc_1 3\nc_2 4")  # no final newline
+
+
+def run(mode: str, w: int, d: Path, *, check: bool = True) -> list[dict[str, Any]]:
+    proc = subprocess.run(
+        torchrun_cmd("collective_worker.py", w, mode, d, log_dir=d / "logs"),
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((d / f"result.{r}.json").read_text()) for r in range(w)]
+
+
+@pytest.mark.parametrize("w", [2, 3, 4])
+def test_shards_are_the_file_readers_byte_for_byte(tmp_path: Path, w: int) -> None:
+    write_files(tmp_path)
+    results = run("identity", w, tmp_path)
+    cases = ["plain", "mini_epochs", "eval", "files", "mix_schedule", "mix_eval", "subsets", "class_balanced"]
+    for res in results:
+        for case in [*cases, "aug_repeats"]:
+            assert res[case] is True, (res["rank"], case)
+    for res in results[: max(1, w - 1)]:  # the ranks of the smaller group
+        assert res["resume_group"] == [max(1, w - 1), True]
+        assert res["resume_next"] is True
+
+
+def test_persistent_workers_under_every_start_method(tmp_path: Path) -> None:
+    write_files(tmp_path)
+    results = run("workers", 2, tmp_path)
+    assert {m: results[0][m] for m in ("fork", "spawn", "forkserver")} == dict.fromkeys(
+        ("fork", "spawn", "forkserver"), True
+    )
+
+
+@pytest.mark.parametrize("w", [2, 4, 8])
+def test_a_build_reads_the_files_about_once_across_the_ranks(tmp_path: Path, w: int) -> None:
+    # read_chars of every rank together: the first build (the dataset's making, which counts lines
+    # first) at most 2.05x the file, every later build at most 1.05x, each plus 1 MiB a rank.
+    (tmp_path / "big.txt").write_text(
+        "".join(f"train/n{i % 1000:08d}/img_{i:08d}.JPEG {i % 1000}\n" for i in range(200_000))
+    )
+    results = run("io", w, tmp_path)
+    size = results[0]["size"]
+    first = sum(r["first"] for r in results)
+    assert first <= 2.05 * size + w * (1 << 20), (first / size, w)
+    for build in range(2):
+        later = sum(r["later"][build] for r in results)
+        assert later <= 1.05 * size + w * (1 << 20), (later / size, w)
+        assert later >= size  # every byte of the file was read (by one rank)
+
+
+def test_reader_collective_needs_a_process_group(tmp_path: Path) -> None:
+    write_files(tmp_path)
+    with pytest.raises(ValueError, match=r"initialised torch\.distributed process group"):
+        RankDataset(tmp_path / "a.txt", reader="collective")
+    with pytest.raises(ValueError, match="reader must be 'file' or 'collective', got 'mmap'"):
+        RankDataset(tmp_path / "a.txt", reader="mmap")
+
+
+def fault_run(kind: str, w: int, d: Path) -> list[str]:
+    """The error each surviving rank ended with (the last rank is the one at fault, where one is)."""
+    subprocess.run(
+        torchrun_cmd("collective_worker.py", w, f"fault-{kind}", d, log_dir=d / "logs"),
+        env=worker_env(),
+        capture_output=True,
+        timeout=300,
+    )
+    files = [d / f"result.{r}.json" for r in range(w)]
+    return [json.loads(f.read_text())["error"] if f.exists() else "(none)" for f in files]
+
+
+def test_a_rank_that_dies_or_stays_away_ends_every_other_rank_with_the_collective_and_epoch(tmp_path: Path) -> None:
+    write_files(tmp_path)
+    for kind in ("dies", "absent"):
+        errors = fault_run(kind, 3, tmp_path)
+        survivors = errors[:2]
+        assert survivors[0] == survivors[1], errors
+        assert survivors[0].startswith("CollectiveError: the collective reader's exchange of "), errors
+        assert "of epoch 1 did not complete on every one of the 3 ranks" in survivors[0]
+        for r in range(3):
+            (tmp_path / f"result.{r}.json").unlink(missing_ok=True)
+
+
+def test_a_file_changed_under_a_slice_is_the_same_error_on_every_rank(tmp_path: Path) -> None:
+    write_files(tmp_path)
+    errors = fault_run("changed", 3, tmp_path)
+    assert len(set(errors)) == 1, errors
+    assert errors[0].startswith(f"MetaFileChangedError: meta file {tmp_path / 'a.txt'} changed: it was modified")
+
+
+def test_a_bad_line_from_another_slice_is_named_on_every_rank(tmp_path: Path) -> None:
+    lines = [f"img_{i}.jpg {i % 5}".encode() for i in range(3000)]
+    lines[1700] = b"img_\xff.jpg 1"  # not UTF-8; line 1702 of the file (two blank lines before it)
+    (tmp_path / "bad.txt").write_bytes(b"\n\n" + b"\n".join(lines) + b"\n")
+    (tmp_path / "a.txt").write_text("x\n")
+    errors = fault_run("badline", 3, tmp_path)
+    assert len(set(errors)) == 1, errors
+    assert errors[0] == (
+        f"ValueError: {tmp_path / 'bad.txt'}:1703: line is not valid UTF-8 (invalid start byte at byte 4)"
+    )
+
+
+def test_ranks_that_disagree_meet_the_agreement_check_first(tmp_path: Path) -> None:
+    write_files(tmp_path)
+    errors = fault_run("disagree", 3, tmp_path)
+    assert len(set(errors)) == 1, errors
+    assert errors[0].startswith("RanksDisagreeError: ranks disagree on seed: 0 on ranks [0], 1 on ranks [1]"), errors
