@@ -155,7 +155,7 @@ def test_cache_key_holds_inode_ctime_device_and_content(write_meta, tmp_path: Pa
     header = the_cache(tmp_path).read_bytes()[: index_mod._HEADER.size]
     magic, size, mtime, ctime, inode, device, count, _, sample, *_ = index_mod._HEADER.unpack(header)
     assert (magic, size, mtime, ctime, inode, device, count) == (
-        b"RDIDX\x00\x00\x04",
+        b"RDIDX\x00\x00\x05",
         st.st_size,
         st.st_mtime_ns,
         st.st_ctime_ns,
@@ -594,7 +594,7 @@ def test_an_index_of_the_format_before_is_rebuilt_not_misread(write_meta, tmp_pa
     cache.write_bytes(old.ljust(index_mod._DATA_OFFSET, b"\0") + spans.astype("<i8").tobytes())
     mf = MetaFile(p)
     assert [mf[i] for i in range(len(mf))] == LINES
-    assert cache.read_bytes()[:8] == b"RDIDX\x00\x00\x04"
+    assert cache.read_bytes()[:8] == b"RDIDX\x00\x00\x05"
     assert cache.stat().st_size == index_mod._DATA_OFFSET + 8 * len(LINES) + 16  # entries, one mark
     assert mf.read(np.arange(len(LINES))[::-1]).texts(range(len(LINES))) == LINES[::-1]
     assert data == p.read_bytes()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CorruptMetaFileError",
     "MetaFileChangedError",
     "PassAuditError",
     "PassAuditWarning",
@@ -37,6 +38,21 @@ class MetaFileChangedError(ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.path, self.what))
+
+
+class CorruptMetaFileError(ValueError):
+    """A compressed or Parquet meta file cannot be decoded: corrupt, truncated, or not what it claims.
+
+    No sample is read from it past that point. ``path`` is the file, ``offset`` the byte of the file
+    (compressed) at or after which the fault lies, ``what`` says what is wrong.
+    """
+
+    def __init__(self, path: Path | str, offset: int, what: str) -> None:
+        super().__init__(f"meta file {path} cannot be decoded at compressed byte {offset:,}: {what}")
+        self.path, self.offset, self.what = Path(path), offset, what
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.offset, self.what))
 
 
 class RanksDisagreeError(ValueError):

@@ -24,7 +24,7 @@ import numpy.typing as npt
 from rank_dataset.core.residency import free_pages
 from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import HELPED_ITEMS, THREADS, in_threads
-from rank_dataset.files._pread import _GAP, Window
+from rank_dataset.files._pread import _GAP, ByteSource, Window
 from rank_dataset.files.index import (
     SpanReader,
     line_mark,
@@ -96,7 +96,7 @@ def _span(f: _File, file: int, local: int) -> tuple[int, int]:
         start, length = read_entry(f.index, local)
     except LookupError:
         raise IndexMismatch(file, corrupt=False) from None
-    if not (start >= 0 and length > 0 and start + length <= f.index.key.size):
+    if not (start >= 0 and length > 0 and start + length <= f.index.size):
         raise IndexMismatch(file, corrupt=True)
     return start, start + length
 
@@ -119,8 +119,8 @@ def read_one(f: _File, file: int, local: int) -> bytes:
     (:meth:`_FileBytes.read_once`: what ``mf[i]`` costs)."""
     start, end = _span(f, file, local)
     lo = 0 if start == len(BOM) else max(start - 1, 0)  # as _check_from
-    hi = min(end + 2, f.index.key.size)
-    raw = f.bytes.read_once(f.index.key, lo, hi - lo)
+    hi = min(end + 2, f.index.size)
+    raw = f.bytes.read_once(f.index, lo, hi - lo)
     line = raw[start - lo : end - lo]
     tail = raw[end - lo : end - lo + 2]
     if start == 0 or (start == len(BOM) and raw[:3] == BOM):
@@ -209,7 +209,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
         writer.bounds[0] = 0
         return writer
     visits = _file_rows(files, bounds, indices)
-    long_lines = any(f.index.key.size >= 1 << 32 for f in files)
+    long_lines = any(f.index.size >= 1 << 32 for f in files)
     lengths = np.empty(n, np.int64 if long_lines else np.uint32)  # in item order
     kept = [_KeptStarts.of(visit) for visit in visits]
     for visit, starts in zip(visits, kept):
@@ -227,7 +227,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
         samples.release()
     for visit, starts in zip(visits, kept):
         file = visit.file
-        with file.bytes.open(file.index.key) as fd:
+        with file.bytes.open(file.index) as fd:
             work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
             spans = functools.partial(_kept_spans, visit, samples, starts)
             in_threads(lambda part: work(spans(part)), _threads(visit))  # noqa: B023
@@ -238,7 +238,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
     if bad >= 0:
         row = int(np.searchsorted(writer.bounds, bad, side="right")) - 1
         f = bounds.locate(int(samples.get()[row]))[0]
-        with files[f].bytes.open(files[f].index.key) as fd:
+        with files[f].bytes.open(files[f].index) as fd:
             files[f].bytes.check(fd, files[f].index.key)
         raise IndexMismatch(f, corrupt=True)
     return writer
@@ -464,7 +464,7 @@ def _threads(visit: _FileRows) -> int:
 def _copy_part(
     visit: _FileRows,
     batches: Iterator[_Kept],
-    fd: int,
+    fd: int | ByteSource,
     writer: ShardWriter,
 ) -> None:
     """Copy the rows of ``batches`` of ``visit`` from the file open at ``fd`` into ``writer``."""
@@ -475,7 +475,7 @@ def _copy_part(
         # Entries read again: the cache could have been replaced since the first pass.
         if took is not None and not np.array_equal(lengths, took):
             raise IndexMismatch(visit.number, corrupt=True)
-        if not _copy_rows(fd, file.index.key.size, window, starts, lengths, dst, writer.data):
+        if not _copy_rows(fd, file.index.size, window, starts, lengths, dst, writer.data):
             file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
             raise IndexMismatch(visit.number, corrupt=True)
 
@@ -487,7 +487,7 @@ def _spans_of(
     k-th from the t-th; with ``only``, of those batches), from the index, checked to lie inside the
     file (the bytes they point at are checked when they are copied). The index is opened at the
     first batch."""
-    size = visit.file.index.key.size
+    size = visit.file.index.size
     try:
         with SpanReader(visit.file.index) as reader:
             for j, rows, local in visit.batches(indices, part, only):
@@ -506,7 +506,7 @@ def _check_from(s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
 
 
 def _copy_rows(
-    fd: int,
+    fd: int | ByteSource,
     size: int,
     window: Window,
     first: npt.NDArray[np.int64],

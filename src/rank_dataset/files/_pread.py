@@ -12,11 +12,12 @@ import itertools
 import mmap
 import os
 import threading
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ShortRead", "Window", "count_newlines", "pread_exact", "read_ends"]
+__all__ = ["ByteSource", "ShortRead", "Window", "count_newlines", "pread_exact", "read_ends"]
 
 _PAGE = mmap.PAGESIZE
 _GAP = 2 * _PAGE  # bytes between two wanted ranges that are read rather than skipped
@@ -62,6 +63,15 @@ def read_ends(fd: int, size: int, n: int) -> bytes:
     return head.tobytes() + tail.tobytes()
 
 
+class ByteSource(Protocol):
+    """Bytes read otherwise than from a descriptor (a compressed file's decompressed bytes): what
+    :meth:`Window.load` hands its reads to."""
+
+    def load(
+        self, starts: npt.NDArray[np.int64], stops: npt.NDArray[np.int64], end: int, pad: int = 0
+    ) -> tuple[npt.NDArray[np.uint8], int | npt.NDArray[np.int64]]: ...
+
+
 class Window:
     """A reusable buffer holding the parts of a file that a batch of byte ranges needs."""
 
@@ -77,9 +87,15 @@ class Window:
         return self._buf[:size]
 
     def load(
-        self, fd: int, starts: npt.NDArray[np.int64], stops: npt.NDArray[np.int64], end: int, pad: int = 0
+        self,
+        fd: int | ByteSource,
+        starts: npt.NDArray[np.int64],
+        stops: npt.NDArray[np.int64],
+        end: int,
+        pad: int = 0,
     ) -> tuple[npt.NDArray[np.uint8], int | npt.NDArray[np.int64]]:
-        """Read the ranges ``[starts[i], stops[i])`` (cut at ``end``, the file size expected) of ``fd``.
+        """Read the ranges ``[starts[i], stops[i])`` (cut at ``end``, the file size expected) of ``fd``
+        (a :class:`ByteSource` reads them itself).
 
         Returns ``(buf, shift)``: byte ``x`` of the file is ``buf[x - shift[i]]`` for every ``x`` in
         range ``i`` (``shift`` an int where one shift serves every range); other bytes of ``buf``
@@ -92,6 +108,8 @@ class Window:
         Raises:
             ShortRead: the file ends before ``end``.
         """
+        if not isinstance(fd, int):
+            return fd.load(starts, stops, end, pad)
         lo = int(starts.min())
         hi = min(int(stops.max()), end)
         if hi <= lo:

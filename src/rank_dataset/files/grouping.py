@@ -44,6 +44,7 @@ from rank_dataset.files._cache import cache_paths, discard, fsync_dir, temp_besi
 from rank_dataset.files._cachelock import load_or_build
 from rank_dataset.files._labels import PAD, block_labels
 from rank_dataset.files._pread import ShortRead, count_newlines, pread_exact
+from rank_dataset.files.formats import Format
 from rank_dataset.files.index import FileKey, Index, SpanReader, load_index
 from rank_dataset.files.scan import PathLike, _chunk_bounds
 
@@ -351,7 +352,17 @@ class _Lines:
 
 @contextlib.contextmanager
 def _open_checked(path: Path, index: Index) -> Iterator[_Lines]:
-    """The file's lines, checked on entry and exit to be those of the file ``index`` describes."""
+    """The file's lines, checked on entry and exit to be those of the file ``index`` describes.
+
+    Raises:
+        ValueError: a compressed meta file (grouping reads the file's own bytes: not yet supported).
+    """
+    if index.format is not Format.TEXT:
+        raise ValueError(
+            f"{path}: group_by, class_balanced, repeat_factor and ids_of read plain text meta files only, "
+            f"and this one is {index.format.name.lower()}-compressed; decompress it for them "
+            "(RankDataset, MetaFile and Source read it as it is)"
+        )
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:

@@ -40,7 +40,8 @@ from rank_dataset.files._cache import (
 )
 from rank_dataset.files._cachelock import one_builder
 from rank_dataset.files._pread import ShortRead, Window, pread_exact, read_ends
-from rank_dataset.files.scan import Chunk, scan_map
+from rank_dataset.files.formats import Checkpoints, Decompression, Format, detect
+from rank_dataset.files.scan import Chunk, scan_blocks, scan_map
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -51,14 +52,21 @@ __all__ = [
     "length_bits",
     "line_mark",
     "load_index",
+    "read_checkpoints",
     "read_entry",
     "spans_are_sane",
 ]
 
 
-_MAGIC = b"RDIDX\x00\x00\x04"
-# magic, file size, mtime_ns, ctime_ns, inode, device, samples, flags, hash of the file's ends, long lines, marks
-_HEADER = struct.Struct("<8sqqqQQqq16sqq")
+_MAGIC = b"RDIDX\x00\x00\x05"
+# magic, file size, mtime_ns, ctime_ns, inode, device, samples, flags, hash of the file's ends, long lines, marks,
+# bytes indexed (the decompressed size of a compressed file), the size the entries' bits are set by, format
+_HEADER = struct.Struct("<8sqqqQQqq16sqqqqq")
+# A compressed file's entries are laid out as a file of this size's (its decompressed size is not
+# known until its index is made): starts up to 1 TiB, lengths up to 8 MiB (longer ones in the table).
+_COMPRESSED_BOUND = 1 << 40
+_FORMATS = {Format.TEXT: 0, Format.GZIP: 1, Format.ZSTD: 2}
+_FORMAT_OF = {code: fmt for fmt, code in _FORMATS.items()}
 _SEAL_AT = _HEADER.size
 _FLAG_ASCII = 1
 _DATA_OFFSET = 128
@@ -131,6 +139,7 @@ class Table:
     entries: npt.NDArray[np.uint64]
     longs: _IntArray
     marks: _IntArray
+    extra: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -138,7 +147,9 @@ class Index:
     """Where the spans of a file's samples are, and what they describe.
 
     ``key`` is the file as this process indexed it, ``ends_hash`` the hash of its first and last
-    64 KiB. The entries live in ``cache``, or in ``memory`` where no cache location was writable (not
+    64 KiB. For a compressed file, the spans are of its decompressed bytes (``extent`` of them, laid
+    out as for a file of ``bound`` bytes), and its checkpoints follow the marks in the cache.
+    The entries live in ``cache``, or in ``memory`` where no cache location was writable (not
     pickled: a process that receives the index rescans the file if it ever reads it).
     """
 
@@ -148,12 +159,27 @@ class Index:
     ascii: bool
     cache: Path | None
     memory: Table | None = field(default=None, compare=False, repr=False)
+    format: Format = Format.TEXT
+    extent: int = -1
+    bound: int = -1
+
+    @property
+    def size(self) -> int:
+        """The bytes the spans index: the file's, or its decompressed bytes'."""
+        return self.key.size if self.extent < 0 else self.extent
+
+    @property
+    def bits_size(self) -> int:
+        """The size that sets the entries' bits (see :func:`length_bits`)."""
+        return self.key.size if self.bound < 0 else self.bound
 
     @functools.cached_property
     def header_fields(self) -> tuple[bytes, bytes]:
         """What a cache's header holds for this index, but for the device and the table sizes: its
         bytes ``[0, 40)`` (magic, size, mtime, ctime, inode) and ``[48, 80)`` (samples, flags, hash)."""
-        head = _Header(self.key, self.ends_hash, self.count, self.ascii, longs=0, marks=0).pack()
+        head = _Header(
+            self.key, self.ends_hash, self.count, self.ascii, 0, 0, self.size, self.bits_size, self.format
+        ).pack()
         return head[:40], head[48:80]
 
     def __getstate__(self) -> dict[str, object]:
@@ -176,13 +202,16 @@ class _Header:
     ascii: bool
     longs: int
     marks: int
+    extent: int
+    bound: int
+    format: Format
 
     def pack(self) -> bytes:
         k = self.key
         flags = _FLAG_ASCII if self.ascii else 0
         return _HEADER.pack(
             _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, k.device, self.count, flags, self.ends_hash, self.longs,
-            self.marks,
+            self.marks, self.extent, self.bound, _FORMATS[self.format],
         )  # fmt: skip
 
     def describes(self, key: FileKey, ends_hash: bytes) -> bool:
@@ -197,6 +226,11 @@ class _Header:
     def marks_at(self) -> int:
         return self.longs_at + _PAIR * self.longs
 
+    @property
+    def extra_at(self) -> int:
+        """Where a compressed file's checkpoints start (after the marks, to the cache's end)."""
+        return self.marks_at + _PAIR * self.marks
+
 
 def _read_header(fd: int) -> _Header | None:
     """The header of the cache open at ``fd``; None if it is not a valid one (or not a file)."""
@@ -206,10 +240,14 @@ def _read_header(fd: int) -> _Header | None:
         length = os.fstat(fd).st_size
     except OSError:  # ShortRead; IsADirectoryError where the cache's path is a directory
         return None
-    magic, size, mtime, ctime, inode, device, count, flags, ends_hash, longs, marks = _HEADER.unpack(raw.tobytes())
+    fields = _HEADER.unpack(raw.tobytes())
+    magic, size, mtime, ctime, inode, device, count, flags, ends_hash, longs, marks, extent, bound, code = fields
+    if magic != _MAGIC or code not in _FORMAT_OF or min(count, longs, marks, extent, bound) < 0:
+        return None
     key = FileKey(size, mtime, ctime, inode, device)
-    header = _Header(key, ends_hash, count, bool(flags & _FLAG_ASCII), longs, marks)
-    if magic != _MAGIC or min(count, longs, marks) < 0 or length != header.marks_at + _PAIR * marks:
+    fmt = _FORMAT_OF[code]
+    header = _Header(key, ends_hash, count, bool(flags & _FLAG_ASCII), longs, marks, extent, bound, fmt)
+    if length < header.extra_at or (fmt is Format.TEXT and length != header.extra_at):
         return None
     return header
 
@@ -252,7 +290,7 @@ def _cache_is_sane(fd: int, header: _Header) -> bool:
     """Check the entries at each end of a cache (all of a small one): a cache that a crash or a bad
     disk left zeroed or torn is rebuilt instead of trusted. Spans are also checked, against the
     bytes they point at, whenever a shard is built from them."""
-    count, size = header.count, header.key.size
+    count, size = header.count, header.extent
     blocks = [(0, min(count, _CHECK_ROWS))]
     if count > _CHECK_ROWS:
         blocks.append((max(_CHECK_ROWS, count - _CHECK_ROWS), count))
@@ -261,7 +299,7 @@ def _cache_is_sane(fd: int, header: _Header) -> bool:
         for lo, hi in blocks:
             raw = np.empty(_ENTRY * (hi - lo), np.uint8)
             pread_exact(fd, raw, _DATA_OFFSET + _ENTRY * lo)
-            starts, lengths = decode(raw.view("<u8"), np.arange(lo, hi), size, longs)
+            starts, lengths = decode(raw.view("<u8"), np.arange(lo, hi), header.bound, longs)
             if not spans_are_sane(starts, lengths, size):
                 return False
     except ShortRead:
@@ -282,9 +320,16 @@ def _open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
             return None
         if not _cache_is_sane(fd, header):
             return None
-        return Index(key, ends_hash, header.count, header.ascii, cache)
+        return Index(key, ends_hash, header.count, header.ascii, cache, None, *_layout(header))
     finally:
         os.close(fd)
+
+
+def _layout(header: _Header) -> tuple[Format, int, int]:
+    """``(format, extent, bound)`` of an :class:`Index` from its cache's header (-1: the file's size)."""
+    if header.format is Format.TEXT:
+        return Format.TEXT, -1, -1
+    return header.format, header.extent, header.bound
 
 
 @dataclass(frozen=True)
@@ -324,9 +369,20 @@ class _Built:
     ascii: bool
     longs: _IntArray
     marks: _IntArray
+    format: Format = Format.TEXT
+    extent: int = -1
+    bound: int = -1
+    extra: bytes = b""  # a compressed file's checkpoints
 
     def header(self, key: FileKey, ends_hash: bytes) -> _Header:
-        return _Header(key, ends_hash, self.count, self.ascii, len(self.longs), len(self.marks))
+        extent = key.size if self.extent < 0 else self.extent
+        bound = key.size if self.bound < 0 else self.bound
+        return _Header(
+            key, ends_hash, self.count, self.ascii, len(self.longs), len(self.marks), extent, bound, self.format
+        )
+
+    def index(self, key: FileKey, ends_hash: bytes, cache: Path | None, memory: Table | None = None) -> Index:
+        return Index(key, ends_hash, self.count, self.ascii, cache, memory, self.format, self.extent, self.bound)
 
 
 def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _Built:
@@ -339,8 +395,20 @@ def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.ui
     count, lines, ascii_only = 0, 0, True
     longs: list[_IntArray] = []
     marks: list[_IntArray] = []
+    fmt = detect(fd)
+    if fmt is Format.PARQUET:
+        raise ValueError(
+            f"{path} is a Parquet file: Parquet meta files are not read yet (gzip and zstd are); "
+            "write its rows as text lines, one sample a line"
+        )
+    decompression = None
+    if fmt.compressed:  # the decompressed bytes are scanned as a plain file's are
+        decompression = Decompression(path, fd, fmt)
+        parts = scan_blocks(decompression, _encoder(_COMPRESSED_BOUND))
+    else:
+        fmt, parts = Format.TEXT, scan_map(path, _encoder(key.size), fd=fd)
     try:
-        for part in scan_map(path, _encoder(key.size), fd=fd):
+        for part in parts:
             write(part.entries)
             longs.append(part.longs + np.array([count, 0]))
             marks.append(part.marks + np.array([0, lines]))
@@ -352,6 +420,16 @@ def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.ui
     what = key.change(FileKey.of(os.fstat(fd)))
     if what is not None:
         raise MetaFileChangedError(path, f"{what} while being indexed")
+    if decompression is not None:
+        checkpoints = decompression.checkpoints
+        if checkpoints.size > _COMPRESSED_BOUND:
+            raise ValueError(
+                f"{path} decompresses to {checkpoints.size:,} bytes; at most {_COMPRESSED_BOUND:,} are read"
+            )
+        return _Built(
+            count, ascii_only, _stack(longs), _stack(marks), fmt, checkpoints.size, _COMPRESSED_BOUND,
+            checkpoints.to_bytes(),
+        )  # fmt: skip
     return _Built(count, ascii_only, _stack(longs), _stack(marks))
 
 
@@ -383,6 +461,7 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: byte
         built = _build(path, fd, key, lambda entries: syncer.wrote(f.write(entries.data)))
         f.write(built.longs.astype("<i8").tobytes())
         f.write(built.marks.astype("<i8").tobytes())
+        f.write(built.extra)
         f.seek(0)
         f.write(built.header(key, ends_hash).pack())
         f.flush()
@@ -395,16 +474,14 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: byte
         if isinstance(exc, OSError):  # a full disk; a directory where the cache would go
             return None
         raise
-    return Index(key, ends_hash, built.count, built.ascii, cache), Seal(
-        cache, f, syncer, built.count * _ENTRY, _SEAL_AT
-    )
+    return built.index(key, ends_hash, cache), Seal(cache, f, syncer, built.count * _ENTRY, _SEAL_AT)
 
 
 def _index_in_memory(path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index:
     parts: list[npt.NDArray[np.uint64]] = []
     built = _build(path, fd, key, parts.append)
     entries = np.concatenate(parts) if parts else np.empty(0, "<u8")
-    return Index(key, ends_hash, built.count, built.ascii, None, Table(entries, built.longs, built.marks))
+    return built.index(key, ends_hash, None, Table(entries, built.longs, built.marks, built.extra))
 
 
 def _stamp(cache: Path) -> int | None:
@@ -489,7 +566,7 @@ def read_entry(index: Index, local: int) -> tuple[int, int]:
     key_bytes, count_bytes = index.header_fields
     if len(raw) != _ENTRY or head[:40] != key_bytes or head[48:80] != count_bytes:
         raise LookupError(f"the index cache {index.cache} was replaced or damaged")
-    entry, bits = int.from_bytes(raw, "little"), length_bits(index.key.size)
+    entry, bits = int.from_bytes(raw, "little"), length_bits(index.bits_size)
     length = entry & ((1 << bits) - 1)
     if length == (1 << bits) - 1 and head[80:88] != bytes(8):  # a long line: its length is in the table
         with SpanReader(index) as reader:
@@ -514,7 +591,7 @@ class SpanReader:
         self._fd: int | None = None
         self._table = index.memory
         self._window = Window()
-        self._size = index.key.size
+        self._size = index.bits_size
         if index.cache is None:
             if index.memory is None:
                 raise LookupError("the index was built in another process's memory")
@@ -528,7 +605,8 @@ class SpanReader:
         if (
             header is None
             or not header.describes(index.key, index.ends_hash)
-            or (header.count, header.ascii) != (index.count, index.ascii)
+            or (header.count, header.ascii, header.extent, header.bound)
+            != (index.count, index.ascii, index.size, index.bits_size)
         ):
             self.close()
             raise LookupError(f"the index cache {index.cache} was replaced or damaged")
@@ -567,6 +645,23 @@ class SpanReader:
             return self._table.marks
         return self._pairs(self._header.marks_at, self._header.marks)
 
+    def checkpoints(self) -> Checkpoints:
+        """A compressed file's checkpoints.
+
+        Raises:
+            LookupError: the cache holds none that can be read (damaged).
+        """
+        if self._table is not None:
+            raw = self._table.extra
+        else:
+            assert self._fd is not None
+            at = self._header.extra_at
+            raw = os.pread(self._fd, os.fstat(self._fd).st_size - at, at)
+        try:
+            return Checkpoints.from_bytes(raw)
+        except ValueError as exc:
+            raise LookupError(f"the checkpoints in the index cache {self._index.cache} are damaged ({exc})") from None
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -577,6 +672,16 @@ class SpanReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def read_checkpoints(index: Index) -> Checkpoints:
+    """The checkpoints of the compressed file ``index`` describes.
+
+    Raises:
+        LookupError: as :class:`SpanReader`, or none can be read.
+    """
+    with SpanReader(index) as reader:
+        return reader.checkpoints()
 
 
 def line_mark(marks: _IntArray, start: int) -> tuple[int, int]:

@@ -29,7 +29,7 @@ import numpy.typing as npt
 from rank_dataset.core.checks import check_index, meta_path
 from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.core.shard import Shard
-from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files._gather import (
     THREADED_ROWS,
     IndexMismatch,
@@ -40,11 +40,13 @@ from rank_dataset.files._gather import (
     line_position,
     read_one,
 )
-from rank_dataset.files._pread import ShortRead, count_newlines, read_ends
+from rank_dataset.files._pread import ByteSource, ShortRead, count_newlines, read_ends
+from rank_dataset.files.formats import SpanSource
 from rank_dataset.files.index import (
     FileKey,
     Index,
     load_index,
+    read_checkpoints,
 )
 from rank_dataset.files.scan import PathLike
 from rank_dataset.plan.bounds import Bounds
@@ -58,24 +60,33 @@ _T = TypeVar("_T")
 
 class _FileBytes:
     """The bytes of one meta file: no descriptor is kept between reads (a job with thousands of meta
-    files stays far below the descriptor limit, and a DataLoader worker never needs the file)."""
+    files stays far below the descriptor limit, and a DataLoader worker never needs the file). The
+    bytes of a gzip or zstd file are its decompressed ones, read through its checkpoints
+    (:class:`~rank_dataset.files.formats.SpanSource`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
     @contextlib.contextmanager
-    def open(self, key: FileKey) -> Iterator[int]:
-        """A descriptor of the file, checked against ``key`` on entry and (after a read completes)
-        on exit, both the descriptor and the path: the bytes read are those of the file indexed.
+    def open(self, index: Index) -> Iterator[int | SpanSource]:
+        """A descriptor of the file (a :class:`SpanSource` of a compressed one), checked against
+        ``index.key`` on entry and (after a read completes) on exit, both the descriptor and the path:
+        the bytes read are those of the file indexed.
 
         Raises:
             MetaFileChangedError: the file is not (or, by the end, no longer) the one indexed.
+            CorruptMetaFileError: a compressed file is corrupt (which its index pass would have found:
+                its checkpoints are damaged, or the disk returned other bytes).
         """
+        key = index.key
         fd = self._descriptor()
+        source: SpanSource | None = None
         try:
             self.check(fd, key)
+            if index.format.compressed:
+                source = self._source(fd, index)
             try:
-                yield fd
+                yield fd if source is None else source
             except ShortRead:
                 self.check(fd, key)
                 raise MetaFileChangedError(self.path, "it shrank while being read") from None
@@ -87,25 +98,63 @@ class _FileBytes:
             if not key.matches(now):
                 _raise_if_changed(self.path, key, FileKey.of(now))
         finally:
+            if source is not None:
+                source.close()
             os.close(fd)
 
-    def read_once(self, key: FileKey, offset: int, count: int) -> bytes:
-        """``count`` bytes at ``offset``, the descriptor checked against ``key`` once, after the read:
-        enough for one read, as the key holds the ctime (any change since indexing is seen), and the
-        path named the file when it was opened.
+    def _source(self, fd: int, index: Index) -> SpanSource:
+        try:
+            checkpoints = read_checkpoints(index)
+        except LookupError:  # the cache was removed or replaced: the file's index as it is now
+            again = load_index(self.path, rebuild=True)
+            _raise_if_changed(self.path, index.key, again.key)
+            checkpoints = read_checkpoints(again)
+
+        def open_fd() -> int:  # another descriptor of the file, for one thread's decoder
+            other = self._descriptor()
+            try:
+                self.check(other, index.key)
+            except BaseException:
+                os.close(other)
+                raise
+            return other
+
+        return SpanSource(self.path, fd, checkpoints, open_fd)
+
+    def read_once(self, index: Index, offset: int, count: int) -> bytes:
+        """``count`` bytes at ``offset``, the descriptor checked against ``index.key`` once, after the
+        read: enough for one read, as the key holds the ctime (any change since indexing is seen), and
+        the path named the file when it was opened.
 
         Raises:
             MetaFileChangedError: the file is not the one indexed, or ends before the bytes do.
         """
-        fd = self._descriptor()
-        try:
-            raw = os.pread(fd, count, offset)
-            self.check(fd, key)
-        finally:
-            os.close(fd)
+        if index.format.compressed:
+            with self.open(index) as source:
+                assert isinstance(source, SpanSource)
+                raw = source.read(offset, offset + count)
+        else:
+            fd = self._descriptor()
+            try:
+                raw = os.pread(fd, count, offset)
+                self.check(fd, index.key)
+            finally:
+                os.close(fd)
         if len(raw) < count:
             raise MetaFileChangedError(self.path, "it shrank while being read")
         return raw
+
+    def count_newlines(self, index: Index, start: int, stop: int) -> int:
+        """The newlines in bytes ``[start, stop)`` (decompressed ones, of a compressed file)."""
+        if index.format.compressed:
+            with self.open(index) as source:
+                assert isinstance(source, SpanSource)
+                return source.read(start, stop).count(b"\n")
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return count_newlines(fd, stop, start)
+        finally:
+            os.close(fd)
 
     def _descriptor(self) -> int:
         try:
@@ -113,8 +162,12 @@ class _FileBytes:
         except FileNotFoundError:
             raise MetaFileChangedError(self.path, "it was deleted or moved") from None
 
-    def check(self, fd: int, key: FileKey) -> None:
+    def check(self, fd: int | ByteSource, key: FileKey) -> None:
         """Raise MetaFileChangedError if the file open at ``fd`` is not the one ``key`` describes."""
+        if not isinstance(fd, int):
+            if not isinstance(fd, SpanSource):
+                raise TypeError(f"a file's bytes are read from a descriptor or a SpanSource, not {fd!r}")
+            fd = fd.fd
         now = os.fstat(fd)
         if not key.matches(now):
             _raise_if_changed(self.path, key, FileKey.of(now))
@@ -259,12 +312,9 @@ class MetaFile:
         path = self._files[file].path
         try:
             offset, line, start = self._retrying(lambda: line_position(self._files[file], file, local))
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                return f"{path}:{line + count_newlines(fd, start, offset) + 1}"
-            finally:
-                os.close(fd)
-        except (OSError, MetaFileChangedError):
+            f = self._files[file]
+            return f"{path}:{line + f.bytes.count_newlines(f.index, offset, start) + 1}"
+        except (OSError, MetaFileChangedError, CorruptMetaFileError):
             return f"{path}, sample {local} of the file"
 
     def raw(self, index: int) -> bytes:
@@ -353,8 +403,12 @@ def _fingerprints(files: Sequence[_File]) -> tuple[str, tuple[str, ...]]:
         size = f.index.key.size
         part = struct.pack("<qq", f.index.count, size)
         if size:
-            with f.bytes.open(f.index.key) as fd:
+            fd = f.bytes._descriptor()
+            try:
+                f.bytes.check(fd, f.index.key)
                 part += read_ends(fd, size, _FINGERPRINT_BYTES)
+            finally:
+                os.close(fd)
         whole.update(part)
         each.append(hashlib.sha256(part).hexdigest()[:32])
     return whole.hexdigest()[:32], tuple(each)

@@ -1,0 +1,242 @@
+""":mod:`indexed_gzip` reads gzip meta files (see :mod:`rank_dataset.files.formats`). No torch.
+
+:mod:`indexed_gzip` (zlib's ``zran`` made a library) records a seek point past every ``spacing`` bytes
+of output while it decompresses (at the next deflate block's end; and one at each member's start,
+which needs no window), each with the 32 KiB window that decompression needs to start there, and
+exports them as bytes: the checkpoints' state. It reads one member or many (BGZF, concatenated
+files). But 1.10.3 does not notice a file that ends inside a member, and on a corrupt member before
+the last it can give wrong bytes without an error (or go on giving bytes without end). So the cold
+pass (:func:`stream`) takes its bytes from zlib, member by member, each checked against its trailer
+(CRC32 and size), and runs indexed_gzip beside it only for its checkpoints, never further than zlib
+has gone. A later read from a checkpoint is of a file found whole then and unchanged since (its key).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import indexed_gzip
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.errors import CorruptMetaFileError
+
+__all__ = ["Reader", "stream"]
+
+_IntArray = npt.NDArray[np.int64]
+_PIECE = 1 << 20  # compressed bytes handed to zlib at a time
+# indexed_gzip's exported index: "GZIDX", version, flags, compressed size, uncompressed size,
+# spacing, window size, points; then per point: compressed offset, uncompressed offset, bits, has data.
+_IDX_HEAD = struct.Struct("<5sBBQQIII")
+_IDX_POINT = struct.Struct("<QQBB")
+
+
+def _open(fd: int, **kwargs: object) -> tuple[io.FileIO, indexed_gzip.IndexedGzipFile]:
+    raw = io.FileIO(fd, "rb", closefd=False)
+    try:
+        return raw, indexed_gzip.IndexedGzipFile(fileobj=raw, drop_handles=False, **kwargs)
+    except BaseException:
+        raw.close()
+        raise
+
+
+def _points(state: bytes) -> _IntArray:
+    """The seek points ``(output, input)`` of an exported index."""
+    magic, version, _, _, _, _, _, count = _IDX_HEAD.unpack_from(state)
+    if magic != b"GZIDX" or version < 1:
+        raise ValueError(f"not an indexed_gzip index of version 1 ({magic!r}, {version})")
+    rows = [_IDX_POINT.unpack_from(state, _IDX_HEAD.size + i * _IDX_POINT.size)[:2] for i in range(count)]
+    points = np.array([(0, 0)] + [(out, cin) for cin, out in rows if out > 0], np.int64).reshape(-1, 2)
+    # One point per output offset (an empty member, as BGZF's last, starts where the one before ended).
+    keep = np.ones(len(points), bool)
+    keep[1:] = np.diff(points[:, 0]) > 0
+    return points[keep]
+
+
+def _corrupt(path: Path, gz: indexed_gzip.IndexedGzipFile, exc: BaseException) -> CorruptMetaFileError:
+    try:
+        last = max((cin for _, cin in gz.raw.seek_points()), default=0)
+    except Exception:  # the index itself may be what failed
+        last = 0
+    return CorruptMetaFileError(path, int(last), f"corrupt gzip data at or after this byte ({exc})")
+
+
+def _members(path: Path, fd: int, block: int) -> Iterator[bytes]:
+    """The decompressed bytes of the gzip file open at ``fd``, member by member through zlib, which
+    checks each member's CRC32 and size (its trailer) as it ends: at most ``block`` bytes at a time.
+
+    Raises:
+        CorruptMetaFileError: corrupt data, a member's CRC or size wrong, bytes after the last member
+            that are not a member, or a file that ends inside a member; named by the compressed offset
+            of the member they are in.
+    """
+    size = os.fstat(fd).st_size
+    pos = 0  # compressed bytes read so far
+    tail = b""  # read, not yet given to a decoder
+    while pos < size or tail:
+        member = pos - len(tail)  # where this member starts
+        d = zlib.decompressobj(wbits=31)
+        data = tail
+        tail = b""
+        while not d.eof:
+            if not data:
+                if pos >= size:
+                    what = f"the file ends at byte {size:,}, inside the gzip member that starts here (truncated?)"
+                    raise CorruptMetaFileError(path, member, what)
+                data = os.pread(fd, min(_PIECE, size - pos), pos)
+                if not data:
+                    raise CorruptMetaFileError(path, pos, "the file ends here, before its size said (it changed?)")
+                pos += len(data)
+            try:
+                out = d.decompress(data, block)
+            except zlib.error as exc:
+                raise CorruptMetaFileError(
+                    path,
+                    member,
+                    f"corrupt gzip data (or a wrong CRC or size in its trailer) in the member that starts here, "
+                    f"before compressed byte {pos:,} ({exc}); bytes after the last member count as one",
+                ) from None
+            data = d.unconsumed_tail
+            if out:
+                yield out
+        tail = d.unused_data + data
+
+
+class _Checkpointer:
+    """indexed_gzip's pass over the same file, in a thread of its own, to record its checkpoints; kept
+    from decompressing more output than the checked pass (:func:`_members`) has made, so that on a
+    corrupt file (where indexed_gzip 1.10.3 can go on giving bytes without end) it stops with it."""
+
+    def __init__(self, path: Path, fd: int, spacing: int, block: int) -> None:
+        self._path, self._fd, self._spacing, self._block = path, fd, spacing, block
+        self._cond = threading.Condition()
+        self._allowed, self._final, self._stop = 0, False, False
+        self._done = 0
+        self._state: bytes | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rank-dataset-gzip-checkpoints", daemon=True)
+        self._thread.start()
+
+    def allow(self, out: int, *, final: bool = False) -> None:
+        """Let it decompress up to ``out`` output bytes (``final``: all there is)."""
+        with self._cond:
+            self._allowed, self._final = out, final
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        try:
+            raw, gz = _open(self._fd, spacing=self._spacing)
+        except BaseException as exc:  # pragma: no cover - opening reads only the first bytes
+            self._error = exc
+            return
+        try:
+            buf = bytearray(self._block)
+            while True:
+                with self._cond:
+                    while not self._stop and not self._final and self._allowed <= self._done:
+                        self._cond.wait()
+                    if self._stop:
+                        return
+                    room = self._allowed - self._done
+                    final = self._final
+                if room <= 0 and final:
+                    got = gz.raw.readinto(memoryview(buf)[:1])  # the end: there must be nothing more
+                    if got:
+                        raise ValueError("indexed_gzip gives more bytes than zlib")
+                    break
+                got = gz.raw.readinto(memoryview(buf)[: min(room, self._block)])
+                if not got:
+                    raise ValueError(f"indexed_gzip ends at {self._done:,} bytes, before zlib did")
+                self._done += got
+            gz.raw.build_full_index()
+            state = io.BytesIO()
+            gz.raw.export_index(fileobj=state)
+            self._state = state.getvalue()
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            gz.close()
+            raw.close()
+
+    def result(self) -> bytes:
+        """indexed_gzip's exported index, once it has read the whole file.
+
+        Raises:
+            CorruptMetaFileError: it failed, or disagreed with zlib on the decompressed size.
+        """
+        self._thread.join()
+        if self._state is None:
+            raise CorruptMetaFileError(self._path, 0, f"indexed_gzip could not index it ({self._error})")
+        return self._state
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join()
+
+
+def stream(path: Path, fd: int, spacing: int, block: int) -> Generator[bytes, None, tuple[int, _IntArray, bytes]]:
+    """Yield the decompressed bytes of the gzip file open at ``fd`` in blocks of at most ``block``
+    bytes; return ``(decompressed size, checkpoints (output, input), indexed_gzip's index)``.
+
+    The bytes come from zlib, member by member, each checked against its trailer (indexed_gzip 1.10.3
+    checks only some: a corrupt member before the last can give wrong bytes without an error); the
+    checkpoints from indexed_gzip, decompressing the same file at the same time in a second thread.
+
+    Raises (while iterated):
+        CorruptMetaFileError: the file is corrupt (a member's CRC or size is wrong, or its data), ends
+            inside a member, or has bytes after its last member.
+    """
+    checkpointer = _Checkpointer(path, fd, spacing, block)
+    out = 0
+    try:
+        for piece in _members(path, fd, block):
+            out += len(piece)
+            checkpointer.allow(out)
+            yield piece
+        checkpointer.allow(out, final=True)
+        index = checkpointer.result()
+    finally:
+        checkpointer.stop()
+    return out, _points(index), index
+
+
+class Reader:
+    """Decompressed bytes ``[a, b)`` of a gzip file, from the last checkpoint at or before ``a``."""
+
+    def __init__(self, path: Path, fd: int, points: _IntArray, state: bytes) -> None:
+        self._path, self._points = path, points
+        self._raw, self._gz = _open(fd, auto_build=False)
+        try:
+            self._gz.raw.import_index(fileobj=io.BytesIO(state))
+        except BaseException as exc:
+            self.close()
+            raise CorruptMetaFileError(path, 0, f"its gzip checkpoints cannot be loaded ({exc})") from None
+
+    def read(self, a: int, b: int) -> tuple[bytes, int]:
+        """``(bytes [a, b) (short if the file ends first), output bytes decompressed)``."""
+        row = max(int(np.searchsorted(self._points[:, 0], a, side="right")) - 1, 0)
+        try:
+            self._gz.raw.seek(a)
+            data = bytearray()
+            while len(data) < b - a:
+                piece = self._gz.raw.read(b - a - len(data))
+                if not piece:
+                    break
+                data += piece
+        except (OSError, ValueError) as exc:
+            raise CorruptMetaFileError(
+                self._path, int(self._points[row, 1]), f"corrupt gzip data at or after this byte ({exc})"
+            ) from None
+        return bytes(data), b - int(self._points[row, 0])
+
+    def close(self) -> None:
+        self._gz.close()
+        self._raw.close()

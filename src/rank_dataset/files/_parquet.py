@@ -1,0 +1,152 @@
+"""Parquet meta files through :mod:`pyarrow` (the ``parquet`` extra). No torch.
+
+A row is a sample; its text is the line of its chosen columns (``columns``, in that order; by default
+all) joined by a tab, a null as an empty field, a number or a date as Arrow casts it to a string.
+The row groups are the checkpoints: a read decodes the row groups that hold the rows asked for, and
+only the chosen columns. The index (rows per row group) comes from the footer, without reading data.
+Nested and binary columns are refused, naming the column; so is a schema that changed since the
+index was made (:meth:`ParquetRows.check_schema`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.errors import CorruptMetaFileError
+
+__all__ = ["ParquetRows"]
+
+_IntArray = npt.NDArray[np.int64]
+
+
+def _pyarrow() -> tuple[Any, Any, Any]:
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("reading Parquet meta files needs pyarrow: pip install 'rank-dataset[parquet]'") from None
+    return pa, pc, pq
+
+
+def _refusal(name: str, typ: Any) -> str | None:
+    """Why a column of Arrow type ``typ`` cannot be a field of a line; None if it can."""
+    pa, _, _ = _pyarrow()
+    t = pa.types
+    if t.is_dictionary(typ):
+        return _refusal(name, typ.value_type)
+    if t.is_nested(typ):
+        return f"column {name!r} is nested ({typ}): choose flat columns with columns=[...]"
+    if t.is_binary(typ) or t.is_large_binary(typ) or t.is_fixed_size_binary(typ) or str(typ) == "binary_view":
+        return f"column {name!r} is binary ({typ}), not text: choose text or number columns with columns=[...]"
+    return None
+
+
+class ParquetRows:
+    """The rows of a Parquet file as lines (see the module's docstring).
+
+    Args:
+        path: the file (``fileobj``, if given, is read instead: the file the caller opened and checked).
+        columns: the columns, in order, whose values make a line; None for all.
+
+    Raises:
+        ImportError: pyarrow is not installed.
+        ValueError: a column is missing, nested or binary.
+        CorruptMetaFileError: the footer cannot be read.
+    """
+
+    def __init__(
+        self, path: Path, columns: Sequence[str] | None = None, *, fileobj: io.RawIOBase | None = None
+    ) -> None:
+        pa, _, pq = _pyarrow()
+        self.path = path
+        try:
+            # Pages written with a checksum are checked (pyarrow writes none by default).
+            self._file = pq.ParquetFile(fileobj if fileobj is not None else path, page_checksum_verification=True)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise CorruptMetaFileError(path, 0, f"its Parquet footer cannot be read ({exc})") from None
+        schema = self._file.schema_arrow
+        names = list(schema.names)
+        chosen = names if columns is None else list(columns)
+        if isinstance(columns, str) or not chosen:
+            raise ValueError(f"columns must be a non-empty sequence of column names, not {columns!r}")
+        missing = [c for c in chosen if c not in names]
+        if missing:
+            raise ValueError(f"{path} has no column {missing[0]!r}; its columns are {names}")
+        for name in chosen:
+            why = _refusal(name, schema.field(name).type)
+            if why is not None:
+                raise ValueError(f"{path}: {why}")
+        self.columns = tuple(chosen)
+        meta = self._file.metadata
+        rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        #: Row ``bounds[g]`` is the first of row group ``g``; ``bounds[-1]`` the number of rows.
+        self.bounds: _IntArray = np.concatenate(([0], np.cumsum(rows, dtype=np.int64))).astype(np.int64)
+        self.schema_hash = self.hash_schema(schema, self.columns)
+        self._cached: tuple[int, bytes, _IntArray] | None = None
+
+    @staticmethod
+    def hash_schema(schema: Any, columns: Sequence[str]) -> bytes:
+        """What identifies the chosen columns and their types."""
+        text = "\n".join(f"{c}\t{schema.field(c).type}" for c in columns)
+        return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+    def __len__(self) -> int:
+        return int(self.bounds[-1])
+
+    def check_schema(self, expected: bytes) -> None:
+        """Raise ValueError if the chosen columns' names or types are not those ``expected`` hashes."""
+        if expected != self.schema_hash:
+            raise ValueError(
+                f"the schema of the Parquet meta file {self.path} changed since it was indexed "
+                f"(columns {list(self.columns)} now have other types, or are other columns): its rows are "
+                "not the samples indexed; build the dataset again"
+            )
+
+    def group(self, g: int) -> tuple[bytes, _IntArray]:
+        """Row group ``g`` as lines: ``(data, offsets)``, row ``bounds[g] + i`` being
+        ``data[offsets[i]:offsets[i + 1]]``. The last group read is kept."""
+        if self._cached is not None and self._cached[0] == g:
+            return self._cached[1], self._cached[2]
+        pa, pc, _ = _pyarrow()
+        try:
+            table = self._file.read_row_group(g, columns=list(self.columns))
+        except (pa.ArrowInvalid, OSError) as exc:
+            offset = self._file.metadata.row_group(g).column(0).data_page_offset
+            raise CorruptMetaFileError(self.path, int(offset), f"its row group {g} cannot be read ({exc})") from None
+        fields = []
+        for name in self.columns:
+            col = table.column(name)
+            if not pa.types.is_string(col.type):
+                col = pc.cast(col, pa.string())
+            fields.append(col)
+        if len(fields) == 1:
+            joined = pc.if_else(pc.is_null(fields[0]), "", fields[0])
+        else:
+            joined = pc.binary_join_element_wise(*fields, "\t", null_handling="replace", null_replacement="")
+        arr = joined.combine_chunks() if hasattr(joined, "combine_chunks") else joined
+        arr = pc.cast(arr, pa.large_string())  # 64-bit offsets
+        n = len(arr)
+        _, offsets_buf, data_buf = arr.buffers()
+        offsets = np.frombuffer(offsets_buf, np.int64, n + 1, arr.offset * 8).astype(np.int64)
+        data = data_buf.to_pybytes() if data_buf is not None else b""
+        self._cached = (g, data, offsets)
+        return data, offsets
+
+    def lines(self, rows: _IntArray) -> list[bytes]:
+        """The lines of ``rows`` (in range), in the order given."""
+        out: list[bytes] = [b""] * len(rows)
+        groups = np.searchsorted(self.bounds, rows, side="right") - 1
+        for g in np.unique(groups):
+            data, offsets = self.group(int(g))
+            for i in np.flatnonzero(groups == g):
+                k = int(rows[i] - self.bounds[g])
+                out[i] = data[offsets[k] : offsets[k + 1]]
+        return out

@@ -1,0 +1,117 @@
+"""zstd meta files through :mod:`zstandard`, frame by frame (see :mod:`rank_dataset.files.formats`). No torch.
+
+A zstd frame can only be decompressed from its start, so a file's checkpoints are frame starts, at
+least ``spacing`` output bytes apart. Skippable frames (zstd's seekable format ends with one) are
+passed over.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import zstandard
+
+from rank_dataset.errors import CorruptMetaFileError
+
+__all__ = ["Reader", "stream"]
+
+_PIECE = 1 << 20  # compressed bytes handed to the decoder at a time
+_WRITE = 1 << 20  # output buffer of the decoder
+_IntArray = npt.NDArray[np.int64]
+
+
+def _frames(path: Path, fd: int, start: int, out: int) -> Iterator[tuple[int, int, bytes]]:
+    """Decompress from compressed byte ``start`` (a frame start, whose output begins at ``out``) to
+    the end of the file: ``(frame start, output offset, data)``, with ``b""`` data once as each frame
+    begins.
+
+    Raises:
+        CorruptMetaFileError: corrupt data, or the file ends inside a frame.
+    """
+    size = os.fstat(fd).st_size
+    dctx = zstandard.ZstdDecompressor()
+    pos = start  # compressed bytes read up to here
+    pending = b""  # read but not yet given to a decoder
+    frame = start
+    while pos < size or pending:
+        frame = pos - len(pending)
+        yield frame, out, b""
+        obj = dctx.decompressobj(write_size=_WRITE)
+        fed = False
+        while not obj.eof:
+            if not pending:
+                if pos >= size:
+                    if not fed:  # no bytes left: the file ended between frames
+                        return
+                    what = f"the file ends at byte {size:,}, inside the zstd frame that starts here (truncated?)"
+                    raise CorruptMetaFileError(path, frame, what)
+                pending = os.pread(fd, min(_PIECE, size - pos), pos)
+                if not pending:  # the file shrank while being read
+                    raise CorruptMetaFileError(path, pos, "the file ends here, before its size said (it changed?)")
+                pos += len(pending)
+            piece, pending, fed = pending, b"", True
+            try:
+                data = obj.decompress(piece)
+            except zstandard.ZstdError as exc:
+                raise CorruptMetaFileError(
+                    path,
+                    frame,
+                    f"corrupt zstd data in the frame that starts here, at or before compressed byte {pos:,} ({exc})",
+                ) from None
+            if data:
+                yield frame, out, data
+                out += len(data)
+            if obj.eof:
+                pending = obj.unused_data
+
+
+def stream(path: Path, fd: int, spacing: int, block: int) -> Generator[bytes, None, tuple[int, _IntArray, bytes]]:
+    """Yield the decompressed bytes of the zstd file open at ``fd`` in blocks of about ``block``
+    bytes; return ``(decompressed size, checkpoints (output, input), b"")``: the frame starts at
+    least ``spacing`` output bytes apart."""
+    points = [(0, 0)]
+    parts: list[bytes] = []
+    held = out_end = 0
+    for frame, out, data in _frames(path, fd, 0, 0):
+        if not data:
+            if out - points[-1][0] >= spacing:
+                points.append((out, frame))
+            continue
+        parts.append(data)
+        held += len(data)
+        out_end = out + len(data)
+        if held >= block:
+            yield b"".join(parts)
+            parts, held = [], 0
+    if parts:
+        yield b"".join(parts)
+    return out_end, np.array(points, np.int64).reshape(-1, 2), b""
+
+
+class Reader:
+    """Decompressed bytes ``[a, b)`` of a zstd file, from the last checkpoint at or before ``a``."""
+
+    def __init__(self, path: Path, fd: int, points: _IntArray) -> None:
+        self._path, self._fd, self._points = path, fd, points
+
+    def read(self, a: int, b: int) -> tuple[bytes, int]:
+        """``(bytes [a, b) (short if the file ends first), output bytes decompressed)``."""
+        row = max(int(np.searchsorted(self._points[:, 0], a, side="right")) - 1, 0)
+        out0, in0 = int(self._points[row, 0]), int(self._points[row, 1])
+        parts: list[bytes] = []
+        done = 0
+        for _, out, data in _frames(self._path, self._fd, in0, out0):
+            end = out + len(data)
+            done = end - out0
+            if end > a and data:
+                parts.append(data[max(a - out, 0) : b - out])
+            if end >= b and data:
+                break
+        return b"".join(parts), done
+
+    def close(self) -> None:
+        pass

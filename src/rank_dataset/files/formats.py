@@ -1,0 +1,352 @@
+"""Meta files kept compressed or columnar, read in place: gzip, zstd and Parquet. No torch.
+
+A file's format is recognised by its first bytes (:func:`detect`), not by its name. A gzip or zstd
+file is a stream of text like a plain meta file. Its index is made over the decompressed bytes, in one
+decompression (:class:`Decompression`) that also records :class:`Checkpoints`: points at least
+:data:`SPACING` bytes of output apart from which decompression can start, kept with the index. A
+read of decompressed bytes ``[a, b)`` (:class:`DecompressedView`) starts at the last checkpoint at or
+before ``a``, so it decompresses less than ``SPACING`` bytes it does not need (at most a frame's, for
+zstd).
+
+- gzip (:mod:`indexed_gzip`): any gzip, one member or many (BGZF, ``cat a.gz b.gz``). A checkpoint
+  holds the 32 KiB window that decompression needs to start mid-stream, so there is one every
+  ``SPACING`` bytes whatever the file.
+- zstd (:mod:`zstandard`): a frame can only be entered at its start, so the checkpoints are frame
+  starts. A file of one frame (what ``zstd`` writes by default) has a single checkpoint, at 0: every
+  read decompresses from the start. ``pzstd`` and zstd's seekable format write many frames.
+- Parquet (:mod:`pyarrow`, the ``parquet`` extra): rows, read by row group; see
+  :mod:`rank_dataset.files._parquet`.
+
+A corrupt or truncated file is a :class:`~rank_dataset.errors.CorruptMetaFileError` naming the file
+and the compressed offset, never a wrong sample.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import os
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.errors import CorruptMetaFileError
+from rank_dataset.files import _gzip, _zstd
+
+__all__ = [
+    "BLOCK",
+    "SPACING",
+    "Checkpoints",
+    "DecompressedView",
+    "Decompression",
+    "Format",
+    "SpanSource",
+    "detect",
+    "detect_path",
+]
+
+#: Decompressed bytes between two checkpoints (at least; zstd's are frame starts).
+SPACING = 4 << 20
+#: Decompressed bytes handed out at a time by a :class:`Decompression`.
+BLOCK = 4 << 20
+_IntArray = npt.NDArray[np.int64]
+
+
+class Format(enum.Enum):
+    """What a meta file holds, as its first bytes tell."""
+
+    TEXT = "text"
+    GZIP = "gzip"
+    ZSTD = "zstd"
+    PARQUET = "parquet"
+
+    @property
+    def compressed(self) -> bool:
+        """Whether the file is a compressed stream of text (read through checkpoints)."""
+        return self in (Format.GZIP, Format.ZSTD)
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_PARQUET_MAGIC = b"PAR1"
+
+
+def _is_skippable_zstd(head: bytes) -> bool:
+    # A skippable frame (magic 0x184D2A50-0x184D2A5F) may open a zstd file, as in the seekable format.
+    return len(head) >= 4 and head[1:4] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50
+
+
+def detect(fd: int) -> Format:
+    """The format of the file open at ``fd``, from its first bytes (and, for Parquet, its last four)."""
+    head = os.pread(fd, 4, 0)
+    if head[:2] == _GZIP_MAGIC:
+        return Format.GZIP
+    if head == _ZSTD_MAGIC or _is_skippable_zstd(head):
+        return Format.ZSTD
+    if head == _PARQUET_MAGIC:
+        size = os.fstat(fd).st_size
+        if size >= 12 and os.pread(fd, 4, size - 4) == _PARQUET_MAGIC:
+            return Format.PARQUET
+    return Format.TEXT
+
+
+def detect_path(path: str | os.PathLike[str]) -> Format:
+    """The format of the file at ``path`` (see :func:`detect`)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return detect(fd)
+    finally:
+        os.close(fd)
+
+
+_CKPT_MAGIC = b"RDCKPT\x00\x01"
+_CKPT_HEADER = struct.Struct("<8s8sqqq")  # magic, format, decompressed size, points, state bytes
+
+
+@dataclass(frozen=True, eq=False)
+class Checkpoints:
+    """Where decompression of a compressed file can start.
+
+    ``size``: the file's decompressed bytes. ``points``: ``(k, 2)`` rows ``(output offset, input
+    offset)``, increasing, the first ``(0, 0)``. ``state``: what the decoder needs besides (for gzip,
+    :mod:`indexed_gzip`'s index, with each point's 32 KiB window; empty for zstd).
+    """
+
+    format: Format
+    size: int
+    points: _IntArray
+    state: bytes = b""
+
+    def to_bytes(self) -> bytes:
+        """These checkpoints as bytes (what the index cache keeps; :meth:`from_bytes` reads them)."""
+        head = _CKPT_HEADER.pack(
+            _CKPT_MAGIC, self.format.value.encode().ljust(8, b"\0"), self.size, len(self.points), len(self.state)
+        )
+        return head + self.points.astype("<i8").tobytes() + self.state
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Checkpoints:
+        """Checkpoints written by :meth:`to_bytes`.
+
+        Raises:
+            ValueError: ``raw`` is not that (damaged or another version's).
+        """
+        if len(raw) < _CKPT_HEADER.size:
+            raise ValueError(f"checkpoints of {len(raw)} bytes are too short to hold their header")
+        magic, name, size, count, nstate = _CKPT_HEADER.unpack_from(raw)
+        points_at = _CKPT_HEADER.size
+        if magic != _CKPT_MAGIC or count < 1 or nstate < 0 or len(raw) != points_at + 16 * count + nstate:
+            raise ValueError("checkpoints damaged or written by another version")
+        try:
+            fmt = Format(name.rstrip(b"\0").decode())
+        except (UnicodeDecodeError, ValueError):
+            raise ValueError(f"checkpoints of an unknown format {name!r}") from None
+        points = np.frombuffer(raw, "<i8", 2 * count, points_at).astype(np.int64).reshape(-1, 2)
+        if not (points[0] == 0).all() or (np.diff(points, axis=0) < 0).any() or points[-1, 0] > size:
+            raise ValueError("checkpoints damaged: not increasing from (0, 0) within the file")
+        return cls(fmt, int(size), points, raw[points_at + 16 * count :])
+
+    def at(self, offset: int) -> tuple[int, int]:
+        """``(output offset, input offset)`` of the last checkpoint at or before output ``offset``."""
+        row = int(np.searchsorted(self.points[:, 0], offset, side="right")) - 1
+        return int(self.points[max(row, 0), 0]), int(self.points[max(row, 0), 1])
+
+    def compressed_span(self, a: int, b: int, file_size: int) -> tuple[int, int]:
+        """The compressed bytes ``[lo, hi)`` that a read of output ``[a, b)`` decompresses: from the
+        checkpoint at or before ``a`` to the one after ``b`` (or the file's end)."""
+        lo = self.at(a)[1]
+        row = int(np.searchsorted(self.points[:, 0], b, side="left"))
+        hi = int(self.points[row, 1]) if row < len(self.points) else file_size
+        return lo, max(lo, hi)
+
+
+class Decompression:
+    """One pass over the decompressed bytes of the compressed file open at ``fd`` (``path`` names it
+    in errors), in blocks of about :data:`BLOCK` bytes, recording its checkpoints.
+
+    Iterate it once; :attr:`checkpoints` is set when the iteration has ended.
+
+    Raises (while iterated):
+        CorruptMetaFileError: the file is corrupt or truncated.
+    """
+
+    def __init__(self, path: Path, fd: int, fmt: Format, *, spacing: int = SPACING, block: int = BLOCK) -> None:
+        if not fmt.compressed:
+            raise ValueError(f"a Decompression reads gzip or zstd files, not {fmt.value} ({path})")
+        if spacing <= 0 or block <= 0:
+            raise ValueError(f"spacing and block must be positive, not {spacing} and {block}")
+        self.path, self.format = path, fmt
+        self._fd, self._spacing, self._block = fd, spacing, block
+        self._checkpoints: Checkpoints | None = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        stream = _gzip.stream if self.format is Format.GZIP else _zstd.stream
+        size, points, state = yield from stream(self.path, self._fd, self._spacing, self._block)
+        self._checkpoints = Checkpoints(self.format, size, points, state)
+
+    @property
+    def checkpoints(self) -> Checkpoints:
+        """The checkpoints recorded.
+
+        Raises:
+            ValueError: the decompression has not run to its end.
+        """
+        if self._checkpoints is None:
+            raise ValueError(f"the decompression of {self.path} has not run to its end")
+        return self._checkpoints
+
+
+class DecompressedView:
+    """Random reads of the decompressed bytes of the compressed file open at ``fd`` (the file the
+    ``checkpoints`` were made from: the caller checks that), each from the nearest checkpoint.
+
+    Not thread-safe; :meth:`close` (or ``with``) frees the decoder (``fd`` stays the caller's).
+    """
+
+    def __init__(self, path: Path, fd: int, checkpoints: Checkpoints) -> None:
+        self.path, self.checkpoints = path, checkpoints
+        self.decompressed = 0  # output bytes decompressed by reads so far, those skipped included
+        if checkpoints.format is Format.GZIP:
+            self._reader: _gzip.Reader | _zstd.Reader = _gzip.Reader(path, fd, checkpoints.points, checkpoints.state)
+        elif checkpoints.format is Format.ZSTD:
+            self._reader = _zstd.Reader(path, fd, checkpoints.points)
+        else:
+            raise ValueError(f"a DecompressedView reads gzip or zstd files, not {checkpoints.format.value} ({path})")
+
+    def read(self, a: int, b: int) -> bytes:
+        """Decompressed bytes ``[a, b)``.
+
+        Raises:
+            ValueError: ``[a, b)`` is not within the decompressed file.
+            CorruptMetaFileError: the file is corrupt, or ends before ``b`` (it changed).
+        """
+        if not 0 <= a <= b <= self.checkpoints.size:
+            raise ValueError(f"bytes [{a}, {b}) are not within the {self.checkpoints.size:,} decompressed bytes")
+        if a == b:
+            return b""
+        data, done = self._reader.read(a, b)
+        self.decompressed += done
+        if len(data) != b - a:
+            start = self.checkpoints.at(a)[1]
+            raise CorruptMetaFileError(
+                self.path, start, f"it ends {b - a - len(data):,} decompressed bytes short of byte {b:,} (truncated?)"
+            )
+        return data
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def __enter__(self) -> DecompressedView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+#: Decompressed bytes a :class:`SpanSource` decodes and keeps at a time (at most; less between checkpoints).
+SPAN = 4 << 20
+_KEPT_SPANS = 4
+
+
+class SpanSource:
+    """The decompressed bytes of a compressed file as a gather reads them (``Window.load``'s
+    protocol): spans between checkpoints, cut at most :data:`SPAN` long, each decompressed once
+    from its checkpoint and kept while a few others are (a batch's rows share them). Each thread
+    reads through a decoder and a descriptor of its own (``open_fd`` makes one, checked by the caller).
+
+    Raises (from reads):
+        CorruptMetaFileError: the file is corrupt, or ends early.
+    """
+
+    def __init__(self, path: Path, fd: int, checkpoints: Checkpoints, open_fd: Callable[[], int]) -> None:
+        self.path, self.fd, self.checkpoints = path, fd, checkpoints
+        size = checkpoints.size
+        cuts = np.union1d(checkpoints.points[:, 0], np.arange(0, size, SPAN, dtype=np.int64))
+        self._bounds: _IntArray = np.append(cuts[cuts < size], size).astype(np.int64) if size else np.zeros(1, np.int64)
+        self._open_fd = open_fd
+        self._kept: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._views: list[tuple[DecompressedView, int]] = []
+        self.decompressed = 0  # output bytes decoded, those skipped to reach a span included
+
+    def _view(self) -> DecompressedView:
+        view: DecompressedView | None = getattr(self._local, "view", None)
+        if view is None:
+            fd = self._open_fd()
+            view = DecompressedView(self.path, fd, self.checkpoints)
+            self._local.view = view
+            with self._lock:
+                self._views.append((view, fd))
+        return view
+
+    def span(self, k: int) -> bytes:
+        """Decompressed span ``k``: bytes ``[bounds[k], bounds[k + 1])``."""
+        with self._lock:
+            data = self._kept.get(k)
+            if data is not None:
+                self._kept.move_to_end(k)
+                return data
+        view = self._view()
+        before = view.decompressed
+        data = view.read(int(self._bounds[k]), int(self._bounds[k + 1]))
+        with self._lock:
+            self.decompressed += view.decompressed - before
+            self._kept[k] = data
+            while len(self._kept) > _KEPT_SPANS:
+                self._kept.popitem(last=False)
+        return data
+
+    def _spans_of(self, a: int, b: int) -> tuple[int, int]:
+        """The spans ``[k0, k1)`` that hold bytes ``[a, b)``."""
+        k0 = int(np.searchsorted(self._bounds, a, side="right")) - 1
+        k1 = int(np.searchsorted(self._bounds, b, side="left"))
+        return max(k0, 0), max(k1, k0 + 1)
+
+    def read(self, a: int, b: int) -> bytes:
+        """Decompressed bytes ``[a, b)`` (cut at the end)."""
+        b = min(b, self.checkpoints.size)
+        if b <= a:
+            return b""
+        k0, k1 = self._spans_of(a, b)
+        data = b"".join(self.span(k) for k in range(k0, k1))
+        lo = int(self._bounds[k0])
+        return data[a - lo : b - lo]
+
+    def load(
+        self, starts: _IntArray, stops: _IntArray, end: int, pad: int = 0
+    ) -> tuple[npt.NDArray[np.uint8], int | _IntArray]:
+        """As :meth:`rank_dataset.files._pread.Window.load`: ranges ``[starts[i], stops[i])`` (cut at
+        ``end``), the spans that hold them back to back: byte ``x`` of range ``i`` is ``buf[x - shift[i]]``."""
+        hi_all = np.minimum(stops, end)
+        lo_all = np.minimum(starts, hi_all)
+        k0 = np.maximum(np.searchsorted(self._bounds, lo_all, side="right") - 1, 0)
+        k1 = np.maximum(np.searchsorted(self._bounds, hi_all, side="left"), k0 + 1)
+        spans = len(self._bounds) - 1
+        needed = np.zeros(max(spans, 1) + 1, np.int64)
+        np.add.at(needed, k0, 1)
+        np.add.at(needed, np.minimum(k1, spans), -1)
+        wanted = np.flatnonzero(np.cumsum(needed)[:spans] > 0)
+        if not wanted.size:
+            return np.zeros(pad, np.uint8), 0
+        parts = [self.span(int(k)) for k in wanted]
+        place = np.zeros(spans + 1, np.int64)  # where a wanted span starts in the buffer
+        sizes = np.array([len(p) for p in parts], np.int64)
+        place[wanted] = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        buf = np.frombuffer(b"".join(parts) + bytes(pad), np.uint8)
+        # A range's spans are consecutive and all wanted, so back to back: one shift serves it.
+        shift = self._bounds[k0] - place[k0]
+        return buf, shift
+
+    def close(self) -> None:
+        with self._lock:
+            views, self._views = self._views, []
+            self._kept.clear()
+        for view, fd in views:
+            view.close()
+            os.close(fd)

@@ -1,0 +1,184 @@
+"""Compressed meta files read in place through MetaFile: the same samples and shards as the plain
+file of the same lines, for every plan kind; bad input is a clear error, never a wrong sample."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+
+from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
+from rank_dataset.files import formats
+from rank_dataset.files.metafile import MetaFile
+from rank_dataset.plan.mix import MixPlan, Source
+from rank_dataset.plan.spec import ShardSpec
+
+
+@pytest.fixture(autouse=True)
+def _small_spans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Small spans, so that small files have many (and reads cross span boundaries).
+    monkeypatch.setattr(formats, "SPAN", 32 << 10)
+    monkeypatch.setenv("RANK_DATASET_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _lines(n: int, tag: str = "a") -> bytes:
+    # Blank and whitespace lines (not samples), CRLF endings, non-ASCII text, a byte order mark.
+    rows = []
+    for i in range(n):
+        if i % 97 == 5:
+            rows.append(b"   ")
+        elif i % 89 == 3:
+            rows.append(b"")
+        else:
+            row = f'{{"path": "{tag}/{i:06d}.jpg", "label": {i * 7919 % 1000}, "t": "é{i}"}}'.encode()
+            rows.append(row + (b"\r" if i % 13 == 0 else b""))
+    return b"\xef\xbb\xbf" + b"\n".join(rows)  # the last line without a newline
+
+
+def _members(raw: bytes, size: int) -> bytes:
+    return b"".join(gzip.compress(raw[k : k + size], 6) for k in range(0, len(raw), size))
+
+
+def _frames(raw: bytes, size: int) -> bytes:
+    c = zstandard.ZstdCompressor(level=3, write_checksum=True)
+    return b"".join(c.compress(raw[k : k + size]) for k in range(0, len(raw), size))
+
+
+WRITERS: dict[str, Callable[[bytes], bytes]] = {
+    "one.gz": lambda raw: gzip.compress(raw, 6),
+    "members.gz": lambda raw: _members(raw, 50_000),
+    "one.zst": lambda raw: zstandard.ZstdCompressor(level=3).compress(raw),
+    "frames.zst": lambda raw: _frames(raw, 40_000),
+}
+
+
+def _pair(tmp_path: Path, name: str, raw: bytes) -> tuple[MetaFile, MetaFile]:
+    plain, packed = tmp_path / f"{name}.txt", tmp_path / name
+    plain.write_bytes(raw)
+    packed.write_bytes(WRITERS[name](raw))
+    return MetaFile(plain), MetaFile(packed)
+
+
+def _specs(n: int) -> list[ShardSpec]:
+    specs = [ShardSpec(n, w, r, seed=3, epoch=1) for w in (1, 3, 8) for r in range(w)]
+    specs += [ShardSpec(n, 4, r, mini_epoch=3, mini_epoch_idx=i, seed=5) for r in range(4) for i in range(3)]
+    specs += [ShardSpec(n, 5, r, is_test=True) for r in range(5)]
+    return specs
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_shards_are_those_of_the_plain_file(tmp_path: Path, name: str) -> None:
+    text, packed = _pair(tmp_path, name, _lines(6000))
+    assert len(packed) == len(text) > 5000
+    for spec in _specs(len(text)):
+        idx = spec.indices()
+        a, b = text.read(idx), packed.read(idx)
+        assert np.array_equal(a.bounds, b.bounds) and bytes(a.data) == bytes(b.data), spec
+    for i in (0, 1, len(text) // 2, len(text) - 1):
+        assert packed[i] == text[i]
+        assert packed.where(i).rsplit(":", 1)[1] == text.where(i).rsplit(":", 1)[1]
+    assert packed.read(np.arange(len(text))).texts(range(len(text))) == [text[i] for i in range(len(text))]
+
+
+def test_a_mix_of_compressed_files_gives_the_plain_files_shards(tmp_path: Path) -> None:
+    raw_a, raw_b = _lines(3000, "a"), _lines(1700, "b")
+    for name, raw in (("a.txt", raw_a), ("b.txt", raw_b)):
+        (tmp_path / name).write_bytes(raw)
+    (tmp_path / "a.gz").write_bytes(_members(raw_a, 30_000))
+    (tmp_path / "b.zst").write_bytes(_frames(raw_b, 30_000))
+    text, packed = MetaFile([tmp_path / "a.txt", tmp_path / "b.txt"]), MetaFile([tmp_path / "a.gz", tmp_path / "b.zst"])
+    sizes = [len(MetaFile(tmp_path / "a.txt")), len(MetaFile(tmp_path / "b.txt"))]
+    plan = MixPlan.from_sources(sizes, [Source("a", repeat=0.5), Source("b", weight=2)])
+    for r in range(4):
+        spec = ShardSpec(plan.epoch_size, 4, r, seed=9, mix=plan)
+        a, b = text.read(spec.indices()), packed.read(spec.indices())
+        assert np.array_equal(a.bounds, b.bounds) and bytes(a.data) == bytes(b.data)
+
+
+@pytest.mark.parametrize("name", ["one.gz", "frames.zst"])
+def test_a_file_rewritten_in_place_is_metafilechangederror(tmp_path: Path, name: str) -> None:
+    raw = _lines(3000)
+    _, packed = _pair(tmp_path, name, raw)
+    path = packed.paths[0]
+    data = WRITERS[name](raw.replace(b"a/0", b"a/9"))  # other lines, the same length
+    with open(path, "r+b") as f:  # in place: the same inode
+        f.write(data)
+        f.truncate()
+    with pytest.raises(MetaFileChangedError):
+        packed.read(np.arange(100))
+    with pytest.raises(MetaFileChangedError):
+        packed.raw(7)
+
+
+@pytest.mark.parametrize("name", ["one.gz", "members.gz", "frames.zst"])
+def test_a_corrupt_file_is_an_error_naming_file_and_compressed_offset(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    data = bytearray(WRITERS[name](_lines(3000)))
+    for i in range(len(data) // 2, len(data) // 2 + 64):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptMetaFileError) as info:
+        MetaFile(path)
+    assert info.value.path == path and f"compressed byte {info.value.offset:,}" in str(info.value)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["one.gz", "one.zst"])
+def test_a_truncated_file_is_an_error(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    data = WRITERS[name](_lines(3000))
+    path.write_bytes(data[: len(data) - 100])
+    with pytest.raises(CorruptMetaFileError, match="truncated"):
+        MetaFile(path)
+
+
+def test_lines_not_utf8_in_a_gz_are_named_by_file_and_line(tmp_path: Path) -> None:
+    raw = b"a 1\nb 2\n\nc \xff\xfe 3\nd 4\n"
+    path = tmp_path / "bad.gz"
+    path.write_bytes(gzip.compress(raw))
+    mf = MetaFile(path)
+    with pytest.raises(ValueError, match=rf"{path}:4: line is not valid UTF-8"):
+        mf.read(np.arange(len(mf)))
+    with pytest.raises(ValueError, match=rf"{path}:4: line is not valid UTF-8"):
+        mf[2]
+
+
+def test_the_format_is_told_by_content_not_name(tmp_path: Path) -> None:
+    raw = _lines(500)
+    (tmp_path / "plain.txt").write_bytes(raw)
+    (tmp_path / "packed.txt").write_bytes(gzip.compress(raw))
+    (tmp_path / "packed.gz").write_bytes(zstandard.ZstdCompressor().compress(raw))
+    text = MetaFile(tmp_path / "plain.txt")
+    for name in ("packed.txt", "packed.gz"):
+        mf = MetaFile(tmp_path / name)
+        assert [mf[i] for i in range(len(mf))] == [text[i] for i in range(len(text))]
+
+
+def test_nothing_is_left_open(tmp_path: Path) -> None:
+    _, packed = _pair(tmp_path, "members.gz", _lines(3000))
+    before = len(os.listdir("/proc/self/fd"))
+    packed.read(np.arange(len(packed))[::-1])
+    packed[3]
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_group_by_refuses_a_compressed_file_and_a_parquet_file_is_refused(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rank_dataset import MetaFile, group_by
+
+    p = tmp_path / "meta.txt.gz"
+    p.write_bytes(gzip.compress(b"".join(f"img_{i}.jpg {i % 3}\n".encode() for i in range(100))))
+    assert MetaFile(p)[5] == "img_5.jpg 2"
+    with pytest.raises(ValueError, match=r"meta\.txt\.gz: group_by.*gzip-compressed; decompress it"):
+        group_by(p)
+    q = tmp_path / "meta.parquet"
+    pq.write_table(pa.table({"path": ["a.jpg", "b.jpg"], "label": [0, 1]}), q)
+    with pytest.raises(ValueError, match=r"meta\.parquet is a Parquet file: Parquet meta files are not read yet"):
+        MetaFile(q)
