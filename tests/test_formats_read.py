@@ -182,3 +182,12 @@ def test_group_by_refuses_a_compressed_file_and_a_parquet_file_is_refused(tmp_pa
     pq.write_table(pa.table({"path": ["a.jpg", "b.jpg"], "label": [0, 1]}), q)
     with pytest.raises(ValueError, match=r"meta\.parquet is a Parquet file: Parquet meta files are not read yet"):
         MetaFile(q)
+
+
+def test_the_collective_reader_refuses_a_compressed_file(tmp_path: Path) -> None:
+    from rank_dataset import RankDataset
+
+    p = tmp_path / "meta.txt.zst"
+    p.write_bytes(zstandard.ZstdCompressor().compress(b"a.jpg 0\nb.jpg 1\n"))
+    with pytest.raises(ValueError, match=r"meta\.txt\.zst is zstd: reader='collective' reads plain text meta files"):
+        RankDataset(p, reader="collective")

@@ -16,6 +16,7 @@ from rank_dataset.core.checks import check_index, check_int
 from rank_dataset.core.parsers import LineError, Parser, resolve_parser
 from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.core.shard import Shard
+from rank_dataset.files.formats import Format, detect_path
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.config import ReloadConfig
 from rank_dataset.plan.exclude import Exclusion
@@ -675,6 +676,12 @@ class RankDataset(ShardedDataset):
         sources = as_sources(meta_file)
         if reader == "collective":
             paths = _paths_of(meta_file) if sources is None else files_of(sources)
+            for path in paths:  # the collective reader cuts the files' own bytes into slices
+                if os.path.isfile(path) and detect_path(path) is not Format.TEXT:
+                    raise ValueError(
+                        f"{path} is {detect_path(path).value}: reader='collective' reads plain text meta files "
+                        "only (not yet compressed ones); use reader='file', which reads it in place"
+                    )
             self.meta: MetaFile | None = None  # no MetaFile: no index is read or written
             shards: ShardReader = CollectiveReader(paths, sources, group=group, timeout=timeout, agree=_agree_files)
         else:
