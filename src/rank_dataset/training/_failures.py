@@ -24,8 +24,9 @@ import numpy.typing as npt
 from rank_dataset.core.parsers import Parser
 from rank_dataset.errors import TooManyFailuresError
 from rank_dataset.plan.exclude import Exclusion
-from rank_dataset.plan.mix import MixPlan, Mixture, Source
+from rank_dataset.plan.mix import MixPlan, Mixture
 from rank_dataset.plan.permutation import hash_keys
+from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec, eval_range
 from rank_dataset.shards.channel import ShardChannel
 from rank_dataset.shards.failures import Failure

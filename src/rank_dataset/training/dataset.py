@@ -19,7 +19,7 @@ from rank_dataset.core.shard import Shard
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.config import ReloadConfig
 from rank_dataset.plan.exclude import Exclusion
-from rank_dataset.plan.mix import Source, SourceInfo, as_sources
+from rank_dataset.plan.sources import Source, SourceInfo, as_sources
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards.channel import AuditMode, PassCount, ShardChannel
 from rank_dataset.shards.collective import CollectiveReader
@@ -448,7 +448,7 @@ class RankDataset(ShardedDataset):
 
     Args:
         meta_file: a path, a list of paths (taken as one file, in order), a MetaFile, or a mix: a
-            list of :class:`~rank_dataset.plan.mix.Source` (each a file or several, or the listed samples
+            list of :class:`~rank_dataset.plan.sources.Source` (each a file or several, or the listed samples
             of them, with a weight, a repeat or a choose, and optionally its own parser). Items of a
             mix are numbered over the distinct files of the sources, in order of first appearance
             (for sources over distinct files: sample ``k`` of source ``s`` is ``sum(N_0..N_{s-1}) +
@@ -495,7 +495,7 @@ class RankDataset(ShardedDataset):
     Raises:
         ValueError: as MetaFile; ``reader="collective"`` without an initialised process group; for a
             mix, a source with no samples or counts that cannot be met (see
-            :func:`~rank_dataset.plan.mix.mix_counts`), the message naming the source.
+            :func:`~rank_dataset.plan.counts.mix_counts`), the message naming the source.
 
     Examples:
         >>> import tempfile, os
