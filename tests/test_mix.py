@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from rank_dataset.plan import mix
-from rank_dataset.plan.mix import MixPlan, Source, mix_counts
+from rank_dataset.plan.counts import mix_counts, mix_draws
+from rank_dataset.plan.mix import MixPlan
 from rank_dataset.plan.permutation import permute
+from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec, spread_positions
 
 S = Source
@@ -380,7 +382,7 @@ def source_stream_reference(n: int, key: int, stop: int) -> np.ndarray:
 
 def aug_mix_reference(plan: MixPlan, k: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
     """An epoch's samples and source ids at positions 0..T0-1, from each source's stream, O(T0 + stream)."""
-    draws = mix.mix_draws(plan.counts, k)
+    draws = mix_draws(plan.counts, k)
     total = sum(draws)
     assert total == -(-plan.epoch_size // k)
     owner = np.repeat(np.arange(len(draws)), draws)  # draw slot -> source
@@ -428,22 +430,22 @@ def test_aug_repeats_mix_walks_each_stream(k: int) -> None:
     ("counts", "k"), [([6, 3, 2], 2), ([9, 8, 2], 2), ([100, 7, 1000], 3), ([5, 5], 4), ([1, 1, 1], 1), ([13], 5)]
 )
 def test_mix_draws_share_the_draws_by_the_counts(counts: list[int], k: int) -> None:
-    draws = mix.mix_draws(counts, k)
+    draws = mix_draws(counts, k)
     total = sum(counts)
     assert sum(draws) == -(-total // k)
     for c, d in zip(counts, draws):
         assert abs(d - c * sum(draws) / total) < 1
         if all(x % k == 0 for x in counts):
             assert d == c // k
-    assert mix.mix_draws(counts, 1) == counts
+    assert mix_draws(counts, 1) == counts
 
 
 def test_mix_draws_refuse_a_source_too_small_for_a_draw() -> None:
     with pytest.raises(ValueError, match="source 'books' takes 1 of the epoch's 101 samples"):
-        mix.mix_draws([100, 1], 3, ["web", "books"])
+        mix_draws([100, 1], 3, ["web", "books"])
     with pytest.raises(ValueError, match="aug_repeats must be >= 1"):
-        mix.mix_draws([100, 1], 0)
-    assert mix.mix_draws([100, 0, 4], 4) == [25, 0, 1]  # a source with no count gets no draw
+        mix_draws([100, 1], 0)
+    assert mix_draws([100, 0, 4], 4) == [25, 0, 1]  # a source with no count gets no draw
 
 
 # -- schedules: rules that change from an epoch on -------------------------------------------------
@@ -509,7 +511,7 @@ def test_each_epoch_takes_the_counts_in_force(case: Any) -> None:
         running = [0] * len(plan.sizes)
         for epoch in range(40):
             assert list(plan.stream_starts(epoch, k)) == running
-            running = [a + b for a, b in zip(running, mix.mix_draws(plan.counts_at(epoch), k))]
+            running = [a + b for a, b in zip(running, mix_draws(plan.counts_at(epoch), k))]
 
 
 @pytest.mark.parametrize("case", SCHEDULES)

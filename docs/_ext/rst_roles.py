@@ -1,6 +1,6 @@
 """A griffe extension for the API reference: Sphinx roles in docstrings shown as code.
 
-Some docstrings name other objects Sphinx-style (``:class:`~rank_dataset.plan.mix.Source```,
+Some docstrings name other objects Sphinx-style (``:class:`~rank_dataset.plan.sources.Source```,
 ``:meth:`state_dict```). mkdocstrings reads Markdown, where such a role would show as literal
 ``:class:`` text; this shows the name as inline code instead (``~`` keeps its last component, as
 Sphinx does). The docstrings themselves stay as they are for ``help()`` and editors.

@@ -28,8 +28,8 @@ from rank_dataset.files.metafile import MetaFile
 from rank_dataset.files.recipes import class_balanced, repeat_factor
 from rank_dataset.files.scan import build_index
 from rank_dataset.plan.config import ReloadConfig
-from rank_dataset.plan.mix import Source
 from rank_dataset.plan.resume import ResumeState
+from rank_dataset.plan.sources import Source
 from rank_dataset.shards.channel import PassCount
 from rank_dataset.training.topology import get_rank_world_size
 

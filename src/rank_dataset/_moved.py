@@ -24,7 +24,7 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     "rank_dataset.index": ("rank_dataset.files.index",),
     "rank_dataset.lightning": ("rank_dataset.training.lightning",),
     "rank_dataset.metafile": ("rank_dataset.files.metafile",),
-    "rank_dataset.mix": ("rank_dataset.plan.mix",),
+    "rank_dataset.mix": ("rank_dataset.plan.sources", "rank_dataset.plan.counts", "rank_dataset.plan.mix"),
     "rank_dataset.parsers": ("rank_dataset.core.parsers",),
     "rank_dataset.permutation": ("rank_dataset.plan.permutation",),
     "rank_dataset.protocol": ("rank_dataset.server.protocol",),

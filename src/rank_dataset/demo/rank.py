@@ -29,7 +29,7 @@ from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.demo.baselines import NaiveDataset, OriginalDataset
 from rank_dataset.demo.memory import pss_with_children
 from rank_dataset.demo.synthetic import imagenet_line
-from rank_dataset.plan.mix import Source
+from rank_dataset.plan.sources import Source
 from rank_dataset.training.dataset import RankDataset, ShardedDataset
 from rank_dataset.training.sampler import RandomSampler
 

@@ -1,4 +1,4 @@
-"""Uneven sampling recipes as plain lists of :class:`~rank_dataset.plan.mix.Source`: class-balanced
+"""Uneven sampling recipes as plain lists of :class:`~rank_dataset.plan.sources.Source`: class-balanced
 (:func:`class_balanced`) and repeat-factor (:func:`repeat_factor`) sampling. No torch.
 
 Each returns one source per class, or per distinct repeat factor, over a subset of one meta file, so
@@ -22,7 +22,7 @@ from rank_dataset.files.grouping import Key, each_line, grouping_of
 from rank_dataset.files.index import load_index
 from rank_dataset.files.scan import PathLike
 from rank_dataset.plan.balance import check_factors, class_weights, factor_groups, lvis_factors
-from rank_dataset.plan.mix import Source
+from rank_dataset.plan.sources import Source
 from rank_dataset.plan.subsets import SampleIds
 
 __all__ = ["class_balanced", "repeat_factor"]

@@ -26,7 +26,7 @@ class ReloadConfig:
         group: accepted for code written for the original rank_dataset, where it was passed as
             ``"group": 1``. It changes nothing here: shards are always cut over the whole world.
             Any int >= 1 is accepted.
-        epoch_size: for a mix of sources (a list of :class:`~rank_dataset.plan.mix.Source`), ``T0``, the
+        epoch_size: for a mix of sources (a list of :class:`~rank_dataset.plan.sources.Source`), ``T0``, the
             samples an epoch takes of all sources together (an int >= 1); None: the sum of the fixed
             counts if no source has a weight, else the total number of samples of all sources.
             Meaningless without sources (a ValueError there); ignored in eval mode.

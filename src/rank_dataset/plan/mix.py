@@ -1,8 +1,8 @@
 """Weighted mixing of several sources into one epoch order. Pure: numpy only, no I/O, no torch.
 
-A mix of sources ``s = 0..S-1`` with ``N_s`` samples each takes ``c_s`` samples of source ``s`` per
-epoch (:func:`mix_counts`), ``T0 = sum(c_s)`` in all. Sample ``k`` of source ``s`` has the global
-number ``sum(N_0..N_{s-1}) + k``.
+A mix of sources ``s = 0..S-1`` (:mod:`rank_dataset.plan.sources`) with ``N_s`` samples each takes ``c_s``
+samples of source ``s`` per epoch (:func:`~rank_dataset.plan.counts.mix_counts`), ``T0 = sum(c_s)`` in all.
+Sample ``k`` of source ``s`` has the global number ``sum(N_0..N_{s-1}) + k``.
 
 Which samples an epoch takes: each source is an endless stream whose pass ``j`` is the permutation
 of its samples fixed by ``(seed, s, j)``; epoch ``e`` takes stream positions ``[e*c_s, (e+1)*c_s)``.
@@ -11,10 +11,10 @@ any epoch each sample has been taken ``floor`` or ``ceil`` of ``epochs * c_s / N
 one epoch that does not start or end on a pass boundary a sample may be taken once more or once less
 than that: the tail of one pass and the head of the next are drawn independently.)
 
-Schedules: a source's rule may change from given epochs on (:class:`Source`); the counts of each
-epoch are then those of the rules in force (:attr:`MixPlan.changes`), ``T0`` stays fixed, and epoch
-``e`` takes stream positions from the sum of the source's counts in the epochs before ``e`` on
-(:meth:`MixPlan.stream_starts`), so both guarantees above hold across changes.
+Schedules: a source's rule may change from given epochs on (:class:`~rank_dataset.plan.sources.Source`);
+the counts of each epoch are then those of the rules in force (:attr:`MixPlan.changes`), ``T0`` stays
+fixed, and epoch ``e`` takes stream positions from the sum of the source's counts in the epochs before
+``e`` on (:meth:`MixPlan.stream_starts`), so both guarantees above hold across changes.
 
 The epoch order: slots ``[0, T0)`` belong to the sources in list order (``c_0`` slots, then ``c_1``,
 ...), and position ``p`` of the order holds slot ``permute(T0, seed, epoch, p mod T0)``, which
@@ -22,21 +22,18 @@ interleaves the sources. The shard layout (``R``, padding by wrapping, mini-epoc
 plain one of :mod:`rank_dataset.plan.spec` over ``T0`` positions. Everything costs O(positions asked for).
 
 Repeated augmentation (``aug_repeats = k``): position ``p`` holds draw ``p // k``; the epoch's
-``D = ceil(T0 / k)`` draws are shared among the sources by their counts (:func:`mix_draws`), the
-``(seed, epoch)`` permutation of ``[0, D)`` interleaves them, and each stream advances by its draws.
+``D = ceil(T0 / k)`` draws are shared among the sources by their counts
+(:func:`~rank_dataset.plan.counts.mix_draws`), the ``(seed, epoch)`` permutation of ``[0, D)`` interleaves
+them, and each stream advances by its draws.
 With ``k = 1`` that is the order above.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
-import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -45,7 +42,7 @@ import numpy.typing as npt
 from rank_dataset.core.checks import MAX_EXACT, check_int, check_ints
 from rank_dataset.core.parsers import Parser, resolve_parser
 from rank_dataset.plan.bounds import Bounds
-from rank_dataset.plan.exclude import Exclusion
+from rank_dataset.plan.counts import mix_draws, mix_schedule, mix_targets
 from rank_dataset.plan.permutation import (
     _splitmix64,
     _splitmix64_array,
@@ -55,409 +52,13 @@ from rank_dataset.plan.permutation import (
     permute_stream,
     round_keys_each,
 )
-from rank_dataset.plan.subsets import SampleIds
+from rank_dataset.plan.sources import Source, SourceInfo
 
-__all__ = [
-    "MixPlan",
-    "Mixture",
-    "Source",
-    "SourceInfo",
-    "as_sources",
-    "combine_fingerprints",
-    "mix_counts",
-    "mix_draws",
-    "mix_schedule",
-    "mix_targets",
-]
+__all__ = ["MixPlan", "Mixture", "combine_fingerprints"]
 
 _MASK64 = (1 << 64) - 1
 _FEW_SOURCES = 16  # up to this many sources, evaluate each one's permutation by a call of its own
 _BLOCK = 1 << 16  # positions located at a time in a mix of many sources: the temporaries stay in cache
-
-PathArg = str | os.PathLike[str]
-
-
-def _positive_float(name: str, value: Any) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    number = float(value)
-    if not (math.isfinite(number) and number > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return number
-
-
-def _fspath(i: int, path: Any) -> str:
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"paths[{i}] must be a str or os.PathLike, got {path!r} ({type(path).__name__})")
-    text = os.fspath(path)
-    if not isinstance(text, str):
-        raise TypeError(f"paths[{i}] must be a str path, got bytes {text!r}")
-    if not text:
-        raise ValueError(f"paths[{i}] is an empty path")
-    return text
-
-
-Rule = float | Mapping[int, float]  # a value, or a schedule {first_epoch: value}
-
-
-def _rule(name: str, value: Any, check: Callable[[str, Any], Any]) -> Any:
-    """``value`` checked by ``check``; a schedule ``{first_epoch: value}`` checked entry by entry and
-    sorted by epoch (a schedule of epoch 0 alone is its value)."""
-    if not isinstance(value, Mapping):
-        return check(name, value)
-    rules = {}
-    for epoch, v in value.items():
-        first = check_int(f"{name} schedule epoch", epoch, low=0)
-        rules[first] = check(f"{name}[{first}]", v)
-    if 0 not in rules:
-        raise ValueError(
-            f"a {name} schedule must hold epoch 0 (the rule from the start), got the epochs {sorted(rules)}"
-        )
-    return rules[0] if len(rules) == 1 else dict(sorted(rules.items()))
-
-
-def _in_force(rule: Any, epoch: int) -> Any:
-    """The value of ``rule`` (a value or a sorted schedule) in force at ``epoch``."""
-    if not isinstance(rule, Mapping):
-        return rule
-    return rule[max(e for e in rule if e <= epoch)]
-
-
-@dataclass(frozen=True, init=False)
-class Source:
-    """One source of a mix: one meta file, or a list of them taken as one source, or the listed samples
-    of them, and how much of it an epoch takes. It does not open the meta files.
-
-    Args:
-        paths: a path, or a non-empty list of paths (taken as one source, in order). Stored as a
-            tuple of str.
-        ids: None (every sample of the files), or the samples of the source: 0-based sample numbers
-            over its files taken as one, as a 1-D integer array or the path of a ``.npy`` file (which
-            is memory-mapped, as is a view of a memory-mapped array such as a value of
-            :func:`~rank_dataset.files.grouping.group_by`: ranks and workers then read only the ids at
-            their positions). The listed order is the order in eval mode. Stored as a
-            ``SampleIds``; checked (distinct, in range) when a dataset opens the files.
-        exclude: None, or sample numbers (in the numbering of ``ids``: over its files taken as one) to
-            leave out of the source, the complement of ``ids``: a 1-D integer array, a list, or the
-            path of a ``.npy`` file. With ``ids``, the listed ids that it names are left out. Stored
-            sorted as an :class:`~rank_dataset.plan.exclude.Exclusion` (8 bytes a number; what is
-            kept is never materialised); checked (in range, something left) when a dataset opens the files.
-        weight: share of what the fixed-count sources leave of the epoch, in proportion to the
-            other weights; a finite float > 0.
-        repeat: the epoch takes ``round(repeat * N)`` samples (``N``: the source's size); a finite
-            float > 0, may be < 1.
-        choose: the epoch takes exactly ``choose`` samples; an int >= 1 (may exceed ``N``).
-        parser: None (the dataset's parser), ``"json"``, ``"label"`` or a callable, for this
-            source's items.
-        name: for messages; defaults to the first path's file name (the whole path if it has none).
-
-    At most one of ``weight``, ``repeat`` and ``choose``; none means ``repeat=1.0``. Each may be a
-    schedule, a dict ``{first_epoch: value}`` holding epoch 0: the value in force from that epoch on
-    (stored sorted by epoch; ``{0: v}`` alone is ``v``).
-
-    Examples:
-        >>> Source("data/a.txt", weight=2)  # doctest: +ELLIPSIS
-        Source(paths=('data/a.txt',), weight=2.0, repeat=None, choose=None, parser=None, name='a.txt', ids=None, ...)
-        >>> Source(["x/b1.txt", "x/b2.txt"]).repeat
-        1.0
-        >>> late = Source("c.txt", weight={10: 3, 0: 1})
-        >>> late.weight, late.changes, late.at(12).weight
-        ({0: 1.0, 10: 3.0}, (10,), 3.0)
-        >>> Source("data/a.txt", ids=[5, 2, 9], name="a few").ids
-        SampleIds(n=3)
-    """
-
-    paths: tuple[str, ...]
-    weight: float | dict[int, float] | None
-    repeat: float | dict[int, float] | None
-    choose: int | dict[int, int] | None
-    parser: str | Parser | None
-    name: str
-    ids: SampleIds | None
-    exclude: Exclusion | None = None
-
-    def __hash__(self) -> int:  # a schedule is a dict: hash its items
-        def frozen(rule: Any) -> Any:
-            return tuple(rule.items()) if isinstance(rule, Mapping) else rule
-
-        return hash(
-            (
-                self.paths,
-                *map(frozen, (self.weight, self.repeat, self.choose)),
-                self.parser,
-                self.name,
-                self.ids,
-                self.exclude,
-            )
-        )
-
-    def __init__(
-        self,
-        paths: PathArg | Sequence[PathArg],
-        *,
-        ids: Any = None,
-        exclude: Any = None,
-        weight: Rule | None = None,
-        repeat: Rule | None = None,
-        choose: int | Mapping[int, int] | None = None,
-        parser: str | Parser | None = None,
-        name: str | None = None,
-    ) -> None:
-        if isinstance(paths, (str, os.PathLike)):
-            normal: tuple[str, ...] = (_fspath(0, paths),)
-        elif isinstance(paths, Sequence) and not isinstance(paths, (bytes, bytearray)):
-            normal = tuple(_fspath(i, p) for i, p in enumerate(paths))
-            if not normal:
-                raise ValueError("paths must be a path or a non-empty list of paths, got an empty list")
-        else:
-            raise TypeError(f"paths must be a path or a list of paths, got {paths!r} ({type(paths).__name__})")
-        given = [k for k, v in (("weight", weight), ("repeat", repeat), ("choose", choose)) if v is not None]
-        if len(given) > 1:
-            raise ValueError(f"give at most one of weight, repeat and choose, got {' and '.join(given)}")
-        if weight is not None:
-            weight = _rule("weight", weight, _positive_float)
-        elif choose is not None:
-            choose = _rule("choose", choose, lambda label, v: check_int(label, v, low=1))
-        else:
-            repeat = 1.0 if repeat is None else _rule("repeat", repeat, _positive_float)
-        resolve_parser(parser)  # raises on anything but None, "json", "label" or a callable
-        if name is None:
-            name = os.path.basename(normal[0]) or normal[0]
-        elif not isinstance(name, str):
-            raise TypeError(f"name must be a str, got {name!r} ({type(name).__name__})")
-        elif not name:
-            raise ValueError("name must not be empty")
-        for field, value in [("paths", normal), ("weight", weight), ("repeat", repeat), ("choose", choose)]:
-            object.__setattr__(self, field, value)
-        object.__setattr__(self, "parser", parser)
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "ids", None if ids is None else SampleIds.of(ids, name))
-        object.__setattr__(self, "exclude", None if exclude is None else Exclusion.of(exclude, f"source {name!r}"))
-
-    @property
-    def kind(self) -> str:
-        """Which rule the source has: ``"weight"``, ``"repeat"`` or ``"choose"``."""
-        return "weight" if self.weight is not None else "choose" if self.choose is not None else "repeat"
-
-    @property
-    def changes(self) -> tuple[int, ...]:
-        """The epochs after 0 at which the source's rule changes (empty without a schedule)."""
-        rule = getattr(self, self.kind)
-        return tuple(e for e in rule if e) if isinstance(rule, Mapping) else ()
-
-    def value_at(self, epoch: int) -> float:
-        """The value of the source's rule in force at ``epoch`` (an int for ``choose``)."""
-        value: float = _in_force(getattr(self, self.kind), epoch)
-        return value
-
-    def at(self, epoch: int) -> Source:
-        """This source with the rule in force at ``epoch`` and no schedule (itself if it has none)."""
-        if not self.changes:
-            return self
-        value = self.value_at(epoch)
-        # The same source (its subset too, not checked again) with the value in force as its rule.
-        source = copy.copy(self)
-        object.__setattr__(source, self.kind, int(value) if self.kind == "choose" else value)
-        return source
-
-    def describe(self, epoch: int = 0) -> str:
-        """The rule in force at ``epoch``, e.g. ``"weight=2"``, ``"choose=1,000"``."""
-        value = self.value_at(epoch)
-        return f"choose={int(value):,}" if self.kind == "choose" else f"{self.kind}={value:g}"
-
-
-def mix_counts(
-    sizes: Sequence[int], sources: Sequence[Source], epoch_size: int | None = None, epoch: int = 0
-) -> tuple[list[int], int]:
-    """Per-epoch counts ``c_s`` of each source and the epoch size ``T0 = sum(c_s)``, by the rules in
-    force at ``epoch`` (see :meth:`Source.at`).
-
-    ``repeat=r`` takes ``round(r * N_s)`` (Python's round: halves to even), ``choose=k`` takes ``k``,
-    and the weighted sources share what is left of ``T0`` in proportion to their weights, by largest
-    remainder (exact rational arithmetic; equal remainders favour the earlier source). ``T0`` is
-    ``epoch_size`` if given, else the sum of the fixed counts when no source has a weight, else the
-    total number of samples of all sources.
-
-    Args:
-        sizes: ``N_s``, the number of samples of each source (each >= 1), in the order of ``sources``.
-        sources: the sources; at least one.
-        epoch_size: ``T0``, an int >= 1, or None for the default above.
-        epoch: the epoch whose rules count (only sources with a schedule depend on it).
-
-    Raises:
-        ValueError: naming the source (and the epoch, past 0), if a source is empty, a repeat rounds
-            to 0, the fixed counts exceed ``T0``, a weighted share rounds to 0, or, without weighted
-            sources, the fixed counts do not add up to ``epoch_size``.
-
-    Examples:
-        >>> mix_counts([100, 10, 50], [Source("a", weight=1), Source("b", repeat=2.5), Source("c", weight=2)], 100)
-        ([25, 25, 50], 100)
-        >>> mix_counts([100, 10], [Source("a"), Source("b", choose=30)], None)
-        ([100, 30], 130)
-    """
-    if isinstance(sources, Source) or not isinstance(sources, Sequence):
-        raise TypeError(f"sources must be a list of Source, got {type(sources).__name__}")
-    if not sources:
-        raise ValueError("sources must not be empty")
-    if len(sizes) != len(sources):
-        raise ValueError(f"sizes has {len(sizes)} entries for {len(sources)} sources")
-    for i, source in enumerate(sources):
-        if not isinstance(source, Source):
-            raise TypeError(f"sources[{i}] must be a Source, got {source!r} ({type(source).__name__})")
-    names = [repr(source.name) for source in sources]
-    epoch = check_int("epoch", epoch, low=0)
-    if all(type(n) is int and n >= 1 for n in sizes):
-        ns = list(sizes)
-    else:
-        ns = [check_int(f"size of source {name}", n, low=1) for name, n in zip(names, sizes)]
-    counts: list[int] = [0] * len(sources)
-    weighted, ratios = [], []
-    for i, (source, n, name) in enumerate(zip(sources, ns, names)):
-        value = source.value_at(epoch)
-        if source.kind == "weight":
-            weighted.append(i)
-            ratios.append(float(value).as_integer_ratio())
-        elif source.kind == "choose":
-            counts[i] = int(value)
-        else:
-            counts[i] = round(value * n)
-            if counts[i] == 0:
-                when = f" from epoch {epoch}" if epoch else ""
-                raise ValueError(f"source {name}: repeat={value} of its {n} samples rounds to 0 per epoch{when}")
-    fixed = sum(counts)
-    if epoch_size is not None:
-        total = check_int("epoch_size", epoch_size, low=1)
-        why = f"epoch_size={total}"
-    elif weighted:
-        total, why = sum(ns), f"the epoch size, by default the total number of samples ({sum(ns)})"
-    else:
-        total, why = fixed, ""
-    if not 1 <= total <= MAX_EXACT:
-        raise ValueError(f"the epoch size must be in [1, 2**62], got {total}")
-    if epoch:
-        why += f" (at epoch {epoch}, by the schedules)"
-    if fixed > total:
-        listed = ", ".join(f"{names[i]}: {counts[i]}" for i in range(len(sources)) if counts[i])
-        raise ValueError(f"the fixed per-epoch counts of the sources ({listed}) add up to {fixed}, more than {why}")
-    if not weighted:
-        if fixed < total:
-            raise ValueError(
-                f"the fixed per-epoch counts add up to {fixed}, less than {why}, and no source has a weight to fill "
-                "the rest: give a source a weight, or leave epoch_size unset"
-            )
-        return counts, total
-    left = total - fixed
-    # Exact rationals as integers: each weight (a float, so a dyadic fraction) times the common
-    # denominator; quota_i = left * w_i / whole, its floor and remainder by one integer division.
-    denominator = max(d for _, d in ratios)
-    scaled = [num * (denominator // d) for num, d in ratios]
-    whole = sum(scaled)
-    remainders = {}
-    for i, w in zip(weighted, scaled):
-        counts[i], remainders[i] = divmod(left * w, whole)
-    by_remainder = sorted(weighted, key=lambda i: (-remainders[i], i))
-    for i in by_remainder[: total - sum(counts)]:
-        counts[i] += 1
-    zero = [names[i] for i in weighted if counts[i] == 0]
-    if zero:
-        raise ValueError(
-            f"the weighted share of source(s) {', '.join(zero)} rounds to 0 of the {left} samples that the fixed "
-            f"counts leave of {why}: raise their weight or the epoch size"
-        )
-    return counts, total
-
-
-def mix_draws(counts: Sequence[int], aug_repeats: int, names: Sequence[str] | None = None) -> list[int]:
-    """Each source's draws in an epoch of ``T0 = sum(counts)`` positions whose draws are ``k =
-    aug_repeats`` positions each: the epoch's ``D = ceil(T0 / k)`` draws shared in proportion to the
-    counts by largest remainder (exact rational arithmetic; equal remainders favour the earlier source).
-
-    So ``d_s = c_s / k`` when ``k`` divides every count, ``d_s = c_s`` when ``k = 1``, and in any case
-    ``d_s`` is within one of ``c_s * D / T0``. A source with no count gets no draw.
-
-    Raises:
-        ValueError: a source with a count gets no draw (its count is too small for ``k`` copies), naming
-            it (by ``names[s]`` if given, else its number).
-
-    Example:
-        >>> mix_draws([6, 3, 2], 2)
-        [3, 2, 1]
-    """
-    k = check_int("aug_repeats", aug_repeats, low=1)
-    if k == 1:
-        return list(counts)
-    total = sum(counts)
-    draws = -(-total // k)
-    quotas = [Fraction(c * draws, total) for c in counts]
-    shares = [math.floor(q) for q in quotas]
-    by_remainder = sorted(range(len(counts)), key=lambda s: (-(quotas[s] - shares[s]), s))
-    for s in by_remainder[: draws - sum(shares)]:
-        shares[s] += 1
-    starved = [s for s, (c, d) in enumerate(zip(counts, shares)) if c and not d]
-    if starved:
-        s = starved[0]
-        name = repr(names[s]) if names is not None else str(s)
-        raise ValueError(
-            f"source {name} takes {counts[s]} of the epoch's {total} samples, too few for one draw of "
-            f"aug_repeats={k} copies among the epoch's {draws} draws: raise its share or lower aug_repeats"
-        )
-    return shares
-
-
-def mix_targets(sizes: Sequence[int], sources: Sequence[Source], counts: Sequence[int], epoch: int = 0) -> list[float]:
-    """What each source's rule in force at ``epoch`` asks an epoch to take, before rounding:
-    ``repeat * N_s``, ``choose``, or the weighted share of what the fixed counts leave of ``T0 = sum(counts)``.
-
-    Examples:
-        >>> mix_targets([100, 10, 50], [Source("a", weight=1), Source("b", repeat=2.5), Source("c", weight=2)],
-        ...             [25, 25, 50])
-        [25.0, 25.0, 50.0]
-    """
-    total = sum(counts)
-    fixed = sum(c for c, s in zip(counts, sources) if s.kind != "weight")
-    weights = sum(s.value_at(epoch) for s in sources if s.kind == "weight")
-    targets = []
-    for n, source in zip(sizes, sources):
-        value = source.value_at(epoch)
-        if source.kind == "weight":
-            targets.append((total - fixed) * value / weights)
-        elif source.kind == "choose":
-            targets.append(float(value))
-        else:
-            targets.append(value * n)
-    return targets
-
-
-def mix_schedule(
-    sizes: Sequence[int], sources: Sequence[Source], epoch_size: int | None = None
-) -> tuple[list[int], int, tuple[tuple[int, tuple[int, ...]], ...]]:
-    """The counts of epoch 0, the epoch size ``T0``, and each later change of the counts that the
-    sources' schedules make: ``((first_epoch, counts), ...)``, ascending, each different from the
-    counts before it. O(changes x sources).
-
-    Raises:
-        ValueError: as :func:`mix_counts` at any epoch a schedule changes, or a change of ``T0`` (an
-            epoch keeps its size: set ``epoch_size`` and give a source a weight to take up the change).
-
-    Example:
-        >>> mix_schedule([100, 50], [Source("a", weight=1), Source("b", choose={0: 10, 5: 40})], 100)
-        ([90, 10], 100, ((5, (60, 40)),))
-    """
-    counts, total = mix_counts(sizes, sources, epoch_size)
-    changes: list[tuple[int, tuple[int, ...]]] = []
-    last = tuple(counts)
-    for epoch in sorted({e for source in sources for e in source.changes}):
-        now, size = mix_counts(sizes, sources, epoch_size, epoch)
-        if size != total:
-            moved = next(s.name for s in sources if epoch in s.changes)
-            raise ValueError(
-                f"the schedule of source {moved!r} changes the epoch size from {total} to {size} at epoch {epoch}: "
-                "an epoch keeps its size; set reload_cfg['epoch_size'] and give a source a weight to fill it"
-            )
-        if tuple(now) != last:
-            last = tuple(now)
-            changes.append((epoch, last))
-    return counts, total, tuple(changes)
 
 
 def combine_fingerprints(fingerprints: Sequence[str]) -> str:
@@ -473,50 +74,6 @@ def combine_fingerprints(fingerprints: Sequence[str]) -> str:
     if len(fingerprints) == 1:
         return fingerprints[0]
     return hashlib.sha256("\n".join(fingerprints).encode()).hexdigest()[:32]
-
-
-@dataclass(frozen=True)
-class SourceInfo:
-    """One source of a dataset's mix, with its numbers in the current epoch (what ``ds.sources`` lists).
-
-    Args:
-        source: the Source as given.
-        num_samples: ``N_s``, the samples of its files.
-        count: ``c_s``, the samples the current epoch takes of it (in eval mode: ``N_s``, every sample once).
-        offset: the global number of its first sample (``sum(N_0..N_{s-1})``).
-        target: what its rule in force asks an epoch to take before rounding (see :func:`mix_targets`).
-        fingerprint: the hash of its files (see :func:`combine_fingerprints`).
-        taken: the samples drawn from its stream from epoch 0 through the current epoch (with
-            repeated augmentation, draws: each is read ``aug_repeats`` times); in eval mode ``N_s``.
-    """
-
-    source: Source
-    num_samples: int
-    count: int
-    offset: int
-    target: float
-    fingerprint: str
-    taken: int = 0
-
-    @property
-    def name(self) -> str:
-        """The source's name."""
-        return self.source.name
-
-    @property
-    def passes(self) -> float:
-        """``c_s / N_s``: how many times an epoch goes through the source (< 1: a part of it)."""
-        return self.count / self.num_samples
-
-    @property
-    def passes_completed(self) -> int:
-        """Whole passes through the source from epoch 0 through the current epoch: ``taken // N_s``."""
-        return self.taken // self.num_samples
-
-    @property
-    def epochs_seen(self) -> float:
-        """``taken / N_s``: how many times the source has been gone through, as a fraction."""
-        return self.taken / self.num_samples
 
 
 def _source_seed(seed: int, source: int) -> int:
@@ -789,24 +346,6 @@ class MixPlan:
         return self.locate(seed, epoch, positions, aug_repeats)[0]
 
 
-def as_sources(value: Any) -> tuple[Source, ...] | None:
-    """``value`` as a tuple of Sources if it is a Source or a list of them; None if it holds none.
-
-    Raises:
-        TypeError: a list that holds Sources and other things.
-    """
-    if isinstance(value, Source):
-        return (value,)
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and value:
-        kinds = [isinstance(v, Source) for v in value]
-        if all(kinds):
-            return tuple(value)
-        if any(kinds):
-            bad = next(v for v, k in zip(value, kinds) if not k)
-            raise TypeError(f"a list of sources must hold only Source objects, got {bad!r}: wrap each path in a Source")
-    return None
-
-
 def _source_id_dtype(count: int) -> np.dtype[Any]:
     """The smallest signed dtype holding source numbers ``[0, count)``."""
     for dtype in (np.int8, np.int16, np.int32):
@@ -826,7 +365,7 @@ class Mixture:
             called once, when first needed.
         parser: the dataset's parser, for the sources that have none of their own.
         is_test: eval mode, which ignores weights: every sample of every source once, in order.
-        epoch_size: ``T0`` (None: as :func:`mix_counts` decides).
+        epoch_size: ``T0`` (None: as :func:`~rank_dataset.plan.counts.mix_counts` decides).
         aug_repeats: the copies of each draw (see :func:`mix_draws`); train mode only.
 
     Raises:

@@ -38,7 +38,7 @@ from rank_dataset.files.index import FileKey
 from rank_dataset.files.scan import NEWLINE, scan_buffer
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.exclude import Exclusion
-from rank_dataset.plan.mix import Source
+from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards.reader import Sampling
 

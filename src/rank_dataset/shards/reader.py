@@ -16,7 +16,8 @@ import numpy.typing as npt
 from rank_dataset.core.shard import Shard
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.exclude import Exclusion, KeptIds, listing_of, split_exclusion
-from rank_dataset.plan.mix import Source, combine_fingerprints
+from rank_dataset.plan.mix import combine_fingerprints
+from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.plan.subsets import SampleMap, distinct_files
 

@@ -11,17 +11,29 @@ substitute that fails too is recorded and the next attempt tried. Every failure 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rank_dataset.errors import TooManyFailuresError
-from rank_dataset.plan.permutation import hash_keys
-from rank_dataset.plan.spec import ShardSpec, eval_range
-from rank_dataset.shards.failures import Failure
+import numpy as np
+import numpy.typing as npt
 
-__all__ = ["ON_ERROR", "FailurePolicy", "choose_substitute", "position_of", "too_many"]
+from rank_dataset.core.parsers import Parser
+from rank_dataset.errors import TooManyFailuresError
+from rank_dataset.plan.exclude import Exclusion
+from rank_dataset.plan.mix import MixPlan, Mixture
+from rank_dataset.plan.permutation import hash_keys
+from rank_dataset.plan.sources import Source
+from rank_dataset.plan.spec import ShardSpec, eval_range
+from rank_dataset.shards.channel import ShardChannel
+from rank_dataset.shards.failures import Failure
+from rank_dataset.shards.reader import ShardReader
+from rank_dataset.training._agree import agreement_needed
+
+__all__ = ["ON_ERROR", "FailureBook", "FailurePolicy", "choose_substitute", "position_of", "too_many"]
 
 OnError = Literal["raise", "replace"]
 ON_ERROR: tuple[OnError, ...] = ("raise", "replace")
@@ -111,3 +123,165 @@ def too_many(
         f"fails; or raise max_failures.",
         failures,
     )
+
+
+class FailureBook:
+    """A dataset's failed samples and what its plan leaves out: the failure records (one per sample, the
+    first failure first, gathered from the readers through the channel), the samples ``exclude=`` and
+    ``exclude_failures`` leave out, and the plan that leaves them out (the reader's and, for a mix, its
+    Mixture). The dataset holds one; its workers get a copy without the records or what is left out."""
+
+    def __init__(
+        self,
+        policy: FailurePolicy,
+        exclude: Exclusion | None,
+        reader: ShardReader,
+        sources: tuple[Source, ...] | None,
+        parser: Parser | None,
+        epoch_size: int | None,
+        aug_repeats: int,
+    ) -> None:
+        self.policy, self.reader, self._exclude = policy, reader, exclude
+        self._mix_args = sources, parser, epoch_size, aug_repeats
+        self.failed: tuple[int, ...] = ()  # samples left out of this epoch's plan for having failed before
+        self.records: list[Failure] = []  # (rank) one record per failed sample, first failure first
+        self.lost = 0
+        self._recent: list[Failure] = []  # (each reader) this pass's failures seen here, for messages
+        self._recent_pass = -1
+        self.mixture: Mixture | None = None
+        self.exclusion_fingerprint: str | None = None
+        self.channel: ShardChannel  # the dataset's, set once it exists (after the first plan)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_exclude"] = None  # workers never plan: the rank builds every shard
+        state["records"], state["failed"] = [], ()
+        return state
+
+    # -- what is left out -------------------------------------------------------------------------
+
+    def _exclusion(self, failed: Sequence[int] | None = None) -> Exclusion | None:
+        """The samples left out of the plan: ``exclude=``, and the failed samples ``failed`` (default:
+        those of the current plan)."""
+        failed = self.failed if failed is None else failed
+        if not failed:
+            return self._exclude
+        extra = Exclusion.of(list(failed), "failed samples")
+        return extra if self._exclude is None else self._exclude.union(extra)
+
+    def plan(self, is_test: bool) -> tuple[int, MixPlan | None]:
+        """Leave what is left out now out of the reader's plans; the plan's size and, for a mix, its MixPlan."""
+        return self._plan(self._exclusion(), is_test)
+
+    def _plan(self, exclusion: Exclusion | None, is_test: bool) -> tuple[int, MixPlan | None]:
+        self.reader.set_exclusion(exclusion)
+        self.exclusion_fingerprint = None if exclusion is None or not len(exclusion) else exclusion.fingerprint
+        sources, parser, epoch_size, aug_repeats = self._mix_args
+        if sources is None:
+            return self.reader.plan_size, None
+        sizes = self.reader.source_sizes
+        assert sizes is not None
+        self.mixture = Mixture(
+            sources, sizes, self.reader.source_fingerprints, parser, is_test, epoch_size, aug_repeats
+        )
+        return self.mixture.plan.epoch_size, self.mixture.plan
+
+    def _replan(self, spec: ShardSpec, failed: tuple[int, ...]) -> ShardSpec:
+        """``spec`` with the failed samples ``failed`` left out (the reader, mix and ``failed`` follow)."""
+        if failed == self.failed:
+            return spec
+        num_samples, mix = self._plan(self._exclusion(failed), spec.is_test)
+        self.failed = failed
+        return dataclasses.replace(spec, num_samples=num_samples, mix=mix)
+
+    @contextlib.contextmanager
+    def replanned(self, spec: ShardSpec, failed: tuple[int, ...]) -> Iterator[ShardSpec]:
+        """``spec`` with the failed samples ``failed`` left out; on an error in the block, the plan leaves
+        out what it did before."""
+        before = self.failed
+        try:
+            yield self._replan(spec, failed)
+        except BaseException:
+            self._replan(spec, before)
+            raise
+
+    # -- the records ------------------------------------------------------------------------------
+
+    def collect(self) -> None:
+        """Add the records the readers sent through the channel since the last call."""
+        found, lost = self.channel.collect_failures()
+        self.lost += lost
+        if found:  # file:line is found here, not in the worker, where it would cost each failure a read
+            self.merge([self._located(f) for f in found])
+
+    def _located(self, failure: Failure) -> Failure:
+        return failure if failure.where else dataclasses.replace(failure, where=self.reader.where(failure.sample))
+
+    def merge(self, records: Sequence[Failure]) -> None:
+        """Add ``records`` to :attr:`records` (one per sample), all in plan order (epoch, mini-epoch,
+        position): the same list on every rank that holds the same records."""
+        merged: dict[int, Failure] = {}
+        for failure in sorted([*self.records, *records], key=lambda f: (f.epoch, f.mini_epoch, f.position)):
+            merged.setdefault(failure.sample, failure)
+        self.records = list(merged.values())
+
+    def agreed(self) -> tuple[int, ...]:
+        """The samples that failed on any rank so far, with those left out already. Under a process group
+        the ranks all-gather their records (a collective), so every rank plans from the same set."""
+        self.collect()
+        if agreement_needed():
+            import torch.distributed as dist
+
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, self.records)
+            self.merge([f for part in gathered for f in part])
+        return tuple(sorted({f.sample for f in self.records} | set(self.failed)))
+
+    def to_save(self) -> list[Failure]:
+        """The records a resume state keeps: with ``"replace"`` every rank's (a collective, with
+        ``exclude_failures``) or this rank's, else none."""
+        if self.policy.on_error != "replace":
+            return []
+        if self.policy.exclude_failures:  # every rank's failures: the next epoch's plan leaves them out
+            self.agreed()
+        else:
+            self.collect()
+        return self.records
+
+    # -- a failing item ---------------------------------------------------------------------------
+
+    def substitute(
+        self,
+        spec: ShardSpec,
+        n: int,
+        i: int,
+        exc: Exception,
+        made: Callable[[int], Any],
+        indices: npt.NDArray[np.int64],
+    ) -> Any:
+        """The item of item ``i``'s substitute in the shard of ``spec`` (of ``n`` items; ``made(j)`` makes
+        item ``j``, sample ``indices[j]``); each failure recorded and counted against ``max_failures``."""
+        position = position_of(spec, i)
+        self._failed_item(spec, n, int(indices[i]), position, exc)
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            j = choose_substitute(spec, position, i, n, attempt)
+            try:
+                return made(j)
+            except Exception as again:
+                self._failed_item(spec, n, int(indices[j]), position_of(spec, j), again)
+        raise too_many(
+            [self._located(f) for f in self._recent[:5]], len(self._recent), None, n, spec.rank,
+            f"no substitute could be made for item {i} of rank {spec.rank}'s shard: {MAX_ATTEMPTS} tried, all failed",
+        )  # fmt: skip
+
+    def _failed_item(self, spec: ShardSpec, n: int, sample: int, position: int, exc: Exception) -> None:
+        failure = Failure.of(sample, "", exc, spec.epoch, spec.mini_epoch_idx, position)  # where: by the rank
+        passes = self.channel.passes
+        if passes != self._recent_pass:
+            self._recent, self._recent_pass = [], passes
+        self._recent.append(failure)
+        count = self.channel.record_failure(failure)
+        limit = self.policy.limit(n)
+        if limit is not None and count > limit:
+            named = [self._located(f) for f in self._recent[:5]]
+            raise too_many(named, count, self.policy.max_failures, n, spec.rank) from exc

@@ -20,22 +20,15 @@ from rank_dataset.files.formats import Format, detect_path
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.config import ReloadConfig
 from rank_dataset.plan.exclude import Exclusion
-from rank_dataset.plan.mix import Mixture, Source, SourceInfo, as_sources, combine_fingerprints
-from rank_dataset.plan.resume import MixRecord, ResumeState
+from rank_dataset.plan.sources import Source, SourceInfo, as_sources
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards.channel import AuditMode, PassCount, ShardChannel
 from rank_dataset.shards.collective import CollectiveReader
 from rank_dataset.shards.failures import Failure
 from rank_dataset.shards.reader import FileReader, ShardReader, files_of
 from rank_dataset.training._agree import agreement_fields, agreement_needed, check_ranks_agree
-from rank_dataset.training._failures import (
-    MAX_ATTEMPTS,
-    FailurePolicy,
-    OnError,
-    choose_substitute,
-    position_of,
-    too_many,
-)
+from rank_dataset.training._failures import FailureBook, FailurePolicy, OnError
+from rank_dataset.training._state import read_state, resumed, state_at
 from rank_dataset.training.topology import get_rank_world_size
 
 __all__ = ["RankDataset", "ShardedDataset", "as_sources"]
@@ -75,15 +68,10 @@ class ShardedDataset(Dataset[Any]):
         max_failures: int | float | None = 0.01,
         exclude_failures: bool = False,
     ) -> None:
-        self._policy = FailurePolicy(transform, on_error, max_failures, exclude_failures)
+        self._policy = policy = FailurePolicy(transform, on_error, max_failures, exclude_failures)
         self._transform = transform
         self._replace = on_error == "replace"
-        self._exclude = None if exclude is None else Exclusion.of(exclude, "exclude")
-        self._failed: tuple[int, ...] = ()  # samples left out of this epoch's plan for having failed before
-        self._failures: list[Failure] = []  # (rank) one record per failed sample, first failure first
-        self._failures_lost = 0
-        self._recent: list[Failure] = []  # (each reader) this pass's failures seen here, for messages
-        self._recent_pass = -1
+        exclusion = None if exclude is None else Exclusion.of(exclude, "exclude")
         cfg = ReloadConfig.coerce(reload_cfg)
         rank, world_size = _rank_world_size(rank, world_size, group)
         self._process_group = group  # the ranks that agree (default: the world)
@@ -93,18 +81,18 @@ class ShardedDataset(Dataset[Any]):
         self.num_samples = reader.num_samples
         self._group = cfg.group
         self._epoch_size = cfg.epoch_size
-        self._aug_repeats = cfg.aug_repeats
         self._parser = resolve_parser(parser)
-        self._sources = None if sources is None else tuple(sources)
-        self._mixture: Mixture | None = None
         if sources is None and cfg.epoch_size is not None:
             raise ValueError(
                 "reload_cfg['epoch_size'] sets the epoch size of a mix: give a list of Source "
                 "(e.g. [Source(path, weight=1)]) to resample plain meta files"
             )
-        num_samples, mix = self._plan_samples(self._exclusion(), is_test)
-        self._parsers = None if self._mixture is None else self._mixture.parsers
-        self.channel = ShardChannel(audit, failures=self._replace)
+        sources = None if sources is None else tuple(sources)
+        # What fails and what the plan leaves out (see training/_failures.py); the mix, if any, is its.
+        self._book = FailureBook(policy, exclusion, reader, sources, self._parser, cfg.epoch_size, cfg.aug_repeats)
+        num_samples, mix = self._book.plan(is_test)
+        self._parsers = None if self._book.mixture is None else self._book.mixture.parsers
+        self.channel = self._book.channel = ShardChannel(audit, failures=self._replace)
         self._tally = self.channel.tally  # bound once: item access calls it directly
         self._version, self._seen = self.channel.version, self.channel.seen  # the per-item check (see _sync)
         spec = ShardSpec(
@@ -121,43 +109,7 @@ class ShardedDataset(Dataset[Any]):
         )
         self._load(spec)
 
-    # -- what is left out -------------------------------------------------------------------------
-
-    def _exclusion(self, failed: Sequence[int] | None = None) -> Exclusion | None:
-        """The samples left out of the plan: ``exclude=``, and the failed samples ``failed`` (default:
-        those of the current plan)."""
-        failed = self._failed if failed is None else failed
-        if not failed:
-            return self._exclude
-        extra = Exclusion.of(list(failed), "failed samples")
-        return extra if self._exclude is None else self._exclude.union(extra)
-
-    def _plan_samples(self, exclusion: Exclusion | None, is_test: bool) -> tuple[int, Any]:
-        """Leave ``exclusion`` out of the reader's plans; the plan's size and, for a mix, its MixPlan."""
-        self.reader.set_exclusion(exclusion)
-        self._exclusion_fingerprint = None if exclusion is None or not len(exclusion) else exclusion.fingerprint
-        if self._sources is None:
-            return self.reader.plan_size, None
-        sizes = self.reader.source_sizes
-        assert sizes is not None
-        self._mixture = Mixture(
-            self._sources,
-            sizes,
-            self.reader.source_fingerprints,
-            self._parser,
-            is_test,
-            self._epoch_size,
-            self._aug_repeats,
-        )
-        return self._mixture.plan.epoch_size, self._mixture.plan
-
-    def _replan(self, spec: ShardSpec, failed: tuple[int, ...]) -> ShardSpec:
-        """``spec`` with the failed samples ``failed`` left out (the reader, mix and ``_failed`` follow)."""
-        if failed == self._failed:
-            return spec
-        num_samples, mix = self._plan_samples(self._exclusion(failed), spec.is_test)
-        self._failed = failed
-        return dataclasses.replace(spec, num_samples=num_samples, mix=mix)
+    # -- what failed -------------------------------------------------------------------------------
 
     @property
     def failures(self) -> list[Failure]:
@@ -165,42 +117,13 @@ class ShardedDataset(Dataset[Any]):
         (:class:`~rank_dataset.shards.failures.Failure`: ``.sample``, ``.where``, ``.error``), the first
         failure of each, in plan order (epoch, mini-epoch, position), gathered from the DataLoader workers.
         Call it in the process that created the dataset."""
-        self._collect_failures()
-        return list(self._failures)
+        self._book.collect()
+        return list(self._book.records)
 
     @property
     def excluded_failures(self) -> tuple[int, ...]:
         """The samples that ``exclude_failures=True`` left out of the current epoch's plan."""
-        return self._failed
-
-    def _collect_failures(self) -> None:
-        found, lost = self.channel.collect_failures()
-        self._failures_lost += lost
-        if found:  # file:line is found here, not in the worker, where it would cost each failure a read
-            self._merge_failures([self._located(f) for f in found])
-
-    def _located(self, failure: Failure) -> Failure:
-        return failure if failure.where else dataclasses.replace(failure, where=self.reader.where(failure.sample))
-
-    def _merge_failures(self, records: Sequence[Failure]) -> None:
-        """Add ``records`` to :attr:`failures` (one per sample), all in plan order (epoch, mini-epoch,
-        position): the same list on every rank that holds the same records."""
-        merged: dict[int, Failure] = {}
-        for failure in sorted([*self._failures, *records], key=lambda f: (f.epoch, f.mini_epoch, f.position)):
-            merged.setdefault(failure.sample, failure)
-        self._failures = list(merged.values())
-
-    def _agreed_failures(self) -> tuple[int, ...]:
-        """The samples that failed on any rank so far, with those left out already. Under a process group
-        the ranks all-gather their records (a collective), so every rank plans from the same set."""
-        self._collect_failures()
-        if agreement_needed():
-            import torch.distributed as dist
-
-            gathered: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, self._failures)
-            self._merge_failures([f for part in gathered for f in part])
-        return tuple(sorted({f.sample for f in self._failures} | set(self._failed)))
+        return self._book.failed
 
     # -- the plan ---------------------------------------------------------------------------------
 
@@ -258,8 +181,8 @@ class ShardedDataset(Dataset[Any]):
     def _agreement_fields(self, spec: ShardSpec) -> dict[str, object]:
         dataset = f"{type(self).__module__}.{type(self).__qualname__}"
         fields = agreement_fields(spec, self.reader.fingerprint, dataset)
-        if self._exclusion_fingerprint is not None:
-            fields["exclude"] = self._exclusion_fingerprint
+        if self._book.exclusion_fingerprint is not None:
+            fields["exclude"] = self._book.exclusion_fingerprint
         return fields
 
     def _serve(self, shard: Shard, spec: ShardSpec) -> None:
@@ -281,9 +204,7 @@ class ShardedDataset(Dataset[Any]):
         state = self.__dict__.copy()
         for name in ("_version", "_shard", "_text", "_indices", "_source_ids", "_tally", "_process_group"):
             state.pop(name, None)
-        state["_exclude"] = None  # workers never plan: the rank builds every shard
-        state["_failures"], state["_failed"] = [], ()
-        return state
+        return state  # the FailureBook goes without its records or what is left out: workers never plan
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -302,38 +223,26 @@ class ShardedDataset(Dataset[Any]):
         its first global sample number (``offset``), what its rule asked for before rounding
         (``target``), its fingerprint, and the samples drawn from it from epoch 0 through this epoch
         (``taken``; ``passes_completed``, ``epochs_seen``). None for plain meta files."""
-        if self._mixture is None:
+        if self._book.mixture is None:
             return None
         spec = self.spec
-        return self._mixture.infos(spec.epoch, spec.aug_repeats)
+        return self._book.mixture.infos(spec.epoch, spec.aug_repeats)
 
     @property
     def source_ids(self) -> npt.NDArray[np.integer[Any]] | None:
         """For a mix, a read-only integer array: the source number of each item (``self[i]`` is a sample
         of ``sources[source_ids[i]]``). None for plain meta files. Computed from the plan on first use
         and kept until the shard changes, like ``indices``."""
-        if self._mixture is None:
-            return None
-        if self._source_ids is None:
+        if self._source_ids is None:  # (None for plain meta files, each time)
+            mixture = self._book.mixture
+            if mixture is None:
+                return None
             # The source of a plan number (not of a sample: one sample may be in several sources).
             plan = self._spec.indices() if self._shard.ids is not None else self.indices
-            source_ids = self._mixture.source_ids(plan)
+            source_ids = mixture.source_ids(plan)
             source_ids.flags.writeable = False
             self._source_ids = source_ids
         return self._source_ids
-
-    def _mix_record(self) -> MixRecord | None:
-        return None if self._mixture is None else MixRecord.of(self._mixture)
-
-    def _state_fingerprint(self) -> str | None:
-        """The fingerprint a resume state records: the files' (and what is left out of them), or for a mix
-        one of its sources' (each with what is left out of it)."""
-        if self._mixture is not None:
-            return self._mixture.fingerprint
-        files = self.reader.fingerprint
-        if files is None or self._exclusion_fingerprint is None:
-            return files
-        return combine_fingerprints([files, self._exclusion_fingerprint])
 
     def set_epoch(self, epoch: int, mini_epoch_idx: int = 0) -> None:
         """Load this rank's shard of ``(epoch, mini_epoch_idx)`` in place of the current one.
@@ -350,15 +259,10 @@ class ShardedDataset(Dataset[Any]):
         resume = spec.resume if epoch == spec.epoch else None
         new = dataclasses.replace(spec, epoch=epoch, mini_epoch_idx=mini_epoch_idx, resume=resume)
         if self._policy.exclude_failures and epoch != spec.epoch:  # a new epoch: plan without what failed
-            before = self._failed
-            failed = self._agreed_failures()
-            try:
-                self._load(self._replan(new, failed))
-            except BaseException:
-                self._replan(spec, before)
-                raise
-            return
-        self._load(new)
+            with self._book.replanned(new, self._book.agreed()) as new:
+                self._load(new)
+        else:
+            self._load(new)
 
     # -- the pass audit ---------------------------------------------------------------------------
 
@@ -407,22 +311,12 @@ class ShardedDataset(Dataset[Any]):
         """
         if consumed is None:
             return {}
-        consumed = check_int("consumed", consumed, low=0)
-        if consumed > len(self):
-            raise ValueError(f"consumed must be in [0, {len(self)}] (this rank's shard), got {consumed}")
-        spec = self._spec
-        if spec.is_test:
-            raise ValueError("an eval dataset (is_test=True) has no resume point: run eval from the start")
-        state = ResumeState.at(spec, consumed, self._state_fingerprint(), self._mix_record()).to_dict()
-        if self._failed:  # the plan left these out: a resume must too
-            state["excluded_failures"] = list(self._failed)
-        if self._replace:
-            if self._policy.exclude_failures:  # every rank's failures: the next epoch's plan leaves them out
-                self._agreed_failures()
-            else:
-                self._collect_failures()
-            if self._failures:
-                state["failures"] = [f.to_dict() for f in self._failures]
+        book = self._book
+        n = len(self)
+        state = state_at(self._spec, consumed, n, self.reader, book.mixture, book.exclusion_fingerprint, book.failed)
+        failures = book.to_save()
+        if failures:
+            state["failures"] = [f.to_dict() for f in failures]
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -439,26 +333,16 @@ class ShardedDataset(Dataset[Any]):
                 message names the first source that differs), of another format version, with
                 missing keys or a value out of range (the message names it), or an eval dataset.
         """
-        if not isinstance(state, Mapping):
-            raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
-        if not state:
+        read = read_state(state, self._spec.is_test)
+        if read is None:
             return
-        resume = ResumeState.from_dict(state)
-        if self.is_test:
-            raise ValueError("an eval dataset (is_test=True) cannot be resumed: run eval from the start")
-        failed = _sample_list(state.get("excluded_failures", []), "excluded_failures")
-        failures = [Failure.from_dict(f) for f in _records(state.get("failures", []))]
-        spec, before = self._spec, self._failed
-        try:
-            planned = self._replan(spec, failed)
-            resume.check_files(planned.num_samples, self._state_fingerprint(), self._mix_record())
-            self._load(resume.apply(planned))
-        except BaseException:
-            self._replan(spec, before)
-            raise
+        resume, failed, failures = read
+        book = self._book
+        with book.replanned(self._spec, failed) as planned:
+            self._load(resumed(resume, planned, self.reader, book.mixture, book.exclusion_fingerprint))
         if failures:
-            self._collect_failures()
-            self._merge_failures(failures)
+            book.collect()
+            book.merge(failures)
 
     # -- items ------------------------------------------------------------------------------------
 
@@ -503,40 +387,13 @@ class ShardedDataset(Dataset[Any]):
         except Exception as exc:
             if not self._replace:
                 raise
-            return self._substitute(i, exc)
+            return self._book.substitute(self._spec, self._n, i, exc, self._made, self.indices)
 
-    def _substitute(self, i: int, exc: Exception) -> Any:
-        """The item of item ``i``'s substitute (see :mod:`rank_dataset.training._failures`); each failure
-        recorded and counted against ``max_failures``."""
-        spec, n = self._spec, self._n
-        position = position_of(spec, i)
-        self._failed_item(i, position, exc)
-        for attempt in range(1, MAX_ATTEMPTS + 1):
-            j = choose_substitute(spec, position, i, n, attempt)
-            try:
-                text = self._text(j)
-                item = text if self._parser is None and self._parsers is None else self._parse(text, j)
-                return item if self._transform is None else self._transform(item)
-            except Exception as again:
-                self._failed_item(j, position_of(spec, j), again)
-        raise too_many(
-            [self._located(f) for f in self._recent[:5]], len(self._recent), None, n, spec.rank,
-            f"no substitute could be made for item {i} of rank {spec.rank}'s shard: {MAX_ATTEMPTS} tried, all failed",
-        )  # fmt: skip
-
-    def _failed_item(self, i: int, position: int, exc: Exception) -> None:
-        sample = int(self.indices[i])
-        spec = self._spec
-        failure = Failure.of(sample, "", exc, spec.epoch, spec.mini_epoch_idx, position)  # where: by the rank
-        passes = self.channel.passes
-        if passes != self._recent_pass:
-            self._recent, self._recent_pass = [], passes
-        self._recent.append(failure)
-        count = self.channel.record_failure(failure)
-        limit = self._policy.limit(self._n)
-        if limit is not None and count > limit:
-            named = [self._located(f) for f in self._recent[:5]]
-            raise too_many(named, count, self._policy.max_failures, self._n, spec.rank) from exc
+    def _made(self, j: int) -> Any:
+        """Item ``j``, made again: a substitute's."""
+        text = self._text(j)
+        item = text if self._parser is None and self._parsers is None else self._parse(text, j)
+        return item if self._transform is None else self._transform(item)
 
     def _parse(self, text: str, i: int) -> Any:
         # In a mix whose sources have parsers of their own, item i's source chooses.
@@ -592,7 +449,7 @@ class RankDataset(ShardedDataset):
 
     Args:
         meta_file: a path, a list of paths (taken as one file, in order), a MetaFile, or a mix: a
-            list of :class:`~rank_dataset.plan.mix.Source` (each a file or several, or the listed samples
+            list of :class:`~rank_dataset.plan.sources.Source` (each a file or several, or the listed samples
             of them, with a weight, a repeat or a choose, and optionally its own parser). Items of a
             mix are numbered over the distinct files of the sources, in order of first appearance
             (for sources over distinct files: sample ``k`` of source ``s`` is ``sum(N_0..N_{s-1}) +
@@ -639,7 +496,7 @@ class RankDataset(ShardedDataset):
     Raises:
         ValueError: as MetaFile; ``reader="collective"`` without an initialised process group; for a
             mix, a source with no samples or counts that cannot be met (see
-            :func:`~rank_dataset.plan.mix.mix_counts`), the message naming the source.
+            :func:`~rank_dataset.plan.counts.mix_counts`), the message naming the source.
 
     Examples:
         >>> import tempfile, os
@@ -753,15 +610,3 @@ def _rank_world_size(rank: int | None, world_size: int | None, group: Any) -> tu
         if given is not None and given != theirs:
             raise ValueError(f"{name}={given!r} differs from the group's ({theirs}): leave it None with group=")
     return found
-
-
-def _sample_list(value: Any, key: str) -> tuple[int, ...]:
-    if not isinstance(value, (list, tuple)) or not all(type(v) is int and v >= 0 for v in value):
-        raise TypeError(f"invalid resume state: {key} must be a list of sample numbers, got {value!r}")
-    return tuple(sorted(set(value)))
-
-
-def _records(value: Any) -> list[Any]:
-    if not isinstance(value, (list, tuple)):
-        raise TypeError(f"invalid resume state: failures must be a list of failure records, got {value!r}")
-    return list(value)

@@ -16,7 +16,8 @@ from rank_dataset.core.shard import Shard
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.config import ReloadConfig
 from rank_dataset.plan.exclude import Exclusion, KeptIds, listing_of, split_exclusion
-from rank_dataset.plan.mix import Source, as_sources, combine_fingerprints
+from rank_dataset.plan.mix import combine_fingerprints
+from rank_dataset.plan.sources import Source, as_sources
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.plan.subsets import SampleMap, distinct_files
 from rank_dataset.server import protocol
@@ -276,7 +277,7 @@ class RankServerDataset(ShardedDataset):
         token: as for ServerDataset.
         timeout: as for ServerDataset.
         retries: as for ServerDataset.
-        sources: a mix of the served files: a list of :class:`~rank_dataset.plan.mix.Source` whose paths
+        sources: a mix of the served files: a list of :class:`~rank_dataset.plan.sources.Source` whose paths
             are names of served files (their file names, as ``GET /files`` lists them). None: every
             served file, taken as one. The shard is RankDataset's for the same mix of those files.
         audit: as for RankDataset.

@@ -1,0 +1,274 @@
+"""Sources of a mix: :class:`Source` (files or listed samples, with a weight, a repeat or a choose, and
+schedules of them) and :class:`SourceInfo`. The mixing model: :mod:`rank_dataset.plan.mix`."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rank_dataset.core.checks import check_int
+from rank_dataset.core.parsers import Parser, resolve_parser
+from rank_dataset.plan.exclude import Exclusion
+from rank_dataset.plan.subsets import SampleIds
+
+__all__ = ["PathArg", "Rule", "Source", "SourceInfo", "as_sources"]
+
+PathArg = str | os.PathLike[str]
+
+
+def _positive_float(name: str, value: Any) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return number
+
+
+def _fspath(i: int, path: Any) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"paths[{i}] must be a str or os.PathLike, got {path!r} ({type(path).__name__})")
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise TypeError(f"paths[{i}] must be a str path, got bytes {text!r}")
+    if not text:
+        raise ValueError(f"paths[{i}] is an empty path")
+    return text
+
+
+Rule = float | Mapping[int, float]  # a value, or a schedule {first_epoch: value}
+
+
+def _rule(name: str, value: Any, check: Callable[[str, Any], Any]) -> Any:
+    """``value`` checked by ``check``; a schedule ``{first_epoch: value}`` checked entry by entry and
+    sorted by epoch (a schedule of epoch 0 alone is its value)."""
+    if not isinstance(value, Mapping):
+        return check(name, value)
+    rules = {}
+    for epoch, v in value.items():
+        first = check_int(f"{name} schedule epoch", epoch, low=0)
+        rules[first] = check(f"{name}[{first}]", v)
+    if 0 not in rules:
+        raise ValueError(
+            f"a {name} schedule must hold epoch 0 (the rule from the start), got the epochs {sorted(rules)}"
+        )
+    return rules[0] if len(rules) == 1 else dict(sorted(rules.items()))
+
+
+def _in_force(rule: Any, epoch: int) -> Any:
+    """The value of ``rule`` (a value or a sorted schedule) in force at ``epoch``."""
+    if not isinstance(rule, Mapping):
+        return rule
+    return rule[max(e for e in rule if e <= epoch)]
+
+
+@dataclass(frozen=True, init=False)
+class Source:
+    """One source of a mix: one meta file, or a list of them taken as one source, or the listed samples
+    of them, and how much of it an epoch takes. It does not open the meta files.
+
+    Args:
+        paths: a path, or a non-empty list of paths (taken as one source, in order). Stored as a
+            tuple of str.
+        ids: None (every sample of the files), or the samples of the source: 0-based sample numbers
+            over its files taken as one, as a 1-D integer array or the path of a ``.npy`` file (which
+            is memory-mapped, as is a view of a memory-mapped array such as a value of
+            :func:`~rank_dataset.files.grouping.group_by`: ranks and workers then read only the ids at
+            their positions). The listed order is the order in eval mode. Stored as a
+            ``SampleIds``; checked (distinct, in range) when a dataset opens the files.
+        exclude: None, or sample numbers (in the numbering of ``ids``: over its files taken as one) to
+            leave out of the source, the complement of ``ids``: a 1-D integer array, a list, or the
+            path of a ``.npy`` file. With ``ids``, the listed ids that it names are left out. Stored
+            sorted as an :class:`~rank_dataset.plan.exclude.Exclusion` (8 bytes a number; what is
+            kept is never materialised); checked (in range, something left) when a dataset opens the files.
+        weight: share of what the fixed-count sources leave of the epoch, in proportion to the
+            other weights; a finite float > 0.
+        repeat: the epoch takes ``round(repeat * N)`` samples (``N``: the source's size); a finite
+            float > 0, may be < 1.
+        choose: the epoch takes exactly ``choose`` samples; an int >= 1 (may exceed ``N``).
+        parser: None (the dataset's parser), ``"json"``, ``"label"`` or a callable, for this
+            source's items.
+        name: for messages; defaults to the first path's file name (the whole path if it has none).
+
+    At most one of ``weight``, ``repeat`` and ``choose``; none means ``repeat=1.0``. Each may be a
+    schedule, a dict ``{first_epoch: value}`` holding epoch 0: the value in force from that epoch on
+    (stored sorted by epoch; ``{0: v}`` alone is ``v``).
+
+    Examples:
+        >>> Source("data/a.txt", weight=2)  # doctest: +ELLIPSIS
+        Source(paths=('data/a.txt',), weight=2.0, repeat=None, choose=None, parser=None, name='a.txt', ids=None, ...)
+        >>> Source(["x/b1.txt", "x/b2.txt"]).repeat
+        1.0
+        >>> late = Source("c.txt", weight={10: 3, 0: 1})
+        >>> late.weight, late.changes, late.at(12).weight
+        ({0: 1.0, 10: 3.0}, (10,), 3.0)
+        >>> Source("data/a.txt", ids=[5, 2, 9], name="a few").ids
+        SampleIds(n=3)
+    """
+
+    paths: tuple[str, ...]
+    weight: float | dict[int, float] | None
+    repeat: float | dict[int, float] | None
+    choose: int | dict[int, int] | None
+    parser: str | Parser | None
+    name: str
+    ids: SampleIds | None
+    exclude: Exclusion | None = None
+
+    def __hash__(self) -> int:  # a schedule is a dict: hash its items
+        def frozen(rule: Any) -> Any:
+            return tuple(rule.items()) if isinstance(rule, Mapping) else rule
+
+        return hash(
+            (
+                self.paths,
+                *map(frozen, (self.weight, self.repeat, self.choose)),
+                self.parser,
+                self.name,
+                self.ids,
+                self.exclude,
+            )
+        )
+
+    def __init__(
+        self,
+        paths: PathArg | Sequence[PathArg],
+        *,
+        ids: Any = None,
+        exclude: Any = None,
+        weight: Rule | None = None,
+        repeat: Rule | None = None,
+        choose: int | Mapping[int, int] | None = None,
+        parser: str | Parser | None = None,
+        name: str | None = None,
+    ) -> None:
+        if isinstance(paths, (str, os.PathLike)):
+            normal: tuple[str, ...] = (_fspath(0, paths),)
+        elif isinstance(paths, Sequence) and not isinstance(paths, (bytes, bytearray)):
+            normal = tuple(_fspath(i, p) for i, p in enumerate(paths))
+            if not normal:
+                raise ValueError("paths must be a path or a non-empty list of paths, got an empty list")
+        else:
+            raise TypeError(f"paths must be a path or a list of paths, got {paths!r} ({type(paths).__name__})")
+        given = [k for k, v in (("weight", weight), ("repeat", repeat), ("choose", choose)) if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of weight, repeat and choose, got {' and '.join(given)}")
+        if weight is not None:
+            weight = _rule("weight", weight, _positive_float)
+        elif choose is not None:
+            choose = _rule("choose", choose, lambda label, v: check_int(label, v, low=1))
+        else:
+            repeat = 1.0 if repeat is None else _rule("repeat", repeat, _positive_float)
+        resolve_parser(parser)  # raises on anything but None, "json", "label" or a callable
+        if name is None:
+            name = os.path.basename(normal[0]) or normal[0]
+        elif not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r} ({type(name).__name__})")
+        elif not name:
+            raise ValueError("name must not be empty")
+        for field, value in [("paths", normal), ("weight", weight), ("repeat", repeat), ("choose", choose)]:
+            object.__setattr__(self, field, value)
+        object.__setattr__(self, "parser", parser)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "ids", None if ids is None else SampleIds.of(ids, name))
+        object.__setattr__(self, "exclude", None if exclude is None else Exclusion.of(exclude, f"source {name!r}"))
+
+    @property
+    def kind(self) -> str:
+        """Which rule the source has: ``"weight"``, ``"repeat"`` or ``"choose"``."""
+        return "weight" if self.weight is not None else "choose" if self.choose is not None else "repeat"
+
+    @property
+    def changes(self) -> tuple[int, ...]:
+        """The epochs after 0 at which the source's rule changes (empty without a schedule)."""
+        rule = getattr(self, self.kind)
+        return tuple(e for e in rule if e) if isinstance(rule, Mapping) else ()
+
+    def value_at(self, epoch: int) -> float:
+        """The value of the source's rule in force at ``epoch`` (an int for ``choose``)."""
+        value: float = _in_force(getattr(self, self.kind), epoch)
+        return value
+
+    def at(self, epoch: int) -> Source:
+        """This source with the rule in force at ``epoch`` and no schedule (itself if it has none)."""
+        if not self.changes:
+            return self
+        value = self.value_at(epoch)
+        # The same source (its subset too, not checked again) with the value in force as its rule.
+        source = copy.copy(self)
+        object.__setattr__(source, self.kind, int(value) if self.kind == "choose" else value)
+        return source
+
+    def describe(self, epoch: int = 0) -> str:
+        """The rule in force at ``epoch``, e.g. ``"weight=2"``, ``"choose=1,000"``."""
+        value = self.value_at(epoch)
+        return f"choose={int(value):,}" if self.kind == "choose" else f"{self.kind}={value:g}"
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """One source of a dataset's mix, with its numbers in the current epoch (what ``ds.sources`` lists).
+
+    Args:
+        source: the Source as given.
+        num_samples: ``N_s``, the samples of its files.
+        count: ``c_s``, the samples the current epoch takes of it (in eval mode: ``N_s``, every sample once).
+        offset: the global number of its first sample (``sum(N_0..N_{s-1})``).
+        target: what its rule in force asks an epoch to take before rounding (see
+            :func:`~rank_dataset.plan.counts.mix_targets`).
+        fingerprint: the hash of its files (see :func:`~rank_dataset.plan.mix.combine_fingerprints`).
+        taken: the samples drawn from its stream from epoch 0 through the current epoch (with
+            repeated augmentation, draws: each is read ``aug_repeats`` times); in eval mode ``N_s``.
+    """
+
+    source: Source
+    num_samples: int
+    count: int
+    offset: int
+    target: float
+    fingerprint: str
+    taken: int = 0
+
+    @property
+    def name(self) -> str:
+        """The source's name."""
+        return self.source.name
+
+    @property
+    def passes(self) -> float:
+        """``c_s / N_s``: how many times an epoch goes through the source (< 1: a part of it)."""
+        return self.count / self.num_samples
+
+    @property
+    def passes_completed(self) -> int:
+        """Whole passes through the source from epoch 0 through the current epoch: ``taken // N_s``."""
+        return self.taken // self.num_samples
+
+    @property
+    def epochs_seen(self) -> float:
+        """``taken / N_s``: how many times the source has been gone through, as a fraction."""
+        return self.taken / self.num_samples
+
+
+def as_sources(value: Any) -> tuple[Source, ...] | None:
+    """``value`` as a tuple of Sources if it is a Source or a list of them; None if it holds none.
+
+    Raises:
+        TypeError: a list that holds Sources and other things.
+    """
+    if isinstance(value, Source):
+        return (value,)
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and value:
+        kinds = [isinstance(v, Source) for v in value]
+        if all(kinds):
+            return tuple(value)
+        if any(kinds):
+            bad = next(v for v, k in zip(value, kinds) if not k)
+            raise TypeError(f"a list of sources must hold only Source objects, got {bad!r}: wrap each path in a Source")
+    return None
