@@ -69,6 +69,7 @@ class ShardedDataset(Dataset[Any]):
         exclude_failures: bool = False,
     ) -> None:
         self._policy = policy = FailurePolicy(transform, on_error, max_failures, exclude_failures)
+        self._made_by_policy = policy.active  # read once per item: a plain attribute, not the property
         self._transform = transform
         self._replace = on_error == "replace"
         exclusion = None if exclude is None else Exclusion.of(exclude, "exclude")
@@ -414,7 +415,7 @@ class ShardedDataset(Dataset[Any]):
             i = self._check_index(i)
         text = self._text(i)
         self._tally(1)
-        if self._policy.active:
+        if self._made_by_policy:
             return self._item(text, i)
         return text if self._parser is None and self._parsers is None else self._parse(text, i)
 
@@ -427,7 +428,7 @@ class ShardedDataset(Dataset[Any]):
             indices = [self._check_index(i) for i in indices]
         texts = self._shard.texts(indices)
         self._tally(len(texts))  # the pass audit: a store in the control block per batch (a replaced item counts)
-        if self._policy.active:
+        if self._made_by_policy:
             return [self._item(t, i) for t, i in zip(texts, indices)]
         if self._parser is None and self._parsers is None:
             return texts
