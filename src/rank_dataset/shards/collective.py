@@ -1,19 +1,21 @@
 """The collective reader: one read of the meta files per job, whatever the world size.
 
 Each rank of a process group reads one contiguous 1/W of the bytes of the files (taken as one, in
-order), cut at line boundaries, sequentially, ``_READ`` bytes at a time. Line numbers come from an
-all-gather of each slice's sample and newline counts per file (a few numbers per file and rank, nothing
-per line): no index is read or written. At each build every rank computes its plan's sample numbers
-(as the file reader does), asks each slice owner for those it holds, and receives their lines, with
-``all_to_all_single`` on a gloo group over the same ranks: one round of requests, then (once every
-owner said it read its slice as counted) one of lengths and one of bytes. The lines are packed in plan
-order straight into the rank's shareable segment: the shard is the file reader's, byte for byte.
+order), cut at line boundaries, sequentially, ``_READ`` bytes at a time, and keeps where each of its
+samples starts and its length. Line numbers come from an all-gather of each slice's sample and newline
+counts per file (a few numbers per file and rank): no index is read or written. At each build every
+rank computes its plan's sample numbers (as the file reader does), groups them by owner and round (one
+radix sort), and exchanges with ``all_to_all_single`` on a gloo group over the same ranks: the requests,
+then their lengths (which lay out the shard), then the lines in rounds. In round k each owner reads
+the k-th part of its slice (about ``_ROUND`` bytes of lines), checks it against the count and, once
+every owner said it did, sends the lines asked for from one buffer; each rank copies what it receives
+straight into its shareable segment: the shard is the file reader's, byte for byte.
 
 Every collective runs on the reader's own gloo group (created over the ranks of the group given, with
 ``timeout``), named with the epoch in the error a failed or timed-out collective raises on each rank.
 A file changed under any slice (:class:`~rank_dataset.errors.MetaFileChangedError`) and a line that is
-not UTF-8 (a ValueError naming ``file:line``) travel as a status word ahead of the lines, so every rank
-raises the same error and no rank packs a line of a changed file.
+not UTF-8 (a ValueError naming ``file:line``) travel as a status word ahead of each round's lines, so
+every rank raises the same error and no rank returns a shard holding a line of a changed file.
 """
 
 from __future__ import annotations
