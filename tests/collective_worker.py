@@ -1,6 +1,7 @@
 """Run by test_collective.py under torchrun: one rank of a gloo job comparing the collective reader's
 shards with the file reader's (``identity``), serving DataLoader workers (``workers``), counting the
-bytes it reads (``io``), or meeting a fault (``fault-*``)."""
+bytes it reads (``io``), or meeting a fault (``fault-*``); with ``+rounds``, the exchange in rounds
+of about 1 KiB."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from rank_dataset import RandomSampler, RankDataset, Source, class_balanced
 from rank_dataset.core.shard import Shard
+from rank_dataset.shards import collective
 from tests_helpers import write_rank_result
 
 
@@ -171,6 +173,11 @@ def write_rank_result_plain(d: Path, rank: int, result: dict[str, Any]) -> None:
 
 
 def main(mode: str, d: str) -> None:
+    if mode.endswith("+rounds"):
+        # Rounds of about 1 KiB of lines: the test files' exchanges take dozens of rounds, each window
+        # of a slice read, checked and served on its own.
+        collective._ROUND = 1 << 10
+        mode = mode.removesuffix("+rounds")
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     result: dict[str, Any] = {"rank": dist.get_rank()}
     if mode.startswith("fault-"):

@@ -45,10 +45,10 @@ def run(mode: str, w: int, d: Path, *, check: bool = True) -> list[dict[str, Any
     return [json.loads((d / f"result.{r}.json").read_text()) for r in range(w)]
 
 
-@pytest.mark.parametrize("w", [2, 3, 4])
-def test_shards_are_the_file_readers_byte_for_byte(tmp_path: Path, w: int) -> None:
+@pytest.mark.parametrize(("w", "rounds"), [(2, False), (3, False), (4, False), (3, True)])
+def test_shards_are_the_file_readers_byte_for_byte(tmp_path: Path, w: int, rounds: bool) -> None:
     write_files(tmp_path)
-    results = run("identity", w, tmp_path)
+    results = run("identity" + ("+rounds" if rounds else ""), w, tmp_path)
     cases = ["plain", "mini_epochs", "eval", "files", "mix_schedule", "mix_eval", "subsets", "class_balanced"]
     for res in results:
         for case in [*cases, "aug_repeats"]:
@@ -66,14 +66,14 @@ def test_persistent_workers_under_every_start_method(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("w", [2, 4, 8])
-def test_a_build_reads_the_files_about_once_across_the_ranks(tmp_path: Path, w: int) -> None:
+@pytest.mark.parametrize(("w", "rounds"), [(2, False), (4, False), (8, False), (4, True)])
+def test_a_build_reads_the_files_about_once_across_the_ranks(tmp_path: Path, w: int, rounds: bool) -> None:
     # read_chars of every rank together: the first build (the dataset's making, which counts lines
     # first) at most 2.05x the file, every later build at most 1.05x, each plus 1 MiB a rank.
     (tmp_path / "big.txt").write_text(
         "".join(f"train/n{i % 1000:08d}/img_{i:08d}.JPEG {i % 1000}\n" for i in range(200_000))
     )
-    results = run("io", w, tmp_path)
+    results = run("io" + ("+rounds" if rounds else ""), w, tmp_path)
     size = results[0]["size"]
     first = sum(r["first"] for r in results)
     assert first <= 2.05 * size + w * (1 << 20), (first / size, w)
@@ -115,19 +115,21 @@ def test_a_rank_that_dies_or_stays_away_ends_every_other_rank_with_the_collectiv
             (tmp_path / f"result.{r}.json").unlink(missing_ok=True)
 
 
-def test_a_file_changed_under_a_slice_is_the_same_error_on_every_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rounds", [False, True])
+def test_a_file_changed_under_a_slice_is_the_same_error_on_every_rank(tmp_path: Path, rounds: bool) -> None:
     write_files(tmp_path)
-    errors = fault_run("changed", 3, tmp_path)
+    errors = fault_run("changed" + ("+rounds" if rounds else ""), 3, tmp_path)
     assert len(set(errors)) == 1, errors
     assert errors[0].startswith(f"MetaFileChangedError: meta file {tmp_path / 'a.txt'} changed: it was modified")
 
 
-def test_a_bad_line_from_another_slice_is_named_on_every_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rounds", [False, True])
+def test_a_bad_line_from_another_slice_is_named_on_every_rank(tmp_path: Path, rounds: bool) -> None:
     lines = [f"img_{i}.jpg {i % 5}".encode() for i in range(3000)]
     lines[1700] = b"img_\xff.jpg 1"  # not UTF-8; line 1702 of the file (two blank lines before it)
     (tmp_path / "bad.txt").write_bytes(b"\n\n" + b"\n".join(lines) + b"\n")
     (tmp_path / "a.txt").write_text("x\n")
-    errors = fault_run("badline", 3, tmp_path)
+    errors = fault_run("badline" + ("+rounds" if rounds else ""), 3, tmp_path)
     assert len(set(errors)) == 1, errors
     assert errors[0] == (
         f"ValueError: {tmp_path / 'bad.txt'}:1703: line is not valid UTF-8 (invalid start byte at byte 4)"

@@ -1,19 +1,21 @@
 """The collective reader: one read of the meta files per job, whatever the world size.
 
 Each rank of a process group reads one contiguous 1/W of the bytes of the files (taken as one, in
-order), cut at line boundaries, sequentially, ``_READ`` bytes at a time. Line numbers come from an
-all-gather of each slice's sample and newline counts per file (a few numbers per file and rank, nothing
-per line): no index is read or written. At each build every rank computes its plan's sample numbers
-(as the file reader does), asks each slice owner for those it holds, and receives their lines, with
-``all_to_all_single`` on a gloo group over the same ranks: one round of requests, then (once every
-owner said it read its slice as counted) one of lengths and one of bytes. The lines are packed in plan
-order straight into the rank's shareable segment: the shard is the file reader's, byte for byte.
+order), cut at line boundaries, sequentially, ``_READ`` bytes at a time, and keeps where each of its
+samples starts and its length. Line numbers come from an all-gather of each slice's sample and newline
+counts per file (a few numbers per file and rank): no index is read or written. At each build every
+rank computes its plan's sample numbers (as the file reader does), groups them by owner and round (one
+radix sort), and exchanges with ``all_to_all_single`` on a gloo group over the same ranks: the requests,
+then their lengths (which lay out the shard), then the lines in rounds. In round k each owner reads
+the k-th part of its slice (about ``_ROUND`` bytes of lines), checks it against the count and, once
+every owner said it did, sends the lines asked for from one buffer; each rank copies what it receives
+straight into its shareable segment: the shard is the file reader's, byte for byte.
 
 Every collective runs on the reader's own gloo group (created over the ranks of the group given, with
 ``timeout``), named with the epoch in the error a failed or timed-out collective raises on each rank.
 A file changed under any slice (:class:`~rank_dataset.errors.MetaFileChangedError`) and a line that is
-not UTF-8 (a ValueError naming ``file:line``) travel as a status word ahead of the lines, so every rank
-raises the same error and no rank packs a line of a changed file.
+not UTF-8 (a ValueError naming ``file:line``) travel as a status word ahead of each round's lines, so
+every rank raises the same error and no rank returns a shard holding a line of a changed file.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import hashlib
 import os
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.checks import meta_path
-from rank_dataset.core.shard import Shard, ShardWriter, copy_rows
+from rank_dataset.core.shard import Shard, ShardWriter, copy_rows, offset_dtype
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.index import FileKey
 from rank_dataset.files.scan import NEWLINE, scan_buffer
@@ -44,7 +45,8 @@ from rank_dataset.shards.reader import Sampling
 
 __all__ = ["CollectiveError", "CollectiveReader"]
 
-_READ = 16 << 20  # bytes per sequential read of a slice
+_READ = 16 << 20  # bytes per sequential read of a slice, counting its lines
+_ROUND = 8 << 20  # bytes of lines an owner reads and serves in a round of the exchange
 _PROBE = 4096  # bytes first looked at to find where a slice starts (doubled until a newline is found)
 _FINGERPRINT_BYTES = 1 << 16  # as MetaFile's fingerprint: each file's first and last 64 KiB
 _OK, _CHANGED, _NOT_UTF8 = 0, 1, 2
@@ -134,7 +136,7 @@ class CollectiveReader:
         self._file_offsets = np.concatenate([[0], np.cumsum(sizes)])  # global byte offset of each file
         total, w = int(self._file_offsets[-1]), self.world_size
         lo, hi = (self._cut(total * r // w) for r in (self.rank, self.rank + 1))
-        counts = self._count(lo, hi)
+        counts, starts, lengths = self._count(lo, hi)
         self.stats["read"] = hi - lo
         # One all-gather: each rank's slice [lo, hi) and its samples and newlines in each file.
         table = self._all_gather(np.concatenate([[lo, hi], counts.reshape(-1)]), "the count of lines")
@@ -144,10 +146,21 @@ class CollectiveReader:
         file_samples = self._samples.sum(axis=0)
         self._bounds = Bounds(file_samples)
         # Rank r holds global samples [_owned[r], _owned[r + 1]): slices are in file order.
-        self._owned = np.concatenate([[0], np.cumsum(self._samples.sum(axis=1))])
+        held = self._samples.sum(axis=1)
+        self._owned = np.concatenate([[0], np.cumsum(held)])
         if self._bounds.total == 0:
             names = ", ".join(str(p) for p in self.paths)
             raise ValueError(f"no samples in {names}: every line is empty or whitespace")
+        # What this rank serves: where each sample of its slice starts (from the slice's start) and its
+        # length, 4 bytes each where the slices are under 4 GiB. Lengths and requests travel in one
+        # dtype on every rank.
+        self._len_dtype = offset_dtype(int(np.diff(self._cuts).max()))
+        self._req_dtype = offset_dtype(int(held.max()))
+        self._starts, self._lengths = starts, lengths.astype(self._len_dtype, copy=False)
+        # The exchange runs in rounds: in round k each owner reads and serves its samples
+        # [k * per_round, (k + 1) * per_round), about _ROUND bytes of lines.
+        self._per_round = max(1, _ROUND * self._bounds.total // max(total, 1))
+        self._rounds = max(1, -(-int(held.max()) // self._per_round))
         self._fingerprint, self._file_fingerprints = self._fingerprints(file_samples)
         self._sampling: Sampling | None = Sampling(self._bounds.total, self._bounds.starts, sources)
         self._is_mix = sources is not None
@@ -193,46 +206,79 @@ class CollectiveReader:
         self._epoch = spec.epoch
         assert self._sampling is not None
         plan = self._sampling.samples_of(spec)()
-        wanted, inverse = _distinct(plan)
-        ids = plan if self.keeps_ids else None
+        n, ids = plan.size, (plan if self.keeps_ids else None)
+        # What is asked for: the plan's samples, or where the plan repeats some, each once.
+        items, inverse = _distinct(plan) if _repeats(plan, self.num_samples) else (plan, None)
         del plan
-        # Round 1: each owner gets the (ascending) sample numbers it holds that this rank needs.
-        ask = np.diff(np.searchsorted(wanted, self._owned)).astype(np.int64)
-        asked = self._all_to_all(ask, np.ones(self.world_size, np.int64), "the request sizes")
-        requests = self._all_to_all(wanted, ask, "the requests", out_splits=asked)
-        del wanted
-        mine = _distinct(requests)[0]  # each line asked for, once
-        failure: _Failure | None = None
-        parts: list[_Part] = []
-        try:
-            lengths = self._serve(mine, parts)
-        except _Failure as exc:
-            failure, lengths, parts = exc, np.zeros(0, np.int64), []
-        self._check_status(failure)
-        # Round 2: the lengths of the lines asked for, in the order asked, then their bytes.
-        at = np.searchsorted(mine, requests)
-        del mine, requests
-        send_lengths = lengths[at]
-        del lengths
-        send = _gather_parts(parts, at, send_lengths)
-        del at
-        got_lengths = self._all_to_all(send_lengths, asked, "the line lengths", out_splits=ask)
-        send_bytes = _split_sums(send_lengths, asked)
-        got_bytes = _split_sums(got_lengths, ask)
-        got = self._all_to_all(send, send_bytes, "the lines", out_splits=got_bytes)
-        self.stats = {
-            "read": int(self._cuts[self.rank + 1] - self._cuts[self.rank]),
-            "sent": 8 * (int(ask.sum()) + int(asked.sum())) + int(send.size),
-            "received": 8 * (int(asked.sum()) + int(ask.sum())) + int(got.size),
-        }
-        del send, send_lengths
-        # The lines arrived in ascending sample order (owners hold ascending ranges): pack them in plan order.
-        row_lengths = got_lengths[inverse]
-        writer = ShardWriter(inverse.size, int(row_lengths.sum()), ids=ids is not None)
+        w, rounds, per = self.world_size, self._rounds, self._per_round
+        # Each item's owner and round; the items grouped by (owner, round) by one radix sort.
+        owner = np.searchsorted(self._owned[1:], items, side="right")
+        local = items - self._owned[owner]
+        del items
+        key = owner * rounds + local // per
+        del owner
+        counts = np.bincount(key, minlength=w * rounds).astype(np.int64)
+        order = np.argsort(key.astype(_key_dtype(w * rounds)), kind="stable")
+        del key
+        request = local[order].astype(self._req_dtype)
+        del local
+        # Requests: the number of each owner's samples asked for in each round, then the samples.
+        asked = self._all_to_all(counts, np.full(w, rounds, np.int64), "the request sizes").reshape(w, rounds)
+        counts = counts.reshape(w, rounds)
+        ask, asks = counts.sum(axis=1), asked.sum(axis=1)
+        requests = self._all_to_all(request, ask, "the requests", out_splits=asks)
+        # Lengths (from what the count of lines found): the shard's offsets, before any line moves.
+        send_lengths = self._lengths[requests]
+        got_lengths = self._all_to_all(send_lengths, asks, "the line lengths", out_splits=ask)
+        sent = counts.nbytes + request.nbytes + send_lengths.nbytes
+        received = asked.nbytes + requests.nbytes + got_lengths.nbytes
+        del request, send_lengths
+        item_lengths = np.empty(got_lengths.size, self._len_dtype)
+        item_lengths[order] = got_lengths
+        del got_lengths
+        row_lengths = item_lengths if inverse is None else item_lengths[inverse]
+        writer = ShardWriter(n, int(row_lengths.sum(dtype=np.int64)), ids=ids is not None)
         writer.bounds[0] = 0
         np.cumsum(row_lengths, out=writer.bounds[1:], dtype=writer.bounds.dtype)
-        got_starts = np.concatenate([[0], np.cumsum(got_lengths)[:-1]]).astype(np.int64)
-        copy_rows(got, got_starts[inverse], row_lengths, writer.data, writer.bounds[:-1])
+        if inverse is not None:
+            # The plan's rows by the round their line arrives in.
+            item_round = np.empty(item_lengths.size, np.uint16 if rounds < 1 << 16 else np.int64)
+            item_round[order] = np.tile(np.arange(rounds, dtype=item_round.dtype), w).repeat(counts.reshape(-1))
+            row_round = item_round[inverse]
+            del item_round
+            by_round = np.argsort(row_round, kind="stable")
+            round_cuts = np.concatenate([[0], np.cumsum(np.bincount(row_round, minlength=rounds))])
+            del row_round
+            item_at = np.empty(item_lengths.size, np.int64)  # where each item is in its round's lines
+        asked_at, counts_at = _starts_of(asked), _starts_of(counts)
+        self._seen = np.zeros(len(self.paths), np.int64)
+        for k in range(rounds):
+            # The owners read and serve the samples of round k; every rank learns that each did.
+            failure: _Failure | None = None
+            send, send_bytes = np.zeros(0, np.uint8), np.zeros(w, np.int64)
+            try:
+                send, send_bytes = self._serve(k, requests[_ranges(asked_at[:, k], asked[:, k])], asked[:, k])
+            except _Failure as exc:
+                failure = exc
+            self._check_status(failure)
+            idx = order[_ranges(counts_at[:, k], counts[:, k])]
+            lengths = item_lengths[idx].astype(np.int64)
+            got = self._all_to_all(send, send_bytes, "the lines", out_splits=_split_sums(lengths, counts[:, k]))
+            sent, received = sent + send.nbytes, received + got.nbytes
+            del send
+            at = _exclusive(lengths)
+            if inverse is None:  # item i is row i
+                copy_rows(got, at, lengths, writer.data, writer.bounds[idx])
+            else:
+                item_at[idx] = at
+                rows = by_round[round_cuts[k] : round_cuts[k + 1]]
+                copy_rows(got, item_at[inverse[rows]], row_lengths[rows], writer.data, writer.bounds[rows])
+            del got, idx, lengths, at
+        self.stats = {
+            "read": int(self._cuts[self.rank + 1] - self._cuts[self.rank]),
+            "sent": int(sent),
+            "received": int(received),
+        }
         if writer.ids is not None and ids is not None:
             writer.ids[:] = ids
         return writer.finish()
@@ -271,7 +317,7 @@ class CollectiveReader:
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker never builds: no group (it cannot be pickled), no ids.
-        return {**self.__dict__, "group": None, "_sampling": None}
+        return {**self.__dict__, "group": None, "_sampling": None, "_starts": None, "_lengths": None}
 
     # -- the slices --------------------------------------------------------------------------------
 
@@ -315,17 +361,24 @@ class CollectiveReader:
             if a < b:
                 yield f, a, b
 
-    def _count(self, lo: int, hi: int) -> npt.NDArray[np.int64]:
-        """``(2, files)``: the samples and the newlines of each file in the global range ``[lo, hi)``."""
+    def _count(self, lo: int, hi: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any], npt.NDArray[Any]]:
+        """``(2, files)``: the samples and the newlines of each file in the global range ``[lo, hi)``;
+        and where each sample starts (from ``lo``) and its length."""
         counts = np.zeros((2, len(self.paths)), np.int64)
+        dtype = offset_dtype(hi - lo)
+        starts: list[npt.NDArray[Any]] = [np.zeros(0, dtype)]
+        lengths: list[npt.NDArray[Any]] = [np.zeros(0, dtype)]
         for f, a, b in self._my_pieces(lo, hi):
             path, key = self.paths[f], self._keys[f]
+            base = int(self._file_offsets[f]) - lo
             with _open(path, key) as fd:
                 for buf, offset, last in _chunks(fd, path, a, b, key.size):
                     chunk = scan_buffer(buf, offset, last)
                     counts[0, f] += chunk.starts.size
                     counts[1, f] += chunk.newlines
-        return counts
+                    starts.append((chunk.starts + base).astype(dtype))
+                    lengths.append(chunk.lengths.astype(dtype))
+        return counts, np.concatenate(starts), np.concatenate(lengths)
 
     def _fingerprints(self, file_samples: npt.NDArray[np.int64]) -> tuple[str, tuple[str, ...]]:
         """MetaFile's fingerprints of the files (together, each alone): read by rank 0, sent to all."""
@@ -350,53 +403,81 @@ class CollectiveReader:
 
     # -- serving -----------------------------------------------------------------------------------
 
-    def _serve(self, wanted: npt.NDArray[np.int64], parts: list[_Part]) -> npt.NDArray[np.int64]:
-        """The lengths of global samples ``wanted`` (ascending, all in this rank's slice), their bytes
-        appended to ``parts`` (a part a read), from one sequential read of the slice, which is checked
-        against the counts.
+    def _serve(
+        self, k: int, rows: npt.NDArray[Any], splits: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+        """Round ``k``: this rank's samples ``rows`` (numbers within its slice, all in the round's part
+        of it; ``splits[r]`` of them for rank ``r``), back to back, and the bytes for each rank, from
+        one sequential read of the round's part of the slice, which is checked against the count.
 
         Raises:
-            _Failure: a file changed, or a wanted line is not valid UTF-8 (naming file and line).
+            _Failure: a file changed, or a line asked for is not valid UTF-8 (naming file and line).
         """
-        lengths = np.zeros(wanted.size, np.int64)
-        local = wanted - int(self._owned[self.rank])
-        done, first = 0, 0  # wanted lines found; the slice's number of the current chunk's first sample
+        held = self._starts.size
+        first, stop = k * self._per_round, min((k + 1) * self._per_round, held)
+        if k and first >= held:  # the slice has no samples in this round
+            return np.zeros(0, np.uint8), np.zeros(splits.size, np.int64)
+        # Bytes [lo, hi) of the slice (from its start): the round's samples, the first round from the
+        # slice's start and the last to its end (so that every byte is read, and checked, once).
+        lo = 0 if k == 0 else int(self._starts[first])
+        hi = int(self._cuts[self.rank + 1] - self._cuts[self.rank]) if stop >= held else int(self._starts[stop])
         try:
-            for f in range(len(self.paths)):
-                a, b = self._piece(self.rank, f)
-                if a >= b:
-                    continue
-                path, key = self.paths[f], self._keys[f]
-                line = int(self._newlines[: self.rank, f].sum())  # newlines before this piece
-                found = 0
-                with _open(path, key) as fd:
-                    for buf, offset, last in _chunks(fd, path, a, b, key.size):
-                        chunk = scan_buffer(buf, offset, last)
-                        m = chunk.starts.size
-                        end = int(np.searchsorted(local, first + m))
-                        if end > done:
-                            rows = local[done:end] - first
-                            s, n = chunk.starts[rows] - offset, chunk.lengths[rows]
-                            packed = np.empty(int(n.sum()), np.uint8)
-                            at = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
-                            copy_rows(buf, s, n, packed, at)
-                            if not chunk.ascii:
-                                _check_utf8(packed, at, n, lambda r: _line_of(buf, s, r, line, path))  # noqa: B023
-                            parts.append(_Part(done, packed, at))
-                            lengths[done:end] = n
-                            done = end
-                        first += m
-                        found += m
-                        line += chunk.newlines
-                counted = int(self._samples[self.rank, f])
-                if found != counted:
-                    what = f"it holds {found:,} samples in bytes [{a:,}, {b:,}) now, not {counted:,}"
-                    raise MetaFileChangedError(path, what)
+            buf, parts, ascii_ = self._read(lo, hi, first, stop)
+            at = self._starts[rows].astype(np.int64) - lo
+            lengths = self._lengths[rows].astype(np.int64)
+            send = np.empty(int(lengths.sum()), np.uint8)
+            dst = _exclusive(lengths)
+            copy_rows(buf, at, lengths, send, dst)
+            if not ascii_:
+                _check_utf8(send, dst, lengths, lambda r: self._line_of(buf, parts, int(at[r])))
         except MetaFileChangedError as exc:
             raise _Failure(_CHANGED, (str(exc.path), exc.what)) from None
         except ValueError as exc:
             raise _Failure(_NOT_UTF8, (str(exc),)) from None
-        return lengths
+        return send, _split_sums(lengths, splits)
+
+    def _read(
+        self, lo: int, hi: int, first: int, stop: int
+    ) -> tuple[npt.NDArray[np.uint8], list[tuple[int, int, int]], bool]:
+        """Bytes ``[lo, hi)`` of the slice (from its start), which hold its samples ``[first, stop)``:
+        read, scanned and checked against what the count of lines found. Also each file's part of them
+        as ``(file, start in the buffer, newlines before it in the file)``, and whether all is ASCII."""
+        base = int(self._cuts[self.rank])
+        buf = np.empty(hi - lo, np.uint8)
+        parts, ascii_, done = [], True, first
+        for f, a, b in self._my_pieces(base + lo, base + hi):
+            path, key = self.paths[f], self._keys[f]
+            at = int(self._file_offsets[f]) + a - base - lo  # where the file's part starts in buf
+            piece = buf[at : at + b - a]
+            with _open(path, key) as fd:
+                _read_into(fd, path, piece, a)
+            chunk = scan_buffer(piece, a, b == key.size)
+            m = chunk.starts.size
+            shift = int(self._file_offsets[f]) - base
+            if not (
+                done + m <= stop
+                and np.array_equal(chunk.starts + shift, self._starts[done : done + m])
+                and np.array_equal(chunk.lengths, self._lengths[done : done + m])
+            ):
+                counted = f"{int(self._samples[self.rank, f]):,} counted in its bytes {self._piece(self.rank, f)}"
+                what = (
+                    f"the samples in its bytes [{a:,}, {b:,}) are not those found when the dataset was made ({counted})"
+                )
+                raise MetaFileChangedError(path, what)
+            parts.append((f, at, int(self._newlines[: self.rank, f].sum()) + int(self._seen[f])))
+            self._seen[f] += chunk.newlines
+            ascii_ = ascii_ and chunk.ascii
+            done += m
+        if done != stop:
+            f = parts[-1][0] if parts else 0
+            what = f"a slice of it holds {done - first:,} samples where it held {stop - first:,}"
+            raise MetaFileChangedError(self.paths[f], what)
+        return buf, parts, ascii_
+
+    def _line_of(self, buf: npt.NDArray[np.uint8], parts: list[tuple[int, int, int]], at: int) -> str:
+        """``path:line`` of the line at ``buf[at]`` (``parts`` as :meth:`_read` gives them)."""
+        f, start, before = next(p for p in reversed(parts) if p[1] <= at)
+        return f"{self.paths[f]}:{before + int(np.count_nonzero(buf[start:at] == NEWLINE)) + 1}"
 
     def _check_status(self, failure: _Failure | None) -> None:
         """Every rank learns whether every slice was served as counted: if not, every rank raises the
@@ -460,11 +541,16 @@ class CollectiveReader:
         import torch.distributed as dist
 
         out_splits = splits if out_splits is None else out_splits
-        mine = torch.from_numpy(np.ascontiguousarray(values))
+        values = np.ascontiguousarray(values)
+        kind = values.dtype
+        if kind.kind == "u" and kind.itemsize > 1:  # gloo carries signed integers: the same bits
+            values = values.view(f"i{kind.itemsize}")
+        mine = torch.from_numpy(values)
         out = torch.empty(int(out_splits.sum()), dtype=mine.dtype)
         with self._collective(name):
             dist.all_to_all_single(out, mine, out_splits.tolist(), splits.tolist(), group=self.group)
-        return out.numpy()
+        got: npt.NDArray[Any] = out.numpy().view(kind)
+        return got
 
 
 _SUBGROUPS: dict[tuple[tuple[int, ...], datetime.timedelta | None], Any] = {}
@@ -498,31 +584,42 @@ def _backend_config(dist: Any, group: Any) -> str:
     return config if ":" in config else {"gloo": "cpu:gloo,cuda:gloo"}.get(config, "cuda:" + config)
 
 
-@dataclass
-class _Part:
-    """Lines served from one read: rows ``first`` onwards of what the owner serves, back to back in
-    ``data`` (row ``first + k`` at ``starts[k]``)."""
+def _repeats(plan: npt.NDArray[np.int64], total: int) -> bool:
+    """Whether some sample number of ``plan`` (numbers below ``total``) occurs more than once."""
+    if plan.size < 2:
+        return False
+    if total <= 8 * plan.size:  # a flag a sample, no more than 8 bytes a row: no sort
+        seen = np.zeros(total, bool)
+        seen[plan] = True
+        return int(np.count_nonzero(seen)) < plan.size
+    ordered = np.sort(plan)
+    return bool((ordered[1:] == ordered[:-1]).any())
 
-    first: int
-    data: npt.NDArray[np.uint8]
-    starts: npt.NDArray[np.int64]
+
+def _key_dtype(size: int) -> type[np.unsignedinteger[Any]]:
+    """The smallest unsigned dtype for keys below ``size`` (up to 16 bits numpy sorts them by radix)."""
+    return np.uint8 if size <= 1 << 8 else np.uint16 if size <= 1 << 16 else np.uint32
 
 
-def _gather_parts(
-    parts: list[_Part], at: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
-) -> npt.NDArray[np.uint8]:
-    """The lines of rows ``at`` (of ``lengths`` bytes) back to back, copied from ``parts``, each part
-    let go of once copied (so that the lines are held about once, not twice)."""
-    out = np.empty(int(lengths.sum()), np.uint8)
-    dst = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    order = np.argsort(at, kind="stable")
-    ordered = at[order]
-    while parts:
-        part = parts.pop(0)
-        lo, hi = np.searchsorted(ordered, [part.first, part.first + part.starts.size])
-        rows = order[lo:hi]
-        copy_rows(part.data, part.starts[at[rows] - part.first], lengths[rows], out, dst[rows])
-        del part
+def _exclusive(lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Where each of ``lengths`` starts, back to back from 0."""
+    at = np.empty(lengths.size, np.int64)
+    if lengths.size:
+        at[0] = 0
+        np.cumsum(lengths[:-1], out=at[1:])
+    return at
+
+
+def _starts_of(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Where each part of ``counts`` (in row-major order) starts, back to back, in its shape."""
+    return _exclusive(counts.reshape(-1)).reshape(counts.shape)
+
+
+def _ranges(starts: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """``[starts[0], starts[0] + counts[0]), [starts[1], ...), ...`` one after the other, without a loop."""
+    total = int(counts.sum())
+    out = np.repeat(starts - _exclusive(counts), counts)
+    out += np.arange(total, dtype=np.int64)
     return out
 
 
@@ -580,6 +677,16 @@ def _pread(fd: int, path: Path, offset: int, count: int) -> bytes:
     return raw
 
 
+def _read_into(fd: int, path: Path, buf: npt.NDArray[np.uint8], offset: int) -> None:
+    """Fill ``buf`` from byte ``offset`` of the file."""
+    view, done = buf.data, 0
+    while done < buf.size:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise MetaFileChangedError(path, "it shrank while being read")
+        done += got
+
+
 def _chunks(fd: int, path: Path, lo: int, hi: int, size: int) -> Iterator[tuple[npt.NDArray[np.uint8], int, bool]]:
     """``(buf, offset, last)``: bytes ``[lo, hi)`` of the file, ``_READ`` bytes a read, in pieces that
     each end at a line boundary (``last``: the piece ends the file, so bytes after its final newline
@@ -615,11 +722,6 @@ def _last_newline(buf: npt.NDArray[np.uint8]) -> int:
         if hits.size:
             return int(buf.size - min(tail, buf.size) + hits[-1])
     return -1
-
-
-def _line_of(buf: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], row: int, line: int, path: Path) -> str:
-    """``path:line`` of the row starting at ``buf[starts[row]]``; ``line`` newlines precede ``buf``."""
-    return f"{path}:{line + int(np.count_nonzero(buf[: int(starts[row])] == NEWLINE)) + 1}"
 
 
 def _check_utf8(
