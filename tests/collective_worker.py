@@ -62,6 +62,8 @@ def identity(d: Path, result: dict[str, Any]) -> None:
     compare("subsets", subsets, [(0, 0), (1, 0)], result, reload_cfg={"seed": 4})
     compare("class_balanced", class_balanced(a), [(0, 0), (3, 0)], result, reload_cfg={"seed": 6})
     compare("aug_repeats", a, [(0, 0), (1, 0)], result, reload_cfg={"seed": 7, "aug_repeats": 3})
+    compare("exclude", a, [(0, 0), (1, 0)], result, reload_cfg={"seed": 9}, exclude=list(range(0, 900, 7)))
+    compare("mix_exclude", mix, [(0, 0), (1, 0)], result, reload_cfg={"seed": 10}, exclude=[1, 5, 950, 1300])
     # Resume on another world size, through group=: saved by the whole world, loaded on a smaller group.
     state = RankDataset(a, reload_cfg={"seed": 8, "mini_epoch": 2}).state_dict(consumed=5)
     world = dist.get_world_size()

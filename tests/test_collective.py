@@ -51,7 +51,7 @@ def test_shards_are_the_file_readers_byte_for_byte(tmp_path: Path, w: int, round
     results = run("identity" + ("+rounds" if rounds else ""), w, tmp_path)
     cases = ["plain", "mini_epochs", "eval", "files", "mix_schedule", "mix_eval", "subsets", "class_balanced"]
     for res in results:
-        for case in [*cases, "aug_repeats"]:
+        for case in [*cases, "aug_repeats", "exclude", "mix_exclude"]:
             assert res[case] is True, (res["rank"], case)
     for res in results[: max(1, w - 1)]:  # the ranks of the smaller group
         assert res["resume_group"] == [max(1, w - 1), True]
