@@ -38,10 +38,9 @@ from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.index import FileKey
 from rank_dataset.files.scan import NEWLINE, scan_buffer
 from rank_dataset.plan.bounds import Bounds
-from rank_dataset.plan.exclude import Exclusion
 from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
-from rank_dataset.shards.reader import Sampling
+from rank_dataset.shards.reader import SampledReader
 
 __all__ = ["CollectiveError", "CollectiveReader"]
 
@@ -74,7 +73,7 @@ def _error(kind: int, args: Sequence[str]) -> Exception:
     return ValueError(args[0])
 
 
-class CollectiveReader:
+class CollectiveReader(SampledReader):
     """Shards exchanged between the ranks of a process group, each rank reading 1/W of the files.
 
     Args:
@@ -162,10 +161,7 @@ class CollectiveReader:
         self._per_round = max(1, _ROUND * self._bounds.total // max(total, 1))
         self._rounds = max(1, -(-int(held.max()) // self._per_round))
         self._fingerprint, self._file_fingerprints = self._fingerprints(file_samples)
-        self._sampling: Sampling | None = Sampling(self._bounds.total, self._bounds.starts, sources)
-        self._is_mix = sources is not None
-        self.keeps_ids = False
-        self.set_exclusion(None)
+        self._sample(self._bounds.total, self._bounds.starts, sources, None)
 
     # -- the ShardReader protocol ------------------------------------------------------------------
 
@@ -179,25 +175,10 @@ class CollectiveReader:
         computes it (a resume state saved with either reader loads with the other)."""
         return self._fingerprint
 
-    @property
-    def source_sizes(self) -> tuple[int, ...] | None:
-        return self._sizes if self._is_mix else None
-
     def source_fingerprints(self) -> tuple[str, ...]:
         """Each source's: its files', and for a subset the hash of its ids (as the file reader's)."""
         assert self._sampling is not None
         return self._sampling.source_fingerprints(self._file_fingerprints)
-
-    def set_exclusion(self, exclusion: Exclusion | None) -> None:
-        """See :meth:`~rank_dataset.shards.reader.Sampling.exclude`."""
-        assert self._sampling is not None
-        self._sampling.exclude(exclusion)
-        self.keeps_ids = self._sampling.keeps_ids
-        self._plan_size, self._sizes = self._sampling.plan_size, self._sampling.sizes
-
-    @property
-    def plan_size(self) -> int:
-        return self._plan_size
 
     def build(self, spec: ShardSpec) -> Shard:
         """The shard of ``spec``: every rank of the group must call it together (a collective)."""

@@ -21,7 +21,7 @@ from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.plan.subsets import SampleMap, distinct_files
 
-__all__ = ["FileReader", "Sampling", "ShardReader"]
+__all__ = ["FileReader", "SampledReader", "Sampling", "ShardReader"]
 
 
 class ShardReader(Protocol):
@@ -143,26 +143,18 @@ class Sampling:
         return lambda: sample_map.samples(spec.indices(), mix.source_of)
 
 
-class FileReader:
-    """Shards read from meta files (what :class:`~rank_dataset.training.dataset.RankDataset` reads).
+class SampledReader:
+    """What the file and collective readers share: their :class:`Sampling` and the protocol members it
+    answers (``keeps_ids``, :meth:`set_exclusion`, ``plan_size``, ``source_sizes``)."""
 
-    Args:
-        meta: the files, as one MetaFile (for a mix, the distinct files of the sources in order of
-            first appearance: see :func:`files_of`).
-        sources: for a mix, the Sources; None: no mix.
-        exclude: global sample numbers left out of the plans (see :meth:`set_exclusion`).
+    keeps_ids: bool = False
+    _sampling: Sampling | None
 
-    Raises:
-        ValueError: a source's ids that are not distinct sample numbers of its files (naming it).
-    """
-
-    def __init__(
-        self, meta: MetaFile, sources: Sequence[Source] | None = None, exclude: Exclusion | None = None
+    def _sample(
+        self, total: int, starts: npt.NDArray[np.int64], sources: Sequence[Source] | None, exclude: Exclusion | None
     ) -> None:
-        self.meta = meta
-        self._sampling: Sampling | None = Sampling(len(meta), meta.file_bounds, sources)
+        self._sampling = Sampling(total, starts, sources)
         self._is_mix = sources is not None
-        self.keeps_ids = False
         self.set_exclusion(exclude)
 
     def set_exclusion(self, exclusion: Exclusion | None) -> None:
@@ -176,6 +168,30 @@ class FileReader:
     def plan_size(self) -> int:
         return self._plan_size
 
+    @property
+    def source_sizes(self) -> tuple[int, ...] | None:
+        return self._sizes if self._is_mix else None
+
+
+class FileReader(SampledReader):
+    """Shards read from meta files (what :class:`~rank_dataset.training.dataset.RankDataset` reads).
+
+    Args:
+        meta: the files, as one MetaFile (for a mix, the distinct files of the sources in order of
+            first appearance: see :func:`files_of`).
+        sources: for a mix, the Sources; None: no mix.
+        exclude: global sample numbers left out of the plans (see :meth:`Sampling.exclude`).
+
+    Raises:
+        ValueError: a source's ids that are not distinct sample numbers of its files (naming it).
+    """
+
+    def __init__(
+        self, meta: MetaFile, sources: Sequence[Source] | None = None, exclude: Exclusion | None = None
+    ) -> None:
+        self.meta = meta
+        self._sample(len(meta), meta.file_bounds, sources, exclude)
+
     def __getstate__(self) -> dict[str, Any]:
         # A worker never builds: it needs no ids (those held in memory would be copied).
         return {**self.__dict__, "_sampling": None}
@@ -187,10 +203,6 @@ class FileReader:
     @property
     def fingerprint(self) -> str | None:
         return self.meta.fingerprint
-
-    @property
-    def source_sizes(self) -> tuple[int, ...] | None:
-        return self._sizes if self._is_mix else None
 
     def source_fingerprints(self) -> tuple[str, ...]:
         """Each source's: its files', and for a subset the hash of its ids (read once, when asked)."""
