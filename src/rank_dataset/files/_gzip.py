@@ -56,7 +56,8 @@ def _points(state: bytes) -> _IntArray:
     # One point per output offset (an empty member, as BGZF's last, starts where the one before ended).
     keep = np.ones(len(points), bool)
     keep[1:] = np.diff(points[:, 0]) > 0
-    return points[keep]
+    kept: npt.NDArray[np.int64] = points[keep]
+    return kept
 
 
 def _corrupt(path: Path, gz: indexed_gzip.IndexedGzipFile, exc: BaseException) -> CorruptMetaFileError:

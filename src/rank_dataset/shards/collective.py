@@ -236,7 +236,8 @@ class CollectiveReader(SampledReader):
         for k in range(rounds):
             # The owners read and serve the samples of round k; every rank learns that each did.
             failure: _Failure | None = None
-            send, send_bytes = np.zeros(0, np.uint8), np.zeros(w, np.int64)
+            send: npt.NDArray[np.uint8] = np.zeros(0, np.uint8)
+            send_bytes: npt.NDArray[np.int64] = np.zeros(w, np.int64)
             try:
                 send, send_bytes = self._serve(k, requests[_ranges(asked_at[:, k], asked[:, k])], asked[:, k])
             except _Failure as exc:
@@ -672,7 +673,7 @@ def _chunks(fd: int, path: Path, lo: int, hi: int, size: int) -> Iterator[tuple[
     """``(buf, offset, last)``: bytes ``[lo, hi)`` of the file, ``_READ`` bytes a read, in pieces that
     each end at a line boundary (``last``: the piece ends the file, so bytes after its final newline
     form a line). ``lo`` starts a line; ``hi`` ends one or the file."""
-    carry = np.zeros(0, np.uint8)
+    carry: npt.NDArray[np.uint8] = np.zeros(0, np.uint8)
     pos = lo
     while pos < hi:
         n = min(_READ, hi - pos)
