@@ -8,7 +8,7 @@ having failed (``excluded_failures``) and the failure records (``failures``) whe
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rank_dataset.core.checks import check_int
 from rank_dataset.plan.mix import Mixture, combine_fingerprints
@@ -16,8 +16,9 @@ from rank_dataset.plan.resume import MixRecord, ResumeState
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards.failures import Failure
 from rank_dataset.shards.reader import ShardReader
+from rank_dataset.training._failures import FailureBook
 
-__all__ = ["read_state", "resumed", "state_at"]
+__all__ = ["Resumable", "read_state", "resumed", "state_at"]
 
 
 def state_at(
@@ -92,3 +93,82 @@ def _records(value: Any) -> Sequence[Any]:
     if not isinstance(value, (list, tuple)):
         raise TypeError(f"invalid resume state: failures must be a list of failure records, got {value!r}")
     return list(value)
+
+
+class Resumable:
+    """``state_dict`` and ``load_state_dict`` of a dataset (a mixin of ShardedDataset, which sets these
+    attributes and loads a shard with ``_load``)."""
+
+    reader: ShardReader
+    _book: FailureBook
+    _spec: ShardSpec
+
+    if TYPE_CHECKING:
+
+        def __len__(self) -> int: ...
+
+        def _load(self, spec: ShardSpec) -> None: ...
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """The resume point after every rank consumed ``consumed`` samples of its current shard.
+
+        A small JSON-serialisable dict (:class:`~rank_dataset.plan.resume.ResumeState`), the same on
+        every rank (so rank 0 alone can save it). It names positions of the epoch order, not ranks,
+        so it can be loaded on any world size. Called with no argument (as torchdata's
+        StatefulDataLoader calls every dataset that has a ``state_dict``), it returns ``{}``: the
+        resume point then lives in ResumableSampler's state.
+
+        With ``on_error="replace"`` it holds the failure records (``failures``) and the samples the plan
+        left out for having failed (``excluded_failures``). With ``exclude_failures=True`` under a process
+        group it all-gathers every rank's failures, so that a resume leaves out of the next epoch what
+        every rank saw fail: it is then a collective, to be called on every rank (and still the same on each).
+
+        Raises:
+            ValueError: ``consumed`` outside ``[0, len(self)]``, or an eval shard.
+
+        Examples:
+            >>> import tempfile, os
+            >>> from rank_dataset import RankDataset
+            >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
+            >>> _ = open(p, "w").write("".join(f"{i}.jpg {i}\\n" for i in range(10)))
+            >>> old = RankDataset(p, rank=0, world_size=2)
+            >>> state = old.state_dict(consumed=2)
+            >>> new = RankDataset(p, rank=0, world_size=2)
+            >>> new.load_state_dict(state)
+            >>> new.indices.tolist() == old.indices[2:].tolist()
+            True
+        """
+        if consumed is None:
+            return {}
+        book = self._book
+        n = len(self)
+        state = state_at(self._spec, consumed, n, self.reader, book.mixture, book.exclusion_fingerprint, book.failed)
+        failures = book.to_save()
+        if failures:
+            state["failures"] = [f.to_dict() for f in failures]
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a resume point saved by :meth:`state_dict`, on this world size.
+
+        This rank gets its share of what was left of the interrupted mini-epoch (all ranks equally
+        long, padded by wrapping within it). Afterwards ``set_epoch(same_epoch, later_idx)`` keeps
+        the boundaries that epoch started with, and ``set_epoch(next_epoch)`` plans afresh. The
+        state's seed and mini-epoch count replace this dataset's. ``{}`` is ignored. A state that
+        fails a check leaves the dataset exactly as it was.
+
+        Raises:
+            ValueError: a state for other files (number of samples or fingerprint) or another mix (the
+                message names the first source that differs), of another format version, with
+                missing keys or a value out of range (the message names it), or an eval dataset.
+        """
+        read = read_state(state, self._spec.is_test)
+        if read is None:
+            return
+        resume, failed, failures = read
+        book = self._book
+        with book.replanned(self._spec, failed) as planned:
+            self._load(resumed(resume, planned, self.reader, book.mixture, book.exclusion_fingerprint))
+        if failures:
+            book.collect()
+            book.merge(failures)

@@ -8,14 +8,11 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 from torch.utils.data import Dataset
 
-from rank_dataset.core.checks import check_index, check_int
-from rank_dataset.core.parsers import LineError, Parser, resolve_parser
+from rank_dataset.core.checks import check_int
+from rank_dataset.core.parsers import Parser, resolve_parser
 from rank_dataset.core.residency import return_freed_memory
-from rank_dataset.core.shard import Shard
 from rank_dataset.files.formats import Format, detect_path
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.config import ReloadConfig
@@ -28,7 +25,8 @@ from rank_dataset.shards.failures import Failure
 from rank_dataset.shards.reader import FileReader, ShardReader, files_of
 from rank_dataset.training._agree import agreement_fields, agreement_needed, check_ranks_agree
 from rank_dataset.training._failures import FailureBook, FailurePolicy, OnError
-from rank_dataset.training._state import read_state, resumed, state_at
+from rank_dataset.training._items import ShardItems
+from rank_dataset.training._state import Resumable
 from rank_dataset.training.topology import get_rank_world_size
 
 __all__ = ["RankDataset", "ShardedDataset", "as_sources"]
@@ -36,7 +34,7 @@ __all__ = ["RankDataset", "ShardedDataset", "as_sources"]
 MetaSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | MetaFile | Source | Sequence[Source]
 
 
-class ShardedDataset(Dataset[Any]):
+class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
     """What RankDataset and RankServerDataset share: a shard reader, a shard channel and, for a mix,
     a mixture; the plan, item access, resume and parsing.
 
@@ -48,6 +46,9 @@ class ShardedDataset(Dataset[Any]):
     For a mix, ``sources`` are the Sources; the global sample numbers are then over the sources'
     files in source order, ``num_samples`` is ``sum(N_s)``, and the spec carries the mix (its
     ``num_samples`` being the epoch size ``T0``).
+
+    Item access (``len``, ``ds[i]``, batches, ``indices``) is :class:`~rank_dataset.training._items.ShardItems`,
+    the resume state :class:`~rank_dataset.training._state.Resumable`; this class plans and loads shards.
     """
 
     def __init__(
@@ -186,20 +187,6 @@ class ShardedDataset(Dataset[Any]):
             fields["exclude"] = self._book.exclusion_fingerprint
         return fields
 
-    def _serve(self, shard: Shard, spec: ShardSpec) -> None:
-        self._shard, self._n, self._spec = shard, len(shard), spec
-        self._indices: npt.NDArray[np.int64] | None = None
-        self._source_ids: npt.NDArray[np.integer[Any]] | None = None
-        self._text = shard.text  # the shard's own slicing, bound once: item access calls it directly
-
-    def _sync(self, items: bool = False) -> None:
-        """The control block changed since this process last looked (``_version[0] != _seen``, the
-        per-item check): let the channel act on it, and serve the shard it says to."""
-        served = self.channel.follow(items, holding=self._shard is not None)
-        if served is not None:
-            self._serve(*served)
-        self._seen = self.channel.seen
-
     def __getstate__(self) -> dict[str, Any]:
         # Pickled to reach a spawn or forkserver worker: the channel's handle, never a shard's bytes.
         state = self.__dict__.copy()
@@ -228,22 +215,6 @@ class ShardedDataset(Dataset[Any]):
             return None
         spec = self.spec
         return self._book.mixture.infos(spec.epoch, spec.aug_repeats)
-
-    @property
-    def source_ids(self) -> npt.NDArray[np.integer[Any]] | None:
-        """For a mix, a read-only integer array: the source number of each item (``self[i]`` is a sample
-        of ``sources[source_ids[i]]``). None for plain meta files. Computed from the plan on first use
-        and kept until the shard changes, like ``indices``."""
-        if self._source_ids is None:  # (None for plain meta files, each time)
-            mixture = self._book.mixture
-            if mixture is None:
-                return None
-            # The source of a plan number (not of a sample: one sample may be in several sources).
-            plan = self._spec.indices() if self._shard.ids is not None else self.indices
-            source_ids = mixture.source_ids(plan)
-            source_ids.flags.writeable = False
-            self._source_ids = source_ids
-        return self._source_ids
 
     def set_epoch(self, epoch: int, mini_epoch_idx: int = 0) -> None:
         """Load this rank's shard of ``(epoch, mini_epoch_idx)`` in place of the current one.
@@ -279,160 +250,6 @@ class ShardedDataset(Dataset[Any]):
         process that created the dataset.
         """
         return self.channel.audit()
-
-    # -- resume -----------------------------------------------------------------------------------
-
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """The resume point after every rank consumed ``consumed`` samples of its current shard.
-
-        A small JSON-serialisable dict (:class:`~rank_dataset.plan.resume.ResumeState`), the same on
-        every rank (so rank 0 alone can save it). It names positions of the epoch order, not ranks,
-        so it can be loaded on any world size. Called with no argument (as torchdata's
-        StatefulDataLoader calls every dataset that has a ``state_dict``), it returns ``{}``: the
-        resume point then lives in ResumableSampler's state.
-
-        With ``on_error="replace"`` it holds the failure records (``failures``) and the samples the plan
-        left out for having failed (``excluded_failures``). With ``exclude_failures=True`` under a process
-        group it all-gathers every rank's failures, so that a resume leaves out of the next epoch what
-        every rank saw fail: it is then a collective, to be called on every rank (and still the same on each).
-
-        Raises:
-            ValueError: ``consumed`` outside ``[0, len(self)]``, or an eval shard.
-
-        Examples:
-            >>> import tempfile, os
-            >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
-            >>> _ = open(p, "w").write("".join(f"{i}.jpg {i}\\n" for i in range(10)))
-            >>> old = RankDataset(p, rank=0, world_size=2)
-            >>> state = old.state_dict(consumed=2)
-            >>> new = RankDataset(p, rank=0, world_size=2)
-            >>> new.load_state_dict(state)
-            >>> new.indices.tolist() == old.indices[2:].tolist()
-            True
-        """
-        if consumed is None:
-            return {}
-        book = self._book
-        n = len(self)
-        state = state_at(self._spec, consumed, n, self.reader, book.mixture, book.exclusion_fingerprint, book.failed)
-        failures = book.to_save()
-        if failures:
-            state["failures"] = [f.to_dict() for f in failures]
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from a resume point saved by :meth:`state_dict`, on this world size.
-
-        This rank gets its share of what was left of the interrupted mini-epoch (all ranks equally
-        long, padded by wrapping within it). Afterwards ``set_epoch(same_epoch, later_idx)`` keeps
-        the boundaries that epoch started with, and ``set_epoch(next_epoch)`` plans afresh. The
-        state's seed and mini-epoch count replace this dataset's. ``{}`` is ignored. A state that
-        fails a check leaves the dataset exactly as it was.
-
-        Raises:
-            ValueError: a state for other files (number of samples or fingerprint) or another mix (the
-                message names the first source that differs), of another format version, with
-                missing keys or a value out of range (the message names it), or an eval dataset.
-        """
-        read = read_state(state, self._spec.is_test)
-        if read is None:
-            return
-        resume, failed, failures = read
-        book = self._book
-        with book.replanned(self._spec, failed) as planned:
-            self._load(resumed(resume, planned, self.reader, book.mixture, book.exclusion_fingerprint))
-        if failures:
-            book.collect()
-            book.merge(failures)
-
-    # -- items ------------------------------------------------------------------------------------
-
-    @property
-    def shard(self) -> Shard:
-        """The shard held now."""
-        if self._version[0] != self._seen:
-            self._sync()
-        return self._shard
-
-    @property
-    def indices(self) -> npt.NDArray[np.int64]:
-        """Read-only int64 array of global sample numbers: ``self[i]`` is sample ``indices[i]``.
-
-        Computed from the plan on first use and kept until the shard changes (a shard stores its
-        sample numbers only where the plan's numbers are not them: sources over subsets).
-        """
-        if self._version[0] != self._seen:
-            self._sync()
-        if self._indices is None:
-            ids = self._shard.ids
-            indices = self._spec.indices() if ids is None else np.array(ids)
-            indices.flags.writeable = False
-            self._indices = indices
-        return self._indices
-
-    def __len__(self) -> int:
-        if self._version[0] != self._seen:
-            self._sync()
-        return self._n
-
-    def _check_index(self, i: Any) -> int:
-        n = self._n
-        return check_index(i, n, label="dataset index", of=f"a shard of {n} samples")
-
-    def _item(self, text: str, i: int) -> Any:
-        """Item ``i`` (of line ``text``): parsed and transformed; with ``on_error="replace"``, a substitute's
-        if that raises."""
-        try:
-            item = text if self._parser is None and self._parsers is None else self._parse(text, i)
-            return item if self._transform is None else self._transform(item)
-        except Exception as exc:
-            if not self._replace:
-                raise
-            return self._book.substitute(self._spec, self._n, i, exc, self._made, self.indices)
-
-    def _made(self, j: int) -> Any:
-        """Item ``j``, made again: a substitute's."""
-        text = self._text(j)
-        item = text if self._parser is None and self._parsers is None else self._parse(text, j)
-        return item if self._transform is None else self._transform(item)
-
-    def _parse(self, text: str, i: int) -> Any:
-        # In a mix whose sources have parsers of their own, item i's source chooses.
-        parser = self._parser if self._parsers is None else self._parsers[self.source_ids[i]]  # type: ignore[index]
-        if parser is None:
-            return text
-        try:
-            return parser(text)
-        except LineError as exc:
-            raise ValueError(f"{self.reader.where(int(self.indices[i]))}: {exc}") from None
-
-    def __getitem__(self, i: int) -> Any:
-        # Once per sample: one word of the control block says whether anything changed, the inline
-        # check is the fast path, the shard does the slicing.
-        if self._version[0] != self._seen:
-            self._sync(items=True)
-        if not (type(i) is int and 0 <= i < self._n):
-            i = self._check_index(i)
-        text = self._text(i)
-        self._tally(1)
-        if self._made_by_policy:
-            return self._item(text, i)
-        return text if self._parser is None and self._parsers is None else self._parse(text, i)
-
-    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """A batch of items at once (torch's DataLoader calls this with each batch of indices)."""
-        if self._version[0] != self._seen:
-            self._sync(items=True)
-        n = self._n
-        if not all(type(i) is int and 0 <= i < n for i in indices):
-            indices = [self._check_index(i) for i in indices]
-        texts = self._shard.texts(indices)
-        self._tally(len(texts))  # the pass audit: a store in the control block per batch (a replaced item counts)
-        if self._made_by_policy:
-            return [self._item(t, i) for t, i in zip(texts, indices)]
-        if self._parser is None and self._parsers is None:
-            return texts
-        return [self._parse(t, i) for t, i in zip(texts, indices)]
 
     def __repr__(self) -> str:
         s = self.spec
