@@ -425,9 +425,9 @@ def test_a_plan_is_let_go_by_the_build_and_made_again_when_needed(tmp_path: Path
 
 
 def test_a_random_batch_is_read_in_one_window_a_call_a_line(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
-    # 256 random lines of an 8 MiB file: one read of their index entries and one of their lines
-    # (a batch charged what its reads hold: 256 lines and the bytes around them, not 256 pages),
-    # each a call per entry and per line at most, besides the index's header.
+    # 256 random lines of an 8 MiB file: their index entries through the process's map of the index
+    # cache (no read an entry), and one read of their lines (a batch charged what its reads hold: 256
+    # lines and the bytes around them, not 256 pages), a call per line at most, besides the index's header.
     p = write_meta(n=200_000)
     assert p.stat().st_size > 2 * gather_mod._WINDOW
     mf = MetaFile(p)
@@ -458,8 +458,29 @@ def test_a_random_batch_is_read_in_one_window_a_call_a_line(write_meta, monkeypa
         calls.clear()
         shard = mf.read(indices)
         assert shard.texts(range(256)) == [lines[i] for i in indices.tolist()]
-        assert loads == [256, 256]  # the entries, then the lines
-        assert len(calls) <= 2 * 256 + 2  # and the index's header and table of long lines
+        assert loads == [256]  # the lines (the entries come from the map)
+        assert len(calls) <= 256 + 2  # and the index's header and table of long lines
+
+
+def test_small_takes_map_a_cache_once_and_a_replaced_cache_anew(write_meta) -> None:
+    from rank_dataset.files import index as index_mod
+
+    p = write_meta(n=index_mod._MAPPED_MIN + 10)
+    lines = p.read_text().splitlines()
+    rng = np.random.default_rng(1)
+    mf = MetaFile(p)
+    index_mod._maps.clear()
+    picks = rng.integers(0, len(mf), 100)
+    assert mf.read(picks).texts(range(100)) == [lines[i] for i in picks.tolist()]
+    first = set(index_mod._maps)
+    assert len(first) == 1
+    mf.read(picks[::-1])
+    assert set(index_mod._maps) == first  # kept, not mapped again
+    index_mod.load_index(p, rebuild=True)  # a new cache file in its place
+    again = MetaFile(p)
+    assert again.read(picks).texts(range(100)) == [lines[i] for i in picks.tolist()]
+    assert len(index_mod._maps) == 2 and first < set(index_mod._maps)
+    index_mod._maps.clear()
 
 
 def test_batches_charge_a_row_what_its_read_holds() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import mmap
 import os
 import struct
 from collections.abc import Callable
@@ -75,6 +76,10 @@ _PAIR = 16  # a long line (sample, length) or a mark (offset, line number): two 
 _SAMPLE = 1 << 16  # bytes hashed at each end of the file
 _CHECK_ROWS = 1 << 12  # entries checked at each end of a cache when it is loaded
 _BUILD_TRIES = 3
+_MAPPED_ROWS = 1 << 12  # a take of fewer rows reads its entries through a map of the cache (see _entries_map)
+_MAPPED_MIN = 1 << 16  # entries (512 KiB) a cache holds at least to be mapped; smaller ones are a few reads
+_MAPS = 16  # caches kept mapped by a process, newest last (each map holds a descriptor of its file)
+_maps: dict[tuple[int, int, int, int], npt.NDArray[np.uint64]] = {}
 _IntArray = npt.NDArray[np.int64]
 
 
@@ -628,6 +633,12 @@ class SpanReader:
             entries = self._table.entries[local]
         elif not local.size:
             entries = np.empty(0, "<u8")
+        elif local.size < _MAPPED_ROWS and self._header.count >= _MAPPED_MIN:
+            assert self._fd is not None
+            try:
+                entries = _entries_map(self._fd, self._header.count)[local]
+            except ValueError:  # shorter than its header says
+                raise LookupError(f"the index cache {self._index.cache} was damaged") from None
         else:
             assert self._fd is not None
             at = _DATA_OFFSET + _ENTRY * local
@@ -672,6 +683,29 @@ class SpanReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _entries_map(fd: int, count: int) -> npt.NDArray[np.uint64]:
+    """The ``count`` entries of the sealed cache open at ``fd``, through a read-only map kept for the
+    process's later small takes.
+
+    A batch of random samples (a sampler's, at the meta server) would otherwise cost a ``pread`` an
+    entry, as much as reading its line; mapped, it costs a page fault the first time a page is touched
+    and nothing after. A cache is never written in place (a rebuild writes a new file and renames it),
+    so a map stays the bytes it was checked as; keyed by the file's identity, a replaced cache is mapped
+    anew. The pages are the page cache's, shared by every process that maps them; large takes (a
+    shard's build) keep reading only the pages they need, and map nothing.
+    """
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    entries = _maps.get(key)
+    if entries is None:
+        if len(_maps) >= _MAPS:
+            del _maps[next(iter(_maps))]
+        # Unmapped when the array goes (it holds the map's buffer).
+        entries = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), "<u8", count=count, offset=_DATA_OFFSET)
+        _maps[key] = entries
+    return entries
 
 
 def read_checkpoints(index: Index) -> Checkpoints:
