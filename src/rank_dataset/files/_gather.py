@@ -26,6 +26,7 @@ from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import HELPED_ITEMS, THREADS, in_threads
 from rank_dataset.files._pread import _GAP, ByteSource, Window
 from rank_dataset.files.index import (
+    MAPPED_ROWS,
     SpanReader,
     line_mark,
     read_entry,
@@ -489,7 +490,9 @@ def _spans_of(
     first batch."""
     size = visit.file.index.size
     try:
-        with SpanReader(visit.file.index) as reader:
+        # A small read (a batch of random samples) takes its entries from the process's map of the
+        # cache; a shard's build reads only the pages it needs and maps nothing (it would stay resident).
+        with SpanReader(visit.file.index, mapped=indices.size < MAPPED_ROWS) as reader:
             for j, rows, local in visit.batches(indices, part, only):
                 starts, lengths = reader.take(local)
                 if not spans_are_sane(starts, lengths, size, ordered=False):

@@ -46,6 +46,7 @@ from rank_dataset.files.scan import Chunk, scan_blocks, scan_map
 
 __all__ = [
     "CACHE_DIR_ENV",
+    "MAPPED_ROWS",
     "FileKey",
     "Index",
     "SpanReader",
@@ -76,7 +77,7 @@ _PAIR = 16  # a long line (sample, length) or a mark (offset, line number): two 
 _SAMPLE = 1 << 16  # bytes hashed at each end of the file
 _CHECK_ROWS = 1 << 12  # entries checked at each end of a cache when it is loaded
 _BUILD_TRIES = 3
-_MAPPED_ROWS = 1 << 12  # a take of fewer rows reads its entries through a map of the cache (see _entries_map)
+MAPPED_ROWS = 1 << 12  # a read of fewer samples may take their entries from a map of the cache (see _entries_map)
 _MAPPED_MIN = 1 << 16  # entries (512 KiB) a cache holds at least to be mapped; smaller ones are a few reads
 _MAPS = 16  # caches kept mapped by a process, newest last (each map holds a descriptor of its file)
 _maps: dict[tuple[int, int, int, int], npt.NDArray[np.uint64]] = {}
@@ -584,15 +585,17 @@ class SpanReader:
     """The spans of one file's samples while a shard is built: from the cache (open until
     :meth:`close`), reading only the pages of entries asked for, with positional reads into one
     reusable buffer (nothing is mapped, so a build's resident memory holds no more of the index than
-    one batch's pages); or from memory.
+    one batch's pages); or from memory. With ``mapped`` (for a small read: a batch of random samples),
+    from the process's map of a large cache instead (see :func:`_entries_map`).
 
     Raises (from the constructor):
         LookupError: the cache is gone or no longer holds this index (its header differs), or the
             index was in another process's memory.
     """
 
-    def __init__(self, index: Index) -> None:
+    def __init__(self, index: Index, *, mapped: bool = False) -> None:
         self._index = index
+        self._mapped = mapped
         self._fd: int | None = None
         self._table = index.memory
         self._window = Window()
@@ -633,7 +636,7 @@ class SpanReader:
             entries = self._table.entries[local]
         elif not local.size:
             entries = np.empty(0, "<u8")
-        elif local.size < _MAPPED_ROWS and self._header.count >= _MAPPED_MIN:
+        elif self._mapped and self._header.count >= _MAPPED_MIN:
             assert self._fd is not None
             try:
                 entries = _entries_map(self._fd, self._header.count)[local]
