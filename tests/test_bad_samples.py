@@ -151,7 +151,7 @@ def items_of(ds: RankDataset, **loader: Any) -> list[list[int]]:
     return [batch.tolist() for batch in DataLoader(ds, batch_size=8, **loader)]
 
 
-@pytest.mark.parametrize("method", ["fork", "forkserver"])
+@pytest.mark.parametrize("method", ["fork", pytest.param("forkserver", marks=pytest.mark.slow)])
 def test_replaced_items_keep_the_step_count_and_are_recorded(meta: Path, method: str) -> None:
     ds = RankDataset(
         meta, reload_cfg={"seed": 2}, parser="label", transform=load, on_error="replace", max_failures=None
@@ -208,6 +208,10 @@ def test_max_failures_raises_naming_the_samples(meta: Path) -> None:
     with pytest.raises(TooManyFailuresError, match=r"past max_failures=2: sample \d+ \(.*meta.txt:\d+\): OSError") as e:
         items_of(ds, num_workers=0)
     assert "exclude=[" in str(e.value)
+
+
+@pytest.mark.slow  # DataLoader workers that raise: torch's shutdown of them waits 5 s each
+def test_max_failures_raises_from_a_worker(meta: Path) -> None:
     worker = RankDataset(meta, parser="label", transform=load, on_error="replace", max_failures=0.01)  # 2 of 240
     with pytest.raises(TooManyFailuresError, match="exclude_failures=True"):
         items_of(worker, num_workers=2)

@@ -68,6 +68,7 @@ def test_serve_without_the_server_extra_says_what_to_install(write_meta, blocked
     assert output == f"Error: this command needs {first}, which is not installed: {SERVER_HINT}\n"
 
 
+@pytest.mark.slow  # a fresh interpreter per missing dependency
 def test_demo_without_torch_or_the_server_says_what_to_install() -> None:
     code, output, _ = _run_without("torch", "demo", "--lines", "10", "--world-size", "1")
     assert (code, output) == (1, "Error: this command needs torch, which is not installed: pip install torch\n")
@@ -104,6 +105,7 @@ def test_a_missing_module_that_is_not_optional_still_raises() -> None:
         import rank_dataset_no_such_module  # noqa: F401
 
 
+@pytest.mark.slow  # real server processes
 def test_serve_on_a_port_in_use_says_so_before_serving(write_meta, start_server) -> None:
     busy = start_server([write_meta(n=5)])
     out = subprocess.run(

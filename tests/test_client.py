@@ -134,6 +134,7 @@ def test_killed_server_gives_connection_error_within_timeout(meta, server, sleep
         RankServerDataset(server.url, rank=0, world_size=1, timeout=1.0)
 
 
+@pytest.mark.slow  # a real server stopped and started again
 def test_server_back_within_retry_window(meta, server, start_server) -> None:
     ds = ServerDataset(server.url, timeout=20.0, retries=50)
     rds = RankServerDataset(server.url, reload_cfg={"seed": 2}, rank=0, world_size=2, timeout=20.0, retries=50)
@@ -152,6 +153,7 @@ def test_server_back_within_retry_window(meta, server, start_server) -> None:
     assert restarted
 
 
+@pytest.mark.slow  # a real server, one pass linger a request
 def test_empty_eval_shards_when_fewer_samples_than_ranks(write_meta, start_server) -> None:
     meta = write_meta(n=7)
     server = start_server([meta])

@@ -230,6 +230,7 @@ print(sum(len(v) for v in groups.values()), flush=True)
 """
 
 
+@pytest.mark.slow  # several processes grouping one file at once
 def test_many_processes_asking_at_once_group_the_file_once(write_meta, tmp_path: Path) -> None:
     p = write_meta(f"x{i} {i}" for i in range(200_000))
     MetaFile(p)  # indexed already: what is measured is the grouping

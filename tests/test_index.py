@@ -557,6 +557,7 @@ def _measured_loads(path: Path, processes: int, *, rebuild: bool = False) -> lis
     return [json.loads(out) for out in start_together(argv, processes)]
 
 
+@pytest.mark.slow  # several processes indexing one file at once
 @pytest.mark.parametrize("rebuild", [False, True])
 def test_processes_indexing_one_file_at_once_read_it_about_once(write_meta, tmp_path: Path, rebuild: bool) -> None:
     # The 8 local ranks of a node opening a new file at job start (or all finding its cache bad).

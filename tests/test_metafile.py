@@ -47,6 +47,7 @@ def test_changed_error_is_public_and_says_what_and_how(tmp_path: Path) -> None:
     assert str(again) == str(exc) and again.path == exc.path
 
 
+@pytest.mark.slow  # a subprocess reading a file cut short
 def test_shorter_file_is_an_error_not_sigbus(write_meta) -> None:
     # Through a shared map of the file this was death by SIGBUS; it runs in a child so that a
     # regression shows as a signal, not as a crashed test session.
@@ -235,6 +236,7 @@ def test_where_counts_lines_in_bounded_chunks(tmp_path: Path, monkeypatch: pytes
     assert mf.where(3) == f"{p}, sample 3 of the file"  # a message, even for a file that is gone
 
 
+@pytest.mark.slow  # a subprocess indexing a thousand files
 def test_a_thousand_files_under_a_low_descriptor_limit(tmp_path: Path) -> None:
     code = """if True:
         import os, resource, sys

@@ -243,6 +243,7 @@ def test_errors_name_the_source(write_meta) -> None:
     assert len(RankDataset([Source(a), Source(b, repeat=0.1)], is_test=True, rank=0, world_size=1)) == 14
 
 
+@pytest.mark.slow  # a real server, one pass linger a request
 def test_server_parity(write_meta, start_server) -> None:
     sizes = [40, 13, 6, 9]
     paths = write_sources(write_meta, sizes)

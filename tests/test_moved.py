@@ -23,6 +23,7 @@ def test_a_moved_top_level_name_warns_and_is_the_same_object(name: str) -> None:
     assert name not in rank_dataset.__all__
 
 
+@pytest.mark.slow  # a fresh interpreter per old module path
 def test_every_old_module_path_imports_with_a_warning() -> None:
     # In a fresh interpreter, where none has been imported yet: the warning comes at the first import.
     code = (

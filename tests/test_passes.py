@@ -183,6 +183,7 @@ def test_client_mistakes_stay_4xx_among_shared_requests(write_meta, start_server
     assert [a.status_code for a in answers] == [200] * 4 + [400, 400, 405]
 
 
+@pytest.mark.slow  # several real server processes
 def test_several_server_processes_each_share_what_they_accept(write_meta, start_server) -> None:
     meta = write_meta(n=50_000)
     server = start_server([meta], "--workers", "2")
@@ -271,6 +272,7 @@ def test_a_pass_waits_for_the_ranks_of_its_plan_and_starts_when_all_are_in(write
     assert all(t >= 0.3 for t, _ in answers), [t for t, _ in answers]
 
 
+@pytest.mark.slow  # waits out the passes' lingers
 def test_a_pass_stops_waiting_a_linger_after_the_last_rank_came(write_meta) -> None:
     meta = write_meta(n=20_000)
     events: list[str] = []
@@ -283,6 +285,7 @@ def test_a_pass_stops_waiting_a_linger_after_the_last_rank_came(write_meta) -> N
     assert answers[3][0] >= 5.0
 
 
+@pytest.mark.slow  # waits out the passes' lingers
 def test_a_pass_waits_at_most_max_linger_from_its_first_rank(write_meta) -> None:
     meta = write_meta(n=20_000)
     # A linger of 10 s would keep the first pass open for the rank that comes at 3 s; max_linger

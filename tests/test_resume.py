@@ -169,6 +169,7 @@ def test_stateful_dataloader_same_and_other_world(write_meta) -> None:
         resume_state({"x": 1})
 
 
+@pytest.mark.slow  # a real server, one pass linger a request
 def test_server_dataset_resumes_the_same(write_meta, start_server) -> None:
     from rank_dataset import RankServerDataset
 
@@ -333,6 +334,7 @@ def test_aug_repeats_resume_refuses_another_k(write_meta) -> None:
         ds.load_state_dict({**state, "aug_repeats": 0})
 
 
+@pytest.mark.slow  # a real server and DataLoader workers
 def test_aug_repeats_stateful_dataloader_and_server(write_meta, start_server) -> None:
     from rank_dataset import RankServerDataset
 

@@ -118,6 +118,7 @@ def test_clean_exit_on_signals(start_server, write_meta, sig) -> None:
     assert server.stop(sig) == 0
 
 
+@pytest.mark.slow  # a real server with several worker processes
 def test_several_workers(write_meta, start_server) -> None:
     meta = write_meta(n=100)
     server = start_server([meta], "--workers", "2", "--timeout-request", "1")
@@ -167,6 +168,7 @@ def test_serves_without_torch(write_meta, tmp_path) -> None:
 # Raw sockets on 127.0.0.1 only; every loop below is bounded in count and time.
 
 
+@pytest.mark.slow  # a real server, hundreds of raw requests
 def test_malformed_numbers_are_never_a_server_error(served) -> None:
     _, server = served
     odd = ["-1", "0", str(2**63 - 1), str(2**63), str(2**64), str(-(2**70)), "1e3", "0x10", "", "nan", "+7", "٣"]
@@ -330,6 +332,7 @@ def test_half_open_connections_are_timed_out_and_lock_nobody_out(write_meta, sta
     assert requests.get(f"{server.url}/healthz", timeout=5).status_code == 200
 
 
+@pytest.mark.slow  # a real server held at its limits for seconds
 def test_half_open_connections_past_the_concurrency_limit_only_delay_a_client(write_meta, start_server) -> None:
     from rank_dataset.server.transport import MetaServer
 
@@ -376,6 +379,7 @@ def _stalled_shard_request(port: int) -> socket.socket:
     return sock
 
 
+@pytest.mark.slow  # a real server held at its limits for seconds
 def test_shard_builds_are_bounded_and_a_stalled_reader_is_cut_off(write_meta, start_server) -> None:
     from rank_dataset import RankServerDataset
 

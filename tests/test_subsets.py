@@ -284,6 +284,7 @@ def test_subsets_with_a_schedule_and_repeated_augmentation(files: tuple[Path, Pa
     assert all(low <= drawn[s] <= high for s in ids.tolist())
 
 
+@pytest.mark.slow  # a real server, 20,000 sources
 def test_20000_subset_sources_through_a_meta_server(write_meta, start_server) -> None:
     # ImageNet-21k-like: 20,000 classes, each a source over a subset of one served file.
     from rank_dataset import RankServerDataset, class_balanced

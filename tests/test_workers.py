@@ -170,6 +170,7 @@ def test_set_epoch_mid_pass_without_workers_raises(meta: Path) -> None:
     assert _read(DataLoader(ds, batch_size=50, sampler=ResumableSampler(ds))) == _expect(ds)
 
 
+@pytest.mark.slow  # DataLoader workers that raise: torch's shutdown of them waits 5 s each
 @pytest.mark.parametrize("context", start_methods("fork", "spawn"))
 def test_foreign_sampler_with_persistent_workers_fails_loudly(meta: Path, context: str) -> None:
     ds = RankDataset(meta, reload_cfg={"seed": 2}, rank=0, world_size=2)
