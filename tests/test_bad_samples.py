@@ -65,6 +65,9 @@ def test_exclude_is_checked_with_messages_naming_it(meta: Path) -> None:
         RankDataset(meta, exclude=range(N))
     with pytest.raises(TypeError, match="exclude must be"):
         RankDataset(meta, exclude=3)
+    with pytest.raises(ValueError, match="exclude must be a 1-D array of integers, got .* float64"):
+        RankDataset(meta, exclude=[1.5, 2])  # refused, not truncated to sample 1
+    assert Exclusion.of({3, 1}, "exclude") == Exclusion.of([1, 3], "exclude")  # a set: order does not matter
 
 
 @pytest.mark.parametrize("world, mini", [(1, 1), (3, 2), (4, 1)])

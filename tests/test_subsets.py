@@ -115,17 +115,19 @@ def test_another_subset_is_named_when_resuming(files: tuple[Path, Path]) -> None
         ([0, 580], "holds 580, past the last sample of its files \\(580 samples\\)"),
         (np.zeros((2, 2), np.int64), "1-D array of integers"),
         (np.array([0.5]), "1-D array of integers"),
+        ([0.5, 2], "1-D array of integers"),  # refused, not truncated to sample 0
+        ({1, 2}, "ids must be a 1-D integer array, a list of ints"),  # a set has no order
         (np.arange(580)[::-1].copy()[np.r_[0:300, 299]], "lists sample 280 twice"),  # a repeat in a big list
     ],
 )
 def test_bad_ids_name_the_source_and_a_value(files: tuple[Path, Path], ids: object, match: str) -> None:
     a, b = files
-    with pytest.raises(ValueError, match=f"source 'mine': .*{match}"):
+    with pytest.raises((ValueError, TypeError), match=f"source 'mine': .*{match}"):
         RankDataset([Source([a, b], ids=ids, name="mine")], rank=0, world_size=1)
 
 
 def test_a_missing_npy_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"source 'x': ids file .*nope\.npy"):
+    with pytest.raises(ValueError, match=r"source 'x': ids: the file .*nope\.npy' is not a readable \.npy"):
         Source("a.txt", ids=tmp_path / "nope.npy", name="x")
 
 

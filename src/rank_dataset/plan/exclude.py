@@ -10,13 +10,13 @@ plan over ``n - m`` kept samples costs O(m) memory plus its own positions, never
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.plan._arrays import integer_array
 from rank_dataset.plan.subsets import SampleIds
 
 __all__ = ["Exclusion", "KeptIds", "listing_of", "split_exclusion"]
@@ -46,22 +46,7 @@ class Exclusion:
         """
         if isinstance(value, Exclusion):
             return value
-        if isinstance(value, (str, os.PathLike)):
-            try:
-                array = np.load(os.fspath(value), mmap_mode="r", allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"{what}: {os.fspath(value)!r} is not a readable .npy ({exc})") from None
-        elif isinstance(value, np.ndarray):
-            array = value
-        elif isinstance(value, (list, tuple, range, set, frozenset)):
-            array = np.fromiter((int(v) for v in value), np.int64, len(value)) if value else np.empty(0, np.int64)
-        else:
-            raise TypeError(
-                f"{what} must be a 1-D integer array, a list of ints or the path of a .npy file, "
-                f"got {type(value).__name__}"
-            )
-        if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
-            raise ValueError(f"{what} must be a 1-D array of integers, got shape {array.shape} of {array.dtype}")
+        array = integer_array(value, what, unordered=True)
         parts = [np.unique(np.asarray(array[a : a + _BLOCK], np.int64)) for a in range(0, array.size, _BLOCK)]
         values = np.unique(np.concatenate(parts)) if len(parts) > 1 else parts[0] if parts else np.empty(0, np.int64)
         if values.size and int(values[0]) < 0:

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.plan._arrays import integer_array
+
 __all__ = ["SampleIds", "SampleMap"]
 
 _BLOCK = 1 << 20  # ids checked or hashed at a time
@@ -50,25 +52,7 @@ class SampleIds:
         """
         if isinstance(ids, SampleIds):
             return ids
-        if isinstance(ids, (str, os.PathLike)):
-            try:
-                array = np.load(os.fspath(ids), mmap_mode="r", allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                what = f"ids file {os.fspath(ids)!r} is not a readable .npy ({exc})"
-                raise ValueError(f"source {source!r}: {what}") from None
-        elif isinstance(ids, np.ndarray):
-            array = ids
-        elif isinstance(ids, (list, tuple, range)):
-            array = np.asarray(ids, np.int64) if len(ids) else np.empty(0, np.int64)
-        else:
-            raise TypeError(
-                f"source {source!r}: ids must be a 1-D integer array or the path of a .npy file, "
-                f"got {type(ids).__name__}"
-            )
-        if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
-            raise ValueError(
-                f"source {source!r}: ids must be a 1-D array of integers, got shape {array.shape} of {array.dtype}"
-            )
+        array = integer_array(ids, f"source {source!r}: ids")
         if not array.size:
             raise ValueError(f"source {source!r}: ids is empty; a source lists at least one sample")
         base, start = _root(array)
