@@ -177,6 +177,27 @@ def test_replaced_items_keep_the_step_count_and_are_recorded(meta: Path, method:
     assert ds.audit() == ()  # no sampler of ours: no pass audited, nothing to complain about
 
 
+def test_a_replan_that_fails_leaves_the_dataset_as_it_was(tmp_path: Path) -> None:
+    # Source a takes repeat=0.3 of its 2 samples an epoch (0.6, so 1), both failing: leaving the one
+    # that failed out of epoch 1 leaves 1 (0.3, so 0), which the mix refuses, after the reader has been
+    # given the new exclusion. The dataset must then plan exactly as before, its reader included.
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("img_3.JPEG 0\nimg_20.JPEG 0\n")  # is_bad(3), is_bad(20)
+    b.write_text("".join(f"img_{i}.JPEG 0\n" for i in range(110, 117)))  # none bad
+    sources = [Source(a, repeat=0.3), Source(b, weight=1)]
+    ds = RankDataset(
+        sources, parser="label", transform=load, on_error="replace", max_failures=None, exclude_failures=True
+    )
+    before = ds.indices.tolist()
+    items = [ds[i] for i in range(len(ds))]
+    assert len({f.sample for f in ds.failures} & {0, 1}) == 1
+    with pytest.raises(ValueError, match="source 'a.txt': repeat=0.3 of its 1 samples rounds to 0"):
+        ds.set_epoch(1)
+    assert ds.excluded_failures == () and ds.indices.tolist() == before
+    ds.set_epoch(0)  # the plan of epoch 0 again, read through the reader as it was
+    assert ds.indices.tolist() == before and [ds[i] for i in range(len(ds))] == items
+
+
 def test_persistent_workers_exclude_failures_from_the_next_epoch(meta: Path) -> None:
     ds = RankDataset(
         meta,

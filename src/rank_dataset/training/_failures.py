@@ -190,7 +190,11 @@ class FailureBook:
         """``spec`` with the failed samples ``failed`` left out (the reader, mix and ``failed`` follow)."""
         if failed == self.failed:
             return spec
-        num_samples, mix = self._plan(self._exclusion(failed), spec.is_test)
+        try:
+            num_samples, mix = self._plan(self._exclusion(failed), spec.is_test)
+        except BaseException:  # the mix refused it, after the reader took it: give the reader the old one
+            self._plan(self._exclusion(), spec.is_test)
+            raise
         self.failed = failed
         return dataclasses.replace(spec, num_samples=num_samples, mix=mix)
 
