@@ -140,7 +140,7 @@ class ParquetRows:
         ``data[offsets[i]:offsets[i + 1]]``. The last group read is kept."""
         if self._cached is not None and self._cached[0] == g:
             return self._cached[1], self._cached[2]
-        arr, data_buf, offsets = self._decode(g)
+        _, data_buf, offsets = self._decode(g)
         data = data_buf.to_pybytes() if data_buf is not None else b""
         self._cached = (g, data, offsets)
         return data, offsets
