@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files._cache import (
     CACHE_DIR_ENV,
     SEAL,
@@ -509,6 +509,13 @@ def _parquet_index(path: Path, fd: int, key: FileKey, ends_hash: bytes, columns:
     return Index(key, ends_hash, len(rows), False, None, None, Format.PARQUET, parquet=rows.layout)
 
 
+def _cut_parquet(path: Path, fd: int) -> bool:
+    """Whether the file open at ``fd``, told as text, is a Parquet file cut short: it starts with
+    Parquet's magic and is named ``.parquet`` or holds a NUL byte in its first 64 KiB (text does not)."""
+    head = os.pread(fd, _SAMPLE, 0)
+    return head[:4] == b"PAR1" and (path.suffix.lower() == ".parquet" or b"\0" in head)
+
+
 def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | None = None) -> Index:
     """The index of ``path``: from its cache, else built (and cached where a location is writable).
 
@@ -533,6 +540,10 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
                 raise ValueError(
                     f"columns= picks the columns of a Parquet meta file, and {path} is {fmt.value}: "
                     "its samples are its lines; leave columns=None for it"
+                )
+            if fmt is Format.TEXT and _cut_parquet(path, fd):
+                raise CorruptMetaFileError(
+                    path, key.size, "it starts as a Parquet file (PAR1) but ends without its footer (truncated?)"
                 )
             ends_hash = hash_ends(fd, key.size)
             if fmt is Format.PARQUET:
