@@ -85,7 +85,7 @@ def test_columns_are_checked_when_the_file_is_opened(tmp_path: Path) -> None:
     parquet, text = _write_pair(tmp_path, 50, 10, ["path"])
     with pytest.raises(ValueError, match=r"has no column 'nope'; its columns are \['path', 'label', 'note'\]"):
         MetaFile(parquet, columns=["path", "nope"])
-    with pytest.raises(ValueError, match="columns= picks the columns of a Parquet meta file.* is text"):
+    with pytest.raises(ValueError, match=r"columns= picks the columns of a Parquet meta file.* is text"):
         MetaFile(text, columns=["path"])
     with pytest.raises(ValueError, match="names 'path' twice"):
         MetaFile(parquet, columns=["path", "path"])
@@ -135,7 +135,7 @@ def test_a_file_rewritten_in_place_is_metafilechangederror(tmp_path: Path) -> No
     with open(parquet, "r+b") as f:  # in place: the same inode
         f.write(other.read_bytes())
         f.truncate()
-    with pytest.raises(MetaFileChangedError, match="modified|size changed"):
+    with pytest.raises(MetaFileChangedError, match=r"modified|size changed"):
         mf.read(np.arange(100))
     with pytest.raises(MetaFileChangedError):
         mf.raw(7)
@@ -230,3 +230,11 @@ def test_index_command_reads_the_footer(tmp_path: Path) -> None:
     bad = CliRunner().invoke(cli, ["index", "--columns", "path,nope", str(parquet)])
     assert bad.exit_code == 1 and "no column 'nope'" in bad.output and "'label'" in bad.output
     assert not any(name.endswith(".idx") for name in os.listdir(tmp_path))
+
+
+def test_the_collective_reader_refuses_a_parquet_file(tmp_path: Path) -> None:
+    from rank_dataset import RankDataset
+
+    parquet, _ = _write_pair(tmp_path, 10, 5, ["path"])
+    with pytest.raises(ValueError, match=r"\.parquet is parquet: reader='collective' reads plain text meta files"):
+        RankDataset(parquet, reader="collective")
