@@ -13,9 +13,11 @@ its index holds no lengths, so the first pass decodes the row groups that hold i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import mmap
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -221,10 +223,11 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
     long_lines = any(f.index.size >= 1 << 32 for f in files)
     lengths = np.empty(n, np.int64 if long_lines else np.uint32)  # in item order
     kept = [_KeptStarts.of(visit) for visit in visits]
+    parquet_kept: dict[int, _ParquetKept] = {}
     for visit, starts in zip(visits, kept):
         # (No name may keep ``lengths`` alive past the ``del`` below: a partial, not a local function.)
         if visit.file.index.format is Format.PARQUET:
-            _parquet_lengths(visit, indices, lengths)
+            parquet_kept[visit.number] = _parquet_lengths(visit, indices, lengths)
             continue
         in_threads(functools.partial(_take_lengths, visit, indices, lengths, starts), _threads(visit))
     writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids)
@@ -241,7 +244,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
     for visit, starts in zip(visits, kept):
         file = visit.file
         if file.index.format is Format.PARQUET:
-            _parquet_copy(visit, samples.get(), writer)
+            _parquet_copy(visit, samples.get(), writer, parquet_kept.pop(visit.number))
             continue
         with file.bytes.open(file.index) as fd:
             work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
@@ -501,23 +504,56 @@ def _parquet_groups(
     return rows, local - bounds[group], [(int(group[a]), a, b) for a, b in zip(starts, ends)]
 
 
-def _parquet_lengths(visit: _FileRows, indices: npt.NDArray[np.int64], out: npt.NDArray[Any]) -> None:
+# A Parquet read's first pass keeps the rows it decoded, packed, up to this many bytes, so that the
+# second pass decodes only the row groups past it again (the shard of one rank of many is all kept).
+_PARQUET_KEPT = 256 << 20
+
+
+@dataclass
+class _ParquetKept:
+    """The rows of each row group the first pass decoded, packed back to back (row group -> bytes),
+    while they total at most ``_PARQUET_KEPT`` bytes."""
+
+    rows: dict[int, npt.NDArray[np.uint8]]
+    lock: threading.Lock
+    nbytes: int = 0
+
+    def keep(
+        self, g: int, data: npt.NDArray[np.uint8], src: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
+    ) -> None:
+        total = int(lengths.sum())
+        with self.lock:
+            if self.nbytes + total > _PARQUET_KEPT:
+                return
+            self.nbytes += total
+        packed = np.empty(total, np.uint8)
+        copy_rows(data, src, lengths, packed, np.cumsum(lengths) - lengths)
+        self.rows[g] = packed
+
+
+def _parquet_lengths(visit: _FileRows, indices: npt.NDArray[np.int64], out: npt.NDArray[Any]) -> _ParquetKept:
     """Set ``out[row]`` to the length of each row of a Parquet file's ``visit``: its row groups
-    decoded (those that hold its rows; in threads, each with a reader of its own)."""
+    decoded (those that hold its rows; in threads, each with a reader of its own). What it kept of
+    the rows for the second pass."""
     rows, local, groups = _parquet_groups(visit, indices)
+    kept = _ParquetKept({}, threading.Lock())
 
     def work(part: tuple[int, int]) -> None:
         t, k = part
         with visit.file.bytes.rows(visit.file.index) as reader:
             for g, a, b in groups[t::k]:
-                _, offsets = reader.group_array(g)
-                out[rows[a:b]] = offsets[local[a:b] + 1] - offsets[local[a:b]]
+                data, offsets = reader.group_array(g)
+                src, lengths = offsets[local[a:b]], offsets[local[a:b] + 1] - offsets[local[a:b]]
+                out[rows[a:b]] = lengths
+                kept.keep(g, data, src, lengths)
 
     in_threads(work, min(_threads(visit), max(len(groups), 1)))
+    return kept
 
 
-def _parquet_copy(visit: _FileRows, indices: npt.NDArray[np.int64], writer: ShardWriter) -> None:
-    """Copy the rows of a Parquet file's ``visit`` into ``writer``, each row group decoded again.
+def _parquet_copy(visit: _FileRows, indices: npt.NDArray[np.int64], writer: ShardWriter, kept: _ParquetKept) -> None:
+    """Copy the rows of a Parquet file's ``visit`` into ``writer``: those the first pass kept, and
+    those of the other row groups decoded again.
 
     Raises:
         MetaFileChangedError: a row's length is not what the first pass found (the file changed).
@@ -526,11 +562,19 @@ def _parquet_copy(visit: _FileRows, indices: npt.NDArray[np.int64], writer: Shar
 
     def work(part: tuple[int, int]) -> None:
         t, k = part
-        with visit.file.bytes.rows(visit.file.index) as reader:
+        with contextlib.ExitStack() as stack:
+            reader = None
             for g, a, b in groups[t::k]:
+                dst = writer.bounds[rows[a:b]].astype(np.int64)
+                packed = kept.rows.pop(g, None)
+                if packed is not None:
+                    lengths = (writer.bounds[rows[a:b] + 1] - dst).astype(np.int64)
+                    copy_rows(packed, np.cumsum(lengths) - lengths, lengths, writer.data, dst)
+                    continue
+                if reader is None:
+                    reader = stack.enter_context(visit.file.bytes.rows(visit.file.index))
                 data, offsets = reader.group_array(g)
                 src, lengths = offsets[local[a:b]], offsets[local[a:b] + 1] - offsets[local[a:b]]
-                dst = writer.bounds[rows[a:b]].astype(np.int64)
                 if not np.array_equal(writer.bounds[rows[a:b] + 1] - dst, lengths):
                     raise MetaFileChangedError(visit.file.path, f"its row group {g} changed while it was read")
                 copy_rows(data, src, lengths, writer.data, dst)
