@@ -167,7 +167,7 @@ def test_nothing_is_left_open(tmp_path: Path) -> None:
     assert len(os.listdir("/proc/self/fd")) == before
 
 
-def test_group_by_refuses_a_compressed_file_and_a_parquet_file_is_refused(tmp_path: Path) -> None:
+def test_group_by_refuses_a_compressed_or_parquet_file(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -180,8 +180,9 @@ def test_group_by_refuses_a_compressed_file_and_a_parquet_file_is_refused(tmp_pa
         group_by(p)
     q = tmp_path / "meta.parquet"
     pq.write_table(pa.table({"path": ["a.jpg", "b.jpg"], "label": [0, 1]}), q)
-    with pytest.raises(ValueError, match=r"meta\.parquet is a Parquet file: Parquet meta files are not read yet"):
-        MetaFile(q)
+    assert MetaFile(q)[1] == "b.jpg\t1"
+    with pytest.raises(ValueError, match=r"meta\.parquet: group_by.*parquet"):
+        group_by(q)
 
 
 def test_the_collective_reader_refuses_a_compressed_file(tmp_path: Path) -> None:

@@ -53,17 +53,29 @@ def cli() -> None:
     """Rank-sharded loading of very large meta files for PyTorch distributed training."""
 
 
+def _split_columns(value: str | None) -> list[str] | None:
+    return None if value is None else [c.strip() for c in value.split(",")]
+
+
+_COLUMNS_HELP = "For Parquet meta files: the columns (comma-separated, in order) whose values make a line; default all."
+
+
 @cli.command("index")
 @click.argument("meta_files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-def index_cmd(meta_files: tuple[str, ...]) -> None:
-    """Build (or check) the line-offset index of META_FILES and print their sample counts."""
+@click.option("--columns", default=None, help=_COLUMNS_HELP)
+def index_cmd(meta_files: tuple[str, ...], columns: str | None) -> None:
+    """Build (or check) the line-offset index of META_FILES and print their sample counts.
+
+    A gzip or zstd file is indexed over its decompressed lines; a Parquet file's index (its rows) is
+    read from its footer.
+    """
     from rank_dataset.files.metafile import MetaFile
 
     total = 0
     for path in meta_files:
         try:
-            mf = MetaFile(path)
-        except (FileNotFoundError, ValueError) as exc:
+            mf = MetaFile(path, columns=_split_columns(columns))
+        except (FileNotFoundError, ValueError, ImportError) as exc:
             raise click.ClickException(str(exc)) from None
         click.echo(f"{len(mf)}\t{path}")
         total += len(mf)
@@ -94,9 +106,16 @@ def _limit_options(command: Callable[..., Any]) -> Callable[..., Any]:
     help=f"Require 'Authorization: Bearer TOKEN' (also from ${TOKEN_ENV}, which keeps it out of ps).",
 )
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1), help="Server processes.")
+@click.option("--columns", default=None, help=_COLUMNS_HELP)
 @_limit_options
 def serve_cmd(
-    meta_files: tuple[str, ...], host: str, port: int, token: str | None, workers: int, **limits: Any
+    meta_files: tuple[str, ...],
+    host: str,
+    port: int,
+    token: str | None,
+    workers: int,
+    columns: str | None,
+    **limits: Any,
 ) -> None:
     """Serve META_FILES (taken as one, in order) to RankServerDataset and ServerDataset clients."""
     _require("starlette", "uvicorn", "h11")
@@ -104,8 +123,16 @@ def serve_cmd(
         from rank_dataset.server.app import serve
 
     try:
-        serve(meta_files, host=host, port=port, token=token, workers=workers, limits=ServerLimits(**limits))
-    except (FileNotFoundError, ValueError) as exc:
+        serve(
+            meta_files,
+            host=host,
+            port=port,
+            token=token,
+            workers=workers,
+            limits=ServerLimits(**limits),
+            columns=_split_columns(columns),
+        )
+    except (FileNotFoundError, ValueError, ImportError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

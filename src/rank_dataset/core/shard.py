@@ -132,10 +132,10 @@ class ShardWriter:
         self.data: npt.NDArray[np.uint8] = np.frombuffer(self._map, np.uint8, nbytes, data_off)
         self._data_off, self._nbytes = data_off, nbytes
 
-    def find(self, byte: bytes) -> int:
-        """Where ``byte`` first occurs in ``data``, or -1: a C search of the map (memchr), several
-        times faster than a numpy comparison over the same bytes."""
-        at = self._map.find(byte, self._data_off, self._data_off + self._nbytes)
+    def find(self, byte: bytes, start: int = 0) -> int:
+        """Where ``byte`` first occurs in ``data`` (at or after ``start``), or -1: a C search of the map
+        (memchr), several times faster than a numpy comparison over the same bytes."""
+        at = self._map.find(byte, self._data_off + start, self._data_off + self._nbytes)
         return at - self._data_off if at >= 0 else -1
 
     def finish(self) -> Shard:

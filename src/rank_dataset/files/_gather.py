@@ -6,14 +6,18 @@ A read visits each file's rows (:class:`_FileRows`) in file order at the granula
 samples, in batches, in two passes: the first reads the index entries of a batch, whose lengths fix
 where each line goes, and keeps their starts (:class:`_KeptStarts`); the second reads the lines, a
 window of the file at a time, checks them and copies them into place. The sample numbers
-(:class:`SampleNumbers`) are released between the passes where they can be made again.
+(:class:`SampleNumbers`) are released between the passes where they can be made again. A Parquet
+file's rows are read by row group in both passes (:func:`_parquet_lengths`, :func:`_parquet_copy`):
+its index holds no lengths, so the first pass decodes the row groups that hold its rows for theirs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import mmap
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,7 +28,9 @@ import numpy.typing as npt
 from rank_dataset.core.residency import free_pages
 from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import HELPED_ITEMS, THREADS, in_threads
+from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files._pread import _GAP, ByteSource, Window
+from rank_dataset.files.formats import Format
 from rank_dataset.files.index import (
     MAPPED_ROWS,
     SpanReader,
@@ -104,7 +110,9 @@ def _span(f: _File, file: int, local: int) -> tuple[int, int]:
 
 def line_position(f: _File, file: int, local: int) -> tuple[int, int, int]:
     """``(offset, line, start)``: sample ``local``'s start, and the mark before it (see
-    :func:`~rank_dataset.files.index.line_mark`)."""
+    :func:`~rank_dataset.files.index.line_mark`). A Parquet file's rows are lines ``(0, local, 0)``."""
+    if f.index.format is Format.PARQUET:
+        return 0, local, 0
     start, _ = _span(f, file, local)
     try:
         with SpanReader(f.index) as reader:
@@ -117,7 +125,10 @@ def line_position(f: _File, file: int, local: int) -> tuple[int, int, int]:
 def read_one(f: _File, file: int, local: int) -> bytes:
     """The bytes of one sample, checked as a build checks them: one read of the index (its header
     and entry) and one of the file, checked against the index's key once the line is read
-    (:meth:`_FileBytes.read_once`: what ``mf[i]`` costs)."""
+    (:meth:`_FileBytes.read_once`: what ``mf[i]`` costs). A Parquet file's row: its row group decoded."""
+    if f.index.format is Format.PARQUET:
+        with f.bytes.rows(f.index) as rows:
+            return rows.lines(np.array([local], np.int64))[0]
     start, end = _span(f, file, local)
     lo = 0 if start == len(BOM) else max(start - 1, 0)  # as _check_from
     hi = min(end + 2, f.index.size)
@@ -213,8 +224,12 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
     long_lines = any(f.index.size >= 1 << 32 for f in files)
     lengths = np.empty(n, np.int64 if long_lines else np.uint32)  # in item order
     kept = [_KeptStarts.of(visit) for visit in visits]
+    parquet_kept: dict[int, _ParquetKept] = {}
     for visit, starts in zip(visits, kept):
         # (No name may keep ``lengths`` alive past the ``del`` below: a partial, not a local function.)
+        if visit.file.index.format is Format.PARQUET:
+            parquet_kept[visit.number] = _parquet_lengths(visit, indices, lengths)
+            continue
         in_threads(functools.partial(_take_lengths, visit, indices, lengths, starts), _threads(visit))
     writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids)
     writer.bounds[0] = 0
@@ -224,21 +239,29 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
         writer.ids[:] = indices
     # The second pass needs the sample numbers only for batches whose starts were not kept.
     del indices
-    if all(base is not None for starts in kept for base in starts.bases):
+    parquet = [visit for visit in visits if visit.file.index.format is Format.PARQUET]
+    if not parquet and all(base is not None for starts in kept for base in starts.bases):
         samples.release()
     for visit, starts in zip(visits, kept):
         file = visit.file
+        if file.index.format is Format.PARQUET:
+            _parquet_copy(visit, samples.get(), writer, parquet_kept.pop(visit.number))
+            continue
         with file.bytes.open(file.index) as fd:
             work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
             spans = functools.partial(_kept_spans, visit, samples, starts)
             in_threads(lambda part: work(spans(part)), _threads(visit))  # noqa: B023
         starts.free()
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
-    # row means its span covers more than one line. One pass over the copied bytes finds it.
+    # row means its span covers more than one line. One pass over the copied bytes finds it. (A
+    # Parquet row is one sample whatever it holds: a newline in one is passed over.)
     bad = writer.find(b"\n")
-    if bad >= 0:
+    while bad >= 0:
         row = int(np.searchsorted(writer.bounds, bad, side="right")) - 1
         f = bounds.locate(int(samples.get()[row]))[0]
+        if files[f].index.format is Format.PARQUET:
+            bad = writer.find(b"\n", int(writer.bounds[row + 1]))
+            continue
         with files[f].bytes.open(files[f].index) as fd:
             files[f].bytes.check(fd, files[f].index.key)
         raise IndexMismatch(f, corrupt=True)
@@ -460,6 +483,104 @@ def _threads(visit: _FileRows) -> int:
     a few MiB resident for good; and starting one costs about a millisecond, which a mix of thousands
     of files would pay for each)."""
     return THREADS if visit.rows.size >= HELPED_ITEMS else 1
+
+
+def _parquet_groups(
+    visit: _FileRows, indices: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[tuple[int, int, int]]]:
+    """``(rows, local, groups)`` of a Parquet file's visit: its item numbers and their row numbers in
+    the file, both ordered by row group, and ``(g, a, b)`` for each row group ``g`` they touch
+    (``rows[a:b]`` lie in it)."""
+    layout = visit.file.index.parquet
+    assert layout is not None
+    rows = visit.rows.astype(np.int64)
+    local = indices[rows] - visit.base
+    bounds = np.asarray(layout.bounds, np.int64)
+    group = np.searchsorted(bounds, local, side="right") - 1
+    order = np.argsort(group, kind="stable")  # rows come in buckets of file order: nearly sorted
+    rows, local, group = rows[order], local[order], group[order]
+    cuts = np.flatnonzero(np.diff(group)) + 1
+    starts = [0, *cuts.tolist()]
+    ends = [*cuts.tolist(), rows.size]
+    return rows, local - bounds[group], [(int(group[a]), a, b) for a, b in zip(starts, ends)]
+
+
+# A Parquet read's first pass keeps the rows it decoded, packed, up to this many bytes, so that the
+# second pass decodes only the row groups past it again (the shard of one rank of many is all kept).
+_PARQUET_KEPT = 256 << 20
+
+
+@dataclass
+class _ParquetKept:
+    """The rows of each row group the first pass decoded, packed back to back (row group -> bytes),
+    while they total at most ``_PARQUET_KEPT`` bytes."""
+
+    rows: dict[int, npt.NDArray[np.uint8]]
+    lock: threading.Lock
+    nbytes: int = 0
+
+    def keep(
+        self, g: int, data: npt.NDArray[np.uint8], src: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
+    ) -> None:
+        total = int(lengths.sum())
+        with self.lock:
+            if self.nbytes + total > _PARQUET_KEPT:
+                return
+            self.nbytes += total
+        packed = np.empty(total, np.uint8)
+        copy_rows(data, src, lengths, packed, np.cumsum(lengths) - lengths)
+        self.rows[g] = packed
+
+
+def _parquet_lengths(visit: _FileRows, indices: npt.NDArray[np.int64], out: npt.NDArray[Any]) -> _ParquetKept:
+    """Set ``out[row]`` to the length of each row of a Parquet file's ``visit``: its row groups
+    decoded (those that hold its rows; in threads, each with a reader of its own). What it kept of
+    the rows for the second pass."""
+    rows, local, groups = _parquet_groups(visit, indices)
+    kept = _ParquetKept({}, threading.Lock())
+
+    def work(part: tuple[int, int]) -> None:
+        t, k = part
+        with visit.file.bytes.rows(visit.file.index) as reader:
+            for g, a, b in groups[t::k]:
+                data, offsets = reader.group_array(g)
+                src, lengths = offsets[local[a:b]], offsets[local[a:b] + 1] - offsets[local[a:b]]
+                out[rows[a:b]] = lengths
+                kept.keep(g, data, src, lengths)
+
+    in_threads(work, min(_threads(visit), max(len(groups), 1)))
+    return kept
+
+
+def _parquet_copy(visit: _FileRows, indices: npt.NDArray[np.int64], writer: ShardWriter, kept: _ParquetKept) -> None:
+    """Copy the rows of a Parquet file's ``visit`` into ``writer``: those the first pass kept, and
+    those of the other row groups decoded again.
+
+    Raises:
+        MetaFileChangedError: a row's length is not what the first pass found (the file changed).
+    """
+    rows, local, groups = _parquet_groups(visit, indices)
+
+    def work(part: tuple[int, int]) -> None:
+        t, k = part
+        with contextlib.ExitStack() as stack:
+            reader = None
+            for g, a, b in groups[t::k]:
+                dst = writer.bounds[rows[a:b]].astype(np.int64)
+                packed = kept.rows.pop(g, None)
+                if packed is not None:
+                    lengths = (writer.bounds[rows[a:b] + 1] - dst).astype(np.int64)
+                    copy_rows(packed, np.cumsum(lengths) - lengths, lengths, writer.data, dst)
+                    continue
+                if reader is None:
+                    reader = stack.enter_context(visit.file.bytes.rows(visit.file.index))
+                data, offsets = reader.group_array(g)
+                src, lengths = offsets[local[a:b]], offsets[local[a:b] + 1] - offsets[local[a:b]]
+                if not np.array_equal(writer.bounds[rows[a:b] + 1] - dst, lengths):
+                    raise MetaFileChangedError(visit.file.path, f"its row group {g} changed while it was read")
+                copy_rows(data, src, lengths, writer.data, dst)
+
+    in_threads(work, min(_threads(visit), max(len(groups), 1)))
 
 
 def _copy_part(

@@ -6,6 +6,10 @@ The row groups are the checkpoints: a read decodes the row groups that hold the 
 only the chosen columns. The index (rows per row group) comes from the footer, without reading data.
 Nested and binary columns are refused, naming the column; so is a schema that changed since the
 index was made (:meth:`ParquetRows.check_schema`).
+
+Every row is a sample, whatever its line holds: a row whose fields are all empty (which a text file
+would skip as a blank line) and a value holding a tab or a newline are passed on as they are. So row
+``i`` is sample ``i``, and the index is the footer's row counts alone, read without the data.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import io
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +26,7 @@ import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
 
-__all__ = ["ParquetRows"]
+__all__ = ["ParquetLayout", "ParquetRows"]
 
 _IntArray = npt.NDArray[np.int64]
 
@@ -47,6 +52,21 @@ def _refusal(name: str, typ: Any) -> str | None:
     if t.is_binary(typ) or t.is_large_binary(typ) or t.is_fixed_size_binary(typ) or str(typ) == "binary_view":
         return f"column {name!r} is binary ({typ}), not text: choose text or number columns with columns=[...]"
     return None
+
+
+@dataclass(frozen=True)
+class ParquetLayout:
+    """What the index of a Parquet file holds: the chosen ``columns``, the hash of their names and
+    types (``schema_hash``), and ``bounds``: row ``bounds[g]`` is the first of row group ``g``,
+    ``bounds[-1]`` the number of rows. All from the footer."""
+
+    columns: tuple[str, ...]
+    schema_hash: bytes
+    bounds: tuple[int, ...]
+
+    @property
+    def rows(self) -> int:
+        return self.bounds[-1]
 
 
 class ParquetRows:
@@ -92,6 +112,11 @@ class ParquetRows:
         self.schema_hash = self.hash_schema(schema, self.columns)
         self._cached: tuple[int, bytes, _IntArray] | None = None
 
+    @property
+    def layout(self) -> ParquetLayout:
+        """This file's index: its chosen columns, their schema's hash, its row groups' bounds."""
+        return ParquetLayout(self.columns, self.schema_hash, tuple(self.bounds.tolist()))
+
     @staticmethod
     def hash_schema(schema: Any, columns: Sequence[str]) -> bytes:
         """What identifies the chosen columns and their types."""
@@ -115,6 +140,20 @@ class ParquetRows:
         ``data[offsets[i]:offsets[i + 1]]``. The last group read is kept."""
         if self._cached is not None and self._cached[0] == g:
             return self._cached[1], self._cached[2]
+        _, data_buf, offsets = self._decode(g)
+        data = data_buf.to_pybytes() if data_buf is not None else b""
+        self._cached = (g, data, offsets)
+        return data, offsets
+
+    def group_array(self, g: int) -> tuple[npt.NDArray[np.uint8], _IntArray]:
+        """Row group ``g`` as :meth:`group` gives it, its data a numpy view of Arrow's buffer (no copy,
+        nothing kept)."""
+        _, data_buf, offsets = self._decode(g)
+        data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+        return data, offsets
+
+    def _decode(self, g: int) -> tuple[Any, Any, _IntArray]:
+        """Row group ``g``'s lines as an Arrow large string array, its data buffer and its offsets."""
         pa, pc, _ = _pyarrow()
         try:
             table = self._file.read_row_group(g, columns=list(self.columns))
@@ -134,11 +173,16 @@ class ParquetRows:
         arr = joined.combine_chunks() if hasattr(joined, "combine_chunks") else joined
         arr = pc.cast(arr, pa.large_string())  # 64-bit offsets
         n = len(arr)
+        if n != self.bounds[g + 1] - self.bounds[g]:
+            offset = self._file.metadata.row_group(g).column(0).data_page_offset
+            raise CorruptMetaFileError(
+                self.path,
+                int(offset),
+                f"its row group {g} holds {n:,} rows, not the {self.bounds[g + 1] - self.bounds[g]:,} of its footer",
+            )
         _, offsets_buf, data_buf = arr.buffers()
         offsets = np.frombuffer(offsets_buf, np.int64, n + 1, arr.offset * 8).astype(np.int64)
-        data = data_buf.to_pybytes() if data_buf is not None else b""
-        self._cached = (g, data, offsets)
-        return data, offsets
+        return arr, data_buf, offsets
 
     def lines(self, rows: _IntArray) -> list[bytes]:
         """The lines of ``rows`` (in range), in the order given."""

@@ -11,6 +11,10 @@ keyed by what identifies the file's content without reading all of it: size, mti
 (ctime cannot be set by ``utime``, so ``touch -r`` and ``cp -p`` over the file do not pass for it),
 and a hash of its first and last 64 KiB. No descriptor is kept open, and no cache is mapped: a build
 reads the entries it needs with positional reads (:class:`SpanReader`).
+
+A Parquet file has no entries and no cache: its index (:class:`~rank_dataset.files._parquet.ParquetLayout`,
+the rows of each row group and the chosen columns' schema) is read from its footer each time it is
+loaded, in milliseconds, without its data; it keeps the file's key and ends' hash as a cache would.
 """
 
 from __future__ import annotations
@@ -21,14 +25,14 @@ import hashlib
 import mmap
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files._cache import (
     CACHE_DIR_ENV,
     SEAL,
@@ -40,6 +44,7 @@ from rank_dataset.files._cache import (
     wait_for_seal,
 )
 from rank_dataset.files._cachelock import one_builder
+from rank_dataset.files._parquet import ParquetLayout, ParquetRows
 from rank_dataset.files._pread import ShortRead, Window, pread_exact, read_ends
 from rank_dataset.files.formats import Checkpoints, Decompression, Format, detect
 from rank_dataset.files.scan import Chunk, scan_blocks, scan_map
@@ -156,7 +161,8 @@ class Index:
     64 KiB. For a compressed file, the spans are of its decompressed bytes (``extent`` of them, laid
     out as for a file of ``bound`` bytes), and its checkpoints follow the marks in the cache.
     The entries live in ``cache``, or in ``memory`` where no cache location was writable (not
-    pickled: a process that receives the index rescans the file if it ever reads it).
+    pickled: a process that receives the index rescans the file if it ever reads it). A Parquet
+    file's index is its ``parquet`` layout (``count`` rows), held in the Index itself.
     """
 
     key: FileKey
@@ -168,6 +174,7 @@ class Index:
     format: Format = Format.TEXT
     extent: int = -1
     bound: int = -1
+    parquet: ParquetLayout | None = None
 
     @property
     def size(self) -> int:
@@ -402,11 +409,8 @@ def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.ui
     longs: list[_IntArray] = []
     marks: list[_IntArray] = []
     fmt = detect(fd)
-    if fmt is Format.PARQUET:
-        raise ValueError(
-            f"{path} is a Parquet file: Parquet meta files are not read yet (gzip and zstd are); "
-            "write its rows as text lines, one sample a line"
-        )
+    if fmt is Format.PARQUET:  # (load_index reads a Parquet file's footer instead)
+        raise ValueError(f"{path} is a Parquet file: its index is its footer, not a scan of its lines")
     decompression = None
     if fmt.compressed:  # the decompressed bytes are scanned as a plain file's are
         decompression = Decompression(path, fd, fmt)
@@ -499,22 +503,62 @@ def _stamp(cache: Path) -> int | None:
         return None
 
 
-def load_index(path: Path, *, rebuild: bool = False) -> Index:
+def _parquet_index(path: Path, fd: int, key: FileKey, ends_hash: bytes, columns: Sequence[str] | None) -> Index:
+    """The index of the Parquet file open at ``fd``, from its footer (read through ``path``: the
+    descriptor, checked after, tells whether that was still this file)."""
+    rows = ParquetRows(path, columns)
+    what = key.change(FileKey.of(os.fstat(fd)))
+    if what is None and not key.matches(os.stat(path)):
+        what = "it was replaced while its footer was read"
+    if what is not None:
+        raise MetaFileChangedError(path, f"{what} while being indexed")
+    return Index(key, ends_hash, len(rows), False, None, None, Format.PARQUET, parquet=rows.layout)
+
+
+def _cut_parquet(path: Path, fd: int) -> bool:
+    """Whether the file open at ``fd``, told as text, is a Parquet file cut short: it starts with
+    Parquet's magic and is named ``.parquet`` or holds a NUL byte in its first 64 KiB (text does not)."""
+    head = os.pread(fd, _SAMPLE, 0)
+    return head[:4] == b"PAR1" and (path.suffix.lower() == ".parquet" or b"\0" in head)
+
+
+def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | None = None) -> Index:
     """The index of ``path``: from its cache, else built (and cached where a location is writable).
 
     One process builds a missing cache while others that want it at the same time wait for it
     (:mod:`rank_dataset.files._cachelock`), then load it. With ``rebuild``, an existing cache is not
     trusted (it was found inconsistent with the file), unless another process wrote it anew since.
+    A Parquet file's index is read from its footer (``columns``: its chosen columns, None for all).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
         MetaFileChangedError: the file kept changing while it was being indexed.
+        ValueError: ``columns`` for a file that is not Parquet; a Parquet column that is missing,
+            nested or binary.
+        CorruptMetaFileError: a Parquet footer cannot be read.
     """
     for attempt in range(_BUILD_TRIES):
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             key = FileKey.of(os.fstat(fd))
+            fmt = detect(fd)
+            if columns is not None and fmt is not Format.PARQUET:
+                raise ValueError(
+                    f"columns= picks the columns of a Parquet meta file, and {path} is {fmt.value}: "
+                    "its samples are its lines; leave columns=None for it"
+                )
+            if fmt is Format.TEXT and _cut_parquet(path, fd):
+                raise CorruptMetaFileError(
+                    path, key.size, "it starts as a Parquet file (PAR1) but ends without its footer (truncated?)"
+                )
             ends_hash = hash_ends(fd, key.size)
+            if fmt is Format.PARQUET:
+                try:
+                    return _parquet_index(path, fd, key, ends_hash, columns)
+                except MetaFileChangedError:
+                    if attempt == _BUILD_TRIES - 1:
+                        raise
+                    continue
             candidates = cache_paths(path)
             for cache in candidates:
                 wait_for_seal(cache)

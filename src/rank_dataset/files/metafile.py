@@ -8,7 +8,8 @@ samples into a :class:`~rank_dataset.core.shard.Shard` and checks each against t
 sample starts the file or follows a newline, ends at a line ending or the end of the file, and holds
 no newline. So a rewritten file is a :class:`MetaFileChangedError`, never a torn sample, and an
 index that disagrees with an unchanged file is rebuilt. Another kind of file (compressed, remote)
-is another ``_FileBytes``.
+is another ``_FileBytes``. A Parquet file's samples are its rows (:mod:`rank_dataset.files._parquet`),
+read by row group through :meth:`_FileBytes.rows`, checked as a text file is.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from rank_dataset.files._gather import (
     line_position,
     read_one,
 )
+from rank_dataset.files._parquet import ParquetRows
 from rank_dataset.files._pread import ByteSource, ShortRead, count_newlines, read_ends
-from rank_dataset.files.formats import SpanSource
+from rank_dataset.files.formats import Format, SpanSource
 from rank_dataset.files.index import (
     FileKey,
     Index,
@@ -100,6 +102,48 @@ class _FileBytes:
         finally:
             if source is not None:
                 source.close()
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def rows(self, index: Index) -> Iterator[ParquetRows]:
+        """The rows of a Parquet file, its footer read again and checked against ``index`` (the same
+        row groups, and the same schema of the chosen columns), the file checked as :meth:`open` does.
+
+        Raises:
+            MetaFileChangedError: the file is not (or, by the end, no longer) the one indexed; its
+                schema or its row groups are not those indexed.
+            CorruptMetaFileError: a row group cannot be decoded.
+        """
+        layout = index.parquet
+        if layout is None:
+            raise ValueError(f"{self.path} was not indexed as a Parquet file")
+        fd = self._descriptor()
+        try:
+            # The schema first: a file rewritten with another schema is told as that, not as "modified".
+            schema = (
+                f"its schema changed since it was indexed: the columns {list(layout.columns)} are not those indexed"
+            )
+            try:
+                rows = ParquetRows(self.path, layout.columns)
+            except CorruptMetaFileError:
+                self.check(fd, index.key)  # a file rewritten while its footer was read is that error
+                raise
+            except ValueError as exc:  # a chosen column gone, or nested now
+                raise MetaFileChangedError(self.path, f"{schema} ({exc})") from None
+            if rows.schema_hash != layout.schema_hash:
+                raise MetaFileChangedError(self.path, f"{schema} (another type, or another column)")
+            self.check(fd, index.key)
+            if rows.layout.bounds != layout.bounds:
+                raise MetaFileChangedError(self.path, "its row groups changed since it was indexed")
+            yield rows
+            self.check(fd, index.key)
+            try:
+                now = os.stat(self.path)
+            except FileNotFoundError:
+                raise MetaFileChangedError(self.path, "it was deleted or moved") from None
+            if not index.key.matches(now):
+                _raise_if_changed(self.path, index.key, FileKey.of(now))
+        finally:
             os.close(fd)
 
     def _source(self, fd: int, index: Index) -> SpanSource:
@@ -190,11 +234,17 @@ class MetaFile:
     """The samples of one meta file, or of several taken as one in the order given.
 
     Args:
-        path_or_paths: a path, or a sequence of paths.
+        path_or_paths: a path, or a sequence of paths. A gzip, zstd or Parquet file (told by its first
+            bytes) is read in place: a compressed file's samples are its decompressed lines, a
+            Parquet file's its rows (see ``columns``).
+        columns: the columns of a Parquet file whose values, joined by a tab, make a row's line, in
+            that order; None for all. Only for Parquet files (the same for each).
 
     Raises:
         FileNotFoundError: a file does not exist.
-        ValueError: the files hold no sample.
+        ValueError: the files hold no sample; ``columns`` for a file that is not Parquet, or names a
+            column the file lacks (the message lists its columns), or a nested or binary one.
+        ImportError: a Parquet file without pyarrow (``pip install 'rank-dataset[parquet]'``).
 
     Examples:
         >>> import tempfile, os
@@ -205,7 +255,8 @@ class MetaFile:
         (2, 'img_1.JPEG 5')
     """
 
-    def __init__(self, path_or_paths: PathLike | Sequence[PathLike]) -> None:
+    def __init__(self, path_or_paths: PathLike | Sequence[PathLike], *, columns: Sequence[str] | None = None) -> None:
+        columns = _check_columns(columns)
         if isinstance(path_or_paths, (str, os.PathLike)):
             raw: list[PathLike] = [path_or_paths]
         elif isinstance(path_or_paths, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in path_or_paths):
@@ -214,10 +265,26 @@ class MetaFile:
             raise TypeError(f"path_or_paths must be a path or a sequence of paths, got {path_or_paths!r}")
         if not raw:
             raise ValueError("path_or_paths is empty: give at least one meta file")
-        files = []
-        for p in raw:
-            path = meta_path(p)
-            files.append(_File(path, load_index(path), _FileBytes(path)))
+        self._open([meta_path(p) for p in raw], [columns] * len(raw))
+
+    @classmethod
+    def from_files(cls, paths: Sequence[PathLike], columns: Sequence[Sequence[str] | None]) -> MetaFile:
+        """The files ``paths`` as one MetaFile, each Parquet file with its own ``columns`` (None: all of
+        them; None for every other file), as the distinct files of a mix's Sources are.
+
+        Raises:
+            As the constructor.
+        """
+        if len(paths) != len(columns):
+            raise ValueError(f"give one columns entry a file: {len(paths)} paths, {len(columns)} entries")
+        if not paths:
+            raise ValueError("paths is empty: give at least one meta file")
+        mf = object.__new__(cls)
+        mf._open([meta_path(p) for p in paths], [_check_columns(c) for c in columns])
+        return mf
+
+    def _open(self, paths: Sequence[Path], columns: Sequence[tuple[str, ...] | None]) -> None:
+        files = [_File(path, load_index(path, columns=cols), _FileBytes(path)) for path, cols in zip(paths, columns)]
         # The fingerprints of the files as indexed (together, and each alone), computed now: taken
         # later, from a file changed meanwhile, they would fail, and in the ranks' agreement check
         # one rank failing alone would leave the others waiting in the collective.
@@ -310,6 +377,8 @@ class MetaFile:
         """
         file, local = self.locate(index)
         path = self._files[file].path
+        if self._files[file].index.format is Format.PARQUET:
+            return f"{path}, row {local}"
         try:
             offset, line, start = self._retrying(lambda: line_position(self._files[file], file, local))
             f = self._files[file]
@@ -385,7 +454,8 @@ class MetaFile:
 
     def _reindex(self, file: int, *, rebuild: bool) -> None:
         old = self._files[file]
-        index = load_index(old.path, rebuild=rebuild)
+        layout = old.index.parquet
+        index = load_index(old.path, rebuild=rebuild, columns=None if layout is None else layout.columns)
         what = old.index.key.change(index.key)
         if what is None and index.count != old.index.count:
             what = f"it holds {index.count:,} samples now, not {old.index.count:,}"
@@ -396,12 +466,37 @@ class MetaFile:
         self._set(files, self._fingerprint, self._file_fingerprints)
 
 
+def _check_columns(columns: Sequence[str] | None) -> tuple[str, ...] | None:
+    """``columns`` as a tuple of column names (None stays None).
+
+    Raises:
+        TypeError: not a sequence of str.
+        ValueError: empty, or a name given twice.
+    """
+    if columns is None:
+        return None
+    if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):
+        raise TypeError(f"columns must be a sequence of column names, e.g. ['path', 'label'], not {columns!r}")
+    names = tuple(columns)
+    bad = [c for c in names if not isinstance(c, str)]
+    if bad:
+        raise TypeError(f"columns must be column names (str), got {bad[0]!r} ({type(bad[0]).__name__})")
+    if not names:
+        raise ValueError("columns is empty: name at least one column (or None for all)")
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise ValueError(f"columns names {twice[0]!r} twice; name each column once")
+    return names
+
+
 def _fingerprints(files: Sequence[_File]) -> tuple[str, tuple[str, ...]]:
     """The fingerprint of ``files`` taken as one, and of each alone, from one read of each file's ends."""
     whole, each = hashlib.sha256(), []
     for f in files:
         size = f.index.key.size
         part = struct.pack("<qq", f.index.count, size)
+        if f.index.parquet is not None:  # the same file read with other columns holds other samples
+            part += "\t".join(f.index.parquet.columns).encode() + b"\n"
         if size:
             fd = f.bytes._descriptor()
             try:

@@ -42,6 +42,19 @@ def _fspath(i: int, path: Any) -> str:
     return text
 
 
+def _columns(name: str, columns: Any) -> tuple[str, ...]:
+    """``columns`` as a non-empty tuple of distinct column names."""
+    if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):
+        raise TypeError(f"source {name!r}: columns must be a list of column names, not {columns!r}")
+    names = tuple(columns)
+    bad = [c for c in names if not isinstance(c, str)]
+    if bad:
+        raise TypeError(f"source {name!r}: columns must be column names (str), got {bad[0]!r}")
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"source {name!r}: columns must name at least one column, each once, got {list(names)}")
+    return names
+
+
 Rule = float | Mapping[int, float]  # a value, or a schedule {first_epoch: value}
 
 
@@ -95,6 +108,9 @@ class Source:
         parser: None (the dataset's parser), ``"json"``, ``"label"`` or a callable, for this
             source's items.
         name: for messages; defaults to the first path's file name (the whole path if it has none).
+        columns: for Parquet files, the columns whose values, joined by a tab, make a row's line, in
+            that order; None for all. Stored as a tuple of str; checked against the files (and refused
+            for a file that is not Parquet) when a dataset opens them.
 
     At most one of ``weight``, ``repeat`` and ``choose``; none means ``repeat=1.0``. Each may be a
     schedule, a dict ``{first_epoch: value}`` holding epoch 0: the value in force from that epoch on
@@ -120,6 +136,7 @@ class Source:
     name: str
     ids: SampleIds | None
     exclude: Exclusion | None = None
+    columns: tuple[str, ...] | None = None
 
     def __hash__(self) -> int:  # a schedule is a dict: hash its items
         def frozen(rule: Any) -> Any:
@@ -133,6 +150,7 @@ class Source:
                 self.name,
                 self.ids,
                 self.exclude,
+                self.columns,
             )
         )
 
@@ -147,6 +165,7 @@ class Source:
         choose: int | Mapping[int, int] | None = None,
         parser: str | Parser | None = None,
         name: str | None = None,
+        columns: Sequence[str] | None = None,
     ) -> None:
         if isinstance(paths, (str, os.PathLike)):
             normal: tuple[str, ...] = (_fspath(0, paths),)
@@ -178,6 +197,7 @@ class Source:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "ids", None if ids is None else SampleIds.of(ids, name))
         object.__setattr__(self, "exclude", None if exclude is None else Exclusion.of(exclude, f"source {name!r}"))
+        object.__setattr__(self, "columns", None if columns is None else _columns(name, columns))
 
     @property
     def kind(self) -> str:

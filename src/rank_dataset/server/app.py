@@ -57,6 +57,7 @@ from rank_dataset.server.protocol import DEFAULT_PORT, FINGERPRINT_HEADER, TOKEN
 __all__ = ["LIMITS_ENV", "create_app", "serve"]
 
 _PATHS_ENV = "RANK_DATASET_SERVE_PATHS"
+_COLUMNS_ENV = "RANK_DATASET_SERVE_COLUMNS"
 _MAX_BATCH = 1 << 22  # indices in one /samples request
 
 
@@ -355,9 +356,10 @@ def create_app(
 def _app_from_env() -> ASGIApp:
     """The app for each uvicorn worker process: files and token come through the environment."""
     paths = json.loads(os.environ[_PATHS_ENV])
+    columns = json.loads(os.environ.get(_COLUMNS_ENV, "null"))
     limits = ServerLimits.from_env()
     return create_app(
-        MetaFile(paths),
+        MetaFile(paths, columns=columns),
         token=os.environ.get(TOKEN_ENV) or None,
         max_body_size=limits.max_body_size,
         max_builds=limits.max_builds,
@@ -421,9 +423,12 @@ def serve(
     workers: int = 1,
     log_level: str = "warning",
     limits: ServerLimits = DEFAULT_LIMITS,
+    columns: Sequence[str] | None = None,
     **old_limits: Any,
 ) -> None:
     """Index ``paths`` (if not cached yet), then serve them until SIGTERM or SIGINT.
+
+    ``columns``: for Parquet meta files, the columns whose values make a line (see :class:`MetaFile`).
 
     With ``workers > 1``, that many server processes share the port (and the index cache).
 
@@ -456,9 +461,10 @@ def serve(
         )
         limits = dataclasses.replace(limits, **old_limits)
 
-    meta = MetaFile(list(paths))  # index once here, before any worker starts
+    meta = MetaFile(list(paths), columns=columns)  # index once here, before any worker starts
     protocol.served_names(meta.paths)  # two files of one name: refuse to start
     os.environ[_PATHS_ENV] = json.dumps([str(p) for p in meta.paths])
+    os.environ[_COLUMNS_ENV] = json.dumps(None if columns is None else list(columns))
     if token:
         os.environ[TOKEN_ENV] = token
     limits.to_env()

@@ -224,3 +224,26 @@ def _union(a: Exclusion | None, b: Exclusion | None) -> Exclusion | None:
 def files_of(sources: Sequence[Source]) -> list[str]:
     """The distinct files of ``sources`` in order of first appearance: what a mix's MetaFile holds."""
     return distinct_files([s.paths for s in sources])[0]
+
+
+def columns_of(sources: Sequence[Source]) -> list[tuple[str, ...] | None]:
+    """The columns of each of :func:`files_of`'s files (its sources' ``columns``): what a mix's
+    MetaFile reads them with.
+
+    Raises:
+        ValueError: one file named by sources with different columns (one file is indexed and read
+            once, with one choice of columns).
+    """
+    paths, numbers = distinct_files([s.paths for s in sources])
+    chosen: list[tuple[str, ...] | None] = [None] * len(paths)
+    seen: list[Source | None] = [None] * len(paths)
+    for source, mine in zip(sources, numbers):
+        for f in mine:
+            first = seen[f]
+            if first is not None and first.columns != source.columns:
+                raise ValueError(
+                    f"{paths[f]} is in the sources {first.name!r} with columns={first.columns} and "
+                    f"{source.name!r} with columns={source.columns}: a file is read with one choice of columns"
+                )
+            seen[f], chosen[f] = source, source.columns
+    return chosen

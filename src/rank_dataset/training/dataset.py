@@ -22,7 +22,7 @@ from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards.channel import AuditMode, PassCount, ShardChannel
 from rank_dataset.shards.collective import CollectiveReader
 from rank_dataset.shards.failures import Failure
-from rank_dataset.shards.reader import FileReader, ShardReader, files_of
+from rank_dataset.shards.reader import FileReader, ShardReader, columns_of, files_of
 from rank_dataset.training._agree import agreement_fields, agreement_needed, check_ranks_agree
 from rank_dataset.training._failures import FailureBook, FailurePolicy, OnError
 from rank_dataset.training._items import ShardItems
@@ -310,6 +310,9 @@ class RankDataset(ShardedDataset):
             Past it a :class:`~rank_dataset.errors.TooManyFailuresError` names the first failures.
         exclude_failures: with ``"replace"``, leave every sample that failed out of the plans of later
             epochs (under a process group the ranks all-gather them at ``set_epoch``); kept in the resume state.
+        columns: for a Parquet meta file (or files), the columns whose values, joined by a tab, make a
+            row's line (what the parser gets), in that order; None for all. For a mix, give each
+            Source its ``columns`` instead. Not with a MetaFile (give it its own) nor for text files.
 
     Raises:
         ValueError: as MetaFile; ``reader="collective"`` without an initialised process group; for a
@@ -343,27 +346,38 @@ class RankDataset(ShardedDataset):
         on_error: OnError = "raise",
         max_failures: int | float | None = 0.01,
         exclude_failures: bool = False,
+        columns: Sequence[str] | None = None,
     ) -> None:
         if reader not in ("file", "collective"):
             raise ValueError(f"reader must be 'file' or 'collective', got {reader!r}")
         if timeout is not None and reader != "collective":
             raise ValueError("timeout applies to reader='collective' only (the file reader runs no exchange)")
         sources = as_sources(meta_file)
+        if columns is not None and (sources is not None or isinstance(meta_file, MetaFile)):
+            where = "give each Source its columns=" if sources is not None else "give the MetaFile its columns="
+            raise ValueError(f"columns= applies to a path or a list of paths: {where}")
         if reader == "collective":
             paths = _paths_of(meta_file) if sources is None else files_of(sources)
+            if columns is not None or any(s.columns is not None for s in sources or ()):
+                raise ValueError(
+                    "columns= picks the columns of Parquet meta files, which reader='collective' does not read "
+                    "(it reads plain text meta files only); use reader='file'"
+                )
             for path in paths:  # the collective reader cuts the files' own bytes into slices
                 if os.path.isfile(path) and detect_path(path) is not Format.TEXT:
                     raise ValueError(
                         f"{path} is {detect_path(path).value}: reader='collective' reads plain text meta files "
-                        "only (not yet compressed ones); use reader='file', which reads it in place"
+                        "only (not yet compressed or Parquet ones); use reader='file', which reads it in place"
                     )
             self.meta: MetaFile | None = None  # no MetaFile: no index is read or written
             shards: ShardReader = CollectiveReader(paths, sources, group=group, timeout=timeout, agree=_agree_files)
         else:
             if sources is None:
-                meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file)  # type: ignore[arg-type]
+                meta = (
+                    meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file, columns=columns)  # type: ignore[arg-type]
+                )
             else:  # one MetaFile of the distinct files: each indexed once, read once per shard
-                meta = MetaFile(files_of(sources))
+                meta = MetaFile.from_files(files_of(sources), columns_of(sources))
             self.meta = meta
             shards = FileReader(meta, sources)
         try:

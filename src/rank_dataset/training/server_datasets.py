@@ -144,6 +144,11 @@ class ServerReader:
         sources = self.sources
         served = {f.name: f for f in server.files()}
         for i, source in enumerate(sources):
+            if source.columns is not None:
+                raise ValueError(
+                    f"source {i} {source.name!r}: columns= is the server's choice (MetaFile(path, columns=...) "
+                    "in create_app); a source of a meta server names served files only"
+                )
             for name in source.paths:
                 if name not in served:
                     raise ValueError(
