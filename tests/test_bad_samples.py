@@ -65,7 +65,7 @@ def test_exclude_is_checked_with_messages_naming_it(meta: Path) -> None:
         RankDataset(meta, exclude=range(N))
     with pytest.raises(TypeError, match="exclude must be"):
         RankDataset(meta, exclude=3)
-    with pytest.raises(ValueError, match="exclude must be a 1-D array of integers, got .* float64"):
+    with pytest.raises(ValueError, match=r"exclude must be a 1-D array of integers, got .* float64"):
         RankDataset(meta, exclude=[1.5, 2])  # refused, not truncated to sample 1
     assert Exclusion.of({3, 1}, "exclude") == Exclusion.of([1, 3], "exclude")  # a set: order does not matter
 
@@ -191,7 +191,7 @@ def test_a_replan_that_fails_leaves_the_dataset_as_it_was(tmp_path: Path) -> Non
     before = ds.indices.tolist()
     items = [ds[i] for i in range(len(ds))]
     assert len({f.sample for f in ds.failures} & {0, 1}) == 1
-    with pytest.raises(ValueError, match="source 'a.txt': repeat=0.3 of its 1 samples rounds to 0"):
+    with pytest.raises(ValueError, match=r"source 'a\.txt': repeat=0\.3 of its 1 samples rounds to 0"):
         ds.set_epoch(1)
     assert ds.excluded_failures == () and ds.indices.tolist() == before
     ds.set_epoch(0)  # the plan of epoch 0 again, read through the reader as it was
