@@ -57,6 +57,21 @@ def _decompress(path: Path) -> tuple[bytes, Checkpoints]:
         os.close(fd)
 
 
+@pytest.mark.parametrize("block", [1_000, 30_000, 99_999])
+def test_members_longer_than_a_block_are_read_once(tmp_path: Path, block: int) -> None:
+    # A member that decompresses to more than a block (cat of two big .gz files): zlib stops at the
+    # block's end, and at the member's end leaves the rest of the input in two places; it is read once.
+    path = _write(tmp_path, "members.gz", FILES["members.gz"])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        d = Decompression(path, fd, Format.GZIP, spacing=SPACING, block=block)
+        parts = list(d)
+        assert b"".join(parts) == RAW and max(len(p) for p in parts) <= block
+        assert d.checkpoints.size == len(RAW)
+    finally:
+        os.close(fd)
+
+
 def _write(tmp_path: Path, name: str, data: bytes) -> Path:
     p = tmp_path / name
     p.write_bytes(data)
