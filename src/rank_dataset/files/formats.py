@@ -46,6 +46,7 @@ __all__ = [
     "Decompression",
     "Format",
     "SpanSource",
+    "decompress",
     "detect",
     "detect_path",
 ]
@@ -199,6 +200,23 @@ class Decompression:
         if self._checkpoints is None:
             raise ValueError(f"the decompression of {self.path} has not run to its end")
         return self._checkpoints
+
+
+def decompress(path: Path, fd: int, fmt: Format, *, block: int = BLOCK) -> Iterator[bytes]:
+    """The decompressed bytes of the compressed file open at ``fd`` (``path`` names it in errors),
+    front to back in blocks of about ``block`` bytes: the checked pass of a :class:`Decompression`
+    (for gzip, each member against its trailer) without recording checkpoints, for a reader of the
+    whole file (grouping), which needs one decompression and no random access.
+
+    Raises (while iterated):
+        CorruptMetaFileError: the file is corrupt or truncated.
+    """
+    if fmt is Format.GZIP:
+        yield from _gzip.members(path, fd, block)
+    elif fmt is Format.ZSTD:
+        yield from _zstd.stream(path, fd, SPACING, block)
+    else:
+        raise ValueError(f"decompress reads gzip or zstd files, not {fmt.value} ({path})")
 
 
 class DecompressedView:
