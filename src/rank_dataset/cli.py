@@ -56,7 +56,10 @@ def cli() -> None:
 @cli.command("index")
 @click.argument("meta_files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 def index_cmd(meta_files: tuple[str, ...]) -> None:
-    """Build (or check) the line-offset index of META_FILES and print their sample counts."""
+    """Build (or check) the line-offset index of META_FILES (text, gzip or zstd) and print their sample counts."""
+    from rank_dataset.core.checks import meta_path
+    from rank_dataset.files.formats import one_frame_advice
+    from rank_dataset.files.index import load_index, read_checkpoints
     from rank_dataset.files.metafile import MetaFile
 
     total = 0
@@ -67,6 +70,10 @@ def index_cmd(meta_files: tuple[str, ...]) -> None:
             raise click.ClickException(str(exc)) from None
         click.echo(f"{len(mf)}\t{path}")
         total += len(mf)
+        index = load_index(meta_path(path))  # the cache MetaFile has just made or checked
+        advice = one_frame_advice(meta_path(path), read_checkpoints(index)) if index.format.compressed else None
+        if advice is not None:
+            click.echo(f"note: {advice}", err=True)
     if len(meta_files) > 1:
         click.echo(f"{total}\ttotal")
 

@@ -40,6 +40,7 @@ from rank_dataset.files import _gzip, _zstd
 
 __all__ = [
     "BLOCK",
+    "MANY_FRAMES",
     "SPACING",
     "Checkpoints",
     "DecompressedView",
@@ -49,6 +50,7 @@ __all__ = [
     "decompress",
     "detect",
     "detect_path",
+    "one_frame_advice",
 ]
 
 #: Decompressed bytes between two checkpoints (at least; zstd's are frame starts).
@@ -164,6 +166,26 @@ class Checkpoints:
         row = int(np.searchsorted(self.points[:, 0], b, side="left"))
         hi = int(self.points[row, 1]) if row < len(self.points) else file_size
         return lo, max(lo, hi)
+
+
+#: How to write a zstd meta file as many frames, with the tools zstd 1.5 installs (its ``-B``
+#: sets the size of a thread's job, not of a frame: ``zstd -T0 -B4MiB`` still writes one frame).
+MANY_FRAMES = (
+    "pzstd -3 -p 2 meta.txt (frames of 8 MiB at level 3), or split -b 4M --filter='zstd -q -3 -c' meta.txt "
+    "> meta.txt.zst; from a .zst: zstd -dc meta.txt.zst | pzstd -3 -c > meta.frames.zst"
+)
+
+
+def one_frame_advice(path: Path, checkpoints: Checkpoints) -> str | None:
+    """What to do about a zstd file read from a single checkpoint (one frame, or frames less than
+    one per :data:`SPACING` bytes): no decoder can enter a frame mid-way, so every read of it (each
+    rank's build, ``MetaFile[i]``, a server pass) decompresses from its start. None for any other."""
+    if checkpoints.format is not Format.ZSTD or len(checkpoints.points) > 1 or checkpoints.size <= SPACING:
+        return None
+    return (
+        f"{path} is a single zstd frame ({checkpoints.size:,} bytes decompressed): no decoder can start inside "
+        "a frame, so every read of it decompresses it from the start. Write it as many frames: " + MANY_FRAMES
+    )
 
 
 class Decompression:
