@@ -132,6 +132,24 @@ def test_a_read_decompresses_from_the_nearest_checkpoint_only(tmp_path: Path) ->
             os.close(fd)
 
 
+@pytest.mark.parametrize("name", ["one.zst", "frames.zst"])
+def test_zstd_reads_in_order_decompress_the_file_once(tmp_path: Path, name: str) -> None:
+    # A build reads spans in ascending order: each goes on from where the one before stopped, so a
+    # file of one frame is decompressed once, not once from its start for every span.
+    path = _write(tmp_path, name, FILES[name])
+    _, cp = _decompress(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with DecompressedView(path, fd, cp) as view:
+            step = len(RAW) // 37
+            got = b"".join(view.read(a, min(a + step, len(RAW))) for a in range(0, len(RAW), step))
+            assert got == RAW and view.decompressed == len(RAW)
+            assert view.read(10, 20) == RAW[10:20]  # backwards: from the checkpoint again
+            assert view.read(len(RAW) - 5, len(RAW)) == RAW[-5:]
+    finally:
+        os.close(fd)
+
+
 def test_a_single_frame_zstd_file_has_one_checkpoint(tmp_path: Path) -> None:
     _, cp = _decompress(_write(tmp_path, "one.zst", FILES["one.zst"]))
     assert cp.points.tolist() == [[0, 0]]
