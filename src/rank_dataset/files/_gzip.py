@@ -216,6 +216,7 @@ class Reader:
 
     def __init__(self, path: Path, fd: int, points: _IntArray, state: bytes) -> None:
         self._path, self._points = path, points
+        self._end = -1  # where the last read stopped
         self._raw, self._gz = _open(fd, auto_build=False)
         try:
             self._gz.raw.import_index(fileobj=io.BytesIO(state))
@@ -238,7 +239,11 @@ class Reader:
             raise CorruptMetaFileError(
                 self._path, int(self._points[row, 1]), f"corrupt gzip data at or after this byte ({exc})"
             ) from None
-        return bytes(data), b - int(self._points[row, 0])
+        # indexed_gzip goes on from where it stopped when the read starts there (reads in order), else
+        # from the checkpoint before a.
+        done = b - (a if a == self._end else int(self._points[row, 0]))
+        self._end = a + len(data)
+        return bytes(data), done
 
     def close(self) -> None:
         self._gz.close()
