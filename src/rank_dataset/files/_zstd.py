@@ -20,7 +20,9 @@ from rank_dataset.errors import CorruptMetaFileError
 
 __all__ = ["Reader", "stream"]
 
-_PIECE = 1 << 20  # compressed bytes handed to the decoder at a time
+# Compressed bytes handed to the decoder at a time: it gives all their output at once, and meta lines
+# compress well (80x for the demo's at level 3: 1 MiB came out as 80 MiB, slowing the index's scan 2x).
+_PIECE = 128 << 10
 _WRITE = 1 << 20  # output buffer of the decoder
 _IntArray = npt.NDArray[np.int64]
 
