@@ -194,3 +194,23 @@ def test_nothing_is_left_open(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"bad\.gz:2001: "):
         group_by(tmp_path / "bad.gz")
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize("name", ["one.gz", "frames.zst"])
+def test_lines_not_json_or_not_utf8_are_named_by_file_and_line_as_for_text(tmp_path: Path, name: str) -> None:
+    from rank_dataset import RankDataset
+
+    plain, packed = _pair(tmp_path, name, b'{"a": 1}\n\n{"a": 2\n{"a": 4}\n')
+    for path in (plain, packed):
+        ds = RankDataset(path, is_test=True, parser="json", rank=0, world_size=1)
+        try:
+            assert ds[0] == {"a": 1} and ds[2] == {"a": 4}
+            with pytest.raises(ValueError, match=rf"{path}:3: invalid JSON"):
+                ds[1]
+        finally:
+            ds.close()
+    (tmp_path / "utf8").mkdir()
+    plain, packed = _pair(tmp_path / "utf8", name, b'{"a": 1}\n\n{"a": 2}\n{"a": "\xff"}\n')
+    for path in (plain, packed):
+        with pytest.raises(ValueError, match=rf"{path}:4: line is not valid UTF-8"):
+            RankDataset(path, is_test=True, rank=0, world_size=1)
