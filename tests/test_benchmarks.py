@@ -77,6 +77,13 @@ CASES = [
         ("collective.png", True),
     ),
     (
+        "formats",
+        ["--lines", "20000", "--world-size", "2", "--far-worlds", "16", "--items", "2000"],
+        "formats.md",
+        ["| .gz |", "| .zst |", "| .frames.zst |", "| W = 16 |", "zstandard"],
+        ("formats.png", True),
+    ),
+    (
         "failures",
         ["--lines", "4000", "--rounds", "1", "--workers", "1"],
         "failures.md",

@@ -138,3 +138,86 @@ def test_serve_on_port_0_prints_the_port_it_took(write_meta) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def _compressed(tmp_path: Path, n: int) -> dict[str, Path]:
+    """The same ``n`` demo lines as text, gzip, one zstd frame and zstd frames of 1 MiB."""
+    import gzip
+
+    import zstandard
+
+    from tests_helpers import imagenet_line
+
+    raw = "".join(f"{imagenet_line(i)}\n" for i in range(n)).encode()
+    frames = zstandard.ZstdCompressor(level=3)
+    files = {
+        "txt": raw,
+        "gz": gzip.compress(raw, 6),
+        "one.zst": zstandard.ZstdCompressor(level=3).compress(raw),
+        "frames.zst": b"".join(frames.compress(raw[k : k + (1 << 20)]) for k in range(0, len(raw), 1 << 20)),
+    }
+    paths = {}
+    for name, data in files.items():
+        paths[name] = tmp_path / f"meta.{name}"
+        paths[name].write_bytes(data)
+    return paths
+
+
+def test_index_reads_gzip_and_zstd_and_advises_on_a_single_zstd_frame(tmp_path: Path) -> None:
+    paths = _compressed(tmp_path, 200_000)  # over 4 MiB: one frame is one checkpoint for all of it
+    assert paths["txt"].stat().st_size > 4 << 20
+    out = subprocess.run(
+        [sys.executable, "-m", "rank_dataset", "index", *(str(p) for p in paths.values())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [f"200000\t{p}" for p in paths.values()] + ["800000\ttotal"]
+    notes = out.stderr.splitlines()
+    assert len(notes) == 1 and notes[0].startswith(f"note: {paths['one.zst']} is a single zstd frame"), out.stderr
+    assert "pzstd -3 -p 2 meta.txt" in notes[0] and "decompresses it from the start" in notes[0]
+    # Checked again (from the cache): the same counts, the same advice; a small single frame gets none.
+    (tmp_path / "small").mkdir()
+    small = _compressed(tmp_path / "small", 1000)
+    again = CliRunner().invoke(cli, ["index", str(paths["one.zst"]), str(small["one.zst"])])
+    assert again.exit_code == 0, again.output
+    assert again.stdout.splitlines() == [f"200000\t{paths['one.zst']}", f"1000\t{small['one.zst']}", "201000\ttotal"]
+    assert again.stderr.count("is a single zstd frame") == 1
+
+
+def test_index_of_a_corrupt_gz_is_one_line_naming_file_and_offset(tmp_path: Path) -> None:
+    path = _compressed(tmp_path, 20_000)["gz"]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 32] = bytes(32)
+    path.write_bytes(bytes(data))
+    out = subprocess.run(
+        [sys.executable, "-m", "rank_dataset", "index", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 1 and out.stdout == ""
+    assert re.fullmatch(
+        rf"Error: meta file {re.escape(str(path))} cannot be decoded at compressed byte [\d,]+: .*\n", out.stderr
+    )
+
+
+@pytest.mark.parametrize("name", ["gz", "frames.zst"])
+def test_serve_reads_gzip_and_zstd(tmp_path: Path, name: str) -> None:
+    paths = _compressed(tmp_path, 3000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rank_dataset", "serve", str(paths[name]), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.fullmatch(r"rank-dataset: serving 3000 samples on (http://127\.0\.0\.1:(\d+))\n", line)
+        assert match, line
+        wait_until_up(f"{match[1]}/len", proc, timeout=60)
+        lines = paths["txt"].read_text().splitlines()
+        for i in (0, 1234, 2999):
+            with urllib.request.urlopen(f"{match[1]}/sample/{i}", timeout=10) as answer:
+                assert answer.read().decode() == lines[i]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

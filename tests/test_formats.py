@@ -57,6 +57,21 @@ def _decompress(path: Path) -> tuple[bytes, Checkpoints]:
         os.close(fd)
 
 
+@pytest.mark.parametrize("block", [1_000, 30_000, 99_999])
+def test_members_longer_than_a_block_are_read_once(tmp_path: Path, block: int) -> None:
+    # A member that decompresses to more than a block (cat of two big .gz files): zlib stops at the
+    # block's end, and at the member's end leaves the rest of the input in two places; it is read once.
+    path = _write(tmp_path, "members.gz", FILES["members.gz"])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        d = Decompression(path, fd, Format.GZIP, spacing=SPACING, block=block)
+        parts = list(d)
+        assert b"".join(parts) == RAW and max(len(p) for p in parts) <= block
+        assert d.checkpoints.size == len(RAW)
+    finally:
+        os.close(fd)
+
+
 def _write(tmp_path: Path, name: str, data: bytes) -> Path:
     p = tmp_path / name
     p.write_bytes(data)
@@ -115,6 +130,24 @@ def test_a_read_decompresses_from_the_nearest_checkpoint_only(tmp_path: Path) ->
                 assert view.decompressed <= widest + 10 < len(RAW) / 4
         finally:
             os.close(fd)
+
+
+@pytest.mark.parametrize("name", ["one.zst", "frames.zst"])
+def test_zstd_reads_in_order_decompress_the_file_once(tmp_path: Path, name: str) -> None:
+    # A build reads spans in ascending order: each goes on from where the one before stopped, so a
+    # file of one frame is decompressed once, not once from its start for every span.
+    path = _write(tmp_path, name, FILES[name])
+    _, cp = _decompress(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with DecompressedView(path, fd, cp) as view:
+            step = len(RAW) // 37
+            got = b"".join(view.read(a, min(a + step, len(RAW))) for a in range(0, len(RAW), step))
+            assert got == RAW and view.decompressed == len(RAW)
+            assert view.read(10, 20) == RAW[10:20]  # backwards: from the checkpoint again
+            assert view.read(len(RAW) - 5, len(RAW)) == RAW[-5:]
+    finally:
+        os.close(fd)
 
 
 def test_a_single_frame_zstd_file_has_one_checkpoint(tmp_path: Path) -> None:

@@ -69,6 +69,9 @@ def index_cmd(meta_files: tuple[str, ...], columns: str | None) -> None:
     A gzip or zstd file is indexed over its decompressed lines; a Parquet file's index (its rows) is
     read from its footer.
     """
+    from rank_dataset.core.checks import meta_path
+    from rank_dataset.files.formats import detect_path, one_frame_advice
+    from rank_dataset.files.index import load_index, read_checkpoints
     from rank_dataset.files.metafile import MetaFile
 
     total = 0
@@ -79,6 +82,12 @@ def index_cmd(meta_files: tuple[str, ...], columns: str | None) -> None:
             raise click.ClickException(str(exc)) from None
         click.echo(f"{len(mf)}\t{path}")
         total += len(mf)
+        if not detect_path(meta_path(path)).compressed:
+            continue
+        index = load_index(meta_path(path))  # the cache MetaFile has just made or checked
+        advice = one_frame_advice(meta_path(path), read_checkpoints(index))
+        if advice is not None:
+            click.echo(f"note: {advice}", err=True)
     if len(meta_files) > 1:
         click.echo(f"{total}\ttotal")
 

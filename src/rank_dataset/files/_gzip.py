@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
 
-__all__ = ["Reader", "stream"]
+__all__ = ["Reader", "members", "stream"]
 
 _IntArray = npt.NDArray[np.int64]
 _PIECE = 1 << 20  # compressed bytes handed to zlib at a time
@@ -68,7 +68,7 @@ def _corrupt(path: Path, gz: indexed_gzip.IndexedGzipFile, exc: BaseException) -
     return CorruptMetaFileError(path, int(last), f"corrupt gzip data at or after this byte ({exc})")
 
 
-def _members(path: Path, fd: int, block: int) -> Iterator[bytes]:
+def members(path: Path, fd: int, block: int) -> Iterator[bytes]:
     """The decompressed bytes of the gzip file open at ``fd``, member by member through zlib, which
     checks each member's CRC32 and size (its trailer) as it ends: at most ``block`` bytes at a time.
 
@@ -106,12 +106,14 @@ def _members(path: Path, fd: int, block: int) -> Iterator[bytes]:
             data = d.unconsumed_tail
             if out:
                 yield out
-        tail = d.unused_data + data
+        # At a member's end zlib puts the input it did not use in unused_data, and, when it stopped at
+        # max_length, in unconsumed_tail too (``data``): unused_data alone holds what follows.
+        tail = d.unused_data
 
 
 class _Checkpointer:
     """indexed_gzip's pass over the same file, in a thread of its own, to record its checkpoints; kept
-    from decompressing more output than the checked pass (:func:`_members`) has made, so that on a
+    from decompressing more output than the checked pass (:func:`members`) has made, so that on a
     corrupt file (where indexed_gzip 1.10.3 can go on giving bytes without end) it stops with it."""
 
     def __init__(self, path: Path, fd: int, spacing: int, block: int) -> None:
@@ -198,7 +200,7 @@ def stream(path: Path, fd: int, spacing: int, block: int) -> Generator[bytes, No
     checkpointer = _Checkpointer(path, fd, spacing, block)
     out = 0
     try:
-        for piece in _members(path, fd, block):
+        for piece in members(path, fd, block):
             out += len(piece)
             checkpointer.allow(out)
             yield piece
@@ -214,6 +216,7 @@ class Reader:
 
     def __init__(self, path: Path, fd: int, points: _IntArray, state: bytes) -> None:
         self._path, self._points = path, points
+        self._end = -1  # where the last read stopped
         self._raw, self._gz = _open(fd, auto_build=False)
         try:
             self._gz.raw.import_index(fileobj=io.BytesIO(state))
@@ -236,7 +239,11 @@ class Reader:
             raise CorruptMetaFileError(
                 self._path, int(self._points[row, 1]), f"corrupt gzip data at or after this byte ({exc})"
             ) from None
-        return bytes(data), b - int(self._points[row, 0])
+        # indexed_gzip goes on from where it stopped when the read starts there (reads in order), else
+        # from the checkpoint before a.
+        done = b - (a if a == self._end else int(self._points[row, 0]))
+        self._end = a + len(data)
+        return bytes(data), done
 
     def close(self) -> None:
         self._gz.close()

@@ -40,14 +40,17 @@ from rank_dataset.files import _gzip, _zstd
 
 __all__ = [
     "BLOCK",
+    "MANY_FRAMES",
     "SPACING",
     "Checkpoints",
     "DecompressedView",
     "Decompression",
     "Format",
     "SpanSource",
+    "decompress",
     "detect",
     "detect_path",
+    "one_frame_advice",
 ]
 
 #: Decompressed bytes between two checkpoints (at least; zstd's are frame starts).
@@ -165,6 +168,26 @@ class Checkpoints:
         return lo, max(lo, hi)
 
 
+#: How to write a zstd meta file as many frames, with the tools zstd 1.5 installs (its ``-B``
+#: sets the size of a thread's job, not of a frame: ``zstd -T0 -B4MiB`` still writes one frame).
+MANY_FRAMES = (
+    "pzstd -3 -p 2 meta.txt (frames of 8 MiB at level 3), or split -b 4M --filter='zstd -q -3 -c' meta.txt "
+    "> meta.txt.zst; from a .zst: zstd -dc meta.txt.zst | pzstd -3 -c > meta.frames.zst"
+)
+
+
+def one_frame_advice(path: Path, checkpoints: Checkpoints) -> str | None:
+    """What to do about a zstd file read from a single checkpoint (one frame, or frames less than
+    one per :data:`SPACING` bytes): no decoder can enter a frame mid-way, so every read of it (each
+    rank's build, ``MetaFile[i]``, a server pass) decompresses from its start. None for any other."""
+    if checkpoints.format is not Format.ZSTD or len(checkpoints.points) > 1 or checkpoints.size <= SPACING:
+        return None
+    return (
+        f"{path} is a single zstd frame ({checkpoints.size:,} bytes decompressed): no decoder can start inside "
+        "a frame, so every read of it decompresses it from the start. Write it as many frames: " + MANY_FRAMES
+    )
+
+
 class Decompression:
     """One pass over the decompressed bytes of the compressed file open at ``fd`` (``path`` names it
     in errors), in blocks of about :data:`BLOCK` bytes, recording its checkpoints.
@@ -199,6 +222,23 @@ class Decompression:
         if self._checkpoints is None:
             raise ValueError(f"the decompression of {self.path} has not run to its end")
         return self._checkpoints
+
+
+def decompress(path: Path, fd: int, fmt: Format, *, block: int = BLOCK) -> Iterator[bytes]:
+    """The decompressed bytes of the compressed file open at ``fd`` (``path`` names it in errors),
+    front to back in blocks of about ``block`` bytes: the checked pass of a :class:`Decompression`
+    (for gzip, each member against its trailer) without recording checkpoints, for a reader of the
+    whole file (grouping), which needs one decompression and no random access.
+
+    Raises (while iterated):
+        CorruptMetaFileError: the file is corrupt or truncated.
+    """
+    if fmt is Format.GZIP:
+        yield from _gzip.members(path, fd, block)
+    elif fmt is Format.ZSTD:
+        yield from _zstd.stream(path, fd, SPACING, block)
+    else:
+        raise ValueError(f"decompress reads gzip or zstd files, not {fmt.value} ({path})")
 
 
 class DecompressedView:

@@ -9,6 +9,10 @@ many processes that ask at once (the ranks of a node at job start), one builds t
 others wait for it (:mod:`rank_dataset.files._cachelock`). A cached grouping is memory-mapped, so the
 ranks of a node share one copy of it in the page cache.
 
+A gzip or zstd meta file is grouped as the plain file of its decompressed bytes, read front to back
+in one checked decompression (:func:`~rank_dataset.files.formats.decompress`, no checkpoint needed):
+its cost is about one decompression of the file.
+
 The cache file: a 128-byte header (magic, the file's key, the number of samples and keys, how the keys
 are stored), then the ``C + 1`` int64 bounds of the groups, the keys (``C`` int64 or UTF-8 JSON), and
 the ``N`` int64 sample numbers, group after group.
@@ -39,13 +43,13 @@ from rank_dataset.core.checks import meta_path
 from rank_dataset.core.parsers import LineError, parse_label, quote
 from rank_dataset.core.progress import progress_bar
 from rank_dataset.core.threads import THREADS
-from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files._cache import cache_paths, discard, fsync_dir, temp_beside
 from rank_dataset.files._cachelock import load_or_build
 from rank_dataset.files._labels import PAD, block_labels
 from rank_dataset.files._pread import ShortRead, count_newlines, pread_exact
-from rank_dataset.files.formats import Format
-from rank_dataset.files.index import FileKey, Index, SpanReader, load_index
+from rank_dataset.files.formats import DecompressedView, Format, decompress
+from rank_dataset.files.index import FileKey, Index, SpanReader, line_mark, load_index
 from rank_dataset.files.scan import PathLike, _chunk_bounds
 
 __all__ = ["group_by"]
@@ -61,14 +65,16 @@ _BLOCK = 1 << 20  # lines read at a time for a function key
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _NEWLINE, _CR = 10, 13
 _CHUNK = 8 << 20  # bytes of the file parsed at a time for key="label": a block's temporaries stay in cache
+_STREAM_BLOCK = 4 << 20  # decompressed bytes a compressed file's decoder hands out at a time
 
 
 def group_by(meta_file: PathLike, key: str | Key = "label", *, cache_name: str | None = None) -> dict[Any, np.ndarray]:
     """The sample numbers of ``meta_file`` grouped by ``key``: ``{key: ascending int64 sample numbers}``.
 
     Args:
-        meta_file: the path of a meta file. Sample numbers are 0-based, as ``RankDataset(meta_file)``
-            numbers them (blank lines are not samples).
+        meta_file: the path of a meta file: text, gzip or zstd (read in one decompression, the
+            results those of the plain file of the same lines). Sample numbers are 0-based, as
+            ``RankDataset(meta_file)`` numbers them (blank lines are not samples).
         key: ``"label"``, the integer after a line's last run of whitespace (what the ``"label"``
             parser returns as the label), read from the bytes in numpy; or a function of the line's
             text returning a hashable key, called once per line in Python (a progress bar on a
@@ -308,17 +314,81 @@ def _decode_keys(data: bytes) -> list[Any] | None:
 # One pass over the file
 
 
+class _Stream:
+    """The decompressed bytes of a compressed meta file, read front to back: one checked
+    decompression (:func:`~rank_dataset.files.formats.decompress`), of which only the bytes not yet
+    passed are held. A grouping reads the whole file in order, so it needs no checkpoint: one pass
+    costs one decompression, as the index's did."""
+
+    def __init__(self, path: Path, fd: int, fmt: Format) -> None:
+        self._blocks = decompress(path, fd, fmt, block=_STREAM_BLOCK)
+        self._held = bytearray()
+        self._base = 0  # the offset of _held[0]
+
+    def read_into(self, out: npt.NDArray[np.uint8], lo: int) -> None:
+        """Fill ``out`` with bytes ``[lo, lo + out.size)``; ``lo`` never below an earlier read's.
+
+        Raises:
+            ShortRead: the decompressed bytes end first.
+        """
+        if lo < self._base:
+            raise ValueError(f"the decompressed bytes are read in order: byte {lo:,} is behind {self._base:,}")
+        hi = lo + out.size
+        while self._base + len(self._held) < hi:
+            piece = next(self._blocks, None)
+            if piece is None:
+                raise ShortRead(hi)
+            self._held += piece
+        del self._held[: lo - self._base]
+        self._base = lo
+        out[:] = np.frombuffer(self._held, np.uint8, out.size)
+
+    def chunks(self, size: int) -> Iterator[tuple[int, memoryview]]:
+        """``(offset, bytes)`` of the decompressed bytes in consecutive pieces of about ``size``, each
+        ending just past a newline (the last at the end of the file)."""
+        offset, parts, held = 0, [bytes(self._held)] if self._held else [], len(self._held)
+        self._held.clear()
+        for block in self._blocks:
+            parts.append(block)
+            held += len(block)
+            if held < size:
+                continue
+            data = b"".join(parts)
+            cut = data.rfind(b"\n") + 1
+            if not cut:  # one line longer than size: read on
+                parts = [data]
+                continue
+            yield offset, memoryview(data)[:cut]
+            offset += cut
+            parts, held = [data[cut:]], len(data) - cut
+        if held:
+            yield offset, memoryview(b"".join(parts))
+
+
 class _Lines:
-    """The lines of an indexed file, a block of samples at a time, checked against the file."""
+    """The lines of an indexed file, a block of samples at a time, checked against the file (against
+    its decompressed bytes, for a compressed file)."""
 
     def __init__(self, path: Path, index: Index, fd: int) -> None:
         self.path, self.index, self.fd = path, index, fd
+        self.stream = _Stream(path, fd, index.format) if index.format.compressed else None
+
+    def read_into(self, out: npt.NDArray[np.uint8], lo: int) -> None:
+        """Fill ``out`` with bytes ``[lo, lo + out.size)`` of the file (decompressed), in order.
+
+        Raises:
+            ShortRead: the file ends first.
+        """
+        if self.stream is None:
+            pread_exact(self.fd, out, lo)
+        else:
+            self.stream.read_into(out, lo)
 
     def blocks(self) -> Iterator[tuple[int, int, npt.NDArray[np.uint8], npt.NDArray[np.int64]]]:
         """Yield ``(first, base, buf, spans)``: samples ``first ..`` are ``buf[spans[i, 0]:spans[i, 1]]``,
         and ``buf[j]`` is byte ``base + j`` of the file; ``buf`` has :data:`~rank_dataset.files._labels.PAD`
         bytes before the first sample."""
-        n, size = self.index.count, self.index.key.size
+        n, size = self.index.count, self.index.size
         try:
             with SpanReader(self.index) as reader:
                 for first in range(0, n, _BLOCK):
@@ -330,7 +400,7 @@ class _Lines:
                     buf = np.empty(PAD + stop - lo + 1, np.uint8)
                     buf[:PAD] = _NEWLINE
                     buf[-1] = _NEWLINE
-                    pread_exact(self.fd, buf[PAD : PAD + stop - lo], lo)
+                    self.read_into(buf[PAD : PAD + stop - lo], lo)
                     spans += PAD - lo
                     # A line ends at a newline, a "\r\n" or the end of the file: anything else is an index
                     # that no longer describes the bytes.
@@ -346,22 +416,43 @@ class _Lines:
             raise MetaFileChangedError(self.path, f"its index cache changed while it was read ({exc})") from None
 
     def where(self, start: int) -> str:
-        """``path:line`` of the line starting at byte ``start`` of the file."""
-        return f"{self.path}:{count_newlines(self.fd, start) + 1}"
+        """``path:line`` of the line starting at byte ``start`` of the file (decompressed)."""
+        if self.stream is None:
+            return f"{self.path}:{count_newlines(self.fd, start) + 1}"
+        # From the index's mark before it and the checkpoint before that, through a descriptor of
+        # its own (a decoder moves its descriptor's position; the stream reads by position).
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return f"{self.path}, decompressed byte {start:,}"
+        try:
+            if self.index.key.change(FileKey.of(os.fstat(fd))) is not None:
+                return f"{self.path}, decompressed byte {start:,}"
+            with SpanReader(self.index) as reader:
+                offset, line = line_mark(reader.marks(), start)
+                checkpoints = reader.checkpoints()
+            with DecompressedView(self.path, fd, checkpoints) as view:
+                line += view.read(offset, start).count(b"\n")
+            return f"{self.path}:{line + 1}"
+        except (LookupError, CorruptMetaFileError):
+            return f"{self.path}, decompressed byte {start:,}"
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
 def _open_checked(path: Path, index: Index) -> Iterator[_Lines]:
-    """The file's lines, checked on entry and exit to be those of the file ``index`` describes.
+    """The file's lines, checked on entry and exit to be those of the file ``index`` describes; an
+    error while they are read (a line without a label, corrupt compressed data) from a file that has
+    changed meanwhile is that change.
 
     Raises:
-        ValueError: a compressed meta file (grouping reads the file's own bytes: not yet supported).
+        ValueError: a format grouping does not read (text, gzip and zstd are read).
     """
-    if index.format is not Format.TEXT:
+    if not (index.format is Format.TEXT or index.format.compressed):
         raise ValueError(
-            f"{path}: group_by, class_balanced, repeat_factor and ids_of read plain text meta files only, "
-            f"and this one is {index.format.name.lower()}-compressed; decompress it for them "
-            "(RankDataset, MetaFile and Source read it as it is)"
+            f"{path}: group_by, class_balanced, repeat_factor and ids_of read text, gzip and zstd meta files, "
+            f"and this one is {index.format.value}"
         )
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -373,7 +464,13 @@ def _open_checked(path: Path, index: Index) -> Iterator[_Lines]:
             if what is not None:
                 raise MetaFileChangedError(path, what + when)
             if not when:
-                yield _Lines(path, index, fd)
+                try:
+                    yield _Lines(path, index, fd)
+                except ValueError as exc:  # CorruptMetaFileError too
+                    what = index.key.change(FileKey.of(os.fstat(fd)))
+                    if what is None or isinstance(exc, MetaFileChangedError):
+                        raise
+                    raise MetaFileChangedError(path, what + " while it was grouped") from exc
     finally:
         os.close(fd)
 
@@ -409,22 +506,24 @@ def _label_grouping(lines: _Lines, place: Place) -> Grouping:
     """Group the samples by their integer label: each block of the file parsed and sorted by label on
     its own (two threads; numpy releases the GIL), then every block's samples scattered to their
     places, a stable counting sort. Only the result is N-sized, and each block's order (4 bytes a
-    sample) until it is placed."""
-    fd, size = lines.fd, lines.index.key.size
-    with open(fd, "rb", closefd=False) as f:
-        bounds = _chunk_bounds(f, size, _CHUNK)
+    sample) until it is placed. A compressed file's blocks are decompressed in this thread, in
+    order (the decoders release the GIL too), while the threads parse the blocks before."""
+    fd, size = lines.fd, lines.index.size
     scratch = threading.local()
 
-    def part(lo: int, hi: int) -> _Part:
+    def part(lo: int, hi: int, data: memoryview | None = None) -> _Part:
         buf = getattr(scratch, "buf", None)
         if buf is None or buf.size < PAD + hi - lo + 1:
             buf = scratch.buf = np.empty(max(PAD + _CHUNK + 1, PAD + hi - lo + 1), np.uint8)
         end = PAD + hi - lo
         buf[:PAD] = _NEWLINE
-        try:
-            pread_exact(fd, buf[PAD:end], lo)
-        except ShortRead:
-            raise MetaFileChangedError(lines.path, "it shrank while being read") from None
+        if data is not None:
+            buf[PAD:end] = np.frombuffer(data, np.uint8)
+        else:
+            try:
+                pread_exact(fd, buf[PAD:end], lo)
+            except ShortRead:
+                raise MetaFileChangedError(lines.path, "it shrank while being read") from None
         if buf[end - 1] != _NEWLINE:
             if hi != size:  # blocks end just past a newline
                 raise MetaFileChangedError(lines.path, "it changed while it was grouped")
@@ -444,8 +543,21 @@ def _label_grouping(lines: _Lines, place: Place) -> Grouping:
         return _Part.of(labels)
 
     with ThreadPoolExecutor(THREADS) as pool:
-        parsing = [pool.submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
+        parsing: list[Future[_Part]] = []
         try:
+            if lines.stream is None:
+                with open(fd, "rb", closefd=False) as f:
+                    bounds = _chunk_bounds(f, size, _CHUNK)
+                parsing = [pool.submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
+            else:
+                read = 0
+                for lo, data in lines.stream.chunks(_CHUNK):
+                    parsing.append(pool.submit(part, lo, lo + len(data), data))
+                    read = lo + len(data)
+                    if len(parsing) > THREADS:  # hold the bytes of a few blocks only
+                        parsing[-THREADS - 1].result()
+                if read != size:
+                    raise MetaFileChangedError(lines.path, f"it decompresses to {read:,} bytes, its index {size:,}")
             parts = [job.result() for job in parsing]  # the first bad line of the file is the one named
         except BaseException:
             for job in parsing:

@@ -1,0 +1,337 @@
+"""Meta files kept compressed or columnar, read in place: the same N demo lines as text, gzip, zstd and Parquet.
+
+The lines are the demo's (``train/n01440764/n01440764_<i>.JPEG <label>``), written as:
+- ``.txt``; ``.gz`` (``gzip -6``, or Python's gzip at level 6 without the command);
+- ``.zst``, one frame (level 3, what ``zstd -3`` writes) and ``frames.zst``, frames of 4 MiB of text
+  (level 3, as ``split -b 4M --filter='zstd -q -3 -c'`` writes);
+- ``.parquet`` (two columns, path and label, written with pyarrow; a row is the line ``path<TAB>label``).
+
+For each (every measurement in a fresh process, one after another):
+- ``decompress``: one full decompression by each decoder installed, the fastest kept as the baseline
+  (``.gz``: zlib, indexed_gzip, ``gzip -dc``, ``pigz -dc``; ``.zst``: zstandard, ``zstd -dc``; ``.txt``:
+  one read counting newlines; ``.parquet``: pyarrow's ``read_table``);
+- ``cold index``: ``MetaFile(path)`` with no index cache (one decompression that also records the
+  checkpoints);
+- ``warm build``: ``RankDataset(path, rank=r, world_size=W)`` with the index cached, for each of the W
+  ranks in turn; the slowest rank's time is given, and the decompressed bytes of rank 0's build
+  against the file's (from the decoder's own count);
+- ``ds[i]``: items/s of a built shard, random order (the shard is in memory: no format is read).
+
+Then the share of the file that rank 0's build decompresses at larger W (``--far-worlds``).
+
+Usage:
+    python benchmarks/bench_formats.py                     # N = 10M, W = 8
+    python benchmarks/bench_formats.py --lines 200000 --out /tmp/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import cache_env, machine_info, plotting, run_child, save_results, write_imagenet_meta  # noqa: E402
+
+_FRAME = 4 << 20  # text bytes a frame of frames.zst holds
+
+_READ_TEXT = """
+def run():
+    fd, count = os.open(META, os.O_RDONLY), 0
+    while chunk := os.read(fd, 16 << 20):
+        count += chunk.count(b"\\n")
+    return count
+count, elapsed, _ = measured(run)
+print(json.dumps({"seconds": elapsed, "bytes": count}))
+"""
+
+_ZLIB = """
+import zlib
+def run():
+    out, fd, d = 0, os.open(META, os.O_RDONLY), zlib.decompressobj(wbits=31)
+    while chunk := os.read(fd, 1 << 20):
+        while chunk:
+            out += len(d.decompress(chunk))
+            chunk = d.unused_data
+            if d.eof and chunk:
+                d = zlib.decompressobj(wbits=31)
+    return out
+size, elapsed, _ = measured(run)
+print(json.dumps({"seconds": elapsed, "bytes": size}))
+"""
+
+_INDEXED_GZIP = """
+import indexed_gzip
+def run():
+    out = 0
+    with indexed_gzip.IndexedGzipFile(META) as f:
+        while chunk := f.read(16 << 20):
+            out += len(chunk)
+    return out
+size, elapsed, _ = measured(run)
+print(json.dumps({"seconds": elapsed, "bytes": size}))
+"""
+
+_ZSTANDARD = """
+import zstandard
+def run():
+    out = 0
+    with open(META, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True) as r:
+        while chunk := r.read(16 << 20):
+            out += len(chunk)
+    return out
+size, elapsed, _ = measured(run)
+print(json.dumps({"seconds": elapsed, "bytes": size}))
+"""
+
+_PYARROW = """
+import pyarrow.parquet as pq
+table, elapsed, _ = measured(lambda: pq.read_table(META))
+print(json.dumps({"seconds": elapsed, "rows": table.num_rows}))
+"""
+
+_COMMAND = """
+import subprocess
+def run():
+    with open(os.devnull, "wb") as null:
+        subprocess.run(COMMAND + [META], stdout=null, check=True)
+_, elapsed, _ = measured(run)
+print(json.dumps({"seconds": elapsed}))
+"""
+
+_COLD = """
+from rank_dataset import MetaFile
+mf, elapsed, peak = measured(lambda: MetaFile(META))
+print(json.dumps({"seconds": elapsed, "peak": peak, "count": len(mf)}))
+"""
+
+# One rank's warm build; for rank 0, the decompressed bytes too (each SpanSource's own count, summed
+# as it closes: the build's spans and what was skipped to reach them).
+_BUILD = """
+from rank_dataset.files import formats
+counted = []
+close = formats.SpanSource.close
+def counting_close(self):
+    counted.append(self.decompressed)
+    close(self)
+formats.SpanSource.close = counting_close
+from rank_dataset import RankDataset
+ds, elapsed, peak = measured(lambda: RankDataset(META, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD))
+out = {"seconds": elapsed, "peak": peak, "count": len(ds), "decompressed": sum(counted)}
+if ITEMS:
+    import random, time
+    order = random.Random(0).sample(range(len(ds)), min(len(ds), ITEMS))
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for i in order:
+            ds[i]
+        best = min(best, time.perf_counter() - t)
+    out["items_per_s"] = len(order) / best
+print(json.dumps(out))
+"""
+
+# The share of the decompressed file that rank 0 of W decompresses (MetaFile.read of its shard).
+_SHARE = """
+from rank_dataset.files import formats
+counted = []
+close = formats.SpanSource.close
+def counting_close(self):
+    counted.append(self.decompressed)
+    close(self)
+formats.SpanSource.close = counting_close
+from rank_dataset import MetaFile
+from rank_dataset.plan.spec import ShardSpec
+mf = MetaFile(META)
+shares = {}
+for w in WORLDS:
+    counted.clear()
+    mf.read(ShardSpec(len(mf), w, 0, seed=0).indices())
+    shares[w] = sum(counted)
+print(json.dumps(shares))
+"""
+
+
+def write_files(work: Path, n: int) -> dict[str, Path]:
+    """The same ``n`` demo lines in each format (Parquet only where pyarrow is installed)."""
+    import zstandard
+
+    text = write_imagenet_meta(work / "meta.txt", n)
+    files = {"txt": text, "gz": work / "meta.txt.gz", "zst": work / "meta.txt.zst", "frames.zst": work / "frames.zst"}
+    if shutil.which("gzip"):
+        with open(files["gz"], "wb") as out:
+            subprocess.run(["gzip", "-6", "-c", str(text)], stdout=out, check=True)
+    else:
+        with open(text, "rb") as src, gzip.open(files["gz"], "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 16 << 20)
+    with open(text, "rb") as src, open(files["zst"], "wb") as dst:
+        zstandard.ZstdCompressor(level=3).copy_stream(src, dst)
+    compressor = zstandard.ZstdCompressor(level=3, write_content_size=True)
+    with open(text, "rb") as src, open(files["frames.zst"], "wb") as dst:
+        while piece := src.read(_FRAME):
+            dst.write(compressor.compress(piece))
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        return files
+    paths, labels = [], []
+    with open(text) as src:
+        for line in src:
+            path, label = line.split()
+            paths.append(path)
+            labels.append(int(label))
+    files["parquet"] = work / "meta.parquet"
+    pq.write_table(pa.table({"path": paths, "label": labels}), files["parquet"])
+    return files
+
+
+def decoders(name: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The full decompressions to time for the file ``name``: label -> (child body, its names)."""
+    if name == "txt":
+        return {"read, counting newlines": (_READ_TEXT, {})}
+    if name == "parquet":
+        return {"pyarrow read_table": (_PYARROW, {})}
+    if name == "gz":
+        found: dict[str, tuple[str, dict[str, Any]]] = {"zlib": (_ZLIB, {}), "indexed_gzip": (_INDEXED_GZIP, {})}
+        for tool in ("gzip", "pigz"):
+            if shutil.which(tool):
+                found[f"{tool} -dc"] = (_COMMAND, {"COMMAND": [tool, "-dc"]})
+        return found
+    found = {"zstandard": (_ZSTANDARD, {})}
+    if shutil.which("zstd"):
+        found["zstd -dc"] = (_COMMAND, {"COMMAND": ["zstd", "-q", "-dc"]})
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lines", type=int, default=10_000_000)
+    parser.add_argument("--world-size", type=int, default=8)
+    parser.add_argument("--far-worlds", type=int, nargs="*", default=[64, 512])
+    parser.add_argument("--items", type=int, default=200_000, help="ds[i] calls timed (random i)")
+    parser.add_argument("--data-dir", type=Path, default=None, help="where the files go (default: a temp dir)")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+    n, w = args.lines, args.world_size
+
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench_formats_", dir=args.data_dir) as tmp:
+        work = Path(tmp)
+        files = write_files(work, n)
+        for name, path in files.items():
+            results[name] = {"size": path.stat().st_size}
+        for name, path in files.items():
+            env = cache_env(work / f"cache-{name}")
+            row = results[name]
+            row["decoders"] = {
+                label: run_child(body, env, META=str(path), **names)["seconds"]
+                for label, (body, names) in decoders(name).items()
+            }
+            row["cold"] = run_child(_COLD, env, META=str(path))
+            builds = [
+                run_child(_BUILD, env, META=str(path), RANK=r, WORLD=w, ITEMS=args.items if r == 0 else 0)
+                for r in range(w)
+            ]
+            row["warm"] = statistics.median(b["seconds"] for b in builds)
+            row["warm_slowest"] = max(b["seconds"] for b in builds)
+            row["warm_ranks"] = [b["seconds"] for b in builds]
+            row["decompressed_rank0"] = builds[0]["decompressed"]
+            row["items_per_s"] = builds[0]["items_per_s"]
+            row["count"] = builds[0]["count"]
+            if name != "txt" and name != "parquet":
+                shares = run_child(_SHARE, env, META=str(path), WORLDS=[w, *args.far_worlds])
+                row["shares"] = {int(k): v for k, v in shares.items()}
+    text_size = results["txt"]["size"]
+    for row in results.values():
+        if row.get("decoders"):
+            row["fastest"] = min(row["decoders"].values())
+    rows = _table(results, n, w, args.far_worlds, text_size)
+    save_results(args.out, "formats", rows, results, lambda path: _plot(results, w, path))
+    return 0
+
+
+def _table(results: dict[str, dict[str, Any]], n: int, w: int, far: list[int], text_size: int) -> list[str]:
+    txt = results["txt"]
+    rows = [
+        f"# Meta files read in place: {n:,} demo lines in each format",
+        "",
+        f"| file | size on disk | vs .txt | one full decompression (fastest decoder) | cold index | "
+        f"vs decompression | vs .txt | warm build, W = {w} (median rank; slowest) | vs decompression | vs .txt "
+        "| decompressed by rank 0 | ds[i] items/s | vs .txt |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in results.items():
+        size = f"{row['size'] / 2**20:,.1f} MiB | {row['size'] / text_size:.3f}"
+        best = min(row["decoders"], key=row["decoders"].get)
+        fastest = row["fastest"]
+        share = "" if name in ("txt", "parquet") else f"{row['decompressed_rank0'] / text_size:.2f}x the text"
+        cold = row["cold"]["seconds"]
+        rows.append(
+            f"| .{name} | {size} | {fastest:.2f} s ({best}) | {cold:.2f} s | {cold / fastest:.2f}x | "
+            f"{cold / txt['cold']['seconds']:.2f}x | {row['warm']:.2f} s; {row['warm_slowest']:.2f} s | "
+            f"{row['warm'] / fastest:.2f}x | {row['warm'] / txt['warm']:.2f}x | {share} | "
+            f"{row['items_per_s']:,.0f} | {row['items_per_s'] / txt['items_per_s']:.2f} |"
+        )
+    rows += ["", "Every decoder timed, one full decompression each (s):", ""]
+    for name, row in results.items():
+        if row.get("decoders"):
+            listed = ", ".join(f"{label} {s:.2f}" for label, s in sorted(row["decoders"].items(), key=lambda x: x[1]))
+            rows.append(f"- .{name}: {listed}")
+    rows += [
+        "",
+        "Decompressed bytes of rank 0's shard read by the file reader, against the file's decompressed size, "
+        "as W grows (every rank draws its lines from all over the file, so it needs nearly every span "
+        "between checkpoints):",
+        "",
+        "| file | " + " | ".join(f"W = {x}" for x in [w, *far]) + " |",
+        "|---|" + "---:|" * (1 + len(far)),
+    ]
+    for name, row in results.items():
+        if "shares" in row:
+            rows.append(f"| .{name} | " + " | ".join(f"{row['shares'][x] / text_size:.2f}x" for x in [w, *far]) + " |")
+    rows += [
+        "",
+        "Each measurement in a fresh process, one after another, the files in the page cache. Cold index: "
+        "`MetaFile(path)` with no cache (one decompression, checked, recording checkpoints every 4 MiB of "
+        f"text). Warm build: `RankDataset(path, rank=r, world_size={w})` with the index cached, ranks in "
+        "turn; the median rank (the ratios) and the slowest. ds[i]: best of 3 passes over random items of "
+        "rank 0's shard. .gz: `gzip -6`; "
+        ".zst: one frame at level 3; .frames.zst: a frame per 4 MiB of text, level 3.",
+        "",
+        f"Command: `python benchmarks/bench_formats.py --lines {n} --world-size {w}`",
+        "",
+        machine_info(),
+    ]
+    return rows
+
+
+def _plot(results: dict[str, dict[str, Any]], w: int, path: Path) -> None:
+    plt = plotting()
+    names = [k for k, row in results.items() if k != "txt"]
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    y = list(range(len(names)))
+    cold = [results[k]["cold"]["seconds"] / results[k]["fastest"] for k in names]
+    warm = [results[k]["warm"] / results[k]["fastest"] for k in names]
+    ax.barh([v - 0.2 for v in y], cold, height=0.4, label="cold index")
+    ax.barh([v + 0.2 for v in y], warm, height=0.4, label=f"warm build, W = {w} (median rank)")
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_yticks(y, [f".{k}" for k in names])
+    ax.invert_yaxis()
+    ax.set_xlabel("time / one full decompression by the fastest decoder")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
