@@ -4,17 +4,16 @@ same lines, read in one checked decompression; bad input is a clear error, never
 from __future__ import annotations
 
 import gzip
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-import zstandard
 
 from rank_dataset import class_balanced, group_by, ids_of, repeat_factor
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files import grouping
 from rank_dataset.files.index import load_index
+from tests_helpers import COMPRESSORS, zstd_frames
 
 
 @pytest.fixture(autouse=True)
@@ -40,27 +39,10 @@ def _lines(n: int) -> bytes:
     return b"\xef\xbb\xbf" + b"\n".join(rows)
 
 
-def _members(raw: bytes, size: int) -> bytes:
-    return b"".join(gzip.compress(raw[k : k + size], 6) for k in range(0, len(raw), size))
-
-
-def _frames(raw: bytes, size: int) -> bytes:
-    c = zstandard.ZstdCompressor(level=3, write_checksum=True)
-    return b"".join(c.compress(raw[k : k + size]) for k in range(0, len(raw), size))
-
-
-WRITERS: dict[str, Callable[[bytes], bytes]] = {
-    "one.gz": lambda raw: gzip.compress(raw, 6),
-    "members.gz": lambda raw: _members(raw, 50_000),
-    "one.zst": lambda raw: zstandard.ZstdCompressor(level=3).compress(raw),
-    "frames.zst": lambda raw: _frames(raw, 40_000),
-}
-
-
 def _pair(tmp_path: Path, name: str, raw: bytes) -> tuple[Path, Path]:
     plain, packed = tmp_path / f"{name}.txt", tmp_path / name
     plain.write_bytes(raw)
-    packed.write_bytes(WRITERS[name](raw))
+    packed.write_bytes(COMPRESSORS[name](raw))
     return plain, packed
 
 
@@ -72,7 +54,7 @@ def _directory(line: str) -> str:
     return line.split("/")[1]
 
 
-@pytest.mark.parametrize("name", sorted(WRITERS))
+@pytest.mark.parametrize("name", sorted(COMPRESSORS))
 def test_group_by_and_ids_of_give_the_plain_files_results(tmp_path: Path, name: str) -> None:
     plain, packed = _pair(tmp_path, name, _lines(6000))
     assert len(packed.read_bytes()) < len(plain.read_bytes())
@@ -106,7 +88,7 @@ def test_the_recipes_give_the_plain_files_sources(tmp_path: Path, name: str) -> 
     assert len(a) > 1
 
 
-@pytest.mark.parametrize("name", sorted(WRITERS))
+@pytest.mark.parametrize("name", sorted(COMPRESSORS))
 def test_a_line_without_a_label_is_named_by_file_and_line(tmp_path: Path, name: str) -> None:
     raw = _lines(3000).split(b"\n")
     raw[2500] = b"train/n00000001/img_no_label.JPEG"
@@ -124,7 +106,7 @@ def test_a_corrupt_or_truncated_file_is_an_error_naming_file_and_compressed_offs
     tmp_path: Path, name: str, damage: str
 ) -> None:
     path = tmp_path / name
-    data = bytearray(WRITERS[name](_lines(3000)))
+    data = bytearray(COMPRESSORS[name](_lines(3000)))
     if damage == "corrupt":
         for i in range(len(data) // 2, len(data) // 2 + 64):
             data[i] ^= 0x5A
@@ -147,7 +129,7 @@ def test_a_file_rewritten_in_place_after_indexing_is_metafilechangederror(tmp_pa
     _, path = _pair(tmp_path, name, raw)
     index = load_index(path)
     with open(path, "r+b") as f:  # in place: the same inode; other lines, the same size
-        f.write(WRITERS[name](raw.replace(b"img_1", b"img_9")))
+        f.write(COMPRESSORS[name](raw.replace(b"img_1", b"img_9")))
         f.truncate()
     # The grouping reads through the index it was given, as when the file changes while it is grouped.
     with pytest.raises(MetaFileChangedError, match=rf"{path}.*(modified|size changed)"):
@@ -163,7 +145,7 @@ def test_a_file_rewritten_while_it_is_grouped_is_metafilechangederror(tmp_path: 
     def rewrite_once(line: str) -> str:
         if not seen:  # the first line: rewrite the file in place while it is being read
             with open(path, "r+b") as f:
-                f.write(_frames(raw[::-1], 40_000))
+                f.write(zstd_frames(raw[::-1], 40_000))
         seen.append(line)
         return line[:3]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from rank_dataset.files import formats
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.mix import MixPlan, Source
 from rank_dataset.plan.spec import ShardSpec
+from tests_helpers import COMPRESSORS, gzip_members, zstd_frames
 
 
 @pytest.fixture(autouse=True)
@@ -40,27 +40,10 @@ def _lines(n: int, tag: str = "a") -> bytes:
     return b"\xef\xbb\xbf" + b"\n".join(rows)  # the last line without a newline
 
 
-def _members(raw: bytes, size: int) -> bytes:
-    return b"".join(gzip.compress(raw[k : k + size], 6) for k in range(0, len(raw), size))
-
-
-def _frames(raw: bytes, size: int) -> bytes:
-    c = zstandard.ZstdCompressor(level=3, write_checksum=True)
-    return b"".join(c.compress(raw[k : k + size]) for k in range(0, len(raw), size))
-
-
-WRITERS: dict[str, Callable[[bytes], bytes]] = {
-    "one.gz": lambda raw: gzip.compress(raw, 6),
-    "members.gz": lambda raw: _members(raw, 50_000),
-    "one.zst": lambda raw: zstandard.ZstdCompressor(level=3).compress(raw),
-    "frames.zst": lambda raw: _frames(raw, 40_000),
-}
-
-
 def _pair(tmp_path: Path, name: str, raw: bytes) -> tuple[MetaFile, MetaFile]:
     plain, packed = tmp_path / f"{name}.txt", tmp_path / name
     plain.write_bytes(raw)
-    packed.write_bytes(WRITERS[name](raw))
+    packed.write_bytes(COMPRESSORS[name](raw))
     return MetaFile(plain), MetaFile(packed)
 
 
@@ -71,7 +54,7 @@ def _specs(n: int) -> list[ShardSpec]:
     return specs
 
 
-@pytest.mark.parametrize("name", sorted(WRITERS))
+@pytest.mark.parametrize("name", sorted(COMPRESSORS))
 def test_shards_are_those_of_the_plain_file(tmp_path: Path, name: str) -> None:
     text, packed = _pair(tmp_path, name, _lines(6000))
     assert len(packed) == len(text) > 5000
@@ -89,8 +72,8 @@ def test_a_mix_of_compressed_files_gives_the_plain_files_shards(tmp_path: Path) 
     raw_a, raw_b = _lines(3000, "a"), _lines(1700, "b")
     for name, raw in (("a.txt", raw_a), ("b.txt", raw_b)):
         (tmp_path / name).write_bytes(raw)
-    (tmp_path / "a.gz").write_bytes(_members(raw_a, 30_000))
-    (tmp_path / "b.zst").write_bytes(_frames(raw_b, 30_000))
+    (tmp_path / "a.gz").write_bytes(gzip_members(raw_a, 30_000))
+    (tmp_path / "b.zst").write_bytes(zstd_frames(raw_b, 30_000))
     text, packed = MetaFile([tmp_path / "a.txt", tmp_path / "b.txt"]), MetaFile([tmp_path / "a.gz", tmp_path / "b.zst"])
     sizes = [len(MetaFile(tmp_path / "a.txt")), len(MetaFile(tmp_path / "b.txt"))]
     plan = MixPlan.from_sources(sizes, [Source("a", repeat=0.5), Source("b", weight=2)])
@@ -105,7 +88,7 @@ def test_a_file_rewritten_in_place_is_metafilechangederror(tmp_path: Path, name:
     raw = _lines(3000)
     _, packed = _pair(tmp_path, name, raw)
     path = packed.paths[0]
-    data = WRITERS[name](raw.replace(b"a/0", b"a/9"))  # other lines, the same length
+    data = COMPRESSORS[name](raw.replace(b"a/0", b"a/9"))  # other lines, the same length
     with open(path, "r+b") as f:  # in place: the same inode
         f.write(data)
         f.truncate()
@@ -118,7 +101,7 @@ def test_a_file_rewritten_in_place_is_metafilechangederror(tmp_path: Path, name:
 @pytest.mark.parametrize("name", ["one.gz", "members.gz", "frames.zst"])
 def test_a_corrupt_file_is_an_error_naming_file_and_compressed_offset(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
-    data = bytearray(WRITERS[name](_lines(3000)))
+    data = bytearray(COMPRESSORS[name](_lines(3000)))
     for i in range(len(data) // 2, len(data) // 2 + 64):
         data[i] ^= 0x5A
     path.write_bytes(bytes(data))
@@ -131,7 +114,7 @@ def test_a_corrupt_file_is_an_error_naming_file_and_compressed_offset(tmp_path: 
 @pytest.mark.parametrize("name", ["one.gz", "one.zst"])
 def test_a_truncated_file_is_an_error(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
-    data = WRITERS[name](_lines(3000))
+    data = COMPRESSORS[name](_lines(3000))
     path.write_bytes(data[: len(data) - 100])
     with pytest.raises(CorruptMetaFileError, match="truncated"):
         MetaFile(path)

@@ -4,16 +4,19 @@ reference index of them, free ports, a real server, torchrun jobs of the worker 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
 import pytest
+import zstandard
 
 from rank_dataset.demo.synthetic import imagenet_line
 from rank_dataset.files.scan import BOM
@@ -193,3 +196,23 @@ def reference_index(data: bytes, mark: int) -> tuple[list[tuple[int, int]], list
         if at is not None:
             marks.append((line_starts[at], at))
     return spans, marks
+
+
+def gzip_members(raw: bytes, size: int) -> bytes:
+    """``raw`` as a multi-member gzip file, a member per ``size`` bytes."""
+    return b"".join(gzip.compress(raw[k : k + size], 6) for k in range(0, len(raw), size))
+
+
+def zstd_frames(raw: bytes, size: int) -> bytes:
+    """``raw`` as a zstd file of many frames, a frame per ``size`` bytes, each with its checksum."""
+    c = zstandard.ZstdCompressor(level=3, write_checksum=True)
+    return b"".join(c.compress(raw[k : k + size]) for k in range(0, len(raw), size))
+
+
+# The four shapes of compressed meta file the readers must all take: file name -> writer.
+COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
+    "one.gz": lambda raw: gzip.compress(raw, 6),
+    "members.gz": lambda raw: gzip_members(raw, 50_000),
+    "one.zst": lambda raw: zstandard.ZstdCompressor(level=3).compress(raw),
+    "frames.zst": lambda raw: zstd_frames(raw, 40_000),
+}
