@@ -52,6 +52,7 @@ from rank_dataset.files.index import (
 )
 from rank_dataset.files.scan import PathLike
 from rank_dataset.plan.bounds import Bounds
+from rank_dataset.plan.sources import column_names
 
 __all__ = ["MetaFile", "MetaFileChangedError", "bucket_order"]
 
@@ -467,26 +468,8 @@ class MetaFile:
 
 
 def _check_columns(columns: Sequence[str] | None) -> tuple[str, ...] | None:
-    """``columns`` as a tuple of column names (None stays None).
-
-    Raises:
-        TypeError: not a sequence of str.
-        ValueError: empty, or a name given twice.
-    """
-    if columns is None:
-        return None
-    if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):
-        raise TypeError(f"columns must be a sequence of column names, e.g. ['path', 'label'], not {columns!r}")
-    names = tuple(columns)
-    bad = [c for c in names if not isinstance(c, str)]
-    if bad:
-        raise TypeError(f"columns must be column names (str), got {bad[0]!r} ({type(bad[0]).__name__})")
-    if not names:
-        raise ValueError("columns is empty: name at least one column (or None for all)")
-    twice = sorted({c for c in names if names.count(c) > 1})
-    if twice:
-        raise ValueError(f"columns names {twice[0]!r} twice; name each column once")
-    return names
+    """``columns`` as a tuple of column names (None stays None); see :func:`column_names`."""
+    return None if columns is None else column_names(columns)
 
 
 def _fingerprints(files: Sequence[_File]) -> tuple[str, tuple[str, ...]]:

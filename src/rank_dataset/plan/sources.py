@@ -17,7 +17,7 @@ from rank_dataset.core.parsers import Parser, resolve_parser
 from rank_dataset.plan.exclude import Exclusion
 from rank_dataset.plan.subsets import SampleIds
 
-__all__ = ["PathArg", "Rule", "Source", "SourceInfo", "as_sources"]
+__all__ = ["PathArg", "Rule", "Source", "SourceInfo", "as_sources", "column_names"]
 
 PathArg = str | os.PathLike[str]
 
@@ -42,16 +42,24 @@ def _fspath(i: int, path: Any) -> str:
     return text
 
 
-def _columns(name: str, columns: Any) -> tuple[str, ...]:
-    """``columns`` as a non-empty tuple of distinct column names."""
+def column_names(columns: Any, label: str = "columns") -> tuple[str, ...]:
+    """``columns`` (of a Parquet meta file) as a non-empty tuple of distinct column names.
+
+    Raises:
+        TypeError: naming ``label``: not a sequence of str.
+        ValueError: naming ``label``: empty, or a name given twice.
+    """
     if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):
-        raise TypeError(f"source {name!r}: columns must be a list of column names, not {columns!r}")
+        raise TypeError(f"{label} must be a sequence of column names, e.g. ['path', 'label'], not {columns!r}")
     names = tuple(columns)
     bad = [c for c in names if not isinstance(c, str)]
     if bad:
-        raise TypeError(f"source {name!r}: columns must be column names (str), got {bad[0]!r}")
-    if not names or len(set(names)) != len(names):
-        raise ValueError(f"source {name!r}: columns must name at least one column, each once, got {list(names)}")
+        raise TypeError(f"{label} must be column names (str), got {bad[0]!r} ({type(bad[0]).__name__})")
+    if not names:
+        raise ValueError(f"{label} is empty: name at least one column (or None for all)")
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise ValueError(f"{label} names {twice[0]!r} twice; name each column once")
     return names
 
 
@@ -197,7 +205,9 @@ class Source:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "ids", None if ids is None else SampleIds.of(ids, name))
         object.__setattr__(self, "exclude", None if exclude is None else Exclusion.of(exclude, f"source {name!r}"))
-        object.__setattr__(self, "columns", None if columns is None else _columns(name, columns))
+        object.__setattr__(
+            self, "columns", None if columns is None else column_names(columns, f"source {name!r}: columns")
+        )
 
     @property
     def kind(self) -> str:
