@@ -198,6 +198,22 @@ def test_a_replan_that_fails_leaves_the_dataset_as_it_was(tmp_path: Path) -> Non
     assert ds.indices.tolist() == before and [ds[i] for i in range(len(ds))] == items
 
 
+def test_failure_records_past_a_readers_ring_are_counted_and_said(tmp_path: Path) -> None:
+    from rank_dataset.shards.failures import CAPACITY
+
+    path = tmp_path / "bad.txt"
+    # Every other line fails (is_bad): more failures than a reader's ring holds, in one pass.
+    numbers = [17 * i + (3 if i % 2 else 4) for i in range(2 * CAPACITY + 100)]
+    path.write_text("".join(f"img_{k}.JPEG 0\n" for k in numbers))
+    ds = RankDataset(path, parser="label", transform=load, on_error="replace", max_failures=None)
+    items = [ds[i] for i in range(len(ds))]
+    assert not any(is_bad(k) for k in items)
+    with pytest.warns(RuntimeWarning, match=rf"failure records were lost .*more than {CAPACITY} failures"):
+        recorded = ds.failures
+    assert 0 < len(recorded) <= CAPACITY
+    assert len(recorded) < sum(map(is_bad, numbers))  # what the warning is about
+
+
 def test_persistent_workers_exclude_failures_from_the_next_epoch(meta: Path) -> None:
     ds = RankDataset(
         meta,

@@ -20,7 +20,7 @@ from typing import Any
 
 from rank_dataset.core import shm as _shm
 
-__all__ = ["ERROR_CHARS", "Failure", "FailureLog"]
+__all__ = ["CAPACITY", "ERROR_CHARS", "Failure", "FailureLog"]
 
 #: The characters of an error's message a record keeps.
 ERROR_CHARS = 200

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,7 +30,7 @@ from rank_dataset.plan.permutation import hash_keys
 from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec, eval_range
 from rank_dataset.shards.channel import ShardChannel
-from rank_dataset.shards.failures import Failure
+from rank_dataset.shards.failures import CAPACITY, Failure
 from rank_dataset.shards.reader import ShardReader
 from rank_dataset.training._agree import agreement_needed
 
@@ -215,6 +216,15 @@ class FailureBook:
         """Add the records the readers sent through the channel since the last call."""
         found, lost = self.channel.collect_failures()
         self.lost += lost
+        if lost:  # a reader's ring overran: say so, rather than list fewer failures than there were
+            what = "leaves out of later epochs only" if self.policy.exclude_failures else "lists only"
+            warnings.warn(
+                f"{lost} failure records were lost ({self.lost} in all): a reader recorded more than {CAPACITY} "
+                f"failures between two collections (ds.failures, set_epoch, state_dict); the dataset {what} "
+                "those recorded. Exclude the failing samples (exclude=) or lower max_failures",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         if found:  # file:line is found here, not in the worker, where it would cost each failure a read
             self.merge([self._located(f) for f in found])
 
