@@ -49,6 +49,8 @@ _ROUND = 8 << 20  # bytes of lines an owner reads and serves in a round of the e
 _PROBE = 4096  # bytes first looked at to find where a slice starts (doubled until a newline is found)
 _FINGERPRINT_BYTES = 1 << 16  # as MetaFile's fingerprint: each file's first and last 64 KiB
 _OK, _CHANGED, _NOT_UTF8 = 0, 1, 2
+_HEAD = 1  # bytes of status ahead of each owner's lines to each rank, in every round
+_KEEP = 48 << 20  # bytes of its slice a rank keeps from the count to serve its first build from
 
 Agree = Callable[[Mapping[str, object], Any], None]
 
@@ -113,6 +115,9 @@ class CollectiveReader(SampledReader):
             raise ValueError("no meta files given: give at least one")
         self._timeout = timeout
         self._epoch: int | None = None  # named in a collective's error
+        #: ``(offset in the slice, bytes, all ASCII)``: the slice's first chunks as the count read them,
+        #: back to back from its start, until the first build has served them.
+        self._kept: list[tuple[int, npt.NDArray[np.uint8], bool]] = []
         #: What the last build (or the making, before one) cost this rank: bytes of the files read, and
         #: bytes sent and received in its exchange (requests, lengths, lines).
         self.stats = {"read": 0, "sent": 0, "received": 0}
@@ -232,30 +237,31 @@ class CollectiveReader(SampledReader):
             del row_round
             item_at = np.empty(item_lengths.size, np.int64)  # where each item is in its round's lines
         asked_at, counts_at = _starts_of(asked), _starts_of(counts)
-        self._seen = np.zeros(len(self.paths), np.int64)
-        for k in range(rounds):
-            # The owners read and serve the samples of round k; every rank learns that each did.
-            failure: _Failure | None = None
-            send: npt.NDArray[np.uint8] = np.zeros(0, np.uint8)
-            send_bytes: npt.NDArray[np.int64] = np.zeros(w, np.int64)
-            try:
-                send, send_bytes = self._serve(k, requests[_ranges(asked_at[:, k], asked[:, k])], asked[:, k])
-            except _Failure as exc:
-                failure = exc
-            self._check_status(failure)
-            idx = order[_ranges(counts_at[:, k], counts[:, k])]
-            lengths = item_lengths[idx].astype(np.int64)
-            got = self._all_to_all(send, send_bytes, "the lines", out_splits=_split_sums(lengths, counts[:, k]))
-            sent, received = sent + send.nbytes, received + got.nbytes
-            del send
-            at = _exclusive(lengths)
-            if inverse is None:  # item i is row i
-                copy_rows(got, at, lengths, writer.data, writer.bounds[idx])
-            else:
-                item_at[idx] = at
-                rows = by_round[round_cuts[k] : round_cuts[k + 1]]
-                copy_rows(got, item_at[inverse[rows]], row_lengths[rows], writer.data, writer.bounds[rows])
-            del got, idx, lengths, at
+        self._seen, self._seen_at = np.zeros(len(self.paths), np.int64), 0
+        try:
+            for k in range(rounds):
+                # The owners read and serve the samples of round k, each part of what it sends headed by
+                # its status: every rank learns from the lines themselves whether every owner served
+                # them as counted, before it packs any.
+                send, send_bytes, failure = self._serve(k, requests[_ranges(asked_at[:, k], asked[:, k])], asked[:, k])
+                idx = order[_ranges(counts_at[:, k], counts[:, k])]
+                lengths = item_lengths[idx].astype(np.int64)
+                got_bytes = _split_sums(lengths, counts[:, k]) + _HEAD
+                got = self._all_to_all(send, send_bytes, "the lines", out_splits=got_bytes)
+                sent, received = sent + send.nbytes, received + got.nbytes
+                del send
+                self._check_status(got[_exclusive(got_bytes)], failure)
+                # Where each line is in what arrived: back to back after its owner's header.
+                at = _exclusive(lengths) + _HEAD * np.repeat(np.arange(1, w + 1, dtype=np.int64), counts[:, k])
+                if inverse is None:  # item i is row i
+                    copy_rows(got, at, lengths, writer.data, writer.bounds[idx])
+                else:
+                    item_at[idx] = at
+                    rows = by_round[round_cuts[k] : round_cuts[k + 1]]
+                    copy_rows(got, item_at[inverse[rows]], row_lengths[rows], writer.data, writer.bounds[rows])
+                del got, idx, lengths, at
+        finally:
+            self._kept = []  # the slice's bytes kept from the count serve the first build only
         self.stats = {
             "read": int(self._cuts[self.rank + 1] - self._cuts[self.rank]),
             "sent": int(sent),
@@ -299,7 +305,7 @@ class CollectiveReader(SampledReader):
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker never builds: no group (it cannot be pickled), no ids.
-        return {**self.__dict__, "group": None, "_sampling": None, "_starts": None, "_lengths": None}
+        return {**self.__dict__, "group": None, "_sampling": None, "_starts": None, "_lengths": None, "_kept": []}
 
     # -- the slices --------------------------------------------------------------------------------
 
@@ -348,6 +354,7 @@ class CollectiveReader(SampledReader):
         and where each sample starts (from ``lo``) and its length."""
         counts = np.zeros((2, len(self.paths)), np.int64)
         dtype = offset_dtype(hi - lo)
+        kept = 0
         starts: list[npt.NDArray[Any]] = [np.zeros(0, dtype)]
         lengths: list[npt.NDArray[Any]] = [np.zeros(0, dtype)]
         for f, a, b in self._my_pieces(lo, hi):
@@ -360,6 +367,11 @@ class CollectiveReader(SampledReader):
                     counts[1, f] += chunk.newlines
                     starts.append((chunk.starts + base).astype(dtype))
                     lengths.append(chunk.lengths.astype(dtype))
+                    if kept == offset + base and kept + buf.size <= _KEEP:
+                        # The slice's first bytes, as counted: the first build serves them from here
+                        # instead of reading and scanning them again.
+                        self._kept.append((kept, buf, chunk.ascii))
+                        kept += buf.size
         return counts, np.concatenate(starts), np.concatenate(lengths)
 
     def _fingerprints(self, file_samples: npt.NDArray[np.int64]) -> tuple[str, tuple[str, ...]]:
@@ -387,18 +399,24 @@ class CollectiveReader(SampledReader):
 
     def _serve(
         self, k: int, rows: npt.NDArray[Any], splits: npt.NDArray[np.int64]
-    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
-        """Round ``k``: this rank's samples ``rows`` (numbers within its slice, all in the round's part
-        of it; ``splits[r]`` of them for rank ``r``), back to back, and the bytes for each rank, from
-        one sequential read of the round's part of the slice, which is checked against the count.
-
-        Raises:
-            _Failure: a file changed, or a line asked for is not valid UTF-8 (naming file and line).
+    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], _Failure | None]:
+        """Round ``k``: what this rank sends each rank, back to back, and the bytes for each. Rank
+        ``r``'s part is a status byte (:data:`_OK` or what went wrong), then its ``splits[r]`` samples
+        of ``rows`` (numbers within this slice, all in the round's part of it), from one sequential
+        read of the round's part of the slice, which is checked against the count. Also what went
+        wrong (a file changed, or a line asked for is not valid UTF-8, naming file and line): then
+        the lines' bytes are zeros, and are not packed anywhere.
         """
         held = self._starts.size
         first, stop = k * self._per_round, min((k + 1) * self._per_round, held)
+        # The bytes asked for, as counted: what is sent whether or not the lines can be served.
+        lengths = self._lengths[rows].astype(np.int64)
+        sizes = _split_sums(lengths, splits) + _HEAD
+        send = np.empty(int(sizes.sum()), np.uint8)
+        heads = _exclusive(sizes)
+        send[heads] = _OK
         if k and first >= held:  # the slice has no samples in this round
-            return np.zeros(0, np.uint8), np.zeros(splits.size, np.int64)
+            return send, sizes, None
         # Bytes [lo, hi) of the slice (from its start): the round's samples, the first round from the
         # slice's start and the last to its end (so that every byte is read, and checked, once).
         lo = 0 if k == 0 else int(self._starts[first])
@@ -406,17 +424,19 @@ class CollectiveReader(SampledReader):
         try:
             buf, parts, ascii_ = self._read(lo, hi, first, stop)
             at = self._starts[rows].astype(np.int64) - lo
-            lengths = self._lengths[rows].astype(np.int64)
-            send = np.empty(int(lengths.sum()), np.uint8)
-            dst = _exclusive(lengths)
+            dst = _exclusive(lengths) + _HEAD * np.repeat(np.arange(1, splits.size + 1, dtype=np.int64), splits)
             copy_rows(buf, at, lengths, send, dst)
             if not ascii_:
                 _check_utf8(send, dst, lengths, lambda r: self._line_of(buf, parts, int(at[r])))
         except MetaFileChangedError as exc:
-            raise _Failure(_CHANGED, (str(exc.path), exc.what)) from None
+            failure = _Failure(_CHANGED, (str(exc.path), exc.what))
         except ValueError as exc:
-            raise _Failure(_NOT_UTF8, (str(exc),)) from None
-        return send, _split_sums(lengths, splits)
+            failure = _Failure(_NOT_UTF8, (str(exc),))
+        else:
+            return send, sizes, None
+        send[:] = 0
+        send[heads] = failure.kind
+        return send, sizes, failure
 
     def _read(
         self, lo: int, hi: int, first: int, stop: int
@@ -425,6 +445,9 @@ class CollectiveReader(SampledReader):
         read, scanned and checked against what the count of lines found. Also each file's part of them
         as ``(file, start in the buffer, newlines before it in the file)``, and whether all is ASCII."""
         base = int(self._cuts[self.rank])
+        if self._kept and hi <= self._kept[-1][0] + self._kept[-1][1].size:
+            return self._read_kept(lo, hi)
+        self._catch_up(lo)
         buf = np.empty(hi - lo, np.uint8)
         parts, ascii_, done = [], True, first
         for f, a, b in self._my_pieces(base + lo, base + hi):
@@ -454,19 +477,55 @@ class CollectiveReader(SampledReader):
             f = parts[-1][0] if parts else 0
             what = f"a slice of it holds {done - first:,} samples where it held {stop - first:,}"
             raise MetaFileChangedError(self.paths[f], what)
+        self._seen_at = hi
         return buf, parts, ascii_
+
+    def _read_kept(self, lo: int, hi: int) -> tuple[npt.NDArray[np.uint8], list[tuple[int, int, int]], bool]:
+        """As :meth:`_read`, from the bytes kept from the count (the samples found in them are those
+        counted, as they are what was counted; each file is still checked to be the one counted)."""
+        base = int(self._cuts[self.rank])
+        pieces = list(self._my_pieces(base + lo, base + hi))
+        for f, _, _ in pieces:
+            with _open(self.paths[f], self._keys[f]):
+                pass
+        buf = self._kept_bytes(lo, hi)
+        ascii_ = all(a for at, b, a in self._kept if at < hi and at + b.size > lo)
+        parts: list[tuple[int, int, int]] = []
+        if not ascii_:  # line numbers, should a line not be UTF-8
+            self._catch_up(lo)
+            for f, a, _ in pieces:
+                at = int(self._file_offsets[f]) + a - base - lo
+                parts.append((f, at, int(self._newlines[: self.rank, f].sum()) + int(self._seen[f])))
+            self._catch_up(hi)
+        return buf, parts, ascii_
+
+    def _kept_bytes(self, lo: int, hi: int) -> npt.NDArray[np.uint8]:
+        """Bytes ``[lo, hi)`` of the slice from the kept chunks: a view where one chunk holds them."""
+        pieces = [b[max(lo - at, 0) : hi - at] for at, b, _ in self._kept if at < hi and at + b.size > lo]
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
+
+    def _catch_up(self, lo: int) -> None:
+        """Count into ``_seen`` the newlines of each file in the slice's bytes up to ``lo`` that rounds
+        served from the kept chunks passed over (those line numbers are only wanted past them)."""
+        if self._seen_at >= lo:
+            return
+        base = int(self._cuts[self.rank])
+        for f, a, b in self._my_pieces(base + self._seen_at, base + lo):
+            at = int(self._file_offsets[f]) + a - base
+            self._seen[f] += int(np.count_nonzero(self._kept_bytes(at, at + b - a) == NEWLINE))
+        self._seen_at = lo
 
     def _line_of(self, buf: npt.NDArray[np.uint8], parts: list[tuple[int, int, int]], at: int) -> str:
         """``path:line`` of the line at ``buf[at]`` (``parts`` as :meth:`_read` gives them)."""
         f, start, before = next(p for p in reversed(parts) if p[1] <= at)
         return f"{self.paths[f]}:{before + int(np.count_nonzero(buf[start:at] == NEWLINE)) + 1}"
 
-    def _check_status(self, failure: _Failure | None) -> None:
-        """Every rank learns whether every slice was served as counted: if not, every rank raises the
-        error of the first rank that failed (the lines are never exchanged)."""
+    def _check_status(self, status: npt.NDArray[np.uint8], failure: _Failure | None) -> None:
+        """Raise, on every rank alike, the error of the first owner whose status (``status[r]``: the
+        byte rank ``r`` headed its lines with, the same to every rank) says it could not serve its
+        slice as counted; its lines are then never packed."""
         import torch.distributed as dist
 
-        status = self._all_gather(np.array([0 if failure is None else failure.kind], np.int64), "the status")
         if not status.any():
             return
         gathered: list[Any] = [None] * self.world_size
