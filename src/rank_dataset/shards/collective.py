@@ -7,9 +7,9 @@ counts per file (a few numbers per file and rank): no index is read or written. 
 rank computes its plan's sample numbers (as the file reader does), groups them by owner and round (one
 radix sort), and exchanges with ``all_to_all_single`` on a gloo group over the same ranks: the requests,
 then their lengths (which lay out the shard), then the lines in rounds. In round k each owner reads
-the k-th part of its slice (about ``_ROUND`` bytes of lines), checks it against the count and, once
-every owner said it did, sends the lines asked for from one buffer; each rank copies what it receives
-straight into its shareable segment: the shard is the file reader's, byte for byte.
+the k-th part of its slice (about ``_ROUND`` bytes of lines), checks it against the count and sends
+each rank the lines it asked for, headed by a status byte; each rank checks every owner's status, then copies
+what it received straight into its shareable segment: the shard is the file reader's, byte for byte.
 
 Every collective runs on the reader's own gloo group (created over the ranks of the group given, with
 ``timeout``), named with the epoch in the error a failed or timed-out collective raises on each rank.
@@ -50,7 +50,6 @@ _PROBE = 4096  # bytes first looked at to find where a slice starts (doubled unt
 _FINGERPRINT_BYTES = 1 << 16  # as MetaFile's fingerprint: each file's first and last 64 KiB
 _OK, _CHANGED, _NOT_UTF8 = 0, 1, 2
 _HEAD = 1  # bytes of status ahead of each owner's lines to each rank, in every round
-_KEEP = 48 << 20  # bytes of its slice a rank keeps from the count to serve its first build from
 
 Agree = Callable[[Mapping[str, object], Any], None]
 
@@ -115,9 +114,6 @@ class CollectiveReader(SampledReader):
             raise ValueError("no meta files given: give at least one")
         self._timeout = timeout
         self._epoch: int | None = None  # named in a collective's error
-        #: ``(offset in the slice, bytes, all ASCII)``: the slice's first chunks as the count read them,
-        #: back to back from its start, until the first build has served them.
-        self._kept: list[tuple[int, npt.NDArray[np.uint8], bool]] = []
         #: What the last build (or the making, before one) cost this rank: bytes of the files read, and
         #: bytes sent and received in its exchange (requests, lengths, lines).
         self.stats = {"read": 0, "sent": 0, "received": 0}
@@ -237,31 +233,28 @@ class CollectiveReader(SampledReader):
             del row_round
             item_at = np.empty(item_lengths.size, np.int64)  # where each item is in its round's lines
         asked_at, counts_at = _starts_of(asked), _starts_of(counts)
-        self._seen, self._seen_at = np.zeros(len(self.paths), np.int64), 0
-        try:
-            for k in range(rounds):
-                # The owners read and serve the samples of round k, each part of what it sends headed by
-                # its status: every rank learns from the lines themselves whether every owner served
-                # them as counted, before it packs any.
-                send, send_bytes, failure = self._serve(k, requests[_ranges(asked_at[:, k], asked[:, k])], asked[:, k])
-                idx = order[_ranges(counts_at[:, k], counts[:, k])]
-                lengths = item_lengths[idx].astype(np.int64)
-                got_bytes = _split_sums(lengths, counts[:, k]) + _HEAD
-                got = self._all_to_all(send, send_bytes, "the lines", out_splits=got_bytes)
-                sent, received = sent + send.nbytes, received + got.nbytes
-                del send
-                self._check_status(got[_exclusive(got_bytes)], failure)
-                # Where each line is in what arrived: back to back after its owner's header.
-                at = _exclusive(lengths) + _HEAD * np.repeat(np.arange(1, w + 1, dtype=np.int64), counts[:, k])
-                if inverse is None:  # item i is row i
-                    copy_rows(got, at, lengths, writer.data, writer.bounds[idx])
-                else:
-                    item_at[idx] = at
-                    rows = by_round[round_cuts[k] : round_cuts[k + 1]]
-                    copy_rows(got, item_at[inverse[rows]], row_lengths[rows], writer.data, writer.bounds[rows])
-                del got, idx, lengths, at
-        finally:
-            self._kept = []  # the slice's bytes kept from the count serve the first build only
+        self._seen = np.zeros(len(self.paths), np.int64)
+        for k in range(rounds):
+            # The owners read and serve the samples of round k, each part of what it sends headed by
+            # its status: every rank learns from the lines themselves whether every owner served
+            # them as counted, before it packs any.
+            send, send_bytes, failure = self._serve(k, requests[_ranges(asked_at[:, k], asked[:, k])], asked[:, k])
+            idx = order[_ranges(counts_at[:, k], counts[:, k])]
+            lengths = item_lengths[idx].astype(np.int64)
+            got_bytes = _split_sums(lengths, counts[:, k]) + _HEAD
+            got = self._all_to_all(send, send_bytes, "the lines", out_splits=got_bytes)
+            sent, received = sent + send.nbytes, received + got.nbytes
+            del send
+            self._check_status(got[_exclusive(got_bytes)], failure)
+            # Where each line is in what arrived: back to back after its owner's header.
+            at = _exclusive(lengths) + _HEAD * np.repeat(np.arange(1, w + 1, dtype=np.int64), counts[:, k])
+            if inverse is None:  # item i is row i
+                copy_rows(got, at, lengths, writer.data, writer.bounds[idx])
+            else:
+                item_at[idx] = at
+                rows = by_round[round_cuts[k] : round_cuts[k + 1]]
+                copy_rows(got, item_at[inverse[rows]], row_lengths[rows], writer.data, writer.bounds[rows])
+            del got, idx, lengths, at
         self.stats = {
             "read": int(self._cuts[self.rank + 1] - self._cuts[self.rank]),
             "sent": int(sent),
@@ -305,7 +298,7 @@ class CollectiveReader(SampledReader):
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker never builds: no group (it cannot be pickled), no ids.
-        return {**self.__dict__, "group": None, "_sampling": None, "_starts": None, "_lengths": None, "_kept": []}
+        return {**self.__dict__, "group": None, "_sampling": None, "_starts": None, "_lengths": None}
 
     # -- the slices --------------------------------------------------------------------------------
 
@@ -354,7 +347,6 @@ class CollectiveReader(SampledReader):
         and where each sample starts (from ``lo``) and its length."""
         counts = np.zeros((2, len(self.paths)), np.int64)
         dtype = offset_dtype(hi - lo)
-        kept = 0
         starts: list[npt.NDArray[Any]] = [np.zeros(0, dtype)]
         lengths: list[npt.NDArray[Any]] = [np.zeros(0, dtype)]
         for f, a, b in self._my_pieces(lo, hi):
@@ -367,11 +359,6 @@ class CollectiveReader(SampledReader):
                     counts[1, f] += chunk.newlines
                     starts.append((chunk.starts + base).astype(dtype))
                     lengths.append(chunk.lengths.astype(dtype))
-                    if kept == offset + base and kept + buf.size <= _KEEP:
-                        # The slice's first bytes, as counted: the first build serves them from here
-                        # instead of reading and scanning them again.
-                        self._kept.append((kept, buf, chunk.ascii))
-                        kept += buf.size
         return counts, np.concatenate(starts), np.concatenate(lengths)
 
     def _fingerprints(self, file_samples: npt.NDArray[np.int64]) -> tuple[str, tuple[str, ...]]:
@@ -445,9 +432,6 @@ class CollectiveReader(SampledReader):
         read, scanned and checked against what the count of lines found. Also each file's part of them
         as ``(file, start in the buffer, newlines before it in the file)``, and whether all is ASCII."""
         base = int(self._cuts[self.rank])
-        if self._kept and hi <= self._kept[-1][0] + self._kept[-1][1].size:
-            return self._read_kept(lo, hi)
-        self._catch_up(lo)
         buf = np.empty(hi - lo, np.uint8)
         parts, ascii_, done = [], True, first
         for f, a, b in self._my_pieces(base + lo, base + hi):
@@ -477,43 +461,7 @@ class CollectiveReader(SampledReader):
             f = parts[-1][0] if parts else 0
             what = f"a slice of it holds {done - first:,} samples where it held {stop - first:,}"
             raise MetaFileChangedError(self.paths[f], what)
-        self._seen_at = hi
         return buf, parts, ascii_
-
-    def _read_kept(self, lo: int, hi: int) -> tuple[npt.NDArray[np.uint8], list[tuple[int, int, int]], bool]:
-        """As :meth:`_read`, from the bytes kept from the count (the samples found in them are those
-        counted, as they are what was counted; each file is still checked to be the one counted)."""
-        base = int(self._cuts[self.rank])
-        pieces = list(self._my_pieces(base + lo, base + hi))
-        for f, _, _ in pieces:
-            with _open(self.paths[f], self._keys[f]):
-                pass
-        buf = self._kept_bytes(lo, hi)
-        ascii_ = all(a for at, b, a in self._kept if at < hi and at + b.size > lo)
-        parts: list[tuple[int, int, int]] = []
-        if not ascii_:  # line numbers, should a line not be UTF-8
-            self._catch_up(lo)
-            for f, a, _ in pieces:
-                at = int(self._file_offsets[f]) + a - base - lo
-                parts.append((f, at, int(self._newlines[: self.rank, f].sum()) + int(self._seen[f])))
-            self._catch_up(hi)
-        return buf, parts, ascii_
-
-    def _kept_bytes(self, lo: int, hi: int) -> npt.NDArray[np.uint8]:
-        """Bytes ``[lo, hi)`` of the slice from the kept chunks: a view where one chunk holds them."""
-        pieces = [b[max(lo - at, 0) : hi - at] for at, b, _ in self._kept if at < hi and at + b.size > lo]
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
-
-    def _catch_up(self, lo: int) -> None:
-        """Count into ``_seen`` the newlines of each file in the slice's bytes up to ``lo`` that rounds
-        served from the kept chunks passed over (those line numbers are only wanted past them)."""
-        if self._seen_at >= lo:
-            return
-        base = int(self._cuts[self.rank])
-        for f, a, b in self._my_pieces(base + self._seen_at, base + lo):
-            at = int(self._file_offsets[f]) + a - base
-            self._seen[f] += int(np.count_nonzero(self._kept_bytes(at, at + b - a) == NEWLINE))
-        self._seen_at = lo
 
     def _line_of(self, buf: npt.NDArray[np.uint8], parts: list[tuple[int, int, int]], at: int) -> str:
         """``path:line`` of the line at ``buf[at]`` (``parts`` as :meth:`_read` gives them)."""
