@@ -7,9 +7,9 @@ counts per file (a few numbers per file and rank): no index is read or written. 
 rank computes its plan's sample numbers (as the file reader does), groups them by owner and round (one
 radix sort), and exchanges with ``all_to_all_single`` on a gloo group over the same ranks: the requests,
 then their lengths (which lay out the shard), then the lines in rounds. In round k each owner reads
-the k-th part of its slice (about ``_ROUND`` bytes of lines), checks it against the count and, once
-every owner said it did, sends the lines asked for from one buffer; each rank copies what it receives
-straight into its shareable segment: the shard is the file reader's, byte for byte.
+the k-th part of its slice (about ``_ROUND`` bytes of lines), checks it against the count and sends
+each rank the lines it asked for, headed by a status byte; each rank checks every owner's status, then copies
+what it received straight into its shareable segment: the shard is the file reader's, byte for byte.
 
 Every collective runs on the reader's own gloo group (created over the ranks of the group given, with
 ``timeout``), named with the epoch in the error a failed or timed-out collective raises on each rank.
@@ -49,6 +49,7 @@ _ROUND = 8 << 20  # bytes of lines an owner reads and serves in a round of the e
 _PROBE = 4096  # bytes first looked at to find where a slice starts (doubled until a newline is found)
 _FINGERPRINT_BYTES = 1 << 16  # as MetaFile's fingerprint: each file's first and last 64 KiB
 _OK, _CHANGED, _NOT_UTF8 = 0, 1, 2
+_HEAD = 1  # bytes of status ahead of each owner's lines to each rank, in every round
 
 Agree = Callable[[Mapping[str, object], Any], None]
 
@@ -234,21 +235,19 @@ class CollectiveReader(SampledReader):
         asked_at, counts_at = _starts_of(asked), _starts_of(counts)
         self._seen = np.zeros(len(self.paths), np.int64)
         for k in range(rounds):
-            # The owners read and serve the samples of round k; every rank learns that each did.
-            failure: _Failure | None = None
-            send: npt.NDArray[np.uint8] = np.zeros(0, np.uint8)
-            send_bytes: npt.NDArray[np.int64] = np.zeros(w, np.int64)
-            try:
-                send, send_bytes = self._serve(k, requests[_ranges(asked_at[:, k], asked[:, k])], asked[:, k])
-            except _Failure as exc:
-                failure = exc
-            self._check_status(failure)
+            # The owners read and serve the samples of round k, each part of what it sends headed by
+            # its status: every rank learns from the lines themselves whether every owner served
+            # them as counted, before it packs any.
+            send, send_bytes, failure = self._serve(k, requests[_ranges(asked_at[:, k], asked[:, k])], asked[:, k])
             idx = order[_ranges(counts_at[:, k], counts[:, k])]
             lengths = item_lengths[idx].astype(np.int64)
-            got = self._all_to_all(send, send_bytes, "the lines", out_splits=_split_sums(lengths, counts[:, k]))
+            got_bytes = _split_sums(lengths, counts[:, k]) + _HEAD
+            got = self._all_to_all(send, send_bytes, "the lines", out_splits=got_bytes)
             sent, received = sent + send.nbytes, received + got.nbytes
             del send
-            at = _exclusive(lengths)
+            self._check_status(got[_exclusive(got_bytes)], failure)
+            # Where each line is in what arrived: back to back after its owner's header.
+            at = _exclusive(lengths) + _HEAD * np.repeat(np.arange(1, w + 1, dtype=np.int64), counts[:, k])
             if inverse is None:  # item i is row i
                 copy_rows(got, at, lengths, writer.data, writer.bounds[idx])
             else:
@@ -387,18 +386,24 @@ class CollectiveReader(SampledReader):
 
     def _serve(
         self, k: int, rows: npt.NDArray[Any], splits: npt.NDArray[np.int64]
-    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
-        """Round ``k``: this rank's samples ``rows`` (numbers within its slice, all in the round's part
-        of it; ``splits[r]`` of them for rank ``r``), back to back, and the bytes for each rank, from
-        one sequential read of the round's part of the slice, which is checked against the count.
-
-        Raises:
-            _Failure: a file changed, or a line asked for is not valid UTF-8 (naming file and line).
+    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], _Failure | None]:
+        """Round ``k``: what this rank sends each rank, back to back, and the bytes for each. Rank
+        ``r``'s part is a status byte (:data:`_OK` or what went wrong), then its ``splits[r]`` samples
+        of ``rows`` (numbers within this slice, all in the round's part of it), from one sequential
+        read of the round's part of the slice, which is checked against the count. Also what went
+        wrong (a file changed, or a line asked for is not valid UTF-8, naming file and line): then
+        the lines' bytes are zeros, and are not packed anywhere.
         """
         held = self._starts.size
         first, stop = k * self._per_round, min((k + 1) * self._per_round, held)
+        # The bytes asked for, as counted: what is sent whether or not the lines can be served.
+        lengths = self._lengths[rows].astype(np.int64)
+        sizes = _split_sums(lengths, splits) + _HEAD
+        send = np.empty(int(sizes.sum()), np.uint8)
+        heads = _exclusive(sizes)
+        send[heads] = _OK
         if k and first >= held:  # the slice has no samples in this round
-            return np.zeros(0, np.uint8), np.zeros(splits.size, np.int64)
+            return send, sizes, None
         # Bytes [lo, hi) of the slice (from its start): the round's samples, the first round from the
         # slice's start and the last to its end (so that every byte is read, and checked, once).
         lo = 0 if k == 0 else int(self._starts[first])
@@ -406,17 +411,19 @@ class CollectiveReader(SampledReader):
         try:
             buf, parts, ascii_ = self._read(lo, hi, first, stop)
             at = self._starts[rows].astype(np.int64) - lo
-            lengths = self._lengths[rows].astype(np.int64)
-            send = np.empty(int(lengths.sum()), np.uint8)
-            dst = _exclusive(lengths)
+            dst = _exclusive(lengths) + _HEAD * np.repeat(np.arange(1, splits.size + 1, dtype=np.int64), splits)
             copy_rows(buf, at, lengths, send, dst)
             if not ascii_:
                 _check_utf8(send, dst, lengths, lambda r: self._line_of(buf, parts, int(at[r])))
         except MetaFileChangedError as exc:
-            raise _Failure(_CHANGED, (str(exc.path), exc.what)) from None
+            failure = _Failure(_CHANGED, (str(exc.path), exc.what))
         except ValueError as exc:
-            raise _Failure(_NOT_UTF8, (str(exc),)) from None
-        return send, _split_sums(lengths, splits)
+            failure = _Failure(_NOT_UTF8, (str(exc),))
+        else:
+            return send, sizes, None
+        send[:] = 0
+        send[heads] = failure.kind
+        return send, sizes, failure
 
     def _read(
         self, lo: int, hi: int, first: int, stop: int
@@ -461,12 +468,12 @@ class CollectiveReader(SampledReader):
         f, start, before = next(p for p in reversed(parts) if p[1] <= at)
         return f"{self.paths[f]}:{before + int(np.count_nonzero(buf[start:at] == NEWLINE)) + 1}"
 
-    def _check_status(self, failure: _Failure | None) -> None:
-        """Every rank learns whether every slice was served as counted: if not, every rank raises the
-        error of the first rank that failed (the lines are never exchanged)."""
+    def _check_status(self, status: npt.NDArray[np.uint8], failure: _Failure | None) -> None:
+        """Raise, on every rank alike, the error of the first owner whose status (``status[r]``: the
+        byte rank ``r`` headed its lines with, the same to every rank) says it could not serve its
+        slice as counted; its lines are then never packed."""
         import torch.distributed as dist
 
-        status = self._all_gather(np.array([0 if failure is None else failure.kind], np.int64), "the status")
         if not status.any():
             return
         gathered: list[Any] = [None] * self.world_size
