@@ -111,6 +111,34 @@ def test_a_read_below_helped_items_starts_no_thread_and_above_it_the_same_lines(
     assert alone.texts(range(len(alone))) == [lines[i] for i in indices.tolist()]
 
 
+def test_a_one_frame_zstd_file_is_read_by_one_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its one checkpoint is its start: a decoder a thread would each decompress the whole file.
+    import zstandard
+
+    from rank_dataset.files import formats
+
+    lines = [f"img_{i}.JPEG {i % 7}" for i in range(5000)]
+    raw = "".join(f"{line}\n" for line in lines).encode()
+    path = tmp_path / "one.zst"
+    path.write_bytes(zstandard.ZstdCompressor(level=3).compress(raw))
+    mf = MetaFile(path)
+    monkeypatch.setattr(gather_mod, "HELPED_ITEMS", 1000)
+    monkeypatch.setattr(gather_mod, "THREADS", 2)
+    asked = _threads_asked(monkeypatch, gather_mod)
+    decompressed: list[int] = []
+    close = formats.SpanSource.close
+
+    def counting_close(self: formats.SpanSource) -> None:
+        decompressed.append(self.decompressed)
+        close(self)
+
+    monkeypatch.setattr(formats.SpanSource, "close", counting_close)
+    indices = np.random.default_rng(0).permutation(len(mf))[:3000]
+    shard = mf.read(indices)
+    assert shard.texts(range(len(shard))) == [lines[i] for i in indices.tolist()]
+    assert asked[-1] == 1 and sum(decompressed) <= len(raw)
+
+
 def test_permutation_helped_only_from_helped_items(monkeypatch: pytest.MonkeyPatch) -> None:
     asked = _threads_asked(monkeypatch, permutation_mod)
     alone = permute(10**6, seed=3, epoch=1, positions=np.arange(300_000))

@@ -30,7 +30,7 @@ from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import HELPED_ITEMS, THREADS, in_threads
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files._pread import _GAP, ByteSource, Window
-from rank_dataset.files.formats import Format
+from rank_dataset.files.formats import Format, SpanSource
 from rank_dataset.files.index import (
     MAPPED_ROWS,
     SpanReader,
@@ -250,7 +250,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
         with file.bytes.open(file.index) as fd:
             work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
             spans = functools.partial(_kept_spans, visit, samples, starts)
-            in_threads(lambda part: work(spans(part)), _threads(visit))  # noqa: B023
+            in_threads(lambda part: work(spans(part)), _threads(visit, fd))  # noqa: B023
         starts.free()
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. One pass over the copied bytes finds it. (A
@@ -478,10 +478,13 @@ def _kept_spans(visit: _FileRows, samples: SampleNumbers, kept: _KeptStarts, par
         yield batch
 
 
-def _threads(visit: _FileRows) -> int:
+def _threads(visit: _FileRows, source: int | ByteSource | None = None) -> int:
     """Threads to read a visit's rows with: one for fewer than ``HELPED_ITEMS`` (a helper thread keeps
     a few MiB resident for good; and starting one costs about a millisecond, which a mix of thousands
-    of files would pay for each)."""
+    of files would pay for each); one for a compressed file with fewer checkpoints than two a thread
+    (each thread's decoder would decompress from the same few points: a one-frame zstd file twice)."""
+    if isinstance(source, SpanSource) and len(source.checkpoints.points) < 2 * THREADS:
+        return 1
     return THREADS if visit.rows.size >= HELPED_ITEMS else 1
 
 
