@@ -53,7 +53,12 @@ def _export(rev: str, into: Path) -> Path:
     """The ``src/`` of revision ``rev`` of this repository, written under ``into``."""
     archive = subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, capture_output=True, check=True).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
+        # filter= came with Python 3.11.4 (and 3.10.12): Debian's 3.11.2 has none. The archive is this
+        # repository's own, from git.
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(into, filter="data")
+        else:
+            tar.extractall(into)
     return into / "src"
 
 

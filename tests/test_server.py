@@ -414,7 +414,7 @@ def test_serve_flags_are_the_server_limits() -> None:
         assert option.default == getattr(DEFAULT_LIMITS, limit.name), limit.name
         assert option.help == limit.metadata["help"]
     assert set(options) - {f.name for f in dataclasses.fields(ServerLimits)} == {
-        "meta_files", "host", "port", "token", "workers"
+        "meta_files", "host", "port", "token", "workers", "columns"
     }  # fmt: skip
 
 
