@@ -89,6 +89,12 @@ def test_server_dataset(meta, server) -> None:
         ds[1003]
     with pytest.raises(TypeError):
         ds["1"]  # type: ignore[index]
+    # A line its parser rejects is named by the server and the sample, in both ways of reading.
+    as_json = ServerDataset(server.url, parser="json")
+    with pytest.raises(ValueError, match=f"^{server.url} sample 5: "):
+        as_json[5]
+    with pytest.raises(ValueError, match=f"^{server.url} sample 3: "):
+        as_json.__getitems__([3, 1])
 
 
 @pytest.mark.parametrize("context", start_methods("fork", "spawn"))

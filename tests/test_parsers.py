@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from rank_dataset.core.parsers import LineError, parse_json, parse_label, resolve_parser
+from rank_dataset.core.parsers import LineError, parse_json, parse_label, parse_line, resolve_parser
 
 
 def test_label_splits_at_the_last_run_of_whitespace() -> None:
@@ -35,3 +35,18 @@ def test_messages_quote_at_most_about_200_characters_of_a_line(line: str) -> Non
         parse(line)
     message = str(err.value)
     assert len(message) < 600 and f"({len(line):,} characters)" in message
+
+
+def test_parse_line_names_where_only_on_an_error() -> None:
+    calls: list[int] = []
+
+    def where() -> str:
+        calls.append(1)
+        return "f.txt:7"
+
+    assert parse_line(None, "a 1", where) == "a 1"
+    assert parse_line(parse_label, "a 1", where) == ("a", 1)
+    assert calls == []
+    with pytest.raises(ValueError, match=r"^f.txt:7: ") as info:
+        parse_line(parse_json, "not json", where)
+    assert calls == [1] and not isinstance(info.value, LineError)

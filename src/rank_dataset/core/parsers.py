@@ -6,13 +6,26 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Parser", "parse_json", "parse_label", "quote", "resolve_parser"]
+__all__ = ["Parser", "parse_json", "parse_label", "parse_line", "quote", "resolve_parser"]
 
 Parser = Callable[[str], Any]
 
 
 class LineError(ValueError):
     """A line that its parser rejects; the dataset adds the file and line number."""
+
+
+def parse_line(parser: Parser | None, text: str, where: Callable[[], str]) -> Any:
+    """``parser(text)`` (``text`` itself without a parser); a :class:`LineError` becomes a
+    ``ValueError`` headed by ``where()``, which is called only then (it may read a file to find the
+    line's number, and a per-item f-string is not free on the hot path).
+    """
+    if parser is None:
+        return text
+    try:
+        return parser(text)
+    except LineError as exc:
+        raise ValueError(f"{where()}: {exc}") from None
 
 
 _QUOTED = 200  # characters of a line an error message quotes at most

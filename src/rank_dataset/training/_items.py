@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.checks import check_index
-from rank_dataset.core.parsers import LineError, Parser
+from rank_dataset.core.parsers import Parser, parse_line
 from rank_dataset.core.shard import Shard
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards.channel import ShardChannel
@@ -129,12 +129,7 @@ class ShardItems:
     def _parse(self, text: str, i: int) -> Any:
         # In a mix whose sources have parsers of their own, item i's source chooses.
         parser = self._parser if self._parsers is None else self._parsers[self.source_ids[i]]  # type: ignore[index]
-        if parser is None:
-            return text
-        try:
-            return parser(text)
-        except LineError as exc:
-            raise ValueError(f"{self.reader.where(int(self.indices[i]))}: {exc}") from None
+        return parse_line(parser, text, lambda: self.reader.where(int(self.indices[i])))
 
     def __getitem__(self, i: int) -> Any:
         # Once per sample: one word of the control block says whether anything changed, the inline

@@ -3,6 +3,7 @@ the ServerReader that fills its shard; the HTTP they use is :mod:`rank_dataset.s
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -11,7 +12,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from rank_dataset.core.checks import check_index
-from rank_dataset.core.parsers import LineError, Parser, resolve_parser
+from rank_dataset.core.parsers import Parser, parse_line, resolve_parser
 from rank_dataset.core.shard import Shard
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.config import ReloadConfig
@@ -28,15 +29,6 @@ from rank_dataset.training._failures import OnError
 from rank_dataset.training.dataset import ShardedDataset
 
 __all__ = ["RankServerDataset", "ServerDataset", "ServerReader"]
-
-
-def _parse(parser: Parser | None, text: str, where: str) -> Any:
-    if parser is None:
-        return text
-    try:
-        return parser(text)
-    except LineError as exc:
-        raise ValueError(f"{where}: {exc}") from None
 
 
 class ServerDataset(Dataset[Any]):
@@ -99,12 +91,12 @@ class ServerDataset(Dataset[Any]):
     def __getitem__(self, i: int) -> Any:
         index = self._check_index(i) + self._offset
         raw = self.server.get(protocol.sample_path(index))
-        where = f"{self.server.url} sample {index}"
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ValueError(f"{where}: line is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
-        return _parse(self._parser, text, where)
+            what = f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+            raise ValueError(f"{self._where(index)}: {what}") from None
+        return parse_line(self._parser, text, functools.partial(self._where, index))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples ``indices``, fetched in one request."""
@@ -113,7 +105,10 @@ class ServerDataset(Dataset[Any]):
         if shard.ids is None or not np.array_equal(shard.ids, wanted):
             raise ProtocolError(f"{self.server.url} answered other samples than the {len(wanted)} asked for")
         texts = shard.texts(range(len(shard)))
-        return [_parse(self._parser, t, f"{self.server.url} sample {i}") for t, i in zip(texts, wanted.tolist())]
+        return [parse_line(self._parser, t, functools.partial(self._where, i)) for t, i in zip(texts, wanted.tolist())]
+
+    def _where(self, index: int) -> str:
+        return f"{self.server.url} sample {index}"
 
 
 class ServerReader:
