@@ -672,6 +672,9 @@ class SpanReader:
         except ShortRead:
             raise LookupError(f"the index cache {self._index.cache} was damaged") from None
 
+    def _damaged(self) -> LookupError:
+        return LookupError(f"the index cache {self._index.cache} was damaged (shorter than its header says)")
+
     def take(self, local: _IntArray) -> tuple[_IntArray, _IntArray]:
         """``(starts, lengths)`` of samples ``local`` of the file (in range; best roughly ascending
         and close together, as one batch of a build: the pages from the lowest to the highest entry
@@ -680,21 +683,22 @@ class SpanReader:
             entries = self._table.entries[local]
         elif not local.size:
             entries = np.empty(0, "<u8")
-        elif self._mapped and self._header.count >= _MAPPED_MIN:
-            assert self._fd is not None
-            try:
-                entries = _entries_map(self._fd, self._header.count)[local]
-            except ValueError:  # shorter than its header says
-                raise LookupError(f"the index cache {self._index.cache} was damaged") from None
         else:
-            assert self._fd is not None
-            at = _DATA_OFFSET + _ENTRY * local
-            try:
-                buf, shift = self._window.load(self._fd, at, at + _ENTRY, self._header.longs_at)
-            except ShortRead:
-                raise LookupError(f"the index cache {self._index.cache} was damaged") from None
-            # Entries start at multiples of 8 in the file, and so in buf (runs start and end at entries).
-            entries = buf[: buf.size - buf.size % _ENTRY].view("<u8")[(at - shift) // _ENTRY]
+            fd = self._fd
+            assert fd is not None  # with no table, the constructor opened the cache
+            if self._mapped and self._header.count >= _MAPPED_MIN:
+                try:
+                    entries = _entries_map(fd, self._header.count)[local]
+                except ValueError:
+                    raise self._damaged() from None
+            else:
+                at = _DATA_OFFSET + _ENTRY * local
+                try:
+                    buf, shift = self._window.load(fd, at, at + _ENTRY, self._header.longs_at)
+                except ShortRead:
+                    raise self._damaged() from None
+                # Entries start at multiples of 8 in the file, and so in buf (runs start and end at entries).
+                entries = buf[: buf.size - buf.size % _ENTRY].view("<u8")[(at - shift) // _ENTRY]
         return decode(entries, local, self._size, self._longs)
 
     def marks(self) -> _IntArray:
