@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
-
-import pytest
 
 import rank_dataset
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+; the metadata is the same on 3.10
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # tomli is what became tomllib (a dev dependency on 3.10)
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
