@@ -42,14 +42,17 @@ import numpy.typing as npt
 from rank_dataset.core.checks import meta_path
 from rank_dataset.core.parsers import LineError, parse_label, quote
 from rank_dataset.core.progress import progress_bar
+from rank_dataset.core.shard import copy_rows
 from rank_dataset.core.threads import THREADS
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files._cache import cache_paths, discard, fsync_dir, temp_beside
 from rank_dataset.files._cachelock import load_or_build
-from rank_dataset.files._labels import PAD, block_labels
+from rank_dataset.files._labels import PAD, BlockLabels, block_labels
+from rank_dataset.files._parquet import ParquetRows
 from rank_dataset.files._pread import ShortRead, count_newlines, pread_exact
 from rank_dataset.files.formats import DecompressedView, Format, decompress
 from rank_dataset.files.index import FileKey, Index, SpanReader, line_mark, load_index
+from rank_dataset.files.metafile import _FileBytes
 from rank_dataset.files.scan import PathLike, _chunk_bounds
 
 __all__ = ["group_by"]
@@ -73,8 +76,9 @@ def group_by(meta_file: PathLike, key: str | Key = "label", *, cache_name: str |
 
     Args:
         meta_file: the path of a meta file: text, gzip or zstd (read in one decompression, the
-            results those of the plain file of the same lines). Sample numbers are 0-based, as
-            ``RankDataset(meta_file)`` numbers them (blank lines are not samples).
+            results those of the plain file of the same lines), or Parquet (each row a sample, its
+            line all its columns joined by tabs). Sample numbers are 0-based, as
+            ``RankDataset(meta_file)`` numbers them (blank lines of a text file are not samples).
         key: ``"label"``, the integer after a line's last run of whitespace (what the ``"label"``
             parser returns as the label), read from the bytes in numpy; or a function of the line's
             text returning a hashable key, called once per line in Python (a progress bar on a
@@ -415,6 +419,15 @@ class _Lines:
         except LookupError as exc:
             raise MetaFileChangedError(self.path, f"its index cache changed while it was read ({exc})") from None
 
+    def text_blocks(self) -> Iterator[list[tuple[str, Callable[[], str]]]]:
+        """Each block's samples as ``(text, where)``."""
+        for _, base, buf, spans in self.blocks():
+            data = buf.tobytes()
+            yield [
+                (data[start:end].decode("utf-8", "replace"), functools.partial(self.where, base + start))
+                for start, end in spans.tolist()
+            ]
+
     def where(self, start: int) -> str:
         """``path:line`` of the line starting at byte ``start`` of the file (decompressed)."""
         if self.stream is None:
@@ -441,19 +454,15 @@ class _Lines:
 
 
 @contextlib.contextmanager
-def _open_checked(path: Path, index: Index) -> Iterator[_Lines]:
+def _open_checked(path: Path, index: Index) -> Iterator[_Lines | _ParquetLines]:
     """The file's lines, checked on entry and exit to be those of the file ``index`` describes; an
     error while they are read (a line without a label, corrupt compressed data) from a file that has
-    changed meanwhile is that change.
-
-    Raises:
-        ValueError: a format grouping does not read (text, gzip and zstd are read).
+    changed meanwhile is that change. A Parquet file's rows are checked as the file reader checks them.
     """
-    if not (index.format is Format.TEXT or index.format.compressed):
-        raise ValueError(
-            f"{path}: group_by, class_balanced, repeat_factor and ids_of read text, gzip and zstd meta files, "
-            f"and this one is {index.format.value}"
-        )
+    if index.format is Format.PARQUET:
+        with _FileBytes(path).rows(index) as rows:
+            yield _ParquetLines(path, index, rows)
+        return
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -486,6 +495,8 @@ def _in_memory(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np
 def _group(path: Path, index: Index, key: str | Key, place: Place = _in_memory) -> Grouping:
     with _open_checked(path, index) as lines:
         if key == "label":
+            if isinstance(lines, _ParquetLines):
+                return _parquet_label_grouping(lines, place)
             return _label_grouping(lines, place)
         assert callable(key)
         codes, keys = _key_codes(lines, key)
@@ -529,18 +540,9 @@ def _label_grouping(lines: _Lines, place: Place) -> Grouping:
                 raise MetaFileChangedError(lines.path, "it changed while it was grouped")
             buf[end] = _NEWLINE  # the last line has no newline of its own
             end += 1
-        labels, todo, starts, ends = block_labels(buf[:end], end, file_start=lo == 0)
-        for row, start, stop in zip(todo.tolist(), starts.tolist(), ends.tolist()):  # the parser decides
-            line = buf[start:stop].tobytes().decode("utf-8", "replace")
-            try:
-                labels[row] = parse_label(line)[1]
-            except LineError as exc:
-                raise ValueError(f"{lines.where(lo + start - PAD)}: {exc}") from None
-            except OverflowError:
-                raise ValueError(
-                    f"{lines.where(lo + start - PAD)}: label outside the int64 range in line {quote(line)}"
-                ) from None
-        return _Part.of(labels)
+        found = block_labels(buf[:end], end, file_start=lo == 0)
+        _parse_others(buf, found, lambda row, start: lines.where(lo + start - PAD))
+        return _Part.of(found.labels)
 
     with ThreadPoolExecutor(THREADS) as pool:
         parsing: list[Future[_Part]] = []
@@ -563,28 +565,106 @@ def _label_grouping(lines: _Lines, place: Place) -> Grouping:
             for job in parsing:
                 job.cancel()
             raise
-        count = sum(p.perm.size for p in parts)
-        if count != lines.index.count:
-            raise MetaFileChangedError(lines.path, f"it holds {count:,} samples, its index {lines.index.count:,}")
-        keys = np.unique(np.concatenate([p.keys for p in parts]))
-        codes = [np.searchsorted(keys, p.keys) for p in parts]
-        totals = np.zeros(keys.size, np.int64)
-        for code, p in zip(codes, parts):
-            totals[code] += p.sizes  # a block's keys are distinct
-        group_bounds = _bounds(totals)
-        keys_list = keys.tolist()
-        order = place(keys_list, group_bounds)
-        cursor = group_bounds[:-1].copy()
-        placed: list[Future[None]] = []
-        base = 0
-        for code, p in zip(codes, parts):
-            placed.append(pool.submit(p.place, order, cursor[code], base))
-            cursor[code] += p.sizes
-            base += p.perm.size
-        del parts
-        for done in placed:
-            done.result()
+        return _merge(parts, lines.path, lines.index.count, place, pool)
+
+
+def _merge(parts: list[_Part], path: Path, count: int, place: Place, pool: ThreadPoolExecutor) -> Grouping:
+    """The grouping of the file whose blocks, in order, are ``parts``: each block's samples scattered
+    to their places (a stable counting sort over the blocks)."""
+    found = sum(p.perm.size for p in parts)
+    if found != count:
+        raise MetaFileChangedError(path, f"it holds {found:,} samples, its index {count:,}")
+    keys = np.unique(np.concatenate([p.keys for p in parts]))
+    codes = [np.searchsorted(keys, p.keys) for p in parts]
+    totals = np.zeros(keys.size, np.int64)
+    for code, p in zip(codes, parts):
+        totals[code] += p.sizes  # a block's keys are distinct
+    group_bounds = _bounds(totals)
+    keys_list = keys.tolist()
+    order = place(keys_list, group_bounds)
+    cursor = group_bounds[:-1].copy()
+    placed: list[Future[None]] = []
+    base = 0
+    for code, p in zip(codes, parts):
+        placed.append(pool.submit(p.place, order, cursor[code], base))
+        cursor[code] += p.sizes
+        base += p.perm.size
+    for done in placed:
+        done.result()
     return Grouping(keys_list, group_bounds, order)
+
+
+def _parse_others(buf: npt.NDArray[np.uint8], found: BlockLabels, where: Callable[[int, int], str]) -> None:
+    """Fill in the labels of the block's samples that are not of the common form (``found.todo``),
+    each by the label parser; ``where(row, start)`` names a line that has none."""
+    for row, start, stop in zip(found.todo.tolist(), found.starts.tolist(), found.ends.tolist()):
+        line = buf[start:stop].tobytes().decode("utf-8", "replace")
+        try:
+            found.labels[row] = parse_label(line)[1]
+        except LineError as exc:
+            raise ValueError(f"{where(row, start)}: {exc}") from None
+        except OverflowError:
+            raise ValueError(f"{where(row, start)}: label outside the int64 range in line {quote(line)}") from None
+
+
+class _ParquetLines:
+    """The rows of an indexed Parquet file (checked by :meth:`MetaFile.rows`), a row group at a time:
+    every row is a sample, its line the chosen columns joined by tabs, as the file reader gives it."""
+
+    def __init__(self, path: Path, index: Index, rows: ParquetRows) -> None:
+        self.path, self.index, self.rows = path, index, rows
+
+    def where(self, row: int) -> str:
+        return f"{self.path}, row {row}"
+
+    def text_blocks(self) -> Iterator[list[tuple[str, Callable[[], str]]]]:
+        """Each row group's rows as ``(text, where)``."""
+        bounds = self.rows.bounds.tolist()
+        for g, first in enumerate(bounds[:-1]):
+            data, offsets = self.rows.group(g)
+            cuts = offsets.tolist()
+            yield [
+                (data[a:b].decode("utf-8", "replace"), functools.partial(self.where, first + k))
+                for k, (a, b) in enumerate(itertools.pairwise(cuts))
+            ]
+
+    def labels(self, g: int) -> npt.NDArray[np.int64]:
+        """The label of every row of row group ``g``: in numpy as for text where each row is one
+        non-blank line (the rows put back to back, each with a newline), else row by row."""
+        data, offsets = self.rows.group_array(g)
+        first, n = int(self.rows.bounds[g]), offsets.size - 1
+        step = np.arange(n, dtype=np.int64)
+        if n and not bool(((data == _NEWLINE) | (data == _CR)).any()):
+            buf = np.empty(PAD + data.size + n, np.uint8)
+            buf[:PAD] = _NEWLINE
+            lengths = np.diff(offsets)
+            copy_rows(data, offsets[:-1], lengths, buf, PAD + offsets[:-1] + step)
+            buf[PAD + offsets[1:] + step] = _NEWLINE
+            found = block_labels(buf, buf.size, file_start=False)
+            if found.labels.size == n:  # no blank row (a text file would skip it; here it is a sample)
+                _parse_others(buf, found, lambda row, start: self.where(first + row))
+                return found.labels
+        rows = BlockLabels(np.empty(n, np.int64), step, offsets[:-1], offsets[1:])
+        _parse_others(data, rows, lambda row, start: self.where(first + row))
+        return rows.labels
+
+
+def _parquet_label_grouping(lines: _ParquetLines, place: Place) -> Grouping:
+    """Group a Parquet file's rows by label, a row group a block (decoded by pyarrow in this thread,
+    sorted by label in the pool)."""
+    with ThreadPoolExecutor(THREADS) as pool:
+        parsing: list[Future[_Part]] = []
+        try:
+            for g in range(len(lines.rows.bounds) - 1):
+                parsing.append(pool.submit(_Part.of, lines.labels(g)))
+                if len(parsing) > THREADS:
+                    parsing[-THREADS - 1].result()
+            parts = [job.result() for job in parsing]
+        except BaseException:
+            for job in parsing:
+                job.cancel()
+            raise
+        return _merge(parts, lines.path, lines.index.count, place, pool)
 
 
 @dataclass(frozen=True)
@@ -635,16 +715,14 @@ def each_line(meta_file: PathLike, desc: str) -> Iterator[tuple[str, Callable[[]
         yield from _texts(lines, desc)
 
 
-def _texts(lines: _Lines, desc: str) -> Iterator[tuple[str, Callable[[], str]]]:
+def _texts(lines: _Lines | _ParquetLines, desc: str) -> Iterator[tuple[str, Callable[[], str]]]:
     with progress_bar(lines.index.count, f"{desc} {lines.path}", unit="lines", min_total=1 << 16) as bar:
-        for _, base, buf, spans in lines.blocks():
-            data = buf.tobytes()
-            for start, end in spans.tolist():
-                yield data[start:end].decode("utf-8", "replace"), functools.partial(lines.where, base + start)
-            bar.update(len(spans))
+        for block in lines.text_blocks():
+            yield from block
+            bar.update(len(block))
 
 
-def _key_codes(lines: _Lines, key: Key) -> tuple[npt.NDArray[np.int64], list[Any]]:
+def _key_codes(lines: _Lines | _ParquetLines, key: Key) -> tuple[npt.NDArray[np.int64], list[Any]]:
     """For every sample, the number of its key in order of first appearance, and the keys."""
     codes = np.empty(lines.index.count, np.int64)
     number: dict[Any, int] = {}
