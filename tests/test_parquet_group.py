@@ -29,10 +29,12 @@ def _write(tmp_path: Path, columns: dict[str, list[object]], groups: int, name: 
     return parquet, text
 
 
-def _labelled(n: int) -> dict[str, list[object]]:
+def _labelled(n: int, label_type: str = "int") -> dict[str, list[object]]:
+    labels = [i * 7919 % 37 - (5 if i % 17 == 0 else 0) for i in range(n)]  # some negative
     return {
         "path": [f"train/n{i % 7:08d}/img_{i}{'_é' if i % 11 == 0 else ''}.JPEG" for i in range(n)],
-        "label": [i * 7919 % 37 - (5 if i % 17 == 0 else 0) for i in range(n)],  # some negative
+        # An integer column is read alone; a text one as the lines (parsed in numpy, as a text file's).
+        "label": labels if label_type == "int" else [f" {x}" if x % 3 == 0 else str(x) for x in labels],
     }
 
 
@@ -44,9 +46,10 @@ def _directory(line: str) -> str:
     return line.split("/")[1]
 
 
+@pytest.mark.parametrize("label_type", ["int", "str"])
 @pytest.mark.parametrize(("n", "groups"), [(1, 1), (700, 64), (6000, 1000), (6000, 100_000)])
-def test_group_by_and_ids_of_give_the_text_files_results(tmp_path: Path, n: int, groups: int) -> None:
-    parquet, text = _write(tmp_path, _labelled(n), groups)
+def test_group_by_and_ids_of_give_the_text_files_results(tmp_path: Path, n: int, groups: int, label_type: str) -> None:
+    parquet, text = _write(tmp_path, _labelled(n, label_type), groups)
     by_label = group_by(text)
     for _ in range(2):  # grouped, then from the cache
         assert _same(group_by(parquet), by_label)
@@ -73,11 +76,12 @@ def test_the_recipes_give_the_text_files_sources(tmp_path: Path) -> None:
     assert len(a) > 1
 
 
-def test_rows_a_text_file_would_split_or_skip_are_one_sample_each(tmp_path: Path) -> None:
+@pytest.mark.parametrize("label_type", ["int", "str"])
+def test_rows_a_text_file_would_split_or_skip_are_one_sample_each(tmp_path: Path, label_type: str) -> None:
     # A value holding a newline, a CR or a tab is still one row, one sample: numbered as the file
-    # reader numbers it, and labelled from the whole line, in the row group's slow path.
+    # reader numbers it, and labelled from the whole line (for a text label, row by row).
     n = 500
-    columns = _labelled(n)
+    columns = _labelled(n, label_type)
     columns["path"][10] = "two\nlines"
     columns["path"][11] = "cr\r"
     columns["path"][300] = "a\ttab"
@@ -86,7 +90,7 @@ def test_rows_a_text_file_would_split_or_skip_are_one_sample_each(tmp_path: Path
     groups = group_by(parquet)
     expected: dict[int, list[int]] = {}
     for i, label in enumerate(columns["label"]):
-        expected.setdefault(int(label), []).append(i)  # type: ignore[call-overload]
+        expected.setdefault(int(str(label)), []).append(i)
     assert {k: v.tolist() for k, v in groups.items()} == dict(sorted(expected.items()))
     assert ids_of(parquet, ["two\nlines"], key=lambda line: line.rsplit("\t", 1)[0]).tolist() == [10]
 
@@ -98,6 +102,15 @@ def test_a_row_without_a_label_is_named_by_file_and_row(tmp_path: Path, bad: str
     parquet = tmp_path / "bad.parquet"
     pq.write_table(pa.table(columns), parquet, row_group_size=64)
     with pytest.raises(ValueError, match=rf"^{parquet}, row 250: "):
+        group_by(parquet)
+
+
+def test_a_null_label_is_named_by_file_and_row(tmp_path: Path) -> None:
+    columns = _labelled(400)
+    columns["label"][123] = None  # the line ends with its tab: no label
+    parquet = tmp_path / "null.parquet"
+    pq.write_table(pa.table(columns), parquet, row_group_size=100)
+    with pytest.raises(ValueError, match=rf"^{parquet}, row 123: "):
         group_by(parquet)
 
 

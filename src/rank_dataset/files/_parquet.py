@@ -152,14 +152,39 @@ class ParquetRows:
         data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
         return data, offsets
 
-    def _decode(self, g: int) -> tuple[Any, Any, _IntArray]:
-        """Row group ``g``'s lines as an Arrow large string array, its data buffer and its offsets."""
-        pa, pc, _ = _pyarrow()
+    def last_integers(self, g: int) -> _IntArray | None:
+        """Row group ``g``'s values of the last chosen column, when they are every row's label: the
+        integer after the line's last run of whitespace (the ``"label"`` parser's). That is so where
+        there are two columns or more and the last holds integers (within int64), none null; else None.
+        Only that column is read."""
+        pa, _, _ = _pyarrow()
+        if len(self.columns) < 2:
+            return None
+        name = self.columns[-1]
+        typ = self._file.schema_arrow.field(name).type
+        if not pa.types.is_integer(typ):
+            return None
+        col = self._read(g, [name]).column(name)
+        if col.null_count or len(col) != self.bounds[g + 1] - self.bounds[g]:
+            return None
+        values: npt.NDArray[Any] = np.asarray(col.to_numpy())
+        if values.dtype == np.uint64 and values.size and int(values.max()) >= 1 << 63:
+            return None
+        labels: _IntArray = values.astype(np.int64, copy=False)
+        return labels
+
+    def _read(self, g: int, columns: list[str]) -> Any:
+        pa, _, _ = _pyarrow()
         try:
-            table = self._file.read_row_group(g, columns=list(self.columns))
+            return self._file.read_row_group(g, columns=columns)
         except (pa.ArrowInvalid, OSError) as exc:
             offset = self._file.metadata.row_group(g).column(0).data_page_offset
             raise CorruptMetaFileError(self.path, int(offset), f"its row group {g} cannot be read ({exc})") from None
+
+    def _decode(self, g: int) -> tuple[Any, Any, _IntArray]:
+        """Row group ``g``'s lines as an Arrow large string array, its data buffer and its offsets."""
+        pa, pc, _ = _pyarrow()
+        table = self._read(g, list(self.columns))
         fields = []
         for name in self.columns:
             col = table.column(name)

@@ -630,7 +630,11 @@ class _ParquetLines:
 
     def labels(self, g: int) -> npt.NDArray[np.int64]:
         """The label of every row of row group ``g``: in numpy as for text where each row is one
-        non-blank line (the rows put back to back, each with a newline), else row by row."""
+        non-blank line (the rows put back to back, each with a newline), else row by row; or, where
+        the last column holds them (integers, none null), that column alone."""
+        labels = self.rows.last_integers(g)
+        if labels is not None:
+            return labels
         data, offsets = self.rows.group_array(g)
         first, n = int(self.rows.bounds[g]), offsets.size - 1
         step = np.arange(n, dtype=np.int64)
@@ -650,13 +654,12 @@ class _ParquetLines:
 
 
 def _parquet_label_grouping(lines: _ParquetLines, place: Place) -> Grouping:
-    """Group a Parquet file's rows by label, a row group a block (decoded by pyarrow in this thread,
-    sorted by label in the pool)."""
+    """Group a Parquet file's rows by label, a row group a block (decoded and sorted by label in the pool)."""
     with ThreadPoolExecutor(THREADS) as pool:
         parsing: list[Future[_Part]] = []
         try:
-            for g in range(len(lines.rows.bounds) - 1):
-                parsing.append(pool.submit(_Part.of, lines.labels(g)))
+            for g in range(len(lines.rows.bounds) - 1):  # pyarrow releases the GIL: two row groups at once
+                parsing.append(pool.submit(lambda g: _Part.of(lines.labels(g)), g))
                 if len(parsing) > THREADS:
                     parsing[-THREADS - 1].result()
             parts = [job.result() for job in parsing]
