@@ -19,9 +19,16 @@ For each (every measurement in a fresh process, one after another):
 
 Then the share of the file that rank 0's build decompresses at larger W (``--far-worlds``).
 
+With ``--collective W`` (``--collective-only``: that alone), the collective reader on the text, gzip
+and zstd files: W gloo ranks on this machine, as ``bench_collective.py`` runs them (a cold start with
+no index cache, rank 0 making the index of a compressed file; then a set_epoch), beside the file
+reader; the bytes every rank read together (``read_chars``) against the file's size on disk. Results
+in ``formats_collective.md``.
+
 Usage:
     python benchmarks/bench_formats.py                     # N = 10M, W = 8
     python benchmarks/bench_formats.py --lines 200000 --out /tmp/results
+    python benchmarks/bench_formats.py --collective 8 --collective-only
 """
 
 from __future__ import annotations
@@ -220,13 +227,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=200_000, help="ds[i] calls timed (random i)")
     parser.add_argument("--data-dir", type=Path, default=None, help="where the files go (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--collective", type=int, default=0, metavar="W", help="the collective reader at W ranks too")
+    parser.add_argument("--collective-only", action="store_true", help="with --collective: that alone")
     args = parser.parse_args(argv)
     n, w = args.lines, args.world_size
+    if args.collective_only and not args.collective:
+        parser.error("--collective-only needs --collective W")
 
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_formats_", dir=args.data_dir) as tmp:
         work = Path(tmp)
         files = write_files(work, n)
+        if args.collective:
+            collective(files, n, args.collective, work, args.out)
+        if args.collective_only:
+            return 0
         for name, path in files.items():
             results[name] = {"size": path.stat().st_size}
         for name, path in files.items():
@@ -257,6 +272,67 @@ def main(argv: list[str] | None = None) -> int:
     rows = _table(results, n, w, args.far_worlds, text_size)
     save_results(args.out, "formats", rows, results, lambda path: _plot(results, w, path))
     return 0
+
+
+def collective(files: dict[str, Path], n: int, w: int, work: Path, out: Path) -> None:
+    """The collective reader beside the file reader at ``w`` ranks on each text file (formats_collective)."""
+    from bench_collective import run_world, summary
+
+    found: dict[str, dict[str, float]] = {}
+    for name in ("txt", "gz", "zst", "frames.zst"):
+        path = files[name]
+        cache = work / f"cache-collective-{name}"
+        cache.mkdir()
+        found[name] = {**summary(run_world(path, w, cache), path.stat().st_size), "size": path.stat().st_size}
+        shutil.rmtree(cache)
+        print(name, found[name], flush=True)
+    rows = [
+        f"# The collective reader on compressed meta files: {n:,} demo lines, W = {w}",
+        "",
+        "| file | size on disk | read per build, all ranks (x the file) | first build, with rank 0's index "
+        "| read per build, file reader | set_epoch, collective (s) | set_epoch, file (s) | collective / file "
+        "| cold start, collective (s) | cold start, file (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in found.items():
+        rows.append(
+            f"| .{name} | {s['size'] / 2**20:,.1f} MiB | {s['collective_read_x']:.3f}x | "
+            f"{s['collective_cold_read_x']:.2f}x | {s['file_read_x']:.2f}x | {s['collective_epoch']:.2f} | "
+            f"{s['file_epoch']:.2f} | {s['collective_epoch'] / s['file_epoch']:.2f}x | {s['collective_cold']:.2f} | "
+            f"{s['file_cold']:.2f} |"
+        )
+    rows += [
+        "",
+        f"{w} gloo ranks on this machine, run as `bench_collective.py` runs them (its notes apply: times are the "
+        "slowest rank's, every rank shares 2 cores). Read: `read_chars` of every rank together against the file's "
+        "size on disk (compressed bytes, for a compressed file). A compressed file's slices start at its "
+        "checkpoints (every 4 MiB of text: gzip's from its index, zstd's frame starts), so each rank "
+        "decompresses its own slice; a file of one zstd frame has one checkpoint, and one rank decompresses "
+        "all of it for every build. The first build: rank 0 makes the index of a compressed file (one "
+        "decompression) while the others wait, then every rank counts its slice's lines and serves the "
+        "exchange. The file reader's ranks each decompress the spans that hold their lines.",
+        "",
+        f"Command: `python benchmarks/bench_formats.py --lines {n} --collective {w} --collective-only`",
+        "",
+        machine_info(),
+    ]
+
+    def plot(png: Path) -> None:
+        plt = plotting()
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        names = list(found)
+        x = range(len(names))
+        ax.bar([i - 0.2 for i in x], [found[k]["collective_read_x"] for k in names], 0.4, label="collective")
+        ax.bar([i + 0.2 for i in x], [found[k]["file_read_x"] for k in names], 0.4, label="file")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xticks(list(x), [f".{k}" for k in names])
+        ax.set_ylabel(f"bytes read per build, {w} ranks / file size")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(png, dpi=120)
+        plt.close(fig)
+
+    save_results(out, "formats_collective", rows, {"lines": n, "world": w, "files": found}, plot)
 
 
 def _table(results: dict[str, dict[str, Any]], n: int, w: int, far: list[int], text_size: int) -> list[str]:

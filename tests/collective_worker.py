@@ -1,7 +1,7 @@
 """Run by test_collective.py under torchrun: one rank of a gloo job comparing the collective reader's
 shards with the file reader's (``identity``), serving DataLoader workers (``workers``), counting the
 bytes it reads (``io``), or meeting a fault (``fault-*``); with ``+rounds``, the exchange in rounds
-of about 1 KiB."""
+of about 1 KiB; with ``+spacing``, compressed files' checkpoints every 64 KiB of text."""
 
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def compare(name: str, meta: Any, steps: list[tuple[int, int]], result: dict[str
         i = int(coll.indices[-1])
         same = same and coll.reader.where(i) == file_ds.reader.where(i)
     result[name] = same
+    result.setdefault("slices", [int(s) for s in coll.reader._owned[1:] - coll.reader._owned[:-1]])
     coll.close()
 
 
@@ -175,6 +176,14 @@ def write_rank_result_plain(d: Path, rank: int, result: dict[str, Any]) -> None:
 
 
 def main(mode: str, d: str) -> None:
+    if mode.endswith("+spacing"):
+        # Checkpoints of compressed files every 64 KiB of text (4 MiB otherwise): the test files'
+        # indexes (made here, by rank 0) hold several, and the slices start at them.
+        from rank_dataset.files.formats import Decompression
+
+        assert Decompression.__init__.__kwdefaults__ is not None
+        Decompression.__init__.__kwdefaults__["spacing"] = 64 << 10
+        mode = mode.removesuffix("+spacing")
     if mode.endswith("+rounds"):
         # Rounds of about 1 KiB of lines: the test files' exchanges take dozens of rounds, each window
         # of a slice read, checked and served on its own.

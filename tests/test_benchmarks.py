@@ -84,6 +84,13 @@ CASES = [
         ("formats.png", True),
     ),
     (
+        "formats",
+        ["--lines", "20000", "--collective", "2", "--collective-only"],
+        "formats_collective.md",
+        ["| .gz |", "| .frames.zst |", "read per build, all ranks"],
+        ("formats_collective.png", True),
+    ),
+    (
         "failures",
         ["--lines", "4000", "--rounds", "1", "--workers", "1"],
         "failures.md",
@@ -107,7 +114,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "args", "table", "holds", "plot"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "args", "table", "holds", "plot"),
+    CASES,
+    ids=[c[0] + ("-" + c[2][:-3] if c[2][:-3] != c[0] else "") for c in CASES],
+)
 def test_bench_smoke(
     tmp_path: Path, name: str, args: list[str], table: str, holds: list[str], plot: tuple[str, bool] | None
 ) -> None:

@@ -4,12 +4,15 @@ method, the bytes it reads, and faults (every rank ends with the same clear erro
 
 from __future__ import annotations
 
+import gzip
 import json
+import random
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zstandard
 
 from rank_dataset import RankDataset
 from tests_helpers import torchrun_cmd, worker_env
@@ -30,6 +33,23 @@ def write_files(d: Path, n: int = 3000) -> None:
     (d / "a.txt").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
     (d / "b.txt").write_text("".join(f"b_{i} 1\n" for i in range(41)))
     (d / "c.txt").write_text("\n\nc_0 2\n  \nc_1 3\nc_2 4")  # no final newline
+
+
+def compress(path: Path, fmt: str, *, frame: int = 32 << 10) -> None:
+    """Rewrite ``path`` compressed under the same name (the format is told by content): ``gz`` one gzip
+    member, ``gz-members`` a member per ``frame`` bytes of text (as BGZF), ``zst`` a zstd frame per
+    ``frame`` bytes, ``zst-one`` one zstd frame."""
+    raw = path.read_bytes()
+    pieces = [raw[i : i + frame] for i in range(0, len(raw), frame)] or [b""]
+    if fmt == "gz":
+        out = gzip.compress(raw, 6)
+    elif fmt == "gz-members":
+        out = b"".join(gzip.compress(p, 6) for p in pieces)
+    elif fmt == "zst":
+        out = b"".join(zstandard.ZstdCompressor(level=3).compress(p) for p in pieces)
+    else:
+        out = zstandard.ZstdCompressor(level=3).compress(raw)
+    path.write_bytes(out)
 
 
 def run(mode: str, w: int, d: Path, *, check: bool = True) -> list[dict[str, Any]]:
@@ -58,6 +78,25 @@ def test_shards_are_the_file_readers_byte_for_byte(tmp_path: Path, w: int, round
         assert res["resume_next"] is True
 
 
+@pytest.mark.parametrize(("fmt", "w"), [("gz", 3), ("gz-members", 2), ("zst", 3), ("zst-one", 2)])
+def test_compressed_files_shards_are_the_file_readers_byte_for_byte(tmp_path: Path, fmt: str, w: int) -> None:
+    # a.txt and b.txt compressed (under their names: the format is told by content), c.txt plain; the
+    # checkpoints every 64 KiB of text, so that a.txt's slices (of 0.5 MB) start at several of them.
+    write_files(tmp_path, 20_000)
+    compress(tmp_path / "a.txt", fmt)
+    compress(tmp_path / "b.txt", "gz" if fmt.startswith("zst") else "zst")
+    results = run("identity+spacing", w, tmp_path)
+    for res in results:
+        for case in ["plain", "mini_epochs", "eval", "files", "mix_schedule", "subsets", "class_balanced", "exclude"]:
+            assert res[case] is True, (res["rank"], case, fmt)
+    assert results[0]["resume_group"] == [max(1, w - 1), True]
+    slices = results[0]["slices"]  # samples each rank's slice of a.txt holds (cut at checkpoints)
+    if fmt == "zst-one":  # one frame is one checkpoint: rank 0 reads it all
+        assert max(slices) >= 20_000, slices
+    else:
+        assert min(slices) > 0, slices
+
+
 def test_persistent_workers_under_every_start_method(tmp_path: Path) -> None:
     write_files(tmp_path)
     results = run("workers", 2, tmp_path)
@@ -81,6 +120,23 @@ def test_a_build_reads_the_files_about_once_across_the_ranks(tmp_path: Path, w: 
         later = sum(r["later"][build] for r in results)
         assert later <= 1.05 * size + w * (1 << 20), (later / size, w)
         assert later >= size  # every byte of the file was read (by one rank)
+
+
+@pytest.mark.parametrize("fmt", ["gz", "gz-members", "zst"])
+def test_a_build_of_a_compressed_file_reads_it_about_once_across_the_ranks(tmp_path: Path, fmt: str) -> None:
+    # Compressed bytes read (read_chars) by every rank together: each rank decompresses its own slice,
+    # from the checkpoint it starts at, and the few bytes past its end that finish its last line
+    # (which may cost a read of the decoder's, 64 KiB for gzip, 128 KiB for zstd).
+    rng = random.Random(0)
+    big = tmp_path / "big.txt"
+    big.write_text("".join(f"train/{rng.getrandbits(64):016x}/img_{i}.JPEG {i % 1000}\n" for i in range(100_000)))
+    compress(big, fmt, frame=256 << 10)
+    w = 4
+    results = run("io+spacing", w, tmp_path)
+    size = results[0]["size"]
+    for build in range(2):
+        later = sum(r["later"][build] for r in results)
+        assert size <= later <= 1.05 * size + w * (128 << 10), (later / size, fmt)
 
 
 def test_reader_collective_needs_a_process_group(tmp_path: Path) -> None:
@@ -121,6 +177,28 @@ def test_a_file_changed_under_a_slice_is_the_same_error_on_every_rank(tmp_path: 
     errors = fault_run("changed" + ("+rounds" if rounds else ""), 3, tmp_path)
     assert len(set(errors)) == 1, errors
     assert errors[0].startswith(f"MetaFileChangedError: meta file {tmp_path / 'a.txt'} changed: it was modified")
+
+
+@pytest.mark.parametrize("fmt", ["gz", "zst"])
+def test_a_compressed_file_changed_or_corrupt_is_the_same_error_on_every_rank(tmp_path: Path, fmt: str) -> None:
+    write_files(tmp_path, 20_000)
+    a = tmp_path / "a.txt"
+    compress(a, fmt)
+    errors = fault_run("changed+spacing", 3, tmp_path)
+    assert len(set(errors)) == 1, errors
+    assert errors[0].startswith(f"MetaFileChangedError: meta file {a} changed: it was modified"), errors
+    for r in range(3):
+        (tmp_path / f"result.{r}.json").unlink()
+    # Corrupt from the start: the index (made by rank 0, one decompression) finds it, and every rank
+    # ends with its error, naming the file and the compressed offset.
+    write_files(tmp_path, 20_000)
+    compress(a, fmt)
+    data = bytearray(a.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 16] = bytes(16)
+    a.write_bytes(bytes(data))
+    errors = fault_run("corrupt+spacing", 3, tmp_path)
+    assert len(set(errors)) == 1, errors
+    assert errors[0].startswith(f"CorruptMetaFileError: meta file {a} cannot be decoded at compressed byte "), errors
 
 
 @pytest.mark.parametrize("rounds", [False, True])

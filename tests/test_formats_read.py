@@ -164,12 +164,3 @@ def test_group_by_reads_a_compressed_file_and_a_parquet_file(tmp_path: Path) -> 
     pq.write_table(pa.table({"path": ["a.jpg", "b.jpg"], "label": [0, 1]}), q)
     assert MetaFile(q)[1] == "b.jpg\t1"
     assert {k: v.tolist() for k, v in group_by(q).items()} == {0: [0], 1: [1]}
-
-
-def test_the_collective_reader_refuses_a_compressed_file(tmp_path: Path) -> None:
-    from rank_dataset import RankDataset
-
-    p = tmp_path / "meta.txt.zst"
-    p.write_bytes(zstandard.ZstdCompressor().compress(b"a.jpg 0\nb.jpg 1\n"))
-    with pytest.raises(ValueError, match=r"meta\.txt\.zst is zstd: reader='collective' reads plain text meta files"):
-        RankDataset(p, reader="collective")

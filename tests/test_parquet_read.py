@@ -248,5 +248,6 @@ def test_the_collective_reader_refuses_a_parquet_file(tmp_path: Path) -> None:
     from rank_dataset import RankDataset
 
     parquet, _ = _write_pair(tmp_path, 10, 5, ["path"])
-    with pytest.raises(ValueError, match=r"\.parquet is parquet: reader='collective' reads plain text meta files"):
+    refused = r"\.parquet is a Parquet file: reader='collective' reads text meta files \(plain, gzip or zstd\)"
+    with pytest.raises(ValueError, match=refused):
         RankDataset(parquet, reader="collective")

@@ -31,6 +31,9 @@ __all__ = ["Reader", "members", "stream"]
 
 _IntArray = npt.NDArray[np.int64]
 _PIECE = 1 << 20  # compressed bytes handed to zlib at a time
+# Compressed bytes indexed_gzip reads at a time from a checkpoint (its default, 1 MiB, is what a read
+# of a few lines past a slice's end would cost the collective reader: 2x a gzip file at W = 4).
+_READBUF = 64 << 10
 # indexed_gzip's exported index: "GZIDX", version, flags, compressed size, uncompressed size,
 # spacing, window size, points; then per point: compressed offset, uncompressed offset, bits, has data.
 _IDX_HEAD = struct.Struct("<5sBBQQIII")
@@ -217,7 +220,7 @@ class Reader:
     def __init__(self, path: Path, fd: int, points: _IntArray, state: bytes) -> None:
         self._path, self._points = path, points
         self._end = -1  # where the last read stopped
-        self._raw, self._gz = _open(fd, auto_build=False)
+        self._raw, self._gz = _open(fd, auto_build=False, readbuf_size=_READBUF)
         try:
             self._gz.raw.import_index(fileobj=io.BytesIO(state))
         except BaseException as exc:

@@ -34,21 +34,28 @@ import numpy.typing as npt
 
 from rank_dataset.core.checks import meta_path
 from rank_dataset.core.shard import Shard, ShardWriter, copy_rows, offset_dtype
-from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.index import FileKey
+from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
+from rank_dataset.files.formats import Checkpoints, Format, detect_path
+from rank_dataset.files.index import FileKey, load_index, read_checkpoints
 from rank_dataset.files.scan import NEWLINE, scan_buffer
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
+from rank_dataset.shards._text import READ, Reading, Text, chunks, open_checked
 from rank_dataset.shards.reader import SampledReader
 
-__all__ = ["CollectiveError", "CollectiveReader"]
+__all__ = ["PARQUET_REFUSED", "CollectiveError", "CollectiveReader"]
 
-_READ = 16 << 20  # bytes per sequential read of a slice, counting its lines
+#: Why a Parquet meta file is refused (``path`` to fill in).
+PARQUET_REFUSED = (
+    "{path} is a Parquet file: reader='collective' reads text meta files (plain, gzip or zstd), not yet "
+    "Parquet ones; use reader='file', which reads it in place"
+)
+
 _ROUND = 4 << 20  # bytes of lines an owner reads and serves in a round of the exchange
 _PROBE = 4096  # bytes first looked at to find where a slice starts (doubled until a newline is found)
 _FINGERPRINT_BYTES = 1 << 16  # as MetaFile's fingerprint: each file's first and last 64 KiB
-_OK, _CHANGED, _NOT_UTF8 = 0, 1, 2
+_OK, _CHANGED, _NOT_UTF8, _CORRUPT = 0, 1, 2, 3
 _HEAD = 1  # bytes of status ahead of each owner's lines to each rank, in every round
 
 Agree = Callable[[Mapping[str, object], Any], None]
@@ -71,7 +78,20 @@ class _Failure(Exception):
 def _error(kind: int, args: Sequence[str]) -> Exception:
     if kind == _CHANGED:
         return MetaFileChangedError(args[0], args[1])
+    if kind == _CORRUPT:
+        return CorruptMetaFileError(args[0], int(args[1]), args[2])
     return ValueError(args[0])
+
+
+def _failure(exc: Exception) -> _Failure | None:
+    """What a rank tells the others of an error met reading its slice (None: not one to tell)."""
+    if isinstance(exc, MetaFileChangedError):
+        return _Failure(_CHANGED, (str(exc.path), exc.what))
+    if isinstance(exc, CorruptMetaFileError):
+        return _Failure(_CORRUPT, (str(exc.path), str(exc.offset), exc.what))
+    if isinstance(exc, ValueError):
+        return _Failure(_NOT_UTF8, (str(exc),))
+    return None
 
 
 class CollectiveReader(SampledReader):
@@ -114,6 +134,7 @@ class CollectiveReader(SampledReader):
             raise ValueError("no meta files given: give at least one")
         self._timeout = timeout
         self._epoch: int | None = None  # named in a collective's error
+        self._readings: dict[int, Reading] = {}  # a build's, by file
         #: What the last build (or the making, before one) cost this rank: bytes of the files read, and
         #: bytes sent and received in its exchange (requests, lengths, lines).
         self.stats = {"read": 0, "sent": 0, "received": 0}
@@ -128,18 +149,37 @@ class CollectiveReader(SampledReader):
 
     def _setup(self, sources: Sequence[Source] | None, agree: Agree | None) -> None:
         keys = [FileKey.of(os.stat(p)) for p in self.paths]
+        formats = [detect_path(p) for p in self.paths]
+        for path, fmt in zip(self.paths, formats):
+            if fmt is Format.PARQUET:
+                raise ValueError(PARQUET_REFUSED.format(path=path))
         if agree is not None:
             with self._collective("the agreement check"):
-                agree({"reader": "collective", "files": len(keys), "sizes": tuple(k.size for k in keys)}, self.group)
+                fields = {"reader": "collective", "files": len(keys), "sizes": tuple(k.size for k in keys)}
+                agree({**fields, "formats": tuple(f.value for f in formats)}, self.group)
         self._keys = keys
-        sizes = np.array([k.size for k in keys], np.int64)
-        self._file_offsets = np.concatenate([[0], np.cumsum(sizes)])  # global byte offset of each file
+        self._texts = self._checkpointed([Text(p, k) for p, k in zip(self.paths, keys)], formats)
+        sizes = np.array([t.size for t in self._texts], np.int64)
+        self._file_offsets = np.concatenate([[0], np.cumsum(sizes)])  # global text offset of each file
         total, w = int(self._file_offsets[-1]), self.world_size
-        lo, hi = (self._cut(total * r // w) for r in (self.rank, self.rank + 1))
-        counts, starts, lengths = self._count(lo, hi)
-        self.stats["read"] = hi - lo
-        # One all-gather: each rank's slice [lo, hi) and its samples and newlines in each file.
-        table = self._all_gather(np.concatenate([[lo, hi], counts.reshape(-1)]), "the count of lines")
+        failure = None
+        try:
+            lo, hi = (self._cut(total * r // w) for r in (self.rank, self.rank + 1))
+            counts, starts, lengths = self._count(lo, hi)
+        except Exception as exc:  # told to every rank by the all-gather, then raised on each
+            failure = _failure(exc)
+            if failure is None:
+                raise
+            lo = hi = 0
+            counts = np.zeros((2, len(keys)), np.int64)
+            starts = lengths = np.zeros(0, np.int64)
+        self.stats["read"] = self._read_bytes(lo, hi)
+        # One all-gather: each rank's slice [lo, hi), its samples and newlines in each file, and
+        # whether it could count them.
+        mine = np.concatenate([[lo, hi], counts.reshape(-1), [failure is not None]])
+        table = self._all_gather(mine, "the count of lines")
+        self._check_status(table[:, -1], failure)
+        table = table[:, :-1]
         self._cuts = np.concatenate([table[:, 0], table[-1:, 1]])
         per = table[:, 2:].reshape(w, 2, len(keys))
         self._samples, self._newlines = per[:, 0, :], per[:, 1, :]  # (rank, file)
@@ -163,6 +203,33 @@ class CollectiveReader(SampledReader):
         self._rounds = max(1, -(-int(held.max()) // self._per_round))
         self._fingerprint, self._file_fingerprints = self._fingerprints(file_samples)
         self._sample(self._bounds.total, self._bounds.starts, sources, None)
+
+    def _checkpointed(self, texts: list[Text], formats: list[Format]) -> list[Text]:
+        """``texts``, those of gzip and zstd files with their checkpoints: rank 0 loads them from each
+        file's index (which it makes if there is none: one decompression of the file per job) and
+        sends them to every rank, or the error it met."""
+        if not any(f.compressed for f in formats):
+            return texts
+        found: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                found[0] = [
+                    _checkpoints(t.path, t.key).to_bytes() if f.compressed else None for t, f in zip(texts, formats)
+                ]
+            except (OSError, ValueError) as exc:
+                found[0] = exc
+        import torch.distributed as dist
+
+        with self._collective("the checkpoints"):
+            dist.broadcast_object_list(found, group_src=0, group=self.group)
+        if isinstance(found[0], BaseException):
+            raise found[0]
+        got: list[bytes | None] = found[0]
+        return [t if raw is None else Text(t.path, t.key, Checkpoints.from_bytes(raw)) for t, raw in zip(texts, got)]
+
+    def _read_bytes(self, lo: int, hi: int) -> int:
+        """Bytes of the files (compressed ones of a compressed file) that reading text ``[lo, hi)`` takes."""
+        return sum(self._texts[f].compressed(a, b) for f, a, b in self._my_pieces(lo, hi))
 
     # -- the ShardReader protocol ------------------------------------------------------------------
 
@@ -238,35 +305,51 @@ class CollectiveReader(SampledReader):
             item_at = np.empty(item_lengths.size, np.int64)  # where each item is in its round's lines
         asked_at, counts_at = _starts_of(asked), _starts_of(counts)
         self._seen = np.zeros(len(self.paths), np.int64)
-        for k in range(rounds):
-            # The owners read and serve the samples of round k, each part of what it sends headed by
-            # its status: every rank learns from the lines themselves whether every owner served
-            # them as counted, before it packs any.
-            send, send_bytes, failure = self._serve(k, requests[_ranges(asked_at[:, k], asked[:, k])], asked[:, k])
-            idx = order[_ranges(counts_at[:, k], counts[:, k])]
-            lengths = item_lengths[idx].astype(np.int64)
-            got_bytes = _split_sums(lengths, counts[:, k]) + _HEAD
-            got = self._all_to_all(send, send_bytes, "the lines", out_splits=got_bytes)
-            sent, received = sent + send.nbytes, received + got.nbytes
-            del send
-            self._check_status(got[_exclusive(got_bytes)], failure)
-            # Where each line is in what arrived: back to back after its owner's header.
-            at = _exclusive(lengths) + _HEAD * np.repeat(np.arange(1, w + 1, dtype=np.int64), counts[:, k])
-            if inverse is None:  # item i is row i
-                copy_rows(got, at, lengths, writer.data, writer.bounds[idx])
-            else:
-                item_at[idx] = at
-                rows = by_round[round_cuts[k] : round_cuts[k + 1]]
-                copy_rows(got, item_at[inverse[rows]], row_lengths[rows], writer.data, writer.bounds[rows])
-            del got, idx, lengths, at
+        try:
+            for k in range(rounds):
+                # The owners read and serve the samples of round k, each part of what it sends headed by
+                # its status: every rank learns from the lines themselves whether every owner served
+                # them as counted, before it packs any.
+                send, send_bytes, failure = self._serve(k, requests[_ranges(asked_at[:, k], asked[:, k])], asked[:, k])
+                idx = order[_ranges(counts_at[:, k], counts[:, k])]
+                lengths = item_lengths[idx].astype(np.int64)
+                got_bytes = _split_sums(lengths, counts[:, k]) + _HEAD
+                got = self._all_to_all(send, send_bytes, "the lines", out_splits=got_bytes)
+                sent, received = sent + send.nbytes, received + got.nbytes
+                del send
+                self._check_status(got[_exclusive(got_bytes)], failure)
+                # Where each line is in what arrived: back to back after its owner's header.
+                at = _exclusive(lengths) + _HEAD * np.repeat(np.arange(1, w + 1, dtype=np.int64), counts[:, k])
+                if inverse is None:  # item i is row i
+                    copy_rows(got, at, lengths, writer.data, writer.bounds[idx])
+                else:
+                    item_at[idx] = at
+                    rows = by_round[round_cuts[k] : round_cuts[k + 1]]
+                    copy_rows(got, item_at[inverse[rows]], row_lengths[rows], writer.data, writer.bounds[rows])
+                del got, idx, lengths, at
+        finally:
+            self._close_readings()
         self.stats = {
-            "read": int(self._cuts[self.rank + 1] - self._cuts[self.rank]),
+            "read": self._read_bytes(int(self._cuts[self.rank]), int(self._cuts[self.rank + 1])),
             "sent": int(sent),
             "received": int(received),
         }
         if writer.ids is not None and ids is not None:
             writer.ids[:] = ids
         return writer.finish()
+
+    def _reading(self, f: int) -> Reading:
+        """File ``f``'s reading for this build: opened at its first use, closed as the build ends (a
+        compressed file's decoder goes on from round to round)."""
+        reading = self._readings.get(f)
+        if reading is None:
+            reading = self._readings[f] = self._texts[f].reading()
+        return reading
+
+    def _close_readings(self) -> None:
+        readings, self._readings = self._readings, {}
+        for reading in readings.values():
+            reading.close()
 
     def where(self, sample: int) -> str:
         """``path:line`` of global sample ``sample`` (found by reading the slice that holds it)."""
@@ -277,15 +360,15 @@ class CollectiveReader(SampledReader):
         line = int(self._newlines[:owner, file].sum())
         lo, hi = self._piece(owner, file)
         try:
-            with _open(path, self._keys[file]) as fd:
-                for buf, offset, last in _chunks(fd, path, lo, hi, self._keys[file].size):
+            with self._texts[file].open() as reading:
+                for buf, offset, last in chunks(reading, lo, hi):
                     chunk = scan_buffer(buf, offset, last)
                     if k < chunk.starts.size:
                         start = int(chunk.starts[k]) - offset
                         return f"{path}:{line + int(np.count_nonzero(buf[:start] == NEWLINE)) + 1}"
                     k -= chunk.starts.size
                     line += chunk.newlines
-        except (OSError, MetaFileChangedError):
+        except (OSError, MetaFileChangedError, CorruptMetaFileError):
             pass
         return f"{path}, sample {local} of the file"
 
@@ -313,27 +396,31 @@ class CollectiveReader(SampledReader):
         if x >= offsets[-1]:
             return int(offsets[-1])
         f = int(np.searchsorted(offsets, x, side="right")) - 1
-        local = x - int(offsets[f])
+        text = self._texts[f]
+        local = text.snap(x - int(offsets[f]))
         if local == 0:
-            return x
-        size, path = self._keys[f].size, self.paths[f]
-        pos, step = local - 1, _PROBE
-        with _open(path, self._keys[f]) as fd:
+            return int(offsets[f])
+        # A plain file's slice starts after the first newline at or after local - 1 (at local itself
+        # where a line starts there); a compressed one's after the first at or after its checkpoint,
+        # so that finding it decompresses from there, not from the checkpoint before.
+        size, path = text.size, self.paths[f]
+        pos, step = (local if text.checkpoints is not None else local - 1), _PROBE
+        with text.open() as reading:
             while pos < size:
-                piece = os.pread(fd, min(step, size - pos), pos)
+                piece = reading.read(pos, step)
                 if not piece:
                     raise MetaFileChangedError(path, "it shrank while being read")
                 hit = piece.find(b"\n")
                 if hit >= 0:
                     return int(offsets[f]) + pos + hit + 1
                 pos += len(piece)
-                step = min(2 * step, _READ)
+                step = min(2 * step, READ)
         return int(offsets[f + 1])
 
     def _piece(self, rank: int, file: int) -> tuple[int, int]:
         """``(lo, hi)``: the bytes of ``file`` in ``rank``'s slice (empty: lo == hi)."""
         start = int(self._file_offsets[file])
-        size = self._keys[file].size
+        size = self._texts[file].size
         lo = min(max(int(self._cuts[rank]) - start, 0), size)
         hi = min(max(int(self._cuts[rank + 1]) - start, 0), size)
         return lo, max(lo, hi)
@@ -342,7 +429,7 @@ class CollectiveReader(SampledReader):
         """``(file, a, b)`` of each file's bytes ``[a, b)`` in the global range ``[lo, hi)``."""
         for f in range(len(self.paths)):
             start = int(self._file_offsets[f])
-            a, b = max(lo - start, 0), min(hi - start, self._keys[f].size)
+            a, b = max(lo - start, 0), min(hi - start, self._texts[f].size)
             if a < b:
                 yield f, a, b
 
@@ -354,10 +441,9 @@ class CollectiveReader(SampledReader):
         starts: list[npt.NDArray[Any]] = [np.zeros(0, dtype)]
         lengths: list[npt.NDArray[Any]] = [np.zeros(0, dtype)]
         for f, a, b in self._my_pieces(lo, hi):
-            path, key = self.paths[f], self._keys[f]
             base = int(self._file_offsets[f]) - lo
-            with _open(path, key) as fd:
-                for buf, offset, last in _chunks(fd, path, a, b, key.size):
+            with self._texts[f].open() as reading:
+                for buf, offset, last in chunks(reading, a, b):
                     chunk = scan_buffer(buf, offset, last)
                     counts[0, f] += chunk.starts.size
                     counts[1, f] += chunk.newlines
@@ -373,7 +459,7 @@ class CollectiveReader(SampledReader):
                 part = struct.pack("<qq", count, key.size)
                 if key.size:
                     n = min(key.size, _FINGERPRINT_BYTES)
-                    with _open(path, key) as fd:
+                    with open_checked(path, key) as fd:
                         part += _pread(fd, path, 0, n) + _pread(fd, path, key.size - n, n)
                 whole.update(part)
                 each.append(hashlib.sha256(part).hexdigest()[:32])
@@ -419,10 +505,9 @@ class CollectiveReader(SampledReader):
             copy_rows(buf, at, lengths, send, dst)
             if not ascii_:
                 _check_utf8(send, dst, lengths, lambda r: self._line_of(buf, parts, int(at[r])))
-        except MetaFileChangedError as exc:
-            failure = _Failure(_CHANGED, (str(exc.path), exc.what))
-        except ValueError as exc:
-            failure = _Failure(_NOT_UTF8, (str(exc),))
+        except (MetaFileChangedError, ValueError) as exc:  # a CorruptMetaFileError is a ValueError
+            failure = _failure(exc)
+            assert failure is not None
         else:
             return send, sizes, None
         send[:] = 0
@@ -439,12 +524,13 @@ class CollectiveReader(SampledReader):
         buf = np.empty(hi - lo, np.uint8)
         parts, ascii_, done = [], True, first
         for f, a, b in self._my_pieces(base + lo, base + hi):
-            path, key = self.paths[f], self._keys[f]
+            path = self.paths[f]
             at = int(self._file_offsets[f]) + a - base - lo  # where the file's part starts in buf
             piece = buf[at : at + b - a]
-            with _open(path, key) as fd:
-                _read_into(fd, path, piece, a)
-            chunk = scan_buffer(piece, a, b == key.size)
+            reading = self._reading(f)
+            reading.read_into(piece, a)
+            reading.check()
+            chunk = scan_buffer(piece, a, b == self._texts[f].size)
             m = chunk.starts.size
             shift = int(self._file_offsets[f]) - base
             if not (
@@ -472,7 +558,7 @@ class CollectiveReader(SampledReader):
         f, start, before = next(p for p in reversed(parts) if p[1] <= at)
         return f"{self.paths[f]}:{before + int(np.count_nonzero(buf[start:at] == NEWLINE)) + 1}"
 
-    def _check_status(self, status: npt.NDArray[np.uint8], failure: _Failure | None) -> None:
+    def _check_status(self, status: npt.NDArray[Any], failure: _Failure | None) -> None:
         """Raise, on every rank alike, the error of the first owner whose status (``status[r]``: the
         byte rank ``r`` headed its lines with, the same to every rank) says it could not serve its
         slice as counted; its lines are then never packed."""
@@ -636,31 +722,19 @@ def _split_sums(lengths: npt.NDArray[np.int64], splits: npt.NDArray[np.int64]) -
     return sums
 
 
-@contextlib.contextmanager
-def _open(path: Path, key: FileKey) -> Iterator[int]:
-    """A descriptor of ``path``, checked against ``key`` on entry and once the reading is done."""
+def _checkpoints(path: Path, key: FileKey) -> Checkpoints:
+    """The checkpoints of the compressed file ``path`` from its index (made if there is none), which
+    must be of the file ``key`` describes."""
+    index = load_index(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise MetaFileChangedError(path, "it was deleted or moved") from None
-    try:
-        _check(path, key, os.fstat(fd))
-        yield fd
-        _check(path, key, os.fstat(fd))
-        try:
-            now = os.stat(path)
-        except FileNotFoundError:
-            raise MetaFileChangedError(path, "it was deleted or moved") from None
-        _check(path, key, now)
-    finally:
-        os.close(fd)
-
-
-def _check(path: Path, key: FileKey, st: os.stat_result) -> None:
-    if not key.matches(st):
-        what = key.change(FileKey.of(st))
-        if what is not None:
-            raise MetaFileChangedError(path, what)
+        checkpoints = read_checkpoints(index)
+    except LookupError:  # the cache was removed or replaced meanwhile: the file's index as it is now
+        index = load_index(path, rebuild=True)
+        checkpoints = read_checkpoints(index)
+    what = key.change(index.key)
+    if what is not None:
+        raise MetaFileChangedError(path, what)
+    return checkpoints
 
 
 def _pread(fd: int, path: Path, offset: int, count: int) -> bytes:
@@ -668,53 +742,6 @@ def _pread(fd: int, path: Path, offset: int, count: int) -> bytes:
     if len(raw) < count:
         raise MetaFileChangedError(path, "it shrank while being read")
     return raw
-
-
-def _read_into(fd: int, path: Path, buf: npt.NDArray[np.uint8], offset: int) -> None:
-    """Fill ``buf`` from byte ``offset`` of the file."""
-    view, done = buf.data, 0
-    while done < buf.size:
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got == 0:
-            raise MetaFileChangedError(path, "it shrank while being read")
-        done += got
-
-
-def _chunks(fd: int, path: Path, lo: int, hi: int, size: int) -> Iterator[tuple[npt.NDArray[np.uint8], int, bool]]:
-    """``(buf, offset, last)``: bytes ``[lo, hi)`` of the file, ``_READ`` bytes a read, in pieces that
-    each end at a line boundary (``last``: the piece ends the file, so bytes after its final newline
-    form a line). ``lo`` starts a line; ``hi`` ends one or the file."""
-    carry: npt.NDArray[np.uint8] = np.zeros(0, np.uint8)
-    pos = lo
-    while pos < hi:
-        n = min(_READ, hi - pos)
-        buf = np.empty(carry.size + n, np.uint8)
-        buf[: carry.size] = carry
-        view = buf.data[carry.size :]
-        done = 0
-        while done < n:
-            got = os.preadv(fd, [view[done:]], pos + done)
-            if got == 0:
-                raise MetaFileChangedError(path, "it shrank while being read")
-            done += got
-        start, pos = pos - carry.size, pos + n
-        if pos >= hi:
-            yield buf, start, hi == size
-            return
-        cut = _last_newline(buf)
-        if cut < 0:  # a line longer than a read: read on
-            carry = buf
-            continue
-        yield buf[: cut + 1], start, False
-        carry = buf[cut + 1 :].copy()
-
-
-def _last_newline(buf: npt.NDArray[np.uint8]) -> int:
-    for tail in (1 << 16, buf.size):
-        hits = np.flatnonzero(buf[-tail:] == NEWLINE)
-        if hits.size:
-            return int(buf.size - min(tail, buf.size) + hits[-1])
-    return -1
 
 
 def _check_utf8(

@@ -20,7 +20,7 @@ from rank_dataset.plan.exclude import Exclusion
 from rank_dataset.plan.sources import Source, SourceInfo, as_sources
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards.channel import AuditMode, PassCount, ShardChannel
-from rank_dataset.shards.collective import CollectiveReader
+from rank_dataset.shards.collective import PARQUET_REFUSED, CollectiveReader
 from rank_dataset.shards.failures import Failure
 from rank_dataset.shards.reader import FileReader, ShardReader, columns_of, files_of
 from rank_dataset.training._agree import agreement_fields, agreement_needed, check_ranks_agree
@@ -361,14 +361,11 @@ class RankDataset(ShardedDataset):
             if columns is not None or any(s.columns is not None for s in sources or ()):
                 raise ValueError(
                     "columns= picks the columns of Parquet meta files, which reader='collective' does not read "
-                    "(it reads plain text meta files only); use reader='file'"
+                    "(it reads text meta files: plain, gzip or zstd); use reader='file'"
                 )
-            for path in paths:  # the collective reader cuts the files' own bytes into slices
-                if os.path.isfile(path) and detect_path(path) is not Format.TEXT:
-                    raise ValueError(
-                        f"{path} is {detect_path(path).value}: reader='collective' reads plain text meta files "
-                        "only (not yet compressed or Parquet ones); use reader='file', which reads it in place"
-                    )
+            for path in paths:
+                if os.path.isfile(path) and detect_path(path) is Format.PARQUET:
+                    raise ValueError(PARQUET_REFUSED.format(path=path))
             self.meta: MetaFile | None = None  # no MetaFile: no index is read or written
             shards: ShardReader = CollectiveReader(paths, sources, group=group, timeout=timeout, agree=_agree_files)
         else:
