@@ -59,12 +59,8 @@ class Text:
 
     def reading(self) -> Reading:
         """A :class:`Reading` of the text (the caller closes it), the file checked against the key."""
+        fd = _open(self.path, self.key)
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise MetaFileChangedError(self.path, "it was deleted or moved") from None
-        try:
-            _check(self.path, self.key, os.fstat(fd))
             return Reading(self, fd)
         except BaseException:
             os.close(fd)
@@ -120,12 +116,7 @@ class Reading:
 
     def check(self) -> None:
         """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key."""
-        _check(self.text.path, self.text.key, os.fstat(self.fd))
-        try:
-            now = os.stat(self.text.path)
-        except FileNotFoundError:
-            raise MetaFileChangedError(self.text.path, "it was deleted or moved") from None
-        _check(self.text.path, self.text.key, now)
+        _check_open(self.text.path, self.text.key, self.fd)
 
     def _decompressed(self, a: int, b: int) -> bytes:
         assert self._view is not None
@@ -150,21 +141,36 @@ class Reading:
 @contextlib.contextmanager
 def open_checked(path: Path, key: FileKey) -> Iterator[int]:
     """A descriptor of ``path``, checked against ``key`` on entry and once the reading is done."""
+    fd = _open(path, key)
+    try:
+        yield fd
+        _check_open(path, key, fd)
+    finally:
+        os.close(fd)
+
+
+def _open(path: Path, key: FileKey) -> int:
+    """A descriptor of ``path``, which must be the file ``key`` describes."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise MetaFileChangedError(path, "it was deleted or moved") from None
     try:
         _check(path, key, os.fstat(fd))
-        yield fd
-        _check(path, key, os.fstat(fd))
-        try:
-            now = os.stat(path)
-        except FileNotFoundError:
-            raise MetaFileChangedError(path, "it was deleted or moved") from None
-        _check(path, key, now)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
+
+
+def _check_open(path: Path, key: FileKey, fd: int) -> None:
+    """Raise MetaFileChangedError unless both ``fd`` and ``path`` are still the file of ``key``."""
+    _check(path, key, os.fstat(fd))
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        raise MetaFileChangedError(path, "it was deleted or moved") from None
+    _check(path, key, now)
 
 
 def _check(path: Path, key: FileKey, st: os.stat_result) -> None:
