@@ -130,6 +130,25 @@ def summary(results: list[dict[str, Any]], size: int) -> dict[str, float]:
     }
 
 
+def plot_readers(
+    png: Path, labels: list[str], collective: list[float], file: list[float], ylabel: str, *, line: float | None = None
+) -> None:
+    """Bars of the two readers' figures side by side for each of ``labels`` (``line``: a reference level)."""
+    plt = plotting()
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    x = range(len(labels))
+    ax.bar([i - 0.2 for i in x], collective, 0.4, label="collective")
+    ax.bar([i + 0.2 for i in x], file, 0.4, label="file")
+    if line is not None:
+        ax.axhline(line, color="grey", lw=0.8)
+    ax.set_xticks(list(x), labels)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--lines", type=int, default=10_000_000)
@@ -191,18 +210,10 @@ def main() -> None:
     ]
 
     def plot(png: Path) -> None:
-        plt = plotting()
-        fig, ax = plt.subplots(figsize=(6, 3.2))
         worlds = list(rows_data)
-        x = range(len(worlds))
-        ax.bar([i - 0.2 for i in x], [rows_data[w]["collective_epoch"] for w in worlds], 0.4, label="collective")
-        ax.bar([i + 0.2 for i in x], [rows_data[w]["file_epoch"] for w in worlds], 0.4, label="file")
-        ax.set_xticks(list(x), [f"W = {w}" for w in worlds])
-        ax.set_ylabel("set_epoch, slowest rank (s)")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(png, dpi=120)
-        plt.close(fig)
+        collective = [rows_data[w]["collective_epoch"] for w in worlds]
+        file = [rows_data[w]["file_epoch"] for w in worlds]
+        plot_readers(png, [f"W = {w}" for w in worlds], collective, file, "set_epoch, slowest rank (s)")
 
     save_results(args.out, args.name, rows, {"lines": args.lines, "one_read": base, "worlds": rows_data}, plot)
 

@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def collective(files: dict[str, Path], n: int, w: int, work: Path, out: Path) -> None:
     """The collective reader beside the file reader at ``w`` ranks on each text file (formats_collective)."""
-    from bench_collective import run_world, summary
+    from bench_collective import plot_readers, run_world, summary
 
     found: dict[str, dict[str, float]] = {}
     for name in ("txt", "gz", "zst", "frames.zst"):
@@ -318,19 +318,11 @@ def collective(files: dict[str, Path], n: int, w: int, work: Path, out: Path) ->
     ]
 
     def plot(png: Path) -> None:
-        plt = plotting()
-        fig, ax = plt.subplots(figsize=(6, 3.2))
         names = list(found)
-        x = range(len(names))
-        ax.bar([i - 0.2 for i in x], [found[k]["collective_read_x"] for k in names], 0.4, label="collective")
-        ax.bar([i + 0.2 for i in x], [found[k]["file_read_x"] for k in names], 0.4, label="file")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xticks(list(x), [f".{k}" for k in names])
-        ax.set_ylabel(f"bytes read per build, {w} ranks / file size")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(png, dpi=120)
-        plt.close(fig)
+        collective = [found[k]["collective_read_x"] for k in names]
+        file = [found[k]["file_read_x"] for k in names]
+        ylabel = f"bytes read per build, {w} ranks / file size"
+        plot_readers(png, [f".{k}" for k in names], collective, file, ylabel, line=1.0)
 
     save_results(out, "formats_collective", rows, {"lines": n, "world": w, "files": found}, plot)
 
