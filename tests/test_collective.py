@@ -126,13 +126,14 @@ def test_a_build_reads_the_files_about_once_across_the_ranks(tmp_path: Path, w: 
 def test_a_build_of_a_compressed_file_reads_it_about_once_across_the_ranks(tmp_path: Path, fmt: str) -> None:
     # Compressed bytes read (read_chars) by every rank together: each rank decompresses its own slice,
     # from the checkpoint it starts at, and the few bytes past its end that finish its last line
-    # (which may cost a read of the decoder's, 64 KiB for gzip, 128 KiB for zstd).
+    # (which may cost a read of the decoder's, 64 KiB for gzip, 128 KiB for zstd). In rounds of about
+    # 1 KiB: each round's read goes on from where the round before stopped, not from a checkpoint.
     rng = random.Random(0)
     big = tmp_path / "big.txt"
     big.write_text("".join(f"train/{rng.getrandbits(64):016x}/img_{i}.JPEG {i % 1000}\n" for i in range(100_000)))
     compress(big, fmt, frame=256 << 10)
     w = 4
-    results = run("io+spacing", w, tmp_path)
+    results = run("io+rounds+spacing", w, tmp_path)
     size = results[0]["size"]
     for build in range(2):
         later = sum(r["later"][build] for r in results)

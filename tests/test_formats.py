@@ -132,20 +132,27 @@ def test_a_read_decompresses_from_the_nearest_checkpoint_only(tmp_path: Path) ->
             os.close(fd)
 
 
-@pytest.mark.parametrize("name", ["one.zst", "frames.zst"])
-def test_zstd_reads_in_order_decompress_the_file_once(tmp_path: Path, name: str) -> None:
-    # A build reads spans in ascending order: each goes on from where the one before stopped, so a
-    # file of one frame is decompressed once, not once from its start for every span.
+@pytest.mark.parametrize("name", ["one.zst", "frames.zst", "one.gz", "members.gz"])
+def test_reads_in_order_decompress_the_file_once(tmp_path: Path, name: str) -> None:
+    # A build reads spans in ascending order. zstd's decoder goes on from where the read before stopped,
+    # so a file of one frame is decompressed once, not once from its start for every span; indexed_gzip
+    # starts every read from the checkpoint before it, so a gzip read given ``until`` reads on to the
+    # next checkpoint and keeps the bytes past its end for the next read.
     path = _write(tmp_path, name, FILES[name])
     _, cp = _decompress(path)
     fd = os.open(path, os.O_RDONLY)
     try:
+        step = len(RAW) // 37
         with DecompressedView(path, fd, cp) as view:
-            step = len(RAW) // 37
-            got = b"".join(view.read(a, min(a + step, len(RAW))) for a in range(0, len(RAW), step))
+            got = b"".join(view.read(a, min(a + step, len(RAW)), len(RAW)) for a in range(0, len(RAW), step))
             assert got == RAW and view.decompressed == len(RAW)
             assert view.read(10, 20) == RAW[10:20]  # backwards: from the checkpoint again
             assert view.read(len(RAW) - 5, len(RAW)) == RAW[-5:]
+        if cp.format is Format.GZIP:  # and reads no further than ``until``
+            with DecompressedView(path, fd, cp) as view:
+                end = int(cp.points[2, 0]) + 100
+                assert view.read(0, end - 50, end) + view.read(end - 50, end, end) == RAW[:end]
+                assert view.decompressed == end
     finally:
         os.close(fd)
 

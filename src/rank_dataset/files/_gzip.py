@@ -34,6 +34,8 @@ _PIECE = 1 << 20  # compressed bytes handed to zlib at a time
 # Compressed bytes indexed_gzip reads at a time from a checkpoint (its default, 1 MiB, is what a read
 # of a few lines past a slice's end would cost the collective reader: 2x a gzip file at W = 4).
 _READBUF = 64 << 10
+# Compressed bytes a read in order reads on past its end, at least (see :meth:`Reader.read`).
+_AHEAD = 16 * _READBUF
 # indexed_gzip's exported index: "GZIDX", version, flags, compressed size, uncompressed size,
 # spacing, window size, points; then per point: compressed offset, uncompressed offset, bits, has data.
 _IDX_HEAD = struct.Struct("<5sBBQQIII")
@@ -215,11 +217,17 @@ def stream(path: Path, fd: int, spacing: int, block: int) -> Generator[bytes, No
 
 
 class Reader:
-    """Decompressed bytes ``[a, b)`` of a gzip file, from the last checkpoint at or before ``a``."""
+    """Decompressed bytes ``[a, b)`` of a gzip file, from the last checkpoint at or before ``a``.
+
+    indexed_gzip starts every read from the checkpoint before it (zran keeps no decoder between
+    reads), so reads in order of ``[a, b)`` pieces would each decompress again the span before ``a``.
+    A read may instead go on to a later checkpoint (no further than ``until``) and keep the bytes
+    past ``b`` for the read that starts there: then every span is decompressed once.
+    """
 
     def __init__(self, path: Path, fd: int, points: _IntArray, state: bytes) -> None:
         self._path, self._points = path, points
-        self._end = -1  # where the last read stopped
+        self._ahead, self._ahead_at = b"", -1  # bytes read past the last read's end, and where they start
         self._raw, self._gz = _open(fd, auto_build=False, readbuf_size=_READBUF)
         try:
             self._gz.raw.import_index(fileobj=io.BytesIO(state))
@@ -227,8 +235,29 @@ class Reader:
             self.close()
             raise CorruptMetaFileError(path, 0, f"its gzip checkpoints cannot be loaded ({exc})") from None
 
-    def read(self, a: int, b: int) -> tuple[bytes, int]:
-        """``(bytes [a, b) (short if the file ends first), output bytes decompressed)``."""
+    def read(self, a: int, b: int, until: int | None = None) -> tuple[bytes, int]:
+        """``(bytes [a, b) (short if the file ends first), output bytes decompressed)``; with ``until``,
+        read on to a checkpoint after ``b`` (or to ``until``, if nearer) and keep the bytes past ``b``."""
+        head = b""
+        if self._ahead_at == a and self._ahead:
+            head, a = self._ahead[: b - a], a + min(len(self._ahead), b - a)
+            self._ahead = self._ahead[len(head) :]
+            self._ahead_at = a
+        if a >= b:
+            return head, 0
+        stop = b
+        if until is not None and until > b:
+            # On to a checkpoint at least _AHEAD compressed bytes on (a call also reads up to
+            # _READBUF past where it stops: fewer, longer calls waste less).
+            row = max(int(np.searchsorted(self._points[:, 0], b, side="right")) - 1, 0)
+            nxt = int(np.searchsorted(self._points[:, 1], int(self._points[row, 1]) + _AHEAD, side="left"))
+            nxt = max(nxt, int(np.searchsorted(self._points[:, 0], b, side="left")))
+            stop = min(until, int(self._points[nxt, 0])) if nxt < len(self._points) else until
+        data, done = self._inflate(a, stop)
+        self._ahead, self._ahead_at = data[b - a :], b
+        return head + data[: b - a], done
+
+    def _inflate(self, a: int, b: int) -> tuple[bytes, int]:
         row = max(int(np.searchsorted(self._points[:, 0], a, side="right")) - 1, 0)
         try:
             self._gz.raw.seek(a)
@@ -242,11 +271,7 @@ class Reader:
             raise CorruptMetaFileError(
                 self._path, int(self._points[row, 1]), f"corrupt gzip data at or after this byte ({exc})"
             ) from None
-        # indexed_gzip goes on from where it stopped when the read starts there (reads in order), else
-        # from the checkpoint before a.
-        done = b - (a if a == self._end else int(self._points[row, 0]))
-        self._end = a + len(data)
-        return bytes(data), done
+        return bytes(data), b - int(self._points[row, 0])
 
     def close(self) -> None:
         self._gz.close()

@@ -105,8 +105,9 @@ class Reader:
         self._frames: Iterator[tuple[int, int, bytes]] | None = None
         self._piece: tuple[int, bytes] = (0, b"")  # the last piece decoded (output offset, bytes)
 
-    def read(self, a: int, b: int) -> tuple[bytes, int]:
-        """``(bytes [a, b) (short if the file ends first), output bytes decompressed)``."""
+    def read(self, a: int, b: int, until: int | None = None) -> tuple[bytes, int]:
+        """``(bytes [a, b) (short if the file ends first), output bytes decompressed)``. (``until`` is
+        :class:`~rank_dataset.files._gzip.Reader`'s: this decoder goes on from where it stopped.)"""
         row = max(int(np.searchsorted(self._points[:, 0], a, side="right")) - 1, 0)
         out0, in0 = int(self._points[row, 0]), int(self._points[row, 1])
         at, held = self._piece

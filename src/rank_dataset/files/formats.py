@@ -258,8 +258,10 @@ class DecompressedView:
         else:
             raise ValueError(f"a DecompressedView reads gzip or zstd files, not {checkpoints.format.value} ({path})")
 
-    def read(self, a: int, b: int) -> bytes:
-        """Decompressed bytes ``[a, b)``.
+    def read(self, a: int, b: int, until: int | None = None) -> bytes:
+        """Decompressed bytes ``[a, b)``; ``until``: the next read starts at ``b``, and none will
+        ask for bytes past ``until`` (so a gzip read may go on and keep the bytes up to the next
+        checkpoint, not decompressing again the span before ``b`` then).
 
         Raises:
             ValueError: ``[a, b)`` is not within the decompressed file.
@@ -269,7 +271,7 @@ class DecompressedView:
             raise ValueError(f"bytes [{a}, {b}) are not within the {self.checkpoints.size:,} decompressed bytes")
         if a == b:
             return b""
-        data, done = self._reader.read(a, b)
+        data, done = self._reader.read(a, b, until)
         self.decompressed += done
         if len(data) != b - a:
             start = self.checkpoints.at(a)[1]

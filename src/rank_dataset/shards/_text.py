@@ -94,8 +94,8 @@ class Reading:
             return os.pread(self.fd, count, offset)
         return self._decompressed(offset, offset + count)
 
-    def read_into(self, buf: npt.NDArray[np.uint8], offset: int) -> None:
-        """Fill ``buf`` from byte ``offset`` of the text.
+    def read_into(self, buf: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> None:
+        """Fill ``buf`` from byte ``offset`` of the text (``until``: as :meth:`DecompressedView.read`'s).
 
         Raises:
             MetaFileChangedError: the file ends first, or changed.
@@ -105,7 +105,7 @@ class Reading:
         if self._view is not None:
             if offset + buf.size > self.text.size:
                 raise MetaFileChangedError(path, "it shrank while being read")
-            buf[:] = np.frombuffer(self._decompressed(offset, offset + buf.size), np.uint8)
+            buf[:] = np.frombuffer(self._decompressed(offset, offset + buf.size, until), np.uint8)
             return
         view, done = buf.data, 0
         while done < buf.size:
@@ -118,10 +118,10 @@ class Reading:
         """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key."""
         _check_open(self.text.path, self.text.key, self.fd)
 
-    def _decompressed(self, a: int, b: int) -> bytes:
+    def _decompressed(self, a: int, b: int, until: int | None = None) -> bytes:
         assert self._view is not None
         try:
-            return self._view.read(a, b)
+            return self._view.read(a, b, until)
         except CorruptMetaFileError:
             self.check()  # a file rewritten under the reader is that, not corrupt
             raise
@@ -190,7 +190,7 @@ def chunks(reading: Reading, lo: int, hi: int) -> Iterator[tuple[npt.NDArray[np.
         n = min(READ, hi - pos)
         buf = np.empty(carry.size + n, np.uint8)
         buf[: carry.size] = carry
-        reading.read_into(buf[carry.size :], pos)
+        reading.read_into(buf[carry.size :], pos, until=hi)
         start, pos = pos - carry.size, pos + n
         if pos >= hi:
             yield buf, start, hi == reading.text.size

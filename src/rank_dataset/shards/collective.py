@@ -528,7 +528,7 @@ class CollectiveReader(SampledReader):
             at = int(self._file_offsets[f]) + a - base - lo  # where the file's part starts in buf
             piece = buf[at : at + b - a]
             reading = self._reading(f)
-            reading.read_into(piece, a)
+            reading.read_into(piece, a, until=self._piece(self.rank, f)[1])
             reading.check()
             chunk = scan_buffer(piece, a, b == self._texts[f].size)
             m = chunk.starts.size
