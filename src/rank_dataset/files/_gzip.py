@@ -144,7 +144,8 @@ class _Checkpointer:
             self._error = exc
             return
         try:
-            buf = bytearray(self._block)
+            # Seeks, not reads: a seek inflates once, recording checkpoints as it goes (a read inflates
+            # twice: to the checkpoint it starts from, then what it returns).
             while True:
                 with self._cond:
                     while not self._stop and not self._final and self._allowed <= self._done:
@@ -154,14 +155,14 @@ class _Checkpointer:
                     room = self._allowed - self._done
                     final = self._final
                 if room <= 0 and final:
-                    got = gz.raw.readinto(memoryview(buf)[:1])  # the end: there must be nothing more
-                    if got:
+                    if gz.raw.read(1):  # the end: there must be nothing more
                         raise ValueError("indexed_gzip gives more bytes than zlib")
                     break
-                got = gz.raw.readinto(memoryview(buf)[: min(room, self._block)])
-                if not got:
-                    raise ValueError(f"indexed_gzip ends at {self._done:,} bytes, before zlib did")
-                self._done += got
+                target = self._done + min(room, self._block)
+                gz.raw.seek(target)
+                if gz.raw.tell() != target:
+                    raise ValueError(f"indexed_gzip ends at {gz.raw.tell():,} bytes, before zlib did")
+                self._done = target
             gz.raw.build_full_index()
             state = io.BytesIO()
             gz.raw.export_index(fileobj=state)
