@@ -25,10 +25,15 @@ no index cache, rank 0 making the index of a compressed file; then a set_epoch),
 reader; the bytes every rank read together (``read_chars``) against the file's size on disk. Results
 in ``formats_collective.md``.
 
+With ``--parquet-open ROWS``, that alone: a Parquet file of ROWS demo rows (two columns, row groups of
+1M rows) opened with no index cache (``MetaFile(path)``: its index from the footer) and with one,
+beside pyarrow reading the footer alone. Results in ``formats_parquet_open.md``.
+
 Usage:
     python benchmarks/bench_formats.py                     # N = 10M, W = 8
     python benchmarks/bench_formats.py --lines 200000 --out /tmp/results
     python benchmarks/bench_formats.py --collective 8 --collective-only
+    python benchmarks/bench_formats.py --parquet-open 100000000
 """
 
 from __future__ import annotations
@@ -118,6 +123,12 @@ _COLD = """
 from rank_dataset import MetaFile
 mf, elapsed, peak = measured(lambda: MetaFile(META))
 print(json.dumps({"seconds": elapsed, "peak": peak, "count": len(mf)}))
+"""
+
+_FOOTER = """
+import pyarrow.parquet as pq
+meta, elapsed, _ = measured(lambda: pq.ParquetFile(META).metadata)
+print(json.dumps({"seconds": elapsed, "rows": meta.num_rows, "groups": meta.num_row_groups}))
 """
 
 # One rank's warm build; for rank 0, the decompressed bytes too (each SpanSource's own count, summed
@@ -229,11 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--collective", type=int, default=0, metavar="W", help="the collective reader at W ranks too")
     parser.add_argument("--collective-only", action="store_true", help="with --collective: that alone")
+    parser.add_argument("--parquet-open", type=int, default=0, metavar="ROWS", help="a Parquet open at ROWS alone")
     args = parser.parse_args(argv)
     n, w = args.lines, args.world_size
     if args.collective_only and not args.collective:
         parser.error("--collective-only needs --collective W")
 
+    if args.parquet_open:
+        with tempfile.TemporaryDirectory(prefix="bench_formats_", dir=args.data_dir) as tmp:
+            parquet_open(args.parquet_open, Path(tmp), args.out)
+        return 0
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_formats_", dir=args.data_dir) as tmp:
         work = Path(tmp)
@@ -272,6 +288,59 @@ def main(argv: list[str] | None = None) -> int:
     rows = _table(results, n, w, args.far_worlds, text_size)
     save_results(args.out, "formats", rows, results, lambda path: _plot(results, w, path))
     return 0
+
+
+def write_parquet(path: Path, rows: int, group: int = 1 << 20) -> Path:
+    """A Parquet file of the demo's ``rows`` (path, label), a row group per ``group`` rows, written a
+    group at a time (the rows of a whole file would not fit in memory as Python objects)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    wnids = pa.array([f"n{1_440_764 + k:08d}" for k in range(1000)])
+    schema = pa.schema([("path", pa.string()), ("label", pa.int64())])
+    with pq.ParquetWriter(path, schema) as writer:
+        for lo in range(0, rows, group):
+            i = np.arange(lo, min(rows, lo + group), dtype=np.int64)
+            label = i * 7919 % 1000
+            wnid = wnids.take(pa.array(label))
+            name = pc.cast(pa.array(i), pa.string())
+            line = pc.binary_join_element_wise("train/", wnid, "/", wnid, "_", name, ".JPEG", "")
+            writer.write_table(pa.table({"path": line, "label": pa.array(label)}, schema=schema), row_group_size=group)
+    return path
+
+
+def parquet_open(rows: int, work: Path, out: Path) -> None:
+    """Open a Parquet file of ``rows`` rows cold and warm beside pyarrow's footer read (formats_parquet_open)."""
+    path = write_parquet(work / "meta.parquet", rows)
+    env = cache_env(work / "cache")
+    footer = run_child(_FOOTER, env, META=str(path))
+    cold = run_child(_COLD, env, META=str(path))
+    warm = run_child(_COLD, env, META=str(path))
+    if not cold["count"] == warm["count"] == rows:
+        raise RuntimeError(f"MetaFile counted {cold['count']:,} and {warm['count']:,} rows, not {rows:,}")
+    size = path.stat().st_size
+    data = {"rows": rows, "size": size, "groups": footer["groups"], "footer": footer, "cold": cold, "warm": warm}
+    table = [
+        f"# A Parquet meta file of {rows:,} rows opened in place",
+        "",
+        "| rows | size on disk | row groups | pyarrow footer read (s) | `MetaFile(path)`, no index cache (s) "
+        "| `MetaFile(path)`, index cached (s) | cold / footer |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {rows:,} | {size / 2**20:,.1f} MiB | {footer['groups']:,} | {footer['seconds']:.3f} | "
+        f"{cold['seconds']:.3f} | {warm['seconds']:.3f} | {cold['seconds'] / footer['seconds']:.1f}x |",
+        "",
+        "Each in a fresh process, the file in the page cache; two columns (the demo's path and label), a row "
+        "group per 1,048,576 rows. The index of a Parquet file comes from its footer (the row groups' row "
+        "counts, its schema); no row is read. A cold file system would add the footer's read (a few "
+        "hundred KiB at the file's end).",
+        "",
+        f"Command: `python benchmarks/bench_formats.py --parquet-open {rows}`",
+        "",
+        machine_info(),
+    ]
+    save_results(out, "formats_parquet_open", table, data, lambda png: None)
 
 
 def collective(files: dict[str, Path], n: int, w: int, work: Path, out: Path) -> None:

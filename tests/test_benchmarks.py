@@ -91,6 +91,13 @@ CASES = [
         ("formats_collective.png", True),
     ),
     (
+        "formats",
+        ["--parquet-open", "5000"],
+        "formats_parquet_open.md",
+        ["| 5,000 |", "`MetaFile(path)`, no index cache"],
+        None,
+    ),
+    (
         "failures",
         ["--lines", "4000", "--rounds", "1", "--workers", "1"],
         "failures.md",
