@@ -297,7 +297,7 @@ _KEPT_SPANS = 4
 
 class SpanSource:
     """The decompressed bytes of a compressed file as a gather reads them (``Window.load``'s
-    protocol): spans between checkpoints, cut at most :data:`SPAN` long, each decompressed once
+    protocol): spans between checkpoints (zstd's cut at most :data:`SPAN` long), each decompressed once
     from its checkpoint and kept while a few others are (a batch's rows share them). Each thread
     reads through a decoder and a descriptor of its own (``open_fd`` makes one, checked by the caller).
 
@@ -308,7 +308,11 @@ class SpanSource:
     def __init__(self, path: Path, fd: int, checkpoints: Checkpoints, open_fd: Callable[[], int]) -> None:
         self.path, self.fd, self.checkpoints = path, fd, checkpoints
         size = checkpoints.size
-        cuts = np.union1d(checkpoints.points[:, 0], np.arange(0, size, SPAN, dtype=np.int64))
+        cuts = checkpoints.points[:, 0]
+        if checkpoints.format is Format.ZSTD:
+            # A frame may be the whole file: cut it, its decoder going on from span to span. Not gzip's
+            # spans (SPACING and a deflate block long): a read from within one starts at its checkpoint.
+            cuts = np.union1d(cuts, np.arange(0, size, SPAN, dtype=np.int64))
         self._bounds: _IntArray = np.append(cuts[cuts < size], size).astype(np.int64) if size else np.zeros(1, np.int64)
         self._open_fd = open_fd
         self._kept: collections.OrderedDict[int, bytes] = collections.OrderedDict()
