@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,9 @@ class ParquetRows:
         self.bounds: _IntArray = np.concatenate(([0], np.cumsum(rows, dtype=np.int64))).astype(np.int64)
         self.schema_hash = self.hash_schema(schema, self.columns)
         self._cached: tuple[int, bytes, _IntArray] | None = None
+        # A ParquetFile is not safe to read from two threads at once (its read cache mixes up their
+        # ranges: wrong-range errors, or a hang), and group_by decodes row groups in a pool.
+        self._reading = threading.Lock()
 
     @property
     def layout(self) -> ParquetLayout:
@@ -176,7 +180,8 @@ class ParquetRows:
     def _read(self, g: int, columns: list[str]) -> Any:
         pa, _, _ = _pyarrow()
         try:
-            return self._file.read_row_group(g, columns=columns)
+            with self._reading:
+                return self._file.read_row_group(g, columns=columns)
         except (pa.ArrowInvalid, OSError) as exc:
             offset = self._file.metadata.row_group(g).column(0).data_page_offset
             raise CorruptMetaFileError(self.path, int(offset), f"its row group {g} cannot be read ({exc})") from None
