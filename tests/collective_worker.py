@@ -1,5 +1,6 @@
 """Run by test_collective.py under torchrun: one rank of a gloo job comparing the collective reader's
-shards with the file reader's (``identity``), serving DataLoader workers (``workers``), counting the
+shards with the file reader's (``identity``; ``identity-parquet`` for a Parquet file alone and among
+text files, with its errors), serving DataLoader workers (``workers``), counting the
 bytes it reads (``io``), or meeting a fault (``fault-*``); with ``+rounds``, the exchange in rounds
 of about 1 KiB; with ``+spacing``, compressed files' checkpoints every 64 KiB of text."""
 
@@ -19,7 +20,7 @@ import psutil
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from rank_dataset import RandomSampler, RankDataset, Source, class_balanced
+from rank_dataset import MetaFile, RandomSampler, RankDataset, Source, class_balanced
 from rank_dataset.core.shard import Shard
 from rank_dataset.shards import collective
 from tests_helpers import write_rank_result
@@ -81,6 +82,35 @@ def identity(d: Path, result: dict[str, Any]) -> None:
         coll.close()
 
 
+def identity_parquet(d: Path, result: dict[str, Any]) -> None:
+    """a.parquet (path, label and note; rows with tabs, newlines, or nothing at all) read with two of
+    its columns, alone and as sources among text files; with all its columns among the text files b.txt
+    and c.txt and the empty e.parquet; and columns the file reader refuses (n.parquet: nested)."""
+    a, b, c, e = d / "a.parquet", d / "b.txt", d / "c.txt", d / "e.parquet"
+    cols = ["path", "label"]
+    compare("plain", a, [(0, 0), (1, 0)], result, reload_cfg={"seed": 3}, columns=cols)
+    compare("mini_epochs", a, [(0, 0), (0, 2), (1, 1)], result, reload_cfg={"mini_epoch": 3, "seed": 1}, columns=cols)
+    compare("metafile", MetaFile(a, columns=["label", "path"]), [(0, 0)], result, reload_cfg={"seed": 2})
+    compare("eval", [a, b, c, e], [(0, 0)], result, is_test=True)
+    compare("files", [b, a, e, c], [(0, 0), (1, 0)], result, reload_cfg={"seed": 5})
+    mix = [Source(a, weight={0: 1, 1: 3}, columns=cols), Source(b, repeat=2), Source(c, choose=7)]
+    compare("mix_schedule", mix, [(0, 0), (1, 0), (2, 0)], result, reload_cfg={"seed": 2, "mini_epoch": 2})
+    subsets = [Source(a, ids=range(0, 900, 3), weight=1, columns=cols), Source(a, ids=range(1, 300, 2), columns=cols)]
+    compare("subsets", [*subsets, Source(b)], [(0, 0), (1, 0)], result, reload_cfg={"seed": 4})
+    compare("aug_repeats", a, [(0, 0), (1, 0)], result, reload_cfg={"seed": 7, "aug_repeats": 3}, columns=cols)
+    compare("exclude", [a, b], [(0, 0)], result, reload_cfg={"seed": 9}, exclude=list(range(0, 900, 7)))
+    # Bad columns: the collective reader's error is the file reader's.
+    for name, meta, bad in [("missing", a, ["path", "nope"]), ("nested", d / "n.parquet", ["tags"]), ("text", b, cols)]:
+        errors = []
+        for reader in ("file", "collective"):
+            try:
+                RankDataset(meta, reader=reader, columns=bad).close()
+                errors.append(None)
+            except ValueError as exc:
+                errors.append(str(exc))
+        result[name] = errors
+
+
 def workers(d: Path, result: dict[str, Any]) -> None:
     """Persistent workers under each start method on rank 0 (every rank calls set_epoch together)."""
     ds = RankDataset(d / "a.txt", reader="collective", reload_cfg={"seed": 1}, audit="error")
@@ -119,24 +149,26 @@ def workers(d: Path, result: dict[str, Any]) -> None:
 
 
 def io(d: Path, result: dict[str, Any]) -> None:
-    """``read_chars`` of the first build (the dataset's making) and of later builds."""
+    """``read_chars`` of the first build (the dataset's making) and of later builds of big.txt (or of
+    big.parquet, where the test wrote that)."""
     me = psutil.Process()
+    big = d / "big.parquet" if (d / "big.parquet").exists() else d / "big.txt"
     before = me.io_counters().read_chars
-    ds = RankDataset(d / "big.txt", reader="collective", reload_cfg={"seed": 1})
+    ds = RankDataset(big, reader="collective", reload_cfg={"seed": 1})
     first = me.io_counters().read_chars - before
     later = []
     for epoch in range(1, 3):
         before = me.io_counters().read_chars
         ds.set_epoch(epoch)
         later.append(me.io_counters().read_chars - before)
-    result.update(first=first, later=later, size=os.path.getsize(d / "big.txt"))
+    result.update(first=first, later=later, size=os.path.getsize(big))
     ds.close()
 
 
 def fault(kind: str, d: Path, result: dict[str, Any]) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     timeout = datetime.timedelta(seconds=20)
-    meta = d / "a.txt"
+    meta = d / "a.parquet" if (d / "a.parquet").exists() else d / "a.txt"  # where a Parquet test wrote one
     try:
         if kind == "disagree":
             ds = RankDataset(meta, reader="collective", reload_cfg={"seed": rank}, timeout=timeout)
@@ -194,7 +226,7 @@ def main(mode: str, d: str) -> None:
     if mode.startswith("fault-"):
         fault(mode[6:], Path(d), result)
         os._exit(0)  # the group may be broken: leave without its teardown
-    {"identity": identity, "workers": workers, "io": io}[mode](Path(d), result)
+    {"identity": identity, "identity-parquet": identity_parquet, "workers": workers, "io": io}[mode](Path(d), result)
     write_rank_result(str(Path(d) / "result"), result)
 
 

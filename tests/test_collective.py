@@ -52,6 +52,24 @@ def compress(path: Path, fmt: str, *, frame: int = 32 << 10) -> None:
     path.write_bytes(out)
 
 
+def write_parquet(path: Path, n: int, *, row_group_size: int) -> None:
+    """A Parquet meta file of ``n`` rows in row groups of ``row_group_size``: a path (some empty, null,
+    holding a tab, a newline or a carriage return, non-ASCII or long), an integer label (some null)
+    and a note; where path and label are both null, the row's line (of those two) is empty."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths: list[str | None] = []
+    for i in range(n):
+        name = f"img_{i}{'é' if i % 11 == 0 else ''}{'x' * (3000 if i % 401 == 0 else 0)}.jpg"
+        odd = {0: None, 1: "", 2: "a\tb", 3: "a\nb\n", 4: "img\r", 5: " \t"}
+        paths.append(odd.get(i % 37, name) if i % 37 < 6 else name)
+    labels = [None if i % 37 == 0 else i % 5 for i in range(n)]
+    notes = [f"note {i}" if i % 3 else None for i in range(n)]
+    table = pa.table({"path": pa.array(paths, pa.string()), "label": pa.array(labels, pa.int64()), "note": notes})
+    pq.write_table(table, path, row_group_size=row_group_size)
+
+
 def run(mode: str, w: int, d: Path, *, check: bool = True) -> list[dict[str, Any]]:
     proc = subprocess.run(
         torchrun_cmd("collective_worker.py", w, mode, d, log_dir=d / "logs"),
@@ -97,6 +115,29 @@ def test_compressed_files_shards_are_the_file_readers_byte_for_byte(tmp_path: Pa
         assert min(slices) > 0, slices
 
 
+@pytest.mark.parametrize(("w", "rounds"), [(2, False), (3, True)])
+def test_parquet_files_shards_are_the_file_readers_byte_for_byte(tmp_path: Path, w: int, rounds: bool) -> None:
+    # a.parquet in row groups of 97 rows (31 of them), b.txt gzip: each rank renders its own row
+    # groups; with rounds of about 1 KiB a round stops inside a row group and the next goes on in it.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    write_files(tmp_path)
+    compress(tmp_path / "b.txt", "gz")
+    write_parquet(tmp_path / "a.parquet", 3000, row_group_size=97)
+    pq.write_table(pa.table({"path": pa.array([], pa.string())}), tmp_path / "e.parquet")
+    pq.write_table(pa.table({"tags": [["a", "b"]]}), tmp_path / "n.parquet")
+    results = run("identity-parquet" + ("+rounds" if rounds else ""), w, tmp_path)
+    for res in results:
+        for case in ["plain", "mini_epochs", "metafile", "eval", "files", "mix_schedule", "subsets", "aug_repeats"]:
+            assert res[case] is True, (res["rank"], case)
+        assert res["exclude"] is True, res["rank"]
+        for case in ["missing", "nested", "text"]:  # refused, as the file reader words it
+            file_error, collective_error = res[case]
+            assert file_error is not None and collective_error == file_error, (case, res[case])
+    assert min(results[0]["slices"]) > 0, results[0]["slices"]  # every rank holds row groups of a.parquet
+
+
 def test_persistent_workers_under_every_start_method(tmp_path: Path) -> None:
     write_files(tmp_path)
     results = run("workers", 2, tmp_path)
@@ -138,6 +179,24 @@ def test_a_build_of_a_compressed_file_reads_it_about_once_across_the_ranks(tmp_p
     for build in range(2):
         later = sum(r["later"][build] for r in results)
         assert size <= later <= 1.05 * size + w * (128 << 10), (later / size, fmt)
+
+
+def test_a_build_of_a_parquet_file_reads_it_about_once_across_the_ranks(tmp_path: Path) -> None:
+    # Bytes read (read_chars) by every rank together: each rank reads its own row groups (their column
+    # chunks) and the footer, which every rank reads at each build (so up to 64 KiB a rank besides).
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(0)
+    paths = [f"train/{rng.getrandbits(64):016x}/img_{i}.JPEG" for i in range(100_000)]
+    table = pa.table({"path": paths, "label": [i % 1000 for i in range(100_000)]})
+    pq.write_table(table, tmp_path / "big.parquet", row_group_size=5000)
+    w = 4
+    results = run("io+rounds", w, tmp_path)
+    size = results[0]["size"]
+    for build in range(2):
+        later = sum(r["later"][build] for r in results)
+        assert 0.95 * size <= later <= 1.05 * size + w * (64 << 10), (later / size, [r["later"] for r in results])
 
 
 def test_reader_collective_needs_a_process_group(tmp_path: Path) -> None:
@@ -200,6 +259,13 @@ def test_a_compressed_file_changed_or_corrupt_is_the_same_error_on_every_rank(tm
     errors = fault_run("corrupt+spacing", 3, tmp_path)
     assert len(set(errors)) == 1, errors
     assert errors[0].startswith(f"CorruptMetaFileError: meta file {a} cannot be decoded at compressed byte "), errors
+
+
+def test_a_parquet_file_changed_under_a_slice_is_the_same_error_on_every_rank(tmp_path: Path) -> None:
+    write_parquet(tmp_path / "a.parquet", 3000, row_group_size=200)
+    errors = fault_run("changed", 3, tmp_path)
+    assert len(set(errors)) == 1, errors
+    assert errors[0].startswith(f"MetaFileChangedError: meta file {tmp_path / 'a.parquet'} changed: it was modified")
 
 
 @pytest.mark.parametrize("rounds", [False, True])

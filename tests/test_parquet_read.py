@@ -192,7 +192,8 @@ def test_rank_datasets_give_the_text_files_items(tmp_path: Path) -> None:
             assert [a[i] for i in range(len(a))] == [b[i] for i in range(len(b))]
     with pytest.raises(ValueError, match="give the MetaFile its columns="):
         RankDataset(MetaFile(parquet), rank=0, world_size=1, columns=["path"])
-    with pytest.raises(ValueError, match="reader='collective' does not read"):
+    # The collective reader reads Parquet files too (tests/test_collective.py), under a process group.
+    with pytest.raises(ValueError, match=r"initialised torch\.distributed process group"):
         RankDataset(parquet, rank=0, world_size=1, columns=["path"], reader="collective")
 
 
@@ -242,12 +243,3 @@ def test_index_command_reads_the_footer(tmp_path: Path) -> None:
     bad = CliRunner().invoke(cli, ["index", "--columns", "path,nope", str(parquet)])
     assert bad.exit_code == 1 and "no column 'nope'" in bad.output and "'label'" in bad.output
     assert not any(name.endswith(".idx") for name in os.listdir(tmp_path))
-
-
-def test_the_collective_reader_refuses_a_parquet_file(tmp_path: Path) -> None:
-    from rank_dataset import RankDataset
-
-    parquet, _ = _write_pair(tmp_path, 10, 5, ["path"])
-    refused = r"\.parquet is a Parquet file: reader='collective' reads text meta files \(plain, gzip or zstd\)"
-    with pytest.raises(ValueError, match=refused):
-        RankDataset(parquet, reader="collective")

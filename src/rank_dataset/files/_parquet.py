@@ -130,6 +130,20 @@ class ParquetRows:
     def __len__(self) -> int:
         return int(self.bounds[-1])
 
+    def group_bytes(self) -> tuple[_IntArray, _IntArray]:
+        """``(compressed, uncompressed)``: the bytes of the chosen columns in each row group, as the
+        footer gives them (what reading and decoding each row group takes), without reading data."""
+        meta = self._file.metadata
+        names = set(self.columns)
+        sizes = np.zeros((2, meta.num_row_groups), np.int64)
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for c in range(group.num_columns):
+                column = group.column(c)
+                if column.path_in_schema in names:
+                    sizes[:, g] += (column.total_compressed_size, column.total_uncompressed_size)
+        return sizes[0], sizes[1]
+
     def check_schema(self, expected: bytes) -> None:
         """Raise ValueError if the chosen columns' names or types are not those ``expected`` hashes."""
         if expected != self.schema_hash:

@@ -14,8 +14,8 @@ zstd).
 - zstd (:mod:`zstandard`): a frame can only be entered at its start, so the checkpoints are frame
   starts. A file of one frame (what ``zstd`` writes by default) has a single checkpoint, at 0: every
   read decompresses from the start. ``pzstd`` and zstd's seekable format write many frames.
-- Parquet (:mod:`pyarrow`, the ``parquet`` extra): rows, read by row group; see
-  :mod:`rank_dataset.files._parquet`.
+- Parquet (:mod:`pyarrow`, the ``parquet`` extra): rows, read by row group (:class:`ParquetRows`; see
+  :mod:`rank_dataset.files._parquet`).
 
 A corrupt or truncated file is a :class:`~rank_dataset.errors.CorruptMetaFileError` naming the file
 and the compressed offset, never a wrong sample.
@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files import _gzip, _zstd
+from rank_dataset.files._parquet import ParquetRows
 
 __all__ = [
     "BLOCK",
@@ -46,6 +47,7 @@ __all__ = [
     "DecompressedView",
     "Decompression",
     "Format",
+    "ParquetRows",
     "SpanSource",
     "decompress",
     "detect",

@@ -55,6 +55,7 @@ __all__ = [
     "FileKey",
     "Index",
     "SpanReader",
+    "check_columns",
     "hash_ends",
     "length_bits",
     "line_mark",
@@ -522,6 +523,16 @@ def _cut_parquet(path: Path, fd: int) -> bool:
     return head[:4] == b"PAR1" and (path.suffix.lower() == ".parquet" or b"\0" in head)
 
 
+def check_columns(path: Path, fmt: Format, columns: Sequence[str] | None) -> None:
+    """Raise ValueError if ``columns`` are given for ``path``, a file of format ``fmt``, which is not
+    Parquet (its samples are its lines)."""
+    if columns is not None and fmt is not Format.PARQUET:
+        raise ValueError(
+            f"columns= picks the columns of a Parquet meta file, and {path} is {fmt.value}: "
+            "its samples are its lines; leave columns=None for it"
+        )
+
+
 def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | None = None) -> Index:
     """The index of ``path``: from its cache, else built (and cached where a location is writable).
 
@@ -542,11 +553,7 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
         try:
             key = FileKey.of(os.fstat(fd))
             fmt = detect(fd)
-            if columns is not None and fmt is not Format.PARQUET:
-                raise ValueError(
-                    f"columns= picks the columns of a Parquet meta file, and {path} is {fmt.value}: "
-                    "its samples are its lines; leave columns=None for it"
-                )
+            check_columns(path, fmt, columns)
             if fmt is Format.TEXT and _cut_parquet(path, fd):
                 raise CorruptMetaFileError(
                     path, key.size, "it starts as a Parquet file (PAR1) but ends without its footer (truncated?)"

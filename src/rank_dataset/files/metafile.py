@@ -322,6 +322,11 @@ class MetaFile:
         self._set(files, state["fingerprint"], state["file_fingerprints"])
 
     @property
+    def columns(self) -> tuple[tuple[str, ...] | None, ...]:
+        """Each file's chosen columns if it is a Parquet file (all of them where none were chosen), else None."""
+        return tuple(None if f.index.parquet is None else f.index.parquet.columns for f in self._files)
+
+    @property
     def fingerprint(self) -> str:
         """A short hash of the files' sample counts, sizes, and first and last 64 KiB, as indexed.
 

@@ -4,6 +4,11 @@ checked against the file's key so that a file changed under a slice is told, nev
 
 A compressed file's slices start at checkpoints (:meth:`Text.snap`): a rank then decompresses its
 own slice and the few bytes past its end that finish its last line, not the spans before it.
+
+What the collective reader asks of a text (this module's :class:`Text`, or a Parquet file's
+:class:`~rank_dataset.shards._rows.RowsText`): :attr:`~Text.planned` bytes to cut into slices,
+:meth:`~Text.line_start` where a slice may start, :meth:`~Text.count` the samples of a piece, and a
+:meth:`~Text.reading` whose :meth:`~Reading.lines` reads a piece again and finds its samples.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +25,25 @@ import numpy.typing as npt
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import Checkpoints, DecompressedView
 from rank_dataset.files.index import FileKey
-from rank_dataset.files.scan import NEWLINE
+from rank_dataset.files.scan import NEWLINE, scan_buffer
 
-__all__ = ["READ", "Reading", "Text", "chunks", "open_checked"]
+__all__ = ["READ", "Lines", "Reading", "Text", "check_open", "chunks", "open_checked", "open_fd"]
 
 READ = 16 << 20  # bytes per sequential read of a slice, counting its lines
+_PROBE = 4096  # bytes first looked at to find where a slice starts (doubled until a newline is found)
+
+
+@dataclass(frozen=True)
+class Lines:
+    """The samples found in a piece of a text: where each starts (counted from the piece's start) and
+    its length, the lines they span (newlines; a Parquet file's rows), the piece's bytes of text, and
+    whether they are all ASCII."""
+
+    starts: npt.NDArray[np.int64]
+    lengths: npt.NDArray[np.int64]
+    newlines: int
+    nbytes: int
+    ascii: bool
 
 
 class Text:
@@ -40,6 +60,41 @@ class Text:
         self.path, self.key, self.checkpoints = path, key, checkpoints
         #: Bytes of text: the file's size, or a compressed file's decompressed size.
         self.size = key.size if checkpoints is None else checkpoints.size
+
+    @property
+    def planned(self) -> int:
+        """Bytes of text, as the slices are cut before the count (a Parquet file's differ)."""
+        return self.size
+
+    def line_start(self, x: int) -> int:
+        """Where a slice that should start near byte ``x`` starts: the first line at or after
+        :meth:`snap` gives (at a checkpoint of a compressed file, the first after it, so that finding
+        it decompresses from there, not from the checkpoint before), or :attr:`size`."""
+        local = self.snap(x)
+        if local == 0:
+            return 0
+        # A plain file's slice starts after the first newline at or after local - 1 (at local itself
+        # where a line starts there).
+        pos, step = (local if self.checkpoints is not None else local - 1), _PROBE
+        with self.open() as reading:
+            while pos < self.size:
+                piece = reading.read(pos, step)
+                if not piece:
+                    raise MetaFileChangedError(self.path, "it shrank while being read")
+                hit = piece.find(b"\n")
+                if hit >= 0:
+                    return pos + hit + 1
+                pos += len(piece)
+                step = min(2 * step, READ)
+        return self.size
+
+    def count(self, a: int, b: int) -> Iterator[Lines]:
+        """The samples of bytes ``[a, b)`` (``a`` starts a line, ``b`` ends one or the text), read
+        :data:`READ` bytes at a time."""
+        with self.open() as reading:
+            for buf, offset, last in chunks(reading, a, b):
+                chunk = scan_buffer(buf, offset, last)
+                yield Lines(chunk.starts - a, chunk.lengths, chunk.newlines, buf.size, chunk.ascii)
 
     def snap(self, x: int) -> int:
         """Where a slice that should start near byte ``x`` of the text may start: ``x`` in a plain file;
@@ -59,7 +114,7 @@ class Text:
 
     def reading(self) -> Reading:
         """A :class:`Reading` of the text (the caller closes it), the file checked against the key."""
-        fd = _open(self.path, self.key)
+        fd = open_fd(self.path, self.key)
         try:
             return Reading(self, fd)
         except BaseException:
@@ -114,9 +169,16 @@ class Reading:
                 raise MetaFileChangedError(path, "it shrank while being read")
             done += got
 
+    def lines(self, buf: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> Lines:
+        """Fill ``buf`` from byte ``offset`` of the text (which starts a line; ``buf`` ends one or the
+        text) as :meth:`read_into` does, and find its samples."""
+        self.read_into(buf, offset, until)
+        chunk = scan_buffer(buf, offset, offset + buf.size == self.text.size)
+        return Lines(chunk.starts - offset, chunk.lengths, chunk.newlines, buf.size, chunk.ascii)
+
     def check(self) -> None:
         """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key."""
-        _check_open(self.text.path, self.text.key, self.fd)
+        check_open(self.text.path, self.text.key, self.fd)
 
     def _decompressed(self, a: int, b: int, until: int | None = None) -> bytes:
         assert self._view is not None
@@ -141,15 +203,15 @@ class Reading:
 @contextlib.contextmanager
 def open_checked(path: Path, key: FileKey) -> Iterator[int]:
     """A descriptor of ``path``, checked against ``key`` on entry and once the reading is done."""
-    fd = _open(path, key)
+    fd = open_fd(path, key)
     try:
         yield fd
-        _check_open(path, key, fd)
+        check_open(path, key, fd)
     finally:
         os.close(fd)
 
 
-def _open(path: Path, key: FileKey) -> int:
+def open_fd(path: Path, key: FileKey) -> int:
     """A descriptor of ``path``, which must be the file ``key`` describes."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -163,7 +225,7 @@ def _open(path: Path, key: FileKey) -> int:
     return fd
 
 
-def _check_open(path: Path, key: FileKey, fd: int) -> None:
+def check_open(path: Path, key: FileKey, fd: int) -> None:
     """Raise MetaFileChangedError unless both ``fd`` and ``path`` are still the file of ``key``."""
     _check(path, key, os.fstat(fd))
     try:

@@ -11,6 +11,10 @@ the k-th part of its slice (about ``_ROUND`` bytes of lines), checks it against 
 each rank the lines it asked for, headed by a status byte; each rank checks every owner's status, then copies
 what it received straight into its shareable segment: the shard is the file reader's, byte for byte.
 
+A Parquet file's text is its rows' lines (:mod:`rank_dataset.shards._rows`): its slices are cut at row
+groups by their sizes in the footer, before the count, and the all-gather of what each rank rendered
+places them; a row is a sample whatever it holds.
+
 Every collective runs on the reader's own gloo group (created over the ranks of the group given, with
 ``timeout``), named with the epoch in the error a failed or timed-out collective raises on each rank.
 A file changed under any slice (:class:`~rank_dataset.errors.MetaFileChangedError`) and a line that is
@@ -36,24 +40,18 @@ from rank_dataset.core.checks import meta_path
 from rank_dataset.core.shard import Shard, ShardWriter, copy_rows, offset_dtype
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import Checkpoints, Format, detect_path
-from rank_dataset.files.index import FileKey, load_index, read_checkpoints
+from rank_dataset.files.index import FileKey, check_columns, load_index, read_checkpoints
 from rank_dataset.files.scan import NEWLINE, scan_buffer
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
-from rank_dataset.shards._text import READ, Reading, Text, chunks, open_checked
+from rank_dataset.shards._rows import RowsReading, RowsText
+from rank_dataset.shards._text import Reading, Text, chunks, open_checked
 from rank_dataset.shards.reader import SampledReader
 
-__all__ = ["PARQUET_REFUSED", "CollectiveError", "CollectiveReader"]
-
-#: Why a Parquet meta file is refused (``path`` to fill in).
-PARQUET_REFUSED = (
-    "{path} is a Parquet file: reader='collective' reads text meta files (plain, gzip or zstd), not yet "
-    "Parquet ones; use reader='file', which reads it in place"
-)
+__all__ = ["CollectiveError", "CollectiveReader"]
 
 _ROUND = 4 << 20  # bytes of lines an owner reads and serves in a round of the exchange
-_PROBE = 4096  # bytes first looked at to find where a slice starts (doubled until a newline is found)
 _FINGERPRINT_BYTES = 1 << 16  # as MetaFile's fingerprint: each file's first and last 64 KiB
 _OK, _CHANGED, _NOT_UTF8, _CORRUPT = 0, 1, 2, 3
 _HEAD = 1  # bytes of status ahead of each owner's lines to each rank, in every round
@@ -105,9 +103,11 @@ class CollectiveReader(SampledReader):
         timeout: how long a collective waits for every rank (default: torch's).
         agree: called as ``agree(fields, gloo_group)`` before the first collective that depends on the
             files: the ranks' agreement check (it raises the same error on every rank if they differ).
+        columns: for each file, a Parquet file's chosen columns (None: all); None for every file.
 
     Raises:
-        ValueError: no initialised process group; the files hold no sample.
+        ValueError: no initialised process group; the files hold no sample; ``columns`` for a file
+            that is not Parquet, or a missing, nested or binary column (as the file reader words it).
         FileNotFoundError: a file does not exist.
     """
 
@@ -119,6 +119,7 @@ class CollectiveReader(SampledReader):
         group: Any = None,
         timeout: datetime.timedelta | None = None,
         agree: Agree | None = None,
+        columns: Sequence[Sequence[str] | None] | None = None,
     ) -> None:
         import torch.distributed as dist
 
@@ -132,9 +133,12 @@ class CollectiveReader(SampledReader):
         self.paths = tuple(meta_path(p) for p in paths)
         if not self.paths:
             raise ValueError("no meta files given: give at least one")
+        chosen = [None if c is None else tuple(c) for c in (columns or [None] * len(self.paths))]
+        if len(chosen) != len(self.paths):
+            raise ValueError(f"give one columns entry a file: {len(self.paths)} paths, {len(chosen)} entries")
         self._timeout = timeout
         self._epoch: int | None = None  # named in a collective's error
-        self._readings: dict[int, Reading] = {}  # a build's, by file
+        self._readings: dict[int, Reading | RowsReading] = {}  # a build's, by file
         #: What the last build (or the making, before one) cost this rank: bytes of the files read, and
         #: bytes sent and received in its exchange (requests, lengths, lines).
         self.stats = {"read": 0, "sent": 0, "received": 0}
@@ -142,47 +146,61 @@ class CollectiveReader(SampledReader):
         self.group, self._owns_group = _gloo_group(group, timeout)
         self.rank, self.world_size = dist.get_rank(self.group), dist.get_world_size(self.group)
         try:
-            self._setup(sources, agree)
+            self._setup(sources, agree, chosen)
         except BaseException:
             self.close()
             raise
 
-    def _setup(self, sources: Sequence[Source] | None, agree: Agree | None) -> None:
+    def _setup(
+        self, sources: Sequence[Source] | None, agree: Agree | None, columns: list[tuple[str, ...] | None]
+    ) -> None:
         keys = [FileKey.of(os.stat(p)) for p in self.paths]
         formats = [detect_path(p) for p in self.paths]
-        for path, fmt in zip(self.paths, formats):
-            if fmt is Format.PARQUET:
-                raise ValueError(PARQUET_REFUSED.format(path=path))
+        for path, fmt, cols in zip(self.paths, formats, columns):
+            check_columns(path, fmt, cols)
         if agree is not None:
             with self._collective("the agreement check"):
                 fields = {"reader": "collective", "files": len(keys), "sizes": tuple(k.size for k in keys)}
+                if any(c is not None for c in columns):
+                    fields["columns"] = tuple(columns)
                 agree({**fields, "formats": tuple(f.value for f in formats)}, self.group)
         self._keys = keys
-        self._texts = self._checkpointed([Text(p, k) for p, k in zip(self.paths, keys)], formats)
-        sizes = np.array([t.size for t in self._texts], np.int64)
-        self._file_offsets = np.concatenate([[0], np.cumsum(sizes)])  # global text offset of each file
-        total, w = int(self._file_offsets[-1]), self.world_size
+        checkpoints = self._checkpoints(keys, formats)
+        w, files = self.world_size, len(keys)
         failure = None
         try:
-            lo, hi = (self._cut(total * r // w) for r in (self.rank, self.rank + 1))
+            # A Parquet file's footer is read here, by every rank (its slices are cut at its row groups).
+            self._texts: list[Text | RowsText] = [
+                RowsText(p, k, c) if f is Format.PARQUET else Text(p, k, ck)
+                for p, k, f, c, ck in zip(self.paths, keys, formats, columns, checkpoints)
+            ]
+            # The slices are cut in planned bytes (a Parquet file's are its row groups' sizes in the
+            # footer: its text is known once rendered), then placed in bytes of text by the count.
+            self._file_offsets = np.concatenate([[0], np.cumsum([t.planned for t in self._texts])]).astype(np.int64)
+            planned = int(self._file_offsets[-1])
+            lo, hi = (self._cut(planned * r // w) for r in (self.rank, self.rank + 1))
             counts, starts, lengths = self._count(lo, hi)
         except Exception as exc:  # told to every rank by the all-gather, then raised on each
             failure = _failure(exc)
             if failure is None:
                 raise
-            lo = hi = 0
-            counts = np.zeros((2, len(keys)), np.int64)
+            counts = np.zeros((3, files), np.int64)
             starts = lengths = np.zeros(0, np.int64)
-        self.stats["read"] = self._read_bytes(lo, hi)
-        # One all-gather: each rank's slice [lo, hi), its samples and newlines in each file, and
-        # whether it could count them.
-        mine = np.concatenate([[lo, hi], counts.reshape(-1), [failure is not None]])
+        # One all-gather: each rank's samples, newlines and bytes of text in each file, and whether it
+        # could count them.
+        mine = np.concatenate([counts.reshape(-1), [failure is not None]])
         table = self._all_gather(mine, "the count of lines")
         self._check_status(table[:, -1], failure)
-        table = table[:, :-1]
-        self._cuts = np.concatenate([table[:, 0], table[-1:, 1]])
-        per = table[:, 2:].reshape(w, 2, len(keys))
-        self._samples, self._newlines = per[:, 0, :], per[:, 1, :]  # (rank, file)
+        per = table[:, :-1].reshape(w, 3, files)
+        self._samples, self._newlines, text = per[:, 0, :], per[:, 1, :], per[:, 2, :]  # (rank, file)
+        # The slices in bytes of text: rank r's is [_cuts[r], _cuts[r + 1]) of the files taken as one.
+        self._file_offsets = np.concatenate([[0], np.cumsum(text.sum(axis=0))]).astype(np.int64)
+        self._cuts = np.concatenate([[0], np.cumsum(text.sum(axis=1))]).astype(np.int64)
+        for f, t in enumerate(self._texts):
+            if isinstance(t, RowsText):
+                t.place(int(text[: self.rank, f].sum()), int(text[:, f].sum()))
+        total = int(self._file_offsets[-1])
+        self.stats["read"] = self._read_bytes(int(self._cuts[self.rank]), int(self._cuts[self.rank + 1]))
         file_samples = self._samples.sum(axis=0)
         self._bounds = Bounds(file_samples)
         # Rank r holds global samples [_owned[r], _owned[r + 1]): slices are in file order.
@@ -204,17 +222,18 @@ class CollectiveReader(SampledReader):
         self._fingerprint, self._file_fingerprints = self._fingerprints(file_samples)
         self._sample(self._bounds.total, self._bounds.starts, sources, None)
 
-    def _checkpointed(self, texts: list[Text], formats: list[Format]) -> list[Text]:
-        """``texts``, those of gzip and zstd files with their checkpoints: rank 0 loads them from each
+    def _checkpoints(self, keys: list[FileKey], formats: list[Format]) -> list[Checkpoints | None]:
+        """The checkpoints of each gzip and zstd file (None for another): rank 0 loads them from each
         file's index (which it makes if there is none: one decompression of the file per job) and
         sends them to every rank, or the error it met."""
         if not any(f.compressed for f in formats):
-            return texts
+            return [None] * len(formats)
         found: list[Any] = [None]
         if self.rank == 0:
             try:
                 found[0] = [
-                    _checkpoints(t.path, t.key).to_bytes() if f.compressed else None for t, f in zip(texts, formats)
+                    _checkpoints(p, k).to_bytes() if f.compressed else None
+                    for p, k, f in zip(self.paths, keys, formats)
                 ]
             except (OSError, ValueError) as exc:
                 found[0] = exc
@@ -225,7 +244,7 @@ class CollectiveReader(SampledReader):
         if isinstance(found[0], BaseException):
             raise found[0]
         got: list[bytes | None] = found[0]
-        return [t if raw is None else Text(t.path, t.key, Checkpoints.from_bytes(raw)) for t, raw in zip(texts, got)]
+        return [None if raw is None else Checkpoints.from_bytes(raw) for raw in got]
 
     def _read_bytes(self, lo: int, hi: int) -> int:
         """Bytes of the files (compressed ones of a compressed file) that reading text ``[lo, hi)`` takes."""
@@ -338,7 +357,7 @@ class CollectiveReader(SampledReader):
             writer.ids[:] = ids
         return writer.finish()
 
-    def _reading(self, f: int) -> Reading:
+    def _reading(self, f: int) -> Reading | RowsReading:
         """File ``f``'s reading for this build: opened at its first use, closed as the build ends (a
         compressed file's decoder goes on from round to round)."""
         reading = self._readings.get(f)
@@ -355,12 +374,15 @@ class CollectiveReader(SampledReader):
         """``path:line`` of global sample ``sample`` (found by reading the slice that holds it)."""
         file, local = self._bounds.locate(sample)
         path = self.paths[file]
+        text = self._texts[file]
+        if not isinstance(text, Text):  # as the file reader names a Parquet file's row
+            return f"{path}, row {local}"
         owner = int(np.searchsorted(self._owned, sample, side="right")) - 1
         k = local - int(self._samples[:owner, file].sum())  # its number within the owner's piece
         line = int(self._newlines[:owner, file].sum())
         lo, hi = self._piece(owner, file)
         try:
-            with self._texts[file].open() as reading:
+            with text.open() as reading:
                 for buf, offset, last in chunks(reading, lo, hi):
                     chunk = scan_buffer(buf, offset, last)
                     if k < chunk.starts.size:
@@ -390,37 +412,18 @@ class CollectiveReader(SampledReader):
     # -- the slices --------------------------------------------------------------------------------
 
     def _cut(self, x: int) -> int:
-        """The first global offset at or after ``x`` where a line starts (a file's start, or after a
-        newline), or the end of the files."""
+        """The first offset at or after ``x`` (in the planned bytes of the files taken as one) where a
+        slice may start: a line's start near ``x`` (see each text's ``line_start``), or the end of the files."""
         offsets = self._file_offsets
         if x >= offsets[-1]:
             return int(offsets[-1])
         f = int(np.searchsorted(offsets, x, side="right")) - 1
-        text = self._texts[f]
-        local = text.snap(x - int(offsets[f]))
-        if local == 0:
-            return int(offsets[f])
-        # A plain file's slice starts after the first newline at or after local - 1 (at local itself
-        # where a line starts there); a compressed one's after the first at or after its checkpoint,
-        # so that finding it decompresses from there, not from the checkpoint before.
-        size, path = text.size, self.paths[f]
-        pos, step = (local if text.checkpoints is not None else local - 1), _PROBE
-        with text.open() as reading:
-            while pos < size:
-                piece = reading.read(pos, step)
-                if not piece:
-                    raise MetaFileChangedError(path, "it shrank while being read")
-                hit = piece.find(b"\n")
-                if hit >= 0:
-                    return int(offsets[f]) + pos + hit + 1
-                pos += len(piece)
-                step = min(2 * step, READ)
-        return int(offsets[f + 1])
+        return int(offsets[f]) + self._texts[f].line_start(x - int(offsets[f]))
 
     def _piece(self, rank: int, file: int) -> tuple[int, int]:
         """``(lo, hi)``: the bytes of ``file`` in ``rank``'s slice (empty: lo == hi)."""
         start = int(self._file_offsets[file])
-        size = self._texts[file].size
+        size = int(self._file_offsets[file + 1]) - start
         lo = min(max(int(self._cuts[rank]) - start, 0), size)
         hi = min(max(int(self._cuts[rank + 1]) - start, 0), size)
         return lo, max(lo, hi)
@@ -429,34 +432,43 @@ class CollectiveReader(SampledReader):
         """``(file, a, b)`` of each file's bytes ``[a, b)`` in the global range ``[lo, hi)``."""
         for f in range(len(self.paths)):
             start = int(self._file_offsets[f])
-            a, b = max(lo - start, 0), min(hi - start, self._texts[f].size)
+            a, b = max(lo - start, 0), min(hi, int(self._file_offsets[f + 1])) - start
             if a < b:
                 yield f, a, b
 
     def _count(self, lo: int, hi: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any], npt.NDArray[Any]]:
-        """``(2, files)``: the samples and the newlines of each file in the global range ``[lo, hi)``;
-        and where each sample starts (from ``lo``) and its length."""
-        counts = np.zeros((2, len(self.paths)), np.int64)
-        dtype = offset_dtype(hi - lo)
+        """``(3, files)``: the samples, the newlines and the bytes of text of each file in the planned
+        range ``[lo, hi)``; and where each sample starts (from the slice's start, in bytes of text)
+        and its length."""
+        counts = np.zeros((3, len(self.paths)), np.int64)
+        pieces = list(self._my_pieces(lo, hi))
+        # A Parquet file's text may be longer than planned: its starts in 8 bytes until the end.
+        rows = any(isinstance(self._texts[f], RowsText) for f, _, _ in pieces)
+        dtype = np.dtype(np.int64) if rows else offset_dtype(hi - lo)
         starts: list[npt.NDArray[Any]] = [np.zeros(0, dtype)]
         lengths: list[npt.NDArray[Any]] = [np.zeros(0, dtype)]
-        for f, a, b in self._my_pieces(lo, hi):
-            base = int(self._file_offsets[f]) - lo
-            with self._texts[f].open() as reading:
-                for buf, offset, last in chunks(reading, a, b):
-                    chunk = scan_buffer(buf, offset, last)
-                    counts[0, f] += chunk.starts.size
-                    counts[1, f] += chunk.newlines
-                    starts.append((chunk.starts + base).astype(dtype))
-                    lengths.append(chunk.lengths.astype(dtype))
-        return counts, np.concatenate(starts), np.concatenate(lengths)
+        done = 0  # bytes of text of the slice before the piece's
+        for f, a, b in pieces:
+            for lines in self._texts[f].count(a, b):
+                counts[:, f] += (lines.starts.size, lines.newlines, lines.nbytes)
+                starts.append((lines.starts + done).astype(dtype))
+                lengths.append(lines.lengths.astype(dtype))
+            done += int(counts[2, f])
+        dtype = offset_dtype(done)
+        return (
+            counts,
+            np.concatenate(starts).astype(dtype, copy=False),
+            np.concatenate(lengths).astype(dtype, copy=False),
+        )
 
     def _fingerprints(self, file_samples: npt.NDArray[np.int64]) -> tuple[str, tuple[str, ...]]:
         """MetaFile's fingerprints of the files (together, each alone): read by rank 0, sent to all."""
         if self.rank == 0:
             whole, each = hashlib.sha256(), []
-            for path, key, count in zip(self.paths, self._keys, file_samples.tolist()):
+            for path, key, count, text in zip(self.paths, self._keys, file_samples.tolist(), self._texts):
                 part = struct.pack("<qq", count, key.size)
+                if isinstance(text, RowsText):  # as MetaFile's: other columns, other samples
+                    part += "\t".join(text.columns).encode() + b"\n"
                 if key.size:
                     n = min(key.size, _FINGERPRINT_BYTES)
                     with open_checked(path, key) as fd:
@@ -504,7 +516,7 @@ class CollectiveReader(SampledReader):
             dst = _exclusive(lengths) + _HEAD * np.repeat(np.arange(1, splits.size + 1, dtype=np.int64), splits)
             copy_rows(buf, at, lengths, send, dst)
             if not ascii_:
-                _check_utf8(send, dst, lengths, lambda r: self._line_of(buf, parts, int(at[r])))
+                _check_utf8(send, dst, lengths, lambda r: self._line_of(buf, parts, int(at[r]), int(rows[r])))
         except (MetaFileChangedError, ValueError) as exc:  # a CorruptMetaFileError is a ValueError
             failure = _failure(exc)
             assert failure is not None
@@ -528,14 +540,12 @@ class CollectiveReader(SampledReader):
             at = int(self._file_offsets[f]) + a - base - lo  # where the file's part starts in buf
             piece = buf[at : at + b - a]
             reading = self._reading(f)
-            reading.read_into(piece, a, until=self._piece(self.rank, f)[1])
+            chunk = reading.lines(piece, a, until=self._piece(self.rank, f)[1])
             reading.check()
-            chunk = scan_buffer(piece, a, b == self._texts[f].size)
             m = chunk.starts.size
-            shift = int(self._file_offsets[f]) - base
             if not (
                 done + m <= stop
-                and np.array_equal(chunk.starts + shift, self._starts[done : done + m])
+                and np.array_equal(chunk.starts + (lo + at), self._starts[done : done + m])
                 and np.array_equal(chunk.lengths, self._lengths[done : done + m])
             ):
                 counted = f"{int(self._samples[self.rank, f]):,} counted in its bytes {self._piece(self.rank, f)}"
@@ -553,9 +563,12 @@ class CollectiveReader(SampledReader):
             raise MetaFileChangedError(self.paths[f], what)
         return buf, parts, ascii_
 
-    def _line_of(self, buf: npt.NDArray[np.uint8], parts: list[tuple[int, int, int]], at: int) -> str:
-        """``path:line`` of the line at ``buf[at]`` (``parts`` as :meth:`_read` gives them)."""
+    def _line_of(self, buf: npt.NDArray[np.uint8], parts: list[tuple[int, int, int]], at: int, row: int) -> str:
+        """``path:line`` of the line at ``buf[at]``, this slice's sample ``row`` (``parts`` as
+        :meth:`_read` gives them)."""
         f, start, before = next(p for p in reversed(parts) if p[1] <= at)
+        if isinstance(self._texts[f], RowsText):  # a row may hold newlines: named by its number
+            return self.where(int(self._owned[self.rank]) + row)
         return f"{self.paths[f]}:{before + int(np.count_nonzero(buf[start:at] == NEWLINE)) + 1}"
 
     def _check_status(self, status: npt.NDArray[Any], failure: _Failure | None) -> None:

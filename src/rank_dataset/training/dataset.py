@@ -13,14 +13,13 @@ from torch.utils.data import Dataset
 from rank_dataset.core.checks import check_int
 from rank_dataset.core.parsers import Parser, resolve_parser
 from rank_dataset.core.residency import return_freed_memory
-from rank_dataset.files.formats import Format, detect_path
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.config import ReloadConfig
 from rank_dataset.plan.exclude import Exclusion
-from rank_dataset.plan.sources import Source, SourceInfo, as_sources
+from rank_dataset.plan.sources import Source, SourceInfo, as_sources, column_names
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards.channel import AuditMode, PassCount, ShardChannel
-from rank_dataset.shards.collective import PARQUET_REFUSED, CollectiveReader
+from rank_dataset.shards.collective import CollectiveReader
 from rank_dataset.shards.failures import Failure
 from rank_dataset.shards.reader import FileReader, ShardReader, columns_of, files_of
 from rank_dataset.training._agree import agreement_fields, agreement_needed, check_ranks_agree
@@ -357,17 +356,19 @@ class RankDataset(ShardedDataset):
             where = "give each Source its columns=" if sources is not None else "give the MetaFile its columns="
             raise ValueError(f"columns= applies to a path or a list of paths: {where}")
         if reader == "collective":
-            paths = _paths_of(meta_file) if sources is None else files_of(sources)
-            if columns is not None or any(s.columns is not None for s in sources or ()):
-                raise ValueError(
-                    "columns= picks the columns of Parquet meta files, which reader='collective' does not read "
-                    "(it reads text meta files: plain, gzip or zstd); use reader='file'"
-                )
-            for path in paths:
-                if os.path.isfile(path) and detect_path(path) is Format.PARQUET:
-                    raise ValueError(PARQUET_REFUSED.format(path=path))
+            paths: Sequence[str | os.PathLike[str]]
+            chosen: Sequence[tuple[str, ...] | None]
+            if sources is not None:
+                paths, chosen = files_of(sources), columns_of(sources)
+            elif isinstance(meta_file, MetaFile):
+                paths, chosen = meta_file.paths, meta_file.columns
+            else:
+                paths = _paths_of(meta_file)
+                chosen = [None if columns is None else column_names(columns)] * len(paths)
             self.meta: MetaFile | None = None  # no MetaFile: no index is read or written
-            shards: ShardReader = CollectiveReader(paths, sources, group=group, timeout=timeout, agree=_agree_files)
+            shards: ShardReader = CollectiveReader(
+                paths, sources, group=group, timeout=timeout, agree=_agree_files, columns=chosen
+            )
         else:
             if sources is None:
                 meta = (
@@ -409,9 +410,7 @@ class RankDataset(ShardedDataset):
 
 
 def _paths_of(meta_file: Any) -> list[str | os.PathLike[str]]:
-    """The paths of plain meta files (a path, a list of paths, or a MetaFile's files)."""
-    if isinstance(meta_file, MetaFile):
-        return list(meta_file.paths)
+    """The paths of meta files given as a path or a list of paths."""
     if isinstance(meta_file, (str, os.PathLike)):
         return [meta_file]
     if isinstance(meta_file, Sequence) and meta_file and all(isinstance(p, (str, os.PathLike)) for p in meta_file):

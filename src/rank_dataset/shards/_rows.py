@@ -1,0 +1,183 @@
+"""The text of a Parquet meta file as the collective reader reads it: its rows' lines (the chosen
+columns joined by a tab, as :class:`~rank_dataset.files.formats.ParquetRows` renders them), each
+followed by a newline, row group after row group. Row ``i`` is sample ``i`` and line ``i``, whatever it
+holds (an empty row, a value with a tab or a newline): the samples are the rows, never a scan of the
+bytes, so the shards are the file reader's.
+
+A row group's text is known only once it is decoded, so a Parquet file is cut into slices in other
+coordinates first (:attr:`RowsText.planned`): each row group weighs its chosen columns' uncompressed
+bytes from the footer (plus one, so that no row group weighs nothing), and slices start at row-group
+boundaries. Each rank renders only its own row groups (:meth:`RowsText.count`); once the ranks have
+all-gathered what each rendered, :meth:`RowsText.place` puts this rank's row groups at their offsets
+in the file's text, which the exchange reads (:meth:`RowsReading.lines`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
+from rank_dataset.files.formats import ParquetRows
+from rank_dataset.files.index import FileKey
+from rank_dataset.files.scan import NEWLINE
+from rank_dataset.shards._text import Lines, check_open, open_fd
+
+__all__ = ["RowsReading", "RowsText"]
+
+_IntArray = npt.NDArray[np.int64]
+
+
+class RowsText:
+    """The rows of the Parquet file at ``path`` (which ``key`` describes) as text, ``columns`` chosen.
+
+    Raises:
+        ValueError: a chosen column is missing, nested or binary (as the file reader words it).
+        CorruptMetaFileError: the footer cannot be read.
+        MetaFileChangedError: the file is not the one of ``key``.
+    """
+
+    def __init__(self, path: Path, key: FileKey, columns: Sequence[str] | None) -> None:
+        self.path, self.key = path, key
+        rows = ParquetRows(path, columns)
+        os.close(open_fd(path, key))  # the footer read was this file's
+        self.columns, self.schema_hash, self.bounds = rows.columns, rows.schema_hash, rows.bounds
+        self._read_bytes, uncompressed = rows.group_bytes()
+        #: Row group ``g`` is bytes ``[edges[g], edges[g + 1])`` of the planned coordinates.
+        self.edges: _IntArray = np.concatenate([[0], np.cumsum(uncompressed + 1)]).astype(np.int64)
+        #: Bytes of text: known once :meth:`place` is called.
+        self.size = -1
+        #: This rank's row groups ``[g0, g1)``: those :meth:`count` rendered.
+        self.groups = (0, 0)
+        self._sizes: _IntArray = np.zeros(0, np.int64)  # their bytes of text
+        #: Where each of them starts in the text, and where the last ends (once placed).
+        self.group_starts: _IntArray = np.zeros(1, np.int64)
+
+    @property
+    def planned(self) -> int:
+        """The file's weight in the coordinates its slices are cut in (its row groups', from the footer)."""
+        return int(self.edges[-1])
+
+    def line_start(self, x: int) -> int:
+        """The row-group boundary nearest ``x`` (planned coordinates): where a slice starts."""
+        return int(self.edges[int(np.argmin(np.abs(self.edges - x)))])
+
+    def count(self, a: int, b: int) -> Iterator[Lines]:
+        """The rows of the row groups in ``[a, b)`` (planned coordinates, at row-group boundaries),
+        one row group at a time, rendered; kept (their sizes) for :meth:`place`."""
+        g0, g1 = (int(np.searchsorted(self.edges, x)) for x in (a, b))
+        self.groups, self._sizes, done = (g0, g1), np.zeros(g1 - g0, np.int64), 0
+        with self.open() as reading:
+            for g in range(g0, g1):
+                text, starts, lengths = reading.render(g)
+                yield Lines(starts + done, lengths, starts.size, text.size, _ascii(text))
+                self._sizes[g - g0] = text.size
+                done += text.size
+
+    def place(self, start: int, size: int) -> None:
+        """Put this rank's row groups (those :meth:`count` rendered) at byte ``start`` of the file's
+        text, which is ``size`` bytes long."""
+        self.size = size
+        self.group_starts = start + np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
+
+    def compressed(self, lo: int, hi: int) -> int:
+        """Bytes of the file that reading text ``[lo, hi)`` (of this rank's row groups) takes: its row
+        groups' chosen columns (the footer, read with each reading, is not counted)."""
+        g0 = self.groups[0]
+        first = int(np.searchsorted(self.group_starts, lo, side="right")) - 1
+        last = int(np.searchsorted(self.group_starts, hi, side="left"))
+        return int(self._read_bytes[g0 + max(first, 0) : g0 + last].sum()) if lo < hi else 0
+
+    def reading(self) -> RowsReading:
+        """A :class:`RowsReading` of the file (the caller closes it), checked against the key."""
+        fd = open_fd(self.path, self.key)
+        try:
+            return RowsReading(self, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[RowsReading]:
+        """A :class:`RowsReading` of the file, checked against the key on entry and once it is done."""
+        reading = self.reading()
+        try:
+            yield reading
+            reading.check()
+        finally:
+            reading.close()
+
+
+class RowsReading:
+    """Reads of a :class:`RowsText` through one descriptor, checked against its key, the footer read
+    again and checked against the one the text was made from. Keeps the last row group it rendered
+    (the rounds of an exchange read on from where the one before stopped)."""
+
+    def __init__(self, text: RowsText, fd: int) -> None:
+        self.text, self.fd = text, fd
+        schema = f"its schema changed since the dataset was made: the columns {list(text.columns)} are not those read"
+        try:
+            rows = ParquetRows(text.path, text.columns)
+        except ValueError as exc:  # a chosen column gone or nested now (or a CorruptMetaFileError)
+            self.check()  # a file rewritten meanwhile is that
+            if isinstance(exc, CorruptMetaFileError):
+                raise
+            raise MetaFileChangedError(text.path, f"{schema} ({exc})") from None
+        self.check()
+        if rows.schema_hash != text.schema_hash:
+            raise MetaFileChangedError(text.path, f"{schema} (another type, or another column)")
+        if not np.array_equal(rows.bounds, text.bounds):
+            raise MetaFileChangedError(text.path, "its row groups changed since the dataset was made")
+        self._rows: ParquetRows | None = rows
+        self._kept: tuple[int, npt.NDArray[np.uint8], _IntArray, _IntArray] | None = None
+
+    def render(self, g: int) -> tuple[npt.NDArray[np.uint8], _IntArray, _IntArray]:
+        """Row group ``g`` as text: its bytes, and where each row starts in them and its length."""
+        if self._kept is None or self._kept[0] != g:
+            assert self._rows is not None, "the reading was closed"
+            data, offsets = self._rows.group_array(g)
+            data, rel = data[offsets[0] : offsets[-1]], offsets - offsets[0]
+            text = np.insert(data, rel[1:], NEWLINE)  # each row's line, then a newline
+            starts = rel[:-1] + np.arange(rel.size - 1, dtype=np.int64)
+            self._kept = (g, text, starts, np.diff(rel))
+        return self._kept[1], self._kept[2], self._kept[3]
+
+    def lines(self, buf: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> Lines:
+        """Fill ``buf`` from byte ``offset`` of the text (within this rank's row groups, placed;
+        ``offset`` starts a row and ``buf`` ends one) and give its rows."""
+        del until  # a row group is decoded whole: there is nothing past it to read on to
+        text, done = self.text, 0
+        starts: list[_IntArray] = [np.zeros(0, np.int64)]
+        lengths: list[_IntArray] = [np.zeros(0, np.int64)]
+        k = int(np.searchsorted(text.group_starts, offset, side="right")) - 1  # this rank's k-th row group
+        while done < buf.size:
+            at = int(text.group_starts[k])  # where it starts in the text
+            rendered, row_starts, row_lengths = self.render(text.groups[0] + k)
+            a, b = offset + done - at, min(offset + buf.size - at, rendered.size)
+            buf[done : done + b - a] = rendered[a:b]
+            rows = slice(*np.searchsorted(row_starts, (a, b)).tolist())
+            starts.append(row_starts[rows] + (at - offset))
+            lengths.append(row_lengths[rows])
+            done, k = done + b - a, k + 1
+        found = np.concatenate(starts)
+        return Lines(found, np.concatenate(lengths), found.size, buf.size, _ascii(buf))
+
+    def check(self) -> None:
+        """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key."""
+        check_open(self.text.path, self.text.key, self.fd)
+
+    def close(self) -> None:
+        """Let go of the row group kept, the footer and the descriptor."""
+        if self._rows is None:
+            return
+        self._rows = self._kept = None
+        os.close(self.fd)
+
+
+def _ascii(data: npt.NDArray[np.uint8]) -> bool:
+    return not data.size or int(data.max()) < 0x80
