@@ -19,8 +19,8 @@ For each (every measurement in a fresh process, one after another):
 
 Then the share of the file that rank 0's build decompresses at larger W (``--far-worlds``).
 
-With ``--collective W`` (``--collective-only``: that alone), the collective reader on the text, gzip
-and zstd files: W gloo ranks on this machine, as ``bench_collective.py`` runs them (a cold start with
+With ``--collective W`` (``--collective-only``: that alone), the collective reader on the text, gzip,
+zstd and Parquet files: W gloo ranks on this machine, as ``bench_collective.py`` runs them (a cold start with
 no index cache, rank 0 making the index of a compressed file; then a set_epoch), beside the file
 reader; the bytes every rank read together (``read_chars``) against the file's size on disk. Results
 in ``formats_collective.md``.
@@ -348,7 +348,7 @@ def collective(files: dict[str, Path], n: int, w: int, work: Path, out: Path) ->
     from bench_collective import plot_readers, run_world, summary
 
     found: dict[str, dict[str, float]] = {}
-    for name in ("txt", "gz", "zst", "frames.zst"):
+    for name in [k for k in ("txt", "gz", "zst", "frames.zst", "parquet") if k in files]:
         path = files[name]
         cache = work / f"cache-collective-{name}"
         cache.mkdir()
