@@ -268,6 +268,16 @@ def test_a_parquet_file_changed_under_a_slice_is_the_same_error_on_every_rank(tm
     assert errors[0].startswith(f"MetaFileChangedError: meta file {tmp_path / 'a.parquet'} changed: it was modified")
 
 
+def test_a_truncated_parquet_file_is_refused_on_every_rank(tmp_path: Path) -> None:
+    meta = tmp_path / "a.parquet"
+    write_parquet(meta, 3000, row_group_size=200)
+    meta.write_bytes(meta.read_bytes()[:-100])  # no footer: not a Parquet file, and not text either
+    errors = fault_run("truncated", 2, tmp_path)
+    assert len(set(errors)) == 1, errors
+    assert errors[0].startswith(f"CorruptMetaFileError: meta file {meta} "), errors
+    assert "ends without its footer (truncated?)" in errors[0], errors
+
+
 @pytest.mark.parametrize("rounds", [False, True])
 def test_a_bad_line_from_another_slice_is_named_on_every_rank(tmp_path: Path, rounds: bool) -> None:
     lines = [f"img_{i}.jpg {i % 5}".encode() for i in range(3000)]

@@ -62,6 +62,7 @@ __all__ = [
     "load_index",
     "read_checkpoints",
     "read_entry",
+    "refuse_cut_parquet",
     "spans_are_sane",
 ]
 
@@ -516,11 +517,17 @@ def _parquet_index(path: Path, fd: int, key: FileKey, ends_hash: bytes, columns:
     return Index(key, ends_hash, len(rows), False, None, None, Format.PARQUET, parquet=rows.layout)
 
 
-def _cut_parquet(path: Path, fd: int) -> bool:
-    """Whether the file open at ``fd``, told as text, is a Parquet file cut short: it starts with
-    Parquet's magic and is named ``.parquet`` or holds a NUL byte in its first 64 KiB (text does not)."""
+def refuse_cut_parquet(path: Path, fd: int, fmt: Format) -> None:
+    """Raise CorruptMetaFileError if the file open at ``fd``, told as ``fmt``, is a Parquet file cut
+    short: told as text, it starts with Parquet's magic and is named ``.parquet`` or holds a NUL byte
+    in its first 64 KiB (text does not). Read as text, its bytes would be taken for lines."""
+    if fmt is not Format.TEXT:
+        return
     head = os.pread(fd, _SAMPLE, 0)
-    return head[:4] == b"PAR1" and (path.suffix.lower() == ".parquet" or b"\0" in head)
+    if head[:4] == b"PAR1" and (path.suffix.lower() == ".parquet" or b"\0" in head):
+        raise CorruptMetaFileError(
+            path, os.fstat(fd).st_size, "it starts as a Parquet file (PAR1) but ends without its footer (truncated?)"
+        )
 
 
 def check_columns(path: Path, fmt: Format, columns: Sequence[str] | None) -> None:
@@ -554,10 +561,7 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
             key = FileKey.of(os.fstat(fd))
             fmt = detect(fd)
             check_columns(path, fmt, columns)
-            if fmt is Format.TEXT and _cut_parquet(path, fd):
-                raise CorruptMetaFileError(
-                    path, key.size, "it starts as a Parquet file (PAR1) but ends without its footer (truncated?)"
-                )
+            refuse_cut_parquet(path, fd, fmt)
             ends_hash = hash_ends(fd, key.size)
             if fmt is Format.PARQUET:
                 try:

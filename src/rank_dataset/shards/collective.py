@@ -40,7 +40,7 @@ from rank_dataset.core.checks import meta_path
 from rank_dataset.core.shard import Shard, ShardWriter, copy_rows, offset_dtype
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import Checkpoints, Format, detect_path
-from rank_dataset.files.index import FileKey, check_columns, load_index, read_checkpoints
+from rank_dataset.files.index import FileKey, check_columns, load_index, read_checkpoints, refuse_cut_parquet
 from rank_dataset.files.scan import NEWLINE, scan_buffer
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.sources import Source
@@ -156,8 +156,11 @@ class CollectiveReader(SampledReader):
     ) -> None:
         keys = [FileKey.of(os.stat(p)) for p in self.paths]
         formats = [detect_path(p) for p in self.paths]
-        for path, fmt, cols in zip(self.paths, formats, columns):
+        for path, key, fmt, cols in zip(self.paths, keys, formats, columns):
             check_columns(path, fmt, cols)
+            if fmt is Format.TEXT:  # a Parquet file cut short is not text: its bytes are no lines
+                with open_checked(path, key) as fd:
+                    refuse_cut_parquet(path, fd, fmt)
         if agree is not None:
             with self._collective("the agreement check"):
                 fields = {"reader": "collective", "files": len(keys), "sizes": tuple(k.size for k in keys)}
