@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
+from rank_dataset.files._points import row_at
 
 __all__ = ["Reader", "members", "stream"]
 
@@ -250,7 +251,7 @@ class Reader:
         if until is not None and until > b:
             # On to a checkpoint at least _AHEAD compressed bytes on (a call also reads up to
             # _READBUF past where it stops: fewer, longer calls waste less).
-            row = max(int(np.searchsorted(self._points[:, 0], b, side="right")) - 1, 0)
+            row = row_at(self._points, b)
             nxt = int(np.searchsorted(self._points[:, 1], int(self._points[row, 1]) + _AHEAD, side="left"))
             nxt = max(nxt, int(np.searchsorted(self._points[:, 0], b, side="left")))
             stop = min(until, int(self._points[nxt, 0])) if nxt < len(self._points) else until
@@ -259,7 +260,7 @@ class Reader:
         return head + data[: b - a], done
 
     def _inflate(self, a: int, b: int) -> tuple[bytes, int]:
-        row = max(int(np.searchsorted(self._points[:, 0], a, side="right")) - 1, 0)
+        row = row_at(self._points, a)
         try:
             self._gz.raw.seek(a)
             data = bytearray()

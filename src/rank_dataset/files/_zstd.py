@@ -17,6 +17,7 @@ import numpy.typing as npt
 import zstandard
 
 from rank_dataset.errors import CorruptMetaFileError
+from rank_dataset.files._points import row_at
 
 __all__ = ["Reader", "stream"]
 
@@ -108,7 +109,7 @@ class Reader:
     def read(self, a: int, b: int, until: int | None = None) -> tuple[bytes, int]:
         """``(bytes [a, b) (short if the file ends first), output bytes decompressed)``. (``until`` is
         :class:`~rank_dataset.files._gzip.Reader`'s: this decoder goes on from where it stopped.)"""
-        row = max(int(np.searchsorted(self._points[:, 0], a, side="right")) - 1, 0)
+        row = row_at(self._points, a)
         out0, in0 = int(self._points[row, 0]), int(self._points[row, 1])
         at, held = self._piece
         if self._frames is None or not at <= a or at + len(held) < out0:

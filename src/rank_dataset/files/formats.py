@@ -38,6 +38,7 @@ import numpy.typing as npt
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files import _gzip, _zstd
 from rank_dataset.files._parquet import ParquetRows
+from rank_dataset.files._points import row_at
 
 __all__ = [
     "BLOCK",
@@ -158,8 +159,8 @@ class Checkpoints:
 
     def at(self, offset: int) -> tuple[int, int]:
         """``(output offset, input offset)`` of the last checkpoint at or before output ``offset``."""
-        row = int(np.searchsorted(self.points[:, 0], offset, side="right")) - 1
-        return int(self.points[max(row, 0), 0]), int(self.points[max(row, 0), 1])
+        row = row_at(self.points, offset)
+        return int(self.points[row, 0]), int(self.points[row, 1])
 
     def compressed_span(self, a: int, b: int, file_size: int) -> tuple[int, int]:
         """The compressed bytes ``[lo, hi)`` that a read of output ``[a, b)`` decompresses: from the
