@@ -52,6 +52,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _common import cache_env, machine_info, plotting, run_child, save_results, write_imagenet_meta  # noqa: E402
+from rank_dataset.demo.synthetic import label_of, wnid  # noqa: E402
 
 _FRAME = 4 << 20  # text bytes a frame of frames.zst holds
 
@@ -298,15 +299,15 @@ def write_parquet(path: Path, rows: int, group: int = 1 << 20) -> Path:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    wnids = pa.array([f"n{1_440_764 + k:08d}" for k in range(1000)])
+    wnids = pa.array([wnid(k) for k in range(1000)])
     schema = pa.schema([("path", pa.string()), ("label", pa.int64())])
     with pq.ParquetWriter(path, schema) as writer:
         for lo in range(0, rows, group):
             i = np.arange(lo, min(rows, lo + group), dtype=np.int64)
-            label = i * 7919 % 1000
-            wnid = wnids.take(pa.array(label))
+            label = label_of(i)
+            names = wnids.take(pa.array(label))
             name = pc.cast(pa.array(i), pa.string())
-            line = pc.binary_join_element_wise("train/", wnid, "/", wnid, "_", name, ".JPEG", "")
+            line = pc.binary_join_element_wise("train/", names, "/", names, "_", name, ".JPEG", "")
             writer.write_table(pa.table({"path": line, "label": pa.array(label)}, schema=schema), row_group_size=group)
     return path
 

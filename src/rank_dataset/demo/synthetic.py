@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
 
 from rank_dataset.core.progress import progress_bar
 
 _WNID_BASE = 1_440_764  # ImageNet's first wnid is n01440764
+_I = TypeVar("_I", int, np.ndarray)
+
+
+def label_of(i: _I) -> _I:
+    """The label of line ``i`` (or of each of an array of line numbers): spread over 1000 classes."""
+    return (i * 7919) % 1000
+
+
+def wnid(label: int) -> str:
+    """The ImageNet-style class id of ``label``: ``n01440764`` for 0."""
+    return f"n{_WNID_BASE + label:08d}"
 
 
 def imagenet_line(i: int) -> str:
-    """Line ``i``: ``train/<wnid>/<wnid>_<i>.JPEG <label>``, the label spread over 1000 classes."""
-    label = (i * 7919) % 1000
-    wnid = f"n{_WNID_BASE + label:08d}"
-    return f"train/{wnid}/{wnid}_{i}.JPEG {label}"
+    """Line ``i``: ``train/<wnid>/<wnid>_<i>.JPEG <label>``, the label from :func:`label_of`."""
+    label = label_of(i)
+    w = wnid(label)
+    return f"train/{w}/{w}_{i}.JPEG {label}"
 
 
 def sample_number(line: str) -> int:
