@@ -7,11 +7,12 @@ The lines are the demo's (``train/n01440764/n01440764_<i>.JPEG <label>``), writt
 - ``.parquet`` (two columns, path and label, written with pyarrow; a row is the line ``path<TAB>label``).
 
 For each (every measurement in a fresh process, one after another):
-- ``decompress``: one full decompression by each decoder installed, the fastest kept as the baseline
+- ``decompress``: one full decompression by each decoder installed (the median of ``--repeat`` runs),
+  the fastest kept as the baseline
   (``.gz``: zlib, indexed_gzip, ``gzip -dc``, ``pigz -dc``; ``.zst``: zstandard, ``zstd -dc``; ``.txt``:
   one read counting newlines; ``.parquet``: pyarrow's ``read_table``);
 - ``cold index``: ``MetaFile(path)`` with no index cache (one decompression that also records the
-  checkpoints);
+  checkpoints; the median of ``--repeat`` runs, taken in turn with the decoders);
 - ``warm build``: ``RankDataset(path, rank=r, world_size=W)`` with the index cached, for each of the W
   ranks in turn; the slowest rank's time is given, and the decompressed bytes of rank 0's build
   against the file's (from the decoder's own count);
@@ -237,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--far-worlds", type=int, nargs="*", default=[64, 512])
     parser.add_argument("--items", type=int, default=200_000, help="ds[i] calls timed (random i)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each decoder and cold index (the median)")
     parser.add_argument("--data-dir", type=Path, default=None, help="where the files go (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--collective", type=int, default=0, metavar="W", help="the collective reader at W ranks too")
@@ -264,11 +266,20 @@ def main(argv: list[str] | None = None) -> int:
         for name, path in files.items():
             env = cache_env(work / f"cache-{name}")
             row = results[name]
-            row["decoders"] = {
-                label: run_child(body, env, META=str(path), **names)["seconds"]
-                for label, (body, names) in decoders(name).items()
-            }
-            row["cold"] = run_child(_COLD, env, META=str(path))
+            # Each decoder and the cold index run --repeat times, in turn, each in a fresh process
+            # (the cold index with a cache of its own; the last one stays for the warm builds): the
+            # median of each, as the two cores are shared and one run moves by up to 1.5x.
+            times: dict[str, list[float]] = {label: [] for label in decoders(name)}
+            colds = []
+            for k in range(args.repeat):
+                for label, (body, names) in decoders(name).items():
+                    times[label].append(run_child(body, env, META=str(path), **names)["seconds"])
+                env = cache_env(work / f"cache-{name}-{k}")
+                colds.append(run_child(_COLD, env, META=str(path)))
+            row["decoders"] = {label: statistics.median(t) for label, t in times.items()}
+            row["decoder_runs"] = times
+            row["cold"] = {**colds[-1], "seconds": statistics.median(c["seconds"] for c in colds)}
+            row["cold_runs"] = [c["seconds"] for c in colds]
             builds = [
                 run_child(_BUILD, env, META=str(path), RANK=r, WORLD=w, ITEMS=args.items if r == 0 else 0)
                 for r in range(w)
@@ -286,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in results.values():
         if row.get("decoders"):
             row["fastest"] = min(row["decoders"].values())
-    rows = _table(results, n, w, args.far_worlds, text_size)
+    rows = _table(results, n, w, args.far_worlds, text_size, args.repeat)
     save_results(args.out, "formats", rows, results, lambda path: _plot(results, w, path))
     return 0
 
@@ -397,7 +408,9 @@ def collective(files: dict[str, Path], n: int, w: int, work: Path, out: Path) ->
     save_results(out, "formats_collective", rows, {"lines": n, "world": w, "files": found}, plot)
 
 
-def _table(results: dict[str, dict[str, Any]], n: int, w: int, far: list[int], text_size: int) -> list[str]:
+def _table(
+    results: dict[str, dict[str, Any]], n: int, w: int, far: list[int], text_size: int, repeat: int
+) -> list[str]:
     txt = results["txt"]
     rows = [
         f"# Meta files read in place: {n:,} demo lines in each format",
@@ -438,14 +451,15 @@ def _table(results: dict[str, dict[str, Any]], n: int, w: int, far: list[int], t
             rows.append(f"| .{name} | " + " | ".join(f"{row['shares'][x] / text_size:.2f}x" for x in [w, *far]) + " |")
     rows += [
         "",
-        "Each measurement in a fresh process, one after another, the files in the page cache. Cold index: "
+        "Each measurement in a fresh process, one after another, the files in the page cache. Decoders "
+        f"and cold index: the median of {repeat} runs each, taken in turn. Cold index: "
         "`MetaFile(path)` with no cache (one decompression, checked, recording checkpoints every 4 MiB of "
         f"text). Warm build: `RankDataset(path, rank=r, world_size={w})` with the index cached, ranks in "
         "turn; the median rank (the ratios) and the slowest. ds[i]: best of 3 passes over random items of "
         "rank 0's shard. .gz: `gzip -6`; "
         ".zst: one frame at level 3; .frames.zst: a frame per 4 MiB of text, level 3.",
         "",
-        f"Command: `python benchmarks/bench_formats.py --lines {n} --world-size {w}`",
+        f"Command: `python benchmarks/bench_formats.py --lines {n} --world-size {w} --repeat {repeat}`",
         "",
         machine_info(),
     ]

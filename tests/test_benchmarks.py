@@ -78,9 +78,9 @@ CASES = [
     ),
     (
         "formats",
-        ["--lines", "20000", "--world-size", "2", "--far-worlds", "16", "--items", "2000"],
+        ["--lines", "20000", "--world-size", "2", "--far-worlds", "16", "--items", "2000", "--repeat", "2"],
         "formats.md",
-        ["| .gz |", "| .zst |", "| .frames.zst |", "| W = 16 |", "zstandard"],
+        ["| .gz |", "| .zst |", "| .frames.zst |", "| W = 16 |", "zstandard", "median of 2 runs"],
         ("formats.png", True),
     ),
     (
