@@ -63,6 +63,9 @@ def test_shards_are_those_of_the_text_file(tmp_path: Path, n: int, groups: int) 
     assert len(b) == len(a) == n
     for spec in _specs(n):
         assert _same(a.read(spec.indices()), b.read(spec.indices())), spec
+    # A row group's rows are rendered as asked: out of order, and some many times over.
+    picks = np.random.default_rng(n).integers(0, n, 3 * n)
+    assert _same(a.read(picks), b.read(picks))
     for i in sorted({0, n // 2, n - 1}):
         assert b[i] == a[i] and b.raw(i) == a.raw(i)
     assert b.where(n - 1) == f"{parquet}, row {n - 1}"

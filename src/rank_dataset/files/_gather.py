@@ -546,8 +546,8 @@ def _parquet_lengths(visit: _FileRows, indices: npt.NDArray[np.int64], out: npt.
         t, k = part
         with visit.file.bytes.rows(visit.file.index) as reader:
             for g, a, b in groups[t::k]:
-                data, offsets = reader.group_array(g)
-                src, lengths = offsets[local[a:b]], offsets[local[a:b] + 1] - offsets[local[a:b]]
+                data, offsets = reader.group_array(g, local[a:b])
+                src, lengths = offsets[:-1], np.diff(offsets)
                 out[rows[a:b]] = lengths
                 kept.keep(g, data, src, lengths)
 
@@ -577,8 +577,8 @@ def _parquet_copy(visit: _FileRows, indices: npt.NDArray[np.int64], writer: Shar
                     continue
                 if reader is None:
                     reader = stack.enter_context(visit.file.bytes.rows(visit.file.index))
-                data, offsets = reader.group_array(g)
-                src, lengths = offsets[local[a:b]], offsets[local[a:b] + 1] - offsets[local[a:b]]
+                data, offsets = reader.group_array(g, local[a:b])
+                src, lengths = offsets[:-1], np.diff(offsets)
                 if not np.array_equal(writer.bounds[rows[a:b] + 1] - dst, lengths):
                     raise MetaFileChangedError(visit.file.path, f"its row group {g} changed while it was read")
                 copy_rows(data, src, lengths, writer.data, dst)

@@ -163,10 +163,12 @@ class ParquetRows:
         self._cached = (g, data, offsets)
         return data, offsets
 
-    def group_array(self, g: int) -> tuple[npt.NDArray[np.uint8], _IntArray]:
+    def group_array(self, g: int, rows: _IntArray | None = None) -> tuple[npt.NDArray[np.uint8], _IntArray]:
         """Row group ``g`` as :meth:`group` gives it, its data a numpy view of Arrow's buffer (no copy,
-        nothing kept)."""
-        _, data_buf, offsets = self._decode(g)
+        nothing kept). With ``rows`` (numbers within the group, in range), only those rows, in that
+        order: line ``i`` is row ``rows[i]``. A rank of many needs a few rows of each group, and
+        rendering them (casting, joining the columns) costs as much as decoding the whole group."""
+        _, data_buf, offsets = self._decode(g, rows)
         data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
         return data, offsets
 
@@ -200,10 +202,21 @@ class ParquetRows:
             offset = self._file.metadata.row_group(g).column(0).data_page_offset
             raise CorruptMetaFileError(self.path, int(offset), f"its row group {g} cannot be read ({exc})") from None
 
-    def _decode(self, g: int) -> tuple[Any, Any, _IntArray]:
-        """Row group ``g``'s lines as an Arrow large string array, its data buffer and its offsets."""
+    def _decode(self, g: int, rows: _IntArray | None = None) -> tuple[Any, Any, _IntArray]:
+        """Row group ``g``'s lines (or those of its ``rows``) as an Arrow large string array, its data
+        buffer and its offsets."""
         pa, pc, _ = _pyarrow()
         table = self._read(g, list(self.columns))
+        expected = self.bounds[g + 1] - self.bounds[g]
+        if table.num_rows != expected:
+            offset = self._file.metadata.row_group(g).column(0).data_page_offset
+            raise CorruptMetaFileError(
+                self.path,
+                int(offset),
+                f"its row group {g} holds {table.num_rows:,} rows, not the {expected:,} of its footer",
+            )
+        if rows is not None:
+            table = table.take(pa.array(rows, pa.int64()))
         fields = []
         for name in self.columns:
             col = table.column(name)
@@ -217,13 +230,6 @@ class ParquetRows:
         arr = joined.combine_chunks() if hasattr(joined, "combine_chunks") else joined
         arr = pc.cast(arr, pa.large_string())  # 64-bit offsets
         n = len(arr)
-        if n != self.bounds[g + 1] - self.bounds[g]:
-            offset = self._file.metadata.row_group(g).column(0).data_page_offset
-            raise CorruptMetaFileError(
-                self.path,
-                int(offset),
-                f"its row group {g} holds {n:,} rows, not the {self.bounds[g + 1] - self.bounds[g]:,} of its footer",
-            )
         _, offsets_buf, data_buf = arr.buffers()
         offsets = np.frombuffer(offsets_buf, np.int64, n + 1, arr.offset * 8).astype(np.int64)
         return arr, data_buf, offsets
