@@ -245,7 +245,9 @@ def format_table(results: list[DemoResult], *, world_size: int, workers: int) ->
         f"| loader | meta memory, {world_size} ranks x (1 + {workers} workers), PSS (MiB) | vs naive |",
         "|---|---:|---:|",
     ]
-    naive = next((r.memory for r in results if r.loader == "naive"), None)
+    # A baseline figure within its own noise measures nothing: no ratio to it (a tiny demo's naive
+    # list can be smaller than the spread of the processes' baseline).
+    naive = next((r.memory for r in results if r.loader == "naive" and r.memory > r.noise), None)
     for result in results:
         rows.append(f"| {result.loader} | {_memory_cells(result, naive, result.loader == 'naive')} |")
     rows.append("")
