@@ -264,7 +264,6 @@ def main(argv: list[str] | None = None) -> int:
         for name, path in files.items():
             results[name] = {"size": path.stat().st_size}
         for name, path in files.items():
-            env = cache_env(work / f"cache-{name}")
             row = results[name]
             # Each decoder and the cold index run --repeat times, in turn, each in a fresh process
             # (the cold index with a cache of its own; the last one stays for the warm builds): the
@@ -272,9 +271,9 @@ def main(argv: list[str] | None = None) -> int:
             times: dict[str, list[float]] = {label: [] for label in decoders(name)}
             colds = []
             for k in range(args.repeat):
+                env = cache_env(work / f"cache-{name}-{k}")
                 for label, (body, names) in decoders(name).items():
                     times[label].append(run_child(body, env, META=str(path), **names)["seconds"])
-                env = cache_env(work / f"cache-{name}-{k}")
                 colds.append(run_child(_COLD, env, META=str(path)))
             row["decoders"] = {label: statistics.median(t) for label, t in times.items()}
             row["decoder_runs"] = times
