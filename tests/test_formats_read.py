@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -164,3 +165,60 @@ def test_group_by_reads_a_compressed_file_and_a_parquet_file(tmp_path: Path) -> 
     pq.write_table(pa.table({"path": ["a.jpg", "b.jpg"], "label": [0, 1]}), q)
     assert MetaFile(q)[1] == "b.jpg\t1"
     assert {k: v.tolist() for k, v in group_by(q).items()} == {0: [0], 1: [1]}
+
+
+@pytest.mark.parametrize("name", sorted(COMPRESSORS))
+def test_span_source_loads_each_range_exactly(tmp_path: Path, name: str) -> None:
+    # Ranges in about file order (a build's batches): dense and sparse, overlapping, empty, crossing
+    # spans, running past the end; loaded from two threads at once, as a build's threads do. A file
+    # of one zstd frame is decoded by the source's own thread, ahead of the loads.
+    rng = np.random.default_rng(len(name))
+    raw = rng.integers(0, 256, 400_000, dtype=np.uint8).tobytes()
+    path = tmp_path / name
+    path.write_bytes(COMPRESSORS[name](raw))
+    fd = os.open(path, os.O_RDONLY)
+    opened: list[int] = []
+
+    def open_fd() -> int:
+        opened.append(os.open(path, os.O_RDONLY))
+        return opened[-1]
+
+    decompression = formats.Decompression(path, fd, formats.detect(fd), spacing=50_000)
+    assert b"".join(decompression) == raw
+    source = formats.SpanSource(path, fd, decompression.checkpoints, open_fd)
+    errors: list[BaseException] = []
+
+    def loads(seed: int) -> None:
+        r = np.random.default_rng(seed)
+        try:
+            for at in range(0, len(raw), 60_000):
+                n = int(r.choice([1, 5, 300]))
+                starts = np.sort(r.integers(at, at + 90_000, n)) + r.integers(-30, 30, n)
+                starts = np.clip(starts, 0, len(raw))
+                stops = starts + r.choice([0, 1, 40, 5_000, 70_000], n)
+                pad = int(r.integers(0, 9))
+                buf, shift = source.load(starts, stops, len(raw), pad=pad)
+                cut = np.minimum(stops, len(raw))
+                shifts = np.broadcast_to(shift, starts.shape)
+                for s, e, k in zip(starts.tolist(), cut.tolist(), shifts.tolist()):
+                    assert buf[s - k : e - k].tobytes() == raw[s:e], (seed, s, e)
+                    assert e <= s or e - k + pad <= buf.size
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=loads, args=(seed,)) for seed in (1, 2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, errors[0]
+        assert source.read(1000, 300_000) == raw[1000:300_000]
+    finally:
+        source.close()
+        os.close(fd)
+    for other in opened:
+        with pytest.raises(OSError):
+            os.fstat(other)  # closed with the source
+    # A decoder (and descriptor) a thread that decoded: the source's one, or the two loaders' and this one's.
+    assert (len(opened) == 1) if name == "one.zst" else (1 <= len(opened) <= 3)

@@ -3,6 +3,7 @@ chunk boundaries), and a leading UTF-8 byte order mark is not part of the first 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +135,55 @@ def test_chunk_bounds_stop_at_a_file_shorter_than_its_size(tmp_path: Path) -> No
     p.write_bytes(b"a\n" * 5000)
     with open(p, "rb") as f:
         assert scan_mod._chunk_bounds(f, 50_000, 1000) == [0, *range(1002, 10_000, 1000), 50_000]
+
+
+def _cut(data: bytes, rng: np.random.Generator) -> list[bytes]:
+    """``data`` in blocks of random sizes, empty ones and ones without a newline among them."""
+    cuts = np.sort(rng.integers(0, len(data) + 1, int(rng.integers(0, 40))))
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_blocks_scan_as_the_file_of_their_bytes(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    # scan_blocks (a compressed file's decompressed bytes, made in a thread of their own) finds what
+    # a scan of a file of the same bytes does, wherever the blocks are cut.
+    rng = np.random.default_rng(100 + seed)
+    for trial in range(12):
+        data = random_file(rng, int(rng.choice([50, 600, 20_000])))
+        mark = int(rng.integers(1, 200))
+        monkeypatch.setattr(scan_mod, "MARK", mark)
+        spans, marks = reference_index(data, mark)
+        chunks = list(scan_mod.scan_blocks(iter(_cut(data, rng)), lambda chunk: chunk))
+        what = f"seed {seed}, file {trial}: {data[:60]!r}"
+        assert [c.offset for c in chunks] == [0] + [c.offset + c.nbytes for c in chunks[:-1]], what
+        assert sum(c.nbytes for c in chunks) == len(data), what
+        assert [(int(s), int(s + n)) for c in chunks for s, n in zip(c.starts, c.lengths)] == spans, what
+        assert sum(c.newlines for c in chunks) == data.count(b"\n"), what
+        lines_before = np.cumsum([0] + [c.newlines for c in chunks[:-1]])
+        got_marks = [(int(o), int(k + before)) for c, before in zip(chunks, lines_before) for o, k in c.marks]
+        assert got_marks == marks, what
+
+
+def test_blocks_error_reaches_the_reader_and_their_thread_ends() -> None:
+    # The blocks are made in a thread of their own: an error there is the reader's, and a reader
+    # that stops early stops the maker (its generator closed, as a decoder's cleanup needs).
+    closed: list[str] = []
+
+    def blocks(fail: bool):  # type: ignore[no-untyped-def]
+        try:
+            for k in range(1000):
+                if fail and k == 3:
+                    raise ValueError("corrupt at block 3")
+                yield b"a 1\nb 2\n" * 100
+        finally:
+            closed.append("fail" if fail else "stop")
+
+    before = threading.active_count()
+    with pytest.raises(ValueError, match="corrupt at block 3"):
+        for _ in scan_mod.scan_blocks(blocks(True), lambda chunk: chunk.nbytes):
+            pass
+    scan = scan_mod.scan_blocks(blocks(False), lambda chunk: chunk.nbytes)
+    assert next(scan) == 800
+    scan.close()
+    assert closed == ["fail", "stop"]
+    assert threading.active_count() == before

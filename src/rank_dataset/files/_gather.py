@@ -249,7 +249,10 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
             continue
         with file.bytes.open(file.index) as fd:
             work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
-            spans = functools.partial(_kept_spans, visit, samples, starts)
+            # A compressed file's threads take a run of batches each: they share no decoded span but
+            # at a run's ends (taking every other batch, each thread asked for every span, and one
+            # decoded again each span the other had decoded and its source had let go of meanwhile).
+            spans = functools.partial(_kept_spans, visit, samples, starts, runs=not isinstance(fd, int))
             in_threads(lambda part: work(spans(part)), _threads(visit, fd))  # noqa: B023
         starts.free()
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
@@ -298,11 +301,14 @@ class _FileRows:
             size = self.rows.itemsize
             free_pages(self.map, size * (self.first + a), size * (self.first + b))
 
-    def parts(self, part: tuple[int, int] = (0, 1)) -> list[tuple[int, int, int]]:
-        """``(j, a, b)`` of each batch ``j`` of ``part`` ``(t, k)`` (every k-th from the t-th): it holds
-        ``rows[a:b]``."""
+    def parts(self, part: tuple[int, int] = (0, 1), *, runs: bool = False) -> list[tuple[int, int, int]]:
+        """``(j, a, b)`` of each batch ``j`` of ``part`` ``(t, k)`` (every k-th from the t-th; with
+        ``runs``, the t-th of k runs of consecutive batches): it holds ``rows[a:b]``."""
         t, k = part
-        return [(j, a, b) for j, (a, b) in enumerate(itertools.pairwise(self.cuts))][t::k]
+        every = [(j, a, b) for j, (a, b) in enumerate(itertools.pairwise(self.cuts))]
+        if runs:
+            return every[len(every) * t // k : len(every) * (t + 1) // k]
+        return every[t::k]
 
     def batches(
         self, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1), only: Sequence[int] | None = None
@@ -461,11 +467,13 @@ _Batch = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int6
 _Kept = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]
 
 
-def _kept_spans(visit: _FileRows, samples: SampleNumbers, kept: _KeptStarts, part: tuple[int, int]) -> Iterator[_Kept]:
-    """``(rows, starts, lengths)`` of each batch of ``visit`` of ``part`` for the second pass: the
-    starts the first pass kept, the lengths None (those it gave the shard's bounds); a batch not
-    kept is read from the index again, its lengths to be checked against the bounds."""
-    parts = visit.parts(part)
+def _kept_spans(
+    visit: _FileRows, samples: SampleNumbers, kept: _KeptStarts, part: tuple[int, int], *, runs: bool = False
+) -> Iterator[_Kept]:
+    """``(rows, starts, lengths)`` of each batch of ``visit`` of ``part`` (see :meth:`_FileRows.parts`)
+    for the second pass: the starts the first pass kept, the lengths None (those it gave the shard's
+    bounds); a batch not kept is read from the index again, its lengths to be checked against the bounds."""
+    parts = visit.parts(part, runs=runs)
     missing = [j for j, _, _ in parts if kept.bases[j] is None]
     again = _spans_of(visit, samples.get(), part, only=missing) if missing else iter(())
     for j, a, b in parts:

@@ -12,6 +12,7 @@ import itertools
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -68,7 +69,12 @@ class ByteSource(Protocol):
     :meth:`Window.load` hands its reads to."""
 
     def load(
-        self, starts: npt.NDArray[np.int64], stops: npt.NDArray[np.int64], end: int, pad: int = 0
+        self,
+        starts: npt.NDArray[np.int64],
+        stops: npt.NDArray[np.int64],
+        end: int,
+        pad: int = 0,
+        buffer: Callable[[int], npt.NDArray[np.uint8]] | None = None,
     ) -> tuple[npt.NDArray[np.uint8], int | npt.NDArray[np.int64]]: ...
 
 
@@ -109,7 +115,7 @@ class Window:
             ShortRead: the file ends before ``end``.
         """
         if not isinstance(fd, int):
-            return fd.load(starts, stops, end, pad)
+            return fd.load(starts, stops, end, pad, self._buffer)
         lo = int(starts.min())
         hi = min(int(stops.max()), end)
         if hi <= lo:

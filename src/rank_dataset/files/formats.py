@@ -25,16 +25,19 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 import os
 import struct
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.threads import THREADS
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files import _gzip, _zstd
 from rank_dataset.files._parquet import ParquetRows
@@ -201,7 +204,8 @@ class Decompression:
         CorruptMetaFileError: the file is corrupt or truncated.
     """
 
-    def __init__(self, path: Path, fd: int, fmt: Format, *, spacing: int = SPACING, block: int = BLOCK) -> None:
+    def __init__(self, path: Path, fd: int, fmt: Format, *, spacing: int | None = None, block: int = BLOCK) -> None:
+        spacing = SPACING if spacing is None else spacing
         if not fmt.compressed:
             raise ValueError(f"a Decompression reads gzip or zstd files, not {fmt.value} ({path})")
         if spacing <= 0 or block <= 0:
@@ -295,14 +299,19 @@ class DecompressedView:
 
 #: Decompressed bytes a :class:`SpanSource` decodes and keeps at a time (at most; less between checkpoints).
 SPAN = 4 << 20
-_KEPT_SPANS = 4
+_KEPT_SPANS = 6
+#: Spans a serial :class:`SpanSource` decodes ahead of the last one a load asked for.
+_AHEAD = 1
 
 
 class SpanSource:
     """The decompressed bytes of a compressed file as a gather reads them (``Window.load``'s
     protocol): spans between checkpoints (zstd's cut at most :data:`SPAN` long), each decompressed once
-    from its checkpoint and kept while a few others are (a batch's rows share them). Each thread
-    reads through a decoder and a descriptor of its own (``open_fd`` makes one, checked by the caller).
+    from its checkpoint and kept while a few others are (a batch's rows share them); a thread that
+    asks for a span another is decoding waits for it. Each thread reads through a decoder and a
+    descriptor of its own (``open_fd`` makes one, checked by the caller), but for a file of fewer
+    checkpoints than two a thread (one zstd frame): one decoder thread decodes its spans in order,
+    :data:`_AHEAD` ahead of the loads (a decoder of its own would decompress from the file's start).
 
     Raises (from reads):
         CorruptMetaFileError: the file is corrupt, or ends early.
@@ -319,10 +328,20 @@ class SpanSource:
         self._bounds: _IntArray = np.append(cuts[cuts < size], size).astype(np.int64) if size else np.zeros(1, np.int64)
         self._open_fd = open_fd
         self._kept: collections.OrderedDict[int, bytes] = collections.OrderedDict()
-        self._lock = threading.Lock()
+        self._pending: dict[int, Future[bytes]] = {}
+        self._lock = threading.RLock()  # (a decoding's end may be told in the thread that holds it)
         self._local = threading.local()
         self._views: list[tuple[DecompressedView, int]] = []
+        self._serial: ThreadPoolExecutor | None = None
+        if len(checkpoints.points) < 2 * THREADS and len(self._bounds) > 2:
+            self._serial = ThreadPoolExecutor(1, thread_name_prefix="rank-dataset-spans")
+        self._next = 0  # the span the serial decoder reaches next without starting over
         self.decompressed = 0  # output bytes decoded, those skipped to reach a span included
+
+    @property
+    def serial(self) -> bool:
+        """Whether its spans are decoded in order by a thread of its own (a file of few checkpoints)."""
+        return self._serial is not None
 
     def _view(self) -> DecompressedView:
         view: DecompressedView | None = getattr(self._local, "view", None)
@@ -334,22 +353,71 @@ class SpanSource:
                 self._views.append((view, fd))
         return view
 
-    def span(self, k: int) -> bytes:
-        """Decompressed span ``k``: bytes ``[bounds[k], bounds[k + 1])``."""
-        with self._lock:
-            data = self._kept.get(k)
-            if data is not None:
-                self._kept.move_to_end(k)
-                return data
+    def _decode(self, k: int) -> bytes:
+        if self._serial is not None:  # (the decoder thread) in order: the spans passed on the way are kept
+            with self._lock:
+                if k in self._kept:
+                    return self._kept[k]
+            for j in range(self._next, k):
+                data = self._read(j)
+                with self._lock:
+                    self._keep(j, data)
+            self._next = k + 1
+        return self._read(k)
+
+    def _keep(self, k: int, data: bytes) -> None:
+        self._kept[k] = data
+        self._kept.move_to_end(k)
+        while len(self._kept) > _KEPT_SPANS:
+            self._kept.popitem(last=False)
+
+    def _read(self, k: int) -> bytes:
         view = self._view()
         before = view.decompressed
         data = view.read(int(self._bounds[k]), int(self._bounds[k + 1]))
         with self._lock:
             self.decompressed += view.decompressed - before
-            self._kept[k] = data
-            while len(self._kept) > _KEPT_SPANS:
-                self._kept.popitem(last=False)
         return data
+
+    def _done(self, k: int, future: Future[bytes]) -> None:
+        with self._lock:
+            if self._pending.get(k) is future:
+                del self._pending[k]
+                if not future.cancelled() and future.exception() is None:
+                    self._keep(k, future.result())
+
+    def _start(self, k: int) -> tuple[Future[bytes] | None, bool]:
+        """(Holding the lock.) ``(future, new)``: the decoding of span ``k``, None if it is kept; a new
+        one is the decoder thread's (serial), or else the caller's to run."""
+        if k in self._kept:
+            self._kept.move_to_end(k)
+            return None, False
+        future = self._pending.get(k)
+        if future is not None:
+            return future, False
+        future = self._serial.submit(self._decode, k) if self._serial is not None else Future()
+        self._pending[k] = future
+        future.add_done_callback(functools.partial(self._done, k))
+        return future, True
+
+    def span(self, k: int, ahead: bool = False) -> bytes:
+        """Decompressed span ``k``: bytes ``[bounds[k], bounds[k + 1])``; ``ahead``: a serial source
+        decodes the next spans meanwhile (the reads go on in order)."""
+        with self._lock:
+            future, new = self._start(k)
+            data = self._kept[k] if future is None else None
+            if ahead and self._serial is not None:
+                for j in range(k + 1, min(k + 1 + _AHEAD, len(self._bounds) - 1)):
+                    self._start(j)
+        if data is not None:
+            return data
+        assert future is not None
+        if new and self._serial is None and future.set_running_or_notify_cancel():
+            try:  # decoded here, with this thread's decoder; others that want it wait
+                future.set_result(self._decode(k))
+            except BaseException as exc:
+                future.set_exception(exc)
+        return future.result()
 
     def _spans_of(self, a: int, b: int) -> tuple[int, int]:
         """The spans ``[k0, k1)`` that hold bytes ``[a, b)``."""
@@ -363,39 +431,66 @@ class SpanSource:
         if b <= a:
             return b""
         k0, k1 = self._spans_of(a, b)
-        data = b"".join(self.span(k) for k in range(k0, k1))
         lo = int(self._bounds[k0])
-        return data[a - lo : b - lo]
+        if k1 == k0 + 1:
+            return self.span(k0)[a - lo : b - lo]
+        return b"".join(self.span(k) for k in range(k0, k1))[a - lo : b - lo]
 
     def load(
-        self, starts: _IntArray, stops: _IntArray, end: int, pad: int = 0
+        self,
+        starts: _IntArray,
+        stops: _IntArray,
+        end: int,
+        pad: int = 0,
+        buffer: Callable[[int], npt.NDArray[np.uint8]] | None = None,
     ) -> tuple[npt.NDArray[np.uint8], int | _IntArray]:
         """As :meth:`rank_dataset.files._pread.Window.load`: ranges ``[starts[i], stops[i])`` (cut at
-        ``end``), the spans that hold them back to back: byte ``x`` of range ``i`` is ``buf[x - shift[i]]``."""
+        ``end``), back to back in the buffer with the bytes between them where they share a span, one
+        copy of what the spans decoded: byte ``x`` of range ``i`` is ``buf[x - shift[i]]``. The
+        buffer is ``buffer(size)`` (a :class:`~rank_dataset.files._pread.Window`'s, reused), or new."""
         hi_all = np.minimum(stops, end)
         lo_all = np.minimum(starts, hi_all)
-        k0 = np.maximum(np.searchsorted(self._bounds, lo_all, side="right") - 1, 0)
-        k1 = np.maximum(np.searchsorted(self._bounds, hi_all, side="left"), k0 + 1)
-        spans = len(self._bounds) - 1
-        needed = np.zeros(max(spans, 1) + 1, np.int64)
-        np.add.at(needed, k0, 1)
-        np.add.at(needed, np.minimum(k1, spans), -1)
-        wanted = np.flatnonzero(np.cumsum(needed)[:spans] > 0)
-        if not wanted.size:
+        bounds, spans = self._bounds, len(self._bounds) - 1
+        if not spans or not starts.size:
             return np.zeros(pad, np.uint8), 0
-        parts = [self.span(int(k)) for k in wanted]
-        place = np.zeros(spans + 1, np.int64)  # where a wanted span starts in the buffer
-        sizes = np.array([len(p) for p in parts], np.int64)
+        k0 = np.clip(np.searchsorted(bounds, lo_all, side="right") - 1, 0, spans - 1)
+        k1 = np.maximum(np.searchsorted(bounds, hi_all, side="left"), k0 + 1)
+        # Each wanted span's part: from the lowest byte a range needs in it (its start, where a range
+        # runs into it from the span before) to the highest. A range across spans then runs from the
+        # end of one part to the start of the next: back to back.
+        through = np.zeros(spans + 1, np.int64)  # ranges that run into span k from the one before
+        np.add.at(through, k0 + 1, 1)
+        np.add.at(through, k1, -1)
+        first = np.full(spans, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(first, k0, lo_all)
+        first = np.where(np.cumsum(through)[:spans] > 0, bounds[:-1], first)
+        onto = np.zeros(spans + 1, np.int64)  # ranges that run on from span k into the one after
+        np.add.at(onto, k0, 1)
+        np.add.at(onto, k1 - 1, -1)
+        last = np.full(spans, -1, np.int64)
+        np.maximum.at(last, k1 - 1, hi_all)
+        last = np.where(np.cumsum(onto)[:spans] > 0, bounds[1:], last)
+        wanted = np.flatnonzero(last >= first)
+        sizes = last[wanted] - first[wanted]
+        place = np.zeros(spans, np.int64)  # where a wanted span's part starts in the buffer
         place[wanted] = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        buf = np.frombuffer(b"".join(parts) + bytes(pad), np.uint8)
-        # A range's spans are consecutive and all wanted, so back to back: one shift serves it.
-        shift = self._bounds[k0] - place[k0]
+        size = int(sizes.sum()) + pad
+        buf = np.empty(size, np.uint8) if buffer is None else buffer(size)
+        buf[buf.size - pad :] = 0
+        for k, at, part in zip(wanted.tolist(), place[wanted].tolist(), sizes.tolist()):
+            data = self.span(k, ahead=True)
+            buf[at : at + part] = np.frombuffer(data, np.uint8, part, int(first[k] - bounds[k]))
+        # A range's spans are consecutive and all wanted, their parts back to back: one shift serves it.
+        shift = first[k0] - place[k0]
         return buf, shift
 
     def close(self) -> None:
+        if self._serial is not None:
+            self._serial.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             views, self._views = self._views, []
             self._kept.clear()
+            self._pending.clear()
         for view, fd in views:
             view.close()
             os.close(fd)

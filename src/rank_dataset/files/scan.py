@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -254,21 +255,107 @@ def scan_map(
                     yield result
 
 
+def _cut_at_lines(blocks: Iterable[bytes]) -> Iterator[tuple[npt.NDArray[np.uint8], int, bool]]:
+    """``(bytes, offset, last)`` pieces of the bytes ``blocks`` hold back to back, each ending just
+    past a newline (the last: at the end). A line across two blocks is a piece of its own: the
+    blocks themselves are not copied."""
+    offset, carry = 0, b""
+    for block in blocks:
+        start = 0
+        if carry:
+            head = block.find(b"\n") + 1
+            if not head:
+                carry += block
+                continue
+            carry += block[:head]
+            yield np.frombuffer(carry, np.uint8), offset, False
+            offset, carry, start = offset + len(carry), b"", head
+        cut = block.rfind(b"\n", start) + 1
+        if cut > start:
+            yield np.frombuffer(block, np.uint8, cut - start, start), offset, False
+            offset += cut - start
+        else:
+            cut = start
+        carry = block[cut:]
+    yield np.frombuffer(carry, np.uint8), offset, True
+
+
+class _Ahead:
+    """The items of ``source`` made in a thread of its own, a few ahead of their reader (zstd's and
+    zlib's decoders release the GIL, so the bytes are made while the last ones are scanned). The
+    first error it raised, raised to the reader in its place."""
+
+    _DONE = object()
+
+    def __init__(self, source: Iterable[bytes], depth: int = 2) -> None:
+        self._source = source
+        self._queue: queue.Queue[object] = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rank-dataset-decompress", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        items = iter(self._source)
+        try:
+            for item in items:
+                if not self._put(item):
+                    break
+            else:
+                self._put(self._DONE)
+        except BaseException as exc:  # handed to the reader, who raises it
+            self._put(exc)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # in this thread, the one that ran it (a decoder's own threads stop)
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            while (item := self._queue.get()) is not self._DONE:
+                if isinstance(item, BaseException):
+                    raise item
+                yield cast(bytes, item)
+        finally:
+            self._stop.set()
+            self._thread.join()
+
+
 def scan_blocks(blocks: Iterable[bytes], then: Callable[[Chunk], _T]) -> Iterator[_T]:
     """Yield ``then(chunk)`` for each :class:`Chunk` of the bytes ``blocks`` hold back to back (the
     decompressed bytes of a compressed file), as :func:`scan_map` does for a file of those bytes:
-    the same samples, offsets and marks. In the calling thread (the blocks' maker costs more)."""
-    scratch = _Scratch(8 * (CHUNK + (CHUNK >> 1)))
-    offset, carry = 0, b""
-    for block in blocks:
-        data = carry + block if carry else block
-        cut = data.rfind(b"\n") + 1
-        if not cut:
-            carry = data
-            continue
-        yield then(_scan_chunk(np.frombuffer(data, np.uint8, cut), offset, False, scratch))
-        offset, carry = offset + cut, data[cut:]
-    yield then(_scan_chunk(np.frombuffer(carry, np.uint8), offset, True, scratch))
+    the same samples, offsets and marks. ``blocks`` is iterated in a thread of its own while
+    :data:`THREADS` threads scan what it made before (decompressing and scanning cost about the same
+    for meta lines)."""
+    local = threading.local()
+    most = 8 * (CHUNK + (CHUNK >> 1))
+
+    def work(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> _T:
+        scratch: _Scratch | None = getattr(local, "scratch", None)
+        if scratch is None:
+            scratch = local.scratch = _Scratch(most)
+        return then(_scan_chunk(buf, offset, last, scratch))
+
+    with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        pending: deque[Future[_T]] = deque()
+        try:
+            for piece in _cut_at_lines(_Ahead(blocks)):
+                pending.append(pool.submit(work, *piece))
+                while len(pending) > THREADS:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _spans(chunk: Chunk) -> tuple[npt.NDArray[np.int64], bool]:
