@@ -112,11 +112,25 @@ def test_a_read_below_helped_items_starts_no_thread_and_above_it_the_same_lines(
     assert alone.texts(range(len(alone))) == [lines[i] for i in indices.tolist()]
 
 
-def test_a_one_frame_zstd_file_is_read_by_one_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Its one checkpoint is its start: a decoder a thread would each decompress the whole file.
-    import zstandard
-
+def _decompressed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The output bytes each SpanSource decoded, as it closes."""
     from rank_dataset.files import formats
+
+    decompressed: list[int] = []
+    close = formats.SpanSource.close
+
+    def counting_close(self: formats.SpanSource) -> None:
+        decompressed.append(self.decompressed)
+        close(self)
+
+    monkeypatch.setattr(formats.SpanSource, "close", counting_close)
+    return decompressed
+
+
+def test_a_one_frame_zstd_file_is_read_by_one_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its one checkpoint is its start: a decoder a thread would each decompress the whole file. One
+    # thread copies its lines while its source's own thread decodes it in order, once.
+    import zstandard
 
     lines = [f"img_{i}.JPEG {i % 7}" for i in range(5000)]
     raw = "".join(f"{line}\n" for line in lines).encode()
@@ -126,14 +140,7 @@ def test_a_one_frame_zstd_file_is_read_by_one_thread(tmp_path: Path, monkeypatch
     monkeypatch.setattr(gather_mod, "HELPED_ITEMS", 1000)
     monkeypatch.setattr(gather_mod, "THREADS", 2)
     asked = _threads_asked(monkeypatch, gather_mod)
-    decompressed: list[int] = []
-    close = formats.SpanSource.close
-
-    def counting_close(self: formats.SpanSource) -> None:
-        decompressed.append(self.decompressed)
-        close(self)
-
-    monkeypatch.setattr(formats.SpanSource, "close", counting_close)
+    decompressed = _decompressed(monkeypatch)
     indices = np.random.default_rng(0).permutation(len(mf))[:3000]
     shard = mf.read(indices)
     assert shard.texts(range(len(shard))) == [lines[i] for i in indices.tolist()]
@@ -162,14 +169,7 @@ def test_the_threads_of_a_compressed_files_read_decode_each_span_about_once(
     monkeypatch.setattr(gather_mod, "THREADS", 2)
     monkeypatch.setattr(gather_mod, "_BATCH_ROWS", 500)  # a few batches a span
     asked = _threads_asked(monkeypatch, gather_mod)
-    decompressed: list[int] = []
-    close = formats.SpanSource.close
-
-    def counting_close(self: formats.SpanSource) -> None:
-        decompressed.append(self.decompressed)
-        close(self)
-
-    monkeypatch.setattr(formats.SpanSource, "close", counting_close)
+    decompressed = _decompressed(monkeypatch)
     main, copy_rows = threading.get_ident(), gather_mod.copy_rows
 
     def lagging(*args: Any) -> None:  # the helper thread falls behind, as a descheduled one does
