@@ -222,3 +222,38 @@ def test_span_source_loads_each_range_exactly(tmp_path: Path, name: str) -> None
             os.fstat(other)  # closed with the source
     # A decoder (and descriptor) a thread that decoded: the source's one, or the two loaders' and this one's.
     assert (len(opened) == 1) if name == "one.zst" else (1 <= len(opened) <= 3)
+
+
+def test_span_source_cuts_ranges_at_the_decompressed_end_and_closes_what_it_opened(tmp_path: Path) -> None:
+    # A range past the decompressed bytes is cut at their end (as Window.load cuts at the file's);
+    # a decoder that cannot start (damaged gzip checkpoints) leaves no descriptor open.
+    raw = b"".join(b"line %d\n" % i for i in range(20_000))
+    path = tmp_path / "one.gz"
+    path.write_bytes(gzip.compress(raw))
+    fd = os.open(path, os.O_RDONLY)
+    opened: list[int] = []
+
+    def open_fd() -> int:
+        opened.append(os.open(path, os.O_RDONLY))
+        return opened[-1]
+
+    try:
+        decompression = formats.Decompression(path, fd, formats.Format.GZIP, spacing=50_000)
+        assert b"".join(decompression) == raw
+        cp = decompression.checkpoints
+        source = formats.SpanSource(path, fd, cp, open_fd)
+        n = len(raw)
+        buf, shift = source.load(np.array([n - 10]), np.array([n + 50]), n + 50, pad=8)
+        k = int(np.broadcast_to(shift, (1,))[0])
+        assert buf[n - 10 - k : n - k].tobytes() == raw[-10:]
+        source.close()
+        damaged = formats.Checkpoints(cp.format, cp.size, cp.points, b"GZIDX" + bytes(40))
+        source = formats.SpanSource(path, fd, damaged, open_fd)
+        with pytest.raises(CorruptMetaFileError, match="checkpoints cannot be loaded"):
+            source.read(0, 100)
+        source.close()
+    finally:
+        os.close(fd)
+    for other in opened:
+        with pytest.raises(OSError):
+            os.fstat(other)

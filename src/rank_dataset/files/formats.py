@@ -347,7 +347,11 @@ class SpanSource:
         view: DecompressedView | None = getattr(self._local, "view", None)
         if view is None:
             fd = self._open_fd()
-            view = DecompressedView(self.path, fd, self.checkpoints)
+            try:
+                view = DecompressedView(self.path, fd, self.checkpoints)
+            except BaseException:  # (damaged checkpoints) the descriptor is not left open
+                os.close(fd)
+                raise
             self._local.view = view
             with self._lock:
                 self._views.append((view, fd))
@@ -448,9 +452,9 @@ class SpanSource:
         ``end``), back to back in the buffer with the bytes between them where they share a span, one
         copy of what the spans decoded: byte ``x`` of range ``i`` is ``buf[x - shift[i]]``. The
         buffer is ``buffer(size)`` (a :class:`~rank_dataset.files._pread.Window`'s, reused), or new."""
-        hi_all = np.minimum(stops, end)
-        lo_all = np.minimum(starts, hi_all)
         bounds, spans = self._bounds, len(self._bounds) - 1
+        hi_all = np.minimum(stops, min(end, int(bounds[-1])))
+        lo_all = np.minimum(starts, hi_all)
         if not spans or not starts.size:
             return np.zeros(pad, np.uint8), 0
         k0 = np.clip(np.searchsorted(bounds, lo_all, side="right") - 1, 0, spans - 1)

@@ -304,8 +304,9 @@ class _Ahead:
         return False
 
     def _run(self) -> None:
-        items = iter(self._source)
+        items: Iterator[bytes] | None = None
         try:
+            items = iter(self._source)
             for item in items:
                 if not self._put(item):
                     break
@@ -314,7 +315,7 @@ class _Ahead:
         except BaseException as exc:  # handed to the reader, who raises it
             self._put(exc)
         finally:
-            close = getattr(items, "close", None)
+            close = getattr(items, "close", None) if items is not None else None
             if close is not None:
                 close()  # in this thread, the one that ran it (a decoder's own threads stop)
 
