@@ -182,7 +182,9 @@ def test_the_threads_of_a_compressed_files_read_decode_each_span_about_once(
     shard = mf.read(indices)
     assert shard.texts(range(len(shard))) == [lines[i] for i in indices.tolist()]
     assert asked[-1] == 2
-    assert sum(decompressed) <= len(raw) + 4 * 40_000  # a span or two where the runs meet (every other batch: 1.9x)
+    # Runs: 1.02x-1.1x (spans decoded again where the runs meet, and where the two threads' spans
+    # push each other's out of the source's few); every other batch: 1.86x-1.94x.
+    assert sum(decompressed) <= 1.25 * len(raw)
 
 
 def test_permutation_helped_only_from_helped_items(monkeypatch: pytest.MonkeyPatch) -> None:
