@@ -338,11 +338,6 @@ class SpanSource:
         self._next = 0  # the span the serial decoder reaches next without starting over
         self.decompressed = 0  # output bytes decoded, those skipped to reach a span included
 
-    @property
-    def serial(self) -> bool:
-        """Whether its spans are decoded in order by a thread of its own (a file of few checkpoints)."""
-        return self._serial is not None
-
     def _view(self) -> DecompressedView:
         view: DecompressedView | None = getattr(self._local, "view", None)
         if view is None:
@@ -436,8 +431,6 @@ class SpanSource:
             return b""
         k0, k1 = self._spans_of(a, b)
         lo = int(self._bounds[k0])
-        if k1 == k0 + 1:
-            return self.span(k0)[a - lo : b - lo]
         return b"".join(self.span(k) for k in range(k0, k1))[a - lo : b - lo]
 
     def load(

@@ -200,6 +200,21 @@ def _chunk_bounds(f: BinaryIO, size: int, chunk_size: int) -> list[int]:
     return bounds
 
 
+class _PerThread:
+    """A :class:`_Scratch` (of arrays of at most ``most`` bytes) for each scanning thread, made at its
+    first chunk and reused for the next."""
+
+    def __init__(self, most: int) -> None:
+        self._most = most
+        self._local = threading.local()
+
+    def get(self) -> _Scratch:
+        scratch: _Scratch | None = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = _Scratch(self._most)
+        return scratch
+
+
 class _Reader:
     """Reads and scans chunks of one file in the scanning threads, each thread into a buffer and
     temporaries of its own, reused from one chunk to the next."""
@@ -207,13 +222,10 @@ class _Reader:
     def __init__(self, fd: int, chunk_size: int) -> None:
         self._fd = fd
         # A chunk is chunk_size bytes and a line, as a rule; its line arrays take up to 8 bytes a byte.
-        self._most = 8 * (chunk_size + (chunk_size >> 2))
-        self._local = threading.local()
+        self._scratches = _PerThread(8 * (chunk_size + (chunk_size >> 2)))
 
     def scan(self, lo: int, hi: int, last: bool) -> Chunk:
-        scratch: _Scratch | None = getattr(self._local, "scratch", None)
-        if scratch is None:
-            scratch = self._local.scratch = _Scratch(self._most)
+        scratch = self._scratches.get()
         buf = scratch.array("buf", hi - lo, np.uint8)
         pread_exact(self._fd, buf, lo)
         return _scan_chunk(buf, lo, last, scratch)
@@ -336,14 +348,10 @@ def scan_blocks(blocks: Iterable[bytes], then: Callable[[Chunk], _T]) -> Iterato
     the same samples, offsets and marks. ``blocks`` is iterated in a thread of its own while
     :data:`THREADS` threads scan what it made before (decompressing and scanning cost about the same
     for meta lines)."""
-    local = threading.local()
-    most = 8 * (CHUNK + (CHUNK >> 1))
+    scratches = _PerThread(8 * (CHUNK + (CHUNK >> 1)))
 
     def work(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> _T:
-        scratch: _Scratch | None = getattr(local, "scratch", None)
-        if scratch is None:
-            scratch = local.scratch = _Scratch(most)
-        return then(_scan_chunk(buf, offset, last, scratch))
+        return then(_scan_chunk(buf, offset, last, scratches.get()))
 
     with ThreadPoolExecutor(max_workers=THREADS) as pool:
         pending: deque[Future[_T]] = deque()
