@@ -20,7 +20,7 @@ import mmap
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -83,6 +83,9 @@ THREADED_ROWS = 1 << 16  # builds of fewer rows copy in one thread (starting thr
 
 
 _BATCH_ROWS = 1 << 15  # rows copied at a time, bounding the temporaries of a batch
+
+
+_T = TypeVar("_T")
 
 
 _KEPT_SPAN = 1 << 32  # a batch's starts are kept as offsets from its lowest: less apart than this
@@ -249,11 +252,19 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
             continue
         with file.bytes.open(file.index) as fd:
             work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
-            # A compressed file's threads take a run of batches each: they share no decoded span but
-            # at a run's ends (taking every other batch, each thread asked for every span, and one
-            # decoded again each span the other had decoded and its source had let go of meanwhile).
-            spans = functools.partial(_kept_spans, visit, samples, starts, runs=not isinstance(fd, int))
-            in_threads(lambda part: work(spans(part)), _threads(visit, fd))  # noqa: B023
+            if isinstance(fd, SpanSource) and fd.serial:
+                # One decoder thread makes the spans in order: the threads take the next batch each as
+                # they finish one, so they keep within a batch of each other and of the decoder (with
+                # a part each, one would fall behind and ask for spans long let go of, decoded again
+                # from the frame's start).
+                shared = _Shared(_kept_spans(visit, samples, starts, (0, 1)))
+                in_threads(lambda _: work(shared), _threads(visit))  # noqa: B023
+            else:
+                # A compressed file's threads take a run of batches each: they share no decoded span
+                # but at a run's ends (taking every other batch, each thread asked for every span, and
+                # one decoded again each span the other had decoded and its source had let go of).
+                spans = functools.partial(_kept_spans, visit, samples, starts, runs=not isinstance(fd, int))
+                in_threads(lambda part: work(spans(part)), _threads(visit))  # noqa: B023
         starts.free()
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. One pass over the copied bytes finds it. (A
@@ -486,14 +497,22 @@ def _kept_spans(
         yield batch
 
 
-def _threads(visit: _FileRows, source: int | ByteSource | None = None) -> int:
+def _threads(visit: _FileRows) -> int:
     """Threads to read a visit's rows with: one for fewer than ``HELPED_ITEMS`` (a helper thread keeps
     a few MiB resident for good; and starting one costs about a millisecond, which a mix of thousands
-    of files would pay for each); one for a compressed file with fewer checkpoints than two a thread
-    (each thread's decoder would decompress from the same few points: a one-frame zstd file twice)."""
-    if isinstance(source, SpanSource) and len(source.checkpoints.points) < 2 * THREADS:
-        return 1
+    of files would pay for each)."""
     return THREADS if visit.rows.size >= HELPED_ITEMS else 1
+
+
+class _Shared(Iterator[_T]):
+    """The items of ``items`` for several threads at once, each item to one of them, in order."""
+
+    def __init__(self, items: Iterator[_T]) -> None:
+        self._items, self._lock = items, threading.Lock()
+
+    def __next__(self) -> _T:
+        with self._lock:
+            return next(self._items)
 
 
 def _parquet_groups(

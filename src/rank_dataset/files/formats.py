@@ -300,6 +300,7 @@ class DecompressedView:
 #: Decompressed bytes a :class:`SpanSource` decodes and keeps at a time (at most; less between checkpoints).
 SPAN = 4 << 20
 _KEPT_SPANS = 6
+_PAGE = 4096  # ranges two a page on average are loaded whole, as Window.load reads them
 #: Spans a serial :class:`SpanSource` decodes ahead of the last one a load asked for.
 _AHEAD = 1
 
@@ -337,6 +338,11 @@ class SpanSource:
             self._serial = ThreadPoolExecutor(1, thread_name_prefix="rank-dataset-spans")
         self._next = 0  # the span the serial decoder reaches next without starting over
         self.decompressed = 0  # output bytes decoded, those skipped to reach a span included
+
+    @property
+    def serial(self) -> bool:
+        """Whether one decoder thread makes the spans, in order (a file of few checkpoints)."""
+        return self._serial is not None
 
     def _view(self) -> DecompressedView:
         view: DecompressedView | None = getattr(self._local, "view", None)
@@ -450,6 +456,9 @@ class SpanSource:
         lo_all = np.minimum(starts, hi_all)
         if not spans or not starts.size:
             return np.zeros(pad, np.uint8), 0
+        lo, hi = int(lo_all.min()), int(hi_all.max())
+        if starts.size * _PAGE >= 2 * (hi - lo):
+            return self._load_dense(lo, hi, pad, buffer)
         k0 = np.clip(np.searchsorted(bounds, lo_all, side="right") - 1, 0, spans - 1)
         k1 = np.maximum(np.searchsorted(bounds, hi_all, side="left"), k0 + 1)
         # Each wanted span's part: from the lowest byte a range needs in it (its start, where a range
@@ -480,6 +489,28 @@ class SpanSource:
         # A range's spans are consecutive and all wanted, their parts back to back: one shift serves it.
         shift = first[k0] - place[k0]
         return buf, shift
+
+    def _load_dense(
+        self, lo: int, hi: int, pad: int, buffer: Callable[[int], npt.NDArray[np.uint8]] | None
+    ) -> tuple[npt.NDArray[np.uint8], int]:
+        """:meth:`load` of ranges that fill ``[lo, hi)`` densely (two a page on average, as a shard's
+        build at a few ranks asks for), as ``Window.load`` reads them from a file: the bytes from the
+        first to the last, with one shift and no work per range. Within one span (and its ``pad``),
+        a view of the span, not a copy."""
+        bounds = self._bounds
+        k0 = int(np.searchsorted(bounds, lo, side="right")) - 1
+        if hi <= lo:
+            return np.zeros(pad, np.uint8), lo
+        if hi + pad <= bounds[k0 + 1]:
+            at = int(bounds[k0])
+            return np.frombuffer(self.span(k0, ahead=True), np.uint8, hi + pad - lo, lo - at), lo
+        k1 = int(np.searchsorted(bounds, hi, side="left"))
+        buf = np.empty(hi - lo + pad, np.uint8) if buffer is None else buffer(hi - lo + pad)
+        buf[hi - lo :] = 0
+        for k in range(k0, k1):
+            a, b = max(int(bounds[k]), lo), min(int(bounds[k + 1]), hi)
+            buf[a - lo : b - lo] = np.frombuffer(self.span(k, ahead=True), np.uint8, b - a, a - int(bounds[k]))
+        return buf, lo
 
     def close(self) -> None:
         if self._serial is not None:
