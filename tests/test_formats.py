@@ -158,6 +158,50 @@ def test_reads_in_order_decompress_the_file_once(tmp_path: Path, name: str) -> N
         os.close(fd)
 
 
+@pytest.mark.parametrize("name", ["one.zst", "frames.zst", "seekable.zst"])
+def test_zstd_reads_in_any_order_give_the_text_and_decode_only_what_they_need(tmp_path: Path, name: str) -> None:
+    # The decoder goes on from where the last read stopped (skipping to a read ahead), starts again
+    # from a checkpoint for a read behind it, and takes a read that starts a little before the last
+    # one's end from that end (a line's end looked for past a cut), decoding nothing again.
+    path = _write(tmp_path, name, FILES[name])
+    _, cp = _decompress(path)
+    rng = np.random.default_rng(len(name))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with DecompressedView(path, fd, cp) as view:
+            for _ in range(200):
+                a = int(rng.integers(0, len(RAW)))
+                b = min(len(RAW), a + int(rng.choice([0, 1, 100, 30_000, 300_000])))
+                assert view.read(a, b) == RAW[a:b], (a, b)
+            a = len(RAW) // 3
+            assert view.read(a, a + 50_000) == RAW[a : a + 50_000]
+            before = view.decompressed
+            assert view.read(a + 49_000, a + 49_990) == RAW[a + 49_000 : a + 49_990]  # within the last read
+            assert view.read(a + 49_990, a + 60_000) == RAW[a + 49_990 : a + 60_000]  # and on from it
+            assert view.decompressed == before + 10_000
+    finally:
+        os.close(fd)
+
+
+def test_a_zstd_frame_corrupt_after_indexing_is_an_error_naming_file_and_offset(tmp_path: Path) -> None:
+    # Checkpoints of the file as it was; its second half changed since (same size): the read there
+    # is a CorruptMetaFileError naming the file and a compressed offset, never wrong bytes.
+    path = _write(tmp_path, "frames.zst", FILES["frames.zst"])
+    _, cp = _decompress(path)
+    data = bytearray(FILES["frames.zst"])
+    for i in range(len(data) // 2, len(data) // 2 + 64):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with DecompressedView(path, fd, cp) as view, pytest.raises(CorruptMetaFileError) as info:
+            view.read(0, len(RAW))
+    finally:
+        os.close(fd)
+    assert info.value.path == path and len(data) // 2 <= info.value.offset <= len(data)
+    assert f"compressed byte {info.value.offset:,}" in str(info.value)
+
+
 def test_a_single_frame_zstd_file_has_one_checkpoint(tmp_path: Path) -> None:
     _, cp = _decompress(_write(tmp_path, "one.zst", FILES["one.zst"]))
     assert cp.points.tolist() == [[0, 0]]
