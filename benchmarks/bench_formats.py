@@ -180,24 +180,32 @@ print(json.dumps(shares))
 """
 
 
-def write_files(work: Path, n: int) -> dict[str, Path]:
-    """The same ``n`` demo lines in each format (Parquet only where pyarrow is installed)."""
+def compress(text: Path, name: str, work: Path) -> Path:
+    """``text`` written as ``name`` (``gz``, ``zst`` or ``frames.zst``, as the module says) under ``work``."""
     import zstandard
 
-    text = write_imagenet_meta(work / "meta.txt", n)
-    files = {"txt": text, "gz": work / "meta.txt.gz", "zst": work / "meta.txt.zst", "frames.zst": work / "frames.zst"}
-    if shutil.which("gzip"):
-        with open(files["gz"], "wb") as out:
+    path = work / {"gz": "meta.txt.gz", "zst": "meta.txt.zst", "frames.zst": "frames.zst"}[name]
+    if name == "gz" and shutil.which("gzip"):
+        with open(path, "wb") as out:
             subprocess.run(["gzip", "-6", "-c", str(text)], stdout=out, check=True)
-    else:
-        with open(text, "rb") as src, gzip.open(files["gz"], "wb", compresslevel=6) as dst:
+    elif name == "gz":
+        with open(text, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
             shutil.copyfileobj(src, dst, 16 << 20)
-    with open(text, "rb") as src, open(files["zst"], "wb") as dst:
-        zstandard.ZstdCompressor(level=3).copy_stream(src, dst)
-    compressor = zstandard.ZstdCompressor(level=3, write_content_size=True)
-    with open(text, "rb") as src, open(files["frames.zst"], "wb") as dst:
-        while piece := src.read(_FRAME):
-            dst.write(compressor.compress(piece))
+    elif name == "zst":
+        with open(text, "rb") as src, open(path, "wb") as dst:
+            zstandard.ZstdCompressor(level=3).copy_stream(src, dst)
+    else:
+        compressor = zstandard.ZstdCompressor(level=3, write_content_size=True)
+        with open(text, "rb") as src, open(path, "wb") as dst:
+            while piece := src.read(_FRAME):
+                dst.write(compressor.compress(piece))
+    return path
+
+
+def write_files(work: Path, n: int) -> dict[str, Path]:
+    """The same ``n`` demo lines in each format (Parquet only where pyarrow is installed)."""
+    text = write_imagenet_meta(work / "meta.txt", n)
+    files = {"txt": text, **{name: compress(text, name, work) for name in ("gz", "zst", "frames.zst")}}
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq

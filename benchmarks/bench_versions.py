@@ -1,4 +1,5 @@
-"""Two versions of rank-dataset side by side: a rank's shard build (W = 8) and ``ds[i]`` at random i.
+"""Two versions of rank-dataset side by side: a rank's shard build (W = 8) and ``ds[i]`` at random i,
+on the same lines as plain text or, with ``--formats``, compressed as ``bench_formats.py`` writes them.
 
 Each measurement runs in a fresh Python process whose ``PYTHONPATH`` puts one version's ``src/`` first:
 the current tree, and ``--old`` (a git revision, exported with ``git archive``). The versions alternate,
@@ -6,7 +7,7 @@ round after round, so that a slower or busier stretch of the machine falls on bo
 each one's median and the ratio new / old. Both read the same file with the same warm index cache (the
 index format is the same in both; a version that differs rebuilds it in its warm-up).
 
-- ``build``: ``RankDataset(META, rank=0, world_size=8)`` with the index cached: what each rank does
+- ``build``: ``RankDataset(META, rank=r, world_size=8)`` with the index cached: what each rank does
   at every job start and ``set_epoch``.
 - ``ds[i]``: ``--items`` random items of that dataset (the parsed line, as a DataLoader worker takes
   them from a sampler's random indices), in microseconds an item.
@@ -14,6 +15,7 @@ index format is the same in both; a version that differs rebuilds it in its warm
 Usage:
     python benchmarks/bench_versions.py --old 81574b3           # N = 10M lines
     python benchmarks/bench_versions.py --old HEAD~1 --lines 200000 --repeat 1 --out /tmp/results
+    python benchmarks/bench_versions.py --old 0b55152 --formats txt gz zst frames.zst
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from _common import barh, cache_env, machine_info, run_child, save_results, scratch_dir, write_imagenet_meta  # noqa: E402
+from bench_formats import compress  # noqa: E402
 
 _MEASURE = """
 import numpy as np
 import rank_dataset
 assert rank_dataset.__file__.startswith(SRC), rank_dataset.__file__
 from rank_dataset import RankDataset
-ds, build, peak = measured(lambda: RankDataset(META, reload_cfg={"seed": 0}, rank=0, world_size=WORLD))
+ds, build, peak = measured(lambda: RankDataset(META, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD))
 order = np.random.default_rng(1).integers(0, len(ds), ITEMS).tolist()
 ds[order[0]]
 t = time.perf_counter()
@@ -69,45 +72,59 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--items", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=5, help="rounds; each runs old then new")
+    parser.add_argument(
+        "--formats", nargs="+", default=["txt"], choices=["txt", "gz", "zst", "frames.zst"], help="the files read"
+    )
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
 
     with scratch_dir(args.data_dir / "rank-dataset-bench-versions") as scratch:
-        meta = write_imagenet_meta(scratch / "meta.txt", args.lines)
+        text = write_imagenet_meta(scratch / "meta.txt", args.lines)
+        files = {name: text if name == "txt" else compress(text, name, scratch) for name in args.formats}
         versions = {"old": _export(args.old, scratch / "old"), "new": ROOT / "src"}
-        got: dict[str, list[dict[str, float]]] = {name: [] for name in versions}
+        got: dict[str, dict[str, list[dict[str, float]]]] = {f: {name: [] for name in versions} for f in files}
 
-        def run(name: str) -> dict[str, float]:
+        def run(name: str, meta: Path, rank: int) -> dict[str, float]:
             env = {**cache_env(scratch / "cache"), "PYTHONPATH": str(versions[name])}
-            names = {"META": str(meta), "WORLD": args.world_size, "ITEMS": args.items, "SRC": str(versions[name])}
-            return run_child(_MEASURE, env, **names)
+            names = {"META": str(meta), "WORLD": args.world_size, "RANK": rank, "ITEMS": args.items}
+            return run_child(_MEASURE, env, **names, SRC=str(versions[name]))
 
-        for name in versions:  # warm-up: the index cache, the page cache, bytecode
-            run(name)
-        for _ in range(args.repeat):
-            for name in versions:
-                got[name].append(run(name))
+        for f, meta in files.items():
+            for name in versions:  # warm-up: the index cache, the page cache, bytecode
+                run(name, meta, 0)
+            # Round k builds rank k % W in both versions: the ranks' shards differ in what they cost.
+            for k in range(args.repeat):
+                for name in versions:
+                    got[f][name].append(run(name, meta, k % args.world_size))
 
-    med = {name: {k: statistics.median(r[k] for r in runs) for k in ("build", "item_us")} for name, runs in got.items()}
+    med = {
+        f: {name: {k: statistics.median(r[k] for r in runs) for k in ("build", "item_us")} for name, runs in by.items()}
+        for f, by in got.items()
+    }
     old_rev = subprocess.run(["git", "rev-parse", "--short", args.old], cwd=ROOT, capture_output=True, text=True)
     rows = [
-        f"# Old against new: N = {args.lines:,} lines, W = {args.world_size}, rank 0",
+        f"# Old against new: N = {args.lines:,} lines, W = {args.world_size}",
         "",
         machine_info(),
-        f"Old: `{old_rev.stdout.strip()}`; new: the working tree. Medians of {args.repeat} alternating rounds, "
-        "each measurement in a fresh process.",
+        f"Old: `{old_rev.stdout.strip()}`; new: the working tree. Medians of {args.repeat} alternating rounds (old, "
+        f"then new; round k builds rank k mod {args.world_size}), each measurement in a fresh process. Files as "
+        "`bench_formats.py` writes them (`.gz`: gzip -6; `.zst`: one frame, level 3; frames: a frame per 4 MiB).",
         "",
-        "| measure | old | new | new / old |",
-        "|---|---:|---:|---:|",
-        f"| build, W = {args.world_size} (s) | {med['old']['build']:.3f} | {med['new']['build']:.3f} | "
-        f"{med['new']['build'] / med['old']['build']:.3f}x |",
-        f"| ds[i], random i (µs) | {med['old']['item_us']:.2f} | {med['new']['item_us']:.2f} | "
-        f"{med['new']['item_us'] / med['old']['item_us']:.3f}x |",
+        "| file | build, old (s) | build, new (s) | new / old | ds[i], old (µs) | ds[i], new (µs) | new / old |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    ratios = {m: med["new"][m] / med["old"][m] for m in ("build", "item_us")}
-    data = {"old": args.old, "lines": args.lines, "runs": got, "medians": med, "ratios": ratios}
-    bars = {"build, new / old": ratios["build"], "ds[i], new / old": ratios["item_us"]}
+    ratios = {}
+    for f, m in med.items():
+        ratios[f] = {k: m["new"][k] / m["old"][k] for k in ("build", "item_us")}
+        rows.append(
+            f"| {files[f].name} | {m['old']['build']:.3f} | {m['new']['build']:.3f} | {ratios[f]['build']:.3f}x | "
+            f"{m['old']['item_us']:.2f} | {m['new']['item_us']:.2f} | {ratios[f]['item_us']:.3f}x |"
+        )
+    data = {"old": args.old, "lines": args.lines, "formats": args.formats, "runs": got, "medians": med}
+    data["ratios"] = ratios
+    bars = {f"build {f}, new / old": r["build"] for f, r in ratios.items()}
+    bars.update({f"ds[i] {f}, new / old": r["item_us"] for f, r in ratios.items()})
     save_results(args.out, "versions", rows, data, lambda path: barh(path, bars, "new / old (1 = the same)", 1.6))
 
 

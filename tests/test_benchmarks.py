@@ -106,9 +106,9 @@ CASES = [
     ),
     (
         "versions",
-        ["--old", "HEAD", "--lines", "2000", "--repeat", "1", "--items", "200"],
+        ["--old", "HEAD", "--lines", "2000", "--repeat", "1", "--items", "200", "--formats", "txt", "frames.zst"],
         "versions.md",
-        ["| build, W = 8 (s) |", "| ds[i], random i (µs) |"],
+        ["| meta.txt |", "| frames.zst |", "| build, old (s) |"],
         ("versions.png", True),
     ),
     (

@@ -183,6 +183,36 @@ def test_zstd_reads_in_any_order_give_the_text_and_decode_only_what_they_need(tm
         os.close(fd)
 
 
+def test_a_zstd_read_that_fails_midway_leaves_no_decoder_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A read of the file that fails (EIO) after the decoder went on: the next read starts afresh,
+    # not from wherever the decoder got to.
+    from rank_dataset.files import _zstd
+
+    path = _write(tmp_path, "one.zst", FILES["one.zst"])
+    _, cp = _decompress(path)
+    pread, calls = os.pread, []
+
+    def failing(fd: int, n: int, at: int) -> bytes:
+        calls.append(at)
+        if len(calls) == 2:  # after the first 8 KiB were decoded
+            raise OSError(5, "Input/output error")
+        return pread(fd, n, at)
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with DecompressedView(path, fd, cp) as view:
+            monkeypatch.setattr(_zstd.os, "pread", failing)
+            with pytest.raises(OSError):
+                view.read(0, len(RAW))
+            monkeypatch.setattr(_zstd.os, "pread", pread)
+            assert view.read(0, 100) == RAW[:100]
+            assert view.read(100, 5000) == RAW[100:5000]
+    finally:
+        os.close(fd)
+
+
 def test_a_zstd_frame_corrupt_after_indexing_is_an_error_naming_file_and_offset(tmp_path: Path) -> None:
     # Checkpoints of the file as it was; its second half changed since (same size): the read there
     # is a CorruptMetaFileError naming the file and a compressed offset, never wrong bytes.

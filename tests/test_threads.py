@@ -3,6 +3,7 @@ thread may keep resident (a build starts one only for large passes; its buffers 
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import threading
@@ -162,6 +163,16 @@ def test_the_threads_reading_a_one_frame_zstd_file_share_its_decoder(
     asked = _threads_asked(monkeypatch, gather_mod)
     decompressed = _decompressed(monkeypatch)
     _lagging_helper(monkeypatch)
+    # And twice the helper stalls after taking a batch, before loading it, while the other thread
+    # goes on many spans (more than the source keeps): the batch's spans are pinned, not let go of.
+    main, load_and_copy, calls = threading.get_ident(), gather_mod._copy_rows, itertools.count()
+
+    def stalling(*args: Any) -> bool:
+        if threading.get_ident() != main and next(calls) in (3, 9):
+            time.sleep(0.2)
+        return load_and_copy(*args)
+
+    monkeypatch.setattr(gather_mod, "_copy_rows", stalling)
     indices = np.random.default_rng(0).permutation(len(mf))[: len(mf) // 2]
     shard = mf.read(indices)
     assert shard.texts(range(len(shard))) == [lines[i] for i in indices.tolist()]

@@ -20,7 +20,7 @@ import mmap
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -83,9 +83,6 @@ THREADED_ROWS = 1 << 16  # builds of fewer rows copy in one thread (starting thr
 
 
 _BATCH_ROWS = 1 << 15  # rows copied at a time, bounding the temporaries of a batch
-
-
-_T = TypeVar("_T")
 
 
 _KEPT_SPAN = 1 << 32  # a batch's starts are kept as offsets from its lowest: less apart than this
@@ -257,7 +254,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
                 # they finish one, so they keep within a batch of each other and of the decoder (with
                 # a part each, one would fall behind and ask for spans long let go of, decoded again
                 # from the frame's start).
-                shared = _Shared(_kept_spans(visit, samples, starts, (0, 1)))
+                shared = _Shared(_kept_spans(visit, samples, starts, (0, 1)), fd)
                 in_threads(lambda _: work(shared), _threads(visit))  # noqa: B023
             else:
                 # A compressed file's threads take a run of batches each: they share no decoded span
@@ -504,15 +501,26 @@ def _threads(visit: _FileRows) -> int:
     return THREADS if visit.rows.size >= HELPED_ITEMS else 1
 
 
-class _Shared(Iterator[_T]):
-    """The items of ``items`` for several threads at once, each item to one of them, in order."""
+class _Shared(Iterator[_Kept]):
+    """The batches of ``batches`` for several threads at once, each batch to one of them, in order.
+    A batch's spans of ``source`` are pinned as it is taken, until its thread takes the next: one
+    that lags finds them kept, whatever the others decoded meanwhile."""
 
-    def __init__(self, items: Iterator[_T]) -> None:
-        self._items, self._lock = items, threading.Lock()
+    def __init__(self, batches: Iterator[_Kept], source: SpanSource) -> None:
+        self._batches, self._source, self._lock = batches, source, threading.Lock()
+        self._held = threading.local()
 
-    def __next__(self) -> _T:
+    def __next__(self) -> _Kept:
+        held: tuple[int, int] | None = getattr(self._held, "spans", None)
+        if held is not None:
+            self._held.spans = None
+            self._source.unpin(*held)
         with self._lock:
-            return next(self._items)
+            batch = next(self._batches)
+            starts = batch[1]
+            if starts.size:
+                self._held.spans = self._source.pin(int(starts.min()), int(starts.max()))
+        return batch
 
 
 def _parquet_groups(

@@ -1,8 +1,9 @@
-"""zstd meta files through :mod:`zstandard`, frame by frame (see :mod:`rank_dataset.files.formats`). No torch.
+"""zstd meta files through :mod:`zstandard` (see :mod:`rank_dataset.files.formats`). No torch.
 
 A zstd frame can only be decompressed from its start, so a file's checkpoints are frame starts, at
 least ``spacing`` output bytes apart. Skippable frames (zstd's seekable format ends with one) are
-passed over.
+passed over. The cold index's pass (:func:`stream`) decodes frame by frame, in pieces, to find the
+frame starts; the reads of a build (:class:`Reader`) go across frames through one ``stream_reader``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from rank_dataset.files._points import row_at
 
 __all__ = ["Reader", "stream"]
 
-# Compressed bytes handed to the decoder at a time, at most: it gives all their output at once, and
+# Compressed bytes handed to the decoder at a time, at most (stream: it gives all their output at once, and
 # meta lines compress well (80x for the demo's at level 3: 1 MiB came out as 80 MiB, slowing the
-# index's scan 2x).
+# index's scan 2x; Reader: what its stream_reader asks its source for).
 _PIECE = 128 << 10
 # Output bytes a piece should give, about: the piece shrinks to the compression ratio seen so far
 # (at least _LEAST bytes). Output of a few MB at a time is new memory each time, faulted in page by
@@ -35,7 +36,7 @@ _LEAST = 4 << 10
 # next frame's first block (a few KiB), and a slice owner of the collective reader does so once per
 # build: 128 KiB there was 8% of a 5 MB file at W = 8. Reads double from it up to _PIECE.
 _FIRST = 8 << 10
-_WRITE = 1 << 20  # output buffer of the decoder
+_WRITE = 1 << 20  # output buffer of stream's decoder
 _SKIP = 4 << 20  # output bytes a read decodes at a time to reach where it starts (and lets go of)
 _TAIL = 1 << 20  # the last bytes of a read kept for a read that starts a little before its end
 _IntArray = npt.NDArray[np.int64]
@@ -193,6 +194,9 @@ class Reader:
                 f"corrupt zstd data at or before compressed byte {pos:,}, in a frame that starts at or after "
                 f"compressed byte {in0:,} ({exc})",
             ) from None
+        except BaseException:  # (a read of the file failed) the decoder went on: where it is, is not known
+            self.close()
+            raise
         self._at += len(data)
         done += len(data)
         data = head + data if head else data

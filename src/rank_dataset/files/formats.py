@@ -337,6 +337,7 @@ class SpanSource:
         if len(checkpoints.points) < 2 * THREADS and len(self._bounds) > 2:
             self._serial = ThreadPoolExecutor(1, thread_name_prefix="rank-dataset-spans")
         self._next = 0  # the span the serial decoder reaches next without starting over
+        self._pins: dict[int, int] = {}  # span -> the batches that still need it (see pin)
         self.decompressed = 0  # output bytes decoded, those skipped to reach a span included
 
     @property
@@ -367,14 +368,38 @@ class SpanSource:
                 data = self._read(j)
                 with self._lock:
                     self._keep(j, data)
-            self._next = k + 1
+            self._next = max(self._next, k + 1)
         return self._read(k)
 
     def _keep(self, k: int, data: bytes) -> None:
+        """Keep span ``k``; let go of the least recently used beyond :data:`_KEPT_SPANS`, but of no pinned one."""
         self._kept[k] = data
         self._kept.move_to_end(k)
-        while len(self._kept) > _KEPT_SPANS:
-            self._kept.popitem(last=False)
+        pinned = sum(1 for j in self._kept if self._pins.get(j))
+        for old in [j for j in self._kept if not self._pins.get(j)][: max(0, len(self._kept) - pinned - _KEPT_SPANS)]:
+            del self._kept[old]
+
+    def pin(self, first: int, last: int) -> tuple[int, int]:
+        """Keep the spans that lines starting from byte ``first`` to byte ``last`` need (from the one
+        that holds the byte before ``first`` to the one after ``last``'s), once decoded, until
+        :meth:`unpin`: a gather's thread pins its batch's spans as it takes the batch, so that a
+        thread that lags finds them still kept (not decoded again from the frame's start). Returns
+        the spans ``[k0, k1)``."""
+        spans = len(self._bounds) - 1
+        k0 = max(int(np.searchsorted(self._bounds, first - 1, side="right")) - 1, 0)
+        k1 = min(max(int(np.searchsorted(self._bounds, last, side="right")) + 1, k0 + 1), spans)
+        with self._lock:
+            for k in range(k0, k1):
+                self._pins[k] = self._pins.get(k, 0) + 1
+        return k0, k1
+
+    def unpin(self, k0: int, k1: int) -> None:
+        """Undo :meth:`pin` of the spans ``[k0, k1)``."""
+        with self._lock:
+            for k in range(k0, k1):
+                self._pins[k] -= 1
+                if not self._pins[k]:
+                    del self._pins[k]
 
     def _read(self, k: int) -> bytes:
         view = self._view()
@@ -450,7 +475,8 @@ class SpanSource:
         """As :meth:`rank_dataset.files._pread.Window.load`: ranges ``[starts[i], stops[i])`` (cut at
         ``end``), back to back in the buffer with the bytes between them where they share a span, one
         copy of what the spans decoded: byte ``x`` of range ``i`` is ``buf[x - shift[i]]``. The
-        buffer is ``buffer(size)`` (a :class:`~rank_dataset.files._pread.Window`'s, reused), or new."""
+        buffer is ``buffer(size)`` (a :class:`~rank_dataset.files._pread.Window`'s, reused), or new, or
+        a read-only view of a decoded span where dense ranges lie in one (:meth:`_load_dense`)."""
         bounds, spans = self._bounds, len(self._bounds) - 1
         hi_all = np.minimum(stops, min(end, int(bounds[-1])))
         lo_all = np.minimum(starts, hi_all)
