@@ -173,10 +173,58 @@ def test_the_threads_reading_a_one_frame_zstd_file_share_its_decoder(
         return load_and_copy(*args)
 
     monkeypatch.setattr(gather_mod, "_copy_rows", stalling)
+    kept = _kept_spans(monkeypatch)
     indices = np.random.default_rng(0).permutation(len(mf))[: len(mf) // 2]
     shard = mf.read(indices)
     assert shard.texts(range(len(shard))) == [lines[i] for i in indices.tolist()]
     assert asked[-1] == 2 and sum(decompressed) == len(raw)
+    # The spans kept: the source's few, and those pinned by the two batches in hand (a span or two each).
+    assert max(kept) <= formats._KEPT_SPANS + 2 * 3
+
+
+def _kept_spans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many spans each SpanSource keeps, after each span it keeps."""
+    from rank_dataset.files import formats
+
+    counts: list[int] = []
+    keep = formats.SpanSource._keep
+
+    def counting(self: formats.SpanSource, k: int, data: bytes) -> None:
+        keep(self, k, data)
+        counts.append(len(self._kept))
+
+    monkeypatch.setattr(formats.SpanSource, "_keep", counting)
+    return counts
+
+
+def test_sparse_rows_of_a_one_frame_zstd_file_are_read_by_one_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch of sparse rows spans many spans: two threads would pin them all (the whole file kept),
+    # and their batches, far apart, could not both be decoded in order. One thread reads them, the
+    # source keeping its few spans.
+    import zstandard
+
+    from rank_dataset.files import formats
+
+    lines = [f"train/n{i % 1000:08d}/img_{i}.JPEG {i % 1000}" for i in range(60_000)]
+    raw = "".join(f"{line}\n" for line in lines).encode()
+    path = tmp_path / "one.zst"
+    path.write_bytes(zstandard.ZstdCompressor(level=3).compress(raw))
+    monkeypatch.setattr(formats, "SPAN", 40_000)
+    mf = MetaFile(path)
+    monkeypatch.setattr(gather_mod, "HELPED_ITEMS", 100)
+    monkeypatch.setattr(gather_mod, "THREADS", 2)
+    monkeypatch.setattr(gather_mod, "_BATCH_ROWS", 500)
+    monkeypatch.setattr(gather_mod, "_SHARED_SPAN", 4 * 40_000)  # dense: a batch within 4 spans
+    asked = _threads_asked(monkeypatch, gather_mod)
+    decompressed = _decompressed(monkeypatch)
+    kept = _kept_spans(monkeypatch)
+    indices = np.random.default_rng(0).permutation(len(mf))[: len(mf) // 100]
+    shard = mf.read(indices)
+    assert shard.texts(range(len(shard))) == [lines[i] for i in indices.tolist()]
+    assert asked[-1] == 1 and sum(decompressed) == len(raw)
+    assert max(kept) <= formats._KEPT_SPANS
 
 
 @pytest.mark.parametrize("name", ["members.gz", "frames.zst"])

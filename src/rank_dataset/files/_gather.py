@@ -85,7 +85,12 @@ THREADED_ROWS = 1 << 16  # builds of fewer rows copy in one thread (starting thr
 _BATCH_ROWS = 1 << 15  # rows copied at a time, bounding the temporaries of a batch
 
 
-_KEPT_SPAN = 1 << 32  # a batch's starts are kept as offsets from its lowest: less apart than this
+_KEPT_SPAN = 1 << 32
+
+
+# A file of one decoder thread is read by more threads only where a batch of _BATCH_ROWS rows spans
+# this many decompressed bytes at most, on average (a few of its spans, which the batch pins).
+_SHARED_SPAN = 16 << 20  # a batch's starts are kept as offsets from its lowest: less apart than this
 
 
 class IndexMismatch(Exception):
@@ -249,11 +254,13 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
             continue
         with file.bytes.open(file.index) as fd:
             work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
-            if isinstance(fd, SpanSource) and fd.serial:
+            serial = isinstance(fd, SpanSource) and fd.serial
+            if isinstance(fd, SpanSource) and serial and _dense(visit, fd.checkpoints.size):
                 # One decoder thread makes the spans in order: the threads take the next batch each as
-                # they finish one, so they keep within a batch of each other and of the decoder (with
-                # a part each, one would fall behind and ask for spans long let go of, decoded again
-                # from the frame's start).
+                # they finish one, its spans pinned meanwhile (with a part each, one would fall behind
+                # and ask for spans long let go of, decoded again from the frame's start). Only where
+                # the rows are dense: a batch of sparse rows spans many spans, which it would all pin,
+                # and two batches far apart could not both be decoded in order.
                 shared = _Shared(_kept_spans(visit, samples, starts, (0, 1)), fd)
                 in_threads(lambda _: work(shared), _threads(visit))  # noqa: B023
             else:
@@ -261,7 +268,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
                 # but at a run's ends (taking every other batch, each thread asked for every span, and
                 # one decoded again each span the other had decoded and its source had let go of).
                 spans = functools.partial(_kept_spans, visit, samples, starts, runs=not isinstance(fd, int))
-                in_threads(lambda part: work(spans(part)), _threads(visit))  # noqa: B023
+                in_threads(lambda part: work(spans(part)), 1 if serial else _threads(visit))  # noqa: B023
         starts.free()
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. One pass over the copied bytes finds it. (A
@@ -499,6 +506,11 @@ def _threads(visit: _FileRows) -> int:
     a few MiB resident for good; and starting one costs about a millisecond, which a mix of thousands
     of files would pay for each)."""
     return THREADS if visit.rows.size >= HELPED_ITEMS else 1
+
+
+def _dense(visit: _FileRows, size: int) -> bool:
+    """Whether a batch of ``visit``'s rows spans at most ``_SHARED_SPAN`` of the file's ``size`` bytes, on average."""
+    return visit.rows.size * _SHARED_SPAN >= _BATCH_ROWS * size
 
 
 class _Shared(Iterator[_Kept]):
