@@ -85,12 +85,12 @@ THREADED_ROWS = 1 << 16  # builds of fewer rows copy in one thread (starting thr
 _BATCH_ROWS = 1 << 15  # rows copied at a time, bounding the temporaries of a batch
 
 
-_KEPT_SPAN = 1 << 32
+_KEPT_SPAN = 1 << 32  # a batch's starts are kept as offsets from its lowest: less apart than this
 
 
 # A file of one decoder thread is read by more threads only where a batch of _BATCH_ROWS rows spans
 # this many decompressed bytes at most, on average (a few of its spans, which the batch pins).
-_SHARED_SPAN = 16 << 20  # a batch's starts are kept as offsets from its lowest: less apart than this
+_SHARED_SPAN = 16 << 20
 
 
 class IndexMismatch(Exception):
@@ -255,7 +255,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
         with file.bytes.open(file.index) as fd:
             work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
             serial = isinstance(fd, SpanSource) and fd.serial
-            if isinstance(fd, SpanSource) and serial and _dense(visit, fd.checkpoints.size):
+            if isinstance(fd, SpanSource) and fd.serial and _dense(visit, fd.checkpoints.size):
                 # One decoder thread makes the spans in order: the threads take the next batch each as
                 # they finish one, its spans pinned meanwhile (with a part each, one would fall behind
                 # and ask for spans long let go of, decoded again from the frame's start). Only where
