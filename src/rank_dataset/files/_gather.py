@@ -254,21 +254,21 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
             continue
         with file.bytes.open(file.index) as fd:
             work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
-            serial = isinstance(fd, SpanSource) and fd.serial
-            if isinstance(fd, SpanSource) and fd.serial and _dense(visit, fd.checkpoints.size):
+            serial = fd if isinstance(fd, SpanSource) and fd.serial else None
+            if serial is not None and _dense(visit, serial.checkpoints.size):
                 # One decoder thread makes the spans in order: the threads take the next batch each as
                 # they finish one, its spans pinned meanwhile (with a part each, one would fall behind
                 # and ask for spans long let go of, decoded again from the frame's start). Only where
                 # the rows are dense: a batch of sparse rows spans many spans, which it would all pin,
                 # and two batches far apart could not both be decoded in order.
-                shared = _Shared(_kept_spans(visit, samples, starts, (0, 1)), fd)
+                shared = _Shared(_kept_spans(visit, samples, starts, (0, 1)), serial)
                 in_threads(lambda _: work(shared), _threads(visit))  # noqa: B023
             else:
                 # A compressed file's threads take a run of batches each: they share no decoded span
                 # but at a run's ends (taking every other batch, each thread asked for every span, and
                 # one decoded again each span the other had decoded and its source had let go of).
                 spans = functools.partial(_kept_spans, visit, samples, starts, runs=not isinstance(fd, int))
-                in_threads(lambda part: work(spans(part)), 1 if serial else _threads(visit))  # noqa: B023
+                in_threads(lambda part: work(spans(part)), 1 if serial is not None else _threads(visit))  # noqa: B023
         starts.free()
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. One pass over the copied bytes finds it. (A

@@ -18,13 +18,19 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ByteSource", "ShortRead", "Window", "count_newlines", "pread_exact", "read_ends"]
+__all__ = ["ByteSource", "ShortRead", "Window", "count_newlines", "dense", "pread_exact", "read_ends"]
 
 _PAGE = mmap.PAGESIZE
 _GAP = 2 * _PAGE  # bytes between two wanted ranges that are read rather than skipped
 _COUNT_CHUNK = 16 << 20
 _SMALL = 1 << 20  # window buffers up to this size are heap arrays (a map costs syscalls and faults)...
 _MAIN = threading.main_thread()  # ...in the main thread only: see _small
+
+
+def dense(count: int, lo: int, hi: int) -> bool:
+    """Whether ``count`` ranges within bytes ``[lo, hi)`` lie two a page on average: every page is
+    needed, so the bytes from the first to the last are taken whole."""
+    return count * _PAGE >= 2 * (hi - lo)
 
 
 def _small() -> int:
@@ -120,7 +126,7 @@ class Window:
         hi = min(int(stops.max()), end)
         if hi <= lo:
             return self._buffer(pad), lo
-        if starts.size * _PAGE >= 2 * (hi - lo):  # two ranges a page on average: every page is needed
+        if dense(starts.size, lo, hi):
             buf = self._buffer(hi - lo + pad)
             pread_exact(fd, buf[: hi - lo], lo)
             return buf, lo

@@ -32,8 +32,8 @@ _PIECE = 128 << 10
 # spans, 8 KiB ones 0.3 s.
 _OUTPUT = 1 << 20
 _LEAST = 4 << 10
-# The first read from a checkpoint: a read that crosses a checkpoint only to finish a line needs the
-# next frame's first block (a few KiB), and a slice owner of the collective reader does so once per
+# Reader's first read from a checkpoint: a read that crosses a checkpoint only to finish a line needs
+# the next frame's first block (a few KiB), and a slice owner of the collective reader does so once per
 # build: 128 KiB there was 8% of a 5 MB file at W = 8. Reads double from it up to _PIECE.
 _FIRST = 8 << 10
 _WRITE = 1 << 20  # output buffer of stream's decoder
@@ -42,23 +42,18 @@ _TAIL = 1 << 20  # the last bytes of a read kept for a read that starts a little
 _IntArray = npt.NDArray[np.int64]
 
 
-def _frames(
-    path: Path, fd: int, start: int, out: int, stops: _IntArray | None = None
-) -> Iterator[tuple[int, int, bytes]]:
-    """Decompress from compressed byte ``start`` (a frame start, whose output begins at ``out``) to
-    the end of the file: ``(frame start, output offset, data)``, with ``b""`` data once as each frame
-    begins. ``stops`` (the checkpoints' compressed offsets, increasing): no read crosses one, and
-    the reads from one start small (see :data:`_FIRST`).
+def _frames(path: Path, fd: int) -> Iterator[tuple[int, int, bytes]]:
+    """Decompress the file from its start to its end: ``(frame start, output offset, data)``, with
+    ``b""`` data once as each frame begins.
 
     Raises:
         CorruptMetaFileError: corrupt data, or the file ends inside a frame.
     """
     size = os.fstat(fd).st_size
     dctx = zstandard.ZstdDecompressor()
-    pos = start  # compressed bytes read up to here
+    pos = out = 0  # compressed bytes read up to here, output bytes made
     pending = b""  # read but not yet given to a decoder
-    frame = start
-    step = _FIRST  # the next read's size, with stops
+    frame = 0
     fed_in, made = 1, 0  # the last piece's compressed and output bytes (none yet: a full piece)
     while pos < size or pending:
         frame = pos - len(pending)
@@ -73,10 +68,6 @@ def _frames(
                     what = f"the file ends at byte {size:,}, inside the zstd frame that starts here (truncated?)"
                     raise CorruptMetaFileError(path, frame, what)
                 want = min(_PIECE, size - pos, max(_LEAST, _OUTPUT * fed_in // max(made, 1)))
-                if stops is not None:
-                    nxt = int(np.searchsorted(stops, pos, side="right"))
-                    step = _FIRST if nxt and int(stops[nxt - 1]) == pos else min(2 * step, _PIECE)
-                    want = min(want, step, int(stops[nxt]) - pos if nxt < len(stops) else want)
                 pending = os.pread(fd, want, pos)
                 if not pending:  # the file shrank while being read
                     raise CorruptMetaFileError(path, pos, "the file ends here, before its size said (it changed?)")
@@ -105,7 +96,7 @@ def stream(path: Path, fd: int, spacing: int, block: int) -> Generator[bytes, No
     points = [(0, 0)]
     parts: list[bytes] = []
     held = out_end = 0
-    for frame, out, data in _frames(path, fd, 0, 0):
+    for frame, out, data in _frames(path, fd):
         if not data:
             if out - points[-1][0] >= spacing:
                 points.append((out, frame))

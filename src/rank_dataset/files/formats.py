@@ -42,6 +42,7 @@ from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files import _gzip, _zstd
 from rank_dataset.files._parquet import ParquetRows
 from rank_dataset.files._points import row_at
+from rank_dataset.files._pread import dense
 
 __all__ = [
     "BLOCK",
@@ -300,7 +301,6 @@ class DecompressedView:
 #: Decompressed bytes a :class:`SpanSource` decodes and keeps at a time (at most; less between checkpoints).
 SPAN = 4 << 20
 _KEPT_SPANS = 6
-_PAGE = 4096  # ranges two a page on average are loaded whole, as Window.load reads them
 #: Spans a serial :class:`SpanSource` decodes ahead of the last one a load asked for.
 _AHEAD = 1
 
@@ -483,7 +483,7 @@ class SpanSource:
         if not spans or not starts.size:
             return np.zeros(pad, np.uint8), 0
         lo, hi = int(lo_all.min()), int(hi_all.max())
-        if starts.size * _PAGE >= 2 * (hi - lo):
+        if dense(starts.size, lo, hi):
             return self._load_dense(lo, hi, pad, buffer)
         k0 = np.clip(np.searchsorted(bounds, lo_all, side="right") - 1, 0, spans - 1)
         k1 = np.maximum(np.searchsorted(bounds, hi_all, side="left"), k0 + 1)
