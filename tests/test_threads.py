@@ -18,7 +18,7 @@ import pytest
 from rank_dataset import MetaFile
 from rank_dataset.core import threads as _threads
 from rank_dataset.files import _gather as gather_mod
-from rank_dataset.files import _pread
+from rank_dataset.files import _pread, formats
 from rank_dataset.files._pread import Window
 from rank_dataset.plan import permutation as permutation_mod
 from rank_dataset.plan.permutation import permute
@@ -115,8 +115,6 @@ def test_a_read_below_helped_items_starts_no_thread_and_above_it_the_same_lines(
 
 def _decompressed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The output bytes each SpanSource decoded, as it closes."""
-    from rank_dataset.files import formats
-
     decompressed: list[int] = []
     close = formats.SpanSource.close
 
@@ -140,16 +138,10 @@ def _lagging_helper(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gather_mod, "copy_rows", lagging)
 
 
-def test_the_threads_reading_a_one_frame_zstd_file_share_its_decoder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Its one checkpoint is its start: a decoder a thread would each decompress the whole file. One
-    # decoder thread decodes it in order, once; two threads copy its lines, each taking the next
-    # batch as it finishes one, so even one that lags stays with the other (with a part each, it
-    # asked for spans the source had let go of, decoded again from the frame's start).
+def _one_frame_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[MetaFile, list[str], bytes]:
+    """A one-frame zstd file of 60,000 lines, its MetaFile (spans of 40 KB), its lines and its text;
+    reads on two threads in batches of 500 rows (a few batches a span)."""
     import zstandard
-
-    from rank_dataset.files import formats
 
     lines = [f"train/n{i % 1000:08d}/img_{i}.JPEG {i % 1000}" for i in range(60_000)]
     raw = "".join(f"{line}\n" for line in lines).encode()
@@ -157,9 +149,20 @@ def test_the_threads_reading_a_one_frame_zstd_file_share_its_decoder(
     path.write_bytes(zstandard.ZstdCompressor(level=3).compress(raw))
     monkeypatch.setattr(formats, "SPAN", 40_000)  # spans of one frame
     mf = MetaFile(path)
-    monkeypatch.setattr(gather_mod, "HELPED_ITEMS", 1000)
     monkeypatch.setattr(gather_mod, "THREADS", 2)
-    monkeypatch.setattr(gather_mod, "_BATCH_ROWS", 500)  # a few batches a span
+    monkeypatch.setattr(gather_mod, "_BATCH_ROWS", 500)
+    return mf, lines, raw
+
+
+def test_the_threads_reading_a_one_frame_zstd_file_share_its_decoder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its one checkpoint is its start: a decoder a thread would each decompress the whole file. One
+    # decoder thread decodes it in order, once; two threads copy its lines, each taking the next
+    # batch as it finishes one, so even one that lags stays with the other (with a part each, it
+    # asked for spans the source had let go of, decoded again from the frame's start).
+    mf, lines, raw = _one_frame_file(tmp_path, monkeypatch)
+    monkeypatch.setattr(gather_mod, "HELPED_ITEMS", 1000)
     asked = _threads_asked(monkeypatch, gather_mod)
     decompressed = _decompressed(monkeypatch)
     _lagging_helper(monkeypatch)
@@ -184,8 +187,6 @@ def test_the_threads_reading_a_one_frame_zstd_file_share_its_decoder(
 
 def _kept_spans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many spans each SpanSource keeps, after each span it keeps."""
-    from rank_dataset.files import formats
-
     counts: list[int] = []
     keep = formats.SpanSource._keep
 
@@ -203,19 +204,8 @@ def test_sparse_rows_of_a_one_frame_zstd_file_are_read_by_one_thread(
     # A batch of sparse rows spans many spans: two threads would pin them all (the whole file kept),
     # and their batches, far apart, could not both be decoded in order. One thread reads them, the
     # source keeping its few spans.
-    import zstandard
-
-    from rank_dataset.files import formats
-
-    lines = [f"train/n{i % 1000:08d}/img_{i}.JPEG {i % 1000}" for i in range(60_000)]
-    raw = "".join(f"{line}\n" for line in lines).encode()
-    path = tmp_path / "one.zst"
-    path.write_bytes(zstandard.ZstdCompressor(level=3).compress(raw))
-    monkeypatch.setattr(formats, "SPAN", 40_000)
-    mf = MetaFile(path)
+    mf, lines, raw = _one_frame_file(tmp_path, monkeypatch)
     monkeypatch.setattr(gather_mod, "HELPED_ITEMS", 100)
-    monkeypatch.setattr(gather_mod, "THREADS", 2)
-    monkeypatch.setattr(gather_mod, "_BATCH_ROWS", 500)
     monkeypatch.setattr(gather_mod, "_SHARED_SPAN", 4 * 40_000)  # dense: a batch within 4 spans
     asked = _threads_asked(monkeypatch, gather_mod)
     decompressed = _decompressed(monkeypatch)
@@ -234,7 +224,6 @@ def test_the_threads_of_a_compressed_files_read_decode_each_span_about_once(
     # Each thread takes a run of batches: the spans between checkpoints it decodes are its own, but
     # at the runs' ends. (Taking every other batch, both asked for every span, and one that lagged
     # decoded again those the source had let go of: 1.25x the file at W = 8 in bench_formats.)
-    from rank_dataset.files import formats
     from tests_helpers import COMPRESSORS
 
     lines = [f"train/n{i % 1000:08d}/img_{i}.JPEG {i % 1000}" for i in range(60_000)]
