@@ -1,6 +1,6 @@
 """The collective reader itself: the making (checks, the agreement, the count of the slices, the
-fingerprints) and the ShardReader protocol, on top of the slices (:mod:`._slices`), the build's
-exchange (:mod:`._rounds`) and the collectives (:mod:`._dist`)."""
+fingerprints) and the ShardReader protocol, on top of the slices (``_slices``), the build's
+exchange (``_rounds``) and the collectives (``_dist``)."""
 
 from __future__ import annotations
 

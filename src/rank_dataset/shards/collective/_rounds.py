@@ -1,6 +1,6 @@
 """A build of the collective reader: the exchange of requests and lengths, then of the lines in rounds.
 
-Every rank routes its plan's samples to their owners (:mod:`._routing`) and sends each owner the
+Every rank routes its plan's samples to their owners (``_routing``) and sends each owner the
 numbers it asks for, then learns their lengths (which lay out its shard before any line moves). In
 round ``k`` each owner reads the ``k``-th part of its slice (about :data:`ROUND` bytes of lines) in one
 sequential read, checks it against the count, and sends each rank the lines it asked for headed by a
@@ -140,7 +140,7 @@ class Server:
         self, k: int, rows: npt.NDArray[Any], splits: _Ints
     ) -> tuple[npt.NDArray[np.uint8], _Ints, Failure | None]:
         """Round ``k``: what this rank sends each rank, back to back, and the bytes for each. Rank
-        ``r``'s part is a status byte (:data:`~._status.OK` or what went wrong), then its ``splits[r]``
+        ``r``'s part is a status byte (``_status.OK`` or what went wrong), then its ``splits[r]``
         samples of ``rows`` (numbers within this slice, all in the round's part of it), from one
         sequential read of the round's part of the slice, which is checked against the count. Also what
         went wrong (a file changed, or a line asked for is not valid UTF-8, naming file and line): then
