@@ -92,7 +92,9 @@ def run_ranks(w: int, work: Callable[[ThreadNet], Any]) -> list[Any]:
     return out
 
 
-def count_and_build(paths: list[Path], plans: list[npt.NDArray[np.int64]], change: Callable[[], None] | None = None):
+def count_and_build(
+    paths: list[Path], plans: list[npt.NDArray[np.int64]], change: Callable[[], None] | None = None
+) -> list[Any]:
     """The making and one build on each rank: ``(shard, fingerprints)`` or the error; ``change`` runs
     between the count and the build (on rank 0, the others waiting)."""
 
