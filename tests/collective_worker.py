@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from rank_dataset import MetaFile, RandomSampler, RankDataset, Source, class_balanced
 from rank_dataset.core.shard import Shard
-from rank_dataset.shards import collective
+from rank_dataset.shards.collective import _rounds
 from tests_helpers import write_rank_result
 
 
@@ -47,7 +47,7 @@ def compare(name: str, meta: Any, steps: list[tuple[int, int]], result: dict[str
         i = int(coll.indices[-1])
         same = same and coll.reader.where(i) == file_ds.reader.where(i)
     result[name] = same
-    result.setdefault("slices", [int(s) for s in coll.reader._owned[1:] - coll.reader._owned[:-1]])
+    result.setdefault("slices", [int(s) for s in coll.reader._slices.held])
     coll.close()
 
 
@@ -219,7 +219,7 @@ def main(mode: str, d: str) -> None:
     if mode.endswith("+rounds"):
         # Rounds of about 1 KiB of lines: the test files' exchanges take dozens of rounds, each window
         # of a slice read, checked and served on its own.
-        collective._ROUND = 1 << 10
+        _rounds.ROUND = 1 << 10
         mode = mode.removesuffix("+rounds")
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     result: dict[str, Any] = {"rank": dist.get_rank()}

@@ -36,6 +36,7 @@ def render() -> str:
             summary = re.sub(r":\w+:`~?([\w.]+)`", lambda m: m.group(1).rsplit(".", 1)[-1], doc.split("\n\n")[0])
             summary = " ".join(summary.replace("``", "").split())
             modules = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+            modules += sorted(f"{p.parent.name}/" for p in folder.glob("*/__init__.py"))
             beside = "  (beside the other on its level)" if "|" in level else ""
             lines.append(f"  {name}/{beside}")
             lines += [f"      {chunk}" for chunk in _wrap(summary, 100)]
@@ -45,7 +46,8 @@ def render() -> str:
         if contract["type"] == "forbidden":
             sources = ", ".join(f"`{m}`" for m in contract["source_modules"])
             forbidden = ", ".join(f"`{m}`" for m in contract["forbidden_modules"])
-            lines.append(f"- *{contract['name']}*: {sources} import none of {forbidden}.")
+            excepted = "".join(f" (except `{i}`)" for i in contract.get("ignore_imports", []))
+            lines.append(f"- *{contract['name']}*: {sources} import none of {forbidden}{excepted}.")
         else:
             lines.append(f"- *{contract['name']}*.")
     return "\n".join(lines)

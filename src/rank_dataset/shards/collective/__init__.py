@@ -1,0 +1,39 @@
+"""The collective reader: one read of the meta files per job, whatever the world size.
+
+Each rank of a process group reads one contiguous 1/W of the bytes of the files (taken as one, in
+order), cut at line boundaries, sequentially, :data:`~rank_dataset.shards._text.READ` bytes at a time,
+and keeps where each of its samples starts and its length. Line numbers come from an all-gather of each
+slice's sample and newline counts per file (a few numbers per file and rank): no index is read or
+written. At each build every rank computes its plan's sample numbers (as the file reader does), groups
+them by owner and round (one radix sort), and exchanges with ``all_to_all_single`` on a gloo group over
+the same ranks: the requests, then their lengths (which lay out the shard), then the lines in rounds.
+In round k each owner reads the k-th part of its slice (about
+:data:`~rank_dataset.shards.collective._rounds.ROUND` bytes of lines), checks it against the count and
+sends each rank the lines it asked for, headed by a status byte; each rank checks every owner's status,
+then copies what it received straight into its shareable segment: the shard is the file reader's, byte
+for byte.
+
+A Parquet file's text is its rows' lines (:mod:`rank_dataset.shards._rows`): its slices are cut at row
+groups by their sizes in the footer, before the count, and the all-gather of what each rank rendered
+places them; a row is a sample whatever it holds.
+
+Every collective runs on the reader's own gloo group (created over the ranks of the group given, with
+``timeout``), named with the epoch in the error a failed or timed-out collective raises on each rank.
+A file changed under any slice (:class:`~rank_dataset.errors.MetaFileChangedError`) and a line that is
+not UTF-8 (a ValueError naming ``file:line``) travel as a status word ahead of each round's lines, so
+every rank raises the same error and no rank returns a shard holding a line of a changed file.
+
+The modules, bottom to top: ``_routing`` (the arithmetic of slices, owners and rounds: pure numpy, no
+torch, no I/O), ``_dist`` (every torch.distributed call, and the only one that imports torch, when a
+reader is made), ``_status`` (the status words and the error every rank raises), ``_slices`` (the cut
+and the count), ``_rounds`` (a build's exchange and the serving of each round), ``_reader``
+(:class:`CollectiveReader`). ``_filecopies`` holds copies of helpers of :mod:`rank_dataset.files`, to
+be replaced by them. Importing this package imports no torch.
+"""
+
+from __future__ import annotations
+
+from rank_dataset.shards.collective._dist import CollectiveError
+from rank_dataset.shards.collective._reader import CollectiveReader
+
+__all__ = ["CollectiveError", "CollectiveReader"]

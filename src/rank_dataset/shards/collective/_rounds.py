@@ -1,0 +1,238 @@
+"""A build of the collective reader: the exchange of requests and lengths, then of the lines in rounds.
+
+Every rank routes its plan's samples to their owners (``_routing``) and sends each owner the
+numbers it asks for, then learns their lengths (which lay out its shard before any line moves). In
+round ``k`` each owner reads the ``k``-th part of its slice (about :data:`ROUND` bytes of lines) in one
+sequential read, checks it against the count, and sends each rank the lines it asked for headed by a
+status byte (:class:`Server`); each rank checks every owner's status, then copies what it received
+straight into its shard (:meth:`Exchange.build`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.core.shard import Shard, ShardWriter, copy_rows, offset_dtype
+from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.files.scan import NEWLINE
+from rank_dataset.shards._rows import RowsReading, RowsText
+from rank_dataset.shards._text import Reading
+from rank_dataset.shards.collective import _routing
+from rank_dataset.shards.collective._dist import Collectives
+from rank_dataset.shards.collective._filecopies import check_utf8
+from rank_dataset.shards.collective._slices import Slices
+from rank_dataset.shards.collective._status import HEAD, OK, Failure, failure_of, raise_reported
+
+__all__ = ["ROUND", "Exchange", "Server"]
+
+ROUND = 4 << 20  # bytes of lines an owner reads and serves in a round of the exchange
+
+_Ints = npt.NDArray[np.int64]
+
+
+class Exchange:
+    """How a rank's builds exchange lines with the other ranks of ``net``.
+
+    Args:
+        net: the reader's collectives.
+        slices: the slices, as counted.
+        starts: where each sample of this rank's slice starts (from the slice's start) and...
+        lengths: ...its length, as the count found them.
+    """
+
+    def __init__(self, net: Collectives, slices: Slices, starts: npt.NDArray[Any], lengths: npt.NDArray[Any]) -> None:
+        self.net, self.slices = net, slices
+        # What this rank serves: where each sample of its slice starts and its length, 4 bytes each
+        # where the slices are under 4 GiB. Lengths and requests travel in one dtype on every rank.
+        self.len_dtype = offset_dtype(int(np.diff(slices.cuts).max()))
+        self.req_dtype = offset_dtype(int(slices.held.max()))
+        self.starts, self.lengths = starts, lengths.astype(self.len_dtype, copy=False)
+        # The exchange runs in rounds: in round k each owner reads and serves its samples
+        # [k * per_round, (k + 1) * per_round), about ROUND bytes of lines.
+        self.per_round, self.rounds = _routing.rounds_of(slices.held, slices.text_bytes, ROUND)
+
+    def build(self, plan_of: Callable[[], _Ints], keep_ids: bool) -> tuple[Shard, dict[str, int]]:
+        """The shard of the global sample numbers ``plan_of()`` gives (in their order; kept in it as its
+        ids where ``keep_ids``), and the bytes this rank sent and received. Every rank of the group
+        calls it together. (The plan is made here, so that it is freed as soon as it is routed.)"""
+        plan = plan_of()
+        n, ids = plan.size, (plan if keep_ids else None)
+        net, w, rounds = self.net, self.net.world_size, self.rounds
+        # What is asked for: the plan's samples, or where the plan repeats some, each once.
+        items, inverse = _routing.distinct(plan) if _routing.repeats(plan, self.slices.bounds.total) else (plan, None)
+        del plan
+        # Each item's owner and round; the items grouped by (owner, round) by one radix sort.
+        key, local = _routing.route(items, self.slices.owned, rounds, self.per_round)
+        del items
+        counts, order = _routing.group(key, w * rounds)
+        del key
+        request = local[order].astype(self.req_dtype)
+        del local
+        # Requests: the number of each owner's samples asked for in each round, then the samples.
+        asked = net.all_to_all(counts, np.full(w, rounds, np.int64), "the request sizes").reshape(w, rounds)
+        counts = counts.reshape(w, rounds)
+        ask, asks = counts.sum(axis=1), asked.sum(axis=1)
+        requests = net.all_to_all(request, ask, "the requests", out_splits=asks)
+        # Lengths (from what the count of lines found): the shard's offsets, before any line moves.
+        send_lengths = self.lengths[requests]
+        got_lengths = net.all_to_all(send_lengths, asks, "the line lengths", out_splits=ask)
+        sent = counts.nbytes + request.nbytes + send_lengths.nbytes
+        received = asked.nbytes + requests.nbytes + got_lengths.nbytes
+        del request, send_lengths
+        item_lengths = np.empty(got_lengths.size, self.len_dtype)
+        item_lengths[order] = got_lengths
+        del got_lengths
+        row_lengths = item_lengths if inverse is None else item_lengths[inverse]
+        writer = ShardWriter(n, int(row_lengths.sum(dtype=np.int64)), ids=ids is not None)
+        writer.bounds[0] = 0
+        np.cumsum(row_lengths, out=writer.bounds[1:], dtype=writer.bounds.dtype)
+        if inverse is not None:
+            # The plan's rows by the round their line arrives in.
+            by_round, round_cuts = _routing.rows_by_round(order, counts, inverse)
+            item_at = np.empty(item_lengths.size, np.int64)  # where each item is in its round's lines
+        asked_at, counts_at = _routing.starts_of(asked), _routing.starts_of(counts)
+        server = Server(self.slices, self.starts, self.lengths, self.per_round)
+        try:
+            for k in range(rounds):
+                # The owners read and serve the samples of round k, each part of what it sends headed by
+                # its status: every rank learns from the lines themselves whether every owner served
+                # them as counted, before it packs any.
+                send, send_bytes, failure = server.serve(
+                    k, requests[_routing.ranges(asked_at[:, k], asked[:, k])], asked[:, k]
+                )
+                idx = order[_routing.ranges(counts_at[:, k], counts[:, k])]
+                lengths = item_lengths[idx].astype(np.int64)
+                got_bytes = _routing.split_sums(lengths, counts[:, k]) + HEAD
+                got = net.all_to_all(send, send_bytes, "the lines", out_splits=got_bytes)
+                sent, received = sent + send.nbytes, received + got.nbytes
+                del send
+                raise_reported(net, got[_routing.exclusive(got_bytes)], failure)
+                # Where each line is in what arrived: back to back after its owner's header.
+                at = _routing.line_offsets(lengths, counts[:, k], HEAD)
+                if inverse is None:  # item i is row i
+                    copy_rows(got, at, lengths, writer.data, writer.bounds[idx])
+                else:
+                    item_at[idx] = at
+                    rows = by_round[round_cuts[k] : round_cuts[k + 1]]
+                    copy_rows(got, item_at[inverse[rows]], row_lengths[rows], writer.data, writer.bounds[rows])
+                del got, idx, lengths, at
+        finally:
+            server.close()
+        if writer.ids is not None and ids is not None:
+            writer.ids[:] = ids
+        return writer.finish(), {"sent": int(sent), "received": int(received)}
+
+
+class Server:
+    """This rank's slice served round by round in one build: each round's part of it read once (a
+    file's reading goes on from round to round), checked against the count, and packed for each rank."""
+
+    def __init__(self, slices: Slices, starts: npt.NDArray[Any], lengths: npt.NDArray[Any], per_round: int) -> None:
+        self._slices, self._starts, self._lengths, self._per_round = slices, starts, lengths, per_round
+        self._seen = np.zeros(len(slices.paths), np.int64)  # newlines of each file read so far
+        self._readings: dict[int, Reading | RowsReading] = {}
+
+    def serve(
+        self, k: int, rows: npt.NDArray[Any], splits: _Ints
+    ) -> tuple[npt.NDArray[np.uint8], _Ints, Failure | None]:
+        """Round ``k``: what this rank sends each rank, back to back, and the bytes for each. Rank
+        ``r``'s part is a status byte (``_status.OK`` or what went wrong), then its ``splits[r]``
+        samples of ``rows`` (numbers within this slice, all in the round's part of it), from one
+        sequential read of the round's part of the slice, which is checked against the count. Also what
+        went wrong (a file changed, or a line asked for is not valid UTF-8, naming file and line): then
+        the lines' bytes are zeros, and are not packed anywhere.
+        """
+        held = self._starts.size
+        first, stop = k * self._per_round, min((k + 1) * self._per_round, held)
+        # The bytes asked for, as counted: what is sent whether or not the lines can be served.
+        lengths = self._lengths[rows].astype(np.int64)
+        sizes = _routing.split_sums(lengths, splits) + HEAD
+        send = np.empty(int(sizes.sum()), np.uint8)
+        heads = _routing.exclusive(sizes)
+        send[heads] = OK
+        if k and first >= held:  # the slice has no samples in this round
+            return send, sizes, None
+        # Bytes [lo, hi) of the slice (from its start): the round's samples, the first round from the
+        # slice's start and the last to its end (so that every byte is read, and checked, once).
+        lo = 0 if k == 0 else int(self._starts[first])
+        hi = self._slices.slice_bytes if stop >= held else int(self._starts[stop])
+        try:
+            buf, parts, ascii_ = self._read(lo, hi, first, stop)
+            at = self._starts[rows].astype(np.int64) - lo
+            dst = _routing.line_offsets(lengths, splits, HEAD)
+            copy_rows(buf, at, lengths, send, dst)
+            if not ascii_:
+                check_utf8(send, dst, lengths, lambda r: self._line_of(buf, parts, int(at[r]), int(rows[r])))
+        except (MetaFileChangedError, ValueError) as exc:  # a CorruptMetaFileError is a ValueError
+            failure = failure_of(exc)
+            assert failure is not None
+        else:
+            return send, sizes, None
+        send[:] = 0
+        send[heads] = failure.kind
+        return send, sizes, failure
+
+    def _read(
+        self, lo: int, hi: int, first: int, stop: int
+    ) -> tuple[npt.NDArray[np.uint8], list[tuple[int, int, int]], bool]:
+        """Bytes ``[lo, hi)`` of the slice (from its start), which hold its samples ``[first, stop)``:
+        read, scanned and checked against what the count of lines found. Also each file's part of them
+        as ``(file, start in the buffer, newlines before it in the file)``, and whether all is ASCII."""
+        slices, rank = self._slices, self._slices.rank
+        base = int(slices.cuts[rank])
+        buf = np.empty(hi - lo, np.uint8)
+        parts, ascii_, done = [], True, first
+        for f, a, b in slices.pieces(base + lo, base + hi):
+            path = slices.paths[f]
+            at = int(slices.offsets[f]) + a - base - lo  # where the file's part starts in buf
+            piece = buf[at : at + b - a]
+            reading = self._reading(f)
+            chunk = reading.lines(piece, a, until=slices.piece(rank, f)[1])
+            reading.check()
+            m = chunk.starts.size
+            if not (
+                done + m <= stop
+                and np.array_equal(chunk.starts + (lo + at), self._starts[done : done + m])
+                and np.array_equal(chunk.lengths, self._lengths[done : done + m])
+            ):
+                counted = f"{int(slices.samples[rank, f]):,} counted in its bytes {slices.piece(rank, f)}"
+                what = (
+                    f"the samples in its bytes [{a:,}, {b:,}) are not those found when the dataset was made ({counted})"
+                )
+                raise MetaFileChangedError(path, what)
+            parts.append((f, at, int(slices.newlines[:rank, f].sum()) + int(self._seen[f])))
+            self._seen[f] += chunk.newlines
+            ascii_ = ascii_ and chunk.ascii
+            done += m
+        if done != stop:
+            f = parts[-1][0] if parts else 0
+            what = f"a slice of it holds {done - first:,} samples where it held {stop - first:,}"
+            raise MetaFileChangedError(slices.paths[f], what)
+        return buf, parts, ascii_
+
+    def _line_of(self, buf: npt.NDArray[np.uint8], parts: list[tuple[int, int, int]], at: int, row: int) -> str:
+        """``path:line`` of the line at ``buf[at]``, this slice's sample ``row`` (``parts`` as
+        :meth:`_read` gives them)."""
+        slices = self._slices
+        f, start, before = next(p for p in reversed(parts) if p[1] <= at)
+        if isinstance(slices.texts[f], RowsText):  # a row may hold newlines: named by its number
+            return slices.where(int(slices.owned[slices.rank]) + row)
+        return f"{slices.paths[f]}:{before + int(np.count_nonzero(buf[start:at] == NEWLINE)) + 1}"
+
+    def _reading(self, f: int) -> Reading | RowsReading:
+        """File ``f``'s reading for this build: opened at its first use, closed as the build ends (a
+        compressed file's decoder goes on from round to round)."""
+        reading = self._readings.get(f)
+        if reading is None:
+            reading = self._readings[f] = self._slices.texts[f].reading()
+        return reading
+
+    def close(self) -> None:
+        """Close the files' readings."""
+        readings, self._readings = self._readings, {}
+        for reading in readings.values():
+            reading.close()

@@ -1,0 +1,178 @@
+"""The collective reader's routing arithmetic: where the slices lie, which rank owns each sample and in
+which round it serves it, and how requests, lengths and lines are laid out in each exchange.
+
+Pure numpy functions of arrays: no torch, no I/O, so that every rule here is tested without processes
+(tests/test_collective_routing.py). The numbers: the files are taken as one text, cut into one slice a
+rank (``cuts``, in bytes; ``offsets`` where each file starts); rank ``r`` owns the global samples
+``[owned[r], owned[r + 1])``, and serves its ``local`` sample ``j`` in round ``j // per_round``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "distinct",
+    "exclusive",
+    "group",
+    "key_dtype",
+    "line_offsets",
+    "offsets",
+    "piece",
+    "pieces",
+    "ranges",
+    "repeats",
+    "rounds_of",
+    "route",
+    "rows_by_round",
+    "split_sums",
+    "starts_of",
+]
+
+_Ints = npt.NDArray[np.int64]
+
+
+def offsets(sizes: Sequence[int] | npt.NDArray[Any]) -> _Ints:
+    """``[0, sizes[0], sizes[0] + sizes[1], ...]``: where each part starts, back to back, then the end."""
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
+def exclusive(lengths: _Ints) -> _Ints:
+    """Where each of ``lengths`` starts, back to back from 0."""
+    at = np.empty(lengths.size, np.int64)
+    if lengths.size:
+        at[0] = 0
+        np.cumsum(lengths[:-1], out=at[1:])
+    return at
+
+
+def starts_of(counts: _Ints) -> _Ints:
+    """Where each part of ``counts`` (in row-major order) starts, back to back, in its shape."""
+    return exclusive(counts.reshape(-1)).reshape(counts.shape)
+
+
+def ranges(starts: _Ints, counts: _Ints) -> _Ints:
+    """``[starts[0], starts[0] + counts[0]), [starts[1], ...), ...`` one after the other, without a loop."""
+    total = int(counts.sum())
+    out = np.repeat(starts - exclusive(counts), counts)
+    out += np.arange(total, dtype=np.int64)
+    return out
+
+
+def split_sums(lengths: _Ints, splits: _Ints) -> _Ints:
+    """The sum of each consecutive part of ``lengths`` cut by ``splits``."""
+    ends = np.cumsum(np.concatenate([[0], lengths])).astype(np.int64)
+    cuts = np.concatenate([[0], np.cumsum(splits)]).astype(np.int64)
+    sums: _Ints = ends[cuts[1:]] - ends[cuts[:-1]]
+    return sums
+
+
+def line_offsets(lengths: _Ints, splits: _Ints, head: int) -> _Ints:
+    """Where each line of ``lengths`` is in what one rank sends the others in a round: the part for
+    rank ``r`` (``splits[r]`` lines) is ``head`` bytes of status, then its lines back to back."""
+    return exclusive(lengths) + head * np.repeat(np.arange(1, splits.size + 1, dtype=np.int64), splits)
+
+
+# -- the slices -------------------------------------------------------------------------------------
+
+
+def piece(offsets: _Ints, cuts: _Ints, rank: int, file: int) -> tuple[int, int]:
+    """``(lo, hi)``: the bytes of ``file`` (which starts at ``offsets[file]`` of the text taken as one)
+    in ``rank``'s slice ``[cuts[rank], cuts[rank + 1])`` (empty: lo == hi)."""
+    start = int(offsets[file])
+    size = int(offsets[file + 1]) - start
+    lo = min(max(int(cuts[rank]) - start, 0), size)
+    hi = min(max(int(cuts[rank + 1]) - start, 0), size)
+    return lo, max(lo, hi)
+
+
+def pieces(offsets: _Ints, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
+    """``(file, a, b)`` of each file's bytes ``[a, b)`` in the range ``[lo, hi)`` of the text taken as
+    one (the files start at ``offsets``, their end last)."""
+    for f in range(offsets.size - 1):
+        start = int(offsets[f])
+        a, b = max(lo - start, 0), min(hi, int(offsets[f + 1])) - start
+        if a < b:
+            yield f, a, b
+
+
+def rounds_of(held: _Ints, text_bytes: int, round_bytes: int) -> tuple[int, int]:
+    """``(per_round, rounds)``: the samples an owner serves in a round (about ``round_bytes`` bytes of
+    lines, at the files' mean length) and the rounds the largest slice (of ``held`` samples a rank)
+    takes, at least one."""
+    per_round = max(1, round_bytes * int(held.sum()) // max(text_bytes, 1))
+    return per_round, max(1, -(-int(held.max()) // per_round))
+
+
+# -- routing a build's requests ---------------------------------------------------------------------
+
+
+def repeats(plan: _Ints, total: int) -> bool:
+    """Whether some sample number of ``plan`` (numbers below ``total``) occurs more than once."""
+    if plan.size < 2:
+        return False
+    if total <= 8 * plan.size:  # a flag a sample, no more than 8 bytes a row: no sort
+        seen = np.zeros(total, bool)
+        seen[plan] = True
+        return int(np.count_nonzero(seen)) < plan.size
+    ordered = np.sort(plan)
+    return bool((ordered[1:] == ordered[:-1]).any())
+
+
+def distinct(values: _Ints) -> tuple[_Ints, _Ints]:
+    """``np.unique(values, return_inverse=True)`` by one sort (numpy's own takes a hash path several
+    times slower on a plan's numbers)."""
+    order = np.argsort(values)
+    ordered = values[order]
+    first = np.ones(ordered.size, bool)
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    inverse = np.empty(values.size, np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return ordered[first], inverse
+
+
+def key_dtype(size: int) -> type[np.unsignedinteger[Any]]:
+    """The smallest unsigned dtype for keys below ``size`` (up to 16 bits numpy sorts them by radix)."""
+    return np.uint8 if size <= 1 << 8 else np.uint16 if size <= 1 << 16 else np.uint32
+
+
+def route(items: _Ints, owned: _Ints, rounds: int, per_round: int) -> tuple[npt.NDArray[np.intp], _Ints]:
+    """Each of ``items`` (global sample numbers) routed: its key ``owner * rounds + round`` and its
+    number within its owner's slice (rank ``r`` owns ``[owned[r], owned[r + 1])``, and serves its
+    sample ``j`` in round ``j // per_round``). Computed in place where it can be: the caller frees
+    ``items`` once it has these."""
+    key = np.searchsorted(owned[1:], items, side="right")  # the owner, for now
+    local = items - owned[key]
+    key *= rounds
+    key += local // per_round
+    return key, local
+
+
+def group(key: npt.NDArray[np.intp], parts: int) -> tuple[_Ints, npt.NDArray[np.signedinteger[Any]]]:
+    """``(counts, order)``: the items of each key below ``parts``, and the order that groups them by key
+    (stable: by one radix sort of keys of 1 or 2 bytes where they fit), in 4 bytes an item where it
+    fits (at W = 4 a rank's temporaries of 8 bytes a row are as large as its shard)."""
+    counts = np.bincount(key, minlength=parts).astype(np.int64)
+    order: npt.NDArray[np.signedinteger[Any]] = np.argsort(key.astype(key_dtype(parts)), kind="stable")
+    if key.size < 1 << 31:
+        order = order.astype(np.int32)
+    return counts, order
+
+
+def rows_by_round(
+    order: npt.NDArray[np.signedinteger[Any]], counts: _Ints, inverse: _Ints
+) -> tuple[npt.NDArray[np.intp], _Ints]:
+    """For a plan that repeats samples (asked for once each: ``inverse`` maps its rows to the items
+    that ``order`` and ``counts``, of shape (owners, rounds), grouped): the rows in order of the round
+    their line arrives in, and where each round's rows start in that order (the end last)."""
+    w, rounds = counts.shape
+    item_round = np.empty(order.size, np.uint16 if rounds < 1 << 16 else np.int64)
+    item_round[order] = np.tile(np.arange(rounds, dtype=item_round.dtype), w).repeat(counts.reshape(-1))
+    row_round = item_round[inverse]
+    del item_round
+    by_round = np.argsort(row_round, kind="stable")
+    return by_round, offsets(np.bincount(row_round, minlength=rounds))
