@@ -18,7 +18,7 @@ import numpy.typing as npt
 import zstandard
 
 from rank_dataset.errors import CorruptMetaFileError
-from rank_dataset.files._points import row_at
+from rank_dataset.files.formats._points import row_at
 
 __all__ = ["Reader", "stream"]
 

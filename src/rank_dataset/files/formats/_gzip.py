@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
-from rank_dataset.files._points import row_at
+from rank_dataset.files.formats._points import row_at
 
 __all__ = ["Reader", "members", "stream"]
 

@@ -1,0 +1,30 @@
+"""Parquet meta files (:mod:`pyarrow`, the ``parquet`` extra): rows, read by row group. No torch.
+
+A row is a sample, its line the chosen columns joined by a tab; the index is the footer's row counts
+(:class:`ParquetLayout`), read without the data. The reader itself is
+:mod:`rank_dataset.files.formats._parquet`.
+"""
+
+from __future__ import annotations
+
+from rank_dataset.files.formats._parquet import ParquetLayout, ParquetRows
+from rank_dataset.files.formats.base import Format, Recognised
+
+__all__ = ["PARQUET", "ParquetFormat", "ParquetLayout", "ParquetRows"]
+
+_MAGIC = b"PAR1"
+
+
+class ParquetFormat(Format):
+    """Parquet: its magic bytes at both ends (a file that has only the first is cut short, and is
+    told as text; the index refuses it, see :func:`~rank_dataset.files.index.refuse_cut_parquet`)."""
+
+    value = "parquet"
+    code = 3
+    rows = True
+
+    def recognise(self, found: Recognised) -> bool:
+        return found.head[:4] == _MAGIC and found.size >= 12 and found.tail(4) == _MAGIC
+
+
+PARQUET = ParquetFormat()
