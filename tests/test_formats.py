@@ -188,7 +188,7 @@ def test_a_zstd_read_that_fails_midway_leaves_no_decoder_behind(
 ) -> None:
     # A read of the file that fails (EIO) after the decoder went on: the next read starts afresh,
     # not from wherever the decoder got to.
-    from rank_dataset.files import _zstd
+    from rank_dataset.files.formats import _zstd
 
     path = _write(tmp_path, "one.zst", FILES["one.zst"])
     _, cp = _decompress(path)
@@ -351,7 +351,7 @@ def _parquet(tmp_path: Path, table: object, name: str = "m.parquet", row_group_s
 
 
 def test_parquet_rows_are_lines_of_their_columns_joined_by_tabs(tmp_path: Path) -> None:
-    from rank_dataset.files._parquet import ParquetRows
+    from rank_dataset.files.formats import ParquetRows
 
     n = 3500
     paths = [f"img/{i:05d}.jpg" for i in range(n)]
@@ -368,7 +368,7 @@ def test_parquet_rows_are_lines_of_their_columns_joined_by_tabs(tmp_path: Path) 
 
 
 def test_parquet_nulls_are_empty_fields(tmp_path: Path) -> None:
-    from rank_dataset.files._parquet import ParquetRows
+    from rank_dataset.files.formats import ParquetRows
 
     path = _parquet(tmp_path, pa.table({"a": ["x", None, "z"], "b": [1, 2, None]}))
     assert ParquetRows(path).lines(np.arange(3)) == [b"x\t1", b"\t2", b"z\t"]
@@ -376,7 +376,7 @@ def test_parquet_nulls_are_empty_fields(tmp_path: Path) -> None:
 
 
 def test_parquet_refuses_nested_binary_and_missing_columns_naming_them(tmp_path: Path) -> None:
-    from rank_dataset.files._parquet import ParquetRows
+    from rank_dataset.files.formats import ParquetRows
 
     table = pa.table({"ok": ["a"], "tags": [[1, 2]], "blob": pa.array([b"\x00"], pa.binary()), "s": [{"x": 1}]})
     path = _parquet(tmp_path, table)
@@ -394,7 +394,7 @@ def test_parquet_refuses_nested_binary_and_missing_columns_naming_them(tmp_path:
 
 
 def test_parquet_schema_change_is_refused(tmp_path: Path) -> None:
-    from rank_dataset.files._parquet import ParquetRows
+    from rank_dataset.files.formats import ParquetRows
 
     path = _parquet(tmp_path, pa.table({"path": ["a", "b"], "label": [1, 2]}))
     before = ParquetRows(path, ["path", "label"]).schema_hash
@@ -406,7 +406,7 @@ def test_parquet_schema_change_is_refused(tmp_path: Path) -> None:
 
 
 def test_parquet_with_a_damaged_footer_or_data_is_an_error(tmp_path: Path) -> None:
-    from rank_dataset.files._parquet import ParquetRows
+    from rank_dataset.files.formats import ParquetRows
 
     path = _parquet(tmp_path, pa.table({"path": [f"p{i}" for i in range(5000)]}), row_group_size=2500)
     data = path.read_bytes()

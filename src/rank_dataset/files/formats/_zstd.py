@@ -149,7 +149,7 @@ class Reader:
 
     def read(self, a: int, b: int, until: int | None = None) -> tuple[bytes, int]:
         """``(bytes [a, b) (short if the file ends first), output bytes decompressed)``. (``until`` is
-        :class:`~rank_dataset.files._gzip.Reader`'s: this decoder goes on from where it stopped.)"""
+        :class:`~rank_dataset.files.formats._gzip.Reader`'s: this decoder goes on from where it stopped.)"""
         # A read that starts a little before where the last one stopped (a line's end, looked for
         # past a cut) takes those bytes from the last read's end, not from the checkpoint again.
         tail_at, tail = self._tail
