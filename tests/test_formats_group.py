@@ -11,9 +11,9 @@ import pytest
 
 from rank_dataset import class_balanced, group_by, ids_of, repeat_factor
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files import grouping
 from rank_dataset.files import _group_labels as group_labels
 from rank_dataset.files import _group_lines as group_lines
+from rank_dataset.files import grouping
 from rank_dataset.files.index import load_index
 from tests_helpers import COMPRESSORS, zstd_frames
 

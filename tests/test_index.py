@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from rank_dataset import MetaFile, build_index
-from rank_dataset.files import _cache as cache_mod
 from rank_dataset.files import _build as build_mod
+from rank_dataset.files import _cache as cache_mod
 from rank_dataset.files import _cachefile as cachefile_mod
 from rank_dataset.files import index as index_mod
 from rank_dataset.files import scan as scan_mod
@@ -146,7 +146,9 @@ def test_zeroed_cache_is_rebuilt_not_trusted(write_meta, tmp_path: Path) -> None
     cache.write_bytes(raw)
     mf = MetaFile(p)
     assert [mf[i] for i in range(1000)] == LINES
-    assert the_cache(tmp_path).read_bytes()[cachefile_mod._DATA_OFFSET :] != bytes(len(raw) - cachefile_mod._DATA_OFFSET)
+    assert the_cache(tmp_path).read_bytes()[cachefile_mod._DATA_OFFSET :] != bytes(
+        len(raw) - cachefile_mod._DATA_OFFSET
+    )
 
 
 def test_cache_key_holds_inode_ctime_device_and_content(write_meta, tmp_path: Path) -> None:

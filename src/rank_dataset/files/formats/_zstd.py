@@ -65,7 +65,9 @@ def _frames(path: Path, fd: int) -> Iterator[tuple[int, int, bytes]]:
                 if pos >= size:
                     if not fed:  # no bytes left: the file ended between frames
                         return
-                    what = f"the file ends at byte {size:,}, inside the zstd frame that starts here (truncated?)"
+                    what = (
+                        f"the file ends at byte {size:,}, inside the zstd frame starting at byte {frame:,} (truncated?)"
+                    )
                     raise CorruptMetaFileError(path, frame, what)
                 want = min(_PIECE, size - pos, max(_LEAST, _OUTPUT * fed_in // max(made, 1)))
                 pending = os.pread(fd, want, pos)
@@ -79,7 +81,8 @@ def _frames(path: Path, fd: int) -> Iterator[tuple[int, int, bytes]]:
                 raise CorruptMetaFileError(
                     path,
                     frame,
-                    f"corrupt zstd data in the frame that starts here, at or before compressed byte {pos:,} ({exc})",
+                    f"corrupt zstd data in the frame starting at byte {frame:,}: decoding failed between "
+                    f"compressed bytes {pos - len(piece):,} and {pos:,} ({exc})",
                 ) from None
             fed_in, made = len(piece), len(data)
             if data:
