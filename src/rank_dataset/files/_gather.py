@@ -193,7 +193,9 @@ class SampleNumbers:
 
 
 def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, ids: bool) -> ShardWriter:
-    """A ShardWriter holding the lines of samples ``indices``, back to back in ``indices``' order.
+    """A ShardWriter holding the lines of the sample numbers ``samples`` gives (``samples.get()``), back to
+    back in their order, read from ``files`` (whose samples ``bounds`` numbers); ``ids``: the writer keeps
+    the sample numbers.
 
     Rows are visited in file order at the granularity of 1/4096 of the samples (a cheap radix sort
     instead of a full one; a small read is sorted in full), in two passes. The first reads the index
@@ -202,7 +204,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
     checks them against the file's bytes and copies each at its exact length into its place in item
     order (:func:`~rank_dataset.core.shard.copy_rows`). So a build reads the index once and holds little
     beyond its shard and two 4-byte numbers a row (its place in the visiting order, its start),
-    besides ``indices``.
+    besides the sample numbers (which it lets go of between the passes where ``samples`` can make them again).
 
     Raises:
         MetaFileChangedError: a file is not the one indexed.
