@@ -39,7 +39,7 @@ from rank_dataset.files._cachefile import Index, Table, _open_cache, decode, len
 from rank_dataset.files._cachelock import one_builder
 from rank_dataset.files._pread import ShortRead, read_ends
 from rank_dataset.files._readers import MAPPED_ROWS, SpanReader, line_mark, read_checkpoints, read_entry
-from rank_dataset.files.formats import Checkpoints, Format, ParquetRows, detect
+from rank_dataset.files.formats import Checkpoints, Format, detect
 from rank_dataset.files.sources import FileKey, LocalFile
 
 __all__ = [
@@ -80,16 +80,18 @@ def _stamp(cache: Path) -> int | None:
         return None
 
 
-def _parquet_index(path: Path, fd: int, key: FileKey, ends_hash: bytes, columns: Sequence[str] | None) -> Index:
+def _rows_index(
+    path: Path, fd: int, fmt: Format, key: FileKey, ends_hash: bytes, columns: Sequence[str] | None
+) -> Index:
     """The index of the Parquet file open at ``fd``, from its footer (read through ``path``: the
     descriptor, checked after, tells whether that was still this file)."""
-    rows = ParquetRows(path, columns)
+    rows = fmt.open_rows(path, columns)
     what = key.change(FileKey.of(os.fstat(fd)))
     if what is None and not key.matches(os.stat(path)):
         what = "it was replaced while its footer was read"
     if what is not None:
         raise MetaFileChangedError(path, f"{what} while being indexed")
-    return Index(key, ends_hash, len(rows), False, None, None, Format.PARQUET, parquet=rows.layout)
+    return Index(key, ends_hash, len(rows), False, None, None, fmt, parquet=rows.layout)
 
 
 def refuse_cut_parquet(path: Path, fd: int, fmt: Format) -> None:
@@ -140,7 +142,7 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
             ends_hash = hash_ends(fd, key.size)
             if fmt.rows:
                 try:
-                    return _parquet_index(path, fd, key, ends_hash, columns)
+                    return _rows_index(path, fd, fmt, key, ends_hash, columns)
                 except MetaFileChangedError:
                     if attempt == _BUILD_TRIES - 1:
                         raise

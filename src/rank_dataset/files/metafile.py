@@ -110,7 +110,7 @@ class _FileBytes:
                 f"its schema changed since it was indexed: the columns {list(layout.columns)} are not those indexed"
             )
             try:
-                rows = ParquetRows(self.path, layout.columns)
+                rows = index.format.open_rows(self.path, layout.columns)
             except CorruptMetaFileError:
                 local.check_open()  # a file rewritten while its footer was read is that error
                 raise

@@ -22,6 +22,9 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from rank_dataset.files.formats._parquet import ParquetRows
     from rank_dataset.files.formats.checkpoints import Checkpoints
 
 __all__ = ["BLOCK", "SPACING", "Decoder", "Format", "Recognised"]
@@ -116,6 +119,20 @@ class Format:
         """Where a span cache cuts the decompressed bytes (a span is decoded and kept whole): the
         checkpoints by default; a format whose checkpoints may lie far apart cuts them every ``span``."""
         return checkpoints.points[:, 0]
+
+    # -- rows of a table -------------------------------------------------------------------------------
+
+    def open_rows(self, path: Path, columns: Sequence[str] | None) -> ParquetRows:
+        """The rows of the file ``path`` as lines of its ``columns`` (None: all), its footer read: what the
+        index (the rows of each row group) and every read of rows go through.
+
+        Raises:
+            ValueError: a column is missing, nested or binary.
+            CorruptMetaFileError: the footer cannot be read.
+        """
+        raise ValueError(f"{path} is {self.value}, not rows of a table")
+
+    # -- any -----------------------------------------------------------------------------------------
 
     def advice(self, path: Path, checkpoints: Checkpoints) -> str | None:
         """What to do about a file this format reads slowly (``rank-dataset index`` prints it); None."""

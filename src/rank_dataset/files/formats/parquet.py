@@ -7,6 +7,9 @@ A row is a sample, its line the chosen columns joined by a tab; the index is the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 from rank_dataset.files.formats._parquet import ParquetLayout, ParquetRows
 from rank_dataset.files.formats.base import Format, Recognised
 
@@ -25,6 +28,9 @@ class ParquetFormat(Format):
 
     def recognise(self, found: Recognised) -> bool:
         return found.head[:4] == _MAGIC and found.size >= 12 and found.tail(4) == _MAGIC
+
+    def open_rows(self, path: Path, columns: Sequence[str] | None) -> ParquetRows:
+        return ParquetRows(path, columns)
 
 
 PARQUET = ParquetFormat()
