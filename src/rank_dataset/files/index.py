@@ -32,14 +32,14 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
+from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files._build import _index_in_memory, _write_cache
 from rank_dataset.files._cache import CACHE_DIR_ENV, cache_paths, wait_for_seal
 from rank_dataset.files._cachefile import Index, Table, _open_cache, decode, length_bits, spans_are_sane
 from rank_dataset.files._cachelock import one_builder
 from rank_dataset.files._pread import ShortRead, read_ends
 from rank_dataset.files._readers import MAPPED_ROWS, SpanReader, line_mark, read_checkpoints, read_entry
-from rank_dataset.files.formats import Checkpoints, Format, detect
+from rank_dataset.files.formats import Checkpoints, Format, detect, refuse_cut
 from rank_dataset.files.sources import FileKey, LocalFile
 
 __all__ = [
@@ -95,16 +95,10 @@ def _rows_index(
 
 
 def refuse_cut_parquet(path: Path, fd: int, fmt: Format) -> None:
-    """Raise CorruptMetaFileError if the file open at ``fd``, told as ``fmt``, is a Parquet file cut
-    short: told as text, it starts with Parquet's magic and is named ``.parquet`` or holds a NUL byte
-    in its first 64 KiB (text does not). Read as text, its bytes would be taken for lines."""
-    if fmt is not Format.TEXT:
-        return
-    head = os.pread(fd, _SAMPLE, 0)
-    if head[:4] == b"PAR1" and (path.suffix.lower() == ".parquet" or b"\0" in head):
-        raise CorruptMetaFileError(
-            path, os.fstat(fd).st_size, "it starts as a Parquet file (PAR1) but ends without its footer (truncated?)"
-        )
+    """Raise CorruptMetaFileError if the file open at ``fd``, told as ``fmt``, is a file of another format
+    cut short (a Parquet file without its footer): read as text, its bytes would be taken for lines.
+    (:func:`~rank_dataset.files.formats.refuse_cut`, under the name the collective reader calls.)"""
+    refuse_cut(path, fd, fmt)
 
 
 def check_columns(path: Path, fmt: Format, columns: Sequence[str] | None) -> None:

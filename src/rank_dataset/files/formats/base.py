@@ -94,6 +94,11 @@ class Format:
         """Whether a file with these first (and last) bytes is of this format."""
         raise NotImplementedError
 
+    def refuse_cut(self, path: Path, head: bytes, size: int) -> None:
+        """Raise CorruptMetaFileError if a file that no format recognised (so told as text), with these
+        first 64 KiB (``head``) and ``size``, is a file of this format cut short: read as text, its
+        bytes would be taken for lines. By default, nothing."""
+
     # -- a compressed stream of text -----------------------------------------------------------------
 
     def stream(self, path: Path, fd: int, spacing: int, block: int) -> Stream:

@@ -13,6 +13,7 @@ import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from rank_dataset.files.formats.base import Format
 from rank_dataset.files.formats.gzip import GZIP
@@ -20,9 +21,20 @@ from rank_dataset.files.formats.parquet import PARQUET
 from rank_dataset.files.formats.text import TEXT
 from rank_dataset.files.formats.zstd import ZSTD
 
-__all__ = ["by_code", "by_name", "detect", "detect_path", "formats", "register", "registered", "unregister"]
+__all__ = [
+    "by_code",
+    "by_name",
+    "detect",
+    "detect_path",
+    "formats",
+    "refuse_cut",
+    "register",
+    "registered",
+    "unregister",
+]
 
 _HEAD = 8  # first bytes read to tell a format
+_CUT_HEAD = 1 << 16  # first bytes read to tell a file cut short
 _BUILT_IN: tuple[Format, ...] = (GZIP, ZSTD, PARQUET)
 _formats: list[Format] = [*_BUILT_IN]  # asked in order; text, which recognises anything, after them
 
@@ -100,6 +112,16 @@ def detect(fd: int) -> Format:
     """The format of the file open at ``fd``, from its first bytes (and, for Parquet, its last four)."""
     found = _Found(fd, os.pread(fd, _HEAD, 0))
     return next((fmt for fmt in _formats if fmt.recognise(found)), TEXT)
+
+
+def refuse_cut(path: Path, fd: int, fmt: Format) -> None:
+    """Raise CorruptMetaFileError if the file open at ``fd``, told as ``fmt``, is text only because it is
+    a file of another format cut short (see :meth:`~rank_dataset.files.formats.base.Format.refuse_cut`)."""
+    if fmt is not TEXT:
+        return
+    head, size = os.pread(fd, _CUT_HEAD, 0), os.fstat(fd).st_size
+    for other in _formats:
+        other.refuse_cut(path, head, size)
 
 
 def detect_path(path: str | os.PathLike[str]) -> Format:
