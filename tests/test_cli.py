@@ -164,8 +164,8 @@ def _compressed(tmp_path: Path, n: int) -> dict[str, Path]:
 
 
 def test_index_reads_gzip_and_zstd_and_advises_on_a_single_zstd_frame(tmp_path: Path) -> None:
-    paths = _compressed(tmp_path, 200_000)  # over 4 MiB: one frame is one checkpoint for all of it
-    assert paths["txt"].stat().st_size > 4 << 20
+    paths = _compressed(tmp_path, 400_000)  # over 8 MiB (ADVISED_ABOVE): one frame is one checkpoint for all of it
+    assert paths["txt"].stat().st_size > 8 << 20
     out = subprocess.run(
         [sys.executable, "-m", "rank_dataset", "index", *(str(p) for p in paths.values())],
         capture_output=True,
@@ -173,16 +173,17 @@ def test_index_reads_gzip_and_zstd_and_advises_on_a_single_zstd_frame(tmp_path: 
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == [f"200000\t{p}" for p in paths.values()] + ["800000\ttotal"]
+    assert out.stdout.splitlines() == [f"400000\t{p}" for p in paths.values()] + ["1600000\ttotal"]
     notes = out.stderr.splitlines()
     assert len(notes) == 1 and notes[0].startswith(f"note: {paths['one.zst']} is a single zstd frame"), out.stderr
-    assert "pzstd -3 -p 2 meta.txt" in notes[0] and "decompresses it from the start" in notes[0]
+    assert f"zstd -dc {paths['one.zst']} | pzstd -3 -p 2 -c > " in notes[0]  # the user's file, not meta.txt
+    assert "decompresses it from the start" in notes[0]
     # Checked again (from the cache): the same counts, the same advice; a small single frame gets none.
     (tmp_path / "small").mkdir()
     small = _compressed(tmp_path / "small", 1000)
     again = CliRunner().invoke(cli, ["index", str(paths["one.zst"]), str(small["one.zst"])])
     assert again.exit_code == 0, again.output
-    assert again.stdout.splitlines() == [f"200000\t{paths['one.zst']}", f"1000\t{small['one.zst']}", "201000\ttotal"]
+    assert again.stdout.splitlines() == [f"400000\t{paths['one.zst']}", f"1000\t{small['one.zst']}", "401000\ttotal"]
     assert again.stderr.count("is a single zstd frame") == 1
 
 

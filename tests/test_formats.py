@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -188,7 +189,7 @@ def test_a_zstd_read_that_fails_midway_leaves_no_decoder_behind(
 ) -> None:
     # A read of the file that fails (EIO) after the decoder went on: the next read starts afresh,
     # not from wherever the decoder got to.
-    from rank_dataset.files import _zstd
+    from rank_dataset.files.formats import _zstd
 
     path = _write(tmp_path, "one.zst", FILES["one.zst"])
     _, cp = _decompress(path)
@@ -351,7 +352,7 @@ def _parquet(tmp_path: Path, table: object, name: str = "m.parquet", row_group_s
 
 
 def test_parquet_rows_are_lines_of_their_columns_joined_by_tabs(tmp_path: Path) -> None:
-    from rank_dataset.files._parquet import ParquetRows
+    from rank_dataset.files.formats import ParquetRows
 
     n = 3500
     paths = [f"img/{i:05d}.jpg" for i in range(n)]
@@ -368,7 +369,7 @@ def test_parquet_rows_are_lines_of_their_columns_joined_by_tabs(tmp_path: Path) 
 
 
 def test_parquet_nulls_are_empty_fields(tmp_path: Path) -> None:
-    from rank_dataset.files._parquet import ParquetRows
+    from rank_dataset.files.formats import ParquetRows
 
     path = _parquet(tmp_path, pa.table({"a": ["x", None, "z"], "b": [1, 2, None]}))
     assert ParquetRows(path).lines(np.arange(3)) == [b"x\t1", b"\t2", b"z\t"]
@@ -376,7 +377,7 @@ def test_parquet_nulls_are_empty_fields(tmp_path: Path) -> None:
 
 
 def test_parquet_refuses_nested_binary_and_missing_columns_naming_them(tmp_path: Path) -> None:
-    from rank_dataset.files._parquet import ParquetRows
+    from rank_dataset.files.formats import ParquetRows
 
     table = pa.table({"ok": ["a"], "tags": [[1, 2]], "blob": pa.array([b"\x00"], pa.binary()), "s": [{"x": 1}]})
     path = _parquet(tmp_path, table)
@@ -394,7 +395,7 @@ def test_parquet_refuses_nested_binary_and_missing_columns_naming_them(tmp_path:
 
 
 def test_parquet_schema_change_is_refused(tmp_path: Path) -> None:
-    from rank_dataset.files._parquet import ParquetRows
+    from rank_dataset.files.formats import ParquetRows
 
     path = _parquet(tmp_path, pa.table({"path": ["a", "b"], "label": [1, 2]}))
     before = ParquetRows(path, ["path", "label"]).schema_hash
@@ -406,7 +407,7 @@ def test_parquet_schema_change_is_refused(tmp_path: Path) -> None:
 
 
 def test_parquet_with_a_damaged_footer_or_data_is_an_error(tmp_path: Path) -> None:
-    from rank_dataset.files._parquet import ParquetRows
+    from rank_dataset.files.formats import ParquetRows
 
     path = _parquet(tmp_path, pa.table({"path": [f"p{i}" for i in range(5000)]}), row_group_size=2500)
     data = path.read_bytes()
@@ -430,9 +431,47 @@ def test_a_wrong_trailer_of_a_member_before_the_last_is_an_error(tmp_path: Path,
     bad = bytearray(first)
     bad[len(first) - 8 + field] ^= 0x01  # the inflated bytes are right; the trailer says otherwise
     path = _write(tmp_path, "members.gz", bytes(bad) + gzip.compress(RAW[100_000:], 6))
-    with pytest.raises(CorruptMetaFileError, match="member that starts here") as info:
+    with pytest.raises(CorruptMetaFileError, match="in the member starting at byte 0: decoding failed between") as info:
         _decompress(path)
     assert info.value.offset == 0
+
+
+def test_a_single_member_gzip_corrupt_in_the_middle_says_where_decoding_failed(tmp_path: Path) -> None:
+    # Not "at compressed byte 0" alone, which reads as if the start were broken: the member that
+    # starts there, and the few bytes within which decoding failed (at or after the damage).
+    data = FILES["one.gz"]
+    middle = len(data) // 2
+    path = _write(tmp_path, "bad-one.gz", _damaged(data, middle))
+    with pytest.raises(CorruptMetaFileError) as info:
+        _decompress(path)
+    found = re.search(
+        r"in the member starting at byte 0: decoding failed between compressed bytes ([\d,]+) and ([\d,]+)",
+        str(info.value),
+    )
+    assert found is not None, str(info.value)
+    lo, hi = (int(x.replace(",", "")) for x in found.groups())
+    assert middle <= hi and lo < hi <= lo + 512 and hi <= len(data)
+    assert info.value.offset == 0  # the fault lies at or after the member's start
+
+
+def test_the_one_frame_advice_names_the_file_and_is_not_given_again_after_its_fix(tmp_path: Path) -> None:
+    from rank_dataset.files.formats import ADVISED_ABOVE, one_frame_advice
+
+    raw = _text()
+    while len(raw) <= ADVISED_ABOVE + (1 << 20):
+        raw += raw
+    path = _write(tmp_path, "my data.txt.zst", zstandard.ZstdCompressor(level=1).compress(raw))
+    advice = one_frame_advice(path, _decompress(path)[1])
+    assert advice is not None and str(path) in advice and "meta.txt" not in advice
+    assert "zstd -dc '" + str(path) + "' | pzstd" in advice  # the file's name, quoted for the shell
+    # What its fixes write is never advised about: pzstd's frames (ADVISED_ABOVE apart), split's (4 MiB).
+    for frame in (ADVISED_ABOVE, 4 << 20):
+        fixed = _write(tmp_path, f"fixed{frame}.zst", _zstd_frames(raw, frame))
+        assert one_frame_advice(fixed, _decompress(fixed)[1]) is None
+    # A one-frame file no larger than pzstd's frames is not advised about either: rewritten by pzstd it
+    # would still be one frame, and be advised about again.
+    small = _write(tmp_path, "small.zst", zstandard.ZstdCompressor(level=1).compress(raw[: ADVISED_ABOVE - 1]))
+    assert one_frame_advice(small, _decompress(small)[1]) is None
 
 
 def test_a_corrupt_member_stops_the_checkpoints_with_the_checked_pass(tmp_path: Path) -> None:

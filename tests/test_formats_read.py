@@ -14,6 +14,7 @@ import zstandard
 
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files import formats
+from rank_dataset.files.formats import spans as spans_mod
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.mix import MixPlan, Source
 from rank_dataset.plan.spec import ShardSpec
@@ -23,7 +24,7 @@ from tests_helpers import COMPRESSORS, gzip_members, zstd_frames
 @pytest.fixture(autouse=True)
 def _small_spans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # Small spans, so that small files have many (and reads cross span boundaries).
-    monkeypatch.setattr(formats, "SPAN", 32 << 10)
+    monkeypatch.setattr(spans_mod, "SPAN", 32 << 10)
     monkeypatch.setenv("RANK_DATASET_CACHE_DIR", str(tmp_path / "cache"))
 
 

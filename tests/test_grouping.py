@@ -11,7 +11,7 @@ import pytest
 
 from rank_dataset import MetaFile, group_by
 from rank_dataset.core.parsers import LineError, parse_label
-from rank_dataset.files import grouping
+from rank_dataset.files import _group_labels as group_labels
 from tests_helpers import start_together
 
 
@@ -105,7 +105,7 @@ def random_label_file(rng: np.random.Generator, n: int) -> bytes:
 @pytest.mark.parametrize("block", [16, 100, 1000, 1 << 20])
 @pytest.mark.parametrize("n", [1, 2, 3, 50, 2_000])
 def test_labels_over_many_blocks_match_the_label_parser(tmp_path: Path, monkeypatch, block: int, n: int) -> None:
-    monkeypatch.setattr(grouping, "_CHUNK", block)  # blocks of a few lines: every kind of boundary
+    monkeypatch.setattr(group_labels, "_CHUNK", block)  # blocks of a few lines: every kind of boundary
     rng = np.random.default_rng([n, block])
     p = tmp_path / "m.txt"
     p.write_bytes(random_label_file(rng, n))
@@ -114,7 +114,7 @@ def test_labels_over_many_blocks_match_the_label_parser(tmp_path: Path, monkeypa
 
 @pytest.mark.parametrize("block", [8, 64, 333, 1 << 20])
 def test_the_first_bad_line_is_named_across_blocks(tmp_path: Path, monkeypatch, block: int) -> None:
-    monkeypatch.setattr(grouping, "_CHUNK", block)
+    monkeypatch.setattr(group_labels, "_CHUNK", block)
     lines = [f"img{i}.jpg {i % 7}" for i in range(300)]
     lines[123] = "img123.jpg seven"
     lines[250] = "no_label_here"

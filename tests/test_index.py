@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 from rank_dataset import MetaFile, build_index
+from rank_dataset.files import _build as build_mod
 from rank_dataset.files import _cache as cache_mod
+from rank_dataset.files import _cachefile as cachefile_mod
 from rank_dataset.files import index as index_mod
 from rank_dataset.files import scan as scan_mod
 from rank_dataset.files._cache import CACHE_DIR_ENV
@@ -140,11 +142,13 @@ def test_zeroed_cache_is_rebuilt_not_trusted(write_meta, tmp_path: Path) -> None
     MetaFile(p)
     cache = the_cache(tmp_path)
     raw = bytearray(cache.read_bytes())
-    raw[index_mod._DATA_OFFSET :] = bytes(len(raw) - index_mod._DATA_OFFSET)
+    raw[cachefile_mod._DATA_OFFSET :] = bytes(len(raw) - cachefile_mod._DATA_OFFSET)
     cache.write_bytes(raw)
     mf = MetaFile(p)
     assert [mf[i] for i in range(1000)] == LINES
-    assert the_cache(tmp_path).read_bytes()[index_mod._DATA_OFFSET :] != bytes(len(raw) - index_mod._DATA_OFFSET)
+    assert the_cache(tmp_path).read_bytes()[cachefile_mod._DATA_OFFSET :] != bytes(
+        len(raw) - cachefile_mod._DATA_OFFSET
+    )
 
 
 def test_cache_key_holds_inode_ctime_device_and_content(write_meta, tmp_path: Path) -> None:
@@ -152,8 +156,8 @@ def test_cache_key_holds_inode_ctime_device_and_content(write_meta, tmp_path: Pa
     index = index_mod.load_index(p.resolve())
     st = p.stat()
     assert index.key == index_mod.FileKey(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-    header = the_cache(tmp_path).read_bytes()[: index_mod._HEADER.size]
-    magic, size, mtime, ctime, inode, device, count, _, sample, *_ = index_mod._HEADER.unpack(header)
+    header = the_cache(tmp_path).read_bytes()[: cachefile_mod._HEADER.size]
+    magic, size, mtime, ctime, inode, device, count, _, sample, *_ = cachefile_mod._HEADER.unpack(header)
     assert (magic, size, mtime, ctime, inode, device, count) == (
         b"RDIDX\x00\x00\x05",
         st.st_size,
@@ -190,7 +194,7 @@ def _join_seals() -> None:
 
 
 def _sealed(cache: Path) -> bool:
-    return cache.read_bytes()[index_mod._SEAL_AT :][: len(cache_mod.SEAL)] == cache_mod.SEAL
+    return cache.read_bytes()[cachefile_mod._SEAL_AT :][: len(cache_mod.SEAL)] == cache_mod.SEAL
 
 
 def test_cache_is_sealed_once_synced(write_meta, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -205,7 +209,7 @@ def test_a_large_cache_is_synced_while_it_is_built(write_meta, monkeypatch: pyte
     # Every SYNC_EVERY bytes written, a sync in the background; the seal's syncs still come.
     events = _record_syncs(monkeypatch)
     monkeypatch.setattr(cache_mod, "SYNC_EVERY", 1000)
-    monkeypatch.setattr(index_mod, "scan_map", functools.partial(scan_mod.scan_map, chunk_size=4096))
+    monkeypatch.setattr(build_mod, "scan_map", functools.partial(scan_mod.scan_map, chunk_size=4096))
     mf = MetaFile(write_meta(LINES))
     seal = events.index("seal")  # (a sync while it was written may come after the rename)
     assert events[seal - 1 :] == ["fdatasync", "seal", "fdatasync", "fsync"] and "replace" in events[:seal]
@@ -219,7 +223,7 @@ def test_an_unsealed_cache_is_rebuilt_not_trusted(write_meta, tmp_path: Path) ->
     MetaFile(p)
     cache = the_cache(tmp_path)
     with open(cache, "r+b") as f:
-        f.seek(index_mod._SEAL_AT)
+        f.seek(cachefile_mod._SEAL_AT)
         f.write(bytes(len(cache_mod.SEAL)))
     before = cache.stat().st_ino
     mf = MetaFile(p)
@@ -233,11 +237,11 @@ def test_a_cache_of_the_format_before_is_rebuilt(write_meta, tmp_path: Path) -> 
     MetaFile(p)
     cache = the_cache(tmp_path)
     raw = bytearray(cache.read_bytes())
-    raw[:8], raw[index_mod._SEAL_AT : index_mod._DATA_OFFSET] = b"RDIDX\x00\x00\x03", bytes(32)
+    raw[:8], raw[cachefile_mod._SEAL_AT : cachefile_mod._DATA_OFFSET] = b"RDIDX\x00\x00\x03", bytes(32)
     cache.write_bytes(raw)
     before = cache.stat().st_ino
     mf = MetaFile(p)
-    assert the_cache(tmp_path).read_bytes()[:8] == index_mod._MAGIC and the_cache(tmp_path).stat().st_ino != before
+    assert the_cache(tmp_path).read_bytes()[:8] == cachefile_mod._MAGIC and the_cache(tmp_path).stat().st_ino != before
     assert [mf[i] for i in range(len(LINES))] == LINES
 
 
@@ -489,7 +493,7 @@ def test_a_seal_refused_by_the_kernel_is_logged(write_meta, tmp_path: Path, capl
     fd = os.open(p, os.O_RDONLY)
     try:
         key = index_mod.FileKey.of(os.fstat(fd))
-        written = index_mod._write_cache(cache, p, fd, key, index_mod.hash_ends(fd, key.size))
+        written = build_mod._write_cache(cache, p, fd, key, index_mod.hash_ends(fd, key.size))
     finally:
         os.close(fd)
     assert written is not None
@@ -592,11 +596,11 @@ def test_an_index_of_the_format_before_is_rebuilt_not_misread(write_meta, tmp_pa
                       st.st_dev, len(spans), 1, sample)  # fmt: skip
     cache = cache_mod.cache_paths(p.resolve())[0]
     cache.parent.mkdir(parents=True)
-    cache.write_bytes(old.ljust(index_mod._DATA_OFFSET, b"\0") + spans.astype("<i8").tobytes())
+    cache.write_bytes(old.ljust(cachefile_mod._DATA_OFFSET, b"\0") + spans.astype("<i8").tobytes())
     mf = MetaFile(p)
     assert [mf[i] for i in range(len(mf))] == LINES
     assert cache.read_bytes()[:8] == b"RDIDX\x00\x00\x05"
-    assert cache.stat().st_size == index_mod._DATA_OFFSET + 8 * len(LINES) + 16  # entries, one mark
+    assert cache.stat().st_size == cachefile_mod._DATA_OFFSET + 8 * len(LINES) + 16  # entries, one mark
     assert mf.read(np.arange(len(LINES))[::-1]).texts(range(len(LINES))) == LINES[::-1]
     assert data == p.read_bytes()
 
@@ -610,7 +614,7 @@ def test_entries_hold_start_and_length_in_8_bytes(size: int) -> None:
     lengths = np.minimum(rng.integers(1, size + 1, 1000), size - starts).clip(1)
     lengths[:3] = [1, size - starts[1], max(1, size // 2)]
     chunk = Chunk(0, size, starts, lengths, True, 0, np.empty((0, 2), np.int64))
-    part = index_mod._encoder(size)(chunk)
+    part = build_mod._encoder(size)(chunk)
     assert part.entries.dtype == np.dtype("<u8")
     got_starts, got_lengths = index_mod.decode(part.entries, np.arange(1000), size, part.longs)
     assert got_starts.tolist() == starts.tolist() and got_lengths.tolist() == lengths.tolist()
@@ -633,9 +637,10 @@ def test_a_cache_path_that_is_a_directory_means_an_index_in_memory(write_meta, t
 # its temporary file), that it is there, and waits to be killed.
 _BUILDER_STOPPED_MID_BUILD = """
 import os, pathlib, sys, time
+import rank_dataset.files._build as build
 import rank_dataset.files.index as index
 
-encoder = index._encoder
+encoder = build._encoder
 
 def stopping(size):
     encode = encoder(size)
@@ -648,7 +653,7 @@ def stopping(size):
 
     return first
 
-index._encoder = stopping
+build._encoder = stopping
 index.load_index(pathlib.Path(sys.argv[1]))
 print("finished", flush=True)
 """
@@ -705,7 +710,7 @@ def test_a_cache_holds_the_format_whatever_the_chunks(
     # Written plainly: the entries (start << bits | length, little-endian), no long lines, then the
     # marks; counts, lines and offsets carried across the chunks of a scan.
     monkeypatch.setattr(scan_mod, "MARK", 97)
-    monkeypatch.setattr(index_mod, "scan_map", functools.partial(scan_mod.scan_map, chunk_size=chunk_size))
+    monkeypatch.setattr(build_mod, "scan_map", functools.partial(scan_mod.scan_map, chunk_size=chunk_size))
     rng = np.random.default_rng(chunk_size)
     for trial in range(20):
         data = random_file(rng, 3000 if chunk_size < 64 else 40_000)
@@ -714,7 +719,7 @@ def test_a_cache_holds_the_format_whatever_the_chunks(
         spans, marks = reference_index(data, 97)
         index = index_mod.load_index(p.resolve())
         assert index.cache is not None and (index.count, index.ascii) == (len(spans), data.isascii())
-        body = index.cache.read_bytes()[index_mod._DATA_OFFSET :]
+        body = index.cache.read_bytes()[cachefile_mod._DATA_OFFSET :]
         bits = 64 - max(1, len(data).bit_length())
         expect = b"".join(struct.pack("<Q", start << bits | (stop - start)) for start, stop in spans)
         expect += b"".join(struct.pack("<qq", offset, line) for offset, line in marks)

@@ -25,6 +25,8 @@ import rank_dataset
 from rank_dataset import MetaFile, MetaFileChangedError, RankDataset
 from rank_dataset.files import _gather as gather_mod
 from rank_dataset.files import _pread as pread_mod
+from rank_dataset.files import _readers as readers_mod
+from rank_dataset.files import _visits as visits_mod
 from rank_dataset.files import index as index_mod
 from tests_helpers import imagenet_line, rewrite
 
@@ -194,7 +196,7 @@ def test_damaged_cache_found_when_read_is_rebuilt(write_meta, tmp_path: Path, da
     MetaFile(p)
     cache = the_cache(tmp_path)
     size = p.stat().st_size
-    entries = np.fromfile(cache, "<u8", count=30_000, offset=index_mod._DATA_OFFSET)
+    entries = np.fromfile(cache, "<u8", count=30_000, offset=readers_mod._DATA_OFFSET)
     bits = np.uint64(index_mod.length_bits(size))
     starts, lengths = (
         (entries >> bits).astype(np.int64),
@@ -208,14 +210,14 @@ def test_damaged_cache_found_when_read_is_rebuilt(write_meta, tmp_path: Path, da
         lengths[15_000] = size + 100 - starts[15_000]
     damaged = (starts.astype("<u8") << bits) | lengths.astype("<u8")
     with open(cache, "r+b") as f:
-        f.seek(index_mod._DATA_OFFSET)
+        f.seek(readers_mod._DATA_OFFSET)
         f.write(damaged.tobytes())
     mf = MetaFile(p)
     assert mf[15_000] == lines[15_000]
     idx = np.arange(14_000, 16_000)
     mf = MetaFile(p)  # from the rebuilt cache, then damaged again under it
     with open(cache, "r+b") as f:
-        f.seek(index_mod._DATA_OFFSET)
+        f.seek(readers_mod._DATA_OFFSET)
         f.write(damaged.tobytes())
     assert mf.read(idx).texts(range(idx.size)) == lines[14_000:16_000]
 
@@ -345,7 +347,7 @@ def test_reads_give_exactly_the_samples_asked_for_in_order(
     # across files with a BOM, CRLF endings and blank lines. With kept_span, batches whose rows lie
     # that far apart (none, or some) have their entries read again by the second pass.
     if kept_span is not None:
-        monkeypatch.setattr(gather_mod, "_KEPT_SPAN", kept_span)
+        monkeypatch.setattr(visits_mod, "_KEPT_SPAN", kept_span)
     sizes = [30_000, 5, 45_000]  # the last file's 70,000 rows are read by two threads
     samples: list[str] = []
     paths = []
@@ -467,22 +469,22 @@ def test_a_random_batch_is_read_in_one_window_a_call_a_line(write_meta, monkeypa
 def test_small_takes_map_a_cache_once_and_a_replaced_cache_anew(write_meta) -> None:
     from rank_dataset.files import index as index_mod
 
-    p = write_meta(n=index_mod._MAPPED_MIN + 10)
+    p = write_meta(n=readers_mod._MAPPED_MIN + 10)
     lines = p.read_text().splitlines()
     rng = np.random.default_rng(1)
     mf = MetaFile(p)
-    index_mod._maps.clear()
+    readers_mod._maps.clear()
     picks = rng.integers(0, len(mf), 100)
     assert mf.read(picks).texts(range(100)) == [lines[i] for i in picks.tolist()]
-    first = set(index_mod._maps)
+    first = set(readers_mod._maps)
     assert len(first) == 1
     mf.read(picks[::-1])
-    assert set(index_mod._maps) == first  # kept, not mapped again
+    assert set(readers_mod._maps) == first  # kept, not mapped again
     index_mod.load_index(p, rebuild=True)  # a new cache file in its place
     again = MetaFile(p)
     assert again.read(picks).texts(range(100)) == [lines[i] for i in picks.tolist()]
-    assert len(index_mod._maps) == 2 and first < set(index_mod._maps)
-    index_mod._maps.clear()
+    assert len(readers_mod._maps) == 2 and first < set(readers_mod._maps)
+    readers_mod._maps.clear()
 
 
 def test_batches_charge_a_row_what_its_read_holds() -> None:

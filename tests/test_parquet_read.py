@@ -74,9 +74,9 @@ def test_shards_are_those_of_the_text_file(tmp_path: Path, n: int, groups: int) 
 def test_row_groups_past_what_the_first_pass_keeps_are_decoded_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rank_dataset.files import _gather
+    from rank_dataset.files import _parquet_gather
 
-    monkeypatch.setattr(_gather, "_PARQUET_KEPT", 20_000)  # a few of the row groups' rows only
+    monkeypatch.setattr(_parquet_gather, "_PARQUET_KEPT", 20_000)  # a few of the row groups' rows only
     parquet, text = _write_pair(tmp_path, 70_000, 3000, ["path", "label", "note"])
     a, b = MetaFile(text), MetaFile(parquet)
     for spec in [ShardSpec(70_000, 1, 0, seed=1), ShardSpec(70_000, 3, 2, seed=2, epoch=1)]:

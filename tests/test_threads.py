@@ -19,7 +19,10 @@ from rank_dataset import MetaFile
 from rank_dataset.core import threads as _threads
 from rank_dataset.files import _gather as gather_mod
 from rank_dataset.files import _pread, formats
+from rank_dataset.files import _visits as visits_mod
 from rank_dataset.files._pread import Window
+from rank_dataset.files.formats import base as formats_base
+from rank_dataset.files.formats import spans as spans_mod
 from rank_dataset.plan import permutation as permutation_mod
 from rank_dataset.plan.permutation import permute
 
@@ -99,11 +102,11 @@ def test_a_read_below_helped_items_starts_no_thread_and_above_it_the_same_lines(
     mf = MetaFile(meta)
     indices = np.random.default_rng(0).permutation(len(mf))[:3000]
     asked = _threads_asked(monkeypatch, gather_mod)
-    monkeypatch.setattr(gather_mod, "THREADED_ROWS", 1000)  # the maps of a large read, still
+    monkeypatch.setattr(visits_mod, "THREADED_ROWS", 1000)  # the maps of a large read, still
     alone = mf.read(indices)
     assert asked and set(asked) == {1}
-    monkeypatch.setattr(gather_mod, "HELPED_ITEMS", 1000)
-    monkeypatch.setattr(gather_mod, "THREADS", 2)
+    monkeypatch.setattr(visits_mod, "HELPED_ITEMS", 1000)
+    monkeypatch.setattr(visits_mod, "THREADS", 2)
     asked.clear()
     helped = mf.read(indices)
     assert set(asked) == {2}
@@ -147,10 +150,10 @@ def _one_frame_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Me
     raw = "".join(f"{line}\n" for line in lines).encode()
     path = tmp_path / "one.zst"
     path.write_bytes(zstandard.ZstdCompressor(level=3).compress(raw))
-    monkeypatch.setattr(formats, "SPAN", 40_000)  # spans of one frame
+    monkeypatch.setattr(spans_mod, "SPAN", 40_000)  # spans of one frame
     mf = MetaFile(path)
-    monkeypatch.setattr(gather_mod, "THREADS", 2)
-    monkeypatch.setattr(gather_mod, "_BATCH_ROWS", 500)
+    monkeypatch.setattr(visits_mod, "THREADS", 2)
+    monkeypatch.setattr(visits_mod, "_BATCH_ROWS", 500)
     return mf, lines, raw
 
 
@@ -162,7 +165,7 @@ def test_the_threads_reading_a_one_frame_zstd_file_share_its_decoder(
     # batch as it finishes one, so even one that lags stays with the other (with a part each, it
     # asked for spans the source had let go of, decoded again from the frame's start).
     mf, lines, raw = _one_frame_file(tmp_path, monkeypatch)
-    monkeypatch.setattr(gather_mod, "HELPED_ITEMS", 1000)
+    monkeypatch.setattr(visits_mod, "HELPED_ITEMS", 1000)
     asked = _threads_asked(monkeypatch, gather_mod)
     decompressed = _decompressed(monkeypatch)
     _lagging_helper(monkeypatch)
@@ -182,7 +185,7 @@ def test_the_threads_reading_a_one_frame_zstd_file_share_its_decoder(
     assert shard.texts(range(len(shard))) == [lines[i] for i in indices.tolist()]
     assert asked[-1] == 2 and sum(decompressed) == len(raw)
     # The spans kept: the source's few, and those pinned by the two batches in hand (a span or two each).
-    assert max(kept) <= formats._KEPT_SPANS + 2 * 3
+    assert max(kept) <= spans_mod._KEPT_SPANS + 2 * 3
 
 
 def _kept_spans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -205,7 +208,7 @@ def test_sparse_rows_of_a_one_frame_zstd_file_are_read_by_one_thread(
     # and their batches, far apart, could not both be decoded in order. One thread reads them, the
     # source keeping its few spans.
     mf, lines, raw = _one_frame_file(tmp_path, monkeypatch)
-    monkeypatch.setattr(gather_mod, "HELPED_ITEMS", 100)
+    monkeypatch.setattr(visits_mod, "HELPED_ITEMS", 100)
     monkeypatch.setattr(gather_mod, "_SHARED_SPAN", 4 * 40_000)  # dense: a batch within 4 spans
     asked = _threads_asked(monkeypatch, gather_mod)
     decompressed = _decompressed(monkeypatch)
@@ -214,7 +217,7 @@ def test_sparse_rows_of_a_one_frame_zstd_file_are_read_by_one_thread(
     shard = mf.read(indices)
     assert shard.texts(range(len(shard))) == [lines[i] for i in indices.tolist()]
     assert asked[-1] == 1 and sum(decompressed) == len(raw)
-    assert max(kept) <= formats._KEPT_SPANS
+    assert max(kept) <= spans_mod._KEPT_SPANS
 
 
 @pytest.mark.parametrize("name", ["members.gz", "frames.zst"])
@@ -230,13 +233,13 @@ def test_the_threads_of_a_compressed_files_read_decode_each_span_about_once(
     raw = "".join(f"{line}\n" for line in lines).encode()
     path = tmp_path / name
     path.write_bytes(COMPRESSORS[name](raw))
-    monkeypatch.setattr(formats, "SPACING", 40_000)
-    monkeypatch.setattr(formats, "SPAN", 40_000)
+    monkeypatch.setattr(formats_base, "SPACING", 40_000)
+    monkeypatch.setattr(spans_mod, "SPAN", 40_000)
     monkeypatch.setenv("RANK_DATASET_CACHE_DIR", str(tmp_path / "cache"))
     mf = MetaFile(path)
-    monkeypatch.setattr(gather_mod, "HELPED_ITEMS", 1000)
-    monkeypatch.setattr(gather_mod, "THREADS", 2)
-    monkeypatch.setattr(gather_mod, "_BATCH_ROWS", 500)  # a few batches a span
+    monkeypatch.setattr(visits_mod, "HELPED_ITEMS", 1000)
+    monkeypatch.setattr(visits_mod, "THREADS", 2)
+    monkeypatch.setattr(visits_mod, "_BATCH_ROWS", 500)  # a few batches a span
     asked = _threads_asked(monkeypatch, gather_mod)
     decompressed = _decompressed(monkeypatch)
     _lagging_helper(monkeypatch)

@@ -8,17 +8,15 @@ samples into a :class:`~rank_dataset.core.shard.Shard` and checks each against t
 sample starts the file or follows a newline, ends at a line ending or the end of the file, and holds
 no newline. So a rewritten file is a :class:`MetaFileChangedError`, never a torn sample, and an
 index that disagrees with an unchanged file is rebuilt. Another kind of file (compressed, remote)
-is another ``_FileBytes``. A Parquet file's samples are its rows (:mod:`rank_dataset.files._parquet`),
+is another ``_FileBytes``. A Parquet file's samples are its rows (:mod:`rank_dataset.files.formats.parquet`),
 read by row group through :meth:`_FileBytes.rows`, checked as a text file is.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import os
-import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,23 +39,18 @@ from rank_dataset.files._gather import (
     line_position,
     read_one,
 )
-from rank_dataset.files._parquet import ParquetRows
-from rank_dataset.files._pread import ByteSource, ShortRead, count_newlines, read_ends
-from rank_dataset.files.formats import Format, SpanSource
-from rank_dataset.files.index import (
-    FileKey,
-    Index,
-    load_index,
-    read_checkpoints,
-)
+from rank_dataset.files._pread import ByteSource, ShortRead, count_newlines
+from rank_dataset.files.fingerprints import fingerprints
+from rank_dataset.files.formats import ParquetRows, SpanSource
+from rank_dataset.files.index import FileKey, Index, load_index, read_checkpoints
 from rank_dataset.files.scan import PathLike
+from rank_dataset.files.sources import LocalFile, raise_if_changed
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.sources import column_names
 
 __all__ = ["MetaFile", "MetaFileChangedError", "bucket_order"]
 
 _TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the index in between
-_FINGERPRINT_BYTES = 1 << 16
 _T = TypeVar("_T")
 
 
@@ -81,29 +74,21 @@ class _FileBytes:
             CorruptMetaFileError: a compressed file is corrupt (which its index pass would have found:
                 its checkpoints are damaged, or the disk returned other bytes).
         """
-        key = index.key
-        fd = self._descriptor()
-        source: SpanSource | None = None
+        local = LocalFile(self.path, index.key)
+        spans: SpanSource | None = None
         try:
-            self.check(fd, key)
             if index.format.compressed:
-                source = self._source(fd, index)
+                spans = self._source(local.fd, index)
             try:
-                yield fd if source is None else source
+                yield local.fd if spans is None else spans
             except ShortRead:
-                self.check(fd, key)
+                local.check_open()
                 raise MetaFileChangedError(self.path, "it shrank while being read") from None
-            self.check(fd, key)
-            try:
-                now = os.stat(self.path)
-            except FileNotFoundError:
-                raise MetaFileChangedError(self.path, "it was deleted or moved") from None
-            if not key.matches(now):
-                _raise_if_changed(self.path, key, FileKey.of(now))
+            local.check()
         finally:
-            if source is not None:
-                source.close()
-            os.close(fd)
+            if spans is not None:
+                spans.close()
+            local.close()
 
     @contextlib.contextmanager
     def rows(self, index: Index) -> Iterator[ParquetRows]:
@@ -118,51 +103,41 @@ class _FileBytes:
         layout = index.parquet
         if layout is None:
             raise ValueError(f"{self.path} was not indexed as a Parquet file")
-        fd = self._descriptor()
+        local = LocalFile(self.path, index.key, checked=False)
         try:
             # The schema first: a file rewritten with another schema is told as that, not as "modified".
             schema = (
                 f"its schema changed since it was indexed: the columns {list(layout.columns)} are not those indexed"
             )
             try:
-                rows = ParquetRows(self.path, layout.columns)
+                rows = index.format.open_rows(self.path, layout.columns)
             except CorruptMetaFileError:
-                self.check(fd, index.key)  # a file rewritten while its footer was read is that error
+                local.check_open()  # a file rewritten while its footer was read is that error
                 raise
             except ValueError as exc:  # a chosen column gone, or nested now
                 raise MetaFileChangedError(self.path, f"{schema} ({exc})") from None
             if rows.schema_hash != layout.schema_hash:
                 raise MetaFileChangedError(self.path, f"{schema} (another type, or another column)")
-            self.check(fd, index.key)
+            local.check_open()
             if rows.layout.bounds != layout.bounds:
                 raise MetaFileChangedError(self.path, "its row groups changed since it was indexed")
             yield rows
-            self.check(fd, index.key)
-            try:
-                now = os.stat(self.path)
-            except FileNotFoundError:
-                raise MetaFileChangedError(self.path, "it was deleted or moved") from None
-            if not index.key.matches(now):
-                _raise_if_changed(self.path, index.key, FileKey.of(now))
+            local.check()
         finally:
-            os.close(fd)
+            local.close()
 
     def _source(self, fd: int, index: Index) -> SpanSource:
         try:
             checkpoints = read_checkpoints(index)
         except LookupError:  # the cache was removed or replaced: the file's index as it is now
             again = load_index(self.path, rebuild=True)
-            _raise_if_changed(self.path, index.key, again.key)
+            what = index.key.change(again.key)
+            if what is not None:
+                raise MetaFileChangedError(self.path, what) from None
             checkpoints = read_checkpoints(again)
 
         def open_fd() -> int:  # another descriptor of the file, for one thread's decoder
-            other = self._descriptor()
-            try:
-                self.check(other, index.key)
-            except BaseException:
-                os.close(other)
-                raise
-            return other
+            return LocalFile(self.path, index.key).detach()
 
         return SpanSource(self.path, fd, checkpoints, open_fd)
 
@@ -179,12 +154,9 @@ class _FileBytes:
                 assert isinstance(source, SpanSource)
                 raw = source.read(offset, offset + count)
         else:
-            fd = self._descriptor()
-            try:
-                raw = os.pread(fd, count, offset)
-                self.check(fd, index.key)
-            finally:
-                os.close(fd)
+            with LocalFile(self.path, index.key, checked=False) as local:
+                raw = os.pread(local.fd, count, offset)
+                local.check_open()
         if len(raw) < count:
             raise MetaFileChangedError(self.path, "it shrank while being read")
         return raw
@@ -195,17 +167,8 @@ class _FileBytes:
             with self.open(index) as source:
                 assert isinstance(source, SpanSource)
                 return source.read(start, stop).count(b"\n")
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return count_newlines(fd, stop, start)
-        finally:
-            os.close(fd)
-
-    def _descriptor(self) -> int:
-        try:
-            return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise MetaFileChangedError(self.path, "it was deleted or moved") from None
+        with LocalFile(self.path) as local:
+            return count_newlines(local.fd, stop, start)
 
     def check(self, fd: int | ByteSource, key: FileKey) -> None:
         """Raise MetaFileChangedError if the file open at ``fd`` is not the one ``key`` describes."""
@@ -213,15 +176,7 @@ class _FileBytes:
             if not isinstance(fd, SpanSource):
                 raise TypeError(f"a file's bytes are read from a descriptor or a SpanSource, not {fd!r}")
             fd = fd.fd
-        now = os.fstat(fd)
-        if not key.matches(now):
-            _raise_if_changed(self.path, key, FileKey.of(now))
-
-
-def _raise_if_changed(path: Path, key: FileKey, now: FileKey) -> None:
-    what = key.change(now)
-    if what is not None:
-        raise MetaFileChangedError(path, what)
+        raise_if_changed(self.path, key, os.fstat(fd))
 
 
 @dataclass(frozen=True)
@@ -383,7 +338,7 @@ class MetaFile:
         """
         file, local = self.locate(index)
         path = self._files[file].path
-        if self._files[file].index.format is Format.PARQUET:
+        if self._files[file].index.format.rows:
             return f"{path}, row {local}"
         try:
             offset, line, start = self._retrying(lambda: line_position(self._files[file], file, local))
@@ -479,22 +434,10 @@ def _check_columns(columns: Sequence[str] | None) -> tuple[str, ...] | None:
 
 def _fingerprints(files: Sequence[_File]) -> tuple[str, tuple[str, ...]]:
     """The fingerprint of ``files`` taken as one, and of each alone, from one read of each file's ends."""
-    whole, each = hashlib.sha256(), []
-    for f in files:
-        size = f.index.key.size
-        part = struct.pack("<qq", f.index.count, size)
-        if f.index.parquet is not None:  # the same file read with other columns holds other samples
-            part += "\t".join(f.index.parquet.columns).encode() + b"\n"
-        if size:
-            fd = f.bytes._descriptor()
-            try:
-                f.bytes.check(fd, f.index.key)
-                part += read_ends(fd, size, _FINGERPRINT_BYTES)
-            finally:
-                os.close(fd)
-        whole.update(part)
-        each.append(hashlib.sha256(part).hexdigest()[:32])
-    return whole.hexdigest()[:32], tuple(each)
+    return fingerprints(
+        (f.path, f.index.key, f.index.count, None if f.index.parquet is None else f.index.parquet.columns)
+        for f in files
+    )
 
 
 def _fingerprint(files: Sequence[_File]) -> str:

@@ -15,7 +15,6 @@ in the file's text, which the exchange reads (:meth:`RowsReading.lines`).
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -24,9 +23,9 @@ import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import ParquetRows
-from rank_dataset.files.index import FileKey
 from rank_dataset.files.scan import NEWLINE
-from rank_dataset.shards._text import Lines, check_open, open_fd
+from rank_dataset.files.sources import FileKey, LocalFile
+from rank_dataset.shards._text import Lines
 
 __all__ = ["RowsReading", "RowsText"]
 
@@ -45,7 +44,7 @@ class RowsText:
     def __init__(self, path: Path, key: FileKey, columns: Sequence[str] | None) -> None:
         self.path, self.key = path, key
         rows = ParquetRows(path, columns)
-        os.close(open_fd(path, key))  # the footer read was this file's
+        LocalFile(path, key).close()  # the footer read was this file's
         self.columns, self.schema_hash, self.bounds = rows.columns, rows.schema_hash, rows.bounds
         self._read_bytes, uncompressed = rows.group_bytes()
         #: Row group ``g`` is bytes ``[edges[g], edges[g + 1])`` of the planned coordinates.
@@ -95,11 +94,11 @@ class RowsText:
 
     def reading(self) -> RowsReading:
         """A :class:`RowsReading` of the file (the caller closes it), checked against the key."""
-        fd = open_fd(self.path, self.key)
+        source = LocalFile(self.path, self.key)
         try:
-            return RowsReading(self, fd)
+            return RowsReading(self, source)
         except BaseException:
-            os.close(fd)
+            source.close()
             raise
 
     @contextlib.contextmanager
@@ -118,8 +117,8 @@ class RowsReading:
     again and checked against the one the text was made from. Keeps the last row group it rendered
     (the rounds of an exchange read on from where the one before stopped)."""
 
-    def __init__(self, text: RowsText, fd: int) -> None:
-        self.text, self.fd = text, fd
+    def __init__(self, text: RowsText, source: LocalFile) -> None:
+        self.text, self.source, self.fd = text, source, source.fd
         schema = f"its schema changed since the dataset was made: the columns {list(text.columns)} are not those read"
         try:
             rows = ParquetRows(text.path, text.columns)
@@ -169,14 +168,14 @@ class RowsReading:
 
     def check(self) -> None:
         """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key."""
-        check_open(self.text.path, self.text.key, self.fd)
+        self.source.check()
 
     def close(self) -> None:
         """Let go of the row group kept, the footer and the descriptor."""
         if self._rows is None:
             return
         self._rows = self._kept = None
-        os.close(self.fd)
+        self.source.close()
 
 
 def _ascii(data: npt.NDArray[np.uint8]) -> bool:

@@ -24,8 +24,8 @@ import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import Checkpoints, DecompressedView
-from rank_dataset.files.index import FileKey
 from rank_dataset.files.scan import NEWLINE, scan_buffer
+from rank_dataset.files.sources import FileKey, LocalFile, ShortRead, raise_if_changed
 
 __all__ = ["READ", "Lines", "Reading", "Text", "check_open", "chunks", "open_checked", "open_fd"]
 
@@ -114,11 +114,11 @@ class Text:
 
     def reading(self) -> Reading:
         """A :class:`Reading` of the text (the caller closes it), the file checked against the key."""
-        fd = open_fd(self.path, self.key)
+        source = LocalFile(self.path, self.key)
         try:
-            return Reading(self, fd)
+            return Reading(self, source)
         except BaseException:
-            os.close(fd)
+            source.close()
             raise
 
     @contextlib.contextmanager
@@ -134,19 +134,20 @@ class Text:
 
 
 class Reading:
-    """Reads of a :class:`Text` through one descriptor (and, for a compressed file, one decoder, which
-    goes on from where the read before stopped: reads in order decompress each span once)."""
+    """Reads of a :class:`Text` through one source, a :class:`~rank_dataset.files.sources.LocalFile`
+    (and, for a compressed file, one decoder, which goes on from where the read before stopped: reads
+    in order decompress each span once)."""
 
-    def __init__(self, text: Text, fd: int) -> None:
-        self.text, self.fd = text, fd
-        self._view = None if text.checkpoints is None else DecompressedView(text.path, fd, text.checkpoints)
+    def __init__(self, text: Text, source: LocalFile) -> None:
+        self.text, self.source, self.fd = text, source, source.fd
+        self._view = None if text.checkpoints is None else DecompressedView(text.path, source.fd, text.checkpoints)
         self._closed = False
 
     def read(self, offset: int, count: int) -> bytes:
         """Up to ``count`` bytes of text from ``offset`` (fewer at its end)."""
         count = max(0, min(count, self.text.size - offset))
         if self._view is None:
-            return os.pread(self.fd, count, offset)
+            return self.source.read(offset, count)
         return self._decompressed(offset, offset + count)
 
     def read_into(self, buf: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> None:
@@ -162,12 +163,10 @@ class Reading:
                 raise MetaFileChangedError(path, "it shrank while being read")
             buf[:] = np.frombuffer(self._decompressed(offset, offset + buf.size, until), np.uint8)
             return
-        view, done = buf.data, 0
-        while done < buf.size:
-            got = os.preadv(self.fd, [view[done:]], offset + done)
-            if got == 0:
-                raise MetaFileChangedError(path, "it shrank while being read")
-            done += got
+        try:
+            self.source.read_into(buf, offset)
+        except ShortRead:
+            raise MetaFileChangedError(path, "it shrank while being read") from None
 
     def lines(self, buf: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> Lines:
         """Fill ``buf`` from byte ``offset`` of the text (which starts a line; ``buf`` ends one or the
@@ -178,7 +177,7 @@ class Reading:
 
     def check(self) -> None:
         """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key."""
-        check_open(self.text.path, self.text.key, self.fd)
+        self.source.check()
 
     def _decompressed(self, a: int, b: int, until: int | None = None) -> bytes:
         assert self._view is not None
@@ -197,49 +196,30 @@ class Reading:
             if self._view is not None:
                 self._view.close()
         finally:
-            os.close(self.fd)
+            self.source.close()
 
 
 @contextlib.contextmanager
 def open_checked(path: Path, key: FileKey) -> Iterator[int]:
     """A descriptor of ``path``, checked against ``key`` on entry and once the reading is done."""
-    fd = open_fd(path, key)
-    try:
-        yield fd
-        check_open(path, key, fd)
-    finally:
-        os.close(fd)
+    with LocalFile(path, key) as source:
+        yield source.fd
+        source.check()
 
 
 def open_fd(path: Path, key: FileKey) -> int:
-    """A descriptor of ``path``, which must be the file ``key`` describes."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise MetaFileChangedError(path, "it was deleted or moved") from None
-    try:
-        _check(path, key, os.fstat(fd))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    """A descriptor of ``path``, which must be the file ``key`` describes (the caller closes it)."""
+    return LocalFile(path, key).detach()
 
 
 def check_open(path: Path, key: FileKey, fd: int) -> None:
     """Raise MetaFileChangedError unless both ``fd`` and ``path`` are still the file of ``key``."""
-    _check(path, key, os.fstat(fd))
+    raise_if_changed(path, key, os.fstat(fd))
     try:
         now = os.stat(path)
     except FileNotFoundError:
         raise MetaFileChangedError(path, "it was deleted or moved") from None
-    _check(path, key, now)
-
-
-def _check(path: Path, key: FileKey, st: os.stat_result) -> None:
-    if not key.matches(st):
-        what = key.change(FileKey.of(st))
-        if what is not None:
-            raise MetaFileChangedError(path, what)
+    raise_if_changed(path, key, now)
 
 
 def chunks(reading: Reading, lo: int, hi: int) -> Iterator[tuple[npt.NDArray[np.uint8], int, bool]]:

@@ -18,7 +18,7 @@ import numpy.typing as npt
 import zstandard
 
 from rank_dataset.errors import CorruptMetaFileError
-from rank_dataset.files._points import row_at
+from rank_dataset.files.formats._points import row_at
 
 __all__ = ["Reader", "stream"]
 
@@ -65,7 +65,9 @@ def _frames(path: Path, fd: int) -> Iterator[tuple[int, int, bytes]]:
                 if pos >= size:
                     if not fed:  # no bytes left: the file ended between frames
                         return
-                    what = f"the file ends at byte {size:,}, inside the zstd frame that starts here (truncated?)"
+                    what = (
+                        f"the file ends at byte {size:,}, inside the zstd frame starting at byte {frame:,} (truncated?)"
+                    )
                     raise CorruptMetaFileError(path, frame, what)
                 want = min(_PIECE, size - pos, max(_LEAST, _OUTPUT * fed_in // max(made, 1)))
                 pending = os.pread(fd, want, pos)
@@ -79,7 +81,8 @@ def _frames(path: Path, fd: int) -> Iterator[tuple[int, int, bytes]]:
                 raise CorruptMetaFileError(
                     path,
                     frame,
-                    f"corrupt zstd data in the frame that starts here, at or before compressed byte {pos:,} ({exc})",
+                    f"corrupt zstd data in the frame starting at byte {frame:,}: decoding failed between "
+                    f"compressed bytes {pos - len(piece):,} and {pos:,} ({exc})",
                 ) from None
             fed_in, made = len(piece), len(data)
             if data:
@@ -149,7 +152,7 @@ class Reader:
 
     def read(self, a: int, b: int, until: int | None = None) -> tuple[bytes, int]:
         """``(bytes [a, b) (short if the file ends first), output bytes decompressed)``. (``until`` is
-        :class:`~rank_dataset.files._gzip.Reader`'s: this decoder goes on from where it stopped.)"""
+        :class:`~rank_dataset.files.formats._gzip.Reader`'s: this decoder goes on from where it stopped.)"""
         # A read that starts a little before where the last one stopped (a line's end, looked for
         # past a cut) takes those bytes from the last read's end, not from the checkpoint again.
         tail_at, tail = self._tail

@@ -20,13 +20,14 @@ import threading
 import zlib
 from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import indexed_gzip
 import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
-from rank_dataset.files._points import row_at
+from rank_dataset.files.formats._points import row_at
 
 __all__ = ["Reader", "members", "stream"]
 
@@ -94,20 +95,24 @@ def members(path: Path, fd: int, block: int) -> Iterator[bytes]:
         while not d.eof:
             if not data:
                 if pos >= size:
-                    what = f"the file ends at byte {size:,}, inside the gzip member that starts here (truncated?)"
-                    raise CorruptMetaFileError(path, member, what)
+                    what = f"the file ends at byte {size:,}, inside the gzip member starting at byte {member:,}"
+                    raise CorruptMetaFileError(path, member, what + " (truncated?)")
                 data = os.pread(fd, min(_PIECE, size - pos), pos)
                 if not data:
                     raise CorruptMetaFileError(path, pos, "the file ends here, before its size said (it changed?)")
                 pos += len(data)
+            before = d.copy()  # (a few KiB: to tell, on an error, where decoding failed)
             try:
                 out = d.decompress(data, block)
             except zlib.error as exc:
+                # The fault is at or after the member's start (a wrong CRC may be anywhere in it).
+                lo, hi = _failed_at(before, data, pos - len(data), block)
                 raise CorruptMetaFileError(
                     path,
                     member,
-                    f"corrupt gzip data (or a wrong CRC or size in its trailer) in the member that starts here, "
-                    f"before compressed byte {pos:,} ({exc}); bytes after the last member count as one",
+                    f"corrupt gzip data (or a wrong CRC or size in its trailer) in the member starting at byte "
+                    f"{member:,}: decoding failed between compressed bytes {lo:,} and {hi:,} ({exc}); "
+                    "bytes after the last member count as one",
                 ) from None
             data = d.unconsumed_tail
             if out:
@@ -115,6 +120,23 @@ def members(path: Path, fd: int, block: int) -> Iterator[bytes]:
         # At a member's end zlib puts the input it did not use in unused_data, and, when it stopped at
         # max_length, in unconsumed_tail too (``data``): unused_data alone holds what follows.
         tail = d.unused_data
+
+
+_FAILED_STEP = 512  # compressed bytes fed at a time to find where decoding failed
+
+
+def _failed_at(decoder: Any, data: bytes, start: int, block: int) -> tuple[int, int]:
+    """``(lo, hi)``: the compressed bytes within which ``decoder`` (a copy of the one that failed on
+    ``data``, which starts at compressed byte ``start``) fails, found by feeding it a few at a time."""
+    for at in range(0, len(data), _FAILED_STEP):
+        piece = data[at : at + _FAILED_STEP]
+        try:
+            while piece and not decoder.eof:
+                decoder.decompress(piece, block)
+                piece = decoder.unconsumed_tail
+        except zlib.error:
+            return start + at, start + min(at + _FAILED_STEP, len(data))
+    return start, start + len(data)
 
 
 class _Checkpointer:

@@ -1,0 +1,175 @@
+"""The build of a meta file's index: one scan of its lines (of its decompressed bytes, for a
+compressed file), straight into a cache file, or into memory. No torch."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.files._cache import Seal, Syncer, discard, temp_beside
+from rank_dataset.files._cachefile import _DATA_OFFSET, _ENTRY, _SEAL_AT, Index, Table, _Header, length_bits
+from rank_dataset.files._pread import ShortRead
+from rank_dataset.files.formats import Decompression, Format, detect
+from rank_dataset.files.scan import Chunk, scan_blocks, scan_map
+from rank_dataset.files.sources import FileKey
+
+# A compressed file's entries are laid out as a file of this size's (its decompressed size is not
+# known until its index is made): starts up to 1 TiB, lengths up to 8 MiB (longer ones in the table).
+_COMPRESSED_BOUND = 1 << 40
+_IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One chunk of a scan, encoded: its entries, its long lines (row in the chunk, length), what
+    else the index keeps."""
+
+    entries: npt.NDArray[np.uint64]
+    longs: _IntArray
+    ascii: bool
+    newlines: int
+    marks: _IntArray
+
+
+def _encoder(size: int) -> Callable[[Chunk], _Part]:
+    bits = length_bits(size)
+    mask = (1 << bits) - 1
+
+    def encode(chunk: Chunk) -> _Part:
+        # Spans lie inside their chunk: only a chunk of at least `mask` bytes can hold a long line.
+        lengths = chunk.lengths
+        rows: npt.NDArray[np.intp] = np.empty(0, np.intp)
+        if chunk.nbytes >= mask:
+            rows = np.flatnonzero(lengths >= mask)
+            lengths = np.minimum(lengths, mask)
+        # Starts and lengths are not negative: their int64 bits are their uint64 ones.
+        entries = np.left_shift(chunk.starts.view(np.uint64), np.uint64(bits), out=np.empty(chunk.starts.size, "<u8"))
+        entries |= lengths.view(np.uint64)
+        return _Part(entries, np.column_stack((rows, chunk.lengths[rows])), chunk.ascii, chunk.newlines, chunk.marks)
+
+    return encode
+
+
+@dataclass(frozen=True)
+class _Built:
+    count: int
+    ascii: bool
+    longs: _IntArray
+    marks: _IntArray
+    format: Format = Format.TEXT
+    extent: int = -1
+    bound: int = -1
+    extra: bytes = b""  # a compressed file's checkpoints
+
+    def header(self, key: FileKey, ends_hash: bytes) -> _Header:
+        extent = key.size if self.extent < 0 else self.extent
+        bound = key.size if self.bound < 0 else self.bound
+        return _Header(
+            key, ends_hash, self.count, self.ascii, len(self.longs), len(self.marks), extent, bound, self.format
+        )
+
+    def index(self, key: FileKey, ends_hash: bytes, cache: Path | None, memory: Table | None = None) -> Index:
+        return Index(key, ends_hash, self.count, self.ascii, cache, memory, self.format, self.extent, self.bound)
+
+
+def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _Built:
+    """Scan the file open at ``fd`` (which must stay the file ``key`` describes to the end), passing
+    its entries to ``write`` in order; what else its index holds.
+
+    Raises:
+        MetaFileChangedError: the file changed while it was being indexed.
+    """
+    count, lines, ascii_only = 0, 0, True
+    longs: list[_IntArray] = []
+    marks: list[_IntArray] = []
+    fmt = detect(fd)
+    if fmt.rows:  # (load_index reads a Parquet file's footer instead)
+        raise ValueError(f"{path} is a Parquet file: its index is its footer, not a scan of its lines")
+    decompression = None
+    if fmt.compressed:  # the decompressed bytes are scanned as a plain file's are
+        decompression = Decompression(path, fd, fmt)
+        parts = scan_blocks(decompression, _encoder(_COMPRESSED_BOUND))
+    else:
+        fmt, parts = Format.TEXT, scan_map(path, _encoder(key.size), fd=fd)
+    try:
+        for part in parts:
+            write(part.entries)
+            longs.append(part.longs + np.array([count, 0]))
+            marks.append(part.marks + np.array([0, lines]))
+            count += part.entries.size
+            lines += part.newlines
+            ascii_only = ascii_only and part.ascii
+    except ShortRead as exc:
+        raise MetaFileChangedError(path, "it shrank while being indexed") from exc
+    what = key.change(FileKey.of(os.fstat(fd)))
+    if what is not None:
+        raise MetaFileChangedError(path, f"{what} while being indexed")
+    if decompression is not None:
+        checkpoints = decompression.checkpoints
+        if checkpoints.size > _COMPRESSED_BOUND:
+            raise ValueError(
+                f"{path} decompresses to {checkpoints.size:,} bytes; at most {_COMPRESSED_BOUND:,} are read"
+            )
+        return _Built(
+            count, ascii_only, _stack(longs), _stack(marks), fmt, checkpoints.size, _COMPRESSED_BOUND,
+            checkpoints.to_bytes(),
+        )  # fmt: skip
+    return _Built(count, ascii_only, _stack(longs), _stack(marks))
+
+
+def _stack(parts: list[_IntArray]) -> _IntArray:
+    return np.concatenate(parts).astype(np.int64) if parts else np.empty((0, 2), np.int64)
+
+
+def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: bytes) -> tuple[Index, Seal] | None:
+    """Index the file open at ``fd`` straight into ``cache``; None if ``cache`` is not writable.
+
+    The index goes to a temporary file that is renamed into place once written, and returned with
+    what seals it: a sync of the file, then the seal written and synced, then the directory synced.
+    Other processes load only a sealed cache (:func:`_open_cache`), so a crash at any point leaves
+    the old cache, a sealed whole one, or one that is rebuilt: never a torn one trusted. The caller
+    may use the index before it is sealed (its bytes are in the page cache), and so overlap the
+    sync with its build.
+
+    Raises:
+        MetaFileChangedError: the file changed while it was being indexed.
+    """
+    temp = temp_beside(cache)
+    if temp is None:
+        return None
+    tmp_fd, tmp = temp
+    f = os.fdopen(tmp_fd, "wb")
+    syncer = Syncer(tmp_fd)
+    try:
+        f.seek(_DATA_OFFSET)
+        built = _build(path, fd, key, lambda entries: syncer.wrote(f.write(entries.data)))
+        f.write(built.longs.astype("<i8").tobytes())
+        f.write(built.marks.astype("<i8").tobytes())
+        f.write(built.extra)
+        f.seek(0)
+        f.write(built.header(key, ends_hash).pack())
+        f.flush()
+        os.replace(tmp, cache)
+    except BaseException as exc:
+        syncer.close()
+        with contextlib.suppress(OSError):
+            f.close()
+        discard(None, tmp)
+        if isinstance(exc, OSError):  # a full disk; a directory where the cache would go
+            return None
+        raise
+    return built.index(key, ends_hash, cache), Seal(cache, f, syncer, built.count * _ENTRY, _SEAL_AT)
+
+
+def _index_in_memory(path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index:
+    parts: list[npt.NDArray[np.uint64]] = []
+    built = _build(path, fd, key, parts.append)
+    entries = np.concatenate(parts) if parts else np.empty(0, "<u8")
+    return built.index(key, ends_hash, None, Table(entries, built.longs, built.marks, built.extra))

@@ -1,0 +1,212 @@
+"""The lines of a meta file as a grouping reads them, front to back, checked against the file: a
+text file's through its :class:`~rank_dataset.files.sources.LocalFile`, a compressed file's in one
+checked decompression (no checkpoint needed), a Parquet file's rows a row group at a time. No torch."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
+from rank_dataset.files._labels import PAD
+from rank_dataset.files._pread import ShortRead, count_newlines
+from rank_dataset.files.formats import DecompressedView, Format, ParquetRows, decompress
+from rank_dataset.files.index import FileKey, Index, SpanReader, line_mark
+from rank_dataset.files.metafile import _FileBytes
+from rank_dataset.files.sources import LocalFile
+
+_BLOCK = 1 << 20  # lines read at a time for a function key
+_NEWLINE, _CR = 10, 13
+_STREAM_BLOCK = 4 << 20  # decompressed bytes a compressed file's decoder hands out at a time
+
+
+class _Stream:
+    """The decompressed bytes of a compressed meta file, read front to back: one checked
+    decompression (:func:`~rank_dataset.files.formats.decompress`), of which only the bytes not yet
+    passed are held. A grouping reads the whole file in order, so it needs no checkpoint: one pass
+    costs one decompression, as the index's did."""
+
+    def __init__(self, path: Path, fd: int, fmt: Format) -> None:
+        self._blocks = decompress(path, fd, fmt, block=_STREAM_BLOCK)
+        self._held = bytearray()
+        self._base = 0  # the offset of _held[0]
+
+    def read_into(self, out: npt.NDArray[np.uint8], lo: int) -> None:
+        """Fill ``out`` with bytes ``[lo, lo + out.size)``; ``lo`` never below an earlier read's.
+
+        Raises:
+            ShortRead: the decompressed bytes end first.
+        """
+        if lo < self._base:
+            raise ValueError(f"the decompressed bytes are read in order: byte {lo:,} is behind {self._base:,}")
+        hi = lo + out.size
+        while self._base + len(self._held) < hi:
+            piece = next(self._blocks, None)
+            if piece is None:
+                raise ShortRead(hi)
+            self._held += piece
+        del self._held[: lo - self._base]
+        self._base = lo
+        out[:] = np.frombuffer(self._held, np.uint8, out.size)
+
+    def chunks(self, size: int) -> Iterator[tuple[int, memoryview]]:
+        """``(offset, bytes)`` of the decompressed bytes in consecutive pieces of about ``size``, each
+        ending just past a newline (the last at the end of the file)."""
+        offset, parts, held = 0, [bytes(self._held)] if self._held else [], len(self._held)
+        self._held.clear()
+        for block in self._blocks:
+            parts.append(block)
+            held += len(block)
+            if held < size:
+                continue
+            data = b"".join(parts)
+            cut = data.rfind(b"\n") + 1
+            if not cut:  # one line longer than size: read on
+                parts = [data]
+                continue
+            yield offset, memoryview(data)[:cut]
+            offset += cut
+            parts, held = [data[cut:]], len(data) - cut
+        if held:
+            yield offset, memoryview(b"".join(parts))
+
+
+class _Lines:
+    """The lines of an indexed file, a block of samples at a time, checked against the file (against
+    its decompressed bytes, for a compressed file)."""
+
+    def __init__(self, path: Path, index: Index, source: LocalFile) -> None:
+        self.path, self.index, self.source, self.fd = path, index, source, source.fd
+        self.stream = _Stream(path, source.fd, index.format) if index.format.compressed else None
+
+    def read_into(self, out: npt.NDArray[np.uint8], lo: int) -> None:
+        """Fill ``out`` with bytes ``[lo, lo + out.size)`` of the file (decompressed), in order.
+
+        Raises:
+            ShortRead: the file ends first.
+        """
+        if self.stream is None:
+            self.source.read_into(out, lo)
+        else:
+            self.stream.read_into(out, lo)
+
+    def blocks(self) -> Iterator[tuple[int, int, npt.NDArray[np.uint8], npt.NDArray[np.int64]]]:
+        """Yield ``(first, base, buf, spans)``: samples ``first ..`` are ``buf[spans[i, 0]:spans[i, 1]]``,
+        and ``buf[j]`` is byte ``base + j`` of the file; ``buf`` has :data:`~rank_dataset.files._labels.PAD`
+        bytes before the first sample."""
+        n, size = self.index.count, self.index.size
+        try:
+            with SpanReader(self.index) as reader:
+                for first in range(0, n, _BLOCK):
+                    starts, lengths = reader.take(np.arange(first, min(first + _BLOCK, n), dtype=np.int64))
+                    spans = np.stack([starts, starts + lengths], axis=1).astype(np.int64, copy=False)
+                    lo, hi = int(spans[0, 0]), int(spans[-1, 1])
+                    # The byte after the last line too (its newline, if any), so every line's end is checked.
+                    stop = min(hi + 1, size)
+                    buf = np.empty(PAD + stop - lo + 1, np.uint8)
+                    buf[:PAD] = _NEWLINE
+                    buf[-1] = _NEWLINE
+                    self.read_into(buf[PAD : PAD + stop - lo], lo)
+                    spans += PAD - lo
+                    # A line ends at a newline, a "\r\n" or the end of the file: anything else is an index
+                    # that no longer describes the bytes.
+                    after = buf[spans[:, 1]]
+                    if not (
+                        bool(((after == _NEWLINE) | (after == _CR)).all()) and bool((spans[:, 1] > spans[:, 0]).all())
+                    ):
+                        raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
+                    yield first, lo - PAD, buf, spans
+        except ShortRead:
+            raise MetaFileChangedError(self.path, "it shrank while being read") from None
+        except LookupError as exc:
+            raise MetaFileChangedError(self.path, f"its index cache changed while it was read ({exc})") from None
+
+    def text_blocks(self) -> Iterator[list[tuple[str, Callable[[], str]]]]:
+        """Each block's samples as ``(text, where)``."""
+        for _, base, buf, spans in self.blocks():
+            data = buf.tobytes()
+            yield [
+                (data[start:end].decode("utf-8", "replace"), functools.partial(self.where, base + start))
+                for start, end in spans.tolist()
+            ]
+
+    def where(self, start: int) -> str:
+        """``path:line`` of the line starting at byte ``start`` of the file (decompressed)."""
+        if self.stream is None:
+            return f"{self.path}:{count_newlines(self.fd, start) + 1}"
+        # From the index's mark before it and the checkpoint before that, through a descriptor of
+        # its own (a decoder moves its descriptor's position; the stream reads by position).
+        try:
+            local = LocalFile(self.path)
+        except OSError:
+            return f"{self.path}, decompressed byte {start:,}"
+        try:
+            if self.index.key.change(local.key) is not None:
+                return f"{self.path}, decompressed byte {start:,}"
+            with SpanReader(self.index) as reader:
+                offset, line = line_mark(reader.marks(), start)
+                checkpoints = reader.checkpoints()
+            with DecompressedView(self.path, local.fd, checkpoints) as view:
+                line += view.read(offset, start).count(b"\n")
+            return f"{self.path}:{line + 1}"
+        except (LookupError, CorruptMetaFileError):
+            return f"{self.path}, decompressed byte {start:,}"
+        finally:
+            local.close()
+
+
+@contextlib.contextmanager
+def _open_checked(path: Path, index: Index) -> Iterator[_Lines | _ParquetLines]:
+    """The file's lines, checked on entry and exit to be those of the file ``index`` describes; an
+    error while they are read (a line without a label, corrupt compressed data) from a file that has
+    changed meanwhile is that change. A Parquet file's rows are checked as the file reader checks them.
+    """
+    if index.format.rows:
+        with _FileBytes(path).rows(index) as rows:
+            yield _ParquetLines(path, index, rows)
+        return
+    local = LocalFile(path, index.key, checked=False)
+    try:
+        for when in ("", " while it was grouped"):
+            what = index.key.change(FileKey.of(os.fstat(local.fd)))
+            if what is not None:
+                raise MetaFileChangedError(path, what + when)
+            if not when:
+                try:
+                    yield _Lines(path, index, local)
+                except ValueError as exc:  # CorruptMetaFileError too
+                    what = index.key.change(FileKey.of(os.fstat(local.fd)))
+                    if what is None or isinstance(exc, MetaFileChangedError):
+                        raise
+                    raise MetaFileChangedError(path, what + " while it was grouped") from exc
+    finally:
+        local.close()
+
+
+class _ParquetLines:
+    """The rows of an indexed Parquet file (checked by :meth:`MetaFile.rows`), a row group at a time:
+    every row is a sample, its line the chosen columns joined by tabs, as the file reader gives it."""
+
+    def __init__(self, path: Path, index: Index, rows: ParquetRows) -> None:
+        self.path, self.index, self.rows = path, index, rows
+
+    def where(self, row: int) -> str:
+        return f"{self.path}, row {row}"
+
+    def text_blocks(self) -> Iterator[list[tuple[str, Callable[[], str]]]]:
+        """Each row group's rows as ``(text, where)``."""
+        bounds = self.rows.bounds.tolist()
+        for g, first in enumerate(bounds[:-1]):
+            data, offsets = self.rows.group(g)
+            cuts = offsets.tolist()
+            yield [
+                (data[a:b].decode("utf-8", "replace"), functools.partial(self.where, first + k))
+                for k, (a, b) in enumerate(itertools.pairwise(cuts))
+            ]

@@ -1,0 +1,58 @@
+"""Meta file formats: text, and files kept compressed or columnar, read in place (gzip, zstd,
+Parquet). No torch.
+
+A file's format is recognised by its content (:func:`detect`), not by its name. Each format is a
+module (:mod:`~.text`, :mod:`~.gzip`, :mod:`~.zstd`, :mod:`~.parquet`) holding a
+:class:`~.base.Format`, the protocol the readers above go through; :mod:`~.registry` lists them.
+A compressed file is read through its :class:`Checkpoints` (:mod:`~.checkpoints`), and a gather
+reads it through the threaded span cache (:class:`SpanSource`, :mod:`~.spans`).
+
+This package keeps the names of the module ``rank_dataset.files.formats`` it replaced.
+"""
+
+from __future__ import annotations
+
+from rank_dataset.files.formats.base import BLOCK, SPACING, Decoder, Format
+from rank_dataset.files.formats.checkpoints import Checkpoints, DecompressedView, Decompression, decompress
+from rank_dataset.files.formats.parquet import ParquetLayout, ParquetRows
+from rank_dataset.files.formats.registry import (
+    by_code,
+    by_name,
+    detect,
+    detect_path,
+    formats,
+    refuse_cut,
+    register,
+    registered,
+    unregister,
+)
+from rank_dataset.files.formats.spans import SPAN, SpanSource
+from rank_dataset.files.formats.zstd import ADVISED_ABOVE, MANY_FRAMES, many_frames, one_frame_advice
+
+__all__ = [
+    "ADVISED_ABOVE",
+    "BLOCK",
+    "MANY_FRAMES",
+    "SPACING",
+    "SPAN",
+    "Checkpoints",
+    "Decoder",
+    "DecompressedView",
+    "Decompression",
+    "Format",
+    "ParquetLayout",
+    "ParquetRows",
+    "SpanSource",
+    "by_code",
+    "by_name",
+    "decompress",
+    "detect",
+    "detect_path",
+    "formats",
+    "many_frames",
+    "one_frame_advice",
+    "refuse_cut",
+    "register",
+    "registered",
+    "unregister",
+]

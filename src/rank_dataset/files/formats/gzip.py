@@ -1,0 +1,46 @@
+"""gzip meta files (:mod:`indexed_gzip`): any gzip, one member or many (BGZF, ``cat a.gz b.gz``).
+No torch.
+
+A checkpoint holds the 32 KiB window that decompression needs to start mid-stream, so there is one
+every :data:`~rank_dataset.files.formats.base.SPACING` bytes of output whatever the file. The codec
+itself is :mod:`rank_dataset.files.formats._gzip`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rank_dataset.files.formats import _gzip
+from rank_dataset.files.formats.base import Decoder, Format, Recognised, Stream
+
+if TYPE_CHECKING:
+    from rank_dataset.files.formats.checkpoints import Checkpoints
+
+__all__ = ["GZIP", "GzipFormat"]
+
+_MAGIC = b"\x1f\x8b"
+
+
+class GzipFormat(Format):
+    """gzip: recognised by its magic bytes, checkpoints from indexed_gzip, checked by zlib."""
+
+    value = "gzip"
+    code = 1
+    compressed = True
+
+    def recognise(self, found: Recognised) -> bool:
+        return found.head[:2] == _MAGIC
+
+    def stream(self, path: Path, fd: int, spacing: int, block: int) -> Stream:
+        return _gzip.stream(path, fd, spacing, block)
+
+    def members(self, path: Path, fd: int, block: int) -> Iterator[bytes]:
+        return _gzip.members(path, fd, block)
+
+    def reader(self, path: Path, fd: int, checkpoints: Checkpoints) -> Decoder:
+        return _gzip.Reader(path, fd, checkpoints.points, checkpoints.state)
+
+
+GZIP = GzipFormat()

@@ -1,0 +1,44 @@
+"""Parquet meta files (:mod:`pyarrow`, the ``parquet`` extra): rows, read by row group. No torch.
+
+A row is a sample, its line the chosen columns joined by a tab; the index is the footer's row counts
+(:class:`ParquetLayout`), read without the data. The reader itself is
+:mod:`rank_dataset.files.formats._parquet`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rank_dataset.errors import CorruptMetaFileError
+from rank_dataset.files.formats._parquet import ParquetLayout, ParquetRows
+from rank_dataset.files.formats.base import Format, Recognised
+
+__all__ = ["PARQUET", "ParquetFormat", "ParquetLayout", "ParquetRows"]
+
+_MAGIC = b"PAR1"
+
+
+class ParquetFormat(Format):
+    """Parquet: its magic bytes at both ends (a file that has only the first is cut short, and is
+    told as text, and refused: :meth:`refuse_cut`)."""
+
+    value = "parquet"
+    code = 3
+    rows = True
+
+    def recognise(self, found: Recognised) -> bool:
+        return found.head[:4] == _MAGIC and found.size >= 12 and found.tail(4) == _MAGIC
+
+    def refuse_cut(self, path: Path, head: bytes, size: int) -> None:
+        # Parquet's magic, and named .parquet or holding a NUL byte in its first 64 KiB (text does not).
+        if head[:4] == _MAGIC and (path.suffix.lower() == ".parquet" or b"\0" in head):
+            raise CorruptMetaFileError(
+                path, size, "it starts as a Parquet file (PAR1) but ends without its footer (truncated?)"
+            )
+
+    def open_rows(self, path: Path, columns: Sequence[str] | None) -> ParquetRows:
+        return ParquetRows(path, columns)
+
+
+PARQUET = ParquetFormat()

@@ -1,0 +1,133 @@
+"""The formats a meta file may be in, and the detection of a file's format by its content (its first
+bytes, and for Parquet its last four), never by its name. No torch.
+
+A new format is a module with a :class:`~rank_dataset.files.formats.base.Format` and a line in
+:data:`_BUILT_IN`; :func:`register` adds one at run time (and :func:`registered` for a while: what a
+test does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rank_dataset.files.formats.base import Format
+from rank_dataset.files.formats.gzip import GZIP
+from rank_dataset.files.formats.parquet import PARQUET
+from rank_dataset.files.formats.text import TEXT
+from rank_dataset.files.formats.zstd import ZSTD
+
+__all__ = [
+    "by_code",
+    "by_name",
+    "detect",
+    "detect_path",
+    "formats",
+    "refuse_cut",
+    "register",
+    "registered",
+    "unregister",
+]
+
+_HEAD = 8  # first bytes read to tell a format
+_CUT_HEAD = 1 << 16  # first bytes read to tell a file cut short
+_BUILT_IN: tuple[Format, ...] = (GZIP, ZSTD, PARQUET)
+_formats: list[Format] = [*_BUILT_IN]  # asked in order; text, which recognises anything, after them
+
+Format.TEXT, Format.GZIP, Format.ZSTD, Format.PARQUET = TEXT, GZIP, ZSTD, PARQUET
+
+
+def formats() -> tuple[Format, ...]:
+    """Every format, in the order detection asks them (text last)."""
+    return (*_formats, TEXT)
+
+
+def by_name(name: str) -> Format:
+    """The format named ``name`` (its ``value``).
+
+    Raises:
+        ValueError: no format has that name.
+    """
+    for fmt in formats():
+        if fmt.value == name:
+            return fmt
+    raise ValueError(f"no meta file format is named {name!r}")
+
+
+def by_code(code: int) -> Format | None:
+    """The format numbered ``code`` in an index cache's header; None if none is."""
+    return next((fmt for fmt in formats() if fmt.code == code), None)
+
+
+def register(fmt: Format) -> None:
+    """Add ``fmt``, asked before the formats registered earlier but text.
+
+    Raises:
+        ValueError: its name or code is another format's, or its name is not 1-8 ASCII characters.
+    """
+    if not (fmt.value.isascii() and 1 <= len(fmt.value) <= 8) or fmt.code < 0:
+        raise ValueError(f"a format needs a name of 1-8 ASCII characters and a code >= 0: {fmt.value!r}, {fmt.code}")
+    for other in formats():
+        if other.value == fmt.value or other.code == fmt.code:
+            raise ValueError(f"format {fmt.value!r} (code {fmt.code}) clashes with {other.value!r} (code {other.code})")
+    _formats.insert(0, fmt)
+
+
+def unregister(fmt: Format) -> None:
+    """Undo :func:`register` of ``fmt`` (a built-in format stays)."""
+    if fmt not in _BUILT_IN and fmt in _formats:
+        _formats.remove(fmt)
+
+
+@contextlib.contextmanager
+def registered(fmt: Format) -> Iterator[Format]:
+    """``fmt`` registered within the ``with`` block."""
+    register(fmt)
+    try:
+        yield fmt
+    finally:
+        unregister(fmt)
+
+
+@dataclass(frozen=True)
+class _Found:
+    """The bytes of the file open at ``fd`` that tell its format (a :class:`~.base.Recognised`)."""
+
+    fd: int
+    head: bytes
+
+    @functools.cached_property
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def tail(self, n: int) -> bytes:
+        return os.pread(self.fd, n, max(self.size - n, 0))
+
+
+def detect(fd: int) -> Format:
+    """The format of the file open at ``fd``, from its first bytes (and, for Parquet, its last four)."""
+    found = _Found(fd, os.pread(fd, _HEAD, 0))
+    return next((fmt for fmt in _formats if fmt.recognise(found)), TEXT)
+
+
+def refuse_cut(path: Path, fd: int, fmt: Format) -> None:
+    """Raise CorruptMetaFileError if the file open at ``fd``, told as ``fmt``, is text only because it is
+    a file of another format cut short (see :meth:`~rank_dataset.files.formats.base.Format.refuse_cut`)."""
+    if fmt is not TEXT:
+        return
+    head, size = os.pread(fd, _CUT_HEAD, 0), os.fstat(fd).st_size
+    for other in _formats:
+        other.refuse_cut(path, head, size)
+
+
+def detect_path(path: str | os.PathLike[str]) -> Format:
+    """The format of the file at ``path`` (see :func:`detect`)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return detect(fd)
+    finally:
+        os.close(fd)

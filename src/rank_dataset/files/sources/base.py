@@ -1,0 +1,63 @@
+"""Where a meta file's bytes come from (:class:`Source`): what the formats, the index and the readers
+read through, unaware of whether the bytes are on a disk or in a bucket. No torch.
+
+A source has an identity (:attr:`Source.key`: what identifies its content without reading it; a
+local file's size, mtime, ctime and inode, an object's size and ETag), positional reads that are
+exact (a short one means the content changed: :class:`~rank_dataset.errors.MetaFileChangedError`),
+and streaming reads front to back. :meth:`Source.check` tells whether the content is still the one
+the key describes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["STREAM_BLOCK", "Source"]
+
+#: Bytes a streaming read hands out at a time, by default.
+STREAM_BLOCK = 16 << 20
+
+
+class Source(Protocol):
+    """The bytes of one meta file, open until :meth:`close` (or the end of a ``with`` block)."""
+
+    @property
+    def path(self) -> Path:
+        """What names the file in messages (a local path; an object store's URL)."""
+        ...
+
+    @property
+    def size(self) -> int:
+        """Its bytes, as its key says."""
+        ...
+
+    def read(self, offset: int, count: int) -> bytes:
+        """Bytes ``[offset, offset + count)``, exactly.
+
+        Raises:
+            MetaFileChangedError: the file ends before them (it shrank).
+        """
+        ...
+
+    def read_into(self, out: npt.NDArray[np.uint8], offset: int) -> None:
+        """Fill ``out`` from ``offset``, exactly.
+
+        Raises:
+            ShortRead: the file ends first (the caller says what that means).
+        """
+        ...
+
+    def stream(self, start: int = 0, stop: int | None = None, block: int = STREAM_BLOCK) -> Iterator[bytes]:
+        """Bytes ``[start, stop)`` (to the end, by default) in order, at most ``block`` at a time."""
+        ...
+
+    def check(self) -> None:
+        """Raise MetaFileChangedError if the content is no longer the one of the key."""
+        ...
+
+    def close(self) -> None: ...
