@@ -59,10 +59,7 @@ _HEAD = 1  # bytes of status ahead of each owner's lines to each rank, in every 
 Agree = Callable[[Mapping[str, object], Any], None]
 
 
-class CollectiveError(RuntimeError):
-    """A collective of the collective reader failed or timed out: a rank died, or did not reach it (did
-    not call ``set_epoch`` or ``load_state_dict`` with the others) within the timeout. Raised on every
-    rank that reached it, with the same message; the process group's own error is its ``__cause__``."""
+from rank_dataset.errors import CollectiveError  # noqa: E402  (its home; importable from here too)
 
 
 class _Failure(Exception):
