@@ -41,6 +41,9 @@ def main(work: str, out: str) -> None:
     # Two ranks, two different files.
     case("different_files", lambda: RankDataset(str(base / f"meta_{rank}.txt")))
 
+    # Two ranks, two different files, read by the collective reader: the ranks disagree on the files' sizes.
+    case("different_files_collective", lambda: RankDataset(str(base / f"meta_{rank}.txt"), reader="collective").close())
+
     # One file, appended to between the start of rank 0 and the start of rank 1.
     if rank == 0:
         early = MetaFile(str(appended))  # 1000 samples

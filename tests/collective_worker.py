@@ -171,7 +171,7 @@ def fault(kind: str, d: Path, result: dict[str, Any]) -> None:
     meta = d / "a.parquet" if (d / "a.parquet").exists() else d / "a.txt"  # where a Parquet test wrote one
     try:
         if kind == "disagree":
-            ds = RankDataset(meta, reader="collective", reload_cfg={"seed": rank}, timeout=timeout)
+            ds = RankDataset(meta, reader="collective", reload_cfg={"seed": rank}, timeout=20.0)  # seconds too
         elif kind == "badline":
             ds = RankDataset(d / "bad.txt", reader="collective", reload_cfg={"seed": 1}, timeout=timeout)
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -73,6 +74,20 @@ def test_message_of_other_field_names_and_of_world_size() -> None:
     assert "2 on ranks [0], 3 on ranks [1]; the process group has 2 ranks" in str(err)
     with pytest.raises(ValueError, match="no disagreement"):
         disagreement([{"a": "1"}, {"a": "1"}])
+
+
+def test_a_disagreement_on_the_files_names_each_ranks_paths_and_hints_at_the_files() -> None:
+    fields = [{"files": "1", "sizes": "(3077890,)"}, {"files": "1", "sizes": "(3077891,)"}]
+    contexts = [{"paths": "['/data/a/meta.txt']"}, {"paths": "['/data/b/meta.txt']"}]
+    message = str(disagreement(fields, 2, contexts))
+    assert message.startswith("ranks disagree on sizes: (3077890,) on ranks [0], (3077891,) on ranks [1]; ")
+    assert "the files: paths ['/data/a/meta.txt'] on ranks [0], paths ['/data/b/meta.txt'] on ranks [1]" in message
+    assert "every rank must read the same meta files, with the same contents" in message
+    assert "reload_cfg" not in message  # the hint is about the files
+    same = str(disagreement(fields, 2, [contexts[0]] * 2))
+    assert "every rank reads paths ['/data/a/meta.txt']: the same paths, other contents" in same
+    # Outside the files, no paths: a seed that differs is a plan matter.
+    assert "paths" not in str(disagreement([{"seed": "0"}, {"seed": "1"}], 2, contexts))
 
 
 def test_error_is_public_and_pickles() -> None:
@@ -148,6 +163,7 @@ CASES = {
     # case: (field, the message's values part)
     "different_files": ("num_samples", "1000 on ranks [0], 1100 on ranks [1] (also differ: fingerprint)"),
     "appended": ("num_samples", "1000 on ranks [0], 1100 on ranks [1] (also differ: fingerprint)"),
+    "different_files_collective": ("sizes", "on ranks [0], "),
     "seed": ("seed", "0 on ranks [0], 1 on ranks [1]"),
     "world_size_differs": ("world_size", "2 on ranks [0], 3 on ranks [1]; the process group has 2 ranks"),
     "set_epoch": ("epoch", "1 on ranks [0], 2 on ranks [1]"),
@@ -165,6 +181,17 @@ def test_two_ranks_that_disagree_both_raise_the_same_error(two_ranks: list[dict[
     assert got[0]["message"] == got[1]["message"]  # the same error on every rank
     assert got[0]["field"] == field and sorted(r for rs in got[0]["values"].values() for r in rs) == [0, 1]
     assert got[0]["message"].startswith(f"ranks disagree on {field}: ") and values in got[0]["message"]
+
+
+@TORCHRUN
+@pytest.mark.parametrize("case", ["different_files", "different_files_collective"])
+def test_ranks_on_other_files_are_told_each_ranks_paths(two_ranks: list[dict[str, Any]], case: str) -> None:
+    message = two_ranks[0][case]["message"]
+    assert re.search(r"the files: paths \['[^']*meta_0\.txt'\] on ranks \[0\], paths \['[^']*meta_1\.txt'\]", message)
+    assert message.endswith("every rank must read the same meta files, with the same contents (did one change "
+                            "while the ranks were starting, or does a rank read another copy?)")  # fmt: skip
+    appended = two_ranks[0]["appended"]["message"]
+    assert re.search(r"every rank reads paths \['[^']*appended\.txt'\]: the same paths, other contents", appended)
 
 
 @TORCHRUN

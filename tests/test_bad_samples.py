@@ -112,6 +112,28 @@ def test_exclude_resumes_on_another_world_size(meta: Path) -> None:
         RankDataset(meta, reload_cfg=cfg, rank=0, world_size=3, exclude=[3, 4]).load_state_dict(state)
 
 
+def test_a_resume_into_another_exclude_names_the_exclusion(meta: Path) -> None:
+    saved = RankDataset(meta, reload_cfg={"seed": 1}, rank=0, world_size=2).state_dict(consumed=5)  # all 240
+    with pytest.raises(ValueError) as info:
+        RankDataset(meta, reload_cfg={"seed": 1}, rank=0, world_size=2, exclude=[7]).load_state_dict(saved)
+    message = str(info.value)
+    assert (
+        "is for 240 samples, but this dataset plans 239: its meta files hold 240, of which it leaves 1 out" in message
+    )
+    assert "build it with the exclude= of the run that saved the state" in message
+    excluded = RankDataset(meta, reload_cfg={"seed": 1}, rank=0, world_size=2, exclude=[7]).state_dict(consumed=5)
+    with pytest.raises(ValueError, match=r"hold 240 \(if the run that saved it left 1 samples out with exclude="):
+        RankDataset(meta, reload_cfg={"seed": 1}, rank=0, world_size=2).load_state_dict(excluded)
+
+
+def test_exclude_of_paths_points_to_ids_of(meta: Path) -> None:
+    with pytest.raises(ValueError, match=r"look like paths, .* rank_dataset\.ids_of\(meta_file, paths\)"):
+        RankDataset(meta, exclude=["train/a.jpg"])
+    with pytest.raises(ValueError, match=r"not a readable \.npy .*; for paths of samples, use rank_dataset\.ids_of"):
+        RankDataset(meta, exclude="train/a.jpg")
+    assert RankDataset(meta, exclude=ids_of(meta, ["img_3.JPEG"])).num_samples == N  # the way to do it
+
+
 def test_source_exclude_is_the_complement_of_ids(meta: Path) -> None:
     excluded = [1, 2, 50, 51, 52, 200]
     listed = np.setdiff1d(np.arange(N), excluded)
@@ -248,6 +270,36 @@ def test_max_failures_raises_naming_the_samples(meta: Path) -> None:
     with pytest.raises(TooManyFailuresError, match=r"past max_failures=2: sample \d+ \(.*meta.txt:\d+\): OSError") as e:
         items_of(ds, num_workers=0)
     assert "exclude=[" in str(e.value)
+
+
+def unmounted(parsed: tuple[str, int]) -> int:
+    raise FileNotFoundError(f"/mnt/images/{parsed[0]}")
+
+
+@pytest.mark.parametrize("max_failures", [5, None])
+def test_every_substitute_failing_says_the_data_may_be_unreachable(meta: Path, max_failures: int | None) -> None:
+    ds = RankDataset(meta, parser="label", transform=unmounted, on_error="replace", max_failures=max_failures)
+    with pytest.raises(TooManyFailuresError, match="Every substitute tried failed too") as e:
+        items_of(ds, num_workers=0)
+    message = str(e.value)
+    assert "the data itself may be unreachable" in message and "would not help" in message
+    assert "exclude=[" not in message  # the advice that cannot help is not given
+    assert "FileNotFoundError: /mnt/images/img_" in message
+
+
+def test_state_dict_without_consumed_keeps_this_ranks_failures(meta: Path) -> None:
+    kw: dict[str, Any] = {"parser": "label", "transform": load, "on_error": "replace", "max_failures": None}
+    ds = RankDataset(meta, reload_cfg={"seed": 2}, **kw)
+    assert ds.state_dict() == {}  # nothing failed yet
+    items_of(ds, num_workers=0)
+    bad = {i for i in range(N) if is_bad(i)}
+    state = json.loads(json.dumps(ds.state_dict()))
+    assert set(state) == {"failures"} and {f["sample"] for f in state["failures"]} == bad
+    fresh = RankDataset(meta, reload_cfg={"seed": 2}, **kw)
+    fresh.load_state_dict(state)
+    assert {f.sample for f in fresh.failures} == bad
+    assert fresh.indices.tolist() == ds.indices.tolist()  # no resume point: the shard is as it was
+    assert RankDataset(meta, parser="label", transform=load).state_dict() == {}  # on_error="raise": no records
 
 
 @pytest.mark.slow  # DataLoader workers that raise: torch's shutdown of them waits 5 s each

@@ -117,6 +117,17 @@ def test_token(meta, start_server) -> None:
     assert len(RankServerDataset(server.url, rank=0, world_size=2, token="abc")) == 502
 
 
+def test_timeout_is_seconds_or_a_timedelta(server) -> None:
+    import datetime
+
+    assert ServerDataset(server.url, timeout=datetime.timedelta(seconds=12)).server.timeout == 12.0
+    assert ServerDataset(server.url, timeout=12).server.timeout == 12.0
+    rds = RankServerDataset(server.url, rank=0, world_size=1, timeout=datetime.timedelta(minutes=1))
+    assert rds.server.timeout == 60.0
+    with pytest.raises(TypeError, match="timeout must be seconds"):
+        ServerDataset(server.url, timeout="12")
+
+
 def test_bad_arguments_are_value_errors(server) -> None:
     with pytest.raises(ValueError, match="url must start with http"):
         ServerDataset("localhost:1")

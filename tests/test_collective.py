@@ -203,7 +203,7 @@ def test_reader_collective_needs_a_process_group(tmp_path: Path) -> None:
     write_files(tmp_path)
     with pytest.raises(ValueError, match=r"initialised torch\.distributed process group"):
         RankDataset(tmp_path / "a.txt", reader="collective")
-    with pytest.raises(ValueError, match="reader must be 'file' or 'collective', got 'mmap'"):
+    with pytest.raises(ValueError, match="reader must be 'file', 'collective' or a ShardReader, got 'mmap'"):
         RankDataset(tmp_path / "a.txt", reader="mmap")
 
 

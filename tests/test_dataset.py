@@ -113,3 +113,61 @@ def test_dataloader_workers(write_meta, context: str) -> None:
         labels += batch_labels.tolist()
     expect = sorted(imagenet_line(int(i)) for i in ds.indices)
     assert sorted(f"{a} {b}" for a, b in zip(paths, labels)) == expect
+
+
+# -- the keywords every dataset shares: timeout, reader, is_test -----------------------------------
+
+
+def test_timeout_is_seconds_or_a_timedelta_everywhere(write_meta) -> None:
+    import datetime
+
+    from rank_dataset.training._options import timeout_seconds, timeout_timedelta
+
+    assert timeout_seconds(2) == timeout_seconds(2.0) == timeout_seconds(datetime.timedelta(seconds=2)) == 2.0
+    assert timeout_timedelta(1.5) == datetime.timedelta(seconds=1.5) and timeout_timedelta(None) is None
+    for bad, error in [(True, TypeError), ("30", TypeError), (0, ValueError), (-1.0, ValueError)]:
+        with pytest.raises(error, match="timeout"):
+            timeout_seconds(bad)
+    meta = write_meta(n=10)
+    for timeout in (20.0, datetime.timedelta(seconds=20)):  # both read, then refused for the file reader
+        with pytest.raises(ValueError, match="timeout applies to reader='collective' only"):
+            RankDataset(meta, timeout=timeout)
+    with pytest.raises(TypeError, match=r"timeout must be seconds \(an int or a float\) or a datetime.timedelta"):
+        RankDataset(meta, reader="collective", timeout="20")
+
+
+def test_reader_is_a_name_or_a_shard_reader(write_meta) -> None:
+    from rank_dataset.shards.reader import FileReader
+    from rank_dataset.training.dataset import ShardedDataset
+
+    meta = write_meta(n=30)
+    by_name = RankDataset(meta, reload_cfg={"seed": 3}, rank=1, world_size=2)
+    reader = FileReader(MetaFile(meta))
+    by_object = RankDataset(reader=reader, reload_cfg={"seed": 3}, rank=1, world_size=2)
+    assert by_object.reader is reader and isinstance(by_name.reader, FileReader)  # ds.reader: the object
+    assert by_object.indices.tolist() == by_name.indices.tolist() and by_object[0] == by_name[0]
+    assert by_object.meta is reader.meta
+    with pytest.raises(ValueError, match="meta_file= goes with reader='file' or 'collective'"):
+        RankDataset(meta, reader=FileReader(MetaFile(meta)))
+    with pytest.raises(ValueError, match="reader must be 'file', 'collective' or a ShardReader"):
+        RankDataset(meta, reader="files")
+    with pytest.raises(TypeError, match="reader must be 'file', 'collective' or a ShardReader"):
+        RankDataset(reader=object())
+    with pytest.raises(TypeError, match="RankDataset needs meta_file"):
+        RankDataset()
+    with pytest.raises(TypeError, match=r"ShardedDataset takes the reader itself \(a ShardReader\)"):
+        ShardedDataset("file")  # type: ignore[arg-type]
+
+
+def test_the_eval_layout_is_is_test_a_bool_everywhere(write_meta) -> None:
+    import inspect
+
+    from rank_dataset import RankServerDataset
+    from rank_dataset.training.dataset import ShardedDataset
+
+    for cls in (RankDataset, RankServerDataset, ShardedDataset):
+        assert inspect.signature(cls).parameters["is_test"].default is False
+    meta = write_meta(n=10)
+    assert RankDataset(meta, is_test=True, rank=0, world_size=2).indices.tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(TypeError, match="is_test must be a bool"):
+        RankDataset(meta, is_test="yes")  # type: ignore[arg-type]

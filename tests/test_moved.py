@@ -58,8 +58,18 @@ def test_names_of_an_old_module_resolve_to_the_new_objects() -> None:
 
 def test_the_public_api_fits_on_a_screen() -> None:
     assert rank_dataset.__all__ == sorted(rank_dataset.__all__)
-    assert len(rank_dataset.__all__) <= 23
+    assert len(rank_dataset.__all__) <= 25  # 23, and the two errors users catch that issue 42 made public
     for name in rank_dataset.__all__:
         assert getattr(rank_dataset, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         rank_dataset.nothing_here  # noqa: B018
+
+
+def test_every_error_users_catch_is_in_errors_and_public() -> None:
+    import rank_dataset.errors as errors
+    from rank_dataset.shards.collective import CollectiveError  # where it was first defined: still importable
+
+    assert CollectiveError is errors.CollectiveError is rank_dataset.CollectiveError
+    assert rank_dataset.CorruptMetaFileError is errors.CorruptMetaFileError
+    assert set(errors.__all__) <= set(rank_dataset.__all__)
+    assert all(issubclass(getattr(errors, name), (Exception, Warning)) for name in errors.__all__)

@@ -31,17 +31,19 @@ def render() -> str:
         for package in level.split("|"):
             name = package.strip().removeprefix("rank_dataset.")
             folder = ROOT / "src" / "rank_dataset" / name
-            doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+            is_package = folder.is_dir()  # a sub-package, or a module of its own (errors.py, cli.py)
+            source = folder / "__init__.py" if is_package else folder.with_suffix(".py")
+            doc = ast.get_docstring(ast.parse(source.read_text())) or ""
             # Sphinx roles as plain names: :class:`~a.b.C` -> C
             summary = re.sub(r":\w+:`~?([\w.]+)`", lambda m: m.group(1).rsplit(".", 1)[-1], doc.split("\n\n")[0])
             summary = " ".join(summary.replace("``", "").split())
-            modules = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
-            modules += sorted(f"{p.parent.name}/" for p in folder.glob("*/__init__.py"))
+            modules = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__") if is_package else []
+            modules += sorted(f"{p.parent.name}/" for p in folder.glob("*/__init__.py")) if is_package else []
             beside = "  (beside the other on its level)" if "|" in level else ""
-            lines.append(f"  {name}/{beside}")
+            lines.append(f"  {name}/{beside}" if is_package else f"  {name}.py{beside}")
             lines += [f"      {chunk}" for chunk in _wrap(summary, 100)]
             lines += [f"      modules: {chunk}" for chunk in _wrap(", ".join(modules), 91)]
-    lines += ["  errors.py  cli.py  demo/  (at the top: may import any layer; no layer imports them)", "```", ""]
+    lines += ["```", ""]
     for contract in contracts:
         if contract["type"] == "forbidden":
             sources = ", ".join(f"`{m}`" for m in contract["source_modules"])

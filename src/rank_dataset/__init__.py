@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from rank_dataset._moved import MOVED_NAMES, install_module_shims, moved_name
 from rank_dataset.errors import (
+    CollectiveError,
+    CorruptMetaFileError,
     MetaFileChangedError,
     PassAuditError,
     PassAuditWarning,
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
     from rank_dataset.training.server_datasets import RankServerDataset, ServerDataset
 
 __all__ = [
+    "CollectiveError",
+    "CorruptMetaFileError",
     "MetaFile",
     "MetaFileChangedError",
     "PassAuditError",

@@ -1,7 +1,8 @@
 """The errors users catch, in one place. No torch.
 
-They are also importable from where they were first defined (``rank_dataset``,
-``rank_dataset.files.metafile``, ``rank_dataset.server.protocol``, ``rank_dataset.training._agree``).
+Every one is in ``rank_dataset.__all__``. They are also importable from where they were first defined
+(``rank_dataset.files.metafile``, ``rank_dataset.server.protocol``, ``rank_dataset.training._agree``,
+``rank_dataset.shards.collective``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CollectiveError",
     "CorruptMetaFileError",
     "MetaFileChangedError",
     "PassAuditError",
@@ -69,6 +71,13 @@ class RanksDisagreeError(ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (str(self), self.field, self.values)
+
+
+class CollectiveError(RuntimeError):
+    """A collective of the collective reader (``reader="collective"``) failed or timed out: a rank died, or
+    did not reach it (did not call ``set_epoch`` or ``load_state_dict`` with the others) within the timeout.
+    Raised on every rank that reached it, with the same message; the process group's own error is its
+    ``__cause__``."""
 
 
 class ProtocolError(ConnectionError):

@@ -28,7 +28,8 @@ def integer_array(value: Any, name: str, *, unordered: bool = False) -> npt.NDAr
         try:
             array: npt.NDArray[Any] = np.load(os.fspath(value), mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise ValueError(f"{name}: the file {os.fspath(value)!r} is not a readable .npy ({exc})") from None
+            hint = "" if os.fspath(value).endswith(".npy") else "; for paths of samples, use rank_dataset.ids_of"
+            raise ValueError(f"{name}: the file {os.fspath(value)!r} is not a readable .npy ({exc}){hint}") from None
     elif isinstance(value, np.ndarray):
         array = value
     elif isinstance(value, (list, tuple, range)) or (unordered and isinstance(value, (set, frozenset))):
@@ -42,5 +43,12 @@ def integer_array(value: Any, name: str, *, unordered: bool = False) -> npt.NDAr
             f"{name} must be a 1-D integer array, {lists} or the path of a .npy file, got {type(value).__name__}"
         )
     if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"{name} must be a 1-D array of integers, got shape {array.shape} of {array.dtype}")
+        paths = array.dtype.kind in "US" or (array.dtype == object and any(isinstance(v, str) for v in array.flat))
+        hint = (
+            ": these look like paths, and it takes sample numbers; turn paths into them with "
+            "rank_dataset.ids_of(meta_file, paths)"
+            if paths
+            else ""
+        )
+        raise ValueError(f"{name} must be a 1-D array of integers, got shape {array.shape} of {array.dtype}{hint}")
     return array

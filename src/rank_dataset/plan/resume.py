@@ -271,9 +271,13 @@ class ResumeState:
             resume=self.point,
         )
 
-    def check_files(self, num_samples: int, fingerprint: str | None, mix: MixRecord | None = None) -> None:
+    def check_files(
+        self, num_samples: int, fingerprint: str | None, mix: MixRecord | None = None, held: int | None = None
+    ) -> None:
         """Raise ValueError unless the state is for files with this count and fingerprint, and for
-        this mix (None: plain files); a mix that differs is named by its first differing source."""
+        this mix (None: plain files); a mix that differs is named by its first differing source.
+        ``held``: the samples the files hold, where the plan's ``num_samples`` leaves some out (named
+        in the message, so that an ``exclude=`` that differs is not read as other files)."""
         if self.mix is not None:
             self.mix.check(mix, self.epoch)
         elif mix is not None:
@@ -281,8 +285,20 @@ class ResumeState:
                 f"the resume state is for plain meta files, but this dataset mixes {len(mix.sources)} sources"
             )
         if self.num_samples != num_samples:
+            if held is not None and held != num_samples:
+                raise ValueError(
+                    f"the resume state is for {self.num_samples} samples, but this dataset plans {num_samples}: "
+                    f"its meta files hold {held}, of which it leaves {held - num_samples} out (exclude=, or "
+                    "samples that failed); build it with the exclude= of the run that saved the state"
+                )
+            hint = ""
+            if held is not None and self.num_samples < num_samples:
+                hint = (
+                    f" (if the run that saved it left {num_samples - self.num_samples} samples out with exclude=, "
+                    "build this dataset with the same exclude=)"
+                )
             raise ValueError(
-                f"the resume state is for {self.num_samples} samples, but these meta files hold {num_samples}"
+                f"the resume state is for {self.num_samples} samples, but these meta files hold {num_samples}{hint}"
             )
         if self.fingerprint is not None and fingerprint is not None and self.fingerprint != fingerprint:
             raise ValueError(

@@ -43,9 +43,15 @@ _SHOWN_RUNS = 16  # runs of consecutive ranks listed for a value; more are count
 # Set to False by benchmarks/bench_build.py only, to time builds without the check.
 _ENABLED = True
 
+_FILES_HINT = (
+    "every rank must read the same meta files, with the same contents (did one change while the ranks were "
+    "starting, or does a rank read another copy?)"
+)
+# The fields that describe the files: a disagreement on one of them names the files each rank reads.
+_FILE_FIELDS = ("num_samples", "fingerprint", "files", "sizes", "formats", "columns")
 _HINTS = {
-    "num_samples": "every rank must read the same meta files (did one change while the ranks were starting?)",
-    "fingerprint": "every rank must read the same meta files (did one change while the ranks were starting?)",
+    **dict.fromkeys(_FILE_FIELDS, _FILES_HINT),
+    "reader": "every rank must pass the same reader=",
     "dataset": "every rank must build the same dataset class",
     "world_size": "leave world_size=None to take it from the process group",
     "is_test": "every rank must pass the same is_test",
@@ -63,10 +69,17 @@ def agreement_fields(spec: ShardSpec, fingerprint: str | None, dataset: str) -> 
     return {"num_samples": spec.num_samples, "fingerprint": fingerprint, **plan, "dataset": dataset}
 
 
-def check_ranks_agree(fields: Mapping[str, object], rank: int | None = None, group: Any = None) -> None:
+def check_ranks_agree(
+    fields: Mapping[str, object],
+    rank: int | None = None,
+    group: Any = None,
+    context: Mapping[str, object] | None = None,
+) -> None:
     """Raise :class:`RanksDisagreeError` on every rank unless all ranks passed equal ``fields``.
 
-    ``group``: the process group whose ranks are compared (default: the whole world).
+    ``group``: the process group whose ranks are compared (default: the whole world). ``context``: what
+    the message names beside a field of the files that differs (``{"paths": [...]}``, the files this rank
+    reads), not compared: ranks may read the same files under other paths.
 
     A no-op unless torch.distributed is available and its default process group initialised (and
     in a DataLoader worker, which must not join the group's collectives). Every rank of the group
@@ -105,8 +118,8 @@ def check_ranks_agree(fields: Mapping[str, object], rank: int | None = None, gro
     if any(row != rows[0] for row in rows):
         # Every rank saw the same rows, so every rank is here: the second collective cannot hang.
         everyone: list[Any] = [None] * group_size
-        dist.all_gather_object(everyone, reprs, group=group)
-        raise disagreement(everyone, group_size)
+        dist.all_gather_object(everyone, (reprs, {str(k): repr(v) for k, v in (context or {}).items()}), group=group)
+        raise disagreement([e[0] for e in everyone], group_size, [e[1] for e in everyone])
     world = fields.get("world_size")
     if isinstance(world, int) and group_size % world:
         raise RanksDisagreeError(
@@ -130,8 +143,13 @@ def check_ranks_agree(fields: Mapping[str, object], rank: int | None = None, gro
             )
 
 
-def disagreement(per_rank: Sequence[Mapping[str, str]], group_size: int | None = None) -> RanksDisagreeError:
-    """The error for the fields (name -> repr) of every rank, in rank order; they must differ.
+def disagreement(
+    per_rank: Sequence[Mapping[str, str]],
+    group_size: int | None = None,
+    contexts: Sequence[Mapping[str, str]] | None = None,
+) -> RanksDisagreeError:
+    """The error for the fields (name -> repr) of every rank, in rank order; they must differ. ``contexts``:
+    each rank's context (name -> repr, e.g. its files' paths), named when a field of the files differs.
 
     Pure: what :func:`check_ranks_agree` raises once it has gathered the fields of every rank.
 
@@ -161,8 +179,27 @@ def disagreement(per_rank: Sequence[Mapping[str, str]], group_size: int | None =
         message += f" (also differ: {', '.join(differing)})"
     if field == "world_size" and group_size is not None:
         message += f"; the process group has {group_size} ranks"
+    if field in _FILE_FIELDS and contexts:
+        message += _files_text(contexts)
     message += f" — {_HINTS.get(field, _PLAN_HINT)}"
     return RanksDisagreeError(message, field, holders)
+
+
+def _files_text(contexts: Sequence[Mapping[str, str]]) -> str:
+    """``; the files: paths ['a'] on ranks [0], paths ['b'] on ranks [1]``: what each rank reads."""
+    holders: dict[str, list[int]] = {}
+    for rank, context in enumerate(contexts):
+        shown = ", ".join(f"{name} {value}" for name, value in context.items())
+        if shown:
+            holders.setdefault(shown, []).append(rank)
+    if not holders:
+        return ""
+    if len(holders) == 1:
+        return f"; every rank reads {next(iter(holders))}: the same paths, other contents"
+    parts = [f"{value} on ranks {_ranks_text(ranks)}" for value, ranks in list(holders.items())[:_SHOWN_VALUES]]
+    if len(holders) > _SHOWN_VALUES:
+        parts.append(f"and {len(holders) - _SHOWN_VALUES} more")
+    return f"; the files: {', '.join(parts)}"
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:

@@ -108,9 +108,11 @@ def choose_substitute(spec: ShardSpec, position: int, i: int, n: int, attempt: i
 
 
 def too_many(
-    failures: list[Failure], count: int, limit: float | None, n: int, rank: int, reason: str = ""
+    failures: list[Failure], count: int, limit: float | None, n: int, rank: int, reason: str = "", tried: int = 0
 ) -> Exception:
-    """The TooManyFailuresError naming the first ``failures`` and how to leave them out."""
+    """The TooManyFailuresError naming the first ``failures`` and how to leave them out; or, when ``tried``
+    substitutes were tried in the pass and every one failed too, saying the data may be unreachable (leaving
+    samples out or raising the limit would not help)."""
     named = "; ".join(str(f) for f in failures[:_NAMED])
     more = f" (and {len(failures) - _NAMED} more here)" if len(failures) > _NAMED else ""
     samples = sorted({f.sample for f in failures})[:_NAMED]
@@ -118,6 +120,14 @@ def too_many(
         reason
         or f"{count} items failed to load in this pass over rank {rank}'s shard of {n}, past max_failures={limit}"
     )
+    if tried:
+        return TooManyFailuresError(
+            f"{head}: {named}{more}. Every substitute tried failed too ({tried} of {tried} in this pass), so the "
+            "data itself may be unreachable (a root not mounted, a wrong path prefix, a "
+            "missing credential). Leaving samples out (exclude=) or raising max_failures would not help: check "
+            "that one sample loads, e.g. transform(parser(line)) for the first failure above.",
+            failures,
+        )
     return TooManyFailuresError(
         f"{head}: {named}{more}. Leave them out with RankDataset(..., exclude={samples}) (or exclude=ids_of(meta, "
         f"paths) for a list of paths), or exclude_failures=True to leave out of later epochs every sample that "
@@ -149,6 +159,7 @@ class FailureBook:
         self.lost = 0
         self._recent: list[Failure] = []  # (each reader) this pass's failures seen here, for messages
         self._recent_pass = -1
+        self._tried = self._replaced = 0  # (each reader) this pass's substitutes tried, and those that loaded
         self.mixture: Mixture | None = None
         self.exclusion_fingerprint: str | None = None
         self.channel: ShardChannel  # the dataset's, set once it exists (after the first plan)
@@ -279,23 +290,33 @@ class FailureBook:
         self._failed_item(spec, n, int(indices[i]), position, exc)
         for attempt in range(1, MAX_ATTEMPTS + 1):
             j = choose_substitute(spec, position, i, n, attempt)
+            self._tried += 1
             try:
-                return made(j)
+                item = made(j)
             except Exception as again:
                 self._failed_item(spec, n, int(indices[j]), position_of(spec, j), again)
+                continue
+            self._replaced += 1
+            return item
         raise too_many(
             [self._located(f) for f in self._recent[:5]], len(self._recent), None, n, spec.rank,
             f"no substitute could be made for item {i} of rank {spec.rank}'s shard: {MAX_ATTEMPTS} tried, all failed",
+            self._unreachable(),
         )  # fmt: skip
+
+    def _unreachable(self) -> int:
+        """The substitutes tried in this pass if every one failed (none loaded), else 0."""
+        return self._tried if self._replaced == 0 else 0
 
     def _failed_item(self, spec: ShardSpec, n: int, sample: int, position: int, exc: Exception) -> None:
         failure = Failure.of(sample, "", exc, spec.epoch, spec.mini_epoch_idx, position)  # where: by the rank
         passes = self.channel.passes
         if passes != self._recent_pass:
             self._recent, self._recent_pass = [], passes
+            self._tried = self._replaced = 0
         self._recent.append(failure)
         count = self.channel.record_failure(failure)
         limit = self.policy.limit(n)
         if limit is not None and count > limit:
             named = [self._located(f) for f in self._recent[:5]]
-            raise too_many(named, count, self.policy.max_failures, n, spec.rank) from exc
+            raise too_many(named, count, self.policy.max_failures, n, spec.rank, tried=self._unreachable()) from exc

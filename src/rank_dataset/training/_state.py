@@ -2,7 +2,8 @@
 (:meth:`ShardedDataset.load_state_dict`), as functions of the plan and the inputs it is for.
 
 The state is a :class:`~rank_dataset.plan.resume.ResumeState` as a dict, with the samples the plan left out for
-having failed (``excluded_failures``) and the failure records (``failures``) when there are any.
+having failed (``excluded_failures``) and the failure records (``failures``) when there are any; or, from
+``state_dict()`` without ``consumed``, the failure records alone (no resume point).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from rank_dataset.shards.reader import ShardReader
 from rank_dataset.training._failures import FailureBook
 
 __all__ = ["Resumable", "read_state", "resumed", "state_at"]
+
+FAILURES_ONLY = "failures"  # the one key of a state without a resume point
 
 
 def state_at(
@@ -44,13 +47,16 @@ def state_at(
     return state
 
 
-def read_state(state: Any, is_test: bool) -> tuple[ResumeState, tuple[int, ...], list[Failure]] | None:
-    """The resume point, the samples left out for having failed and the failure records of ``state`` (None
-    for ``{}``), checked; ``is_test``: whether the dataset is an eval one (which cannot be resumed)."""
+def read_state(state: Any, is_test: bool) -> tuple[ResumeState | None, tuple[int, ...], list[Failure]] | None:
+    """The resume point (None in a state of failure records alone), the samples left out for having failed
+    and the failure records of ``state`` (None for ``{}``), checked; ``is_test``: whether the dataset is an
+    eval one (which cannot be resumed)."""
     if not isinstance(state, Mapping):
         raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
     if not state:
         return None
+    if set(state) == {FAILURES_ONLY}:  # state_dict() without consumed: the records, no resume point
+        return None, (), [Failure.from_dict(f) for f in _records(state[FAILURES_ONLY])]
     resume = ResumeState.from_dict(state)
     if is_test:
         raise ValueError("an eval dataset (is_test=True) cannot be resumed: run eval from the start")
@@ -64,7 +70,8 @@ def resumed(
 ) -> ShardSpec:
     """``planned`` moved to the resume point ``resume``, once checked to be for the same inputs (as
     :func:`state_at` names them)."""
-    resume.check_files(planned.num_samples, fingerprint_of(reader, mixture, excluded), mix_record(mixture))
+    held = None if mixture is not None else reader.num_samples  # a mix's sources are checked one by one
+    resume.check_files(planned.num_samples, fingerprint_of(reader, mixture, excluded), mix_record(mixture), held)
     return resume.apply(planned)
 
 
@@ -114,9 +121,14 @@ class Resumable:
 
         A small JSON-serialisable dict (:class:`~rank_dataset.plan.resume.ResumeState`), the same on
         every rank (so rank 0 alone can save it). It names positions of the epoch order, not ranks,
-        so it can be loaded on any world size. Called with no argument (as torchdata's
-        StatefulDataLoader calls every dataset that has a ``state_dict``), it returns ``{}``: the
-        resume point then lives in ResumableSampler's state.
+        so it can be loaded on any world size.
+
+        Called with no argument (as torchdata's StatefulDataLoader calls every dataset that has a
+        ``state_dict``) it holds no resume point, which then lives in ResumableSampler's state: it is
+        ``{}``, or with ``on_error="replace"`` the failure records seen so far on this rank (``{"failures":
+        [...]}``, no collective), which ``load_state_dict`` adds to :attr:`failures` (and, with
+        ``exclude_failures=True``, to what later epochs leave out). Pass ``consumed`` (or save
+        ``ResumableSampler.state_dict()``) to resume mid-epoch.
 
         With ``on_error="replace"`` it holds the failure records (``failures``) and the samples the plan
         left out for having failed (``excluded_failures``). With ``exclude_failures=True`` under a process
@@ -138,9 +150,12 @@ class Resumable:
             >>> new.indices.tolist() == old.indices[2:].tolist()
             True
         """
-        if consumed is None:
-            return {}
         book = self._book
+        if consumed is None:  # no resume point: the failure records alone (what a user saving it expects kept)
+            if book.policy.on_error != "replace":
+                return {}
+            book.collect()
+            return {FAILURES_ONLY: [f.to_dict() for f in book.records]} if book.records else {}
         n = len(self)
         state = state_at(self._spec, consumed, n, self.reader, book.mixture, book.exclusion_fingerprint, book.failed)
         failures = book.to_save()
@@ -154,8 +169,9 @@ class Resumable:
         This rank gets its share of what was left of the interrupted mini-epoch (all ranks equally
         long, padded by wrapping within it). Afterwards ``set_epoch(same_epoch, later_idx)`` keeps
         the boundaries that epoch started with, and ``set_epoch(next_epoch)`` plans afresh. The
-        state's seed and mini-epoch count replace this dataset's. ``{}`` is ignored. A state that
-        fails a check leaves the dataset exactly as it was.
+        state's seed and mini-epoch count replace this dataset's. ``{}`` is ignored; a state of failure
+        records alone (``state_dict()`` without ``consumed``) adds them to :attr:`failures` and changes
+        no shard. A state that fails a check leaves the dataset exactly as it was.
 
         Raises:
             ValueError: a state for other files (number of samples or fingerprint) or another mix (the
@@ -167,6 +183,10 @@ class Resumable:
             return
         resume, failed, failures = read
         book = self._book
+        if resume is None:
+            book.collect()
+            book.merge(failures)
+            return
         with book.replanned(self._spec, failed) as planned:
             self._load(resumed(resume, planned, self.reader, book.mixture, book.exclusion_fingerprint))
         if failures:

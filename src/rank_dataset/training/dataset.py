@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from rank_dataset.shards.reader import FileReader, ShardReader, columns_of, file
 from rank_dataset.training._agree import agreement_fields, agreement_needed, check_ranks_agree
 from rank_dataset.training._failures import FailureBook, FailurePolicy, OnError
 from rank_dataset.training._items import ShardItems
+from rank_dataset.training._options import READER_NAMES, is_shard_reader, timeout_timedelta
 from rank_dataset.training._state import Resumable
 from rank_dataset.training.topology import get_rank_world_size
 
@@ -39,8 +41,9 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
 
     The plan lives in one place, the ShardSpec of the shard held now (``spec``); ``reload_cfg``,
     ``rank``, ``world_size`` and ``is_test`` are read from it. Shards come from ``reader`` (a
-    :class:`~rank_dataset.shards.reader.ShardReader`: meta files, or a meta server), and reach DataLoader
-    workers through ``channel`` (:mod:`rank_dataset.shards.channel`).
+    :class:`~rank_dataset.shards.reader.ShardReader`: meta files, or a meta server; the object itself, as
+    ``RankDataset(reader=...)`` takes one), and reach DataLoader workers through ``channel``
+    (:mod:`rank_dataset.shards.channel`).
 
     For a mix, ``sources`` are the Sources; the global sample numbers are then over the sources'
     files in source order, ``num_samples`` is ``sum(N_s)``, and the spec carries the mix (its
@@ -68,6 +71,13 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         max_failures: int | float | None = 0.01,
         exclude_failures: bool = False,
     ) -> None:
+        if isinstance(reader, str):
+            raise TypeError(
+                f"reader={reader!r} names a reader of meta files, which RankDataset(meta_file, reader={reader!r}) "
+                "builds; ShardedDataset takes the reader itself (a ShardReader)"
+            )
+        if not is_shard_reader(reader):
+            raise TypeError(f"reader must be a ShardReader (build, where, set_exclusion), got {reader!r}")
         self._policy = policy = FailurePolicy(transform, on_error, max_failures, exclude_failures)
         self._made_by_policy = policy.active  # read once per item: a plain attribute, not the property
         self._transform = transform
@@ -173,11 +183,12 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         """Under a process group, every rank must plan from the same inputs: check it."""
         if not agreement_needed():
             return
+        context = _files_context(self.reader)
         if isinstance(self.reader, CollectiveReader):  # on the reader's group, within its timeout
             with self.reader.collective("the agreement check", spec.epoch):
-                check_ranks_agree(self._agreement_fields(spec), spec.rank, self.reader.group)
+                check_ranks_agree(self._agreement_fields(spec), spec.rank, self.reader.group, context)
         else:
-            check_ranks_agree(self._agreement_fields(spec), spec.rank, self._process_group)
+            check_ranks_agree(self._agreement_fields(spec), spec.rank, self._process_group, context)
 
     def _agreement_fields(self, spec: ShardSpec) -> dict[str, object]:
         dataset = f"{type(self).__module__}.{type(self).__qualname__}"
@@ -271,7 +282,7 @@ class RankDataset(ShardedDataset):
             mix are numbered over the distinct files of the sources, in order of first appearance
             (for sources over distinct files: sample ``k`` of source ``s`` is ``sum(N_0..N_{s-1}) +
             k``; for subsets of one file, the file's sample numbers); ``source_ids`` and ``sources``
-            describe them.
+            describe them. None only with a reader object (``reader=``), which knows its files.
         is_test: eval layout: no shuffle, no padding, one contiguous block per rank (a mix then
             reads every sample of every source once, sources in order, ignoring weights).
         reload_cfg: a dict or ReloadConfig with ``mini_epoch``, ``seed``, ``mini_epoch_idx``,
@@ -282,17 +293,22 @@ class RankDataset(ShardedDataset):
             in a mix, for the sources that have no parser of their own.
         audit: ``"warn"`` (a PassAuditWarning, once), ``"error"`` (a PassAuditError) or ``"off"``:
             what a finished pass that read other than its sampler drew does (see :meth:`audit`).
-        reader: ``"file"`` (each rank reads its own lines through the files' cached line index: one
-            node, or a fast local copy) or ``"collective"`` (under an initialised process group: each
-            rank reads 1/W of the files' bytes once per build and the ranks exchange the lines over a
-            gloo group; no index. For many nodes on a shared file system: see the collective reader guide).
-            The shards are the same, byte for byte.
+        reader: how the shards are read, by name or as the reader itself: ``"file"`` (each rank reads
+            its own lines through the files' cached line index: one node, or a fast local copy),
+            ``"collective"`` (under an initialised process group: each rank reads 1/W of the files' bytes
+            once per build and the ranks exchange the lines over a gloo group; no index. For many nodes
+            on a shared file system: see the collective reader guide), or a
+            :class:`~rank_dataset.shards.reader.ShardReader` already built (e.g. a
+            :class:`~rank_dataset.shards.reader.FileReader` or
+            :class:`~rank_dataset.shards.collective.CollectiveReader`; then no ``meta_file``, ``columns``
+            nor ``timeout``). The shards are the same, byte for byte. ``ds.reader`` is the reader object.
         group: a torch.distributed process group (e.g. a DeviceMesh's data-parallel dimension,
             ``mesh["dp"].get_group()``): rank and world size are this group's (``rank`` and
             ``world_size``, if given, must agree), and its ranks check their agreement (default: the
             whole world).
-        timeout: with ``reader="collective"``, how long its collectives wait for every rank (a
-            ``datetime.timedelta``; default: torch's); past it every rank raises a CollectiveError.
+        timeout: with ``reader="collective"``, how long its collectives wait for every rank: seconds (an
+            int or a float) or a ``datetime.timedelta``, as every dataset takes it (default: torch's); past
+            it every rank raises a :class:`~rank_dataset.errors.CollectiveError`.
         exclude: sample numbers to leave out (as ``indices`` numbers them; for a mix, over the distinct
             files of its sources): a 1-D integer array, a list, or the path of a ``.npy`` file. The plans
             cover what is left (every kept sample once an epoch, equal lengths, resume on any world size);
@@ -329,7 +345,7 @@ class RankDataset(ShardedDataset):
 
     def __init__(
         self,
-        meta_file: MetaSource,
+        meta_file: MetaSource | None = None,
         is_test: bool = False,
         reload_cfg: ReloadConfig | Mapping[str, Any] | None = None,
         *,
@@ -337,9 +353,9 @@ class RankDataset(ShardedDataset):
         world_size: int | None = None,
         parser: str | Parser | None = None,
         audit: AuditMode = "warn",
-        reader: str = "file",
+        reader: str | ShardReader = "file",
         group: Any = None,
-        timeout: datetime.timedelta | None = None,
+        timeout: float | datetime.timedelta | None = None,
         exclude: Any = None,
         transform: Callable[[Any], Any] | None = None,
         on_error: OnError = "raise",
@@ -347,37 +363,7 @@ class RankDataset(ShardedDataset):
         exclude_failures: bool = False,
         columns: Sequence[str] | None = None,
     ) -> None:
-        if reader not in ("file", "collective"):
-            raise ValueError(f"reader must be 'file' or 'collective', got {reader!r}")
-        if timeout is not None and reader != "collective":
-            raise ValueError("timeout applies to reader='collective' only (the file reader runs no exchange)")
-        sources = as_sources(meta_file)
-        if columns is not None and (sources is not None or isinstance(meta_file, MetaFile)):
-            where = "give each Source its columns=" if sources is not None else "give the MetaFile its columns="
-            raise ValueError(f"columns= applies to a path or a list of paths: {where}")
-        if reader == "collective":
-            paths: Sequence[str | os.PathLike[str]]
-            chosen: Sequence[tuple[str, ...] | None]
-            if sources is not None:
-                paths, chosen = files_of(sources), columns_of(sources)
-            elif isinstance(meta_file, MetaFile):
-                paths, chosen = meta_file.paths, meta_file.columns
-            else:
-                paths = _paths_of(meta_file)
-                chosen = [None if columns is None else column_names(columns)] * len(paths)
-            self.meta: MetaFile | None = None  # no MetaFile: no index is read or written
-            shards: ShardReader = CollectiveReader(
-                paths, sources, group=group, timeout=timeout, agree=_agree_files, columns=chosen
-            )
-        else:
-            if sources is None:
-                meta = (
-                    meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file, columns=columns)  # type: ignore[arg-type]
-                )
-            else:  # one MetaFile of the distinct files: each indexed once, read once per shard
-                meta = MetaFile.from_files(files_of(sources), columns_of(sources))
-            self.meta = meta
-            shards = FileReader(meta, sources)
+        shards, sources, self.meta = _reader_for(meta_file, reader, columns, group, timeout_timedelta(timeout))
         try:
             super().__init__(
                 shards,
@@ -409,6 +395,62 @@ class RankDataset(ShardedDataset):
             close()
 
 
+def _reader_for(
+    meta_file: Any, reader: Any, columns: Sequence[str] | None, group: Any, timeout: datetime.timedelta | None
+) -> tuple[ShardReader, Sequence[Source] | None, MetaFile | None]:
+    """The reader RankDataset reads through (``reader``: a name, or the reader itself), the mix's
+    sources (None: no mix), and the MetaFile, if the reader reads through one."""
+    if not isinstance(reader, str):
+        return _given_reader(reader, meta_file, columns, timeout)
+    if reader not in READER_NAMES:
+        raise ValueError(f"reader must be 'file', 'collective' or a ShardReader, got {reader!r}")
+    if meta_file is None:
+        raise TypeError("RankDataset needs meta_file (a path, a list of paths, a MetaFile or Sources)")
+    if timeout is not None and reader != "collective":
+        raise ValueError("timeout applies to reader='collective' only (the file reader runs no exchange)")
+    sources = as_sources(meta_file)
+    if columns is not None and (sources is not None or isinstance(meta_file, MetaFile)):
+        where = "give each Source its columns=" if sources is not None else "give the MetaFile its columns="
+        raise ValueError(f"columns= applies to a path or a list of paths: {where}")
+    if reader == "collective":
+        paths: Sequence[str | os.PathLike[str]]
+        chosen: Sequence[tuple[str, ...] | None]
+        if sources is not None:
+            paths, chosen = files_of(sources), columns_of(sources)
+        elif isinstance(meta_file, MetaFile):
+            paths, chosen = meta_file.paths, meta_file.columns
+        else:
+            paths = _paths_of(meta_file)
+            chosen = [None if columns is None else column_names(columns)] * len(paths)
+        agree = functools.partial(_agree_files, paths=[os.fspath(p) for p in paths])
+        collective = CollectiveReader(paths, sources, group=group, timeout=timeout, agree=agree, columns=chosen)
+        return collective, sources, None  # no MetaFile: no index is read or written
+    if sources is None:
+        meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file, columns=columns)
+    else:  # one MetaFile of the distinct files: each indexed once, read once per shard
+        meta = MetaFile.from_files(files_of(sources), columns_of(sources))
+    return FileReader(meta, sources), sources, meta
+
+
+def _given_reader(
+    reader: Any, meta_file: Any, columns: Any, timeout: Any
+) -> tuple[ShardReader, Sequence[Source] | None, MetaFile | None]:
+    """A reader object given as ``reader=``: it, its sources (for a mix) and its MetaFile (if it has one)."""
+    if not is_shard_reader(reader):
+        raise TypeError(f"reader must be 'file', 'collective' or a ShardReader, got {reader!r}")
+    for name, value in (("meta_file", meta_file), ("columns", columns), ("timeout", timeout)):
+        if value is not None:
+            raise ValueError(f"{name}= goes with reader='file' or 'collective': a reader object knows its files")
+    sources = getattr(reader, "sources", None)
+    if sources is None and reader.source_sizes is not None:
+        raise ValueError(
+            "this reader reads a mix whose sources it does not tell: give the sources as meta_file with "
+            "reader='file' or 'collective'"
+        )
+    meta = getattr(reader, "meta", None)
+    return reader, sources, meta if isinstance(meta, MetaFile) else None
+
+
 def _paths_of(meta_file: Any) -> list[str | os.PathLike[str]]:
     """The paths of meta files given as a path or a list of paths."""
     if isinstance(meta_file, (str, os.PathLike)):
@@ -418,9 +460,19 @@ def _paths_of(meta_file: Any) -> list[str | os.PathLike[str]]:
     raise TypeError(f"meta_file must be a path, a list of paths, a MetaFile or Sources, got {meta_file!r}")
 
 
-def _agree_files(fields: Mapping[str, object], group: Any) -> None:
-    """The ranks' agreement on the files, before the collective reader's first collective over them."""
-    check_ranks_agree(fields, None, group)
+def _files_context(reader: Any) -> dict[str, object]:
+    """What a disagreement on the files names of this rank's: the paths it reads (or its meta server)."""
+    paths = getattr(getattr(reader, "meta", None), "paths", None) or getattr(reader, "paths", None)
+    if paths is not None:
+        return {"paths": [os.fspath(p) for p in paths]}
+    server = getattr(reader, "server", None)
+    return {} if server is None else {"server": str(getattr(server, "url", server))}
+
+
+def _agree_files(fields: Mapping[str, object], group: Any, paths: Sequence[str] = ()) -> None:
+    """The ranks' agreement on the files, before the collective reader's first collective over them (a
+    disagreement names the ``paths`` each rank reads)."""
+    check_ranks_agree(fields, None, group, context={"paths": list(paths)})
 
 
 def _rank_world_size(rank: int | None, world_size: int | None, group: Any) -> tuple[int, int]:

@@ -3,6 +3,7 @@ the ServerReader that fills its shard; the HTTP they use is :mod:`rank_dataset.s
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +27,7 @@ from rank_dataset.server.protocol import ProtocolError
 from rank_dataset.server.transport import SAMPLES_PER_REQUEST, MetaServer, served_file, server_url
 from rank_dataset.shards.channel import AuditMode
 from rank_dataset.training._failures import OnError
+from rank_dataset.training._options import timeout_seconds
 from rank_dataset.training.dataset import ShardedDataset
 
 __all__ = ["RankServerDataset", "ServerDataset", "ServerReader"]
@@ -45,7 +47,8 @@ class ServerDataset(Dataset[Any]):
             serve others too).
         server_port: the server's port, an int or a str of digits (e.g. ``"10080"``).
         token: the server's token, if it has one.
-        timeout: seconds for one request, and for all the retries of one call together.
+        timeout: how long one request, and all the retries of one call together, may take: seconds (an int
+            or a float) or a ``datetime.timedelta``, as every dataset takes it.
         retries: further attempts after a connection error, a timeout or a 5xx answer.
         parser: None (items are str), ``"json"``, ``"label"``, or a callable taking the str.
 
@@ -68,12 +71,12 @@ class ServerDataset(Dataset[Any]):
         server_port: int | str | None = None,
         *,
         token: str | None = None,
-        timeout: float = 30.0,
+        timeout: float | datetime.timedelta = 30.0,
         retries: int = 5,
         parser: str | Parser | None = None,
     ) -> None:
         base, name = server_url(url, server_ip, server_port)
-        self.server = MetaServer(base, token=token, timeout=timeout, retries=retries)
+        self.server = MetaServer(base, token=token, timeout=timeout_seconds(timeout), retries=retries)  # type: ignore[arg-type]
         self._parser = resolve_parser(parser)
         self._len, self.fingerprint = self.server.num_samples()
         self._offset = 0  # the served sample number of item 0
@@ -309,7 +312,7 @@ class RankServerDataset(ShardedDataset):
         rank: int | None = None,
         world_size: int | None = None,
         token: str | None = None,
-        timeout: float = 30.0,
+        timeout: float | datetime.timedelta = 30.0,
         retries: int = 5,
         parser: str | Parser | None = None,
         sources: Source | Sequence[Source] | None = None,
@@ -321,7 +324,7 @@ class RankServerDataset(ShardedDataset):
         exclude_failures: bool = False,
     ) -> None:
         base, name = server_url(url, server_ip, server_port)
-        self.server = MetaServer(base, token=token, timeout=timeout, retries=retries)
+        self.server = MetaServer(base, token=token, timeout=timeout_seconds(timeout), retries=retries)  # type: ignore[arg-type]
         if name is not None:
             if sources is not None:
                 raise ValueError("give either a meta file name (with server_ip and server_port) or sources, not both")

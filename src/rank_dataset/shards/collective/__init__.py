@@ -33,7 +33,7 @@ be replaced by them. Importing this package imports no torch.
 
 from __future__ import annotations
 
-from rank_dataset.shards.collective._dist import CollectiveError
+from rank_dataset.errors import CollectiveError
 from rank_dataset.shards.collective._reader import CollectiveReader
 
 __all__ = ["CollectiveError", "CollectiveReader"]

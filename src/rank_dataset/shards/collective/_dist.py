@@ -16,13 +16,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.errors import CollectiveError
+
 __all__ = ["CollectiveError", "Collectives", "require_process_group"]
-
-
-class CollectiveError(RuntimeError):
-    """A collective of the collective reader failed or timed out: a rank died, or did not reach it (did
-    not call ``set_epoch`` or ``load_state_dict`` with the others) within the timeout. Raised on every
-    rank that reached it, with the same message; the process group's own error is its ``__cause__``."""
 
 
 def require_process_group() -> None:
