@@ -216,3 +216,14 @@ COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
     "one.zst": lambda raw: zstandard.ZstdCompressor(level=3).compress(raw),
     "frames.zst": lambda raw: zstd_frames(raw, 40_000),
 }
+
+
+# Prepended to a child's code: any import of torch in it fails, so the code shows it runs without torch.
+BLOCK_TORCH = """
+import sys
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, _NoTorch())
+"""

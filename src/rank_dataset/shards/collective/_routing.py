@@ -2,7 +2,7 @@
 which round it serves it, and how requests, lengths and lines are laid out in each exchange.
 
 Pure numpy functions of arrays: no torch, no I/O, so that every rule here is tested without processes
-(tests/test_collective_routing.py). The numbers: the files are taken as one text, cut into one slice a
+(tests/shards/test_collective_routing.py). The numbers: the files are taken as one text, cut into one slice a
 rank (``cuts``, in bytes; ``offsets`` where each file starts); rank ``r`` owns the global samples
 ``[owned[r], owned[r + 1])``, and serves its ``local`` sample ``j`` in round ``j // per_round``.
 """

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # benchmark smoke runs: not in make test-quick
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # script, its arguments at a tiny size, the table it writes, what the table holds, the plot it draws
 # (None: none checked) and whether the plot must be non-empty.

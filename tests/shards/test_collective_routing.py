@@ -14,7 +14,7 @@ import numpy.typing as npt
 import pytest
 
 from rank_dataset.shards.collective import _routing as routing
-from test_no_torch import BLOCK_TORCH
+from tests_helpers import BLOCK_TORCH
 
 Ints = npt.NDArray[np.int64]
 

@@ -195,7 +195,7 @@ def test_rank_datasets_give_the_text_files_items(tmp_path: Path) -> None:
             assert [a[i] for i in range(len(a))] == [b[i] for i in range(len(b))]
     with pytest.raises(ValueError, match="give the MetaFile its columns="):
         RankDataset(MetaFile(parquet), rank=0, world_size=1, columns=["path"])
-    # The collective reader reads Parquet files too (tests/test_collective.py), under a process group.
+    # The collective reader reads Parquet files too (tests/shards/test_collective.py), under a process group.
     with pytest.raises(ValueError, match=r"initialised torch\.distributed process group"):
         RankDataset(parquet, rank=0, world_size=1, columns=["path"], reader="collective")
 

@@ -5,14 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BLOCK_TORCH = """
-import sys
-class _NoTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("torch is blocked in this test")
-sys.meta_path.insert(0, _NoTorch())
-"""
+from tests_helpers import BLOCK_TORCH
 
 
 def test_index_tools_without_torch(write_meta) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from markdown_examples import Example, check_example, examples
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 EXAMPLES = examples(README)
 LOOP = next(e for e in EXAMPLES if "set_epoch(epoch, mini)" in e.code)

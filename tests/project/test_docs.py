@@ -12,7 +12,7 @@ import pytest
 import rank_dataset
 from markdown_examples import Example, check_example, examples
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = sorted(p for p in DOCS.rglob("*.md") if not p.is_symlink() and "results" not in p.parts)
 EXAMPLES = [e for page in PAGES for e in examples(page)]

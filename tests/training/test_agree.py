@@ -19,8 +19,7 @@ import torch.distributed as dist
 import rank_dataset
 from rank_dataset import RankDataset, RanksDisagreeError
 from rank_dataset.training._agree import _SLOTS, _hashes, agreement_needed, check_ranks_agree, disagreement
-from test_no_torch import BLOCK_TORCH
-from tests_helpers import imagenet_line, rank_results, torchrun_cmd, worker_env
+from tests_helpers import BLOCK_TORCH, imagenet_line, rank_results, torchrun_cmd, worker_env
 
 HERE = Path(__file__).resolve().parent
 

@@ -18,7 +18,7 @@ from rank_dataset.training.lightning import RankDataModule
 
 pytestmark = pytest.mark.slow  # Lightning Trainer runs: not in make test-quick
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning_train.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lightning_train.py"
 N, MINI, BATCH = 96, 2, 4  # 96 samples: every mini-epoch splits evenly over 2 and over 3 ranks
 
 

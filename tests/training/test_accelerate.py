@@ -16,7 +16,7 @@ from tests_helpers import free_port
 
 pytestmark = pytest.mark.slow  # Accelerate launches processes: not in make test-quick
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "accelerate_train.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "accelerate_train.py"
 N, W, MINI, EPOCHS, BATCH = 96, 2, 2, 2, 4
 
 

@@ -13,7 +13,7 @@ if sys.version_info >= (3, 11):
 else:  # tomli is what became tomllib (a dev dependency on 3.10)
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 

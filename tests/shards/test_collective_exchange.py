@@ -2,7 +2,7 @@
 for real on meta files, without torch and without processes: each rank a thread, the collectives
 simulated over a barrier. Their shards are the file reader's byte for byte, their fingerprints
 MetaFile's, and a file changed under a slice or a bad line is the same error on every rank. (The torchrun
-tests of the whole reader, with gloo: tests/test_collective.py.)"""
+tests of the whole reader, with gloo: tests/shards/test_collective.py.)"""
 
 from __future__ import annotations
 
