@@ -50,7 +50,7 @@ class CorruptMetaFileError(ValueError):
     """
 
     def __init__(self, path: Path | str, offset: int, what: str) -> None:
-        super().__init__(f"meta file {path} cannot be decoded at compressed byte {offset:,}: {what}")
+        super().__init__(f"meta file {path} cannot be decoded at or after compressed byte {offset:,}: {what}")
         self.path, self.offset, self.what = Path(path), offset, what
 
     def __reduce__(self) -> tuple[Any, ...]:

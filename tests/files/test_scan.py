@@ -187,3 +187,18 @@ def test_blocks_error_reaches_the_reader_and_their_thread_ends() -> None:
     scan.close()
     assert closed == ["fail", "stop"]
     assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_build_index_refuses_a_compressed_file(tmp_path, suffix: str) -> None:
+    import gzip
+
+    import zstandard
+
+    raw = b"a 1\nb 2\n"
+    data = gzip.compress(raw) if suffix == ".gz" else zstandard.ZstdCompressor().compress(raw)
+    path = tmp_path / f"meta.txt{suffix}"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=r"build_index\(.*meta\.txt.*\): the file is (gzip|zstd).*MetaFile\(path\)"):
+        build_index(path)
+    assert len(MetaFile(path)) == 2

@@ -197,7 +197,8 @@ def test_index_of_a_corrupt_gz_is_one_line_naming_file_and_offset(tmp_path: Path
     )
     assert out.returncode == 1 and out.stdout == ""
     assert re.fullmatch(
-        rf"Error: meta file {re.escape(str(path))} cannot be decoded at compressed byte [\d,]+: .*\n", out.stderr
+        rf"Error: meta file {re.escape(str(path))} cannot be decoded at or after compressed byte [\d,]+: .*\n",
+        out.stderr,
     )
 
 

@@ -397,5 +397,18 @@ def build_index(path: PathLike, *, chunk_size: int = CHUNK) -> npt.NDArray[np.in
         >>> _ = open(p, "w").write("a 1\\n\\n  \\nbb 2\\r\\nc 3")
         >>> build_index(p).tolist()
         [[0, 3], [8, 12], [14, 17]]
+
+    Raises:
+        ValueError: ``path`` is a gzip, zstd or Parquet file, whose bytes on disk are not its lines
+            (:class:`~rank_dataset.files.metafile.MetaFile` reads those).
     """
+    from rank_dataset.files.formats.registry import detect_path  # formats import this module
+    from rank_dataset.files.formats.text import TEXT
+
+    fmt = detect_path(path)
+    if fmt is not TEXT:
+        raise ValueError(
+            f"build_index({os.fspath(path)!r}): the file is {fmt.value}, and build_index scans a plain text "
+            "file's bytes as they are on disk; use MetaFile(path), whose index reads it (len(mf), mf[i], mf.read)"
+        )
     return scan(path, chunk_size)[0]

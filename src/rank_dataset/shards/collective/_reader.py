@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from rank_dataset.core.checks import meta_path
+from rank_dataset.core.checks import meta_path, timeout_timedelta
 from rank_dataset.core.shard import Shard
 from rank_dataset.files.formats import Format, detect_path
 from rank_dataset.files.index import FileKey, check_columns, refuse_cut_parquet
@@ -35,7 +35,7 @@ class CollectiveReader(SampledReader):
         sources: for a mix, the Sources; None: no mix.
         group: the process group whose ranks share the reading (default: the whole world). Its rank and
             size are this reader's; the exchange runs on a gloo group over the same ranks, made here.
-        timeout: how long a collective waits for every rank (default: torch's).
+        timeout: how long a collective waits for every rank, in seconds or a ``timedelta`` (default: torch's).
         agree: called as ``agree(fields, gloo_group)`` before the first collective that depends on the
             files: the ranks' agreement check (it raises the same error on every rank if they differ).
         columns: for each file, a Parquet file's chosen columns (None: all); None for every file.
@@ -52,13 +52,12 @@ class CollectiveReader(SampledReader):
         sources: Sequence[Source] | None = None,
         *,
         group: Any = None,
-        timeout: datetime.timedelta | None = None,
+        timeout: float | datetime.timedelta | None = None,
         agree: Agree | None = None,
         columns: Sequence[Sequence[str] | None] | None = None,
     ) -> None:
         require_process_group()
-        if timeout is not None and not isinstance(timeout, datetime.timedelta):
-            raise TypeError(f"timeout must be a datetime.timedelta or None, got {timeout!r}")
+        timeout = timeout_timedelta(timeout)
         self.paths = tuple(meta_path(p) for p in paths)
         if not self.paths:
             raise ValueError("no meta files given: give at least one")
