@@ -12,11 +12,21 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #if defined(_WIN32)
 #define RD_API __declspec(dllexport)
 #else
 #define RD_API __attribute__((visibility("default")))
+#endif
+
+/* The per-line steps of a loop, inlined into it (a call per line costs as much as the rest). */
+#if defined(__GNUC__) || defined(__clang__)
+#define RD_INLINE static inline __attribute__((always_inline))
+#else
+#define RD_INLINE static inline
 #endif
 
 #define RD_OK 0
@@ -36,7 +46,7 @@ RD_API int rd_abi_version(void) { return RD_ABI; }
 
 static int kind_ok(int kind) { return kind == RD_I64 || kind == RD_U32 || kind == RD_I32; }
 
-static int64_t get_index(const void *a, int kind, int64_t i) {
+RD_INLINE int64_t get_index(const void *a, int kind, int64_t i) {
     if (kind == RD_I64) return ((const int64_t *)a)[i];
     if (kind == RD_U32) return (int64_t)((const uint32_t *)a)[i];
     return (int64_t)((const int32_t *)a)[i];
@@ -58,25 +68,67 @@ static uint64_t load64(const uint8_t *p) {
 /* The high bit of each byte of w that is zero, exactly (no false positives across bytes). */
 static uint64_t zero_bytes(uint64_t w) { return ~(((w & LOWS) + LOWS) | w | LOWS); }
 
-static int lowest_byte(uint64_t mask) {
+#if !defined(__SSE2__)
+/* Whether this machine stores words little end first. */
+static int little_endian(void) {
+    const uint16_t one = 1;
+    uint8_t b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+#endif
+
+/* The index of the lowest set bit of m (m != 0). */
+static int ctz64(uint64_t m) {
 #if defined(__GNUC__) || defined(__clang__)
-    return __builtin_ctzll(mask) >> 3;
+    return __builtin_ctzll(m);
 #else
     int k = 0;
-    while (!(mask & 0x80)) {
-        mask >>= 8;
+    while (!(m & 1)) {
+        m >>= 1;
         k++;
     }
     return k;
 #endif
 }
 
-/* The position of each byte within a little-endian word: mask bit 8k+7 is byte k. */
-static int little_endian(void) {
-    const uint16_t one = 1;
-    uint8_t b;
-    memcpy(&b, &one, 1);
-    return b == 1;
+/*
+ * Bit k of the result: p[k] == byte, for the 64 bytes p[0:64] (all readable); the OR of those bytes'
+ * high bits into *high. SSE2 on x86-64 (part of its baseline: no -march flag), 8-byte words elsewhere.
+ */
+static uint64_t mask64(const uint8_t *p, uint8_t byte, uint64_t *high) {
+#if defined(__SSE2__)
+    const __m128i pattern = _mm_set1_epi8((char)byte);
+    __m128i a = _mm_loadu_si128((const __m128i *)(const void *)p);
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(p + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(p + 32));
+    __m128i d = _mm_loadu_si128((const __m128i *)(const void *)(p + 48));
+    *high |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(a, b), _mm_or_si128(c, d)));
+    return (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(a, pattern)) |
+           (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(b, pattern)) << 16 |
+           (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(c, pattern)) << 32 |
+           (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(d, pattern)) << 48;
+#else
+    uint64_t out = 0, hi = 0;
+    const uint64_t pattern = ONES * byte;
+    for (int j = 0; j < 8; j++) {
+        uint64_t w;
+        memcpy(&w, p + 8 * j, 8);
+        hi |= w;
+        /* 0/1 in each byte's low bit, in memory order whatever the byte order, gathered into 8 bits. */
+        uint64_t z = zero_bytes(w ^ pattern) >> 7, bits = 0;
+        if (z) {
+            if (little_endian()) {
+                bits = (z * UINT64_C(0x0102040810204080)) >> 56;
+            } else {
+                for (int k = 0; k < 8; k++) bits |= (uint64_t)(p[8 * j + k] == byte) << k;
+            }
+        }
+        out |= bits << (8 * j);
+    }
+    *high |= (hi & HIGHS) ? 1 : 0;
+    return out;
+#endif
 }
 
 /*
@@ -86,6 +138,20 @@ RD_API int64_t rd_count_byte(const uint8_t *buf, int64_t size, int byte) {
     if (!buf_ok(buf, size) || byte < 0 || byte > 255) return RD_EARG;
     const uint64_t pattern = ONES * (uint64_t)byte;
     int64_t count = 0, i = 0;
+#if defined(__SSE2__)
+    /* 16 bytes at a time: a match subtracts -1 from its byte lane, up to 255 times, then one sum. */
+    const __m128i vpattern = _mm_set1_epi8((char)byte);
+    while (size - i >= 16) {
+        __m128i acc = _mm_setzero_si128();
+        int64_t blocks = (size - i) / 16;
+        if (blocks > 255) blocks = 255;
+        for (int64_t k = 0; k < blocks; k++, i += 16)
+            acc = _mm_sub_epi8(acc, _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(const void *)(buf + i)), vpattern));
+        uint64_t sums[2];
+        _mm_storeu_si128((__m128i *)(void *)sums, _mm_sad_epu8(acc, _mm_setzero_si128()));
+        count += (int64_t)(sums[0] + sums[1]);
+    }
+#endif
     while (size - i >= 8) {
         /* Up to 255 words into byte-wise counters, then one horizontal sum. */
         uint64_t acc = 0;
@@ -121,6 +187,47 @@ RD_API int64_t rd_find_byte(const uint8_t *buf, int64_t size, int byte, int64_t 
 /* Byte -> whether it is ASCII whitespace (space, tab, newline, CR, VT, FF). */
 static int blank(uint8_t c) { return c == ' ' || (c >= 9 && c <= 13); }
 
+/* A chunk scan's arguments and progress (see rd_scan_lines). */
+struct scan {
+    const uint8_t *buf;
+    int64_t size, offset, mark, target, cap, marks_cap, n, lines, n_marks;
+    int64_t *starts, *lengths, *marks;
+    int bom;
+};
+
+/* Mark the line starting at line_start (line number st->lines) for every multiple of mark at or before it.
+ * Nonzero if the marks' array is full. */
+RD_INLINE int mark_line(struct scan *st, int64_t line_start) {
+    while (st->target <= line_start && st->target < st->size) {
+        if (st->n_marks == st->marks_cap) return 1;
+        st->marks[2 * st->n_marks] = line_start + st->offset;
+        st->marks[2 * st->n_marks + 1] = st->lines;
+        st->n_marks++;
+        st->target = st->target > INT64_MAX - st->mark ? INT64_MAX : st->target + st->mark;
+    }
+    return 0;
+}
+
+/* The line [s, end) (end: its newline, or the end of the buffer) as a sample if it is one. Nonzero
+ * if the samples' arrays are full. */
+RD_INLINE int sample(struct scan *st, int64_t s, int64_t end) {
+    const uint8_t *buf = st->buf;
+    if (st->bom && s == 0) s = 3;
+    int64_t e = end;
+    if (e > s && buf[e - 1] == '\r') e--;
+    if (s >= e) return 0;
+    if (buf[s] <= ' ') { /* only a line that starts with a space or a control byte can be blank */
+        int64_t j = s;
+        while (j < e && blank(buf[j])) j++;
+        if (j == e) return 0;
+    }
+    if (st->n == st->cap) return 1;
+    st->starts[st->n] = s + st->offset;
+    st->lengths[st->n] = e - s;
+    st->n++;
+    return 0;
+}
+
 /*
  * The chunk scan (rank_dataset.files.scan.scan_buffer): the samples of the complete lines of
  * buf[0:size], which holds bytes offset.. of a file and starts a line. A sample is a line holding a
@@ -139,88 +246,48 @@ RD_API int rd_scan_lines(const uint8_t *buf, int64_t size, int64_t offset, int l
     if (!buf_ok(buf, size) || !buf_ok(starts, cap) || !buf_ok(lengths, cap) || !buf_ok(marks, marks_cap) ||
         result == NULL || offset < 0 || mark <= 0 || offset > INT64_MAX - size)
         return RD_EARG;
-    int64_t n = 0, lines = 0, n_marks = 0;
-    uint64_t highs = 0;
-    const int bom = offset == 0 && size >= 3 && buf[0] == 0xEF && buf[1] == 0xBB && buf[2] == 0xBF;
-    /* The next multiple of mark at or after offset, relative to buf. */
-    int64_t target = offset % mark ? mark - offset % mark : 0;
+    struct scan st;
+    st.buf = buf;
+    st.size = size;
+    st.offset = offset;
+    st.mark = mark;
+    st.starts = starts;
+    st.lengths = lengths;
+    st.cap = cap;
+    st.marks = marks;
+    st.marks_cap = marks_cap;
+    st.n = st.lines = st.n_marks = 0;
+    st.bom = offset == 0 && size >= 3 && buf[0] == 0xEF && buf[1] == 0xBB && buf[2] == 0xBF;
+    st.target = offset % mark ? mark - offset % mark : 0; /* the next multiple of mark, relative to buf */
+    uint64_t high = 0;
     int64_t line_start = 0;
-    const int le = little_endian();
-    int64_t i = 0;
-    for (;;) {
-        /* Marks: every target at or before this line's start is this line's. */
-        while (target <= line_start && target < size) {
-            if (n_marks == marks_cap) return RD_ECAP;
-            marks[2 * n_marks] = line_start + offset;
-            marks[2 * n_marks + 1] = lines;
-            n_marks++;
-            if (target > INT64_MAX - mark) target = INT64_MAX; /* past any buffer */
-            else target += mark;
+    if (mark_line(&st, 0)) return RD_ECAP;
+    int64_t base = 0;
+    for (; size - base >= 64; base += 64) {
+        uint64_t m = mask64(buf + base, '\n', &high);
+        while (m) {
+            int64_t nl = base + ctz64(m);
+            m &= m - 1;
+            if (sample(&st, line_start, nl)) return RD_ECAP;
+            st.lines++;
+            line_start = nl + 1;
+            if (mark_line(&st, line_start)) return RD_ECAP;
         }
-        /* Find this line's end: the next newline at or after i, 8 bytes at a time. */
-        int64_t nl = -1;
-        while (size - i >= 8) {
-            uint64_t w = load64(buf + i);
-            highs |= w;
-            uint64_t z = zero_bytes(w ^ (ONES * 10u));
-            if (z) {
-                int k = le ? lowest_byte(z) : -1;
-                if (k < 0) { /* big-endian: the first byte in memory order */
-                    for (k = 0; buf[i + k] != '\n'; k++) {
-                    }
-                }
-                nl = i + k;
-                /* The bytes after the newline were OR-ed in already: ASCII-ness is of all bytes. */
-                i += 8;
-                break;
-            }
-            i += 8;
-        }
-        if (nl < 0) {
-            for (; i < size; i++) {
-                highs |= buf[i];
-                if (buf[i] == '\n') {
-                    nl = i++;
-                    break;
-                }
-            }
-        }
-        /* The rest of a word past its first newline is looked at again for the next line: i moves back. */
-        if (nl >= 0) i = nl + 1;
-        int64_t end;
-        if (nl >= 0) {
-            end = nl;
-            lines++;
-        } else if (last && line_start < size) {
-            end = size;
-        } else {
-            break;
-        }
-        int64_t s = line_start;
-        if (bom && s == 0) s = 3;
-        int64_t e = end;
-        if (e > s && buf[e - 1] == '\r') e--;
-        int keep = 0;
-        for (int64_t j = s; j < e; j++) {
-            if (!blank(buf[j])) {
-                keep = 1;
-                break;
-            }
-        }
-        if (keep) {
-            if (n == cap) return RD_ECAP;
-            starts[n] = s + offset;
-            lengths[n] = e - s;
-            n++;
-        }
-        if (nl < 0) break;
-        line_start = nl + 1;
     }
-    /* Marks past the last line start: none (numpy's searchsorted finds no line for them). */
-    result[0] = n;
-    result[1] = lines;
-    result[2] = (highs & HIGHS) == 0;
-    result[3] = n_marks;
+    for (int64_t i = base; i < size; i++) {
+        high |= buf[i] >> 7;
+        if (buf[i] == '\n') {
+            if (sample(&st, line_start, i)) return RD_ECAP;
+            st.lines++;
+            line_start = i + 1;
+            if (mark_line(&st, line_start)) return RD_ECAP;
+        }
+    }
+    if (last && line_start < size && sample(&st, line_start, size)) return RD_ECAP;
+    result[0] = st.n;
+    result[1] = st.lines;
+    result[2] = high == 0;
+    result[3] = st.n_marks;
     return RD_OK;
 }
 

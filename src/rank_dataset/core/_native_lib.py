@@ -148,9 +148,9 @@ class Kernels:
         a = _bytes_in(buf)
         if offset < 0 or mark <= 0:
             raise ValueError(f"offset must be >= 0 and mark > 0, got {offset} and {mark}")
-        # Each sample but the last takes two bytes at least (one of text, its newline): a bound that
-        # costs only the pages written (np.empty maps, the kernel touches what it fills).
-        cap = (a.size + 1) // 2 + 1
+        # A sample per line at most: counting the lines first (a pass at memory speed) sizes the arrays
+        # exactly, so that they take what numpy's would (an array of a bound would fault in pages anew).
+        cap = self.count_byte(a, NEWLINE) + 1
         starts, lengths = np.empty(cap, np.int64), np.empty(cap, np.int64)
         marks_cap = a.size // mark + 2
         marks = np.empty((marks_cap, 2), np.int64)
