@@ -384,18 +384,20 @@ static int utf8_sequence(const uint8_t *p, int64_t left) {
     return need + 1;
 }
 
-static int utf8_valid(const uint8_t *p, int64_t len) {
-    int64_t i = 0;
-    while (i < len) {
-        if (len - i >= 8 && !(load64(p + i) & HIGHS)) {
-            i += 8;
-            continue;
-        }
-        int k = utf8_sequence(p + i, len - i);
-        if (!k) return 0;
-        i += k;
+/* The first byte at or after i in p[0:end] with its high bit set (not ASCII), or end. */
+static int64_t first_high(const uint8_t *p, int64_t i, int64_t end) {
+#if defined(__SSE2__)
+    for (; end - i >= 16; i += 16) {
+        int m = _mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + i)));
+        if (m) return i + ctz64((uint64_t)(unsigned)m);
     }
-    return 1;
+#else
+    for (; end - i >= 8; i += 8)
+        if (load64(p + i) & HIGHS) break;
+#endif
+    for (; i < end; i++)
+        if (p[i] & 0x80) return i;
+    return end;
 }
 
 /* Offsets into data (bounds[0:n+1], of kind kind) checked: ascending, within size. */
@@ -419,12 +421,18 @@ RD_API int rd_utf8_first_invalid(const uint8_t *data, int64_t size, const void *
     if (!buf_ok(data, size) || n < 0 || row == NULL || bounds == NULL || !kind_ok(kind)) return RD_EARG;
     *row = -1;
     if (!bounds_ok(size, bounds, kind, n)) return RD_ERANGE;
-    for (int64_t k = 0; k < n; k++) {
-        int64_t a = get_index(bounds, kind, k), b = get_index(bounds, kind, k + 1);
-        if (!utf8_valid(data + a, b - a)) {
-            *row = k;
+    /* From one byte that is not ASCII to the next (ASCII 16 bytes at a time), each a sequence that
+     * must end within its row; the row holding it found by a cursor that only moves forward. */
+    const int64_t end = get_index(bounds, kind, n);
+    int64_t r = 0, i = get_index(bounds, kind, 0);
+    while ((i = first_high(data, i, end)) < end) {
+        while (get_index(bounds, kind, r + 1) <= i) r++;
+        int k = utf8_sequence(data + i, get_index(bounds, kind, r + 1) - i);
+        if (!k) {
+            *row = r;
             return RD_OK;
         }
+        i += k;
     }
     return RD_OK;
 }
@@ -444,16 +452,19 @@ RD_API int rd_lines_bad(const uint8_t *buf, int64_t size, const int64_t *starts,
             *row = k;
             return RD_ERANGE;
         }
-        int text = 0;
-        for (int64_t j = s; j < e; j++) {
-            uint8_t c = buf[j];
-            if (c == '\n') {
-                text = 0;
-                break;
+        /* A newline anywhere, 8 bytes at a time; then, for a row that starts with whitespace (or is
+         * empty), whether anything else follows. */
+        int64_t j = s;
+        int bad_row = 0;
+        for (; e - j >= 8; j += 8)
+            if (zero_bytes(load64(buf + j) ^ (ONES * 10u))) break;
+        for (; j < e && !bad_row; j++) bad_row = buf[j] == '\n';
+        if (!bad_row && (s == e || buf[s] <= ' ')) {
+            for (j = s; j < e && blank(buf[j]); j++) {
             }
-            if (!blank(c)) text = 1;
+            bad_row = j == e;
         }
-        if (!text) {
+        if (bad_row) {
             *row = k;
             return RD_OK;
         }

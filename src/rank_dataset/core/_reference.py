@@ -209,9 +209,10 @@ def lines_bad(buf: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: n
         return -1
     if not buf.size:  # every row empty
         return 0
-    newlines = np.zeros(buf.size + 1, np.int64)
-    np.cumsum(buf == NEWLINE, out=newlines[1:])
-    bad = newlines[ends] > newlines[starts]
+    newline_at = np.flatnonzero(buf == NEWLINE)
+    nearest = np.searchsorted(newline_at, starts)  # the first newline at or after each start
+    bad = nearest < newline_at.size
+    bad[bad] = newline_at[nearest[bad]] < ends[bad]
     # Only a row that starts with whitespace (or is empty) can be blank: check those in full.
     maybe = np.flatnonzero(~bad & ((ends <= starts) | BLANK[buf[np.minimum(starts, buf.size - 1)]]))
     for k, s, e in zip(maybe.tolist(), starts[maybe].tolist(), ends[maybe].tolist()):

@@ -1,0 +1,170 @@
+"""The native kernels alone beside their numpy reference, in one process, as ratios.
+
+Kernels only: the file is read into memory first (not timed), then each path runs over the same bytes,
+alternately, ``--repeat`` times; the fastest run of each is kept (on a shared machine a run that lost
+its core to another process says nothing about the code). One read of the file counting newlines (what
+``bench_build.py`` calls a scan) is timed too, from the page cache, as the yardstick.
+
+- newline scan: the chunk scan of the index build (``files.scan``'s numpy passes, with their reused
+  temporaries, against ``rd_scan_lines``) over 4 MiB chunks cut at newlines, as ``scan_map`` cuts them;
+- newline count: ``count_nonzero(buf == 10)`` against ``rd_count_byte``, over the same chunks;
+- row gather: ``--rows`` random lines of the file (a sampler's order) copied back to back
+  (``core.shard.copy_rows``' numpy gather against ``rd_copy_rows``, uint32 destinations as a shard's);
+- UTF-8 check of the gathered rows (``files._gather.check_utf8``'s decoding against ``rd_utf8_first_invalid``);
+- stray bytes of the gathered rows (no newline, not blank: ``rd_lines_bad``).
+
+Usage:
+    python benchmarks/bench_kernels.py                                   # 10M lines, 1.25M rows
+    python benchmarks/bench_kernels.py --lines 2000000 --repeat 3 --out /tmp/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import barh, machine_info, save_results, write_imagenet_meta  # noqa: E402
+from rank_dataset.core import _reference as ref  # noqa: E402
+from rank_dataset.core._native_lib import load  # noqa: E402
+from rank_dataset.files.scan import CHUNK, _chunk_bounds, _scan_chunk, _Scratch  # noqa: E402
+
+
+def _best_pair(numpy_fn: Callable[[], Any], native_fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    """The fastest seconds of each, run alternately ``repeat`` times (a first, untimed run each warms up)."""
+    numpy_fn(), native_fn()
+    a, b = [], []
+    for _ in range(repeat):
+        for fn, out in ((numpy_fn, a), (native_fn, b)):
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+    return min(a), min(b)
+
+
+def _one_read(path: Path, repeat: int) -> float:
+    def read() -> int:
+        with open(path, "rb") as f:
+            return f.read().count(b"\n")
+
+    read()
+    return min(_timed(read) for _ in range(repeat))
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lines", type=int, default=10_000_000)
+    parser.add_argument("--rows", type=int, default=1_250_000, help="rows the gather copies (at most --lines)")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args()
+    kernels = load()  # this benchmark compares both paths: the library must be built
+
+    with tempfile.TemporaryDirectory(prefix="rank-dataset-bench-kernels-") as tmp:
+        path = write_imagenet_meta(Path(tmp) / "meta.txt", args.lines)
+        size = os.path.getsize(path)
+        read_s = _one_read(path, args.repeat)
+        data = np.fromfile(path, np.uint8)
+        with open(path, "rb") as f:
+            bounds = _chunk_bounds(f, size, CHUNK)
+    chunks = [(data[lo:hi], lo, hi == size) for lo, hi in itertools.pairwise(bounds)]
+    scratch = _Scratch(8 * (CHUNK + (CHUNK >> 2)))
+
+    def numpy_scan() -> int:
+        return sum(_scan_chunk(buf, lo, last, scratch).starts.size for buf, lo, last in chunks)
+
+    def native_scan() -> int:
+        return sum(kernels.scan_lines(buf, lo, last).starts.size for buf, lo, last in chunks)
+
+    assert numpy_scan() == native_scan() == args.lines
+    rows: list[tuple[str, float, float, int, str]] = []  # what, numpy s, native s, items, unit
+    scan_np, scan_nat = _best_pair(numpy_scan, native_scan, args.repeat)
+    rows.append(("newline scan (the index build's chunk scan)", scan_np, scan_nat, args.lines, "line"))
+    count_np, count_nat = _best_pair(
+        lambda: sum(ref.count_byte(buf) for buf, _, _ in chunks),
+        lambda: sum(kernels.count_byte(buf) for buf, _, _ in chunks),
+        args.repeat,
+    )
+    rows.append(("newline count", count_np, count_nat, args.lines, "line"))
+
+    spans = kernels.scan_lines(data, 0, True)
+    rng = np.random.default_rng(0)
+    n = min(args.rows, args.lines)
+    picked = rng.choice(args.lines, n, replace=False)  # a sampler's random order
+    starts, lengths = spans.starts[picked], spans.lengths[picked]
+    offsets = np.zeros(n + 1, np.uint32)
+    np.cumsum(lengths, out=offsets[1:], dtype=np.uint32)
+    dst_np, dst_nat = np.empty(int(offsets[-1]), np.uint8), np.empty(int(offsets[-1]), np.uint8)
+    gather_np, gather_nat = _best_pair(
+        lambda: ref.copy_rows(data, starts, lengths, dst_np, offsets[:-1]),
+        lambda: kernels.copy_rows(data, starts, lengths, dst_nat, offsets[:-1]),
+        args.repeat,
+    )
+    assert dst_np.tobytes() == dst_nat.tobytes()
+    rows.append((f"row gather ({n:,} random rows)", gather_np, gather_nat, n, "row"))
+    utf8_np, utf8_nat = _best_pair(
+        lambda: ref.utf8_first_invalid(dst_np, offsets),
+        lambda: kernels.utf8_first_invalid(dst_nat, offsets),
+        args.repeat,
+    )
+    rows.append(("UTF-8 check of the rows", utf8_np, utf8_nat, n, "row"))
+    row_starts, row_ends = offsets[:-1].astype(np.int64), offsets[1:].astype(np.int64)
+    stray_np, stray_nat = _best_pair(
+        lambda: ref.lines_bad(dst_np, row_starts, row_ends),
+        lambda: kernels.lines_bad(dst_nat, row_starts, row_ends),
+        args.repeat,
+    )
+    rows.append(("stray bytes of the rows (newline, blank)", stray_np, stray_nat, n, "row"))
+
+    mean = size / args.lines
+    table = [
+        f"# Native kernels beside numpy: N = {args.lines:,} lines ({size / 1e6:,.0f} MB, {mean:.1f} bytes a line)",
+        "",
+        machine_info(),
+        f"Kernels alone, one thread, the file in memory; the fastest of {args.repeat} alternating runs. Library: "
+        f"`{kernels.path.name}`. One read of the file counting newlines (page cache): {read_s:.3f} s.",
+        "",
+        "| kernel | numpy (s) | native (s) | numpy (ns/item) | native (ns/item) | native speed-up | "
+        "native / one read |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for what, a, b, items, unit in rows:
+        table.append(
+            f"| {what} | {a:.4f} | {b:.4f} | {a / items * 1e9:.1f} / {unit} | {b / items * 1e9:.1f} / {unit} | "
+            f"{a / b:.1f}x | {b / read_s:.2f}x |"
+        )
+    data_json = {
+        "lines": args.lines,
+        "bytes": size,
+        "rows": n,
+        "one_read_s": read_s,
+        "kernels": [{"what": w, "numpy_s": a, "native_s": b, "items": i} for w, a, b, i, _ in rows],
+    }
+    save_results(
+        args.out,
+        "kernels",
+        table,
+        data_json,
+        lambda p: barh(p, {w: a / b for w, a, b, _, _ in rows}, "native speed-up over numpy (x)", 2.5),
+    )
+
+
+if __name__ == "__main__":
+    main()
