@@ -78,8 +78,8 @@ test: lint typecheck docs test-asan pytest
 test-quick: lint typecheck native
 	$(BIN)/pytest -m "not slow" -n $(QUICK_WORKERS)
 
-bench: $(STAMP)
-	for b in build getitem server workers mix audit group balanced jobstart scale failures collective; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
+bench: $(STAMP) native
+	for b in build getitem server workers mix audit group balanced jobstart scale failures collective kernels; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 	for m in fork forkserver; do $(BIN)/python benchmarks/bench_memory.py --start-method $$m || exit 1; done
 
 clean:
