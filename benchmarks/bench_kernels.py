@@ -11,7 +11,8 @@ its core to another process says nothing about the code). One read of the file c
 - row gather: ``--rows`` random lines of the file (a sampler's order) copied back to back
   (``core.shard.copy_rows``' numpy gather against ``rd_copy_rows``, uint32 destinations as a shard's);
 - UTF-8 check of the gathered rows (``files._gather.check_utf8``'s decoding against ``rd_utf8_first_invalid``);
-- stray bytes of the gathered rows (no newline, not blank: ``rd_lines_bad``).
+- stray bytes of the gathered rows (no newline, not blank: ``rd_lines_bad``);
+- the keyed permutation (``plan.permutation``'s numpy rounds against ``rd_permute``) at ``--rows`` positions.
 
 Usage:
     python benchmarks/bench_kernels.py                                   # 10M lines, 1.25M rows
@@ -132,6 +133,17 @@ def main() -> None:
         args.repeat,
     )
     rows.append(("stray bytes of the rows (newline, blank)", stray_np, stray_nat, n, "row"))
+
+    from rank_dataset.plan.permutation import _grid, _round_keys
+
+    grid, keys = _grid(args.lines), [int(k) for k in _round_keys(0, 1)]
+    positions = np.arange(n, dtype=np.int64)
+    perm_np, perm_nat = _best_pair(
+        lambda: ref.permute_cells(args.lines, *grid, keys, positions),
+        lambda: kernels.permute_cells(args.lines, *grid, keys, positions),
+        args.repeat,
+    )
+    rows.append((f"permutation of {n:,} positions (6 Feistel rounds)", perm_np, perm_nat, n, "row"))
 
     mean = size / args.lines
     table = [

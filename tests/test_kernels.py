@@ -434,6 +434,36 @@ def test_lines_bad_on_hostile_rows(kernels: Kernels) -> None:
     assert kernels.lines_bad(_u8(b""), zero, zero) == ref.lines_bad(_u8(b""), zero, zero) == 0
 
 
+# --- the permutation ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 17, 1000, 65_537, 10**6 + 3, 2**40 + 5, 2**62])
+def test_permute_cells_matches_the_plans_permutation(impl: Any, n: int) -> None:
+    from rank_dataset.plan.permutation import _grid, _round_keys, permute
+
+    rng = np.random.default_rng(n % 1000)
+    positions = np.unique(np.concatenate([[0, n - 1], rng.integers(0, n, 3000)]))
+    rows, col_bits = _grid(n)
+    for seed, epoch in ((0, 0), (7, 3), (2**70 + 1, -5)):
+        keys = [int(k) for k in _round_keys(seed, epoch)]
+        got = impl.permute_cells(n, rows, col_bits, keys, positions)
+        np.testing.assert_array_equal(got, permute(n, seed, epoch, positions))
+        assert got.dtype == np.int64
+    if n <= 10**6 + 3:  # a bijection of [0, n)
+        whole = impl.permute_cells(n, rows, col_bits, keys, np.arange(n))
+        assert np.array_equal(np.sort(whole), np.arange(n))
+
+
+def test_permute_cells_refuses_positions_outside_and_a_grid_too_small(kernels: Kernels) -> None:
+    for bad in ([-1], [10], [0, 3, 1 << 62]):
+        with pytest.raises(ValueError, match="outside"):
+            kernels.permute_cells(10, 4, 2, [1, 2], np.array(bad))
+    with pytest.raises(ValueError):
+        kernels.permute_cells(10, 2, 2, [1, 2], np.array([0]))  # 2 x 4 cells < 10
+    with pytest.raises(ValueError):
+        kernels.permute_cells(10, 4, 40, [1, 2], np.array([0]))
+
+
 # --- the path picker ----------------------------------------------------------------------------------
 
 

@@ -471,3 +471,56 @@ RD_API int rd_lines_bad(const uint8_t *buf, int64_t size, const int64_t *starts,
     }
     return RD_OK;
 }
+
+/* murmur3's 32-bit finaliser of x ^ key: the round function of the permutation (plan/permutation.py). */
+RD_INLINE uint32_t mix32(uint32_t x, uint32_t key) {
+    uint32_t h = x ^ key;
+    h ^= h >> 16;
+    h *= UINT32_C(0x85EBCA6B);
+    h ^= h >> 13;
+    h *= UINT32_C(0xC2B2AE35);
+    h ^= h >> 16;
+    return h;
+}
+
+/*
+ * The keyed permutation of [0, n) at positions pos[0:count] into out[0:count]
+ * (rank_dataset.plan.permutation.permute): a position is a cell (hi, lo) of a grid of rows x 2**col_bits
+ * cells (>= n), mixed by `rounds` Feistel rounds of keys[0:rounds] (even rounds add a hash of hi to lo
+ * modulo 2**col_bits, odd rounds a hash of lo to hi modulo rows), walked again while it lands past n.
+ * A position outside [0, n) is RD_ERANGE (*bad its index), before anything is written.
+ */
+RD_API int rd_permute(int64_t n, int64_t rows, int col_bits, const uint32_t *keys, int rounds, const int64_t *pos,
+                      int64_t count, int64_t *out, int64_t *bad) {
+    if (n < 1 || rows < 1 || rows > (int64_t)UINT32_MAX || col_bits < 0 || col_bits > 32 || rounds < 0 ||
+        rounds > 64 || (rounds > 0 && keys == NULL) || count < 0 || bad == NULL ||
+        (count > 0 && (pos == NULL || out == NULL)))
+        return RD_EARG;
+    /* The grid must hold [0, n) and its cells fit an int64. */
+    if (rows > (INT64_MAX >> col_bits) || (rows << col_bits) < n) return RD_EARG;
+    *bad = -1;
+    for (int64_t i = 0; i < count; i++) {
+        if (pos[i] < 0 || pos[i] >= n) {
+            *bad = i;
+            return RD_ERANGE;
+        }
+    }
+    const uint32_t mask = (uint32_t)((UINT64_C(1) << col_bits) - 1), r = (uint32_t)rows;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t x = pos[i];
+        do {
+            uint32_t hi = (uint32_t)(x >> col_bits), lo = (uint32_t)x & mask;
+            for (int k = 0; k < rounds; k++) {
+                if (k % 2 == 0) {
+                    lo = (lo + mix32(hi, keys[k])) & mask;
+                } else {
+                    hi += mix32(lo, keys[k]) % r; /* modulo 2**32, as numpy's uint32 (no wrap below 2**31 rows) */
+                    if (hi >= r) hi -= r;
+                }
+            }
+            x = (int64_t)((uint64_t)hi << col_bits | lo);
+        } while (x >= n);
+        out[i] = x;
+    }
+    return RD_OK;
+}

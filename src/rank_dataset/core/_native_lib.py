@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rd_pack_rows": (_INT, [_P, _I64T, _P, _INT, _P, _INT, _I64T, _P, _I64T, _P, _INT, _P]),
     "rd_utf8_first_invalid": (_INT, [_P, _I64T, _P, _INT, _I64T, _P]),
     "rd_lines_bad": (_INT, [_P, _I64T, _P, _P, _I64T, _P]),
+    "rd_permute": (_INT, [_I64T, _I64T, _INT, _P, _INT, _P, _I64T, _P, _P]),
 }
 
 
@@ -240,3 +242,18 @@ class Kernels:
         code = self._lib.rd_lines_bad(a.ctypes.data, a.size, s.ctypes.data, e.ctypes.data, s.size, ctypes.byref(row))
         _check(code, "lines_bad", row.value)
         return int(row.value)
+
+    def permute_cells(
+        self, n: int, rows: int, col_bits: int, keys: Sequence[int], positions: Any
+    ) -> npt.NDArray[np.int64]:
+        pos = _i64(positions)
+        k = np.asarray(keys, np.uint32)
+        out = np.empty(pos.size, np.int64)
+        bad = ctypes.c_int64(-1)
+        code = self._lib.rd_permute(
+            n, rows, col_bits, k.ctypes.data, k.size, pos.ctypes.data, pos.size, out.ctypes.data, ctypes.byref(bad)
+        )
+        if code == _ERANGE:
+            raise ValueError(f"position {int(pos[bad.value])} is outside [0, {n})")
+        _check(code, "permute_cells")
+        return out

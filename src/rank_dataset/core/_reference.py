@@ -8,6 +8,7 @@ Each function here computes what its kernel in ``_kernels.c`` does, with the sam
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -25,6 +26,7 @@ __all__ = [
     "find_byte",
     "lines_bad",
     "pack_rows",
+    "permute_cells",
     "scan_lines",
     "utf8_first_invalid",
 ]
@@ -220,3 +222,48 @@ def lines_bad(buf: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: n
             bad[k] = True
     hits = np.flatnonzero(bad)
     return int(hits[0]) if hits.size else -1
+
+
+_FMIX1, _FMIX2 = np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35)
+_S16, _S13 = np.uint32(16), np.uint32(13)
+
+
+def _hash(x: npt.NDArray[np.uint32], key: np.uint32) -> npt.NDArray[np.uint32]:
+    """A keyed 32-bit mix of ``x`` (murmur3's finaliser); all arithmetic wraps modulo 2**32."""
+    h = x ^ key
+    h ^= h >> _S16
+    h *= _FMIX1
+    h ^= h >> _S13
+    h *= _FMIX2
+    h ^= h >> _S16
+    return h
+
+
+def permute_cells(
+    n: int, rows: int, col_bits: int, keys: Sequence[int], positions: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """The keyed permutation of ``[0, n)`` at ``positions`` (``plan.permutation.permute`` given its grid
+    and round keys): each position a cell ``(hi, lo)`` of ``rows x 2**col_bits``, mixed by a Feistel
+    round per key, walked again while it lands at ``n`` or past it."""
+    flat = np.asarray(positions, np.int64)
+    col_mask, r = np.uint32((1 << col_bits) - 1), np.uint32(rows)
+    out = np.empty(flat.size, np.int64)
+    todo = np.arange(flat.size)
+    cells = flat.copy()
+    while todo.size:
+        hi = (cells >> col_bits).astype(np.uint32)
+        lo = (cells & ((1 << col_bits) - 1)).astype(np.uint32)
+        for i, key in enumerate(keys):
+            if i % 2 == 0:
+                lo += _hash(hi, np.uint32(key))
+                lo &= col_mask
+            else:
+                h = _hash(lo, np.uint32(key))
+                h %= r
+                hi += h
+                np.minimum(hi, hi - r, out=hi)
+        cells = (hi.astype(np.int64) << col_bits) | lo
+        inside = cells < n
+        out[todo[inside]] = cells[inside]
+        todo, cells = todo[~inside], cells[~inside]
+    return out

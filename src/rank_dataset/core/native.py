@@ -26,13 +26,17 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import _reference
 from rank_dataset.core._reference import MARK, NEWLINE, LineScan
+
+if TYPE_CHECKING:
+    from rank_dataset.core._native_lib import Kernels
 
 __all__ = [
     "MODE_ENV",
@@ -44,6 +48,7 @@ __all__ = [
     "lines_bad",
     "pack_rows",
     "path",
+    "permute_cells",
     "scan_lines",
     "utf8_first_invalid",
 ]
@@ -54,7 +59,7 @@ _MODES = ("auto", "0", "require")
 
 
 @functools.cache
-def _state() -> tuple[Any, str]:
+def _state() -> tuple[Kernels | None, str]:
     """``(kernels or None, description)``, decided once per process."""
     mode = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
     if mode not in _MODES:
@@ -136,3 +141,14 @@ def lines_bad(buf: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: n
     """The first row ``buf[starts[k]:ends[k]]`` that holds a newline or only whitespace, or -1."""
     k = _state()[0]
     return _reference.lines_bad(buf, starts, ends) if k is None else int(k.lines_bad(buf, starts, ends))
+
+
+def permute_cells(
+    n: int, rows: int, col_bits: int, keys: Sequence[int], positions: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """The keyed permutation of ``[0, n)`` at ``positions`` given its grid and round keys (what
+    :func:`rank_dataset.plan.permutation.permute` computes from ``(n, seed, epoch)``), int64, flat."""
+    k = _state()[0]
+    if k is None:
+        return _reference.permute_cells(n, rows, col_bits, keys, positions)
+    return k.permute_cells(n, rows, col_bits, keys, positions)
