@@ -409,16 +409,20 @@ def test_utf8_refuses_bounds_outside_the_data(kernels: Kernels) -> None:
 # --- stray bytes --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("seed", range(60))
 def test_lines_bad_matches_the_gathers_line_check(impl: Any, seed: int) -> None:
     rng = np.random.default_rng(seed)
     buf = _u8(_random_bytes(rng, int(rng.integers(1, 400)), newline_weight=0.03))
     n = int(rng.integers(0, 40))
     starts = rng.integers(0, buf.size + 1, n)
+    if seed % 2:  # ascending, as a shard's rows (the kernel's newline search then runs once)
+        starts.sort()
     ends = np.minimum(starts + rng.integers(0, 12, n), buf.size)
     ok = [_line_ok(buf[s:e]) for s, e in zip(starts.tolist(), ends.tolist())]
     want = ok.index(False) if False in ok else -1
     assert impl.lines_bad(buf, starts.astype(np.int64), ends.astype(np.int64)) == want
+    good = [k for k, fine in enumerate(ok) if fine]  # the rows that pass, alone: nothing found
+    assert impl.lines_bad(buf, starts[good].astype(np.int64), ends[good].astype(np.int64)) == -1
 
 
 def test_lines_bad_on_hostile_rows(kernels: Kernels) -> None:
@@ -452,6 +456,19 @@ def test_permute_cells_matches_the_plans_permutation(impl: Any, n: int) -> None:
     if n <= 10**6 + 3:  # a bijection of [0, n)
         whole = impl.permute_cells(n, rows, col_bits, keys, np.arange(n))
         assert np.array_equal(np.sort(whole), np.arange(n))
+
+
+def test_permute_cells_for_many_grids(kernels: Kernels) -> None:
+    """Grids of every height from 1 to 2**31 rows (the modulo by multiplication, for each divisor kind)."""
+    from rank_dataset.plan.permutation import _grid, _round_keys, permute
+
+    rng = np.random.default_rng(1)
+    sizes = [int(x) for x in np.exp2(rng.uniform(0, 62, 300))] + [2**k + d for k in range(1, 62, 3) for d in (-1, 0, 1)]
+    keys = [int(k) for k in _round_keys(3, 4)]
+    for n in sorted({max(1, x) for x in sizes}):
+        positions = rng.integers(0, n, 200)
+        got = kernels.permute_cells(n, *_grid(n), keys, positions)
+        np.testing.assert_array_equal(got, permute(n, 3, 4, positions), err_msg=str(n))
 
 
 def test_permute_cells_refuses_positions_outside_and_a_grid_too_small(kernels: Kernels) -> None:

@@ -291,6 +291,39 @@ RD_API int rd_scan_lines(const uint8_t *buf, int64_t size, int64_t offset, int l
     return RD_OK;
 }
 
+/* 16 bytes, loaded and stored as a unit (one unaligned vector move where the compiler has one). */
+typedef struct {
+    uint64_t a, b;
+} rd_b16;
+
+/* Copy len bytes from s to d, touching no byte outside [d, d + len) nor [s, s + len): rows of 16 to
+ * 64 bytes (the common meta line) by four overlapping 16-byte moves, with no branch on the length
+ * within that range (a call of memcpy per row costs more than the copy). */
+RD_INLINE void copy_row(uint8_t *d, const uint8_t *s, int64_t len) {
+    if (len >= 16 && len <= 64) {
+        const int64_t o1 = len - 16 < 16 ? len - 16 : 16, o2 = len - 16 < 32 ? len - 16 : 32, o3 = len - 16;
+        rd_b16 x0, x1, x2, x3;
+        memcpy(&x0, s, 16);
+        memcpy(&x1, s + o1, 16);
+        memcpy(&x2, s + o2, 16);
+        memcpy(&x3, s + o3, 16);
+        memcpy(d, &x0, 16);
+        memcpy(d + o1, &x1, 16);
+        memcpy(d + o2, &x2, 16);
+        memcpy(d + o3, &x3, 16);
+    } else if (len > 64) {
+        memcpy(d, s, (size_t)len);
+    } else if (len >= 8) {
+        uint64_t x0, x1;
+        memcpy(&x0, s, 8);
+        memcpy(&x1, s + len - 8, 8);
+        memcpy(d, &x0, 8);
+        memcpy(d + len - 8, &x1, 8);
+    } else {
+        for (int64_t j = 0; j < len; j++) d[j] = s[j];
+    }
+}
+
 /*
  * dst[dst_starts[k]:][:lengths[k]] = src[src_starts[k]:][:lengths[k]] for each k < n (the index
  * arrays of kinds src_kind, len_kind, dst_kind). Every row is checked to lie within both buffers
@@ -315,8 +348,8 @@ RD_API int rd_copy_rows(const uint8_t *src, int64_t src_size, const void *src_st
 #if defined(__GNUC__) || defined(__clang__)
         if (k + 8 < n) __builtin_prefetch(src + get_index(src_starts, src_kind, k + 8));
 #endif
-        int64_t len = get_index(lengths, len_kind, k);
-        if (len) memcpy(dst + get_index(dst_starts, dst_kind, k), src + get_index(src_starts, src_kind, k), (size_t)len);
+        copy_row(dst + get_index(dst_starts, dst_kind, k), src + get_index(src_starts, src_kind, k),
+                 get_index(lengths, len_kind, k));
     }
     return RD_OK;
 }
@@ -354,7 +387,7 @@ RD_API int rd_pack_rows(const uint8_t *src, int64_t src_size, const void *starts
         int64_t len = get_index(lengths, len_kind, k);
         if (off_kind == RD_U32) ((uint32_t *)offsets)[k] = (uint32_t)at;
         else ((int64_t *)offsets)[k] = at;
-        if (len) memcpy(dst + at, src + get_index(starts, start_kind, k), (size_t)len);
+        copy_row(dst + at, src + get_index(starts, start_kind, k), len);
         at += len;
     }
     if (off_kind == RD_U32) ((uint32_t *)offsets)[n] = (uint32_t)at;
@@ -437,6 +470,23 @@ RD_API int rd_utf8_first_invalid(const uint8_t *data, int64_t size, const void *
     return RD_OK;
 }
 
+/* The first newline in p[i:end], or end. */
+static int64_t find_newline(const uint8_t *p, int64_t i, int64_t end) {
+#if defined(__SSE2__)
+    const __m128i nl = _mm_set1_epi8('\n');
+    for (; end - i >= 16; i += 16) {
+        int m = _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + i)), nl));
+        if (m) return i + ctz64((uint64_t)(unsigned)m);
+    }
+#else
+    for (; end - i >= 8; i += 8)
+        if (zero_bytes(load64(p + i) ^ (ONES * 10u))) break;
+#endif
+    for (; i < end; i++)
+        if (p[i] == '\n') return i;
+    return end;
+}
+
 /*
  * The first row k < n of buf[starts[k]:ends[k]] (int64 offsets) that is not a sample's text, into
  * *row (-1 if none): one that holds a newline, or nothing but ASCII whitespace (an empty row too).
@@ -446,22 +496,28 @@ RD_API int rd_lines_bad(const uint8_t *buf, int64_t size, const int64_t *starts,
                         int64_t *row) {
     if (!buf_ok(buf, size) || n < 0 || row == NULL || (n > 0 && (!starts || !ends))) return RD_EARG;
     *row = -1;
+    int64_t from = 0, next_nl = -1; /* the first newline at or after from */
     for (int64_t k = 0; k < n; k++) {
         int64_t s = starts[k], e = ends[k];
         if (s < 0 || e < s || e > size) {
             *row = k;
             return RD_ERANGE;
         }
-        /* A newline anywhere, 8 bytes at a time; then, for a row that starts with whitespace (or is
-         * empty), whether anything else follows. */
-        int64_t j = s;
-        int bad_row = 0;
-        for (; e - j >= 8; j += 8)
-            if (zero_bytes(load64(buf + j) ^ (ONES * 10u))) break;
-        for (; j < e && !bad_row; j++) bad_row = buf[j] == '\n';
+        /* A newline in the row: where rows come in ascending order (a shard's do), the next newline
+         * after the last one found serves every row before it, so the search runs once over the
+         * buffer; a row before the last searched from is searched alone. Then, for a row that starts
+         * with whitespace (or is empty), whether anything else follows. */
+        int bad_row;
+        if (s >= from) {
+            if (next_nl < s) next_nl = find_newline(buf, s, size);
+            from = s;
+            bad_row = next_nl < e;
+        } else {
+            bad_row = find_newline(buf, s, e) < e;
+        }
         if (!bad_row && (s == e || buf[s] <= ' ')) {
-            for (j = s; j < e && blank(buf[j]); j++) {
-            }
+            int64_t j = s;
+            while (j < e && blank(buf[j])) j++;
             bad_row = j == e;
         }
         if (bad_row) {
@@ -506,6 +562,12 @@ RD_API int rd_permute(int64_t n, int64_t rows, int col_bits, const uint32_t *key
         }
     }
     const uint32_t mask = (uint32_t)((UINT64_C(1) << col_bits) - 1), r = (uint32_t)rows;
+    /* x % r by a multiply and shifts (Granlund and Montgomery 1994, figure 4.1): a division costs
+     * several times as much, three times a round trip. */
+    int l = 0;
+    while (l < 32 && (UINT64_C(1) << l) < (uint64_t)r) l++;
+    const uint64_t magic = (((UINT64_C(1) << l) - r) << 32) / r + 1;
+    const int sh1 = l < 1 ? l : 1, sh2 = l > 1 ? l - 1 : 0;
     for (int64_t i = 0; i < count; i++) {
         int64_t x = pos[i];
         do {
@@ -514,7 +576,10 @@ RD_API int rd_permute(int64_t n, int64_t rows, int col_bits, const uint32_t *key
                 if (k % 2 == 0) {
                     lo = (lo + mix32(hi, keys[k])) & mask;
                 } else {
-                    hi += mix32(lo, keys[k]) % r; /* modulo 2**32, as numpy's uint32 (no wrap below 2**31 rows) */
+                    const uint32_t h = mix32(lo, keys[k]);
+                    const uint32_t t = (uint32_t)((magic * h) >> 32);
+                    const uint32_t q = (t + ((h - t) >> sh1)) >> sh2;
+                    hi += h - q * r; /* modulo 2**32, as numpy's uint32 (no wrap below 2**31 rows) */
                     if (hi >= r) hi -= r;
                 }
             }
