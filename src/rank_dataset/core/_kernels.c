@@ -528,6 +528,9 @@ RD_API int rd_lines_bad(const uint8_t *buf, int64_t size, const int64_t *starts,
     return RD_OK;
 }
 
+/* Positions a permutation call mixes side by side. */
+#define PERMUTE_LANES 16
+
 /* murmur3's 32-bit finaliser of x ^ key: the round function of the permutation (plan/permutation.py). */
 RD_INLINE uint32_t mix32(uint32_t x, uint32_t key) {
     uint32_t h = x ^ key;
@@ -537,6 +540,31 @@ RD_INLINE uint32_t mix32(uint32_t x, uint32_t key) {
     h *= UINT32_C(0xC2B2AE35);
     h ^= h >> 16;
     return h;
+}
+
+/* A permutation's grid: rows x 2**col_bits cells, and the constants of h % rows by multiplication. */
+struct grid {
+    int col_bits, sh1, sh2;
+    uint32_t mask, rows;
+    uint64_t magic;
+};
+
+/* (hi + h % rows) mod rows, hi < rows, the sum modulo 2**32 as numpy's uint32 (no wrap below 2**31 rows). */
+RD_INLINE uint32_t add_mod_rows(const struct grid *g, uint32_t hi, uint32_t h) {
+    const uint32_t t = (uint32_t)((g->magic * h) >> 32);
+    const uint32_t q = (t + ((h - t) >> g->sh1)) >> g->sh2;
+    const uint32_t y = hi + (h - q * g->rows);
+    return y >= g->rows ? y - g->rows : y;
+}
+
+/* One pass of the rounds over cell x. */
+static int64_t feistel(const struct grid *g, const uint32_t *keys, int rounds, int64_t x) {
+    uint32_t hi = (uint32_t)(x >> g->col_bits), lo = (uint32_t)x & g->mask;
+    for (int k = 0; k < rounds; k++) {
+        if (k % 2 == 0) lo = (lo + mix32(hi, keys[k])) & g->mask;
+        else hi = add_mod_rows(g, hi, mix32(lo, keys[k]));
+    }
+    return (int64_t)((uint64_t)hi << g->col_bits | lo);
 }
 
 /*
@@ -561,31 +589,40 @@ RD_API int rd_permute(int64_t n, int64_t rows, int col_bits, const uint32_t *key
             return RD_ERANGE;
         }
     }
-    const uint32_t mask = (uint32_t)((UINT64_C(1) << col_bits) - 1), r = (uint32_t)rows;
-    /* x % r by a multiply and shifts (Granlund and Montgomery 1994, figure 4.1): a division costs
-     * several times as much, three times a round trip. */
+    struct grid g;
+    g.col_bits = col_bits;
+    g.mask = (uint32_t)((UINT64_C(1) << col_bits) - 1);
+    g.rows = (uint32_t)rows;
+    /* h % rows by a multiply and shifts (Granlund and Montgomery 1994, figure 4.1): a division costs
+     * several times as much, three times a round. */
     int l = 0;
-    while (l < 32 && (UINT64_C(1) << l) < (uint64_t)r) l++;
-    const uint64_t magic = (((UINT64_C(1) << l) - r) << 32) / r + 1;
-    const int sh1 = l < 1 ? l : 1, sh2 = l > 1 ? l - 1 : 0;
-    for (int64_t i = 0; i < count; i++) {
-        int64_t x = pos[i];
-        do {
-            uint32_t hi = (uint32_t)(x >> col_bits), lo = (uint32_t)x & mask;
-            for (int k = 0; k < rounds; k++) {
-                if (k % 2 == 0) {
-                    lo = (lo + mix32(hi, keys[k])) & mask;
-                } else {
-                    const uint32_t h = mix32(lo, keys[k]);
-                    const uint32_t t = (uint32_t)((magic * h) >> 32);
-                    const uint32_t q = (t + ((h - t) >> sh1)) >> sh2;
-                    hi += h - q * r; /* modulo 2**32, as numpy's uint32 (no wrap below 2**31 rows) */
-                    if (hi >= r) hi -= r;
-                }
+    while (l < 32 && (UINT64_C(1) << l) < (uint64_t)rows) l++;
+    g.magic = (((UINT64_C(1) << l) - (uint64_t)rows) << 32) / (uint64_t)rows + 1;
+    g.sh1 = l < 1 ? l : 1;
+    g.sh2 = l > 1 ? l - 1 : 0;
+    const uint32_t mask = g.mask;
+    /* PERMUTE_LANES positions at a time, each round over all of them: their rounds are independent,
+     * so the processor overlaps them (one position's rounds, in a chain, would wait on each multiply). */
+    for (int64_t i0 = 0; i0 < count; i0 += PERMUTE_LANES) {
+        const int lanes = count - i0 < PERMUTE_LANES ? (int)(count - i0) : PERMUTE_LANES;
+        uint32_t hi[PERMUTE_LANES], lo[PERMUTE_LANES];
+        for (int j = 0; j < lanes; j++) {
+            hi[j] = (uint32_t)(pos[i0 + j] >> col_bits);
+            lo[j] = (uint32_t)pos[i0 + j] & mask;
+        }
+        for (int k = 0; k < rounds; k++) {
+            const uint32_t key = keys[k];
+            if (k % 2 == 0) {
+                for (int j = 0; j < lanes; j++) lo[j] = (lo[j] + mix32(hi[j], key)) & mask;
+            } else {
+                for (int j = 0; j < lanes; j++) hi[j] = add_mod_rows(&g, hi[j], mix32(lo[j], key));
             }
-            x = (int64_t)((uint64_t)hi << col_bits | lo);
-        } while (x >= n);
-        out[i] = x;
+        }
+        for (int j = 0; j < lanes; j++) {
+            int64_t x = (int64_t)((uint64_t)hi[j] << col_bits | lo[j]);
+            while (x >= n) x = feistel(&g, keys, rounds, x); /* past n (rare: < 2 sqrt(n) + 1 cells): walk on */
+            out[i0 + j] = x;
+        }
     }
     return RD_OK;
 }
