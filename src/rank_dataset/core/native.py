@@ -23,8 +23,8 @@ Examples:
 
 from __future__ import annotations
 
-import functools
 import os
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -58,9 +58,24 @@ MODE_ENV = "RANK_DATASET_NATIVE"
 _MODES = ("auto", "0", "require")
 
 
-@functools.cache
+_STATE: tuple[Kernels | None, str] | None = None
+_LOCK = threading.Lock()
+
+
 def _state() -> tuple[Kernels | None, str]:
-    """``(kernels or None, description)``, decided once per process."""
+    """``(kernels or None, description)``, decided once per process (under a lock: the first calls
+    may come from several threads at once, and the warning is given once)."""
+    global _STATE
+    state = _STATE
+    if state is None:
+        with _LOCK:
+            if _STATE is None:
+                _STATE = _decide()
+            state = _STATE
+    return state
+
+
+def _decide() -> tuple[Kernels | None, str]:
     mode = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
     if mode not in _MODES:
         raise ValueError(f"{MODE_ENV} must be one of {', '.join(_MODES)}, got {mode!r}")
@@ -77,7 +92,7 @@ def _state() -> tuple[Kernels | None, str]:
                 f"{MODE_ENV}=require, but {why}. Build them with a C compiler (pip install again, or `make native` "
                 f"in a clone), or set {MODE_ENV}=auto to run on numpy."
             ) from exc
-        warnings.warn(f"rank-dataset runs on numpy: {why}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"rank-dataset runs on numpy: {why}", RuntimeWarning, stacklevel=4)
         return None, f"numpy ({why})"
     return kernels, f"native ({kernels.path})"
 
