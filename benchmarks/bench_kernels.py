@@ -1,7 +1,9 @@
 """The native kernels alone beside their numpy reference, in one process, as ratios.
 
 Kernels only: the file is read into memory first (not timed), then each path runs over the same bytes,
-alternately, ``--repeat`` times; the fastest run of each is kept (on a shared machine a run that lost
+alternately, ``--repeat`` times (a kernel that runs on bytes a build has just read, the scan's chunk
+or the gather's window, is timed on them copied into one buffer first, as the build reads them); the
+fastest run of each is kept (on a shared machine a run that lost
 its core to another process says nothing about the code). One read of the file counting newlines (what
 ``bench_build.py`` calls a scan) is timed too, from the page cache, as the yardstick.
 
@@ -9,7 +11,9 @@ its core to another process says nothing about the code). One read of the file c
   temporaries, against ``rd_scan_lines``) over 4 MiB chunks cut at newlines, as ``scan_map`` cuts them;
 - newline count: ``count_nonzero(buf == 10)`` against ``rd_count_byte``, over the same chunks;
 - row gather: ``--rows`` random lines of the file (a sampler's order) copied back to back
-  (``core.shard.copy_rows``' numpy gather against ``rd_copy_rows``, uint32 destinations as a shard's);
+  (``core.shard.copy_rows``' numpy gather against ``rd_copy_rows``, uint32 destinations as a shard's):
+  in one call from the whole file, and as a build copies them (file order, a 2 MiB window at a time,
+  each row to its random place in item order);
 - UTF-8 check of the gathered rows (``files._gather.check_utf8``'s decoding against ``rd_utf8_first_invalid``);
 - stray bytes of the gathered rows (no newline, not blank: ``rd_lines_bad``);
 - the keyed permutation (``plan.permutation``'s numpy rounds against ``rd_permute``) at ``--rows`` positions.
@@ -42,16 +46,26 @@ from rank_dataset.core._native_lib import load  # noqa: E402
 from rank_dataset.files.scan import CHUNK, _chunk_bounds, _scan_chunk, _Scratch  # noqa: E402
 
 
-def _best_pair(numpy_fn: Callable[[], Any], native_fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
-    """The fastest seconds of each, run alternately ``repeat`` times (a first, untimed run each warms up)."""
+def _best_pair(numpy_fn: Callable[[], float], native_fn: Callable[[], float], repeat: int) -> tuple[float, float]:
+    """The fastest of each, run alternately ``repeat`` times (a first, unkept run each warms up); each
+    function returns the seconds it measured."""
     numpy_fn(), native_fn()
     a, b = [], []
     for _ in range(repeat):
-        for fn, out in ((numpy_fn, a), (native_fn, b)):
-            t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
+        a.append(numpy_fn())
+        b.append(native_fn())
     return min(a), min(b)
+
+
+def _timed(fn: Callable[[], Any]) -> Callable[[], float]:
+    """``fn`` timed whole."""
+
+    def run() -> float:
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+    return run
 
 
 def _one_read(path: Path, repeat: int) -> float:
@@ -60,13 +74,7 @@ def _one_read(path: Path, repeat: int) -> float:
             return f.read().count(b"\n")
 
     read()
-    return min(_timed(read) for _ in range(repeat))
-
-
-def _timed(fn: Callable[[], Any]) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+    return min(_timed(read)() for _ in range(repeat))
 
 
 def main() -> None:
@@ -87,20 +95,35 @@ def main() -> None:
             bounds = _chunk_bounds(f, size, CHUNK)
     chunks = [(data[lo:hi], lo, hi == size) for lo, hi in itertools.pairwise(bounds)]
     scratch = _Scratch(8 * (CHUNK + (CHUNK >> 2)))
+    window = np.empty(max((c.size for c, _, _ in chunks), default=0), np.uint8)
 
-    def numpy_scan() -> int:
-        return sum(_scan_chunk(buf, lo, last, scratch).starts.size for buf, lo, last in chunks)
+    def over_chunks(scan: Callable[[np.ndarray, int, bool], Any]) -> Callable[[], float]:
+        """Each chunk read into one buffer (not timed: a scan reads it so), then scanned (timed)."""
 
-    def native_scan() -> int:
-        return sum(kernels.scan_lines(buf, lo, last).starts.size for buf, lo, last in chunks)
+        def run() -> float:
+            total = 0.0
+            for chunk, lo, last in chunks:
+                buf = window[: chunk.size]
+                buf[:] = chunk
+                t = time.perf_counter()
+                scan(buf, lo, last)
+                total += time.perf_counter() - t
+            return total
 
-    assert numpy_scan() == native_scan() == args.lines
+        return run
+
+    assert sum(_scan_chunk(c, lo, last, scratch).starts.size for c, lo, last in chunks) == args.lines
+    assert sum(kernels.scan_lines(c, lo, last).starts.size for c, lo, last in chunks) == args.lines
     rows: list[tuple[str, float, float, int, str]] = []  # what, numpy s, native s, items, unit
-    scan_np, scan_nat = _best_pair(numpy_scan, native_scan, args.repeat)
+    scan_np, scan_nat = _best_pair(
+        over_chunks(lambda b, lo, last: _scan_chunk(b, lo, last, scratch)),
+        over_chunks(kernels.scan_lines),
+        args.repeat,
+    )
     rows.append(("newline scan (the index build's chunk scan)", scan_np, scan_nat, args.lines, "line"))
     count_np, count_nat = _best_pair(
-        lambda: sum(ref.count_byte(buf) for buf, _, _ in chunks),
-        lambda: sum(kernels.count_byte(buf) for buf, _, _ in chunks),
+        over_chunks(lambda b, lo, last: ref.count_byte(b)),
+        over_chunks(lambda b, lo, last: kernels.count_byte(b)),
         args.repeat,
     )
     rows.append(("newline count", count_np, count_nat, args.lines, "line"))
@@ -114,22 +137,48 @@ def main() -> None:
     np.cumsum(lengths, out=offsets[1:], dtype=np.uint32)
     dst_np, dst_nat = np.empty(int(offsets[-1]), np.uint8), np.empty(int(offsets[-1]), np.uint8)
     gather_np, gather_nat = _best_pair(
-        lambda: ref.copy_rows(data, starts, lengths, dst_np, offsets[:-1]),
-        lambda: kernels.copy_rows(data, starts, lengths, dst_nat, offsets[:-1]),
+        _timed(lambda: ref.copy_rows(data, starts, lengths, dst_np, offsets[:-1])),
+        _timed(lambda: kernels.copy_rows(data, starts, lengths, dst_nat, offsets[:-1])),
         args.repeat,
     )
     assert dst_np.tobytes() == dst_nat.tobytes()
-    rows.append((f"row gather ({n:,} random rows)", gather_np, gather_nat, n, "row"))
+    rows.append(
+        (f"row gather, one call ({n:,} random rows of the file, back to back)", gather_np, gather_nat, n, "row")
+    )
+    # As a build copies them: in file order, a 2 MiB window of the file at a time (read into one buffer,
+    # not timed), each row to its place in item order (random).
+    order = np.argsort(starts, kind="stable")
+    cuts = [0, *(np.flatnonzero(np.diff(starts[order] >> 21)) + 1).tolist(), n]
+    batches = [order[a:b] for a, b in itertools.pairwise(cuts)]
+    win = np.empty((2 << 20) + int(lengths.max()) + 1, np.uint8)
+
+    spans_of = [(starts[r] - int(starts[r[0]]), lengths[r], offsets[r], int(starts[r[0]])) for r in batches]
+
+    def build(copy: Callable[..., None], dst: np.ndarray) -> Callable[[], float]:
+        def run() -> float:
+            total = 0.0
+            for at, took, to, lo in spans_of:
+                win[: int((at + took).max())] = data[lo : lo + int((at + took).max())]
+                t = time.perf_counter()
+                copy(win, at, took, dst, to)
+                total += time.perf_counter() - t
+            return total
+
+        return run
+
+    build_np, build_nat = _best_pair(build(ref.copy_rows, dst_np), build(kernels.copy_rows, dst_nat), args.repeat)
+    assert dst_np.tobytes() == dst_nat.tobytes()
+    rows.append((f"row gather as a build does ({len(batches):,} windows of 2 MiB)", build_np, build_nat, n, "row"))
     utf8_np, utf8_nat = _best_pair(
-        lambda: ref.utf8_first_invalid(dst_np, offsets),
-        lambda: kernels.utf8_first_invalid(dst_nat, offsets),
+        _timed(lambda: ref.utf8_first_invalid(dst_np, offsets)),
+        _timed(lambda: kernels.utf8_first_invalid(dst_nat, offsets)),
         args.repeat,
     )
     rows.append(("UTF-8 check of the rows", utf8_np, utf8_nat, n, "row"))
     row_starts, row_ends = offsets[:-1].astype(np.int64), offsets[1:].astype(np.int64)
     stray_np, stray_nat = _best_pair(
-        lambda: ref.lines_bad(dst_np, row_starts, row_ends),
-        lambda: kernels.lines_bad(dst_nat, row_starts, row_ends),
+        _timed(lambda: ref.lines_bad(dst_np, row_starts, row_ends)),
+        _timed(lambda: kernels.lines_bad(dst_nat, row_starts, row_ends)),
         args.repeat,
     )
     rows.append(("stray bytes of the rows (newline, blank)", stray_np, stray_nat, n, "row"))
@@ -139,8 +188,8 @@ def main() -> None:
     grid, keys = _grid(args.lines), [int(k) for k in _round_keys(0, 1)]
     positions = np.arange(n, dtype=np.int64)
     perm_np, perm_nat = _best_pair(
-        lambda: ref.permute_cells(args.lines, *grid, keys, positions),
-        lambda: kernels.permute_cells(args.lines, *grid, keys, positions),
+        _timed(lambda: ref.permute_cells(args.lines, *grid, keys, positions)),
+        _timed(lambda: kernels.permute_cells(args.lines, *grid, keys, positions)),
         args.repeat,
     )
     rows.append((f"permutation of {n:,} positions (6 Feistel rounds)", perm_np, perm_nat, n, "row"))

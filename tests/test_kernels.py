@@ -175,6 +175,19 @@ def test_scan_marks_a_line_longer_than_the_mark_interval_once_per_multiple(kerne
     assert got.marks.tolist() == [[54, 1]] * 5 + [[60, 4], [70, 9]]
 
 
+@pytest.mark.parametrize(
+    "data",
+    [b"x" * 300_000 + b"\n" + b"a\n" * 200_000, b"a b c\n" * 100_000, b"\n" * 300_000 + b"a\n" * 1000],
+    ids=["short-lines-after-a-long-one", "short-lines", "blank-lines"],
+)
+def test_scan_sizes_its_arrays_whatever_the_lines(kernels: Kernels, data: bytes) -> None:
+    """Lines much shorter after the first 256 KiB (which size the arrays): scanned again, exactly."""
+    buf = _u8(data)
+    got = kernels.scan_lines(buf, 0, True)
+    _same_scan(got, ref.scan_lines(buf, 0, True))
+    assert got.starts.base is None or got.starts.base.size == got.starts.size  # trimmed, not a view
+
+
 def test_scan_of_a_read_only_mmap(kernels: Kernels, tmp_path: Path) -> None:
     p = tmp_path / "meta.txt"
     p.write_bytes(b"a 1\r\n\n b\nlast")

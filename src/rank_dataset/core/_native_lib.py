@@ -31,6 +31,7 @@ _OK, _EARG, _ERANGE, _ECAP, _EOVERFLOW = 0, -1, -2, -3, -4
 _I64, _U32, _I32 = 1, 2, 3
 _KINDS = {np.dtype(np.int64): _I64, np.dtype(np.uint32): _U32, np.dtype(np.int32): _I32}
 _P, _I64T, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SAMPLE = 256 << 10  # bytes whose lines size a scan's arrays
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rd_abi_version": (_INT, []),
     "rd_count_byte": (_I64T, [_P, _I64T, _INT]),
@@ -150,29 +151,38 @@ class Kernels:
         a = _bytes_in(buf)
         if offset < 0 or mark <= 0:
             raise ValueError(f"offset must be >= 0 and mark > 0, got {offset} and {mark}")
-        # A sample per line at most: counting the lines first (a pass at memory speed) sizes the arrays
-        # exactly, so that they take what numpy's would (an array of a bound would fault in pages anew).
-        cap = self.count_byte(a, NEWLINE) + 1
-        starts, lengths = np.empty(cap, np.int64), np.empty(cap, np.int64)
+        # A sample per line at most. The arrays are sized by the lines of the first 256 KiB, with room to
+        # spare (counting them all would cost half as much as the scan), and scanned again at the exact
+        # size in the rare buffer whose later lines are much shorter; then trimmed in place.
+        head = a[:_SAMPLE]
+        guess = (self.count_byte(head, NEWLINE) + 1) * a.size // max(head.size, 1)
+        cap = min(guess + guess // 2 + 64, a.size + 1)
         marks_cap = a.size // mark + 2
         marks = np.empty((marks_cap, 2), np.int64)
         result = np.zeros(4, np.int64)
-        code = self._lib.rd_scan_lines(
-            a.ctypes.data,
-            a.size,
-            offset,
-            int(bool(last)),
-            mark,
-            starts.ctypes.data,
-            lengths.ctypes.data,
-            cap,
-            marks.ctypes.data,
-            marks_cap,
-            result.ctypes.data,
-        )
+        while True:
+            starts, lengths = np.empty(cap, np.int64), np.empty(cap, np.int64)
+            code = self._lib.rd_scan_lines(
+                a.ctypes.data,
+                a.size,
+                offset,
+                int(bool(last)),
+                mark,
+                starts.ctypes.data,
+                lengths.ctypes.data,
+                cap,
+                marks.ctypes.data,
+                marks_cap,
+                result.ctypes.data,
+            )
+            if code != _ECAP or cap == a.size + 1:
+                break
+            cap = self.count_byte(a, NEWLINE) + 1
         _check(code, "scan_lines")
         n, newlines, ascii_, n_marks = result.tolist()
-        return LineScan(starts[:n], lengths[:n], bool(ascii_), newlines, marks[:n_marks])
+        starts.resize(n, refcheck=False)  # in place (a shrinking realloc): no copy
+        lengths.resize(n, refcheck=False)
+        return LineScan(starts, lengths, bool(ascii_), newlines, marks[:n_marks].copy())
 
     def copy_rows(self, src: Any, src_starts: Any, lengths: Any, dst: npt.NDArray[np.uint8], dst_starts: Any) -> None:
         s, d = _bytes_in(src), _bytes_out(dst)
