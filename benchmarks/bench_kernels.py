@@ -142,9 +142,7 @@ def main() -> None:
         args.repeat,
     )
     assert dst_np.tobytes() == dst_nat.tobytes()
-    rows.append(
-        (f"row gather, one call ({n:,} random rows of the file, back to back)", gather_np, gather_nat, n, "row")
-    )
+    rows.append((f"row gather, one call ({n:,} random rows, back to back)", gather_np, gather_nat, n, "row"))
     # As a build copies them: in file order, a 2 MiB window of the file at a time (read into one buffer,
     # not timed), each row to its place in item order (random).
     order = np.argsort(starts, kind="stable")
