@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     kernels = load()  # this benchmark compares both paths: the library must be built
+    load_before = os.getloadavg()[0]
 
     with tempfile.TemporaryDirectory(prefix="rank-dataset-bench-kernels-") as tmp:
         path = write_imagenet_meta(Path(tmp) / "meta.txt", args.lines)
@@ -192,13 +193,15 @@ def main() -> None:
     )
     rows.append((f"permutation of {n:,} positions (6 Feistel rounds)", perm_np, perm_nat, n, "row"))
 
+    load_after = os.getloadavg()[0]
     mean = size / args.lines
     table = [
         f"# Native kernels beside numpy: N = {args.lines:,} lines ({size / 1e6:,.0f} MB, {mean:.1f} bytes a line)",
         "",
         machine_info(),
         f"Kernels alone, one thread, the file in memory; the fastest of {args.repeat} alternating runs. Library: "
-        f"`{kernels.path.name}`. One read of the file counting newlines (page cache): {read_s:.3f} s.",
+        f"`{kernels.path.name}`. One read of the file counting newlines (page cache): {read_s:.3f} s. Load average "
+        f"(1 min) before and after: {load_before:.1f}, {load_after:.1f} (other processes share the cores).",
         "",
         "| kernel | numpy (s) | native (s) | numpy (ns/item) | native (ns/item) | native speed-up | "
         "native / one read |",
@@ -214,6 +217,7 @@ def main() -> None:
         "bytes": size,
         "rows": n,
         "one_read_s": read_s,
+        "load_average": [load_before, load_after],
         "kernels": [{"what": w, "numpy_s": a, "native_s": b, "items": i} for w, a, b, i, _ in rows],
     }
     save_results(
