@@ -562,6 +562,16 @@ def test_auto_and_require_take_the_built_library(kernels: Kernels) -> None:
         assert first == "2 1 native 0" and second == f"native ({kernels.path})"
 
 
+def test_a_library_older_than_its_source_is_used_with_a_warning(kernels: Kernels, tmp_path: Path) -> None:
+    lib, source = tmp_path / "_kernels.so", tmp_path / "_kernels.c"
+    lib.write_bytes(kernels.path.read_bytes())
+    source.write_text("/* newer */")
+    os.utime(lib, (1, 1))
+    done = _run(_PROBE, RANK_DATASET_NATIVE="auto", RANK_DATASET_NATIVE_LIB=str(lib))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "2 1 native 1"
+
+
 def test_version_says_which_path_is_in_use() -> None:
     code = "import sys; from rank_dataset.cli import main; sys.argv[1:] = ['--version']; main()"
     done = _run(code, RANK_DATASET_NATIVE="0")

@@ -94,6 +94,13 @@ def _decide() -> tuple[Kernels | None, str]:
             ) from exc
         warnings.warn(f"rank-dataset runs on numpy: {why}", RuntimeWarning, stacklevel=4)
         return None, f"numpy ({why})"
+    source = kernels.path.with_name("_kernels.c")  # a clone's (a wheel ships the library alone)
+    if source.is_file() and source.stat().st_mtime > kernels.path.stat().st_mtime:
+        warnings.warn(
+            f"{kernels.path} is older than {source.name}: rebuild it (`make native`, or pip install -e . again)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
     return kernels, f"native ({kernels.path})"
 
 
