@@ -22,7 +22,7 @@ import pytest
 from rank_dataset.core import _reference as ref
 from rank_dataset.core import native
 from rank_dataset.core._native_lib import Kernels, load
-from rank_dataset.files._gather import _line_ok, check_utf8
+from rank_dataset.files._gather import _bounds_ok, _line_ok, _rows_ok, check_utf8
 from rank_dataset.files.scan import scan_buffer
 
 
@@ -449,6 +449,88 @@ def test_lines_bad_on_hostile_rows(kernels: Kernels) -> None:
             kernels.lines_bad(buf, np.array([0, s]), np.array([1, e]))
     zero = np.array([0])
     assert kernels.lines_bad(_u8(b""), zero, zero) == ref.lines_bad(_u8(b""), zero, zero) == 0
+
+
+# --- the gather's line checks -------------------------------------------------------------------------
+
+
+def _candidate_spans(rng: np.random.Generator, data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The file's samples, and spans near them that are not (a byte more or less at either end, two
+    lines at once, empty), shuffled together."""
+    found = ref.scan_lines(_u8(data), 0, True)
+    s, ln = found.starts, found.lengths
+    wrong_s = np.clip(s + rng.integers(-2, 3, s.size), 0, len(data))
+    wrong_ln = np.clip(ln + rng.integers(-2, 6, s.size), 0, None)
+    wrong_ln = np.minimum(wrong_ln, len(data) - wrong_s)
+    starts, lengths = np.concatenate([s, s, wrong_s]), np.concatenate([ln, ln, wrong_ln])
+    order = rng.permutation(starts.size)[: int(rng.integers(0, starts.size + 1))]
+    return starts[order].astype(np.int64), lengths[order].astype(np.int64)
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_check_lines_matches_the_gathers_checks(impl: Any, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    data = _random_bytes(rng, int(rng.integers(0, 600)), newline_weight=float(rng.choice([0.05, 0.2])))
+    if seed % 4 == 0:
+        data = ref.BOM + data
+    starts, lengths = _candidate_spans(rng, data)
+    if seed % 2:
+        starts, lengths = starts[np.argsort(starts, kind="stable")], lengths[np.argsort(starts, kind="stable")]
+    bom = data.startswith(ref.BOM)
+    buf = _u8(data + bytes(8))  # the gather reads a window with padding after it
+    want = ref.check_lines(buf, starts, starts, lengths, len(data), bom)
+    assert impl.check_lines(buf, starts, starts, lengths, len(data), bom) == want
+    # The gather's own checks agree on whether every row is a sample.
+    ends = starts + lengths
+    gathers = (
+        bool(
+            _bounds_ok(buf, 0, starts, ends, len(data))
+            and _rows_ok(buf, starts, ends)
+            and all(b"\n" not in data[a:b] for a, b in zip(starts.tolist(), ends.tolist()))
+        )
+        if starts.size
+        else True
+    )
+    assert (want == -1) == gathers
+    # From a window of the file (its rows at other places in the buffer): the same answer.
+    lo = int(rng.integers(0, len(data) + 1))
+    keep = (starts - 1 >= lo) | ((starts == 3) & bom & (lo == 0)) | ((starts == 0) & (lo == 0))
+    window = _u8(data[lo:] + bytes(8))
+    s2, l2 = starts[keep], lengths[keep]
+    want2 = ref.check_lines(buf, s2, s2, l2, len(data), bom)
+    assert impl.check_lines(window, s2 - lo, s2, l2, len(data), bom) == want2
+
+
+def test_check_lines_on_hostile_rows(kernels: Kernels) -> None:
+    data = b"a b\r\n\n c\r\r\nx\ry\n  \nlast\r"
+    buf = _u8(data + bytes(4))
+    cases = {  # (start, length): is it a sample?
+        (0, 3): True,  # "a b" before "\r\n"
+        (0, 4): False,  # "a b\r": ends with a CR before "\n"
+        (1, 2): False,  # does not follow a newline
+        (5, 0): False,  # empty
+        (6, 3): True,  # " c\r" before "\r\n": its CR is text
+        (11, 3): True,  # "x\ry": a CR inside is text
+        (15, 2): False,  # blank
+        (18, 4): True,  # "last" before a final "\r"
+        (18, 5): False,  # "last\r" at the end of the file
+        (11, 6): False,  # two lines
+    }
+    for (s, n), sample in cases.items():
+        one = np.array([s], np.int64), np.array([n], np.int64)
+        got = kernels.check_lines(buf, one[0], one[0], one[1], len(data), False)
+        assert got == ref.check_lines(buf, one[0], one[0], one[1], len(data), False) == (-1 if sample else 0), (s, n)
+    with_bom = _u8(ref.BOM + b"a\n" + bytes(4))
+    zero, three, one_byte = np.array([0]), np.array([3]), np.array([1])
+    assert kernels.check_lines(with_bom, three, three, one_byte, 5, True) == -1  # after the mark
+    assert kernels.check_lines(with_bom, zero, zero, np.array([4]), 5, True) == 0  # the mark is not text
+    # Bytes the checks need that the buffer does not hold: an error, not a read past it.
+    tight = _u8(b"ab\ncd\r")
+    for at, start, n in ((0, 3, 2), (3, 3, 5), (5, 5, 2), (-1, 0, 1)):
+        with pytest.raises(ValueError, match="outside"):
+            kernels.check_lines(tight[: at + n + 1] if at >= 0 else tight, [at], [start], [n], 8, False)
+    with pytest.raises(ValueError, match="outside"):
+        kernels.check_lines(_u8(b"\ncd\r"), [1], [3], [2], 7, False)  # the byte after the CR is not held
 
 
 # --- the permutation ----------------------------------------------------------------------------------

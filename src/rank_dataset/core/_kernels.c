@@ -626,3 +626,69 @@ RD_API int rd_permute(int64_t n, int64_t rows, int col_bits, const uint32_t *key
     }
     return RD_OK;
 }
+
+/*
+ * The gather's checks of rows copied from a window of a file: the first row k < n that is not a
+ * sample of the file into *row (-1 if none). Row k is bytes [starts[k], starts[k] + lengths[k]) of a
+ * file of file_size bytes, held at buf[at[k]:] (and the bytes around it the checks read: the one
+ * before it, the two after it, where the file has them). A sample starts the file (after its byte
+ * order mark, if bom) or follows a newline; it ends at the end of the file, or before a "\n" that
+ * does not follow a "\r", or before a "\r" that ends the file or comes before a "\n"; it holds no
+ * newline and something other than ASCII whitespace (rank_dataset.files._gather's _bounds_ok and
+ * _rows_ok, and the newline search after the copy). A row whose bytes, or the bytes around it that
+ * its checks need, are not in buf is RD_ERANGE (*row its number).
+ */
+RD_API int rd_check_lines(const uint8_t *buf, int64_t size, const int64_t *at, const int64_t *starts,
+                          const int64_t *lengths, int64_t n, int64_t file_size, int bom, int64_t *row) {
+    if (!buf_ok(buf, size) || n < 0 || row == NULL || file_size < 0 || (n > 0 && (!at || !starts || !lengths)))
+        return RD_EARG;
+    *row = -1;
+    int64_t from = 0, next_nl = -1; /* as rd_lines_bad: the first newline in buf at or after from */
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t rs = at[k], s = starts[k], len = lengths[k];
+        if (rs < 0 || s < 0 || len < 0 || rs > size - len || s > file_size - len) {
+            *row = k;
+            return RD_ERANGE;
+        }
+        const int64_t re = rs + len, e = s + len;
+        /* The bytes the checks read: the one before (unless the row starts the file or follows its
+         * byte order mark), the one after (unless at the end of the file), and the next after a "\r". */
+        const int needs_before = !(s == 0 || (s == 3 && bom));
+        const int needs_after = e < file_size;
+        if ((needs_before && rs < 1) || (needs_after && re >= size) ||
+            (needs_after && buf[re] == '\r' && e + 1 < file_size && re + 1 >= size)) {
+            *row = k;
+            return RD_ERANGE;
+        }
+        int ok = len > 0;
+        if (ok) {
+            if (s == 0) ok = !bom;
+            else ok = (s == 3 && bom) || buf[rs - 1] == '\n';
+        }
+        if (ok) {
+            const uint8_t last_byte = buf[re - 1];
+            if (!needs_after) ok = last_byte != '\r';
+            else if (buf[re] == '\n') ok = last_byte != '\r';
+            else ok = buf[re] == '\r' && (e + 1 >= file_size || buf[re + 1] == '\n');
+        }
+        if (ok) {
+            if (rs >= from) {
+                if (next_nl < rs) next_nl = find_newline(buf, rs, size);
+                from = rs;
+                ok = next_nl >= re;
+            } else {
+                ok = find_newline(buf, rs, re) >= re;
+            }
+        }
+        if (ok && buf[rs] <= ' ') {
+            int64_t j = rs;
+            while (j < re && blank(buf[j])) j++;
+            ok = j < re;
+        }
+        if (!ok) {
+            *row = k;
+            return RD_OK;
+        }
+    }
+    return RD_OK;
+}

@@ -42,6 +42,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rd_utf8_first_invalid": (_INT, [_P, _I64T, _P, _INT, _I64T, _P]),
     "rd_lines_bad": (_INT, [_P, _I64T, _P, _P, _I64T, _P]),
     "rd_permute": (_INT, [_I64T, _I64T, _INT, _P, _INT, _P, _I64T, _P, _P]),
+    "rd_check_lines": (_INT, [_P, _I64T, _P, _P, _P, _I64T, _I64T, _INT, _P]),
 }
 
 
@@ -267,3 +268,22 @@ class Kernels:
             raise ValueError(f"position {int(pos[bad.value])} is outside [0, {n})")
         _check(code, "permute_cells")
         return out
+
+    def check_lines(self, buf: Any, at: Any, starts: Any, lengths: Any, file_size: int, bom: bool) -> int:
+        a, r, s, ln = _bytes_in(buf), _i64(at), _i64(starts), _i64(lengths)
+        if not r.size == s.size == ln.size:
+            raise ValueError(f"{r.size} places, {s.size} starts and {ln.size} lengths")
+        row = ctypes.c_int64(-1)
+        code = self._lib.rd_check_lines(
+            a.ctypes.data,
+            a.size,
+            r.ctypes.data,
+            s.ctypes.data,
+            ln.ctypes.data,
+            s.size,
+            file_size,
+            int(bom),
+            ctypes.byref(row),
+        )
+        _check(code, "check_lines", row.value)
+        return int(row.value)

@@ -7,6 +7,7 @@ Each function here computes what its kernel in ``_kernels.c`` does, with the sam
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -21,6 +22,7 @@ __all__ = [
     "MARK",
     "NEWLINE",
     "LineScan",
+    "check_lines",
     "copy_rows",
     "count_byte",
     "find_byte",
@@ -267,3 +269,40 @@ def permute_cells(
         out[todo[inside]] = cells[inside]
         todo, cells = todo[~inside], cells[~inside]
     return out
+
+
+def check_lines(
+    buf: npt.NDArray[np.uint8],
+    at: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    file_size: int,
+    bom: bool,
+) -> int:
+    """The first row that is not a sample of the file, or -1: row ``k`` is bytes ``starts[k]`` to
+    ``starts[k] + lengths[k]`` of a file of ``file_size`` bytes (with a byte order mark: ``bom``), held at
+    ``buf[at[k]:]`` with the byte before it and the two after it where the file has them. A sample starts
+    the file (after its byte order mark) or follows a newline, ends at the end of the file or at a line
+    ending (``\\n`` not after ``\\r``, ``\\r\\n``, ``\\r`` at the end), holds no newline and is not blank
+    (``files._gather``'s ``_bounds_ok`` and ``_rows_ok``, and its newline search after the copy)."""
+    if not starts.size:
+        return -1
+    rs, re_ = at, at + lengths
+    ends = starts + lengths
+    take = functools.partial(np.take, buf, mode="clip")
+    after_newline = take(rs - 1) == NEWLINE
+    start_ok = np.where(starts == 0, not bom, after_newline | ((starts == len(BOM)) & bom))
+    last, c1, c2 = take(re_ - 1), take(re_), take(re_ + 1)
+    at_eof = ends >= file_size
+    plain_end = (at_eof | (c1 == NEWLINE)) & (last != CR)
+    cr_end = ~at_eof & (c1 == CR) & ((ends + 1 >= file_size) | (c2 == NEWLINE))
+    ok = start_ok & (plain_end | cr_end) & (lengths > 0)
+    newline_at = np.flatnonzero(buf == NEWLINE)
+    nearest = np.searchsorted(newline_at, rs)
+    inside = nearest < newline_at.size
+    inside[inside] = newline_at[nearest[inside]] < re_[inside]
+    ok &= ~inside
+    for k in np.flatnonzero(ok & BLANK[take(rs)]).tolist():
+        ok[k] = not bool(BLANK[buf[rs[k] : re_[k]]].all())
+    bad = np.flatnonzero(~ok)
+    return int(bad[0]) if bad.size else -1

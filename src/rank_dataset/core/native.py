@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MODE_ENV",
     "LineScan",
+    "check_lines",
     "copy_rows",
     "count_newlines",
     "describe",
@@ -174,3 +175,19 @@ def permute_cells(
     if k is None:
         return _reference.permute_cells(n, rows, col_bits, keys, positions)
     return k.permute_cells(n, rows, col_bits, keys, positions)
+
+
+def check_lines(
+    buf: npt.NDArray[np.uint8],
+    at: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    file_size: int,
+    bom: bool,
+) -> int:
+    """The first of the rows a gather read into ``buf`` that is not a sample of its file, or -1 (see
+    :func:`rank_dataset.core._reference.check_lines`): bounds, stray newlines and blank rows in one pass."""
+    k = _state()[0]
+    if k is None:
+        return _reference.check_lines(buf, at, starts, lengths, file_size, bom)
+    return k.check_lines(buf, at, starts, lengths, file_size, bom)
