@@ -15,6 +15,8 @@ its core to another process says nothing about the code). One read of the file c
   in one call from the whole file, and as a build copies them (file order, a 2 MiB window at a time,
   each row to its random place in item order);
 - UTF-8 check of the gathered rows (``files._gather.check_utf8``'s decoding against ``rd_utf8_first_invalid``);
+- the line checks a build makes of each window's rows (``files._gather``'s ``_bounds_ok``, ``_rows_ok`` and
+  newline search against ``rd_check_lines``);
 - stray bytes of the gathered rows (no newline, not blank: ``rd_lines_bad``);
 - the keyed permutation (``plan.permutation``'s numpy rounds against ``rd_permute``) at ``--rows`` positions.
 
@@ -43,6 +45,7 @@ sys.path.insert(0, str(HERE))
 from _common import barh, machine_info, save_results, write_imagenet_meta  # noqa: E402
 from rank_dataset.core import _reference as ref  # noqa: E402
 from rank_dataset.core._native_lib import load  # noqa: E402
+from rank_dataset.files._gather import _bounds_ok, _rows_ok  # noqa: E402
 from rank_dataset.files.scan import CHUNK, _chunk_bounds, _scan_chunk, _Scratch  # noqa: E402
 
 
@@ -149,7 +152,7 @@ def main() -> None:
     order = np.argsort(starts, kind="stable")
     cuts = [0, *(np.flatnonzero(np.diff(starts[order] >> 21)) + 1).tolist(), n]
     batches = [order[a:b] for a, b in itertools.pairwise(cuts)]
-    win = np.empty((2 << 20) + int(lengths.max()) + 1, np.uint8)
+    win = np.empty((2 << 20) + int(lengths.max()) + 16, np.uint8)
 
     spans_of = [(starts[r] - int(starts[r[0]]), lengths[r], offsets[r], int(starts[r[0]])) for r in batches]
 
@@ -168,6 +171,38 @@ def main() -> None:
     build_np, build_nat = _best_pair(build(ref.copy_rows, dst_np), build(kernels.copy_rows, dst_nat), args.repeat)
     assert dst_np.tobytes() == dst_nat.tobytes()
     rows.append((f"row gather as a build does ({len(batches):,} windows of 2 MiB)", build_np, build_nat, n, "row"))
+    # The checks a build makes of the rows of each window before it copies them: numpy's bounds and blank
+    # rows (its newline search, one memchr over the shard after the copy, is left out) against
+    # rd_check_lines, which looks for newlines in the rows too.
+    framed = []  # (window bytes from the byte before the first row, places, starts, lengths)
+    for r in batches:
+        s0 = starts[r]
+        lo, hi = max(int(s0.min()) - 1, 0), min(int((s0 + lengths[r]).max()) + 2, size)
+        framed.append((data[lo:hi], s0 - lo, s0, lengths[r]))
+
+    def numpy_checks() -> float:
+        total = 0.0
+        for piece, at, s0, took in framed:
+            win[: piece.size] = piece
+            buf = win[: piece.size + 8]
+            t = time.perf_counter()
+            ok = _bounds_ok(buf, s0 - at, s0, s0 + took, size) and _rows_ok(buf, at, at + took)
+            total += time.perf_counter() - t
+            assert ok
+        return total
+
+    def native_checks() -> float:
+        total = 0.0
+        for piece, at, s0, took in framed:
+            win[: piece.size] = piece
+            t = time.perf_counter()
+            bad = kernels.check_lines(win[: piece.size], at, s0, took, size, False)
+            total += time.perf_counter() - t
+            assert bad == -1
+        return total
+
+    check_np, check_nat = _best_pair(numpy_checks, native_checks, args.repeat)
+    rows.append(("line checks as a build does (bounds, blank; native: newlines too)", check_np, check_nat, n, "row"))
     utf8_np, utf8_nat = _best_pair(
         _timed(lambda: ref.utf8_first_invalid(dst_np, offsets)),
         _timed(lambda: kernels.utf8_first_invalid(dst_nat, offsets)),
