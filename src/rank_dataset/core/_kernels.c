@@ -172,14 +172,18 @@ RD_API int64_t rd_count_byte(const uint8_t *buf, int64_t size, int byte) {
  */
 RD_API int64_t rd_find_byte(const uint8_t *buf, int64_t size, int byte, int64_t *out, int64_t cap) {
     if (!buf_ok(buf, size) || !buf_ok(out, cap) || byte < 0 || byte > 255) return RD_EARG;
-    int64_t n = 0;
-    const uint8_t *p = buf, *end = buf + size;
-    while (p < end) {
-        const uint8_t *hit = memchr(p, byte, (size_t)(end - p));
-        if (hit == NULL) break;
+    int64_t n = 0, base = 0;
+    uint64_t high = 0;
+    for (; size - base >= 64; base += 64) { /* 64 bytes at a time, as the scan */
+        for (uint64_t m = mask64(buf + base, (uint8_t)byte, &high); m; m &= m - 1) {
+            if (n == cap) return RD_ECAP;
+            out[n++] = base + ctz64(m);
+        }
+    }
+    for (; base < size; base++) {
+        if (buf[base] != (uint8_t)byte) continue;
         if (n == cap) return RD_ECAP;
-        out[n++] = hit - buf;
-        p = hit + 1;
+        out[n++] = base;
     }
     return n;
 }
