@@ -12,8 +12,20 @@ DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 # Options for the demo, e.g. DEMO_ARGS="--lines 20000 --world-size 2 --workers 1 --epochs 1 --mini-epochs 1".
 DEMO_ARGS ?=
+# The native kernels: the install builds them (hatch_build.py, with the same flags); `make native` rebuilds
+# them in place when the C file changes. Without a compiler the package runs on numpy (and says so once).
+NATIVE_SRC := src/rank_dataset/core/_kernels.c
+NATIVE_LIB := src/rank_dataset/core/_kernels.so
+NATIVE_FLAGS := -O2 -fPIC -shared -std=c99
+# The sanitizer build the kernel tests also run against (make test-asan): gcc's ASan and UBSan, preloaded
+# into a Python that was not built with them.
+ASAN_CC ?= gcc
+ASAN_LIB := build/asan/_kernels.so
+# The same without SSE2: the portable 8-byte-word paths that other machines (aarch64) take.
+ASAN_WORDS_LIB := build/asan-words/_kernels.so
+ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -fPIC -shared -std=c99
 
-.PHONY: demo test test-quick lint typecheck pytest docs bench clean
+.PHONY: demo test test-quick lint typecheck pytest docs bench clean native test-asan
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +38,29 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e '.[server,dev,docs]'
 	touch $(STAMP)
 
-demo: $(DEMO_STAMP)
+$(NATIVE_LIB): $(NATIVE_SRC)
+	$(CC) $(NATIVE_FLAGS) $(CFLAGS) -o $@ $< || echo "make: the native kernels were not built ($(CC) failed): rank-dataset runs on numpy"
+
+native: $(NATIVE_LIB)
+
+$(ASAN_LIB): $(NATIVE_SRC)
+	mkdir -p $(dir $@)
+	$(ASAN_CC) $(ASAN_FLAGS) -o $@ $<
+
+$(ASAN_WORDS_LIB): $(NATIVE_SRC)
+	mkdir -p $(dir $@)
+	$(ASAN_CC) $(ASAN_FLAGS) -U__SSE2__ -o $@ $<
+
+# The kernel tests against the sanitizer builds (SSE2 and words): an out-of-bounds access or undefined
+# behaviour fails them. (--capture=sys: a sanitizer's report goes to the terminal, not to pytest.)
+test-asan: $(STAMP) $(ASAN_LIB) $(ASAN_WORDS_LIB)
+	for lib in $(ASAN_LIB) $(ASAN_WORDS_LIB); do \
+	LD_PRELOAD="$$($(ASAN_CC) -print-file-name=libasan.so) $$($(ASAN_CC) -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	RANK_DATASET_NATIVE=require RANK_DATASET_NATIVE_LIB=$$lib \
+	$(BIN)/pytest -q --capture=sys -p no:cacheprovider tests/test_kernels.py || exit 1; done
+
+demo: $(DEMO_STAMP) native
 	$(BIN)/rank-dataset demo $(DEMO_ARGS)
 
 lint: $(STAMP)
@@ -37,7 +71,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) native
 	$(BIN)/pytest
 
 # The documentation site, into site/ (open site/index.html). Strict: a broken link, anchor or API
@@ -45,16 +79,16 @@ pytest: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-test: lint typecheck docs pytest
+test: lint typecheck docs test-asan pytest
 
 # Everything but the tests marked slow (torchrun jobs, Lightning, Accelerate, the demo, benchmark smoke
 # runs, doc and README examples) and the docs build: a couple of minutes. `make test` runs them all.
-test-quick: lint typecheck
+test-quick: lint typecheck native
 	$(BIN)/pytest -m "not slow" -n $(QUICK_WORKERS)
 
-bench: $(STAMP)
-	for b in build getitem server workers mix audit group balanced jobstart scale failures collective; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
+bench: $(STAMP) native
+	for b in build getitem server workers mix audit group balanced jobstart scale failures collective kernels; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 	for m in fork forkserver; do $(BIN)/python benchmarks/bench_memory.py --start-method $$m || exit 1; done
 
 clean:
-	rm -rf $(VENV) .venv-3.* .pytest_cache .mypy_cache .ruff_cache site
+	rm -rf $(VENV) .venv-3.* .pytest_cache .mypy_cache .ruff_cache site build $(NATIVE_LIB)

@@ -47,8 +47,26 @@ def _optional_dependencies() -> Iterator[None]:
         raise error from None
 
 
+def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """Print the version and which path the per-line kernels take (native or numpy), and exit."""
+    if not value or ctx.resilient_parsing:
+        return
+    from rank_dataset import __version__
+    from rank_dataset.core.native import describe
+
+    click.echo(f"rank-dataset, version {__version__}\nkernels: {describe()}")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="rank-dataset", prog_name="rank-dataset")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_version,
+    help="Show the version and the kernels' path (native or numpy), and exit.",
+)
 def cli() -> None:
     """Rank-sharded loading of very large meta files for PyTorch distributed training."""
 

@@ -112,6 +112,16 @@ CASES = [
         ("versions.png", True),
     ),
     (
+        "kernels",
+        ["--lines", "20000", "--rows", "5000", "--repeat", "1"],
+        "kernels.md",
+        [
+            "| row gather, one call (5,000 random rows, back to back) |",
+            "| newline scan (the index build's chunk scan) |",
+        ],
+        ("kernels.png", True),
+    ),
+    (
         "workers",
         ["--lines", "4000", "--passes", "1", "--workers", "1"],
         "workers.md",

@@ -30,7 +30,9 @@ def test_version_option_prints_the_installed_version() -> None:
 
     result = CliRunner().invoke(cli, ["--version"])
     assert result.exit_code == 0, result.output
-    assert result.output == f"rank-dataset, version {rank_dataset.__version__}\n"
+    from rank_dataset.core.native import describe
+
+    assert result.output == f"rank-dataset, version {rank_dataset.__version__}\nkernels: {describe()}\n"
 
 
 # A child process in which `blocked` cannot be imported (as on a machine without it: a None entry in

@@ -13,7 +13,6 @@ never the data, and unpickling maps the same pages, in any process of the same u
 
 from __future__ import annotations
 
-import itertools
 import mmap
 import struct
 from collections.abc import Sequence
@@ -22,7 +21,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import native
 from rank_dataset.core import shm as _shm
+from rank_dataset.core._reference import _BYTEWISE_MAX  # noqa: F401 - the numpy gather's threshold (tests)
 from rank_dataset.core.residency import anonymous_map
 
 __all__ = ["Shard", "ShardWriter", "copy_rows", "offset_dtype"]
@@ -33,12 +34,6 @@ _IntArray = npt.NDArray[np.integer[Any]]
 _HEADER = struct.Struct("<4sIQQQQQ")
 _MAGIC = b"RDSH"
 _ALIGN = 64
-# Rows of a length no longer than this are copied by length group (one gather per group).
-_GROUPED_MAX = 1 << 16
-# A length group this small is copied row by row (a slice copy is cheaper than two fancy indexings).
-_SMALL_GROUP = 4
-# Rows of at most this many bytes in all are copied byte by byte, in one gather.
-_BYTEWISE_MAX = 1 << 16
 
 
 def offset_dtype(total: int) -> np.dtype[Any]:
@@ -59,44 +54,11 @@ def copy_rows(
 ) -> None:
     """``dst[dst_starts[k]:][:lengths[k]] = src[src_starts[k]:][:lengths[k]]`` for every ``k``, exactly.
 
-    Vectorised by length: the rows of one length ``L`` are one gather from a view of ``src`` whose
-    elements are ``L``-byte records starting at every byte, and one scatter into the same kind of
-    view of ``dst``. Nothing is written outside the rows, so rows may be copied in any order and in
-    as many calls as convenient.
+    Nothing is written outside the rows, so rows may be copied in any order and in as many calls as
+    convenient. One call of the native row gather where it is built (:mod:`rank_dataset.core.native`),
+    else numpy's, vectorised by length (:func:`rank_dataset.core._reference.copy_rows`).
     """
-    count = len(lengths)
-    if not count:
-        return
-    lengths = np.asarray(lengths, np.int64)
-    total = int(lengths.sum())
-    if total <= _BYTEWISE_MAX:
-        # Few bytes: one gather of every byte, from where each row's bytes are to where they go.
-        # (Sorting rows by length and copying each group costs more than that below about 64 KiB.)
-        step = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        dst[np.repeat(np.asarray(dst_starts, np.int64), lengths) + step] = src[
-            np.repeat(np.asarray(src_starts, np.int64), lengths) + step
-        ]
-        return
-    # A 16-bit key, which numpy sorts by radix (a wider one takes a merge sort, several times slower);
-    # lengths past it are copied row by row, wherever the sort leaves them.
-    key = np.minimum(lengths, 0xFFFF).astype(np.uint16)
-    order = np.argsort(key, kind="stable")
-    by_length = lengths[order]
-    # Both ends in length order, so that each group's are slices (one gather each, not one a group).
-    src_at, dst_at = np.asarray(src_starts)[order], np.asarray(dst_starts)[order]
-    cuts = [0, *(np.flatnonzero(by_length[1:] != by_length[:-1]) + 1).tolist(), count]
-    for lo, hi in itertools.pairwise(cuts):
-        width = int(by_length[lo])
-        if width == 0:
-            continue
-        if width > _GROUPED_MAX or hi - lo <= _SMALL_GROUP:
-            for s, d in zip(src_at[lo:hi].tolist(), dst_at[lo:hi].tolist()):
-                dst[d : d + width] = src[s : s + width]
-            continue
-        records = f"V{width}"
-        src_view: npt.NDArray[np.void] = np.ndarray((src.size - width + 1,), records, buffer=src, strides=(1,))
-        dst_view: npt.NDArray[np.void] = np.ndarray((dst.size - width + 1,), records, buffer=dst, strides=(1,))
-        dst_view[dst_at[lo:hi]] = src_view[src_at[lo:hi]]
+    native.copy_rows(src, src_starts, lengths, dst, dst_starts)
 
 
 def _checked(data: Any, starts: _IntArray, ends: _IntArray) -> tuple[npt.NDArray[np.uint8], _IntArray, _IntArray]:

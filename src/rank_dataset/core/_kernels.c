@@ -1,0 +1,698 @@
+/*
+ * rank-dataset's native kernels: the per-line loops numpy cannot do fast, in batches.
+ *
+ * C99, no Python headers: loaded with ctypes by rank_dataset/core/_native_lib.py, which releases the
+ * GIL for the length of each call. Every kernel takes the size of every buffer it touches and checks
+ * each offset against it before reading or writing: a span outside its buffer is an error code
+ * (RD_ERANGE), an output array too small for what it must hold is RD_ECAP, and nothing is read or
+ * written out of bounds whatever the arguments (null pointers are accepted only with a size of 0).
+ * The numpy reference (rank_dataset/core/_reference.py) defines what each one computes; the tests
+ * compare the two byte for byte.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#if defined(_WIN32)
+#define RD_API __declspec(dllexport)
+#else
+#define RD_API __attribute__((visibility("default")))
+#endif
+
+/* The per-line steps of a loop, inlined into it (a call per line costs as much as the rest). */
+#if defined(__GNUC__) || defined(__clang__)
+#define RD_INLINE static inline __attribute__((always_inline))
+#else
+#define RD_INLINE static inline
+#endif
+
+#define RD_OK 0
+#define RD_EARG (-1)     /* a negative size, a null pointer with a size, an unknown index kind */
+#define RD_ERANGE (-2)   /* a span, start or offset outside its buffer */
+#define RD_ECAP (-3)     /* an output array too small */
+#define RD_EOVERFLOW (-4) /* an offset too large for the offsets' type */
+
+/* Index arrays come as int64, uint32 or int32 (the dtypes numpy callers hold). */
+#define RD_I64 1
+#define RD_U32 2
+#define RD_I32 3
+
+#define RD_ABI 1
+
+RD_API int rd_abi_version(void) { return RD_ABI; }
+
+static int kind_ok(int kind) { return kind == RD_I64 || kind == RD_U32 || kind == RD_I32; }
+
+RD_INLINE int64_t get_index(const void *a, int kind, int64_t i) {
+    if (kind == RD_I64) return ((const int64_t *)a)[i];
+    if (kind == RD_U32) return (int64_t)((const uint32_t *)a)[i];
+    return (int64_t)((const int32_t *)a)[i];
+}
+
+/* Whether a buffer argument is usable for size bytes (null only when empty). */
+static int buf_ok(const void *p, int64_t size) { return size >= 0 && (p != NULL || size == 0); }
+
+#define ONES UINT64_C(0x0101010101010101)
+#define HIGHS UINT64_C(0x8080808080808080)
+#define LOWS UINT64_C(0x7f7f7f7f7f7f7f7f)
+
+static uint64_t load64(const uint8_t *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return w;
+}
+
+/* The high bit of each byte of w that is zero, exactly (no false positives across bytes). */
+static uint64_t zero_bytes(uint64_t w) { return ~(((w & LOWS) + LOWS) | w | LOWS); }
+
+#if !defined(__SSE2__)
+/* Whether this machine stores words little end first. */
+static int little_endian(void) {
+    const uint16_t one = 1;
+    uint8_t b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+#endif
+
+/* The index of the lowest set bit of m (m != 0). */
+static int ctz64(uint64_t m) {
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_ctzll(m);
+#else
+    int k = 0;
+    while (!(m & 1)) {
+        m >>= 1;
+        k++;
+    }
+    return k;
+#endif
+}
+
+/*
+ * Bit k of the result: p[k] == byte, for the 64 bytes p[0:64] (all readable); the OR of those bytes'
+ * high bits into *high. SSE2 on x86-64 (part of its baseline: no -march flag), 8-byte words elsewhere.
+ */
+static uint64_t mask64(const uint8_t *p, uint8_t byte, uint64_t *high) {
+#if defined(__SSE2__)
+    const __m128i pattern = _mm_set1_epi8((char)byte);
+    __m128i a = _mm_loadu_si128((const __m128i *)(const void *)p);
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(p + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(p + 32));
+    __m128i d = _mm_loadu_si128((const __m128i *)(const void *)(p + 48));
+    *high |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(a, b), _mm_or_si128(c, d)));
+    return (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(a, pattern)) |
+           (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(b, pattern)) << 16 |
+           (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(c, pattern)) << 32 |
+           (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(d, pattern)) << 48;
+#else
+    uint64_t out = 0, hi = 0;
+    const uint64_t pattern = ONES * byte;
+    for (int j = 0; j < 8; j++) {
+        uint64_t w;
+        memcpy(&w, p + 8 * j, 8);
+        hi |= w;
+        /* 0/1 in each byte's low bit, in memory order whatever the byte order, gathered into 8 bits. */
+        uint64_t z = zero_bytes(w ^ pattern) >> 7, bits = 0;
+        if (z) {
+            if (little_endian()) {
+                bits = (z * UINT64_C(0x0102040810204080)) >> 56;
+            } else {
+                for (int k = 0; k < 8; k++) bits |= (uint64_t)(p[8 * j + k] == byte) << k;
+            }
+        }
+        out |= bits << (8 * j);
+    }
+    *high |= (hi & HIGHS) ? 1 : 0;
+    return out;
+#endif
+}
+
+/*
+ * The number of bytes equal to `byte` in buf[0:size], or a negative error code.
+ */
+RD_API int64_t rd_count_byte(const uint8_t *buf, int64_t size, int byte) {
+    if (!buf_ok(buf, size) || byte < 0 || byte > 255) return RD_EARG;
+    const uint64_t pattern = ONES * (uint64_t)byte;
+    int64_t count = 0, i = 0;
+#if defined(__SSE2__)
+    /* 16 bytes at a time: a match subtracts -1 from its byte lane, up to 255 times, then one sum. */
+    const __m128i vpattern = _mm_set1_epi8((char)byte);
+    while (size - i >= 16) {
+        __m128i acc = _mm_setzero_si128();
+        int64_t blocks = (size - i) / 16;
+        if (blocks > 255) blocks = 255;
+        for (int64_t k = 0; k < blocks; k++, i += 16)
+            acc = _mm_sub_epi8(acc, _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(const void *)(buf + i)), vpattern));
+        uint64_t sums[2];
+        _mm_storeu_si128((__m128i *)(void *)sums, _mm_sad_epu8(acc, _mm_setzero_si128()));
+        count += (int64_t)(sums[0] + sums[1]);
+    }
+#endif
+    while (size - i >= 8) {
+        /* Up to 255 words into byte-wise counters, then one horizontal sum. */
+        uint64_t acc = 0;
+        int64_t words = (size - i) / 8;
+        if (words > 255) words = 255;
+        for (int64_t k = 0; k < words; k++, i += 8) acc += zero_bytes(load64(buf + i) ^ pattern) >> 7;
+        /* Byte lanes (<= 255 each) into 16-bit lanes (<= 510), then their sum (<= 2040) in the top 16 bits. */
+        acc = (acc & UINT64_C(0x00ff00ff00ff00ff)) + ((acc >> 8) & UINT64_C(0x00ff00ff00ff00ff));
+        count += (int64_t)((acc * UINT64_C(0x0001000100010001)) >> 48);
+    }
+    for (; i < size; i++) count += buf[i] == (uint8_t)byte;
+    return count;
+}
+
+/*
+ * The positions of the bytes equal to `byte` in buf[0:size], in order, into out[0:cap]. Returns how
+ * many there are; RD_ECAP if more than cap (out then holds the first cap of them).
+ */
+RD_API int64_t rd_find_byte(const uint8_t *buf, int64_t size, int byte, int64_t *out, int64_t cap) {
+    if (!buf_ok(buf, size) || !buf_ok(out, cap) || byte < 0 || byte > 255) return RD_EARG;
+    int64_t n = 0, base = 0;
+    uint64_t high = 0;
+    for (; size - base >= 64; base += 64) { /* 64 bytes at a time, as the scan */
+        for (uint64_t m = mask64(buf + base, (uint8_t)byte, &high); m; m &= m - 1) {
+            if (n == cap) return RD_ECAP;
+            out[n++] = base + ctz64(m);
+        }
+    }
+    for (; base < size; base++) {
+        if (buf[base] != (uint8_t)byte) continue;
+        if (n == cap) return RD_ECAP;
+        out[n++] = base;
+    }
+    return n;
+}
+
+/* Byte -> whether it is ASCII whitespace (space, tab, newline, CR, VT, FF). */
+static int blank(uint8_t c) { return c == ' ' || (c >= 9 && c <= 13); }
+
+/* A chunk scan's arguments and progress (see rd_scan_lines). */
+struct scan {
+    const uint8_t *buf;
+    int64_t size, offset, mark, target, cap, marks_cap, n, lines, n_marks;
+    int64_t *starts, *lengths, *marks;
+    int bom;
+};
+
+/* Mark the line starting at line_start (line number st->lines) for every multiple of mark at or before it.
+ * Nonzero if the marks' array is full. */
+RD_INLINE int mark_line(struct scan *st, int64_t line_start) {
+    while (st->target <= line_start && st->target < st->size) {
+        if (st->n_marks == st->marks_cap) return 1;
+        st->marks[2 * st->n_marks] = line_start + st->offset;
+        st->marks[2 * st->n_marks + 1] = st->lines;
+        st->n_marks++;
+        st->target = st->target > INT64_MAX - st->mark ? INT64_MAX : st->target + st->mark;
+    }
+    return 0;
+}
+
+/* The line [s, end) (end: its newline, or the end of the buffer) as a sample if it is one. Nonzero
+ * if the samples' arrays are full. */
+RD_INLINE int sample(struct scan *st, int64_t s, int64_t end) {
+    const uint8_t *buf = st->buf;
+    if (st->bom && s == 0) s = 3;
+    int64_t e = end;
+    if (e > s && buf[e - 1] == '\r') e--;
+    if (s >= e) return 0;
+    if (buf[s] <= ' ') { /* only a line that starts with a space or a control byte can be blank */
+        int64_t j = s;
+        while (j < e && blank(buf[j])) j++;
+        if (j == e) return 0;
+    }
+    if (st->n == st->cap) return 1;
+    st->starts[st->n] = s + st->offset;
+    st->lengths[st->n] = e - s;
+    st->n++;
+    return 0;
+}
+
+/*
+ * The chunk scan (rank_dataset.files.scan.scan_buffer): the samples of the complete lines of
+ * buf[0:size], which holds bytes offset.. of a file and starts a line. A sample is a line holding a
+ * byte other than ASCII whitespace; its span is the line without its ending ("\n", or "\r\n", or a
+ * "\r" before the end of the last line). With `last`, bytes after the final newline form a line too;
+ * at offset 0 a UTF-8 byte order mark is skipped.
+ *
+ * starts/lengths[0:cap]: the samples' spans (starts absolute: + offset). marks[0:2*marks_cap]:
+ * rows (offset, line) for each multiple of `mark` in [offset, offset + size): where the first line at
+ * or after it starts (absolute) and its number counted from the chunk's first line (0).
+ * result[0:4]: samples, newlines, whether buf is pure ASCII (0/1), marks.
+ */
+RD_API int rd_scan_lines(const uint8_t *buf, int64_t size, int64_t offset, int last, int64_t mark,
+                         int64_t *starts, int64_t *lengths, int64_t cap, int64_t *marks, int64_t marks_cap,
+                         int64_t *result) {
+    if (!buf_ok(buf, size) || !buf_ok(starts, cap) || !buf_ok(lengths, cap) || !buf_ok(marks, marks_cap) ||
+        result == NULL || offset < 0 || mark <= 0 || offset > INT64_MAX - size)
+        return RD_EARG;
+    struct scan st;
+    st.buf = buf;
+    st.size = size;
+    st.offset = offset;
+    st.mark = mark;
+    st.starts = starts;
+    st.lengths = lengths;
+    st.cap = cap;
+    st.marks = marks;
+    st.marks_cap = marks_cap;
+    st.n = st.lines = st.n_marks = 0;
+    st.bom = offset == 0 && size >= 3 && buf[0] == 0xEF && buf[1] == 0xBB && buf[2] == 0xBF;
+    st.target = offset % mark ? mark - offset % mark : 0; /* the next multiple of mark, relative to buf */
+    uint64_t high = 0;
+    int64_t line_start = 0;
+    if (mark_line(&st, 0)) return RD_ECAP;
+    int64_t base = 0;
+    for (; size - base >= 64; base += 64) {
+        uint64_t m = mask64(buf + base, '\n', &high);
+        while (m) {
+            int64_t nl = base + ctz64(m);
+            m &= m - 1;
+            if (sample(&st, line_start, nl)) return RD_ECAP;
+            st.lines++;
+            line_start = nl + 1;
+            if (mark_line(&st, line_start)) return RD_ECAP;
+        }
+    }
+    for (int64_t i = base; i < size; i++) {
+        high |= buf[i] >> 7;
+        if (buf[i] == '\n') {
+            if (sample(&st, line_start, i)) return RD_ECAP;
+            st.lines++;
+            line_start = i + 1;
+            if (mark_line(&st, line_start)) return RD_ECAP;
+        }
+    }
+    if (last && line_start < size && sample(&st, line_start, size)) return RD_ECAP;
+    result[0] = st.n;
+    result[1] = st.lines;
+    result[2] = high == 0;
+    result[3] = st.n_marks;
+    return RD_OK;
+}
+
+/* 16 bytes, loaded and stored as a unit (one unaligned vector move where the compiler has one). */
+typedef struct {
+    uint64_t a, b;
+} rd_b16;
+
+/* Copy len bytes from s to d, touching no byte outside [d, d + len) nor [s, s + len): rows of 16 to
+ * 64 bytes (the common meta line) by four overlapping 16-byte moves, with no branch on the length
+ * within that range (a call of memcpy per row costs more than the copy). */
+RD_INLINE void copy_row(uint8_t *d, const uint8_t *s, int64_t len) {
+    if (len >= 16 && len <= 64) {
+        const int64_t o1 = len - 16 < 16 ? len - 16 : 16, o2 = len - 16 < 32 ? len - 16 : 32, o3 = len - 16;
+        rd_b16 x0, x1, x2, x3;
+        memcpy(&x0, s, 16);
+        memcpy(&x1, s + o1, 16);
+        memcpy(&x2, s + o2, 16);
+        memcpy(&x3, s + o3, 16);
+        memcpy(d, &x0, 16);
+        memcpy(d + o1, &x1, 16);
+        memcpy(d + o2, &x2, 16);
+        memcpy(d + o3, &x3, 16);
+    } else if (len > 64) {
+        memcpy(d, s, (size_t)len);
+    } else if (len >= 8) {
+        uint64_t x0, x1;
+        memcpy(&x0, s, 8);
+        memcpy(&x1, s + len - 8, 8);
+        memcpy(d, &x0, 8);
+        memcpy(d + len - 8, &x1, 8);
+    } else {
+        for (int64_t j = 0; j < len; j++) d[j] = s[j];
+    }
+}
+
+/*
+ * dst[dst_starts[k]:][:lengths[k]] = src[src_starts[k]:][:lengths[k]] for each k < n (the index
+ * arrays of kinds src_kind, len_kind, dst_kind). Every row is checked to lie within both buffers
+ * before anything is written; a row outside them is RD_ERANGE and *bad its number.
+ */
+RD_API int rd_copy_rows(const uint8_t *src, int64_t src_size, const void *src_starts, int src_kind,
+                        const void *lengths, int len_kind, int64_t n, uint8_t *dst, int64_t dst_size,
+                        const void *dst_starts, int dst_kind, int64_t *bad) {
+    if (!buf_ok(src, src_size) || !buf_ok(dst, dst_size) || n < 0 || bad == NULL || !kind_ok(src_kind) ||
+        !kind_ok(len_kind) || !kind_ok(dst_kind) || (n > 0 && (!src_starts || !lengths || !dst_starts)))
+        return RD_EARG;
+    *bad = -1;
+    for (int64_t k = 0; k < n; k++) {
+        int64_t s = get_index(src_starts, src_kind, k), d = get_index(dst_starts, dst_kind, k);
+        int64_t len = get_index(lengths, len_kind, k);
+        if (len < 0 || s < 0 || d < 0 || s > src_size - len || d > dst_size - len) {
+            *bad = k;
+            return RD_ERANGE;
+        }
+    }
+    for (int64_t k = 0; k < n; k++) {
+#if defined(__GNUC__) || defined(__clang__)
+        if (k + 8 < n) __builtin_prefetch(src + get_index(src_starts, src_kind, k + 8));
+#endif
+        copy_row(dst + get_index(dst_starts, dst_kind, k), src + get_index(src_starts, src_kind, k),
+                 get_index(lengths, len_kind, k));
+    }
+    return RD_OK;
+}
+
+/*
+ * Pack rows back to back: row k (src[starts[k]:][:lengths[k]]) goes to dst[offsets[k]:offsets[k+1]],
+ * offsets[0] = 0, into offsets[0:n+1] of kind off_kind (RD_U32 or RD_I64). RD_ERANGE (*bad the row)
+ * for a row outside src, RD_ECAP if dst is smaller than the rows' total, RD_EOVERFLOW if the total
+ * does not fit the offsets' kind. Nothing is written unless every row is in range and fits.
+ */
+RD_API int rd_pack_rows(const uint8_t *src, int64_t src_size, const void *starts, int start_kind, const void *lengths,
+                        int len_kind, int64_t n, uint8_t *dst, int64_t dst_size, void *offsets, int off_kind,
+                        int64_t *bad) {
+    if (!buf_ok(src, src_size) || !buf_ok(dst, dst_size) || n < 0 || bad == NULL || offsets == NULL ||
+        !kind_ok(start_kind) || !kind_ok(len_kind) || (off_kind != RD_U32 && off_kind != RD_I64) ||
+        (n > 0 && (!starts || !lengths)))
+        return RD_EARG;
+    *bad = -1;
+    int64_t total = 0;
+    for (int64_t k = 0; k < n; k++) {
+        int64_t s = get_index(starts, start_kind, k), len = get_index(lengths, len_kind, k);
+        if (len < 0 || s < 0 || s > src_size - len) {
+            *bad = k;
+            return RD_ERANGE;
+        }
+        if (len > dst_size - total) return RD_ECAP; /* total <= dst_size: no overflow */
+        total += len;
+    }
+    if (off_kind == RD_U32 && total > (int64_t)UINT32_MAX) return RD_EOVERFLOW;
+    int64_t at = 0;
+    for (int64_t k = 0; k < n; k++) {
+#if defined(__GNUC__) || defined(__clang__)
+        if (k + 8 < n) __builtin_prefetch(src + get_index(starts, start_kind, k + 8));
+#endif
+        int64_t len = get_index(lengths, len_kind, k);
+        if (off_kind == RD_U32) ((uint32_t *)offsets)[k] = (uint32_t)at;
+        else ((int64_t *)offsets)[k] = at;
+        copy_row(dst + at, src + get_index(starts, start_kind, k), len);
+        at += len;
+    }
+    if (off_kind == RD_U32) ((uint32_t *)offsets)[n] = (uint32_t)at;
+    else ((int64_t *)offsets)[n] = at;
+    return RD_OK;
+}
+
+/* The length of the valid UTF-8 sequence at p[0:left], or 0 if it is not one (Unicode table 3-7:
+ * no overlong forms, no surrogates, nothing past U+10FFFF, nothing cut short). */
+static int utf8_sequence(const uint8_t *p, int64_t left) {
+    uint8_t c = p[0];
+    if (c < 0x80) return 1;
+    int need;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) need = 1;
+    else if (c == 0xE0) need = 2, lo = 0xA0;
+    else if (c == 0xED) need = 2, hi = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF) need = 2;
+    else if (c == 0xF0) need = 3, lo = 0x90;
+    else if (c == 0xF4) need = 3, hi = 0x8F;
+    else if (c >= 0xF1 && c <= 0xF3) need = 3;
+    else return 0;
+    if (left < need + 1) return 0;
+    if (p[1] < lo || p[1] > hi) return 0;
+    for (int k = 2; k <= need; k++)
+        if (p[k] < 0x80 || p[k] > 0xBF) return 0;
+    return need + 1;
+}
+
+/* The first byte at or after i in p[0:end] with its high bit set (not ASCII), or end. */
+static int64_t first_high(const uint8_t *p, int64_t i, int64_t end) {
+#if defined(__SSE2__)
+    for (; end - i >= 16; i += 16) {
+        int m = _mm_movemask_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + i)));
+        if (m) return i + ctz64((uint64_t)(unsigned)m);
+    }
+#else
+    for (; end - i >= 8; i += 8)
+        if (load64(p + i) & HIGHS) break;
+#endif
+    for (; i < end; i++)
+        if (p[i] & 0x80) return i;
+    return end;
+}
+
+/* Offsets into data (bounds[0:n+1], of kind kind) checked: ascending, within size. */
+static int bounds_ok(int64_t size, const void *bounds, int kind, int64_t n) {
+    int64_t prev = get_index(bounds, kind, 0);
+    if (prev < 0 || prev > size) return 0;
+    for (int64_t k = 1; k <= n; k++) {
+        int64_t b = get_index(bounds, kind, k);
+        if (b < prev || b > size) return 0;
+        prev = b;
+    }
+    return 1;
+}
+
+/*
+ * The first row k < n whose bytes data[bounds[k]:bounds[k+1]] are not valid UTF-8 into *row (-1 if
+ * none). bounds holds n + 1 ascending offsets within data (RD_ERANGE if not).
+ */
+RD_API int rd_utf8_first_invalid(const uint8_t *data, int64_t size, const void *bounds, int kind, int64_t n,
+                                 int64_t *row) {
+    if (!buf_ok(data, size) || n < 0 || row == NULL || bounds == NULL || !kind_ok(kind)) return RD_EARG;
+    *row = -1;
+    if (!bounds_ok(size, bounds, kind, n)) return RD_ERANGE;
+    /* From one byte that is not ASCII to the next (ASCII 16 bytes at a time), each a sequence that
+     * must end within its row; the row holding it found by a cursor that only moves forward. */
+    const int64_t end = get_index(bounds, kind, n);
+    int64_t r = 0, i = get_index(bounds, kind, 0);
+    while ((i = first_high(data, i, end)) < end) {
+        while (get_index(bounds, kind, r + 1) <= i) r++;
+        int k = utf8_sequence(data + i, get_index(bounds, kind, r + 1) - i);
+        if (!k) {
+            *row = r;
+            return RD_OK;
+        }
+        i += k;
+    }
+    return RD_OK;
+}
+
+/* The first newline in p[i:end], or end. */
+static int64_t find_newline(const uint8_t *p, int64_t i, int64_t end) {
+#if defined(__SSE2__)
+    const __m128i nl = _mm_set1_epi8('\n');
+    for (; end - i >= 16; i += 16) {
+        int m = _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + i)), nl));
+        if (m) return i + ctz64((uint64_t)(unsigned)m);
+    }
+#else
+    for (; end - i >= 8; i += 8)
+        if (zero_bytes(load64(p + i) ^ (ONES * 10u))) break;
+#endif
+    for (; i < end; i++)
+        if (p[i] == '\n') return i;
+    return end;
+}
+
+/*
+ * The first row k < n of buf[starts[k]:ends[k]] (int64 offsets) that is not a sample's text, into
+ * *row (-1 if none): one that holds a newline, or nothing but ASCII whitespace (an empty row too).
+ * A row outside buf, or ending before it starts, is RD_ERANGE (*row its number).
+ */
+RD_API int rd_lines_bad(const uint8_t *buf, int64_t size, const int64_t *starts, const int64_t *ends, int64_t n,
+                        int64_t *row) {
+    if (!buf_ok(buf, size) || n < 0 || row == NULL || (n > 0 && (!starts || !ends))) return RD_EARG;
+    *row = -1;
+    int64_t from = 0, next_nl = -1; /* the first newline at or after from */
+    for (int64_t k = 0; k < n; k++) {
+        int64_t s = starts[k], e = ends[k];
+        if (s < 0 || e < s || e > size) {
+            *row = k;
+            return RD_ERANGE;
+        }
+        /* A newline in the row: where rows come in ascending order (a shard's do), the next newline
+         * after the last one found serves every row before it, so the search runs once over the
+         * buffer; a row before the last searched from is searched alone. Then, for a row that starts
+         * with whitespace (or is empty), whether anything else follows. */
+        int bad_row;
+        if (s >= from) {
+            if (next_nl < s) next_nl = find_newline(buf, s, size);
+            from = s;
+            bad_row = next_nl < e;
+        } else {
+            bad_row = find_newline(buf, s, e) < e;
+        }
+        if (!bad_row && (s == e || buf[s] <= ' ')) {
+            int64_t j = s;
+            while (j < e && blank(buf[j])) j++;
+            bad_row = j == e;
+        }
+        if (bad_row) {
+            *row = k;
+            return RD_OK;
+        }
+    }
+    return RD_OK;
+}
+
+/* Positions a permutation call mixes side by side. */
+#define PERMUTE_LANES 16
+
+/* murmur3's 32-bit finaliser of x ^ key: the round function of the permutation (plan/permutation.py). */
+RD_INLINE uint32_t mix32(uint32_t x, uint32_t key) {
+    uint32_t h = x ^ key;
+    h ^= h >> 16;
+    h *= UINT32_C(0x85EBCA6B);
+    h ^= h >> 13;
+    h *= UINT32_C(0xC2B2AE35);
+    h ^= h >> 16;
+    return h;
+}
+
+/* A permutation's grid: rows x 2**col_bits cells, and the constants of h % rows by multiplication. */
+struct grid {
+    int col_bits, sh1, sh2;
+    uint32_t mask, rows;
+    uint64_t magic;
+};
+
+/* (hi + h % rows) mod rows, hi < rows, the sum modulo 2**32 as numpy's uint32 (no wrap below 2**31 rows). */
+RD_INLINE uint32_t add_mod_rows(const struct grid *g, uint32_t hi, uint32_t h) {
+    const uint32_t t = (uint32_t)((g->magic * h) >> 32);
+    const uint32_t q = (t + ((h - t) >> g->sh1)) >> g->sh2;
+    const uint32_t y = hi + (h - q * g->rows);
+    return y >= g->rows ? y - g->rows : y;
+}
+
+/* One pass of the rounds over cell x. */
+static int64_t feistel(const struct grid *g, const uint32_t *keys, int rounds, int64_t x) {
+    uint32_t hi = (uint32_t)(x >> g->col_bits), lo = (uint32_t)x & g->mask;
+    for (int k = 0; k < rounds; k++) {
+        if (k % 2 == 0) lo = (lo + mix32(hi, keys[k])) & g->mask;
+        else hi = add_mod_rows(g, hi, mix32(lo, keys[k]));
+    }
+    return (int64_t)((uint64_t)hi << g->col_bits | lo);
+}
+
+/*
+ * The keyed permutation of [0, n) at positions pos[0:count] into out[0:count]
+ * (rank_dataset.plan.permutation.permute): a position is a cell (hi, lo) of a grid of rows x 2**col_bits
+ * cells (>= n), mixed by `rounds` Feistel rounds of keys[0:rounds] (even rounds add a hash of hi to lo
+ * modulo 2**col_bits, odd rounds a hash of lo to hi modulo rows), walked again while it lands past n.
+ * A position outside [0, n) is RD_ERANGE (*bad its index), before anything is written.
+ */
+RD_API int rd_permute(int64_t n, int64_t rows, int col_bits, const uint32_t *keys, int rounds, const int64_t *pos,
+                      int64_t count, int64_t *out, int64_t *bad) {
+    if (n < 1 || rows < 1 || rows > (int64_t)UINT32_MAX || col_bits < 0 || col_bits > 32 || rounds < 0 ||
+        rounds > 64 || (rounds > 0 && keys == NULL) || count < 0 || bad == NULL ||
+        (count > 0 && (pos == NULL || out == NULL)))
+        return RD_EARG;
+    /* The grid must hold [0, n) and its cells fit an int64. */
+    if (rows > (INT64_MAX >> col_bits) || (rows << col_bits) < n) return RD_EARG;
+    *bad = -1;
+    for (int64_t i = 0; i < count; i++) {
+        if (pos[i] < 0 || pos[i] >= n) {
+            *bad = i;
+            return RD_ERANGE;
+        }
+    }
+    struct grid g;
+    g.col_bits = col_bits;
+    g.mask = (uint32_t)((UINT64_C(1) << col_bits) - 1);
+    g.rows = (uint32_t)rows;
+    /* h % rows by a multiply and shifts (Granlund and Montgomery 1994, figure 4.1): a division costs
+     * several times as much, three times a round. */
+    int l = 0;
+    while (l < 32 && (UINT64_C(1) << l) < (uint64_t)rows) l++;
+    g.magic = (((UINT64_C(1) << l) - (uint64_t)rows) << 32) / (uint64_t)rows + 1;
+    g.sh1 = l < 1 ? l : 1;
+    g.sh2 = l > 1 ? l - 1 : 0;
+    const uint32_t mask = g.mask;
+    /* PERMUTE_LANES positions at a time, each round over all of them: their rounds are independent,
+     * so the processor overlaps them (one position's rounds, in a chain, would wait on each multiply). */
+    for (int64_t i0 = 0; i0 < count; i0 += PERMUTE_LANES) {
+        const int lanes = count - i0 < PERMUTE_LANES ? (int)(count - i0) : PERMUTE_LANES;
+        uint32_t hi[PERMUTE_LANES], lo[PERMUTE_LANES];
+        for (int j = 0; j < lanes; j++) {
+            hi[j] = (uint32_t)(pos[i0 + j] >> col_bits);
+            lo[j] = (uint32_t)pos[i0 + j] & mask;
+        }
+        for (int k = 0; k < rounds; k++) {
+            const uint32_t key = keys[k];
+            if (k % 2 == 0) {
+                for (int j = 0; j < lanes; j++) lo[j] = (lo[j] + mix32(hi[j], key)) & mask;
+            } else {
+                for (int j = 0; j < lanes; j++) hi[j] = add_mod_rows(&g, hi[j], mix32(lo[j], key));
+            }
+        }
+        for (int j = 0; j < lanes; j++) {
+            int64_t x = (int64_t)((uint64_t)hi[j] << col_bits | lo[j]);
+            while (x >= n) x = feistel(&g, keys, rounds, x); /* past n (rare: < 2 sqrt(n) + 1 cells): walk on */
+            out[i0 + j] = x;
+        }
+    }
+    return RD_OK;
+}
+
+/*
+ * The gather's checks of rows copied from a window of a file: the first row k < n that is not a
+ * sample of the file into *row (-1 if none). Row k is bytes [starts[k], starts[k] + lengths[k]) of a
+ * file of file_size bytes, held at buf[at[k]:] (and the bytes around it the checks read: the one
+ * before it, the two after it, where the file has them). A sample starts the file (after its byte
+ * order mark, if bom) or follows a newline; it ends at the end of the file, or before a "\n" that
+ * does not follow a "\r", or before a "\r" that ends the file or comes before a "\n"; it holds no
+ * newline and something other than ASCII whitespace (rank_dataset.files._gather's _bounds_ok and
+ * _rows_ok, and the newline search after the copy). A row whose bytes, or the bytes around it that
+ * its checks need, are not in buf is RD_ERANGE (*row its number).
+ */
+RD_API int rd_check_lines(const uint8_t *buf, int64_t size, const int64_t *at, const int64_t *starts,
+                          const int64_t *lengths, int64_t n, int64_t file_size, int bom, int64_t *row) {
+    if (!buf_ok(buf, size) || n < 0 || row == NULL || file_size < 0 || (n > 0 && (!at || !starts || !lengths)))
+        return RD_EARG;
+    *row = -1;
+    int64_t from = 0, next_nl = -1; /* as rd_lines_bad: the first newline in buf at or after from */
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t rs = at[k], s = starts[k], len = lengths[k];
+        if (rs < 0 || s < 0 || len < 0 || rs > size - len || s > file_size - len) {
+            *row = k;
+            return RD_ERANGE;
+        }
+        const int64_t re = rs + len, e = s + len;
+        /* The bytes the checks read: the one before (unless the row starts the file or follows its
+         * byte order mark), the one after (unless at the end of the file), and the next after a "\r". */
+        const int needs_before = !(s == 0 || (s == 3 && bom));
+        const int needs_after = e < file_size;
+        if ((needs_before && rs < 1) || (needs_after && re >= size) ||
+            (needs_after && buf[re] == '\r' && e + 1 < file_size && re + 1 >= size)) {
+            *row = k;
+            return RD_ERANGE;
+        }
+        int ok = len > 0;
+        if (ok) {
+            if (s == 0) ok = !bom;
+            else ok = (s == 3 && bom) || buf[rs - 1] == '\n';
+        }
+        if (ok) {
+            const uint8_t last_byte = buf[re - 1];
+            if (!needs_after) ok = last_byte != '\r';
+            else if (buf[re] == '\n') ok = last_byte != '\r';
+            else ok = buf[re] == '\r' && (e + 1 >= file_size || buf[re + 1] == '\n');
+        }
+        if (ok) {
+            if (rs >= from) {
+                if (next_nl < rs) next_nl = find_newline(buf, rs, size);
+                from = rs;
+                ok = next_nl >= re;
+            } else {
+                ok = find_newline(buf, rs, re) >= re;
+            }
+        }
+        if (ok && buf[rs] <= ' ') {
+            int64_t j = rs;
+            while (j < re && blank(buf[j])) j++;
+            ok = j < re;
+        }
+        if (!ok) {
+            *row = k;
+            return RD_OK;
+        }
+    }
+    return RD_OK;
+}

@@ -1,0 +1,289 @@
+"""The ctypes binding of ``_kernels.c``: where the library is, how it is loaded, and each kernel's call.
+
+ctypes releases the GIL for the length of a call (a ``CDLL``'s functions do), so threads that call
+kernels run in parallel. Arguments are handed over as C-contiguous arrays of the dtypes the kernels
+take (index arrays as int64, uint32 or int32; others are converted); each kernel checks every offset
+against its buffer's size, and an error code becomes a ValueError here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.core._reference import MARK, NEWLINE, LineScan
+
+__all__ = ["ABI", "LIB_ENV", "Kernels", "library_path", "load"]
+
+#: The kernels' interface version: a library built from another ``_kernels.c`` is not used.
+ABI = 1
+#: A library to load instead of the one installed beside this module (e.g. a sanitizer build).
+LIB_ENV = "RANK_DATASET_NATIVE_LIB"
+
+_OK, _EARG, _ERANGE, _ECAP, _EOVERFLOW = 0, -1, -2, -3, -4
+_I64, _U32, _I32 = 1, 2, 3
+_KINDS = {np.dtype(np.int64): _I64, np.dtype(np.uint32): _U32, np.dtype(np.int32): _I32}
+_P, _I64T, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SAMPLE = 256 << 10  # bytes whose lines size a scan's arrays
+_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "rd_abi_version": (_INT, []),
+    "rd_count_byte": (_I64T, [_P, _I64T, _INT]),
+    "rd_find_byte": (_I64T, [_P, _I64T, _INT, _P, _I64T]),
+    "rd_scan_lines": (_INT, [_P, _I64T, _I64T, _INT, _I64T, _P, _P, _I64T, _P, _I64T, _P]),
+    "rd_copy_rows": (_INT, [_P, _I64T, _P, _INT, _P, _INT, _I64T, _P, _I64T, _P, _INT, _P]),
+    "rd_pack_rows": (_INT, [_P, _I64T, _P, _INT, _P, _INT, _I64T, _P, _I64T, _P, _INT, _P]),
+    "rd_utf8_first_invalid": (_INT, [_P, _I64T, _P, _INT, _I64T, _P]),
+    "rd_lines_bad": (_INT, [_P, _I64T, _P, _P, _I64T, _P]),
+    "rd_permute": (_INT, [_I64T, _I64T, _INT, _P, _INT, _P, _I64T, _P, _P]),
+    "rd_check_lines": (_INT, [_P, _I64T, _P, _P, _P, _I64T, _I64T, _INT, _P]),
+}
+
+
+def library_name() -> str:
+    """The file name the build gives the library on this platform."""
+    if sys.platform == "win32":
+        return "_kernels.dll"
+    return "_kernels.dylib" if sys.platform == "darwin" else "_kernels.so"
+
+
+def library_path() -> Path:
+    """Where the library is looked for: ``$RANK_DATASET_NATIVE_LIB``, else beside this module."""
+    override = os.environ.get(LIB_ENV)
+    return Path(override) if override else Path(__file__).with_name(library_name())
+
+
+def load() -> Kernels:
+    """The kernels of the library at :func:`library_path`.
+
+    Raises:
+        OSError: there is no library there, or it does not load.
+        RuntimeError: it is not one this package can use (another interface version, a kernel missing).
+    """
+    path = library_path()
+    if not path.is_file():
+        raise OSError(f"no native library at {path}")
+    lib = ctypes.CDLL(str(path))
+    try:
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
+    except AttributeError as exc:
+        raise RuntimeError(f"{path} lacks a kernel: {exc}") from None
+    if lib.rd_abi_version() != ABI:
+        raise RuntimeError(f"{path} was built from another version of _kernels.c (rebuild it)")
+    return Kernels(lib, path)
+
+
+def _bytes_in(buf: Any) -> npt.NDArray[np.uint8]:
+    """``buf`` as a C-contiguous 1-D uint8 array (read-only buffers too; copied only if strided)."""
+    a = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8)
+    if a.dtype != np.uint8 or a.ndim != 1:
+        raise TypeError(f"expected a 1-D uint8 array, got {a.dtype} with shape {a.shape}")
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _bytes_out(buf: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or buf.ndim != 1:
+        raise TypeError("the destination must be a 1-D uint8 array")
+    if not (buf.flags.c_contiguous and buf.flags.writeable):
+        raise ValueError("the destination must be a writeable contiguous array")
+    return buf
+
+
+def _index(a: Any) -> tuple[npt.NDArray[Any], int]:
+    """``a`` as a contiguous 1-D index array a kernel takes, and its kind."""
+    arr = np.asarray(a)
+    if arr.ndim != 1:
+        arr = arr.reshape(-1)
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"offsets must be integers, got dtype {arr.dtype}")
+    kind = _KINDS.get(arr.dtype)
+    if kind is None:
+        arr, kind = arr.astype(np.int64), _I64
+    return (arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)), kind
+
+
+def _i64(a: Any) -> npt.NDArray[np.int64]:
+    return np.ascontiguousarray(a, dtype=np.int64).reshape(-1)
+
+
+def _check(code: int, what: str, bad: int = -1) -> None:
+    if code == _OK:
+        return
+    if code == _ERANGE:
+        row = f" (row {bad})" if bad >= 0 else ""
+        raise ValueError(f"{what}: a span lies outside its buffer{row}")
+    if code == _ECAP:
+        raise ValueError(f"{what}: the destination is too small")
+    if code == _EOVERFLOW:
+        raise ValueError(f"{what}: the offsets overflow their dtype")
+    raise ValueError(f"{what}: invalid arguments (error {code})")
+
+
+class Kernels:
+    """The library's kernels, each with the signature and results of its numpy reference in
+    :mod:`rank_dataset.core._reference`."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
+        self._lib, self.path = lib, path
+
+    def count_byte(self, buf: Any, byte: int = NEWLINE) -> int:
+        a = _bytes_in(buf)
+        got = int(self._lib.rd_count_byte(a.ctypes.data, a.size, byte))
+        _check(min(got, 0), "count_byte")
+        return got
+
+    def find_byte(self, buf: Any, byte: int = NEWLINE) -> npt.NDArray[np.int64]:
+        a = _bytes_in(buf)
+        cap = self.count_byte(a, byte)
+        out = np.empty(cap, np.int64)
+        got = int(self._lib.rd_find_byte(a.ctypes.data, a.size, byte, out.ctypes.data, cap))
+        _check(min(got, 0), "find_byte")
+        return out[:got]
+
+    def scan_lines(self, buf: Any, offset: int, last: bool, mark: int = MARK) -> LineScan:
+        a = _bytes_in(buf)
+        if offset < 0 or mark <= 0:
+            raise ValueError(f"offset must be >= 0 and mark > 0, got {offset} and {mark}")
+        # A sample per line at most. The arrays are sized by the lines of the first 256 KiB, with room to
+        # spare (counting them all would cost half as much as the scan), and scanned again at the exact
+        # size in the rare buffer whose later lines are much shorter; then trimmed in place.
+        head = a[:_SAMPLE]
+        guess = (self.count_byte(head, NEWLINE) + 1) * a.size // max(head.size, 1)
+        cap = min(guess + guess // 2 + 64, a.size + 1)
+        marks_cap = a.size // mark + 2
+        marks = np.empty((marks_cap, 2), np.int64)
+        result = np.zeros(4, np.int64)
+        while True:
+            starts, lengths = np.empty(cap, np.int64), np.empty(cap, np.int64)
+            code = self._lib.rd_scan_lines(
+                a.ctypes.data,
+                a.size,
+                offset,
+                int(bool(last)),
+                mark,
+                starts.ctypes.data,
+                lengths.ctypes.data,
+                cap,
+                marks.ctypes.data,
+                marks_cap,
+                result.ctypes.data,
+            )
+            if code != _ECAP or cap == a.size + 1:
+                break
+            cap = self.count_byte(a, NEWLINE) + 1
+        _check(code, "scan_lines")
+        n, newlines, ascii_, n_marks = result.tolist()
+        starts.resize(n, refcheck=False)  # in place (a shrinking realloc): no copy
+        lengths.resize(n, refcheck=False)
+        return LineScan(starts, lengths, bool(ascii_), newlines, marks[:n_marks].copy())
+
+    def copy_rows(self, src: Any, src_starts: Any, lengths: Any, dst: npt.NDArray[np.uint8], dst_starts: Any) -> None:
+        s, d = _bytes_in(src), _bytes_out(dst)
+        (ss, sk), (ln, lk), (ds, dk) = _index(src_starts), _index(lengths), _index(dst_starts)
+        if not ss.size == ln.size == ds.size:
+            raise ValueError(f"{ss.size} starts, {ln.size} lengths and {ds.size} destinations")
+        bad = ctypes.c_int64(-1)
+        code = self._lib.rd_copy_rows(
+            s.ctypes.data,
+            s.size,
+            ss.ctypes.data,
+            sk,
+            ln.ctypes.data,
+            lk,
+            ln.size,
+            d.ctypes.data,
+            d.size,
+            ds.ctypes.data,
+            dk,
+            ctypes.byref(bad),
+        )
+        _check(code, "copy_rows", bad.value)
+
+    def pack_rows(
+        self, src: Any, starts: Any, lengths: Any, dst: npt.NDArray[np.uint8], offsets: npt.NDArray[Any]
+    ) -> None:
+        s, d = _bytes_in(src), _bytes_out(dst)
+        (ss, sk), (ln, lk) = _index(starts), _index(lengths)
+        if ss.size != ln.size or offsets.shape != (ln.size + 1,):
+            raise ValueError(f"{ss.size} starts, {ln.size} lengths and {offsets.shape} offsets")
+        kind = {np.dtype(np.uint32): _U32, np.dtype(np.int64): _I64}.get(offsets.dtype)
+        if kind is None or not (offsets.flags.c_contiguous and offsets.flags.writeable):
+            raise TypeError(f"offsets must be a writeable contiguous uint32 or int64 array, got {offsets.dtype}")
+        bad = ctypes.c_int64(-1)
+        code = self._lib.rd_pack_rows(
+            s.ctypes.data,
+            s.size,
+            ss.ctypes.data,
+            sk,
+            ln.ctypes.data,
+            lk,
+            ln.size,
+            d.ctypes.data,
+            d.size,
+            offsets.ctypes.data,
+            kind,
+            ctypes.byref(bad),
+        )
+        _check(code, "pack_rows", bad.value)
+
+    def utf8_first_invalid(self, data: Any, bounds: Any) -> int:
+        a = _bytes_in(data)
+        b, kind = _index(bounds)
+        if not b.size:
+            raise ValueError("bounds must hold n + 1 offsets")
+        row = ctypes.c_int64(-1)
+        n = b.size - 1
+        code = self._lib.rd_utf8_first_invalid(a.ctypes.data, a.size, b.ctypes.data, kind, n, ctypes.byref(row))
+        _check(code, "utf8_first_invalid")
+        return int(row.value)
+
+    def lines_bad(self, buf: Any, starts: Any, ends: Any) -> int:
+        a, s, e = _bytes_in(buf), _i64(starts), _i64(ends)
+        if s.size != e.size:
+            raise ValueError(f"{s.size} starts and {e.size} ends")
+        row = ctypes.c_int64(-1)
+        code = self._lib.rd_lines_bad(a.ctypes.data, a.size, s.ctypes.data, e.ctypes.data, s.size, ctypes.byref(row))
+        _check(code, "lines_bad", row.value)
+        return int(row.value)
+
+    def permute_cells(
+        self, n: int, rows: int, col_bits: int, keys: Sequence[int], positions: Any
+    ) -> npt.NDArray[np.int64]:
+        pos = _i64(positions)
+        k = np.asarray(keys, np.uint32)
+        out = np.empty(pos.size, np.int64)
+        bad = ctypes.c_int64(-1)
+        code = self._lib.rd_permute(
+            n, rows, col_bits, k.ctypes.data, k.size, pos.ctypes.data, pos.size, out.ctypes.data, ctypes.byref(bad)
+        )
+        if code == _ERANGE:
+            raise ValueError(f"position {int(pos[bad.value])} is outside [0, {n})")
+        _check(code, "permute_cells")
+        return out
+
+    def check_lines(self, buf: Any, at: Any, starts: Any, lengths: Any, file_size: int, bom: bool) -> int:
+        a, r, s, ln = _bytes_in(buf), _i64(at), _i64(starts), _i64(lengths)
+        if not r.size == s.size == ln.size:
+            raise ValueError(f"{r.size} places, {s.size} starts and {ln.size} lengths")
+        row = ctypes.c_int64(-1)
+        code = self._lib.rd_check_lines(
+            a.ctypes.data,
+            a.size,
+            r.ctypes.data,
+            s.ctypes.data,
+            ln.ctypes.data,
+            s.size,
+            file_size,
+            int(bom),
+            ctypes.byref(row),
+        )
+        _check(code, "check_lines", row.value)
+        return int(row.value)

@@ -1,0 +1,308 @@
+"""The numpy reference of each native kernel (:mod:`rank_dataset.core.native`): the fallback where the
+library is not built, and what the tests compare the kernels with, byte for byte.
+
+Each function here computes what its kernel in ``_kernels.c`` does, with the same arguments and results
+(the kernels check their arguments more strictly: a span outside its buffer is a ValueError there).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "BLANK",
+    "BOM",
+    "CR",
+    "MARK",
+    "NEWLINE",
+    "LineScan",
+    "check_lines",
+    "copy_rows",
+    "count_byte",
+    "find_byte",
+    "lines_bad",
+    "pack_rows",
+    "permute_cells",
+    "scan_lines",
+    "utf8_first_invalid",
+]
+
+_IntArray = npt.NDArray[np.integer[Any]]
+
+NEWLINE, CR = 10, 13
+#: The UTF-8 byte order mark, skipped at the start of a file.
+BOM = b"\xef\xbb\xbf"
+#: A scan marks the first line at or after every multiple of this many bytes (``files.scan.MARK``).
+MARK = 4 << 20
+#: Byte -> whether it is ASCII whitespace (space, tab, newline, CR, VT, FF).
+BLANK = np.zeros(256, dtype=bool)
+BLANK[[9, 10, 11, 12, 13, 32]] = True
+_HIGH_BITS = np.uint64(0x8080808080808080)
+# Rows of a length no longer than this are copied by length group (one gather per group).
+_GROUPED_MAX = 1 << 16
+# A length group this small is copied row by row (a slice copy is cheaper than two fancy indexings).
+_SMALL_GROUP = 4
+# Rows of at most this many bytes in all are copied byte by byte, in one gather.
+_BYTEWISE_MAX = 1 << 16
+_UTF8_RUN = 1 << 16  # rows decoded at a time
+
+
+class LineScan(NamedTuple):
+    """What a scan finds in a buffer of whole lines (see :func:`scan_lines`)."""
+
+    starts: npt.NDArray[np.int64]
+    lengths: npt.NDArray[np.int64]
+    ascii: bool
+    newlines: int
+    marks: npt.NDArray[np.int64]
+
+
+def count_byte(buf: npt.NDArray[np.uint8], byte: int = NEWLINE) -> int:
+    """How many bytes of ``buf`` are ``byte``."""
+    return int(np.count_nonzero(buf == byte))
+
+
+def find_byte(buf: npt.NDArray[np.uint8], byte: int = NEWLINE) -> npt.NDArray[np.int64]:
+    """Where the bytes of ``buf`` equal to ``byte`` are, ascending (int64)."""
+    return np.flatnonzero(buf == byte).astype(np.int64, copy=False)
+
+
+def _is_ascii(buf: npt.NDArray[np.uint8]) -> bool:
+    whole = buf.size - buf.size % 8
+    return not (np.bitwise_or.reduce(buf[:whole].view(np.uint64)) & _HIGH_BITS) and not (buf[whole:] >= 0x80).any()
+
+
+def scan_lines(buf: npt.NDArray[np.uint8], offset: int, last: bool, mark: int = MARK) -> LineScan:
+    """The samples of the complete lines of ``buf``, which holds bytes ``offset`` onwards of a file and
+    starts a line: the chunk scan of :func:`rank_dataset.files.scan.scan_buffer` (its numpy passes, the
+    same results). With ``last``, bytes after the final newline form a line too; at offset 0 a byte
+    order mark is skipped. ``marks``: ``(k, 2)`` rows ``(offset, line)``, for each multiple of
+    ``mark`` in the buffer, where the first line at or after it starts and its number."""
+    if not buf.size:
+        empty = np.empty(0, np.int64)
+        return LineScan(empty, empty, True, 0, np.empty((0, 2), np.int64))
+    newline_at = np.flatnonzero(buf == NEWLINE)
+    line_starts = np.empty(newline_at.size + 1, np.int64)
+    line_starts[0] = 0
+    np.add(newline_at, 1, out=line_starts[1:])
+    first_mark = -(-offset // mark) * mark
+    targets = np.arange(first_mark, offset + buf.size, mark, dtype=np.int64) - offset
+    lines = np.searchsorted(line_starts, targets)
+    found = lines < line_starts.size
+    marks = np.column_stack((line_starts[lines[found]] + offset, lines[found])).astype(np.int64)
+    ends = newline_at
+    if last and line_starts[-1] < buf.size:
+        ends = np.append(ends, buf.size)
+    starts = line_starts[: ends.size]
+    bom = offset == 0 and buf[: len(BOM)].tobytes() == BOM
+    if bom and starts.size:
+        starts[0] = len(BOM)
+    lengths = ends - starts
+    # "\r\n" loses its "\r" (an empty first line reads buf[-1]: harmless, its span is blank either way).
+    lengths -= buf.take(ends - 1, mode="wrap") == CR
+    maybe_blank = buf.take(starts, mode="clip") <= ord(" ")
+    if bom and starts.size:
+        maybe_blank[0] |= lengths[0] <= 0
+    if maybe_blank.any():
+        rows = np.flatnonzero(maybe_blank)
+        keep = np.ones(ends.size, dtype=bool)
+        keep[rows] = False
+        sized = rows[lengths[rows] > 0]
+        if sized.size:
+            content = ~BLANK[buf]
+            bounds: npt.NDArray[np.int64] = np.column_stack((starts[sized], starts[sized] + lengths[sized])).reshape(-1)
+            if bounds[-1] == buf.size:
+                bounds = bounds[:-1]
+            keep[sized] = np.logical_or.reduceat(content, bounds)[::2]
+        starts, lengths = starts[keep], lengths[keep]
+    return LineScan(starts + offset, lengths.astype(np.int64), _is_ascii(buf), int(newline_at.size), marks)
+
+
+def copy_rows(
+    src: npt.NDArray[np.uint8],
+    src_starts: _IntArray,
+    lengths: _IntArray,
+    dst: npt.NDArray[np.uint8],
+    dst_starts: _IntArray,
+) -> None:
+    """``dst[dst_starts[k]:][:lengths[k]] = src[src_starts[k]:][:lengths[k]]`` for every ``k``, exactly.
+
+    Vectorised by length: the rows of one length ``L`` are one gather from a view of ``src`` whose
+    elements are ``L``-byte records starting at every byte, and one scatter into the same kind of
+    view of ``dst``. Nothing is written outside the rows, so rows may be copied in any order and in
+    as many calls as convenient.
+    """
+    count = len(lengths)
+    if not count:
+        return
+    lengths = np.asarray(lengths, np.int64)
+    total = int(lengths.sum())
+    if total <= _BYTEWISE_MAX:
+        # Few bytes: one gather of every byte, from where each row's bytes are to where they go.
+        # (Sorting rows by length and copying each group costs more than that below about 64 KiB.)
+        step = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        dst[np.repeat(np.asarray(dst_starts, np.int64), lengths) + step] = src[
+            np.repeat(np.asarray(src_starts, np.int64), lengths) + step
+        ]
+        return
+    # A 16-bit key, which numpy sorts by radix (a wider one takes a merge sort, several times slower);
+    # lengths past it are copied row by row, wherever the sort leaves them.
+    key = np.minimum(lengths, 0xFFFF).astype(np.uint16)
+    order = np.argsort(key, kind="stable")
+    by_length = lengths[order]
+    # Both ends in length order, so that each group's are slices (one gather each, not one a group).
+    src_at, dst_at = np.asarray(src_starts)[order], np.asarray(dst_starts)[order]
+    cuts = [0, *(np.flatnonzero(by_length[1:] != by_length[:-1]) + 1).tolist(), count]
+    for lo, hi in itertools.pairwise(cuts):
+        width = int(by_length[lo])
+        if width == 0:
+            continue
+        if width > _GROUPED_MAX or hi - lo <= _SMALL_GROUP:
+            for s, d in zip(src_at[lo:hi].tolist(), dst_at[lo:hi].tolist()):
+                dst[d : d + width] = src[s : s + width]
+            continue
+        records = f"V{width}"
+        src_view: npt.NDArray[np.void] = np.ndarray((src.size - width + 1,), records, buffer=src, strides=(1,))
+        dst_view: npt.NDArray[np.void] = np.ndarray((dst.size - width + 1,), records, buffer=dst, strides=(1,))
+        dst_view[dst_at[lo:hi]] = src_view[src_at[lo:hi]]
+
+
+def pack_rows(
+    src: npt.NDArray[np.uint8], starts: _IntArray, lengths: _IntArray, dst: npt.NDArray[np.uint8], offsets: _IntArray
+) -> None:
+    """Rows ``src[starts[k]:][:lengths[k]]`` back to back into ``dst`` from its first byte, and
+    ``offsets`` (``n + 1`` of them, uint32 or int64) where each begins, the last where they end."""
+    lengths = np.asarray(lengths, np.int64)
+    offsets[0] = 0
+    np.cumsum(lengths, out=offsets[1:], dtype=offsets.dtype)
+    if int(offsets[-1]) > dst.size:
+        raise ValueError(f"{int(offsets[-1])} bytes of rows do not fit {dst.size} bytes")
+    copy_rows(src, starts, lengths, dst, offsets[:-1])
+
+
+def utf8_first_invalid(data: npt.NDArray[np.uint8], bounds: _IntArray) -> int:
+    """The first row ``data[bounds[i]:bounds[i + 1]]`` that is not valid UTF-8 (as Python's strict
+    decoder judges it), or -1."""
+    starts, ends = bounds[:-1], bounds[1:]
+    nonempty = np.flatnonzero(ends > starts)
+    first = data[starts[nonempty]]
+    # A row that starts with a continuation byte is invalid on its own. Before the first such row,
+    # a sequence cut at a row boundary cannot pass as valid, so whole runs of rows can be decoded.
+    cont = nonempty[(first >= 0x80) & (first < 0xC0)]
+    limit = int(cont[0]) if cont.size else starts.size
+    view = data.data
+    for a, b in itertools.pairwise([*range(0, limit, _UTF8_RUN), limit]):
+        lo, hi = int(bounds[a]), int(bounds[b])
+        try:
+            str(view[lo:hi], "utf-8")
+        except UnicodeDecodeError as exc:
+            return int(np.searchsorted(bounds, lo + exc.start, side="right")) - 1
+    return limit if cont.size else -1
+
+
+def lines_bad(buf: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]) -> int:
+    """The first row ``buf[starts[k]:ends[k]]`` that is not a sample's text: one that holds a newline,
+    or nothing but ASCII whitespace (an empty row too); -1 if none."""
+    if not starts.size:
+        return -1
+    if not buf.size:  # every row empty
+        return 0
+    newline_at = np.flatnonzero(buf == NEWLINE)
+    nearest = np.searchsorted(newline_at, starts)  # the first newline at or after each start
+    bad = nearest < newline_at.size
+    bad[bad] = newline_at[nearest[bad]] < ends[bad]
+    # Only a row that starts with whitespace (or is empty) can be blank: check those in full.
+    maybe = np.flatnonzero(~bad & ((ends <= starts) | BLANK[buf[np.minimum(starts, buf.size - 1)]]))
+    for k, s, e in zip(maybe.tolist(), starts[maybe].tolist(), ends[maybe].tolist()):
+        if bool(BLANK[buf[s:e]].all()):
+            bad[k] = True
+    hits = np.flatnonzero(bad)
+    return int(hits[0]) if hits.size else -1
+
+
+_FMIX1, _FMIX2 = np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35)
+_S16, _S13 = np.uint32(16), np.uint32(13)
+
+
+def _hash(x: npt.NDArray[np.uint32], key: np.uint32) -> npt.NDArray[np.uint32]:
+    """A keyed 32-bit mix of ``x`` (murmur3's finaliser); all arithmetic wraps modulo 2**32."""
+    h = x ^ key
+    h ^= h >> _S16
+    h *= _FMIX1
+    h ^= h >> _S13
+    h *= _FMIX2
+    h ^= h >> _S16
+    return h
+
+
+def permute_cells(
+    n: int, rows: int, col_bits: int, keys: Sequence[int], positions: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """The keyed permutation of ``[0, n)`` at ``positions`` (``plan.permutation.permute`` given its grid
+    and round keys): each position a cell ``(hi, lo)`` of ``rows x 2**col_bits``, mixed by a Feistel
+    round per key, walked again while it lands at ``n`` or past it."""
+    flat = np.asarray(positions, np.int64)
+    col_mask, r = np.uint32((1 << col_bits) - 1), np.uint32(rows)
+    out = np.empty(flat.size, np.int64)
+    todo = np.arange(flat.size)
+    cells = flat.copy()
+    while todo.size:
+        hi = (cells >> col_bits).astype(np.uint32)
+        lo = (cells & ((1 << col_bits) - 1)).astype(np.uint32)
+        for i, key in enumerate(keys):
+            if i % 2 == 0:
+                lo += _hash(hi, np.uint32(key))
+                lo &= col_mask
+            else:
+                h = _hash(lo, np.uint32(key))
+                h %= r
+                hi += h
+                np.minimum(hi, hi - r, out=hi)
+        cells = (hi.astype(np.int64) << col_bits) | lo
+        inside = cells < n
+        out[todo[inside]] = cells[inside]
+        todo, cells = todo[~inside], cells[~inside]
+    return out
+
+
+def check_lines(
+    buf: npt.NDArray[np.uint8],
+    at: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    file_size: int,
+    bom: bool,
+) -> int:
+    """The first row that is not a sample of the file, or -1: row ``k`` is bytes ``starts[k]`` to
+    ``starts[k] + lengths[k]`` of a file of ``file_size`` bytes (with a byte order mark: ``bom``), held at
+    ``buf[at[k]:]`` with the byte before it and the two after it where the file has them. A sample starts
+    the file (after its byte order mark) or follows a newline, ends at the end of the file or at a line
+    ending (``\\n`` not after ``\\r``, ``\\r\\n``, ``\\r`` at the end), holds no newline and is not blank
+    (``files._gather``'s ``_bounds_ok`` and ``_rows_ok``, and its newline search after the copy)."""
+    if not starts.size:
+        return -1
+    rs, re_ = at, at + lengths
+    ends = starts + lengths
+    take = functools.partial(np.take, buf, mode="clip")
+    after_newline = take(rs - 1) == NEWLINE
+    start_ok = np.where(starts == 0, not bom, after_newline | ((starts == len(BOM)) & bom))
+    last, c1, c2 = take(re_ - 1), take(re_), take(re_ + 1)
+    at_eof = ends >= file_size
+    plain_end = (at_eof | (c1 == NEWLINE)) & (last != CR)
+    cr_end = ~at_eof & (c1 == CR) & ((ends + 1 >= file_size) | (c2 == NEWLINE))
+    ok = start_ok & (plain_end | cr_end) & (lengths > 0)
+    newline_at = np.flatnonzero(buf == NEWLINE)
+    nearest = np.searchsorted(newline_at, rs)
+    inside = nearest < newline_at.size
+    inside[inside] = newline_at[nearest[inside]] < re_[inside]
+    ok &= ~inside
+    for k in np.flatnonzero(ok & BLANK[take(rs)]).tolist():
+        ok[k] = not bool(BLANK[buf[rs[k] : re_[k]]].all())
+    bad = np.flatnonzero(~ok)
+    return int(bad[0]) if bad.size else -1

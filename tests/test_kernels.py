@@ -1,0 +1,661 @@
+"""The native kernels (``core/_kernels.c``) against their numpy reference (``core/_reference.py``), byte
+for byte, on random and hostile inputs; the path picker (``core/native.py``) and its environment
+variable, in subprocesses.
+
+Run against a sanitizer build too (``make test-asan``): with ``RANK_DATASET_NATIVE=require`` a
+library that does not load fails these tests instead of skipping them.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rank_dataset.core import _reference as ref
+from rank_dataset.core import native
+from rank_dataset.core._native_lib import Kernels, load
+from rank_dataset.files._gather import _bounds_ok, _line_ok, _rows_ok, check_utf8
+from rank_dataset.files.scan import scan_buffer
+
+
+def _native() -> Kernels:
+    try:
+        return load()
+    except (OSError, RuntimeError) as exc:
+        if os.environ.get("RANK_DATASET_NATIVE") == "require":
+            raise
+        pytest.skip(f"the native kernels are not built: {exc}")
+
+
+@pytest.fixture(scope="module")
+def kernels() -> Kernels:
+    return _native()
+
+
+@pytest.fixture(params=["numpy", "native"])
+def impl(request: pytest.FixtureRequest) -> Any:
+    """Either path, called the same way: the reference module or the library's kernels."""
+    return ref if request.param == "numpy" else _native()
+
+
+def _u8(b: bytes) -> np.ndarray:
+    return np.frombuffer(b, np.uint8)
+
+
+# --- newline counting and finding --------------------------------------------------------------------
+
+_ALPHABET = [b"a", b"b", b" ", b"\t", b"\n", b"\r", b"\x00", b"\x0b", b"\xef", b"\xbb", b"\xbf", b"\xc3", b"\x80"]
+
+
+def _random_bytes(rng: np.random.Generator, size: int, newline_weight: float = 0.1) -> bytes:
+    weights = np.ones(len(_ALPHABET))
+    weights[_ALPHABET.index(b"\n")] = newline_weight * len(_ALPHABET)
+    weights[_ALPHABET.index(b"a")] = 3
+    picks = rng.choice(len(_ALPHABET), size=size, p=weights / weights.sum())
+    return b"".join(_ALPHABET[i] for i in picks)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_count_and_find_match_numpy(kernels: Kernels, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    buf = _u8(_random_bytes(rng, int(rng.integers(0, 3000))))
+    for byte in (10, 0, 13, 0xBF):
+        assert kernels.count_byte(buf, byte) == ref.count_byte(buf, byte)
+        np.testing.assert_array_equal(kernels.find_byte(buf, byte), ref.find_byte(buf, byte))
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 15, 16, 17, 255 * 8 - 1, 255 * 8, 255 * 8 + 1, 10_000])
+def test_count_at_word_and_counter_edges(kernels: Kernels, size: int) -> None:
+    """Every byte a newline, none, and one at each end: the 8-byte words and 255-word counters' edges."""
+    for buf in (np.full(size, 10, np.uint8), np.zeros(size, np.uint8), np.full(size, 0x8A, np.uint8)):
+        assert kernels.count_byte(buf) == ref.count_byte(buf)
+    if size:
+        buf = np.zeros(size, np.uint8)
+        buf[[0, -1]] = 10
+        assert kernels.count_byte(buf) == ref.count_byte(buf) == (1 if size == 1 else 2)
+        np.testing.assert_array_equal(kernels.find_byte(buf), ref.find_byte(buf))
+
+
+def test_count_a_read_only_buffer_and_a_strided_one(kernels: Kernels) -> None:
+    data = b"a\nb\n\nc" * 100
+    assert kernels.count_byte(data) == data.count(b"\n")
+    strided = _u8(data)[::2]
+    assert kernels.count_byte(strided) == ref.count_byte(strided)
+
+
+def test_native_find_reports_a_short_output_array(kernels: Kernels) -> None:
+    lib = kernels._lib
+    buf = _u8(b"\n\n\n")
+    out = np.full(2, -7, np.int64)
+    assert lib.rd_find_byte(buf.ctypes.data, 3, 10, out.ctypes.data, 2) == -3  # RD_ECAP
+    assert out.tolist() == [0, 1]  # the first cap of them, nothing past
+    assert lib.rd_count_byte(buf.ctypes.data, -1, 10) == -1  # a negative size is refused
+    assert lib.rd_count_byte(None, 5, 10) == -1  # so is a null buffer with a size
+    assert lib.rd_count_byte(None, 0, 10) == 0
+
+
+# --- the chunk scan -----------------------------------------------------------------------------------
+
+_HOSTILE_SCANS = [
+    b"",
+    b"\n",
+    b"\n\n\n",
+    b"\r\n",
+    b"\r",
+    b"a",
+    b" ",
+    b"a\r",
+    b"a\r\r\n",
+    b"\ra",
+    b"\x00",
+    b"a\x00b\n\x00\n",
+    b" \t\x0b\x0c\r\n  \n\t\n",
+    b"\xef\xbb\xbf",
+    b"\xef\xbb\xbf\n",
+    b"\xef\xbb\xbf\r\n",
+    b"\xef\xbb\xbf\r",
+    b"\xef\xbb\xbfa",
+    b"\xef\xbb\xbf \n a\n",
+    b"\xef\xbb",
+    b"\xef\xbb\n\xbf",
+    b"a 1\n\n  \nbb 2\r\nc 3",
+    b"x" * 70_000 + b"\n" + b"y" * 70_001,  # lines longer than any buffer
+    b"\n" * 1000 + b"z",
+    b"\xff\xfe\xc3\x28\n\x80\n",
+]
+
+
+def _same_scan(a: ref.LineScan, b: ref.LineScan) -> None:
+    np.testing.assert_array_equal(a.starts, b.starts)
+    np.testing.assert_array_equal(a.lengths, b.lengths)
+    assert (a.ascii, a.newlines) == (b.ascii, b.newlines)
+    np.testing.assert_array_equal(a.marks.reshape(-1, 2), b.marks.reshape(-1, 2))
+    for arr in (a.starts, a.lengths, a.marks, b.starts, b.lengths, b.marks):
+        assert arr.dtype == np.int64
+
+
+@pytest.mark.parametrize("data", _HOSTILE_SCANS, ids=range(len(_HOSTILE_SCANS)))
+@pytest.mark.parametrize("offset", [0, 5, 4 << 20])
+@pytest.mark.parametrize("last", [True, False])
+def test_scan_matches_numpy_on_hostile_buffers(kernels: Kernels, data: bytes, offset: int, last: bool) -> None:
+    buf = _u8(data)
+    want = ref.scan_lines(buf, offset, last)
+    _same_scan(kernels.scan_lines(buf, offset, last), want)
+    chunk = scan_buffer(buf, offset, last)  # the reference is the files layer's scan, unchanged
+    _same_scan(ref.LineScan(chunk.starts, chunk.lengths, chunk.ascii, chunk.newlines, chunk.marks), want)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_scan_matches_numpy_on_random_buffers(kernels: Kernels, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    data = _random_bytes(rng, int(rng.integers(0, 2000)), newline_weight=float(rng.choice([0.02, 0.1, 0.4])))
+    if seed % 3 == 0:
+        data = ref.BOM + data
+    buf = _u8(data)
+    offset = int(rng.choice([0, 0, int(rng.integers(0, 1 << 40))]))
+    mark = int(rng.choice([1, 3, 8, 64, 1 << 20]))
+    for last in (True, False):
+        _same_scan(kernels.scan_lines(buf, offset, last, mark), ref.scan_lines(buf, offset, last, mark))
+
+
+def test_scan_marks_a_line_longer_than_the_mark_interval_once_per_multiple(kernels: Kernels) -> None:
+    buf = _u8(b"a" * 50 + b"\n" + b"b\n" * 10)
+    got = kernels.scan_lines(buf, 3, True, 10)
+    _same_scan(got, ref.scan_lines(buf, 3, True, 10))
+    # Multiples 10, 20, ..., 70 of the file: five fall in the long line (the next line, at 54, is
+    # theirs), then the lines at 60 and 70 (lines 4 and 9 of the chunk).
+    assert got.marks.tolist() == [[54, 1]] * 5 + [[60, 4], [70, 9]]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"x" * 300_000 + b"\n" + b"a\n" * 200_000, b"a b c\n" * 100_000, b"\n" * 300_000 + b"a\n" * 1000],
+    ids=["short-lines-after-a-long-one", "short-lines", "blank-lines"],
+)
+def test_scan_sizes_its_arrays_whatever_the_lines(kernels: Kernels, data: bytes) -> None:
+    """Lines much shorter after the first 256 KiB (which size the arrays): scanned again, exactly."""
+    buf = _u8(data)
+    got = kernels.scan_lines(buf, 0, True)
+    _same_scan(got, ref.scan_lines(buf, 0, True))
+    assert got.starts.base is None or got.starts.base.size == got.starts.size  # trimmed, not a view
+
+
+def test_scan_of_a_read_only_mmap(kernels: Kernels, tmp_path: Path) -> None:
+    p = tmp_path / "meta.txt"
+    p.write_bytes(b"a 1\r\n\n b\nlast")
+    with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        buf = np.frombuffer(mm, np.uint8)
+        _same_scan(kernels.scan_lines(buf, 0, True), ref.scan_lines(buf, 0, True))
+        del buf
+
+
+def test_scan_refuses_bad_arguments(kernels: Kernels) -> None:
+    with pytest.raises(ValueError):
+        kernels.scan_lines(_u8(b"a\n"), -1, True)
+    with pytest.raises(ValueError):
+        kernels.scan_lines(_u8(b"a\n"), 0, True, 0)
+    # The raw call: arrays too small for what the buffer holds are an error, not a write past them.
+    lib, buf = kernels._lib, _u8(b"a\nb\nc\n")
+    starts, lengths, marks = np.zeros(3, np.int64), np.zeros(3, np.int64), np.zeros((1, 2), np.int64)
+    code = lib.rd_scan_lines(
+        buf.ctypes.data, 6, 0, 1, 1 << 20, starts.ctypes.data, lengths.ctypes.data, 1, marks.ctypes.data, 0, 0
+    )
+    assert code == -1  # no result array
+    result = np.zeros(4, np.int64)
+    args = (buf.ctypes.data, 6, 0, 1, 1 << 20, starts.ctypes.data, lengths.ctypes.data, 1, marks.ctypes.data)
+    assert lib.rd_scan_lines(*args, 1, result.ctypes.data) == -3  # two samples, room for one
+    assert lib.rd_scan_lines(*args[:7], 3, marks.ctypes.data, 0, result.ctypes.data) == -3  # a mark, no room
+    big = 1 << 62
+    assert lib.rd_scan_lines(*args[:2], big * 2 - 1, *args[3:], 1, result.ctypes.data) == -1  # offset overflows
+
+
+# --- the row gather -----------------------------------------------------------------------------------
+
+
+def _rows(rng: np.random.Generator, n: int, longest: int, slack: int = 0) -> tuple[Any, ...]:
+    lengths = rng.integers(0, longest + 1, n)
+    src_starts = np.cumsum(lengths) - lengths + rng.integers(0, slack + 1, n).cumsum()
+    src = rng.integers(0, 256, int(src_starts[-1] + lengths[-1]) if n else 0, dtype=np.uint8)
+    order = rng.permutation(n)  # a sampler's random order
+    dst_starts = (np.cumsum(lengths[order]) - lengths[order])[np.argsort(order)]
+    return src, src_starts, lengths, dst_starts, int(lengths.sum())
+
+
+@pytest.mark.parametrize(("n", "longest"), [(0, 5), (1, 0), (1, 9), (50, 40), (3000, 60), (40, 70_000), (5000, 3)])
+@pytest.mark.parametrize("dtypes", [(np.int64,) * 3, (np.uint32,) * 3, (np.int32, np.uint64, np.uint32)])
+def test_copy_rows_matches_numpy(impl: Any, n: int, longest: int, dtypes: tuple[Any, ...]) -> None:
+    rng = np.random.default_rng(n + longest)
+    src, src_starts, lengths, dst_starts, total = _rows(rng, n, longest, slack=3)
+    fill = rng.integers(0, 256, total + 16, dtype=np.uint8)  # bytes outside the rows must stay
+    want, got = fill.copy(), fill.copy()
+    ref.copy_rows(src, src_starts, lengths, want, dst_starts)
+    s, ln, d = (a.astype(t) for a, t in zip((src_starts, lengths, dst_starts), dtypes))
+    impl.copy_rows(src, s, ln, got, d)
+    assert got.tobytes() == want.tobytes()
+    for k in range(min(n, 50)):  # and it is what it says
+        assert got[dst_starts[k] : dst_starts[k] + lengths[k]].tobytes() == src[src_starts[k] :][: lengths[k]].tobytes()
+
+
+def test_copy_rows_at_both_buffers_edges(kernels: Kernels) -> None:
+    src = np.arange(10, dtype=np.uint8)
+    dst = np.zeros(10, np.uint8)
+    kernels.copy_rows(src, [0, 7], [3, 3], dst, [7, 0])  # first and last bytes of each
+    assert dst.tolist() == [7, 8, 9, 0, 0, 0, 0, 0, 1, 2]
+
+
+_HOSTILE_ROWS = [
+    ([8], [3], [0]),  # past the end of src
+    ([0], [11], [0]),  # longer than src
+    ([-1], [2], [0]),  # before src
+    ([0], [-1], [0]),  # a negative length
+    ([0], [3], [8]),  # past the end of dst
+    ([0], [2], [-1]),  # before dst
+    ([1 << 62], [1 << 62], [0]),  # a start + length that overflows int64
+    ([0], [1 << 62], [(1 << 63) - 4]),
+    ([0, 2, 9], [1, 1, 2], [0, 1, 2]),  # a bad row after good ones: nothing is written
+]
+
+
+@pytest.mark.parametrize(("s", "ln", "d"), _HOSTILE_ROWS)
+def test_copy_rows_refuses_spans_outside_the_buffers(kernels: Kernels, s: list, ln: list, d: list) -> None:
+    src, dst = np.arange(10, dtype=np.uint8), np.zeros(10, np.uint8)
+    with pytest.raises(ValueError, match="outside"):
+        kernels.copy_rows(src, np.array(s, np.int64), np.array(ln, np.int64), dst, np.array(d, np.int64))
+    assert not dst.any()
+
+
+def test_copy_rows_refuses_a_read_only_or_mismatched_destination(kernels: Kernels) -> None:
+    src = np.arange(10, dtype=np.uint8)
+    with pytest.raises(ValueError):
+        kernels.copy_rows(src, [0], [2], np.frombuffer(bytes(10), np.uint8), [0])
+    with pytest.raises(ValueError):
+        kernels.copy_rows(src, [0, 1], [2], np.zeros(10, np.uint8), [0])
+    with pytest.raises(TypeError):
+        kernels.copy_rows(src, [0.5], [2], np.zeros(10, np.uint8), [0])
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.int64])
+@pytest.mark.parametrize("seed", range(4))
+def test_pack_rows_matches_numpy(impl: Any, dtype: Any, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    src, src_starts, lengths, _, total = _rows(rng, int(rng.integers(0, 3000)), 80, slack=5)
+    order = rng.permutation(lengths.size)
+    want, got = np.full(total + 3, 7, np.uint8), np.full(total + 3, 7, np.uint8)
+    want_off, got_off = np.empty(lengths.size + 1, dtype), np.empty(lengths.size + 1, dtype)
+    ref.pack_rows(src, src_starts[order], lengths[order], want, want_off)
+    impl.pack_rows(src, src_starts[order], lengths[order], got, got_off)
+    assert got.tobytes() == want.tobytes()
+    np.testing.assert_array_equal(got_off, want_off)
+
+
+def test_pack_rows_refuses_what_does_not_fit(kernels: Kernels) -> None:
+    src, dst = np.arange(10, dtype=np.uint8), np.zeros(4, np.uint8)
+    off = np.zeros(3, np.uint32)
+    with pytest.raises(ValueError, match="too small"):
+        kernels.pack_rows(src, [0, 5], [3, 3], dst, off)
+    with pytest.raises(ValueError, match="outside"):
+        kernels.pack_rows(src, [0, 9], [1, 2], dst, off)
+    assert not dst.any() and not off.any()
+    with pytest.raises(TypeError):
+        kernels.pack_rows(src, [0, 5], [1, 1], dst, np.zeros(3, np.int32))
+
+
+def _sparse(tmp_path: Path, size: int) -> np.memmap:
+    """A file of ``size`` bytes that takes no disk but the pages written (a sparse file), mapped."""
+    p = tmp_path / f"sparse-{size}"
+    with open(p, "wb") as f:
+        f.truncate(size)
+    return np.memmap(p, np.uint8, "r+", shape=(size,))
+
+
+_GIB = 1 << 30
+
+
+def test_copy_and_pack_rows_past_4_gib(kernels: Kernels, tmp_path: Path) -> None:
+    """Offsets past 2**32 in both buffers, with int64 offsets, on sparse 5 GiB files (a few pages written)."""
+    src, dst = _sparse(tmp_path, 5 * _GIB), _sparse(tmp_path, 5 * _GIB + 1)
+    at = [4 * _GIB + 17, (1 << 32) - 3, 5 * _GIB - 5]  # past 4 GiB, across it, at the very end
+    for i, a in enumerate(at):
+        src[a : a + 5] = np.frombuffer(f"row{i}!".encode()[:5], np.uint8)
+    to = np.array([5 * _GIB - 4, 3, (1 << 32) - 1], np.int64)
+    kernels.copy_rows(src, np.array(at), np.array([5, 5, 5]), dst, to)
+    assert [dst[t : t + 5].tobytes() for t in to.tolist()] == [b"row0!", b"row1!", b"row2!"]
+    with pytest.raises(ValueError, match="outside"):
+        kernels.copy_rows(src, np.array([5 * _GIB - 4]), np.array([5]), dst, np.array([0]))
+    packed, offsets = np.zeros(15, np.uint8), np.zeros(4, np.int64)
+    kernels.pack_rows(src, np.array(at, np.int64), np.array([5, 5, 5]), packed, offsets)
+    assert packed.tobytes() == b"row0!row1!row2!" and offsets.tolist() == [0, 5, 10, 15]
+    # A total past 4 GiB does not fit uint32 offsets: refused before a byte is copied.
+    with pytest.raises(ValueError, match="overflow"):
+        kernels.pack_rows(src, np.array([0, 0]), np.array([3 * _GIB, 2 * _GIB]), dst, np.zeros(3, np.uint32))
+    del src, dst
+
+
+# --- UTF-8 --------------------------------------------------------------------------------------------
+
+_VALID = [b"", b"a", b"\x00", b"\xc2\x80", b"\xdf\xbf", b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xee\x80\x80"]
+_VALID += [b"\xef\xbf\xbf", b"\xf0\x90\x80\x80", b"\xf4\x8f\xbf\xbf", "é日本🎉".encode(), b"plain ascii text!"]
+_INVALID = {
+    "continuation first": [b"\x80", b"\xbf", b"\x80abc"],
+    "overlong": [b"\xc0\xaf", b"\xc1\xbf", b"\xe0\x80\xaf", b"\xe0\x9f\xbf", b"\xf0\x80\x80\xaf", b"\xf0\x8f\xbf\xbf"],
+    "surrogate": [b"\xed\xa0\x80", b"\xed\xbf\xbf", b"\xed\xb0\x80"],
+    "truncated at end": [b"\xc3", b"\xe2\x82", b"\xf0\x9f\x98", b"abcdefgh\xe2"],
+    "past U+10FFFF": [b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80", b"\xf7\xbf\xbf\xbf", b"\xf8\x88\x80\x80\x80"],
+    "never UTF-8": [b"\xfe", b"\xff", b"a\xffb"],
+    "bad continuation": [b"\xe2\x28\xa1", b"\xc3\x28", b"\xf0\x9f\x98\x28", b"\xe2\x82a"],
+}
+
+
+def _first_invalid(rows: list[bytes]) -> int:
+    for i, row in enumerate(rows):
+        try:
+            row.decode("utf-8")
+        except UnicodeDecodeError:
+            return i
+    return -1
+
+
+def _packed(rows: list[bytes], dtype: Any = np.uint32) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.array([len(r) for r in rows], np.int64)
+    bounds = np.zeros(len(rows) + 1, dtype)
+    np.cumsum(lengths, out=bounds[1:], dtype=bounds.dtype)
+    return _u8(b"".join(rows)), bounds
+
+
+@pytest.mark.parametrize("kind", list(_INVALID))
+def test_utf8_every_class_of_invalid(impl: Any, kind: str) -> None:
+    for bad in _INVALID[kind]:
+        for pad in (b"", b"1234567", b"abcdefghijklmnop"):  # the bad byte at every place of a word
+            rows = [*_VALID, pad + bad, b"ok", pad + bad]
+            data, bounds = _packed(rows)
+            assert impl.utf8_first_invalid(data, bounds) == len(_VALID), (bad, pad)
+    data, bounds = _packed(_VALID)
+    assert impl.utf8_first_invalid(data, bounds) == -1
+
+
+def test_utf8_a_sequence_cut_across_two_rows_is_the_first_rows_fault(impl: Any) -> None:
+    rows = [b"ok", b"x\xe2\x82", b"\xac y", b"fine"]  # "€" split between rows 1 and 2
+    data, bounds = _packed(rows)
+    assert impl.utf8_first_invalid(data, bounds) == _first_invalid(rows) == 1
+    with pytest.raises(ValueError, match="line 2"):  # the gather's check fails too (naming the next row)
+        check_utf8(lambda row: f"line {row}", data, bounds)
+
+
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("dtype", [np.uint32, np.int64])
+def test_utf8_matches_python_and_numpy_on_random_rows(kernels: Kernels, seed: int, dtype: Any) -> None:
+    rng = np.random.default_rng(seed)
+    pieces = _VALID + [b for group in _INVALID.values() for b in group]
+    weights = np.array([20.0] * len(_VALID) + [1.0] * (len(pieces) - len(_VALID)))
+    rows = []
+    for _ in range(int(rng.integers(0, 300))):
+        picks = rng.choice(len(pieces), size=int(rng.integers(0, 6)), p=weights / weights.sum())
+        rows.append(b"".join(pieces[i] for i in picks))
+    data, bounds = _packed(rows, dtype)
+    want = _first_invalid(rows)
+    assert kernels.utf8_first_invalid(data, bounds) == ref.utf8_first_invalid(data, bounds) == want
+    if want < 0:
+        check_utf8(str, data, bounds)
+    else:
+        with pytest.raises(ValueError):
+            check_utf8(str, data, bounds)
+
+
+def test_utf8_refuses_bounds_outside_the_data(kernels: Kernels) -> None:
+    data = _u8(b"abcdef")
+    for bounds in ([0, 7], [-1, 2], [3, 2, 6], [0, 1 << 40]):
+        with pytest.raises(ValueError, match="outside"):
+            kernels.utf8_first_invalid(data, np.array(bounds, np.int64))
+    with pytest.raises(ValueError):
+        kernels.utf8_first_invalid(data, np.array([], np.int64))
+    assert kernels.utf8_first_invalid(data, np.array([6], np.int64)) == -1  # no rows
+
+
+# --- stray bytes --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_lines_bad_matches_the_gathers_line_check(impl: Any, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    buf = _u8(_random_bytes(rng, int(rng.integers(1, 400)), newline_weight=0.03))
+    n = int(rng.integers(0, 40))
+    starts = rng.integers(0, buf.size + 1, n)
+    if seed % 2:  # ascending, as a shard's rows (the kernel's newline search then runs once)
+        starts.sort()
+    ends = np.minimum(starts + rng.integers(0, 12, n), buf.size)
+    ok = [_line_ok(buf[s:e]) for s, e in zip(starts.tolist(), ends.tolist())]
+    want = ok.index(False) if False in ok else -1
+    assert impl.lines_bad(buf, starts.astype(np.int64), ends.astype(np.int64)) == want
+    good = [k for k, fine in enumerate(ok) if fine]  # the rows that pass, alone: nothing found
+    assert impl.lines_bad(buf, starts[good].astype(np.int64), ends[good].astype(np.int64)) == -1
+
+
+def test_lines_bad_on_hostile_rows(kernels: Kernels) -> None:
+    buf = _u8(b"a b\n \t\r\x0b\x0c\x00 x")
+    cases = {(0, 3): -1, (0, 4): 0, (4, 9): 0, (3, 3): 0, (9, 10): -1, (10, 11): 0, (11, 12): -1}
+    for (s, e), want in cases.items():
+        got = kernels.lines_bad(buf, np.array([s]), np.array([e]))
+        assert got == ref.lines_bad(buf, np.array([s]), np.array([e])) == want, (s, e)
+    for s, e in ((0, 13), (-1, 2), (5, 4)):
+        with pytest.raises(ValueError, match="outside"):
+            kernels.lines_bad(buf, np.array([0, s]), np.array([1, e]))
+    zero = np.array([0])
+    assert kernels.lines_bad(_u8(b""), zero, zero) == ref.lines_bad(_u8(b""), zero, zero) == 0
+
+
+# --- the gather's line checks -------------------------------------------------------------------------
+
+
+def _candidate_spans(rng: np.random.Generator, data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The file's samples, and spans near them that are not (a byte more or less at either end, two
+    lines at once, empty), shuffled together."""
+    found = ref.scan_lines(_u8(data), 0, True)
+    s, ln = found.starts, found.lengths
+    wrong_s = np.clip(s + rng.integers(-2, 3, s.size), 0, len(data))
+    wrong_ln = np.clip(ln + rng.integers(-2, 6, s.size), 0, None)
+    wrong_ln = np.minimum(wrong_ln, len(data) - wrong_s)
+    starts, lengths = np.concatenate([s, s, wrong_s]), np.concatenate([ln, ln, wrong_ln])
+    order = rng.permutation(starts.size)[: int(rng.integers(0, starts.size + 1))]
+    return starts[order].astype(np.int64), lengths[order].astype(np.int64)
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_check_lines_matches_the_gathers_checks(impl: Any, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    data = _random_bytes(rng, int(rng.integers(0, 600)), newline_weight=float(rng.choice([0.05, 0.2])))
+    if seed % 4 == 0:
+        data = ref.BOM + data
+    starts, lengths = _candidate_spans(rng, data)
+    if seed % 2:
+        starts, lengths = starts[np.argsort(starts, kind="stable")], lengths[np.argsort(starts, kind="stable")]
+    bom = data.startswith(ref.BOM)
+    buf = _u8(data + bytes(8))  # the gather reads a window with padding after it
+    want = ref.check_lines(buf, starts, starts, lengths, len(data), bom)
+    assert impl.check_lines(buf, starts, starts, lengths, len(data), bom) == want
+    # The gather's own checks agree on whether every row is a sample.
+    ends = starts + lengths
+    gathers = (
+        bool(
+            _bounds_ok(buf, 0, starts, ends, len(data))
+            and _rows_ok(buf, starts, ends)
+            and all(b"\n" not in data[a:b] for a, b in zip(starts.tolist(), ends.tolist()))
+        )
+        if starts.size
+        else True
+    )
+    assert (want == -1) == gathers
+    # From a window of the file (its rows at other places in the buffer): the same answer.
+    lo = int(rng.integers(0, len(data) + 1))
+    keep = (starts - 1 >= lo) | ((starts == 3) & bom & (lo == 0)) | ((starts == 0) & (lo == 0))
+    window = _u8(data[lo:] + bytes(8))
+    s2, l2 = starts[keep], lengths[keep]
+    want2 = ref.check_lines(buf, s2, s2, l2, len(data), bom)
+    assert impl.check_lines(window, s2 - lo, s2, l2, len(data), bom) == want2
+
+
+def test_check_lines_on_hostile_rows(kernels: Kernels) -> None:
+    data = b"a b\r\n\n c\r\r\nx\ry\n  \nlast\r"
+    buf = _u8(data + bytes(4))
+    cases = {  # (start, length): is it a sample?
+        (0, 3): True,  # "a b" before "\r\n"
+        (0, 4): False,  # "a b\r": ends with a CR before "\n"
+        (1, 2): False,  # does not follow a newline
+        (5, 0): False,  # empty
+        (6, 3): True,  # " c\r" before "\r\n": its CR is text
+        (11, 3): True,  # "x\ry": a CR inside is text
+        (15, 2): False,  # blank
+        (18, 4): True,  # "last" before a final "\r"
+        (18, 5): False,  # "last\r" at the end of the file
+        (11, 6): False,  # two lines
+    }
+    for (s, n), sample in cases.items():
+        one = np.array([s], np.int64), np.array([n], np.int64)
+        got = kernels.check_lines(buf, one[0], one[0], one[1], len(data), False)
+        assert got == ref.check_lines(buf, one[0], one[0], one[1], len(data), False) == (-1 if sample else 0), (s, n)
+    with_bom = _u8(ref.BOM + b"a\n" + bytes(4))
+    zero, three, one_byte = np.array([0]), np.array([3]), np.array([1])
+    assert kernels.check_lines(with_bom, three, three, one_byte, 5, True) == -1  # after the mark
+    assert kernels.check_lines(with_bom, zero, zero, np.array([4]), 5, True) == 0  # the mark is not text
+    # Bytes the checks need that the buffer does not hold: an error, not a read past it.
+    tight = _u8(b"ab\ncd\r")
+    for at, start, n in ((0, 3, 2), (3, 3, 5), (5, 5, 2), (-1, 0, 1)):
+        with pytest.raises(ValueError, match="outside"):
+            kernels.check_lines(tight[: at + n + 1] if at >= 0 else tight, [at], [start], [n], 8, False)
+    with pytest.raises(ValueError, match="outside"):
+        kernels.check_lines(_u8(b"\ncd\r"), [1], [3], [2], 7, False)  # the byte after the CR is not held
+
+
+# --- the permutation ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 17, 1000, 65_537, 10**6 + 3, 2**40 + 5, 2**62])
+def test_permute_cells_matches_the_plans_permutation(impl: Any, n: int) -> None:
+    from rank_dataset.plan.permutation import _grid, _round_keys, permute
+
+    rng = np.random.default_rng(n % 1000)
+    positions = np.unique(np.concatenate([[0, n - 1], rng.integers(0, n, 3000)]))
+    rows, col_bits = _grid(n)
+    for seed, epoch in ((0, 0), (7, 3), (2**70 + 1, -5)):
+        keys = [int(k) for k in _round_keys(seed, epoch)]
+        got = impl.permute_cells(n, rows, col_bits, keys, positions)
+        np.testing.assert_array_equal(got, permute(n, seed, epoch, positions))
+        assert got.dtype == np.int64
+    if n <= 10**6 + 3:  # a bijection of [0, n)
+        whole = impl.permute_cells(n, rows, col_bits, keys, np.arange(n))
+        assert np.array_equal(np.sort(whole), np.arange(n))
+
+
+def test_permute_cells_for_many_grids(kernels: Kernels) -> None:
+    """Grids of every height from 1 to 2**31 rows (the modulo by multiplication, for each divisor kind)."""
+    from rank_dataset.plan.permutation import _grid, _round_keys, permute
+
+    rng = np.random.default_rng(1)
+    sizes = [int(x) for x in np.exp2(rng.uniform(0, 62, 300))] + [2**k + d for k in range(1, 62, 3) for d in (-1, 0, 1)]
+    keys = [int(k) for k in _round_keys(3, 4)]
+    for n in sorted({max(1, x) for x in sizes}):
+        positions = rng.integers(0, n, 200)
+        got = kernels.permute_cells(n, *_grid(n), keys, positions)
+        np.testing.assert_array_equal(got, permute(n, 3, 4, positions), err_msg=str(n))
+
+
+def test_permute_cells_refuses_positions_outside_and_a_grid_too_small(kernels: Kernels) -> None:
+    for bad in ([-1], [10], [0, 3, 1 << 62]):
+        with pytest.raises(ValueError, match="outside"):
+            kernels.permute_cells(10, 4, 2, [1, 2], np.array(bad))
+    with pytest.raises(ValueError):
+        kernels.permute_cells(10, 2, 2, [1, 2], np.array([0]))  # 2 x 4 cells < 10
+    with pytest.raises(ValueError):
+        kernels.permute_cells(10, 4, 40, [1, 2], np.array([0]))
+
+
+# --- the path picker ----------------------------------------------------------------------------------
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("RANK_DATASET_NATIVE")}
+    full.update(env)
+    full["PYTHONPATH"] = os.pathsep.join([str(Path(native.__file__).parents[2]), full.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True, timeout=120
+    )
+
+
+_PROBE = """
+    import warnings
+    import numpy as np
+    from rank_dataset.core import native
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a = native.count_newlines(np.frombuffer(b"a\\nb\\n", np.uint8))
+        b = native.count_newlines(np.frombuffer(b"\\n", np.uint8))
+    print(a, b, native.path(), len([w for w in caught if issubclass(w.category, RuntimeWarning)]))
+    print(native.describe())
+"""
+
+
+def test_mode_0_takes_numpy_without_a_word() -> None:
+    done = _run(_PROBE, RANK_DATASET_NATIVE="0")
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first == "2 1 numpy 0" and "RANK_DATASET_NATIVE=0" in second
+
+
+def test_auto_without_a_library_takes_numpy_and_says_so_once(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nothing.so")
+    done = _run(_PROBE, RANK_DATASET_NATIVE_LIB=missing)  # auto by default
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first == "2 1 numpy 1" and missing in second
+
+
+def test_auto_with_a_library_that_does_not_load_takes_numpy(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"not a shared library")
+    done = _run(_PROBE, RANK_DATASET_NATIVE="auto", RANK_DATASET_NATIVE_LIB=str(junk))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "2 1 numpy 1"
+
+
+def test_require_without_a_library_fails_clearly(tmp_path: Path) -> None:
+    done = _run(_PROBE, RANK_DATASET_NATIVE="require", RANK_DATASET_NATIVE_LIB=str(tmp_path / "nothing.so"))
+    assert done.returncode != 0
+    assert "ImportError" in done.stderr and "RANK_DATASET_NATIVE=require" in done.stderr
+
+
+def test_an_unknown_mode_is_an_error() -> None:
+    done = _run(_PROBE, RANK_DATASET_NATIVE="fast")
+    assert done.returncode != 0 and "must be one of auto, 0, require" in done.stderr
+
+
+def test_auto_and_require_take_the_built_library(kernels: Kernels) -> None:
+    lib = {k: v for k, v in os.environ.items() if k == "RANK_DATASET_NATIVE_LIB"}  # the sanitizer build, say
+    for mode in ("auto", "require"):
+        done = _run(_PROBE, RANK_DATASET_NATIVE=mode, **lib)
+        assert done.returncode == 0, done.stderr
+        first, second = done.stdout.splitlines()
+        assert first == "2 1 native 0" and second == f"native ({kernels.path})"
+
+
+def test_a_library_older_than_its_source_is_used_with_a_warning(kernels: Kernels, tmp_path: Path) -> None:
+    lib, source = tmp_path / "_kernels.so", tmp_path / "_kernels.c"
+    lib.write_bytes(kernels.path.read_bytes())
+    source.write_text("/* newer */")
+    os.utime(lib, (1, 1))
+    done = _run(_PROBE, RANK_DATASET_NATIVE="auto", RANK_DATASET_NATIVE_LIB=str(lib))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "2 1 native 1"
+
+
+def test_version_says_which_path_is_in_use() -> None:
+    code = "import sys; from rank_dataset.cli import main; sys.argv[1:] = ['--version']; main()"
+    done = _run(code, RANK_DATASET_NATIVE="0")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1] == "kernels: numpy (RANK_DATASET_NATIVE=0)"
