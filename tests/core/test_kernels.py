@@ -22,7 +22,9 @@ import pytest
 from rank_dataset.core import _reference as ref
 from rank_dataset.core import native
 from rank_dataset.core._native_lib import Kernels, load
-from rank_dataset.files._gather import _bounds_ok, _line_ok, _rows_ok, check_utf8
+from rank_dataset.files.lines import _line_ok, check_utf8
+from rank_dataset.files.lines import bounds_ok as _bounds_ok
+from rank_dataset.files.lines import rows_ok as _rows_ok
 from rank_dataset.files.scan import scan_buffer
 
 
