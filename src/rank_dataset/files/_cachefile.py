@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -94,11 +94,13 @@ class Index:
         ).pack()
         return head[:40], head[48:80]
 
-    def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "memory": None}
+    def __getstate__(self) -> tuple[object, ...]:
+        # The values alone, in field order: a dataset's pickle (what each DataLoader worker receives)
+        # stays a small handle, without the field names.
+        return tuple(None if f.name == "memory" else getattr(self, f.name) for f in fields(self))
 
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update(state)
+    def __setstate__(self, state: tuple[object, ...]) -> None:
+        self.__dict__.update(zip((f.name for f in fields(self)), state))
 
 
 @dataclass(frozen=True)

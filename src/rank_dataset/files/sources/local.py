@@ -36,6 +36,10 @@ class FileKey:
     def of(cls, st: os.stat_result) -> FileKey:
         return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 
+    def __reduce__(self) -> tuple[type[FileKey], tuple[int, int, int, int, int]]:
+        # Positional: a key travels in every pickled dataset (to each DataLoader worker).
+        return FileKey, (self.size, self.mtime_ns, self.ctime_ns, self.inode, self.device)
+
     def same_file(self, other: FileKey) -> bool:
         """Equal but for the device, which one file shared over NFS has a different one on each client
         (git leaves st_dev out of its index check for that reason): what a cache is matched on."""
