@@ -1,0 +1,207 @@
+"""StepSampler: global batches the same on any world size, through DataLoaders and resumes (ranks in one process)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from rank_dataset import RankDataset, Source, StepSampler, class_balanced, repeat_factor
+from rank_dataset.plan.steps import BatchSchedule, stream_samples
+
+N = 37
+CFG = {"mini_epoch": 3, "seed": 5}
+SCHEDULE = {0: 4, 3: 8, 6: 16}
+
+
+def as_list(batch: list[Any]) -> list[Any]:
+    return list(batch)
+
+
+@pytest.fixture
+def meta(tmp_path: Path) -> Path:
+    path = tmp_path / "meta.txt"
+    path.write_text("".join(f"img_{i}.jpg {i % 3}\n" for i in range(N)))
+    return path
+
+
+Make = Callable[[int, int], RankDataset]
+
+
+def run(
+    make: Make, world: int, steps: int, schedule: Any = SCHEDULE, start: int = 0, **loader: Any
+) -> list[list[str]]:
+    """Global batches ``start .. steps-1``: each rank's batches, concatenated in rank order."""
+    per_rank = []
+    for r in range(world):
+        ds = make(r, world)
+        sampler = StepSampler(ds, schedule, start_step=start)
+        dl = DataLoader(ds, batch_sampler=sampler, collate_fn=as_list, **loader)
+        per_rank.append([b for _, b in zip(range(start, steps), dl)])
+        del dl
+    return [[x for r in range(world) for x in per_rank[r][t]] for t in range(steps - start)]
+
+
+def test_stream_is_the_epochs_orders_on_any_world_size(meta: Path) -> None:
+    def make(r: int, w: int) -> RankDataset:
+        return RankDataset(meta, reload_cfg=CFG, rank=r, world_size=w)
+
+    steps = 20
+    reference = run(make, 1, steps)
+    schedule = BatchSchedule.of(SCHEDULE)
+    for t in range(steps):
+        samples = stream_samples(np.arange(schedule.start(t), schedule.start(t + 1)), N, 5)
+        assert reference[t] == [f"img_{i}.jpg {i % 3}" for i in samples]
+    for world in (2, 4):
+        assert run(make, world, steps) == reference
+    # Every sample once an epoch: the first N items of the stream.
+    flat = [x for b in reference for x in b]
+    assert sorted(flat[:N]) == sorted(f"img_{i}.jpg {i % 3}" for i in range(N))
+
+
+def make_for(kind: str, meta: Path, tmp_path: Path) -> Make:
+    def make(r: int, w: int) -> RankDataset:
+        if kind == "mix":
+            other = tmp_path / "other.txt"
+            if not other.exists():
+                other.write_text("".join(f"doc_{i}.txt {i}\n" for i in range(11)))
+            sources = [Source(str(meta), weight=2), Source(str(other), repeat=2)]
+            return RankDataset(sources, reload_cfg={**CFG, "epoch_size": 40}, rank=r, world_size=w)
+        if kind == "subsets":
+            sources = [Source(str(meta), ids=list(range(0, N, 2)), weight=1), Source(str(meta), ids=[1, 3, 5], choose=7)]
+            return RankDataset(sources, reload_cfg=CFG, rank=r, world_size=w)
+        if kind == "class_balanced":
+            return RankDataset(class_balanced(str(meta)), reload_cfg=CFG, rank=r, world_size=w)
+        if kind == "repeat_factor":
+            factors = np.where(np.arange(N) % 5 == 0, 2.0, 1.0)
+            return RankDataset(repeat_factor(str(meta), factors), reload_cfg=CFG, rank=r, world_size=w)
+        if kind == "exclude":
+            return RankDataset(meta, reload_cfg=CFG, rank=r, world_size=w, exclude=[0, 4, 9])
+        if kind == "aug":
+            return RankDataset(meta, reload_cfg={**CFG, "aug_repeats": 2}, rank=r, world_size=w)
+        raise AssertionError(kind)
+
+    return make
+
+
+@pytest.mark.parametrize("kind", ["mix", "subsets", "class_balanced", "repeat_factor", "exclude", "aug"])
+def test_world_size_independence_of_every_plan(kind: str, meta: Path, tmp_path: Path) -> None:
+    make = make_for(kind, meta, tmp_path)
+    reference = run(make, 1, 14)
+    for world in (2, 4):
+        assert run(make, world, 14) == reference, world
+    if kind == "exclude":
+        assert not {"img_0.jpg 0", "img_4.jpg 1", "img_9.jpg 0"} & {x for b in reference for x in b}
+    if kind == "aug":  # with 4 ranks the 2 copies of each draw in one batch sit on 2 different ranks
+        for t, batch in enumerate(reference):
+            half = len(batch) // 2
+            assert batch[:half] == batch[half:], t
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_cross_mini_epochs_and_epochs(meta: Path, context: str) -> None:
+    def make(r: int, w: int) -> RankDataset:
+        return RankDataset(meta, reload_cfg=CFG, rank=r, world_size=w)
+
+    steps = 16  # 37 samples, 3 windows an epoch, batches of 4 to 16: every window and 4 epochs crossed
+    reference = run(make, 1, steps)
+    loader = {"num_workers": 2, "persistent_workers": True, "multiprocessing_context": context}
+    assert run(make, 2, steps, **loader) == reference
+    # The same DataLoader iterated again continues the stream where it stopped.
+    ds = make(0, 1)
+    sampler = StepSampler(ds, SCHEDULE)
+    dl = DataLoader(ds, batch_sampler=sampler, collate_fn=as_list, **loader)
+    got = [b for _, b in zip(range(5), dl)]
+    sampler.load_state_dict(sampler.state_dict(step=5))
+    got += [b for _, b in zip(range(5, steps), dl)]
+    assert got == reference
+    assert all(p.ok for p in ds.audit())
+
+
+def test_resume_on_other_world_sizes(meta: Path) -> None:
+    def make(r: int, w: int) -> RankDataset:
+        return RankDataset(meta, reload_cfg={"mini_epoch": 2, "seed": 5}, rank=r, world_size=w)
+
+    steps, schedule = 18, {0: 8, 5: 16}
+    reference = run(make, 1, steps, schedule)
+    for stop in (3, 7, 11):
+        states = []
+        for r in range(4):
+            ds = make(r, 4)
+            sampler = StepSampler(ds, schedule)
+            dl = DataLoader(ds, batch_sampler=sampler, collate_fn=as_list)
+            _ = [b for _, b in zip(range(stop), dl)]
+            states.append(json.dumps(sampler.state_dict()))
+        assert len(set(states)) == 1 and len(states[0]) < 1024  # the same small dict on every rank
+        state = json.loads(states[0])
+        assert state["step"] == stop
+        for world in (2, 8):
+            rest = []
+            per_rank = []
+            for r in range(world):
+                ds = RankDataset(meta, reload_cfg={"mini_epoch": 5, "seed": 5}, rank=r, world_size=world)
+                sampler = StepSampler(ds, schedule)
+                sampler.load_state_dict(state)  # another mini-epoch count too: it moves shards only
+                dl = DataLoader(ds, batch_sampler=sampler, collate_fn=as_list)
+                per_rank.append([b for _, b in zip(range(stop, steps), dl)])
+            rest = [[x for r in range(world) for x in per_rank[r][t]] for t in range(steps - stop)]
+            assert rest == reference[stop:], (stop, world)
+
+
+def test_stateful_dataloader(meta: Path) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def make() -> tuple[RankDataset, StepSampler]:
+        ds = RankDataset(meta, reload_cfg=CFG, rank=1, world_size=2)
+        return ds, StepSampler(ds, SCHEDULE)
+
+    ds, sampler = make()
+    dl = StatefulDataLoader(ds, batch_sampler=sampler, collate_fn=as_list, num_workers=2)
+    it = iter(dl)
+    before = [next(it) for _ in range(6)]
+    saved = json.loads(json.dumps(dl.state_dict()))
+    after = [next(it) for _ in range(8)]
+    del it
+    ds, sampler = make()
+    dl = StatefulDataLoader(ds, batch_sampler=sampler, collate_fn=as_list, num_workers=2)
+    dl.load_state_dict(saved)
+    assert [b for _, b in zip(range(8), dl)] == after
+    # Another number of workers: the sampler takes the loader's state itself.
+    ds, sampler = make()
+    sampler.load_state_dict(saved)
+    assert sampler.step == 6
+    dl = StatefulDataLoader(ds, batch_sampler=sampler, collate_fn=as_list, num_workers=0)
+    assert [b for _, b in zip(range(8), dl)] == after
+    assert before
+
+
+def test_refusals(meta: Path, tmp_path: Path) -> None:
+    ds = RankDataset(meta, reload_cfg=CFG, rank=0, world_size=4)
+    with pytest.raises(ValueError, match="global_batch_size 6 at step 10 is not a multiple of the world size 4"):
+        StepSampler(ds, {0: 8, 10: 6})
+    with pytest.raises(TypeError, match="must be a RankDataset"):
+        StepSampler(list(range(4)), 8)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="eval"):
+        StepSampler(RankDataset(meta, is_test=True, rank=0, world_size=1), 8)
+    with pytest.raises(ValueError, match="audit"):
+        StepSampler(RankDataset(meta, rank=0, world_size=1, audit="off"), 8)
+    state = StepSampler(ds, 8).state_dict()
+    for other, what in [
+        (RankDataset(meta, reload_cfg={"seed": 6}, rank=0, world_size=4), "seed"),
+        (RankDataset(meta, reload_cfg=CFG, rank=0, world_size=4, exclude=[1]), "number of samples"),
+    ]:
+        with pytest.raises(ValueError, match=what):
+            StepSampler(other, 8).load_state_dict(state)
+    with pytest.raises(ValueError, match="schedule"):
+        StepSampler(ds, {0: 8, 4: 16}).load_state_dict(state)
+    copy = tmp_path / "copy.txt"
+    copy.write_text(meta.read_text().replace("img_3", "img_x"))
+    with pytest.raises(ValueError, match="files"):
+        StepSampler(RankDataset(copy, reload_cfg=CFG, rank=0, world_size=4), 8).load_state_dict(state)
+    with pytest.raises(ValueError, match="no StepSampler state"):
+        StepSampler(ds, 8).load_state_dict({"a": 1})
