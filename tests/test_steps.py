@@ -33,9 +33,7 @@ def meta(tmp_path: Path) -> Path:
 Make = Callable[[int, int], RankDataset]
 
 
-def run(
-    make: Make, world: int, steps: int, schedule: Any = SCHEDULE, start: int = 0, **loader: Any
-) -> list[list[str]]:
+def run(make: Make, world: int, steps: int, schedule: Any = SCHEDULE, start: int = 0, **loader: Any) -> list[list[str]]:
     """Global batches ``start .. steps-1``: each rank's batches, concatenated in rank order."""
     per_rank = []
     for r in range(world):
@@ -73,7 +71,10 @@ def make_for(kind: str, meta: Path, tmp_path: Path) -> Make:
             sources = [Source(str(meta), weight=2), Source(str(other), repeat=2)]
             return RankDataset(sources, reload_cfg={**CFG, "epoch_size": 40}, rank=r, world_size=w)
         if kind == "subsets":
-            sources = [Source(str(meta), ids=list(range(0, N, 2)), weight=1), Source(str(meta), ids=[1, 3, 5], choose=7)]
+            sources = [
+                Source(str(meta), ids=list(range(0, N, 2)), weight=1),
+                Source(str(meta), ids=[1, 3, 5], choose=7),
+            ]
             return RankDataset(sources, reload_cfg=CFG, rank=r, world_size=w)
         if kind == "class_balanced":
             return RankDataset(class_balanced(str(meta)), reload_cfg=CFG, rank=r, world_size=w)

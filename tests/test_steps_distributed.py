@@ -59,7 +59,13 @@ def run_job(
 
 @pytest.mark.parametrize(
     ("reader", "kind", "world"),
-    [("file", "plain", 2), ("file", "mix", 4), ("collective", "plain", 4), ("collective", "mix", 2), ("file", "plain", 8)],
+    [
+        ("file", "plain", 2),
+        ("file", "mix", 4),
+        ("collective", "plain", 4),
+        ("collective", "mix", 2),
+        ("file", "plain", 8),
+    ],
 )
 def test_global_batches_on_any_world_size(files: Path, tmp_path: Path, reader: str, kind: str, world: int) -> None:
     expected = reference(kind, files)

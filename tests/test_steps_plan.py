@@ -35,8 +35,18 @@ def rank_batches(
         for m in range(mini):
             first, stop = layout.steps_of(n, mini, epoch, m, k)
             for r in range(world):
-                spec = ShardSpec(n, world, r, mini_epoch=mini, mini_epoch_idx=m, seed=SEED, epoch=epoch, mix=mix,
-                                 aug_repeats=k, steps=layout)
+                spec = ShardSpec(
+                    n,
+                    world,
+                    r,
+                    mini_epoch=mini,
+                    mini_epoch_idx=m,
+                    seed=SEED,
+                    epoch=epoch,
+                    mix=mix,
+                    aug_repeats=k,
+                    steps=layout,
+                )
                 if draws:
                     items = (spec.positions() // k + epoch * draws_per_epoch(n, k)).tolist()
                 else:

@@ -59,7 +59,9 @@ class StepSampler(Sampler[list[int]]):
             dataset, ``exclude_failures=True`` or ``audit="off"`` (the shard change needs the pass counts).
     """
 
-    def __init__(self, dataset: RankDataset, global_batch_size: int | Mapping[int, int], *, start_step: int = 0) -> None:
+    def __init__(
+        self, dataset: RankDataset, global_batch_size: int | Mapping[int, int], *, start_step: int = 0
+    ) -> None:
         if not isinstance(dataset, RankDataset):
             raise TypeError(f"dataset must be a RankDataset, got {type(dataset).__name__}")
         spec = dataset.spec
