@@ -189,10 +189,18 @@ class StepLayout:
         for a, z, size, start in self.schedule.segments(first, stop):
             per, block = size // k, size // world_size
             item = np.arange(rank * block, (rank + 1) * block, dtype=np.int64)
-            copy, offset = np.divmod(item, per)
             # Draw of item i at step u: S(u)/k + i % (B/k); S(u) = start + (u - a) * size.
-            draws = (start // k - base) + np.arange(z - a, dtype=np.int64)[:, None] * per + offset[None, :]
-            parts.append((draws * k + copy[None, :]).reshape(-1))
+            steps = np.arange(z - a, dtype=np.int64)[:, None]
+            steps *= per
+            steps += start // k - base
+            if k == 1:
+                parts.append((steps + item[None, :]).reshape(-1))
+                continue
+            copy, offset = np.divmod(item, per)
+            draws = steps + offset[None, :]
+            draws *= k
+            draws += copy[None, :]
+            parts.append(draws.reshape(-1))
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def indices(
@@ -219,20 +227,32 @@ def stream_samples(
         >>> stream_samples(np.arange(12), 10, 0).tolist()[10:] == permute(10, 0, 1, [0, 1]).tolist()
         True
     """
-    k = aug_repeats
-    per_epoch = draws_per_epoch(num_samples, k)
-    epochs, within = np.divmod(np.asarray(draws, np.int64), per_epoch)
+    per_epoch = draws_per_epoch(num_samples, aug_repeats)
+    draws = np.asarray(draws, np.int64)
+    if not draws.size:
+        return np.empty(draws.shape, np.int64)
+    lo, hi = int(draws.min()) // per_epoch, int(draws.max()) // per_epoch
+    if lo == hi:  # one epoch (all but the shard that straddles an epoch's end): no split
+        return _epoch_samples(draws - lo * per_epoch, lo, num_samples, seed, aug_repeats, mix)
+    epochs, within = np.divmod(draws, per_epoch)
     out = np.empty(within.shape, np.int64)
-    for e in np.unique(epochs).tolist():
+    for e in range(lo, hi + 1):
         where = epochs == e
-        d = within[where]
-        if mix is not None:
-            out[where] = mix.epoch_order(seed, e, d * k, k)
-        elif k == 1:
-            out[where] = permute(num_samples, seed, e, d)
-        else:  # as rank_dataset.plan.spec.epoch_order: the D draws of epoch e on the stream of passes
-            out[where] = permute_stream(num_samples, seed, e * per_epoch, d, stop=per_epoch)
+        if where.any():
+            out[where] = _epoch_samples(within[where], e, num_samples, seed, aug_repeats, mix)
     return out
+
+
+def _epoch_samples(
+    d: npt.NDArray[np.int64], epoch: int, num_samples: int, seed: int, k: int, mix: MixPlan | None
+) -> npt.NDArray[np.int64]:
+    """The samples of draws ``d`` (each in ``[0, D)``) of ``epoch``."""
+    if mix is not None:
+        return mix.epoch_order(seed, epoch, d * k, k)
+    if k == 1:
+        return permute(num_samples, seed, epoch, d)
+    per_epoch = draws_per_epoch(num_samples, k)  # as rank_dataset.plan.spec.epoch_order: the stream of passes
+    return permute_stream(num_samples, seed, epoch * per_epoch, d, stop=per_epoch)
 
 
 def check_stream(num_samples: int, schedule: BatchSchedule, step: int) -> None:
