@@ -180,15 +180,25 @@ class StepSampler(Sampler[list[int]]):
             mix=self._identity.mix,
         ).to_dict()
 
+    @staticmethod
+    def find_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
+        """The StepSampler state inside a (torchdata StatefulDataLoader's) nested state, or the state itself.
+
+        Raises:
+            ValueError: none in it.
+        """
+        found = find_step_state(loader_state)
+        if found is None:
+            raise ValueError("no StepSampler state in this dict: was the sampler a StepSampler?")
+        return found
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue at the state's step (the next iteration yields that global batch).
+        """Continue at the state's step (the next iteration yields that global batch). ``state`` is one of
+        :meth:`state_dict`, or a dict holding one (a StatefulDataLoader's state: any number of workers).
 
         Raises:
             ValueError: a state for other files, another seed, ``aug_repeats``, mix or schedule (naming it).
         """
-        found = find_step_state(state)
-        if found is None:
-            raise ValueError("no StepSampler state in this dict: was the sampler a StepSampler?")
-        saved = StepState.from_dict(found)
+        saved = StepState.from_dict(self.find_state(state))
         saved.check_same_stream(self._identity)
         self._step = saved.step
