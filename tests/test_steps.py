@@ -206,3 +206,45 @@ def test_refusals(meta: Path, tmp_path: Path) -> None:
         StepSampler(RankDataset(copy, reload_cfg=CFG, rank=0, world_size=4), 8).load_state_dict(state)
     with pytest.raises(ValueError, match="no StepSampler state"):
         StepSampler(ds, 8).load_state_dict({"a": 1})
+
+
+def test_weights_by_step(tmp_path: Path) -> None:
+    for name, n in [("a", 50), ("b", 30), ("c", 7)]:
+        (tmp_path / f"{name}.txt").write_text("".join(f"{name}{i}\n" for i in range(n)))
+
+    def sources(late: float = 3) -> list[Source]:
+        return [
+            Source(str(tmp_path / "a.txt"), weight={0: 1, 5: late}, by="step"),
+            Source(str(tmp_path / "b.txt"), weight=1),
+            Source(str(tmp_path / "c.txt"), weight={0: 1, 8: 0.5}, by="step"),
+        ]
+
+    def make(r: int, w: int) -> RankDataset:
+        return RankDataset(sources(), reload_cfg=CFG, rank=r, world_size=w)
+
+    schedule = {0: 8, 6: 16}
+    reference = run(make, 1, 14, schedule)
+    counts = [[sum(x.startswith(s) for x in batch) for s in "abc"] for batch in reference]
+    assert counts[4] == [3, 3, 2] and counts[5] == [5, 2, 1]  # weight 3 for a.txt from step 5 exactly
+    assert counts[7] == [10, 3, 3] and counts[8] == [11, 3, 2]  # c.txt down to 0.5 from step 8
+    for world in (2, 4):
+        assert run(make, world, 14, schedule) == reference
+    # Resumed on 2 ranks from a state taken on 4.
+    state = StepSampler(make(0, 4), schedule).state_dict(step=9)
+    per_rank = []
+    for r in range(2):
+        ds = make(r, 2)
+        sampler = StepSampler(ds, schedule)
+        sampler.load_state_dict(state)
+        per_rank.append([b for _, b in zip(range(9, 14), DataLoader(ds, batch_sampler=sampler, collate_fn=as_list))])
+    assert [per_rank[0][t] + per_rank[1][t] for t in range(5)] == reference[9:]
+    other = RankDataset(sources(late=4), reload_cfg=CFG, rank=0, world_size=2)
+    with pytest.raises(ValueError, match="mix"):
+        StepSampler(other, schedule).load_state_dict(state)
+    fixed = [*sources()[:2], Source(str(tmp_path / "c.txt"), repeat=1)]
+    with pytest.raises(ValueError, match=r"'c\.txt'.* every source has a weight"):
+        StepSampler(RankDataset(fixed, reload_cfg=CFG, rank=0, world_size=1), 8)
+    with pytest.raises(ValueError, match="by='step' schedules a weight"):
+        Source(str(tmp_path / "c.txt"), repeat={0: 1, 3: 2}, by="step")
+    with pytest.raises(ValueError, match="must hold step 0"):
+        Source(str(tmp_path / "c.txt"), weight={3: 2}, by="step")

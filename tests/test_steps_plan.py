@@ -10,6 +10,7 @@ import pytest
 
 from rank_dataset.plan.mix import MixPlan
 from rank_dataset.plan.spec import ShardSpec
+from rank_dataset.plan.step_mix import StepMix, batch_counts
 from rank_dataset.plan.step_state import StepState, find_step_state
 from rank_dataset.plan.steps import BatchSchedule, StepLayout, draws_per_epoch, stream_samples
 
@@ -25,10 +26,11 @@ def rank_batches(
     k: int = 1,
     mix: MixPlan | None = None,
     draws: bool = False,
+    step_mix: StepMix | None = None,
 ) -> dict[int, list[list[int]]]:
     """Each step's batch on each rank, read from the shards of the windows in order (as a StepSampler does);
     ``draws``: the stream's draw numbers in place of the samples."""
-    layout = StepLayout(schedule)
+    layout = StepLayout(schedule, step_mix)
     out: dict[int, list[list[int]]] = {}
     epoch = 0
     while len(out) < steps:
@@ -218,3 +220,40 @@ def test_step_state() -> None:
         StepState.from_dict({"rank_dataset_steps": 1, "step": 1, "global_batch_size": {"0": 8}, "num_samples": 3})
     with pytest.raises(ValueError, match=r"step must be in \[0, "):
         StepState.from_dict({**d, "step": -1})
+
+
+def test_batch_counts_largest_remainder() -> None:
+    assert batch_counts(8, [1, 1, 1]) == [3, 3, 2]  # equal remainders favour the earlier source
+    assert batch_counts(16, [3, 1, 0.5]) == [11, 3, 2]
+    assert batch_counts(4, [1, 1000]) == [0, 4]
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        weights = rng.random(int(rng.integers(1, 6))) + 0.01
+        size = int(rng.integers(1, 300))
+        counts = batch_counts(size, weights.tolist())
+        assert sum(counts) == size
+        quotas = size * weights / weights.sum()
+        assert all(abs(c - q) < 1 for c, q in zip(counts, quotas))
+
+
+def test_weights_by_step() -> None:
+    sizes = (50, 30, 7)
+    plan = MixPlan(sizes, (40, 30, 10), 80)  # the mix's epoch size cuts the windows only
+    step_mix = StepMix.of(sizes, [{0: 1, 5: 3}, 1, {0: 1, 8: 0.5}])
+    schedule = BatchSchedule.of({0: 8, 6: 16})
+    steps = 40
+    ref = global_batches(rank_batches(80, 1, 3, schedule, steps, mix=plan, step_mix=step_mix), steps)
+    for world in (2, 4, 8):
+        got = rank_batches(80, world, 3, schedule, steps, mix=plan, step_mix=step_mix)
+        assert global_batches(got, steps) == ref, world
+    offsets = np.cumsum((0, *sizes))
+    taken = np.zeros(offsets[-1], np.int64)
+    for t, batch in enumerate(ref):
+        source = np.searchsorted(offsets, batch, side="right") - 1
+        weights = [3 if t >= 5 else 1, 1, 0.5 if t >= 8 else 1]
+        # The change lands exactly at step 5 (and 8): the counts of each batch are its weights' apportionment.
+        assert np.bincount(source, minlength=3).tolist() == batch_counts(schedule.size(t), weights), t
+        np.add.at(taken, batch, 1)
+        for s in range(len(sizes)):  # each source's stream: every sample once before any twice
+            mine = taken[offsets[s] : offsets[s + 1]]
+            assert mine.max() - mine.min() <= 1, (t, s)

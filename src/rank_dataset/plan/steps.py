@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from rank_dataset.core.checks import MAX_EXACT, check_int
 from rank_dataset.plan.permutation import permute, permute_stream
+from rank_dataset.plan.step_mix import StepMix
 
 if TYPE_CHECKING:
     from rank_dataset.plan.mix import MixPlan
@@ -142,16 +143,23 @@ class StepLayout:
 
     Args:
         schedule: the global batch size by step.
+        mix: for a mix whose weights change by step (:mod:`rank_dataset.plan.step_mix`), its weights; None: the
+            stream is the epochs' orders (of the files, or of a mix by epochs).
     """
 
     schedule: BatchSchedule
+    mix: StepMix | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"global_batch_size": self.schedule.to_dict()}
+        d: dict[str, Any] = {"global_batch_size": self.schedule.to_dict()}
+        if self.mix is not None:
+            d["mix"] = self.mix.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepLayout:
-        return cls(BatchSchedule.of(dict(data["global_batch_size"])))
+        mix = data.get("mix")
+        return cls(BatchSchedule.of(dict(data["global_batch_size"])), None if mix is None else StepMix.from_dict(mix))
 
     def window_of(self, step: int, num_samples: int, mini_epoch: int, aug_repeats: int = 1) -> tuple[int, int]:
         """``(epoch, m)``: the window holding the first draw of global batch ``step``."""
@@ -215,6 +223,8 @@ class StepLayout:
         """The samples (plan numbers) at ``positions`` of :meth:`positions`."""
         k = aug_repeats
         draws = draws_per_epoch(num_samples, k)
+        if self.mix is not None:  # by steps: the batches' counts and slots, not an epoch order (k is 1)
+            return self.mix.samples(epoch * draws + positions, self.schedule, seed)
         return stream_samples(epoch * draws + positions // k, num_samples, seed, k, mix)
 
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import Sampler
 
 from rank_dataset.core.checks import check_int
+from rank_dataset.plan.sources import Source
+from rank_dataset.plan.step_mix import StepMix
 from rank_dataset.plan.step_state import StepState, find_step_state, mix_digest
 from rank_dataset.plan.steps import BatchSchedule, StepLayout, check_stream
 from rank_dataset.training._state import fingerprint_of
@@ -75,12 +77,15 @@ class StepSampler(Sampler[list[int]]):
             raise ValueError("exclude_failures=True changes the plan each epoch: a stream by steps cannot take it")
         schedule = BatchSchedule.of(global_batch_size)
         schedule.check(spec.world_size, spec.aug_repeats)
-        self.dataset = dataset
-        self.layout = StepLayout(schedule)
-        self._step = check_int("start_step", start_step, low=0)
-        self._timeout = _SWITCH_TIMEOUT
         book = dataset._book
         mixture = book.mixture
+        step_mix = None if mixture is None else _step_mix(mixture.sources, mixture.plan.sizes)
+        if step_mix is not None and spec.aug_repeats != 1:
+            raise ValueError("weights by step (Source(by='step')) do not take aug_repeats yet: use aug_repeats=1")
+        self.dataset = dataset
+        self.layout = StepLayout(schedule, step_mix)
+        self._step = check_int("start_step", start_step, low=0)
+        self._timeout = _SWITCH_TIMEOUT
         files = fingerprint_of(dataset.reader, mixture, book.exclusion_fingerprint)
         self._identity = StepState(
             step=0,
@@ -89,7 +94,7 @@ class StepSampler(Sampler[list[int]]):
             seed=spec.seed,
             aug_repeats=spec.aug_repeats,
             schedule=schedule,
-            mix=None if mixture is None else mix_digest(mixture.plan.to_dict()),
+            mix=None if mixture is None else mix_digest({**mixture.plan.to_dict(), **self.layout.to_dict()}),
         )
 
     @property
@@ -202,3 +207,21 @@ class StepSampler(Sampler[list[int]]):
         saved = StepState.from_dict(self.find_state(state))
         saved.check_same_stream(self._identity)
         self._step = saved.step
+
+
+def _step_mix(sources: Sequence[Source], sizes: Sequence[int]) -> StepMix | None:
+    """The weights by step of a mix whose sources schedule their weights by step (None if none does).
+
+    Raises:
+        ValueError: such a mix with a source that has no weight, or a schedule by epoch (naming it).
+    """
+    if all(s.step_weight is None for s in sources):
+        return None
+    for s in sources:
+        if s.kind != "weight" or (s.step_weight is None and s.changes):
+            raise ValueError(
+                f"source {s.name!r}: in a mix whose weights change by step, every source has a weight, a number "
+                "or a schedule by step (Source(..., weight={0: w, step: w2}, by='step')): no repeat, choose or "
+                "epoch schedule"
+            )
+    return StepMix.of(sizes, [s.weight if s.step_weight is None else s.step_weight for s in sources])  # type: ignore[misc]
