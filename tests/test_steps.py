@@ -248,3 +248,68 @@ def test_weights_by_step(tmp_path: Path) -> None:
         Source(str(tmp_path / "c.txt"), repeat={0: 1, 3: 2}, by="step")
     with pytest.raises(ValueError, match="must hold step 0"):
         Source(str(tmp_path / "c.txt"), weight={3: 2}, by="step")
+
+
+@pytest.mark.slow  # two Lightning Trainer runs
+def test_lightning_max_steps_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lightning.pytorch as pl
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "meta.txt").write_text("".join(f"img_{i}.jpg\n" for i in range(N)))
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.seen: list[list[str]] = []
+
+        def training_step(self, batch: list[str], i: int) -> torch.Tensor:
+            self.seen.append(list(batch))
+            return (self.w**2).sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Steps(pl.LightningDataModule):
+        """The recipe of docs/guides/steps.md: the step state saved with the checkpoint, at trainer.global_step."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.sampler: StepSampler | None = None
+            self.saved: dict[str, Any] | None = None
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            ds = RankDataset("meta.txt", reload_cfg=CFG)
+            self.sampler = StepSampler(ds, SCHEDULE)
+            if self.saved is not None:
+                self.sampler.load_state_dict(self.saved)
+            return DataLoader(
+                ds, batch_sampler=self.sampler, collate_fn=as_list, num_workers=1, persistent_workers=True
+            )
+
+        def state_dict(self) -> dict[str, Any]:
+            assert self.sampler is not None
+            return self.sampler.state_dict(step=self.trainer.global_step)
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.saved = state
+
+    def fit(ckpt: str | None) -> list[list[str]]:
+        model = Model()
+        trainer = pl.Trainer(
+            max_steps=12,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            use_distributed_sampler=False,
+            callbacks=[pl.callbacks.ModelCheckpoint(dirpath="ck", every_n_train_steps=5, save_top_k=-1)],
+        )
+        trainer.fit(model, datamodule=Steps(), ckpt_path=ckpt)
+        return model.seen
+
+    full = fit(None)
+    assert full == run(lambda r, w: RankDataset("meta.txt", reload_cfg=CFG, rank=r, world_size=w), 1, 12)
+    assert fit("ck/epoch=0-step=5.ckpt") == full[5:]
