@@ -313,3 +313,46 @@ def test_lightning_max_steps_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     full = fit(None)
     assert full == run(lambda r, w: RankDataset("meta.txt", reload_cfg=CFG, rank=r, world_size=w), 1, 12)
     assert fit("ck/epoch=0-step=5.ckpt") == full[5:]
+
+
+class StepCheckpoint:
+    """The Accelerate recipe of docs/guides/steps.md: the sampler's state at the next step the loop reads."""
+
+    def __init__(self, sampler: StepSampler) -> None:
+        self.sampler, self.next_step = sampler, sampler.step
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict(step=self.next_step)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+        self.next_step = self.sampler.step
+
+
+def test_accelerate_save_state_resume(meta: Path, tmp_path: Path) -> None:
+    import torch
+    from accelerate import Accelerator
+
+    def train(resume: Path | None) -> list[list[str]]:
+        accelerator = Accelerator(cpu=True)
+        ds = RankDataset(meta, reload_cfg=CFG, rank=accelerator.process_index, world_size=accelerator.num_processes)
+        sampler = StepSampler(ds, SCHEDULE)
+        data = StepCheckpoint(sampler)
+        accelerator.register_for_checkpointing(data)
+        model = torch.nn.Linear(1, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = accelerator.prepare(model, optimizer)  # not the loader: it is sharded already
+        if resume is not None:
+            accelerator.load_state(str(resume))
+        loader = DataLoader(ds, batch_sampler=sampler, collate_fn=as_list, num_workers=1)
+        seen = []
+        for step, batch in zip(range(data.next_step, 10), loader):
+            seen.append(batch)
+            data.next_step = step + 1
+            if step == 4 and resume is None:
+                accelerator.save_state(str(tmp_path / "ckpt"))
+        return seen
+
+    full = train(None)
+    assert full == run(lambda r, w: RankDataset(meta, reload_cfg=CFG, rank=r, world_size=w), 1, 10)
+    assert train(tmp_path / "ckpt") == full[5:]
