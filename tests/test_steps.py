@@ -104,7 +104,10 @@ def test_world_size_independence_of_every_plan(kind: str, meta: Path, tmp_path: 
             assert batch[:half] == batch[half:], t
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize(
+    "context",
+    ["fork", pytest.param("spawn", marks=pytest.mark.slow), pytest.param("forkserver", marks=pytest.mark.slow)],
+)
 def test_persistent_workers_cross_mini_epochs_and_epochs(meta: Path, context: str) -> None:
     def make(r: int, w: int) -> RankDataset:
         return RankDataset(meta, reload_cfg=CFG, rank=r, world_size=w)
@@ -356,3 +359,19 @@ def test_accelerate_save_state_resume(meta: Path, tmp_path: Path) -> None:
     full = train(None)
     assert full == run(lambda r, w: RankDataset(meta, reload_cfg=CFG, rank=r, world_size=w), 1, 10)
     assert train(tmp_path / "ckpt") == full[5:]
+
+
+def test_unread_batches_hold_the_shard_change(meta: Path) -> None:
+    import itertools
+
+    ds = RankDataset(meta, reload_cfg=CFG, rank=0, world_size=1)
+    sampler = StepSampler(ds, 8)
+    sampler._timeout = 0.2
+    # Read: the shard changes (37 samples in windows of 13: the second batch starts the second window).
+    batches = [ds.__getitems__(b) for b in itertools.islice(sampler, 6)]
+    assert len(batches) == 6 and ds.spec.steps is not None
+    # Not read: the sampler will not start the next shard's pass under batches no one read.
+    unread = StepSampler(ds, 8, start_step=10)
+    unread._timeout = 0.2
+    with pytest.raises(RuntimeError, match="were not read"):
+        list(itertools.islice(unread, 6))
