@@ -45,6 +45,10 @@ class StepSampler(Sampler[list[int]]):
     ``DataLoader(ds, batch_sampler=StepSampler(ds, 256))`` and loop with
     ``for step, batch in zip(range(start, max_steps), loader)``.
 
+    For a mix whose sources schedule their weights by step (``Source(..., weight={0: 1, 5000: 3}, by="step")``),
+    each global batch takes each source's largest-remainder share of ``B(t)`` by the weights in force at step
+    ``t`` (:mod:`rank_dataset.plan.step_mix`).
+
     Args:
         dataset: a RankDataset (train mode; any reader, mix, subsets, ``exclude=``, ``aug_repeats``).
         global_batch_size: an int, or a schedule ``{first_step: size}`` that holds step 0 (a ramp-up); each size
@@ -52,8 +56,9 @@ class StepSampler(Sampler[list[int]]):
         start_step: the first global batch to yield.
 
     ``state_dict()`` is ``{"step": next step, ...}`` plus what identifies the stream, the same on every rank;
-    torchdata's StatefulDataLoader stores it, taken at the batch last returned. ``load_state_dict`` takes it on
-    any world size that divides the sizes and any number of workers.
+    torchdata's StatefulDataLoader stores it, taken at the batch last returned (with a plain DataLoader, which
+    reads ahead, call ``state_dict(step=next_step)``). ``load_state_dict`` takes it on any world size that
+    divides the sizes and any number of workers.
 
     Raises:
         TypeError: not a RankDataset.
