@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from rank_dataset.training.dataset import RankDataset
     from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
     from rank_dataset.training.server_datasets import RankServerDataset, ServerDataset
+    from rank_dataset.training.steps import StepSampler
 
 __all__ = [
     "CollectiveError",
@@ -63,6 +64,7 @@ __all__ = [
     "ResumeState",
     "ServerDataset",
     "Source",
+    "StepSampler",
     "TooManyFailuresError",
     "build_index",
     "class_balanced",
@@ -80,6 +82,7 @@ _LAZY = {
     "RankDataset": "rank_dataset.training.dataset",
     "RankServerDataset": "rank_dataset.training.server_datasets",
     "ServerDataset": "rank_dataset.training.server_datasets",
+    "StepSampler": "rank_dataset.training.steps",
 }
 
 install_module_shims()

@@ -49,6 +49,13 @@ CASES = [
     ),
     ("getitem", ["--lines", "3000"], "getitem.md", ['parser="json"', "| MetaFile.read of 256 random indices |"], None),
     (
+        "steps",
+        ["--lines", "4000", "--epochs", "1", "--global-batch", "256", "--workers", "1"],
+        "steps.md",
+        ["| step loop |", "| epoch loop |"],
+        ("steps.png", True),
+    ),
+    (
         "audit",
         ["--lines", "3000", "--rounds", "1"],
         "audit.md",

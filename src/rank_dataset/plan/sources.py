@@ -66,6 +66,27 @@ def column_names(columns: Any, label: str = "columns") -> tuple[str, ...]:
 Rule = float | Mapping[int, float]  # a value, or a schedule {first_epoch: value}
 
 
+def _step_rule(weight: Any, repeat: Any, choose: Any, by: Any) -> dict[int, float] | None:
+    """For ``by="step"``, the weight schedule by step, checked and sorted (a number: ``{0: number}``); None
+    for ``by="epoch"``."""
+    if by == "epoch":
+        return None
+    if by != "step":
+        raise ValueError(f"by must be 'epoch' or 'step', got {by!r}")
+    if weight is None or repeat is not None or choose is not None:
+        raise ValueError(
+            "by='step' schedules a weight: give weight= (a number or {first_step: weight}), no repeat or choose"
+        )
+    rule = weight if isinstance(weight, Mapping) else {0: weight}
+    checked = {}
+    for step, value in rule.items():
+        first = check_int("weight schedule step", step, low=0)
+        checked[first] = _positive_float(f"weight[{first}]", value)
+    if 0 not in checked:
+        raise ValueError(f"a weight schedule by step must hold step 0, got the steps {sorted(checked)}")
+    return dict(sorted(checked.items()))
+
+
 def _rule(name: str, value: Any, check: Callable[[str, Any], Any]) -> Any:
     """``value`` checked by ``check``; a schedule ``{first_epoch: value}`` checked entry by entry and
     sorted by epoch (a schedule of epoch 0 alone is its value)."""
@@ -119,6 +140,10 @@ class Source:
         columns: for Parquet files, the columns whose values, joined by a tab, make a row's line, in
             that order; None for all. Stored as a tuple of str; checked against the files (and refused
             for a file that is not Parquet) when a dataset opens them.
+        by: ``"epoch"`` (a schedule's keys are epochs) or ``"step"``: ``weight`` is a schedule
+            ``{first_step: weight}`` of a run by steps (a :class:`~rank_dataset.training.steps.StepSampler`;
+            see :mod:`rank_dataset.plan.step_mix`), stored in ``step_weight``; ``weight`` is then its value
+            at step 0, what an epoch-by-epoch reading of the mix uses.
 
     At most one of ``weight``, ``repeat`` and ``choose``; none means ``repeat=1.0``. Each may be a
     schedule, a dict ``{first_epoch: value}`` holding epoch 0: the value in force from that epoch on
@@ -145,6 +170,7 @@ class Source:
     ids: SampleIds | None
     exclude: Exclusion | None = None
     columns: tuple[str, ...] | None = None
+    step_weight: dict[int, float] | None = None
 
     def __hash__(self) -> int:  # a schedule is a dict: hash its items
         def frozen(rule: Any) -> Any:
@@ -159,6 +185,7 @@ class Source:
                 self.ids,
                 self.exclude,
                 self.columns,
+                None if self.step_weight is None else tuple(self.step_weight.items()),
             )
         )
 
@@ -174,7 +201,11 @@ class Source:
         parser: str | Parser | None = None,
         name: str | None = None,
         columns: Sequence[str] | None = None,
+        by: str = "epoch",
     ) -> None:
+        step_weight = _step_rule(weight, repeat, choose, by)
+        if step_weight is not None:
+            weight = step_weight[0]
         if isinstance(paths, (str, os.PathLike)):
             normal: tuple[str, ...] = (_fspath(0, paths),)
         elif isinstance(paths, Sequence) and not isinstance(paths, (bytes, bytearray)):
@@ -208,6 +239,7 @@ class Source:
         object.__setattr__(
             self, "columns", None if columns is None else column_names(columns, f"source {name!r}: columns")
         )
+        object.__setattr__(self, "step_weight", step_weight)
 
     @property
     def kind(self) -> str:

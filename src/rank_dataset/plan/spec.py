@@ -34,6 +34,7 @@ import numpy.typing as npt
 from rank_dataset.core.checks import MAX_EXACT, check_at_most, check_int
 from rank_dataset.plan.mix import MixPlan
 from rank_dataset.plan.permutation import permute, permute_stream
+from rank_dataset.plan.steps import StepLayout
 
 __all__ = [
     "MAX_WORLD_SIZE",
@@ -137,6 +138,9 @@ class ShardSpec:
             RankDataset builds it), so an eval shard is again a contiguous block of them.
         aug_repeats: ``k``, repeated augmentation: each draw occupies ``k`` consecutive positions of
             the epoch order (an int >= 1; 1: none). Train layout only.
+        steps: the step layout (:class:`~rank_dataset.plan.steps.StepLayout`, what a StepSampler loads): the
+            mini-epoch is then a window of the step stream and the shard this rank's blocks of its global
+            batches (None: the layout above).
 
     Examples:
         >>> ShardSpec(num_samples=10, world_size=2, rank=1, seed=3).indices().shape
@@ -154,6 +158,7 @@ class ShardSpec:
     resume: ResumePoint | None = None
     mix: MixPlan | None = None
     aug_repeats: int = 1
+    steps: StepLayout | None = None
 
     def __post_init__(self) -> None:
         check_at_most("num_samples", check_int("num_samples", self.num_samples, low=1), MAX_EXACT - 1)
@@ -187,6 +192,8 @@ class ShardSpec:
                 f"mini_epoch={self.mini_epoch} is too large for {self.num_samples} samples on {self.world_size} ranks: "
                 f"an epoch would span {self.plan_width * self.mini_epoch} positions (at most {MAX_EXACT - 1})"
             )
+        if self.steps is not None:
+            self._check_steps()
         if self.resume is not None:
             if not isinstance(self.resume, ResumePoint):
                 raise TypeError(f"resume must be a ResumePoint or None, got {type(self.resume).__name__}")
@@ -200,19 +207,41 @@ class ShardSpec:
                     f"resume offset must be in [0, {width}] (the positions of a mini-epoch), got {r.offset}"
                 )
 
+    def _check_steps(self) -> None:
+        if not isinstance(self.steps, StepLayout):
+            raise TypeError(f"steps must be a StepLayout or None, got {type(self.steps).__name__}")
+        if self.is_test or self.resume is not None:
+            raise ValueError("the step layout is a training layout of its own: not with is_test nor a resume point")
+        if self.mix is not None and self.aug_repeats != 1:
+            raise ValueError("a mix by steps does not take aug_repeats yet: use aug_repeats=1 with a mix")
+        step_mix = self.steps.mix
+        if step_mix is not None and (self.mix is None or step_mix.sizes != self.mix.sizes):
+            raise ValueError("a step layout's weights by step need the mix of the same sources (ShardSpec.mix)")
+        self.steps.schedule.check(self.world_size, self.aug_repeats)
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict of every field; :meth:`from_dict` makes the same spec of it."""
+        """A JSON-able dict of every field; :meth:`from_dict` makes the same spec of it (``steps`` only
+        when set)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["resume"] = dataclasses.asdict(self.resume) if self.resume else None
         d["mix"] = self.mix.to_dict() if self.mix else None
+        if self.steps is None:
+            del d["steps"]
+        else:
+            d["steps"] = self.steps.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ShardSpec:
         """The spec that :meth:`to_dict` described (``resume`` and ``mix`` may be missing: None)."""
         d = dict(data)
-        resume, mix = d.pop("resume", None), d.pop("mix", None)
-        return cls(**d, resume=ResumePoint(**resume) if resume else None, mix=MixPlan.from_dict(mix) if mix else None)
+        resume, mix, steps = d.pop("resume", None), d.pop("mix", None), d.pop("steps", None)
+        return cls(
+            **d,
+            resume=ResumePoint(**resume) if resume else None,
+            mix=MixPlan.from_dict(mix) if mix else None,
+            steps=StepLayout.from_dict(steps) if steps else None,
+        )
 
     @property
     def plan_width(self) -> int:
@@ -237,6 +266,16 @@ class ShardSpec:
         if self.is_test:
             start, stop = eval_range(self.num_samples, self.world_size, self.rank)
             return np.arange(start, stop, dtype=np.int64)
+        if self.steps is not None:
+            return self.steps.positions(
+                self.num_samples,
+                self.world_size,
+                self.rank,
+                self.mini_epoch,
+                self.epoch,
+                self.mini_epoch_idx,
+                self.aug_repeats,
+            )
         start, stop = self.mini_epoch_span
         if start == stop:  # a resumed mini-epoch that had been consumed entirely
             return np.empty(0, np.int64)
@@ -247,6 +286,8 @@ class ShardSpec:
         positions = self.positions()
         if self.is_test:
             return positions
+        if self.steps is not None:
+            return self.steps.indices(positions, self.num_samples, self.seed, self.epoch, self.aug_repeats, self.mix)
         if self.mix is not None:
             return self.mix.epoch_order(self.seed, self.epoch, positions, self.aug_repeats)
         return epoch_order(self.num_samples, self.seed, self.epoch, positions, self.aug_repeats)
@@ -254,6 +295,8 @@ class ShardSpec:
     def consumed_positions(self, consumed: int) -> int:
         """Positions of this mini-epoch consumed once every rank has read ``consumed`` samples of its
         shard (counted from the start of the mini-epoch, whatever was consumed before a resume)."""
+        if self.steps is not None:
+            raise ValueError("a shard of the step layout resumes by step: save the StepSampler's state_dict()")
         start, stop = self.mini_epoch_span
         width = self.plan_width
         base = start - self.mini_epoch_idx * width

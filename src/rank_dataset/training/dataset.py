@@ -19,6 +19,7 @@ from rank_dataset.plan.config import ReloadConfig
 from rank_dataset.plan.exclude import Exclusion
 from rank_dataset.plan.sources import Source, SourceInfo, as_sources, column_names
 from rank_dataset.plan.spec import ShardSpec
+from rank_dataset.plan.steps import StepLayout
 from rank_dataset.shards.channel import AuditMode, PassCount, ShardChannel
 from rank_dataset.shards.collective import CollectiveReader
 from rank_dataset.shards.failures import Failure
@@ -245,6 +246,18 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
                 self._load(new)
         else:
             self._load(new)
+
+    def use_steps(self, steps: StepLayout | None, epoch: int, mini_epoch_idx: int = 0) -> None:
+        """(For :class:`~rank_dataset.training.steps.StepSampler`) load this rank's shard of window
+        ``(epoch, mini_epoch_idx)`` of the step stream of ``steps`` (None: back to the epoch layout), as
+        :meth:`set_epoch` loads a mini-epoch; later ``set_epoch`` calls keep the layout."""
+        old = self._spec
+        self._spec = dataclasses.replace(old, steps=steps, resume=None)
+        try:
+            self.set_epoch(epoch, mini_epoch_idx)
+        except BaseException:
+            self._spec = old
+            raise
 
     # -- the pass audit ---------------------------------------------------------------------------
 

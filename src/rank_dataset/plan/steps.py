@@ -1,0 +1,271 @@
+"""The step stream: which positions of the epochs' orders make global batch ``t``. Pure numpy, no I/O, no torch.
+
+The stream is the epochs' orders back to back, in *draws*: epoch ``e`` holds ``D = ceil(N / k)`` draws (``k`` the
+``aug_repeats``, 1 without; ``N`` the plan's samples, for a mix its epoch size ``T0``), draw ``d`` of epoch ``e``
+being what position ``d * k`` of that epoch's order holds. There is no padding: a global batch may straddle an
+epoch's end, and every sample is drawn once an epoch.
+
+Global batch ``t`` has ``B(t)`` items (the schedule ``{first_step: size}``), the stream's items ``S(t) = B(0) + ...
++ B(t-1)`` on: the draws ``[S(t)/k, (S(t) + B(t))/k)``, listed *copy-major*: item ``i`` is copy ``i // (B/k)`` of
+draw ``S(t)/k + i % (B/k)``. Rank ``r`` of ``W`` takes the contiguous block ``[r*B/W, (r+1)*B/W)`` of that list.
+The list does not depend on ``W``, so the ranks' blocks in rank order are the same list on any ``W`` dividing
+every size; and the ``k`` copies of a draw, ``B/k`` items apart, sit on ``k`` different ranks whenever
+``W >= k`` (a block is at most ``B/k`` long).
+
+Shards (mini-epochs): epoch ``e``'s draws are cut into ``M`` windows of ``w = ceil(D / M)`` draws, a window
+independent of ``W``. The shard of window ``(e, m)`` holds this rank's blocks of every step whose first draw lies
+in the window, in step order: its share of the window plus the tail of the one batch that straddles its end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.core.checks import MAX_EXACT, check_int
+from rank_dataset.plan.permutation import permute, permute_stream
+from rank_dataset.plan.step_mix import StepMix
+
+if TYPE_CHECKING:
+    from rank_dataset.plan.mix import MixPlan
+
+__all__ = ["BatchSchedule", "StepLayout", "check_stream", "draws_per_epoch", "stream_samples"]
+
+
+@dataclass(frozen=True)
+class BatchSchedule:
+    """A global batch size by step: ``changes`` are ``(first_step, size)`` pairs, the first at step 0.
+
+    Examples:
+        >>> s = BatchSchedule.of({0: 4, 3: 8})
+        >>> [s.size(t) for t in range(5)], s.start(5), s.step_at(20)
+        ([4, 4, 4, 8, 8], 28, 4)
+    """
+
+    changes: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, value: Any, name: str = "global_batch_size") -> BatchSchedule:
+        """A schedule from an int (one size) or a mapping ``{first_step: size}`` that holds step 0 (keys may be
+        strings of digits, as JSON saves them). Raises TypeError or ValueError naming what is wrong."""
+        if isinstance(value, BatchSchedule):
+            return value
+        if not isinstance(value, Mapping):
+            return cls(((0, check_int(name, value, low=1)),))
+        if not value:
+            raise ValueError(f"{name} must hold step 0, got an empty schedule")
+        pairs = []
+        for step, size in value.items():
+            if isinstance(step, str) and step.isdigit():
+                step = int(step)
+            step = check_int(f"a step of {name}", step, low=0)
+            pairs.append((step, check_int(f"{name} at step {step}", size, low=1)))
+        pairs.sort()
+        if pairs[0][0] != 0:
+            raise ValueError(f"{name} must hold step 0 (the size of the first global batch), got steps {value!r}")
+        if len({s for s, _ in pairs}) != len(pairs):
+            raise ValueError(f"{name} names a step twice: {value!r}")
+        return cls(tuple(pairs))
+
+    def check(self, world_size: int, aug_repeats: int = 1, name: str = "global_batch_size") -> None:
+        """Raise ValueError naming the step and the size if a size is not a multiple of ``world_size``
+        (each rank takes ``B / W``) and of ``aug_repeats`` (a batch holds ``B / k`` whole draws)."""
+        for step, size in self.changes:
+            if size % world_size:
+                raise ValueError(
+                    f"{name} {size} at step {step} is not a multiple of the world size {world_size}: "
+                    "each rank takes size / world_size items of a global batch"
+                )
+            if size % aug_repeats:
+                raise ValueError(
+                    f"{name} {size} at step {step} is not a multiple of aug_repeats={aug_repeats}: "
+                    "a global batch holds every copy of its draws"
+                )
+
+    def to_dict(self) -> dict[str, int]:
+        """``{str(first_step): size}``: JSON-safe, read back by :meth:`of`."""
+        return {str(s): b for s, b in self.changes}
+
+    def size(self, step: int) -> int:
+        """``B(step)``."""
+        size = self.changes[0][1]
+        for first, b in self.changes:
+            if first > step:
+                break
+            size = b
+        return size
+
+    def start(self, step: int) -> int:
+        """``S(step)``: the items of the global batches before ``step``."""
+        total = 0
+        for i, (first, b) in enumerate(self.changes):
+            if step <= first:
+                break
+            end = self.changes[i + 1][0] if i + 1 < len(self.changes) else step
+            total += b * (min(step, end) - first)
+        return total
+
+    def step_at(self, item: int) -> int:
+        """The first step whose global batch starts at stream item ``item`` or later."""
+        total = 0
+        for i, (first, b) in enumerate(self.changes):
+            end = self.changes[i + 1][0] if i + 1 < len(self.changes) else None
+            span = None if end is None else b * (end - first)
+            if span is None or item <= total + span:
+                return first + max(0, -(-(item - total) // b))
+            total += span
+        raise AssertionError("unreachable: the last size runs for ever")  # pragma: no cover
+
+    def segments(self, lo: int, hi: int) -> list[tuple[int, int, int, int]]:
+        """The steps ``[lo, hi)`` as runs of one size: ``(first, stop, size, S(first))`` each."""
+        runs = []
+        for i, (first, b) in enumerate(self.changes):
+            end = self.changes[i + 1][0] if i + 1 < len(self.changes) else hi
+            a, z = max(first, lo), min(end, hi)
+            if a < z:
+                runs.append((a, z, b, self.start(a)))
+        return runs
+
+
+def draws_per_epoch(num_samples: int, aug_repeats: int = 1) -> int:
+    """``D = ceil(N / k)``: the draws of one epoch of the step stream."""
+    return -(-num_samples // aug_repeats)
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """The step layout of a shard (``ShardSpec.steps``): its mini-epoch ``(epoch, m)`` is a window of the step
+    stream (see the module), and its items are this rank's blocks of the steps that start in it.
+
+    Args:
+        schedule: the global batch size by step.
+        mix: for a mix whose weights change by step (:mod:`rank_dataset.plan.step_mix`), its weights; None: the
+            stream is the epochs' orders (of the files, or of a mix by epochs).
+    """
+
+    schedule: BatchSchedule
+    mix: StepMix | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"global_batch_size": self.schedule.to_dict()}
+        if self.mix is not None:
+            d["mix"] = self.mix.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepLayout:
+        mix = data.get("mix")
+        return cls(BatchSchedule.of(dict(data["global_batch_size"])), None if mix is None else StepMix.from_dict(mix))
+
+    def window_of(self, step: int, num_samples: int, mini_epoch: int, aug_repeats: int = 1) -> tuple[int, int]:
+        """``(epoch, m)``: the window holding the first draw of global batch ``step``."""
+        draws = draws_per_epoch(num_samples, aug_repeats)
+        width = -(-draws // mini_epoch)
+        epoch, d = divmod(self.schedule.start(step) // aug_repeats, draws)
+        return epoch, d // width
+
+    def steps_of(
+        self, num_samples: int, mini_epoch: int, epoch: int, mini_epoch_idx: int, aug_repeats: int = 1
+    ) -> tuple[int, int]:
+        """The steps ``[first, stop)`` whose first draw lies in window ``(epoch, mini_epoch_idx)`` (empty if none)."""
+        draws = draws_per_epoch(num_samples, aug_repeats)
+        width = -(-draws // mini_epoch)
+        lo = epoch * draws + min(mini_epoch_idx * width, draws)
+        hi = epoch * draws + min((mini_epoch_idx + 1) * width, draws)
+        return self.schedule.step_at(lo * aug_repeats), self.schedule.step_at(hi * aug_repeats)
+
+    def positions(
+        self,
+        num_samples: int,
+        world_size: int,
+        rank: int,
+        mini_epoch: int,
+        epoch: int,
+        mini_epoch_idx: int,
+        aug_repeats: int = 1,
+    ) -> npt.NDArray[np.int64]:
+        """This rank's items of window ``(epoch, mini_epoch_idx)``, in order, as positions counted from the start
+        of ``epoch``: ``draw * k + copy`` (``draw`` may pass the epoch's ``D`` draws: the straddling batch)."""
+        k = aug_repeats
+        first, stop = self.steps_of(num_samples, mini_epoch, epoch, mini_epoch_idx, k)
+        base = epoch * draws_per_epoch(num_samples, k)
+        parts = []
+        for a, z, size, start in self.schedule.segments(first, stop):
+            per, block = size // k, size // world_size
+            item = np.arange(rank * block, (rank + 1) * block, dtype=np.int64)
+            # Draw of item i at step u: S(u)/k + i % (B/k); S(u) = start + (u - a) * size.
+            steps = np.arange(z - a, dtype=np.int64)[:, None]
+            steps *= per
+            steps += start // k - base
+            if k == 1:
+                parts.append((steps + item[None, :]).reshape(-1))
+                continue
+            copy, offset = np.divmod(item, per)
+            draws = steps + offset[None, :]
+            draws *= k
+            draws += copy[None, :]
+            parts.append(draws.reshape(-1))
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def indices(
+        self,
+        positions: npt.NDArray[np.int64],
+        num_samples: int,
+        seed: int,
+        epoch: int,
+        aug_repeats: int = 1,
+        mix: MixPlan | None = None,
+    ) -> npt.NDArray[np.int64]:
+        """The samples (plan numbers) at ``positions`` of :meth:`positions`."""
+        k = aug_repeats
+        draws = draws_per_epoch(num_samples, k)
+        if self.mix is not None:  # by steps: the batches' counts and slots, not an epoch order (k is 1)
+            return self.mix.samples(epoch * draws + positions, self.schedule, seed)
+        return stream_samples(epoch * draws + positions // k, num_samples, seed, k, mix)
+
+
+def stream_samples(
+    draws: npt.NDArray[np.int64], num_samples: int, seed: int, aug_repeats: int = 1, mix: MixPlan | None = None
+) -> npt.NDArray[np.int64]:
+    """The samples at draws ``draws`` of the step stream (draw ``q``: draw ``q mod D`` of epoch ``q // D``).
+
+    Example:
+        >>> stream_samples(np.arange(12), 10, 0).tolist()[10:] == permute(10, 0, 1, [0, 1]).tolist()
+        True
+    """
+    per_epoch = draws_per_epoch(num_samples, aug_repeats)
+    draws = np.asarray(draws, np.int64)
+    if not draws.size:
+        return np.empty(draws.shape, np.int64)
+    lo, hi = int(draws.min()) // per_epoch, int(draws.max()) // per_epoch
+    if lo == hi:  # one epoch (all but the shard that straddles an epoch's end): no split
+        return _epoch_samples(draws - lo * per_epoch, lo, num_samples, seed, aug_repeats, mix)
+    epochs, within = np.divmod(draws, per_epoch)
+    out = np.empty(within.shape, np.int64)
+    for e in range(lo, hi + 1):
+        where = epochs == e
+        if where.any():
+            out[where] = _epoch_samples(within[where], e, num_samples, seed, aug_repeats, mix)
+    return out
+
+
+def _epoch_samples(
+    d: npt.NDArray[np.int64], epoch: int, num_samples: int, seed: int, k: int, mix: MixPlan | None
+) -> npt.NDArray[np.int64]:
+    """The samples of draws ``d`` (each in ``[0, D)``) of ``epoch``."""
+    if mix is not None:
+        return mix.epoch_order(seed, epoch, d * k, k)
+    if k == 1:
+        return permute(num_samples, seed, epoch, d)
+    per_epoch = draws_per_epoch(num_samples, k)  # as rank_dataset.plan.spec.epoch_order: the stream of passes
+    return permute_stream(num_samples, seed, epoch * per_epoch, d, stop=per_epoch)
+
+
+def check_stream(num_samples: int, schedule: BatchSchedule, step: int) -> None:
+    """Raise ValueError if ``step``'s stream items pass the exact range of the plan's arithmetic."""
+    if schedule.start(step + 1) >= MAX_EXACT - num_samples:
+        raise ValueError(f"step {step} is too far: the stream of global batches would pass 2**62 positions")

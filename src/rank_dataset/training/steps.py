@@ -1,0 +1,232 @@
+"""StepSampler: an endless stream of global batches, the same for any world size, with exact resume.
+
+The arithmetic (which positions of the epochs' orders make global batch ``t``, and which rank holds them) is
+:mod:`rank_dataset.plan.steps`; this module moves the dataset from one shard to the next in time and keeps the
+DataLoader's workers on the right one.
+
+Shard changes under a DataLoader: the sampler runs in the training process, ahead of the workers by the
+loader's prefetch. Each shard (a window of the stream) is one pass of the shard channel
+(:mod:`rank_dataset.shards.channel`), so workers serve a pass's batches from the shard the pass started with.
+At a window's end the sampler loads the next shard at once (``set_epoch``, while the workers still read the
+batches in flight from the old one, which the channel keeps), waits until the workers have read every item
+of the old pass (the pass audit's counts), and only then starts the new pass: no batch is read from the wrong
+shard, and the wait overlaps the load.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from torch.utils.data import Sampler
+
+from rank_dataset.core.checks import check_int
+from rank_dataset.plan.sources import Source
+from rank_dataset.plan.step_mix import StepMix
+from rank_dataset.plan.step_state import StepState, find_step_state, mix_digest
+from rank_dataset.plan.steps import BatchSchedule, StepLayout, check_stream
+from rank_dataset.training._state import fingerprint_of
+from rank_dataset.training.dataset import RankDataset
+
+__all__ = ["StepSampler", "find_step_state"]
+
+_SWITCH_TIMEOUT = 600.0  # seconds a shard change waits for the workers to read the old shard's batches
+
+
+class StepSampler(Sampler[list[int]]):
+    """An endless batch sampler: at step ``t`` it yields this rank's ``B(t) / W`` indices of global batch ``t``.
+
+    Global batch ``t`` is the same samples in the same order on any world size ``W`` that divides every size:
+    the ranks' batches of a step, concatenated in rank order, are one list, the stream's items ``[S(t), S(t) +
+    B(t))`` (see :mod:`rank_dataset.plan.steps`). The stream is the epochs' orders back to back, each sample
+    once an epoch; the sampler moves to the next mini-epoch and epoch by itself. Use it as
+    ``DataLoader(ds, batch_sampler=StepSampler(ds, 256))`` and loop with
+    ``for step, batch in zip(range(start, max_steps), loader)``.
+
+    For a mix whose sources schedule their weights by step (``Source(..., weight={0: 1, 5000: 3}, by="step")``),
+    each global batch takes each source's largest-remainder share of ``B(t)`` by the weights in force at step
+    ``t`` (:mod:`rank_dataset.plan.step_mix`).
+
+    Args:
+        dataset: a RankDataset (train mode; any reader, mix, subsets, ``exclude=``, ``aug_repeats``).
+        global_batch_size: an int, or a schedule ``{first_step: size}`` that holds step 0 (a ramp-up); each size
+            a multiple of the world size (and of ``aug_repeats``).
+        start_step: the first global batch to yield.
+
+    ``state_dict()`` is ``{"step": next step, ...}`` plus what identifies the stream, the same on every rank;
+    torchdata's StatefulDataLoader stores it, taken at the batch last returned (with a plain DataLoader, which
+    reads ahead, call ``state_dict(step=next_step)``). ``load_state_dict`` takes it on any world size that
+    divides the sizes and any number of workers.
+
+    Raises:
+        TypeError: not a RankDataset.
+        ValueError: a size that is not a multiple of the world size (naming the step and the size), an eval
+            dataset, ``exclude_failures=True`` or ``audit="off"`` (the shard change needs the pass counts).
+    """
+
+    def __init__(
+        self, dataset: RankDataset, global_batch_size: int | Mapping[int, int], *, start_step: int = 0
+    ) -> None:
+        if not isinstance(dataset, RankDataset):
+            raise TypeError(f"dataset must be a RankDataset, got {type(dataset).__name__}")
+        spec = dataset.spec
+        if spec.is_test:
+            raise ValueError("StepSampler reads a training stream: the dataset is an eval one (is_test=True)")
+        if dataset.channel.audit_mode == "off":
+            raise ValueError(
+                "StepSampler changes shards by the pass audit's counts: build the dataset with audit='warn' or 'error'"
+            )
+        if dataset._policy.exclude_failures:
+            raise ValueError("exclude_failures=True changes the plan each epoch: a stream by steps cannot take it")
+        schedule = BatchSchedule.of(global_batch_size)
+        schedule.check(spec.world_size, spec.aug_repeats)
+        book = dataset._book
+        mixture = book.mixture
+        step_mix = None if mixture is None else _step_mix(mixture.sources, mixture.plan.sizes)
+        if step_mix is not None and spec.aug_repeats != 1:
+            raise ValueError("weights by step (Source(by='step')) do not take aug_repeats yet: use aug_repeats=1")
+        self.dataset = dataset
+        self.layout = StepLayout(schedule, step_mix)
+        self._step = check_int("start_step", start_step, low=0)
+        self._timeout = _SWITCH_TIMEOUT
+        files = fingerprint_of(dataset.reader, mixture, book.exclusion_fingerprint)
+        self._identity = StepState(
+            step=0,
+            num_samples=spec.num_samples,
+            fingerprint=files,
+            seed=spec.seed,
+            aug_repeats=spec.aug_repeats,
+            schedule=schedule,
+            mix=None if mixture is None else mix_digest({**mixture.plan.to_dict(), **self.layout.to_dict()}),
+        )
+
+    @property
+    def schedule(self) -> BatchSchedule:
+        """The global batch size by step."""
+        return self.layout.schedule
+
+    @property
+    def step(self) -> int:
+        """The next global batch this sampler yields."""
+        return self._step
+
+    def global_batch_size(self, step: int) -> int:
+        """``B(step)``."""
+        return self.schedule.size(check_int("step", step, low=0))
+
+    def _window(self, step: int) -> tuple[int, int]:
+        spec = self.dataset._spec
+        return self.layout.window_of(step, spec.num_samples, spec.mini_epoch, spec.aug_repeats)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        ds, schedule = self.dataset, self.schedule
+        channel = ds.channel
+        token = drawn = 0
+        try:
+            while True:
+                step = self._step
+                check_stream(ds._spec.num_samples, schedule, step)
+                epoch, mini = self._window(step)
+                spec = ds._spec
+                if spec.steps != self.layout or (spec.epoch, spec.mini_epoch_idx) != (epoch, mini):
+                    ds.use_steps(self.layout, epoch, mini)  # workers still serve the open pass's shard
+                    spec = ds._spec
+                if token:
+                    self._drain(token, drawn)
+                    channel.end_pass(token, finished=True)
+                    token = 0
+                first, stop = self.layout.steps_of(spec.num_samples, spec.mini_epoch, epoch, mini, spec.aug_repeats)
+                world, base = spec.world_size, schedule.start(first)
+                token = channel.begin_pass((schedule.start(stop) - schedule.start(step)) // world)
+                drawn = 0
+                for a, z, size, start in schedule.segments(step, stop):
+                    block = size // world
+                    offset = (start - base) // world
+                    for u in range(a, z):
+                        self._step = u + 1  # what state_dict says while this batch is out
+                        drawn += block
+                        yield list(range(offset, offset + block))
+                        offset += block
+        finally:
+            if token:
+                channel.end_pass(token, finished=False)
+
+    def _drain(self, token: int, drawn: int) -> None:
+        """Wait until the items of pass ``token`` (``drawn`` of them) have all been read, by the DataLoader's
+        workers or the rank: the batches in flight then no longer need the old shard."""
+        channel = self.dataset.channel
+        deadline = time.monotonic() + self._timeout
+        delay = 1e-4
+        while True:
+            read = next((c.read for c in reversed(channel.audit()) if c.number == token), 0)
+            if read is None:  # a worker past the channel's table could not count: nothing to wait on
+                warnings.warn("StepSampler: a DataLoader worker could not count its reads", RuntimeWarning, 2)
+                return
+            if read >= drawn:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"StepSampler: {drawn - read} of the {drawn} items handed out from the last shard were not read "
+                    f"within {self._timeout:.0f} s of the shard change. Read the batches (a DataLoader, or ds[i] for "
+                    "each index) as the sampler yields them: it starts the next shard once they are all read."
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    def state_dict(self, step: int | None = None) -> dict[str, Any]:
+        """The resume point: ``step`` (default: the next step this sampler yields; with a plain DataLoader, which
+        prefetches, pass the next step the training loop reads) and what identifies the stream. A JSON dict
+        of a few hundred bytes, the same on every rank."""
+        step = self._step if step is None else check_int("step", step, low=0)
+        return StepState(
+            step=step,
+            num_samples=self._identity.num_samples,
+            fingerprint=self._identity.fingerprint,
+            seed=self._identity.seed,
+            aug_repeats=self._identity.aug_repeats,
+            schedule=self._identity.schedule,
+            mix=self._identity.mix,
+        ).to_dict()
+
+    @staticmethod
+    def find_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
+        """The StepSampler state inside a (torchdata StatefulDataLoader's) nested state, or the state itself.
+
+        Raises:
+            ValueError: none in it.
+        """
+        found = find_step_state(loader_state)
+        if found is None:
+            raise ValueError("no StepSampler state in this dict: was the sampler a StepSampler?")
+        return found
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue at the state's step (the next iteration yields that global batch). ``state`` is one of
+        :meth:`state_dict`, or a dict holding one (a StatefulDataLoader's state: any number of workers).
+
+        Raises:
+            ValueError: a state for other files, another seed, ``aug_repeats``, mix or schedule (naming it).
+        """
+        saved = StepState.from_dict(self.find_state(state))
+        saved.check_same_stream(self._identity)
+        self._step = saved.step
+
+
+def _step_mix(sources: Sequence[Source], sizes: Sequence[int]) -> StepMix | None:
+    """The weights by step of a mix whose sources schedule their weights by step (None if none does).
+
+    Raises:
+        ValueError: such a mix with a source that has no weight, or a schedule by epoch (naming it).
+    """
+    if all(s.step_weight is None for s in sources):
+        return None
+    for s in sources:
+        if s.kind != "weight" or (s.step_weight is None and s.changes):
+            raise ValueError(
+                f"source {s.name!r}: in a mix whose weights change by step, every source has a weight, a number "
+                "or a schedule by step (Source(..., weight={0: w, step: w2}, by='step')): no repeat, choose or "
+                "epoch schedule"
+            )
+    return StepMix.of(sizes, [s.weight if s.step_weight is None else s.step_weight for s in sources])  # type: ignore[misc]
