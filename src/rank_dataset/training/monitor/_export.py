@@ -86,7 +86,7 @@ class Prometheus:
         os.environ[_MULTIPROC_ENV] = str(self.directory)
         prom = _need("prometheus_client", "monitor-prometheus")
         values: Any = sys.modules["prometheus_client.values"]
-        if not isinstance(values.ValueClass, type(values.MultiProcessValue())):  # imported before the directory
+        if not getattr(values.ValueClass, "_multiprocess", False):  # prometheus_client was imported before
             values.ValueClass = values.MultiProcessValue()
         self._rank = rank
         self._prom = prom
