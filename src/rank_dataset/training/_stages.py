@@ -2,11 +2,11 @@
 
 :class:`~rank_dataset.training._items.ShardItems` takes this path when the dataset's
 :class:`~rank_dataset.core.stages.StageTable` is on (one word read per batch, or per item). It makes the
-items as the plain path does (parser, ``transform``, ``on_error="replace"``), and writes into this process's
-row of the table: the shard index of the item being made and since when (what a stall dump names), then
-nanoseconds and counts of ``fetch`` (slicing the lines out of the shard), ``parse``, ``transform`` and
-``replaced`` (making a substitute for an item that failed). No lock and no system call: clock reads and
-stores into shared memory.
+items as the plain path does (parser, ``transform``, ``on_error="replace"``) and writes into this process's
+row of the table: nanoseconds and counts of ``fetch`` (slicing the lines out of the shard), ``parse``,
+``transform`` and ``replaced`` (making a substitute for an item that failed), and the shard index of the item
+being made with since when (what a stall dump names). Clock reads are per batch for the fetch and the parse,
+per item only with a ``transform`` (whose item is the one a stall dump must name): no lock, no system call.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from rank_dataset.core import stages as _st
+from rank_dataset.core.stages import CURRENT, FETCH, ITEMS, PARSE, REPLACED, SINCE, TRANSFORM, item_hook
 
 if TYPE_CHECKING:
     from rank_dataset.training._items import ShardItems
@@ -30,61 +30,97 @@ def timed_items(ds: ShardItems, indices: Sequence[int]) -> list[Any]:
     table = ds.stages
     w = table.words
     row = table.claim()
+    n = len(indices)
     t0 = _clock()
-    w[row + _st.CURRENT] = indices[0] if indices else -1
-    w[row + _st.SINCE] = t0
+    w[row + CURRENT] = indices[0] if n else -1
+    w[row + SINCE] = t0
     texts = ds._shard.texts(indices)
-    ds._tally(len(texts))
+    ds._tally(n)
     t1 = _clock()
-    w[row + _st.FETCH] += t1 - t0
-    w[row + _st.FETCH + 1] += len(texts)
+    w[row + FETCH] += t1 - t0
+    w[row + FETCH + 1] += n
+    w[row + ITEMS] += n
     parsed = ds._parser is not None or ds._parsers is not None
-    if not parsed and ds._transform is None:
-        w[row + _st.ITEMS] += len(texts)
-        w[row + _st.CURRENT] = -1
-        return texts  # type: ignore[no-any-return]
-    hook = _st.item_hook()  # the profiler's ranges: only where the items are made in the rank
+    transform = ds._transform
+    if not parsed and transform is None:
+        w[row + CURRENT] = -1
+        return texts
+    hook = item_hook()  # the profiler's ranges: only where the items are made in the rank
     if hook is not None and not ds.channel.is_owner:
         hook = None
-    out = []
-    parse_ns = transform_ns = 0
-    for text, i in zip(texts, indices):
-        w[row + _st.CURRENT] = i
-        a = _clock()
-        w[row + _st.SINCE] = a
+    items: list[Any] = texts
+    if parsed:
         try:
             if hook is None:
-                item = ds._parse(text, i) if parsed else text
-                b = _clock()
-                if ds._transform is not None:
-                    item = ds._transform(item)
+                items = [ds._parse(t, i) for t, i in zip(texts, indices)]
             else:
                 with hook("rank_dataset.parse"):
-                    item = ds._parse(text, i) if parsed else text
-                b = _clock()
-                if ds._transform is not None:
-                    with hook("rank_dataset.transform"):
-                        item = ds._transform(item)
-            c = _clock()
-            parse_ns += b - a
-            transform_ns += c - b
+                    items = [ds._parse(t, i) for t, i in zip(texts, indices)]
+        except Exception:
+            if not ds._replace:
+                raise
+            return _one_by_one(ds, texts, indices, row)  # a line that fails: item by item, as the plain path
+        t2 = _clock()
+        w[row + PARSE] += t2 - t1
+        w[row + PARSE + 1] += n
+    if transform is None:
+        w[row + CURRENT] = -1
+        return items
+    out = []
+    spent = replaced = substitutes = 0
+    for item, i in zip(items, indices):
+        w[row + CURRENT] = i
+        a = _clock()
+        w[row + SINCE] = a
+        try:
+            if hook is None:
+                out.append(transform(item))
+            else:
+                with hook("rank_dataset.transform"):
+                    out.append(transform(item))
         except Exception as exc:
             if not ds._replace:
                 raise
             b = _clock()
-            item = ds._book.substitute(ds._spec, ds._n, i, exc, ds._made, ds.indices)
+            out.append(ds._book.substitute(ds._spec, ds._n, i, exc, ds._made, ds.indices))
             c = _clock()
-            transform_ns += b - a  # the attempt that failed
-            w[row + _st.REPLACED] += c - b
-            w[row + _st.REPLACED + 1] += 1
-        out.append(item)
-    n = len(out)
-    w[row + _st.PARSE] += parse_ns
-    w[row + _st.TRANSFORM] += transform_ns
-    if parsed:
-        w[row + _st.PARSE + 1] += n
-    if ds._transform is not None:
-        w[row + _st.TRANSFORM + 1] += n
-    w[row + _st.ITEMS] += n
-    w[row + _st.CURRENT] = -1
+            substitutes += c - b
+            spent -= c - b
+            replaced += 1
+        spent += _clock() - a
+    _account(w, row, spent, n, replaced, substitutes)
     return out
+
+
+def _one_by_one(ds: ShardItems, texts: list[str], indices: Sequence[int], row: int) -> list[Any]:
+    """The batch item by item (a line of it failed to parse, ``on_error="replace"``), timed as transform."""
+    w = ds.stages.words
+    out = []
+    spent = replaced = substitutes = 0
+    for text, i in zip(texts, indices):
+        w[row + CURRENT] = i
+        a = _clock()
+        w[row + SINCE] = a
+        try:
+            item = ds._parse(text, i)
+            out.append(item if ds._transform is None else ds._transform(item))
+        except Exception as exc:
+            b = _clock()
+            out.append(ds._book.substitute(ds._spec, ds._n, i, exc, ds._made, ds.indices))
+            c = _clock()
+            substitutes += c - b
+            spent -= c - b
+            replaced += 1
+        spent += _clock() - a
+    _account(w, row, spent, len(out), replaced, substitutes)
+    return out
+
+
+def _account(w: Any, row: int, spent: int, n: int, replaced: int, substitutes: int) -> None:
+    """Add a batch's transform time and its items, and its substitutes' apart; mark the row idle."""
+    w[row + TRANSFORM] += spent
+    w[row + TRANSFORM + 1] += n
+    if replaced:
+        w[row + REPLACED] += substitutes
+        w[row + REPLACED + 1] += replaced
+    w[row + CURRENT] = -1

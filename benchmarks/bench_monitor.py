@@ -1,0 +1,190 @@
+"""The monitor's cost: a loop that only iterates a loader of small items, monitored and not; the summary's
+all-gather at W ranks.
+
+1. One rank: a DataLoader (2 workers, batches of 64 lines parsed with ``parser="label"``, about 50k samples/s
+   here) iterated to the end of an epoch, plain and through ``rank_dataset.monitor(loader, every=100)``,
+   in alternating rounds; the table gives the median samples/s of each and the slowdown.
+2. W gloo processes (8 by default, on however many cores there are): the summary's one all-gather of a
+   row (the monitor's ``Gatherer``), timed per call after a barrier; the median over calls and ranks.
+
+Usage:
+    python benchmarks/bench_monitor.py                          # 200k lines, 5 rounds, W = 8
+    python benchmarks/bench_monitor.py --lines 20000 --rounds 1 --world-size 2 --calls 20 --out /tmp/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import barh, machine_info, save_results, write_imagenet_meta  # noqa: E402
+
+
+def _collate(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def _loop(loader: Any, *, monitored: bool) -> tuple[float, int]:
+    """Seconds to iterate ``loader`` once, and the samples seen."""
+    import rank_dataset
+
+    n = 0
+    if monitored:
+        with rank_dataset.monitor(loader, every=100) as m:
+            start = time.perf_counter()
+            for batch in m:
+                n += len(batch)
+            return time.perf_counter() - start, n
+    start = time.perf_counter()
+    for batch in loader:
+        n += len(batch)
+    return time.perf_counter() - start, n
+
+
+def one_rank(lines: int, rounds: int, workers: int, batch: int) -> dict[str, Any]:
+    from torch.utils.data import DataLoader
+
+    from rank_dataset import RandomSampler, RankDataset
+
+    with tempfile.TemporaryDirectory() as tmp:
+        meta = Path(tmp) / "meta.txt"
+        write_imagenet_meta(meta, lines)
+        ds = RankDataset(str(meta), reload_cfg={"seed": 0}, parser="label")
+        loader = DataLoader(
+            ds,
+            batch_size=batch,
+            sampler=RandomSampler(ds),
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            collate_fn=_collate,
+        )
+        _loop(loader, monitored=False)  # warm: workers started, pages touched
+        rates: dict[str, list[float]] = {"plain": [], "monitored": []}
+        for r in range(rounds):
+            order = ("plain", "monitored") if r % 2 == 0 else ("monitored", "plain")
+            for case in order:
+                seconds, n = _loop(loader, monitored=case == "monitored")
+                rates[case].append(n / seconds)
+        del loader
+    plain, monitored = statistics.median(rates["plain"]), statistics.median(rates["monitored"])
+    return {"plain": plain, "monitored": monitored, "slowdown": plain / monitored - 1, "rates": rates}
+
+
+def _gather_rank(rank: int, world: int, port: int, calls: int, out: str) -> None:
+    import numpy as np
+    import torch.distributed as dist
+
+    from rank_dataset.training.monitor._gather import Gatherer
+    from rank_dataset.training.monitor._summary import FIELDS, summarize
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo")
+
+    class _Reader:
+        group = None
+
+    class _Dataset:
+        reader = _Reader()
+        _process_group = None
+
+    gather = Gatherer(_Dataset())
+    row = np.arange(len(FIELDS), dtype=np.float64)
+    times, summaries = [], []
+    for k in range(calls + 10):
+        dist.barrier()
+        t = time.perf_counter()
+        table = gather(row)
+        t1 = time.perf_counter()
+        summarize(table, every=100, time=0.0)
+        t2 = time.perf_counter()
+        if k >= 10:
+            times.append(t1 - t)
+            summaries.append(t2 - t1)
+    Path(f"{out}.{rank}").write_text(f"{statistics.median(times)} {statistics.median(summaries)}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def gather_cost(world: int, calls: int) -> dict[str, float]:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "gather")
+        mp.start_processes(_gather_rank, args=(world, port, calls, out), nprocs=world, start_method="spawn")
+        got = [tuple(map(float, Path(f"{out}.{r}").read_text().split())) for r in range(world)]
+    return {
+        "gather_ms": statistics.median(g[0] for g in got) * 1e3,
+        "gather_ms_worst_rank": max(g[0] for g in got) * 1e3,
+        "summarize_ms": statistics.median(g[1] for g in got) * 1e3,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lines", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--world-size", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+    loop = one_rank(args.lines, args.rounds, args.workers, args.batch)
+    gather = gather_cost(args.world_size, args.calls)
+    rows = [
+        "# The monitor's cost",
+        "",
+        f"A loop that only iterates a DataLoader ({args.workers} workers, batches of {args.batch} lines parsed with "
+        f'`parser="label"`) over an epoch of {args.lines:,} lines, plain and through '
+        "`rank_dataset.monitor(loader, every=100)`, in alternating rounds (one rank, no process group).",
+        "",
+        "| loop | samples/s (median) |",
+        "|---|---:|",
+        f"| plain | {loop['plain']:,.0f} |",
+        f"| monitored, every=100 | {loop['monitored']:,.0f} |",
+        f"| slowdown | {loop['slowdown']:+.2%} |",
+        "",
+        f"The summary's all-gather at W = {args.world_size} gloo processes on {os.cpu_count()} cores: one "
+        f"`all_gather` of a row of floats, timed after a barrier, median of {args.calls} calls.",
+        "",
+        "| W | all-gather, median rank (ms) | all-gather, slowest rank's median (ms) | summary from the table (ms) |",
+        "|---:|---:|---:|---:|",
+        f"| {args.world_size} | {gather['gather_ms']:.3f} | {gather['gather_ms_worst_rank']:.3f} | "
+        f"{gather['summarize_ms']:.3f} |",
+        "",
+        f"Rounds: {args.rounds}; each round's samples/s: plain {_rates(loop['rates']['plain'])}; "
+        f"monitored {_rates(loop['rates']['monitored'])}.",
+        "",
+        f"Command: `python benchmarks/bench_monitor.py --lines {args.lines} --rounds {args.rounds} --workers "
+        f"{args.workers} --batch {args.batch} --world-size {args.world_size} --calls {args.calls}`",
+        "",
+        machine_info(),
+    ]
+    results = {"loop": loop, "gather": gather, "world_size": args.world_size}
+    save_results(args.out, "monitor", rows, results, lambda path: _plot(loop, path))
+    return 0
+
+
+def _rates(values: list[float]) -> str:
+    return ", ".join(f"{x:,.0f}" for x in values)
+
+
+def _plot(loop: dict[str, Any], path: Path) -> None:
+    barh(path, {"plain": loop["plain"], "monitored (every=100)": loop["monitored"]}, "samples/s", 2.0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
