@@ -34,6 +34,20 @@ def _collate(batch: list[Any]) -> list[Any]:
     return batch
 
 
+class _Work:
+    """A transform of ``rounds`` steps of integer hashing: a small item's decode, so that one rank with two
+    workers makes about 50k samples/s on this machine."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+
+    def __call__(self, item: Any) -> Any:
+        h = item[1]
+        for k in range(self.rounds):
+            h = (h * 1_000_003 + k) & 0xFFFFFFFF
+        return item[0], h
+
+
 def _loop(loader: Any, *, monitored: bool) -> tuple[float, int]:
     """Seconds to iterate ``loader`` once, and the samples seen."""
     import rank_dataset
@@ -51,7 +65,7 @@ def _loop(loader: Any, *, monitored: bool) -> tuple[float, int]:
     return time.perf_counter() - start, n
 
 
-def one_rank(lines: int, rounds: int, workers: int, batch: int) -> dict[str, Any]:
+def one_rank(lines: int, rounds: int, workers: int, batch: int, work: int) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
     from rank_dataset import RandomSampler, RankDataset
@@ -59,7 +73,7 @@ def one_rank(lines: int, rounds: int, workers: int, batch: int) -> dict[str, Any
     with tempfile.TemporaryDirectory() as tmp:
         meta = Path(tmp) / "meta.txt"
         write_imagenet_meta(meta, lines)
-        ds = RankDataset(str(meta), reload_cfg={"seed": 0}, parser="label")
+        ds = RankDataset(str(meta), reload_cfg={"seed": 0}, parser="label", transform=_Work(work) if work else None)
         loader = DataLoader(
             ds,
             batch_size=batch,
@@ -78,6 +92,57 @@ def one_rank(lines: int, rounds: int, workers: int, batch: int) -> dict[str, Any
         del loader
     plain, monitored = statistics.median(rates["plain"]), statistics.median(rates["monitored"])
     return {"plain": plain, "monitored": monitored, "slowdown": plain / monitored - 1, "rates": rates}
+
+
+class _Batches:
+    """A loader that hands out prepared batches: the monitor's own cost per step, nothing else."""
+
+    def __init__(self, dataset: Any, batches: list[Any]) -> None:
+        self.dataset, self.batches = dataset, batches
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+
+def added_ns(lines: int, batch: int, work: int, reps: int = 30) -> dict[str, float]:
+    """The monitor's added nanoseconds a batch, measured apart from a loader's noise: the item path's timers
+    (``__getitems__`` with the table on against off, the fastest of many calls each) and the loop's wrapper
+    (over prepared batches, the fastest of ``reps`` passes)."""
+    import rank_dataset
+    from rank_dataset import RankDataset
+
+    with tempfile.TemporaryDirectory() as tmp:
+        meta = Path(tmp) / "meta.txt"
+        write_imagenet_meta(meta, lines)
+        ds = RankDataset(str(meta), reload_cfg={"seed": 0}, parser="label", transform=_Work(work) if work else None)
+        n = len(ds) // batch
+        batches = [list(range(k * batch, (k + 1) * batch)) for k in range(n)]
+        items: dict[bool, list[float]] = {False: [], True: []}
+        for b in batches[:reps]:  # each batch made once each way, alternately, many times: the fastest
+            for _ in range(10):
+                for on in (False, True):
+                    ds.stages.switch(on)
+                    start = time.perf_counter_ns()
+                    ds.__getitems__(b)
+                    items[on].append(time.perf_counter_ns() - start)
+        ds.stages.switch(False)
+        loader = _Batches(ds, batches)
+        loop: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(reps):
+            start = time.perf_counter_ns()
+            for _b in loader:
+                pass
+            loop[False].append((time.perf_counter_ns() - start) / n)
+            with rank_dataset.monitor(loader, every=100) as m:
+                start = time.perf_counter_ns()
+                for _b in m:
+                    pass
+                loop[True].append((time.perf_counter_ns() - start) / n)
+    return {
+        "batch_plain_ns": min(items[False]),
+        "items_ns": min(items[True]) - min(items[False]),
+        "loop_ns": min(loop[True]) - min(loop[False]),
+    }
 
 
 def _gather_rank(rank: int, world: int, port: int, calls: int, out: str) -> None:
@@ -99,7 +164,7 @@ def _gather_rank(rank: int, world: int, port: int, calls: int, out: str) -> None
 
     gather = Gatherer(_Dataset())
     row = np.arange(len(FIELDS), dtype=np.float64)
-    times, summaries = [], []
+    times, summaries, barriers = [], [], []
     for k in range(calls + 10):
         dist.barrier()
         t = time.perf_counter()
@@ -107,10 +172,16 @@ def _gather_rank(rank: int, world: int, port: int, calls: int, out: str) -> None
         t1 = time.perf_counter()
         summarize(table, every=100, time=0.0)
         t2 = time.perf_counter()
+        dist.barrier()
+        t3 = time.perf_counter()
+        dist.barrier()  # the smallest collective, for scale
+        t4 = time.perf_counter()
         if k >= 10:
             times.append(t1 - t)
             summaries.append(t2 - t1)
-    Path(f"{out}.{rank}").write_text(f"{statistics.median(times)} {statistics.median(summaries)}")
+            barriers.append(t4 - t3)
+    medians = (statistics.median(v) for v in (times, summaries, barriers))
+    Path(f"{out}.{rank}").write_text(" ".join(map(str, medians)))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -129,6 +200,7 @@ def gather_cost(world: int, calls: int) -> dict[str, float]:
         "gather_ms": statistics.median(g[0] for g in got) * 1e3,
         "gather_ms_worst_rank": max(g[0] for g in got) * 1e3,
         "summarize_ms": statistics.median(g[1] for g in got) * 1e3,
+        "barrier_ms": statistics.median(g[2] for g in got) * 1e3,
     }
 
 
@@ -138,17 +210,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--work", type=int, default=250, help="The transform's steps an item (0: no transform).")
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
-    loop = one_rank(args.lines, args.rounds, args.workers, args.batch)
+    loop = one_rank(args.lines, args.rounds, args.workers, args.batch, args.work)
+    added = added_ns(min(args.lines, 100_000), args.batch, args.work)
+    bare = added_ns(min(args.lines, 100_000), args.batch, 0)  # no transform: the timers against the least work
+    per_batch = added["items_ns"] + added["loop_ns"]
+    at_rate = per_batch * loop["plain"] / args.batch / 1e9
     gather = gather_cost(args.world_size, args.calls)
     rows = [
         "# The monitor's cost",
         "",
         f"A loop that only iterates a DataLoader ({args.workers} workers, batches of {args.batch} lines parsed with "
-        f'`parser="label"`) over an epoch of {args.lines:,} lines, plain and through '
+        f'`parser="label"`, and a transform of {args.work} steps of integer hashing an item) over an epoch of '
+        f"{args.lines:,} lines, plain and through "
         "`rank_dataset.monitor(loader, every=100)`, in alternating rounds (one rank, no process group).",
         "",
         "| loop | samples/s (median) |",
@@ -157,23 +235,46 @@ def main(argv: list[str] | None = None) -> int:
         f"| monitored, every=100 | {loop['monitored']:,.0f} |",
         f"| slowdown | {loop['slowdown']:+.2%} |",
         "",
+        "On a shared host the rounds vary by more than the monitor costs; its cost measured apart, in one process "
+        "(the fastest of 300 calls: a batch made with the timers on against off; the fastest of 30 passes: the "
+        "loop's wrapper over prepared batches):",
+        "",
+        "| added a batch | ns |",
+        "|---|---:|",
+        f"| the item path's timers (in the worker) | {added['items_ns']:,.0f} |",
+        f"| the loop's wrapper, its wait timer and the summaries every 100 steps (in the rank) "
+        f"| {added['loop_ns']:,.0f} |",
+        f"| a batch made without the timers, for scale | {added['batch_plain_ns']:,.0f} |",
+        f"| the item path's timers, parse only (no transform) | {bare['items_ns']:,.0f} |",
+        f"| a batch made without the timers, parse only, for scale | {bare['batch_plain_ns']:,.0f} |",
+        f"| **the whole, at the plain loop's {loop['plain']:,.0f} samples/s** | **{at_rate:.3%}** of the time |",
+        "",
         f"The summary's all-gather at W = {args.world_size} gloo processes on {os.cpu_count()} cores: one "
         f"`all_gather` of a row of floats, timed after a barrier, median of {args.calls} calls.",
         "",
-        "| W | all-gather, median rank (ms) | all-gather, slowest rank's median (ms) | summary from the table (ms) |",
-        "|---:|---:|---:|---:|",
+        "| W | all-gather, median rank (ms) | all-gather, slowest rank's median (ms) | a barrier, for scale (ms) "
+        "| summary from the table (ms) |",
+        "|---:|---:|---:|---:|---:|",
         f"| {args.world_size} | {gather['gather_ms']:.3f} | {gather['gather_ms_worst_rank']:.3f} | "
-        f"{gather['summarize_ms']:.3f} |",
+        f"{gather['barrier_ms']:.3f} | {gather['summarize_ms']:.3f} |",
         "",
         f"Rounds: {args.rounds}; each round's samples/s: plain {_rates(loop['rates']['plain'])}; "
         f"monitored {_rates(loop['rates']['monitored'])}.",
         "",
         f"Command: `python benchmarks/bench_monitor.py --lines {args.lines} --rounds {args.rounds} --workers "
-        f"{args.workers} --batch {args.batch} --world-size {args.world_size} --calls {args.calls}`",
+        f"{args.workers} --batch {args.batch} --work {args.work} --world-size {args.world_size} "
+        f"--calls {args.calls}`",
         "",
         machine_info(),
     ]
-    results = {"loop": loop, "gather": gather, "world_size": args.world_size}
+    results = {
+        "loop": loop,
+        "added": added,
+        "added_parse_only": bare,
+        "fraction": at_rate,
+        "gather": gather,
+        "world_size": args.world_size,
+    }
     save_results(args.out, "monitor", rows, results, lambda path: _plot(loop, path))
     return 0
 

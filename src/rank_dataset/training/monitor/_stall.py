@@ -9,8 +9,8 @@ The monitor sets ``waiting_since`` while its loop waits for a batch. The watchdo
   claimed their row of the dataset's stage table (:mod:`rank_dataset.core.stages`), then published their pid
   there. The rank signals those pids that are also the running loader's workers (torch's iterator lists
   them), never another process, and reads what each wrote to its file;
-- for each worker, the item it is making: its shard index, the sample, the sample's ``file:line``, and for
-  how long.
+- for each worker, the item it is making: its shard index, the sample, the sample's ``file:line``, and how
+  long ago its batch started.
 
 It is logged as a warning by the stalled rank itself (logger ``rank_dataset.monitor``), written to ``out``,
 and given to the exporters: a stall shows where it happens, not later as another rank's collective timeout.
@@ -90,7 +90,8 @@ class Watchdog:
             lines.append(
                 f"DataLoader worker {w['worker']} (pid {w['pid']}) of rank {m.rank}: "
                 + (
-                    f"on sample {w['sample']} ({w['where']}, shard index {w['index']}) for {w['busy_s']:.1f} s"
+                    f"on sample {w['sample']} ({w['where']}, shard index {w['index']}), its batch started "
+                    f"{w['busy_s']:.1f} s ago"
                     if w["index"] is not None
                     else "making no item"
                 )
