@@ -162,25 +162,31 @@ def _gather_rank(rank: int, world: int, port: int, calls: int, out: str) -> None
         reader = _Reader()
         _process_group = None
 
-    gather = Gatherer(_Dataset())
+    gather, ring = Gatherer(_Dataset()), Gatherer(_Dataset(), ring=True)
     row = np.arange(len(FIELDS), dtype=np.float64)
-    times, summaries, barriers = [], [], []
+    times, summaries, barriers, rings = [], [], [], []
     for k in range(calls + 10):
         dist.barrier()
         t = time.perf_counter()
         table = gather(row)
         t1 = time.perf_counter()
-        summarize(table, every=100, time=0.0)
+        assert (table == row).all()
+        summarize(table, every=100)
         t2 = time.perf_counter()
         dist.barrier()
         t3 = time.perf_counter()
         dist.barrier()  # the smallest collective, for scale
         t4 = time.perf_counter()
+        dist.barrier()
+        t5 = time.perf_counter()
+        ring(row)  # gloo's ring all_gather, for comparison
+        t6 = time.perf_counter()
         if k >= 10:
             times.append(t1 - t)
             summaries.append(t2 - t1)
             barriers.append(t4 - t3)
-    medians = (statistics.median(v) for v in (times, summaries, barriers))
+            rings.append(t6 - t5)
+    medians = (statistics.median(v) for v in (times, summaries, barriers, rings))
     Path(f"{out}.{rank}").write_text(" ".join(map(str, medians)))
     dist.barrier()
     dist.destroy_process_group()
@@ -201,6 +207,7 @@ def gather_cost(world: int, calls: int) -> dict[str, float]:
         "gather_ms_worst_rank": max(g[0] for g in got) * 1e3,
         "summarize_ms": statistics.median(g[1] for g in got) * 1e3,
         "barrier_ms": statistics.median(g[2] for g in got) * 1e3,
+        "ring_ms": statistics.median(g[3] for g in got) * 1e3,
     }
 
 
@@ -249,14 +256,15 @@ def main(argv: list[str] | None = None) -> int:
         f"| a batch made without the timers, parse only, for scale | {bare['batch_plain_ns']:,.0f} |",
         f"| **the whole, at the plain loop's {loop['plain']:,.0f} samples/s** | **{at_rate:.3%}** of the time |",
         "",
-        f"The summary's all-gather at W = {args.world_size} gloo processes on {os.cpu_count()} cores: one "
-        f"`all_gather` of a row of floats, timed after a barrier, median of {args.calls} calls.",
+        f"The summary's all-gather at W = {args.world_size} gloo processes on {os.cpu_count()} cores: a row of "
+        f"{len(_fields())} float64 a rank gathered to rank 0 and broadcast (two rounds), timed after a barrier, the "
+        f"median of {args.calls} calls; gloo's ring `all_gather` of the same rows and a barrier for comparison.",
         "",
-        "| W | all-gather, median rank (ms) | all-gather, slowest rank's median (ms) | a barrier, for scale (ms) "
-        "| summary from the table (ms) |",
-        "|---:|---:|---:|---:|---:|",
+        "| W | the summary's all-gather, median rank (ms) | slowest rank's median (ms) | gloo's ring all_gather (ms) "
+        "| a barrier (ms) | the summary from the table (ms) |",
+        "|---:|---:|---:|---:|---:|---:|",
         f"| {args.world_size} | {gather['gather_ms']:.3f} | {gather['gather_ms_worst_rank']:.3f} | "
-        f"{gather['barrier_ms']:.3f} | {gather['summarize_ms']:.3f} |",
+        f"{gather['ring_ms']:.3f} | {gather['barrier_ms']:.3f} | {gather['summarize_ms']:.3f} |",
         "",
         f"Rounds: {args.rounds}; each round's samples/s: plain {_rates(loop['rates']['plain'])}; "
         f"monitored {_rates(loop['rates']['monitored'])}.",
@@ -277,6 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     save_results(args.out, "monitor", rows, results, lambda path: _plot(loop, path))
     return 0
+
+
+def _fields() -> tuple[str, ...]:
+    from rank_dataset.training.monitor._summary import FIELDS
+
+    return FIELDS
 
 
 def _rates(values: list[float]) -> str:

@@ -192,16 +192,16 @@ def test_slowest_rank_threshold() -> None:
         return row_of(np.full(10, int(wait_ms * 1e6), np.int64), stages, 0, 40, 10)
 
     table = np.stack([row(1.0, 0.5), row(1.2, 0.5), row(30.0, 40.0), row(0.9, 0.4)])
-    s = summarize(table, every=10, time=0.0)
+    s = summarize(table, every=10)
     assert s["slowest"]["rank"] == 2 and s["slowest"]["stage"] == "transform"
     # Within max(50 %, 5 ms) of the median: no rank named.
     table = np.stack([row(1.0, 0.5), row(1.2, 0.5), row(5.5, 0.5), row(0.9, 0.4)])
-    assert summarize(table, every=10, time=0.0)["slowest"]["rank"] is None
+    assert summarize(table, every=10)["slowest"]["rank"] is None
     table = np.stack([row(20.0, 0.5), row(21.0, 0.5), row(29.0, 0.5), row(20.5, 0.4)])  # 29 < 20.75 * 1.5
-    assert summarize(table, every=10, time=0.0)["slowest"]["rank"] is None
+    assert summarize(table, every=10)["slowest"]["rank"] is None
     # A slow rank whose stages do not explain it: "other".
     table = np.stack([row(1.0, 0.5), row(1.2, 0.5), row(30.0, 0.5), row(0.9, 0.4)])
-    assert summarize(table, every=10, time=0.0)["slowest"] == {
+    assert summarize(table, every=10)["slowest"] == {
         "rank": 2,
         "stage": "other",
         "data_ms": 30.0,

@@ -182,10 +182,10 @@ class Monitor:
         now = self._totals()
         delta = [a - b for a, b in zip(now, self._last)]
         self._last = now
-        row = row_of(self._waits[: self._k], delta[: len(STAGES)], self.stalls, delta[-1], self.step)
+        row = row_of(self._waits[: self._k], delta[: len(STAGES)], self.stalls, delta[-1], self.step, time.time())
         self._k = 0
         table = self._gather(row)
-        summary = summarize(table, every=self.every, time=time.time())
+        summary = summarize(table, every=self.every)
         self._summary = summary
         if self.rank == 0:
             logger.info(line_of(summary))

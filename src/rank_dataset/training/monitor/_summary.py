@@ -29,23 +29,24 @@ __all__ = ["FIELDS", "SLOW_MS", "SLOW_RATIO", "line_of", "row_of", "summarize"]
 
 SLOW_RATIO = 0.5
 SLOW_MS = 5.0
-_HEAD = ("steps", "wait_mean", "wait_p50", "wait_p99", "wait_max", "stalls", "items", "step")
+_HEAD = ("steps", "wait_mean", "wait_p50", "wait_p99", "wait_max", "stalls", "items", "step", "time")
 FIELDS = _HEAD + tuple(f"stage_{s}" for s in STAGES)
 
 
 def row_of(
-    waits_ns: npt.NDArray[np.int64], stage_ns: Sequence[int], stalls: int, items: int, step: int
+    waits_ns: npt.NDArray[np.int64], stage_ns: Sequence[int], stalls: int, items: int, step: int, now: float = 0.0
 ) -> npt.NDArray[np.float64]:
-    """This rank's window: the loop's waits (ns, one per step) and each stage's nanoseconds in the window."""
+    """This rank's window: the loop's waits (ns, one per step), each stage's nanoseconds in the window, and the
+    wall time (the summary takes the first rank's: the same dict on every rank)."""
     steps = len(waits_ns)
     ms = waits_ns / 1e6 if steps else np.zeros(1)
     p50, p99 = np.percentile(ms, [50, 99])
     per_step = np.asarray(stage_ns, dtype=np.float64) / 1e6 / max(steps, 1)
-    head = [steps, ms.mean(), p50, p99, ms.max(), stalls, items, step]
+    head = [steps, ms.mean(), p50, p99, ms.max(), stalls, items, step, now]
     return np.concatenate([np.asarray(head, dtype=np.float64), per_step])
 
 
-def summarize(table: npt.NDArray[np.float64], *, every: int, time: float) -> dict[str, Any]:
+def summarize(table: npt.NDArray[np.float64], *, every: int) -> dict[str, Any]:
     """The summary of the gathered rows (rank order): every rank computes the same dict from the same table."""
     ranks = []
     k = len(_HEAD)
@@ -67,7 +68,7 @@ def summarize(table: npt.NDArray[np.float64], *, every: int, time: float) -> dic
     return {
         "kind": "summary",
         "step": step,
-        "time": time,
+        "time": float(table[0, 8]) if len(table) else 0.0,
         "every": every,
         "world_size": len(ranks),
         "threshold": {"ratio": SLOW_RATIO, "ms": SLOW_MS},
