@@ -323,3 +323,48 @@ def test_report_writes_a_png_and_a_summary(tmp_path: Path) -> None:
     empty.mkdir()
     result = CliRunner().invoke(cli, ["report", str(empty)])
     assert result.exit_code != 0 and "no rank-<r>.jsonl files" in result.output
+
+
+def _fails_on_3(item: Any) -> Any:
+    if item[1] == 3:
+        raise ValueError("a bad image")
+    return item
+
+
+def test_failures_replaced_are_counted_and_items_match_the_plain_path(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    import rank_dataset
+    from rank_dataset import RandomSampler, RankDataset
+    from rank_dataset.core.stages import REPLACED
+
+    meta = _meta(tmp_path, 140)
+    ds = RankDataset(meta, parser="label", transform=_fails_on_3, on_error="replace", max_failures=None)
+    loader = DataLoader(ds, batch_size=7, sampler=RandomSampler(ds), collate_fn=_collate)
+    plain = list(loader)
+    with rank_dataset.monitor(loader, every=5) as m:
+        seen = list(m)
+        replaced = sum(row[REPLACED + 1] for row in m.stages.rows())
+    assert seen == plain  # the same substitutes
+    assert replaced == 20  # the 20 lines labelled 3, each replaced once in the monitored pass
+    summary = m.summary()
+    assert summary is not None and summary["ranks"][0]["stages_ms"]["replaced"] > 0
+
+
+def test_a_line_that_fails_to_parse_is_replaced_as_unmonitored(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    import rank_dataset
+    from rank_dataset import RandomSampler, RankDataset
+    from rank_dataset.core.stages import REPLACED
+
+    meta = tmp_path / "bad.txt"
+    meta.write_text("".join(f"img_{i}.JPEG {'x' if i % 10 == 4 else i % 5}\n" for i in range(100)))
+    ds = RankDataset(meta, parser="label", on_error="replace", max_failures=None)
+    loader = DataLoader(ds, batch_size=8, sampler=RandomSampler(ds), collate_fn=_collate)
+    plain = list(loader)
+    with rank_dataset.monitor(loader, every=5) as m:
+        seen = list(m)
+        replaced = sum(row[REPLACED + 1] for row in m.stages.rows())
+    assert seen == plain
+    assert replaced == 10
