@@ -230,7 +230,8 @@ def test_prometheus_textfile_and_port(tmp_path: Path, monkeypatch: pytest.Monkey
     with rank_dataset.monitor(loader, every=10, exporters=[prom]) as m:
         for _ in m:
             pass
-        scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            scraped = response.read().decode()
     text = textfile.read_text()
     for got in (text, scraped):
         assert 'rank_dataset_data_wait_seconds{quantile="0.5",rank="0"}' in got

@@ -80,9 +80,11 @@ class Prometheus:
         self.port, self.textfile, self.addr, self.serving = port, textfile, addr, serving
         self._server: Any = None
         self._rank = 0
+        self._owns_mode = False
 
     def start(self, rank: int, world_size: int) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._owns_mode = _MULTIPROC_ENV not in os.environ  # multiprocess mode is ours: close its files at the end
         os.environ[_MULTIPROC_ENV] = str(self.directory)
         prom = _need("prometheus_client", "monitor-prometheus")
         values: Any = sys.modules["prometheus_client.values"]
@@ -149,6 +151,10 @@ class Prometheus:
             server.server_close()
             thread.join(timeout=5)
             self._server = None
+        values: Any = sys.modules.get("prometheus_client.values")
+        close_files = getattr(values, "close_all_multiprocess_files", None)  # prometheus_client >= 0.21
+        if close_files is not None and self._owns_mode:
+            close_files()  # this process's metric files: the values live on in them for the node's scraper
 
 
 class TensorBoard:
