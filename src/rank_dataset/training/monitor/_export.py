@@ -52,8 +52,9 @@ class Prometheus:
 
     Args:
         directory: the multiprocess directory shared by the ranks of a node (default: the environment's
-            ``PROMETHEUS_MULTIPROC_DIR``; one of them is needed). Set before prometheus_client makes its first
-            metric in this process (it chooses the mode then); a directory of a previous run should be emptied.
+            ``PROMETHEUS_MULTIPROC_DIR``; one of them is needed). The exporter sets the variable and, if
+            prometheus_client was imported without it, switches it to multiprocess mode (it holds every metric
+            made after that in the directory); a directory of a previous run should be emptied.
         port: serve the node's metrics on this port (``http://addr:port/metrics``) from ``serving`` rank.
         textfile: write the node's metrics to this file at each summary, from the ``serving`` rank.
         addr: the address to serve on.
