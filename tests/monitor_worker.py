@@ -1,7 +1,8 @@
 """Run by test_monitor.py under torchrun: one rank of a gloo job iterating a monitored DataLoader.
 
 Modes: ``slow`` (rank 2's transform sleeps 20 ms an item), ``hang`` (worker 1 of rank 1 hangs, for a bounded
-time, in its first item) and ``clean`` (every rank alike, for ``steps`` steps over several epochs).
+time, in its first item), ``clean`` (every rank alike, for ``steps`` steps over several epochs) and
+``collective`` (the collective reader: the summary on its gloo group, its exchange timed).
 """
 
 from __future__ import annotations
@@ -55,14 +56,16 @@ def main(mode: str, meta: str, out: str, run_dir: str, steps: str) -> None:
         "slow": slow_transform if rank == SLOW_RANK else None,
         "hang": hang_transform if rank == HANG_RANK else None,
         "clean": light_transform,
+        "collective": None,
     }[mode]
-    ds = RankDataset(meta, reload_cfg={"seed": 3}, transform=transform)
+    reader = "collective" if mode == "collective" else "file"
+    ds = RankDataset(meta, reload_cfg={"seed": 3}, transform=transform, reader=reader)
     workers = 2 if mode == "hang" else 1
     loader = DataLoader(
         ds, batch_size=2 if mode == "slow" else 4, sampler=RandomSampler(ds), num_workers=workers, collate_fn=collate
     )
-    every = {"slow": 10, "hang": 10_000, "clean": 100}[mode]
-    pause = {"slow": 0.005, "hang": 0.0, "clean": 0.01}[mode]
+    every = {"slow": 10, "hang": 10_000, "clean": 100, "collective": 10}[mode]
+    pause = {"slow": 0.005, "hang": 0.0, "clean": 0.01, "collective": 0.0}[mode]
     summaries: list[dict[str, Any]] = []
     step, total, epoch = 0, int(steps), 0
     started = time.monotonic()
@@ -80,6 +83,8 @@ def main(mode: str, meta: str, out: str, run_dir: str, steps: str) -> None:
             epoch += 1
         stalls = m.stalls
     result = {"rank": rank, "summaries": summaries, "stalls": stalls, "seconds": time.monotonic() - started}
+    if mode == "collective":
+        ds.close()
     write_rank_result(out, result)
 
 

@@ -87,6 +87,17 @@ def test_a_clean_run_reports_no_stall_and_no_slow_rank(tmp_path: Path) -> None:
         assert all(e["kind"] == "summary" for e in _jsonl(run_dir / f"rank-{rank}.jsonl"))
 
 
+@pytest.mark.slow
+def test_the_collective_reader_times_its_exchange_and_its_group_carries_the_summary(tmp_path: Path) -> None:
+    results, _log, _run_dir = _run(tmp_path, "collective", 2, 2000, 60, timeout=240)
+    first = [r["summaries"][0] for r in results]
+    assert first[0] == first[1]  # the same summary on both ranks
+    for row in first[0]["ranks"]:
+        assert row["stages_ms"]["exchange"] > 0 and row["stages_ms"]["plan"] > 0
+        assert row["stages_ms"]["read"] == 0  # the collective reader's stage is its exchange
+    assert all(len(r["summaries"]) == 6 for r in results)
+
+
 # -- one process: the pieces, the exporters with the real libraries, the report ----------------------------
 
 
