@@ -42,6 +42,7 @@ except metadata.PackageNotFoundError:  # imported from a source tree that was ne
 
 if TYPE_CHECKING:
     from rank_dataset.training.dataset import RankDataset
+    from rank_dataset.training.monitor import monitor
     from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
     from rank_dataset.training.server_datasets import RankServerDataset, ServerDataset
     from rank_dataset.training.steps import StepSampler
@@ -72,6 +73,7 @@ __all__ = [
     "get_rank_world_size",
     "group_by",
     "ids_of",
+    "monitor",
     "repeat_factor",
 ]
 
@@ -80,6 +82,7 @@ _LAZY = {
     "ResumableSampler": "rank_dataset.training.sampler",
     "find_resume_state": "rank_dataset.training.sampler",
     "RankDataset": "rank_dataset.training.dataset",
+    "monitor": "rank_dataset.training.monitor",
     "RankServerDataset": "rank_dataset.training.server_datasets",
     "ServerDataset": "rank_dataset.training.server_datasets",
     "StepSampler": "rank_dataset.training.steps",

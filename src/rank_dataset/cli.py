@@ -1,4 +1,4 @@
-"""The ``rank-dataset`` command line: ``index``, ``serve`` and ``demo``."""
+"""The ``rank-dataset`` command line: ``index``, ``serve``, ``demo`` and ``report``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,14 @@ __all__ = ["cli", "main"]
 # The optional dependencies a command may need, each with what a user installs to get it: the
 # package's extra (from PyPI), and the same from a clone of the repository (an editable install).
 _SERVER = "pip install 'rank-dataset[server]' (from a clone: pip install -e '.[server]')"
-_INSTALL = {"starlette": _SERVER, "uvicorn": _SERVER, "h11": _SERVER, "torch": "pip install torch"}
+_REPORT = "pip install 'rank-dataset[report]' (from a clone: pip install -e '.[report]')"
+_INSTALL = {
+    "starlette": _SERVER,
+    "uvicorn": _SERVER,
+    "h11": _SERVER,
+    "torch": "pip install torch",
+    "matplotlib": _REPORT,
+}
 
 
 def _missing(exc: ModuleNotFoundError) -> click.ClickException | None:
@@ -221,6 +228,20 @@ def demo_cmd(
     except (DemoError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(format_table(results, world_size=world_size, workers=workers))
+
+
+@cli.command("report")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--png", type=click.Path(dir_okay=False), default=None, help="Where to write the plot [DIR/report.png].")
+def report_cmd(run_dir: str, png: str | None) -> None:
+    """Plot a monitored run (rank_dataset.monitor(..., out=DIR)) and print a short summary of it."""
+    _require("matplotlib")
+    from rank_dataset.training.monitor.report import write_report
+
+    try:
+        click.echo(write_report(run_dir, png))
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def main() -> None:

@@ -16,6 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
 # (None: none checked) and whether the plot must be non-empty.
 CASES = [
     (
+        "monitor",
+        ["--lines", "3000", "--rounds", "1", "--world-size", "2", "--calls", "5", "--work", "10"],
+        "monitor.md",
+        ["| monitored, every=100 |", "| **the whole a batch**", "gloo's ring all_gather"],
+        ("monitor.png", True),
+    ),
+    (
         "server",
         ["--lines", "3000", "--seconds", "0.2", "--batched-samples", "1024"],
         "server.md",

@@ -58,7 +58,7 @@ def test_names_of_an_old_module_resolve_to_the_new_objects() -> None:
 
 def test_the_public_api_fits_on_a_screen() -> None:
     assert rank_dataset.__all__ == sorted(rank_dataset.__all__)
-    assert len(rank_dataset.__all__) <= 26  # 23, the two errors users catch (issue 42), StepSampler (issue 45)
+    assert len(rank_dataset.__all__) <= 27  # 23, two errors users catch (#42), StepSampler (#45), monitor (#46)
     for name in rank_dataset.__all__:
         assert getattr(rank_dataset, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.shard import Shard
+from rank_dataset.core.stages import timed_result
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.exclude import Exclusion, KeptIds, listing_of, split_exclusion
 from rank_dataset.plan.mix import combine_fingerprints
@@ -130,6 +131,7 @@ class Sampling:
             for listed, mine in zip(self.map.ids, self.files)
         )
 
+    @timed_result("plan")  # the monitor's plan stage
     def samples_of(self, spec: ShardSpec) -> Callable[[], npt.NDArray[np.int64]]:
         """What makes the global sample numbers of ``spec``'s plan (called when they are needed, so that
         no name holds them while the shard fills)."""

@@ -18,10 +18,12 @@ import numpy.typing as npt
 from rank_dataset.core.checks import check_index
 from rank_dataset.core.parsers import Parser, parse_line
 from rank_dataset.core.shard import Shard
+from rank_dataset.core.stages import StageTable
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards.channel import ShardChannel
 from rank_dataset.shards.reader import ShardReader
 from rank_dataset.training._failures import FailureBook
+from rank_dataset.training._stages import timed_items
 
 __all__ = ["ShardItems"]
 
@@ -46,6 +48,7 @@ class ShardItems:
     _transform: Callable[[Any], Any] | None
     _replace: bool
     _made_by_policy: bool
+    stages: StageTable  # the item stages' timers: off (word 0 is 0) unless a monitor is on
 
     def _serve(self, shard: Shard, spec: ShardSpec) -> None:
         self._shard, self._n, self._spec = shard, len(shard), spec
@@ -138,6 +141,8 @@ class ShardItems:
             self._sync(items=True)
         if not (type(i) is int and 0 <= i < self._n):
             i = self._check_index(i)
+        if self.stages.words[0]:  # a monitor is on: the timed path (training/_stages.py)
+            return timed_items(self, [i])[0]
         text = self._text(i)
         self._tally(1)
         if self._made_by_policy:
@@ -151,6 +156,8 @@ class ShardItems:
         n = self._n
         if not all(type(i) is int and 0 <= i < n for i in indices):
             indices = [self._check_index(i) for i in indices]
+        if self.stages.words[0]:  # a monitor is on: the timed path (training/_stages.py)
+            return timed_items(self, indices)
         texts = self._shard.texts(indices)
         self._tally(len(texts))  # the pass audit: a store in the control block per batch (a replaced item counts)
         if self._made_by_policy:

@@ -14,6 +14,7 @@ from torch.utils.data import Dataset
 from rank_dataset.core.checks import check_int
 from rank_dataset.core.parsers import Parser, resolve_parser
 from rank_dataset.core.residency import return_freed_memory
+from rank_dataset.core.stages import StageTable, timed
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.config import ReloadConfig
 from rank_dataset.plan.exclude import Exclusion
@@ -106,6 +107,7 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         self._parsers = None if self._book.mixture is None else self._book.mixture.parsers
         self.channel = self._book.channel = ShardChannel(audit, failures=self._replace)
         self._tally = self.channel.tally  # bound once: item access calls it directly
+        self.stages = StageTable.create()  # the monitor's item timers (rank_dataset.monitor), off until it runs
         self._version, self._seen = self.channel.version, self.channel.seen  # the per-item check (see _sync)
         spec = ShardSpec(
             num_samples=num_samples,
@@ -173,10 +175,12 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         self.channel.check_owner()
         self.channel.judge()  # the last pass is over: audit it before anything changes
         self._agree(spec)
-        shard = self.reader.build(spec)
-        shard = (shard if self.reader.keeps_ids else shard.without_ids()).shared()
-        self.channel.publish(shard, spec)
-        self._serve(shard, spec)  # the old shard is unmapped here, once the new one exists
+        with timed("exchange" if isinstance(self.reader, CollectiveReader) else "read"):  # the monitor's stages
+            shard = self.reader.build(spec)
+        with timed("build"):
+            shard = (shard if self.reader.keeps_ids else shard.without_ids()).shared()
+            self.channel.publish(shard, spec)
+            self._serve(shard, spec)  # the old shard is unmapped here, once the new one exists
         self._seen = self.channel.seen
         return_freed_memory()
 
@@ -241,11 +245,12 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         spec = self._spec
         resume = spec.resume if epoch == spec.epoch else None
         new = dataclasses.replace(spec, epoch=epoch, mini_epoch_idx=mini_epoch_idx, resume=resume)
-        if self._policy.exclude_failures and epoch != spec.epoch:  # a new epoch: plan without what failed
-            with self._book.replanned(new, self._book.agreed()) as new:
+        with timed("set_epoch"):  # the monitor's stage: what the stages timed inside it leave
+            if self._policy.exclude_failures and epoch != spec.epoch:  # a new epoch: plan without what failed
+                with self._book.replanned(new, self._book.agreed()) as new:
+                    self._load(new)
+            else:
                 self._load(new)
-        else:
-            self._load(new)
 
     def use_steps(self, steps: StepLayout | None, epoch: int, mini_epoch_idx: int = 0) -> None:
         """(For :class:`~rank_dataset.training.steps.StepSampler`) load this rank's shard of window

@@ -1,0 +1,92 @@
+"""Run by test_monitor.py under torchrun: one rank of a gloo job iterating a monitored DataLoader.
+
+Modes: ``slow`` (rank 2's transform sleeps 20 ms an item), ``hang`` (worker 1 of rank 1 hangs, for a bounded
+time, in its first item), ``clean`` (every rank alike, for ``steps`` steps over several epochs) and
+``collective`` (the collective reader: the summary on its gloo group, its exchange timed).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader, get_worker_info
+
+import rank_dataset
+from rank_dataset import RandomSampler, RankDataset
+from tests_helpers import write_rank_result
+
+SLOW_RANK = 2
+HANG_RANK, HANG_WORKER, HANG_SECONDS = 1, 1, 14.0
+_hung = False
+
+
+def slow_transform(line: str) -> str:
+    time.sleep(0.02)
+    return line
+
+
+def light_transform(line: str) -> str:
+    time.sleep(0.0005)
+    return line
+
+
+def hang_transform(line: str) -> str:
+    """Hangs once in worker HANG_WORKER (bounded, so that the job ends by itself after the check)."""
+    global _hung
+    info = get_worker_info()
+    if info is not None and info.id == HANG_WORKER and not _hung:
+        _hung = True
+        time.sleep(HANG_SECONDS)
+    return line
+
+
+def collate(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def main(mode: str, meta: str, out: str, run_dir: str, steps: str) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s %(levelname)s %(message)s")
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    transform = {
+        "slow": slow_transform if rank == SLOW_RANK else None,
+        "hang": hang_transform if rank == HANG_RANK else None,
+        "clean": light_transform,
+        "collective": None,
+    }[mode]
+    reader = "collective" if mode == "collective" else "file"
+    ds = RankDataset(meta, reload_cfg={"seed": 3}, transform=transform, reader=reader)
+    workers = 2 if mode == "hang" else 1
+    loader = DataLoader(
+        ds, batch_size=2 if mode == "slow" else 4, sampler=RandomSampler(ds), num_workers=workers, collate_fn=collate
+    )
+    every = {"slow": 10, "hang": 10_000, "clean": 100, "collective": 10}[mode]
+    pause = {"slow": 0.005, "hang": 0.0, "clean": 0.01, "collective": 0.0}[mode]
+    summaries: list[dict[str, Any]] = []
+    step, total, epoch = 0, int(steps), 0
+    started = time.monotonic()
+    with rank_dataset.monitor(loader, every=every, out=run_dir, stall_after=2.0 if mode == "hang" else 10.0) as m:
+        while step < total:
+            ds.set_epoch(epoch)
+            for _batch in m:
+                step += 1
+                time.sleep(pause)  # the training step
+                latest = m.summary()
+                if latest is not None and (not summaries or summaries[-1]["step"] != latest["step"]):
+                    summaries.append(latest)
+                if step == total:
+                    break
+            epoch += 1
+        stalls = m.stalls
+    result = {"rank": rank, "summaries": summaries, "stalls": stalls, "seconds": time.monotonic() - started}
+    if mode == "collective":
+        ds.close()
+    write_rank_result(out, result)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:6])
