@@ -46,7 +46,7 @@ from _common import barh, machine_info, save_results, write_imagenet_meta  # noq
 from rank_dataset.core import _reference as ref  # noqa: E402
 from rank_dataset.core._native_lib import load  # noqa: E402
 from rank_dataset.files._gather import _bounds_ok, _rows_ok  # noqa: E402
-from rank_dataset.files.scan import CHUNK, _chunk_bounds, _scan_chunk, _Scratch  # noqa: E402
+from rank_dataset.files.scan import CHUNK, _chunk_bounds  # noqa: E402
 
 
 def _best_pair(numpy_fn: Callable[[], float], native_fn: Callable[[], float], repeat: int) -> tuple[float, float]:
@@ -98,7 +98,6 @@ def main() -> None:
         with open(path, "rb") as f:
             bounds = _chunk_bounds(f, size, CHUNK)
     chunks = [(data[lo:hi], lo, hi == size) for lo, hi in itertools.pairwise(bounds)]
-    scratch = _Scratch(8 * (CHUNK + (CHUNK >> 2)))
     window = np.empty(max((c.size for c, _, _ in chunks), default=0), np.uint8)
 
     def over_chunks(scan: Callable[[np.ndarray, int, bool], Any]) -> Callable[[], float]:
@@ -116,11 +115,11 @@ def main() -> None:
 
         return run
 
-    assert sum(_scan_chunk(c, lo, last, scratch).starts.size for c, lo, last in chunks) == args.lines
+    assert sum(ref.scan_lines(c, lo, last).starts.size for c, lo, last in chunks) == args.lines
     assert sum(kernels.scan_lines(c, lo, last).starts.size for c, lo, last in chunks) == args.lines
     rows: list[tuple[str, float, float, int, str]] = []  # what, numpy s, native s, items, unit
     scan_np, scan_nat = _best_pair(
-        over_chunks(lambda b, lo, last: _scan_chunk(b, lo, last, scratch)),
+        over_chunks(ref.scan_lines),
         over_chunks(kernels.scan_lines),
         args.repeat,
     )
