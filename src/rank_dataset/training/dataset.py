@@ -179,6 +179,12 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         self._seen = self.channel.seen
         return_freed_memory()
 
+    def _hold(self, spec: ShardSpec) -> None:
+        """:meth:`_load` for the shard already held, without building it again (the audit and the agreement stay)."""
+        self.channel.check_owner()
+        self.channel.judge()
+        self._agree(spec)
+
     def _agree(self, spec: ShardSpec) -> None:
         """Under a process group, every rank must plan from the same inputs: check it."""
         if not agreement_needed():
@@ -240,7 +246,9 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         spec = self._spec
         resume = spec.resume if epoch == spec.epoch else None
         new = dataclasses.replace(spec, epoch=epoch, mini_epoch_idx=mini_epoch_idx, resume=resume)
-        if self._policy.exclude_failures and epoch != spec.epoch:  # a new epoch: plan without what failed
+        if new == spec:  # the shard held (the constructor's, at the first set_epoch(0)): nothing to build
+            self._hold(spec)
+        elif self._policy.exclude_failures and epoch != spec.epoch:  # a new epoch: plan without what failed
             with self._book.replanned(new, self._book.agreed()) as new:
                 self._load(new)
         else:
