@@ -41,6 +41,13 @@ CASES = [
         None,
     ),
     (
+        "build",
+        ["--native-compare", "--lines", "5000", "--repeat", "1"],
+        "build_native.md",
+        ["| RankDataset, warm index |", "| native speed-up |", "Load average"],
+        None,
+    ),
+    (
         "memory",
         ["--sizes", "3000", "--world-size", "2", "--workers", "1", "--start-method", "forkserver"],
         "memory_forkserver.md",
