@@ -18,7 +18,8 @@ its core to another process says nothing about the code). One read of the file c
 - the line checks a build makes of each window's rows (``files.lines``' ``bounds_ok``, ``rows_ok`` and
   newline search against ``rd_check_lines``);
 - stray bytes of the gathered rows (no newline, not blank: ``rd_lines_bad``);
-- the keyed permutation (its numpy rounds, ``core._reference.permute_cells``, against ``rd_permute``) at ``--rows`` positions.
+- the keyed permutation (its numpy rounds, ``core._reference.permute_cells``, against ``rd_permute``) at
+  ``--rows`` positions.
 
 Usage:
     python benchmarks/bench_kernels.py                                   # 10M lines, 1.25M rows
