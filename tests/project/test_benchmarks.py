@@ -84,6 +84,13 @@ CASES = [
         ("collective.png", True),
     ),
     (
+        "collective",
+        ["--native-compare", "--lines", "20000", "--worlds", "2"],
+        "collective_native.md",
+        ["| 2 | cold start, busiest rank's CPU (s) |", "| native speed-up |", "Load average"],
+        None,
+    ),
+    (
         "formats",
         ["--lines", "20000", "--world-size", "2", "--far-worlds", "16", "--items", "2000", "--repeat", "2"],
         "formats.md",
