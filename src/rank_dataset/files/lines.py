@@ -79,7 +79,10 @@ def window_ok(
     head = np.flatnonzero((s == 0) | (s == len(BOM)))
     zero = int(rs[head[0]] - s[head[0]]) if head.size else 0  # where byte 0 of the file is in buf
     bom = bool(head.size) and size >= len(BOM) and buf[zero : zero + len(BOM)].tobytes() == BOM
-    return native.check_lines(buf, rs, s, e - s, size, bom) < 0, True
+    try:
+        return native.check_lines(buf, rs, s, e - s, size, bom) < 0, True
+    except ValueError:  # a span outside the window or the file (a corrupt index): not a sample
+        return False, True
 
 
 def rows_ok(buf: npt.NDArray[np.uint8], s: npt.NDArray[np.int64], e: npt.NDArray[np.int64]) -> bool:
