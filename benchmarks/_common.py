@@ -17,11 +17,14 @@ from typing import Any
 from rank_dataset.demo.synthetic import write_imagenet_meta
 
 __all__ = [
+    "NATIVE_PATHS",
     "PEAK_PRELUDE",
     "barh",
     "cache_env",
     "child_code",
+    "load_note",
     "machine_info",
+    "native_env",
     "plotting",
     "run_child",
     "save_results",
@@ -74,6 +77,20 @@ def run_child(body: str, env: dict[str, str], **names: object) -> dict[str, Any]
     if out.returncode != 0:
         raise RuntimeError(f"measurement failed:\n{out.stderr}")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+#: The kernels' paths a benchmark compares: ``RANK_DATASET_NATIVE=0`` (numpy) and ``require`` (native).
+NATIVE_PATHS = ("0", "require")
+
+
+def native_env(env: dict[str, str], mode: str) -> dict[str, str]:
+    """``env`` with the kernels' path set to ``mode`` (one of :data:`NATIVE_PATHS`)."""
+    return {**env, "RANK_DATASET_NATIVE": mode}
+
+
+def load_note() -> str:
+    """The load averages now, for a note beside figures from a shared machine."""
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def cache_env(cache: Path) -> dict[str, str]:

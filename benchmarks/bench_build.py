@@ -17,9 +17,14 @@ ranks on loopback, launched by torchrun, each time ``set_epoch`` with the check 
 included, and the collective). Each timing is of the slowest rank (the ranks start each one together,
 after a barrier); the median over ``--repeat`` rounds is kept.
 
+With ``--native-compare``, the cold and warm builds instead, each on numpy (``RANK_DATASET_NATIVE=0``) and
+on the native kernels (``RANK_DATASET_NATIVE=require``), alternately, beside the whole-file scan, in the same
+run: ``build_native.md`` (the original approach and the agreement check are not run).
+
 Usage:
     python benchmarks/bench_build.py                       # N = 10M lines, W = 8
     python benchmarks/bench_build.py --lines 200000 --repeat 1 --out /tmp/results
+    python benchmarks/bench_build.py --native-compare --repeat 5
 """
 
 from __future__ import annotations
@@ -37,7 +42,17 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import cache_env, machine_info, plotting, run_child, save_results, write_imagenet_meta  # noqa: E402
+from _common import (  # noqa: E402
+    NATIVE_PATHS,
+    cache_env,
+    load_note,
+    machine_info,
+    native_env,
+    plotting,
+    run_child,
+    save_results,
+    write_imagenet_meta,
+)
 
 _SCAN = """
 count, elapsed, peak = measured(lambda: open(META, "rb").read().count(b"\\n"))
@@ -53,8 +68,10 @@ text = int(shard.ends.astype(np.int64).sum() - shard.starts.astype(np.int64).sum
 lengths = shard.ends.astype(np.int64) - shard.starts
 # The layout before: each line padded to a multiple of 8 bytes, uint32 start and end, int64 sample number.
 before_layout = int(((np.maximum(lengths, 1) + 7) // 8 * 8).sum()) + 16 * len(ds)
+from rank_dataset.core import native
 print(json.dumps({"seconds": elapsed, "peak": peak, "count": len(ds), "own": text + 4 * len(ds),
-                  "held": shard.nbytes, "text": text, "segment": shard.handle.size, "before_layout": before_layout}))
+                  "kernels": native.path(), "held": shard.nbytes, "text": text, "segment": shard.handle.size,
+                  "before_layout": before_layout}))
 """
 
 _ORIGINAL = """
@@ -142,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agree-repeat", type=int, default=9, help="rounds of the agreement check's timings")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write the meta file (default: a tmp dir)")
+    parser.add_argument("--native-compare", action="store_true", help="cold and warm builds on numpy and native")
     args = parser.parse_args(argv)
+    if args.native_compare:
+        return compare_native(args)
 
     with tempfile.TemporaryDirectory(prefix="bench_build_", dir=args.workdir) as tmp:
         work = Path(tmp)
@@ -248,6 +268,57 @@ def main(argv: list[str] | None = None) -> int:
         {"seconds": med, "peak": peak, "own": own, "agree": agree, "bytes_per_sample": per_sample},
         lambda path: _plot(med, peak, own, path, args.lines, w),
     )
+    return 0
+
+
+def compare_native(args: argparse.Namespace) -> int:
+    """The cold and warm builds of one rank on each path, alternately, beside the whole-file scan, in one run."""
+    w, load_before = args.world_size, load_note()
+    with tempfile.TemporaryDirectory(prefix="bench_build_", dir=args.workdir) as tmp:
+        work = Path(tmp)
+        meta = work / "meta.txt"
+        write_imagenet_meta(meta, args.lines)
+        cache = work / "cache"
+        rows: dict[str, list[float]] = {"scan": []}
+        for i in range(args.repeat):
+            rows["scan"].append(run_child(_SCAN, cache_env(cache), META=str(meta), RANK=0, WORLD=w)["seconds"])
+            for mode in NATIVE_PATHS if i % 2 == 0 else NATIVE_PATHS[::-1]:
+                env = native_env(cache_env(cache), mode)
+                for kind in ("cold", "warm"):
+                    if kind == "cold":
+                        shutil.rmtree(cache, ignore_errors=True)
+                    got = run_child(_RANK_DATASET, env, META=str(meta), RANK=(i + (kind == "warm")) % w, WORLD=w)
+                    assert got["kernels"] == ("numpy" if mode == "0" else "native"), got["kernels"]
+                    rows.setdefault(f"{kind} {mode}", []).append(got["seconds"])
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    best = {k: min(v) for k, v in rows.items()}
+    lines = [
+        f"# Shard build on numpy and on the native kernels, N = {args.lines:,} lines, W = {w}, one rank",
+        "",
+        "| build | of the runs | numpy (s) | native (s) | native speed-up | numpy / one read | native / one read |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for stat, got in (("median", med), ("fastest", best)):
+        scan = got["scan"]
+        lines.append(
+            f"| whole-file read + count newlines (one read) | {stat} | {scan:.3f} | {scan:.3f} | | 1.00x | 1.00x |"
+        )
+        for kind, label in (("cold", "RankDataset, cold (indexing included)"), ("warm", "RankDataset, warm index")):
+            a, b = got[f"{kind} 0"], got[f"{kind} require"]
+            lines.append(f"| {label} | {stat} | {a:.3f} | {b:.3f} | {a / b:.2f}x | {a / scan:.2f}x | {b / scan:.2f}x |")
+    lines += [
+        "",
+        f"{args.repeat} runs of each, each in a fresh process, the paths alternating (`RANK_DATASET_NATIVE=0` and",
+        "`require`); the meta file is in the page cache for every run. On a machine shared with other work the",
+        "fastest run is the one least disturbed. Load average (1, 5, 15 min) before: "
+        f"{load_before}; after: {load_note()}.",
+        "",
+        f"Command: `python benchmarks/bench_build.py --native-compare --lines {args.lines} --world-size {w}"
+        f" --repeat {args.repeat}`",
+        "",
+        machine_info(),
+    ]
+    save_results(args.out, "build_native", lines, {"seconds": med, "fastest": best, "runs": rows}, lambda path: None)
     return 0
 
 

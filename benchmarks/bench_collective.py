@@ -16,6 +16,10 @@ Usage:
     python benchmarks/bench_collective.py                       # N = 10M, W in {4, 8, 16}
     python benchmarks/bench_collective.py --lines 100000000     # 3.4 GB under --data-dir, deleted after
     python benchmarks/bench_collective.py --lines 20000 --worlds 2 --out /tmp/results
+    python benchmarks/bench_collective.py --worlds 8 --native-compare   # numpy and native: collective_native.md
+
+With ``--native-compare``, each W runs twice, on numpy (``RANK_DATASET_NATIVE=0``) and on the native kernels
+(``require``), and ``<name>_native.md`` sets the two side by side.
 """
 
 from __future__ import annotations
@@ -32,7 +36,16 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import PEAK_PRELUDE, machine_info, plotting, save_results, scratch_dir  # noqa: E402
+from _common import (  # noqa: E402
+    NATIVE_PATHS,
+    PEAK_PRELUDE,
+    load_note,
+    machine_info,
+    native_env,
+    plotting,
+    save_results,
+    scratch_dir,
+)
 from bench_scale import meta_file  # noqa: E402
 from rank_dataset.server.local import free_port  # noqa: E402
 
@@ -81,9 +94,12 @@ def one_read(path: Path) -> float:
     return float(json.loads(out.stdout)["seconds"])
 
 
-def run_world(path: Path, w: int, cache: Path) -> list[dict[str, Any]]:
-    """W ranks on ``path``, the index cache under ``cache`` (empty: the file reader starts cold)."""
+def run_world(path: Path, w: int, cache: Path, native: str | None = None) -> list[dict[str, Any]]:
+    """W ranks on ``path``, the index cache under ``cache`` (empty: the file reader starts cold); ``native``:
+    the kernels' path (``RANK_DATASET_NATIVE``), or the environment's."""
     env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(cache), "MASTER_ADDR": "127.0.0.1"}
+    if native is not None:
+        env = native_env(env, native)
     env["MASTER_PORT"], env["WORLD_SIZE"] = str(free_port()), str(w)
     procs = [
         subprocess.Popen(
@@ -157,7 +173,11 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the file (with --data-dir)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--name", default="collective", help="results file name (e.g. collective_100m)")
+    parser.add_argument("--native-compare", action="store_true", help="each W on numpy and on native")
     args = parser.parse_args()
+    if args.native_compare:
+        compare_native(args)
+        return
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="rank-dataset-collective-"))
     rows_data: dict[int, dict[str, float]] = {}
     with scratch_dir(data_dir, keep=args.keep and args.data_dir is not None) as d:
@@ -216,6 +236,55 @@ def main() -> None:
         plot_readers(png, [f"W = {w}" for w in worlds], collective, file, "set_epoch, slowest rank (s)")
 
     save_results(args.out, args.name, rows, {"lines": args.lines, "one_read": base, "worlds": rows_data}, plot)
+
+
+def compare_native(args: argparse.Namespace) -> None:
+    """Each W on numpy and on the native kernels, one after the other, beside one read of the file."""
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="rank-dataset-collective-"))
+    got: dict[int, dict[str, dict[str, float]]] = {}
+    load_before = load_note()
+    with scratch_dir(data_dir, keep=args.keep and args.data_dir is not None) as d:
+        path = meta_file(d, args.lines)
+        size = path.stat().st_size
+        one_read(path)  # into the page cache
+        base = min(one_read(path) for _ in range(3))
+        for w in args.worlds:
+            for mode in NATIVE_PATHS:
+                with scratch_dir(d / f"cache_{w}_{mode}") as cache:
+                    got.setdefault(w, {})[mode] = summary(run_world(path, w, cache, mode), size)
+                print(w, mode, got[w][mode], flush=True)
+    figures = [
+        ("collective_cold", "cold start, collective (s)"),
+        ("collective_cold_cpu", "cold start, busiest rank's CPU (s)"),
+        ("collective_epoch", "set_epoch, collective (s)"),
+        ("file_cold", "cold start, file (s)"),
+        ("file_epoch", "set_epoch, file (s)"),
+    ]
+    rows = [
+        f"# The collective reader on numpy and on the native kernels, N = {args.lines:,} lines ({size / 1e6:,.0f} MB)",
+        "",
+        f"One read of the file counting newlines 16 MiB at a time: {base:.2f} s (the 1.00x of the ratios).",
+        "",
+        "| W | figure | numpy | native | native speed-up | numpy / one read | native / one read |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for w, by_mode in got.items():
+        for key, label in figures:
+            a, b = by_mode["0"][key], by_mode["require"][key]
+            rows.append(f"| {w} | {label} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {a / base:.2f}x | {b / base:.2f}x |")
+    rows += [
+        "",
+        "Each W runs on numpy (`RANK_DATASET_NATIVE=0`), then on the native kernels (`require`), one run each; times",
+        "are the slowest rank's, CPU the busiest rank's process (see collective.md). Load average (1, 5, 15 min)",
+        f"before: {load_before}; after: {load_note()} (the machine's 2 cores are shared with other work).",
+        "",
+        f"Command: `python benchmarks/bench_collective.py --native-compare --lines {args.lines} --worlds "
+        f"{' '.join(map(str, args.worlds))}`",
+        "",
+        machine_info(),
+    ]
+    data = {"lines": args.lines, "one_read": base, "worlds": got}
+    save_results(args.out, f"{args.name}_native", rows, data, lambda png: None)
 
 
 if __name__ == "__main__":

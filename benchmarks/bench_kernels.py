@@ -15,10 +15,11 @@ its core to another process says nothing about the code). One read of the file c
   in one call from the whole file, and as a build copies them (file order, a 2 MiB window at a time,
   each row to its random place in item order);
 - UTF-8 check of the gathered rows (``files._gather.check_utf8``'s decoding against ``rd_utf8_first_invalid``);
-- the line checks a build makes of each window's rows (``files._gather``'s ``_bounds_ok``, ``_rows_ok`` and
+- the line checks a build makes of each window's rows (``files.lines``' ``bounds_ok``, ``rows_ok`` and
   newline search against ``rd_check_lines``);
 - stray bytes of the gathered rows (no newline, not blank: ``rd_lines_bad``);
-- the keyed permutation (``plan.permutation``'s numpy rounds against ``rd_permute``) at ``--rows`` positions.
+- the keyed permutation (its numpy rounds, ``core._reference.permute_cells``, against ``rd_permute``) at
+  ``--rows`` positions.
 
 Usage:
     python benchmarks/bench_kernels.py                                   # 10M lines, 1.25M rows
@@ -45,8 +46,9 @@ sys.path.insert(0, str(HERE))
 from _common import barh, machine_info, save_results, write_imagenet_meta  # noqa: E402
 from rank_dataset.core import _reference as ref  # noqa: E402
 from rank_dataset.core._native_lib import load  # noqa: E402
-from rank_dataset.files._gather import _bounds_ok, _rows_ok  # noqa: E402
-from rank_dataset.files.scan import CHUNK, _chunk_bounds, _scan_chunk, _Scratch  # noqa: E402
+from rank_dataset.files.lines import bounds_ok as _bounds_ok  # noqa: E402
+from rank_dataset.files.lines import rows_ok as _rows_ok  # noqa: E402
+from rank_dataset.files.scan import CHUNK, _chunk_bounds  # noqa: E402
 
 
 def _best_pair(numpy_fn: Callable[[], float], native_fn: Callable[[], float], repeat: int) -> tuple[float, float]:
@@ -98,7 +100,6 @@ def main() -> None:
         with open(path, "rb") as f:
             bounds = _chunk_bounds(f, size, CHUNK)
     chunks = [(data[lo:hi], lo, hi == size) for lo, hi in itertools.pairwise(bounds)]
-    scratch = _Scratch(8 * (CHUNK + (CHUNK >> 2)))
     window = np.empty(max((c.size for c, _, _ in chunks), default=0), np.uint8)
 
     def over_chunks(scan: Callable[[np.ndarray, int, bool], Any]) -> Callable[[], float]:
@@ -116,11 +117,11 @@ def main() -> None:
 
         return run
 
-    assert sum(_scan_chunk(c, lo, last, scratch).starts.size for c, lo, last in chunks) == args.lines
+    assert sum(ref.scan_lines(c, lo, last).starts.size for c, lo, last in chunks) == args.lines
     assert sum(kernels.scan_lines(c, lo, last).starts.size for c, lo, last in chunks) == args.lines
     rows: list[tuple[str, float, float, int, str]] = []  # what, numpy s, native s, items, unit
     scan_np, scan_nat = _best_pair(
-        over_chunks(lambda b, lo, last: _scan_chunk(b, lo, last, scratch)),
+        over_chunks(ref.scan_lines),
         over_chunks(kernels.scan_lines),
         args.repeat,
     )

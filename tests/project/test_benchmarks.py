@@ -48,6 +48,13 @@ CASES = [
         None,
     ),
     (
+        "build",
+        ["--native-compare", "--lines", "5000", "--repeat", "1"],
+        "build_native.md",
+        ["| RankDataset, warm index | median |", "| native speed-up |", "Load average"],
+        None,
+    ),
+    (
         "memory",
         ["--sizes", "3000", "--world-size", "2", "--workers", "1", "--start-method", "forkserver"],
         "memory_forkserver.md",
@@ -89,6 +96,13 @@ CASES = [
         "collective.md",
         ["| 2 |", "read per build, all ranks, collective"],
         ("collective.png", True),
+    ),
+    (
+        "collective",
+        ["--native-compare", "--lines", "20000", "--worlds", "2"],
+        "collective_native.md",
+        ["| 2 | cold start, busiest rank's CPU (s) |", "| native speed-up |", "Load average"],
+        None,
     ),
     (
         "formats",

@@ -171,3 +171,26 @@ def test_the_eval_layout_is_is_test_a_bool_everywhere(write_meta) -> None:
     assert RankDataset(meta, is_test=True, rank=0, world_size=2).indices.tolist() == [0, 1, 2, 3, 4]
     with pytest.raises(TypeError, match="is_test must be a bool"):
         RankDataset(meta, is_test="yes")  # type: ignore[arg-type]
+
+
+def test_set_epoch_to_the_shard_held_builds_nothing(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The constructor builds the first shard: the first ``set_epoch(0, 0)`` (what a training loop calls
+    before each epoch) keeps it instead of reading the file again (issue 44, item 6)."""
+    from rank_dataset.shards.reader import FileReader
+
+    p = write_meta(n=100)
+    builds: list[ShardSpec] = []
+    build = FileReader.build
+    monkeypatch.setattr(FileReader, "build", lambda self, spec: builds.append(spec) or build(self, spec))
+    ds = RankDataset(p, reload_cfg={"mini_epoch": 2, "seed": 1}, rank=1, world_size=2)
+    first = ds.indices.copy()
+    assert len(builds) == 1
+    ds.set_epoch(0, 0)
+    assert len(builds) == 1 and np.array_equal(ds.indices, first)
+    assert [ds[i] for i in range(len(ds))] == [MetaFile(p)[int(j)] for j in first]
+    ds.set_epoch(0, 1)
+    ds.set_epoch(0, 1)
+    assert len(builds) == 2
+    ds.set_epoch(1)
+    ds.set_epoch(0, 0)
+    assert len(builds) == 4 and np.array_equal(ds.indices, first)

@@ -241,34 +241,49 @@ def _hash(x: npt.NDArray[np.uint32], key: np.uint32) -> npt.NDArray[np.uint32]:
     return h
 
 
+def _feistel(
+    hi: npt.NDArray[np.uint32], lo: npt.NDArray[np.uint32], keys: Sequence[int], rows: int, col_bits: int
+) -> None:
+    """Apply the rounds in place to the grid coordinates ``hi`` in [0, rows) and ``lo`` in [0, 2**col_bits)."""
+    col_mask, r = np.uint32((1 << col_bits) - 1), np.uint32(rows)
+    for i, key in enumerate(keys):
+        if i % 2 == 0:
+            lo += _hash(hi, np.uint32(key))
+            lo &= col_mask
+        else:
+            h = _hash(lo, np.uint32(key))
+            h %= r
+            hi += h
+            # hi + h < 2 * rows: subtracting rows where it wraps is the cheap modulo.
+            np.minimum(hi, hi - r, out=hi)
+
+
 def permute_cells(
     n: int, rows: int, col_bits: int, keys: Sequence[int], positions: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.int64]:
     """The keyed permutation of ``[0, n)`` at ``positions`` (``plan.permutation.permute`` given its grid
     and round keys): each position a cell ``(hi, lo)`` of ``rows x 2**col_bits``, mixed by a Feistel
-    round per key, walked again while it lands at ``n`` or past it."""
-    flat = np.asarray(positions, np.int64)
-    col_mask, r = np.uint32((1 << col_bits) - 1), np.uint32(rows)
-    out = np.empty(flat.size, np.int64)
-    todo = np.arange(flat.size)
-    cells = flat.copy()
-    while todo.size:
-        hi = (cells >> col_bits).astype(np.uint32)
-        lo = (cells & ((1 << col_bits) - 1)).astype(np.uint32)
-        for i, key in enumerate(keys):
-            if i % 2 == 0:
-                lo += _hash(hi, np.uint32(key))
-                lo &= col_mask
-            else:
-                h = _hash(lo, np.uint32(key))
-                h %= r
-                hi += h
-                np.minimum(hi, hi - r, out=hi)
-        cells = (hi.astype(np.int64) << col_bits) | lo
-        inside = cells < n
-        out[todo[inside]] = cells[inside]
-        todo, cells = todo[~inside], cells[~inside]
-    return out
+    round per key, walked again while it lands at ``n`` or past it (cycle walking)."""
+    flat = np.asarray(positions, np.int64).reshape(-1)
+    hi = (flat >> col_bits).astype(np.uint32)
+    lo = (flat & ((1 << col_bits) - 1)).astype(np.uint32)
+    todo = None
+    while True:
+        _feistel(hi, lo, keys, rows, col_bits)
+        cell = hi.astype(np.int64)
+        cell <<= col_bits
+        cell |= lo
+        if todo is None:
+            out = cell
+            todo = np.flatnonzero(out >= n)
+        else:
+            out[todo] = cell
+            todo = todo[cell >= n]
+        if not todo.size:
+            return out
+        # Walk the cells that fell outside [0, n) again until they land inside.
+        hi = (out[todo] >> col_bits).astype(np.uint32)
+        lo = (out[todo] & ((1 << col_bits) - 1)).astype(np.uint32)
 
 
 def check_lines(

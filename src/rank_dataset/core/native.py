@@ -33,13 +33,18 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import _reference
-from rank_dataset.core._reference import MARK, NEWLINE, LineScan
+from rank_dataset.core._reference import BLANK, BOM, CR, MARK, NEWLINE, LineScan
 
 if TYPE_CHECKING:
     from rank_dataset.core._native_lib import Kernels
 
 __all__ = [
+    "BLANK",
+    "BOM",
+    "CR",
+    "MARK",
     "MODE_ENV",
+    "NEWLINE",
     "LineScan",
     "check_lines",
     "copy_rows",

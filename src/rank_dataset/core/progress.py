@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from tqdm.auto import tqdm
+if TYPE_CHECKING:
+    from tqdm.auto import tqdm  # imported on first use: a DataLoader worker never draws a bar
 
 #: Work smaller than this (in the bar's unit) finishes too fast to need a bar.
 MIN_TOTAL = 64 << 20
@@ -25,6 +27,8 @@ def progress_bar(total: int, desc: str, *, unit: str = "B", min_total: int = MIN
     Only one process per node draws, so eight ranks indexing the same file never interleave their
     bars; when stderr is not a terminal (a log file), nothing is drawn at all.
     """
+    from tqdm.auto import tqdm
+
     show = total >= min_total and sys.stderr.isatty() and _is_first_local_process()
     return tqdm(
         total=total,

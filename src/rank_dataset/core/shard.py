@@ -149,12 +149,11 @@ class Shard:
             lengths = ends.astype(np.int64) - starts
             total = int(lengths.sum())
             bounds = np.zeros(n + 1, offset_dtype(total))
-            np.cumsum(lengths, out=bounds[1:], dtype=bounds.dtype)
             # In a map of its own, which item access slices as it is (a heap array it would copy).
             packed: npt.NDArray[np.uint8] = np.empty(0, np.uint8)
             if total:
                 packed = np.frombuffer(anonymous_map(total), np.uint8)
-            copy_rows(data, starts, lengths, packed, bounds[:-1])
+            native.pack_rows(data, starts, lengths, packed, bounds)  # the offsets and the rows, one call
             data = packed
         self._set(data, bounds, None if ids is None else np.array(ids, np.int64), None, None)
 
@@ -180,9 +179,7 @@ class Shard:
             return writer.finish()
         lengths = ends.astype(np.int64) - starts
         writer = ShardWriter(n, int(lengths.sum()))
-        writer.bounds[0] = 0
-        np.cumsum(lengths, out=writer.bounds[1:], dtype=writer.bounds.dtype)
-        copy_rows(data, starts, lengths, writer.data, writer.bounds[:-1])
+        native.pack_rows(data, starts, lengths, writer.data, writer.bounds)  # the offsets and the rows, one call
         return writer.finish()
 
     @classmethod

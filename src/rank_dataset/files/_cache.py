@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 from platformdirs import user_cache_dir
 
 __all__ = [
@@ -87,6 +86,8 @@ def remove_abandoned(cache: Path) -> None:
         pid_text, _, rest = name[len(cache.name) :].removeprefix(".").partition("@")
         tmp_host = rest.rpartition(".")[0].rpartition(".")[0]
         if tmp_host == host and pid_text.isdigit():
+            import psutil  # on first use (few processes find a build left by another)
+
             abandoned = not psutil.pid_exists(int(pid_text))
         else:
             try:

@@ -16,8 +16,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-import filelock
-
 __all__ = ["load_or_build", "lock_path", "one_builder"]
 
 _T = TypeVar("_T")
@@ -44,6 +42,8 @@ def one_builder(cache: Path, *, timeout: float | None = None) -> Iterator[bool]:
         ...     locked
         True
     """
+    import filelock  # on first use: a process that builds no index (a DataLoader worker) does without it
+
     lock = filelock.FileLock(
         lock_path(cache),
         timeout=-1 if timeout is None else timeout,

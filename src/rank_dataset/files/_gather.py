@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import native
 from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import in_threads
 from rank_dataset.files import _visits
@@ -44,7 +45,7 @@ from rank_dataset.files.index import (
     read_entry,
     spans_are_sane,
 )
-from rank_dataset.files.lines import bounds_ok, check_from, check_utf8, rows_ok
+from rank_dataset.files.lines import check_from, check_utf8, window_ok
 from rank_dataset.files.scan import BOM, NEWLINE
 from rank_dataset.plan.bounds import Bounds
 
@@ -262,9 +263,10 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
                 in_threads(lambda part: work(spans(part)), 1 if serial is not None else _threads(visit))  # noqa: B023
         starts.free()
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
-    # row means its span covers more than one line. One pass over the copied bytes finds it. (A
-    # Parquet row is one sample whatever it holds: a newline in one is passed over.)
-    bad = writer.find(b"\n")
+    # row means its span covers more than one line. The native checks looked for it in each window;
+    # on numpy, one pass over the copied bytes finds it. (A Parquet row is one sample whatever it
+    # holds: a newline in one is passed over.)
+    bad = writer.find(b"\n") if native.path() == "numpy" else -1
     while bad >= 0:
         row = int(np.searchsorted(writer.bounds, bad, side="right")) - 1
         f = bounds.locate(int(samples.get()[row]))[0]
@@ -398,7 +400,7 @@ def _copy_rows(
     for a, b in _batches(first, lengths, _WINDOW, _visits._BATCH_ROWS):
         s, e = first[a:b], first[a:b] + lengths[a:b]
         buf, shift = window.load(fd, check_from(s), e + 2, size, pad=8)
-        if not (bounds_ok(buf, shift, s, e, size) and rows_ok(buf, s - shift, e - shift)):
+        if not window_ok(buf, shift, s, e, size)[0]:
             return False
         copy_rows(buf, s - shift, lengths[a:b], data, dst[a:b])
     return True

@@ -16,7 +16,8 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.files.scan import BLANK, BOM, CR, NEWLINE
+from rank_dataset.core import native
+from rank_dataset.files.scan import BLANK, BOM, CR
 
 __all__ = ["PAD", "BlockLabels", "block_labels", "tail_labels"]
 
@@ -61,7 +62,7 @@ def block_labels(buf: npt.NDArray[np.uint8], end: int, *, file_start: bool) -> B
     :func:`rank_dataset.core.parsers.parse_label` (which also says why a line has no label).
     """
     words = _words(buf)
-    newline_at = np.flatnonzero(buf[PAD - 1 : end] == NEWLINE)
+    newline_at = native.find_newlines(buf[PAD - 1 : end])
     newline_at += PAD - 1
     starts = newline_at[:-1] + 1
     ends = newline_at[1:]

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import native
 from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import in_threads
 from rank_dataset.errors import MetaFileChangedError
@@ -63,7 +64,7 @@ class ParquetKept:
                 return
             self.nbytes += total
         packed = np.empty(total, np.uint8)
-        copy_rows(data, src, lengths, packed, np.cumsum(lengths) - lengths)
+        native.pack_rows(data, src, lengths, packed, np.empty(lengths.size + 1, np.int64))
         self.rows[g] = packed
 
 

@@ -18,6 +18,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import native
+
 __all__ = ["ByteSource", "ShortRead", "Window", "count_newlines", "dense", "pread_exact", "read_ends"]
 
 _PAGE = mmap.PAGESIZE
@@ -203,6 +205,6 @@ def count_newlines(fd: int, stop: int, start: int = 0) -> int:
         got = os.preadv(fd, [part.data], offset)
         if got == 0:
             break
-        count += int(np.count_nonzero(part[:got] == 10))
+        count += native.count_newlines(part[:got])
         offset += got
     return count

@@ -6,16 +6,16 @@ Public: the collective reader checks its rows with the same functions the file r
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import native
 from rank_dataset.files.scan import BLANK, BOM, CR, NEWLINE
 
-__all__ = ["bounds_ok", "check_from", "check_utf8", "rows_ok"]
+__all__ = ["bounds_ok", "check_from", "check_utf8", "rows_ok", "window_ok"]
 
 
 def check_from(s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -58,6 +58,33 @@ def bounds_ok(
     return bool((start_ok & (plain_end | cr_end)).all())
 
 
+def window_ok(
+    buf: npt.NDArray[np.uint8],
+    shift: int | npt.NDArray[np.int64],
+    s: npt.NDArray[np.int64],
+    e: npt.NDArray[np.int64],
+    size: int,
+) -> tuple[bool, bool]:
+    """Whether the spans ``[s, e)`` read into ``buf`` (as :func:`bounds_ok` takes them) are samples of
+    their file, and whether newlines inside them were looked for.
+
+    Native: one pass of :func:`rank_dataset.core.native.check_lines` (bounds, blank rows and newlines
+    inside rows). Numpy: :func:`bounds_ok` and :func:`rows_ok`, which leave newlines inside rows to one
+    search of the copied shard (a newline search of each window costs numpy more than that).
+    """
+    if native.path() == "numpy":
+        return bounds_ok(buf, shift, s, e, size) and rows_ok(buf, s - shift, e - shift), False
+    rs = s - shift
+    # The byte order mark matters to a row at byte 0 or 3 only, which was read from byte 0 on.
+    head = np.flatnonzero((s == 0) | (s == len(BOM)))
+    zero = int(rs[head[0]] - s[head[0]]) if head.size else 0  # where byte 0 of the file is in buf
+    bom = bool(head.size) and size >= len(BOM) and buf[zero : zero + len(BOM)].tobytes() == BOM
+    try:
+        return native.check_lines(buf, rs, s, e - s, size, bom) < 0, True
+    except ValueError:  # a span outside the window or the file (a corrupt index): not a sample
+        return False, True
+
+
 def rows_ok(buf: npt.NDArray[np.uint8], s: npt.NDArray[np.int64], e: npt.NDArray[np.int64]) -> bool:
     """Whether each row ``buf[s:e]`` holds something other than whitespace (newlines inside rows are
     looked for once the whole shard is copied)."""
@@ -89,18 +116,6 @@ def check_utf8(
             reason = f"{exc.reason} at byte {exc.start}"
         raise ValueError(f"{where(row)}: line is not valid UTF-8 ({reason})")
 
-    starts, ends = bounds[:-1], bounds[1:]
-    nonempty = np.flatnonzero(ends > starts)
-    first = data[starts[nonempty]]
-    # A line that starts with a continuation byte is invalid on its own; with none such, a
-    # sequence cut at a line boundary cannot pass as valid, so whole runs of lines can be decoded.
-    bad = nonempty[(first >= 0x80) & (first < 0xC0)]
-    if bad.size:
-        fail(int(bad[0]))
-    cuts = [*bounds[: -1 : 1 << 16].tolist(), int(bounds[-1])]
-    view = data.data
-    for a, b in itertools.pairwise(cuts):
-        try:
-            str(view[a:b], "utf-8")
-        except UnicodeDecodeError as exc:
-            fail(int(np.searchsorted(bounds, a + exc.start, side="right")) - 1)
+    bad = native.utf8_first_invalid(data, bounds)  # one pass (C, or numpy's decoder over runs of rows)
+    if bad >= 0:
+        fail(bad)

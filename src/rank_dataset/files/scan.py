@@ -21,6 +21,8 @@ from typing import BinaryIO, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import native
+from rank_dataset.core.native import BLANK, BOM, CR, MARK, NEWLINE
 from rank_dataset.core.progress import progress_bar
 from rank_dataset.core.threads import THREADS
 from rank_dataset.files._pread import pread_exact
@@ -45,20 +47,10 @@ __all__ = [
 PathLike = str | os.PathLike[str]
 #: Bytes per chunk of a scan.
 CHUNK = 4 << 20
-#: A scan marks where the first line at or after every multiple of this many bytes starts, and its
-#: number: finding a sample's line number then counts the newlines of less than this many bytes.
-MARK = 4 << 20
 _T = TypeVar("_T")
 _D = TypeVar("_D", bound=np.generic)
 _IN_FLIGHT = 6
 _PROBE = 4096
-_HIGH_BITS = np.uint64(0x8080808080808080)
-NEWLINE, CR = 10, 13
-#: The UTF-8 byte order mark, skipped at the start of a file.
-BOM = b"\xef\xbb\xbf"
-#: Byte -> whether it is ASCII whitespace (space, tab, newline, CR, VT, FF).
-BLANK = np.zeros(256, dtype=bool)
-BLANK[[9, 10, 11, 12, 13, 32]] = True
 
 
 @dataclass(frozen=True)
@@ -103,60 +95,12 @@ class _Scratch:
         return made[:size]
 
 
-def _scan_chunk(buf: npt.NDArray[np.uint8], offset: int, last: bool, scratch: _Scratch | None = None) -> Chunk:
+def _scan_chunk(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> Chunk:
     """The samples of the complete lines in ``buf`` (byte ``offset`` of the file onwards; with
     ``last``, bytes after the final newline form a line too). At offset 0 a leading byte order mark
-    is skipped. The chunk's temporaries are taken from ``scratch``."""
-    if not buf.size:
-        empty = np.empty(0, np.int64)
-        return Chunk(offset, 0, empty, empty, True, 0, np.empty((0, 2), np.int64))
-    scratch = scratch or _Scratch()
-    newline_at = np.flatnonzero(np.equal(buf, NEWLINE, out=scratch.array("mask", buf.size, np.bool_)))
-    # Line k starts at line_starts[k] (the last one, past the final newline, may be the next chunk's).
-    line_starts = scratch.array("line_starts", newline_at.size + 1, np.int64)
-    line_starts[0] = 0
-    np.add(newline_at, 1, out=line_starts[1:])
-    # Marks: the first line starting at or after each multiple of MARK in the chunk.
-    first_mark = -(-offset // MARK) * MARK
-    targets = np.arange(first_mark, offset + buf.size, MARK, dtype=np.int64) - offset
-    lines = np.searchsorted(line_starts, targets)
-    found = lines < line_starts.size
-    marks = np.column_stack((line_starts[lines[found]] + offset, lines[found]))
-    ends = newline_at
-    if last and line_starts[-1] < buf.size:
-        ends = np.append(ends, buf.size)
-    starts = line_starts[: ends.size]
-    bom = offset == 0 and buf[: len(BOM)].tobytes() == BOM
-    if bom and starts.size:
-        starts[0] = len(BOM)
-    lengths = ends - starts
-    # "\r\n" loses its "\r". For an empty first line this reads buf[-1]: harmless, as a span of
-    # length <= 0 is blank either way.
-    byte = scratch.array("byte", ends.size, np.uint8)
-    flag = scratch.array("flag", ends.size, np.bool_)
-    before = np.subtract(ends, 1, out=scratch.array("before", ends.size, np.int64))
-    cr = np.equal(buf.take(before, mode="wrap", out=byte), CR, out=flag)
-    if cr.any():
-        lengths -= cr
-    # Only a line whose first byte is a control character or a space can be blank: that holds every
-    # empty line too (its first byte is its "\n" or "\r"), but for one that is only a byte order mark.
-    maybe_blank = np.less_equal(buf.take(starts, mode="clip", out=byte), ord(" "), out=flag)
-    if bom and starts.size:
-        maybe_blank[0] |= lengths[0] <= 0
-    if maybe_blank.any():
-        # Check those in full.
-        rows = np.flatnonzero(maybe_blank)
-        keep = np.ones(ends.size, dtype=bool)
-        keep[rows] = False
-        sized = rows[lengths[rows] > 0]
-        if sized.size:
-            content = ~BLANK[buf]
-            bounds: npt.NDArray[np.int64] = np.column_stack((starts[sized], starts[sized] + lengths[sized])).reshape(-1)
-            if bounds[-1] == buf.size:
-                bounds = bounds[:-1]
-            keep[sized] = np.logical_or.reduceat(content, bounds)[::2]
-        starts, lengths = starts[keep], lengths[keep]
-    return Chunk(offset, buf.size, starts + offset, lengths, _is_ascii(buf), int(newline_at.size), marks)
+    is skipped. One kernel call (:func:`rank_dataset.core.native.scan_lines`: C, or its numpy reference)."""
+    found = native.scan_lines(buf, offset, last, MARK)
+    return Chunk(offset, buf.size, found.starts, found.lengths, found.ascii, found.newlines, found.marks)
 
 
 def scan_buffer(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> Chunk:
@@ -170,11 +114,6 @@ def scan_buffer(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> Chunk:
         ([100, 105], [3, 4], 3)
     """
     return _scan_chunk(buf, offset, last)
-
-
-def _is_ascii(buf: npt.NDArray[np.uint8]) -> bool:
-    whole = buf.size - buf.size % 8
-    return not (np.bitwise_or.reduce(buf[:whole].view(np.uint64)) & _HIGH_BITS) and not (buf[whole:] >= 0x80).any()
 
 
 def _chunk_bounds(f: BinaryIO, size: int, chunk_size: int) -> list[int]:
@@ -221,14 +160,14 @@ class _Reader:
 
     def __init__(self, fd: int, chunk_size: int) -> None:
         self._fd = fd
-        # A chunk is chunk_size bytes and a line, as a rule; its line arrays take up to 8 bytes a byte.
-        self._scratches = _PerThread(8 * (chunk_size + (chunk_size >> 2)))
+        # A chunk is chunk_size bytes and a line, as a rule (its buffer is kept; the scan's arrays are the result).
+        self._scratches = _PerThread(2 * chunk_size)
 
     def scan(self, lo: int, hi: int, last: bool) -> Chunk:
         scratch = self._scratches.get()
         buf = scratch.array("buf", hi - lo, np.uint8)
         pread_exact(self._fd, buf, lo)
-        return _scan_chunk(buf, lo, last, scratch)
+        return _scan_chunk(buf, lo, last)
 
 
 def scan_map(
@@ -348,10 +287,9 @@ def scan_blocks(blocks: Iterable[bytes], then: Callable[[Chunk], _T]) -> Iterato
     the same samples, offsets and marks. ``blocks`` is iterated in a thread of its own while
     :data:`THREADS` threads scan what it made before (decompressing and scanning cost about the same
     for meta lines)."""
-    scratches = _PerThread(8 * (CHUNK + (CHUNK >> 1)))
 
     def work(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> _T:
-        return then(_scan_chunk(buf, offset, last, scratches.get()))
+        return then(_scan_chunk(buf, offset, last))
 
     with ThreadPoolExecutor(max_workers=THREADS) as pool:
         pending: deque[Future[_T]] = deque()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import native
 from rank_dataset.core.checks import MAX_EXACT
 from rank_dataset.core.threads import HELPED_ITEMS, THREADS, in_threads
 
@@ -53,12 +54,12 @@ def hash_keys(*values: int) -> int:
     return state
 
 
-def _round_keys(seed: int, epoch: int) -> list[np.uint32]:
+def _round_keys(seed: int, epoch: int) -> list[int]:
     state = _splitmix64(_splitmix64(seed & _MASK64) ^ (epoch & _MASK64))
     keys = []
     for _ in range(_ROUNDS):
         state = _splitmix64(state)
-        keys.append(np.uint32(state >> 32))
+        keys.append(state >> 32)
     return keys
 
 
@@ -78,24 +79,6 @@ def _hash(x: npt.NDArray[np.uint32], key: np.uint32) -> npt.NDArray[np.uint32]:
     h *= _FMIX2
     h ^= h >> _S16
     return h
-
-
-def _feistel(
-    hi: npt.NDArray[np.uint32], lo: npt.NDArray[np.uint32], keys: list[np.uint32], rows: int, col_bits: int
-) -> None:
-    """Apply the rounds in place to the grid coordinates ``hi`` in [0, rows) and ``lo`` in [0, 2**col_bits)."""
-    col_mask = np.uint32((1 << col_bits) - 1)
-    r = np.uint32(rows)
-    for i, key in enumerate(keys):
-        if i % 2 == 0:
-            lo += _hash(hi, key)
-            lo &= col_mask
-        else:
-            h = _hash(lo, key)
-            h %= r
-            hi += h
-            # hi + h < 2 * rows: subtracting rows where it wraps is the cheap modulo.
-            np.minimum(hi, hi - r, out=hi)
 
 
 def permute(n: int, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDArray[np.int64]:
@@ -138,34 +121,10 @@ def permute(n: int, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDAr
     # small, so a rank's plan costs its output and little more. Part t of k takes every k-th slice.
     def work(part: tuple[int, int]) -> None:
         for lo in slices[part[0] :: part[1]]:
-            out[lo : lo + _SLICE] = _permute(flat[lo : lo + _SLICE], n, keys, rows, col_bits)
+            out[lo : lo + _SLICE] = native.permute_cells(n, rows, col_bits, keys, flat[lo : lo + _SLICE])
 
     in_threads(work, THREADS if flat.size >= HELPED_ITEMS else 1)  # fewer: one thread (see HELPED_ITEMS)
     return out.reshape(pos.shape)
-
-
-def _permute(
-    flat: npt.NDArray[np.int64], n: int, keys: list[np.uint32], rows: int, col_bits: int
-) -> npt.NDArray[np.int64]:
-    hi = (flat >> col_bits).astype(np.uint32)
-    lo = (flat & ((1 << col_bits) - 1)).astype(np.uint32)
-    todo = None
-    while True:
-        _feistel(hi, lo, keys, rows, col_bits)
-        cell = hi.astype(np.int64)
-        cell <<= col_bits
-        cell |= lo
-        if todo is None:
-            out = cell
-            todo = np.flatnonzero(out >= n)
-        else:
-            out[todo] = cell
-            todo = todo[cell >= n]
-        if not todo.size:
-            return out
-        # Walk the cells that fell outside [0, n) again until they land inside.
-        hi = (out[todo] >> col_bits).astype(np.uint32)
-        lo = (out[todo] & ((1 << col_bits) - 1)).astype(np.uint32)
 
 
 def permute_stream(

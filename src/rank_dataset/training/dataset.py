@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -18,17 +17,18 @@ from rank_dataset.core.stages import StageTable, timed
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.config import ReloadConfig
 from rank_dataset.plan.exclude import Exclusion
-from rank_dataset.plan.sources import Source, SourceInfo, as_sources, column_names
+from rank_dataset.plan.sources import Source, SourceInfo, as_sources
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.plan.steps import StepLayout
 from rank_dataset.shards.channel import AuditMode, PassCount, ShardChannel
 from rank_dataset.shards.collective import CollectiveReader
 from rank_dataset.shards.failures import Failure
-from rank_dataset.shards.reader import FileReader, ShardReader, columns_of, files_of
+from rank_dataset.shards.reader import ShardReader
 from rank_dataset.training._agree import agreement_fields, agreement_needed, check_ranks_agree
 from rank_dataset.training._failures import FailureBook, FailurePolicy, OnError
 from rank_dataset.training._items import ShardItems
-from rank_dataset.training._options import READER_NAMES, is_shard_reader, timeout_timedelta
+from rank_dataset.training._options import is_shard_reader, timeout_timedelta
+from rank_dataset.training._readers import reader_for
 from rank_dataset.training._state import Resumable
 from rank_dataset.training.topology import get_rank_world_size
 
@@ -184,6 +184,12 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         self._seen = self.channel.seen
         return_freed_memory()
 
+    def _hold(self, spec: ShardSpec) -> None:
+        """:meth:`_load` for the shard already held, without building it again (the audit and the agreement stay)."""
+        self.channel.check_owner()
+        self.channel.judge()
+        self._agree(spec)
+
     def _agree(self, spec: ShardSpec) -> None:
         """Under a process group, every rank must plan from the same inputs: check it."""
         if not agreement_needed():
@@ -241,16 +247,7 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         finishes on the shard it started with. With another sampler, build a new DataLoader after
         each call (its workers would raise rather than mix shards).
         """
-        epoch = check_int("epoch", epoch, low=0)
-        spec = self._spec
-        resume = spec.resume if epoch == spec.epoch else None
-        new = dataclasses.replace(spec, epoch=epoch, mini_epoch_idx=mini_epoch_idx, resume=resume)
-        with timed("set_epoch"):  # the monitor's stage: what the stages timed inside it leave
-            if self._policy.exclude_failures and epoch != spec.epoch:  # a new epoch: plan without what failed
-                with self._book.replanned(new, self._book.agreed()) as new:
-                    self._load(new)
-            else:
-                self._load(new)
+        self._move(epoch, mini_epoch_idx, reuse=True)
 
     def use_steps(self, steps: StepLayout | None, epoch: int, mini_epoch_idx: int = 0) -> None:
         """(For :class:`~rank_dataset.training.steps.StepSampler`) load this rank's shard of window
@@ -258,11 +255,25 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         :meth:`set_epoch` loads a mini-epoch; later ``set_epoch`` calls keep the layout."""
         old = self._spec
         self._spec = dataclasses.replace(old, steps=steps, resume=None)
-        try:
-            self.set_epoch(epoch, mini_epoch_idx)
+        try:  # built even where the window is the one held: the shard held is of the other layout
+            self._move(epoch, mini_epoch_idx, reuse=False)
         except BaseException:
             self._spec = old
             raise
+
+    def _move(self, epoch: int, mini_epoch_idx: int, *, reuse: bool) -> None:
+        epoch = check_int("epoch", epoch, low=0)
+        spec = self._spec
+        resume = spec.resume if epoch == spec.epoch else None
+        new = dataclasses.replace(spec, epoch=epoch, mini_epoch_idx=mini_epoch_idx, resume=resume)
+        with timed("set_epoch"):  # the monitor's stage: what the stages timed inside it leave
+            if reuse and new == spec:  # the shard held (the constructor's, at the first set_epoch(0))
+                self._hold(spec)
+            elif self._policy.exclude_failures and epoch != spec.epoch:  # a new epoch: plan without what failed
+                with self._book.replanned(new, self._book.agreed()) as new:
+                    self._load(new)
+            else:
+                self._load(new)
 
     # -- the pass audit ---------------------------------------------------------------------------
 
@@ -381,7 +392,7 @@ class RankDataset(ShardedDataset):
         exclude_failures: bool = False,
         columns: Sequence[str] | None = None,
     ) -> None:
-        shards, sources, self.meta = _reader_for(meta_file, reader, columns, group, timeout_timedelta(timeout))
+        shards, sources, self.meta = reader_for(meta_file, reader, columns, group, timeout_timedelta(timeout))
         try:
             super().__init__(
                 shards,
@@ -413,71 +424,6 @@ class RankDataset(ShardedDataset):
             close()
 
 
-def _reader_for(
-    meta_file: Any, reader: Any, columns: Sequence[str] | None, group: Any, timeout: datetime.timedelta | None
-) -> tuple[ShardReader, Sequence[Source] | None, MetaFile | None]:
-    """The reader RankDataset reads through (``reader``: a name, or the reader itself), the mix's
-    sources (None: no mix), and the MetaFile, if the reader reads through one."""
-    if not isinstance(reader, str):
-        return _given_reader(reader, meta_file, columns, timeout)
-    if reader not in READER_NAMES:
-        raise ValueError(f"reader must be 'file', 'collective' or a ShardReader, got {reader!r}")
-    if meta_file is None:
-        raise TypeError("RankDataset needs meta_file (a path, a list of paths, a MetaFile or Sources)")
-    if timeout is not None and reader != "collective":
-        raise ValueError("timeout applies to reader='collective' only (the file reader runs no exchange)")
-    sources = as_sources(meta_file)
-    if columns is not None and (sources is not None or isinstance(meta_file, MetaFile)):
-        where = "give each Source its columns=" if sources is not None else "give the MetaFile its columns="
-        raise ValueError(f"columns= applies to a path or a list of paths: {where}")
-    if reader == "collective":
-        paths: Sequence[str | os.PathLike[str]]
-        chosen: Sequence[tuple[str, ...] | None]
-        if sources is not None:
-            paths, chosen = files_of(sources), columns_of(sources)
-        elif isinstance(meta_file, MetaFile):
-            paths, chosen = meta_file.paths, meta_file.columns
-        else:
-            paths = _paths_of(meta_file)
-            chosen = [None if columns is None else column_names(columns)] * len(paths)
-        agree = functools.partial(_agree_files, paths=[os.fspath(p) for p in paths])
-        collective = CollectiveReader(paths, sources, group=group, timeout=timeout, agree=agree, columns=chosen)
-        return collective, sources, None  # no MetaFile: no index is read or written
-    if sources is None:
-        meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file, columns=columns)
-    else:  # one MetaFile of the distinct files: each indexed once, read once per shard
-        meta = MetaFile.from_files(files_of(sources), columns_of(sources))
-    return FileReader(meta, sources), sources, meta
-
-
-def _given_reader(
-    reader: Any, meta_file: Any, columns: Any, timeout: Any
-) -> tuple[ShardReader, Sequence[Source] | None, MetaFile | None]:
-    """A reader object given as ``reader=``: it, its sources (for a mix) and its MetaFile (if it has one)."""
-    if not is_shard_reader(reader):
-        raise TypeError(f"reader must be 'file', 'collective' or a ShardReader, got {reader!r}")
-    for name, value in (("meta_file", meta_file), ("columns", columns), ("timeout", timeout)):
-        if value is not None:
-            raise ValueError(f"{name}= goes with reader='file' or 'collective': a reader object knows its files")
-    sources = getattr(reader, "sources", None)
-    if sources is None and reader.source_sizes is not None:
-        raise ValueError(
-            "this reader reads a mix whose sources it does not tell: give the sources as meta_file with "
-            "reader='file' or 'collective'"
-        )
-    meta = getattr(reader, "meta", None)
-    return reader, sources, meta if isinstance(meta, MetaFile) else None
-
-
-def _paths_of(meta_file: Any) -> list[str | os.PathLike[str]]:
-    """The paths of meta files given as a path or a list of paths."""
-    if isinstance(meta_file, (str, os.PathLike)):
-        return [meta_file]
-    if isinstance(meta_file, Sequence) and meta_file and all(isinstance(p, (str, os.PathLike)) for p in meta_file):
-        return list(meta_file)
-    raise TypeError(f"meta_file must be a path, a list of paths, a MetaFile or Sources, got {meta_file!r}")
-
-
 def _files_context(reader: Any) -> dict[str, object]:
     """What a disagreement on the files names of this rank's: the paths it reads (or its meta server)."""
     paths = getattr(getattr(reader, "meta", None), "paths", None) or getattr(reader, "paths", None)
@@ -485,12 +431,6 @@ def _files_context(reader: Any) -> dict[str, object]:
         return {"paths": [os.fspath(p) for p in paths]}
     server = getattr(reader, "server", None)
     return {} if server is None else {"server": str(getattr(server, "url", server))}
-
-
-def _agree_files(fields: Mapping[str, object], group: Any, paths: Sequence[str] = ()) -> None:
-    """The ranks' agreement on the files, before the collective reader's first collective over them (a
-    disagreement names the ``paths`` each rank reads)."""
-    check_ranks_agree(fields, None, group, context={"paths": list(paths)})
 
 
 def _rank_world_size(rank: int | None, world_size: int | None, group: Any) -> tuple[int, int]:

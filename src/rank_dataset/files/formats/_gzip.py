@@ -20,14 +20,16 @@ import threading
 import zlib
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import indexed_gzip
 import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats._points import row_at
+
+if TYPE_CHECKING:
+    import indexed_gzip  # imported on first use (a process that reads no gzip file does without it)
 
 __all__ = ["Reader", "members", "stream"]
 
@@ -45,6 +47,8 @@ _IDX_POINT = struct.Struct("<QQBB")
 
 
 def _open(fd: int, **kwargs: object) -> tuple[io.FileIO, indexed_gzip.IndexedGzipFile]:
+    import indexed_gzip  # on first use: most processes read no gzip file
+
     raw = io.FileIO(fd, "rb", closefd=False)
     try:
         return raw, indexed_gzip.IndexedGzipFile(fileobj=raw, drop_handles=False, **kwargs)

@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, TYPE_CHECKING, cast
 
 import numpy as np
 import numpy.typing as npt
-import zstandard
 
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats._points import row_at
+
+if TYPE_CHECKING:
+    import zstandard  # imported on first use (a process that reads no zstd file does without it)
 
 __all__ = ["Reader", "stream"]
 
@@ -49,6 +51,8 @@ def _frames(path: Path, fd: int) -> Iterator[tuple[int, int, bytes]]:
     Raises:
         CorruptMetaFileError: corrupt data, or the file ends inside a frame.
     """
+    import zstandard  # on first use: most processes read no zstd file
+
     size = os.fstat(fd).st_size
     dctx = zstandard.ZstdDecompressor()
     pos = out = 0  # compressed bytes read up to here, output bytes made
@@ -153,6 +157,8 @@ class Reader:
     def read(self, a: int, b: int, until: int | None = None) -> tuple[bytes, int]:
         """``(bytes [a, b) (short if the file ends first), output bytes decompressed)``. (``until`` is
         :class:`~rank_dataset.files.formats._gzip.Reader`'s: this decoder goes on from where it stopped.)"""
+        import zstandard  # on first use (a cached module: a dict lookup a read)
+
         # A read that starts a little before where the last one stopped (a line's end, looked for
         # past a cut) takes those bytes from the last read's end, not from the checkpoint again.
         tail_at, tail = self._tail
