@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from rank_dataset.core.checks import URL_SCHEMES, is_url
+
 __all__ = [
     "CLOUD_EXTRA",
     "SCHEMES",
@@ -28,7 +30,7 @@ __all__ = [
 ]
 
 #: The schemes read as objects: S3, GCS, Azure, and HTTP servers that honour Range.
-SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "http", "https")
+SCHEMES = URL_SCHEMES
 CLOUD_EXTRA = "pip install 'rank-dataset[cloud]'"
 
 #: Requests in flight at once in one process, by default (RANK_DATASET_OBJECT_REQUESTS sets it): with 8
@@ -37,7 +39,6 @@ CLOUD_EXTRA = "pip install 'rank-dataset[cloud]'"
 DEFAULT_REQUESTS = 4
 
 _ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "ALLOW_HTTP")
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 _lock = threading.Lock()
 _pid = os.getpid()
@@ -45,14 +46,6 @@ _stores: dict[tuple[str, str], Any] = {}
 _slots: threading.BoundedSemaphore | None = None
 _used = False  # this process has run a client (and so obstore's runtime, its threads and sockets)
 _forked_from: int | None = None  # the pid of the parent that had, in a child forked from it
-
-
-def is_url(path: object) -> bool:
-    """Whether ``path`` names an object (a ``str`` with one of :data:`SCHEMES`), not a local file."""
-    if not isinstance(path, str):
-        return False
-    found = _URL.match(path)
-    return found is not None and found.group(1).lower() in SCHEMES
 
 
 def split_url(url: str) -> tuple[str, str]:

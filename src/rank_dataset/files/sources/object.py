@@ -15,6 +15,7 @@ Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL`
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,10 +23,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.checks import UrlPath
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files._pread import ShortRead
 from rank_dataset.files.sources._stores import acquire, is_url, object_store, split_url, status_of
 from rank_dataset.files.sources.base import STREAM_BLOCK
+from rank_dataset.files.sources.local import FileKey
 
 __all__ = ["REQUEST", "ObjectFile", "ObjectKey", "UrlPath", "is_url"]
 
@@ -36,18 +39,6 @@ REQUEST = 32 << 20
 COALESCE = 1 << 20
 _ATTEMPTS = 4  # asks of a range whose body came back short, before it is called corrupt
 _TIMEOUT = 1800.0
-
-
-class UrlPath(str):
-    """A URL where a :class:`~pathlib.Path` names a local file: ``str()`` gives it back whole (a Path
-    would fold its ``//``), so messages, cache keys and fingerprints name the object."""
-
-    @property
-    def name(self) -> str:
-        return self.rsplit("/", 1)[-1]
-
-    def __fspath__(self) -> str:  # os.fspath and open() refuse it: an object has no local path
-        raise TypeError(f"{self} is an object's URL, not a local path")
 
 
 @dataclass(frozen=True)
@@ -71,6 +62,16 @@ class ObjectKey:
 
     def same_file(self, other: object) -> bool:
         return isinstance(other, ObjectKey) and self.change(other) is None
+
+    def file_key(self, url: str) -> FileKey:
+        """The key an index of the object is cached under, in a cache file's fields: the size, the
+        ETag's hash where a file's mtime and ctime go, the URL's hash where its inode goes."""
+        tag = _hash63(self.etag or self.modified or "")
+        return FileKey(self.size, tag, tag, _hash63(url), 0)
+
+
+def _hash63(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
 
 class ObjectFile:
