@@ -30,7 +30,11 @@ from rank_dataset.files.sources._stores import acquire, is_url, object_store, sp
 from rank_dataset.files.sources.base import STREAM_BLOCK
 from rank_dataset.files.sources.local import FileKey
 
-__all__ = ["REQUEST", "ObjectFile", "ObjectKey", "UrlPath", "is_url"]
+__all__ = ["COUNTS", "REQUEST", "ObjectFile", "ObjectKey", "UrlPath", "is_url"]
+
+#: This process's requests to object stores so far: HEADs, GETs and bytes received (for the tests
+#: and the benchmark; a forked child starts from its parent's).
+COUNTS = {"heads": 0, "gets": 0, "bytes": 0}
 
 #: Bytes a streaming read asks in one GET (the collective reader's slices, an index build): large
 #: enough that a GET's latency is small beside its transfer, small enough that a retry costs little.
@@ -97,6 +101,7 @@ class ObjectFile:
         self.storage_options = dict(storage_options or {})
         self.timeout = _TIMEOUT if timeout is None else float(timeout)
         self.key = self._head() if key is None else key
+        self._ahead: tuple[int, bytes] | None = None  # the block of a read in order (read_into's until)
 
     @property
     def size(self) -> int:
@@ -109,6 +114,7 @@ class ObjectFile:
         import obstore
 
         store = self._store()  # no client (no obstore, or a forked process): said as it is
+        COUNTS["heads"] += 1
         try:
             with acquire():
                 meta = obstore.head(store, self._name)
@@ -130,6 +136,7 @@ class ObjectFile:
         import obstore
 
         store = self._store()
+        COUNTS["gets"] += 1
         try:
             return obstore.get(store, self._name, options=self._options(start, stop))  # type: ignore[arg-type]
         except Exception as exc:
@@ -171,6 +178,7 @@ class ObjectFile:
                 try:
                     for chunk in self._get(at, end).stream(min_chunk_size=min(end - at, 8 << 20)):
                         got += len(chunk)
+                        COUNTS["bytes"] += len(chunk)
                         yield bytes(chunk)
                 except (MetaFileChangedError, CorruptMetaFileError, OSError):
                     raise
@@ -193,13 +201,35 @@ class ObjectFile:
             return b""
         return b"".join(self._pieces(offset, offset + count))
 
-    def read_into(self, out: npt.NDArray[np.uint8], offset: int) -> None:
+    def read_into(self, out: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> None:
+        """Fill ``out`` from ``offset``. With ``until`` (reads go on in order, none past ``until``: a
+        slice read front to back), from GETs of up to :data:`REQUEST` bytes held one at a time, so
+        that a slice read in small pieces still costs one GET per :data:`REQUEST` bytes."""
         if offset + out.size > self.size:
             raise ShortRead(self.size)
+        if until is not None:
+            self._read_ahead(out, offset, until)
+            return
         at = 0
         for piece in self._pieces(offset, offset + out.size):
             out[at : at + len(piece)] = np.frombuffer(piece, np.uint8)
             at += len(piece)
+
+    def _read_ahead(self, out: npt.NDArray[np.uint8], offset: int, until: int) -> None:
+        n, at = out.size, 0
+        while at < n:
+            pos = offset + at
+            held = self._ahead
+            if held is None or not held[0] <= pos < held[0] + len(held[1]):
+                end = min(pos + REQUEST, max(until, offset + n), self.size)
+                held = self._ahead = (pos, b"")  # the old block let go of before the next is fetched
+                held = self._ahead = (pos, self.read(pos, end - pos))
+            start, data = held
+            take = min(n - at, start + len(data) - pos)
+            out[at : at + take] = np.frombuffer(data, np.uint8, take, pos - start)
+            at += take
+        if offset + n >= until:
+            self._ahead = None  # the run is done: its block goes
 
     def read_ranges(self, starts: Sequence[int], stops: Sequence[int]) -> list[bytes]:
         """Each range ``[starts[i], stops[i])``, from GETs of the ranges merged where less than
@@ -236,6 +266,9 @@ class ObjectFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_ahead": None}
 
     def __repr__(self) -> str:
         return f"ObjectFile({str(self.path)!r}, {self.key!r})"
