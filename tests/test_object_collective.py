@@ -118,3 +118,57 @@ def test_a_missing_object_is_the_same_error_on_every_rank(s3: Any) -> None:
     got = run_ranks(3, work)
     assert all(isinstance(e, FileNotFoundError) for e in got), got
     assert {str(e) for e in got} == {"meta file not found: s3://meta/collective/none.txt (HTTP 404 Not Found)"}
+
+
+@pytest.mark.slow
+def test_collective_reader_over_objects_under_gloo(s3: Any, tmp_path: Path) -> None:
+    """RankDataset(URL, reader='collective') under torchrun (gloo, W=2): shards equal the file reader's
+    of the objects and of the same local files; DataLoader workers (fork, spawn, forkserver) serve them."""
+    import json
+    import subprocess
+
+    from test_collective import write_files as write_texts
+    from tests_helpers import torchrun_cmd, worker_env
+
+    write_texts(tmp_path)
+    urls = [s3.put(f"gloo/{name}", tmp_path / name) for name in ("a.txt", "b.txt", "c.txt")]
+    proc = subprocess.run(
+        torchrun_cmd("collective_worker.py", 2, "objects", tmp_path, log_dir=tmp_path / "logs"),
+        env=worker_env(RANK_DATASET_TEST_URLS=" ".join(urls)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for r in range(2):
+        res = json.loads((tmp_path / f"result.{r}.json").read_text())
+        for case in ("plain", "files", "mixed", "fork", "spawn", "forkserver"):
+            assert res[case] is True, (r, case)
+
+
+def test_faults_on_a_fifth_of_requests_leave_the_shards_unchanged(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between obstore and the server, a proxy fails one GET in five (a 503, a dropped connection, a
+    body cut short, in turn): the collective reader's shards and MetaFile's reads are those of the
+    local file."""
+    from http_helpers import fault_proxy
+    from rank_dataset.files.sources import object as object_source
+
+    monkeypatch.setattr(object_source, "REQUEST", 256 << 10)  # many GETs: every kind of fault met
+    a, _, _ = write_files(tmp_path, n=20_000)
+    url = s3.put("faults/a.txt", a)
+    meta = MetaFile(a)
+    n = len(meta)
+    plans = [np.random.default_rng(r).permutation(n)[: n // 3] for r in range(3)]
+    with fault_proxy(("127.0.0.1", s3.port), every=5) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        got, _ = _making_and_builds([url], plans)
+        for r, result in enumerate(got):
+            assert not isinstance(result, BaseException), result
+            want = meta.read(plans[r], ids=False)
+            assert all(s.data.tobytes() == want.data.tobytes() for s in result[0])
+        remote = MetaFile(url)
+        picks = np.random.default_rng(9).permutation(n)[:3000]
+        assert remote.read(picks).texts(range(3000)) == meta.read(picks).texts(range(3000))
+        assert all(proxy.faults.values()), proxy.faults
