@@ -68,10 +68,11 @@ dist.destroy_process_group()
 
 _INDEX = """
 import json, sys, time
+from rank_dataset.core.checks import meta_path
 from rank_dataset.files.index import load_index
 from rank_dataset.files.sources.object import COUNTS
-t = time.perf_counter(); load_index(sys.argv[1]); local = time.perf_counter() - t
-t = time.perf_counter(); index = load_index(sys.argv[2]); remote = time.perf_counter() - t
+t = time.perf_counter(); load_index(meta_path(sys.argv[1])); local = time.perf_counter() - t
+t = time.perf_counter(); index = load_index(meta_path(sys.argv[2])); remote = time.perf_counter() - t
 print(json.dumps({"local": local, "object": remote, "gets": COUNTS["gets"], "bytes": COUNTS["bytes"]}))
 """
 

@@ -114,3 +114,27 @@ def test_rank_dataset_file_reader_over_an_object(s3: Any, tmp_path: Path) -> Non
             assert [remote[i] for i in range(len(remote))] == [here[i] for i in range(len(here))]
         remote.close()
         here.close()
+
+
+def test_grouping_passes_refuse_objects_clearly(s3: Any) -> None:
+    from rank_dataset import class_balanced, group_by
+
+    url = s3.put("files/labels.txt", b"a.jpg 1\nb.jpg 2\n")
+    for call in (lambda: group_by(url), lambda: class_balanced(url), lambda: group_by(url, key=len)):
+        with pytest.raises(ValueError, match=r"local meta files only, so far, and s3://meta/files/labels.txt is an"):
+            call()
+
+
+def test_sources_mixing_an_object_and_a_local_file(s3: Any, tmp_path: Path) -> None:
+    from rank_dataset import RankDataset, Source
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("\n".join(_lines(3000, seed=1)) + "\n")
+    b.write_text("".join(f"b_{i} 1\n" for i in range(500)))
+    url = s3.put("files/mix_a.txt", a)
+    cfg = {"seed": 4}
+    remote = RankDataset(
+        [Source(url, weight=2), Source(b, repeat=2)], reload_cfg=cfg, rank=0, world_size=1, parser=None
+    )
+    here = RankDataset([Source(a, weight=2), Source(b, repeat=2)], reload_cfg=cfg, rank=0, world_size=1, parser=None)
+    assert [remote[i] for i in range(len(remote))] == [here[i] for i in range(len(here))]
