@@ -172,3 +172,28 @@ def test_faults_on_a_fifth_of_requests_leave_the_shards_unchanged(
         picks = np.random.default_rng(9).permutation(n)[:3000]
         assert remote.read(picks).texts(range(3000)) == meta.read(picks).texts(range(3000))
         assert all(proxy.faults.values()), proxy.faults
+
+
+def test_compressed_objects_shards_are_the_file_readers(s3: Any, tmp_path: Path) -> None:
+    """A gzip and a zstd object beside a text one: each rank decompresses its slice from the
+    checkpoints that rank 0 loads from the objects' index (built from the object, cached locally)."""
+    import zstandard
+
+    a, b, c = write_files(tmp_path, n=30_000)
+    z = tmp_path / "z.txt.zst"
+    z.write_bytes(
+        b"".join(
+            zstandard.ZstdCompressor().compress(a.read_bytes()[i : i + 300_000]) for i in range(0, 600_000, 300_000)
+        )
+    )
+    urls = [s3.put(f"compressed/{p.name}", p) for p in (a, b, c, z)]
+    meta = MetaFile([a, b, c, z])
+    n = len(meta)
+    plans = [np.random.default_rng(r).permutation(n)[r::3] for r in range(3)]
+    got, _ = _making_and_builds(urls, plans)
+    for r, result in enumerate(got):
+        assert not isinstance(result, BaseException), result
+        shards, fingerprints = result
+        assert fingerprints == (meta.fingerprint, meta.file_fingerprints)
+        want = meta.read(plans[r], ids=False)
+        assert all(s.data.tobytes() == want.data.tobytes() for s in shards)

@@ -61,11 +61,40 @@ def test_replaced_object_is_refused(s3: Any) -> None:
     assert again[3] == "LINE 3"
 
 
-def test_compressed_object_is_a_clear_error(s3: Any) -> None:
+@pytest.mark.parametrize("fmt", ["gz", "gz-members", "zst", "zst-frames"])
+def test_compressed_object_reads_as_the_local_file(s3: Any, tmp_path: Path, fmt: str) -> None:
+    """gzip (one stream, or many members) and zstd (one frame, or many) objects, recognised by content:
+    the index from one streaming pass (checkpoints in it), reads through the checkpoints."""
     import gzip
 
-    url = s3.put("files/meta.txt.gz", gzip.compress(b"a\nb\n"))
-    with pytest.raises(ValueError, match=r"s3://meta/files/meta.txt.gz is a gzip meta file: only text"):
+    import zstandard
+
+    text = ("\n".join(_lines(60_000, seed=3)) + "\n").encode()
+    parts = [text[i : i + 400_000] for i in range(0, len(text), 400_000)]
+    data = {
+        "gz": gzip.compress(text),
+        "gz-members": b"".join(gzip.compress(p) for p in parts),
+        "zst": zstandard.ZstdCompressor().compress(text),
+        "zst-frames": b"".join(zstandard.ZstdCompressor().compress(p) for p in parts),
+    }[fmt]
+    local = tmp_path / f"meta.{fmt}"
+    local.write_bytes(data)
+    url = s3.put(f"files/meta.{fmt}", data)
+    remote, here = MetaFile(url), MetaFile(local)
+    assert load_index(remote.paths[0]).format.compressed
+    rng = np.random.default_rng(4)
+    for picks in (rng.permutation(len(here))[:4000], np.arange(len(here))):
+        _same(here, remote, picks)
+    assert remote.where(31_000) == here.where(31_000).replace(str(local), url)
+
+
+def test_parquet_object_is_a_clear_error(s3: Any, tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"path": ["a", "b"]}), tmp_path / "m.parquet")
+    url = s3.put("files/m.parquet", tmp_path / "m.parquet")
+    with pytest.raises(ValueError, match=r"s3://meta/files/m.parquet is a parquet meta file: Parquet meta files are"):
         MetaFile(url)
 
 

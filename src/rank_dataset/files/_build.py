@@ -131,16 +131,16 @@ def _build_streamed(path: Path, source: Any, key: FileKey, write: Callable[[npt.
     """As :func:`_build`, for a source read front to back (an object: its text in one pass of ranged
     GETs, each pinned to its ETag, so that a change is an error rather than a torn index)."""
     fmt = detect_source(source)
-    if fmt is not Format.TEXT:
-        raise ValueError(
-            f"{path} is a {fmt.value} meta file: only text meta files are read from object storage so far; "
-            "decompress it into a text object, or copy it to a local disk"
-        )
+    if fmt.rows:
+        raise ValueError(f"{path} is a Parquet file: its index is its footer, not a scan of its lines")
     count, ascii_only = 0, True
     longs: list[_IntArray] = []
     marks: list[_IntArray] = []
     lines = 0
-    for part in scan_blocks(source.stream(), _encoder(key.size)):
+    decompression = Decompression(path, source, fmt) if fmt.compressed else None
+    blocks = source.stream() if decompression is None else decompression
+    bound = key.size if decompression is None else _COMPRESSED_BOUND
+    for part in scan_blocks(blocks, _encoder(bound)):
         write(part.entries)
         longs.append(part.longs + np.array([count, 0]))
         marks.append(part.marks + np.array([0, lines]))
@@ -148,6 +148,16 @@ def _build_streamed(path: Path, source: Any, key: FileKey, write: Callable[[npt.
         lines += part.newlines
         ascii_only = ascii_only and part.ascii
     source.check()
+    if decompression is not None:
+        checkpoints = decompression.checkpoints
+        if checkpoints.size > _COMPRESSED_BOUND:
+            raise ValueError(
+                f"{path} decompresses to {checkpoints.size:,} bytes; at most {_COMPRESSED_BOUND:,} are read"
+            )
+        return _Built(
+            count, ascii_only, _stack(longs), _stack(marks), fmt, checkpoints.size, _COMPRESSED_BOUND,
+            checkpoints.to_bytes(),
+        )  # fmt: skip
     return _Built(count, ascii_only, _stack(longs), _stack(marks))
 
 

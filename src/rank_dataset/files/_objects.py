@@ -1,6 +1,7 @@
-"""Meta files in object storage, for the index and :class:`~rank_dataset.files.metafile.MetaFile`: the
-index of an object (built by one streaming pass, cached locally, never in the bucket), and its bytes
-read with coalesced ranged GETs. No torch.
+"""Meta files in object storage (text, gzip and zstd), for the index and
+:class:`~rank_dataset.files.metafile.MetaFile`: the index of an object (built by one streaming pass,
+cached locally, never in the bucket), and its bytes read with coalesced ranged GETs (a compressed
+object's through its checkpoints, each decoder reading its spans in order). No torch.
 
 An object's index is cached under the user cache directory (or ``RANK_DATASET_CACHE_DIR``), named by
 a hash of its URL, size and ETag: another object, or the same object replaced, is another cache, and
@@ -17,6 +18,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +30,8 @@ from rank_dataset.files._build import _index_in_memory, _write_cache
 from rank_dataset.files._cache import CACHE_DIR_ENV, wait_for_seal
 from rank_dataset.files._cachefile import Index, _open_cache
 from rank_dataset.files._cachelock import one_builder
-from rank_dataset.files.formats import Format, detect_source, refuse_cut_source
+from rank_dataset.files._readers import read_checkpoints
+from rank_dataset.files.formats import SpanSource, detect_source, refuse_cut_source
 from rank_dataset.files.sources import FileKey
 from rank_dataset.files.sources.object import COALESCE, ObjectFile
 
@@ -65,13 +68,13 @@ def load_object_index(url: str, *, rebuild: bool = False, columns: Sequence[str]
     source = ObjectFile(url)
     path = source.path
     fmt = detect_source(source)
-    if fmt is not Format.TEXT:
+    if fmt.rows:
         raise ValueError(
-            f"{url} is a {fmt.value} meta file: only text meta files are read from object storage so far; "
-            "decompress it into a text object, or copy it to a local disk"
+            f"{url} is a {fmt.value} meta file: Parquet meta files are not read from object storage yet; "
+            "copy it to a local disk"
         )
     if columns is not None:
-        raise ValueError(f"columns= picks the columns of a Parquet meta file, and {url} is text")
+        raise ValueError(f"columns= picks the columns of a Parquet meta file, and {url} is {fmt.value}")
     refuse_cut_source(path, source, fmt)  # type: ignore[arg-type]
     key = source.key.file_key(url)
     ends_hash = hashlib.blake2b(object_ends(source), digest_size=16).digest()
@@ -172,8 +175,17 @@ class ObjectBytes:
             return self._source
 
     @contextlib.contextmanager
-    def open(self, index: Index) -> Iterator[ObjectSpans]:
-        yield ObjectSpans(self.source(index.key))
+    def open(self, index: Index) -> Iterator[ObjectSpans | SpanSource]:
+        """The object's bytes (a compressed one's decompressed bytes, from its checkpoints)."""
+        source = self.source(index.key)
+        if not index.format.compressed:
+            yield ObjectSpans(source)
+            return
+        spans = SpanSource(self.path, source, read_checkpoints(index), lambda: ObjectFile(str(self.path), source.key))
+        try:
+            yield spans
+        finally:
+            spans.close()
 
     @contextlib.contextmanager
     def rows(self, index: Index) -> Iterator[object]:
@@ -181,9 +193,18 @@ class ObjectBytes:
         yield  # pragma: no cover
 
     def read_once(self, index: Index, offset: int, count: int) -> bytes:
+        if index.format.compressed:
+            with self.open(index) as spans:
+                raw = cast(SpanSource, spans).read(offset, offset + count)
+            if len(raw) < count:
+                raise MetaFileChangedError(self.path, "it shrank while being read")
+            return raw
         return self.source(index.key).read(offset, count)
 
     def count_newlines(self, index: Index, start: int, stop: int) -> int:
+        if index.format.compressed:
+            with self.open(index) as spans:
+                return cast(SpanSource, spans).read(start, stop).count(b"\n")
         return sum(block.count(b"\n") for block in self.source(index.key).stream(start, stop))
 
     def check(self, fd: object, key: FileKey) -> None:

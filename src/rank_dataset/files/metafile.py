@@ -176,7 +176,7 @@ class _FileBytes:
         if not isinstance(fd, int):
             if not isinstance(fd, SpanSource):
                 raise TypeError(f"a file's bytes are read from a descriptor or a SpanSource, not {fd!r}")
-            fd = fd.fd
+            fd = cast(int, fd.fd)  # a local file's SpanSource reads a descriptor
         raise_if_changed(self.path, key, os.fstat(fd))
 
 

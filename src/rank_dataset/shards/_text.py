@@ -155,7 +155,8 @@ class Reading:
 
     def __init__(self, text: Text, source: LocalFile | ObjectFile) -> None:
         self.text, self.source, self.fd = text, source, getattr(source, "fd", -1)
-        self._view = None if text.checkpoints is None else DecompressedView(text.path, self.fd, text.checkpoints)
+        raw = source if isinstance(source, ObjectFile) else self.fd
+        self._view = None if text.checkpoints is None else DecompressedView(text.path, raw, text.checkpoints)
         self._closed = False
 
     def read(self, offset: int, count: int) -> bytes:

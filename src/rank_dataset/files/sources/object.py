@@ -102,6 +102,7 @@ class ObjectFile:
         self.timeout = _TIMEOUT if timeout is None else float(timeout)
         self.key = self._head() if key is None else key
         self._ahead: tuple[int, bytes] | None = None  # the block of a read in order (read_into's until)
+        self._next = 0  # where a read in order (pread) would start next
 
     @property
     def size(self) -> int:
@@ -230,6 +231,25 @@ class ObjectFile:
             at += take
         if offset + n >= until:
             self._ahead = None  # the run is done: its block goes
+
+    def pread(self, count: int, offset: int) -> bytes:
+        """As ``os.pread``: up to ``count`` bytes at ``offset`` (fewer at the end). A read that starts
+        where the one before ended (a decoder going through a compressed object) fetches a block of
+        :data:`REQUEST` bytes that the reads after it take from, so small reads in order cost few GETs."""
+        count = max(0, min(count, self.size - offset))
+        if count == 0:
+            return b""
+        held = self._ahead
+        if held is not None and held[0] <= offset and offset + count <= held[0] + len(held[1]):
+            at = offset - held[0]
+            return held[1][at : at + count]
+        sequential, self._next = offset == self._next, offset + count
+        if not sequential:
+            return self.read(offset, count)
+        self._ahead = None  # the old block let go of before the next is fetched
+        data = self.read(offset, min(offset + max(count, REQUEST), self.size) - offset)
+        self._ahead = (offset, data)
+        return data[:count]
 
     def read_ranges(self, starts: Sequence[int], stops: Sequence[int]) -> list[bytes]:
         """Each range ``[starts[i], stops[i])``, from GETs of the ranges merged where less than

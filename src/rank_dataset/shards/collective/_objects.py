@@ -23,7 +23,7 @@ def shared_objects(net: Collectives, paths: Sequence[Path]) -> dict[int, tuple[F
     every rank: a missing object, a missing bucket, credentials refused, naming the URL and status).
 
     Raises:
-        ValueError: an object is not a text meta file (other formats are not read from objects yet).
+        ValueError: an object is a Parquet file (not read from objects yet).
     """
     urls = [i for i, p in enumerate(paths) if is_url(p)]
     if not urls:
@@ -35,10 +35,10 @@ def shared_objects(net: Collectives, paths: Sequence[Path]) -> dict[int, tuple[F
             for i in urls:
                 source = ObjectFile(str(paths[i]))
                 fmt = detect_source(source)
-                if fmt is not Format.TEXT:
+                if fmt.rows:
                     raise ValueError(
-                        f"{paths[i]} is a {fmt.value} meta file: only text meta files are read from object "
-                        "storage so far; decompress it into a text object, or copy it to a local disk"
+                        f"{paths[i]} is a {fmt.value} meta file: Parquet meta files are not read from object "
+                        "storage yet; copy it to a local disk"
                     )
                 refuse_cut_source(paths[i], source, fmt)
                 got.append((source.key, fmt.value))
