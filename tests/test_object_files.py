@@ -167,3 +167,21 @@ def test_sources_mixing_an_object_and_a_local_file(s3: Any, tmp_path: Path) -> N
     )
     here = RankDataset([Source(a, weight=2), Source(b, repeat=2)], reload_cfg=cfg, rank=0, world_size=1, parser=None)
     assert [remote[i] for i in range(len(remote))] == [here[i] for i in range(len(here))]
+
+
+def test_meta_server_serves_an_object(s3: Any, tmp_path: Path) -> None:
+    """The meta server's app over MetaFile(URL) (what `rank-dataset serve URL` makes) answers as over
+    the local file."""
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from rank_dataset.server.app import create_app
+
+    local = tmp_path / "served.txt"
+    local.write_text("\n".join(_lines(5000, seed=8)) + "\n")
+    url = s3.put("files/served.txt", local)
+    remote, here = TestClient(create_app(MetaFile(url))), TestClient(create_app(MetaFile(local)))
+    assert remote.get("/len").json()["num_samples"] == here.get("/len").json()["num_samples"] == 5000
+    params = {"world_size": 2, "rank": 1, "seed": 3}
+    got, want = remote.get("/shard", params=params), here.get("/shard", params=params)
+    assert got.status_code == want.status_code == 200 and got.content == want.content
