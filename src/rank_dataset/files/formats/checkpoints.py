@@ -26,6 +26,7 @@ import numpy.typing as npt
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats import base
 from rank_dataset.files.formats._points import row_at
+from rank_dataset.files.formats._raw import RawFile
 from rank_dataset.files.formats.base import BLOCK, Decoder, Format
 from rank_dataset.files.formats.registry import by_name
 
@@ -103,7 +104,7 @@ class Decompression:
         CorruptMetaFileError: the file is corrupt or truncated.
     """
 
-    def __init__(self, path: Path, fd: int, fmt: Format, *, spacing: int | None = None, block: int = BLOCK) -> None:
+    def __init__(self, path: Path, fd: RawFile, fmt: Format, *, spacing: int | None = None, block: int = BLOCK) -> None:
         spacing = base.SPACING if spacing is None else spacing
         if not fmt.compressed:
             raise ValueError(f"a Decompression reads gzip or zstd files, not {fmt.value} ({path})")
@@ -129,7 +130,7 @@ class Decompression:
         return self._checkpoints
 
 
-def decompress(path: Path, fd: int, fmt: Format, *, block: int = BLOCK) -> Iterator[bytes]:
+def decompress(path: Path, fd: RawFile, fmt: Format, *, block: int = BLOCK) -> Iterator[bytes]:
     """The decompressed bytes of the compressed file open at ``fd`` (``path`` names it in errors),
     front to back in blocks of about ``block`` bytes: the checked pass of a :class:`Decompression`
     (for gzip, each member against its trailer) without recording checkpoints, for a reader of the
@@ -150,7 +151,7 @@ class DecompressedView:
     Not thread-safe; :meth:`close` (or ``with``) frees the decoder (``fd`` stays the caller's).
     """
 
-    def __init__(self, path: Path, fd: int, checkpoints: Checkpoints) -> None:
+    def __init__(self, path: Path, fd: RawFile, checkpoints: Checkpoints) -> None:
         self.path, self.checkpoints = path, checkpoints
         self.decompressed = 0  # output bytes decompressed by reads so far, those skipped included
         if not checkpoints.format.compressed:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rank_dataset.files.formats import _gzip
+from rank_dataset.files.formats._raw import RawFile
 from rank_dataset.files.formats.base import Decoder, Format, Recognised, Stream
 
 if TYPE_CHECKING:
@@ -33,13 +34,13 @@ class GzipFormat(Format):
     def recognise(self, found: Recognised) -> bool:
         return found.head[:2] == _MAGIC
 
-    def stream(self, path: Path, fd: int, spacing: int, block: int) -> Stream:
+    def stream(self, path: Path, fd: RawFile, spacing: int, block: int) -> Stream:
         return _gzip.stream(path, fd, spacing, block)
 
-    def members(self, path: Path, fd: int, block: int) -> Iterator[bytes]:
+    def members(self, path: Path, fd: RawFile, block: int) -> Iterator[bytes]:
         return _gzip.members(path, fd, block)
 
-    def reader(self, path: Path, fd: int, checkpoints: Checkpoints) -> Decoder:
+    def reader(self, path: Path, fd: RawFile, checkpoints: Checkpoints) -> Decoder:
         return _gzip.Reader(path, fd, checkpoints.points, checkpoints.state)
 
 

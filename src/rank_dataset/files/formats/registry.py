@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rank_dataset.files.formats.base import Format
 from rank_dataset.files.formats.gzip import GZIP
@@ -26,8 +27,10 @@ __all__ = [
     "by_name",
     "detect",
     "detect_path",
+    "detect_source",
     "formats",
     "refuse_cut",
+    "refuse_cut_source",
     "register",
     "registered",
     "unregister",
@@ -112,6 +115,38 @@ def detect(fd: int) -> Format:
     """The format of the file open at ``fd``, from its first bytes (and, for Parquet, its last four)."""
     found = _Found(fd, os.pread(fd, _HEAD, 0))
     return next((fmt for fmt in _formats if fmt.recognise(found)), TEXT)
+
+
+@dataclass(frozen=True)
+class _FoundIn:
+    """The bytes of a :class:`~rank_dataset.files.sources.base.Source` that tell its format (an
+    object's: a few ranged reads, not the whole object)."""
+
+    source: Any
+    head: bytes
+
+    @property
+    def size(self) -> int:
+        return int(self.source.size)
+
+    def tail(self, n: int) -> bytes:
+        n = min(n, self.size)
+        return bytes(self.source.read(self.size - n, n))
+
+
+def detect_source(source: Any) -> Format:
+    """The format of the bytes of ``source`` (a Source: a local file or an object), as :func:`detect`."""
+    found = _FoundIn(source, bytes(source.read(0, min(_HEAD, source.size))))
+    return next((fmt for fmt in _formats if fmt.recognise(found)), TEXT)
+
+
+def refuse_cut_source(path: Path, source: Any, fmt: Format) -> None:
+    """As :func:`refuse_cut`, for the bytes of ``source``."""
+    if fmt is not TEXT:
+        return
+    head = bytes(source.read(0, min(_CUT_HEAD, source.size)))
+    for other in _formats:
+        other.refuse_cut(path, head, source.size)
 
 
 def refuse_cut(path: Path, fd: int, fmt: Format) -> None:

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from rank_dataset.core.threads import THREADS
 from rank_dataset.files._pread import dense
+from rank_dataset.files.formats._raw import RawFile
 from rank_dataset.files.formats.checkpoints import Checkpoints, DecompressedView
 
 __all__ = ["SPAN", "SpanSource"]
@@ -47,7 +48,7 @@ class SpanSource:
         CorruptMetaFileError: the file is corrupt, or ends early.
     """
 
-    def __init__(self, path: Path, fd: int, checkpoints: Checkpoints, open_fd: Callable[[], int]) -> None:
+    def __init__(self, path: Path, fd: RawFile, checkpoints: Checkpoints, open_fd: Callable[[], RawFile]) -> None:
         self.path, self.fd, self.checkpoints = path, fd, checkpoints
         size = checkpoints.size
         cuts = checkpoints.format.span_cuts(checkpoints, SPAN)
@@ -57,7 +58,7 @@ class SpanSource:
         self._pending: dict[int, Future[bytes]] = {}
         self._lock = threading.RLock()  # (a decoding's end may be told in the thread that holds it)
         self._local = threading.local()
-        self._views: list[tuple[DecompressedView, int]] = []
+        self._views: list[tuple[DecompressedView, RawFile]] = []
         self._serial: ThreadPoolExecutor | None = None
         if len(checkpoints.points) < 2 * THREADS and len(self._bounds) > 2:
             self._serial = ThreadPoolExecutor(1, thread_name_prefix="rank-dataset-spans")
@@ -77,7 +78,8 @@ class SpanSource:
             try:
                 view = DecompressedView(self.path, fd, self.checkpoints)
             except BaseException:  # (damaged checkpoints) the descriptor is not left open
-                os.close(fd)
+                if isinstance(fd, int):
+                    os.close(fd)
                 raise
             self._local.view = view
             with self._lock:
@@ -272,4 +274,5 @@ class SpanSource:
             self._pending.clear()
         for view, fd in views:
             view.close()
-            os.close(fd)
+            if isinstance(fd, int):
+                os.close(fd)

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.files.formats import _zstd
+from rank_dataset.files.formats._raw import RawFile
 from rank_dataset.files.formats.base import Decoder, Format, Recognised, Stream
 
 if TYPE_CHECKING:
@@ -74,10 +75,10 @@ class ZstdFormat(Format):
         head = found.head[:4]
         return head == _MAGIC or _is_skippable(head)
 
-    def stream(self, path: Path, fd: int, spacing: int, block: int) -> Stream:
+    def stream(self, path: Path, fd: RawFile, spacing: int, block: int) -> Stream:
         return _zstd.stream(path, fd, spacing, block)
 
-    def reader(self, path: Path, fd: int, checkpoints: Checkpoints) -> Decoder:
+    def reader(self, path: Path, fd: RawFile, checkpoints: Checkpoints) -> Decoder:
         return _zstd.Reader(path, fd, checkpoints.points)
 
     def span_cuts(self, checkpoints: Checkpoints, span: int) -> npt.NDArray[np.int64]:

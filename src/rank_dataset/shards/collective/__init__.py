@@ -27,8 +27,8 @@ The modules, bottom to top: ``_routing`` (the arithmetic of slices, owners and r
 torch, no I/O), ``_dist`` (every torch.distributed call, and the only one that imports torch, when a
 reader is made), ``_status`` (the status words and the error every rank raises), ``_slices`` (the cut
 and the count), ``_rounds`` (a build's exchange and the serving of each round), ``_reader``
-(:class:`CollectiveReader`). ``_filecopies`` holds copies of helpers of :mod:`rank_dataset.files`, to
-be replaced by them. Importing this package imports no torch.
+(:class:`CollectiveReader`). The fingerprints, the checkpoints and the UTF-8 check are the file
+reader's own (:mod:`rank_dataset.files`). Importing this package imports no torch.
 """
 
 from __future__ import annotations

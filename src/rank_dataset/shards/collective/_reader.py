@@ -18,6 +18,7 @@ from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards._text import open_checked
 from rank_dataset.shards.collective._dist import Collectives, require_process_group
+from rank_dataset.shards.collective._objects import shared_objects
 from rank_dataset.shards.collective._rounds import Exchange
 from rank_dataset.shards.collective._slices import Slices, count_slices, shared_checkpoints, shared_fingerprints
 from rank_dataset.shards.reader import SampledReader
@@ -83,11 +84,12 @@ class CollectiveReader(SampledReader):
         agree: Agree | None,
         columns: list[tuple[str, ...] | None],
     ) -> None:
-        keys = [FileKey.of(os.stat(p)) for p in self.paths]
-        formats = [detect_path(p) for p in self.paths]
-        for path, key, fmt, cols in zip(self.paths, keys, formats, columns):
+        objects = shared_objects(net, self.paths)  # objects' URLs: one HEAD (rank 0's), told to all
+        keys = [objects[i][0] if i in objects else FileKey.of(os.stat(p)) for i, p in enumerate(self.paths)]
+        formats = [objects[i][1] if i in objects else detect_path(p) for i, p in enumerate(self.paths)]
+        for i, (path, key, fmt, cols) in enumerate(zip(self.paths, keys, formats, columns)):
             check_columns(path, fmt, cols)
-            if fmt is Format.TEXT:  # a Parquet file cut short is not text: its bytes are no lines
+            if fmt is Format.TEXT and i not in objects:  # a Parquet file cut short is not text: no lines
                 with open_checked(path, key) as fd:
                     refuse_cut_parquet(path, fd, fmt)
         if agree is not None:

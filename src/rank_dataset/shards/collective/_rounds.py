@@ -18,12 +18,12 @@ import numpy.typing as npt
 
 from rank_dataset.core.shard import Shard, ShardWriter, copy_rows, offset_dtype
 from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.files.lines import check_utf8
 from rank_dataset.files.scan import NEWLINE
 from rank_dataset.shards._rows import RowsReading, RowsText
 from rank_dataset.shards._text import Reading
 from rank_dataset.shards.collective import _routing
 from rank_dataset.shards.collective._dist import Collectives
-from rank_dataset.shards.collective._filecopies import check_utf8
 from rank_dataset.shards.collective._slices import Slices
 from rank_dataset.shards.collective._status import HEAD, OK, Failure, failure_of, raise_reported
 
@@ -166,7 +166,11 @@ class Server:
             dst = _routing.line_offsets(lengths, splits, HEAD)
             copy_rows(buf, at, lengths, send, dst)
             if not ascii_:
-                check_utf8(send, dst, lengths, lambda r: self._line_of(buf, parts, int(at[r]), int(rows[r])))
+                # The lines without the status bytes, back to back, as the file reader checks them.
+                keep = np.ones(send.size, bool)
+                keep[(heads[:, None] + np.arange(HEAD)).ravel()] = False
+                bounds = np.concatenate(([0], np.cumsum(lengths)))
+                check_utf8(lambda r: self._line_of(buf, parts, int(at[r]), int(rows[r])), send[keep], bounds)
         except (MetaFileChangedError, ValueError) as exc:  # a CorruptMetaFileError is a ValueError
             failure = failure_of(exc)
             assert failure is not None

@@ -16,13 +16,14 @@ import numpy.typing as npt
 
 from rank_dataset.core.shard import offset_dtype
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
+from rank_dataset.files.fingerprints import fingerprints
 from rank_dataset.files.formats import Checkpoints, Format
-from rank_dataset.files.index import FileKey
+from rank_dataset.files.index import FileKey, checkpoints_of
 from rank_dataset.files.scan import NEWLINE, scan_buffer
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.shards._rows import RowsText
 from rank_dataset.shards._text import Text, chunks
-from rank_dataset.shards.collective import _filecopies, _routing
+from rank_dataset.shards.collective import _routing
 from rank_dataset.shards.collective._dist import Collectives
 from rank_dataset.shards.collective._status import failure_of, raise_reported
 
@@ -191,8 +192,7 @@ def shared_checkpoints(
     if net.rank == 0:
         try:
             found[0] = [
-                _filecopies.checkpoints(p, k).to_bytes() if f.compressed else None
-                for p, k, f in zip(paths, keys, formats)
+                checkpoints_of(p, k).to_bytes() if f.compressed else None for p, k, f in zip(paths, keys, formats)
             ]
         except (OSError, ValueError) as exc:
             found[0] = exc
@@ -209,7 +209,7 @@ def shared_fingerprints(
     """MetaFile's fingerprints of the files (together, each alone): read by rank 0, sent to all."""
     if net.rank == 0:
         columns = [t.columns if isinstance(t, RowsText) else None for t in slices.texts]
-        whole, each = _filecopies.fingerprints(slices.paths, keys, file_samples.tolist(), columns)
+        whole, each = fingerprints(zip(slices.paths, keys, file_samples.tolist(), columns))
         found: list[Any] = [whole, each]
     else:
         found = [None, None]

@@ -1,0 +1,212 @@
+"""Meta files in object storage (text, gzip and zstd), for the index and
+:class:`~rank_dataset.files.metafile.MetaFile`: the index of an object (built by one streaming pass,
+cached locally, never in the bucket), and its bytes read with coalesced ranged GETs (a compressed
+object's through its checkpoints, each decoder reading its spans in order). No torch.
+
+An object's index is cached under the user cache directory (or ``RANK_DATASET_CACHE_DIR``), named by
+a hash of its URL, size and ETag: another object, or the same object replaced, is another cache, and
+one process a node builds it while the others wait, as for a local file. Its key (the fields a cache
+header holds for a local file) carries the ETag's hash (:meth:`ObjectKey.file_key`); every read is
+pinned to the ETag itself, learnt by one HEAD when a process first reads the object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+import numpy.typing as npt
+from platformdirs import user_cache_dir
+
+from rank_dataset.core.checks import UrlPath
+from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.files._build import _index_in_memory, _write_cache
+from rank_dataset.files._cache import CACHE_DIR_ENV, wait_for_seal
+from rank_dataset.files._cachefile import Index, _open_cache
+from rank_dataset.files._cachelock import one_builder
+from rank_dataset.files._readers import read_checkpoints
+from rank_dataset.files.formats import SpanSource, detect_source, refuse_cut_source
+from rank_dataset.files.sources import FileKey
+from rank_dataset.files.sources.object import COALESCE, ObjectFile
+
+__all__ = ["ObjectBytes", "ObjectSpans", "load_object_index", "object_cache_path", "object_ends"]
+
+_Ints = npt.NDArray[np.int64]
+_SAMPLE = 1 << 16  # as the index of a local file: bytes hashed at each end
+
+
+def object_cache_path(url: str, size: int, etag: str | None) -> Path:
+    """Where the index of the object ``url`` (of ``size`` bytes and ``etag``) is cached on this node."""
+    digest = hashlib.sha256(f"{url}\n{size}\n{etag}".encode()).hexdigest()[:32]
+    name = f"{UrlPath(url).name}.{digest}.rdidx"
+    override = os.environ.get(CACHE_DIR_ENV)
+    return (Path(override) if override else Path(user_cache_dir("rank-dataset")) / "objects") / name
+
+
+def object_ends(source: ObjectFile) -> bytes:
+    """The first and last 64 KiB of the object (all of it twice if shorter), as a local file's."""
+    n = min(source.size, _SAMPLE)
+    return source.read(0, n) + source.read(source.size - n, n)
+
+
+def load_object_index(url: str, *, rebuild: bool = False, columns: Sequence[str] | None = None) -> Index:
+    """The index of the object ``url``: from this node's cache, else built by one streaming pass (one
+    process builds while the others wait) and cached (in memory where no cache is writable).
+
+    Raises:
+        FileNotFoundError, PermissionError, OSError: the object cannot be had (naming URL and status).
+        ValueError: it is not a text meta file (other formats are not read from objects yet), or
+            ``columns`` are given.
+        MetaFileChangedError: it was replaced while it was being indexed.
+    """
+    source = ObjectFile(url)
+    path = source.path
+    fmt = detect_source(source)
+    if fmt.rows:
+        raise ValueError(
+            f"{url} is a {fmt.value} meta file: Parquet meta files are not read from object storage yet; "
+            "copy it to a local disk"
+        )
+    if columns is not None:
+        raise ValueError(f"columns= picks the columns of a Parquet meta file, and {url} is {fmt.value}")
+    refuse_cut_source(path, source, fmt)  # type: ignore[arg-type]
+    key = source.key.file_key(url)
+    ends_hash = hashlib.blake2b(object_ends(source), digest_size=16).digest()
+    cache = object_cache_path(url, source.size, source.key.etag)
+    with contextlib.suppress(OSError):
+        cache.parent.mkdir(parents=True, exist_ok=True)
+    wait_for_seal(cache)
+    if not rebuild:
+        index = _open_cache(cache, key, ends_hash)
+        if index is not None:
+            return index
+    try:
+        with contextlib.ExitStack() as held:
+            held.enter_context(one_builder(cache))
+            if not rebuild:  # another process may have built it while this one waited for the lock
+                index = _open_cache(cache, key, ends_hash)
+                if index is not None:
+                    return index
+            written = _write_cache(cache, path, source, key, ends_hash)  # type: ignore[arg-type]
+            if written is not None and written[1].after(held.pop_all()):
+                return written[0]
+    except OSError:  # no writable cache directory: the lock cannot be taken either
+        pass
+    return _index_in_memory(path, source, key, ends_hash)  # type: ignore[arg-type]
+
+
+class ObjectSpans:
+    """The bytes of an object as :class:`~rank_dataset.files._pread.Window` asks them (a ByteSource):
+    the ranges of a batch merged where less than ``COALESCE`` bytes lie between them, one GET each."""
+
+    serial = False
+
+    def __init__(self, source: ObjectFile) -> None:
+        self.source = source
+
+    def load(
+        self,
+        starts: _Ints,
+        stops: _Ints,
+        end: int,
+        pad: int = 0,
+        buffer: Callable[[int], npt.NDArray[np.uint8]] | None = None,
+    ) -> tuple[npt.NDArray[np.uint8], int | _Ints]:
+        hi = np.minimum(stops, min(end, self.source.size)).astype(np.int64)
+        lo = np.minimum(starts, hi).astype(np.int64)
+        shift = np.zeros(lo.size, np.int64)
+        if not lo.size:
+            return np.zeros(pad, np.uint8), 0
+        order = np.argsort(lo, kind="stable")
+        reach = np.maximum.accumulate(hi[order])
+        # A new group where a range starts more than COALESCE past all before it reach.
+        cut = np.flatnonzero(lo[order][1:] > reach[:-1] + COALESCE) + 1
+        groups = np.split(order, cut)
+        spans = [(int(lo[g].min()), int(hi[g].max())) for g in groups]
+        total = sum(b - a for a, b in spans)
+        buf = buffer(total + pad) if buffer is not None else np.empty(total + pad, np.uint8)
+        at = 0
+        for g, (a, b) in zip(groups, spans):
+            if b > a:
+                self.source.read_into(buf[at : at + b - a], a)
+            shift[g] = a - at
+            at += b - a
+        buf[at : at + pad] = 0
+        return buf, shift
+
+    def close(self) -> None:
+        """Nothing: the source holds no descriptor."""
+
+
+class ObjectBytes:
+    """The bytes of one meta file that is an object, for MetaFile (as its ``_FileBytes`` for a local
+    file): the object opened (one HEAD) on the first read in a process and checked against the index's
+    key, then every read pinned to its ETag."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._source: ObjectFile | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"path": str(self.path)}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(UrlPath(str(state["path"])))  # type: ignore[misc]
+
+    def source(self, key: FileKey) -> ObjectFile:
+        """The object, checked to be the one indexed (``key``)."""
+        with self._lock:
+            if self._source is None or self._pid != os.getpid():
+                try:
+                    source = ObjectFile(str(self.path))
+                except FileNotFoundError:
+                    raise MetaFileChangedError(self.path, "it was deleted") from None
+                if source.key.file_key(str(self.path)) != key:
+                    raise MetaFileChangedError(self.path, "it was replaced since it was indexed (its ETag changed)")
+                self._source, self._pid = source, os.getpid()
+            return self._source
+
+    @contextlib.contextmanager
+    def open(self, index: Index) -> Iterator[ObjectSpans | SpanSource]:
+        """The object's bytes (a compressed one's decompressed bytes, from its checkpoints)."""
+        source = self.source(index.key)
+        if not index.format.compressed:
+            yield ObjectSpans(source)
+            return
+        spans = SpanSource(self.path, source, read_checkpoints(index), lambda: ObjectFile(str(self.path), source.key))
+        try:
+            yield spans
+        finally:
+            spans.close()
+
+    @contextlib.contextmanager
+    def rows(self, index: Index) -> Iterator[object]:
+        raise ValueError(f"{self.path}: Parquet meta files are not read from object storage yet")
+        yield  # pragma: no cover
+
+    def read_once(self, index: Index, offset: int, count: int) -> bytes:
+        if index.format.compressed:
+            with self.open(index) as spans:
+                raw = cast(SpanSource, spans).read(offset, offset + count)
+            if len(raw) < count:
+                raise MetaFileChangedError(self.path, "it shrank while being read")
+            return raw
+        return self.source(index.key).read(offset, count)
+
+    def count_newlines(self, index: Index, start: int, stop: int) -> int:
+        if index.format.compressed:
+            with self.open(index) as spans:
+                return cast(SpanSource, spans).read(start, stop).count(b"\n")
+        return sum(block.count(b"\n") for block in self.source(index.key).stream(start, stop))
+
+    def check(self, fd: object, key: FileKey) -> None:
+        """Raise MetaFileChangedError if the object is no longer the one indexed (one HEAD)."""
+        self.source(key).check()

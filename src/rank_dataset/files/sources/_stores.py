@@ -1,0 +1,156 @@
+"""The object store clients of one process, and what they share: the cap on concurrent requests and the
+words of their errors. No torch.
+
+A client (obstore's, a Rust HTTP client with its own connection pool and runtime) never crosses a fork:
+a child would share the parent's sockets. So clients are made lazily, kept per process (a fork drops the
+parent's, and a check of the pid catches a child made another way), and never pickled: what an
+:class:`~rank_dataset.files.sources.object.ObjectFile` carries across processes is its URL, its options
+and its key, from which the other process makes its own client.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from rank_dataset.core.checks import URL_SCHEMES, is_url
+
+__all__ = [
+    "CLOUD_EXTRA",
+    "SCHEMES",
+    "acquire",
+    "is_url",
+    "object_store",
+    "split_url",
+    "status_of",
+]
+
+#: The schemes read as objects: S3, GCS, Azure, and HTTP servers that honour Range.
+SCHEMES = URL_SCHEMES
+CLOUD_EXTRA = "pip install 'rank-dataset[cloud]'"
+
+#: Requests in flight at once in one process, by default (RANK_DATASET_OBJECT_REQUESTS sets it): with 8
+#: ranks a node and a few DataLoader workers none of which reads the object, a node asks at most a few
+#: dozen at a time, which no store throttles.
+DEFAULT_REQUESTS = 4
+
+_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "ALLOW_HTTP")
+
+_lock = threading.Lock()
+_pid = os.getpid()
+_stores: dict[tuple[str, str], Any] = {}
+_slots: threading.BoundedSemaphore | None = None
+_used = False  # this process has run a client (and so obstore's runtime, its threads and sockets)
+_forked_from: int | None = None  # the pid of the parent that had, in a child forked from it
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(directory, name)``: the URL of the directory that a client is made for (one per bucket and
+    prefix), and the object's name in it."""
+    scheme, _, rest = url.partition("://")
+    directory, _, name = rest.rpartition("/")
+    if not directory or not name:
+        raise ValueError(f"{url!r} names no object: give scheme://bucket/path/to/meta.txt")
+    return f"{scheme}://{directory}", name
+
+
+def _reset() -> None:
+    """In a child after a fork: the parent's clients (and their sockets) are not this process's, and
+    if the parent ran one, obstore's runtime (a global of the Rust library, whose threads a fork does
+    not copy) cannot serve this process: a request would hang or crash, so it is refused instead."""
+    global _pid, _slots, _lock, _forked_from, _used
+    if _used:
+        _forked_from, _used = _pid, False
+    _pid, _slots, _lock = os.getpid(), None, threading.Lock()
+    _stores.clear()
+
+
+os.register_at_fork(after_in_child=_reset)
+
+
+def _obstore() -> Any:
+    try:
+        import obstore.store
+    except ImportError:
+        raise ImportError(
+            f"reading meta files from object storage (s3://, gs://, az://, https://) needs obstore: {CLOUD_EXTRA}"
+        ) from None
+    return obstore.store
+
+
+def object_store(directory: str, options: Mapping[str, Any], timeout: float) -> Any:
+    """This process's client for the objects under ``directory``, with ``options`` (obstore's config
+    keys, and ``client_options`` or ``retry_config``), retrying within ``timeout`` seconds."""
+    if os.getpid() != _pid:
+        _reset()
+    # The environment the client read enters the key: a changed setting makes another client.
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES))
+    key = (directory, repr((sorted((k, repr(v)) for k, v in options.items()), timeout, env)))
+    if _forked_from is not None:
+        raise RuntimeError(
+            f"{directory}: an object store client cannot run in a process forked (pid {os.getpid()}) from one "
+            f"that ran one (pid {_forked_from}): obstore's runtime does not survive a fork. Read objects in "
+            "the parent (DataLoader workers read shards, not the meta file), or start the process with "
+            "spawn or forkserver"
+        )
+    global _used
+    with _lock:
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = _make(directory, options, timeout)
+        _used = True
+        return store
+
+
+def _make(directory: str, options: Mapping[str, Any], timeout: float) -> Any:
+    module = _obstore()
+    config = dict(options)
+    client: dict[str, Any] = {"connect_timeout": "10s", "timeout": f"{max(int(timeout), 1)}s"}
+    # Client options given replace those of the environment: keep the one the environment says.
+    for name in ("AWS_ALLOW_HTTP", "GOOGLE_ALLOW_HTTP", "AZURE_ALLOW_HTTP", "ALLOW_HTTP"):
+        if os.environ.get(name, "").lower() in ("1", "true", "yes"):
+            client["allow_http"] = True
+    if str(config.get("endpoint", config.get("aws_endpoint", ""))).startswith("http://"):
+        client["allow_http"] = True  # an endpoint given as http:// is meant
+    client.update(config.pop("client_options", {}))
+    # Exponential backoff with jitter (obstore's), for 5xx, timeouts and dropped connections, all
+    # within the dataset's timeout.
+    retry = {
+        "max_retries": 10,
+        "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15), "base": 2},
+        "retry_timeout": timedelta(seconds=timeout),
+        **config.pop("retry_config", {}),
+    }
+    if directory.lower().startswith("http://"):
+        client["allow_http"] = True  # a URL given as http:// is meant
+    if directory.split("://", 1)[0].lower() in ("http", "https"):
+        return module.HTTPStore.from_url(directory, client_options=client, retry_config=retry)
+    return module.from_url(directory, config=config or None, client_options=client, retry_config=retry)
+
+
+def acquire() -> threading.BoundedSemaphore:
+    """The semaphore that caps this process's requests in flight (a ``with`` holds one slot)."""
+    global _slots
+    if os.getpid() != _pid:
+        _reset()
+    with _lock:
+        if _slots is None:
+            n = int(os.environ.get("RANK_DATASET_OBJECT_REQUESTS", DEFAULT_REQUESTS))
+            _slots = threading.BoundedSemaphore(max(n, 1))
+        return _slots
+
+
+_STATUS = re.compile(r"status code: (\d{3}[^:]*)")
+
+
+def status_of(exc: BaseException) -> str:
+    """The HTTP status in obstore's error, in words (``"HTTP 404 Not Found"``), else the error's kind."""
+    found = _STATUS.search(str(exc))
+    if found:
+        return f"HTTP {found.group(1).strip()}"
+    first = str(exc).split("\n", 1)[0]
+    return f"{type(exc).__name__}: {first[:200]}"

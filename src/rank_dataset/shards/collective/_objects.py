@@ -1,0 +1,57 @@
+"""Meta files in object storage, for the collective reader: one HEAD per object a job (by rank 0),
+told to every rank with the object's format, so that every rank's GETs are pinned to the same ETag
+and no rank asks the store anything at the making but its own slice. No torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rank_dataset.core.checks import is_url
+from rank_dataset.files.formats import Format, by_name, detect_source, refuse_cut_source
+from rank_dataset.files.sources import FileKey, ObjectFile, ObjectKey
+from rank_dataset.shards._text import pin_object
+from rank_dataset.shards.collective._dist import Collectives
+
+__all__ = ["shared_objects"]
+
+
+def shared_objects(net: Collectives, paths: Sequence[Path]) -> dict[int, tuple[FileKey, Format]]:
+    """For each path that is an object's URL (by its number): the key it is read under and its format,
+    from rank 0's one HEAD (and first bytes), sent to every rank (or the error rank 0 met, raised on
+    every rank: a missing object, a missing bucket, credentials refused, naming the URL and status).
+
+    Raises:
+        ValueError: an object is a Parquet file (not read from objects yet).
+    """
+    urls = [i for i, p in enumerate(paths) if is_url(p)]
+    if not urls:
+        return {}
+    found: list[object] = [None]
+    if net.rank == 0:
+        try:
+            got = []
+            for i in urls:
+                source = ObjectFile(str(paths[i]))
+                fmt = detect_source(source)
+                if fmt.rows:
+                    raise ValueError(
+                        f"{paths[i]} is a {fmt.value} meta file: Parquet meta files are not read from object "
+                        "storage yet; copy it to a local disk"
+                    )
+                refuse_cut_source(paths[i], source, fmt)
+                got.append((source.key, fmt.value))
+            found[0] = got
+        except (OSError, ValueError, ImportError, RuntimeError) as exc:
+            found[0] = exc
+    net.broadcast(found, "the objects' keys")
+    if isinstance(found[0], BaseException):
+        raise found[0]
+    keys: list[tuple[ObjectKey, str]] = found[0]  # type: ignore[assignment]
+    out = {}
+    for i, (key, fmt_name) in zip(urls, keys):
+        file_key = key.file_key(str(paths[i]))
+        pin_object(str(paths[i]), file_key, key)
+        out[i] = (file_key, by_name(fmt_name))
+    return out

@@ -1,0 +1,187 @@
+"""Meta files in object storage read as local ones are: the index (built by one streaming pass, cached
+on this node, never in the bucket) and MetaFile's reads (coalesced ranged GETs), against a real S3 server
+(SeaweedFS) and a local HTTP server with Range."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("obstore", reason="the cloud extra (obstore) is not installed")
+
+from http_helpers import range_server
+from rank_dataset import MetaFile
+from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.files.index import load_index
+
+
+def _lines(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    pads = rng.integers(0, 40, n)
+    return [f"img_{i:07d}_{'é' if i % 97 == 0 else ''}{'x' * int(pads[i])}.jpg {i % 1000}" for i in range(n)]
+
+
+def _same(local: MetaFile, remote: MetaFile, picks: np.ndarray) -> None:
+    assert len(remote) == len(local) and remote.fingerprint == local.fingerprint
+    assert [remote[int(i)] for i in picks[:50]] == [local[int(i)] for i in picks[:50]]
+    a, b = local.read(picks), remote.read(picks)
+    assert len(a) == len(b) == picks.size
+    assert b.texts(range(len(b))) == a.texts(range(len(a)))
+
+
+def test_text_object_reads_as_the_local_file(s3: Any, tmp_path: Path) -> None:
+    local = tmp_path / "meta.txt"
+    local.write_text("\n".join(_lines(200_000)) + "\n")
+    url = s3.put("files/meta.txt", local)
+    remote, here = MetaFile(url), MetaFile(local)
+    assert str(remote.paths[0]) == url
+    rng = np.random.default_rng(1)
+    for picks in (rng.permutation(len(here))[:5000], np.arange(len(here)), np.sort(rng.choice(len(here), 300))):
+        _same(here, remote, picks)
+    assert remote.where(12345).startswith(f"{url}:")
+    # Pickled (a spawn worker): the URL stays whole, and the copy reads the object itself.
+    copy = pickle.loads(pickle.dumps(remote))
+    assert str(copy.paths[0]) == url and copy[77] == here[77]
+    # The index is cached on this node: loaded again, not rebuilt.
+    first = load_index(remote.paths[0])
+    assert first.cache is not None and first.cache.exists() and load_index(remote.paths[0]).cache == first.cache
+
+
+def test_replaced_object_is_refused(s3: Any) -> None:
+    url = s3.put("files/swap.txt", "".join(f"line {i}\n" for i in range(10_000)).encode())
+    mf = MetaFile(url)
+    s3.put("files/swap.txt", "".join(f"LINE {i}\n" for i in range(10_000)).encode())
+    with pytest.raises(MetaFileChangedError, match=r"meta file s3://meta/files/swap.txt changed"):
+        mf.read(np.arange(100))
+    again = MetaFile(url)  # a new MetaFile indexes the object as it is now
+    assert again[3] == "LINE 3"
+
+
+@pytest.mark.parametrize("fmt", ["gz", "gz-members", "zst", "zst-frames"])
+def test_compressed_object_reads_as_the_local_file(s3: Any, tmp_path: Path, fmt: str) -> None:
+    """gzip (one stream, or many members) and zstd (one frame, or many) objects, recognised by content:
+    the index from one streaming pass (checkpoints in it), reads through the checkpoints."""
+    import gzip
+
+    import zstandard
+
+    text = ("\n".join(_lines(60_000, seed=3)) + "\n").encode()
+    parts = [text[i : i + 400_000] for i in range(0, len(text), 400_000)]
+    data = {
+        "gz": gzip.compress(text),
+        "gz-members": b"".join(gzip.compress(p) for p in parts),
+        "zst": zstandard.ZstdCompressor().compress(text),
+        "zst-frames": b"".join(zstandard.ZstdCompressor().compress(p) for p in parts),
+    }[fmt]
+    local = tmp_path / f"meta.{fmt}"
+    local.write_bytes(data)
+    url = s3.put(f"files/meta.{fmt}", data)
+    remote, here = MetaFile(url), MetaFile(local)
+    assert load_index(remote.paths[0]).format.compressed
+    rng = np.random.default_rng(4)
+    for picks in (rng.permutation(len(here))[:4000], np.arange(len(here))):
+        _same(here, remote, picks)
+    assert remote.where(31_000) == here.where(31_000).replace(str(local), url)
+
+
+def test_parquet_object_is_a_clear_error(s3: Any, tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"path": ["a", "b"]}), tmp_path / "m.parquet")
+    url = s3.put("files/m.parquet", tmp_path / "m.parquet")
+    with pytest.raises(ValueError, match=r"s3://meta/files/m.parquet is a parquet meta file: Parquet meta files are"):
+        MetaFile(url)
+
+
+def test_missing_object_names_url_and_status(s3: Any) -> None:
+    with pytest.raises(FileNotFoundError, match=r"meta file not found: s3://meta/files/none.txt \(HTTP 404"):
+        MetaFile("s3://meta/files/none.txt")
+
+
+def test_http_object_reads_as_the_local_file(tmp_path: Path) -> None:
+    local = tmp_path / "meta.txt"
+    local.write_text("\n".join(_lines(20_000, seed=5)) + "\n")
+    with range_server() as server:
+        server.objects["m/meta.txt"] = local.read_bytes()
+        remote, here = MetaFile(server.url("m/meta.txt")), MetaFile(local)
+        _same(here, remote, np.random.default_rng(2).permutation(len(here)))
+
+
+def test_cli_index_of_an_object(s3: Any) -> None:
+    from click.testing import CliRunner
+
+    from rank_dataset.cli import cli
+
+    url = s3.put("files/cli.txt", b"a 1\nb 2\n\nc 3\n")
+    done = CliRunner().invoke(cli, ["index", url])
+    assert done.exit_code == 0, done.output
+    assert done.output == f"3\t{url}\n"
+    missing = CliRunner().invoke(cli, ["index", "s3://meta/files/nothing.txt"])
+    assert missing.exit_code != 0 and "s3://meta/files/nothing.txt (HTTP 404" in missing.output
+
+
+def test_rank_dataset_file_reader_over_an_object(s3: Any, tmp_path: Path) -> None:
+    """Each rank's shard from the object equals the shard from the local file, epoch after epoch."""
+    from rank_dataset import RankDataset
+
+    local = tmp_path / "meta.txt"
+    local.write_text("\n".join(_lines(30_000, seed=9)) + "\n")
+    url = s3.put("files/dataset.txt", local)
+    cfg = {"mini_epoch": 2, "seed": 3}
+    for rank in range(2):
+        remote = RankDataset(url, reload_cfg=cfg, rank=rank, world_size=2, parser=None)
+        here = RankDataset(local, reload_cfg=cfg, rank=rank, world_size=2, parser=None)
+        for epoch, mini in ((0, 0), (0, 1), (1, 0)):
+            remote.set_epoch(epoch, mini)
+            here.set_epoch(epoch, mini)
+            assert len(remote) == len(here) > 0
+            assert [remote[i] for i in range(len(remote))] == [here[i] for i in range(len(here))]
+        remote.close()
+        here.close()
+
+
+def test_grouping_passes_refuse_objects_clearly(s3: Any) -> None:
+    from rank_dataset import class_balanced, group_by
+
+    url = s3.put("files/labels.txt", b"a.jpg 1\nb.jpg 2\n")
+    for call in (lambda: group_by(url), lambda: class_balanced(url), lambda: group_by(url, key=len)):
+        with pytest.raises(ValueError, match=r"local meta files only, so far, and s3://meta/files/labels.txt is an"):
+            call()
+
+
+def test_sources_mixing_an_object_and_a_local_file(s3: Any, tmp_path: Path) -> None:
+    from rank_dataset import RankDataset, Source
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("\n".join(_lines(3000, seed=1)) + "\n")
+    b.write_text("".join(f"b_{i} 1\n" for i in range(500)))
+    url = s3.put("files/mix_a.txt", a)
+    cfg = {"seed": 4}
+    remote = RankDataset(
+        [Source(url, weight=2), Source(b, repeat=2)], reload_cfg=cfg, rank=0, world_size=1, parser=None
+    )
+    here = RankDataset([Source(a, weight=2), Source(b, repeat=2)], reload_cfg=cfg, rank=0, world_size=1, parser=None)
+    assert [remote[i] for i in range(len(remote))] == [here[i] for i in range(len(here))]
+
+
+def test_meta_server_serves_an_object(s3: Any, tmp_path: Path) -> None:
+    """The meta server's app over MetaFile(URL) (what `rank-dataset serve URL` makes) answers as over
+    the local file."""
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from rank_dataset.server.app import create_app
+
+    local = tmp_path / "served.txt"
+    local.write_text("\n".join(_lines(5000, seed=8)) + "\n")
+    url = s3.put("files/served.txt", local)
+    remote, here = TestClient(create_app(MetaFile(url))), TestClient(create_app(MetaFile(local)))
+    assert remote.get("/len").json()["num_samples"] == here.get("/len").json()["num_samples"] == 5000
+    params = {"world_size": 2, "rank": 1, "seed": 3}
+    got, want = remote.get("/shard", params=params), here.get("/shard", params=params)
+    assert got.status_code == want.status_code == 200 and got.content == want.content

