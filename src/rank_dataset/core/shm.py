@@ -57,6 +57,10 @@ class Handle:
     ino: int
     size: int
 
+    def __reduce__(self) -> tuple[type[Handle], tuple[str, int, int, str, int, int]]:
+        # Positional: handles travel in every pickled dataset (to each DataLoader worker).
+        return Handle, (self.kind, self.pid, self.fd, self.path, self.ino, self.size)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -98,6 +98,31 @@ def _worker_id() -> int | None:
 _INLINE = 4 << 10
 
 
+# What a pickled channel carries, in this order (its other attributes are made anew where it lands).
+_PICKLED = (
+    "audit_mode",
+    "failure_log",
+    "_reader",
+    "_owner",
+    "_owner_pid",
+    "seen",
+    "_gen",
+    "_passes",
+    "_pass_gen",
+    "_pass_open",
+    "_managed",
+    "_tally_word",
+    "_tally_count",
+    "_tally_cap",
+    "_draws",
+    "_finished",
+    "_judged",
+    "_warned",
+    "_handle",
+)
+_UNPICKLED = ("_ctl", "version", "_kept", "_history")
+
+
 class ShardChannel:
     """One dataset's channel to its workers: the rank side (:meth:`publish`, :meth:`begin_pass`,
     :meth:`end_pass`) and the worker side (:meth:`follow`). Pickles itself to the control block's handle.
@@ -359,14 +384,18 @@ class ShardChannel:
 
     # -- pickling ---------------------------------------------------------------------------------
 
-    def __getstate__(self) -> dict[str, Any]:
-        # Pickled to reach a spawn or forkserver worker: the control block's handle, never a segment.
-        state = self.__dict__.copy()
-        for name in ("_ctl", "version", "_kept", "_history"):
+    def __getstate__(self) -> tuple[Any, ...]:
+        # Pickled to reach a spawn or forkserver worker: the control block's handle, never a segment; the
+        # values alone, in the order of _PICKLED (each worker receives it with every dataset).
+        state = {**self.__dict__, "_handle": self._ctl.handle, "_owner": False, "_pass_open": 0, "_tally_word": -1}
+        for name in _UNPICKLED:
             del state[name]
-        return {**state, "_handle": self._ctl.handle, "_owner": False, "_pass_open": 0, "_tally_word": -1}
+        if state.keys() != set(_PICKLED):  # an attribute added without a place here would be lost
+            raise TypeError(f"ShardChannel cannot pickle {sorted(state.keys() ^ set(_PICKLED))}: update _PICKLED")
+        return tuple(state[name] for name in _PICKLED)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, values: tuple[Any, ...]) -> None:
+        state = dict(zip(_PICKLED, values))
         handle = state.pop("_handle")
         self.__dict__.update(state)
         self._ctl = ControlBlock.attach(handle)
