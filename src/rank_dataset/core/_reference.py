@@ -27,6 +27,7 @@ __all__ = [
     "count_byte",
     "find_byte",
     "lines_bad",
+    "mix32",
     "pack_rows",
     "permute_cells",
     "scan_lines",
@@ -230,7 +231,7 @@ _FMIX1, _FMIX2 = np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35)
 _S16, _S13 = np.uint32(16), np.uint32(13)
 
 
-def _hash(x: npt.NDArray[np.uint32], key: np.uint32) -> npt.NDArray[np.uint32]:
+def mix32(x: npt.NDArray[np.uint32], key: np.uint32) -> npt.NDArray[np.uint32]:
     """A keyed 32-bit mix of ``x`` (murmur3's finaliser); all arithmetic wraps modulo 2**32."""
     h = x ^ key
     h ^= h >> _S16
@@ -248,10 +249,10 @@ def _feistel(
     col_mask, r = np.uint32((1 << col_bits) - 1), np.uint32(rows)
     for i, key in enumerate(keys):
         if i % 2 == 0:
-            lo += _hash(hi, np.uint32(key))
+            lo += mix32(hi, np.uint32(key))
             lo &= col_mask
         else:
-            h = _hash(lo, np.uint32(key))
+            h = mix32(lo, np.uint32(key))
             h %= r
             hi += h
             # hi + h < 2 * rows: subtracting rows where it wraps is the cheap modulo.

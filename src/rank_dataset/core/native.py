@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import _reference
-from rank_dataset.core._reference import BLANK, BOM, CR, MARK, NEWLINE, LineScan
+from rank_dataset.core._reference import BLANK, BOM, CR, MARK, NEWLINE, LineScan, mix32
 
 if TYPE_CHECKING:
     from rank_dataset.core._native_lib import Kernels
@@ -52,6 +52,7 @@ __all__ = [
     "describe",
     "find_newlines",
     "lines_bad",
+    "mix32",
     "pack_rows",
     "path",
     "permute_cells",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,9 +87,6 @@ def _build(path: Path, fd: Any, key: FileKey, write: Callable[[npt.NDArray[np.ui
     Raises:
         MetaFileChangedError: the file changed while it was being indexed.
     """
-    count, lines, ascii_only = 0, 0, True
-    longs: list[_IntArray] = []
-    marks: list[_IntArray] = []
     if not isinstance(fd, int):  # an object: its bytes streamed once, in large ranged GETs
         return _build_streamed(path, fd, key, write)
     fmt = detect(fd)
@@ -102,29 +99,13 @@ def _build(path: Path, fd: Any, key: FileKey, write: Callable[[npt.NDArray[np.ui
     else:
         fmt, parts = Format.TEXT, scan_map(path, _encoder(key.size), fd=fd)
     try:
-        for part in parts:
-            write(part.entries)
-            longs.append(part.longs + np.array([count, 0]))
-            marks.append(part.marks + np.array([0, lines]))
-            count += part.entries.size
-            lines += part.newlines
-            ascii_only = ascii_only and part.ascii
+        built = _built(path, parts, write, fmt, decompression)
     except ShortRead as exc:
         raise MetaFileChangedError(path, "it shrank while being indexed") from exc
     what = key.change(FileKey.of(os.fstat(fd)))
     if what is not None:
         raise MetaFileChangedError(path, f"{what} while being indexed")
-    if decompression is not None:
-        checkpoints = decompression.checkpoints
-        if checkpoints.size > _COMPRESSED_BOUND:
-            raise ValueError(
-                f"{path} decompresses to {checkpoints.size:,} bytes; at most {_COMPRESSED_BOUND:,} are read"
-            )
-        return _Built(
-            count, ascii_only, _stack(longs), _stack(marks), fmt, checkpoints.size, _COMPRESSED_BOUND,
-            checkpoints.to_bytes(),
-        )  # fmt: skip
-    return _Built(count, ascii_only, _stack(longs), _stack(marks))
+    return built
 
 
 def _build_streamed(path: Path, source: Any, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _Built:
@@ -133,32 +114,42 @@ def _build_streamed(path: Path, source: Any, key: FileKey, write: Callable[[npt.
     fmt = detect_source(source)
     if fmt.rows:
         raise ValueError(f"{path} is a Parquet file: its index is its footer, not a scan of its lines")
-    count, ascii_only = 0, True
-    longs: list[_IntArray] = []
-    marks: list[_IntArray] = []
-    lines = 0
     decompression = Decompression(path, source, fmt) if fmt.compressed else None
     blocks = source.stream() if decompression is None else decompression
     bound = key.size if decompression is None else _COMPRESSED_BOUND
-    for part in scan_blocks(blocks, _encoder(bound)):
+    built = _built(path, scan_blocks(blocks, _encoder(bound)), write, fmt, decompression)
+    source.check()
+    return built
+
+
+def _built(
+    path: Path,
+    parts: Iterable[Any],
+    write: Callable[[npt.NDArray[np.uint64]], object],
+    fmt: Format,
+    decompression: Decompression | None,
+) -> _Built:
+    """Pass the scanned ``parts``' entries to ``write`` in order; what else the index holds (for a
+    compressed file, its checkpoints once the decompression has ended)."""
+    count, lines, ascii_only = 0, 0, True
+    longs: list[_IntArray] = []
+    marks: list[_IntArray] = []
+    for part in parts:
         write(part.entries)
         longs.append(part.longs + np.array([count, 0]))
         marks.append(part.marks + np.array([0, lines]))
         count += part.entries.size
         lines += part.newlines
         ascii_only = ascii_only and part.ascii
-    source.check()
-    if decompression is not None:
-        checkpoints = decompression.checkpoints
-        if checkpoints.size > _COMPRESSED_BOUND:
-            raise ValueError(
-                f"{path} decompresses to {checkpoints.size:,} bytes; at most {_COMPRESSED_BOUND:,} are read"
-            )
-        return _Built(
-            count, ascii_only, _stack(longs), _stack(marks), fmt, checkpoints.size, _COMPRESSED_BOUND,
-            checkpoints.to_bytes(),
-        )  # fmt: skip
-    return _Built(count, ascii_only, _stack(longs), _stack(marks))
+    if decompression is None:
+        return _Built(count, ascii_only, _stack(longs), _stack(marks))
+    checkpoints = decompression.checkpoints
+    if checkpoints.size > _COMPRESSED_BOUND:
+        raise ValueError(f"{path} decompresses to {checkpoints.size:,} bytes; at most {_COMPRESSED_BOUND:,} are read")
+    return _Built(
+        count, ascii_only, _stack(longs), _stack(marks), fmt, checkpoints.size, _COMPRESSED_BOUND,
+        checkpoints.to_bytes(),
+    )  # fmt: skip
 
 
 def _stack(parts: list[_IntArray]) -> _IntArray:

@@ -26,9 +26,6 @@ _ROUNDS = 6
 _FEW_PASSES = 8  # up to this many passes in one request, group positions by masks, not a sort
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
-_FMIX1 = np.uint32(0x85EBCA6B)
-_FMIX2 = np.uint32(0xC2B2AE35)
-_S16, _S13 = np.uint32(16), np.uint32(13)
 _SLICE = 1 << 17  # positions permuted at a time
 
 
@@ -68,17 +65,6 @@ def _grid(n: int) -> tuple[int, int]:
     col_bits = max(0, (n - 1).bit_length() + 1) // 2
     rows = -(-n // (1 << col_bits))
     return rows, col_bits
-
-
-def _hash(x: npt.NDArray[np.uint32], key: np.uint32) -> npt.NDArray[np.uint32]:
-    """A keyed 32-bit mix of ``x`` (murmur3's finaliser); all arithmetic wraps modulo 2**32."""
-    h = x ^ key
-    h ^= h >> _S16
-    h *= _FMIX1
-    h ^= h >> _S13
-    h *= _FMIX2
-    h ^= h >> _S16
-    return h
 
 
 def permute(n: int, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDArray[np.int64]:
@@ -253,10 +239,10 @@ def permute_keyed(
             for i, all_keys in enumerate(keys):
                 key = all_keys if first else all_keys[todo]
                 if i % 2 == 0:
-                    lo += _hash(hi, key)  # type: ignore[arg-type]
+                    lo += native.mix32(hi, key)  # type: ignore[arg-type]
                     lo &= col_mask
                 else:
-                    h = _hash(lo, key)  # type: ignore[arg-type]
+                    h = native.mix32(lo, key)  # type: ignore[arg-type]
                     h %= r
                     hi += h
                     np.minimum(hi, hi - r, out=hi)
