@@ -21,6 +21,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -62,6 +63,11 @@ def _export(rev: str, into: Path) -> Path:
             tar.extractall(into, filter="data")
         else:
             tar.extractall(into)
+    kernels = into / "src" / "rank_dataset" / "core" / "_kernels.c"
+    if kernels.exists():  # a revision with the native kernels: built as its install builds them (hatch_build.py)
+        cc = os.environ.get("CC", "cc")
+        flags = ["-O2", "-fPIC", "-shared", "-std=c99"]
+        subprocess.run([cc, *flags, "-o", str(kernels.with_suffix(".so")), str(kernels)], check=True)
     return into / "src"
 
 

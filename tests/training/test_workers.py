@@ -87,14 +87,18 @@ def _nothing_left_behind() -> Iterator[None]:
         return {p for p in os.listdir("/dev/shm") if p.startswith("rank_dataset") and any(x in p for x in pids)}
 
     shm_before = ours()
+    # Processes that were there before the test (a session fixture's server, started by an earlier test
+    # in this pytest process) are not this test's.
+    before = {c.pid for c in _workers()}
     yield
     gc.collect()
-    for child in _workers():
+    started = [c for c in _workers() if c.pid not in before]
+    for child in started:
         with contextlib.suppress(psutil.TimeoutExpired):  # reported below
             child.wait(timeout=30)  # workers of a finished DataLoader exit on their own
     left = ours() - shm_before
     assert not left, f"shared-memory segments left behind: {left}"
-    assert not [c for c in _workers() if c.is_running()], "processes left behind"
+    assert not [c for c in started if c.is_running()], "processes left behind"
 
 
 def _sampler(kind: str, ds: RankDataset) -> RandomSampler | ResumableSampler:
