@@ -55,7 +55,9 @@ def object_ends(source: ObjectFile) -> bytes:
     return source.read(0, n) + source.read(source.size - n, n)
 
 
-def load_object_index(url: str, *, rebuild: bool = False, columns: Sequence[str] | None = None) -> Index:
+def load_object_index(
+    url: str | os.PathLike[str], *, rebuild: bool = False, columns: Sequence[str] | None = None
+) -> Index:
     """The index of the object ``url``: from this node's cache, else built by one streaming pass (one
     process builds while the others wait) and cached (in memory where no cache is writable).
 
@@ -76,9 +78,9 @@ def load_object_index(url: str, *, rebuild: bool = False, columns: Sequence[str]
     if columns is not None:
         raise ValueError(f"columns= picks the columns of a Parquet meta file, and {url} is {fmt.value}")
     refuse_cut_source(path, source, fmt)  # type: ignore[arg-type]
-    key = source.key.file_key(url)
+    key = source.key.file_key(path)
     ends_hash = hashlib.blake2b(object_ends(source), digest_size=16).digest()
-    cache = object_cache_path(url, source.size, source.key.etag)
+    cache = object_cache_path(path, source.size, source.key.etag)
     with contextlib.suppress(OSError):
         cache.parent.mkdir(parents=True, exist_ok=True)
     wait_for_seal(cache)
@@ -156,17 +158,17 @@ class ObjectBytes:
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, object]:
-        return {"path": str(self.path)}
+        return {"path": self.path}  # a UrlPath: its settings go with it (a client does not)
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(UrlPath(str(state["path"])))  # type: ignore[misc]
+        self.__init__(UrlPath(state["path"]))  # type: ignore[misc, arg-type]
 
     def source(self, key: FileKey) -> ObjectFile:
         """The object, checked to be the one indexed (``key``)."""
         with self._lock:
             if self._source is None or self._pid != os.getpid():
                 try:
-                    source = ObjectFile(str(self.path))
+                    source = ObjectFile(self.path)
                 except FileNotFoundError:
                     raise MetaFileChangedError(self.path, "it was deleted") from None
                 if source.key.file_key(str(self.path)) != key:
@@ -181,7 +183,7 @@ class ObjectBytes:
         if not index.format.compressed:
             yield ObjectSpans(source)
             return
-        spans = SpanSource(self.path, source, read_checkpoints(index), lambda: ObjectFile(str(self.path), source.key))
+        spans = SpanSource(self.path, source, read_checkpoints(index), lambda: ObjectFile(self.path, source.key))
         try:
             yield spans
         finally:

@@ -16,9 +16,10 @@ Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL`
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -84,11 +85,13 @@ class ObjectFile:
     With ``key``, reads are pinned to the object ``key`` describes (no request at construction);
     without, one HEAD learns its size and ETag: a missing object or bucket, or credentials refused,
     raise here, naming the URL and the HTTP status. Picklable: another process makes its own client.
+    ``storage_options`` and ``timeout`` default to those ``url`` carries (a
+    :class:`~rank_dataset.core.checks.UrlPath`'s), else the environment's and :data:`_TIMEOUT`.
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | os.PathLike[str],
         key: ObjectKey | None = None,
         *,
         storage_options: Mapping[str, Any] | None = None,
@@ -96,10 +99,11 @@ class ObjectFile:
     ) -> None:
         if not is_url(url):
             raise ValueError(f"{url!r} is not an object URL (s3://, gs://, az://, abfs://, http(s)://)")
-        self.path = UrlPath(url)
-        self._directory, self._name = split_url(url)
-        self.storage_options = dict(storage_options or {})
-        self.timeout = _TIMEOUT if timeout is None else float(timeout)
+        # The settings given win over those the URL carries (a UrlPath's, e.g. a Source's).
+        self.path = UrlPath(cast(str, url), storage_options, timeout)
+        self._directory, self._name = split_url(self.path)
+        self.storage_options = self.path.storage_options
+        self.timeout = _TIMEOUT if self.path.timeout is None else float(self.path.timeout)
         self.key = self._head() if key is None else key
         self._ahead: tuple[int, bytes] | None = None  # the block of a read in order (read_into's until)
         self._next = 0  # where a read in order (pread) would start next

@@ -33,7 +33,7 @@ def shared_objects(net: Collectives, paths: Sequence[Path]) -> dict[int, tuple[F
         try:
             got = []
             for i in urls:
-                source = ObjectFile(str(paths[i]))
+                source = ObjectFile(paths[i])
                 fmt = detect_source(source)
                 if fmt.rows:
                     raise ValueError(
