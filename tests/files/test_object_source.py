@@ -156,3 +156,26 @@ def test_without_obstore_a_url_names_the_extra(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(_stores, "_stores", {})
     with pytest.raises(ImportError, match=r"pip install 'rank-dataset\[cloud\]'"):
         ObjectFile("s3://bucket/meta.txt")
+
+
+@pytest.mark.timeout(120)
+def test_a_stalled_server_fails_within_the_timeout() -> None:
+    """The dataset's timeout bounds a read with its retries: a server that never answers a HEAD, or
+    stops sending a body halfway, is an error naming the URL, not a hang (the client's own bound
+    would be 30 minutes: past the test's timeout). The requests held show that retries were made."""
+    from rank_dataset import RankDataset
+
+    data = b"".join(b"line %d\n" % i for i in range(200_000))
+    with range_server() as server:
+        server.objects["s/meta.txt"] = data
+        url = server.url("s/meta.txt")
+        source = ObjectFile(url, timeout=4)
+        server.stall = "body"
+        with pytest.raises((OSError, CorruptMetaFileError), match=r"http://127.0.0.1:\d+/s/meta.txt"):
+            source.read(0, len(data))
+        assert server.stalled >= 2  # asked again after the first stall
+        server.stall = "head"
+        with pytest.raises(
+            OSError, match=r"meta file http://127.0.0.1:\d+/s/meta.txt: the object store failed .* within timeout=4 s"
+        ):
+            RankDataset(url, timeout=4, rank=0, world_size=1)  # the dataset's timeout reaches the client

@@ -23,6 +23,7 @@ __all__ = [
     "CLOUD_EXTRA",
     "SCHEMES",
     "acquire",
+    "budget",
     "is_url",
     "object_store",
     "split_url",
@@ -106,10 +107,30 @@ def object_store(directory: str, options: Mapping[str, Any], timeout: float) -> 
         return store
 
 
+def budget(timeout: float) -> dict[str, timedelta]:
+    """How a read's ``timeout`` (the dataset's) is spent, so that a read ends within it, its bytes or
+    an error naming the URL: one attempt of a request may take a quarter of it (a connection at most
+    10 s of that, a body that sends nothing for 30 s is cut), obstore retries it with backoff and
+    jitter for another quarter, and a body cut short is asked again only in the read's first half."""
+    quarter = timedelta(seconds=timeout / 4)
+    return {
+        "attempt": quarter,
+        "connect": min(quarter, timedelta(seconds=10)),
+        "stall": min(quarter, timedelta(seconds=30)),
+        "retries": quarter,
+        "reasks": 2 * quarter,
+    }
+
+
 def _make(directory: str, options: Mapping[str, Any], timeout: float) -> Any:
     module = _obstore()
     config = dict(options)
-    client: dict[str, Any] = {"connect_timeout": "10s", "timeout": f"{max(int(timeout), 1)}s"}
+    spend = budget(timeout)
+    client: dict[str, Any] = {
+        "connect_timeout": spend["connect"],
+        "timeout": spend["attempt"],
+        "read_timeout": spend["stall"],
+    }
     # Client options given replace those of the environment: keep the one the environment says.
     for name in ("AWS_ALLOW_HTTP", "GOOGLE_ALLOW_HTTP", "AZURE_ALLOW_HTTP", "ALLOW_HTTP"):
         if os.environ.get(name, "").lower() in ("1", "true", "yes"):
@@ -122,7 +143,7 @@ def _make(directory: str, options: Mapping[str, Any], timeout: float) -> Any:
     retry = {
         "max_retries": 10,
         "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15), "base": 2},
-        "retry_timeout": timedelta(seconds=timeout),
+        "retry_timeout": spend["retries"],
         **config.pop("retry_config", {}),
     }
     if directory.lower().startswith("http://"):

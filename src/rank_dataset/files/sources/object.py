@@ -4,8 +4,9 @@
 Every read is a ranged GET pinned to that ETag (``If-Match``): an object replaced or deleted under a
 job is :class:`~rank_dataset.errors.MetaFileChangedError` naming the URL, never bytes of the new
 object. Failed requests (5xx, timeouts, dropped connections) are retried by the client with
-exponential backoff and jitter within the timeout; a body cut short is asked again from where it
-stopped, then is :class:`~rank_dataset.errors.CorruptMetaFileError` naming the URL and the offset.
+exponential backoff and jitter, and a body cut short is asked again from where it stopped (then is
+:class:`~rank_dataset.errors.CorruptMetaFileError` naming the URL and the offset), all within the
+timeout (the dataset's; :func:`~rank_dataset.files.sources._stores.budget` says how it is spent).
 A process holds at most a few requests in flight (``RANK_DATASET_OBJECT_REQUESTS``, default 4).
 
 Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL``,
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -27,7 +29,7 @@ import numpy.typing as npt
 from rank_dataset.core.checks import UrlPath
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files._pread import ShortRead
-from rank_dataset.files.sources._stores import acquire, is_url, object_store, split_url, status_of
+from rank_dataset.files.sources._stores import acquire, budget, is_url, object_store, split_url, status_of
 from rank_dataset.files.sources.base import STREAM_BLOCK
 from rank_dataset.files.sources.local import FileKey
 
@@ -126,7 +128,7 @@ class ObjectFile:
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"meta file not found: {self.path} ({status_of(exc)})") from None
         except Exception as exc:
-            raise _failure(self.path, exc) from None
+            raise _failure(self.path, exc, self.timeout) from None
         modified = None if meta.get("e_tag") else str(meta.get("last_modified"))
         return ObjectKey(int(meta["size"]), meta.get("e_tag"), modified)
 
@@ -154,7 +156,7 @@ class ObjectFile:
             return MetaFileChangedError(self.path, f"it was replaced (its ETag is no longer {self.key.etag})")
         if isinstance(exc, FileNotFoundError):
             return MetaFileChangedError(self.path, "it was deleted")
-        return _failure(self.path, exc)
+        return _failure(self.path, exc, self.timeout)
 
     def stream(self, start: int = 0, stop: int | None = None, block: int = STREAM_BLOCK) -> Iterator[bytes]:
         """Bytes ``[start, stop)`` in order, ``block`` at a time (the last shorter), from GETs of at most
@@ -175,8 +177,11 @@ class ObjectFile:
     def _pieces(self, start: int, stop: int) -> Iterator[bytes]:
         """The bytes ``[start, stop)`` as they arrive; a body cut short is asked again from where it
         stopped (a short body after :data:`_ATTEMPTS` asks is corrupt)."""
-        at, short = start, 0
+        at, short, deadline = start, 0, 0.0
+        reasks = budget(self.timeout)["reasks"].total_seconds()
         while at < stop:
+            if short == 0:  # a range's first ask: it and its asks again end within the timeout
+                deadline = time.monotonic() + reasks
             end = min(at + REQUEST, stop)
             got = at
             with acquire():
@@ -188,11 +193,11 @@ class ObjectFile:
                 except (MetaFileChangedError, CorruptMetaFileError, OSError):
                     raise
                 except Exception as exc:  # the body broke off: asked again below from ``got``
-                    if short + 1 >= _ATTEMPTS:
+                    if short + 1 >= _ATTEMPTS or time.monotonic() > deadline:
                         raise self._error(exc) from None
             if got < end:
                 short += 1
-                if short >= _ATTEMPTS:
+                if short >= _ATTEMPTS or time.monotonic() > deadline:
                     raise CorruptMetaFileError(self.path, got, f"the body ended {end - got:,} bytes short")
             else:
                 short = 0
@@ -298,11 +303,12 @@ class ObjectFile:
         return f"ObjectFile({str(self.path)!r}, {self.key!r})"
 
 
-def _failure(url: str, exc: BaseException) -> OSError:
-    """The error of a request that failed for good, naming the URL and the status."""
+def _failure(url: str, exc: BaseException, timeout: float) -> OSError:
+    """The error of a request that failed for good, naming the URL, the status and the timeout that
+    bounded its retries."""
     import obstore.exceptions as errors
 
     status = status_of(exc)
     if isinstance(exc, (errors.PermissionDeniedError, errors.UnauthenticatedError, PermissionError)):
         return PermissionError(f"meta file {url}: access denied ({status}); check the credentials")
-    return OSError(f"meta file {url}: the object store failed ({status})")
+    return OSError(f"meta file {url}: the object store failed ({status}), retried within timeout={timeout:g} s")
