@@ -10,9 +10,11 @@ and its key, from which the other process makes its own client.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import threading
+import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -27,6 +29,7 @@ __all__ = [
     "is_url",
     "object_store",
     "split_url",
+    "start_delay",
     "status_of",
 ]
 
@@ -39,6 +42,13 @@ CLOUD_EXTRA = "pip install 'rank-dataset[cloud]'"
 #: dozen at a time, which no store throttles.
 DEFAULT_REQUESTS = 4
 
+#: The spread start: a process's first request waits a delay in a window of this many seconds a
+#: process of the job (RANK_DATASET_OBJECT_SPREAD_MS sets it in milliseconds; 0: no wait), at most
+#: :data:`SPREAD_MAX`: 512 ranks start over about 1 s, about 500 first requests a second, a tenth of
+#: what S3 serves one prefix (about 5,500 GET and HEAD a second).
+SPREAD_PER_PROCESS = 0.002
+SPREAD_MAX = 4.0
+
 _ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "ALLOW_HTTP")
 
 _lock = threading.Lock()
@@ -47,6 +57,8 @@ _stores: dict[tuple[str, str], Any] = {}
 _slots: threading.BoundedSemaphore | None = None
 _used = False  # this process has run a client (and so obstore's runtime, its threads and sockets)
 _forked_from: int | None = None  # the pid of the parent that had, in a child forked from it
+_started = False  # this process has waited its spread start
+_start_lock = threading.Lock()
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -63,10 +75,11 @@ def _reset() -> None:
     """In a child after a fork: the parent's clients (and their sockets) are not this process's, and
     if the parent ran one, obstore's runtime (a global of the Rust library, whose threads a fork does
     not copy) cannot serve this process: a request would hang or crash, so it is refused instead."""
-    global _pid, _slots, _lock, _forked_from, _used
+    global _pid, _slots, _lock, _forked_from, _used, _started, _start_lock
     if _used:
         _forked_from, _used = _pid, False
     _pid, _slots, _lock = os.getpid(), None, threading.Lock()
+    _started, _start_lock = False, threading.Lock()
     _stores.clear()
 
 
@@ -153,14 +166,58 @@ def _make(directory: str, options: Mapping[str, Any], timeout: float) -> Any:
     return module.from_url(directory, config=config or None, client_options=client, retry_config=retry)
 
 
+def start_delay(rank: int, world_size: int, pid: int, per_process: float = SPREAD_PER_PROCESS) -> float:
+    """Seconds the first request of process ``pid`` of rank ``rank`` (of ``world_size``) waits: the
+    window ``min(per_process * world_size, SPREAD_MAX)`` cut in one slot a rank, in rank order (the
+    ranks' first requests come evenly over it), and a place in the slot drawn from ``(rank, pid)``
+    (processes of one rank, or of one node where RANK is unset, do not start together)."""
+    world = max(int(world_size), 1)
+    window = min(max(per_process, 0.0) * world, SPREAD_MAX)
+    place = hashlib.blake2b(f"{rank} {pid}".encode(), digest_size=8).digest()
+    within = int.from_bytes(place, "little") / 2.0**64  # in [0, 1)
+    return window * ((int(rank) % world) + within) / world
+
+
+def _spread_start() -> None:
+    """Before this process's first request: wait its :func:`start_delay` (rank and world size from
+    the environment torchrun sets), once; the other threads that want to start wait with it."""
+    global _started
+    if _started:
+        return
+    with _start_lock:
+        if not _started:
+            per = _number("RANK_DATASET_OBJECT_SPREAD_MS", SPREAD_PER_PROCESS * 1000) / 1000
+            rank, world = int(_number("RANK", 0)), int(_number("WORLD_SIZE", 1))
+            delay = start_delay(rank, world, os.getpid(), per)
+            if delay > 0:
+                time.sleep(delay)
+            _started = True
+
+
+def _number(name: str, default: float) -> float:
+    """The environment variable ``name`` as a number >= 0 (``default`` if unset)."""
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"the environment variable {name} must be a number >= 0, got {text!r}")
+    return value
+
+
 def acquire() -> threading.BoundedSemaphore:
-    """The semaphore that caps this process's requests in flight (a ``with`` holds one slot)."""
+    """The semaphore that caps this process's requests in flight (a ``with`` holds one slot), after
+    the process's spread start."""
     global _slots
     if os.getpid() != _pid:
         _reset()
+    _spread_start()
     with _lock:
         if _slots is None:
-            n = int(os.environ.get("RANK_DATASET_OBJECT_REQUESTS", DEFAULT_REQUESTS))
+            n = int(_number("RANK_DATASET_OBJECT_REQUESTS", DEFAULT_REQUESTS))
             _slots = threading.BoundedSemaphore(max(n, 1))
         return _slots
 

@@ -122,8 +122,9 @@ class ObjectFile:
 
         store = self._store()  # no client (no obstore, or a forked process): said as it is
         COUNTS["heads"] += 1
+        slots = acquire()  # after the spread start (a bad setting of it raises as itself)
         try:
-            with acquire():
+            with slots:
                 meta = obstore.head(store, self._name)
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"meta file not found: {self.path} ({status_of(exc)})") from None
