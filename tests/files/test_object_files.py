@@ -145,13 +145,56 @@ def test_rank_dataset_file_reader_over_an_object(s3: Any, tmp_path: Path) -> Non
         here.close()
 
 
-def test_grouping_passes_refuse_objects_clearly(s3: Any) -> None:
-    from rank_dataset import class_balanced, group_by
+@pytest.mark.parametrize("fmt", ["txt", "gz"])
+def test_grouping_passes_over_an_object_equal_the_local_files(s3: Any, tmp_path: Path, fmt: str) -> None:
+    """group_by (by label and by a function, cached on this node), ids_of, class_balanced and
+    repeat_factor (factors, and LVIS categories) over an object give what they give over the same
+    file on disk; the object is read front to back (a few GETs), and the cached grouping costs one
+    HEAD the second time."""
+    import gzip
 
-    url = s3.put("files/labels.txt", b"a.jpg 1\nb.jpg 2\n")
-    for call in (lambda: group_by(url), lambda: class_balanced(url), lambda: group_by(url, key=len)):
-        with pytest.raises(ValueError, match=r"local meta files only, so far, and s3://meta/files/labels.txt is an"):
-            call()
+    from rank_dataset import class_balanced, group_by, ids_of, repeat_factor
+    from rank_dataset.files.sources.object import COUNTS
+
+    lines = _lines(120_000, seed=11)
+    text = ("\n".join(lines) + "\n").encode()
+    data = gzip.compress(text) if fmt == "gz" else text
+    local = tmp_path / f"labels.{fmt}"
+    local.write_bytes(data)
+    url = s3.put(f"group/labels.{fmt}", data)
+
+    def same(a: dict[Any, np.ndarray], b: dict[Any, np.ndarray]) -> None:
+        assert list(a) == list(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+    same(group_by(url), group_by(local))
+    before = dict(COUNTS)
+    same(group_by(url), group_by(local))  # cached: the index's checks (a HEAD, the first bytes, the ends)
+    assert COUNTS["gets"] - before["gets"] <= 5 and COUNTS["bytes"] - before["bytes"] < len(text) // 10
+    first_char = lambda line: line[4:7]  # noqa: E731 - a key function
+    same(group_by(url, key=first_char, cache_name="pre"), group_by(local, key=first_char, cache_name="pre"))
+    same(group_by(url, key=len), group_by(local, key=len))  # a function without a cache name
+    wanted = [lines[i].split()[0] for i in (5, 77_777, 119_999)] + ["absent.jpg"]
+    found = ids_of(url, wanted, missing="ignore").tolist()
+    assert found == ids_of(local, wanted, missing="ignore").tolist() == [5, 77_777, 119_999]
+    remote, here = class_balanced(url, power=0.5), class_balanced(local, power=0.5)
+    assert [(s.name, s.weight, np.asarray(s.ids).tolist()) for s in remote] == [
+        (s.name, s.weight, np.asarray(s.ids).tolist()) for s in here
+    ]
+    assert all(str(s.paths[0]) == url for s in remote)
+    factors = 1 + (np.arange(len(lines)) % 3) / 2
+    for kwargs in ({"factors": factors}, {"categories": lambda line: [int(line.split()[-1]) % 5], "threshold": 0.5}):
+        a, b = repeat_factor(url, **kwargs), repeat_factor(local, **kwargs)  # type: ignore[arg-type]
+        assert [(s.name, s.repeat, np.asarray(s.ids).tolist()) for s in a] == [
+            (s.name, s.repeat, np.asarray(s.ids).tolist()) for s in b
+        ]
+
+
+def test_grouping_names_the_line_of_an_object(s3: Any) -> None:
+    from rank_dataset import group_by
+
+    url = s3.put("group/bad.txt", b"a.jpg 1\nb.jpg 2\nc.jpg nolabel\nd.jpg 4\n")
+    with pytest.raises(ValueError, match=r"s3://meta/group/bad.txt:3"):
+        group_by(url)
 
 
 def test_sources_mixing_an_object_and_a_local_file(s3: Any, tmp_path: Path) -> None:

@@ -70,6 +70,14 @@ def test_metafile_and_source_with_storage_options_only(bare: Any, tmp_path: Path
     assert [ds[i] for i in range(len(ds))] == [ref[i] for i in range(len(ref))]
     ds.close()
     ref.close()
+    # The grouping passes too, and the sources class_balanced makes carry the settings.
+    from rank_dataset import class_balanced, group_by, ids_of
+
+    got, want = group_by(url, storage_options=_options(bare)), group_by(local)
+    assert list(got) == list(want) and all(np.array_equal(got[k], want[k]) for k in got)
+    assert ids_of(url, ["img_000007_yyyyyyy.jpg"], storage_options=_options(bare)).tolist() == [7]
+    classes = class_balanced(url, storage_options=_options(bare))
+    assert classes[0].paths[0].storage_options["endpoint"] == bare.endpoint  # type: ignore[attr-defined]
 
 
 def test_wrong_secret_is_denied_without_showing_it(bare: Any) -> None:
