@@ -88,14 +88,50 @@ def test_compressed_object_reads_as_the_local_file(s3: Any, tmp_path: Path, fmt:
     assert remote.where(31_000) == here.where(31_000).replace(str(local), url)
 
 
-def test_parquet_object_is_a_clear_error(s3: Any, tmp_path: Path) -> None:
+def test_parquet_object_reads_as_the_local_file(s3: Any, tmp_path: Path) -> None:
+    """A Parquet object, read by pyarrow through ranged GETs pinned to its ETag: MetaFile (all
+    columns, or some), group_by and the file reader give what the same file on disk gives."""
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"path": ["a", "b"]}), tmp_path / "m.parquet")
-    url = s3.put("files/m.parquet", tmp_path / "m.parquet")
-    with pytest.raises(ValueError, match=r"s3://meta/files/m.parquet is a parquet meta file: Parquet meta files are"):
-        MetaFile(url)
+    from rank_dataset import RankDataset, group_by
+    from rank_dataset.files.sources.object import COUNTS
+
+    n = 30_000
+    table = pa.table(
+        {
+            "path": [f"img_{i:06d}.jpg" for i in range(n)],
+            "w": [i * 0.5 for i in range(n)],
+            "label": [i % 11 for i in range(n)],
+        }
+    )
+    local = tmp_path / "m.parquet"
+    pq.write_table(table, local, row_group_size=4000)
+    url = s3.put("files/m.parquet", local)
+    picks = np.random.default_rng(6).permutation(n)
+    remote = MetaFile(url)
+    _same(MetaFile(local), remote, picks)
+    before = dict(COUNTS)
+    assert len(remote.read(picks)) == n
+    # Each row group's column chunks once (the footer was read once), not the object a row.
+    assert COUNTS["bytes"] - before["bytes"] <= local.stat().st_size
+    chosen = ["path", "label"]
+    _same(MetaFile(local, columns=chosen), MetaFile(url, columns=chosen), picks[:2000])
+    assert pickle.loads(pickle.dumps(remote))[123] == MetaFile(local)[123]
+    got, want = group_by(url), group_by(local)
+    assert list(got) == list(want) and all(np.array_equal(got[k], want[k]) for k in got)
+    for rank in range(2):
+        a = RankDataset(url, reload_cfg={"seed": 1}, rank=rank, world_size=2, parser=None)
+        b = RankDataset(local, reload_cfg={"seed": 1}, rank=rank, world_size=2, parser=None)
+        assert [a[i] for i in range(len(a))] == [b[i] for i in range(len(b))]
+        a.close()
+        b.close()
+    with pytest.raises(ValueError, match=r"s3://meta/files/m.parquet has no column 'nope'"):
+        MetaFile(url, columns=["nope"])
+    pq.write_table(table.slice(0, 100), tmp_path / "other.parquet")
+    s3.put("files/m.parquet", tmp_path / "other.parquet")
+    with pytest.raises(MetaFileChangedError, match=r"meta file s3://meta/files/m.parquet changed"):
+        remote.read(picks[:10])
 
 
 def test_missing_object_names_url_and_status(s3: Any) -> None:

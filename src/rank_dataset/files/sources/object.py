@@ -17,6 +17,7 @@ Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL`
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -33,7 +34,7 @@ from rank_dataset.files.sources._stores import acquire, budget, is_url, object_s
 from rank_dataset.files.sources.base import STREAM_BLOCK
 from rank_dataset.files.sources.local import FileKey
 
-__all__ = ["COUNTS", "REQUEST", "ObjectFile", "ObjectKey", "UrlPath", "is_url"]
+__all__ = ["COUNTS", "REQUEST", "ObjectFile", "ObjectIO", "ObjectKey", "UrlPath", "is_url"]
 
 #: This process's requests to object stores so far: HEADs, GETs and bytes received (for the tests
 #: and the benchmark; a forked child starts from its parent's).
@@ -302,6 +303,36 @@ class ObjectFile:
 
     def __repr__(self) -> str:
         return f"ObjectFile({str(self.path)!r}, {self.key!r})"
+
+
+class ObjectIO(io.RawIOBase):
+    """A seekable read-only file object over an :class:`ObjectFile` (for pyarrow's ParquetFile): each
+    read is one ranged GET of exactly the bytes asked, pinned to the object's ETag, so a footer costs
+    a GET or two and a row group's column chunks a GET each; nothing is read ahead."""
+
+    def __init__(self, source: ObjectFile) -> None:
+        self._source, self._pos = source, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._source.size}[whence]
+        self._pos = max(base + offset, 0)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        count = max(0, min(len(buffer), self._source.size - self._pos))
+        if count:
+            self._source.read_into(np.frombuffer(buffer, np.uint8, count), self._pos)
+        self._pos += count
+        return count
 
 
 def _failure(url: str, exc: BaseException, timeout: float) -> OSError:
