@@ -264,3 +264,27 @@ def test_meta_server_serves_an_object(s3: Any, tmp_path: Path) -> None:
     params = {"world_size": 2, "rank": 1, "seed": 3}
     got, want = remote.get("/shard", params=params), here.get("/shard", params=params)
     assert got.status_code == want.status_code == 200 and got.content == want.content
+
+
+def test_cli_serve_of_an_object_end_to_end(s3: Any, tmp_path: Path, start_server: Any) -> None:
+    """`rank-dataset serve s3://...` as a real process on a loopback port (the S3 settings from the
+    environment it inherits): a batch and a shard fetched over HTTP are those of the local file."""
+    requests = pytest.importorskip("requests")
+    from rank_dataset.plan.spec import ShardSpec
+    from rank_dataset.server import protocol
+
+    local = tmp_path / "served.txt"
+    local.write_text("\n".join(_lines(8000, seed=12)) + "\n")
+    url = s3.put("files/served_cli.txt", local)
+    here = MetaFile(local)
+    server = start_server([url])  # waits for /healthz, then the meta file is indexed and served
+    assert requests.get(f"{server.url}/len", timeout=60).json()["num_samples"] == 8000
+    picks = np.array([7999, 0, 4321, 7], "<i8")
+    batch = protocol.decode_frame(requests.post(f"{server.url}/samples", data=picks.tobytes(), timeout=60).content)
+    assert batch.texts(range(4)) == [here[int(i)] for i in picks]
+    params = {"world_size": 4, "rank": 3, "seed": 5}
+    shard = protocol.decode_frame(requests.get(f"{server.url}/shard", params=params, timeout=60).content)
+    spec = ShardSpec(8000, 4, 3, seed=5)
+    assert np.array_equal(shard.ids, spec.indices())
+    assert shard.texts(range(len(shard))) == [here[int(i)] for i in spec.indices()]
+    assert server.stop() == 0
