@@ -145,3 +145,18 @@ def test_storage_options_misplaced_are_refused(bare: Any, tmp_path: Path) -> Non
         RankDataset([Source(local)], rank=0, world_size=1, storage_options={"region": "r"})
     with pytest.raises(ValueError, match=r"timeout applies to reader='collective' .* and to meta files in object"):
         RankDataset(local, rank=0, world_size=1, timeout=5)
+
+
+def test_settings_obstore_refuses_are_named_without_their_values(bare: Any) -> None:
+    """A key obstore does not know, or a value it cannot parse, is a ValueError naming the bucket and
+    the key, never the value; a client setting (allow_http, timeouts) among them goes to the client."""
+    url = bare.put("options/keys.txt", b"k 1\n")
+    with pytest.raises(
+        ValueError, match=r"storage_options for s3://meta/options were refused .*'bogus_key' is not valid"
+    ):
+        MetaFile(url, storage_options={**_options(bare), "bogus_key": "x"})
+    with pytest.raises(ValueError, match=r"storage_options for s3://meta/options were refused") as got:
+        MetaFile(url, storage_options={**_options(bare), "skip_signature": "hidden-value-77"})
+    assert "hidden-value-77" not in str(got.value)
+    with_client = {**_options(bare), "allow_http": "true", "user_agent": "rank-dataset-tests"}
+    assert MetaFile(url, storage_options=with_client)[0] == "k 1"

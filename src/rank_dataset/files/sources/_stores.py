@@ -136,8 +136,54 @@ def budget(timeout: float) -> dict[str, timedelta]:
 
 
 def _make(directory: str, options: Mapping[str, Any], timeout: float) -> Any:
+    """A client of ``directory`` with ``options``; settings obstore refuses are a ValueError naming
+    the directory and the setting, never its value."""
+    try:
+        return _client(directory, options, timeout)
+    except (KeyboardInterrupt, SystemExit, ImportError):
+        raise
+    except BaseException as exc:  # obstore's errors, and its PanicException (a BaseException)
+        said = str(exc).split("\n", 1)[0][:300]
+        for value in options.values():  # never a secret in a message
+            if isinstance(value, str) and len(value) >= 4:
+                said = said.replace(value, "***")
+        raise ValueError(
+            f"storage_options for {directory} were refused by obstore ({type(exc).__name__}: {said}); give "
+            "obstore's config keys for the store, e.g. endpoint, access_key_id, secret_access_key, region "
+            "and allow_http for S3 (see the object storage guide)"
+        ) from None
+
+
+#: obstore's client settings (ClientConfig): given among storage_options, they go to the client.
+_CLIENT_KEYS = frozenset(
+    [
+        "allow_http",
+        "allow_invalid_certificates",
+        "connect_timeout",
+        "default_content_type",
+        "default_headers",
+        "http1_only",
+        "http2_keep_alive_interval",
+        "http2_keep_alive_timeout",
+        "http2_keep_alive_while_idle",
+        "http2_only",
+        "pool_idle_timeout",
+        "pool_max_idle_per_host",
+        "proxy_url",
+        "proxy_ca_certificate",
+        "proxy_excludes",
+        "root_certificate",
+        "randomize_addresses",
+        "read_timeout",
+        "timeout",
+        "user_agent",
+    ]
+)
+
+
+def _client(directory: str, options: Mapping[str, Any], timeout: float) -> Any:
     module = _obstore()
-    config = dict(options)
+    config = {k: v for k, v in options.items() if k.lower() not in _CLIENT_KEYS}
     spend = budget(timeout)
     client: dict[str, Any] = {
         "connect_timeout": spend["connect"],
@@ -151,6 +197,7 @@ def _make(directory: str, options: Mapping[str, Any], timeout: float) -> Any:
     if str(config.get("endpoint", config.get("aws_endpoint", ""))).startswith("http://"):
         client["allow_http"] = True  # an endpoint given as http:// is meant
     client.update(config.pop("client_options", {}))
+    client.update({k.lower(): v for k, v in options.items() if k.lower() in _CLIENT_KEYS})
     # Exponential backoff with jitter (obstore's), for 5xx, timeouts and dropped connections, all
     # within the dataset's timeout.
     retry = {
