@@ -130,6 +130,8 @@ def test_collective_reader_with_storage_options(bare: Any, tmp_path: Path, one_r
     cfg = {"seed": 7}
     ds = RankDataset(url, reader="collective", reload_cfg=cfg, parser=None, storage_options=_options(bare), timeout=60)
     ref = RankDataset(local, reload_cfg=cfg, rank=0, world_size=1, parser=None)
+    path = ds.reader.paths[0]  # type: ignore[attr-defined]
+    assert path.timeout == 60.0 and path.storage_options["endpoint"] == bare.endpoint  # what its reads use
     for epoch in range(2):
         ds.set_epoch(epoch)
         ref.set_epoch(epoch)
