@@ -7,7 +7,9 @@ object. Failed requests (5xx, timeouts, dropped connections) are retried by the 
 exponential backoff and jitter, and a body cut short is asked again from where it stopped (then is
 :class:`~rank_dataset.errors.CorruptMetaFileError` naming the URL and the offset), all within the
 timeout (the dataset's; :func:`~rank_dataset.files.sources._stores.budget` says how it is spent).
-A process holds at most a few requests in flight (``RANK_DATASET_OBJECT_REQUESTS``, default 4).
+A process holds at most a few requests in flight (``RANK_DATASET_OBJECT_REQUESTS``, default 4), and
+waits a short delay of its rank's before its first (the spread start:
+:func:`~rank_dataset.files.sources._stores.start_delay`), so that the ranks of a job do not all start at once.
 
 Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``AWS_ALLOW_HTTP``; ``GOOGLE_*``;
