@@ -29,11 +29,24 @@ class RangeServer:
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
         self.requests = 0
+        #: "head": HEADs are never answered; "body": a GET's body stops halfway and the connection
+        #: stays open (a stalled read); None: every request is answered.
+        self.stall: str | None = None
+        self.stalled = 0  # requests held so far
+        self._release = threading.Event()
         owner = self
 
         class Handler(_Quiet):
+            def _hold(self) -> None:
+                owner.stalled += 1
+                owner._release.wait(120)  # until the server closes
+                self.close_connection = True
+
             def _answer(self, body: bool) -> None:
                 owner.requests += 1
+                if owner.stall == "head" and not body:
+                    self._hold()
+                    return
                 data = owner.objects.get(self.path.lstrip("/"))
                 if data is None:
                     self.send_response(404)
@@ -60,7 +73,11 @@ class RangeServer:
                 if status == 206:
                     self.send_header("Content-Range", f"bytes {lo}-{hi - 1}/{len(data)}")
                 self.end_headers()
-                if body:
+                if body and owner.stall == "body":
+                    self.wfile.write(data[lo : lo + (hi - lo) // 2])
+                    self.wfile.flush()
+                    self._hold()
+                elif body:
                     self.wfile.write(data[lo:hi])
 
             def do_GET(self) -> None:
@@ -79,6 +96,7 @@ class RangeServer:
         return f"http://127.0.0.1:{self.port}/{name}"
 
     def close(self) -> None:
+        self._release.set()
         self.server.shutdown()
         self.server.server_close()
 

@@ -226,3 +226,20 @@ def read_in_child(url: str, conn: Any) -> None:
         conn.send(ObjectFile(url).read(0, 4))
     except BaseException as exc:
         conn.send(repr(exc))
+
+
+def unpickle_in_child(blob: bytes, conn: Any) -> None:
+    """In a spawned child: unpickle ``blob`` (a dataset, a MetaFile or a Source), send whether that
+    made an object store client, then the first items its MetaFile (``.meta``, or itself) reads: the
+    settings that travelled with it are all the child has (its environment names no endpoint)."""
+    import pickle
+
+    from rank_dataset.files.sources import _stores
+
+    try:
+        thing = pickle.loads(blob)
+        conn.send(len(_stores._stores))
+        meta = getattr(thing, "meta", thing)
+        conn.send([meta[i] for i in range(3)])
+    except BaseException as exc:
+        conn.send(repr(exc))

@@ -88,14 +88,50 @@ def test_compressed_object_reads_as_the_local_file(s3: Any, tmp_path: Path, fmt:
     assert remote.where(31_000) == here.where(31_000).replace(str(local), url)
 
 
-def test_parquet_object_is_a_clear_error(s3: Any, tmp_path: Path) -> None:
+def test_parquet_object_reads_as_the_local_file(s3: Any, tmp_path: Path) -> None:
+    """A Parquet object, read by pyarrow through ranged GETs pinned to its ETag: MetaFile (all
+    columns, or some), group_by and the file reader give what the same file on disk gives."""
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"path": ["a", "b"]}), tmp_path / "m.parquet")
-    url = s3.put("files/m.parquet", tmp_path / "m.parquet")
-    with pytest.raises(ValueError, match=r"s3://meta/files/m.parquet is a parquet meta file: Parquet meta files are"):
-        MetaFile(url)
+    from rank_dataset import RankDataset, group_by
+    from rank_dataset.files.sources.object import COUNTS
+
+    n = 30_000
+    table = pa.table(
+        {
+            "path": [f"img_{i:06d}.jpg" for i in range(n)],
+            "w": [i * 0.5 for i in range(n)],
+            "label": [i % 11 for i in range(n)],
+        }
+    )
+    local = tmp_path / "m.parquet"
+    pq.write_table(table, local, row_group_size=4000)
+    url = s3.put("files/m.parquet", local)
+    picks = np.random.default_rng(6).permutation(n)
+    remote = MetaFile(url)
+    _same(MetaFile(local), remote, picks)
+    before = dict(COUNTS)
+    assert len(remote.read(picks)) == n
+    # Each row group's column chunks once (the footer was read once), not the object a row.
+    assert COUNTS["bytes"] - before["bytes"] <= local.stat().st_size
+    chosen = ["path", "label"]
+    _same(MetaFile(local, columns=chosen), MetaFile(url, columns=chosen), picks[:2000])
+    assert pickle.loads(pickle.dumps(remote))[123] == MetaFile(local)[123]
+    got, want = group_by(url), group_by(local)
+    assert list(got) == list(want) and all(np.array_equal(got[k], want[k]) for k in got)
+    for rank in range(2):
+        a = RankDataset(url, reload_cfg={"seed": 1}, rank=rank, world_size=2, parser=None)
+        b = RankDataset(local, reload_cfg={"seed": 1}, rank=rank, world_size=2, parser=None)
+        assert [a[i] for i in range(len(a))] == [b[i] for i in range(len(b))]
+        a.close()
+        b.close()
+    with pytest.raises(ValueError, match=r"s3://meta/files/m.parquet has no column 'nope'"):
+        MetaFile(url, columns=["nope"])
+    pq.write_table(table.slice(0, 100), tmp_path / "other.parquet")
+    s3.put("files/m.parquet", tmp_path / "other.parquet")
+    with pytest.raises(MetaFileChangedError, match=r"meta file s3://meta/files/m.parquet changed"):
+        remote.read(picks[:10])
 
 
 def test_missing_object_names_url_and_status(s3: Any) -> None:
@@ -145,13 +181,56 @@ def test_rank_dataset_file_reader_over_an_object(s3: Any, tmp_path: Path) -> Non
         here.close()
 
 
-def test_grouping_passes_refuse_objects_clearly(s3: Any) -> None:
-    from rank_dataset import class_balanced, group_by
+@pytest.mark.parametrize("fmt", ["txt", "gz"])
+def test_grouping_passes_over_an_object_equal_the_local_files(s3: Any, tmp_path: Path, fmt: str) -> None:
+    """group_by (by label and by a function, cached on this node), ids_of, class_balanced and
+    repeat_factor (factors, and LVIS categories) over an object give what they give over the same
+    file on disk; the object is read front to back (a few GETs), and the cached grouping costs one
+    HEAD the second time."""
+    import gzip
 
-    url = s3.put("files/labels.txt", b"a.jpg 1\nb.jpg 2\n")
-    for call in (lambda: group_by(url), lambda: class_balanced(url), lambda: group_by(url, key=len)):
-        with pytest.raises(ValueError, match=r"local meta files only, so far, and s3://meta/files/labels.txt is an"):
-            call()
+    from rank_dataset import class_balanced, group_by, ids_of, repeat_factor
+    from rank_dataset.files.sources.object import COUNTS
+
+    lines = _lines(120_000, seed=11)
+    text = ("\n".join(lines) + "\n").encode()
+    data = gzip.compress(text) if fmt == "gz" else text
+    local = tmp_path / f"labels.{fmt}"
+    local.write_bytes(data)
+    url = s3.put(f"group/labels.{fmt}", data)
+
+    def same(a: dict[Any, np.ndarray], b: dict[Any, np.ndarray]) -> None:
+        assert list(a) == list(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+    same(group_by(url), group_by(local))
+    before = dict(COUNTS)
+    same(group_by(url), group_by(local))  # cached: the index's checks (a HEAD, the first bytes, the ends)
+    assert COUNTS["gets"] - before["gets"] <= 5 and COUNTS["bytes"] - before["bytes"] < len(text) // 10
+    first_char = lambda line: line[4:7]  # noqa: E731 - a key function
+    same(group_by(url, key=first_char, cache_name="pre"), group_by(local, key=first_char, cache_name="pre"))
+    same(group_by(url, key=len), group_by(local, key=len))  # a function without a cache name
+    wanted = [lines[i].split()[0] for i in (5, 77_777, 119_999)] + ["absent.jpg"]
+    found = ids_of(url, wanted, missing="ignore").tolist()
+    assert found == ids_of(local, wanted, missing="ignore").tolist() == [5, 77_777, 119_999]
+    remote, here = class_balanced(url, power=0.5), class_balanced(local, power=0.5)
+    assert [(s.name, s.weight, np.asarray(s.ids).tolist()) for s in remote] == [
+        (s.name, s.weight, np.asarray(s.ids).tolist()) for s in here
+    ]
+    assert all(str(s.paths[0]) == url for s in remote)
+    factors = 1 + (np.arange(len(lines)) % 3) / 2
+    for kwargs in ({"factors": factors}, {"categories": lambda line: [int(line.split()[-1]) % 5], "threshold": 0.5}):
+        a, b = repeat_factor(url, **kwargs), repeat_factor(local, **kwargs)  # type: ignore[arg-type]
+        assert [(s.name, s.repeat, np.asarray(s.ids).tolist()) for s in a] == [
+            (s.name, s.repeat, np.asarray(s.ids).tolist()) for s in b
+        ]
+
+
+def test_grouping_names_the_line_of_an_object(s3: Any) -> None:
+    from rank_dataset import group_by
+
+    url = s3.put("group/bad.txt", b"a.jpg 1\nb.jpg 2\nc.jpg nolabel\nd.jpg 4\n")
+    with pytest.raises(ValueError, match=r"s3://meta/group/bad.txt:3"):
+        group_by(url)
 
 
 def test_sources_mixing_an_object_and_a_local_file(s3: Any, tmp_path: Path) -> None:
@@ -185,3 +264,27 @@ def test_meta_server_serves_an_object(s3: Any, tmp_path: Path) -> None:
     params = {"world_size": 2, "rank": 1, "seed": 3}
     got, want = remote.get("/shard", params=params), here.get("/shard", params=params)
     assert got.status_code == want.status_code == 200 and got.content == want.content
+
+
+def test_cli_serve_of_an_object_end_to_end(s3: Any, tmp_path: Path, start_server: Any) -> None:
+    """`rank-dataset serve s3://...` as a real process on a loopback port (the S3 settings from the
+    environment it inherits): a batch and a shard fetched over HTTP are those of the local file."""
+    requests = pytest.importorskip("requests")
+    from rank_dataset.plan.spec import ShardSpec
+    from rank_dataset.server import protocol
+
+    local = tmp_path / "served.txt"
+    local.write_text("\n".join(_lines(8000, seed=12)) + "\n")
+    url = s3.put("files/served_cli.txt", local)
+    here = MetaFile(local)
+    server = start_server([url])  # waits for /healthz, then the meta file is indexed and served
+    assert requests.get(f"{server.url}/len", timeout=60).json()["num_samples"] == 8000
+    picks = np.array([7999, 0, 4321, 7], "<i8")
+    batch = protocol.decode_frame(requests.post(f"{server.url}/samples", data=picks.tobytes(), timeout=60).content)
+    assert batch.texts(range(4)) == [here[int(i)] for i in picks]
+    params = {"world_size": 4, "rank": 3, "seed": 5}
+    shard = protocol.decode_frame(requests.get(f"{server.url}/shard", params=params, timeout=60).content)
+    spec = ShardSpec(8000, 4, 3, seed=5)
+    assert np.array_equal(shard.ids, spec.indices())
+    assert shard.texts(range(len(shard))) == [here[int(i)] for i in spec.indices()]
+    assert server.stop() == 0

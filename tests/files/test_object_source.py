@@ -156,3 +156,52 @@ def test_without_obstore_a_url_names_the_extra(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(_stores, "_stores", {})
     with pytest.raises(ImportError, match=r"pip install 'rank-dataset\[cloud\]'"):
         ObjectFile("s3://bucket/meta.txt")
+
+
+@pytest.mark.timeout(120)
+def test_a_stalled_server_fails_within_the_timeout() -> None:
+    """The dataset's timeout bounds a read with its retries: a server that never answers a HEAD, or
+    stops sending a body halfway, is an error naming the URL, not a hang (the client's own bound
+    would be 30 minutes: past the test's timeout). The requests held show that retries were made."""
+    from rank_dataset import RankDataset
+
+    data = b"".join(b"line %d\n" % i for i in range(200_000))
+    with range_server() as server:
+        server.objects["s/meta.txt"] = data
+        url = server.url("s/meta.txt")
+        source = ObjectFile(url, timeout=4)
+        server.stall = "body"
+        with pytest.raises((OSError, CorruptMetaFileError), match=r"http://127.0.0.1:\d+/s/meta.txt"):
+            source.read(0, len(data))
+        assert server.stalled >= 2  # asked again after the first stall
+        server.stall = "head"
+        with pytest.raises(
+            OSError, match=r"meta file http://127.0.0.1:\d+/s/meta.txt: the object store failed .* within timeout=4 s"
+        ):
+            RankDataset(url, timeout=4, rank=0, world_size=1)  # the dataset's timeout reaches the client
+
+
+def test_spread_start_delays_are_spread_over_a_bounded_window(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """512 ranks' first requests come evenly over a window of 2 ms a rank (about 1 s: about 500 first
+    requests a second, against S3's 5,500 GETs a second a prefix), each rank in its slot, processes of
+    one rank apart in it; the window is capped, and 0 turns it off."""
+    from rank_dataset.files.sources import _stores
+
+    w, window = 512, 512 * _stores.SPREAD_PER_PROCESS
+    delays = np.array([_stores.start_delay(r, w, 40_000 + 7 * r) for r in range(w)])
+    slot = window / w
+    assert ((delays >= np.arange(w) * slot) & (delays < (np.arange(w) + 1) * slot)).all()
+    assert (np.histogram(delays, bins=16, range=(0, window))[0] == w // 16).all()  # 32 starts a 64 ms
+    assert _stores.start_delay(9, w, 123) == _stores.start_delay(9, w, 123)  # deterministic
+    same_rank = {_stores.start_delay(9, w, pid) for pid in range(1000, 1064)}
+    assert len(same_rank) == 64 and max(same_rank) - min(same_rank) > slot / 2  # workers apart in the slot
+    huge = [_stores.start_delay(r, 1 << 20, r) for r in range(0, 1 << 20, 4099)]
+    assert max(huge) < _stores.SPREAD_MAX and max(huge) > _stores.SPREAD_MAX * 0.99
+    assert _stores.start_delay(0, 1, 5) < 0.002 and _stores.start_delay(300, w, 5, per_process=0) == 0
+    # The process's requests go through it, once (a forked child waits its own).
+    monkeypatch.setenv("RANK_DATASET_OBJECT_SPREAD_MS", "nonsense")
+    monkeypatch.setattr(_stores, "_started", False)
+    with pytest.raises(ValueError, match="RANK_DATASET_OBJECT_SPREAD_MS must be a number >= 0, got 'nonsense'"):
+        ObjectFile(s3.put("src/spread.txt", b"x\n"))
+    monkeypatch.setenv("RANK_DATASET_OBJECT_SPREAD_MS", "1")
+    assert ObjectFile("s3://meta/src/spread.txt").read(0, 2) == b"x\n" and _stores._started

@@ -197,3 +197,32 @@ def test_compressed_objects_shards_are_the_file_readers(s3: Any, tmp_path: Path)
         assert fingerprints == (meta.fingerprint, meta.file_fingerprints)
         want = meta.read(plans[r], ids=False)
         assert all(s.data.tobytes() == want.data.tobytes() for s in shards)
+
+
+def test_parquet_objects_shards_are_the_file_readers(s3: Any, tmp_path: Path) -> None:
+    """A Parquet object beside a local text file: each rank renders its row groups from GETs pinned
+    to the object's ETag, and the shards are the file reader's of the same files on disk."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    a, _, _ = write_files(tmp_path, n=3000)
+    n = 20_000
+    table = pa.table({"path": [f"p_{i:05d}.jpg" for i in range(n)], "label": [i % 9 for i in range(n)]})
+    local = tmp_path / "rows.parquet"
+    pq.write_table(table, local, row_group_size=1500)
+    url = s3.put("collective/rows.parquet", local)
+    meta = MetaFile([local, a])
+    rng = np.random.default_rng(3)
+    plans = [rng.permutation(len(meta))[r::3] for r in range(3)]
+    got, marks = _making_and_builds([url, a], plans)
+    for r, result in enumerate(got):
+        assert not isinstance(result, BaseException), result
+        shards, fingerprints = result
+        assert fingerprints == (meta.fingerprint, meta.file_fingerprints)
+        want = meta.read(plans[r], ids=False)
+        for shard in shards:
+            assert shard.bounds.tolist() == want.bounds.tolist() and shard.data.tobytes() == want.data.tobytes()
+    for i in (1, 2):  # a build: each rank's row groups and its footer, about the object once
+        build = _delta(marks[i], marks[i + 1])
+        assert build["heads"] == 0 and build["gets"] >= 3, build  # every rank read from the object
+        assert build["bytes"] <= 1.05 * local.stat().st_size + 3 * MiB, build

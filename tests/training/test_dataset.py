@@ -130,7 +130,7 @@ def test_timeout_is_seconds_or_a_timedelta_everywhere(write_meta) -> None:
             timeout_seconds(bad)
     meta = write_meta(n=10)
     for timeout in (20.0, datetime.timedelta(seconds=20)):  # both read, then refused for the file reader
-        with pytest.raises(ValueError, match="timeout applies to reader='collective' only"):
+        with pytest.raises(ValueError, match=r"timeout applies to reader='collective' \(its exchanges\) and"):
             RankDataset(meta, timeout=timeout)
     with pytest.raises(TypeError, match=r"timeout must be seconds \(an int or a float\) or a datetime.timedelta"):
         RankDataset(meta, reader="collective", timeout="20")

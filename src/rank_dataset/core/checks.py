@@ -6,6 +6,7 @@ import datetime
 import math
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,7 +33,36 @@ def is_url(path: object) -> bool:
 class UrlPath(str):
     """An object's URL where a :class:`~pathlib.Path` names a local file: ``str()`` gives it back whole
     (a Path would fold its ``//``), so messages, cache keys and fingerprints name the object; it has
-    no local path (``os.fspath`` refuses it), so nothing opens it as a file by mistake."""
+    no local path (``os.fspath`` refuses it), so nothing opens it as a file by mistake.
+
+    It carries how to reach the object: ``storage_options`` (obstore's config keys, e.g. ``endpoint``,
+    ``access_key_id``, ``region``) and ``timeout`` (seconds the client's retries may take), pickled
+    with it to other processes (which make their own client from them) and never shown: its repr,
+    its ``str()`` and every message name the URL alone. A UrlPath made from one keeps its settings
+    unless others are given.
+    """
+
+    storage_options: dict[str, Any]
+    timeout: float | None
+
+    def __new__(
+        cls, url: str, storage_options: Mapping[str, Any] | None = None, timeout: float | None = None
+    ) -> UrlPath:
+        self = super().__new__(cls, url)
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise TypeError(
+                f"storage_options must be a mapping of obstore settings (e.g. {{'endpoint': ...}}), "
+                f"got {type(storage_options).__name__}"
+            )
+        inherited = url if isinstance(url, UrlPath) else None
+        if storage_options is None and inherited is not None:
+            storage_options = inherited.storage_options
+        self.storage_options = {str(k): v for k, v in (storage_options or {}).items()}
+        self.timeout = inherited.timeout if timeout is None and inherited is not None else timeout
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (UrlPath, (str(self), self.storage_options or None, self.timeout))
 
     @property
     def name(self) -> str:
@@ -42,6 +72,17 @@ class UrlPath(str):
         raise TypeError(f"{self} is an object's URL, not a local path")
 
 
+def with_storage(path: Any, storage_options: Mapping[str, Any] | None, timeout: float | None = None) -> Any:
+    """``path`` as given if it is not an object's URL; else a :class:`UrlPath` carrying
+    ``storage_options`` and ``timeout`` where it carries none of its own (a Source's own settings
+    win over its dataset's)."""
+    if not is_url(path):
+        return path
+    own = path if isinstance(path, UrlPath) else None
+    options = own.storage_options if own is not None and own.storage_options else storage_options
+    return UrlPath(path, options, own.timeout if own is not None and own.timeout is not None else timeout)
+
+
 def meta_path(meta_file: str | os.PathLike[str]) -> Path:
     """``meta_file`` resolved, checked to be a file; an object's URL (:func:`is_url`) as a
     :class:`UrlPath`, checked when its source opens it (one HEAD).
@@ -49,7 +90,7 @@ def meta_path(meta_file: str | os.PathLike[str]) -> Path:
     Raises:
         FileNotFoundError: it does not exist, or is a directory (the message says which).
     """
-    if is_url(meta_file):
+    if is_url(meta_file):  # a UrlPath keeps its settings
         return cast(Path, UrlPath(cast(str, meta_file)))
     path = Path(meta_file).expanduser().resolve()
     if not path.is_file():

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -88,9 +88,9 @@ def _label_grouping(lines: _Lines, place: Place) -> Grouping:
     with ThreadPoolExecutor(THREADS) as pool:
         parsing: list[Future[_Part]] = []
         try:
-            if lines.stream is None:
-                with open(fd, "rb", closefd=False) as f:
-                    bounds = _chunk_bounds(f, size, _CHUNK)
+            if lines.stream is None:  # a local text file: its blocks read in the threads
+                with open(cast(int, fd), "rb", closefd=False) as f:
+                    bounds = _chunk_bounds(cast(BinaryIO, f), size, _CHUNK)
                 parsing = [pool.submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
             else:
                 read = 0

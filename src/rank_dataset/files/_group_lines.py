@@ -10,17 +10,20 @@ import itertools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.checks import is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files._labels import PAD
+from rank_dataset.files._objects import ObjectBytes
 from rank_dataset.files._pread import ShortRead, count_newlines
-from rank_dataset.files.formats import DecompressedView, Format, ParquetRows, decompress
+from rank_dataset.files.formats import DecompressedView, ParquetRows, decompress
 from rank_dataset.files.index import FileKey, Index, SpanReader, line_mark
-from rank_dataset.files.metafile import _FileBytes
-from rank_dataset.files.sources import LocalFile
+from rank_dataset.files.metafile import _bytes_of
+from rank_dataset.files.sources import LocalFile, ObjectFile
 
 _BLOCK = 1 << 20  # lines read at a time for a function key
 _NEWLINE, _CR = 10, 13
@@ -28,13 +31,13 @@ _STREAM_BLOCK = 4 << 20  # decompressed bytes a compressed file's decoder hands 
 
 
 class _Stream:
-    """The decompressed bytes of a compressed meta file, read front to back: one checked
-    decompression (:func:`~rank_dataset.files.formats.decompress`), of which only the bytes not yet
-    passed are held. A grouping reads the whole file in order, so it needs no checkpoint: one pass
-    costs one decompression, as the index's did."""
+    """The bytes of a meta file read front to back, ``blocks`` as they come, of which only the bytes
+    not yet passed are held: a compressed file's decompressed bytes (one checked decompression,
+    :func:`~rank_dataset.files.formats.decompress`: a grouping reads the whole file in order, so it
+    needs no checkpoint), or an object's bytes (its ranged GETs in order, pinned to its ETag)."""
 
-    def __init__(self, path: Path, fd: int, fmt: Format) -> None:
-        self._blocks = decompress(path, fd, fmt, block=_STREAM_BLOCK)
+    def __init__(self, blocks: Iterator[bytes]) -> None:
+        self._blocks = blocks
         self._held = bytearray()
         self._base = 0  # the offset of _held[0]
 
@@ -82,9 +85,15 @@ class _Lines:
     """The lines of an indexed file, a block of samples at a time, checked against the file (against
     its decompressed bytes, for a compressed file)."""
 
-    def __init__(self, path: Path, index: Index, source: LocalFile) -> None:
-        self.path, self.index, self.source, self.fd = path, index, source, source.fd
-        self.stream = _Stream(path, source.fd, index.format) if index.format.compressed else None
+    def __init__(self, path: Path, index: Index, source: LocalFile | ObjectFile) -> None:
+        self.path, self.index, self.source = path, index, source
+        self.fd = source.fd if isinstance(source, LocalFile) else None
+        self.stream: _Stream | None = None
+        if index.format.compressed:
+            raw = self.fd if self.fd is not None else cast(ObjectFile, source)
+            self.stream = _Stream(decompress(path, raw, index.format, block=_STREAM_BLOCK))
+        elif self.fd is None:  # an object: read front to back (a label grouping's blocks too)
+            self.stream = _Stream(source.stream(block=_STREAM_BLOCK))
 
     def read_into(self, out: npt.NDArray[np.uint8], lo: int) -> None:
         """Fill ``out`` with bytes ``[lo, lo + out.size)`` of the file (decompressed), in order.
@@ -139,8 +148,10 @@ class _Lines:
 
     def where(self, start: int) -> str:
         """``path:line`` of the line starting at byte ``start`` of the file (decompressed)."""
-        if self.stream is None:
+        if self.fd is not None and self.stream is None:
             return f"{self.path}:{count_newlines(self.fd, start) + 1}"
+        if isinstance(self.source, ObjectFile):
+            return _object_where(self.path, self.index, self.source, start)
         # From the index's mark before it and the checkpoint before that, through a descriptor of
         # its own (a decoder moves its descriptor's position; the stream reads by position).
         try:
@@ -162,6 +173,25 @@ class _Lines:
             local.close()
 
 
+def _object_where(path: Path, index: Index, source: ObjectFile, start: int) -> str:
+    """``path:line`` of the line at byte ``start`` of an object (decompressed): its newlines before it
+    counted, streamed again (an error's message: worth the GETs), from the index's mark before it
+    and that mark's checkpoint for a compressed object."""
+    own = ObjectFile(source.path, source.key)  # a reading of its own, pinned to the same ETag
+    try:
+        if not index.format.compressed:
+            newlines = sum(block.count(b"\n") for block in own.stream(0, start))
+            return f"{path}:{newlines + 1}"
+        with SpanReader(index) as reader:
+            offset, line = line_mark(reader.marks(), start)
+            checkpoints = reader.checkpoints()
+        with DecompressedView(path, own, checkpoints) as view:  # type: ignore[arg-type]
+            line += view.read(offset, start).count(b"\n")
+        return f"{path}:{line + 1}"
+    except (LookupError, OSError, CorruptMetaFileError, MetaFileChangedError):
+        return f"{path}, byte {start:,}" + (" decompressed" if index.format.compressed else "")
+
+
 @contextlib.contextmanager
 def _open_checked(path: Path, index: Index) -> Iterator[_Lines | _ParquetLines]:
     """The file's lines, checked on entry and exit to be those of the file ``index`` describes; an
@@ -169,8 +199,11 @@ def _open_checked(path: Path, index: Index) -> Iterator[_Lines | _ParquetLines]:
     changed meanwhile is that change. A Parquet file's rows are checked as the file reader checks them.
     """
     if index.format.rows:
-        with _FileBytes(path).rows(index) as rows:
+        with _bytes_of(path).rows(index) as rows:
             yield _ParquetLines(path, index, rows)
+        return
+    if is_url(path):  # an object: checked to be the one indexed (one HEAD), every GET pinned to its ETag
+        yield _Lines(path, index, ObjectBytes(path).source(index.key))
         return
     local = LocalFile(path, index.key, checked=False)
     try:

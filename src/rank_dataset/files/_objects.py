@@ -1,7 +1,8 @@
-"""Meta files in object storage (text, gzip and zstd), for the index and
+"""Meta files in object storage (text, gzip, zstd and Parquet), for the index and
 :class:`~rank_dataset.files.metafile.MetaFile`: the index of an object (built by one streaming pass,
-cached locally, never in the bucket), and its bytes read with coalesced ranged GETs (a compressed
-object's through its checkpoints, each decoder reading its spans in order). No torch.
+cached locally, never in the bucket; a Parquet object's from its footer), and its bytes read with
+coalesced ranged GETs (a compressed object's through its checkpoints, each decoder reading its spans
+in order; a Parquet object's by pyarrow through a file object of exact ranged GETs). No torch.
 
 An object's index is cached under the user cache directory (or ``RANK_DATASET_CACHE_DIR``), named by
 a hash of its URL, size and ETag: another object, or the same object replaced, is another cache, and
@@ -31,9 +32,9 @@ from rank_dataset.files._cache import CACHE_DIR_ENV, wait_for_seal
 from rank_dataset.files._cachefile import Index, _open_cache
 from rank_dataset.files._cachelock import one_builder
 from rank_dataset.files._readers import read_checkpoints
-from rank_dataset.files.formats import SpanSource, detect_source, refuse_cut_source
+from rank_dataset.files.formats import ParquetRows, SpanSource, detect_source, refuse_cut_source
 from rank_dataset.files.sources import FileKey
-from rank_dataset.files.sources.object import COALESCE, ObjectFile
+from rank_dataset.files.sources.object import COALESCE, ObjectFile, ObjectIO
 
 __all__ = ["ObjectBytes", "ObjectSpans", "load_object_index", "object_cache_path", "object_ends"]
 
@@ -55,30 +56,32 @@ def object_ends(source: ObjectFile) -> bytes:
     return source.read(0, n) + source.read(source.size - n, n)
 
 
-def load_object_index(url: str, *, rebuild: bool = False, columns: Sequence[str] | None = None) -> Index:
+def load_object_index(
+    url: str | os.PathLike[str], *, rebuild: bool = False, columns: Sequence[str] | None = None
+) -> Index:
     """The index of the object ``url``: from this node's cache, else built by one streaming pass (one
     process builds while the others wait) and cached (in memory where no cache is writable).
 
     Raises:
         FileNotFoundError, PermissionError, OSError: the object cannot be had (naming URL and status).
-        ValueError: it is not a text meta file (other formats are not read from objects yet), or
-            ``columns`` are given.
+        ValueError: ``columns`` for an object that is not Parquet, or naming a column a Parquet
+            object lacks (or a nested or binary one).
+        ImportError: a Parquet object without pyarrow.
         MetaFileChangedError: it was replaced while it was being indexed.
     """
     source = ObjectFile(url)
     path = source.path
     fmt = detect_source(source)
-    if fmt.rows:
-        raise ValueError(
-            f"{url} is a {fmt.value} meta file: Parquet meta files are not read from object storage yet; "
-            "copy it to a local disk"
-        )
+    if fmt.rows:  # its index is its footer's (a GET or two, not cached: as a local Parquet file's)
+        ends_hash = hashlib.blake2b(object_ends(source), digest_size=16).digest()
+        rows = parquet_rows(source, columns)
+        return Index(source.key.file_key(path), ends_hash, len(rows), False, None, None, fmt, parquet=rows.layout)
     if columns is not None:
         raise ValueError(f"columns= picks the columns of a Parquet meta file, and {url} is {fmt.value}")
     refuse_cut_source(path, source, fmt)  # type: ignore[arg-type]
-    key = source.key.file_key(url)
+    key = source.key.file_key(path)
     ends_hash = hashlib.blake2b(object_ends(source), digest_size=16).digest()
-    cache = object_cache_path(url, source.size, source.key.etag)
+    cache = object_cache_path(path, source.size, source.key.etag)
     with contextlib.suppress(OSError):
         cache.parent.mkdir(parents=True, exist_ok=True)
     wait_for_seal(cache)
@@ -99,6 +102,13 @@ def load_object_index(url: str, *, rebuild: bool = False, columns: Sequence[str]
     except OSError:  # no writable cache directory: the lock cannot be taken either
         pass
     return _index_in_memory(path, source, key, ends_hash)  # type: ignore[arg-type]
+
+
+def parquet_rows(source: ObjectFile, columns: Sequence[str] | None) -> ParquetRows:
+    """The rows of the Parquet object ``source``, read by pyarrow through ranged GETs pinned to its
+    ETag (:class:`~rank_dataset.files.sources.object.ObjectIO`; one client, obstore's)."""
+    own = ObjectFile(source.path, source.key)  # a position of its own
+    return ParquetRows(cast(Path, source.path), columns, fileobj=ObjectIO(own))
 
 
 class ObjectSpans:
@@ -152,21 +162,22 @@ class ObjectBytes:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._source: ObjectFile | None = None
+        self._rows: tuple[tuple[int, object], ParquetRows] | None = None  # a Parquet object's footer, read
         self._pid = 0
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, object]:
-        return {"path": str(self.path)}
+        return {"path": self.path}  # a UrlPath: its settings go with it (a client does not)
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(UrlPath(str(state["path"])))  # type: ignore[misc]
+        self.__init__(UrlPath(state["path"]))  # type: ignore[misc, arg-type]
 
     def source(self, key: FileKey) -> ObjectFile:
         """The object, checked to be the one indexed (``key``)."""
         with self._lock:
             if self._source is None or self._pid != os.getpid():
                 try:
-                    source = ObjectFile(str(self.path))
+                    source = ObjectFile(self.path)
                 except FileNotFoundError:
                     raise MetaFileChangedError(self.path, "it was deleted") from None
                 if source.key.file_key(str(self.path)) != key:
@@ -181,16 +192,34 @@ class ObjectBytes:
         if not index.format.compressed:
             yield ObjectSpans(source)
             return
-        spans = SpanSource(self.path, source, read_checkpoints(index), lambda: ObjectFile(str(self.path), source.key))
+        spans = SpanSource(self.path, source, read_checkpoints(index), lambda: ObjectFile(self.path, source.key))
         try:
             yield spans
         finally:
             spans.close()
 
     @contextlib.contextmanager
-    def rows(self, index: Index) -> Iterator[object]:
-        raise ValueError(f"{self.path}: Parquet meta files are not read from object storage yet")
-        yield  # pragma: no cover
+    def rows(self, index: Index) -> Iterator[ParquetRows]:
+        """The rows of a Parquet object, its footer read again (pinned to the ETag indexed) and checked
+        against ``index`` (the same row groups and schema of the chosen columns), as a local file's."""
+        layout = index.parquet
+        if layout is None:
+            raise ValueError(f"{self.path} was not indexed as a Parquet file")
+        source = self.source(index.key)
+        held = self._rows
+        if held is not None and held[0] == (os.getpid(), layout):
+            # Its footer, read once in this process: every GET is pinned to the ETag indexed, so
+            # the footer cannot have changed (a replaced object fails the next GET).
+            yield held[1]
+            return
+        try:
+            rows = parquet_rows(source, layout.columns)
+        except ValueError as exc:  # a chosen column gone, or nested now (the ETag held: never so)
+            raise MetaFileChangedError(self.path, f"its schema changed since it was indexed ({exc})") from None
+        if rows.schema_hash != layout.schema_hash or rows.layout.bounds != layout.bounds:
+            raise MetaFileChangedError(self.path, "its schema or row groups changed since it was indexed")
+        self._rows = ((os.getpid(), layout), rows)
+        yield rows
 
     def read_once(self, index: Index, offset: int, count: int) -> bytes:
         if index.format.compressed:

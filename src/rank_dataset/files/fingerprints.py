@@ -39,7 +39,7 @@ def _ends(path: Path, key: FileKey) -> bytes:
     if not key.size:
         return b""
     if is_url(path):  # an object: the one indexed (its ETag's hash is in the key), read in two GETs
-        obj = ObjectFile(str(path))
+        obj = ObjectFile(path)
         if obj.key.file_key(str(path)) != key:
             raise MetaFileChangedError(path, "it was replaced since it was indexed (its ETag changed)")
         return object_ends(obj)

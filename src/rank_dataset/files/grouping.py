@@ -11,7 +11,9 @@ ranks of a node share one copy of it in the page cache (:mod:`rank_dataset.files
 
 A gzip or zstd meta file is grouped as the plain file of its decompressed bytes, read front to back
 in one checked decompression (:func:`~rank_dataset.files.formats.decompress`, no checkpoint needed):
-its cost is about one decompression of the file.
+its cost is about one decompression of the file. A meta file in object storage is read front to
+back too, in ranged GETs pinned to its ETag (a replaced object is MetaFileChangedError), and its
+grouping is cached on this node beside its index, keyed by URL, size and ETag.
 
 The parts: the lines read (:mod:`~rank_dataset.files._group_lines`), grouping by label
 (:mod:`~rank_dataset.files._group_labels`), the cache (:mod:`~rank_dataset.files._group_cache`).
@@ -21,14 +23,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import is_url, meta_path
+from rank_dataset.core.checks import is_url, meta_path, with_storage
 from rank_dataset.core.progress import progress_bar
 from rank_dataset.files import _group_lines
 from rank_dataset.files._cachelock import load_or_build
@@ -51,7 +53,13 @@ Key = Callable[[str], Hashable]
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def group_by(meta_file: PathLike, key: str | Key = "label", *, cache_name: str | None = None) -> dict[Any, np.ndarray]:
+def group_by(
+    meta_file: PathLike,
+    key: str | Key = "label",
+    *,
+    cache_name: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> dict[Any, np.ndarray]:
     """The sample numbers of ``meta_file`` grouped by ``key``: ``{key: ascending int64 sample numbers}``.
 
     Args:
@@ -66,6 +74,9 @@ def group_by(meta_file: PathLike, key: str | Key = "label", *, cache_name: str |
         cache_name: with a function ``key``, the name its grouping is cached under (letters, digits,
             ``_`` and ``-``; not ``"label"``); without one it is computed anew on each call. Keep a
             name for one function: a cache is matched on the file, not on the function.
+        storage_options: for a meta file in object storage (its URL: ``s3://``, ``gs://``, ``az://``,
+            ``https://``, read front to back in ranged GETs pinned to its ETag; the grouping cached on
+            this node): obstore's settings, over the environment's.
 
     Returns:
         A dict in ascending key order (in order of first appearance where the keys cannot be ordered);
@@ -91,11 +102,12 @@ def group_by(meta_file: PathLike, key: str | Key = "label", *, cache_name: str |
         >>> {k: v.tolist() for k, v in group_by(p, key=lambda line: line[0]).items()}
         {'a': [0], 'b': [1], 'c': [2]}
     """
-    return grouping_of(meta_file, key, cache_name).as_dict()
+    return grouping_of(with_storage(meta_file, storage_options), key, cache_name).as_dict()
 
 
 def grouping_of(meta_file: PathLike, key: str | Key = "label", cache_name: str | None = None) -> Grouping:
-    """:func:`group_by`'s grouping as one :class:`Grouping` (its groups slices of one array)."""
+    """:func:`group_by`'s grouping as one :class:`Grouping` (its groups slices of one array); an
+    object's URL read through its settings (a :class:`~rank_dataset.core.checks.UrlPath`'s)."""
     if not isinstance(meta_file, (str, os.PathLike)):
         raise TypeError(f"meta_file must be a path, got {meta_file!r} ({type(meta_file).__name__})")
     if key == "label":
@@ -111,26 +123,19 @@ def grouping_of(meta_file: PathLike, key: str | Key = "label", cache_name: str |
     else:
         raise ValueError(f'key must be "label" or a function of the line returning a hashable, got {key!r}')
     path = meta_path(meta_file)
-    _refuse_object(path, "group_by (and class_balanced)")
     index = load_index(path)
     if index.count == 0:
         raise ValueError(f"no samples in {path}: every line is empty or whitespace")
     return _load_or_group(path, index, key, name)
 
 
-def _refuse_object(path: Path, what: str) -> None:
-    """Raise ValueError if ``path`` is an object's URL: the grouping passes read local files only, so far."""
-    if is_url(path):
-        raise ValueError(
-            f"{what} reads local meta files only, so far, and {path} is an object: copy it to a local disk "
-            "for this pass (the datasets read it in place)"
-        )
-
-
 def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -> Grouping:
     if name is None:
         return _group(path, index, key)
-    candidates = _cache_candidates(path, name)
+    if is_url(path):  # an object: beside its index, in this node's cache (never in the bucket)
+        candidates = [] if index.cache is None else [index.cache.with_suffix(f".{name}.rdgrp")]
+    else:
+        candidates = _cache_candidates(path, name)
     for cache in candidates:
         found = _open_cache(cache, index)
         if found is not None:
@@ -174,7 +179,6 @@ def each_line(meta_file: PathLike, desc: str) -> Iterator[tuple[str, Callable[[]
     """Every sample of ``meta_file`` as ``(text, where)``, in order, ``where()`` giving its ``path:line``;
     a progress bar on a terminal (in the first process of a node). For functions of the line."""
     path = meta_path(meta_file)
-    _refuse_object(path, "a pass over every line (ids_of, repeat_factor, group_by with a function)")
     index = load_index(path)
     with _open_checked(path, index) as lines:
         yield from _texts(lines, desc)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import bisect
 import warnings
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.checks import with_storage
 from rank_dataset.files.grouping import Key, grouping_of
 from rank_dataset.files.scan import PathLike
 
@@ -36,6 +37,7 @@ def ids_of(
     *,
     cache_name: str | None = None,
     missing: Literal["raise", "warn", "ignore"] = "raise",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> npt.NDArray[np.int64]:
     """The sample numbers of ``meta_file`` whose line has one of ``keys``: ascending, distinct, int64.
 
@@ -49,6 +51,7 @@ def ids_of(
             key is cached as ``"first_field"``; a function without a name is grouped anew on each call.
         missing: what keys that no line has do: ``"raise"`` (a KeyError naming the first few),
             ``"warn"`` (a UserWarning naming them) or ``"ignore"``.
+        storage_options: for a meta file in object storage, obstore's settings (as ``group_by``).
 
     Memory: the grouping's keys are held while looking up (one Python object a distinct key); the sample
     numbers are a map of the cache file.
@@ -76,7 +79,7 @@ def ids_of(
                 f"the default key is cached as 'first_field': give cache_name only with key=, got {cache_name!r}"
             )
         key, cache_name = first_field, "first_field"
-    grouping = grouping_of(meta_file, key, cache_name)
+    grouping = grouping_of(with_storage(meta_file, storage_options), key, cache_name)
     found = _lookup(grouping.keys, list(dict.fromkeys(keys)))
     bounds = grouping.bounds
     parts = [np.asarray(grouping.order[bounds[g] : bounds[g + 1]], np.int64) for g in found.values() if g >= 0]

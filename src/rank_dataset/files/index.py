@@ -129,7 +129,7 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
         CorruptMetaFileError: a Parquet footer cannot be read.
     """
     if is_url(path):  # an object: its index built by one streaming pass, cached on this node
-        return load_object_index(str(path), rebuild=rebuild, columns=columns)
+        return load_object_index(path, rebuild=rebuild, columns=columns)
     for attempt in range(_BUILD_TRIES):
         source = LocalFile(path)
         fd, key = source.fd, source.key

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -25,7 +25,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import UrlPath, check_index, is_url, meta_path
+from rank_dataset.core.checks import UrlPath, check_index, is_url, meta_path, with_storage
 from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.core.shard import Shard
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
@@ -182,7 +182,7 @@ class _FileBytes:
 
 def _path_of(name: str) -> Path:
     """A path as pickled (a str) made a path again: an object's URL stays whole (a Path folds ``//``)."""
-    return cast(Path, UrlPath(name)) if is_url(name) else Path(name)
+    return cast(Path, UrlPath(name)) if is_url(name) else Path(name)  # a UrlPath keeps its settings
 
 
 def _bytes_of(path: Path) -> _FileBytes:
@@ -206,6 +206,9 @@ class MetaFile:
             Parquet file's its rows (see ``columns``).
         columns: the columns of a Parquet file whose values, joined by a tab, make a row's line, in
             that order; None for all. Only for Parquet files (the same for each).
+        storage_options: for meta files in object storage (``s3://``, ``gs://``, ``az://``,
+            ``https://``): obstore's settings (e.g. ``endpoint``, ``access_key_id``,
+            ``secret_access_key``, ``region``), over the environment's; never shown in a message.
 
     Raises:
         FileNotFoundError: a file does not exist.
@@ -222,7 +225,13 @@ class MetaFile:
         (2, 'img_1.JPEG 5')
     """
 
-    def __init__(self, path_or_paths: PathLike | Sequence[PathLike], *, columns: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        path_or_paths: PathLike | Sequence[PathLike],
+        *,
+        columns: Sequence[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
         columns = _check_columns(columns)
         if isinstance(path_or_paths, (str, os.PathLike)):
             raw: list[PathLike] = [path_or_paths]
@@ -232,10 +241,15 @@ class MetaFile:
             raise TypeError(f"path_or_paths must be a path or a sequence of paths, got {path_or_paths!r}")
         if not raw:
             raise ValueError("path_or_paths is empty: give at least one meta file")
-        self._open([meta_path(p) for p in raw], [columns] * len(raw))
+        self._open([meta_path(with_storage(p, storage_options)) for p in raw], [columns] * len(raw))
 
     @classmethod
-    def from_files(cls, paths: Sequence[PathLike], columns: Sequence[Sequence[str] | None]) -> MetaFile:
+    def from_files(
+        cls,
+        paths: Sequence[PathLike],
+        columns: Sequence[Sequence[str] | None],
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> MetaFile:
         """The files ``paths`` as one MetaFile, each Parquet file with its own ``columns`` (None: all of
         them; None for every other file), as the distinct files of a mix's Sources are.
 
@@ -247,7 +261,7 @@ class MetaFile:
         if not paths:
             raise ValueError("paths is empty: give at least one meta file")
         mf = object.__new__(cls)
-        mf._open([meta_path(p) for p in paths], [_check_columns(c) for c in columns])
+        mf._open([meta_path(with_storage(p, storage_options)) for p in paths], [_check_columns(c) for c in columns])
         return mf
 
     def _open(self, paths: Sequence[Path], columns: Sequence[tuple[str, ...] | None]) -> None:
@@ -280,7 +294,8 @@ class MetaFile:
         # What lengths, error messages and later reads need, and no open file: a spawn worker that
         # receives a dataset whose shard is in shared memory never touches the meta files (they may
         # even be gone), and one that does read checks them against these keys first.
-        files = [(str(f.path), f.index) for f in self._files]
+        # An object's UrlPath is kept as it is: its storage settings go with it, never a client.
+        files = [(f.path if is_url(f.path) else str(f.path), f.index) for f in self._files]
         return {"files": files, "fingerprint": self._fingerprint, "file_fingerprints": self._file_fingerprints}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

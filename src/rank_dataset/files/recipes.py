@@ -10,13 +10,13 @@ exact resume.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import meta_path
+from rank_dataset.core.checks import meta_path, with_storage
 from rank_dataset.core.parsers import Parser
 from rank_dataset.files.grouping import Key, each_line, grouping_of
 from rank_dataset.files.index import load_index
@@ -42,6 +42,7 @@ def class_balanced(
     *,
     cache_name: str | None = None,
     parser: str | Parser | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> list[Source]:
     """One source per class of ``meta_file``, weighted ``n_c ** power``: class-balanced sampling.
 
@@ -56,6 +57,8 @@ def class_balanced(
         key, cache_name: how samples are grouped into classes (see :func:`~rank_dataset.files.grouping.group_by`).
         power: a finite number.
         parser: the sources' parser (None: the dataset's).
+        storage_options: for a meta file in object storage, obstore's settings (as ``group_by``),
+            which its sources carry.
 
     Returns:
         The sources in ascending key order, named ``"<file name>[<key>]"``; their ids are views of the
@@ -68,6 +71,7 @@ def class_balanced(
         >>> [(s.name, len(s.ids), round(s.weight, 3)) for s in class_balanced(p, power=0.5)]
         [('meta.txt[0]', 8, 1.0), ('meta.txt[1]', 2, 0.5)]
     """
+    meta_file = with_storage(meta_file, storage_options)
     grouping = grouping_of(meta_file, key, cache_name)
     grouping.order.flags.writeable = False
     bounds = grouping.bounds.tolist()
@@ -88,6 +92,7 @@ def repeat_factor(
     categories: Callable[[str], Iterable[Hashable]] | None = None,
     threshold: float | None = None,
     parser: str | Parser | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> list[Source]:
     """Repeat-factor sampling: sample ``i`` read about ``r_i`` times an epoch.
 
@@ -101,6 +106,8 @@ def repeat_factor(
     ``categories`` and ``threshold`` for LVIS's rule ``r_i = max(1, max over categories c of sample i of
     sqrt(t / f_c))``, ``f_c`` being the fraction of samples containing ``c`` (``categories(line)``
     returns the category ids of a line; evaluated once per line in Python).
+
+    ``storage_options``: for a meta file in object storage, obstore's settings (as ``group_by``).
 
     Returns:
         One source per distinct rounded factor, ascending, named ``"<file name>[r=<factor>]"``.
@@ -118,6 +125,7 @@ def repeat_factor(
     """
     if (factors is None) == (categories is None):
         raise ValueError("give either factors (one per sample) or categories with threshold")
+    meta_file = with_storage(meta_file, storage_options)
     if categories is not None:
         if threshold is None:
             raise ValueError("categories needs threshold: LVIS's t, a fraction of the samples in (0, 1]")

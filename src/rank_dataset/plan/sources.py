@@ -8,11 +8,11 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from rank_dataset.core.checks import check_int
+from rank_dataset.core.checks import check_int, with_storage
 from rank_dataset.core.parsers import Parser, resolve_parser
 from rank_dataset.plan.exclude import Exclusion
 from rank_dataset.plan.subsets import SampleIds
@@ -31,7 +31,7 @@ def _positive_float(name: str, value: Any) -> float:
     return number
 
 
-def _fspath(i: int, path: Any) -> str:
+def _fspath(i: int, path: Any, storage_options: Mapping[str, Any] | None = None) -> str:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"paths[{i}] must be a str or os.PathLike, got {path!r} ({type(path).__name__})")
     text = os.fspath(path)
@@ -39,7 +39,7 @@ def _fspath(i: int, path: Any) -> str:
         raise TypeError(f"paths[{i}] must be a str path, got bytes {text!r}")
     if not text:
         raise ValueError(f"paths[{i}] is an empty path")
-    return text
+    return cast(str, with_storage(text, storage_options))  # an object's URL carries its settings
 
 
 def column_names(columns: Any, label: str = "columns") -> tuple[str, ...]:
@@ -140,6 +140,9 @@ class Source:
         columns: for Parquet files, the columns whose values, joined by a tab, make a row's line, in
             that order; None for all. Stored as a tuple of str; checked against the files (and refused
             for a file that is not Parquet) when a dataset opens them.
+        storage_options: for paths that are object URLs (``s3://``, ``gs://``, ``az://``,
+            ``https://``): obstore's settings (e.g. ``endpoint``, ``access_key_id``, ``region``), over
+            the environment's. Carried by the paths (a ``UrlPath`` each), never shown in a repr.
         by: ``"epoch"`` (a schedule's keys are epochs) or ``"step"``: ``weight`` is a schedule
             ``{first_step: weight}`` of a run by steps (a :class:`~rank_dataset.training.steps.StepSampler`;
             see :mod:`rank_dataset.plan.step_mix`), stored in ``step_weight``; ``weight`` is then its value
@@ -202,14 +205,15 @@ class Source:
         name: str | None = None,
         columns: Sequence[str] | None = None,
         by: str = "epoch",
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         step_weight = _step_rule(weight, repeat, choose, by)
         if step_weight is not None:
             weight = step_weight[0]
         if isinstance(paths, (str, os.PathLike)):
-            normal: tuple[str, ...] = (_fspath(0, paths),)
+            normal: tuple[str, ...] = (_fspath(0, paths, storage_options),)
         elif isinstance(paths, Sequence) and not isinstance(paths, (bytes, bytearray)):
-            normal = tuple(_fspath(i, p) for i, p in enumerate(paths))
+            normal = tuple(_fspath(i, p, storage_options) for i, p in enumerate(paths))
             if not normal:
                 raise ValueError("paths must be a path or a non-empty list of paths, got an empty list")
         else:

@@ -21,11 +21,13 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.checks import is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
+from rank_dataset.files._objects import parquet_rows
 from rank_dataset.files.formats import ParquetRows
 from rank_dataset.files.scan import NEWLINE
-from rank_dataset.files.sources import FileKey, LocalFile
-from rank_dataset.shards._text import Lines
+from rank_dataset.files.sources import FileKey, LocalFile, ObjectFile
+from rank_dataset.shards._text import Lines, pinned_object
 
 __all__ = ["RowsReading", "RowsText"]
 
@@ -43,8 +45,11 @@ class RowsText:
 
     def __init__(self, path: Path, key: FileKey, columns: Sequence[str] | None) -> None:
         self.path, self.key = path, key
-        rows = ParquetRows(path, columns)
-        LocalFile(path, key).close()  # the footer read was this file's
+        if is_url(path):  # an object: its footer read through GETs pinned to the job's ETag
+            rows = parquet_rows(pinned_object(path, key), columns)
+        else:
+            rows = ParquetRows(path, columns)
+            LocalFile(path, key).close()  # the footer read was this file's
         self.columns, self.schema_hash, self.bounds = rows.columns, rows.schema_hash, rows.bounds
         self._read_bytes, uncompressed = rows.group_bytes()
         #: Row group ``g`` is bytes ``[edges[g], edges[g + 1])`` of the planned coordinates.
@@ -94,7 +99,7 @@ class RowsText:
 
     def reading(self) -> RowsReading:
         """A :class:`RowsReading` of the file (the caller closes it), checked against the key."""
-        source = LocalFile(self.path, self.key)
+        source = pinned_object(self.path, self.key) if is_url(self.path) else LocalFile(self.path, self.key)
         try:
             return RowsReading(self, source)
         except BaseException:
@@ -117,11 +122,14 @@ class RowsReading:
     again and checked against the one the text was made from. Keeps the last row group it rendered
     (the rounds of an exchange read on from where the one before stopped)."""
 
-    def __init__(self, text: RowsText, source: LocalFile) -> None:
-        self.text, self.source, self.fd = text, source, source.fd
+    def __init__(self, text: RowsText, source: LocalFile | ObjectFile) -> None:
+        self.text, self.source, self.fd = text, source, getattr(source, "fd", -1)
         schema = f"its schema changed since the dataset was made: the columns {list(text.columns)} are not those read"
         try:
-            rows = ParquetRows(text.path, text.columns)
+            if isinstance(source, ObjectFile):
+                rows = parquet_rows(source, text.columns)
+            else:
+                rows = ParquetRows(text.path, text.columns)
         except ValueError as exc:  # a chosen column gone or nested now (or a CorruptMetaFileError)
             self.check()  # a file rewritten meanwhile is that
             if isinstance(exc, CorruptMetaFileError):
@@ -167,8 +175,10 @@ class RowsReading:
         return Lines(found, np.concatenate(lengths), found.size, buf.size, _ascii(buf))
 
     def check(self) -> None:
-        """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key."""
-        self.source.check()
+        """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key.
+        (An object's reads were each pinned to its ETag: nothing more to ask.)"""
+        if not isinstance(self.source, ObjectFile):
+            self.source.check()
 
     def close(self) -> None:
         """Let go of the row group kept, the footer and the descriptor."""

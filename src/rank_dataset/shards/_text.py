@@ -234,8 +234,8 @@ def pinned_object(url: Path, key: FileKey) -> ObjectFile:
     checked against ``key``."""
     found = _pinned.get((str(url), key))
     if found is not None:
-        return ObjectFile(str(url), found)
-    source = ObjectFile(str(url))
+        return ObjectFile(url, found)
+    source = ObjectFile(url)
     if not key.same_file(source.key.file_key(str(url))):
         raise MetaFileChangedError(url, "it was replaced since the reader was made (its ETag changed)")
     _pinned[(str(url), key)] = source.key

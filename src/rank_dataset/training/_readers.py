@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rank_dataset.core.checks import is_url, with_storage
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.sources import Source, as_sources, column_names
 from rank_dataset.shards.collective import CollectiveReader
@@ -20,39 +21,65 @@ __all__ = ["reader_for"]
 
 
 def reader_for(
-    meta_file: Any, reader: Any, columns: Sequence[str] | None, group: Any, timeout: datetime.timedelta | None
+    meta_file: Any,
+    reader: Any,
+    columns: Sequence[str] | None,
+    group: Any,
+    timeout: datetime.timedelta | None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> tuple[ShardReader, Sequence[Source] | None, MetaFile | None]:
     """The reader RankDataset reads through (``reader``: a name, or the reader itself), the mix's
-    sources (None: no mix), and the MetaFile, if the reader reads through one."""
+    sources (None: no mix), and the MetaFile, if the reader reads through one. Meta files that are
+    objects carry ``storage_options`` (where a Source gave none of its own) and ``timeout``: the
+    client's requests and retries take at most that long."""
     if not isinstance(reader, str):
+        if storage_options is not None:
+            raise ValueError(
+                "storage_options= goes with reader='file' or 'collective': a reader object knows its files"
+            )
         return _given_reader(reader, meta_file, columns, timeout)
     if reader not in READER_NAMES:
         raise ValueError(f"reader must be 'file', 'collective' or a ShardReader, got {reader!r}")
     if meta_file is None:
         raise TypeError("RankDataset needs meta_file (a path, a list of paths, a MetaFile or Sources)")
-    if timeout is not None and reader != "collective":
-        raise ValueError("timeout applies to reader='collective' only (the file reader runs no exchange)")
     sources = as_sources(meta_file)
-    if columns is not None and (sources is not None or isinstance(meta_file, MetaFile)):
-        where = "give each Source its columns=" if sources is not None else "give the MetaFile its columns="
-        raise ValueError(f"columns= applies to a path or a list of paths: {where}")
+    for name, value in (("columns", columns), ("storage_options", storage_options)):
+        if value is not None and (sources is not None or isinstance(meta_file, MetaFile)):
+            where = f"give each Source its {name}=" if sources is not None else f"give the MetaFile its {name}="
+            raise ValueError(f"{name}= applies to a path or a list of paths: {where}")
+    paths: Sequence[str | os.PathLike[str]]
+    if sources is not None:
+        paths = files_of(sources)
+    elif isinstance(meta_file, MetaFile):
+        paths = meta_file.paths
+    else:
+        paths = _paths_of(meta_file)
+    seconds = None if timeout is None else timeout.total_seconds()
+    if timeout is not None and reader != "collective" and not any(is_url(p) for p in paths):
+        raise ValueError(
+            "timeout applies to reader='collective' (its exchanges) and to meta files in object storage "
+            "(their requests): the file reader over local files waits for nothing"
+        )
+    if isinstance(meta_file, MetaFile) and seconds is not None and reader != "collective":
+        raise ValueError("timeout= with a MetaFile: give its paths instead (the MetaFile has opened its objects)")
+    paths = [with_storage(p, storage_options, seconds) for p in paths]
     if reader == "collective":
-        paths: Sequence[str | os.PathLike[str]]
         chosen: Sequence[tuple[str, ...] | None]
         if sources is not None:
-            paths, chosen = files_of(sources), columns_of(sources)
+            chosen = columns_of(sources)
         elif isinstance(meta_file, MetaFile):
-            paths, chosen = meta_file.paths, meta_file.columns
+            chosen = meta_file.columns
         else:
-            paths = _paths_of(meta_file)
             chosen = [None if columns is None else column_names(columns)] * len(paths)
         agree = functools.partial(_agree_files, paths=[os.fspath(p) for p in paths])
         collective = CollectiveReader(paths, sources, group=group, timeout=timeout, agree=agree, columns=chosen)
         return collective, sources, None  # no MetaFile: no index is read or written
-    if sources is None:
-        meta = meta_file if isinstance(meta_file, MetaFile) else MetaFile(meta_file, columns=columns)
+    if isinstance(meta_file, MetaFile):
+        meta = meta_file
+    elif sources is None:
+        meta = MetaFile(paths, columns=columns)
     else:  # one MetaFile of the distinct files: each indexed once, read once per shard
-        meta = MetaFile.from_files(files_of(sources), columns_of(sources))
+        meta = MetaFile.from_files(paths, columns_of(sources))
     return FileReader(meta, sources), sources, meta
 
 
@@ -79,7 +106,7 @@ def _paths_of(meta_file: Any) -> list[str | os.PathLike[str]]:
     """The paths of meta files given as a path or a list of paths."""
     if isinstance(meta_file, (str, os.PathLike)):
         return [meta_file]
-    if isinstance(meta_file, Sequence) and meta_file and all(isinstance(p, (str, os.PathLike)) for p in meta_file):
+    if isinstance(meta_file, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in meta_file):
         return list(meta_file)
     raise TypeError(f"meta_file must be a path, a list of paths, a MetaFile or Sources, got {meta_file!r}")
 

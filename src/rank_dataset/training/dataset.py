@@ -337,7 +337,8 @@ class RankDataset(ShardedDataset):
             whole world).
         timeout: with ``reader="collective"``, how long its collectives wait for every rank: seconds (an
             int or a float) or a ``datetime.timedelta``, as every dataset takes it (default: torch's); past
-            it every rank raises a :class:`~rank_dataset.errors.CollectiveError`.
+            it every rank raises a :class:`~rank_dataset.errors.CollectiveError`. For meta files in object
+            storage (either reader), also the budget of each request to the store with its retries.
         exclude: sample numbers to leave out (as ``indices`` numbers them; for a mix, over the distinct
             files of its sources): a 1-D integer array, a list, or the path of a ``.npy`` file. The plans
             cover what is left (every kept sample once an epoch, equal lengths, resume on any world size);
@@ -357,6 +358,10 @@ class RankDataset(ShardedDataset):
         columns: for a Parquet meta file (or files), the columns whose values, joined by a tab, make a
             row's line (what the parser gets), in that order; None for all. For a mix, give each
             Source its ``columns`` instead. Not with a MetaFile (give it its own) nor for text files.
+        storage_options: for meta files in object storage (``s3://``, ``gs://``, ``az://``,
+            ``https://``): obstore's settings (e.g. ``endpoint``, ``access_key_id``,
+            ``secret_access_key``, ``region``), over the environment's; pickled to DataLoader workers
+            with the paths, never shown. For a mix, give each Source its own; for a MetaFile, the MetaFile.
 
     Raises:
         ValueError: as MetaFile; ``reader="collective"`` without an initialised process group; for a
@@ -391,8 +396,11 @@ class RankDataset(ShardedDataset):
         max_failures: int | float | None = 0.01,
         exclude_failures: bool = False,
         columns: Sequence[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        shards, sources, self.meta = reader_for(meta_file, reader, columns, group, timeout_timedelta(timeout))
+        shards, sources, self.meta = reader_for(
+            meta_file, reader, columns, group, timeout_timedelta(timeout), storage_options
+        )
         try:
             super().__init__(
                 shards,

@@ -4,9 +4,12 @@
 Every read is a ranged GET pinned to that ETag (``If-Match``): an object replaced or deleted under a
 job is :class:`~rank_dataset.errors.MetaFileChangedError` naming the URL, never bytes of the new
 object. Failed requests (5xx, timeouts, dropped connections) are retried by the client with
-exponential backoff and jitter within the timeout; a body cut short is asked again from where it
-stopped, then is :class:`~rank_dataset.errors.CorruptMetaFileError` naming the URL and the offset.
-A process holds at most a few requests in flight (``RANK_DATASET_OBJECT_REQUESTS``, default 4).
+exponential backoff and jitter, and a body cut short is asked again from where it stopped (then is
+:class:`~rank_dataset.errors.CorruptMetaFileError` naming the URL and the offset), all within the
+timeout (the dataset's; :func:`~rank_dataset.files.sources._stores.budget` says how it is spent).
+A process holds at most a few requests in flight (``RANK_DATASET_OBJECT_REQUESTS``, default 4), and
+waits a short delay of its rank's before its first (the spread start:
+:func:`~rank_dataset.files.sources._stores.start_delay`), so that the ranks of a job do not all start at once.
 
 Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``AWS_ALLOW_HTTP``; ``GOOGLE_*``;
@@ -16,9 +19,12 @@ Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL`
 from __future__ import annotations
 
 import hashlib
+import io
+import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -26,11 +32,11 @@ import numpy.typing as npt
 from rank_dataset.core.checks import UrlPath
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files._pread import ShortRead
-from rank_dataset.files.sources._stores import acquire, is_url, object_store, split_url, status_of
+from rank_dataset.files.sources._stores import acquire, budget, is_url, object_store, split_url, status_of
 from rank_dataset.files.sources.base import STREAM_BLOCK
 from rank_dataset.files.sources.local import FileKey
 
-__all__ = ["COUNTS", "REQUEST", "ObjectFile", "ObjectKey", "UrlPath", "is_url"]
+__all__ = ["COUNTS", "REQUEST", "ObjectFile", "ObjectIO", "ObjectKey", "UrlPath", "is_url"]
 
 #: This process's requests to object stores so far: HEADs, GETs and bytes received (for the tests
 #: and the benchmark; a forked child starts from its parent's).
@@ -84,11 +90,13 @@ class ObjectFile:
     With ``key``, reads are pinned to the object ``key`` describes (no request at construction);
     without, one HEAD learns its size and ETag: a missing object or bucket, or credentials refused,
     raise here, naming the URL and the HTTP status. Picklable: another process makes its own client.
+    ``storage_options`` and ``timeout`` default to those ``url`` carries (a
+    :class:`~rank_dataset.core.checks.UrlPath`'s), else the environment's and :data:`_TIMEOUT`.
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | os.PathLike[str],
         key: ObjectKey | None = None,
         *,
         storage_options: Mapping[str, Any] | None = None,
@@ -96,10 +104,11 @@ class ObjectFile:
     ) -> None:
         if not is_url(url):
             raise ValueError(f"{url!r} is not an object URL (s3://, gs://, az://, abfs://, http(s)://)")
-        self.path = UrlPath(url)
-        self._directory, self._name = split_url(url)
-        self.storage_options = dict(storage_options or {})
-        self.timeout = _TIMEOUT if timeout is None else float(timeout)
+        # The settings given win over those the URL carries (a UrlPath's, e.g. a Source's).
+        self.path = UrlPath(cast(str, url), storage_options, timeout)
+        self._directory, self._name = split_url(self.path)
+        self.storage_options = self.path.storage_options
+        self.timeout = _TIMEOUT if self.path.timeout is None else float(self.path.timeout)
         self.key = self._head() if key is None else key
         self._ahead: tuple[int, bytes] | None = None  # the block of a read in order (read_into's until)
         self._next = 0  # where a read in order (pread) would start next
@@ -116,13 +125,14 @@ class ObjectFile:
 
         store = self._store()  # no client (no obstore, or a forked process): said as it is
         COUNTS["heads"] += 1
+        slots = acquire()  # after the spread start (a bad setting of it raises as itself)
         try:
-            with acquire():
+            with slots:
                 meta = obstore.head(store, self._name)
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"meta file not found: {self.path} ({status_of(exc)})") from None
         except Exception as exc:
-            raise _failure(self.path, exc) from None
+            raise _failure(self.path, exc, self.timeout) from None
         modified = None if meta.get("e_tag") else str(meta.get("last_modified"))
         return ObjectKey(int(meta["size"]), meta.get("e_tag"), modified)
 
@@ -150,7 +160,7 @@ class ObjectFile:
             return MetaFileChangedError(self.path, f"it was replaced (its ETag is no longer {self.key.etag})")
         if isinstance(exc, FileNotFoundError):
             return MetaFileChangedError(self.path, "it was deleted")
-        return _failure(self.path, exc)
+        return _failure(self.path, exc, self.timeout)
 
     def stream(self, start: int = 0, stop: int | None = None, block: int = STREAM_BLOCK) -> Iterator[bytes]:
         """Bytes ``[start, stop)`` in order, ``block`` at a time (the last shorter), from GETs of at most
@@ -171,8 +181,11 @@ class ObjectFile:
     def _pieces(self, start: int, stop: int) -> Iterator[bytes]:
         """The bytes ``[start, stop)`` as they arrive; a body cut short is asked again from where it
         stopped (a short body after :data:`_ATTEMPTS` asks is corrupt)."""
-        at, short = start, 0
+        at, short, deadline = start, 0, 0.0
+        reasks = budget(self.timeout)["reasks"].total_seconds()
         while at < stop:
+            if short == 0:  # a range's first ask: it and its asks again end within the timeout
+                deadline = time.monotonic() + reasks
             end = min(at + REQUEST, stop)
             got = at
             with acquire():
@@ -184,11 +197,11 @@ class ObjectFile:
                 except (MetaFileChangedError, CorruptMetaFileError, OSError):
                     raise
                 except Exception as exc:  # the body broke off: asked again below from ``got``
-                    if short + 1 >= _ATTEMPTS:
+                    if short + 1 >= _ATTEMPTS or time.monotonic() > deadline:
                         raise self._error(exc) from None
             if got < end:
                 short += 1
-                if short >= _ATTEMPTS:
+                if short >= _ATTEMPTS or time.monotonic() > deadline:
                     raise CorruptMetaFileError(self.path, got, f"the body ended {end - got:,} bytes short")
             else:
                 short = 0
@@ -294,11 +307,42 @@ class ObjectFile:
         return f"ObjectFile({str(self.path)!r}, {self.key!r})"
 
 
-def _failure(url: str, exc: BaseException) -> OSError:
-    """The error of a request that failed for good, naming the URL and the status."""
+class ObjectIO(io.RawIOBase):
+    """A seekable read-only file object over an :class:`ObjectFile` (for pyarrow's ParquetFile): each
+    read is one ranged GET of exactly the bytes asked, pinned to the object's ETag, so a footer costs
+    a GET or two and a row group's column chunks a GET each; nothing is read ahead."""
+
+    def __init__(self, source: ObjectFile) -> None:
+        self._source, self._pos = source, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._source.size}[whence]
+        self._pos = max(base + offset, 0)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        count = max(0, min(len(buffer), self._source.size - self._pos))
+        if count:
+            self._source.read_into(np.frombuffer(buffer, np.uint8, count), self._pos)
+        self._pos += count
+        return count
+
+
+def _failure(url: str, exc: BaseException, timeout: float) -> OSError:
+    """The error of a request that failed for good, naming the URL, the status and the timeout that
+    bounded its retries."""
     import obstore.exceptions as errors
 
     status = status_of(exc)
     if isinstance(exc, (errors.PermissionDeniedError, errors.UnauthenticatedError, PermissionError)):
         return PermissionError(f"meta file {url}: access denied ({status}); check the credentials")
-    return OSError(f"meta file {url}: the object store failed ({status})")
+    return OSError(f"meta file {url}: the object store failed ({status}), retried within timeout={timeout:g} s")

@@ -21,9 +21,6 @@ def shared_objects(net: Collectives, paths: Sequence[Path]) -> dict[int, tuple[F
     """For each path that is an object's URL (by its number): the key it is read under and its format,
     from rank 0's one HEAD (and first bytes), sent to every rank (or the error rank 0 met, raised on
     every rank: a missing object, a missing bucket, credentials refused, naming the URL and status).
-
-    Raises:
-        ValueError: an object is a Parquet file (not read from objects yet).
     """
     urls = [i for i, p in enumerate(paths) if is_url(p)]
     if not urls:
@@ -33,13 +30,8 @@ def shared_objects(net: Collectives, paths: Sequence[Path]) -> dict[int, tuple[F
         try:
             got = []
             for i in urls:
-                source = ObjectFile(str(paths[i]))
+                source = ObjectFile(paths[i])
                 fmt = detect_source(source)
-                if fmt.rows:
-                    raise ValueError(
-                        f"{paths[i]} is a {fmt.value} meta file: Parquet meta files are not read from object "
-                        "storage yet; copy it to a local disk"
-                    )
                 refuse_cut_source(paths[i], source, fmt)
                 got.append((source.key, fmt.value))
             found[0] = got
