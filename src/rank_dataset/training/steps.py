@@ -61,7 +61,7 @@ class StepSampler(Sampler[list[int]]):
     divides the sizes and any number of workers.
 
     Raises:
-        TypeError: not a RankDataset.
+        TypeError: not a RankDataset (the meta server's datasets are not read by steps).
         ValueError: a size that is not a multiple of the world size (naming the step and the size), an eval
             dataset, ``exclude_failures=True`` or ``audit="off"`` (the shard change needs the pass counts); in a
             mix with rules by step, a source with a schedule by epoch or rules that cannot be met at some step
@@ -72,7 +72,10 @@ class StepSampler(Sampler[list[int]]):
         self, dataset: RankDataset, global_batch_size: int | Mapping[int, int], *, start_step: int = 0
     ) -> None:
         if not isinstance(dataset, RankDataset):
-            raise TypeError(f"dataset must be a RankDataset, got {type(dataset).__name__}")
+            raise TypeError(
+                f"dataset must be a RankDataset, got {type(dataset).__name__} (the meta server's datasets, "
+                "RankServerDataset and ServerDataset, are not read by steps)"
+            )
         spec = dataset.spec
         if spec.is_test:
             raise ValueError("StepSampler reads a training stream: the dataset is an eval one (is_test=True)")
