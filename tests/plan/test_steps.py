@@ -155,6 +155,23 @@ def test_mix_by_steps() -> None:
     assert [per_source[s] for s in range(3)] == [6, 8, 6]  # epoch 0 takes c_s of each source
 
 
+@pytest.mark.parametrize("k", [2, 3])
+def test_mix_by_epochs_with_aug_repeats(k: int) -> None:
+    plan = MixPlan((10, 7, 3), (6, 8, 6), 20, ((2, (10, 4, 6)),))  # a schedule by epoch too
+    schedule = BatchSchedule.of({0: 4 * k, 5: 8 * k})
+    steps = 16
+    ref = global_batches(rank_batches(20, 1, 3, schedule, steps, k=k, mix=plan), steps)
+    for world in (2, 4):
+        assert global_batches(rank_batches(20, world, 3, schedule, steps, k=k, mix=plan), steps) == ref, world
+    assert all(b == b[: len(b) // k] * k for b in ref)  # copy-major: the k copies of each draw B/k apart
+    draws = np.array([x for b in ref for x in b[: len(b) // k]])
+    per_epoch = draws_per_epoch(20, k)
+    for epoch in range(3):  # each epoch's draws: its order's, each source its draws of the epoch
+        got = draws[epoch * per_epoch : (epoch + 1) * per_epoch]
+        assert got.tolist() == plan.epoch_order(SEED, epoch, np.arange(per_epoch) * k, k).tolist()
+        assert np.bincount(plan.source_of(got), minlength=3).tolist() == list(plan.draws(k, epoch))
+
+
 def test_window_memory_bound() -> None:
     # A rank's shard: its share of one window plus one global batch.
     for n, mini, world in [(100, 3, 4), (1000, 7, 8), (50, 1, 2)]:

@@ -84,6 +84,13 @@ def make_for(kind: str, meta: Path, tmp_path: Path) -> Make:
             return RankDataset(repeat_factor(str(meta), factors), reload_cfg=CFG, rank=r, world_size=w)
         if kind == "exclude":
             return RankDataset(meta, reload_cfg=CFG, rank=r, world_size=w, exclude=[0, 4, 9])
+        if kind == "mix_aug":
+            other = tmp_path / "other.txt"
+            if not other.exists():
+                other.write_text("".join(f"doc_{i}.txt {i}\n" for i in range(11)))
+            sources = [Source(str(meta), weight=2), Source(str(other), repeat={0: 2, 1: 1})]
+            cfg = {**CFG, "epoch_size": 40, "aug_repeats": 2}
+            return RankDataset(sources, reload_cfg=cfg, rank=r, world_size=w)
         if kind == "aug":
             return RankDataset(meta, reload_cfg={**CFG, "aug_repeats": 2}, rank=r, world_size=w)
         raise AssertionError(kind)
@@ -91,7 +98,7 @@ def make_for(kind: str, meta: Path, tmp_path: Path) -> Make:
     return make
 
 
-@pytest.mark.parametrize("kind", ["mix", "subsets", "class_balanced", "repeat_factor", "exclude", "aug"])
+@pytest.mark.parametrize("kind", ["mix", "subsets", "class_balanced", "repeat_factor", "exclude", "aug", "mix_aug"])
 def test_world_size_independence_of_every_plan(kind: str, meta: Path, tmp_path: Path) -> None:
     make = make_for(kind, meta, tmp_path)
     reference = run(make, 1, 14)
@@ -99,7 +106,7 @@ def test_world_size_independence_of_every_plan(kind: str, meta: Path, tmp_path: 
         assert run(make, world, 14) == reference, world
     if kind == "exclude":
         assert not {"img_0.jpg 0", "img_4.jpg 1", "img_9.jpg 0"} & {x for b in reference for x in b}
-    if kind == "aug":  # with 4 ranks the 2 copies of each draw in one batch sit on 2 different ranks
+    if kind in ("aug", "mix_aug"):  # with 4 ranks the 2 copies of each draw in one batch sit on 2 different ranks
         for t, batch in enumerate(reference):
             half = len(batch) // 2
             assert batch[:half] == batch[half:], t

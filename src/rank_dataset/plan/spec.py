@@ -213,10 +213,6 @@ class ShardSpec:
         if self.is_test or self.resume is not None:
             raise ValueError("the step layout is a training layout of its own: not with is_test nor a resume point")
         step_mix = self.steps.mix
-        if self.mix is not None and self.aug_repeats != 1 and step_mix is None:
-            raise ValueError(
-                "a mix by epochs read by steps does not take aug_repeats yet: use aug_repeats=1 with a mix"
-            )
         if step_mix is not None and (
             self.mix is None or (step_mix.sizes, step_mix.epoch_size) != (self.mix.sizes, self.mix.epoch_size)
         ):

@@ -65,7 +65,7 @@ class StepSampler(Sampler[list[int]]):
         ValueError: a size that is not a multiple of the world size (naming the step and the size), an eval
             dataset, ``exclude_failures=True`` or ``audit="off"`` (the shard change needs the pass counts); in a
             mix with rules by step, a source with a schedule by epoch or rules that cannot be met at some step
-            (naming the source and the step); a mix by epochs with ``aug_repeats``.
+            (naming the source and the step).
     """
 
     def __init__(
@@ -92,11 +92,6 @@ class StepSampler(Sampler[list[int]]):
         step_mix = None
         if mixture is not None:
             step_mix = StepMix.from_sources(mixture.plan.sizes, mixture.sources, mixture.plan.epoch_size)
-        if step_mix is None and mixture is not None and spec.aug_repeats != 1:
-            raise ValueError(
-                "a mix by epochs read by steps does not take aug_repeats yet: use aug_repeats=1, or give a source a "
-                "rule by step (Source(..., by='step'))"
-            )
         self.dataset = dataset
         self.layout = StepLayout(schedule, step_mix)
         self._step = check_int("start_step", start_step, low=0)
