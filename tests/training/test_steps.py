@@ -202,6 +202,9 @@ def test_refusals(meta: Path, tmp_path: Path) -> None:
         StepSampler(RankDataset(meta, is_test=True, rank=0, world_size=1), 8)
     with pytest.raises(ValueError, match="audit"):
         StepSampler(RankDataset(meta, rank=0, world_size=1, audit="off"), 8)
+    failing = RankDataset(meta, rank=0, world_size=1, on_error="replace", exclude_failures=True)
+    with pytest.raises(ValueError, match=r"exclude_failures=True .* depends on the world size .* exclude="):
+        StepSampler(failing, 8)
     state = StepSampler(ds, 8).state_dict()
     for other, what in [
         (RankDataset(meta, reload_cfg={"seed": 6}, rank=0, world_size=4), "seed"),
@@ -265,6 +268,35 @@ def test_weights_by_step(tmp_path: Path) -> None:
         Source(str(tmp_path / "c.txt"), choose={0: 3, 4: 0}, by="step")
     with pytest.raises(ValueError, match="by must be 'epoch' or 'step'"):
         Source(str(tmp_path / "c.txt"), weight=1, by="steps")
+
+
+def test_replaced_failures_differ_only_at_the_failing_item(meta: Path) -> None:
+    """As the guide says: with on_error='replace' a failing sample's substitute comes from the rank's shard, so
+    global batches on 1, 2 and 4 ranks differ only where the stream holds a failing sample."""
+    bad = {"img_3.jpg 0", "img_17.jpg 2"}
+
+    def transform(line: str) -> str:
+        if line in bad:
+            raise ValueError("a corrupt sample")
+        return line
+
+    def make(r: int, w: int) -> RankDataset:
+        return RankDataset(
+            meta, reload_cfg=CFG, rank=r, world_size=w, transform=transform, on_error="replace", max_failures=10
+        )
+
+    def plain(r: int, w: int) -> RankDataset:
+        return RankDataset(meta, reload_cfg=CFG, rank=r, world_size=w)
+
+    steps = 12
+    stream = run(plain, 1, steps)  # what the stream holds, failing samples included
+    assert any(x in bad for b in stream for x in b)
+    for world in (1, 2, 4):
+        got = run(make, world, steps)
+        for t in range(steps):
+            assert len(got[t]) == len(stream[t])
+            assert not bad & set(got[t])
+            assert all(g == s for g, s in zip(got[t], stream[t]) if s not in bad), (world, t)
 
 
 @pytest.mark.parametrize("k", [1, 2])

@@ -84,7 +84,11 @@ class StepSampler(Sampler[list[int]]):
                 "StepSampler changes shards by the pass audit's counts: build the dataset with audit='warn' or 'error'"
             )
         if dataset._policy.exclude_failures:
-            raise ValueError("exclude_failures=True changes the plan each epoch: a stream by steps cannot take it")
+            raise ValueError(
+                "exclude_failures=True changes the plan each epoch by what failed, which depends on the world size "
+                "(substitutes are drawn from the rank's shard): a stream by steps cannot take it; leave failing "
+                "samples out with exclude= (ds.failures lists them)"
+            )
         schedule = BatchSchedule.of(global_batch_size)
         schedule.check(spec.world_size, spec.aug_repeats)
         book = dataset._book
