@@ -385,3 +385,35 @@ def test_repeat_and_choose_by_step_land_at_the_step() -> None:
     with pytest.raises(ValueError, match=r"source 'b\.txt' has a schedule by epoch"):
         StepMix.from_sources(sizes, [sources[0], Source("b.txt", weight={0: 1, 2: 3}), sources[2]], 150)
     assert StepMix.from_sources(sizes, [Source("a.txt"), Source("b.txt", weight={0: 1, 2: 3})], 150) is None
+
+
+def test_step_mix_samples_are_the_definition() -> None:
+    """StepMix.samples (every step's slot shuffle at once) against the definition written step by step: batch t's
+    slots shuffled by permute(B, slot key, t, .), slot j of source s its next draw of the source's stream."""
+    from rank_dataset.plan.mix import _source_seed
+    from rank_dataset.plan.permutation import permute, permute_stream
+    from rank_dataset.plan.step_mix import _SLOT_KEY
+
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        sizes = [int(rng.integers(1, 90)) for _ in range(int(rng.integers(1, 4)))]
+        rules = [{0: float(rng.integers(1, 4)), int(rng.integers(1, 12)): float(rng.integers(1, 4))} for _ in sizes]
+        mix = StepMix.of(sizes, 100, ["weight"] * len(sizes), rules)
+        schedule = BatchSchedule.of({0: int(rng.integers(1, 20)), int(rng.integers(1, 9)): int(rng.integers(1, 30))})
+        seed = int(rng.integers(0, 2**40))
+        steps = 25
+        expected, taken = [], [0] * len(sizes)
+        offsets = np.cumsum((0, *sizes))
+        for t in range(steps):
+            size = schedule.size(t)
+            counts = batch_counts(size, mix.shares(t))
+            ends = np.cumsum(counts)
+            for slot in permute(size, (seed * 0x9E3779B1 + _SLOT_KEY) & ((1 << 63) - 1), t, np.arange(size)).tolist():
+                s = int(np.searchsorted(ends, slot, side="right"))
+                position = taken[s] + slot - (int(ends[s]) - counts[s])
+                expected.append(int(permute_stream(sizes[s], _source_seed(seed, s), position, [0])[0]) + offsets[s])
+            taken = [a + c for a, c in zip(taken, counts)]
+        items = np.arange(schedule.start(steps))
+        assert mix.samples(items, schedule, seed).tolist() == expected
+        order = rng.permutation(items.size)  # any order of items, any subset
+        assert mix.samples(items[order][:50], schedule, seed).tolist() == [expected[i] for i in order[:50]]

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.plan.mix import _source_seed
-from rank_dataset.plan.permutation import permute, permute_stream
+from rank_dataset.plan.permutation import grid_each, permute_keyed, permute_stream, round_keys_each
 
 if TYPE_CHECKING:
     from rank_dataset.plan.sources import Source
@@ -223,20 +223,28 @@ class StepMix:
         rel = items - starts[run]
         step = firsts[run] + rel // sizes[run]
         slot_of = rel % sizes[run]
+        slot_seed = (seed * 0x9E3779B1 + _SLOT_KEY) & ((1 << 63) - 1)
+        # Every step's slot shuffle at once (a window holds T0 / (M * B) steps: a call each would cost more than
+        # the rest): the round keys of each step met, then one keyed pass, as permute(B, slot_seed, t, .) gives.
+        low = int(step.min())
+        met = np.arange(low, int(step.max()) + 1, dtype=np.int64)  # the steps of a window: a short range
+        keys = [k[step - low] for k in round_keys_each(np.full(met.size, slot_seed, np.uint64), met)]
+        rows, col_bits = grid_each(sizes)  # a grid a run, each item given its run's
+        slots = permute_keyed(sizes[run], rows[run], col_bits[run], keys, slot_of)
         source = np.empty(items.shape, np.int64)
         position = np.empty(items.shape, np.int64)
-        slot_seed = (seed * 0x9E3779B1 + _SLOT_KEY) & ((1 << 63) - 1)
-        # One step at a time (a window holds its share of T0 / M items: T0 / (M * B) steps).
-        order = np.argsort(step, kind="stable")
-        bounds = np.flatnonzero(np.diff(step[order])) + 1
-        for group in np.split(order, bounds):
-            t, j = int(step[group[0]]), int(run[group[0]])
+        for j in range(int(run.min()), int(run.max()) + 1):  # a run: one size and one set of counts
+            where = np.flatnonzero(run == j) if len(runs) > 1 else np.arange(run.size)
+            if not where.size:
+                continue
             counts = runs[j][3]
-            slots = permute(int(sizes[j]), slot_seed, t, slot_of[group])
             ends = np.cumsum(counts)
-            of = np.searchsorted(ends, slots, side="right")
-            source[group] = of
-            position[group] = taken[j][of] + (t - int(firsts[j])) * counts[of] + slots - (ends[of] - counts[of])
+            mine = slots[where]
+            of = np.searchsorted(ends, mine, side="right")
+            source[where] = of
+            position[where] = (
+                taken[j][of] + (step[where] - int(firsts[j])) * counts[of] + mine - (ends[of] - counts[of])
+            )
         offset = 0
         for s, n in enumerate(self.sizes):
             where = source == s
