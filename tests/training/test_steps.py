@@ -345,6 +345,8 @@ def test_repeat_and_choose_by_step(tmp_path: Path, k: int) -> None:
     other = RankDataset(sources(late=6), reload_cfg=cfg, rank=0, world_size=2)
     with pytest.raises(ValueError, match=r"this step state is for another mix \(its sources, counts or schedules\)"):
         StepSampler(other, schedule).load_state_dict(state)
+    with pytest.raises(ValueError, match="this step state is for another global batch size schedule"):
+        StepSampler(make(0, 2), {0: 12 * k, 7: 24 * k}).load_state_dict(state)
     too_much = [Source(str(tmp_path / "a.txt"), repeat={0: 1, 9: 3}, by="step"), *sources()[1:]]
     with pytest.raises(ValueError, match=r"from step 9 the fixed per-epoch counts .* add up to 170"):
         StepSampler(RankDataset(too_much, reload_cfg=cfg, rank=0, world_size=1), schedule)

@@ -108,8 +108,13 @@ class StepSampler(Sampler[list[int]]):
             seed=spec.seed,
             aug_repeats=spec.aug_repeats,
             schedule=schedule,
-            mix=None if mixture is None else mix_digest({**mixture.plan.to_dict(), **self.layout.to_dict()}),
+            # The mix's counts and its rules by step, not the batch sizes: a state for other sizes names the schedule.
+            mix=None if mixture is None else mix_digest({**mixture.plan.to_dict(), "steps": self._rules()}),
         )
+
+    def _rules(self) -> dict[str, Any] | None:
+        """The mix's rules by step, as the state's digest records them (None: a mix by epochs)."""
+        return None if self.layout.mix is None else self.layout.mix.to_dict()
 
     @property
     def schedule(self) -> BatchSchedule:
