@@ -17,6 +17,14 @@ CFG = {"mini_epoch": 3, "seed": 5}
 
 def dataset(kind: str, meta: str, reader: str) -> RankDataset:
     """The same dataset as the test's reference (in one process, world size 1)."""
+    if kind == "stepmix":  # rules by step (a weight, a choose, a repeat; a fixed weight) and repeated augmentation
+        sources = [
+            Source(meta, weight={0: 1, 7: 3}, by="step"),
+            Source(meta.replace("meta", "other"), choose={0: 6, 10: 30}, by="step"),
+            Source(meta.replace("meta", "third"), repeat={0: 1, 5: 0.5}, by="step"),
+            Source(meta.replace("meta", "fourth"), weight=1),
+        ]
+        return RankDataset(sources, reload_cfg={**CFG, "epoch_size": 150, "aug_repeats": 2}, reader=reader)
     if kind == "mix":
         sources = [Source(meta, weight=2), Source(meta.replace("meta", "other"), repeat=2)]
         return RankDataset(sources, reload_cfg={**CFG, "epoch_size": 120}, reader=reader)

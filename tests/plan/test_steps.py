@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
 from rank_dataset.plan.mix import MixPlan
+from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.plan.step_mix import StepMix, batch_counts
 from rank_dataset.plan.step_state import StepState, find_step_state
@@ -152,6 +155,23 @@ def test_mix_by_steps() -> None:
     assert [per_source[s] for s in range(3)] == [6, 8, 6]  # epoch 0 takes c_s of each source
 
 
+@pytest.mark.parametrize("k", [2, 3])
+def test_mix_by_epochs_with_aug_repeats(k: int) -> None:
+    plan = MixPlan((10, 7, 3), (6, 8, 6), 20, ((2, (10, 4, 6)),))  # a schedule by epoch too
+    schedule = BatchSchedule.of({0: 4 * k, 5: 8 * k})
+    steps = 16
+    ref = global_batches(rank_batches(20, 1, 3, schedule, steps, k=k, mix=plan), steps)
+    for world in (2, 4):
+        assert global_batches(rank_batches(20, world, 3, schedule, steps, k=k, mix=plan), steps) == ref, world
+    assert all(b == b[: len(b) // k] * k for b in ref)  # copy-major: the k copies of each draw B/k apart
+    draws = np.array([x for b in ref for x in b[: len(b) // k]])
+    per_epoch = draws_per_epoch(20, k)
+    for epoch in range(3):  # each epoch's draws: its order's, each source its draws of the epoch
+        got = draws[epoch * per_epoch : (epoch + 1) * per_epoch]
+        assert got.tolist() == plan.epoch_order(SEED, epoch, np.arange(per_epoch) * k, k).tolist()
+        assert np.bincount(plan.source_of(got), minlength=3).tolist() == list(plan.draws(k, epoch))
+
+
 def test_window_memory_bound() -> None:
     # A rank's shard: its share of one window plus one global batch.
     for n, mini, world in [(100, 3, 4), (1000, 7, 8), (50, 1, 2)]:
@@ -239,7 +259,7 @@ def test_batch_counts_largest_remainder() -> None:
 def test_weights_by_step() -> None:
     sizes = (50, 30, 7)
     plan = MixPlan(sizes, (40, 30, 10), 80)  # the mix's epoch size cuts the windows only
-    step_mix = StepMix.of(sizes, [{0: 1, 5: 3}, 1, {0: 1, 8: 0.5}])
+    step_mix = StepMix.of(sizes, 80, ["weight"] * 3, [{0: 1, 5: 3}, 1, {0: 1, 8: 0.5}])
     schedule = BatchSchedule.of({0: 8, 6: 16})
     steps = 40
     ref = global_batches(rank_batches(80, 1, 3, schedule, steps, mix=plan, step_mix=step_mix), steps)
@@ -257,3 +277,143 @@ def test_weights_by_step() -> None:
         for s in range(len(sizes)):  # each source's stream: every sample once before any twice
             mine = taken[offsets[s] : offsets[s + 1]]
             assert mine.max() - mine.min() <= 1, (t, s)
+
+
+def expected_shares(sizes: Sequence[int], sources: Sequence[Source], epoch_size: int, step: int) -> list[Fraction]:
+    """The test's own reading of the rules by step: fixed counts, then the weights' exact share of what is left."""
+    shares: list[Fraction] = []
+    for n, source in zip(sizes, sources):
+        rule = source.step_rule if source.step_rule is not None else {0: getattr(source, source.kind)}
+        value = rule[max(s for s in rule if s <= step)]
+        shares.append(Fraction(round(value * n)) if source.kind == "repeat" else Fraction(value))
+    weighted = [s for s, source in enumerate(sources) if source.kind == "weight"]
+    left = epoch_size - sum(c for s, c in enumerate(shares) if s not in weighted)
+    whole = sum(shares[s] for s in weighted)
+    return [left * c / whole if s in weighted else c for s, c in enumerate(shares)]
+
+
+def random_source(rng: np.random.Generator, s: int) -> Source:
+    kind = str(rng.choice(["weight", "repeat", "choose"]))
+    steps = sorted({0, *rng.integers(1, 25, int(rng.integers(0, 3))).tolist()})
+    draw = {
+        "weight": lambda: float(rng.choice([0.5, 1, 2, 3, 0.3])),
+        "repeat": lambda: float(rng.choice([0.5, 1, 1.5, 2])),
+        "choose": lambda: int(rng.integers(1, 40)),
+    }[kind]
+    rule = {t: draw() for t in steps}
+    if rng.random() < 0.3:  # a fixed rule beside the others' schedules
+        return Source(f"s{s}.txt", **{kind: rule[0]})
+    return Source(f"s{s}.txt", **{kind: rule}, by="step")
+
+
+def test_rules_by_step_property() -> None:
+    """Weights, repeats and chooses by step, with and without aug_repeats: each global batch's counts are exact
+    (its draws apportioned by the rules in force at that step), the same global batches on 1, 2 and 4 ranks,
+    the k copies of a draw in the batch on k different ranks, each source's stream once before twice."""
+    rng = np.random.default_rng(11)
+    checked = 0
+    while checked < 30:
+        sizes = [int(rng.integers(1, 60)) for _ in range(int(rng.integers(1, 5)))]
+        sources = [random_source(rng, s) for s in range(len(sizes))]
+        if all(s.step_rule is None for s in sources):
+            continue
+        k = int(rng.choice([1, 1, 2, 3]))
+        try:
+            plan = MixPlan.from_sources(sizes, sources, None if rng.random() < 0.5 else int(rng.integers(60, 200)))
+            step_mix = StepMix.from_sources(sizes, sources, plan.epoch_size)
+            plan.check_draws(k)
+        except ValueError:  # rules that cannot be met (fixed counts over the epoch size): refused, named
+            continue
+        assert step_mix is not None
+        t0 = plan.epoch_size
+        schedule = BatchSchedule.of({s: 4 * k * int(rng.integers(1, 5)) for s in sorted({0, int(rng.integers(1, 20))})})
+        steps = int(rng.integers(10, 30))
+        mini = int(rng.integers(1, 4))
+        ref = global_batches(rank_batches(t0, 1, mini, schedule, steps, k=k, mix=plan, step_mix=step_mix), steps)
+        for world in (2, 4):
+            got = rank_batches(t0, world, mini, schedule, steps, k=k, mix=plan, step_mix=step_mix)
+            assert global_batches(got, steps) == ref, (sizes, sources, world)
+            if k > 1:
+                where = rank_batches(t0, world, mini, schedule, steps, k=k, draws=True)
+                for t in range(steps):
+                    per = schedule.size(t) // k
+                    flat = [(x, r) for r, block in enumerate(where[t]) for x in block]
+                    for i in range(per):  # copy c of draw i is item i + c * per: the same draw, another rank
+                        copies = [flat[i + c * per] for c in range(k)]
+                        assert len({x for x, _ in copies}) == 1
+                        assert len({r for _, r in copies}) == min(k, world)
+        offsets = np.cumsum((0, *sizes))
+        taken = np.zeros(offsets[-1], np.int64)
+        for t, batch in enumerate(ref):
+            per = schedule.size(t) // k
+            assert all(batch[i] == batch[i % per] for i in range(len(batch)))  # copy-major: k copies of each draw
+            draws = np.array(batch[:per])
+            source = np.searchsorted(offsets, draws, side="right") - 1
+            want = batch_counts(per, expected_shares(sizes, sources, t0, t))
+            assert np.bincount(source, minlength=len(sizes)).tolist() == want, (t, sources)
+            np.add.at(taken, draws, 1)
+            for s in range(len(sizes)):
+                mine = taken[offsets[s] : offsets[s + 1]]
+                assert mine.max() - mine.min() <= 1, (t, s)
+        checked += 1
+
+
+def test_repeat_and_choose_by_step_land_at_the_step() -> None:
+    sizes = (50, 30, 7)
+    sources = [
+        Source("a.txt", repeat={0: 1, 5: 2}, by="step"),
+        Source("b.txt", weight=1),
+        Source("c.txt", choose={0: 5, 8: 20}, by="step"),
+    ]
+    plan = MixPlan.from_sources(sizes, sources, 150)
+    assert plan.counts == (50, 95, 5)  # an epoch-by-epoch reading: the rules at step 0
+    step_mix = StepMix.from_sources(sizes, sources, 150)
+    assert step_mix is not None
+    assert (
+        step_mix.shares(4) == (50, 95, 5) and step_mix.shares(5) == (100, 45, 5) and step_mix.shares(8) == (100, 30, 20)
+    )
+    schedule = BatchSchedule.of(30)
+    ref = global_batches(rank_batches(150, 1, 2, schedule, 10, mix=plan, step_mix=step_mix), 10)
+    counts = [np.bincount(plan.source_of(np.array(b)), minlength=3).tolist() for b in ref]
+    assert counts[4] == [10, 19, 1] and counts[5] == [20, 9, 1] and counts[7] == counts[5] and counts[8] == [20, 6, 4]
+    state = StepMix.from_dict(json.loads(json.dumps(step_mix.to_dict())))
+    assert state == step_mix
+    with pytest.raises(ValueError, match=r"source 'a\.txt': repeat=0\.001 of its 50 samples rounds to 0 .* step 3"):
+        StepMix.from_sources(sizes, [Source("a.txt", repeat={0: 1, 3: 0.001}, by="step"), *sources[1:]], 150)
+    with pytest.raises(ValueError, match=r"from step 5 the fixed .* add up to 155, leaving nothing .* 'b\.txt'"):
+        StepMix.from_sources(sizes, [Source("a.txt", repeat={0: 1, 5: 3}, by="step"), *sources[1:]], 150)
+    with pytest.raises(ValueError, match=r"source 'b\.txt' has a schedule by epoch"):
+        StepMix.from_sources(sizes, [sources[0], Source("b.txt", weight={0: 1, 2: 3}), sources[2]], 150)
+    assert StepMix.from_sources(sizes, [Source("a.txt"), Source("b.txt", weight={0: 1, 2: 3})], 150) is None
+
+
+def test_step_mix_samples_are_the_definition() -> None:
+    """StepMix.samples (every step's slot shuffle at once) against the definition written step by step: batch t's
+    slots shuffled by permute(B, slot key, t, .), slot j of source s its next draw of the source's stream."""
+    from rank_dataset.plan.mix import _source_seed
+    from rank_dataset.plan.permutation import permute, permute_stream
+    from rank_dataset.plan.step_mix import _SLOT_KEY
+
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        sizes = [int(rng.integers(1, 90)) for _ in range(int(rng.integers(1, 4)))]
+        rules = [{0: float(rng.integers(1, 4)), int(rng.integers(1, 12)): float(rng.integers(1, 4))} for _ in sizes]
+        mix = StepMix.of(sizes, 100, ["weight"] * len(sizes), rules)
+        schedule = BatchSchedule.of({0: int(rng.integers(1, 20)), int(rng.integers(1, 9)): int(rng.integers(1, 30))})
+        seed = int(rng.integers(0, 2**40))
+        steps = 25
+        expected, taken = [], [0] * len(sizes)
+        offsets = np.cumsum((0, *sizes))
+        for t in range(steps):
+            size = schedule.size(t)
+            counts = batch_counts(size, mix.shares(t))
+            ends = np.cumsum(counts)
+            for slot in permute(size, (seed * 0x9E3779B1 + _SLOT_KEY) & ((1 << 63) - 1), t, np.arange(size)).tolist():
+                s = int(np.searchsorted(ends, slot, side="right"))
+                position = taken[s] + slot - (int(ends[s]) - counts[s])
+                expected.append(int(permute_stream(sizes[s], _source_seed(seed, s), position, [0])[0]) + offsets[s])
+            taken = [a + c for a, c in zip(taken, counts)]
+        items = np.arange(schedule.start(steps))
+        assert mix.samples(items, schedule, seed).tolist() == expected
+        order = rng.permutation(items.size)  # any order of items, any subset
+        assert mix.samples(items[order][:50], schedule, seed).tolist() == [expected[i] for i in order[:50]]

@@ -12,6 +12,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from rank_dataset import RankDataset, Source, StepSampler, class_balanced, repeat_factor
+from rank_dataset.plan.step_mix import batch_counts
 from rank_dataset.plan.steps import BatchSchedule, stream_samples
 
 N = 37
@@ -83,6 +84,13 @@ def make_for(kind: str, meta: Path, tmp_path: Path) -> Make:
             return RankDataset(repeat_factor(str(meta), factors), reload_cfg=CFG, rank=r, world_size=w)
         if kind == "exclude":
             return RankDataset(meta, reload_cfg=CFG, rank=r, world_size=w, exclude=[0, 4, 9])
+        if kind == "mix_aug":
+            other = tmp_path / "other.txt"
+            if not other.exists():
+                other.write_text("".join(f"doc_{i}.txt {i}\n" for i in range(11)))
+            sources = [Source(str(meta), weight=2), Source(str(other), repeat={0: 2, 1: 1})]
+            cfg = {**CFG, "epoch_size": 40, "aug_repeats": 2}
+            return RankDataset(sources, reload_cfg=cfg, rank=r, world_size=w)
         if kind == "aug":
             return RankDataset(meta, reload_cfg={**CFG, "aug_repeats": 2}, rank=r, world_size=w)
         raise AssertionError(kind)
@@ -90,7 +98,7 @@ def make_for(kind: str, meta: Path, tmp_path: Path) -> Make:
     return make
 
 
-@pytest.mark.parametrize("kind", ["mix", "subsets", "class_balanced", "repeat_factor", "exclude", "aug"])
+@pytest.mark.parametrize("kind", ["mix", "subsets", "class_balanced", "repeat_factor", "exclude", "aug", "mix_aug"])
 def test_world_size_independence_of_every_plan(kind: str, meta: Path, tmp_path: Path) -> None:
     make = make_for(kind, meta, tmp_path)
     reference = run(make, 1, 14)
@@ -98,7 +106,7 @@ def test_world_size_independence_of_every_plan(kind: str, meta: Path, tmp_path: 
         assert run(make, world, 14) == reference, world
     if kind == "exclude":
         assert not {"img_0.jpg 0", "img_4.jpg 1", "img_9.jpg 0"} & {x for b in reference for x in b}
-    if kind == "aug":  # with 4 ranks the 2 copies of each draw in one batch sit on 2 different ranks
+    if kind in ("aug", "mix_aug"):  # with 4 ranks the 2 copies of each draw in one batch sit on 2 different ranks
         for t, batch in enumerate(reference):
             half = len(batch) // 2
             assert batch[:half] == batch[half:], t
@@ -194,6 +202,9 @@ def test_refusals(meta: Path, tmp_path: Path) -> None:
         StepSampler(RankDataset(meta, is_test=True, rank=0, world_size=1), 8)
     with pytest.raises(ValueError, match="audit"):
         StepSampler(RankDataset(meta, rank=0, world_size=1, audit="off"), 8)
+    failing = RankDataset(meta, rank=0, world_size=1, on_error="replace", exclude_failures=True)
+    with pytest.raises(ValueError, match=r"exclude_failures=True .* depends on the world size .* exclude="):
+        StepSampler(failing, 8)
     state = StepSampler(ds, 8).state_dict()
     for other, what in [
         (RankDataset(meta, reload_cfg={"seed": 6}, rank=0, world_size=4), "seed"),
@@ -244,13 +255,101 @@ def test_weights_by_step(tmp_path: Path) -> None:
     other = RankDataset(sources(late=4), reload_cfg=CFG, rank=0, world_size=2)
     with pytest.raises(ValueError, match="mix"):
         StepSampler(other, schedule).load_state_dict(state)
-    fixed = [*sources()[:2], Source(str(tmp_path / "c.txt"), repeat=1)]
-    with pytest.raises(ValueError, match=r"'c\.txt'.* every source has a weight"):
-        StepSampler(RankDataset(fixed, reload_cfg=CFG, rank=0, world_size=1), 8)
-    with pytest.raises(ValueError, match="by='step' schedules a weight"):
-        Source(str(tmp_path / "c.txt"), repeat={0: 1, 3: 2}, by="step")
+    by_epoch = [*sources()[:2], Source(str(tmp_path / "c.txt"), repeat={0: 1, 3: 2})]
+    with pytest.raises(ValueError, match=r"'c\.txt' has a schedule by epoch in a mix whose rules change by step"):
+        StepSampler(RankDataset(by_epoch, reload_cfg=CFG, rank=0, world_size=1), 8)
+    with pytest.raises(ValueError, match=r"by='step' schedules one rule: .* got none"):
+        Source(str(tmp_path / "c.txt"), by="step")
+    with pytest.raises(ValueError, match=r"by='step' schedules one rule: .* got weight and choose"):
+        Source(str(tmp_path / "c.txt"), weight=1, choose={0: 3}, by="step")
     with pytest.raises(ValueError, match="must hold step 0"):
         Source(str(tmp_path / "c.txt"), weight={3: 2}, by="step")
+    with pytest.raises(ValueError, match=r"choose\[4\] must be >= 1"):
+        Source(str(tmp_path / "c.txt"), choose={0: 3, 4: 0}, by="step")
+    with pytest.raises(ValueError, match="by must be 'epoch' or 'step'"):
+        Source(str(tmp_path / "c.txt"), weight=1, by="steps")
+
+
+def test_replaced_failures_differ_only_at_the_failing_item(meta: Path) -> None:
+    """As the guide says: with on_error='replace' a failing sample's substitute comes from the rank's shard, so
+    global batches on 1, 2 and 4 ranks differ only where the stream holds a failing sample."""
+    bad = {"img_3.jpg 0", "img_17.jpg 2"}
+
+    def transform(line: str) -> str:
+        if line in bad:
+            raise ValueError("a corrupt sample")
+        return line
+
+    def make(r: int, w: int) -> RankDataset:
+        return RankDataset(
+            meta, reload_cfg=CFG, rank=r, world_size=w, transform=transform, on_error="replace", max_failures=10
+        )
+
+    def plain(r: int, w: int) -> RankDataset:
+        return RankDataset(meta, reload_cfg=CFG, rank=r, world_size=w)
+
+    steps = 12
+    stream = run(plain, 1, steps)  # what the stream holds, failing samples included
+    assert any(x in bad for b in stream for x in b)
+    for world in (1, 2, 4):
+        got = run(make, world, steps)
+        for t in range(steps):
+            assert len(got[t]) == len(stream[t])
+            assert not bad & set(got[t])
+            assert all(g == s for g, s in zip(got[t], stream[t]) if s not in bad), (world, t)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_repeat_and_choose_by_step(tmp_path: Path, k: int) -> None:
+    """A repeat and a choose by step beside a fixed weight, with and without aug_repeats: each global batch's
+    counts are the apportionment of its draws by the rules in force at that step, the same on 1, 2 and 4 ranks
+    (with 2 workers), resumed on 2 ranks from a state taken on 4."""
+    for name, n in [("a", 50), ("b", 30), ("c", 7)]:
+        (tmp_path / f"{name}.txt").write_text("".join(f"{name}{i}\n" for i in range(n)))
+
+    def sources(late: int = 5) -> list[Source]:
+        return [
+            Source(str(tmp_path / "a.txt"), repeat={0: 1, late: 2}, by="step"),
+            Source(str(tmp_path / "b.txt"), weight=1),
+            Source(str(tmp_path / "c.txt"), choose={0: 5, 8: 20}, by="step"),
+        ]
+
+    cfg = {**CFG, "epoch_size": 150, "aug_repeats": k}
+
+    def make(r: int, w: int) -> RankDataset:
+        return RankDataset(sources(), reload_cfg=cfg, rank=r, world_size=w)
+
+    schedule = {0: 12 * k, 6: 24 * k}
+    steps = 20  # 150 items an epoch cut in 3 windows: windows, epochs and every change crossed
+    reference = run(make, 1, steps, schedule)
+    for t, batch in enumerate(reference):
+        size = len(batch) // k
+        assert all(batch[i] == batch[i % size] for i in range(len(batch)))  # the k copies of each draw, copy-major
+        shares = [100 if t >= 5 else 50, 30 if t >= 8 else 45 if t >= 5 else 95, 20 if t >= 8 else 5]
+        assert [sum(x.startswith(s) for x in batch[:size]) for s in "abc"] == batch_counts(size, shares), t
+    # 12 draws a batch: 4, 8, 0 at step 4; a's repeat 2 from step 5 exactly; 24 from step 6; c's choose from 8.
+    for t, want in [(4, (4, 8, 0)), (5, (8, 4, 0)), (7, (16, 7, 1)), (8, (16, 5, 3))]:
+        assert [sum(x.startswith(s) for x in reference[t]) for s in "abc"] == [k * c for c in want], t
+    for world in (2, 4):
+        assert run(make, world, steps, schedule, num_workers=2, persistent_workers=True) == reference, world
+    state = StepSampler(make(0, 4), schedule).state_dict(step=7)
+    per_rank = []
+    for r in range(2):
+        ds = make(r, 2)
+        sampler = StepSampler(ds, schedule)
+        sampler.load_state_dict(json.loads(json.dumps(state)))
+        loader = DataLoader(ds, batch_sampler=sampler, collate_fn=as_list)
+        per_rank.append([b for _, b in zip(range(7, steps), loader)])
+    assert [per_rank[0][t] + per_rank[1][t] for t in range(steps - 7)] == reference[7:]
+    # A state saved under another schedule by step is refused, naming the mix.
+    other = RankDataset(sources(late=6), reload_cfg=cfg, rank=0, world_size=2)
+    with pytest.raises(ValueError, match=r"this step state is for another mix \(its sources, counts or schedules\)"):
+        StepSampler(other, schedule).load_state_dict(state)
+    with pytest.raises(ValueError, match="this step state is for another global batch size schedule"):
+        StepSampler(make(0, 2), {0: 12 * k, 7: 24 * k}).load_state_dict(state)
+    too_much = [Source(str(tmp_path / "a.txt"), repeat={0: 1, 9: 3}, by="step"), *sources()[1:]]
+    with pytest.raises(ValueError, match=r"from step 9 the fixed per-epoch counts .* add up to 170"):
+        StepSampler(RankDataset(too_much, reload_cfg=cfg, rank=0, world_size=1), schedule)
 
 
 @pytest.mark.slow  # two Lightning Trainer runs

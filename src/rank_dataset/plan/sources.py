@@ -66,24 +66,29 @@ def column_names(columns: Any, label: str = "columns") -> tuple[str, ...]:
 Rule = float | Mapping[int, float]  # a value, or a schedule {first_epoch: value}
 
 
-def _step_rule(weight: Any, repeat: Any, choose: Any, by: Any) -> dict[int, float] | None:
-    """For ``by="step"``, the weight schedule by step, checked and sorted (a number: ``{0: number}``); None
-    for ``by="epoch"``."""
+def _step_rule(weight: Any, repeat: Any, choose: Any, by: Any) -> dict[int, Any] | None:
+    """For ``by="step"``, the schedule by step of the one rule given (``weight``, ``repeat`` or ``choose``),
+    checked and sorted (a number: ``{0: number}``); None for ``by="epoch"``."""
     if by == "epoch":
         return None
     if by != "step":
         raise ValueError(f"by must be 'epoch' or 'step', got {by!r}")
-    if weight is None or repeat is not None or choose is not None:
+    given = [(k, v) for k, v in (("weight", weight), ("repeat", repeat), ("choose", choose)) if v is not None]
+    if len(given) != 1:
+        what = "none" if not given else " and ".join(k for k, _ in given)
         raise ValueError(
-            "by='step' schedules a weight: give weight= (a number or {first_step: weight}), no repeat or choose"
+            "by='step' schedules one rule: give one of weight=, repeat= or choose= (a value or {first_step: value}), "
+            f"got {what}"
         )
-    rule = weight if isinstance(weight, Mapping) else {0: weight}
-    checked = {}
-    for step, value in rule.items():
-        first = check_int("weight schedule step", step, low=0)
-        checked[first] = _positive_float(f"weight[{first}]", value)
+    kind, value = given[0]
+    rule = value if isinstance(value, Mapping) else {0: value}
+    checked: dict[int, Any] = {}
+    for step, v in rule.items():
+        first = check_int(f"{kind} schedule step", step, low=0)
+        label = f"{kind}[{first}]"
+        checked[first] = check_int(label, v, low=1) if kind == "choose" else _positive_float(label, v)
     if 0 not in checked:
-        raise ValueError(f"a weight schedule by step must hold step 0, got the steps {sorted(checked)}")
+        raise ValueError(f"a {kind} schedule by step must hold step 0, got the steps {sorted(checked)}")
     return dict(sorted(checked.items()))
 
 
@@ -143,14 +148,15 @@ class Source:
         storage_options: for paths that are object URLs (``s3://``, ``gs://``, ``az://``,
             ``https://``): obstore's settings (e.g. ``endpoint``, ``access_key_id``, ``region``), over
             the environment's. Carried by the paths (a ``UrlPath`` each), never shown in a repr.
-        by: ``"epoch"`` (a schedule's keys are epochs) or ``"step"``: ``weight`` is a schedule
-            ``{first_step: weight}`` of a run by steps (a :class:`~rank_dataset.training.steps.StepSampler`;
-            see :mod:`rank_dataset.plan.step_mix`), stored in ``step_weight``; ``weight`` is then its value
-            at step 0, what an epoch-by-epoch reading of the mix uses.
+        by: ``"epoch"`` (a schedule's keys are epochs) or ``"step"``: the one rule given (``weight``,
+            ``repeat`` or ``choose``) is a value or a schedule ``{first_step: value}`` holding step 0, of a run
+            by steps (a :class:`~rank_dataset.training.steps.StepSampler`; see
+            :mod:`rank_dataset.plan.step_mix`), stored in ``step_rule``; the rule's own field then holds its
+            value at step 0, what an epoch-by-epoch reading of the mix (and its epoch size) uses.
 
     At most one of ``weight``, ``repeat`` and ``choose``; none means ``repeat=1.0``. Each may be a
     schedule, a dict ``{first_epoch: value}`` holding epoch 0: the value in force from that epoch on
-    (stored sorted by epoch; ``{0: v}`` alone is ``v``).
+    (stored sorted by epoch; ``{0: v}`` alone is ``v``). With ``by="step"`` the keys are steps.
 
     Examples:
         >>> Source("data/a.txt", weight=2)  # doctest: +ELLIPSIS
@@ -162,6 +168,9 @@ class Source:
         ({0: 1.0, 10: 3.0}, (10,), 3.0)
         >>> Source("data/a.txt", ids=[5, 2, 9], name="a few").ids
         SampleIds(n=3)
+        >>> more = Source("d.txt", repeat={0: 1, 5000: 2}, by="step")
+        >>> more.repeat, more.step_rule, more.value_at_step(6000)
+        (1.0, {0: 1.0, 5000: 2.0}, 2.0)
     """
 
     paths: tuple[str, ...]
@@ -173,7 +182,7 @@ class Source:
     ids: SampleIds | None
     exclude: Exclusion | None = None
     columns: tuple[str, ...] | None = None
-    step_weight: dict[int, float] | None = None
+    step_rule: dict[int, float] | dict[int, int] | None = None
 
     def __hash__(self) -> int:  # a schedule is a dict: hash its items
         def frozen(rule: Any) -> Any:
@@ -188,7 +197,7 @@ class Source:
                 self.ids,
                 self.exclude,
                 self.columns,
-                None if self.step_weight is None else tuple(self.step_weight.items()),
+                None if self.step_rule is None else tuple(self.step_rule.items()),
             )
         )
 
@@ -207,9 +216,14 @@ class Source:
         by: str = "epoch",
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        step_weight = _step_rule(weight, repeat, choose, by)
-        if step_weight is not None:
-            weight = step_weight[0]
+        step_rule = _step_rule(weight, repeat, choose, by)
+        if step_rule is not None:  # the field of its kind holds the value at step 0
+            if weight is not None:
+                weight = step_rule[0]
+            elif repeat is not None:
+                repeat = step_rule[0]
+            else:
+                choose = step_rule[0]
         if isinstance(paths, (str, os.PathLike)):
             normal: tuple[str, ...] = (_fspath(0, paths, storage_options),)
         elif isinstance(paths, Sequence) and not isinstance(paths, (bytes, bytearray)):
@@ -243,7 +257,7 @@ class Source:
         object.__setattr__(
             self, "columns", None if columns is None else column_names(columns, f"source {name!r}: columns")
         )
-        object.__setattr__(self, "step_weight", step_weight)
+        object.__setattr__(self, "step_rule", step_rule)
 
     @property
     def kind(self) -> str:
@@ -259,6 +273,12 @@ class Source:
     def value_at(self, epoch: int) -> float:
         """The value of the source's rule in force at ``epoch`` (an int for ``choose``)."""
         value: float = _in_force(getattr(self, self.kind), epoch)
+        return value
+
+    def value_at_step(self, step: int) -> float:
+        """The value of the source's rule in force at ``step`` of a run by steps: its schedule by step's
+        (``by="step"``), else its rule's (which must then have no schedule by epoch)."""
+        value: float = _in_force(getattr(self, self.kind) if self.step_rule is None else self.step_rule, step)
         return value
 
     def at(self, epoch: int) -> Source:

@@ -212,11 +212,11 @@ class ShardSpec:
             raise TypeError(f"steps must be a StepLayout or None, got {type(self.steps).__name__}")
         if self.is_test or self.resume is not None:
             raise ValueError("the step layout is a training layout of its own: not with is_test nor a resume point")
-        if self.mix is not None and self.aug_repeats != 1:
-            raise ValueError("a mix by steps does not take aug_repeats yet: use aug_repeats=1 with a mix")
         step_mix = self.steps.mix
-        if step_mix is not None and (self.mix is None or step_mix.sizes != self.mix.sizes):
-            raise ValueError("a step layout's weights by step need the mix of the same sources (ShardSpec.mix)")
+        if step_mix is not None and (
+            self.mix is None or (step_mix.sizes, step_mix.epoch_size) != (self.mix.sizes, self.mix.epoch_size)
+        ):
+            raise ValueError("a step layout's rules by step need the mix of the same sources (ShardSpec.mix)")
         self.steps.schedule.check(self.world_size, self.aug_repeats)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,16 +1,23 @@
-"""A mix by steps: sources' weights that change at given steps, exact counts in every global batch. Pure numpy.
+"""A mix by steps: sources' rules (weight, repeat, choose) that change at given steps, exact counts in every
+global batch. Pure numpy.
 
-With weight schedules by step (``Source(..., weight={0: 1, 5000: 3}, by="step")``), global batch ``t`` of ``B``
-items takes ``n_s(t)`` samples of source ``s``: the largest-remainder apportionment of ``B`` by the weights in
-force at step ``t`` (exact rational arithmetic; equal remainders favour the earlier source), so a change lands
-exactly at the first sample of that step's batch. Source ``s``'s samples are the next ``n_s(t)`` of its endless
-stream of passes (pass ``j`` a permutation of its samples fixed by ``(seed, s, j)``): no sample of a source
-repeats before all of it has been read. Within the batch, its ``B`` slots (the first ``n_0`` for source 0, then
-source 1, ...) are shuffled by a permutation fixed by ``(seed, t)``; rank ``r`` takes its contiguous block of the
-shuffled list, as for any step stream (:mod:`rank_dataset.plan.steps`). Nothing depends on the world size.
+With a schedule by step (``Source(..., weight={0: 1, 5000: 3}, by="step")``, ``repeat={0: 1, 5000: 2}``,
+``choose={0: 1000, 800: 5000}``), the rules in force at step ``t`` give each source ``s`` its per-epoch share
+``c_s(t)`` of the mix's epoch size ``T0`` (fixed: that of the rules at step 0), as
+:func:`~rank_dataset.plan.counts.mix_counts` does for an epoch: ``round(repeat * N_s)`` for a repeat, ``choose``
+for a choose, and for a weight the exact share ``(T0 - fixed) * w_s / sum(w)`` of what those fixed counts leave
+(not rounded: a mix of weights alone is then apportioned by its weights, and the one rounding is the batch's).
+Global batch ``t`` of ``B`` items (``B / k`` draws with ``aug_repeats = k``) takes ``n_s(t)`` draws of source
+``s``: the largest-remainder apportionment of its draws in proportion to the ``c_s(t)`` (exact rational
+arithmetic; equal remainders favour the earlier source), so a change lands exactly at the first sample of that
+step's batch. Source ``s``'s draws are the next ``n_s(t)`` of its endless stream of passes (pass ``j`` a
+permutation of its samples fixed by ``(seed, s, j)``): no sample of a source repeats before all of it has been
+read. Within the batch, its draw slots (the first ``n_0`` for source 0, then source 1, ...) are shuffled by a
+permutation fixed by ``(seed, t)``; the batch lists its draws copy-major and rank ``r`` takes its contiguous
+block of the list, as for any step stream (:mod:`rank_dataset.plan.steps`). Nothing depends on the world size.
 
-The stream's windows (the shards) are cut every ``T0 / M`` items, ``T0`` the mix's epoch size, as for a mix by
-epochs; an "epoch" is then only a unit of shards.
+The stream's windows (the shards) are cut every ``T0 / M`` items, as for a mix by epochs; an "epoch" is then only
+a unit of shards, and ``T0`` the unit of the shares (with fixed counts alone, only their ratios matter).
 """
 
 from __future__ import annotations
@@ -25,9 +32,10 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.plan.mix import _source_seed
-from rank_dataset.plan.permutation import permute, permute_stream
+from rank_dataset.plan.permutation import grid_each, permute_keyed, permute_stream, round_keys_each
 
 if TYPE_CHECKING:
+    from rank_dataset.plan.sources import Source
     from rank_dataset.plan.steps import BatchSchedule
 
 __all__ = ["StepMix", "batch_counts"]
@@ -35,7 +43,7 @@ __all__ = ["StepMix", "batch_counts"]
 _SLOT_KEY = 0x534C4F54  # keys the slot shuffle apart from the sources' streams
 
 
-def batch_counts(size: int, weights: Sequence[float]) -> list[int]:
+def batch_counts(size: int, weights: Sequence[float | Fraction]) -> list[int]:
     """``size`` apportioned by ``weights`` by largest remainder (exact; ties favour the earlier source).
 
     Examples:
@@ -53,49 +61,151 @@ def batch_counts(size: int, weights: Sequence[float]) -> list[int]:
     return counts
 
 
+_KINDS = ("weight", "repeat", "choose")
+
+
 @dataclass(frozen=True)
 class StepMix:
-    """The sizes of a mix's sources and their weights by step.
+    """The sizes of a mix's sources, its epoch size and their rules by step.
 
     Args:
         sizes: ``N_s`` of each source (each >= 1).
-        weights: ``(first_step, (w_0, w_1, ...))`` pairs, sorted, the first at step 0: the weights in force
+        epoch_size: ``T0``, the unit of the shares (the mix's epoch size).
+        kinds: each source's rule: ``"weight"``, ``"repeat"`` or ``"choose"``.
+        rules: ``(first_step, (v_0, v_1, ...))`` pairs, sorted, the first at step 0: the rules' values in force
             from that step on.
+
+    Example:
+        >>> mix = StepMix.of([100, 50], 100, ["weight", "choose"], [1, {0: 10, 5: 40}])
+        >>> mix.shares(0), mix.shares(7)
+        ((Fraction(90, 1), Fraction(10, 1)), (Fraction(60, 1), Fraction(40, 1)))
     """
 
     sizes: tuple[int, ...]
-    weights: tuple[tuple[int, tuple[float, ...]], ...]
+    epoch_size: int
+    kinds: tuple[str, ...]
+    rules: tuple[tuple[int, tuple[float, ...]], ...]
 
     @classmethod
-    def of(cls, sizes: Sequence[int], rules: Sequence[float | Mapping[int, float]]) -> StepMix:
-        """From each source's weight: a number, or a schedule ``{first_step: weight}`` holding step 0."""
+    def of(
+        cls,
+        sizes: Sequence[int],
+        epoch_size: int,
+        kinds: Sequence[str],
+        rules: Sequence[float | Mapping[int, float]],
+        names: Sequence[str] | None = None,
+    ) -> StepMix:
+        """From each source's rule: a value, or a schedule ``{first_step: value}`` holding step 0.
+
+        Raises:
+            ValueError: naming the source and the step: a repeat that rounds to 0 samples, or fixed counts
+                that leave nothing of ``T0`` to the weighted sources.
+        """
+        bad = [k for k in kinds if k not in _KINDS]
+        if bad or len(kinds) != len(sizes) or len(rules) != len(sizes):
+            raise ValueError(f"a StepMix needs a kind in {_KINDS} and a rule for each of its {len(sizes)} sources")
         steps = sorted({0, *(s for r in rules if isinstance(r, Mapping) for s in r)})
-        table = []
-        for step in steps:
-            table.append((step, tuple(_in_force(r, step) for r in rules)))
-        return cls(tuple(int(n) for n in sizes), tuple(table))
+
+        def in_force(step: int) -> tuple[float, ...]:
+            return tuple(
+                int(v) if k == "choose" else float(v) for k, v in zip(kinds, (_in_force(r, step) for r in rules))
+            )
+
+        table = tuple((step, in_force(step)) for step in steps)
+        mix = cls(tuple(int(n) for n in sizes), int(epoch_size), tuple(kinds), table)
+        names = names or [str(s) for s in range(len(sizes))]
+        for step, values in table:
+            mix._shares(values, step, names)  # raises on what cannot be met
+        return mix
+
+    @classmethod
+    def from_sources(cls, sizes: Sequence[int], sources: Sequence[Source], epoch_size: int) -> StepMix | None:
+        """The rules by step of a mix in which some source has a schedule by step (``by="step"``); None if none.
+
+        Raises:
+            ValueError: a source with a schedule by epoch in such a mix (naming it), or as :meth:`of`.
+        """
+        if all(s.step_rule is None for s in sources):
+            return None
+        for s in sources:
+            if s.step_rule is None and s.changes:
+                raise ValueError(
+                    f"source {s.name!r} has a schedule by epoch in a mix whose rules change by step: give it a value, "
+                    "or its schedule by step (Source(..., by='step'))"
+                )
+        rules = [getattr(s, s.kind) if s.step_rule is None else s.step_rule for s in sources]
+        return cls.of(sizes, epoch_size, [s.kind for s in sources], rules, [s.name for s in sources])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sizes": list(self.sizes), "weights": [[s, list(w)] for s, w in self.weights]}
+        return {
+            "sizes": list(self.sizes),
+            "epoch_size": self.epoch_size,
+            "kinds": list(self.kinds),
+            "rules": [[s, list(v)] for s, v in self.rules],
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepMix:
-        return cls(tuple(data["sizes"]), tuple((int(s), tuple(float(x) for x in w)) for s, w in data["weights"]))
+        kinds = tuple(data["kinds"])
+        bad = [k for k in kinds if k not in _KINDS]
+        if bad:
+            raise ValueError(f"a StepMix's kinds are {_KINDS}, got {bad[0]!r}")
+        rules = tuple(
+            (int(s), tuple(int(x) if k == "choose" else float(x) for k, x in zip(kinds, v))) for s, v in data["rules"]
+        )
+        return cls(tuple(data["sizes"]), int(data["epoch_size"]), kinds, rules)
+
+    def shares(self, step: int) -> tuple[Fraction, ...]:
+        """``c_s(step)``: each source's share of ``T0`` by the rules in force at ``step`` (exact)."""
+        return self._shares(next(v for s, v in reversed(self.rules) if s <= step), step)
+
+    def _shares(self, values: Sequence[float], step: int, names: Sequence[str] | None = None) -> tuple[Fraction, ...]:
+        """The shares of the rules' ``values`` (in force from ``step``); ValueError naming what cannot be met."""
+        label = names or [str(s) for s in range(len(self.sizes))]
+        shares: list[Fraction] = []
+        weighted = []
+        for s, (kind, value, n) in enumerate(zip(self.kinds, values, self.sizes)):
+            if kind == "weight":
+                weighted.append(s)
+                shares.append(Fraction(value))
+            elif kind == "choose":
+                shares.append(Fraction(int(value)))
+            else:
+                count = round(value * n)  # as mix_counts: Python's round, halves to even
+                if count == 0:
+                    raise ValueError(
+                        f"source {label[s]!r}: repeat={value:g} of its {n} samples rounds to 0 per epoch "
+                        f"from step {step}"
+                    )
+                shares.append(Fraction(count))
+        if weighted:
+            fixed = sum(shares[s] for s in range(len(shares)) if s not in weighted)
+            left = self.epoch_size - fixed
+            if left <= 0:
+                raise ValueError(
+                    f"from step {step} the fixed per-epoch counts of the sources add up to {fixed}, leaving nothing of "
+                    f"the epoch size {self.epoch_size} to the weighted source(s) "
+                    f"{', '.join(repr(label[s]) for s in weighted)}: lower them or set reload_cfg['epoch_size']"
+                )
+            whole = sum(shares[s] for s in weighted)
+            for s in weighted:
+                shares[s] = left * shares[s] / whole
+        return tuple(shares)
 
     def _runs(self, schedule: BatchSchedule, stop: int) -> list[tuple[int, int, int, npt.NDArray[np.int64]]]:
-        """The steps ``[0, stop)`` as runs of one batch size and one set of weights: ``(first, end, size,
+        """The steps ``[0, stop)`` as runs of one batch size (in draws) and one set of rules: ``(first, end, size,
         counts)`` each (``end`` of the last run: ``stop``)."""
-        cuts = sorted({s for s, _ in schedule.changes} | {s for s, _ in self.weights} | {stop})
+        cuts = sorted({s for s, _ in schedule.changes} | {s for s, _ in self.rules} | {stop})
         cuts = [c for c in cuts if c <= stop]
         runs = []
         for a, z in itertools.pairwise(cuts):
             size = schedule.size(a)
-            weights = next(w for s, w in reversed(self.weights) if s <= a)
-            runs.append((a, z, size, np.array(batch_counts(size, weights), np.int64)))
+            runs.append((a, z, size, np.array(batch_counts(size, self.shares(a)), np.int64)))
         return runs
 
     def samples(self, items: npt.NDArray[np.int64], schedule: BatchSchedule, seed: int) -> npt.NDArray[np.int64]:
-        """The global sample numbers (over the sources in order) at stream items ``items``."""
+        """The global sample numbers (over the sources in order) at stream draws ``items``, ``schedule`` the
+        draws of each global batch (``B(t) / k``)."""
         items = np.asarray(items, np.int64)
         out = np.empty(items.shape, np.int64)
         if not items.size:
@@ -113,20 +223,28 @@ class StepMix:
         rel = items - starts[run]
         step = firsts[run] + rel // sizes[run]
         slot_of = rel % sizes[run]
+        slot_seed = (seed * 0x9E3779B1 + _SLOT_KEY) & ((1 << 63) - 1)
+        # Every step's slot shuffle at once (a window holds T0 / (M * B) steps: a call each would cost more than
+        # the rest): the round keys of each step met, then one keyed pass, as permute(B, slot_seed, t, .) gives.
+        low = int(step.min())
+        met = np.arange(low, int(step.max()) + 1, dtype=np.int64)  # the steps of a window: a short range
+        keys = [k[step - low] for k in round_keys_each(np.full(met.size, slot_seed, np.uint64), met)]
+        rows, col_bits = grid_each(sizes)  # a grid a run, each item given its run's
+        slots = permute_keyed(sizes[run], rows[run], col_bits[run], keys, slot_of)
         source = np.empty(items.shape, np.int64)
         position = np.empty(items.shape, np.int64)
-        slot_seed = (seed * 0x9E3779B1 + _SLOT_KEY) & ((1 << 63) - 1)
-        # One step at a time (a window holds its share of T0 / M items: T0 / (M * B) steps).
-        order = np.argsort(step, kind="stable")
-        bounds = np.flatnonzero(np.diff(step[order])) + 1
-        for group in np.split(order, bounds):
-            t, j = int(step[group[0]]), int(run[group[0]])
+        for j in range(int(run.min()), int(run.max()) + 1):  # a run: one size and one set of counts
+            where = np.flatnonzero(run == j) if len(runs) > 1 else np.arange(run.size)
+            if not where.size:
+                continue
             counts = runs[j][3]
-            slots = permute(int(sizes[j]), slot_seed, t, slot_of[group])
             ends = np.cumsum(counts)
-            of = np.searchsorted(ends, slots, side="right")
-            source[group] = of
-            position[group] = taken[j][of] + (t - int(firsts[j])) * counts[of] + slots - (ends[of] - counts[of])
+            mine = slots[where]
+            of = np.searchsorted(ends, mine, side="right")
+            source[where] = of
+            position[where] = (
+                taken[j][of] + (step[where] - int(firsts[j])) * counts[of] + mine - (ends[of] - counts[of])
+            )
         offset = 0
         for s, n in enumerate(self.sizes):
             where = source == s
@@ -138,5 +256,5 @@ class StepMix:
 
 def _in_force(rule: float | Mapping[int, float], step: int) -> float:
     if not isinstance(rule, Mapping):
-        return float(rule)
-    return float(rule[max(s for s in rule if s <= step)])
+        return rule
+    return rule[max(s for s in rule if s <= step)]

@@ -90,6 +90,13 @@ class BatchSchedule:
         """``{str(first_step): size}``: JSON-safe, read back by :meth:`of`."""
         return {str(s): b for s, b in self.changes}
 
+    def in_draws(self, aug_repeats: int) -> BatchSchedule:
+        """The schedule of each global batch's draws, ``B(t) / k`` (itself for ``k = 1``; ``k`` divides every
+        size, as :meth:`check` requires)."""
+        if aug_repeats == 1:
+            return self
+        return BatchSchedule(tuple((s, b // aug_repeats) for s, b in self.changes))
+
     def size(self, step: int) -> int:
         """``B(step)``."""
         size = self.changes[0][1]
@@ -143,7 +150,7 @@ class StepLayout:
 
     Args:
         schedule: the global batch size by step.
-        mix: for a mix whose weights change by step (:mod:`rank_dataset.plan.step_mix`), its weights; None: the
+        mix: for a mix whose rules change by step (:mod:`rank_dataset.plan.step_mix`), its rules; None: the
             stream is the epochs' orders (of the files, or of a mix by epochs).
     """
 
@@ -223,8 +230,8 @@ class StepLayout:
         """The samples (plan numbers) at ``positions`` of :meth:`positions`."""
         k = aug_repeats
         draws = draws_per_epoch(num_samples, k)
-        if self.mix is not None:  # by steps: the batches' counts and slots, not an epoch order (k is 1)
-            return self.mix.samples(epoch * draws + positions, self.schedule, seed)
+        if self.mix is not None:  # by steps: the batches' counts and slots of draws, not an epoch order
+            return self.mix.samples(epoch * draws + positions // k, self.schedule.in_draws(k), seed)
         return stream_samples(epoch * draws + positions // k, num_samples, seed, k, mix)
 
 

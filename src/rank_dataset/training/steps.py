@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import Sampler
 
 from rank_dataset.core.checks import check_int
-from rank_dataset.plan.sources import Source
 from rank_dataset.plan.step_mix import StepMix
 from rank_dataset.plan.step_state import StepState, find_step_state, mix_digest
 from rank_dataset.plan.steps import BatchSchedule, StepLayout, check_stream
@@ -45,9 +44,10 @@ class StepSampler(Sampler[list[int]]):
     ``DataLoader(ds, batch_sampler=StepSampler(ds, 256))`` and loop with
     ``for step, batch in zip(range(start, max_steps), loader)``.
 
-    For a mix whose sources schedule their weights by step (``Source(..., weight={0: 1, 5000: 3}, by="step")``),
-    each global batch takes each source's largest-remainder share of ``B(t)`` by the weights in force at step
-    ``t`` (:mod:`rank_dataset.plan.step_mix`).
+    For a mix in which a source has a rule by step (``Source(..., weight={0: 1, 5000: 3}, by="step")``, or a
+    ``repeat`` or ``choose`` by step), each global batch takes of each source its largest-remainder share of
+    ``B(t)`` (of its ``B(t) / k`` draws with ``aug_repeats=k``) in proportion to the per-epoch counts of the
+    rules in force at step ``t`` (:mod:`rank_dataset.plan.step_mix`).
 
     Args:
         dataset: a RankDataset (train mode; any reader, mix, subsets, ``exclude=``, ``aug_repeats``).
@@ -61,16 +61,21 @@ class StepSampler(Sampler[list[int]]):
     divides the sizes and any number of workers.
 
     Raises:
-        TypeError: not a RankDataset.
+        TypeError: not a RankDataset (the meta server's datasets are not read by steps).
         ValueError: a size that is not a multiple of the world size (naming the step and the size), an eval
-            dataset, ``exclude_failures=True`` or ``audit="off"`` (the shard change needs the pass counts).
+            dataset, ``exclude_failures=True`` or ``audit="off"`` (the shard change needs the pass counts); in a
+            mix with rules by step, a source with a schedule by epoch or rules that cannot be met at some step
+            (naming the source and the step).
     """
 
     def __init__(
         self, dataset: RankDataset, global_batch_size: int | Mapping[int, int], *, start_step: int = 0
     ) -> None:
         if not isinstance(dataset, RankDataset):
-            raise TypeError(f"dataset must be a RankDataset, got {type(dataset).__name__}")
+            raise TypeError(
+                f"dataset must be a RankDataset, got {type(dataset).__name__} (the meta server's datasets, "
+                "RankServerDataset and ServerDataset, are not read by steps)"
+            )
         spec = dataset.spec
         if spec.is_test:
             raise ValueError("StepSampler reads a training stream: the dataset is an eval one (is_test=True)")
@@ -79,14 +84,18 @@ class StepSampler(Sampler[list[int]]):
                 "StepSampler changes shards by the pass audit's counts: build the dataset with audit='warn' or 'error'"
             )
         if dataset._policy.exclude_failures:
-            raise ValueError("exclude_failures=True changes the plan each epoch: a stream by steps cannot take it")
+            raise ValueError(
+                "exclude_failures=True changes the plan each epoch by what failed, which depends on the world size "
+                "(substitutes are drawn from the rank's shard): a stream by steps cannot take it; leave failing "
+                "samples out with exclude= (ds.failures lists them)"
+            )
         schedule = BatchSchedule.of(global_batch_size)
         schedule.check(spec.world_size, spec.aug_repeats)
         book = dataset._book
         mixture = book.mixture
-        step_mix = None if mixture is None else _step_mix(mixture.sources, mixture.plan.sizes)
-        if step_mix is not None and spec.aug_repeats != 1:
-            raise ValueError("weights by step (Source(by='step')) do not take aug_repeats yet: use aug_repeats=1")
+        step_mix = None
+        if mixture is not None:
+            step_mix = StepMix.from_sources(mixture.plan.sizes, mixture.sources, mixture.plan.epoch_size)
         self.dataset = dataset
         self.layout = StepLayout(schedule, step_mix)
         self._step = check_int("start_step", start_step, low=0)
@@ -99,8 +108,13 @@ class StepSampler(Sampler[list[int]]):
             seed=spec.seed,
             aug_repeats=spec.aug_repeats,
             schedule=schedule,
-            mix=None if mixture is None else mix_digest({**mixture.plan.to_dict(), **self.layout.to_dict()}),
+            # The mix's counts and its rules by step, not the batch sizes: a state for other sizes names the schedule.
+            mix=None if mixture is None else mix_digest({**mixture.plan.to_dict(), "steps": self._rules()}),
         )
+
+    def _rules(self) -> dict[str, Any] | None:
+        """The mix's rules by step, as the state's digest records them (None: a mix by epochs)."""
+        return None if self.layout.mix is None else self.layout.mix.to_dict()
 
     @property
     def schedule(self) -> BatchSchedule:
@@ -212,21 +226,3 @@ class StepSampler(Sampler[list[int]]):
         saved = StepState.from_dict(self.find_state(state))
         saved.check_same_stream(self._identity)
         self._step = saved.step
-
-
-def _step_mix(sources: Sequence[Source], sizes: Sequence[int]) -> StepMix | None:
-    """The weights by step of a mix whose sources schedule their weights by step (None if none does).
-
-    Raises:
-        ValueError: such a mix with a source that has no weight, or a schedule by epoch (naming it).
-    """
-    if all(s.step_weight is None for s in sources):
-        return None
-    for s in sources:
-        if s.kind != "weight" or (s.step_weight is None and s.changes):
-            raise ValueError(
-                f"source {s.name!r}: in a mix whose weights change by step, every source has a weight, a number "
-                "or a schedule by step (Source(..., weight={0: w, step: w2}, by='step')): no repeat, choose or "
-                "epoch schedule"
-            )
-    return StepMix.of(sizes, [s.weight if s.step_weight is None else s.step_weight for s in sources])  # type: ignore[misc]
