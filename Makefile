@@ -94,9 +94,11 @@ test:
 	$(MAKE) --no-print-directory pytest
 
 # Everything but the tests marked slow (torchrun jobs, Lightning, Accelerate, the demo, benchmark smoke
-# runs, doc and README examples) and the docs build: a couple of minutes. `make test` runs them all.
+# runs, doc and README examples) and the docs build: a couple of minutes. `make test` runs them all. As
+# there, the tests marked `alone` run after the others, by themselves (beside them, a loaded machine fails them).
 test-quick: lint typecheck native
-	$(BIN)/pytest -m "not slow" -n $(QUICK_WORKERS)
+	$(BIN)/pytest -m "not slow and not alone" -n $(QUICK_WORKERS)
+	$(BIN)/pytest -m "alone and not slow"
 
 bench: $(STAMP) native
 	for b in build getitem server workers mix audit group balanced jobstart scale failures collective kernels; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
