@@ -54,13 +54,15 @@ $(ASAN_WORDS_LIB): $(NATIVE_SRC)
 	$(ASAN_CC) $(ASAN_FLAGS) -U__SSE2__ -o $@ $<
 
 # The kernel tests against the sanitizer builds (SSE2 and words): an out-of-bounds access or undefined
-# behaviour fails them. (--capture=sys: a sanitizer's report goes to the terminal, not to pytest.)
+# behaviour fails them. Those that never call the library (the numpy reference's side of a comparison,
+# the loader's fallbacks) ran in `make pytest` and are left out here. (--capture=sys: a sanitizer's report
+# goes to the terminal, not to pytest.)
 test-asan: $(STAMP) $(ASAN_LIB) $(ASAN_WORDS_LIB)
 	for lib in $(ASAN_LIB) $(ASAN_WORDS_LIB); do \
 	LD_PRELOAD="$$($(ASAN_CC) -print-file-name=libasan.so) $$($(ASAN_CC) -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	RANK_DATASET_NATIVE=require RANK_DATASET_NATIVE_LIB=$$lib \
-	$(BIN)/pytest -q --capture=sys -p no:cacheprovider tests/core/test_kernels.py || exit 1; done
+	$(BIN)/pytest -q --capture=sys -p no:cacheprovider -m "not no_library" tests/core/test_kernels.py || exit 1; done
 
 demo: $(DEMO_STAMP) native
 	$(BIN)/rank-dataset demo $(DEMO_ARGS)
@@ -85,12 +87,18 @@ pytest: $(STAMP) native
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-test: lint typecheck docs test-asan pytest
+# The checks that are not the suite run side by side (each takes one core: mypy is the longest), then the
+# suite, which takes the machine.
+test:
+	$(MAKE) --no-print-directory -j$(TEST_WORKERS) --output-sync=target lint typecheck docs test-asan
+	$(MAKE) --no-print-directory pytest
 
 # Everything but the tests marked slow (torchrun jobs, Lightning, Accelerate, the demo, benchmark smoke
-# runs, doc and README examples) and the docs build: a couple of minutes. `make test` runs them all.
+# runs, doc and README examples) and the docs build: a couple of minutes. `make test` runs them all. As
+# there, the tests marked `alone` run after the others, by themselves (beside them, a loaded machine fails them).
 test-quick: lint typecheck native
-	$(BIN)/pytest -m "not slow" -n $(QUICK_WORKERS)
+	$(BIN)/pytest -m "not slow and not alone" -n $(QUICK_WORKERS)
+	$(BIN)/pytest -m "alone and not slow"
 
 bench: $(STAMP) native
 	for b in build getitem server workers mix audit group balanced jobstart scale failures collective kernels; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done

@@ -257,8 +257,9 @@ def main(mode: str, d: str) -> None:
         mode = mode.removesuffix("+spacing")
     if mode.endswith("+rounds"):
         # Rounds of about 1 KiB of lines: the test files' exchanges take dozens of rounds, each window
-        # of a slice read, checked and served on its own.
-        _rounds.ROUND = 1 << 10
+        # of a slice read, checked and served on its own. The read tests' files of megabytes (plain text
+        # or Parquet) in rounds of 16 KiB: still over a hundred rounds a rank and build, not thousands.
+        _rounds.ROUND = 16 << 10 if mode == "io+rounds" else 1 << 10
         mode = mode.removesuffix("+rounds")
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     result: dict[str, Any] = {"rank": dist.get_rank()}

@@ -153,3 +153,10 @@ def s3(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     return s3_server
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``longest`` first, each in its usual order, then the rest as collected. Under
+    ``pytest -n 2 --dist worksteal`` (make test) they then start at once, while the other worker takes the
+    short ones, rather than a 2-minute test starting last and ending the run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("longest") is None)  # stable

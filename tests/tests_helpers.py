@@ -24,7 +24,9 @@ from rank_dataset.server.local import LocalServer, free_port
 
 __all__ = [
     "Server",
+    "compressed_pair",
     "free_port",
+    "hostile_lines",
     "imagenet_line",
     "kill_tree",
     "random_file",
@@ -216,6 +218,29 @@ COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
     "one.zst": lambda raw: zstandard.ZstdCompressor(level=3).compress(raw),
     "frames.zst": lambda raw: zstd_frames(raw, 40_000),
 }
+
+
+def hostile_lines(n: int, row: Callable[[int], str]) -> bytes:
+    """``n`` lines that a reader must take as the plain file's: ``row(i)`` most of them (CRLF every 13th), with
+    blank and whitespace-only lines (not samples) between, a byte order mark and no newline after the last."""
+    rows = []
+    for i in range(n):
+        if i % 97 == 5:
+            rows.append(b"   ")
+        elif i % 89 == 3:
+            rows.append(b"")
+        else:
+            rows.append(row(i).encode() + (b"\r" if i % 13 == 0 else b""))
+    return BOM + b"\n".join(rows)
+
+
+def compressed_pair(tmp_path: Path, name: str, raw: bytes) -> tuple[Path, Path]:
+    """``raw`` written twice in ``tmp_path``: as plain text (``<name>.txt``) and compressed as
+    ``COMPRESSORS[name]`` does (``name``); the paths of both."""
+    plain, packed = tmp_path / f"{name}.txt", tmp_path / name
+    plain.write_bytes(raw)
+    packed.write_bytes(COMPRESSORS[name](raw))
+    return plain, packed
 
 
 # Prepended to a child's code: any import of torch in it fails, so the code shows it runs without torch.

@@ -42,9 +42,10 @@ def kernels() -> Kernels:
     return _native()
 
 
-@pytest.fixture(params=["numpy", "native"])
+@pytest.fixture(params=[pytest.param("numpy", marks=pytest.mark.no_library), "native"])
 def impl(request: pytest.FixtureRequest) -> Any:
-    """Either path, called the same way: the reference module or the library's kernels."""
+    """Either path, called the same way: the reference module or the library's kernels (the sanitizer run,
+    make test-asan, takes the library's side only)."""
     return ref if request.param == "numpy" else _native()
 
 
@@ -604,6 +605,7 @@ _PROBE = """
 """
 
 
+@pytest.mark.no_library  # the numpy path or an error: the sanitizer build is never loaded
 def test_mode_0_takes_numpy_without_a_word() -> None:
     done = _run(_PROBE, RANK_DATASET_NATIVE="0")
     assert done.returncode == 0, done.stderr
@@ -611,6 +613,7 @@ def test_mode_0_takes_numpy_without_a_word() -> None:
     assert first == "2 1 numpy 0" and "RANK_DATASET_NATIVE=0" in second
 
 
+@pytest.mark.no_library  # the numpy path or an error: the sanitizer build is never loaded
 def test_auto_without_a_library_takes_numpy_and_says_so_once(tmp_path: Path) -> None:
     missing = str(tmp_path / "nothing.so")
     done = _run(_PROBE, RANK_DATASET_NATIVE_LIB=missing)  # auto by default
@@ -619,6 +622,7 @@ def test_auto_without_a_library_takes_numpy_and_says_so_once(tmp_path: Path) -> 
     assert first == "2 1 numpy 1" and missing in second
 
 
+@pytest.mark.no_library  # the numpy path or an error: the sanitizer build is never loaded
 def test_auto_with_a_library_that_does_not_load_takes_numpy(tmp_path: Path) -> None:
     junk = tmp_path / "junk.so"
     junk.write_bytes(b"not a shared library")
@@ -627,12 +631,14 @@ def test_auto_with_a_library_that_does_not_load_takes_numpy(tmp_path: Path) -> N
     assert done.stdout.splitlines()[0] == "2 1 numpy 1"
 
 
+@pytest.mark.no_library  # the numpy path or an error: the sanitizer build is never loaded
 def test_require_without_a_library_fails_clearly(tmp_path: Path) -> None:
     done = _run(_PROBE, RANK_DATASET_NATIVE="require", RANK_DATASET_NATIVE_LIB=str(tmp_path / "nothing.so"))
     assert done.returncode != 0
     assert "ImportError" in done.stderr and "RANK_DATASET_NATIVE=require" in done.stderr
 
 
+@pytest.mark.no_library  # the numpy path or an error: the sanitizer build is never loaded
 def test_an_unknown_mode_is_an_error() -> None:
     done = _run(_PROBE, RANK_DATASET_NATIVE="fast")
     assert done.returncode != 0 and "must be one of auto, 0, require" in done.stderr
@@ -657,6 +663,7 @@ def test_a_library_older_than_its_source_is_used_with_a_warning(kernels: Kernels
     assert done.stdout.splitlines()[0] == "2 1 native 1"
 
 
+@pytest.mark.no_library  # the numpy path or an error: the sanitizer build is never loaded
 def test_version_says_which_path_is_in_use() -> None:
     code = "import sys; from rank_dataset.cli import main; sys.argv[1:] = ['--version']; main()"
     done = _run(code, RANK_DATASET_NATIVE="0")

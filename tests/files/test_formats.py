@@ -415,8 +415,7 @@ def test_parquet_with_a_damaged_footer_or_data_is_an_error(tmp_path: Path) -> No
     with pytest.raises(CorruptMetaFileError) as info:
         ParquetRows(bad)
     assert info.value.path == bad
-    rows = ParquetRows(path)
-    first = rows._file.metadata.row_group(1).column(0).data_page_offset
+    first = pq.ParquetFile(path).metadata.row_group(1).column(0).data_page_offset
     path.write_bytes(_damaged(data, first + 40))  # in the second row group's page (with its checksum)
     rows = ParquetRows(path)
     assert rows.lines(np.array([0])) == [b"p0"]  # the first row group is whole

@@ -15,7 +15,7 @@ from rank_dataset.files import _group_labels as group_labels
 from rank_dataset.files import _group_lines as group_lines
 from rank_dataset.files import grouping
 from rank_dataset.files.index import load_index
-from tests_helpers import COMPRESSORS, zstd_frames
+from tests_helpers import COMPRESSORS, compressed_pair, hostile_lines, zstd_frames
 
 
 @pytest.fixture(autouse=True)
@@ -27,25 +27,8 @@ def _small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _lines(n: int) -> bytes:
-    # The demo's shape, with blank and whitespace lines (not samples), CRLF endings, non-ASCII text
-    # and a byte order mark; the last line without a newline.
-    rows = []
-    for i in range(n):
-        if i % 97 == 5:
-            rows.append(b"   ")
-        elif i % 89 == 3:
-            rows.append(b"")
-        else:
-            row = f"train/n{i % 7:08d}/img_{i}_é.JPEG {i * 7919 % 37}".encode()
-            rows.append(row + (b"\r" if i % 13 == 0 else b""))
-    return b"\xef\xbb\xbf" + b"\n".join(rows)
-
-
-def _pair(tmp_path: Path, name: str, raw: bytes) -> tuple[Path, Path]:
-    plain, packed = tmp_path / f"{name}.txt", tmp_path / name
-    plain.write_bytes(raw)
-    packed.write_bytes(COMPRESSORS[name](raw))
-    return plain, packed
+    # The demo's shape, non-ASCII, amid hostile_lines' blank lines, CRLF endings and byte order mark.
+    return hostile_lines(n, lambda i: f"train/n{i % 7:08d}/img_{i}_é.JPEG {i * 7919 % 37}")
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -58,7 +41,7 @@ def _directory(line: str) -> str:
 
 @pytest.mark.parametrize("name", sorted(COMPRESSORS))
 def test_group_by_and_ids_of_give_the_plain_files_results(tmp_path: Path, name: str) -> None:
-    plain, packed = _pair(tmp_path, name, _lines(6000))
+    plain, packed = compressed_pair(tmp_path, name, _lines(6000))
     assert len(packed.read_bytes()) < len(plain.read_bytes())
     by_label = group_by(plain)
     assert len(by_label) == 37 and sum(len(v) for v in by_label.values()) > 5000
@@ -75,7 +58,7 @@ def test_group_by_and_ids_of_give_the_plain_files_results(tmp_path: Path, name: 
 
 @pytest.mark.parametrize("name", ["members.gz", "one.zst"])
 def test_the_recipes_give_the_plain_files_sources(tmp_path: Path, name: str) -> None:
-    plain, packed = _pair(tmp_path, name, _lines(3000))
+    plain, packed = compressed_pair(tmp_path, name, _lines(3000))
 
     def described(sources: list) -> list:
         return [(s.name.split("[")[1], s.weight, s.repeat, np.asarray(s.ids).tolist()) for s in sources]
@@ -94,7 +77,7 @@ def test_the_recipes_give_the_plain_files_sources(tmp_path: Path, name: str) -> 
 def test_a_line_without_a_label_is_named_by_file_and_line(tmp_path: Path, name: str) -> None:
     raw = _lines(3000).split(b"\n")
     raw[2500] = b"train/n00000001/img_no_label.JPEG"
-    plain, packed = _pair(tmp_path, name, b"\n".join(raw))
+    plain, packed = compressed_pair(tmp_path, name, b"\n".join(raw))
     with pytest.raises(ValueError, match=rf"{plain}:2501: ") as text:
         group_by(plain)
     with pytest.raises(ValueError, match=rf"{packed}:2501: ") as info:
@@ -128,7 +111,7 @@ def test_a_corrupt_or_truncated_file_is_an_error_naming_file_and_compressed_offs
 @pytest.mark.parametrize("key", ["label", "function"])
 def test_a_file_rewritten_in_place_after_indexing_is_metafilechangederror(tmp_path: Path, name: str, key: str) -> None:
     raw = _lines(3000)
-    _, path = _pair(tmp_path, name, raw)
+    _, path = compressed_pair(tmp_path, name, raw)
     index = load_index(path)
     with open(path, "r+b") as f:  # in place: the same inode; other lines, the same size
         f.write(COMPRESSORS[name](raw.replace(b"img_1", b"img_9")))
@@ -141,7 +124,7 @@ def test_a_file_rewritten_in_place_after_indexing_is_metafilechangederror(tmp_pa
 
 def test_a_file_rewritten_while_it_is_grouped_is_metafilechangederror(tmp_path: Path) -> None:
     raw = _lines(3000)
-    _, path = _pair(tmp_path, "frames.zst", raw)
+    _, path = compressed_pair(tmp_path, "frames.zst", raw)
     seen = []
 
     def rewrite_once(line: str) -> str:
@@ -168,7 +151,7 @@ def test_lines_not_utf8_in_a_gz_are_grouped_as_the_plain_files(tmp_path: Path) -
 def test_nothing_is_left_open(tmp_path: Path) -> None:
     import os
 
-    _, path = _pair(tmp_path, "members.gz", _lines(3000))
+    _, path = compressed_pair(tmp_path, "members.gz", _lines(3000))
     before = len(os.listdir("/proc/self/fd"))
     group_by(path)
     group_by(path, _directory)
@@ -184,7 +167,7 @@ def test_nothing_is_left_open(tmp_path: Path) -> None:
 def test_lines_not_json_or_not_utf8_are_named_by_file_and_line_as_for_text(tmp_path: Path, name: str) -> None:
     from rank_dataset import RankDataset
 
-    plain, packed = _pair(tmp_path, name, b'{"a": 1}\n\n{"a": 2\n{"a": 4}\n')
+    plain, packed = compressed_pair(tmp_path, name, b'{"a": 1}\n\n{"a": 2\n{"a": 4}\n')
     for path in (plain, packed):
         ds = RankDataset(path, is_test=True, parser="json", rank=0, world_size=1)
         try:
@@ -194,7 +177,7 @@ def test_lines_not_json_or_not_utf8_are_named_by_file_and_line_as_for_text(tmp_p
         finally:
             ds.close()
     (tmp_path / "utf8").mkdir()
-    plain, packed = _pair(tmp_path / "utf8", name, b'{"a": 1}\n\n{"a": 2}\n{"a": "\xff"}\n')
+    plain, packed = compressed_pair(tmp_path / "utf8", name, b'{"a": 1}\n\n{"a": 2}\n{"a": "\xff"}\n')
     for path in (plain, packed):
         with pytest.raises(ValueError, match=rf"{path}:4: line is not valid UTF-8"):
             RankDataset(path, is_test=True, rank=0, world_size=1)

@@ -18,7 +18,7 @@ from rank_dataset.files.formats import spans as spans_mod
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.mix import MixPlan, Source
 from rank_dataset.plan.spec import ShardSpec
-from tests_helpers import COMPRESSORS, gzip_members, zstd_frames
+from tests_helpers import COMPRESSORS, compressed_pair, gzip_members, hostile_lines, zstd_frames
 
 
 @pytest.fixture(autouse=True)
@@ -29,23 +29,12 @@ def _small_spans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def _lines(n: int, tag: str = "a") -> bytes:
-    # Blank and whitespace lines (not samples), CRLF endings, non-ASCII text, a byte order mark.
-    rows = []
-    for i in range(n):
-        if i % 97 == 5:
-            rows.append(b"   ")
-        elif i % 89 == 3:
-            rows.append(b"")
-        else:
-            row = f'{{"path": "{tag}/{i:06d}.jpg", "label": {i * 7919 % 1000}, "t": "é{i}"}}'.encode()
-            rows.append(row + (b"\r" if i % 13 == 0 else b""))
-    return b"\xef\xbb\xbf" + b"\n".join(rows)  # the last line without a newline
+    # JSON lines with non-ASCII text, amid hostile_lines' blank lines, CRLF endings and byte order mark.
+    return hostile_lines(n, lambda i: f'{{"path": "{tag}/{i:06d}.jpg", "label": {i * 7919 % 1000}, "t": "é{i}"}}')
 
 
 def _pair(tmp_path: Path, name: str, raw: bytes) -> tuple[MetaFile, MetaFile]:
-    plain, packed = tmp_path / f"{name}.txt", tmp_path / name
-    plain.write_bytes(raw)
-    packed.write_bytes(COMPRESSORS[name](raw))
+    plain, packed = compressed_pair(tmp_path, name, raw)
     return MetaFile(plain), MetaFile(packed)
 
 

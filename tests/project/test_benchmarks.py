@@ -1,4 +1,5 @@
-"""Every benchmark script runs end to end at a tiny size (smoke tests, not measurements)."""
+"""Every benchmark script runs end to end at a tiny size (smoke tests, not measurements): the fewest lines,
+ranks and rounds that still fill every row the table is checked for, since they run in every `make test`."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = [
     (
         "monitor",
-        ["--lines", "3000", "--rounds", "1", "--world-size", "2", "--calls", "5", "--work", "10"],
+        ["--lines", "2000", "--rounds", "1", "--workers", "1", "--world-size", "2", "--calls", "5", "--work", "10"],
         "monitor.md",
         ["| monitored, every=100 |", "| **the whole a batch**", "gloo's ring all_gather"],
         ("monitor.png", True),
@@ -31,9 +32,9 @@ CASES = [
     ),
     (
         "jobstart",
-        ["--lines", "20000", "--worlds", "1", "16", "--repeat", "1"],
+        ["--lines", "3000", "--worlds", "1", "4", "--repeat", "1"],
         "jobstart.md",
-        ["| 16 |", "One read of the file counting newlines"],
+        ["| 4 |", "One read of the file counting newlines"],
         ("jobstart.png", True),
     ),
     (
@@ -56,7 +57,7 @@ CASES = [
     ),
     (
         "memory",
-        ["--sizes", "3000", "--world-size", "2", "--workers", "1", "--start-method", "forkserver"],
+        ["--sizes", "3000", "--world-size", "1", "--workers", "1", "--start-method", "forkserver"],
         "memory_forkserver.md",
         ["| 3,000 |", "forkserver"],
         ("memory_forkserver.png", False),
@@ -85,35 +86,35 @@ CASES = [
     ),
     (
         "scale",
-        ["--lines", "20000", "--repeat", "1", "--worlds", "8", "64", "--mini-epochs", "1"],
+        ["--lines", "5000", "--repeat", "1", "--worlds", "8", "--mini-epochs", "1"],
         "scale.md",
         ["| index, cold (", "| set_epoch, W = 8, M = 1", "| original approach, W = 8 |", "cold (no index cache"],
         ("scale.png", True),
     ),
     (
         "collective",
-        ["--lines", "20000", "--worlds", "2"],
+        ["--lines", "3000", "--worlds", "2"],
         "collective.md",
         ["| 2 |", "read per build, all ranks, collective"],
         ("collective.png", True),
     ),
     (
         "collective",
-        ["--native-compare", "--lines", "20000", "--worlds", "2"],
+        ["--native-compare", "--lines", "3000", "--worlds", "2"],
         "collective_native.md",
         ["| 2 | cold start, busiest rank's CPU (s) |", "| native speed-up |", "Load average"],
         None,
     ),
     (
         "formats",
-        ["--lines", "20000", "--world-size", "2", "--far-worlds", "16", "--items", "2000", "--repeat", "2"],
+        ["--lines", "3000", "--world-size", "1", "--far-worlds", "16", "--items", "200", "--repeat", "1"],
         "formats.md",
-        ["| .gz |", "| .zst |", "| .frames.zst |", "| W = 16 |", "zstandard", "median of 2 runs"],
+        ["| .gz |", "| .zst |", "| .frames.zst |", "| W = 16 |", "zstandard", "median of 1 runs"],
         ("formats.png", True),
     ),
     (
         "formats",
-        ["--lines", "20000", "--collective", "2", "--collective-only"],
+        ["--lines", "3000", "--collective", "2", "--collective-only"],
         "formats_collective.md",
         ["| .gz |", "| .frames.zst |", "read per build, all ranks"],
         ("formats_collective.png", True),
@@ -141,10 +142,10 @@ CASES = [
     ),
     (
         "kernels",
-        ["--lines", "20000", "--rows", "5000", "--repeat", "1"],
+        ["--lines", "5000", "--rows", "2000", "--repeat", "1"],
         "kernels.md",
         [
-            "| row gather, one call (5,000 random rows, back to back) |",
+            "| row gather, one call (2,000 random rows, back to back) |",
             "| newline scan (the index build's chunk scan) |",
         ],
         ("kernels.png", True),
@@ -202,7 +203,7 @@ def test_bench_balanced_smoke(tmp_path: Path) -> None:
 
 def test_bench_object_smoke(tmp_path: Path) -> None:
     pytest.importorskip("obstore", reason="the cloud extra (obstore) is not installed")
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_object.py"), "--lines", "20000", "--worlds", "2"]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_object.py"), "--lines", "3000", "--worlds", "2"]
     cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -377,6 +377,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
 
 
 @pytest.mark.slow
+@pytest.mark.longest  # the first test of the module's four torchrun jobs
 def test_two_ranks_replace_failures_without_losing_step(jobs: dict[str, list[dict[str, Any]]]) -> None:
     a = jobs["a"]
     bad = {i for i in range(N) if is_bad(i)}
@@ -398,6 +399,7 @@ def test_two_ranks_replace_failures_without_losing_step(jobs: dict[str, list[dic
 
 
 @pytest.mark.slow
+@pytest.mark.longest  # beside the test above, so that the module's jobs run once
 def test_resume_mid_epoch_on_the_same_and_another_world_size(jobs: dict[str, list[dict[str, Any]]]) -> None:
     from failures_worker import BATCH, STEPS_BEFORE
 

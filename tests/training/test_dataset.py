@@ -121,7 +121,7 @@ def test_dataloader_workers(write_meta, context: str) -> None:
 def test_timeout_is_seconds_or_a_timedelta_everywhere(write_meta) -> None:
     import datetime
 
-    from rank_dataset.training._options import timeout_seconds, timeout_timedelta
+    from rank_dataset.core.checks import timeout_seconds, timeout_timedelta
 
     assert timeout_seconds(2) == timeout_seconds(2.0) == timeout_seconds(datetime.timedelta(seconds=2)) == 2.0
     assert timeout_timedelta(1.5) == datetime.timedelta(seconds=1.5) and timeout_timedelta(None) is None

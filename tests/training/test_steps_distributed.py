@@ -92,6 +92,7 @@ def digest(batch: list[str]) -> str:
     return hashlib.sha256("\n".join(batch).encode()).hexdigest()
 
 
+@pytest.mark.longest  # three jobs each: 4, 2 and 8 ranks
 @pytest.mark.parametrize("kind", ["plain", "stepmix"])
 def test_stop_on_four_ranks_resume_on_two_and_eight(files: Path, tmp_path: Path, kind: str) -> None:
     import random
