@@ -139,6 +139,13 @@ def torchrun_cmd(worker: str, nproc: int, *args: object, log_dir: Path) -> list[
     return [*cmd, "--log-dir", str(log_dir), str(HERE / worker), *map(str, args)]
 
 
+def ranks_cmd(worker: str, nproc: int, *args: object) -> list[str]:
+    """The command running ``nproc`` gloo ranks of the script ``tests/<worker>`` (given ``args``) as forks of
+    one process that imported torch once (``tests/ranks.py``): the environment and the failure handling
+    of ``torchrun --standalone``, without an interpreter and an import of torch a rank."""
+    return [sys.executable, str(HERE / "ranks.py"), str(nproc), str(HERE / worker), *map(str, args)]
+
+
 def worker_env(**extra: str) -> dict[str, str]:
     """This environment with ``extra`` and tests/ on PYTHONPATH, so a worker imports what the tests import."""
     return {**os.environ, **extra, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}

@@ -16,7 +16,7 @@ import zstandard
 
 from collective_helpers import write_texts
 from rank_dataset import RankDataset
-from tests_helpers import torchrun_cmd, worker_env
+from tests_helpers import ranks_cmd, torchrun_cmd, worker_env
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def write_parquet(path: Path, n: int, *, row_group_size: int) -> None:
 
 def run(mode: str, w: int, d: Path, *, check: bool = True) -> list[dict[str, Any]]:
     proc = subprocess.run(
-        torchrun_cmd("collective_worker.py", w, mode, d, log_dir=d / "logs"),
+        ranks_cmd("collective_worker.py", w, mode, d),
         env=worker_env(),
         capture_output=True,
         text=True,

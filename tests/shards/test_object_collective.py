@@ -128,12 +128,12 @@ def test_collective_reader_over_objects_under_gloo(s3: Any, tmp_path: Path) -> N
     import subprocess
 
     from collective_helpers import write_texts
-    from tests_helpers import torchrun_cmd, worker_env
+    from tests_helpers import ranks_cmd, worker_env
 
     write_texts(tmp_path)
     urls = [s3.put(f"gloo/{name}", tmp_path / name) for name in ("a.txt", "b.txt", "c.txt")]
     proc = subprocess.run(
-        torchrun_cmd("collective_worker.py", 2, "objects", tmp_path, log_dir=tmp_path / "logs"),
+        ranks_cmd("collective_worker.py", 2, "objects", tmp_path),
         env=worker_env(RANK_DATASET_TEST_URLS=" ".join(urls)),
         capture_output=True,
         text=True,

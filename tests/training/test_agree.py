@@ -19,7 +19,7 @@ import torch.distributed as dist
 import rank_dataset
 from rank_dataset import RankDataset, RanksDisagreeError
 from rank_dataset.training._agree import _SLOTS, _hashes, agreement_needed, check_ranks_agree, disagreement
-from tests_helpers import BLOCK_TORCH, imagenet_line, rank_results, torchrun_cmd, worker_env
+from tests_helpers import BLOCK_TORCH, imagenet_line, rank_results, ranks_cmd, worker_env
 
 HERE = Path(__file__).resolve().parent
 
@@ -144,7 +144,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
         (work / name).write_text("".join(f"{imagenet_line(i)}\n" for i in range(n)))
     out = work / "result"
     cmd, env = (
-        torchrun_cmd("agree_worker.py", 2, work, out, log_dir=work / "logs"),
+        ranks_cmd("agree_worker.py", 2, work, out),
         worker_env(RANK_DATASET_CACHE_DIR=str(work / "cache")),
     )
     job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)

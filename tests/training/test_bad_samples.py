@@ -18,7 +18,7 @@ from rank_dataset import RandomSampler, RankDataset, RankServerDataset, Source, 
 from rank_dataset.plan.exclude import Exclusion, KeptIds
 from rank_dataset.plan.permutation import permute
 from rank_dataset.plan.subsets import SampleIds
-from tests_helpers import rank_results, torchrun_cmd, worker_env
+from tests_helpers import rank_results, ranks_cmd, worker_env
 
 N = 240
 
@@ -355,7 +355,7 @@ def test_the_meta_server_gives_the_same(meta: Path, start_server: Any) -> None:
 def run_job(meta: Path, work: Path, world: int, phase: str, method: str, tag: str) -> list[dict[str, Any]]:
     out = work / f"result_{tag}"
     proc = subprocess.run(
-        torchrun_cmd("failures_worker.py", world, meta, out, phase, method, log_dir=work / f"logs_{tag}"),
+        ranks_cmd("failures_worker.py", world, meta, out, phase, method),
         env=worker_env(),
         capture_output=True,
         text=True,

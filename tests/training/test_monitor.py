@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests_helpers import rank_results, torchrun_cmd, worker_env
+from tests_helpers import rank_results, ranks_cmd, worker_env
 
 
 def _meta(tmp_path: Path, n: int) -> Path:
@@ -23,7 +23,7 @@ def _run(tmp_path: Path, mode: str, nproc: int, lines: int, steps: int, timeout:
     meta = _meta(tmp_path, lines)
     out, run_dir = tmp_path / "result", tmp_path / "run"
     proc = subprocess.run(
-        torchrun_cmd("monitor_worker.py", nproc, mode, meta, out, run_dir, steps, log_dir=tmp_path / "logs"),
+        ranks_cmd("monitor_worker.py", nproc, mode, meta, out, run_dir, steps),
         env=worker_env(),
         capture_output=True,
         text=True,
