@@ -51,7 +51,6 @@ from rank_dataset.files.lines import bounds_ok as _bounds_ok  # noqa: E402
 from rank_dataset.files.lines import rows_ok as _rows_ok  # noqa: E402
 from rank_dataset.files.scan import CHUNK, _chunk_bounds  # noqa: E402
 
-
 # The clock every timing reads: the calling thread's CPU time by default (both paths run in the calling
 # thread; on a machine whose cores other processes share, wall time mostly measures the scheduler), or
 # wall time (--clock wall).
@@ -250,7 +249,8 @@ def main() -> None:
         "",
         machine_info(),
         f"Kernels alone, one thread, the file in memory; the fastest of {args.repeat} alternating runs, "
-        f"timed by {_CLOCK_NAMES[args.clock]}. Library: `{kernels.path.name}`. One read of the file counting newlines (page cache): {read_s:.3f} s. Load average "
+        f"timed by {_CLOCK_NAMES[args.clock]}. Library: `{kernels.path.name}`. One read of the file counting "
+        f"newlines (page cache): {read_s:.3f} s. Load average "
         f"(1 min) before and after: {load_before:.1f}, {load_after:.1f} (other processes share the cores).",
         "",
         "| kernel | numpy (s) | native (s) | numpy (ns/item) | native (ns/item) | native speed-up | "
