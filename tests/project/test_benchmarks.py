@@ -37,6 +37,13 @@ CASES = [
         ("jobstart.png", True),
     ),
     (
+        "jobstart",
+        ["--native-compare", "--lines", "20000", "--worlds", "1", "4", "--repeat", "1"],
+        "jobstart_native.md",
+        ["| 4 | job start, shared passes (s) |", "| native speed-up |", "load average"],
+        None,
+    ),
+    (
         "build",
         ["--lines", "5000", "--repeat", "1", "--agree-repeat", "2"],
         "build.md",
