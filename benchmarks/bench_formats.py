@@ -30,8 +30,13 @@ With ``--parquet-open ROWS``, that alone: a Parquet file of ROWS demo rows (two 
 1M rows) opened with no index cache (``MetaFile(path)``: its index from the footer) and with one,
 beside pyarrow reading the footer alone. Results in ``formats_parquet_open.md``.
 
+With ``--native-compare``, that alone: the cold index and the warm builds of each file on numpy
+(``RANK_DATASET_NATIVE=0``) and on the native kernels (``require``), the paths alternating, beside one full
+decompression by the fastest decoder, in the same run. Results in ``formats_native.md``.
+
 Usage:
     python benchmarks/bench_formats.py                     # N = 10M, W = 8
+    python benchmarks/bench_formats.py --native-compare    # numpy and native: formats_native.md
     python benchmarks/bench_formats.py --lines 200000 --out /tmp/results
     python benchmarks/bench_formats.py --collective 8 --collective-only
     python benchmarks/bench_formats.py --parquet-open 100000000
@@ -52,7 +57,17 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import cache_env, machine_info, plotting, run_child, save_results, write_imagenet_meta  # noqa: E402
+from _common import (  # noqa: E402
+    NATIVE_PATHS,
+    cache_env,
+    load_note,
+    machine_info,
+    native_env,
+    plotting,
+    run_child,
+    save_results,
+    write_imagenet_meta,
+)
 from rank_dataset.demo.synthetic import label_of, wnid  # noqa: E402
 
 _FRAME = 4 << 20  # text bytes a frame of frames.zst holds
@@ -123,8 +138,9 @@ print(json.dumps({"seconds": elapsed}))
 
 _COLD = """
 from rank_dataset import MetaFile
+from rank_dataset.core.native import path
 mf, elapsed, peak = measured(lambda: MetaFile(META))
-print(json.dumps({"seconds": elapsed, "peak": peak, "count": len(mf)}))
+print(json.dumps({"seconds": elapsed, "peak": peak, "count": len(mf), "kernels": path()}))
 """
 
 _FOOTER = """
@@ -145,7 +161,8 @@ def counting_close(self):
 formats.SpanSource.close = counting_close
 from rank_dataset import RankDataset
 ds, elapsed, peak = measured(lambda: RankDataset(META, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD))
-out = {"seconds": elapsed, "peak": peak, "count": len(ds), "decompressed": sum(counted)}
+from rank_dataset.core.native import path
+out = {"seconds": elapsed, "peak": peak, "count": len(ds), "decompressed": sum(counted), "kernels": path()}
 if ITEMS:
     import random, time
     order = random.Random(0).sample(range(len(ds)), min(len(ds), ITEMS))
@@ -252,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collective", type=int, default=0, metavar="W", help="the collective reader at W ranks too")
     parser.add_argument("--collective-only", action="store_true", help="with --collective: that alone")
     parser.add_argument("--parquet-open", type=int, default=0, metavar="ROWS", help="a Parquet open at ROWS alone")
+    parser.add_argument("--native-compare", action="store_true", help="cold index and warm builds, numpy and native")
     args = parser.parse_args(argv)
     n, w = args.lines, args.world_size
     if args.collective_only and not args.collective:
@@ -265,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_formats_", dir=args.data_dir) as tmp:
         work = Path(tmp)
         files = write_files(work, n)
+        if args.native_compare:
+            compare_native(files, args, work)
+            return 0
         if args.collective:
             collective(files, n, args.collective, work, args.out)
         if args.collective_only:
@@ -307,6 +328,68 @@ def main(argv: list[str] | None = None) -> int:
     rows = _table(results, n, w, args.far_worlds, text_size, args.repeat)
     save_results(args.out, "formats", rows, results, lambda path: _plot(results, w, path))
     return 0
+
+
+def compare_native(files: dict[str, Path], args: argparse.Namespace, work: Path) -> None:
+    """The cold index and the warm builds of each file on numpy and on the native kernels, the paths
+    alternating, beside one full decompression by the fastest decoder (formats_native.md)."""
+    n, w, load_before = args.lines, args.world_size, load_note()
+    want = {"0": "numpy", "require": "native"}
+    found: dict[str, dict[str, Any]] = {}
+    for name, path in files.items():
+        decoded: dict[str, list[float]] = {label: [] for label in decoders(name)}
+        runs: dict[str, list[float]] = {}
+        for k in range(args.repeat):
+            for label, (body, names) in decoders(name).items():
+                decoded[label].append(run_child(body, cache_env(work / "no-cache"), META=str(path), **names)["seconds"])
+            for mode in NATIVE_PATHS if k % 2 == 0 else NATIVE_PATHS[::-1]:
+                env = native_env(cache_env(work / f"cache-native-{name}-{mode}-{k}"), mode)
+                cold = run_child(_COLD, env, META=str(path))
+                builds = [run_child(_BUILD, env, META=str(path), RANK=r, WORLD=w, ITEMS=0) for r in range(w)]
+                if {cold["kernels"], *(b["kernels"] for b in builds)} != {want[mode]}:
+                    raise RuntimeError(f"RANK_DATASET_NATIVE={mode} ran on {cold['kernels']}")
+                runs.setdefault(f"cold {mode}", []).append(cold["seconds"])
+                runs.setdefault(f"warm {mode}", []).append(statistics.median(b["seconds"] for b in builds))
+                runs.setdefault(f"slowest {mode}", []).append(max(b["seconds"] for b in builds))
+        fastest = {label: statistics.median(t) for label, t in decoded.items()}
+        best = min(fastest, key=fastest.__getitem__)
+        found[name] = {
+            "decoder": best,
+            "decompression": fastest[best],
+            "runs": runs,
+            **{k: statistics.median(v) for k, v in runs.items()},
+        }
+        print(name, found[name], flush=True)
+    rows = [
+        f"# Meta files read in place on numpy and on the native kernels: {n:,} demo lines, W = {w}",
+        "",
+        "| file | figure | numpy (s) | native (s) | native speed-up | numpy / one decompression "
+        "| native / one decompression |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, f in found.items():
+        rows.append(f"| .{name} | one full decompression ({f['decoder']}) | {f['decompression']:.2f} | | | 1.00x | |")
+        for key, label in (
+            ("cold", "cold index (`MetaFile(path)`, no cache)"),
+            ("warm", f"warm build, W = {w}, median rank"),
+            ("slowest", f"warm build, W = {w}, slowest rank"),
+        ):
+            a, b, d = f[f"{key} 0"], f[f"{key} require"], f["decompression"]
+            rows.append(f"| .{name} | {label} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {a / d:.2f}x | {b / d:.2f}x |")
+    rows += [
+        "",
+        "As the default run measures them (its notes apply), each in a fresh process, the files in the page cache:",
+        "the cold index and the W warm builds on numpy (`RANK_DATASET_NATIVE=0`) and on the native kernels",
+        "(`require`), the paths alternating, each with an index cache of its own; decoders, cold index and builds:",
+        f"the median of {args.repeat} runs. .txt's decompression is one read counting newlines. Load average",
+        f"(1, 5, 15 min) before: {load_before}; after: {load_note()} (other processes share the cores).",
+        "",
+        f"Command: `python benchmarks/bench_formats.py --native-compare --lines {n} --world-size {w} "
+        f"--repeat {args.repeat}`",
+        "",
+        machine_info(),
+    ]
+    save_results(args.out, "formats_native", rows, {"lines": n, "world": w, "files": found}, lambda png: None)
 
 
 def write_parquet(path: Path, rows: int, group: int = 1 << 20) -> Path:

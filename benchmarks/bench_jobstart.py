@@ -22,9 +22,14 @@ In one run, on one file of N lines (N = 10M by default, lines of about 34 bytes,
 
 W = 1 is a lone request: sharing must not slow it down.
 
+With ``--native-compare``, the shared job start, the one with clients that only receive, the pass alone
+and the server's CPU, each on numpy (``RANK_DATASET_NATIVE=0``: server, clients and pass) and on the
+native kernels (``require``), beside one read, in the same run: ``jobstart_native.md``.
+
 Usage:
     python benchmarks/bench_jobstart.py --data-dir /work/bench-data/serve      # N = 10M, W in {1, 8, 64, 256}
     python benchmarks/bench_jobstart.py --lines 20000 --worlds 1 4 --repeat 1 --out /tmp/results
+    python benchmarks/bench_jobstart.py --native-compare --worlds 1 8 64     # numpy and native: jobstart_native.md
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import cache_env, machine_info, plotting, save_results  # noqa: E402
+from _common import NATIVE_PATHS, cache_env, load_note, machine_info, native_env, plotting, save_results  # noqa: E402
 from bench_scale import meta_file  # noqa: E402
 
 _READ = """
@@ -68,7 +73,8 @@ mf = MetaFile(sys.argv[1])
 world = int(sys.argv[2])
 t = time.perf_counter()
 parts = _read(mf, [ShardSpec(len(mf), world, r, seed=0).indices() for r in range(world)])
-print(json.dumps({"seconds": time.perf_counter() - t, "count": sum(len(p.shard) for p in parts)}))
+from rank_dataset.core.native import path
+print(json.dumps({"seconds": time.perf_counter() - t, "count": sum(len(p.shard) for p in parts), "kernels": path()}))
 """
 
 
@@ -80,12 +86,19 @@ def _fresh(code: str, *args: str, env: dict[str, str]) -> dict[str, Any]:
 _PROCESSES = 8  # client processes at most (torch imported in each); a process runs several ranks in threads
 
 
-def _clients(url: str, world: int, ranks: list[int], barrier: Any, results: Any, cpu: Any, receive: bool) -> None:
+def _clients(
+    url: str, world: int, ranks: list[int], barrier: Any, results: Any, cpu: Any, receive: bool, native: str | None
+) -> None:
     """Ranks ``ranks`` of ``world``, each a RankServerDataset in a thread, started by ``barrier``;
-    the CPU seconds this process spent on them, into ``cpu``. With ``receive``, each only receives
-    its frame (asked for as a RankServerDataset asks, planned before the start): what the server
-    does for clients that cost nothing on its cores."""
+    the CPU seconds this process spent on them and the kernels' path it took, into ``cpu``. With
+    ``receive``, each only receives its frame (asked for as a RankServerDataset asks, planned before
+    the start): what the server does for clients that cost nothing on its cores. ``native``: the
+    kernels' path to take (``RANK_DATASET_NATIVE``; the parent has not picked one, so this process
+    picks it at its first call)."""
     from urllib.parse import urlencode
+
+    if native is not None:
+        os.environ["RANK_DATASET_NATIVE"] = native
 
     from rank_dataset import RankServerDataset
     from rank_dataset.plan.spec import ShardSpec
@@ -116,21 +129,28 @@ def _clients(url: str, world: int, ranks: list[int], barrier: Any, results: Any,
     go.set()
     for t in threads:
         t.join()
-    cpu.put(time.process_time() - before)
+    from rank_dataset.core import native as kernels
+
+    cpu.put((time.process_time() - before, kernels.path()))
 
 
-def job_start(url: str, world: int, server_pid: int | None = None, receive: bool = False) -> dict[str, float]:
+def job_start(
+    url: str, world: int, server_pid: int | None = None, receive: bool = False, native: str | None = None
+) -> dict[str, Any]:
     """Seconds from releasing ``world`` clients at once until the last has its shard (and until the
     first has): at most _PROCESSES processes, forked from this one, each with its share of the ranks
     in threads (with ``receive``, clients that only receive their frames). With ``server_pid``, also
-    the CPU seconds that process spent meanwhile."""
+    the CPU seconds that process spent meanwhile. ``native``: the clients' kernels (``RANK_DATASET_NATIVE``)."""
     server = psutil.Process(server_pid) if server_pid is not None else None
     ctx = mp.get_context("fork")  # torch and rank_dataset are imported once, here
     k = min(world, _PROCESSES)
     barrier, results, client_cpu = ctx.Barrier(k + 1), ctx.SimpleQueue(), ctx.SimpleQueue()
     gc.freeze()  # fewer pages copied into each child
     procs = [
-        ctx.Process(target=_clients, args=(url, world, list(range(p, world, k)), barrier, results, client_cpu, receive))
+        ctx.Process(
+            target=_clients,
+            args=(url, world, list(range(p, world, k)), barrier, results, client_cpu, receive, native),
+        )
         for p in range(k)
     ]
     for p in procs:
@@ -141,7 +161,8 @@ def job_start(url: str, world: int, server_pid: int | None = None, receive: bool
     done = [results.get() for _ in range(world)]
     if server is not None:
         cpu = sum(server.cpu_times()[:2]) - cpu
-    clients = sum(client_cpu.get() for _ in procs)
+    spent = [client_cpu.get() for _ in procs]
+    clients = sum(seconds for seconds, _ in spent)
     for p in procs:
         p.join()
     gc.unfreeze()
@@ -155,6 +176,7 @@ def job_start(url: str, world: int, server_pid: int | None = None, receive: bool
         "samples": sum(count for _, _, count, _ in done),
         "server_cpu": cpu,
         "client_cpu": clients,
+        "client_kernels": sorted({path for _, path in spent}),
     }
 
 
@@ -165,10 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="job starts of each kind (the median is shown)")
     parser.add_argument("--data-dir", type=Path, default=None, help="where the file is kept (default: a temporary dir)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--native-compare", action="store_true", help="numpy and native kernels, side by side")
     args = parser.parse_args(argv)
 
     import rank_dataset  # noqa: F401 - imported before the clients are forked
     from rank_dataset.server.local import LocalServer
+
+    if args.native_compare:
+        return compare_native(args)
 
     with tempfile.TemporaryDirectory(prefix="bench_jobstart_") as tmp:
         data = args.data_dir or Path(tmp)
@@ -243,6 +269,78 @@ def main(argv: list[str] | None = None) -> int:
     ]
     data_out = {"lines": args.lines, "read": reads, "pass": passes, "times": times, "file_bytes": size}
     save_results(args.out, "jobstart", rows, data_out, lambda path: _plot(args.worlds, read, med, path))
+    return 0
+
+
+def compare_native(args: argparse.Namespace) -> int:
+    """The shared job start (and with clients that only receive), the pass alone and the server's CPU on
+    numpy and on the native kernels, beside one read, in one run (jobstart_native.md)."""
+    from rank_dataset.server.local import LocalServer
+
+    load_before = load_note()
+    found: dict[str, dict[int, dict[str, list[float]]]] = {mode: {} for mode in NATIVE_PATHS}
+    with tempfile.TemporaryDirectory(prefix="bench_jobstart_") as tmp:
+        data = args.data_dir or Path(tmp)
+        meta = meta_file(data, args.lines)
+        env = cache_env(data / "cache")
+        os.environ["RANK_DATASET_CACHE_DIR"] = env["RANK_DATASET_CACHE_DIR"]
+        _fresh(_READ, str(meta), env=env)  # the file into the page cache
+        reads = [_fresh(_READ, str(meta), env=env)["seconds"] for _ in range(args.repeat)]
+        want = {"0": "numpy", "require": "native"}
+        for w in args.worlds:  # the pass alone, the paths alternating
+            for i in range(args.repeat):
+                for mode in NATIVE_PATHS if i % 2 == 0 else NATIVE_PATHS[::-1]:
+                    one = _fresh(_PASS, str(meta), str(w), env=native_env(env, mode))
+                    assert one["kernels"] == want[mode], one
+                    found[mode].setdefault(w, {}).setdefault("pass", []).append(one["seconds"])
+        for kind in ("shared", "receive"):  # a server on each path in turn
+            for mode in NATIVE_PATHS:
+                with LocalServer([meta], env=native_env(env, mode), stdout=subprocess.DEVNULL, timeout=600) as server:
+                    for w in args.worlds:
+                        for _ in range(args.repeat):
+                            run = job_start(server.url, w, server.proc.pid, receive=kind == "receive", native=mode)
+                            assert run["client_kernels"] == [want[mode]], run
+                            found[mode][w].setdefault(kind, []).append(run["seconds"])
+                            found[mode][w].setdefault(f"{kind} server CPU", []).append(run["server_cpu"])
+                        print(mode, kind, w, found[mode][w][kind], flush=True)
+        if args.data_dir is None:
+            shutil.rmtree(data / "cache", ignore_errors=True)
+    read = statistics.median(reads)
+    med = {m: {w: {k: statistics.median(v) for k, v in by.items()} for w, by in ws.items()} for m, ws in found.items()}
+    labels = {
+        "shared": "job start, shared passes (s)",
+        "receive": "job start, clients that only receive (s)",
+        "pass": "one pass of all W ranks' samples, no HTTP (s)",
+        "shared server CPU": "server CPU, shared (s)",
+        "receive server CPU": "server CPU, only receive (s)",
+    }
+    rows = [
+        f"# Job start through the meta server on numpy and on the native kernels, N = {args.lines:,} lines",
+        "",
+        f"One read of the file counting newlines: {read:.2f} s (the 1.00x of every ratio).",
+        "",
+        "| W | figure | numpy | native | native speed-up | numpy / one read | native / one read |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for w in args.worlds:
+        for key, label in labels.items():
+            a, b = med["0"][w][key], med["require"][w][key]
+            rows.append(f"| {w} | {label} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {a / read:.2f}x | {b / read:.2f}x |")
+    rows += [
+        "",
+        "As `bench_jobstart.py` measures them (its notes apply), the server, its clients and the pass each on numpy",
+        "(`RANK_DATASET_NATIVE=0`) and on the native kernels (`require`): the pass alone alternating, a server on",
+        f"each path in turn for each kind of job start; the median of {args.repeat} runs.",
+        "Server, clients and the transfer over loopback share this machine's cores, with whatever else runs on it:",
+        f"load average (1, 5, 15 min) before: {load_before}; after: {load_note()}.",
+        "",
+        f"Command: `python benchmarks/bench_jobstart.py --native-compare --lines {args.lines} --worlds "
+        f"{' '.join(map(str, args.worlds))} --repeat {args.repeat}`",
+        "",
+        machine_info(),
+    ]
+    data_out = {"lines": args.lines, "read": reads, "runs": found, "median": med}
+    save_results(args.out, "jobstart_native", rows, data_out, lambda path: None)
     return 0
 
 

@@ -38,6 +38,20 @@ CASES = [
         ("jobstart.png", True),
     ),
     (
+        "server",
+        ["--native-compare", "--lines", "3000", "--seconds", "0.2", "--batched-samples", "1024"],
+        "server_native.md",
+        ["| whole-shard fetch (W = 1) |", "| native speed-up |", "load average"],
+        None,
+    ),
+    (
+        "jobstart",
+        ["--native-compare", "--lines", "20000", "--worlds", "1", "4", "--repeat", "1"],
+        "jobstart_native.md",
+        ["| 4 | job start, shared passes (s) |", "| native speed-up |", "load average"],
+        None,
+    ),
+    (
         "build",
         ["--lines", "5000", "--repeat", "1", "--agree-repeat", "2"],
         "build.md",
@@ -118,6 +132,13 @@ CASES = [
         "formats_collective.md",
         ["| .gz |", "| .frames.zst |", "read per build, all ranks"],
         ("formats_collective.png", True),
+    ),
+    (
+        "formats",
+        ["--native-compare", "--lines", "20000", "--world-size", "2", "--repeat", "1"],
+        "formats_native.md",
+        ["| .zst | cold index", "| .parquet | warm build, W = 2, median rank |", "| native speed-up |"],
+        None,
     ),
     (
         "formats",

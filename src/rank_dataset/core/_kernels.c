@@ -29,6 +29,16 @@
 #define RD_INLINE static inline
 #endif
 
+/* A hint to start loading the cache line at p (a row a few rows ahead of the copy); nothing elsewhere.
+ * Measured on random rows of a 128 MB buffer: the gather runs at ~1.3x the time of merely touching
+ * each row's bytes, so the distance (8 rows) matters little (8 to 64 measured the same). */
+#if defined(__GNUC__) || defined(__clang__)
+#define RD_PREFETCH(p) __builtin_prefetch(p)
+#else
+#define RD_PREFETCH(p) ((void)0)
+#endif
+#define RD_PREFETCH_AHEAD 8
+
 #define RD_OK 0
 #define RD_EARG (-1)     /* a negative size, a null pointer with a size, an unknown index kind */
 #define RD_ERANGE (-2)   /* a span, start or offset outside its buffer */
@@ -349,9 +359,7 @@ RD_API int rd_copy_rows(const uint8_t *src, int64_t src_size, const void *src_st
         }
     }
     for (int64_t k = 0; k < n; k++) {
-#if defined(__GNUC__) || defined(__clang__)
-        if (k + 8 < n) __builtin_prefetch(src + get_index(src_starts, src_kind, k + 8));
-#endif
+        if (k + RD_PREFETCH_AHEAD < n) RD_PREFETCH(src + get_index(src_starts, src_kind, k + RD_PREFETCH_AHEAD));
         copy_row(dst + get_index(dst_starts, dst_kind, k), src + get_index(src_starts, src_kind, k),
                  get_index(lengths, len_kind, k));
     }
@@ -385,9 +393,7 @@ RD_API int rd_pack_rows(const uint8_t *src, int64_t src_size, const void *starts
     if (off_kind == RD_U32 && total > (int64_t)UINT32_MAX) return RD_EOVERFLOW;
     int64_t at = 0;
     for (int64_t k = 0; k < n; k++) {
-#if defined(__GNUC__) || defined(__clang__)
-        if (k + 8 < n) __builtin_prefetch(src + get_index(starts, start_kind, k + 8));
-#endif
+        if (k + RD_PREFETCH_AHEAD < n) RD_PREFETCH(src + get_index(starts, start_kind, k + RD_PREFETCH_AHEAD));
         int64_t len = get_index(lengths, len_kind, k);
         if (off_kind == RD_U32) ((uint32_t *)offsets)[k] = (uint32_t)at;
         else ((int64_t *)offsets)[k] = at;
