@@ -41,6 +41,13 @@ from rank_dataset import RankDataset
 from rank_dataset.files.sources.object import COUNTS
 dist.init_process_group("gloo")
 out = {}
+
+
+def server_cpu():  # the S3 server's CPU seconds so far (it runs on this machine's cores too)
+    fields = open(f"/proc/{os.environ['WEED_PID']}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 for name, path in (("local", sys.argv[1]), ("object", sys.argv[2])):
     dist.barrier()
     before, t = dict(COUNTS), time.perf_counter()
@@ -48,12 +55,15 @@ for name, path in (("local", sys.argv[1]), ("object", sys.argv[2])):
     cold = time.perf_counter() - t
     made = dict(COUNTS)
     dist.barrier()
-    t = time.perf_counter()
+    t, cpu, served = time.perf_counter(), time.process_time(), server_cpu()
     ds.set_epoch(1)
     epoch = time.perf_counter() - t
+    epoch_cpu = time.process_time() - cpu
+    dist.barrier()
+    epoch_server = server_cpu() - served
     after = dict(COUNTS)
     out[name] = {
-        "cold": cold, "epoch": epoch,
+        "cold": cold, "epoch": epoch, "epoch_cpu": epoch_cpu, "epoch_server": epoch_server,
         "cold_gets": made["gets"] - before["gets"], "cold_bytes": made["bytes"] - before["bytes"],
         "cold_heads": made["heads"] - before["heads"],
         "epoch_gets": after["gets"] - made["gets"], "epoch_bytes": after["bytes"] - made["bytes"],
@@ -135,7 +145,12 @@ def main() -> None:
         local = meta_file(data, args.lines)
         size = local.stat().st_size
         url = server.put(f"bench/{local.name}", local)
-        env = {**os.environ, **server.env(), "RANK_DATASET_CACHE_DIR": str(data / "cache")}
+        env = {
+            **os.environ,
+            **server.env(),
+            "RANK_DATASET_CACHE_DIR": str(data / "cache"),
+            "WEED_PID": str(server.proc.pid),
+        }
         index = json.loads(
             subprocess.run(
                 [sys.executable, "-c", _INDEX, str(local), url], env=env, capture_output=True, text=True, check=True
@@ -154,8 +169,9 @@ def main() -> None:
         "build at most size / 16 MiB + 2W).",
         "",
         "| W | from | cold start (s) | set_epoch (s) | GB/s per rank, set_epoch | GETs cold / set_epoch "
-        "| bytes cold / set_epoch (x object) | budget met | set_epoch, x local | store floor (s) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| bytes cold / set_epoch (x object) | budget met | set_epoch, x local | store floor (s) "
+        "| CPU s, set_epoch: ranks / S3 server |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for w, ranks in worlds.items():
         local_epoch = max(x["local"]["epoch"] for x in ranks)
@@ -165,10 +181,11 @@ def main() -> None:
             cold, epoch = max(x["cold"] for x in r), max(x["epoch"] for x in r)
             gets_c, gets_e = sum(x["cold_gets"] for x in r), sum(x["epoch_gets"] for x in r)
             bytes_c, bytes_e = sum(x["cold_bytes"] for x in r), sum(x["epoch_bytes"] for x in r)
+            cpu = f"{sum(x['epoch_cpu'] for x in r):.2f} / {r[0]['epoch_server']:.2f}"
             if name == "local":
                 rows.append(
                     f"| {w} | local file | {cold:.2f} | {epoch:.2f} | {size / w / epoch / 1e9:.2f} "
-                    "| - | - | - | 1.00 | - |"
+                    f"| - | - | - | 1.00 | - | {cpu} |"
                 )
                 continue
             ok = (
@@ -179,7 +196,7 @@ def main() -> None:
             rows.append(
                 f"| {w} | object | {cold:.2f} | {epoch:.2f} | {size / w / epoch / 1e9:.2f} | {gets_c} / {gets_e} "
                 f"| {bytes_c / size:.3f} / {bytes_e / size:.3f} | {'yes' if ok else 'NO'} | {epoch / local_epoch:.2f} "
-                f"| {floor:.2f} |"
+                f"| {floor:.2f} | {cpu} |"
             )
     rows += [
         "",
