@@ -32,9 +32,9 @@ from rank_dataset.files._cache import CACHE_DIR_ENV, wait_for_seal
 from rank_dataset.files._cachefile import Index, _open_cache
 from rank_dataset.files._cachelock import one_builder
 from rank_dataset.files._readers import read_checkpoints
-from rank_dataset.files.formats import ParquetRows, SpanSource, detect_source, refuse_cut_source
+from rank_dataset.files.formats import ParquetRows, SpanSource, detect_source, object_rows, refuse_cut_source
 from rank_dataset.files.sources import FileKey
-from rank_dataset.files.sources.object import COALESCE, ObjectFile, ObjectIO
+from rank_dataset.files.sources.object import COALESCE, ObjectFile
 
 __all__ = ["ObjectBytes", "ObjectSpans", "load_object_index", "object_cache_path", "object_ends"]
 
@@ -74,7 +74,7 @@ def load_object_index(
     fmt = detect_source(source)
     if fmt.rows:  # its index is its footer's (a GET or two, not cached: as a local Parquet file's)
         ends_hash = hashlib.blake2b(object_ends(source), digest_size=16).digest()
-        rows = parquet_rows(source, columns)
+        rows = object_rows(source, columns)
         return Index(source.key.file_key(path), ends_hash, len(rows), False, None, None, fmt, parquet=rows.layout)
     if columns is not None:
         raise ValueError(f"columns= picks the columns of a Parquet meta file, and {url} is {fmt.value}")
@@ -102,13 +102,6 @@ def load_object_index(
     except OSError:  # no writable cache directory: the lock cannot be taken either
         pass
     return _index_in_memory(path, source, key, ends_hash)  # type: ignore[arg-type]
-
-
-def parquet_rows(source: ObjectFile, columns: Sequence[str] | None) -> ParquetRows:
-    """The rows of the Parquet object ``source``, read by pyarrow through ranged GETs pinned to its
-    ETag (:class:`~rank_dataset.files.sources.object.ObjectIO`; one client, obstore's)."""
-    own = ObjectFile(source.path, source.key)  # a position of its own
-    return ParquetRows(cast(Path, source.path), columns, fileobj=ObjectIO(own))
 
 
 class ObjectSpans:
@@ -213,7 +206,7 @@ class ObjectBytes:
             yield held[1]
             return
         try:
-            rows = parquet_rows(source, layout.columns)
+            rows = object_rows(source, layout.columns)
         except ValueError as exc:  # a chosen column gone, or nested now (the ETag held: never so)
             raise MetaFileChangedError(self.path, f"its schema changed since it was indexed ({exc})") from None
         if rows.schema_hash != layout.schema_hash or rows.layout.bounds != layout.bounds:

@@ -23,8 +23,7 @@ import numpy.typing as npt
 
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files._objects import parquet_rows
-from rank_dataset.files.formats import ParquetRows
+from rank_dataset.files.formats import ParquetRows, object_rows
 from rank_dataset.files.scan import NEWLINE
 from rank_dataset.files.sources import FileKey, LocalFile, ObjectFile
 from rank_dataset.shards._text import Lines, pinned_object
@@ -46,7 +45,7 @@ class RowsText:
     def __init__(self, path: Path, key: FileKey, columns: Sequence[str] | None) -> None:
         self.path, self.key = path, key
         if is_url(path):  # an object: its footer read through GETs pinned to the job's ETag
-            rows = parquet_rows(pinned_object(path, key), columns)
+            rows = object_rows(pinned_object(path, key), columns)
         else:
             rows = ParquetRows(path, columns)
             LocalFile(path, key).close()  # the footer read was this file's
@@ -127,7 +126,7 @@ class RowsReading:
         schema = f"its schema changed since the dataset was made: the columns {list(text.columns)} are not those read"
         try:
             if isinstance(source, ObjectFile):
-                rows = parquet_rows(source, text.columns)
+                rows = object_rows(source, text.columns)
             else:
                 rows = ParquetRows(text.path, text.columns)
         except ValueError as exc:  # a chosen column gone or nested now (or a CorruptMetaFileError)

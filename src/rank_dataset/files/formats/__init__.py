@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from rank_dataset.files.formats.base import BLOCK, SPACING, Decoder, Format
 from rank_dataset.files.formats.checkpoints import Checkpoints, DecompressedView, Decompression, decompress
-from rank_dataset.files.formats.parquet import ParquetLayout, ParquetRows
+from rank_dataset.files.formats.parquet import ParquetLayout, ParquetRows, object_rows
 from rank_dataset.files.formats.registry import (
     by_code,
     by_name,
@@ -53,6 +53,7 @@ __all__ = [
     "detect_source",
     "formats",
     "many_frames",
+    "object_rows",
     "one_frame_advice",
     "refuse_cut",
     "refuse_cut_source",

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats._parquet import ParquetLayout, ParquetRows
 from rank_dataset.files.formats.base import Format, Recognised
 
-__all__ = ["PARQUET", "ParquetFormat", "ParquetLayout", "ParquetRows"]
+if TYPE_CHECKING:
+    from rank_dataset.files.sources import ObjectFile
+
+__all__ = ["PARQUET", "ParquetFormat", "ParquetLayout", "ParquetRows", "object_rows"]
 
 _MAGIC = b"PAR1"
 
@@ -42,3 +46,12 @@ class ParquetFormat(Format):
 
 
 PARQUET = ParquetFormat()
+
+
+def object_rows(source: ObjectFile, columns: Sequence[str] | None) -> ParquetRows:
+    """The rows of the Parquet object ``source``, read by pyarrow through ranged GETs pinned to its
+    ETag (:class:`~rank_dataset.files.sources.object.ObjectIO`; one client, obstore's)."""
+    from rank_dataset.files.sources.object import ObjectFile, ObjectIO  # the format is above its sources
+
+    own = ObjectFile(source.path, source.key)  # a position of its own
+    return ParquetRows(cast(Path, source.path), columns, fileobj=ObjectIO(own))
