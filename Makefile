@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 # make test-quick runs the quick tier in QUICK_WORKERS processes (pytest-xdist).
 QUICK_WORKERS ?= 2
-# make test runs the whole suite in TEST_WORKERS processes.
-TEST_WORKERS ?= 2
+# make test runs the whole suite in TEST_WORKERS processes: 3 on 2 cores, since many tests spend part of their
+# time waiting on other processes (gloo ranks, servers, DataLoader workers).
+TEST_WORKERS ?= 3
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 # What `make demo` installs (the package and its server extra), and what the checks install on top of it.
@@ -79,7 +80,7 @@ typecheck: $(STAMP)
 # each other), then the few tests marked `alone`, which measure threads or timing and need the machine to
 # themselves.
 pytest: $(STAMP) native
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal -m "not alone"
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal -m "not alone" --durations=20
 	$(BIN)/pytest -m alone
 
 # The documentation site, into site/ (open site/index.html). Strict: a broken link, anchor or API
