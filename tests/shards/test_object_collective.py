@@ -226,3 +226,6 @@ def test_parquet_objects_shards_are_the_file_readers(s3: Any, tmp_path: Path) ->
         build = _delta(marks[i], marks[i + 1])
         assert build["heads"] == 0 and build["gets"] >= 3, build  # every rank read from the object
         assert build["bytes"] <= 1.05 * local.stat().st_size + 3 * MiB, build
+        # The issue's GET budget (size / 16 MiB + 2W): each rank's footer, then its row groups'
+        # chunks held in GETs of up to 32 MiB, not a GET a row group and column.
+        assert build["gets"] <= local.stat().st_size / (16 * MiB) + 2 * 3, build

@@ -48,10 +48,12 @@ class ParquetFormat(Format):
 PARQUET = ParquetFormat()
 
 
-def object_rows(source: ObjectFile, columns: Sequence[str] | None) -> ParquetRows:
+def object_rows(source: ObjectFile, columns: Sequence[str] | None, *, ahead: int = 0) -> ParquetRows:
     """The rows of the Parquet object ``source``, read by pyarrow through ranged GETs pinned to its
-    ETag (:class:`~rank_dataset.files.sources.object.ObjectIO`; one client, obstore's)."""
+    ETag (:class:`~rank_dataset.files.sources.object.ObjectIO`; one client, obstore's): a row group's
+    chosen column chunks in one GET where they lie close, with the next row groups' up to ``ahead``
+    bytes (for a reader that goes through them in order)."""
     from rank_dataset.files.sources.object import ObjectFile, ObjectIO  # the format is above its sources
 
     own = ObjectFile(source.path, source.key)  # a position of its own
-    return ParquetRows(cast(Path, source.path), columns, fileobj=ObjectIO(own))
+    return ParquetRows(cast(Path, source.path), columns, fileobj=ObjectIO(own), ahead=ahead)

@@ -308,12 +308,26 @@ class ObjectFile:
 
 
 class ObjectIO(io.RawIOBase):
-    """A seekable read-only file object over an :class:`ObjectFile` (for pyarrow's ParquetFile): each
-    read is one ranged GET of exactly the bytes asked, pinned to the object's ETag, so a footer costs
-    a GET or two and a row group's column chunks a GET each; nothing is read ahead."""
+    """A seekable read-only file object over an :class:`ObjectFile` (for pyarrow's ParquetFile): a read
+    is one ranged GET of exactly the bytes asked, pinned to the object's ETag (a footer costs a GET or
+    two), but for reads inside the ranges last :meth:`hold`-ed, served from memory."""
 
     def __init__(self, source: ObjectFile) -> None:
         self._source, self._pos = source, 0
+        self._held: list[tuple[int, bytes]] = []
+
+    def hold(self, starts: Sequence[int], stops: Sequence[int]) -> None:
+        """Fetch the ranges ``[starts[i], stops[i])`` now, one GET for those less than :data:`COALESCE`
+        bytes apart, and serve the reads that fall inside one from memory until
+        the next ``hold`` (``hold([], [])`` lets them go): a row group's column chunks in one GET."""
+        self._held = []  # the old ranges let go of before the new are fetched
+        blocks: list[list[int]] = []
+        for lo, hi in sorted(zip(starts, stops)):
+            if blocks and lo <= blocks[-1][1] + COALESCE:
+                blocks[-1][1] = max(blocks[-1][1], hi)
+            elif hi > lo:
+                blocks.append([lo, hi])
+        self._held = [(lo, self._source.read(lo, hi - lo)) for lo, hi in blocks]
 
     def readable(self) -> bool:
         return True
@@ -331,8 +345,14 @@ class ObjectIO(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         count = max(0, min(len(buffer), self._source.size - self._pos))
-        if count:
-            self._source.read_into(np.frombuffer(buffer, np.uint8, count), self._pos)
+        out = np.frombuffer(buffer, np.uint8, count)
+        for start, data in self._held:
+            if start <= self._pos and self._pos + count <= start + len(data):
+                out[:] = np.frombuffer(data, np.uint8, count, self._pos - start)
+                break
+        else:
+            if count:
+                self._source.read_into(out, self._pos)
         self._pos += count
         return count
 
