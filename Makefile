@@ -5,9 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 # make test-quick runs the quick tier in QUICK_WORKERS processes (pytest-xdist).
 QUICK_WORKERS ?= 2
-# make test runs the whole suite in TEST_WORKERS processes: 3 on 2 cores, since many tests spend part of their
-# time waiting on other processes (gloo ranks, servers, DataLoader workers).
-TEST_WORKERS ?= 3
+# make test runs the whole suite in TEST_WORKERS processes.
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 # What `make demo` installs (the package and its server extra), and what the checks install on top of it.

@@ -135,9 +135,9 @@ CASES = [
     ),
     (
         "formats",
-        ["--native-compare", "--lines", "20000", "--world-size", "2", "--repeat", "1"],
+        ["--native-compare", "--lines", "3000", "--world-size", "1", "--repeat", "1"],
         "formats_native.md",
-        ["| .zst | cold index", "| .parquet | warm build, W = 2, median rank |", "| native speed-up |"],
+        ["| .zst | cold index", "| .parquet | warm build, W = 1, median rank |", "| native speed-up |"],
         None,
     ),
     (
