@@ -63,6 +63,18 @@ def _making_and_builds(paths: list[Any], plans: list[npt.NDArray[np.int64]], cha
     return got, [start, *marks]
 
 
+def _same_as_the_file_reader(got: list[Any], meta: MetaFile, plans: list[npt.NDArray[np.int64]]) -> None:
+    """Each rank's result is no error, the files' fingerprints, and shards equal to the file reader's
+    of its plan (bounds and bytes)."""
+    for r, result in enumerate(got):
+        assert not isinstance(result, BaseException), result
+        shards, fingerprints = result
+        assert fingerprints == (meta.fingerprint, meta.file_fingerprints)
+        want = meta.read(plans[r], ids=False)
+        for shard in shards:
+            assert shard.bounds.tolist() == want.bounds.tolist() and shard.data.tobytes() == want.data.tobytes()
+
+
 def _delta(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return {k: b[k] - a[k] for k in a}
 
@@ -77,13 +89,7 @@ def test_shards_from_objects_are_the_file_readers(s3: Any, tmp_path: Path, w: in
     n = len(meta)
     plans = [rng.permutation(n)[r::w] for r in range(w)]
     got, marks = _making_and_builds([url_a, url_c, a], plans)  # two objects and a local file
-    for r, result in enumerate(got):
-        assert not isinstance(result, BaseException), result
-        shards, fingerprints = result
-        assert fingerprints == (meta.fingerprint, meta.file_fingerprints)
-        want = meta.read(plans[r], ids=False)
-        for shard in shards:
-            assert shard.bounds.tolist() == want.bounds.tolist() and shard.data.tobytes() == want.data.tobytes()
+    _same_as_the_file_reader(got, meta, plans)
     size = a.stat().st_size + c.stat().st_size
     making, builds = _delta(marks[0], marks[1]), [_delta(marks[i], marks[i + 1]) for i in (1, 2)]
     # One HEAD an object a job (rank 0's), and one more each for the fingerprint's ends (rank 0's).
@@ -191,12 +197,7 @@ def test_compressed_objects_shards_are_the_file_readers(s3: Any, tmp_path: Path)
     n = len(meta)
     plans = [np.random.default_rng(r).permutation(n)[r::3] for r in range(3)]
     got, _ = _making_and_builds(urls, plans)
-    for r, result in enumerate(got):
-        assert not isinstance(result, BaseException), result
-        shards, fingerprints = result
-        assert fingerprints == (meta.fingerprint, meta.file_fingerprints)
-        want = meta.read(plans[r], ids=False)
-        assert all(s.data.tobytes() == want.data.tobytes() for s in shards)
+    _same_as_the_file_reader(got, meta, plans)
 
 
 def test_parquet_objects_shards_are_the_file_readers(s3: Any, tmp_path: Path) -> None:
@@ -215,13 +216,7 @@ def test_parquet_objects_shards_are_the_file_readers(s3: Any, tmp_path: Path) ->
     rng = np.random.default_rng(3)
     plans = [rng.permutation(len(meta))[r::3] for r in range(3)]
     got, marks = _making_and_builds([url, a], plans)
-    for r, result in enumerate(got):
-        assert not isinstance(result, BaseException), result
-        shards, fingerprints = result
-        assert fingerprints == (meta.fingerprint, meta.file_fingerprints)
-        want = meta.read(plans[r], ids=False)
-        for shard in shards:
-            assert shard.bounds.tolist() == want.bounds.tolist() and shard.data.tobytes() == want.data.tobytes()
+    _same_as_the_file_reader(got, meta, plans)
     for i in (1, 2):  # a build: each rank's row groups and its footer, about the object once
         build = _delta(marks[i], marks[i + 1])
         assert build["heads"] == 0 and build["gets"] >= 3, build  # every rank read from the object
