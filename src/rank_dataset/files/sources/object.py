@@ -267,18 +267,11 @@ class ObjectFile:
     def read_ranges(self, starts: Sequence[int], stops: Sequence[int]) -> list[bytes]:
         """Each range ``[starts[i], stops[i])``, from GETs of the ranges merged where less than
         :data:`COALESCE` bytes lie between them (each GET pinned, as every read)."""
-        order = sorted(range(len(starts)), key=lambda i: starts[i])
         out: list[bytes] = [b""] * len(starts)
-        group: list[int] = []
-        for i in [*order, -1]:
-            if group and (i < 0 or starts[i] > max(stops[j] for j in group) + COALESCE):
-                lo, hi = starts[group[0]], max(stops[j] for j in group)
-                data = self.read(lo, hi - lo)
-                for j in group:
-                    out[j] = data[starts[j] - lo : stops[j] - lo]
-                group = []
-            if i >= 0 and stops[i] > starts[i]:
-                group.append(i)
+        for lo, hi, members in _coalesced(starts, stops):
+            data = self.read(lo, hi - lo)
+            for j in members:
+                out[j] = data[starts[j] - lo : stops[j] - lo]
         return out
 
     def check(self) -> None:
@@ -321,13 +314,7 @@ class ObjectIO(io.RawIOBase):
         bytes apart, and serve the reads that fall inside one from memory until
         the next ``hold`` (``hold([], [])`` lets them go): a row group's column chunks in one GET."""
         self._held = []  # the old ranges let go of before the new are fetched
-        blocks: list[list[int]] = []
-        for lo, hi in sorted(zip(starts, stops)):
-            if blocks and lo <= blocks[-1][1] + COALESCE:
-                blocks[-1][1] = max(blocks[-1][1], hi)
-            elif hi > lo:
-                blocks.append([lo, hi])
-        self._held = [(lo, self._source.read(lo, hi - lo)) for lo, hi in blocks]
+        self._held = [(lo, self._source.read(lo, hi - lo)) for lo, hi, _ in _coalesced(starts, stops)]
 
     def readable(self) -> bool:
         return True
@@ -355,6 +342,20 @@ class ObjectIO(io.RawIOBase):
                 self._source.read_into(out, self._pos)
         self._pos += count
         return count
+
+
+def _coalesced(starts: Sequence[int], stops: Sequence[int]) -> list[tuple[int, int, list[int]]]:
+    """The non-empty ranges ``[starts[i], stops[i])`` merged where less than :data:`COALESCE` bytes lie
+    between them: ``(lo, hi, members)`` for each GET, in order of position."""
+    merged: list[tuple[int, int, list[int]]] = []
+    group: list[int] = []
+    for i in [*sorted(range(len(starts)), key=lambda i: starts[i]), -1]:
+        if group and (i < 0 or starts[i] > max(stops[j] for j in group) + COALESCE):
+            merged.append((starts[group[0]], max(stops[j] for j in group), group))
+            group = []
+        if i >= 0 and stops[i] > starts[i]:
+            group.append(i)
+    return merged
 
 
 def _failure(url: str, exc: BaseException, timeout: float) -> OSError:
