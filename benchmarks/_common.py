@@ -88,6 +88,12 @@ def native_env(env: dict[str, str], mode: str) -> dict[str, str]:
     return {**env, "RANK_DATASET_NATIVE": mode}
 
 
+def ratio(a: float, b: float) -> str:
+    """``a / b`` as a table cell (``1.23x``); ``n/a`` where ``b`` is 0 (a CPU time under the clock's tick at
+    the smoke tests' tiny sizes)."""
+    return f"{a / b:.2f}x" if b else "n/a"
+
+
 def load_note() -> str:
     """The load averages now, for a note beside figures from a shared machine."""
     return ", ".join(f"{x:.1f}" for x in os.getloadavg())

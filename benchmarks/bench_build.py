@@ -49,6 +49,7 @@ from _common import (  # noqa: E402
     machine_info,
     native_env,
     plotting,
+    ratio,
     run_child,
     save_results,
     write_imagenet_meta,
@@ -305,7 +306,8 @@ def compare_native(args: argparse.Namespace) -> int:
         )
         for kind, label in (("cold", "RankDataset, cold (indexing included)"), ("warm", "RankDataset, warm index")):
             a, b = got[f"{kind} 0"], got[f"{kind} require"]
-            lines.append(f"| {label} | {stat} | {a:.3f} | {b:.3f} | {a / b:.2f}x | {a / scan:.2f}x | {b / scan:.2f}x |")
+            cells = f"{ratio(a, b)} | {ratio(a, scan)} | {ratio(b, scan)}"
+            lines.append(f"| {label} | {stat} | {a:.3f} | {b:.3f} | {cells} |")
     lines += [
         "",
         f"{args.repeat} runs of each, each in a fresh process, the paths alternating (`RANK_DATASET_NATIVE=0` and",

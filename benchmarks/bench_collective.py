@@ -43,6 +43,7 @@ from _common import (  # noqa: E402
     machine_info,
     native_env,
     plotting,
+    ratio,
     save_results,
     scratch_dir,
 )
@@ -271,7 +272,7 @@ def compare_native(args: argparse.Namespace) -> None:
     for w, by_mode in got.items():
         for key, label in figures:
             a, b = by_mode["0"][key], by_mode["require"][key]
-            rows.append(f"| {w} | {label} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {a / base:.2f}x | {b / base:.2f}x |")
+            rows.append(f"| {w} | {label} | {a:.2f} | {b:.2f} | {ratio(a, b)} | {ratio(a, base)} | {ratio(b, base)} |")
     rows += [
         "",
         "Each W runs on numpy (`RANK_DATASET_NATIVE=0`), then on the native kernels (`require`), one run each; times",

@@ -64,6 +64,7 @@ from _common import (  # noqa: E402
     machine_info,
     native_env,
     plotting,
+    ratio,
     run_child,
     save_results,
     write_imagenet_meta,
@@ -375,7 +376,7 @@ def compare_native(files: dict[str, Path], args: argparse.Namespace, work: Path)
             ("slowest", f"warm build, W = {w}, slowest rank"),
         ):
             a, b, d = f[f"{key} 0"], f[f"{key} require"], f["decompression"]
-            rows.append(f"| .{name} | {label} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {a / d:.2f}x | {b / d:.2f}x |")
+            rows.append(f"| .{name} | {label} | {a:.2f} | {b:.2f} | {ratio(a, b)} | {ratio(a, d)} | {ratio(b, d)} |")
     rows += [
         "",
         "As the default run measures them (its notes apply), each in a fresh process, the files in the page cache:",

@@ -54,7 +54,16 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import NATIVE_PATHS, cache_env, load_note, machine_info, native_env, plotting, save_results  # noqa: E402
+from _common import (  # noqa: E402
+    NATIVE_PATHS,
+    cache_env,
+    load_note,
+    machine_info,
+    native_env,
+    plotting,
+    ratio,
+    save_results,
+)
 from bench_scale import meta_file  # noqa: E402
 
 _READ = """
@@ -325,7 +334,7 @@ def compare_native(args: argparse.Namespace) -> int:
     for w in args.worlds:
         for key, label in labels.items():
             a, b = med["0"][w][key], med["require"][w][key]
-            rows.append(f"| {w} | {label} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {a / read:.2f}x | {b / read:.2f}x |")
+            rows.append(f"| {w} | {label} | {a:.2f} | {b:.2f} | {ratio(a, b)} | {ratio(a, read)} | {ratio(b, read)} |")
     rows += [
         "",
         "As `bench_jobstart.py` measures them (its notes apply), the server, its clients and the pass each on numpy",
