@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import faulthandler
 import getpass
 import glob
 import os
@@ -35,6 +36,16 @@ os.environ[_shm.TAG_ENV] = _SHM_TAG
 _TORCH_CACHE = tempfile.mkdtemp(prefix="rank-dataset-tests-torch-")
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = _TORCH_CACHE
 atexit.register(shutil.rmtree, _TORCH_CACHE, True)
+
+
+def _dump_if_hung() -> None:
+    # A forked child (a DataLoader worker, a rank of tests/ranks.py) still running after 240 s is taken
+    # to hang: it writes its threads' stacks to its stderr, which pytest shows with the test's failure
+    # when the test's own timeout (300 s) ends it. The parent's stack alone does not say what it waits for.
+    faulthandler.dump_traceback_later(240, exit=False)
+
+
+os.register_at_fork(after_in_child=_dump_if_hung)
 
 
 @atexit.register

@@ -78,6 +78,9 @@ _lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
+    # A fork while another thread held the lock would leave the child's copy held for good.
+    global _lock
+    _lock = threading.Lock()
     for segment in list(_held):
         segment._disown()
     _held.clear()
