@@ -1,4 +1,4 @@
-"""Run by test_distributed.py under torchrun: one rank of a 4-rank gloo job with aug_repeats=2."""
+"""Run by test_distributed.py as gloo ranks (tests/ranks.py): one rank of a 4-rank gloo job with aug_repeats=2."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Run by test_collective.py under torchrun: one rank of a gloo job comparing the collective reader's
-shards with the file reader's (``identity``; ``identity-parquet`` for a Parquet file alone and among
-text files, with its errors), serving DataLoader workers (``workers``), counting the
+"""Run by test_collective.py as gloo ranks (tests/ranks.py): one rank of a gloo job comparing the
+collective reader's shards with the file reader's (``identity``; ``identity-parquet`` for a Parquet file
+alone and among text files, with its errors), serving DataLoader workers (``workers``), counting the
 bytes it reads (``io``), reading meta files from object storage (``objects``, run by
 test_object_collective.py), or meeting a fault (``fault-*``); with ``+rounds``, the exchange in rounds
 of about 1 KiB; with ``+spacing``, compressed files' checkpoints every 64 KiB of text."""
@@ -191,7 +191,7 @@ def fault(kind: str, d: Path, result: dict[str, Any]) -> None:
                 write_rank_result_plain(d, rank, result)
                 return
             if kind == "dies" and rank == world - 1:
-                os._exit(0)  # gone without a word (exit code 0: torchrun would stop the others otherwise)
+                os._exit(0)  # gone without a word (exit code 0: the launcher, as torchrun, would end the others)
             if kind == "changed":
                 dist.barrier()  # the file changed before any rank builds again
             ds.set_epoch(1)

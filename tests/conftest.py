@@ -12,6 +12,7 @@ import ctypes
 import faulthandler
 import getpass
 import glob
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -46,6 +47,11 @@ def _dump_if_hung() -> None:
 
 
 os.register_at_fork(after_in_child=_dump_if_hung)
+
+# The forkserver (of this process, started by the first forkserver DataLoader) imports torch once, and
+# every forkserver worker is a fork of it: without this each worker imports torch again (about 2 s of
+# CPU; dozens of workers in a run). What a worker unpickles, rank_dataset and the dataset, it still imports.
+multiprocessing.set_forkserver_preload(["torch"])
 
 
 @atexit.register

@@ -1,6 +1,7 @@
-"""The collective reader with real gloo processes under torchrun: its shards are the file reader's byte
-for byte (every plan kind, resume on another world size, group=), DataLoader workers under every start
-method, the bytes it reads, and faults (every rank ends with the same clear error)."""
+"""The collective reader with real gloo processes (tests/ranks.py, as torchrun runs them): its shards are
+the file reader's byte for byte (every plan kind, resume on another world size, group=), DataLoader
+workers under every start method, the bytes it reads, and faults (every rank ends with the same clear
+error)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import zstandard
 
 from collective_helpers import write_texts
 from rank_dataset import RankDataset
-from tests_helpers import ranks_cmd, torchrun_cmd, worker_env
+from tests_helpers import ranks_cmd, worker_env
 
 pytestmark = pytest.mark.slow
 
@@ -196,7 +197,7 @@ def test_reader_collective_needs_a_process_group(tmp_path: Path) -> None:
 def fault_run(kind: str, w: int, d: Path) -> list[str]:
     """The error each surviving rank ended with (the last rank is the one at fault, where one is)."""
     subprocess.run(
-        torchrun_cmd("collective_worker.py", w, f"fault-{kind}", d, log_dir=d / "logs"),
+        ranks_cmd("collective_worker.py", w, f"fault-{kind}", d),
         env=worker_env(),
         capture_output=True,
         timeout=300,

@@ -1,4 +1,5 @@
-"""Three real processes under torch.distributed (gloo), launched by torchrun."""
+"""Real processes under torch.distributed (gloo): three launched by torchrun itself, the layout users get
+from it; four as tests/ranks.py runs them (torchrun's environment, without an interpreter a rank)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,20 @@ import numpy as np
 import pytest
 
 from rank_dataset.plan.permutation import permute
-from tests_helpers import rank_results, torchrun_cmd, worker_env
+from tests_helpers import rank_results, ranks_cmd, torchrun_cmd, worker_env
 
 pytestmark = pytest.mark.slow  # torchrun jobs: not in make test-quick
 
 
-def run_ranks(worker: str, w: int, meta: Path, tmp_path: Path) -> list[dict[str, Any]]:
-    """Run ``w`` ranks of ``tests/<worker>`` on ``meta`` under torchrun; what each rank wrote."""
+def run_ranks(worker: str, w: int, meta: Path, tmp_path: Path, *, torchrun: bool = False) -> list[dict[str, Any]]:
+    """Run ``w`` ranks of ``tests/<worker>`` on ``meta`` (under torchrun itself with ``torchrun``); what
+    each rank wrote."""
     out = tmp_path / "result"
+    cmd = ranks_cmd(worker, w, meta, out)
+    if torchrun:
+        cmd = torchrun_cmd(worker, w, meta, out, log_dir=tmp_path / "logs")
     proc = subprocess.run(
-        torchrun_cmd(worker, w, meta, out, log_dir=tmp_path / "logs"),
+        cmd,
         env=worker_env(),
         capture_output=True,
         text=True,
@@ -32,7 +37,7 @@ def run_ranks(worker: str, w: int, meta: Path, tmp_path: Path) -> list[dict[str,
 def test_three_ranks_get_the_exact_layout(write_meta, tmp_path: Path) -> None:
     n, w, m = 1001, 3, 2
     meta = write_meta(n=n)
-    results = run_ranks("dist_worker.py", w, meta, tmp_path)
+    results = run_ranks("dist_worker.py", w, meta, tmp_path, torchrun=True)
     assert [r["world_size"] for r in results] == [w] * w
 
     r_ = -(-n // (w * m))
