@@ -78,7 +78,10 @@ typecheck: $(STAMP)
 # The suite in TEST_WORKERS processes (pytest-xdist, work stealing: the long torchrun jobs do not queue behind
 # each other), then the few tests marked `alone`, which measure threads or timing and need the machine to
 # themselves.
+# The package and the tests' helpers are compiled first: the suite starts hundreds of interpreters, and
+# with PYTHONDONTWRITEBYTECODE set (as in many containers) each would compile them again.
 pytest: $(STAMP) native
+	$(BIN)/python -m compileall -q src tests
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal -m "not alone" --durations=20
 	$(BIN)/pytest -m alone
 
@@ -87,11 +90,11 @@ pytest: $(STAMP) native
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# The checks that are not the suite run side by side (each takes one core: mypy is the longest), then the
-# suite, which takes the machine.
+# The checks and the suite side by side: the suite's processes wait on ranks, servers and sleeps (a fifth
+# of the cores' time), which the checks fill. Each one's output is shown whole when it ends, the suite's
+# last (`make pytest` alone shows its progress).
 test:
-	$(MAKE) --no-print-directory -j$(TEST_WORKERS) --output-sync=target lint typecheck docs test-asan
-	$(MAKE) --no-print-directory pytest
+	$(MAKE) --no-print-directory -j5 --output-sync=target lint typecheck docs test-asan pytest
 
 # Everything but the tests marked slow (torchrun jobs, Lightning, Accelerate, the demo, benchmark smoke
 # runs, doc and README examples) and the docs build: a couple of minutes. `make test` runs them all. As
@@ -106,3 +109,4 @@ bench: $(STAMP) native
 
 clean:
 	rm -rf $(VENV) .venv-3.* .pytest_cache .mypy_cache .ruff_cache site build $(NATIVE_LIB)
+	find src tests -name __pycache__ -type d -prune -exec rm -rf {} +
