@@ -27,7 +27,7 @@ ASAN_LIB := build/asan/_kernels.so
 ASAN_WORDS_LIB := build/asan-words/_kernels.so
 ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -fPIC -shared -std=c99
 
-.PHONY: demo test test-quick lint typecheck pytest docs bench clean native test-asan
+.PHONY: demo test test-quick lint typecheck pytest pytest-shared pytest-quick docs bench clean native test-asan
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,15 +75,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The suite in TEST_WORKERS processes (pytest-xdist, work stealing: the long torchrun jobs do not queue behind
+# The suite in TEST_WORKERS processes (pytest-xdist, work stealing: the long gloo jobs do not queue behind
 # each other), then the few tests marked `alone`, which measure threads or timing and need the machine to
-# themselves.
-# The package and the tests' helpers are compiled first: the suite starts hundreds of interpreters, and
-# with PYTHONDONTWRITEBYTECODE set (as in many containers) each would compile them again.
-pytest: $(STAMP) native
+# themselves. The package and the tests' helpers are compiled first: the suite starts hundreds of
+# interpreters, and with PYTHONDONTWRITEBYTECODE set (as in many containers) each would compile them again.
+pytest: pytest-shared
+	$(BIN)/pytest -m alone
+
+pytest-shared: $(STAMP) native
 	$(BIN)/python -m compileall -q src tests
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal -m "not alone" --durations=20
-	$(BIN)/pytest -m alone
 
 # The documentation site, into site/ (open site/index.html). Strict: a broken link, anchor or API
 # reference fails the build. NO_MKDOCS_2_WARNING quiets Material's banner about its end of life.
@@ -94,14 +95,19 @@ docs: $(STAMP)
 # of the cores' time), which the checks fill. Each one's output is shown whole when it ends, the suite's
 # last (`make pytest` alone shows its progress).
 test:
-	$(MAKE) --no-print-directory -j5 --output-sync=target lint typecheck docs test-asan pytest
+	$(MAKE) --no-print-directory -j5 --output-sync=target lint typecheck docs test-asan pytest-shared
+	$(BIN)/pytest -m alone
 
 # Everything but the tests marked slow (torchrun jobs, Lightning, Accelerate, the demo, benchmark smoke
 # runs, doc and README examples) and the docs build: a couple of minutes. `make test` runs them all. As
 # there, the tests marked `alone` run after the others, by themselves (beside them, a loaded machine fails them).
-test-quick: lint typecheck native
-	$(BIN)/pytest -m "not slow and not alone" -n $(QUICK_WORKERS)
+test-quick:
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint typecheck pytest-quick
 	$(BIN)/pytest -m "alone and not slow"
+
+pytest-quick: $(STAMP) native
+	$(BIN)/python -m compileall -q src tests
+	$(BIN)/pytest -m "not slow and not alone" -n $(QUICK_WORKERS)
 
 bench: $(STAMP) native
 	for b in build getitem server workers mix audit group balanced jobstart scale failures collective kernels; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
