@@ -220,7 +220,9 @@ def test_sparse_rows_of_a_one_frame_zstd_file_are_read_by_one_thread(
     indices = np.random.default_rng(0).permutation(len(mf))[: len(mf) // 100]
     shard = mf.read(indices)
     assert shard.texts(range(len(shard))) == [lines[i] for i in indices.tolist()]
-    assert asked[-1] == 1 and sum(decompressed) == len(raw)
+    # Decoded once, at most: to the last row read at least, to the end if the decoder ran ahead.
+    last_end = sum(len(line) + 1 for line in lines[: int(indices.max()) + 1])
+    assert asked[-1] == 1 and last_end <= sum(decompressed) <= len(raw), (last_end, sum(decompressed), len(raw))
     assert max(kept) <= spans_mod._KEPT_SPANS
 
 
