@@ -48,10 +48,11 @@ def _dump_if_hung() -> None:
 
 os.register_at_fork(after_in_child=_dump_if_hung)
 
-# The forkserver (of this process, started by the first forkserver DataLoader) imports torch once, and
-# every forkserver worker is a fork of it: without this each worker imports torch again (about 2 s of
-# CPU; dozens of workers in a run). What a worker unpickles, rank_dataset and the dataset, it still imports.
-multiprocessing.set_forkserver_preload(["torch"])
+# The forkserver (of this process, started by the first forkserver DataLoader or gloo job) imports torch
+# once, and every forkserver worker and job (tests_helpers.run_ranks) is a fork of it: without this each
+# imports torch again (about 2 s of CPU; a hundred of them in a run). What a worker unpickles, rank_dataset
+# and the dataset, it still imports.
+multiprocessing.set_forkserver_preload(["torch", "torch.distributed"])
 
 
 @atexit.register

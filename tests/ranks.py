@@ -11,17 +11,23 @@ As torchrun does, when a rank fails the others are ended (SIGTERM, then SIGKILL)
 kills it leaves no rank behind.
 
 Usage: python tests/ranks.py NPROC SCRIPT [ARGS...]
+
+The suite runs these jobs without even this interpreter: :func:`job`, run by a test process's forkserver
+(which imported torch once, ``tests/conftest.py``), does what this command does (``tests_helpers.run_ranks``).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
+import multiprocessing
 import os
 import runpy
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 
@@ -66,8 +72,43 @@ def _end(pids: set[int]) -> None:
             return
 
 
+def _leave(code: int) -> None:
+    """End a rank as an interpreter's exit would (its other non-daemon threads joined, atexit handlers
+    run, streams flushed), through ``_exit``: the frames it was forked from (the launcher's, or those of
+    multiprocessing in a forkserver's child) are not the rank's to unwind."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def main() -> int:
-    nproc, script, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    return launch(int(sys.argv[1]), sys.argv[2], sys.argv[3:])
+
+
+def job(nproc: int, script: str, args: list[str], env: dict[str, str], out: str, err: str) -> None:
+    """:func:`launch`, in a child of a forkserver, with the environment ``env`` and its output in the
+    files ``out`` and ``err`` (the job's exit status is the process's)."""
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+    # A forkserver's child takes its parent's start method (multiprocessing's preparation data): back to
+    # the platform's default, which the ranks of the command (a fresh interpreter) have.
+    multiprocessing.set_start_method(None, force=True)
+    os.environ.clear()
+    os.environ.update(env)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    sys.path[:0] = paths
+    sys.exit(launch(nproc, script, args))
+
+
+def launch(nproc: int, script: str, args: list[str]) -> int:
+    """Run ``nproc`` ranks of ``script`` (given ``args``); 1 if any failed, the others then ended."""
     import torch.distributed  # noqa: F401 - once, before the forks: every rank inherits it
 
     with socket.socket() as s:
@@ -79,8 +120,7 @@ def main() -> int:
     for rank in range(nproc):
         pid = os.fork()
         if pid == 0:
-            code = _rank(rank, nproc, port, script, args)
-            raise SystemExit(code)  # the interpreter's usual exit: atexit handlers, flushed streams
+            _leave(_rank(rank, nproc, port, script, args))
         pids.add(pid)
     failed = False
     while pids:

@@ -31,8 +31,10 @@ __all__ = [
     "kill_tree",
     "random_file",
     "rank_results",
+    "ranks_cmd",
     "reference_index",
     "rewrite",
+    "run_ranks",
     "start_methods",
     "start_together",
     "torchrun_cmd",
@@ -144,6 +146,38 @@ def ranks_cmd(worker: str, nproc: int, *args: object) -> list[str]:
     one process that imported torch once (``tests/ranks.py``): the environment and the failure handling
     of ``torchrun --standalone``, without an interpreter and an import of torch a rank."""
     return [sys.executable, str(HERE / "ranks.py"), str(nproc), str(HERE / worker), *map(str, args)]
+
+
+def run_ranks(cmd: list[str], *, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a :func:`ranks_cmd` job as ``subprocess.run(cmd, env=env, capture_output=True, text=True,
+    timeout=timeout)`` does, without its interpreter: a child of this process's forkserver, which imported
+    torch once (``conftest``), does what ``tests/ranks.py`` does (``ranks.job``). On a timeout the job
+    is killed (its ranks die with it) and ``subprocess.TimeoutExpired`` raised, as there."""
+    import multiprocessing
+    import tempfile
+
+    import ranks
+
+    if len(cmd) < 4 or Path(cmd[1]).name != "ranks.py":
+        raise ValueError(f"not a ranks_cmd command: {cmd}")
+    nproc, script, args = int(cmd[2]), cmd[3], cmd[4:]
+    with tempfile.TemporaryDirectory(prefix="rank-dataset-job-") as d:
+        out, err = os.path.join(d, "out"), os.path.join(d, "err")
+        proc = multiprocessing.get_context("forkserver").Process(
+            target=ranks.job, args=(nproc, script, args, env, out, err), name="ranks-job"
+        )
+        proc.start()
+        proc.join(timeout)
+        expired = proc.exitcode is None
+        if expired:
+            proc.kill()
+            proc.join()
+        code = proc.exitcode
+        proc.close()
+        stdout, stderr = (Path(p).read_text(errors="replace") if os.path.exists(p) else "" for p in (out, err))
+    if expired:
+        raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr)
+    return subprocess.CompletedProcess(cmd, code, stdout, stderr)
 
 
 def worker_env(**extra: str) -> dict[str, str]:

@@ -131,18 +131,16 @@ def test_collective_reader_over_objects_under_gloo(s3: Any, tmp_path: Path) -> N
     """RankDataset(URL, reader='collective') under torchrun (gloo, W=2): shards equal the file reader's
     of the objects and of the same local files; DataLoader workers (fork, spawn, forkserver) serve them."""
     import json
-    import subprocess
 
     from collective_helpers import write_texts
     from tests_helpers import ranks_cmd, worker_env
+    from tests_helpers import run_ranks as gloo_job
 
     write_texts(tmp_path)
     urls = [s3.put(f"gloo/{name}", tmp_path / name) for name in ("a.txt", "b.txt", "c.txt")]
-    proc = subprocess.run(
+    proc = gloo_job(
         ranks_cmd("collective_worker.py", 2, "objects", tmp_path),
         env=worker_env(RANK_DATASET_TEST_URLS=" ".join(urls)),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -11,25 +11,22 @@ import numpy as np
 import pytest
 
 from rank_dataset.plan.permutation import permute
-from tests_helpers import rank_results, ranks_cmd, torchrun_cmd, worker_env
+from tests_helpers import rank_results, ranks_cmd, run_ranks, torchrun_cmd, worker_env
 
 pytestmark = pytest.mark.slow  # torchrun jobs: not in make test-quick
 
 
-def run_ranks(worker: str, w: int, meta: Path, tmp_path: Path, *, torchrun: bool = False) -> list[dict[str, Any]]:
+def run_job(worker: str, w: int, meta: Path, tmp_path: Path, *, torchrun: bool = False) -> list[dict[str, Any]]:
     """Run ``w`` ranks of ``tests/<worker>`` on ``meta`` (under torchrun itself with ``torchrun``); what
     each rank wrote."""
     out = tmp_path / "result"
     cmd = ranks_cmd(worker, w, meta, out)
     if torchrun:
         cmd = torchrun_cmd(worker, w, meta, out, log_dir=tmp_path / "logs")
-    proc = subprocess.run(
-        cmd,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    if torchrun:
+        proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=240)
+    else:
+        proc = run_ranks(cmd, env=worker_env(), timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return rank_results(out, w)
 
@@ -37,7 +34,7 @@ def run_ranks(worker: str, w: int, meta: Path, tmp_path: Path, *, torchrun: bool
 def test_three_ranks_get_the_exact_layout(write_meta, tmp_path: Path) -> None:
     n, w, m = 1001, 3, 2
     meta = write_meta(n=n)
-    results = run_ranks("dist_worker.py", w, meta, tmp_path, torchrun=True)
+    results = run_job("dist_worker.py", w, meta, tmp_path, torchrun=True)
     assert [r["world_size"] for r in results] == [w] * w
 
     r_ = -(-n // (w * m))
@@ -56,7 +53,7 @@ def test_aug_repeats_copies_share_a_step_on_two_ranks(write_meta, tmp_path: Path
     n, w, k, m = 1000, 4, 2, 2
     meta = write_meta(n=n)
     lines = meta.read_text().splitlines()
-    results = run_ranks("aug_worker.py", w, meta, tmp_path)
+    results = run_job("aug_worker.py", w, meta, tmp_path)
     r_ = -(-n // (w * m))
     d = -(-n // k)
     stream = np.concatenate([permute(n, 7, j, np.arange(n)) for j in range(2)])  # the reference, O(N)

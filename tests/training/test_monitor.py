@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests_helpers import rank_results, ranks_cmd, worker_env
+from tests_helpers import rank_results, ranks_cmd, run_ranks, worker_env
 
 
 def _meta(tmp_path: Path, n: int) -> Path:
@@ -22,12 +21,8 @@ def _meta(tmp_path: Path, n: int) -> Path:
 def _run(tmp_path: Path, mode: str, nproc: int, lines: int, steps: int, timeout: float) -> tuple[list[Any], str, Path]:
     meta = _meta(tmp_path, lines)
     out, run_dir = tmp_path / "result", tmp_path / "run"
-    proc = subprocess.run(
-        ranks_cmd("monitor_worker.py", nproc, mode, meta, out, run_dir, steps),
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    proc = run_ranks(
+        ranks_cmd("monitor_worker.py", nproc, mode, meta, out, run_dir, steps), env=worker_env(), timeout=timeout
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return rank_results(out, nproc), proc.stderr, run_dir

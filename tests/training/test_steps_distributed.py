@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from torch.utils.data import DataLoader
 from rank_dataset import StepSampler
 from rank_dataset.plan.step_mix import batch_counts
 from steps_worker import SCHEDULE, as_list, dataset
-from tests_helpers import rank_results, ranks_cmd, worker_env
+from tests_helpers import rank_results, ranks_cmd, run_ranks, worker_env
 
 pytestmark = pytest.mark.slow  # torchrun jobs: not in make test-quick
 
@@ -52,7 +51,7 @@ def run_job(
     """Global batches ``[start, last)`` of a ``world``-rank job: the ranks' batches concatenated in rank order."""
     out = tmp_path / name
     cmd = ranks_cmd("steps_worker.py", world, kind, meta, reader, out, first, last, state)
-    proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=600)
+    proc = run_ranks(cmd, env=worker_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = rank_results(out, world)
     assert all(r["world_size"] == world for r in results)
