@@ -19,7 +19,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch.distributed as dist
@@ -29,9 +29,10 @@ from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.demo.baselines import NaiveDataset, OriginalDataset
 from rank_dataset.demo.memory import pss_with_children
 from rank_dataset.demo.synthetic import imagenet_line
-from rank_dataset.plan.sources import Source
-from rank_dataset.training.dataset import RankDataset, ShardedDataset
-from rank_dataset.training.sampler import RandomSampler
+
+if TYPE_CHECKING:
+    from rank_dataset.plan.sources import Source
+    from rank_dataset.training.dataset import ShardedDataset
 
 #: A test hook: the rank named here raises, to show how the demo reports a failing rank.
 FAIL_RANK_ENV = "RANK_DATASET_DEMO_FAIL_RANK"
@@ -142,6 +143,8 @@ def _sources(cfg: dict[str, Any], served: bool) -> list[Source]:
     """The mix's Sources: by path, or for a meta server by the served file's name. A schedule's
     epochs come back from the JSON config as strings."""
 
+    from rank_dataset.plan.sources import Source
+
     def rule(value: Any) -> Any:
         return {int(e): v for e, v in value.items()} if isinstance(value, dict) else value
 
@@ -212,6 +215,12 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(f"failing on purpose ({FAIL_RANK_ENV}={rank})")
     kind = cfg["loader"]
     base_memory = _baseline_memory(cfg, _BASELINE_SAMPLES)
+    # The library is imported after the baseline, as the loaders' own modules are: the baseline is of
+    # processes that loaded torch (and this harness) alone, so each loader's figure counts its imports in the
+    # rank and, with spawn or forkserver, in every worker (which imports what unpickling its dataset needs).
+    from rank_dataset.training.dataset import RankDataset, ShardedDataset
+    from rank_dataset.training.sampler import RandomSampler
+
     start = time.perf_counter()
     dataset: ShardedDataset | NaiveDataset | OriginalDataset
     reload = {"mini_epoch": cfg["mini_epochs"], "seed": 0}
