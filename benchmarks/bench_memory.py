@@ -43,6 +43,7 @@ sys.path.insert(0, str(HERE))
 
 from _common import machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
 from rank_dataset.demo import launch_ranks  # noqa: E402
+from rank_dataset.demo.rank import SMAPS_ENV  # noqa: E402
 
 LOADERS = ["naive", "original", "rank_dataset"]
 SRC = HERE.parent / "src"
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     mib = 1 << 20
     memory: dict[int, dict[str, float]] = {}
+    parts: dict[int, dict[str, dict[str, float]]] = {}
     for n in args.sizes:
         with tempfile.TemporaryDirectory(prefix="bench_memory_") as tmp:
             work = Path(tmp)
@@ -82,7 +84,14 @@ def main(argv: list[str] | None = None) -> int:
             for loader in LOADERS:
                 cfg = {"loader": loader, "meta": str(meta), "workers": args.workers, "epochs": 1, "mini_epochs": 1}
                 cfg["start_method"] = args.start_method
-                result = launch_ranks({**cfg, "batch_size": 256}, args.world_size, work)
+                smaps = work / f"smaps_{loader}"
+                smaps.mkdir()
+                os.environ[SMAPS_ENV] = str(smaps)  # the ranks inherit it: PSS by mapping at the last measurements
+                try:
+                    result = launch_ranks({**cfg, "batch_size": 256}, args.world_size, work)
+                finally:
+                    del os.environ[SMAPS_ENV]
+                parts.setdefault(n, {})[loader] = _by_kind(smaps, loader, args.world_size)
                 if not result.covered:
                     raise SystemExit(f"{loader} did not cover the epoch at N={n}")
                 memory[n][loader] = result.memory / mib
@@ -104,15 +113,57 @@ def main(argv: list[str] | None = None) -> int:
     rows += [
         "",
         "PSS summed over every rank and worker (/proc/PID/smaps_rollup through psutil), at the last batch of the",
-        "pass, minus the same processes' PSS over a one-item dataset before the metas existed.",
+        "pass, minus the same processes' PSS during passes over generated lines before the rank imported",
+        "rank_dataset (or the loader's module): the control is of processes that loaded torch alone (with the",
+        "harness), so a loader's figure includes what importing it costs the rank and every worker.",
+        "",
+        "Where RankDataset's figure goes (MiB; the same subtraction, from /proc/PID/smaps, by mapping):",
+        "",
+        "| N | " + " | ".join(KINDS) + " | sum |",
+        "|---:|" + "---:|" * (len(KINDS) + 1),
+    ]
+    for n, p in parts.items():
+        got = p["rank_dataset"]
+        rows.append(
+            f"| {n:,} | " + " | ".join(f"{got[kind]:,.1f}" for kind in KINDS) + f" | {sum(got.values()):,.1f} |"
+        )
+    rows += [
+        "",
+        "Shards: the rank's and its workers' maps of the shared-memory segments (memfd). Heap: `[heap]` and",
+        "anonymous maps (Python's objects, the imported modules among them; in a fork worker, the pages of the",
+        "rank it wrote to). Files: the mapped libraries' and index files' pages newly touched.",
         "",
         f"Command: `python benchmarks/bench_memory.py --sizes {' '.join(map(str, args.sizes))}"
         f" --start-method {method}`",
         "",
         machine_info(),
     ]
-    save_results(args.out, f"memory_{method}", rows, memory, lambda path: _plot(memory, path, w, k, method))
+    data = {"memory": memory, "by_kind": parts}
+    save_results(args.out, f"memory_{method}", rows, data, lambda path: _plot(memory, path, w, k, method))
     return 0
+
+
+KINDS = ["ranks' shards", "workers' shards", "ranks' heap", "workers' heap", "ranks' files", "workers' files"]
+
+
+def _by_kind(smaps: Path, loader: str, world_size: int) -> dict[str, float]:
+    """MiB of the loader's figure by kind of mapping (KINDS), from the ranks' ``pss_by_mapping`` files: the
+    last measurement of the loader's pass minus the last of the baseline, summed over the ranks."""
+    totals = dict.fromkeys(KINDS, 0.0)
+    for label, sign in ((loader, 1), ("baseline", -1)):
+        for rank in range(world_size):
+            processes = json.loads((smaps / f"{label}.{rank}.json").read_text())
+            for i, sizes in enumerate(processes.values()):  # the rank first, then its descendants
+                who = "ranks'" if i == 0 else "workers'"
+                for name, pss in sizes.items():
+                    if name.startswith("memfd:"):  # pss_by_mapping names a file by its base name
+                        kind = "shards"
+                    elif name.startswith("[") or not name:
+                        kind = "heap"  # [heap], [anon], [stack]
+                    else:
+                        kind = "files"
+                    totals[f"{who} {kind}"] += sign * pss / (1 << 20)
+    return totals
 
 
 def _source_of(ref: str, into: Path) -> Path:

@@ -3,14 +3,13 @@ holding only its own shard in compact numpy buffers.
 
 The public API is this module's ``__all__``; the layers below it are sub-packages
 (``core`` < ``plan`` < ``files`` < ``shards`` | ``server`` < ``training``, see the development guide).
-The names that need torch (the datasets and the samplers) are imported on first use, so the index
-tools and the meta server import and run without torch.
+Every name but the errors is imported on first use: ``import rank_dataset`` costs a process (a spawned
+DataLoader worker too) only what it touches, and the index tools and the meta server run without torch.
 """
 
 from __future__ import annotations
 
 import importlib
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from rank_dataset._moved import MOVED_NAMES, install_module_shims, moved_name
@@ -24,28 +23,23 @@ from rank_dataset.errors import (
     RanksDisagreeError,
     TooManyFailuresError,
 )
-from rank_dataset.files.grouping import group_by
-from rank_dataset.files.ids import ids_of
-from rank_dataset.files.metafile import MetaFile
-from rank_dataset.files.recipes import class_balanced, repeat_factor
-from rank_dataset.files.scan import build_index
-from rank_dataset.plan.config import ReloadConfig
-from rank_dataset.plan.resume import ResumeState
-from rank_dataset.plan.sources import Source
-from rank_dataset.shards.channel import PassCount
-from rank_dataset.training.topology import get_rank_world_size
-
-try:
-    __version__ = metadata.version("rank-dataset")
-except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
-    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
+    from rank_dataset.files.grouping import group_by
+    from rank_dataset.files.ids import ids_of
+    from rank_dataset.files.metafile import MetaFile
+    from rank_dataset.files.recipes import class_balanced, repeat_factor
+    from rank_dataset.files.scan import build_index
+    from rank_dataset.plan.config import ReloadConfig
+    from rank_dataset.plan.resume import ResumeState
+    from rank_dataset.plan.sources import Source
+    from rank_dataset.shards.channel import PassCount
     from rank_dataset.training.dataset import RankDataset
     from rank_dataset.training.monitor import monitor
     from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
     from rank_dataset.training.server_datasets import RankServerDataset, ServerDataset
     from rank_dataset.training.steps import StepSampler
+    from rank_dataset.training.topology import get_rank_world_size
 
 __all__ = [
     "CollectiveError",
@@ -77,7 +71,21 @@ __all__ = [
     "repeat_factor",
 ]
 
+# Every name but the errors is imported on first use: a process pays for what it touches (a DataLoader
+# worker that unpickles a RankDataset imports that class's modules, not the grouping, the index tools or
+# the server's).
 _LAZY = {
+    "group_by": "rank_dataset.files.grouping",
+    "ids_of": "rank_dataset.files.ids",
+    "MetaFile": "rank_dataset.files.metafile",
+    "class_balanced": "rank_dataset.files.recipes",
+    "repeat_factor": "rank_dataset.files.recipes",
+    "build_index": "rank_dataset.files.scan",
+    "ReloadConfig": "rank_dataset.plan.config",
+    "ResumeState": "rank_dataset.plan.resume",
+    "Source": "rank_dataset.plan.sources",
+    "PassCount": "rank_dataset.shards.channel",
+    "get_rank_world_size": "rank_dataset.training.topology",
     "RandomSampler": "rank_dataset.training.sampler",
     "ResumableSampler": "rank_dataset.training.sampler",
     "find_resume_state": "rank_dataset.training.sampler",
@@ -91,7 +99,20 @@ _LAZY = {
 install_module_shims()
 
 
+def _version() -> str:
+    # importlib.metadata is read on first use: it imports email, zipfile and csv (a few MiB a process)
+    from importlib import metadata
+
+    try:
+        return metadata.version("rank-dataset")
+    except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = version = _version()
+        return version
     if name in MOVED_NAMES:
         return moved_name(name)
     module = _LAZY.get(name)

@@ -73,7 +73,7 @@ CASES = [
         "memory",
         ["--sizes", "3000", "--world-size", "1", "--workers", "1", "--start-method", "forkserver"],
         "memory_forkserver.md",
-        ["| 3,000 |", "forkserver"],
+        ["| 3,000 |", "forkserver", "Where RankDataset's figure goes", "| ranks' shards | workers' shards |"],
         ("memory_forkserver.png", False),
     ),
     ("getitem", ["--lines", "3000"], "getitem.md", ['parser="json"', "| MetaFile.read of 256 random indices |"], None),

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 #: Imported only by a process that needs them: a gzip or zstd file, a Parquet file, a progress bar, an
 #: index build's lock, a build left behind by another process.
 _ON_FIRST_USE = ("indexed_gzip", "zstandard", "pyarrow", "tqdm", "filelock", "psutil")
@@ -34,3 +36,75 @@ def test_reading_a_text_file_leaves_them_out_and_a_gzip_file_imports_its_own(tmp
     packed = tmp_path / "meta.txt.gz"
     packed.write_bytes(gzip.compress(text.read_bytes()))
     assert "indexed_gzip" in _modules_after(read.format(str(packed)))
+
+
+#: What a job over a plain text file whose index is built never needs, in the rank or in its spawned
+#: DataLoader workers: the format libraries, the index build's tools, decimal (fractions: mixes by step),
+#: the grouping and recipes, the collective reader, object storage, the meta server. What torch imports
+#: itself (importlib.metadata, email, zipfile, tqdm with torch 2.x) is the control's and not counted.
+_NOT_FOR_TEXT = (
+    *_ON_FIRST_USE,
+    "obstore",
+    "decimal",
+    "fractions",
+    "importlib.metadata",
+    "email",
+    "zipfile",
+    "rank_dataset.files.grouping",
+    "rank_dataset.files.recipes",
+    "rank_dataset.shards.collective",
+    "rank_dataset.server",
+)
+#: A worker looks for no index either.
+_NOT_IN_A_WORKER = (*_NOT_FOR_TEXT, "platformdirs")
+
+_JOB = """
+import multiprocessing
+import sys
+
+
+def report(dataset, queue):
+    queue.put((dataset[1], sorted(sys.modules)))
+
+
+if __name__ == "__main__":
+    import torch
+
+    control = sorted(sys.modules)
+    from rank_dataset import RankDataset
+
+    dataset = RankDataset(sys.argv[1], rank=0, world_size=1)
+    assert dataset[0] is not None
+    rank = sorted(sys.modules)
+    context = multiprocessing.get_context("spawn")  # a spawn DataLoader worker starts as this one does
+    queue = context.Queue()
+    worker = context.Process(target=report, args=(dataset, queue))
+    worker.start()
+    item, in_worker = queue.get(timeout=120)
+    worker.join(60)
+    assert item == dataset[1], (item, dataset[1])
+    for modules in (control, rank, in_worker):
+        print(" ".join(modules))
+"""
+
+
+@pytest.mark.slow
+def test_a_job_over_a_text_file_imports_only_what_it_needs(tmp_path: Path) -> None:
+    from rank_dataset import MetaFile
+
+    text = tmp_path / "meta.txt"
+    text.write_text("".join(f"img/{i}.jpg {i}\n" for i in range(50)))
+    MetaFile(text)  # its index, into this test's cache, which the job's processes share (the environment)
+    script = tmp_path / "job.py"
+    script.write_text(_JOB)
+    out = subprocess.run([sys.executable, str(script), str(text)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    control, rank, worker = (set(line.split()) for line in out.stdout.splitlines()[-3:])
+
+    def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
+        ours = modules - control
+        return sorted(n for n in names if any(m == n or m.startswith(n + ".") for m in ours))
+
+    assert "rank_dataset.training.dataset" in worker  # the worker did unpickle the dataset
+    assert loaded(rank, _NOT_FOR_TEXT) == []
+    assert loaded(worker, _NOT_IN_A_WORKER) == []

@@ -23,10 +23,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rank_dataset.demo.synthetic import write_imagenet_meta, write_mix
-from rank_dataset.server.local import LocalServer, free_port
+
+if TYPE_CHECKING:
+    from rank_dataset.server.local import LocalServer
 
 __all__ = ["DemoError", "DemoResult", "format_table", "launch_ranks", "run_demo"]
 
@@ -85,6 +87,10 @@ def launch_ranks(cfg: dict[str, Any], world_size: int, work: Path) -> DemoResult
     cfg = {**cfg, "out": str(out)}
     config = work / f"config_{cfg['loader']}.json"
     config.write_text(json.dumps(cfg))
+    # The server's modules on first use: each rank (this module's package) and each spawned DataLoader
+    # worker imports the package, and the baseline its memory figures subtract is of torch alone.
+    from rank_dataset.server.local import free_port
+
     port = free_port()
     procs = []
     for rank in range(world_size):
@@ -125,6 +131,8 @@ def _failure(out: Path, rank: int, code: int | None) -> str:
 
 def _server(meta: Path | list[str]) -> LocalServer:
     """A meta server the demo starts (and stops) itself."""
+    from rank_dataset.server.local import LocalServer
+
     paths = [str(p) for p in meta] if isinstance(meta, list) else [str(meta)]
     try:
         return LocalServer(paths, stdout=subprocess.DEVNULL, timeout=300)

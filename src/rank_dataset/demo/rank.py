@@ -19,7 +19,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch.distributed as dist
@@ -27,14 +27,17 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.demo.baselines import NaiveDataset, OriginalDataset
-from rank_dataset.demo.memory import pss_with_children
+from rank_dataset.demo.memory import pss_by_mapping, pss_with_children
 from rank_dataset.demo.synthetic import imagenet_line
-from rank_dataset.plan.sources import Source
-from rank_dataset.training.dataset import RankDataset, ShardedDataset
-from rank_dataset.training.sampler import RandomSampler
+
+if TYPE_CHECKING:
+    from rank_dataset.plan.sources import Source
+    from rank_dataset.training.dataset import ShardedDataset
 
 #: A test hook: the rank named here raises, to show how the demo reports a failing rank.
 FAIL_RANK_ENV = "RANK_DATASET_DEMO_FAIL_RANK"
+#: A benchmark's hook: a directory for each rank's PSS by mapping (see _measure).
+SMAPS_ENV = "RANK_DATASET_DEMO_SMAPS"
 _BASELINE_SAMPLES = 100_000
 _BASELINE_PASSES = 2  # each with new workers, as every measured pass has
 _BASELINE_POINTS = 4  # PSS measurements in the second half of each baseline pass
@@ -55,9 +58,14 @@ class _Numbered(Dataset[tuple[int, str]]):
         return (i if self.numbers is None else int(self.numbers[i])), self.source[i]
 
 
-def _measure() -> tuple[int, int]:
-    """PSS of this rank and of its DataLoader workers, all ranks measuring at once."""
+def _measure(label: str = "") -> tuple[int, int]:
+    """PSS of this rank and of its DataLoader workers, all ranks measuring at once. With
+    ``RANK_DATASET_DEMO_SMAPS=DIR``, each rank also writes them by mapping to ``DIR/<label>.<rank>.json``
+    (the last measurement of the baseline and of the loader's pass: where the figure goes)."""
     dist.barrier()
+    where = os.environ.get(SMAPS_ENV)
+    if where and label:
+        Path(where, f"{label}.{dist.get_rank()}.json").write_text(json.dumps(pss_by_mapping()))
     return pss_with_children()
 
 
@@ -79,7 +87,7 @@ def _measure_points(batches: int, points: int) -> set[int]:
 
 
 def _pass(
-    dataset: Dataset[Any], sampler: Any, cfg: dict[str, Any], points: int
+    dataset: Dataset[Any], sampler: Any, cfg: dict[str, Any], points: int, label: str = ""
 ) -> tuple[np.ndarray, float, list[tuple[int, int]]]:
     """One pass of a DataLoader: the sample numbers read, samples/s, and PSS measured at ``points``
     batches of its second half (see _measure_points; 0: not measured), the last at its last batch."""
@@ -103,7 +111,8 @@ def _pass(
             # A copy of the numbers, not the tensor: it and its shared-memory block go with the batch.
             seen.write(numbers.numpy().astype(number_type).tobytes())
             if k in at:
-                memory.append(_measure())  # at the last batch, the workers are alive and have touched the whole shard
+                # at the last batch, the workers are alive and have touched the whole shard
+                memory.append(_measure(label if k == max(at) else ""))
         elapsed = time.perf_counter() - start
         seen.seek(0)
         read = np.frombuffer(seen.read(), number_type)
@@ -134,13 +143,15 @@ def _baseline_memory(cfg: dict[str, Any], samples: int) -> list[tuple[int, int]]
     n = max(1, min(samples, _BASELINE_SAMPLES))
     memory = []
     for _ in range(_BASELINE_PASSES):
-        memory += _pass(_Numbered(_Generated(n), range(n)), None, cfg, points=_BASELINE_POINTS)[2]
+        memory += _pass(_Numbered(_Generated(n), range(n)), None, cfg, points=_BASELINE_POINTS, label="baseline")[2]
     return memory
 
 
 def _sources(cfg: dict[str, Any], served: bool) -> list[Source]:
     """The mix's Sources: by path, or for a meta server by the served file's name. A schedule's
     epochs come back from the JSON config as strings."""
+
+    from rank_dataset.plan.sources import Source
 
     def rule(value: Any) -> Any:
         return {int(e): v for e, v in value.items()} if isinstance(value, dict) else value
@@ -212,6 +223,12 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(f"failing on purpose ({FAIL_RANK_ENV}={rank})")
     kind = cfg["loader"]
     base_memory = _baseline_memory(cfg, _BASELINE_SAMPLES)
+    # The library is imported after the baseline, as the loaders' own modules are: the baseline is of
+    # processes that loaded torch (and this harness) alone, so each loader's figure counts its imports in the
+    # rank and, with spawn or forkserver, in every worker (which imports what unpickling its dataset needs).
+    from rank_dataset.training.dataset import RankDataset, ShardedDataset
+    from rank_dataset.training.sampler import RandomSampler
+
     start = time.perf_counter()
     dataset: ShardedDataset | NaiveDataset | OriginalDataset
     reload = {"mini_epoch": cfg["mini_epochs"], "seed": 0}
@@ -241,7 +258,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             sampler: DistributedSampler[str] = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=0)
             sampler.set_epoch(epoch)
             last = epoch == cfg["epochs"] - 1
-            got, rate, mem = _pass(_Numbered(dataset, range(len(dataset))), sampler, cfg, int(last))
+            got, rate, mem = _pass(_Numbered(dataset, range(len(dataset))), sampler, cfg, int(last), label=kind)
             seen.append(got)
             rates.append(rate)
             lengths.append(len(got))
@@ -253,7 +270,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                 last = epoch == cfg["epochs"] - 1 and mini == cfg["mini_epochs"] - 1
                 order = RandomSampler(dataset, seed=rank)
                 order.set_epoch(epoch * cfg["mini_epochs"] + mini)
-                got, rate, mem = _pass(_Numbered(dataset, None), order, cfg, int(last))
+                got, rate, mem = _pass(_Numbered(dataset, None), order, cfg, int(last), label=kind)
                 if not isinstance(dataset, ShardedDataset) or dataset.spec.mix is None:
                     seen.append(dataset.indices[got].astype(got.dtype))  # positions -> sample numbers
                 else:  # leave the padding out of the mix's counts

@@ -18,8 +18,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from platformdirs import user_cache_dir
-
 __all__ = [
     "CACHE_DIR_ENV",
     "SEAL",
@@ -59,6 +57,8 @@ def cache_paths(path: Path) -> list[Path]:
     override = os.environ.get(CACHE_DIR_ENV)
     if override:
         return [Path(override) / name]
+    from platformdirs import user_cache_dir  # on first use: a DataLoader worker looks for no index
+
     return [path.with_name(f".{path.name}.rdidx"), Path(user_cache_dir("rank-dataset")) / name]
 
 

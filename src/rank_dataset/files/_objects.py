@@ -23,7 +23,6 @@ from typing import cast
 
 import numpy as np
 import numpy.typing as npt
-from platformdirs import user_cache_dir
 
 from rank_dataset.core.checks import UrlPath
 from rank_dataset.errors import MetaFileChangedError
@@ -47,7 +46,11 @@ def object_cache_path(url: str, size: int, etag: str | None) -> Path:
     digest = hashlib.sha256(f"{url}\n{size}\n{etag}".encode()).hexdigest()[:32]
     name = f"{UrlPath(url).name}.{digest}.rdidx"
     override = os.environ.get(CACHE_DIR_ENV)
-    return (Path(override) if override else Path(user_cache_dir("rank-dataset")) / "objects") / name
+    if override:
+        return Path(override) / name
+    from platformdirs import user_cache_dir  # on first use, as for a local file's index
+
+    return Path(user_cache_dir("rank-dataset")) / "objects" / name
 
 
 def object_ends(source: ObjectFile) -> bytes:

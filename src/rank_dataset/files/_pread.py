@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import native
+from rank_dataset.core.residency import anonymous_map
 
 __all__ = ["ByteSource", "ShortRead", "Window", "count_newlines", "dense", "pread_exact", "read_ends"]
 
@@ -26,6 +27,7 @@ _PAGE = mmap.PAGESIZE
 _GAP = 2 * _PAGE  # bytes between two wanted ranges that are read rather than skipped
 _COUNT_CHUNK = 16 << 20
 _SMALL = 1 << 20  # window buffers up to this size are heap arrays (a map costs syscalls and faults)...
+_ROOM = 1 << 20  # a window's map is a whole number of these, with an eighth to spare
 _MAIN = threading.main_thread()  # ...in the main thread only: see _small
 
 
@@ -94,10 +96,15 @@ class Window:
 
     def _buffer(self, size: int) -> npt.NDArray[np.uint8]:
         if self._buf.size < size:
-            # Large: a private anonymous map, not the heap: unmapped whole when the window goes, so a
-            # build leaves no freed-but-resident heap pages behind for forked DataLoader workers to share.
-            big = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE) if size > _small() else None
-            self._buf = np.empty(size, np.uint8) if big is None else np.frombuffer(big, np.uint8)
+            if size > _small():
+                # Large: a private anonymous map, not the heap: unmapped whole when the window goes, so a
+                # build leaves no freed-but-resident heap pages behind for forked DataLoader workers to
+                # share. With room to grow (a build's windows differ by a few percent: without it, a map
+                # a few batches, each faulted in afresh), in huge pages where the system allows them.
+                room = -(-(size + size // 8) // _ROOM) * _ROOM
+                self._buf = np.frombuffer(anonymous_map(room), np.uint8)
+            else:
+                self._buf = np.empty(size, np.uint8)
         return self._buf[:size]
 
     def load(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from fractions import Fraction
 
 from rank_dataset.core.checks import MAX_EXACT, check_int
 from rank_dataset.plan.sources import Source
@@ -135,6 +134,8 @@ def mix_draws(counts: Sequence[int], aug_repeats: int, names: Sequence[str] | No
         return list(counts)
     total = sum(counts)
     draws = -(-total // k)
+    from fractions import Fraction  # on first use: it imports decimal, which a plain file's plan never needs
+
     quotas = [Fraction(c * draws, total) for c in counts]
     shares = [math.floor(q) for q in quotas]
     by_remainder = sorted(range(len(counts)), key=lambda s: (-(quotas[s] - shares[s]), s))

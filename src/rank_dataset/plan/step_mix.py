@@ -25,7 +25,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,6 +34,8 @@ from rank_dataset.plan.mix import _source_seed
 from rank_dataset.plan.permutation import grid_each, permute_keyed, permute_stream, round_keys_each
 
 if TYPE_CHECKING:
+    from fractions import Fraction
+
     from rank_dataset.plan.sources import Source
     from rank_dataset.plan.steps import BatchSchedule
 
@@ -50,6 +51,8 @@ def batch_counts(size: int, weights: Sequence[float | Fraction]) -> list[int]:
         >>> batch_counts(10, [1, 1, 1]), batch_counts(8, [3, 1])
         ([4, 3, 3], [6, 2])
     """
+    from fractions import Fraction  # on first use (it imports decimal): plans by epoch never need it
+
     exact = [Fraction(w) for w in weights]
     whole = sum(exact)
     quotas = [size * w / whole for w in exact]
@@ -161,6 +164,8 @@ class StepMix:
 
     def _shares(self, values: Sequence[float], step: int, names: Sequence[str] | None = None) -> tuple[Fraction, ...]:
         """The shares of the rules' ``values`` (in force from ``step``); ValueError naming what cannot be met."""
+        from fractions import Fraction  # on first use, as in batch_counts
+
         label = names or [str(s) for s in range(len(self.sizes))]
         shares: list[Fraction] = []
         weighted = []

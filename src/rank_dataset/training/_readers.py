@@ -12,7 +12,6 @@ from typing import Any
 from rank_dataset.core.checks import is_url, with_storage
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.sources import Source, as_sources, column_names
-from rank_dataset.shards.collective import CollectiveReader
 from rank_dataset.shards.reader import FileReader, ShardReader, columns_of, files_of
 from rank_dataset.training._agree import check_ranks_agree
 from rank_dataset.training._options import READER_NAMES, is_shard_reader
@@ -71,6 +70,9 @@ def reader_for(
             chosen = meta_file.columns
         else:
             chosen = [None if columns is None else column_names(columns)] * len(paths)
+        # On first use: a job on the file reader (and its DataLoader workers) never imports the exchange.
+        from rank_dataset.shards.collective import CollectiveReader
+
         agree = functools.partial(_agree_files, paths=[os.fspath(p) for p in paths])
         collective = CollectiveReader(paths, sources, group=group, timeout=timeout, agree=agree, columns=chosen)
         return collective, sources, None  # no MetaFile: no index is read or written

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from torch.utils.data import Dataset
 
@@ -21,7 +22,6 @@ from rank_dataset.plan.sources import Source, SourceInfo, as_sources
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.plan.steps import StepLayout
 from rank_dataset.shards.channel import AuditMode, PassCount, ShardChannel
-from rank_dataset.shards.collective import CollectiveReader
 from rank_dataset.shards.failures import Failure
 from rank_dataset.shards.reader import ShardReader
 from rank_dataset.training._agree import agreement_fields, agreement_needed, check_ranks_agree
@@ -32,7 +32,18 @@ from rank_dataset.training._readers import reader_for
 from rank_dataset.training._state import Resumable
 from rank_dataset.training.topology import get_rank_world_size
 
+if TYPE_CHECKING:
+    from rank_dataset.shards.collective import CollectiveReader
+
 __all__ = ["RankDataset", "ShardedDataset", "as_sources"]
+
+
+def _is_collective(reader: ShardReader) -> TypeGuard[CollectiveReader]:
+    """Whether ``reader`` is a CollectiveReader, without importing it: it is imported on first use
+    (training._readers), so that where its module was never imported no reader can be one."""
+    module = sys.modules.get("rank_dataset.shards.collective")
+    return module is not None and isinstance(reader, module.CollectiveReader)
+
 
 MetaSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | MetaFile | Source | Sequence[Source]
 
@@ -175,7 +186,7 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         self.channel.check_owner()
         self.channel.judge()  # the last pass is over: audit it before anything changes
         self._agree(spec)
-        with timed("exchange" if isinstance(self.reader, CollectiveReader) else "read"):  # the monitor's stages
+        with timed("exchange" if _is_collective(self.reader) else "read"):  # the monitor's stages
             shard = self.reader.build(spec)
         with timed("build"):
             shard = (shard if self.reader.keeps_ids else shard.without_ids()).shared()
@@ -195,7 +206,7 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         if not agreement_needed():
             return
         context = _files_context(self.reader)
-        if isinstance(self.reader, CollectiveReader):  # on the reader's group, within its timeout
+        if _is_collective(self.reader):  # on the reader's group, within its timeout
             with self.reader.collective("the agreement check", spec.epoch):
                 check_ranks_agree(self._agreement_fields(spec), spec.rank, self.reader.group, context)
         else:
