@@ -379,6 +379,24 @@ def _stalled_shard_request(port: int) -> socket.socket:
     return sock
 
 
+@pytest.mark.slow  # a real server, 11 MB frames
+def test_a_client_gone_mid_frame_frees_its_build_at_once(write_meta, start_server) -> None:
+    meta = write_meta(n=200_000)  # a whole shard of some 11 MB: more than the socket buffers hold
+    server = start_server([meta], "--max-builds", "1")
+    for _ in range(3):
+        # Each asks for a whole shard, reads the start of its answer and leaves (closing a socket with
+        # unread data resets it). Had the one build slot stayed with a sender, the next would wait 1 s
+        # for it and be answered 503.
+        sock = _stalled_shard_request(server.port)
+        sock.settimeout(30)
+        assert sock.recv(12) == b"HTTP/1.1 200"
+        sock.close()
+    body = np.array([199_999, 0], "<i8").tobytes()
+    answer = requests.post(f"{server.url}/samples", data=body, timeout=10)
+    assert answer.status_code == 200
+    assert protocol.decode_frame(answer.content).texts([0, 1]) == [MetaFile(meta)[199_999], MetaFile(meta)[0]]
+
+
 @pytest.mark.slow  # a real server held at its limits for seconds
 def test_shard_builds_are_bounded_and_a_stalled_reader_is_cut_off(write_meta, start_server) -> None:
     from rank_dataset import RankServerDataset

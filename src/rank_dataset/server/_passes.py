@@ -253,13 +253,17 @@ def _read(source: MetaFile, parts: Sequence[npt.NDArray[np.int64]]) -> list[Part
     """
     if len(parts) > 1:
         orders = [bucket_order(p, len(source)) for p in parts]
+        # Each part taken in its order straight into one array: no temporary of each, nor a copy of all.
+        union = np.empty(sum(p.size for p in parts), np.int64)
+        for p, o, (a, b) in zip(parts, orders, _cuts(parts)):
+            np.take(p, o, out=union[a:b])
         try:
-            whole = source.read(np.concatenate([p[o] for p, o in zip(parts, orders)]), ids=False)
+            whole: Shard | None = source.read(union, ids=False)
         except Exception:  # some part's read fails: each gets the answer it would get alone
-            pass
-        else:
-            cuts = itertools.pairwise(itertools.accumulate((p.size for p in parts), initial=0))
-            return [Part(whole.rows(a, b), p, _inverse(o)) for (a, b), o, p in zip(cuts, orders, parts)]
+            whole = None
+        del union
+        if whole is not None:
+            return [Part(whole.rows(a, b), p, _inverse(o)) for (a, b), o, p in zip(_cuts(parts), orders, parts)]
     outcomes: list[Part | Exception] = []
     for part in parts:
         try:
@@ -267,6 +271,11 @@ def _read(source: MetaFile, parts: Sequence[npt.NDArray[np.int64]]) -> list[Part
         except Exception as exc:
             outcomes.append(exc)
     return outcomes
+
+
+def _cuts(parts: Sequence[npt.NDArray[np.int64]]) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each part in their concatenation."""
+    return list(itertools.pairwise(itertools.accumulate((p.size for p in parts), initial=0)))
 
 
 def _inverse(order: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:

@@ -43,13 +43,13 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rank_dataset.core.shard import Shard
 from rank_dataset.files.metafile import MetaFile, MetaFileChangedError
 from rank_dataset.server import protocol
+from rank_dataset.server._frames import FrameResponse
 from rank_dataset.server._passes import BuildSlots, Busy, SharedPasses
 from rank_dataset.server.limits import DEFAULT_LIMITS, LIMITS_ENV, ServerLimits
 from rank_dataset.server.protocol import DEFAULT_PORT, FINGERPRINT_HEADER, TOKEN_ENV
@@ -212,16 +212,6 @@ class _AsgiRoute:
         await self.app(scope, receive, send)
 
 
-def _frame_response(
-    shard: Shard, order: npt.NDArray[np.intp] | None = None, ids: npt.NDArray[np.int64] | None = None
-) -> StreamingResponse:
-    return StreamingResponse(
-        protocol.encode_frame(shard, order, ids),
-        media_type=protocol.CONTENT_TYPE,
-        headers={"Content-Length": str(protocol.frame_size(shard)), "X-Sample-Count": str(len(shard))},
-    )
-
-
 def create_app(
     meta: MetaFile,
     *,
@@ -271,11 +261,12 @@ def create_app(
             return _error(404, f"sample index {index} is out of range for {n} samples", "index")
         return Response(meta.raw(index), media_type="text/plain; charset=utf-8")
 
-    async def samples(request: Request) -> Response:
-        # Building a shard is CPU work: off the event loop, like the sync endpoints.
-        return await run_in_threadpool(_samples, await request.body())
+    async def samples(scope: Scope, receive: Receive, send: Send) -> None:
+        # Building a shard and cutting its frame are CPU work: off the event loop, like the sync endpoints.
+        answer = await run_in_threadpool(_samples, await Request(scope, receive).body())
+        await answer(scope, receive, send)
 
-    def _samples(body: bytes) -> Response:
+    def _samples(body: bytes) -> Response | FrameResponse:
         if len(body) % 8:
             message = f"the body must be little-endian int64 indices; got {len(body)} bytes, not a multiple of 8"
             return _error(400, message)
@@ -285,7 +276,7 @@ def create_app(
         if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= n):
             bad = int(indices.min()) if int(indices.min()) < 0 else int(indices.max())
             return _error(404, f"sample index {bad} is out of range for {n} samples", "index")
-        return _frame_response(meta.read(indices))
+        return FrameResponse(meta.read(indices))
 
     slots = BuildSlots(max_builds, _BUILD_WAIT)
     passes = SharedPasses(slots, max_pass_samples)
@@ -313,7 +304,8 @@ def create_app(
             return
         try:
             async with passes.shard(*planned) as part:
-                await _frame_response(part.shard, part.order, part.ids)(scope, receive, send)
+                answer = await run_in_threadpool(FrameResponse, part.shard, part.order, part.ids)
+                await answer(scope, receive, send)
         except Busy:
             await _busy()(scope, receive, send)
 
@@ -339,7 +331,7 @@ def create_app(
             Route(protocol.LEN, length),
             Route(protocol.FILES, files),
             Route(protocol.sample_path("{index}"), sample),
-            Route(protocol.SAMPLES, samples, methods=["POST"]),
+            Route(protocol.SAMPLES, _AsgiRoute(samples), methods=["POST"]),
             Route(protocol.SHARD, _AsgiRoute(shard), methods=["GET"]),
         ],
         exception_handlers={

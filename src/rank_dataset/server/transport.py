@@ -166,14 +166,20 @@ class MetaServer:
         """The body of the answer to ``GET path``, with retries."""
         return self._call("GET", path, lambda body: body)
 
-    def shard(self, path: str, planned: np.ndarray[Any, np.dtype[np.int64]] | None = None, **kwargs: Any) -> Shard:
+    def shard(
+        self,
+        path: str,
+        planned: np.ndarray[Any, np.dtype[np.int64]] | Callable[[], np.ndarray[Any, np.dtype[np.int64]]] | None = None,
+        **kwargs: Any,
+    ) -> Shard:
         """The shard framed in the answer to ``path`` (POST when ``body`` is given, else GET); with
-        ``planned``, checked to hold those samples and kept in a shareable segment without them
-        (see :func:`~rank_dataset.server.protocol.decode_frame`)."""
+        ``planned`` (the sample numbers, or a function giving them, called once the frame is in),
+        checked to hold those samples and kept in a shareable segment without them (see
+        :func:`~rank_dataset.server.protocol.decode_frame`)."""
 
         def decode(body: bytes) -> Shard:
             try:
-                return protocol.decode_frame(body, planned=planned)
+                return protocol.decode_frame(body, planned=planned() if callable(planned) else planned)
             except protocol.FrameError as exc:  # cut short, e.g. by a server that died mid-answer
                 raise _Retryable(str(exc)) from exc
             except ProtocolError as exc:  # not a frame, or not of the plan: different versions?
