@@ -79,6 +79,10 @@ def _our_segments() -> list[str]:
 def _leaves_nothing_behind() -> Iterator[None]:
     """Fail the run if a process started by the session, or a segment made by one, outlives it."""
     _become_subreaper()
+    # The forkserver now, before any test sets its environment: its children (forkserver DataLoader
+    # workers, gloo jobs) start with the environment it started with, the session's, whichever test
+    # comes first.
+    forkserver.ensure_running()
     yield
     # multiprocessing's helpers for pytest itself (started by spawn and forkserver DataLoaders) live
     # as long as it does: stop them the way multiprocessing does at exit.

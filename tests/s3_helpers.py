@@ -215,10 +215,14 @@ def environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def read_in_child(url: str, conn: Any) -> None:
+def read_in_child(url: str, conn: Any, env: dict[str, str] | None = None) -> None:
     """In a child process (a spawned one imports it from here, on the tests' path): read the first 4
-    bytes of the object ``url`` and send them, or the error, through ``conn``."""
+    bytes of the object ``url`` and send them, or the error, through ``conn``; ``env`` first set in the
+    child's environment (a forkserver's child has the environment the forkserver started with, which
+    an earlier test may have started before this one set the server's AWS_* variables)."""
     from rank_dataset.files.sources.object import ObjectFile
+
+    os.environ.update(env or {})
 
     try:
         conn.send(ObjectFile(url).read(0, 4))

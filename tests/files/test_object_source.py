@@ -137,7 +137,7 @@ def test_no_client_crosses_a_fork(s3: Any, method: str) -> None:
     assert source.read(0, 4) == b"fork"  # the parent's client runs before the child starts
     context = multiprocessing.get_context(method)
     ours, theirs = context.Pipe()
-    child = context.Process(target=read_in_child, args=(url, theirs))
+    child = context.Process(target=read_in_child, args=(url, theirs, s3.env()))
     child.start()
     got = ours.recv() if ours.poll(60) else "no answer"
     child.join(30)
