@@ -408,9 +408,8 @@ def compare_native(files: dict[str, Path], args: argparse.Namespace, work: Path)
         "the cold index and the W warm builds on numpy (`RANK_DATASET_NATIVE=0`) and on the native kernels",
         "(`require`), the paths alternating, each with an index cache of its own; decoders, cold index and builds:",
         f"the median of {args.repeat} runs. .txt's decompression is one read counting newlines. CPU: the",
-        "process's (every thread's; a command's: its own) over the same call, beside the fastest decoder's.",
-        "Load average",
-        f"(1, 5, 15 min) before: {load_before}; after: {load_note()} (other processes share the cores).",
+        "process's (every thread's; a command's: its own) over the same call, beside the fastest decoder's. Load",
+        f"average (1, 5, 15 min) before: {load_before}; after: {load_note()} (other processes share the cores).",
         "",
         f"Command: `python benchmarks/bench_formats.py --native-compare --lines {n} --world-size {w} "
         f"--repeat {args.repeat}`",
