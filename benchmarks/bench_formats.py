@@ -79,8 +79,9 @@ def run():
     while chunk := os.read(fd, 16 << 20):
         count += chunk.count(b"\\n")
     return count
+cpu = time.process_time()
 count, elapsed, _ = measured(run)
-print(json.dumps({"seconds": elapsed, "bytes": count}))
+print(json.dumps({"seconds": elapsed, "cpu": time.process_time() - cpu, "bytes": count}))
 """
 
 _ZLIB = """
@@ -94,8 +95,9 @@ def run():
             if d.eof and chunk:
                 d = zlib.decompressobj(wbits=31)
     return out
+cpu = time.process_time()
 size, elapsed, _ = measured(run)
-print(json.dumps({"seconds": elapsed, "bytes": size}))
+print(json.dumps({"seconds": elapsed, "cpu": time.process_time() - cpu, "bytes": size}))
 """
 
 _INDEXED_GZIP = """
@@ -106,8 +108,9 @@ def run():
         while chunk := f.read(16 << 20):
             out += len(chunk)
     return out
+cpu = time.process_time()
 size, elapsed, _ = measured(run)
-print(json.dumps({"seconds": elapsed, "bytes": size}))
+print(json.dumps({"seconds": elapsed, "cpu": time.process_time() - cpu, "bytes": size}))
 """
 
 _ZSTANDARD = """
@@ -118,30 +121,35 @@ def run():
         while chunk := r.read(16 << 20):
             out += len(chunk)
     return out
+cpu = time.process_time()
 size, elapsed, _ = measured(run)
-print(json.dumps({"seconds": elapsed, "bytes": size}))
+print(json.dumps({"seconds": elapsed, "cpu": time.process_time() - cpu, "bytes": size}))
 """
 
 _PYARROW = """
 import pyarrow.parquet as pq
+cpu = time.process_time()
 table, elapsed, _ = measured(lambda: pq.read_table(META))
-print(json.dumps({"seconds": elapsed, "rows": table.num_rows}))
+print(json.dumps({"seconds": elapsed, "cpu": time.process_time() - cpu, "rows": table.num_rows}))
 """
 
 _COMMAND = """
-import subprocess
+import resource, subprocess
 def run():
     with open(os.devnull, "wb") as null:
         subprocess.run(COMMAND + [META], stdout=null, check=True)
 _, elapsed, _ = measured(run)
-print(json.dumps({"seconds": elapsed}))
+used = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"seconds": elapsed, "cpu": used.ru_utime + used.ru_stime}))
 """
 
 _COLD = """
 from rank_dataset import MetaFile
 from rank_dataset.core.native import path
+cpu = time.process_time()
 mf, elapsed, peak = measured(lambda: MetaFile(META))
-print(json.dumps({"seconds": elapsed, "peak": peak, "count": len(mf), "kernels": path()}))
+cpu = time.process_time() - cpu
+print(json.dumps({"seconds": elapsed, "cpu": cpu, "peak": peak, "count": len(mf), "kernels": path()}))
 """
 
 _FOOTER = """
@@ -161,9 +169,11 @@ def counting_close(self):
     close(self)
 formats.SpanSource.close = counting_close
 from rank_dataset import RankDataset
+cpu = time.process_time()
 ds, elapsed, peak = measured(lambda: RankDataset(META, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD))
+cpu = time.process_time() - cpu
 from rank_dataset.core.native import path
-out = {"seconds": elapsed, "peak": peak, "count": len(ds), "decompressed": sum(counted), "kernels": path()}
+out = {"seconds": elapsed, "cpu": cpu, "peak": peak, "count": len(ds), "decompressed": sum(counted), "kernels": path()}
 if ITEMS:
     import random, time
     order = random.Random(0).sample(range(len(ds)), min(len(ds), ITEMS))
@@ -339,10 +349,13 @@ def compare_native(files: dict[str, Path], args: argparse.Namespace, work: Path)
     found: dict[str, dict[str, Any]] = {}
     for name, path in files.items():
         decoded: dict[str, list[float]] = {label: [] for label in decoders(name)}
+        decoded_cpu: dict[str, list[float]] = {label: [] for label in decoders(name)}
         runs: dict[str, list[float]] = {}
         for k in range(args.repeat):
             for label, (body, names) in decoders(name).items():
-                decoded[label].append(run_child(body, cache_env(work / "no-cache"), META=str(path), **names)["seconds"])
+                one = run_child(body, cache_env(work / "no-cache"), META=str(path), **names)
+                decoded[label].append(one["seconds"])
+                decoded_cpu[label].append(one["cpu"])
             for mode in NATIVE_PATHS if k % 2 == 0 else NATIVE_PATHS[::-1]:
                 env = native_env(cache_env(work / f"cache-native-{name}-{mode}-{k}"), mode)
                 cold = run_child(_COLD, env, META=str(path))
@@ -352,11 +365,15 @@ def compare_native(files: dict[str, Path], args: argparse.Namespace, work: Path)
                 runs.setdefault(f"cold {mode}", []).append(cold["seconds"])
                 runs.setdefault(f"warm {mode}", []).append(statistics.median(b["seconds"] for b in builds))
                 runs.setdefault(f"slowest {mode}", []).append(max(b["seconds"] for b in builds))
+                runs.setdefault(f"cold_cpu {mode}", []).append(cold["cpu"])
+                runs.setdefault(f"warm_cpu {mode}", []).append(statistics.median(b["cpu"] for b in builds))
+                runs.setdefault(f"all_cpu {mode}", []).append(sum(b["cpu"] for b in builds))
         fastest = {label: statistics.median(t) for label, t in decoded.items()}
         best = min(fastest, key=fastest.__getitem__)
         found[name] = {
             "decoder": best,
             "decompression": fastest[best],
+            "decompression_cpu": statistics.median(decoded_cpu[best]),
             "runs": runs,
             **{k: statistics.median(v) for k, v in runs.items()},
         }
@@ -377,13 +394,23 @@ def compare_native(files: dict[str, Path], args: argparse.Namespace, work: Path)
         ):
             a, b, d = f[f"{key} 0"], f[f"{key} require"], f["decompression"]
             rows.append(f"| .{name} | {label} | {a:.2f} | {b:.2f} | {ratio(a, b)} | {ratio(a, d)} | {ratio(b, d)} |")
+        d = f["decompression_cpu"]
+        rows.append(f"| .{name} | one full decompression, CPU | {d:.2f} | | | 1.00x | |")
+        for key, label in (
+            ("cold_cpu", "cold index, CPU"),
+            ("warm_cpu", f"warm build, W = {w}, median rank, CPU"),
+            ("all_cpu", f"warm builds, W = {w}, all ranks' CPU together"),
+        ):
+            a, b = f[f"{key} 0"], f[f"{key} require"]
+            rows.append(f"| .{name} | {label} | {a:.2f} | {b:.2f} | {ratio(a, b)} | {ratio(a, d)} | {ratio(b, d)} |")
     rows += [
         "",
         "As the default run measures them (its notes apply), each in a fresh process, the files in the page cache:",
         "the cold index and the W warm builds on numpy (`RANK_DATASET_NATIVE=0`) and on the native kernels",
         "(`require`), the paths alternating, each with an index cache of its own; decoders, cold index and builds:",
-        f"the median of {args.repeat} runs. .txt's decompression is one read counting newlines. Load average",
-        f"(1, 5, 15 min) before: {load_before}; after: {load_note()} (other processes share the cores).",
+        f"the median of {args.repeat} runs. .txt's decompression is one read counting newlines. CPU: the",
+        "process's (every thread's; a command's: its own) over the same call, beside the fastest decoder's. Load",
+        f"average (1, 5, 15 min) before: {load_before}; after: {load_note()} (other processes share the cores).",
         "",
         f"Command: `python benchmarks/bench_formats.py --native-compare --lines {n} --world-size {w} "
         f"--repeat {args.repeat}`",

@@ -2,13 +2,15 @@
 
 A zstd frame can only be decompressed from its start, so a file's checkpoints are frame starts, at
 least ``spacing`` output bytes apart. Skippable frames (zstd's seekable format ends with one) are
-passed over. The cold index's pass (:func:`stream`) decodes frame by frame, in pieces, to find the
-frame starts; the reads of a build (:class:`Reader`) go across frames through one ``stream_reader``.
+passed over. The cold index's pass (:func:`stream`) decodes frame by frame straight into reused
+blocks of output, finding each frame's end from its block headers; the reads of a build
+(:class:`Reader`) go across frames through one ``stream_reader``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+import sys
+from collections.abc import Generator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, cast
 
@@ -24,99 +26,210 @@ if TYPE_CHECKING:
 
 __all__ = ["Reader", "stream"]
 
-# Compressed bytes handed to the decoder at a time, at most (stream: it gives all their output at once, and
-# meta lines compress well (80x for the demo's at level 3: 1 MiB came out as 80 MiB, slowing the
-# index's scan 2x; Reader: what its stream_reader asks its source for).
+# Compressed bytes read at a time (meta lines compress well: 80x for the demo's at level 3, so a
+# read of 128 KiB gives about 10 MB of output).
 _PIECE = 128 << 10
-# Output bytes a piece should give, about: the piece shrinks to the compression ratio seen so far
-# (at least _LEAST bytes). Output of a few MB at a time is new memory each time, faulted in page by
-# page: 128 KiB pieces of the demo's lines (9 MB out each) took 0.6 s to decompress 10M lines in
-# spans, 8 KiB ones 0.3 s.
-_OUTPUT = 1 << 20
-_LEAST = 4 << 10
 # Reader's first read from a checkpoint: a read that crosses a checkpoint only to finish a line needs
 # the next frame's first block (a few KiB), and a slice owner of the collective reader does so once per
 # build: 128 KiB there was 8% of a 5 MB file at W = 8. Reads double from it up to _PIECE.
 _FIRST = 8 << 10
-_WRITE = 1 << 20  # output buffer of stream's decoder
+_HEADER_MOST = 18  # bytes of a frame header, at most (magic 4, descriptor 1, window 1, dictionary 4, size 8)
+_MAGIC = b"\x28\xb5\x2f\xfd"
+_SKIPPABLE = b"\x50\x2a\x4d\x18"  # 0x184D2A50-0x184D2A5F, little-endian
 _SKIP = 4 << 20  # output bytes a read decodes at a time to reach where it starts (and lets go of)
 _TAIL = 1 << 20  # the last bytes of a read kept for a read that starts a little before its end
 _IntArray = npt.NDArray[np.int64]
 
 
-def _frames(path: Path, fd: RawFile) -> Iterator[tuple[int, int, bytes]]:
-    """Decompress the file from its start to its end: ``(frame start, output offset, data)``, with
-    ``b""`` data once as each frame begins.
+class _Frames:
+    """The compressed bytes of a zstd file as a decoder's source (``read(n)``), one frame at a time:
+    a read gives bytes of the current frame only, and ``b""`` at its end, so that a decoder of one
+    frame stops there. The frame's end is found without decoding: the block headers are walked in
+    the bytes read (3 bytes before each block give its size; the last block's say it is the last),
+    each byte read from the file once, the reads in order.
+    """
 
-    Raises:
+    def __init__(self, path: Path, fd: RawFile) -> None:
+        self._path, self._fd = path, fd
+        self.size = size_of(fd)
+        self._held, self._held_at = b"", 0  # compressed bytes read, and the offset of their first
+        self.pos = 0  # the next byte a read gives
+        self.frame = 0  # where the current frame starts
+        self._next = 0  # where its next block header is; once ended, where the frame ends
+        self._ended = True  # the frame's last block header is walked
+        self._checksum = 0  # bytes after its last block (its content checksum)
+
+    def _more(self, keep: int) -> None:
+        """Read the next piece of the file; of the bytes held, keep those from offset ``keep`` on (a
+        header cut by the piece's end). Reads go on where the last ended, as an object's GETs want."""
+        end = self._held_at + len(self._held)
+        if keep >= end:  # (a skippable frame passed over: the next read starts past the bytes held)
+            self._held, self._held_at = pread(self._fd, _PIECE, keep), keep
+        else:
+            self._held, self._held_at = self._held[keep - self._held_at :] + pread(self._fd, _PIECE, end), keep
+
+    def _walk(self) -> None:
+        """Walk the block headers that lie in the bytes held."""
+        held, base = self._held, self._held_at
+        end = base + len(held)
+        while not self._ended and self._next + 3 <= end:
+            i = self._next - base
+            head = held[i] | held[i + 1] << 8 | held[i + 2] << 16
+            self._next += 3 + (1 if (head >> 1) & 3 == 1 else head >> 3)  # an RLE block holds one byte
+            if head & 1:
+                self._next += self._checksum
+                self._ended = True
+
+    def _truncated(self, at: int) -> CorruptMetaFileError:
+        what = f"the file ends at byte {self.size:,}, inside the zstd frame starting at byte {at:,} (truncated?)"
+        return CorruptMetaFileError(self._path, at, what)
+
+    def next_frame(self) -> bool | None:
+        """Go to the frame after the current one (which the decoder has read to its end): True for a
+        zstd frame, False for a skippable one (passed over), None at the file's end.
+
+        Raises:
+            CorruptMetaFileError: no frame starts there, or the file ends inside a skippable frame.
+        """
+        self.frame = at = self.pos
+        if at >= self.size:
+            return None
+        while (end := self._held_at + len(self._held)) < min(at + _HEADER_MOST, self.size):
+            self._more(at)
+            if self._held_at + len(self._held) == end:  # the file shrank
+                break
+        head = self._held[at - self._held_at : at - self._held_at + _HEADER_MOST]
+        if head[:4] == _MAGIC and len(head) > 4:
+            descriptor = head[4]
+            single = descriptor >> 5 & 1
+            size = 6 - single + (0, 1, 2, 4)[descriptor & 3] + (single, 2, 4, 8)[descriptor >> 6]
+            self._checksum = 4 * (descriptor >> 2 & 1)
+            self._next, self._ended = at + size, False
+            self._walk()
+            return True
+        skippable = head[1:4] == _SKIPPABLE[1 : len(head[1:4]) + 1] and (head[0] & 0xF0 == 0x50)
+        if skippable and len(head) >= 8:
+            end = at + 8 + int.from_bytes(head[4:8], "little")
+            if end > self.size:
+                raise self._truncated(at)
+            self.pos = self._next = end
+            return False
+        if skippable or _MAGIC.startswith(head[:4]):  # the file ends inside the frame's header
+            raise self._truncated(at)
+        what = f"corrupt zstd data: no zstd frame starts at byte {at:,} (its first bytes are {bytes(head[:4]).hex()})"
+        raise CorruptMetaFileError(self._path, at, what)
+
+    def read(self, n: int = -1) -> bytes:
+        if self._ended and self.pos >= self._next:
+            return b""  # the frame's end
+        if self.pos >= self._held_at + len(self._held):
+            self._more(self.pos if self._ended else min(self.pos, self._next))
+            self._walk()
+        hi = min(self._held_at + len(self._held), self.pos + (n if n >= 0 else _PIECE))
+        if self._ended:
+            hi = min(hi, self._next)
+        data = self._held[self.pos - self._held_at : hi - self._held_at]
+        self.pos += len(data)
+        return data
+
+    def end_frame(self) -> None:
+        """Check that the decoder, which gave its last bytes of the current frame, read all of it.
+
+        Raises:
+            CorruptMetaFileError: the file ends inside the frame, or the decoder ended it early.
+        """
+        if self._ended and self.pos == self._next:
+            return
+        if self.pos >= self.size:
+            raise self._truncated(self.frame)
+        what = (
+            f"corrupt zstd data in the frame starting at byte {self.frame:,}: it ended at compressed byte {self.pos:,}"
+        )
+        what += " before its blocks did"
+        raise CorruptMetaFileError(self._path, self.frame, what)
+
+
+class _Blocks:
+    """Output blocks of ``size`` bytes, each used again once nothing but this holds it (its reader
+    let go of it: a scan took its lines): new memory for each would be faulted in page by page,
+    and a decoder writing into a block is spared the copy of bytes objects joined into one."""
+
+    def __init__(self, size: int, most: int = 8) -> None:
+        self._size, self._most = size, most
+        self._kept: list[bytearray] = []
+        # A block made and let go of at once: glibc then serves blocks of this size from its heap
+        # rather than each from a map of its own (its mmap threshold rises to the size of a map freed),
+        # and so the scan's arrays of each block too. Without it (the blocks kept, none freed), the
+        # scanning threads faulted their arrays in page by page: 0.145 s of CPU for 10M lines, not 0.075.
+        bytearray(size)
+
+    def take(self) -> bytearray:
+        for k in range(len(self._kept)):
+            # Referred to by the list and by getrefcount's argument alone: no one else holds it.
+            if sys.getrefcount(self._kept[k]) <= 2:
+                return self._kept[k]
+        block = bytearray(self._size)
+        if len(self._kept) < self._most:
+            self._kept.append(block)
+        return block
+
+
+def _as_bytes(block: bytearray) -> bytes:
+    # A block is read as bytes are (find, slices, the buffer protocol) and never written while a
+    # reader holds it (_Blocks): bytes to its readers.
+    return cast(bytes, block)
+
+
+def stream(path: Path, fd: RawFile, spacing: int, block: int) -> Generator[bytes, None, tuple[int, _IntArray, bytes]]:
+    """Yield the decompressed bytes of the zstd file open at ``fd`` in blocks of ``block`` bytes (the
+    last shorter; a block is written again once its reader lets go of it); return ``(decompressed
+    size, checkpoints (output, input), b"")``: the frame starts at least ``spacing`` output bytes apart.
+
+    Frame by frame, each decoded straight into the blocks by a decoder that stops at its end (found
+    by walking its block headers, :class:`_Frames`).
+
+    Raises (while iterated):
         CorruptMetaFileError: corrupt data, or the file ends inside a frame.
     """
     import zstandard  # on first use: most processes read no zstd file
 
-    size = size_of(fd)
+    source, blocks = _Frames(path, fd), _Blocks(block)
     dctx = zstandard.ZstdDecompressor()
-    pos = out = 0  # compressed bytes read up to here, output bytes made
-    pending = b""  # read but not yet given to a decoder
-    frame = 0
-    fed_in, made = 1, 0  # the last piece's compressed and output bytes (none yet: a full piece)
-    while pos < size or pending:
-        frame = pos - len(pending)
-        yield frame, out, b""
-        obj = dctx.decompressobj(write_size=_WRITE)
-        fed = False
-        while not obj.eof:
-            if not pending:
-                if pos >= size:
-                    if not fed:  # no bytes left: the file ended between frames
-                        return
-                    what = (
-                        f"the file ends at byte {size:,}, inside the zstd frame starting at byte {frame:,} (truncated?)"
-                    )
-                    raise CorruptMetaFileError(path, frame, what)
-                want = min(_PIECE, size - pos, max(_LEAST, _OUTPUT * fed_in // max(made, 1)))
-                pending = pread(fd, want, pos)
-                if not pending:  # the file shrank while being read
-                    raise CorruptMetaFileError(path, pos, "the file ends here, before its size said (it changed?)")
-                pos += len(pending)
-            piece, pending, fed = pending, b"", True
+    points = [(0, 0)]
+    out = filled = 0
+    buf = blocks.take()
+    view = memoryview(buf)
+    while (kind := source.next_frame()) is not None:
+        if out - points[-1][0] >= spacing:
+            points.append((out, source.frame))
+        if not kind:
+            continue
+        reader = dctx.stream_reader(cast(IO[bytes], source), read_size=_PIECE, read_across_frames=False, closefd=False)
+        while True:
             try:
-                data = obj.decompress(piece)
+                made = reader.readinto(view[filled:])
             except zstandard.ZstdError as exc:
                 raise CorruptMetaFileError(
                     path,
-                    frame,
-                    f"corrupt zstd data in the frame starting at byte {frame:,}: decoding failed between "
-                    f"compressed bytes {pos - len(piece):,} and {pos:,} ({exc})",
+                    source.frame,
+                    f"corrupt zstd data in the frame starting at byte {source.frame:,}: decoding failed at or "
+                    f"before compressed byte {source.pos:,} ({exc})",
                 ) from None
-            fed_in, made = len(piece), len(data)
-            if data:
-                yield frame, out, data
-                out += len(data)
-            if obj.eof:
-                pending = obj.unused_data
-
-
-def stream(path: Path, fd: RawFile, spacing: int, block: int) -> Generator[bytes, None, tuple[int, _IntArray, bytes]]:
-    """Yield the decompressed bytes of the zstd file open at ``fd`` in blocks of about ``block``
-    bytes; return ``(decompressed size, checkpoints (output, input), b"")``: the frame starts at
-    least ``spacing`` output bytes apart."""
-    points = [(0, 0)]
-    parts: list[bytes] = []
-    held = out_end = 0
-    for frame, out, data in _frames(path, fd):
-        if not data:
-            if out - points[-1][0] >= spacing:
-                points.append((out, frame))
-            continue
-        parts.append(data)
-        held += len(data)
-        out_end = out + len(data)
-        if held >= block:
-            yield b"".join(parts)
-            parts, held = [], 0
-    if parts:
-        yield b"".join(parts)
-    return out_end, np.array(points, np.int64).reshape(-1, 2), b""
+            filled += made
+            out += made
+            if filled == len(buf):
+                view.release()
+                yield _as_bytes(buf)
+                buf = blocks.take()
+                view, filled = memoryview(buf), 0
+            elif not made:
+                break
+        del reader
+        source.end_frame()
+    view.release()
+    if filled:
+        yield _as_bytes(buf[:filled])
+    return out, np.array(points, np.int64).reshape(-1, 2), b""
 
 
 class _Compressed:
