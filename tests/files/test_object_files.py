@@ -181,6 +181,7 @@ def test_rank_dataset_file_reader_over_an_object(s3: Any, tmp_path: Path) -> Non
         here.close()
 
 
+@pytest.mark.slow  # 120,000 lines grouped five ways, on disk and over S3: about 8 s, so make test, not test-quick
 @pytest.mark.parametrize("fmt", ["txt", "gz"])
 def test_grouping_passes_over_an_object_equal_the_local_files(s3: Any, tmp_path: Path, fmt: str) -> None:
     """group_by (by label and by a function, cached on this node), ids_of, class_balanced and

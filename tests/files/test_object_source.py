@@ -119,6 +119,7 @@ def test_faults_are_retried(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         assert all(proxy.faults.values()), proxy.faults
 
 
+@pytest.mark.slow  # retries every GET until its timeout runs out: about 10 s, so make test, not test-quick
 def test_short_bodies_for_good_are_corrupt(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     url = s3.put("src/short.bin", _data(100_000, seed=3))
     with fault_proxy(("127.0.0.1", s3.port), every=1) as proxy:  # every GET: 503, reset or short
