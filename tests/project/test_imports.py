@@ -55,8 +55,19 @@ _NOT_FOR_TEXT = (
     "rank_dataset.shards.collective",
     "rank_dataset.server",
 )
-#: A worker looks for no index either.
-_NOT_IN_A_WORKER = (*_NOT_FOR_TEXT, "platformdirs")
+#: A worker looks for no index either; it unpickles a shard's handle, its channel and the item code, not the readers
+#: of meta files (their formats, index and byte sources) nor what the rank plans with (issue 44, item 6).
+_NOT_IN_A_WORKER = (
+    *_NOT_FOR_TEXT,
+    "platformdirs",
+    "rank_dataset.files",
+    "rank_dataset.shards.reader",
+    "rank_dataset.plan.mix",
+    "rank_dataset.plan.sources",
+    "rank_dataset.plan.exclude",
+    "rank_dataset.plan.steps",
+    "rank_dataset.plan.resume",
+)
 
 _JOB = """
 import multiprocessing
@@ -64,7 +75,11 @@ import sys
 
 
 def report(dataset, queue):
-    queue.put((dataset[1], sorted(sys.modules)))
+    item, modules = dataset[1], sorted(sys.modules)
+    # What the rank built with is still there, unpickled on first use: the meta file, the reader, the book (which
+    # shares the dataset's channel, as it does in the rank).
+    touched = (dataset.meta[int(dataset.indices[1])], dataset.reader.where(0), dataset._book.channel is dataset.channel)
+    queue.put((item, modules, touched))
 
 
 if __name__ == "__main__":
@@ -80,9 +95,10 @@ if __name__ == "__main__":
     queue = context.Queue()
     worker = context.Process(target=report, args=(dataset, queue))
     worker.start()
-    item, in_worker = queue.get(timeout=120)
+    item, in_worker, touched = queue.get(timeout=120)
     worker.join(60)
     assert item == dataset[1], (item, dataset[1])
+    assert touched == (dataset[1], dataset.reader.where(0), True), touched
     for modules in (control, rank, in_worker):
         print(" ".join(modules))
 """

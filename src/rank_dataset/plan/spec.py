@@ -26,15 +26,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.checks import MAX_EXACT, check_at_most, check_int
-from rank_dataset.plan.mix import MixPlan
 from rank_dataset.plan.permutation import permute, permute_stream
-from rank_dataset.plan.steps import StepLayout
+
+if TYPE_CHECKING:  # imported where a spec has a mix or a step layout: a DataLoader worker of plain files never does
+    from rank_dataset.plan.mix import MixPlan
+    from rank_dataset.plan.steps import StepLayout
 
 __all__ = [
     "MAX_WORLD_SIZE",
@@ -177,6 +179,8 @@ class ShardSpec:
                 "sample once: use aug_repeats=1"
             )
         if self.mix is not None:
+            from rank_dataset.plan.mix import MixPlan
+
             if not isinstance(self.mix, MixPlan):
                 raise TypeError(f"mix must be a MixPlan or None, got {type(self.mix).__name__}")
             if self.mix.epoch_size != self.num_samples:
@@ -208,6 +212,8 @@ class ShardSpec:
                 )
 
     def _check_steps(self) -> None:
+        from rank_dataset.plan.steps import StepLayout
+
         if not isinstance(self.steps, StepLayout):
             raise TypeError(f"steps must be a StepLayout or None, got {type(self.steps).__name__}")
         if self.is_test or self.resume is not None:
@@ -236,12 +242,15 @@ class ShardSpec:
         """The spec that :meth:`to_dict` described (``resume`` and ``mix`` may be missing: None)."""
         d = dict(data)
         resume, mix, steps = d.pop("resume", None), d.pop("mix", None), d.pop("steps", None)
-        return cls(
-            **d,
-            resume=ResumePoint(**resume) if resume else None,
-            mix=MixPlan.from_dict(mix) if mix else None,
-            steps=StepLayout.from_dict(steps) if steps else None,
-        )
+        if mix:
+            from rank_dataset.plan.mix import MixPlan
+
+            mix = MixPlan.from_dict(mix)
+        if steps:
+            from rank_dataset.plan.steps import StepLayout
+
+            steps = StepLayout.from_dict(steps)
+        return cls(**d, resume=ResumePoint(**resume) if resume else None, mix=mix or None, steps=steps or None)
 
     @property
     def plan_width(self) -> int:

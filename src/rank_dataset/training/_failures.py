@@ -17,22 +17,24 @@ import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.parsers import Parser
 from rank_dataset.errors import TooManyFailuresError
-from rank_dataset.plan.exclude import Exclusion
-from rank_dataset.plan.mix import MixPlan, Mixture
 from rank_dataset.plan.permutation import hash_keys
-from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec, eval_range
-from rank_dataset.shards.channel import ShardChannel
 from rank_dataset.shards.failures import CAPACITY, Failure
-from rank_dataset.shards.reader import ShardReader
 from rank_dataset.training._agree import agreement_needed
+
+if TYPE_CHECKING:  # a DataLoader worker unpickles the policy, not what the rank plans with (imported on first use)
+    from rank_dataset.plan.exclude import Exclusion
+    from rank_dataset.plan.mix import MixPlan, Mixture
+    from rank_dataset.plan.sources import Source
+    from rank_dataset.shards.channel import ShardChannel
+    from rank_dataset.shards.reader import ShardReader
 
 __all__ = ["ON_ERROR", "FailureBook", "FailurePolicy", "choose_substitute", "position_of", "too_many"]
 
@@ -180,6 +182,8 @@ class FailureBook:
         failed = self.failed if failed is None else failed
         if not failed:
             return self._exclude
+        from rank_dataset.plan.exclude import Exclusion
+
         extra = Exclusion.of(list(failed), "failed samples")
         return extra if self._exclude is None else self._exclude.union(extra)
 
@@ -195,6 +199,8 @@ class FailureBook:
             return self.reader.plan_size, None
         sizes = self.reader.source_sizes
         assert sizes is not None
+        from rank_dataset.plan.mix import Mixture
+
         self.mixture = Mixture(
             sources, sizes, self.reader.source_fingerprints, parser, is_test, epoch_size, aug_repeats
         )

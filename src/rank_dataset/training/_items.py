@@ -10,20 +10,22 @@ branch each.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.checks import check_index
 from rank_dataset.core.parsers import Parser, parse_line
-from rank_dataset.core.shard import Shard
-from rank_dataset.core.stages import StageTable
-from rank_dataset.plan.spec import ShardSpec
-from rank_dataset.shards.channel import ShardChannel
-from rank_dataset.shards.reader import ShardReader
-from rank_dataset.training._failures import FailureBook
 from rank_dataset.training._stages import timed_items
+
+if TYPE_CHECKING:  # a DataLoader worker imports what its items need, not the readers of meta files
+    from rank_dataset.core.shard import Shard
+    from rank_dataset.core.stages import StageTable
+    from rank_dataset.plan.spec import ShardSpec
+    from rank_dataset.shards.channel import ShardChannel
+    from rank_dataset.shards.reader import ShardReader
+    from rank_dataset.training._failures import FailureBook
 
 __all__ = ["ShardItems"]
 

@@ -12,12 +12,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rank_dataset.core.checks import check_int
-from rank_dataset.plan.mix import Mixture, combine_fingerprints
-from rank_dataset.plan.resume import MixRecord, ResumeState
-from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards.failures import Failure
-from rank_dataset.shards.reader import ShardReader
-from rank_dataset.training._failures import FailureBook
+
+if TYPE_CHECKING:  # the resume state's modules are imported by the rank that builds or loads one, on first use
+    from rank_dataset.plan.mix import Mixture
+    from rank_dataset.plan.resume import MixRecord, ResumeState
+    from rank_dataset.plan.spec import ShardSpec
+    from rank_dataset.shards.reader import ShardReader
+    from rank_dataset.training._failures import FailureBook
 
 __all__ = ["Resumable", "read_state", "resumed", "state_at"]
 
@@ -41,6 +43,8 @@ def state_at(
         raise ValueError(f"consumed must be in [0, {n}] (this rank's shard), got {consumed}")
     if spec.is_test:
         raise ValueError("an eval dataset (is_test=True) has no resume point: run eval from the start")
+    from rank_dataset.plan.resume import ResumeState
+
     state = ResumeState.at(spec, consumed, fingerprint_of(reader, mixture, excluded), mix_record(mixture)).to_dict()
     if failed:  # the plan left these out: a resume must too
         state["excluded_failures"] = list(failed)
@@ -57,6 +61,8 @@ def read_state(state: Any, is_test: bool) -> tuple[ResumeState | None, tuple[int
         return None
     if set(state) == {FAILURES_ONLY}:  # state_dict() without consumed: the records, no resume point
         return None, (), [Failure.from_dict(f) for f in _records(state[FAILURES_ONLY])]
+    from rank_dataset.plan.resume import ResumeState
+
     resume = ResumeState.from_dict(state)
     if is_test:
         raise ValueError("an eval dataset (is_test=True) cannot be resumed: run eval from the start")
@@ -83,11 +89,17 @@ def fingerprint_of(reader: ShardReader, mixture: Mixture | None, excluded: str |
     files = reader.fingerprint
     if files is None or excluded is None:
         return files
+    from rank_dataset.plan.mix import combine_fingerprints
+
     return combine_fingerprints([files, excluded])
 
 
 def mix_record(mixture: Mixture | None) -> MixRecord | None:
-    return None if mixture is None else MixRecord.of(mixture)
+    if mixture is None:
+        return None
+    from rank_dataset.plan.resume import MixRecord
+
+    return MixRecord.of(mixture)
 
 
 def _sample_list(value: Any, key: str) -> tuple[int, ...]:

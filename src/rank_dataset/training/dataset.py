@@ -7,35 +7,76 @@ import datetime
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, Generic, TypeGuard, TypeVar, overload
 
 from torch.utils.data import Dataset
 
 from rank_dataset.core.checks import check_int
+from rank_dataset.core.deferred import Deferred
 from rank_dataset.core.parsers import Parser, resolve_parser
 from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.core.stages import StageTable, timed
-from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.config import ReloadConfig
-from rank_dataset.plan.exclude import Exclusion
-from rank_dataset.plan.sources import Source, SourceInfo, as_sources
 from rank_dataset.plan.spec import ShardSpec
-from rank_dataset.plan.steps import StepLayout
 from rank_dataset.shards.channel import AuditMode, PassCount, ShardChannel
 from rank_dataset.shards.failures import Failure
-from rank_dataset.shards.reader import ShardReader
 from rank_dataset.training._agree import agreement_fields, agreement_needed, check_ranks_agree
 from rank_dataset.training._failures import FailureBook, FailurePolicy, OnError
 from rank_dataset.training._items import ShardItems
 from rank_dataset.training._options import is_shard_reader, timeout_timedelta
-from rank_dataset.training._readers import reader_for
 from rank_dataset.training._state import Resumable
 from rank_dataset.training.topology import get_rank_world_size
 
+# A spawn or forkserver DataLoader worker imports this module to unpickle its dataset: what only the rank plans
+# and builds with (the readers of meta files, their formats and index, exclusions, mixes) is imported on first use.
 if TYPE_CHECKING:
+    from rank_dataset.files.metafile import MetaFile
+    from rank_dataset.plan.sources import Source, SourceInfo
+    from rank_dataset.plan.steps import StepLayout
     from rank_dataset.shards.collective import CollectiveReader
+    from rank_dataset.shards.reader import ShardReader
 
-__all__ = ["RankDataset", "ShardedDataset", "as_sources"]
+    MetaSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | MetaFile | Source | Sequence[Source]
+
+__all__ = ["RankDataset", "ShardedDataset"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "as_sources":  # named here before the mix's modules were imported on first use
+        from rank_dataset.plan.sources import as_sources
+
+        return as_sources
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_T = TypeVar("_T")
+
+
+class _RankSide(Generic[_T]):
+    """An attribute only the rank plans and builds with (``reader``, ``meta``, the failure book). A spawn or
+    forkserver worker receives the dataset's together as one :class:`~rank_dataset.core.deferred.Deferred`,
+    unpickled (their modules imported) when it first reads one of them."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.slot = name, f"_held_{name.lstrip('_')}"
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _RankSide[_T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        held = obj.__dict__
+        if self.slot not in held and "_deferred" in held:
+            held.update(held.pop("_deferred").load())
+        try:
+            return held[self.slot]
+        except KeyError:
+            raise AttributeError(f"{type(obj).__name__!r} object has no attribute {self.name!r}") from None
+
+    def __set__(self, obj: Any, value: _T) -> None:
+        obj.__dict__[self.slot] = value
 
 
 def _is_collective(reader: ShardReader) -> TypeGuard[CollectiveReader]:
@@ -43,9 +84,6 @@ def _is_collective(reader: ShardReader) -> TypeGuard[CollectiveReader]:
     (training._readers), so that where its module was never imported no reader can be one."""
     module = sys.modules.get("rank_dataset.shards.collective")
     return module is not None and isinstance(reader, module.CollectiveReader)
-
-
-MetaSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | MetaFile | Source | Sequence[Source]
 
 
 class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
@@ -65,6 +103,9 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
     Item access (``len``, ``ds[i]``, batches, ``indices``) is :class:`~rank_dataset.training._items.ShardItems`,
     the resume state :class:`~rank_dataset.training._state.Resumable`; this class plans and loads shards.
     """
+
+    reader: _RankSide[ShardReader] = _RankSide()
+    _book: _RankSide[FailureBook] = _RankSide()
 
     def __init__(
         self,
@@ -95,7 +136,11 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         self._made_by_policy = policy.active  # read once per item: a plain attribute, not the property
         self._transform = transform
         self._replace = on_error == "replace"
-        exclusion = None if exclude is None else Exclusion.of(exclude, "exclude")
+        exclusion = None
+        if exclude is not None:
+            from rank_dataset.plan.exclude import Exclusion
+
+            exclusion = Exclusion.of(exclude, "exclude")
         cfg = ReloadConfig.coerce(reload_cfg)
         rank, world_size = _rank_world_size(rank, world_size, group)
         self._process_group = group  # the ranks that agree (default: the world)
@@ -224,9 +269,17 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         state = self.__dict__.copy()
         for name in ("_version", "_shard", "_text", "_indices", "_source_ids", "_tally", "_process_group"):
             state.pop(name, None)
-        return state  # the FailureBook goes without its records or what is left out: workers never plan
+        # The FailureBook goes without its records or what is left out: workers never plan. It, the reader and
+        # the meta files go as one pickle the worker unpickles on first use (see _RankSide).
+        held = {k: state.pop(k) for k in [k for k in state if k.startswith("_held_")]}
+        if held:
+            state["_deferred"] = Deferred(held, state)
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        deferred = state.get("_deferred")
+        if deferred is not None:
+            deferred.bind(dict(state))  # the objects it names: these, as unpickled (not as they change later)
         self.__dict__.update(state)
         self._process_group = None  # a worker joins no collective
         self._version, self._seen = self.channel.version, self.channel.seen  # -1: look on first use
@@ -388,6 +441,8 @@ class RankDataset(ShardedDataset):
         (5, True)
     """
 
+    meta: _RankSide[MetaFile | None] = _RankSide()
+
     def __init__(
         self,
         meta_file: MetaSource | None = None,
@@ -409,6 +464,8 @@ class RankDataset(ShardedDataset):
         columns: Sequence[str] | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        from rank_dataset.training._readers import reader_for
+
         shards, sources, self.meta = reader_for(
             meta_file, reader, columns, group, timeout_timedelta(timeout), storage_options
         )
