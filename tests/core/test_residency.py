@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 import re
 from pathlib import Path
 
@@ -56,3 +57,29 @@ def test_a_large_anonymous_map_is_filled_with_huge_pages_where_the_system_gives_
     # 16 MiB holds at least 7 aligned 2 MiB pages; the kernel may fall back to small pages when
     # memory is fragmented, so ask for some, not all.
     assert _anon_huge_kib() - before >= 2048, "no huge page backs a 16 MiB map that asked for them"
+
+
+@pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="fork hooks are POSIX")
+def test_a_forked_child_freezes_what_it_inherits_and_the_parent_does_not() -> None:
+    import gc
+
+    from rank_dataset.core.residency import freeze_inherited_objects
+
+    freeze_inherited_objects()
+    freeze_inherited_objects()  # once per process: a second call registers nothing more
+    assert gc.get_freeze_count() == 0  # the parent's collections go on as before
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and leave without running the parent's test machinery
+        try:
+            os.write(write, str(gc.get_freeze_count()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        frozen = int(os.read(read, 64).decode())
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert frozen > 1000  # every object the child inherited (a test process holds tens of thousands)
+    assert gc.get_freeze_count() == 0

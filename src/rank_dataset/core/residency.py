@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import gc
 import mmap
+import os
 from typing import Any
 
-__all__ = ["anonymous_map", "drop_pages", "free_pages", "return_freed_memory"]
+__all__ = ["anonymous_map", "drop_pages", "free_pages", "freeze_inherited_objects", "return_freed_memory"]
 
 _HUGE = 2 << 20  # a transparent huge page (x86-64, arm64 with 4 KiB pages)
 
@@ -69,3 +71,22 @@ def return_freed_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+_freezing: list[bool] = []  # whether the fork hook is registered (once per process)
+
+
+def freeze_inherited_objects() -> None:
+    """From now on, a process forked from this one (a fork DataLoader worker) moves the objects it inherits to
+    the garbage collector's permanent generation as it starts (``gc.freeze``), once per process.
+
+    A collection in the child writes to the header of every object of the generations it collects: each page of
+    the parent's objects it reaches is copied into the child (about 1.7 MiB a worker, issue 44). Frozen, the
+    inherited objects are never traversed by the child's collections: their pages stay shared. The cost, in the
+    forked child only: a reference cycle among inherited objects that becomes garbage there is not freed until
+    the child exits (its new objects are collected as before). The parent is untouched: nothing is frozen there,
+    and a child that execs (subprocess) starts afresh.
+    """
+    if not _freezing and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=gc.freeze)
+        _freezing.append(True)

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 from rank_dataset.core.checks import check_int
 from rank_dataset.core.deferred import Deferred
 from rank_dataset.core.parsers import Parser, resolve_parser
-from rank_dataset.core.residency import return_freed_memory
+from rank_dataset.core.residency import freeze_inherited_objects, return_freed_memory
 from rank_dataset.core.stages import StageTable, timed
 from rank_dataset.plan.config import ReloadConfig
 from rank_dataset.plan.spec import ShardSpec
@@ -178,6 +178,7 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
             aug_repeats=cfg.aug_repeats,
         )
         self._load(spec)
+        freeze_inherited_objects()  # fork workers leave the rank's objects alone (see its docstring)
 
     # -- what failed -------------------------------------------------------------------------------
 
