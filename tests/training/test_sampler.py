@@ -27,3 +27,22 @@ def test_seed_changes_order_and_validation() -> None:
         RandomSampler(iter([1]))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="epoch must be >= 0"):
         RandomSampler(range(3)).set_epoch(-1)
+
+
+def test_the_order_is_drawn_a_chunk_at_a_time() -> None:
+    # The training process holds a few thousand positions of the order at a time, not the whole shard's
+    # (4 bytes a sample before: 4 MB here, for the whole pass; issue 44).
+    import itertools
+    import tracemalloc
+
+    n = 1_000_000
+    sampler = RandomSampler(range(n), seed=1)
+    expected = int(sampler.order()[:300_000].sum())  # (also loads what the first permutation loads, once)
+    tracemalloc.start()
+    try:
+        total = sum(itertools.islice(iter(sampler), 300_000))  # drawn, not kept
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert total == expected
+    assert peak < n // 2  # under half a byte a sample (about 0.2 MB: a chunk of the order and its ints)

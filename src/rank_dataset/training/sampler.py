@@ -9,6 +9,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from rank_dataset.core.checks import check_int
+from rank_dataset.plan.permutation import hash_keys, permute
 from rank_dataset.plan.resume import ResumeState, find_state
 from rank_dataset.shards.channel import pass_of
 from rank_dataset.training.dataset import ShardedDataset
@@ -26,6 +27,9 @@ class RandomSampler(Sampler[int]):
     RankServerDataset) each iteration marks the start of a pass, so that one DataLoader, with
     persistent workers or not, serves every shard ``set_epoch`` loads, each pass reading the shard
     that was current when it started.
+
+    The order is a keyed permutation computed position by position (the plan's), drawn a few thousand indices at a
+    time: the training process never holds the whole shard's order.
 
     Args:
         data_source: a sized dataset (usually a RankDataset).
@@ -51,20 +55,23 @@ class RandomSampler(Sampler[int]):
 
     def order(self) -> np.ndarray:
         """The whole order of the current epoch as an int64 array."""
-        return self._permutation(np.int64)
+        n = len(self.data_source)
+        return self._chunk(n, 0, n)
 
-    def _permutation(self, dtype: type[np.signedinteger[Any]]) -> np.ndarray:
-        # The shuffle's draws depend on the length only, so the order is the same in any dtype.
-        rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, self.epoch, 0x52414E4B])
-        return rng.permutation(np.arange(len(self.data_source), dtype=dtype))
+    def _chunk(self, n: int, lo: int, hi: int) -> np.ndarray:
+        # Positions lo..hi-1 of the order: the plan's permutation (a bijection computed position by position),
+        # keyed apart from the plan's by the sampler's own constant.
+        if hi <= lo:
+            return np.empty(0, np.int64)
+        return permute(n, hash_keys(self.seed, 0x52414E4B), self.epoch, np.arange(lo, hi, dtype=np.int64))
 
     def __iter__(self) -> Iterator[int]:
         n = len(self.data_source)
         with pass_of(self.data_source, draws=n):
-            # int32 where it fits: the order lives as long as the pass, in the training process.
-            order = self._permutation(np.int32 if n < 1 << 31 else np.int64)
-            for lo in range(0, order.size, _CHUNK):
-                yield from order[lo : lo + _CHUNK].tolist()
+            # A chunk of the order at a time, never the whole: a shard of N / W samples would hold 4 to 8 bytes
+            # each in the training process for the whole pass (1 MiB a rank at N = 1M on 4 ranks; issue 44).
+            for lo in range(0, n, _CHUNK):
+                yield from self._chunk(n, lo, min(lo + _CHUNK, n)).tolist()
 
     def __len__(self) -> int:
         return len(self.data_source)
