@@ -81,7 +81,7 @@ def freeze_inherited_objects() -> None:
     the garbage collector's permanent generation as it starts (``gc.freeze``), once per process.
 
     A collection in the child writes to the header of every object of the generations it collects: each page of
-    the parent's objects it reaches is copied into the child (about 1.7 MiB a worker, issue 44). Frozen, the
+    the parent's objects it reaches is copied into the child (a full collection reaches them all). Frozen, the
     inherited objects are never traversed by the child's collections: their pages stay shared. The cost, in the
     forked child only: a reference cycle among inherited objects that becomes garbage there is not freed until
     the child exits (its new objects are collected as before). The parent is untouched: nothing is frozen there,
