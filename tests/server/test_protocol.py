@@ -4,6 +4,9 @@ fingerprint, /files and served names."""
 from __future__ import annotations
 
 import json
+import socket
+import struct
+import threading
 from typing import Any
 
 import numpy as np
@@ -318,3 +321,39 @@ def test_files_codec_and_names() -> None:
     assert protocol.served_names(["/x/a.txt", "b.txt"]) == ["a.txt", "b.txt"]
     with pytest.raises(ValueError, match=r"two served files share the name 'a.txt' \(/x/a.txt and /y/a.txt\)"):
         protocol.served_names(["/x/a.txt", "/y/a.txt"])
+
+
+@pytest.mark.parametrize("how", ["closed", "reset"])
+def test_a_frame_cut_short_on_the_wire_is_fetched_again(how: str) -> None:
+    # A real socket server on loopback whose first answer stops halfway through the frame's lines
+    # (closed, or reset): the client reads the frame as it comes, finds it short, and asks again.
+    ids = np.arange(5000, dtype=np.int64)
+    body = b"".join(protocol.encode_frame(Shard.from_lines([b"line %d" % i for i in range(5000)], ids=ids)))
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: {protocol.CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n\r\n"
+    listener = socket.create_server(("127.0.0.1", 0))
+    answered: list[int] = []
+
+    def serve() -> None:
+        for attempt in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)  # the request
+                if attempt == 0:
+                    conn.sendall(head.encode() + body[: len(body) - 1000])
+                    if how == "reset":  # RST instead of FIN
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                else:
+                    conn.sendall(head.encode() + body)
+                answered.append(attempt)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        shard = MetaServer(url, timeout=20, retries=2).shard("/shard", planned=ids)
+        assert shard.texts([0, 4999]) == ["line 0", "line 4999"] and shard.handle is not None
+        shard.release()
+        thread.join(10)
+        assert answered == [0, 1]
+    finally:
+        listener.close()

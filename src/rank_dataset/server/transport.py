@@ -6,12 +6,13 @@ it are in :mod:`rank_dataset.training.server_datasets`.
 from __future__ import annotations
 
 import email.utils
+import http.client
 import json
 import os
 import random
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import urllib3
@@ -203,11 +204,13 @@ class MetaServer:
             declared = response.headers.get("content-length")
             length = int(declared) if declared is not None and declared.isdigit() else None
             try:
-                return protocol.receive_frame(response.readinto, planned, length)
+                return protocol.receive_frame(_read_into(response), planned, length)
             except protocol.FrameError as exc:  # cut short, e.g. by a server that died mid-answer
                 raise _Retryable(str(exc)) from exc
-            except ProtocolError as exc:
+            except ProtocolError as exc:  # (a ConnectionError: before the socket's errors)
                 raise ProtocolError(f"{self.url}{path}: {exc}") from None
+            except (OSError, http.client.HTTPException) as exc:  # the socket's own errors (urllib3 wraps its own)
+                raise _Retryable(f"the frame could not be read: {exc!r}") from exc
 
         method = "POST" if "body" in kwargs else "GET"
         return self._call(method, path, decode, None if planned is None else receive, **kwargs)
@@ -228,6 +231,18 @@ class MetaServer:
     def files(self) -> list[protocol.ServedFile]:
         """The files the server serves, by name, with their sample counts and fingerprints."""
         return protocol.files_from_body(self.get(protocol.FILES))
+
+
+def _read_into(response: Any) -> Callable[[memoryview], int]:
+    """A ``readinto`` of ``response``'s body that reads into the buffer given. urllib3's reads a bytes
+    object of the buffer's size and copies it over (for a shard's lines, a 41 MB object faulted in and
+    copied again); the http.client response under it reads the socket into the buffer itself. That one
+    is used where urllib3 has nothing to undo (no content encoding) and is as this version of urllib3
+    keeps it, else urllib3's own."""
+    raw = getattr(response, "_fp", None)
+    if isinstance(raw, http.client.HTTPResponse) and not response.headers.get("content-encoding"):
+        return cast(Callable[[memoryview], int], raw.readinto)
+    return cast(Callable[[memoryview], int], response.readinto)
 
 
 def server_url(
