@@ -537,6 +537,146 @@ def test_check_lines_on_hostile_rows(kernels: Kernels) -> None:
         kernels.check_lines(_u8(b"\ncd\r"), [1], [3], [2], 7, False)  # the byte after the CR is not held
 
 
+# --- the fused gather of a window, and the visiting order --------------------------------------------
+
+
+def _gather_case(rng: np.random.Generator, data: bytes, starts: np.ndarray, lengths: np.ndarray) -> tuple[Any, ...]:
+    """A shard's offsets whose rows take ``lengths`` in a random item order, and those rows' numbers."""
+    rows = rng.permutation(starts.size)
+    widths = np.empty(starts.size, np.int64)
+    widths[rows] = lengths
+    bounds = np.zeros(starts.size + 1, np.int64)
+    np.cumsum(widths, out=bounds[1:])
+    return rows, bounds
+
+
+def _both_gathers(impl: Any, buf: np.ndarray, shift: int, starts: Any, rows: Any, bounds: Any, size: int, bom: bool):
+    """``(result, dst)`` of ``impl``'s gather and of the reference's, from one zeroed destination each
+    (a ValueError is the result ``"outside"``)."""
+    total = int(np.asarray(bounds)[-1]) if np.asarray(bounds).size else 0
+    got = []
+    for one in (impl, ref):
+        dst = np.full(total + 5, 0xAA, np.uint8)
+        try:
+            out: Any = one.gather_lines(buf, shift, starts, rows, bounds, dst, size, bom)
+        except ValueError as exc:
+            assert "outside" in str(exc)
+            out = "outside"
+        got.append((out, dst.tobytes()))
+    return got
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_gather_lines_matches_the_reference(impl: Any, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    data = _random_bytes(rng, int(rng.integers(0, 600)), newline_weight=float(rng.choice([0.05, 0.2])))
+    if seed % 4 == 0:
+        data = ref.BOM + data
+    bom = data.startswith(ref.BOM)
+    if seed % 3 == 0:  # the file's samples only, in about file order: every row copied
+        found = ref.scan_lines(_u8(data), 0, True)
+        starts, lengths = found.starts.astype(np.int64), found.lengths.astype(np.int64)
+    else:
+        starts, lengths = _candidate_spans(rng, data)
+    rows, bounds = _gather_case(rng, data, starts, lengths)
+    for dtype in (np.uint32, np.int64):
+        (mine, a), (want, b) = _both_gathers(
+            impl, _u8(data), 0, starts, rows.astype(dtype), bounds.astype(dtype), len(data), bom
+        )
+        assert mine == want and a == b
+        if seed % 3 == 0:
+            assert want == -1
+            shard = np.frombuffer(a, np.uint8)
+            for k in range(starts.size):  # each row at its place, exactly
+                r = int(rows[k])
+                assert shard[bounds[r] : bounds[r + 1]].tobytes() == data[starts[k] : starts[k] + lengths[k]]
+    # From a window of the file (bytes [lo, hi) only): rows at its edges, or past them, as the reference.
+    lo, hi = sorted(int(x) for x in rng.integers(0, len(data) + 1, 2))
+    window = _u8(data[lo:hi])
+    (mine, a), (want, b) = _both_gathers(impl, window, lo, starts, rows, bounds, len(data), bom)
+    assert mine == want and a == b
+
+
+def test_gather_lines_on_hostile_rows(kernels: Kernels) -> None:
+    data = b"a b\r\n\n c\r\r\nx\ry\n  \nlast\r"  # CRLF, an empty line, a CR inside, a blank line, no final LF
+    buf = _u8(data)
+    cases = {  # (start, length): is it a sample? (as test_check_lines_on_hostile_rows)
+        (0, 3): True,
+        (0, 4): False,
+        (1, 2): False,
+        (5, 0): False,
+        (6, 3): True,
+        (11, 3): True,
+        (15, 2): False,
+        (18, 4): True,
+        (18, 5): False,
+        (11, 6): False,
+    }
+    for (s, n), sample in cases.items():
+        dst = np.zeros(n, np.uint8)
+        one = np.array([s], np.int64)
+        for impl in (kernels, ref):
+            assert impl.gather_lines(buf, 0, one, [0], [0, n], dst, len(data), False) == (-1 if sample else 0)
+        if sample:
+            assert dst.tobytes() == data[s : s + n]
+    # The rows before a bad one are copied, none after it.
+    starts, bounds = np.array([0, 1, 6], np.int64), np.array([0, 3, 5, 8])
+    for impl in (kernels, ref):
+        dst = np.zeros(8, np.uint8)
+        assert impl.gather_lines(buf, 0, starts, [0, 1, 2], bounds, dst, len(data), False) == 1
+        assert dst.tobytes() == b"a b" + bytes(5)
+    # Outside its buffers: the row's bytes past the window (a line longer than what was read), the byte
+    # its check needs past it, a row number past the offsets, a place past the shard, a negative shift.
+    refused = [
+        (_u8(data[:3]), 0, [0], [0], [0, 3], 3),  # "a b" held, but not the "\r" after it
+        (_u8(data[:2]), 0, [0], [0], [0, 3], 3),  # the row itself cut
+        (_u8(data[6:10]), 6, [6], [0], [0, 3], 3),  # " c\r" and its "\r", but not the "\n" after that
+        (_u8(data[6:]), 6, [6], [0], [0, 3], 3),  # the byte before the row not held
+        (buf, 0, [0], [1], [0, 3], 3),  # row 1 of a shard of 1
+        (buf, 0, [0], [-1], [0, 3], 3),
+        (buf, 0, [0], [0], [0, 3], 2),  # the shard's data too small
+        (buf, 0, [0], [0], [2, 0], 3),  # offsets that go backwards
+    ]
+    for window, shift, s, r, b, room in refused:
+        for impl in (kernels, ref):
+            with pytest.raises(ValueError, match="outside"):
+                impl.gather_lines(
+                    window, shift, np.array(s, np.int64), r, b, np.zeros(room, np.uint8), len(data), False
+                )
+    with pytest.raises(ValueError, match="shift"):
+        kernels.gather_lines(buf, -1, np.array([0], np.int64), [0], [0, 3], np.zeros(3, np.uint8), len(data), False)
+    with_bom = _u8(ref.BOM + b"a\n")
+    for impl in (kernels, ref):
+        dst = np.zeros(4, np.uint8)
+        assert impl.gather_lines(with_bom, 0, np.array([3], np.int64), [0], [0, 1], dst, 5, True) == -1
+        assert impl.gather_lines(with_bom, 0, np.array([0], np.int64), [0], [0, 4], dst, 5, True) == 0
+        assert impl.gather_lines(_u8(b""), 0, np.empty(0, np.int64), [], [0], dst, 0, False) == -1
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 4096, 100_003])
+@pytest.mark.parametrize("buckets", [1, 3, 4096, 65536])
+@pytest.mark.parametrize("dtype", [np.uint32, np.int64])
+def test_bucket_order_is_numpys_stable_argsort(impl: Any, n: int, buckets: int, dtype: Any) -> None:
+    keys = np.random.default_rng(n + buckets).integers(0, buckets, n).astype(np.uint16)
+    order, counts = impl.bucket_order(keys, buckets, dtype)
+    assert order.dtype == dtype and counts.dtype == np.int64
+    assert np.array_equal(order, np.argsort(keys, kind="stable"))
+    assert np.array_equal(counts, np.bincount(keys, minlength=buckets))
+
+
+def test_bucket_order_refuses_bad_keys(kernels: Kernels) -> None:
+    keys = np.array([0, 5, 2], np.uint16)
+    for impl in (kernels, ref):
+        with pytest.raises(ValueError, match=r"key 5 \(item 1\) is not below buckets \(5\)"):
+            impl.bucket_order(keys, 5)
+        with pytest.raises(TypeError, match="uint16"):
+            impl.bucket_order(keys.astype(np.int64), 8)
+        with pytest.raises(TypeError, match="uint32 or int64"):
+            impl.bucket_order(keys, 8, np.int32)
+        with pytest.raises(ValueError, match="buckets"):
+            impl.bucket_order(keys, 0)
+
+
 # --- the permutation ----------------------------------------------------------------------------------
 
 

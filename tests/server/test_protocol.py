@@ -4,6 +4,10 @@ fingerprint, /files and served names."""
 from __future__ import annotations
 
 import json
+import socket
+import struct
+import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -110,6 +114,65 @@ def test_a_frame_of_a_plan_is_checked_and_kept_shareable(seed: int) -> None:
     for wrong in (other, ids[:-1]):
         with pytest.raises(ProtocolError, match=f"the frame holds {n} samples that are not the {wrong.size} planned"):
             protocol.decode_frame(body, planned=wrong)
+
+
+def _reader(body: bytes, piece: int) -> Any:
+    """A ``readinto`` over ``body`` that gives at most ``piece`` bytes a call (as a socket may)."""
+    at = 0
+
+    def read_into(view: memoryview) -> int:
+        nonlocal at
+        n = min(len(view), piece, len(body) - at)
+        view[:n] = body[at : at + n]
+        at += n
+        return n
+
+    return read_into
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("piece", [1, 7, 1 << 20])
+def test_a_frame_received_piece_by_piece_is_the_decoded_one(seed: int, piece: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 300)) if seed else 0
+    lines = [bytes(rng.integers(97, 123, int(rng.integers(0, 40)), dtype=np.uint8)) for _ in range(n)]
+    ids = rng.permutation(10 * n + 1)[:n].astype(np.int64)
+    order = rng.permutation(n)
+    alone = Shard.from_lines(lines, ids=ids)  # back to back: read straight into the segment
+    cut = Shard.from_lines([lines[i] for i in np.argsort(order)], ids=ids[np.argsort(order)])  # packed
+    for body in (b"".join(protocol.encode_frame(alone)), b"".join(protocol.encode_frame(cut, order))):
+        calls: list[int] = []
+        kept = protocol.receive_frame(_reader(body, piece), lambda calls=calls: calls.append(1) or ids, len(body))
+        want = protocol.decode_frame(body, planned=ids)
+        assert calls == [1] and kept.ids is None and kept.handle is not None
+        assert kept.data.tobytes() == want.data.tobytes() and kept.bounds.tolist() == want.bounds.tolist()
+        assert kept.texts(range(n)) == [x.decode() for x in lines]
+        kept.release()
+        # Cut short anywhere (in the header, the numbers, the lines), or running on: retried by the client.
+        for stop in sorted({0, 5, protocol._HEADER.size + 3, len(body) - 1}):
+            if stop < len(body):
+                with pytest.raises(protocol.FrameError, match="incomplete frame"):
+                    protocol.receive_frame(_reader(body[:stop], piece), ids)
+        with pytest.raises(protocol.FrameError, match="runs past"):
+            protocol.receive_frame(_reader(body + b"x", piece), ids)
+        with pytest.raises(protocol.FrameError, match="its body 3"):
+            protocol.receive_frame(_reader(body, piece), ids, 3)
+        other = ids.copy()
+        if n:
+            other[-1] += 1
+            with pytest.raises(ProtocolError, match=f"the frame holds {n} samples that are not the {n} planned"):
+                protocol.receive_frame(_reader(body, piece), other)
+        with pytest.raises(ProtocolError, match="not a rank-dataset frame"):
+            protocol.receive_frame(_reader(b"HTTP" + body[4:], piece), ids)
+
+
+def test_a_received_frame_with_offsets_outside_its_lines_is_malformed() -> None:
+    shard = Shard.from_lines([b"ab", b"cd"], ids=np.array([3, 4], np.int64))
+    body = bytearray(b"".join(protocol.encode_frame(shard, np.array([1, 0]))))
+    ends_at = protocol._HEADER.size + 8 * 2 + 4 * 2
+    body[ends_at : ends_at + 4] = (99).to_bytes(4, "little")  # the first sample's end past the lines
+    with pytest.raises(protocol.FrameError, match="malformed frame"):
+        protocol.receive_frame(_reader(bytes(body), 64), np.array([4, 3], np.int64))  # in the frame's order
 
 
 def test_bad_frames() -> None:
@@ -258,3 +321,39 @@ def test_files_codec_and_names() -> None:
     assert protocol.served_names(["/x/a.txt", "b.txt"]) == ["a.txt", "b.txt"]
     with pytest.raises(ValueError, match=r"two served files share the name 'a.txt' \(/x/a.txt and /y/a.txt\)"):
         protocol.served_names(["/x/a.txt", "/y/a.txt"])
+
+
+@pytest.mark.parametrize("how", ["closed", "reset"])
+def test_a_frame_cut_short_on_the_wire_is_fetched_again(how: str) -> None:
+    # A real socket server on loopback whose first answer stops halfway through the frame's lines
+    # (closed, or reset): the client reads the frame as it comes, finds it short, and asks again.
+    ids = np.arange(5000, dtype=np.int64)
+    body = b"".join(protocol.encode_frame(Shard.from_lines([b"line %d" % i for i in range(5000)], ids=ids)))
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: {protocol.CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n\r\n"
+    listener = socket.create_server(("127.0.0.1", 0))
+    answered: list[int] = []
+
+    def serve() -> None:
+        for attempt in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)  # the request
+                if attempt == 0:
+                    conn.sendall(head.encode() + body[: len(body) - 1000])
+                    if how == "reset":  # RST instead of FIN
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                else:
+                    conn.sendall(head.encode() + body)
+                answered.append(attempt)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        shard = MetaServer(url, timeout=20, retries=2).shard("/shard", planned=ids)
+        assert shard.texts([0, 4999]) == ["line 0", "line 4999"] and shard.handle is not None
+        shard.release()
+        thread.join(10)
+        assert answered == [0, 1]
+    finally:
+        listener.close()

@@ -50,7 +50,7 @@
 #define RD_U32 2
 #define RD_I32 3
 
-#define RD_ABI 1
+#define RD_ABI 2
 
 RD_API int rd_abi_version(void) { return RD_ABI; }
 
@@ -637,6 +637,48 @@ RD_API int rd_permute(int64_t n, int64_t rows, int col_bits, const uint32_t *key
     return RD_OK;
 }
 
+/* The check of one row of rd_check_lines (row k: bytes [s, s + len) of the file, at buf[rs:]): 1 if it
+ * is a sample, 0 if not, -1 if it or the bytes around it that its checks need are not in buf. *from and
+ * *next_nl carry the newline search from one row to the next (as rd_lines_bad). */
+RD_INLINE int line_ok(const uint8_t *buf, int64_t size, int64_t rs, int64_t s, int64_t len, int64_t file_size,
+                      int bom, int64_t *from, int64_t *next_nl) {
+    if (rs < 0 || s < 0 || len < 0 || rs > size - len || s > file_size - len) return -1;
+    const int64_t re = rs + len, e = s + len;
+    /* The bytes the checks read: the one before (unless the row starts the file or follows its
+     * byte order mark), the one after (unless at the end of the file), and the next after a "\r". */
+    const int needs_before = !(s == 0 || (s == 3 && bom));
+    const int needs_after = e < file_size;
+    if ((needs_before && rs < 1) || (needs_after && re >= size) ||
+        (needs_after && buf[re] == '\r' && e + 1 < file_size && re + 1 >= size))
+        return -1;
+    int ok = len > 0;
+    if (ok) {
+        if (s == 0) ok = !bom;
+        else ok = (s == 3 && bom) || buf[rs - 1] == '\n';
+    }
+    if (ok) {
+        const uint8_t last_byte = buf[re - 1];
+        if (!needs_after) ok = last_byte != '\r';
+        else if (buf[re] == '\n') ok = last_byte != '\r';
+        else ok = buf[re] == '\r' && (e + 1 >= file_size || buf[re + 1] == '\n');
+    }
+    if (ok) {
+        if (rs >= *from) {
+            if (*next_nl < rs) *next_nl = find_newline(buf, rs, size);
+            *from = rs;
+            ok = *next_nl >= re;
+        } else {
+            ok = find_newline(buf, rs, re) >= re;
+        }
+    }
+    if (ok && buf[rs] <= ' ') {
+        int64_t j = rs;
+        while (j < re && blank(buf[j])) j++;
+        ok = j < re;
+    }
+    return ok;
+}
+
 /*
  * The gather's checks of rows copied from a window of a file: the first row k < n that is not a
  * sample of the file into *row (-1 if none). Row k is bytes [starts[k], starts[k] + lengths[k]) of a
@@ -655,50 +697,107 @@ RD_API int rd_check_lines(const uint8_t *buf, int64_t size, const int64_t *at, c
     *row = -1;
     int64_t from = 0, next_nl = -1; /* as rd_lines_bad: the first newline in buf at or after from */
     for (int64_t k = 0; k < n; k++) {
-        const int64_t rs = at[k], s = starts[k], len = lengths[k];
-        if (rs < 0 || s < 0 || len < 0 || rs > size - len || s > file_size - len) {
+        const int ok = line_ok(buf, size, at[k], starts[k], lengths[k], file_size, bom, &from, &next_nl);
+        if (ok < 0) {
             *row = k;
             return RD_ERANGE;
-        }
-        const int64_t re = rs + len, e = s + len;
-        /* The bytes the checks read: the one before (unless the row starts the file or follows its
-         * byte order mark), the one after (unless at the end of the file), and the next after a "\r". */
-        const int needs_before = !(s == 0 || (s == 3 && bom));
-        const int needs_after = e < file_size;
-        if ((needs_before && rs < 1) || (needs_after && re >= size) ||
-            (needs_after && buf[re] == '\r' && e + 1 < file_size && re + 1 >= size)) {
-            *row = k;
-            return RD_ERANGE;
-        }
-        int ok = len > 0;
-        if (ok) {
-            if (s == 0) ok = !bom;
-            else ok = (s == 3 && bom) || buf[rs - 1] == '\n';
-        }
-        if (ok) {
-            const uint8_t last_byte = buf[re - 1];
-            if (!needs_after) ok = last_byte != '\r';
-            else if (buf[re] == '\n') ok = last_byte != '\r';
-            else ok = buf[re] == '\r' && (e + 1 >= file_size || buf[re + 1] == '\n');
-        }
-        if (ok) {
-            if (rs >= from) {
-                if (next_nl < rs) next_nl = find_newline(buf, rs, size);
-                from = rs;
-                ok = next_nl >= re;
-            } else {
-                ok = find_newline(buf, rs, re) >= re;
-            }
-        }
-        if (ok && buf[rs] <= ' ') {
-            int64_t j = rs;
-            while (j < re && blank(buf[j])) j++;
-            ok = j < re;
         }
         if (!ok) {
             *row = k;
             return RD_OK;
         }
     }
+    return RD_OK;
+}
+
+/*
+ * The gather of one window, fused (rank_dataset.files._gather): row k < n is bytes [starts[k],
+ * starts[k] + len) of a file of file_size bytes, held at buf[starts[k] - shift:], and goes to
+ * dst[bounds[r]:bounds[r + 1]], r = rows[k] (of kind rows_kind; bounds: n_bounds offsets of kind
+ * bounds_kind), whose width is its length. Rows are taken in order: each is checked as rd_check_lines
+ * checks it, then copied. A row outside its buffers (r not below n_bounds - 1, its place outside dst,
+ * its bytes or those its checks need outside buf) is RD_ERANGE, *row its number; the first row that
+ * is not a sample stops the gather, *row its number (-1 if none). The rows before either are copied.
+ */
+RD_API int rd_gather_lines(const uint8_t *buf, int64_t size, int64_t shift, const int64_t *starts,
+                           const void *rows, int rows_kind, int64_t n, const void *bounds, int bounds_kind,
+                           int64_t n_bounds, uint8_t *dst, int64_t dst_size, int64_t file_size, int bom,
+                           int64_t *row) {
+    if (!buf_ok(buf, size) || !buf_ok(dst, dst_size) || n < 0 || row == NULL || file_size < 0 || shift < 0 ||
+        !kind_ok(rows_kind) || !kind_ok(bounds_kind) || n_bounds < 0 || (n_bounds > 0 && bounds == NULL) ||
+        (n > 0 && (!starts || !rows)))
+        return RD_EARG;
+    *row = -1;
+    int64_t from = 0, next_nl = -1;
+    for (int64_t k = 0; k < n; k++) {
+        if (k + RD_PREFETCH_AHEAD < n) {
+            /* The random reads: the row's place in the offsets (its bytes in buf come in file order). */
+            const int64_t ahead = get_index(rows, rows_kind, k + RD_PREFETCH_AHEAD);
+            if (ahead >= 0 && ahead < n_bounds)
+                RD_PREFETCH((const uint8_t *)bounds + ahead * (bounds_kind == RD_I64 ? 8 : 4));
+        }
+        const int64_t r = get_index(rows, rows_kind, k);
+        if (r < 0 || r >= n_bounds - 1) {
+            *row = k;
+            return RD_ERANGE;
+        }
+        const int64_t d = get_index(bounds, bounds_kind, r), len = get_index(bounds, bounds_kind, r + 1) - d;
+        const int64_t s = starts[k];
+        if (d < 0 || len < 0 || d > dst_size - len || s < 0) { /* (s, shift >= 0: s - shift cannot overflow) */
+            *row = k;
+            return RD_ERANGE;
+        }
+        const int ok = line_ok(buf, size, s - shift, s, len, file_size, bom, &from, &next_nl);
+        if (ok < 0) {
+            *row = k;
+            return RD_ERANGE;
+        }
+        if (!ok) {
+            *row = k;
+            return RD_OK;
+        }
+        copy_row(dst + d, buf + (s - shift), len);
+    }
+    return RD_OK;
+}
+
+/*
+ * A stable counting sort of keys[0:n] (each below `buckets`, at most 65536 of them): out[0:n] (of
+ * kind out_kind, RD_I64 or RD_U32) the item numbers in ascending key order, items of one key in
+ * their order (numpy's argsort(keys, kind="stable")), and counts[0:buckets] how many items hold each
+ * key. A key at or past `buckets` is RD_ERANGE (*bad its item) before out is written; RD_U32 takes
+ * at most 2**32 items.
+ */
+RD_API int rd_bucket_order(const uint16_t *keys, int64_t n, int64_t buckets, void *out, int out_kind,
+                           int64_t *counts, int64_t *bad) {
+    if (n < 0 || buckets < 1 || buckets > 65536 || counts == NULL || bad == NULL ||
+        (out_kind != RD_I64 && out_kind != RD_U32) || (n > 0 && (keys == NULL || out == NULL)) ||
+        (out_kind == RD_U32 && n > (int64_t)UINT32_MAX + 1))
+        return RD_EARG;
+    *bad = -1;
+    for (int64_t b = 0; b < buckets; b++) counts[b] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (keys[i] >= buckets) {
+            *bad = i;
+            return RD_ERANGE;
+        }
+        counts[keys[i]]++;
+    }
+    /* counts[b] becomes where key b's items start, then (as they are placed) where they end; the
+     * counts are those ends' differences (no second array: 512 KiB would not sit on a stack). */
+    int64_t sum = 0;
+    for (int64_t b = 0; b < buckets; b++) {
+        const int64_t c = counts[b];
+        counts[b] = sum;
+        sum += c;
+    }
+    if (out_kind == RD_U32) {
+        uint32_t *o = (uint32_t *)out;
+        for (int64_t i = 0; i < n; i++) o[counts[keys[i]]++] = (uint32_t)i;
+    } else {
+        int64_t *o = (int64_t *)out;
+        for (int64_t i = 0; i < n; i++) o[counts[keys[i]]++] = i;
+    }
+    for (int64_t b = buckets - 1; b > 0; b--) counts[b] -= counts[b - 1];
     return RD_OK;
 }

@@ -23,7 +23,7 @@ from rank_dataset.core._reference import MARK, NEWLINE, LineScan
 __all__ = ["ABI", "LIB_ENV", "Kernels", "library_path", "load"]
 
 #: The kernels' interface version: a library built from another ``_kernels.c`` is not used.
-ABI = 1
+ABI = 2
 #: A library to load instead of the one installed beside this module (e.g. a sanitizer build).
 LIB_ENV = "RANK_DATASET_NATIVE_LIB"
 
@@ -43,6 +43,11 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rd_lines_bad": (_INT, [_P, _I64T, _P, _P, _I64T, _P]),
     "rd_permute": (_INT, [_I64T, _I64T, _INT, _P, _INT, _P, _I64T, _P, _P]),
     "rd_check_lines": (_INT, [_P, _I64T, _P, _P, _P, _I64T, _I64T, _INT, _P]),
+    "rd_bucket_order": (_INT, [_P, _I64T, _I64T, _P, _INT, _P, _P]),
+    "rd_gather_lines": (
+        _INT,
+        [_P, _I64T, _I64T, _P, _P, _INT, _I64T, _P, _INT, _I64T, _P, _I64T, _I64T, _INT, _P],
+    ),
 }
 
 
@@ -286,4 +291,64 @@ class Kernels:
             ctypes.byref(row),
         )
         _check(code, "check_lines", row.value)
+        return int(row.value)
+
+    def bucket_order(
+        self, keys: Any, buckets: int, dtype: Any = np.int64
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+        k = np.asarray(keys)
+        if k.dtype != np.uint16 or k.ndim != 1:
+            raise TypeError(f"keys must be a 1-D uint16 array, got {k.dtype} with shape {k.shape}")
+        k = np.ascontiguousarray(k)
+        kind = {np.dtype(np.uint32): _U32, np.dtype(np.int64): _I64}.get(np.dtype(dtype))
+        if kind is None:
+            raise TypeError(f"the order's dtype must be uint32 or int64, got {np.dtype(dtype)}")
+        if not 1 <= buckets <= 1 << 16:
+            raise ValueError(f"buckets must be in [1, 65536], got {buckets}")
+        out, counts = np.empty(k.size, dtype), np.empty(buckets, np.int64)
+        bad = ctypes.c_int64(-1)
+        code = self._lib.rd_bucket_order(
+            k.ctypes.data, k.size, buckets, out.ctypes.data, kind, counts.ctypes.data, ctypes.byref(bad)
+        )
+        if code == _ERANGE:
+            raise ValueError(f"key {int(k[bad.value])} (item {bad.value}) is not below buckets ({buckets})")
+        _check(code, "bucket_order")
+        return out, counts
+
+    def gather_lines(
+        self,
+        buf: Any,
+        shift: int,
+        starts: Any,
+        rows: Any,
+        bounds: Any,
+        dst: npt.NDArray[np.uint8],
+        file_size: int,
+        bom: bool,
+    ) -> int:
+        a, d, st = _bytes_in(buf), _bytes_out(dst), _i64(starts)
+        (r, rk), (b, bk) = _index(rows), _index(bounds)
+        if st.size != r.size:
+            raise ValueError(f"{st.size} starts and {r.size} rows")
+        if shift < 0:
+            raise ValueError(f"shift must be >= 0, got {shift}")
+        row = ctypes.c_int64(-1)
+        code = self._lib.rd_gather_lines(
+            a.ctypes.data,
+            a.size,
+            shift,
+            st.ctypes.data,
+            r.ctypes.data,
+            rk,
+            r.size,
+            b.ctypes.data,
+            bk,
+            b.size,
+            d.ctypes.data,
+            d.size,
+            file_size,
+            int(bom),
+            ctypes.byref(row),
+        )
+        _check(code, "gather_lines", row.value)
         return int(row.value)

@@ -22,10 +22,12 @@ __all__ = [
     "MARK",
     "NEWLINE",
     "LineScan",
+    "bucket_order",
     "check_lines",
     "copy_rows",
     "count_byte",
     "find_byte",
+    "gather_lines",
     "lines_bad",
     "mix32",
     "pack_rows",
@@ -322,3 +324,76 @@ def check_lines(
         ok[k] = not bool(BLANK[buf[rs[k] : re_[k]]].all())
     bad = np.flatnonzero(~ok)
     return int(bad[0]) if bad.size else -1
+
+
+def bucket_order(
+    keys: npt.NDArray[np.uint16], buckets: int, dtype: Any = np.int64
+) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+    """``(order, counts)``: the items of ``keys`` (each below ``buckets``) in ascending key order,
+    stably, as ``dtype`` (uint32 or int64), and how many items hold each key."""
+    if keys.dtype != np.uint16 or keys.ndim != 1:
+        raise TypeError(f"keys must be a 1-D uint16 array, got {keys.dtype} with shape {keys.shape}")
+    if np.dtype(dtype) not in (np.dtype(np.uint32), np.dtype(np.int64)):
+        raise TypeError(f"the order's dtype must be uint32 or int64, got {np.dtype(dtype)}")
+    if not 1 <= buckets <= 1 << 16:
+        raise ValueError(f"buckets must be in [1, 65536], got {buckets}")
+    if keys.size and int(keys.max()) >= buckets:
+        item = int(np.flatnonzero(keys >= buckets)[0])
+        raise ValueError(f"key {int(keys[item])} (item {item}) is not below buckets ({buckets})")
+    order = np.argsort(keys, kind="stable").astype(dtype)  # a radix sort of 16-bit keys
+    return order, np.bincount(keys, minlength=buckets).astype(np.int64)
+
+
+def gather_lines(
+    buf: npt.NDArray[np.uint8],
+    shift: int,
+    starts: npt.NDArray[np.int64],
+    rows: _IntArray,
+    bounds: _IntArray,
+    dst: npt.NDArray[np.uint8],
+    file_size: int,
+    bom: bool,
+) -> int:
+    """The gather of one window: row ``k`` (bytes ``starts[k]`` on of the file, held at
+    ``buf[starts[k] - shift:]``) checked as :func:`check_lines` checks it and copied to
+    ``dst[bounds[r]:bounds[r + 1]]``, ``r = rows[k]``, in order. Returns the first row that is not a
+    sample (the rows before it copied), or -1 (all copied). A row outside its buffers (``r`` not a row
+    of ``bounds``, its place outside ``dst``, its bytes or those its checks need outside ``buf``) is
+    a ValueError, the rows before it copied."""
+    if shift < 0:
+        raise ValueError(f"shift must be >= 0, got {shift}")
+    starts = np.asarray(starts, np.int64)
+    r = np.asarray(rows, np.int64)
+    b = np.asarray(bounds, np.int64)
+    n = r.size
+    known = (r >= 0) & (r < b.size - 1)
+    rr = np.where(known, r, 0)
+    d = np.where(known, b[rr] if b.size else 0, 0)
+    lengths = np.where(known, b[np.minimum(rr + 1, max(b.size - 1, 0))] - d if b.size else 0, 0)
+    at, ends = starts - shift, starts + lengths
+    # What the kernel's range check refuses: the row's place, its bytes, and the bytes its checks read.
+    needs_before = ~((starts == 0) | ((starts == len(BOM)) & bom))
+    needs_after = ends < file_size
+    re_ = at + lengths
+    after = np.take(buf, re_, mode="clip") if buf.size else np.zeros(n, np.uint8)
+    outside = (
+        ~known
+        | (d < 0)
+        | (lengths < 0)
+        | (d > dst.size - lengths)
+        | (starts < 0)
+        | (at < 0)
+        | (at > buf.size - lengths)
+        | (starts > file_size - lengths)
+        | (needs_before & (at < 1))
+        | (needs_after & (re_ >= buf.size))
+        | (needs_after & (after == CR) & (ends + 1 < file_size) & (re_ + 1 >= buf.size))
+    )
+    first_out = int(np.argmax(outside)) if bool(outside.any()) else n
+    inside = slice(0, first_out)
+    bad = check_lines(buf, at[inside], starts[inside], lengths[inside], file_size, bom) if first_out else -1
+    done = bad if bad >= 0 else first_out
+    copy_rows(buf, at[:done], lengths[:done], dst, d[:done])
+    if bad < 0 and first_out < n:
+        raise ValueError(f"gather_lines: a span lies outside its buffer (row {first_out})")
+    return bad

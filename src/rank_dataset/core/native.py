@@ -46,11 +46,13 @@ __all__ = [
     "MODE_ENV",
     "NEWLINE",
     "LineScan",
+    "bucket_order",
     "check_lines",
     "copy_rows",
     "count_newlines",
     "describe",
     "find_newlines",
+    "gather_lines",
     "lines_bad",
     "mix32",
     "pack_rows",
@@ -197,3 +199,32 @@ def check_lines(
     if k is None:
         return _reference.check_lines(buf, at, starts, lengths, file_size, bom)
     return k.check_lines(buf, at, starts, lengths, file_size, bom)
+
+
+def bucket_order(
+    keys: npt.NDArray[np.uint16], buckets: int, dtype: Any = np.int64
+) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+    """``(order, counts)``: the items of ``keys`` (uint16, each below ``buckets``) in ascending key
+    order, stably (``np.argsort(keys, kind="stable")`` as ``dtype``, uint32 or int64), and how many
+    items hold each key (``np.bincount(keys, minlength=buckets)``): one counting sort."""
+    k = _state()[0]
+    return _reference.bucket_order(keys, buckets, dtype) if k is None else k.bucket_order(keys, buckets, dtype)
+
+
+def gather_lines(
+    buf: npt.NDArray[np.uint8],
+    shift: int,
+    starts: npt.NDArray[np.int64],
+    rows: npt.NDArray[Any],
+    bounds: npt.NDArray[Any],
+    dst: npt.NDArray[np.uint8],
+    file_size: int,
+    bom: bool,
+) -> int:
+    """Check rows read into ``buf`` as :func:`check_lines` does and copy each to its place in a
+    shard's ``dst`` (``bounds[rows[k]]`` on), in one pass: the first row that is not a sample, or -1.
+    See :func:`rank_dataset.core._reference.gather_lines`."""
+    k = _state()[0]
+    if k is None:
+        return _reference.gather_lines(buf, shift, starts, rows, bounds, dst, file_size, bom)
+    return k.gather_lines(buf, shift, starts, rows, bounds, dst, file_size, bom)

@@ -28,7 +28,7 @@ from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import in_threads
 from rank_dataset.files import _visits
 from rank_dataset.files._parquet_gather import ParquetKept, parquet_copy, parquet_lengths
-from rank_dataset.files._pread import _GAP, ByteSource, Window
+from rank_dataset.files._pread import _GAP, ByteSource, Window, dense
 from rank_dataset.files._visits import (
     THREADED_ROWS,
     _file_rows,
@@ -73,6 +73,11 @@ _WINDOW = 2 << 20
 # A batch wider than the window is read row by row (see _batches): at most this many rows, too few
 # for Window.load to read its whole span instead (it does where the rows average two a page).
 _SPARSE_ROWS = 2 * _WINDOW // 4096
+
+
+# Bytes read past the last row start of a dense batch copied in one pass (_gather_window): its line
+# and the two bytes after it, unless it is longer (then the batch is copied the general way).
+_TAIL = 16 << 10
 
 
 _ROW_EXTRA = 3  # bytes a sparse row is read with beyond its own: the byte before it, its line ending (_copy_rows)
@@ -193,10 +198,12 @@ class SampleNumbers:
             self._indices = None
 
 
-def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, ids: bool) -> ShardWriter:
+def gather(
+    files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, ids: bool, shared: bool = True
+) -> ShardWriter:
     """A ShardWriter holding the lines of the sample numbers ``samples`` gives (``samples.get()``), back to
     back in their order, read from ``files`` (whose samples ``bounds`` numbers); ``ids``: the writer keeps
-    the sample numbers.
+    the sample numbers; ``shared``: in a shareable segment (else in private memory).
 
     Rows are visited in file order at the granularity of 1/4096 of the samples (a cheap radix sort
     instead of a full one; a small read is sorted in full), in two passes. The first reads the index
@@ -214,7 +221,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
     indices = samples.get()
     n = indices.size
     if not n:
-        writer = ShardWriter(0, 0, ids=ids)
+        writer = ShardWriter(0, 0, ids=ids, shared=shared)
         writer.bounds[0] = 0
         return writer
     visits = _file_rows(files, bounds, indices)
@@ -228,7 +235,7 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
             parquet_kept[visit.number] = parquet_lengths(visit, indices, lengths)
             continue
         in_threads(functools.partial(_take_lengths, visit, indices, lengths, starts), _threads(visit))
-    writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids)
+    writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids, shared=shared)
     writer.bounds[0] = 0
     np.cumsum(lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
     del lengths
@@ -253,8 +260,8 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
                 # and ask for spans long let go of, decoded again from the frame's start). Only where
                 # the rows are dense: a batch of sparse rows spans many spans, which it would all pin,
                 # and two batches far apart could not both be decoded in order.
-                shared = _Shared(_kept_spans(visit, samples, starts, (0, 1)), serial)
-                in_threads(lambda _: work(shared), _threads(visit))  # noqa: B023
+                in_order = _Shared(_kept_spans(visit, samples, starts, (0, 1)), serial)
+                in_threads(lambda _: work(in_order), _threads(visit))  # noqa: B023
             else:
                 # A compressed file's threads take a run of batches each: they share no decoded span
                 # but at a run's ends (taking every other batch, each thread asked for every span, and
@@ -350,7 +357,15 @@ def _copy_part(
 ) -> None:
     """Copy the rows of ``batches`` of ``visit`` from the file open at ``fd`` into ``writer``."""
     file, window = visit.file, Window()
+    fused = native.path() == "native"
     for rows, starts, took in batches:
+        if fused and took is None:
+            done = _gather_window(fd, file.index.size, window, rows, starts, writer)
+            if done is False:
+                file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
+                raise IndexMismatch(visit.number, corrupt=True)
+            if done:
+                continue
         dst = writer.bounds[rows]
         lengths = (writer.bounds[rows + 1] - dst).astype(np.int64, copy=False)
         # Entries read again: the cache could have been replaced since the first pass.
@@ -359,6 +374,41 @@ def _copy_part(
         if not _copy_rows(fd, file.index.size, window, starts, lengths, dst, writer.data):
             file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
             raise IndexMismatch(visit.number, corrupt=True)
+
+
+def _gather_window(
+    fd: int | ByteSource,
+    size: int,
+    window: Window,
+    rows: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.int64],
+    writer: ShardWriter,
+) -> bool | None:
+    """Copy a dense batch of rows (``starts`` in the file, going to rows ``rows`` of ``writer``) from one
+    window of the file in one native pass that takes each row's place and length from the shard's
+    offsets, checks it and copies it: whether every row was a sample (False: the first that is not
+    stops the copy); None where the batch is not dense, or a row's bytes run past what was read
+    (a line longer than ``_TAIL`` among its last): the caller copies it the general way.
+
+    The general way costs a dozen numpy passes a row (the offsets taken twice, the window's cuts, the
+    checks and the copy each a pass): most of a large read's time, where the rows are nearly the file.
+    """
+    if not starts.size:
+        return True
+    lo, top = int(starts.min()), int(starts.max())
+    if top - lo > _WINDOW or not dense(starts.size, lo, top + 1):
+        return None
+    first, stop = (0 if lo == len(BOM) else max(lo - 1, 0)), min(top + _TAIL, size)
+    # Exactly the bytes read (no padding): a row whose checks need a byte past them is refused, not misread.
+    held = window.span(fd, first, stop)
+    if held is None:
+        return None
+    buf, shift = held
+    bom = first == 0 and size >= len(BOM) and buf[: len(BOM)].tobytes() == BOM
+    try:
+        return native.gather_lines(buf, shift, starts, rows, writer.bounds, writer.data, size, bom) < 0
+    except ValueError:  # bytes past the window (a long line), or a row outside the shard
+        return None
 
 
 def _spans_of(

@@ -107,6 +107,22 @@ class Window:
                 self._buf = np.empty(size, np.uint8)
         return self._buf[:size]
 
+    def span(self, fd: int | ByteSource, lo: int, hi: int) -> tuple[npt.NDArray[np.uint8], int] | None:
+        """Bytes ``[lo, hi)`` of ``fd`` (``hi`` within the file), read whole in one call: ``(buf, lo)``,
+        byte ``x`` at ``buf[x - lo]``, ``buf`` exactly ``hi - lo`` bytes; None where a
+        :class:`ByteSource` holds them otherwise than in one piece.
+
+        Raises:
+            ShortRead: the file ends before ``hi``.
+        """
+        if not isinstance(fd, int):
+            buf, shift = fd.load(np.array([lo], np.int64), np.array([hi], np.int64), hi, 0, self._buffer)
+            at = shift if isinstance(shift, int) else int(shift[0]) if shift.size == 1 else None
+            return None if at is None or lo - at < 0 or buf.size < hi - at else (buf[lo - at : hi - at], lo)
+        buf = self._buffer(max(hi - lo, 0))
+        pread_exact(fd, buf, lo)
+        return buf, lo
+
     def load(
         self,
         fd: int | ByteSource,

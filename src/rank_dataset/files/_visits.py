@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import native
 from rank_dataset.core.residency import free_pages
 from rank_dataset.core.threads import HELPED_ITEMS, THREADS
 from rank_dataset.plan.bounds import Bounds
@@ -98,10 +99,8 @@ def _file_rows(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.i
         return _sorted_file_rows(files, bounds, indices)
     shift = _bucket_shift(n_total)
     keys = _bucket_keys(indices, shift)
-    order = np.argsort(keys, kind="stable")  # a radix sort of 16-bit keys
-    rows = order.astype(np.uint32) if n < 1 << 32 else order
-    del order
-    counts = np.bincount(keys, minlength=1 << _BUCKET_BITS)  # in item order: no gather
+    # One counting sort (the rows and each bucket's count): a fifth of numpy's stable argsort's time.
+    rows, counts = native.bucket_order(keys, 1 << _BUCKET_BITS, np.uint32 if n < 1 << 32 else np.int64)
     visits = []
     if len(files) == 1:
         groups = [(0, 0, n)]
@@ -157,7 +156,8 @@ def bucket_order(indices: npt.NDArray[np.int64], total: int) -> npt.NDArray[np.i
         >>> bucket_order(np.array([9000, 5, 4097]), 10_000).tolist()
         [1, 2, 0]
     """
-    return np.argsort(_bucket_keys(indices, _bucket_shift(total)), kind="stable")
+    order: npt.NDArray[np.intp] = native.bucket_order(_bucket_keys(indices, _bucket_shift(total)), 1 << _BUCKET_BITS)[0]
+    return order
 
 
 def _sorted_file_rows(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int64]) -> list[_FileRows]:

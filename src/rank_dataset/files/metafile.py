@@ -392,20 +392,23 @@ class MetaFile:
                 f"{self.where(index)}: line is not valid UTF-8 ({exc.reason} at byte {exc.start})"
             ) from None
 
-    def read(self, indices: npt.ArrayLike, *, ids: bool = True) -> Shard:
+    def read(self, indices: npt.ArrayLike, *, ids: bool = True, shared: bool = True) -> Shard:
         """Read the samples ``indices`` (in that order) into a new Shard, in shareable memory.
 
         Reads the index entries and the lines of these samples only, in file order, a window of
         the file at a time into one reusable buffer, and checks every sample against the bytes.
         With ``ids=False`` the shard does not keep the sample numbers (a dataset recomputes them
-        from its plan).
+        from its plan). With ``shared=False`` it lives in this process's private memory (huge pages
+        where the system allows them), for a caller that never hands it to another process (the
+        meta server, which frames and sends it): half the cost of faulting in a shareable segment's
+        pages; pickling such a shard copies it into a segment first.
 
         Raises:
             IndexError: an index outside ``[0, len(self))``.
             MetaFileChangedError: a file changed since it was indexed (or while it was read).
             ValueError: a line is not valid UTF-8 (the message names its file and line).
         """
-        return self._read(SampleNumbers(self._in_range(np.asarray(indices, np.int64))), ids=ids)
+        return self._read(SampleNumbers(self._in_range(np.asarray(indices, np.int64))), ids=ids, shared=shared)
 
     def _read_made(self, make: Callable[[], npt.NDArray[np.int64]], *, ids: bool) -> Shard:
         """``read(make(), ids=ids)``, for samples that ``make`` gives again whenever called (a plan's):
@@ -419,8 +422,8 @@ class MetaFile:
             raise IndexError(f"sample index {low if low < 0 else high} is out of range for {n} samples")
         return indices
 
-    def _read(self, samples: SampleNumbers, *, ids: bool) -> Shard:
-        writer = self._retrying(lambda: gather(self._files, self._layout, samples, ids=ids))
+    def _read(self, samples: SampleNumbers, *, ids: bool, shared: bool = True) -> Shard:
+        writer = self._retrying(lambda: gather(self._files, self._layout, samples, ids=ids, shared=shared))
         if not all(file.index.ascii for file in self._files):
             check_utf8(lambda row: self.where(int(samples.get()[row])), writer.data, writer.bounds)
         if samples.size >= THREADED_ROWS:  # a small read leaves no large temporaries behind

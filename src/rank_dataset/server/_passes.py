@@ -258,7 +258,7 @@ def _read(source: MetaFile, parts: Sequence[npt.NDArray[np.int64]]) -> list[Part
         for p, o, (a, b) in zip(parts, orders, _cuts(parts)):
             np.take(p, o, out=union[a:b])
         try:
-            whole: Shard | None = source.read(union, ids=False)
+            whole: Shard | None = source.read(union, ids=False, shared=False)
         except Exception:  # some part's read fails: each gets the answer it would get alone
             whole = None
         del union
@@ -267,7 +267,7 @@ def _read(source: MetaFile, parts: Sequence[npt.NDArray[np.int64]]) -> list[Part
     outcomes: list[Part | Exception] = []
     for part in parts:
         try:
-            outcomes.append(Part(source.read(part, ids=False), part))
+            outcomes.append(Part(source.read(part, ids=False, shared=False), part))
         except Exception as exc:
             outcomes.append(exc)
     return outcomes

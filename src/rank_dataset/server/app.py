@@ -276,7 +276,7 @@ def create_app(
         if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= n):
             bad = int(indices.min()) if int(indices.min()) < 0 else int(indices.max())
             return _error(404, f"sample index {bad} is out of range for {n} samples", "index")
-        return FrameResponse(meta.read(indices))
+        return FrameResponse(meta.read(indices, shared=False))  # framed and sent: never shared
 
     slots = BuildSlots(max_builds, _BUILD_WAIT)
     passes = SharedPasses(slots, max_pass_samples)

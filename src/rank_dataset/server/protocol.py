@@ -32,14 +32,15 @@ import json
 import os
 import re
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.shard import Shard
+from rank_dataset.core.residency import anonymous_map
+from rank_dataset.core.shard import Shard, ShardWriter
 from rank_dataset.errors import ProtocolError
 from rank_dataset.plan.mix import MixPlan
 from rank_dataset.plan.spec import ShardSpec
@@ -61,6 +62,7 @@ __all__ = [
     "frame_size",
     "parse_int",
     "raise_for_error",
+    "receive_frame",
     "served_names",
     "shard_request_from_query",
     "spec_from_query",
@@ -424,3 +426,74 @@ def decode_frame(body: bytes, *, planned: npt.NDArray[np.int64] | None = None) -
         return Shard(data, starts, ends, ids=ids) if planned is None else Shard.shared_from(data, starts, ends)
     except ValueError as exc:
         raise FrameError(f"malformed frame: {exc}") from None
+
+
+def receive_frame(
+    read_into: Callable[[memoryview], int],
+    planned: npt.NDArray[np.int64] | Callable[[], npt.NDArray[np.int64]],
+    length: int | None = None,
+) -> Shard:
+    """The shard of a frame read a piece at a time with ``read_into`` (a response's ``readinto``): what
+    :func:`decode_frame` gives with ``planned`` (or what ``planned()`` gives, called once the frame's
+    sample numbers are in), without the whole frame in memory first. Where the frame's lines come back
+    to back (a shard read alone), they are read straight into the shareable segment the shard keeps:
+    one copy of them, not two (the body, then the segment), and no body's pages to fault in; else (a
+    shard cut from a shared pass) into a private map, then packed. ``length``: the body's declared
+    length, if any, checked against the header's before anything is allocated.
+
+    Raises:
+        As :func:`decode_frame`.
+    """
+    head = np.empty(_HEADER.size, np.uint8)
+    got = _fill(read_into, head, 0, None)
+    magic, size, count, nbytes = _HEADER.unpack_from(head.tobytes())
+    if magic != _MAGIC or size not in (4, 8):
+        raise ProtocolError(f"not a rank-dataset frame (magic {magic!r}, offset size {size}): different versions?")
+    expect = _HEADER.size + 8 * count + 2 * size * count + nbytes
+    if length is not None and length != expect:
+        raise FrameError(f"malformed frame: its header says {expect} bytes ({count} samples), its body {length}")
+    meta = np.empty(8 * count + 2 * size * count, np.uint8)
+    got = _fill(read_into, meta, got, expect)
+    dtype = np.dtype("<u4" if size == 4 else "<i8")
+    ids, offsets = meta[: 8 * count].view("<i8"), meta[8 * count :].view(dtype)
+    starts, ends = offsets[:count], offsets[count:]
+    if callable(planned):
+        planned = planned()
+    if not np.array_equal(ids, planned):
+        raise ProtocolError(
+            f"the frame holds {count} samples that are not the {len(planned)} planned: are client and server of "
+            "different versions?"
+        )
+    in_order = count == 0 or (int(starts[0]) == 0 and int(ends[-1]) == nbytes and bool((starts[1:] == ends[:-1]).all()))
+    if in_order and bool((ends >= starts).all()):
+        writer = ShardWriter(count, nbytes)
+        writer.bounds[:-1] = starts
+        writer.bounds[-1] = nbytes
+        got = _fill(read_into, writer.data, got, expect)
+        shard = writer.finish()
+    else:
+        data = np.frombuffer(anonymous_map(nbytes), np.uint8, nbytes) if nbytes else np.empty(0, np.uint8)
+        got = _fill(read_into, data, got, expect)
+        try:
+            shard = Shard.shared_from(data, starts, ends)
+        except ValueError as exc:
+            raise FrameError(f"malformed frame: {exc}") from None
+    if read_into(memoryview(bytearray(1))):
+        raise FrameError(f"the frame runs past its {expect} bytes ({count} samples)")
+    return shard
+
+
+def _fill(read_into: Callable[[memoryview], int], out: npt.NDArray[np.uint8], got: int, expect: int | None) -> int:
+    """Fill ``out`` with what ``read_into`` reads; ``got`` bytes of the frame (of ``expect``) read before it.
+
+    Raises:
+        FrameError: the frame ends first.
+    """
+    view, done = out.data.cast("B"), 0
+    while done < len(view):
+        n = read_into(view[done:])
+        if not n:
+            total = "its header" if expect is None else f"{expect}"
+            raise FrameError(f"incomplete frame: got {got + done} bytes of {total}")
+        done += n
+    return got + done

@@ -6,12 +6,13 @@ it are in :mod:`rank_dataset.training.server_datasets`.
 from __future__ import annotations
 
 import email.utils
+import http.client
 import json
 import os
 import random
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import urllib3
@@ -116,8 +117,11 @@ class MetaServer:
             self._pid = os.getpid()
         return self._pool
 
-    def _call(self, method: str, path: str, parse: Callable[[bytes], T], **kwargs: Any) -> T:
+    def _call(
+        self, method: str, path: str, parse: Callable[[bytes], T], read: Callable[[Any], T] | None = None, **kwargs: Any
+    ) -> T:
         """One call, retried on connection errors, timeouts, 5xx and incomplete frames; 4xx raise at once.
+        A success's body goes to ``parse``, or, with ``read``, the response itself, to read as it comes.
 
         A 503 (a server at one of its limits) is retried no sooner than its Retry-After says and
         does not use up ``retries``; every retry ends when the next would start past ``timeout``.
@@ -143,7 +147,9 @@ class MetaServer:
         try:
             for attempt in retrying:
                 with attempt:
-                    response = self._get_pool().request(method, url, headers=headers, **kwargs)
+                    response = self._get_pool().request(
+                        method, url, headers=headers, preload_content=read is None, **kwargs
+                    )
                     if response.status == 503:
                         retry_after = _retry_after(response.headers.get("Retry-After"))
                         raise _Busy(f"HTTP 503: {response.data[:200]!r}", retry_after)
@@ -151,7 +157,15 @@ class MetaServer:
                         raise _Retryable(f"HTTP {response.status}: {response.data[:200]!r}")
                     if response.status >= 400:
                         protocol.raise_for_error(url, response.status, response.data)
-                    return parse(response.data)
+                    if read is None:
+                        return parse(response.data)
+                    try:
+                        got = read(response)
+                    except BaseException:
+                        response.close()  # a body cut short or refused: its connection is not reused
+                        raise
+                    response.release_conn()  # read to its end: the connection is reused
+                    return got
         except RetryError as exc:
             cause = exc.last_attempt.exception()
             attempts = exc.last_attempt.attempt_number
@@ -185,7 +199,21 @@ class MetaServer:
             except ProtocolError as exc:  # not a frame, or not of the plan: different versions?
                 raise ProtocolError(f"{self.url}{path}: {exc}") from None
 
-        return self._call("POST" if "body" in kwargs else "GET", path, decode, **kwargs)
+        def receive(response: Any) -> Shard:
+            assert planned is not None
+            declared = response.headers.get("content-length")
+            length = int(declared) if declared is not None and declared.isdigit() else None
+            try:
+                return protocol.receive_frame(_read_into(response), planned, length)
+            except protocol.FrameError as exc:  # cut short, e.g. by a server that died mid-answer
+                raise _Retryable(str(exc)) from exc
+            except ProtocolError as exc:  # (a ConnectionError: before the socket's errors)
+                raise ProtocolError(f"{self.url}{path}: {exc}") from None
+            except (OSError, http.client.HTTPException) as exc:  # the socket's own errors (urllib3 wraps its own)
+                raise _Retryable(f"the frame could not be read: {exc!r}") from exc
+
+        method = "POST" if "body" in kwargs else "GET"
+        return self._call(method, path, decode, None if planned is None else receive, **kwargs)
 
     def num_samples(self) -> tuple[int, str | None]:
         """The number of samples the server serves, and the fingerprint of its files (which later
@@ -203,6 +231,18 @@ class MetaServer:
     def files(self) -> list[protocol.ServedFile]:
         """The files the server serves, by name, with their sample counts and fingerprints."""
         return protocol.files_from_body(self.get(protocol.FILES))
+
+
+def _read_into(response: Any) -> Callable[[memoryview], int]:
+    """A ``readinto`` of ``response``'s body that reads into the buffer given. urllib3's reads a bytes
+    object of the buffer's size and copies it over (for a shard's lines, a 41 MB object faulted in and
+    copied again); the http.client response under it reads the socket into the buffer itself. That one
+    is used where urllib3 has nothing to undo (no content encoding) and is as this version of urllib3
+    keeps it, else urllib3's own."""
+    raw = getattr(response, "_fp", None)
+    if isinstance(raw, http.client.HTTPResponse) and not response.headers.get("content-encoding"):
+        return cast(Callable[[memoryview], int], raw.readinto)
+    return cast(Callable[[memoryview], int], response.readinto)
 
 
 def server_url(
