@@ -15,6 +15,7 @@ import zstandard
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files import formats
 from rank_dataset.files.formats import spans as spans_mod
+from rank_dataset.files.formats.zstd import ZSTD
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.mix import MixPlan, Source
 from rank_dataset.plan.spec import ShardSpec
@@ -247,3 +248,15 @@ def test_span_source_cuts_ranges_at_the_decompressed_end_and_closes_what_it_open
     for other in opened:
         with pytest.raises(OSError):
             os.fstat(other)
+
+
+@pytest.mark.parametrize(
+    ("points", "size"),
+    [([0], 0), ([0], 10), ([0], 4 << 20), ([0, 3, 8], 9), ([0, 4, 5, 8, 12], 13), ([0, 1, 2, 3], 4), ([0, 7], 7)],
+)
+def test_zstd_span_cuts_are_the_frame_starts_and_every_span_sorted_and_distinct(points: list[int], size: int) -> None:
+    # Frame starts on and between the span multiples, as many frames as spans, and none: every cut once.
+    checkpoints = formats.Checkpoints(ZSTD, size, np.array([[p, p] for p in points], np.int64), b"")
+    cuts = ZSTD.span_cuts(checkpoints, 4)
+    assert cuts.dtype == np.int64
+    assert cuts.tolist() == sorted(set(points) | set(range(0, size, 4)))
