@@ -637,6 +637,20 @@ RD_API int rd_permute(int64_t n, int64_t rows, int col_bits, const uint32_t *key
     return RD_OK;
 }
 
+/* Rows a check looks ahead to start loading, and where: the byte before the row and its end (both
+ * read by the checks; a row of a few dozen bytes, the lines they lie on). A row's checks read bytes
+ * far apart (a shard's rows lie a few hundred bytes apart in the window, in no order within a
+ * bucket of samples), which the hardware does not foresee: on a rank's rows of a 10M-line file
+ * (W = 8, windows of a decompressed file not in the cache) the check took 0.083 s without the hint,
+ * 0.072 s with the row's start 16 rows ahead, 0.034 s with both lines 32 rows ahead. Nothing is
+ * read: an offset outside buf (not yet checked) is passed over. */
+#define RD_CHECK_AHEAD 32
+
+RD_INLINE void prefetch_row(const uint8_t *buf, int64_t size, int64_t rs, int64_t len) {
+    if (rs > 0 && rs <= size) RD_PREFETCH(buf + rs - 1);
+    if (rs >= 0 && len >= 0 && rs < size - len) RD_PREFETCH(buf + rs + len);
+}
+
 /*
  * The gather's checks of rows copied from a window of a file: the first row k < n that is not a
  * sample of the file into *row (-1 if none). Row k is bytes [starts[k], starts[k] + lengths[k]) of a
@@ -655,6 +669,7 @@ RD_API int rd_check_lines(const uint8_t *buf, int64_t size, const int64_t *at, c
     *row = -1;
     int64_t from = 0, next_nl = -1; /* as rd_lines_bad: the first newline in buf at or after from */
     for (int64_t k = 0; k < n; k++) {
+        if (k + RD_CHECK_AHEAD < n) prefetch_row(buf, size, at[k + RD_CHECK_AHEAD], lengths[k + RD_CHECK_AHEAD]);
         const int64_t rs = at[k], s = starts[k], len = lengths[k];
         if (rs < 0 || s < 0 || len < 0 || rs > size - len || s > file_size - len) {
             *row = k;
