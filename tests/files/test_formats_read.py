@@ -260,3 +260,74 @@ def test_zstd_span_cuts_are_the_frame_starts_and_every_span_sorted_and_distinct(
     cuts = ZSTD.span_cuts(checkpoints, 4)
     assert cuts.dtype == np.int64
     assert cuts.tolist() == sorted(set(points) | set(range(0, size, 4)))
+
+
+@pytest.mark.parametrize("name", sorted(COMPRESSORS))
+def test_read_ahead_keeps_a_one_frame_files_first_spans_until_a_batch_pins_them(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only a file of one zstd frame is read ahead (a read of any span decodes those before it); the
+    # spans read ahead outlive the source's few kept ones until a pin reaches them or passes them.
+    monkeypatch.setattr(spans_mod, "SPAN", 20_000)
+    raw = b"".join(b"img/%06d.jpg %d\n" % (i, i % 7) for i in range(20_000))
+    path = tmp_path / name
+    path.write_bytes(COMPRESSORS[name](raw))
+    fd = os.open(path, os.O_RDONLY)
+    decompression = formats.Decompression(path, fd, formats.detect(fd), spacing=50_000)
+    assert b"".join(decompression) == raw
+    source = formats.SpanSource(path, fd, decompression.checkpoints, lambda: os.open(path, os.O_RDONLY))
+    try:
+        started = source.read_ahead(8)
+        assert started == (8 if name == "one.zst" else 0)
+        if started:
+            assert source.span(7) == raw[7 * 20_000 : 8 * 20_000]  # (waits for the decoder)
+            assert set(range(8)) <= set(source._kept)  # more than the few kept: read ahead
+            # A batch of lines starting in spans 0-2 pins them and span 3 (a line may run on into it).
+            assert source.pin(0, 3 * 20_000 - 1) == (0, 4)
+            source.unpin(0, 4)
+            for k in range(9, len(raw) // 20_000):
+                source.span(k)
+            assert not set(range(4)) & set(source._kept)
+            assert set(range(4, 8)) <= set(source._kept)  # not reached by a batch yet
+        assert source.read(0, len(raw)) == raw
+    finally:
+        source.close()
+        os.close(fd)
+
+
+def test_a_build_that_fails_before_reading_ahead_is_done_leaves_nothing_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The source opened ahead of the first pass is closed (its descriptors, its decoder thread) when
+    # the first pass fails; the next build reads the file whole.
+    from rank_dataset.files import _gather as gather_mod
+
+    monkeypatch.setattr(spans_mod, "SPAN", 20_000)
+    raw = b"".join(b"img/%06d.jpg %d\n" % (i, i % 7) for i in range(20_000))
+    path = tmp_path / "one.zst"
+    path.write_bytes(COMPRESSORS["one.zst"](raw))
+    mf = MetaFile(path)
+    opened: list[formats.SpanSource] = []
+    read_ahead = formats.SpanSource.read_ahead
+
+    def counting(self: formats.SpanSource, count: int | None = None) -> int:
+        opened.append(self)
+        return read_ahead(self, count)
+
+    monkeypatch.setattr(formats.SpanSource, "read_ahead", counting)
+    first_pass = gather_mod._first_pass
+
+    def failing(*args: object, **kwargs: object) -> object:
+        raise OSError("the index could not be read")
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(gather_mod, "_first_pass", failing)
+    with pytest.raises(OSError, match="could not be read"):
+        mf.read(np.arange(len(mf)))
+    assert len(opened) == 1 and not opened[0]._kept
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert not [t for t in threading.enumerate() if t.name.startswith("rank-dataset-spans") and t.is_alive()]
+    monkeypatch.setattr(gather_mod, "_first_pass", first_pass)
+    shard = mf.read(np.arange(len(mf))[::-1])
+    assert shard.texts([0, len(mf) - 1]) == ["img/019999.jpg 0", "img/000000.jpg 0"]
+    assert len(opened) == 2
