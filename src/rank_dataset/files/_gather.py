@@ -259,17 +259,17 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
 
 
 def _open_ahead(visit: _FileRows, ahead: contextlib.ExitStack) -> SpanSource | None:
-    """The source of ``visit``'s file opened (into ``ahead``) before the first pass, its decoding
-    started, where its second pass will decode one zstd frame in order (:meth:`SpanSource.read_ahead`):
-    the first spans are decoded while the first pass reads the index. None elsewhere."""
+    """The source of ``visit``'s file opened (into ``ahead``) before the first pass where its rows are
+    dense in a compressed file, and a one-frame zstd file's decoding started
+    (:meth:`SpanSource.read_ahead`): its first spans are decoded while the first pass reads the index.
+    None elsewhere (the second pass opens the file)."""
     file = visit.file
     if not file.index.format.compressed or file.index.format.rows or not _dense(visit, file.index.size):
         return None
-    fd = ahead.enter_context(file.bytes.open(file.index))
-    if isinstance(fd, SpanSource) and fd.serial and fd.read_ahead():
-        return fd
-    ahead.close()  # nothing to read ahead: the second pass opens it as any other
-    return None
+    source = ahead.enter_context(file.bytes.open(file.index))
+    assert isinstance(source, SpanSource)
+    source.read_ahead()
+    return source
 
 
 def _first_pass(
