@@ -218,9 +218,13 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
         writer = ShardWriter(0, 0, ids=ids)
         writer.bounds[0] = 0
         return writer
-    visits = _file_rows(files, bounds, indices)
     with contextlib.ExitStack() as ahead:  # (closes a source opened ahead if the build fails before its pass)
-        first = _open_ahead(visits[0], ahead)
+        # The first file's source opened, and a one-frame zstd file's decoding started, as early as
+        # its rows are known: before they are planned where they are all the read's.
+        first = _open_ahead(files[0], n, ahead) if len(files) == 1 else None
+        visits = _file_rows(files, bounds, indices)
+        if len(files) > 1:
+            first = _open_ahead(visits[0].file, visits[0].rows.size, ahead)
         writer, kept, parquet_kept = _first_pass(visits, indices, ids=ids)
         if writer.ids is not None:
             writer.ids[:] = indices
@@ -258,13 +262,12 @@ def gather(files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, id
     return writer
 
 
-def _open_ahead(visit: _FileRows, ahead: contextlib.ExitStack) -> SpanSource | None:
-    """The source of ``visit``'s file opened (into ``ahead``) before the first pass where its rows are
-    dense in a compressed file, and a one-frame zstd file's decoding started
+def _open_ahead(file: _File, rows: int, ahead: contextlib.ExitStack) -> SpanSource | None:
+    """The source of ``file`` opened (into ``ahead``) before the first pass where a read's ``rows`` of
+    it are dense in a compressed file, and a one-frame zstd file's decoding started
     (:meth:`SpanSource.read_ahead`): its first spans are decoded while the first pass reads the index.
     None elsewhere (the second pass opens the file)."""
-    file = visit.file
-    if not file.index.format.compressed or file.index.format.rows or not _dense(visit, file.index.size):
+    if not file.index.format.compressed or file.index.format.rows or not _dense(rows, file.index.size):
         return None
     source = ahead.enter_context(file.bytes.open(file.index))
     assert isinstance(source, SpanSource)
@@ -300,7 +303,7 @@ def _second_pass(
     """The second pass over ``visit``'s file, open at ``fd``: its rows copied into ``writer``."""
     work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
     serial = fd if isinstance(fd, SpanSource) and fd.serial else None
-    if serial is not None and _dense(visit, serial.checkpoints.size):
+    if serial is not None and _dense(visit.rows.size, serial.checkpoints.size):
         # One decoder thread makes the spans in order: the threads take the next batch each as
         # they finish one, its spans pinned meanwhile (with a part each, one would fall behind
         # and ask for spans long let go of, decoded again from the frame's start). Only where
@@ -352,9 +355,9 @@ def _kept_spans(
         yield batch
 
 
-def _dense(visit: _FileRows, size: int) -> bool:
-    """Whether a batch of ``visit``'s rows spans at most ``_SHARED_SPAN`` of the file's ``size`` bytes, on average."""
-    return visit.rows.size * _SHARED_SPAN >= _visits._BATCH_ROWS * size
+def _dense(rows: int, size: int) -> bool:
+    """Whether a batch of a visit's ``rows`` spans at most ``_SHARED_SPAN`` of the file's ``size`` bytes, on average."""
+    return rows * _SHARED_SPAN >= _visits._BATCH_ROWS * size
 
 
 class _Shared(Iterator[_Kept]):
