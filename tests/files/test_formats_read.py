@@ -331,3 +331,17 @@ def test_a_build_that_fails_before_reading_ahead_is_done_leaves_nothing_open(
     shard = mf.read(np.arange(len(mf))[::-1])
     assert shard.texts([0, len(mf) - 1]) == ["img/019999.jpg 0", "img/000000.jpg 0"]
     assert len(opened) == 2
+
+
+@pytest.mark.parametrize("frame", [997, 4096, 32 << 10, 100_003, 1 << 30])
+def test_zstd_frames_of_any_size_give_the_plain_files_shards(tmp_path: Path, frame: int) -> None:
+    # Frames cut anywhere in a line (1 << 30: one frame, read ahead), rows across the 32 KiB spans'
+    # edges and the frames', CRLF endings, a byte order mark and no newline after the last line.
+    raw = _lines(3000)
+    plain, packed = tmp_path / "meta.txt", tmp_path / "meta.zst"
+    plain.write_bytes(raw)
+    packed.write_bytes(zstd_frames(raw, frame))
+    text, zst = MetaFile(plain), MetaFile(packed)
+    for spec in [ShardSpec(len(text), 1, 0, seed=2), *(ShardSpec(len(text), 8, r, seed=2) for r in (0, 7))]:
+        a, b = text.read(spec.indices()), zst.read(spec.indices())
+        assert np.array_equal(a.bounds, b.bounds) and bytes(a.data) == bytes(b.data), spec
