@@ -537,6 +537,25 @@ def test_check_lines_on_hostile_rows(kernels: Kernels) -> None:
         kernels.check_lines(_u8(b"\ncd\r"), [1], [3], [2], 7, False)  # the byte after the CR is not held
 
 
+def test_check_lines_looks_ahead_without_reading_rows_it_has_not_checked(kernels: Kernels) -> None:
+    # The check starts loading rows 32 ahead of the one it checks, before checking their offsets: rows
+    # outside the buffer (far past it, before it, of a length past it) after the first bad row change
+    # nothing, and one after the good rows is the error it was (ASan runs this too: make test-asan).
+    data = b"".join(b"row %02d\n" % i for i in range(40))
+    buf = _u8(data + bytes(8))
+    starts, lengths = np.arange(0, len(data), 7, dtype=np.int64), np.full(40, 6, np.int64)
+    assert kernels.check_lines(buf, starts, starts, lengths, len(data), False) == -1
+    wild_at = starts.copy()
+    wild_at[33:] = [1 << 62, -(1 << 62), -1, len(buf), len(buf) - 1, 5, 5]
+    wild_len = lengths.copy()
+    wild_len[38:] = [1 << 62, -(1 << 62)]
+    bad_at = wild_at.copy()
+    bad_at[10] += 1  # row 10 is read from a place that does not follow a newline
+    assert kernels.check_lines(buf, bad_at, starts, wild_len, len(data), False) == 10
+    with pytest.raises(ValueError, match="outside"):
+        kernels.check_lines(buf, wild_at, starts, wild_len, len(data), False)  # row 33: past the buffer
+
+
 # --- the fused gather of a window, and the visiting order --------------------------------------------
 
 

@@ -15,6 +15,7 @@ import zstandard
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files import formats
 from rank_dataset.files.formats import spans as spans_mod
+from rank_dataset.files.formats.zstd import ZSTD
 from rank_dataset.files.metafile import MetaFile
 from rank_dataset.plan.mix import MixPlan, Source
 from rank_dataset.plan.spec import ShardSpec
@@ -247,3 +248,100 @@ def test_span_source_cuts_ranges_at_the_decompressed_end_and_closes_what_it_open
     for other in opened:
         with pytest.raises(OSError):
             os.fstat(other)
+
+
+@pytest.mark.parametrize(
+    ("points", "size"),
+    [([0], 0), ([0], 10), ([0], 4 << 20), ([0, 3, 8], 9), ([0, 4, 5, 8, 12], 13), ([0, 1, 2, 3], 4), ([0, 7], 7)],
+)
+def test_zstd_span_cuts_are_the_frame_starts_and_every_span_sorted_and_distinct(points: list[int], size: int) -> None:
+    # Frame starts on and between the span multiples, as many frames as spans, and none: every cut once.
+    checkpoints = formats.Checkpoints(ZSTD, size, np.array([[p, p] for p in points], np.int64), b"")
+    cuts = ZSTD.span_cuts(checkpoints, 4)
+    assert cuts.dtype == np.int64
+    assert cuts.tolist() == sorted(set(points) | set(range(0, size, 4)))
+
+
+@pytest.mark.parametrize("name", sorted(COMPRESSORS))
+def test_read_ahead_keeps_a_one_frame_files_first_spans_until_a_batch_pins_them(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only a file of one zstd frame is read ahead (a read of any span decodes those before it); the
+    # spans read ahead outlive the source's few kept ones until a pin reaches them or passes them.
+    monkeypatch.setattr(spans_mod, "SPAN", 20_000)
+    raw = b"".join(b"img/%06d.jpg %d\n" % (i, i % 7) for i in range(20_000))
+    path = tmp_path / name
+    path.write_bytes(COMPRESSORS[name](raw))
+    fd = os.open(path, os.O_RDONLY)
+    decompression = formats.Decompression(path, fd, formats.detect(fd), spacing=50_000)
+    assert b"".join(decompression) == raw
+    source = formats.SpanSource(path, fd, decompression.checkpoints, lambda: os.open(path, os.O_RDONLY))
+    try:
+        started = source.read_ahead(8)
+        assert started == (8 if name == "one.zst" else 0)
+        if started:
+            assert source.span(7) == raw[7 * 20_000 : 8 * 20_000]  # (waits for the decoder)
+            assert set(range(8)) <= set(source._kept)  # more than the few kept: read ahead
+            # A batch of lines starting in spans 0-2 pins them and span 3 (a line may run on into it).
+            assert source.pin(0, 3 * 20_000 - 1) == (0, 4)
+            source.unpin(0, 4)
+            for k in range(9, len(raw) // 20_000):
+                source.span(k)
+            assert not set(range(4)) & set(source._kept)
+            assert set(range(4, 8)) <= set(source._kept)  # not reached by a batch yet
+        assert source.read(0, len(raw)) == raw
+    finally:
+        source.close()
+        os.close(fd)
+
+
+def test_a_build_that_fails_before_reading_ahead_is_done_leaves_nothing_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The source opened ahead of the first pass is closed (its descriptors, its decoder thread) when
+    # the first pass fails; the next build reads the file whole.
+    from rank_dataset.files import _gather as gather_mod
+
+    monkeypatch.setattr(spans_mod, "SPAN", 20_000)
+    raw = b"".join(b"img/%06d.jpg %d\n" % (i, i % 7) for i in range(20_000))
+    path = tmp_path / "one.zst"
+    path.write_bytes(COMPRESSORS["one.zst"](raw))
+    mf = MetaFile(path)
+    opened: list[formats.SpanSource] = []
+    read_ahead = formats.SpanSource.read_ahead
+
+    def counting(self: formats.SpanSource, count: int | None = None) -> int:
+        opened.append(self)
+        return read_ahead(self, count)
+
+    monkeypatch.setattr(formats.SpanSource, "read_ahead", counting)
+    first_pass = gather_mod._first_pass
+
+    def failing(*args: object, **kwargs: object) -> object:
+        raise OSError("the index could not be read")
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(gather_mod, "_first_pass", failing)
+    with pytest.raises(OSError, match="could not be read"):
+        mf.read(np.arange(len(mf)))
+    assert len(opened) == 1 and not opened[0]._kept
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert not [t for t in threading.enumerate() if t.name.startswith("rank-dataset-spans") and t.is_alive()]
+    monkeypatch.setattr(gather_mod, "_first_pass", first_pass)
+    shard = mf.read(np.arange(len(mf))[::-1])
+    assert shard.texts([0, len(mf) - 1]) == ["img/019999.jpg 0", "img/000000.jpg 0"]
+    assert len(opened) == 2
+
+
+@pytest.mark.parametrize("frame", [997, 4096, 32 << 10, 100_003, 1 << 30])
+def test_zstd_frames_of_any_size_give_the_plain_files_shards(tmp_path: Path, frame: int) -> None:
+    # Frames cut anywhere in a line (1 << 30: one frame, read ahead), rows across the 32 KiB spans'
+    # edges and the frames', CRLF endings, a byte order mark and no newline after the last line.
+    raw = _lines(3000)
+    plain, packed = tmp_path / "meta.txt", tmp_path / "meta.zst"
+    plain.write_bytes(raw)
+    packed.write_bytes(zstd_frames(raw, frame))
+    text, zst = MetaFile(plain), MetaFile(packed)
+    for spec in [ShardSpec(len(text), 1, 0, seed=2), *(ShardSpec(len(text), 8, r, seed=2) for r in (0, 7))]:
+        a, b = text.read(spec.indices()), zst.read(spec.indices())
+        assert np.array_equal(a.bounds, b.bounds) and bytes(a.data) == bytes(b.data), spec

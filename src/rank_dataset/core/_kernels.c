@@ -679,6 +679,20 @@ RD_INLINE int line_ok(const uint8_t *buf, int64_t size, int64_t rs, int64_t s, i
     return ok;
 }
 
+/* Rows a check looks ahead to start loading, and where: the byte before the row and its end (both
+ * read by the checks; a row of a few dozen bytes, the lines they lie on). A row's checks read bytes
+ * far apart (a shard's rows lie a few hundred bytes apart in the window, in no order within a
+ * bucket of samples), which the hardware does not foresee: on a rank's rows of a 10M-line file
+ * (W = 8, windows of a decompressed file not in the cache) the check took 0.083 s without the hint,
+ * 0.072 s with the row's start 16 rows ahead, 0.034 s with both lines 32 rows ahead. Nothing is
+ * read: an offset outside buf (not yet checked) is passed over. */
+#define RD_CHECK_AHEAD 32
+
+RD_INLINE void prefetch_row(const uint8_t *buf, int64_t size, int64_t rs, int64_t len) {
+    if (rs > 0 && rs <= size) RD_PREFETCH(buf + rs - 1);
+    if (rs >= 0 && len >= 0 && rs < size - len) RD_PREFETCH(buf + rs + len);
+}
+
 /*
  * The gather's checks of rows copied from a window of a file: the first row k < n that is not a
  * sample of the file into *row (-1 if none). Row k is bytes [starts[k], starts[k] + lengths[k]) of a
@@ -697,6 +711,7 @@ RD_API int rd_check_lines(const uint8_t *buf, int64_t size, const int64_t *at, c
     *row = -1;
     int64_t from = 0, next_nl = -1; /* as rd_lines_bad: the first newline in buf at or after from */
     for (int64_t k = 0; k < n; k++) {
+        if (k + RD_CHECK_AHEAD < n) prefetch_row(buf, size, at[k + RD_CHECK_AHEAD], lengths[k + RD_CHECK_AHEAD]);
         const int ok = line_ok(buf, size, at[k], starts[k], lengths[k], file_size, bom, &from, &next_nl);
         if (ok < 0) {
             *row = k;
@@ -735,6 +750,10 @@ RD_API int rd_gather_lines(const uint8_t *buf, int64_t size, int64_t shift, cons
             const int64_t ahead = get_index(rows, rows_kind, k + RD_PREFETCH_AHEAD);
             if (ahead >= 0 && ahead < n_bounds)
                 RD_PREFETCH((const uint8_t *)bounds + ahead * (bounds_kind == RD_I64 ? 8 : 4));
+        }
+        if (k + RD_CHECK_AHEAD < n) {
+            const int64_t sa = starts[k + RD_CHECK_AHEAD];
+            if (sa > shift && sa - shift <= size) RD_PREFETCH(buf + (sa - shift) - 1);
         }
         const int64_t r = get_index(rows, rows_kind, k);
         if (r < 0 || r >= n_bounds - 1) {

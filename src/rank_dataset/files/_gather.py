@@ -14,6 +14,7 @@ the row groups that hold its rows for theirs. Also the single reads of ``mf[i]``
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import threading
@@ -224,51 +225,33 @@ def gather(
         writer = ShardWriter(0, 0, ids=ids, shared=shared)
         writer.bounds[0] = 0
         return writer
-    visits = _file_rows(files, bounds, indices)
-    long_lines = any(f.index.size >= 1 << 32 for f in files)
-    lengths = np.empty(n, np.int64 if long_lines else np.uint32)  # in item order
-    kept = [_KeptStarts.of(visit) for visit in visits]
-    parquet_kept: dict[int, ParquetKept] = {}
-    for visit, starts in zip(visits, kept):
-        # (No name may keep ``lengths`` alive past the ``del`` below: a partial, not a local function.)
-        if visit.file.index.format.rows:
-            parquet_kept[visit.number] = parquet_lengths(visit, indices, lengths)
-            continue
-        in_threads(functools.partial(_take_lengths, visit, indices, lengths, starts), _threads(visit))
-    writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids, shared=shared)
-    writer.bounds[0] = 0
-    np.cumsum(lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
-    del lengths
-    if writer.ids is not None:
-        writer.ids[:] = indices
-    # The second pass needs the sample numbers only for batches whose starts were not kept.
-    del indices
-    parquet = [visit for visit in visits if visit.file.index.format.rows]
-    if not parquet and all(base is not None for starts in kept for base in starts.bases):
-        samples.release()
-    for visit, starts in zip(visits, kept):
-        file = visit.file
-        if file.index.format.rows:
-            parquet_copy(visit, samples.get(), writer, parquet_kept.pop(visit.number))
-            continue
-        with file.bytes.open(file.index) as fd:
-            work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
-            serial = fd if isinstance(fd, SpanSource) and fd.serial else None
-            if serial is not None and _dense(visit, serial.checkpoints.size):
-                # One decoder thread makes the spans in order: the threads take the next batch each as
-                # they finish one, its spans pinned meanwhile (with a part each, one would fall behind
-                # and ask for spans long let go of, decoded again from the frame's start). Only where
-                # the rows are dense: a batch of sparse rows spans many spans, which it would all pin,
-                # and two batches far apart could not both be decoded in order.
-                in_order = _Shared(_kept_spans(visit, samples, starts, (0, 1)), serial)
-                in_threads(lambda _: work(in_order), _threads(visit))  # noqa: B023
+    with contextlib.ExitStack() as ahead:  # (closes a source opened ahead if the build fails before its pass)
+        # The first file's source opened, and a one-frame zstd file's decoding started, as early as
+        # its rows are known: before they are planned where they are all the read's.
+        first = _open_ahead(files[0], n, ahead) if len(files) == 1 else None
+        visits = _file_rows(files, bounds, indices)
+        if len(files) > 1:
+            first = _open_ahead(visits[0].file, visits[0].rows.size, ahead)
+        writer, kept, parquet_kept = _first_pass(visits, indices, ids=ids, shared=shared)
+        if writer.ids is not None:
+            writer.ids[:] = indices
+        # The second pass needs the sample numbers only for batches whose starts were not kept.
+        del indices
+        parquet = [visit for visit in visits if visit.file.index.format.rows]
+        if not parquet and all(base is not None for starts in kept for base in starts.bases):
+            samples.release()
+        for visit, starts in zip(visits, kept):
+            file = visit.file
+            if file.index.format.rows:
+                parquet_copy(visit, samples.get(), writer, parquet_kept.pop(visit.number))
+                continue
+            if first is not None and visit is visits[0]:
+                with ahead.pop_all():  # the source opened ahead, closed (and the file checked) at its pass's end
+                    _second_pass(visit, samples, starts, writer, first)
             else:
-                # A compressed file's threads take a run of batches each: they share no decoded span
-                # but at a run's ends (taking every other batch, each thread asked for every span, and
-                # one decoded again each span the other had decoded and its source had let go of).
-                spans = functools.partial(_kept_spans, visit, samples, starts, runs=not isinstance(fd, int))
-                in_threads(lambda part: work(spans(part)), 1 if serial is not None else _threads(visit))  # noqa: B023
-        starts.free()
+                with file.bytes.open(file.index) as fd:
+                    _second_pass(visit, samples, starts, writer, fd)
+            starts.free()
     # Each row starts after a newline and ends at one (checked as it was read): a newline inside a
     # row means its span covers more than one line. The native checks looked for it in each window;
     # on numpy, one pass over the copied bytes finds it. (A Parquet row is one sample whatever it
@@ -284,6 +267,63 @@ def gather(
             files[f].bytes.check(fd, files[f].index.key)
         raise IndexMismatch(f, corrupt=True)
     return writer
+
+
+def _open_ahead(file: _File, rows: int, ahead: contextlib.ExitStack) -> SpanSource | None:
+    """The source of ``file`` opened (into ``ahead``) before the first pass where a read's ``rows`` of
+    it are dense in a compressed file, and a one-frame zstd file's decoding started
+    (:meth:`SpanSource.read_ahead`): its first spans are decoded while the first pass reads the index.
+    None elsewhere (the second pass opens the file)."""
+    if not file.index.format.compressed or file.index.format.rows or not _dense(rows, file.index.size):
+        return None
+    source = ahead.enter_context(file.bytes.open(file.index))
+    assert isinstance(source, SpanSource)
+    source.read_ahead()
+    return source
+
+
+def _first_pass(
+    visits: list[_FileRows], indices: npt.NDArray[np.int64], *, ids: bool, shared: bool
+) -> tuple[ShardWriter, list[_KeptStarts], dict[int, ParquetKept]]:
+    """The first pass: the index entries of every row read, the shard made (its bounds set from the
+    rows' lengths), the starts kept (:class:`_KeptStarts`, a visit each) and Parquet's row groups."""
+    n = indices.size
+    long_lines = any(visit.file.index.size >= 1 << 32 for visit in visits)
+    lengths = np.empty(n, np.int64 if long_lines else np.uint32)  # in item order
+    kept = [_KeptStarts.of(visit) for visit in visits]
+    parquet_kept: dict[int, ParquetKept] = {}
+    for visit, starts in zip(visits, kept):
+        # (No name may keep ``lengths`` alive past this function: a partial, not a local function.)
+        if visit.file.index.format.rows:
+            parquet_kept[visit.number] = parquet_lengths(visit, indices, lengths)
+            continue
+        in_threads(functools.partial(_take_lengths, visit, indices, lengths, starts), _threads(visit))
+    writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids, shared=shared)
+    writer.bounds[0] = 0
+    np.cumsum(lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
+    return writer, kept, parquet_kept
+
+
+def _second_pass(
+    visit: _FileRows, samples: SampleNumbers, starts: _KeptStarts, writer: ShardWriter, fd: int | ByteSource
+) -> None:
+    """The second pass over ``visit``'s file, open at ``fd``: its rows copied into ``writer``."""
+    work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
+    serial = fd if isinstance(fd, SpanSource) and fd.serial else None
+    if serial is not None and _dense(visit.rows.size, serial.checkpoints.size):
+        # One decoder thread makes the spans in order: the threads take the next batch each as
+        # they finish one, its spans pinned meanwhile (with a part each, one would fall behind
+        # and ask for spans long let go of, decoded again from the frame's start). Only where
+        # the rows are dense: a batch of sparse rows spans many spans, which it would all pin,
+        # and two batches far apart could not both be decoded in order.
+        in_order = _Shared(_kept_spans(visit, samples, starts, (0, 1)), serial)
+        in_threads(lambda _: work(in_order), _threads(visit))
+    else:
+        # A compressed file's threads take a run of batches each: they share no decoded span
+        # but at a run's ends (taking every other batch, each thread asked for every span, and
+        # one decoded again each span the other had decoded and its source had let go of).
+        spans = functools.partial(_kept_spans, visit, samples, starts, runs=not isinstance(fd, int))
+        in_threads(lambda part: work(spans(part)), 1 if serial is not None else _threads(visit))
 
 
 def _take_lengths(
@@ -322,9 +362,9 @@ def _kept_spans(
         yield batch
 
 
-def _dense(visit: _FileRows, size: int) -> bool:
-    """Whether a batch of ``visit``'s rows spans at most ``_SHARED_SPAN`` of the file's ``size`` bytes, on average."""
-    return visit.rows.size * _SHARED_SPAN >= _visits._BATCH_ROWS * size
+def _dense(rows: int, size: int) -> bool:
+    """Whether a batch of a visit's ``rows`` spans at most ``_SHARED_SPAN`` of the file's ``size`` bytes, on average."""
+    return rows * _SHARED_SPAN >= _visits._BATCH_ROWS * size
 
 
 class _Shared(Iterator[_Kept]):

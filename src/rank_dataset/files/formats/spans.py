@@ -33,6 +33,8 @@ SPAN = 4 << 20
 _KEPT_SPANS = 6
 #: Spans a serial :class:`SpanSource` decodes ahead of the last one a load asked for.
 _AHEAD = 1
+#: Spans :meth:`SpanSource.read_ahead` decodes at most before a load asks for them (64 MiB).
+READ_AHEAD = 16
 
 
 class SpanSource:
@@ -64,6 +66,7 @@ class SpanSource:
             self._serial = ThreadPoolExecutor(1, thread_name_prefix="rank-dataset-spans")
         self._next = 0  # the span the serial decoder reaches next without starting over
         self._pins: dict[int, int] = {}  # span -> the batches that still need it (see pin)
+        self._ahead: set[int] = set()  # spans read ahead, kept until a batch pins them (see read_ahead)
         self.decompressed = 0  # output bytes decoded, those skipped to reach a span included
 
     @property
@@ -102,9 +105,25 @@ class SpanSource:
         """Keep span ``k``; let go of the least recently used beyond :data:`_KEPT_SPANS`, but of no pinned one."""
         self._kept[k] = data
         self._kept.move_to_end(k)
-        pinned = sum(1 for j in self._kept if self._pins.get(j))
-        for old in [j for j in self._kept if not self._pins.get(j)][: max(0, len(self._kept) - pinned - _KEPT_SPANS)]:
+        held = [j for j in self._kept if self._pins.get(j) or j in self._ahead]
+        free = [j for j in self._kept if not (self._pins.get(j) or j in self._ahead)]
+        for old in free[: max(0, len(self._kept) - len(held) - _KEPT_SPANS)]:
             del self._kept[old]
+
+    def read_ahead(self, count: int | None = None) -> int:
+        """Start decoding the first ``count`` spans (at most; None: :data:`READ_AHEAD`) in the decoder
+        thread of a serial source of one checkpoint (one zstd frame: a read of any span decodes those
+        before it), and keep each until a batch pins it or one after it (:meth:`pin`): a build calls
+        this before its first pass, which then runs beside the decoding (its second pass cannot start
+        before the first ends). The spans started (0 for any other source)."""
+        if self._serial is None or len(self.checkpoints.points) > 1:
+            return 0
+        count = min(READ_AHEAD if count is None else count, len(self._bounds) - 1)
+        with self._lock:
+            self._ahead.update(range(count))
+            for k in range(count):
+                self._start(k)
+        return count
 
     def pin(self, first: int, last: int) -> tuple[int, int]:
         """Keep the spans that lines starting from byte ``first`` to byte ``last`` need (from the one
@@ -118,6 +137,8 @@ class SpanSource:
         with self._lock:
             for k in range(k0, k1):
                 self._pins[k] = self._pins.get(k, 0) + 1
+            if self._ahead:  # read ahead: now held by this pin, or passed by the batches (in order)
+                self._ahead = {k for k in self._ahead if k >= k1}
         return k0, k1
 
     def unpin(self, k0: int, k1: int) -> None:
@@ -272,6 +293,7 @@ class SpanSource:
             views, self._views = self._views, []
             self._kept.clear()
             self._pending.clear()
+            self._ahead.clear()
         for view, fd in views:
             view.close()
             if isinstance(fd, int):
