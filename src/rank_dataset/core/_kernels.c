@@ -44,13 +44,14 @@
 #define RD_ERANGE (-2)   /* a span, start or offset outside its buffer */
 #define RD_ECAP (-3)     /* an output array too small */
 #define RD_EOVERFLOW (-4) /* an offset too large for the offsets' type */
+#define RD_EREPEAT (-5)   /* a sample asked for twice (rd_route with a bitmap) */
 
 /* Index arrays come as int64, uint32 or int32 (the dtypes numpy callers hold). */
 #define RD_I64 1
 #define RD_U32 2
 #define RD_I32 3
 
-#define RD_ABI 1
+#define RD_ABI 2
 
 RD_API int rd_abi_version(void) { return RD_ABI; }
 
@@ -699,6 +700,287 @@ RD_API int rd_check_lines(const uint8_t *buf, int64_t size, const int64_t *at, c
             *row = k;
             return RD_OK;
         }
+    }
+    return RD_OK;
+}
+
+/* ---- the collective reader's exchange (rank_dataset/shards/collective/_rounds.py) ---------------- */
+
+/* Store v at a[i], a of kind RD_I64, RD_U32 or RD_I32 (the caller checked that v fits). */
+RD_INLINE void set_index(void *a, int kind, int64_t i, int64_t v) {
+    if (kind == RD_I64) ((int64_t *)a)[i] = v;
+    else if (kind == RD_U32) ((uint32_t *)a)[i] = (uint32_t)v;
+    else ((int32_t *)a)[i] = (int32_t)v;
+}
+
+/* The largest value an index array of this kind holds. */
+static int64_t kind_max(int kind) {
+    return kind == RD_I64 ? INT64_MAX : kind == RD_U32 ? (int64_t)UINT32_MAX : (int64_t)INT32_MAX;
+}
+
+/* What routes a sample: the owners' first samples owned[0:w+1] (owned[0] = 0, ascending, owned[w] the
+ * total) and per_round, with a reciprocal of per_round for the division (a 64-bit division per item,
+ * twice, costs as much as the rest of the routing). */
+struct router {
+    const int64_t *owned;
+    int64_t w, rounds, per_round;
+    double inverse;
+};
+
+/* The key owner * rounds + round of sample x (0 <= x < owned[w]) and its number within its owner's
+ * slice into *local; -1 if its round is not below rounds. */
+RD_INLINE int64_t route_one(const struct router *rt, int64_t x, int64_t *local) {
+    int64_t lo = 0, hi = rt->w - 1; /* the last owner whose first sample is <= x */
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (rt->owned[mid] <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    const int64_t j = x - rt->owned[lo];
+    int64_t r = (int64_t)((double)j * rt->inverse); /* within one of j / per_round: corrected */
+    if (r < 0) r = 0;
+    while (r > 0 && r * rt->per_round > j) r--;
+    while ((r + 1) * rt->per_round <= j) r++;
+    *local = j;
+    return r < rt->rounds ? lo * rt->rounds + r : -1;
+}
+
+/*
+ * A build's requests grouped (rank_dataset.core._reference.route_items): each of items[0:n] (global
+ * sample numbers) is owned by the rank o whose owned[o] <= x < owned[o + 1] and served in round
+ * (x - owned[o]) / per_round; its key is o * rounds + round. counts[0:w*rounds]: the items of each
+ * key; order[0:n] (kind order_kind: RD_I32 or RD_I64): the items' indices grouped by key, stably;
+ * request[0:n] (kind req_kind: RD_U32 or RD_I64): each grouped item's number within its owner's slice.
+ * With seen (a bitmap of seen_size >= (owned[w] + 7) / 8 bytes, all zero), a sample that occurs twice
+ * is RD_EREPEAT (*bad the second one) and nothing is grouped. An item outside [0, owned[w]), or whose
+ * round is not below rounds, is RD_ERANGE (*bad its index); owned not ascending from 0 is RD_EARG.
+ */
+RD_API int rd_route(const int64_t *items, int64_t n, const int64_t *owned, int64_t w, int64_t rounds, int64_t per_round,
+                    uint8_t *seen, int64_t seen_size, int64_t *counts, void *order, int order_kind, void *request,
+                    int req_kind, int64_t *bad) {
+    if (n < 0 || w < 1 || rounds < 1 || per_round < 1 || owned == NULL || counts == NULL || bad == NULL ||
+        !buf_ok(seen, seen_size) || (order_kind != RD_I32 && order_kind != RD_I64) ||
+        (req_kind != RD_U32 && req_kind != RD_I64) || (n > 0 && (!items || !order || !request)))
+        return RD_EARG;
+    if (rounds > INT64_MAX / w || n - 1 > kind_max(order_kind)) return RD_EARG;
+    *bad = -1;
+    if (owned[0] != 0) return RD_EARG;
+    for (int64_t o = 0; o < w; o++)
+        if (owned[o + 1] < owned[o]) return RD_EARG;
+    const int64_t total = owned[w];
+    if (total > INT64_MAX / 4 || per_round > INT64_MAX / 4) return RD_EARG; /* no product below overflows */
+    if (seen != NULL && seen_size < total / 8 + (total % 8 != 0)) return RD_EARG;
+    /* A slice's numbers fit the requests' kind (below its largest slice's size). */
+    for (int64_t o = 0; o < w; o++)
+        if (owned[o + 1] - owned[o] - 1 > kind_max(req_kind)) return RD_EARG;
+    struct router rt = {owned, w, rounds, per_round, 1.0 / (double)per_round};
+    const int64_t parts = w * rounds;
+    for (int64_t k = 0; k < parts; k++) counts[k] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t x = items[i];
+        int64_t local, key;
+        if (x < 0 || x >= total || (key = route_one(&rt, x, &local)) < 0) {
+            *bad = i;
+            return RD_ERANGE;
+        }
+        if (seen != NULL) {
+            const uint8_t bit = (uint8_t)(1u << (x & 7));
+            if (seen[x >> 3] & bit) {
+                *bad = i;
+                return RD_EREPEAT;
+            }
+            seen[x >> 3] |= bit;
+        }
+        counts[key]++;
+    }
+    /* counts become each key's next place (then back to counts): a stable counting sort. */
+    int64_t at = 0;
+    for (int64_t k = 0; k < parts; k++) {
+        const int64_t c = counts[k];
+        counts[k] = at;
+        at += c;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t local;
+        const int64_t key = route_one(&rt, items[i], &local), place = counts[key]++;
+        set_index(order, order_kind, place, i);
+        set_index(request, req_kind, place, local);
+    }
+    for (int64_t k = parts - 1; k > 0; k--) counts[k] = counts[k] - counts[k - 1];
+    /* counts[0] is now its end, which is its count. */
+    return RD_OK;
+}
+
+/*
+ * A requester's shard offsets from the lengths its owners sent: lengths[0:n] (kind len_kind) are the
+ * lengths of the items order[0:n] (kind order_kind), which are consecutive groups of counts[0:parts]
+ * items. Sets bounds[1 + order[j]] = lengths[j] (bounds[0:n+1], of kind bounds_kind: RD_U32 or
+ * RD_I64; a place no j names keeps what it held), then bounds[0] = 0 and the running sums in place;
+ * and sums[0:parts] the bytes of each group. An order outside [0, n), or counts that do not add up to
+ * n, are RD_ERANGE (*bad the item); RD_EOVERFLOW if the sums do not fit bounds' kind.
+ */
+RD_API int rd_scatter_bounds(const void *lengths, int len_kind, const void *order, int order_kind, int64_t n,
+                             const int64_t *counts, int64_t parts, void *bounds, int bounds_kind, int64_t *sums,
+                             int64_t *bad) {
+    if (n < 0 || parts < 0 || bad == NULL || bounds == NULL || !kind_ok(len_kind) || !kind_ok(order_kind) ||
+        (bounds_kind != RD_U32 && bounds_kind != RD_I64) || (n > 0 && (!lengths || !order)) ||
+        (parts > 0 && (!counts || !sums)))
+        return RD_EARG;
+    *bad = -1;
+    int64_t j = 0;
+    for (int64_t k = 0; k < parts; k++) {
+        if (counts[k] < 0 || counts[k] > n - j) return RD_ERANGE;
+        int64_t sum = 0;
+        for (const int64_t end = j + counts[k]; j < end; j++) {
+            const int64_t len = get_index(lengths, len_kind, j), row = get_index(order, order_kind, j);
+            if (len < 0 || row < 0 || row >= n) {
+                *bad = j;
+                return RD_ERANGE;
+            }
+            if (sum > INT64_MAX - len) return RD_EOVERFLOW;
+            sum += len;
+        }
+        sums[k] = sum;
+    }
+    if (j != n) return RD_ERANGE;
+    for (j = 0; j < n; j++)
+        set_index(bounds, bounds_kind, 1 + get_index(order, order_kind, j), get_index(lengths, len_kind, j));
+    const int64_t top = kind_max(bounds_kind);
+    int64_t at = 0;
+    set_index(bounds, bounds_kind, 0, 0);
+    for (j = 1; j <= n; j++) {
+        const int64_t len = get_index(bounds, bounds_kind, j);
+        if (len > top - at) return RD_EOVERFLOW; /* bounds are then partly summed */
+        at += len;
+        set_index(bounds, bounds_kind, j, at);
+    }
+    return RD_OK;
+}
+
+/*
+ * What an owner sends in a round (rank_dataset.core._reference.pack_requests): for each requester
+ * r < w, head bytes of `status`, then the lines rows[at[r]:at[r]+count[r]] (numbers within its slice,
+ * kind rows_kind) asked for, each src[starts[row] - lo:][:lengths[row]] (starts, lengths of kinds
+ * start_kind, len_kind, held entries each), back to back. sizes[0:w]: the bytes for each requester.
+ * With send NULL only the sizes are computed; else send[0:send_size] must hold exactly their sum, and
+ * is filled (with status != 0, the heads alone: the lines' bytes are zeros). A row not below held,
+ * or a line outside src, is RD_ERANGE (*bad the index into rows); a range of rows outside rows[0:m],
+ * RD_ERANGE with *bad -1; send of another size, RD_ECAP.
+ */
+RD_API int rd_pack_requests(const uint8_t *src, int64_t src_size, int64_t lo, const void *starts, int start_kind,
+                            const void *lengths, int len_kind, int64_t held, const void *rows, int rows_kind, int64_t m,
+                            const int64_t *at, const int64_t *count, int64_t w, int64_t head, int status, uint8_t *send,
+                            int64_t send_size, int64_t *sizes, int64_t *bad) {
+    if (!buf_ok(src, src_size) || held < 0 || m < 0 || w < 0 || head < 0 || status < 0 || status > 255 ||
+        bad == NULL || !kind_ok(start_kind) || !kind_ok(len_kind) || !kind_ok(rows_kind) ||
+        (held > 0 && (!starts || !lengths)) || (m > 0 && !rows) || (w > 0 && (!at || !count || !sizes)) ||
+        (send != NULL && send_size < 0))
+        return RD_EARG;
+    *bad = -1;
+    int64_t total = 0;
+    for (int64_t r = 0; r < w; r++) {
+        if (at[r] < 0 || count[r] < 0 || at[r] > m - count[r]) return RD_ERANGE;
+        int64_t size = head;
+        for (int64_t i = at[r]; i < at[r] + count[r]; i++) {
+            const int64_t row = get_index(rows, rows_kind, i);
+            if (row < 0 || row >= held) {
+                *bad = i;
+                return RD_ERANGE;
+            }
+            const int64_t len = get_index(lengths, len_kind, row);
+            if (len < 0 || len > INT64_MAX / 4 - size) {
+                *bad = i;
+                return RD_ERANGE;
+            }
+            size += len;
+        }
+        if (size > INT64_MAX / 4 - total) return RD_EOVERFLOW;
+        sizes[r] = size;
+        total += size;
+    }
+    if (send == NULL) return RD_OK;
+    if (send_size != total) return RD_ECAP;
+    if (status != 0) { /* the heads alone */
+        memset(send, 0, (size_t)total);
+        for (int64_t r = 0, d = 0; r < w; d += sizes[r], r++) memset(send + d, status, (size_t)head);
+        return RD_OK;
+    }
+    for (int64_t r = 0; r < w; r++) { /* every line within src first: nothing is written otherwise */
+        for (int64_t i = at[r]; i < at[r] + count[r]; i++) {
+            const int64_t row = get_index(rows, rows_kind, i), len = get_index(lengths, len_kind, row);
+            const int64_t s = get_index(starts, start_kind, row);
+            if (s < lo || s - lo > src_size - len) {
+                *bad = i;
+                return RD_ERANGE;
+            }
+        }
+    }
+    int64_t d = 0;
+    for (int64_t r = 0; r < w; r++) {
+        memset(send + d, 0, (size_t)head);
+        d += head;
+        const int64_t end = at[r] + count[r];
+        for (int64_t i = at[r]; i < end; i++) {
+            const int64_t row = get_index(rows, rows_kind, i), len = get_index(lengths, len_kind, row);
+            if (i + RD_PREFETCH_AHEAD < end)
+                RD_PREFETCH(src + get_index(starts, start_kind, get_index(rows, rows_kind, i + RD_PREFETCH_AHEAD)) - lo);
+            copy_row(send + d, src + (get_index(starts, start_kind, row) - lo), len);
+            d += len;
+        }
+    }
+    return RD_OK;
+}
+
+/*
+ * A requester's round placed into its shard (rank_dataset.core._reference.place_lines): got[0:got_size]
+ * holds each owner o's part of parts[o] bytes, back to back: head bytes, then the lines of the items
+ * order[at[o]:at[o]+count[o]] (kind order_kind), back to back; item row's line goes to
+ * data[bounds[row]:bounds[row+1]] (bounds[0:n+1] of kind bounds_kind). Every row is checked first
+ * (below n, its span within data, its bytes within its owner's part, the parts adding up to
+ * got_size): RD_ERANGE (*bad the index into order, or -1 for a part) before anything is written.
+ */
+RD_API int rd_place_lines(const uint8_t *got, int64_t got_size, const int64_t *parts, const void *order,
+                          int order_kind, int64_t m, const int64_t *at, const int64_t *count, int64_t w, int64_t head,
+                          const void *bounds, int bounds_kind, int64_t n, uint8_t *data, int64_t data_size,
+                          int64_t *bad) {
+    if (!buf_ok(got, got_size) || !buf_ok(data, data_size) || m < 0 || w < 0 || n < 0 || head < 0 || bad == NULL ||
+        bounds == NULL || !kind_ok(order_kind) || !kind_ok(bounds_kind) || (m > 0 && !order) ||
+        (w > 0 && (!parts || !at || !count)))
+        return RD_EARG;
+    *bad = -1;
+    int64_t pos = 0;
+    for (int64_t o = 0; o < w; o++) {
+        if (parts[o] < head || parts[o] > got_size - pos || at[o] < 0 || count[o] < 0 || at[o] > m - count[o])
+            return RD_ERANGE;
+        const int64_t end = pos + parts[o];
+        pos += head;
+        for (int64_t i = at[o]; i < at[o] + count[o]; i++) {
+            const int64_t row = get_index(order, order_kind, i);
+            if (row < 0 || row >= n) {
+                *bad = i;
+                return RD_ERANGE;
+            }
+            const int64_t d = get_index(bounds, bounds_kind, row), len = get_index(bounds, bounds_kind, row + 1) - d;
+            if (d < 0 || len < 0 || d > data_size - len || len > end - pos) {
+                *bad = i;
+                return RD_ERANGE;
+            }
+            pos += len;
+        }
+        if (pos != end) return RD_ERANGE;
+    }
+    if (pos != got_size) return RD_ERANGE;
+    pos = 0;
+    for (int64_t o = 0; o < w; o++) {
+        int64_t p = pos + head;
+        const int64_t stop = at[o] + count[o];
+        for (int64_t i = at[o]; i < stop; i++) {
+            const int64_t row = get_index(order, order_kind, i), d = get_index(bounds, bounds_kind, row);
+            const int64_t len = get_index(bounds, bounds_kind, row + 1) - d;
+            copy_row(data + d, got + p, len);
+            p += len;
+        }
+        pos += parts[o];
     }
     return RD_OK;
 }
