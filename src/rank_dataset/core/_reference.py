@@ -368,16 +368,24 @@ def route_items(
     w, total = owned.size - 1, int(owned[-1])
     if items.size and (int(items.min()) < 0 or int(items.max()) >= total):
         raise ValueError(f"sample numbers must be in [0, {total})")
-    if check and items.size > 1 and np.unique(items).size < items.size:
-        return None
+    if check and items.size > 1:
+        if total <= 8 * items.size:  # a flag a sample, no more than 8 bytes an item: no sort
+            seen = np.zeros(total, bool)
+            seen[items] = True
+            if int(np.count_nonzero(seen)) < items.size:
+                return None
+        elif np.unique(items).size < items.size:
+            return None
     owner = np.searchsorted(owned[1:], items, side="right")
     local = items - owned[owner]
-    round_ = local // per_round
-    if round_.size and int(round_.max()) >= rounds:
+    key = owner * rounds + local // per_round
+    if key.size and int((local // per_round).max()) >= rounds:
         raise ValueError(f"a sample's round is not below {rounds}")
-    key = owner * rounds + round_
-    counts = np.bincount(key, minlength=w * rounds).astype(np.int64)
-    order = np.argsort(key, kind="stable").astype(np.int32 if items.size < 1 << 31 else np.int64)
+    parts = w * rounds
+    counts = np.bincount(key, minlength=parts).astype(np.int64)
+    # Keys of 1 or 2 bytes where they fit: numpy sorts those by radix (a wider one by a merge sort).
+    small = np.uint8 if parts <= 1 << 8 else np.uint16 if parts <= 1 << 16 else np.int64
+    order = np.argsort(key.astype(small), kind="stable").astype(np.int32 if items.size < 1 << 31 else np.int64)
     return counts, order, local[order].astype(req)
 
 
