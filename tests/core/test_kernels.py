@@ -775,6 +775,90 @@ def test_place_lines_refuses_hostile_arguments(kernels: Kernels) -> None:
     assert data.tolist() == [3, 4, 5, 1, 2]
 
 
+# --- the check of a slice against its count -------------------------------------------------------------
+
+
+def _mutations(rng: np.random.Generator, data: bytes, count: int) -> list[bytes]:
+    """``data`` changed here and there: a byte replaced, inserted or removed (an alphabet of line breaks,
+    blanks and the byte order mark's bytes), or a piece cut from the end."""
+    out = []
+    for _ in range(count):
+        b = bytearray(data)
+        for _ in range(int(rng.integers(1, 3))):
+            at = int(rng.integers(0, len(b) + 1))
+            new = _ALPHABET[int(rng.integers(0, len(_ALPHABET)))]
+            kind = int(rng.integers(0, 4))
+            if kind == 0 and at < len(b):
+                b[at : at + 1] = new
+            elif kind == 1:
+                b[at:at] = new
+            elif kind == 2 and at < len(b):
+                del b[at]
+            else:
+                del b[len(b) - int(rng.integers(0, 3)) :]
+        out.append(bytes(b))
+    return out
+
+
+def _verify_both(impl: Any, data: bytes, offset: int, last: bool, starts: Any, base: int, lengths: Any) -> Any:
+    buf = _u8(data)
+    want = ref.verify_lines(buf, offset, last, starts, base, lengths)
+    got = impl.verify_lines(buf, offset, last, starts, base, lengths)
+    assert got == want, (data[:200], offset, last)
+    return got
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_verify_lines_matches_numpy_on_changed_buffers(impl: Any, seed: int) -> None:
+    """A buffer checked against the scan of itself (``bad`` -1), then changed: ``bad`` is where the
+    scan of the changed buffer first differs, whatever the change."""
+    rng = np.random.default_rng(seed)
+    data = _random_bytes(rng, int(rng.integers(0, 600)), float(rng.uniform(0.02, 0.3)))
+    if seed % 5 == 0:
+        data = b"\xef\xbb\xbf" + data
+    offset = 0 if seed % 2 else int(rng.integers(1, 100))
+    for last in (True, False):
+        scan = ref.scan_lines(_u8(data), offset, last)
+        base = int(rng.integers(-5, 5))
+        starts = (scan.starts - offset + base).astype(rng.choice([np.int64, np.uint32]) if base >= 0 else np.int64)
+        lengths = scan.lengths.astype(np.uint32)
+        assert _verify_both(impl, data, offset, last, starts, base, lengths) == (-1, scan.newlines, scan.ascii)
+        for changed in _mutations(rng, data, 30):
+            _verify_both(impl, changed, offset, last, starts, base, lengths)
+
+
+@pytest.mark.parametrize("data", _HOSTILE_SCANS, ids=range(len(_HOSTILE_SCANS)))
+@pytest.mark.parametrize("last", [True, False])
+def test_verify_lines_on_hostile_buffers_and_counts(impl: Any, data: bytes, last: bool) -> None:
+    rng = np.random.default_rng(len(data))
+    for offset in (0, 7):
+        scan = ref.scan_lines(_u8(data), offset, last)
+        starts, lengths = scan.starts - offset, scan.lengths
+        assert _verify_both(impl, data, offset, last, starts, 0, lengths)[0] == -1
+        n = starts.size
+        hostile = [
+            (starts[:-1], lengths[:-1]),  # one sample fewer than the buffer holds
+            (np.append(starts, len(data)), np.append(lengths, 1)),  # one more, past the end
+            (starts[::-1].copy(), lengths[::-1].copy()),  # out of order
+            (starts + 1, lengths),
+            (starts, lengths + 1),
+            (starts, lengths - 1),
+            (starts - 1 - 2**40, lengths),
+            (starts, np.zeros(n, np.int64)),
+            (starts + rng.integers(-2, 3, n), lengths + rng.integers(-2, 3, n)),
+        ]
+        for s, ln in hostile:
+            _verify_both(impl, data, offset, last, np.asarray(s, np.int64), 0, np.asarray(ln, np.int64))
+
+
+def test_verify_lines_refuses_bad_arguments(kernels: Kernels) -> None:
+    buf = _u8(b"a\nb\n")
+    with pytest.raises(ValueError):
+        kernels.verify_lines(buf, 0, True, np.array([0, 2]), 0, np.array([1]))
+    with pytest.raises(ValueError):
+        kernels.verify_lines(buf, -1, True, np.array([0]), 0, np.array([1]))
+
+
 # --- the path picker ----------------------------------------------------------------------------------
 
 

@@ -1006,3 +1006,84 @@ RD_API int rd_place_lines(const uint8_t *got, int64_t got_size, const int64_t *p
     }
     return RD_OK;
 }
+
+/* The set bits of m. */
+static int popcount64(uint64_t m) {
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_popcountll(m);
+#else
+    int k = 0;
+    for (; m; m &= m - 1) k++;
+    return k;
+#endif
+}
+
+/* Whether buf[a:b] is all ASCII whitespace (empty: yes). */
+static int all_blank(const uint8_t *buf, int64_t a, int64_t b) {
+    for (; a < b; a++)
+        if (!blank(buf[a])) return 0;
+    return 1;
+}
+
+/*
+ * Whether buf[0:size] (bytes offset.. of a file, starting a line; with `last` bytes after the final
+ * newline form a line too) holds exactly the samples starts[k] - base, lengths[k] (k < n; kinds
+ * start_kind, len_kind), as rd_scan_lines would find them, without finding them again: each sample
+ * checked where it is said to be (after a line break, ending at one, holding no newline and not
+ * blank) and the bytes between samples blank. *bad: -1 if so, else the first sample k that is not
+ * there (n: more samples in buf than given). result[0:2]: the newlines of buf, whether it is ASCII.
+ */
+RD_API int rd_verify_lines(const uint8_t *buf, int64_t size, int64_t offset, int last, const void *starts,
+                           int start_kind, int64_t base, const void *lengths, int len_kind, int64_t n,
+                           int64_t *result, int64_t *bad) {
+    if (!buf_ok(buf, size) || offset < 0 || n < 0 || result == NULL || bad == NULL || !kind_ok(start_kind) ||
+        !kind_ok(len_kind) || (n > 0 && (!starts || !lengths)))
+        return RD_EARG;
+    *bad = -1;
+    /* The newlines and the high bits of the whole buffer, 64 bytes at a time. */
+    uint64_t high = 0;
+    int64_t newlines = 0, i = 0;
+    for (; size - i >= 64; i += 64) newlines += popcount64(mask64(buf + i, '\n', &high));
+    for (; i < size; i++) {
+        newlines += buf[i] == '\n';
+        high |= buf[i] >> 7;
+    }
+    result[0] = newlines;
+    result[1] = high == 0;
+    const int bom = offset == 0 && size >= 3 && buf[0] == 0xEF && buf[1] == 0xBB && buf[2] == 0xBF;
+    int64_t pos = bom ? 3 : 0; /* where the next line starts */
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t s = get_index(starts, start_kind, k) - base, len = get_index(lengths, len_kind, k);
+        if (s < pos || len <= 0 || s > size - len) {
+            *bad = k;
+            return RD_OK;
+        }
+        const int64_t e = s + len;
+        /* Blank lines before it, and it starts a line. */
+        int ok = s == pos || (buf[s - 1] == '\n' && all_blank(buf, pos, s));
+        /* It ends at a line break: "\n" (not after a "\r" of its own), "\r\n", or the end of the text
+         * (a "\r" there dropped). */
+        int64_t next = -1;
+        if (ok) {
+            if (e < size && buf[e] == '\n' && buf[e - 1] != '\r') next = e + 1;
+            else if (e < size - 1 && buf[e] == '\r' && buf[e + 1] == '\n') next = e + 2;
+            else if (last && e == size && buf[e - 1] != '\r') next = size;
+            else if (last && e == size - 1 && buf[e] == '\r') next = size;
+            ok = next >= 0;
+        }
+        ok = ok && find_newline(buf, s, e) == e && (buf[s] > ' ' || !all_blank(buf, s, e));
+        if (!ok) {
+            *bad = k;
+            return RD_OK;
+        }
+        pos = next;
+    }
+    /* Nothing but blank lines after the last sample (up to the final newline, past which a buffer that
+     * is not the last holds no line). */
+    int64_t end = size;
+    if (!last) {
+        while (end > pos && buf[end - 1] != '\n') end--;
+    }
+    if (!all_blank(buf, pos, end)) *bad = n;
+    return RD_OK;
+}

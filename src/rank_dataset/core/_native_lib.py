@@ -49,6 +49,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         _INT,
         [_P, _I64T, _I64T, _P, _INT, _P, _INT, _I64T, _P, _INT, _I64T, _P, _P, _I64T, _I64T, _INT, _P, _I64T, _P, _P],
     ),
+    "rd_verify_lines": (_INT, [_P, _I64T, _I64T, _INT, _P, _INT, _I64T, _P, _INT, _I64T, _P, _P]),
     "rd_place_lines": (
         _INT,
         [_P, _I64T, _P, _P, _INT, _I64T, _P, _P, _I64T, _I64T, _P, _INT, _I64T, _P, _I64T, _P],
@@ -409,3 +410,18 @@ class Kernels:
             head, b.ctypes.data, bk, b.size - 1, d.ctypes.data, d.size, ctypes.byref(bad),
         )  # fmt: skip
         _check(code, "place_lines", bad.value)
+
+    def verify_lines(
+        self, buf: Any, offset: int, last: bool, starts: Any, base: int, lengths: Any
+    ) -> tuple[int, int, bool]:
+        a, (st, sk), (ln, lk) = _bytes_in(buf), _index(starts), _index(lengths)
+        if st.size != ln.size:
+            raise ValueError(f"{st.size} starts and {ln.size} lengths")
+        result = np.zeros(2, np.int64)
+        bad = ctypes.c_int64(-1)
+        code = self._lib.rd_verify_lines(
+            a.ctypes.data, a.size, offset, int(bool(last)), st.ctypes.data, sk, base, ln.ctypes.data, lk, st.size,
+            result.ctypes.data, ctypes.byref(bad),
+        )  # fmt: skip
+        _check(code, "verify_lines")
+        return int(bad.value), int(result[0]), bool(result[1])

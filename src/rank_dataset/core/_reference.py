@@ -36,6 +36,7 @@ __all__ = [
     "scan_lines",
     "scatter_bounds",
     "utf8_first_invalid",
+    "verify_lines",
 ]
 
 _IntArray = npt.NDArray[np.integer[Any]]
@@ -479,3 +480,20 @@ def place_lines(
         raise ValueError("the lines received do not fill their owners' parts, or do not fit the shard")
     src = np.cumsum(ln) - ln + head * np.repeat(np.arange(1, counts.size + 1, dtype=np.int64), counts)
     copy_rows(got, src, ln, data, dst)
+
+
+def verify_lines(
+    buf: npt.NDArray[np.uint8], offset: int, last: bool, starts: _IntArray, base: int, lengths: _IntArray
+) -> tuple[int, int, bool]:
+    """``(bad, newlines, ascii)``: whether ``buf`` (bytes ``offset`` onwards of a file, starting a line;
+    with ``last``, bytes after its final newline form a line too) holds exactly the samples at
+    ``starts[k] - base`` of ``lengths[k]`` bytes, as :func:`scan_lines` finds them: ``bad`` -1 if so,
+    else the first ``k`` that differs (``len(starts)``: ``buf`` holds more); and the scan's newlines
+    and whether ``buf`` is all ASCII."""
+    scan = scan_lines(buf, offset, last)
+    want_s = np.asarray(starts, np.int64) - base
+    want_l = np.asarray(lengths, np.int64)
+    m = min(want_s.size, scan.starts.size)
+    differ = np.flatnonzero((scan.starts[:m] - offset != want_s[:m]) | (scan.lengths[:m] != want_l[:m]))
+    bad = int(differ[0]) if differ.size else (-1 if want_s.size == scan.starts.size else m)
+    return bad, scan.newlines, scan.ascii

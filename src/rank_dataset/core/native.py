@@ -62,6 +62,7 @@ __all__ = [
     "scan_lines",
     "scatter_bounds",
     "utf8_first_invalid",
+    "verify_lines",
 ]
 
 #: The environment variable that picks the path: ``auto``, ``0`` or ``require``.
@@ -254,3 +255,14 @@ def place_lines(
     k = _state()[0]
     impl = _reference.place_lines if k is None else k.place_lines
     impl(got, parts, order, at, counts, head, bounds, data)
+
+
+def verify_lines(
+    buf: npt.NDArray[np.uint8], offset: int, last: bool, starts: Any, base: int, lengths: Any
+) -> tuple[int, int, bool]:
+    """``(bad, newlines, ascii)``: whether ``buf`` holds exactly the samples ``starts - base`` of
+    ``lengths`` as :func:`scan_lines` finds them (``bad`` -1, else the first that differs), checked
+    where they are said to be (:func:`rank_dataset.core._reference.verify_lines`)."""
+    k = _state()[0]
+    impl = _reference.verify_lines if k is None else k.verify_lines
+    return impl(buf, offset, last, starts, base, lengths)
