@@ -1007,31 +1007,42 @@ RD_API int rd_place_lines(const uint8_t *got, int64_t got_size, const int64_t *p
     return RD_OK;
 }
 
-/* The set bits of m. */
-static int popcount64(uint64_t m) {
-#if defined(__GNUC__) || defined(__clang__)
-    return __builtin_popcountll(m);
-#else
-    int k = 0;
-    for (; m; m &= m - 1) k++;
-    return k;
-#endif
-}
+/* A verification's expected samples and progress (see rd_verify_lines). */
+struct verify {
+    const uint8_t *buf;
+    const void *starts, *lengths;
+    int start_kind, len_kind, bom;
+    int64_t base, n, k, bad;
+};
 
-/* Whether buf[a:b] is all ASCII whitespace (empty: yes). */
-static int all_blank(const uint8_t *buf, int64_t a, int64_t b) {
-    for (; a < b; a++)
-        if (!blank(buf[a])) return 0;
-    return 1;
+/* The line [s, end) (end: its newline, or the end of the buffer) compared, if it is a sample (as
+ * sample() finds them), with the next expected one. */
+RD_INLINE void verify_line(struct verify *v, int64_t s, int64_t end) {
+    const uint8_t *buf = v->buf;
+    if (v->bom && s == 0) s = 3;
+    int64_t e = end;
+    if (e > s && buf[e - 1] == '\r') e--;
+    if (s >= e) return;
+    if (buf[s] <= ' ') {
+        int64_t j = s;
+        while (j < e && blank(buf[j])) j++;
+        if (j == e) return;
+    }
+    if (v->bad >= 0) return; /* (a difference found: the newlines are still counted) */
+    if (v->k == v->n || get_index(v->starts, v->start_kind, v->k) - v->base != s ||
+        get_index(v->lengths, v->len_kind, v->k) != e - s) {
+        v->bad = v->k;
+        return;
+    }
+    v->k++;
 }
 
 /*
  * Whether buf[0:size] (bytes offset.. of a file, starting a line; with `last` bytes after the final
  * newline form a line too) holds exactly the samples starts[k] - base, lengths[k] (k < n; kinds
- * start_kind, len_kind), as rd_scan_lines would find them, without finding them again: each sample
- * checked where it is said to be (after a line break, ending at one, holding no newline and not
- * blank) and the bytes between samples blank. *bad: -1 if so, else the first sample k that is not
- * there (n: more samples in buf than given). result[0:2]: the newlines of buf, whether it is ASCII.
+ * start_kind, len_kind) that rd_scan_lines finds there: its scan, each sample compared as it is found
+ * instead of stored. *bad: -1 if so, else the first sample k that differs (n: buf holds more).
+ * result[0:2]: the newlines of buf, whether it is all ASCII.
  */
 RD_API int rd_verify_lines(const uint8_t *buf, int64_t size, int64_t offset, int last, const void *starts,
                            int start_kind, int64_t base, const void *lengths, int len_kind, int64_t n,
@@ -1039,51 +1050,39 @@ RD_API int rd_verify_lines(const uint8_t *buf, int64_t size, int64_t offset, int
     if (!buf_ok(buf, size) || offset < 0 || n < 0 || result == NULL || bad == NULL || !kind_ok(start_kind) ||
         !kind_ok(len_kind) || (n > 0 && (!starts || !lengths)))
         return RD_EARG;
-    *bad = -1;
-    /* The newlines and the high bits of the whole buffer, 64 bytes at a time. */
+    struct verify v;
+    v.buf = buf;
+    v.starts = starts;
+    v.lengths = lengths;
+    v.start_kind = start_kind;
+    v.len_kind = len_kind;
+    v.bom = offset == 0 && size >= 3 && buf[0] == 0xEF && buf[1] == 0xBB && buf[2] == 0xBF;
+    v.base = base;
+    v.n = n;
+    v.k = 0;
+    v.bad = -1;
     uint64_t high = 0;
-    int64_t newlines = 0, i = 0;
-    for (; size - i >= 64; i += 64) newlines += popcount64(mask64(buf + i, '\n', &high));
+    int64_t line_start = 0, lines = 0, i = 0;
+    for (; size - i >= 64; i += 64) {
+        for (uint64_t m = mask64(buf + i, '\n', &high); m; m &= m - 1) {
+            const int64_t nl = i + ctz64(m);
+            verify_line(&v, line_start, nl);
+            lines++;
+            line_start = nl + 1;
+        }
+    }
     for (; i < size; i++) {
-        newlines += buf[i] == '\n';
         high |= buf[i] >> 7;
+        if (buf[i] == '\n') {
+            verify_line(&v, line_start, i);
+            lines++;
+            line_start = i + 1;
+        }
     }
-    result[0] = newlines;
+    if (last && line_start < size) verify_line(&v, line_start, size);
+    if (v.bad < 0 && v.k < n) v.bad = v.k;
+    result[0] = lines;
     result[1] = high == 0;
-    const int bom = offset == 0 && size >= 3 && buf[0] == 0xEF && buf[1] == 0xBB && buf[2] == 0xBF;
-    int64_t pos = bom ? 3 : 0; /* where the next line starts */
-    for (int64_t k = 0; k < n; k++) {
-        const int64_t s = get_index(starts, start_kind, k) - base, len = get_index(lengths, len_kind, k);
-        if (s < pos || len <= 0 || s > size - len) {
-            *bad = k;
-            return RD_OK;
-        }
-        const int64_t e = s + len;
-        /* Blank lines before it, and it starts a line. */
-        int ok = s == pos || (buf[s - 1] == '\n' && all_blank(buf, pos, s));
-        /* It ends at a line break: "\n" (not after a "\r" of its own), "\r\n", or the end of the text
-         * (a "\r" there dropped). */
-        int64_t next = -1;
-        if (ok) {
-            if (e < size && buf[e] == '\n' && buf[e - 1] != '\r') next = e + 1;
-            else if (e < size - 1 && buf[e] == '\r' && buf[e + 1] == '\n') next = e + 2;
-            else if (last && e == size && buf[e - 1] != '\r') next = size;
-            else if (last && e == size - 1 && buf[e] == '\r') next = size;
-            ok = next >= 0;
-        }
-        ok = ok && find_newline(buf, s, e) == e && (buf[s] > ' ' || !all_blank(buf, s, e));
-        if (!ok) {
-            *bad = k;
-            return RD_OK;
-        }
-        pos = next;
-    }
-    /* Nothing but blank lines after the last sample (up to the final newline, past which a buffer that
-     * is not the last holds no line). */
-    int64_t end = size;
-    if (!last) {
-        while (end > pos && buf[end - 1] != '\n') end--;
-    }
-    if (!all_blank(buf, pos, end)) *bad = n;
+    *bad = v.bad;
     return RD_OK;
 }

@@ -200,7 +200,7 @@ class Server:
         self, lo: int, hi: int, first: int, stop: int
     ) -> tuple[npt.NDArray[np.uint8], list[tuple[int, int, int]], bool]:
         """Bytes ``[lo, hi)`` of the slice (from its start), which hold its samples ``[first, stop)``:
-        read, scanned and checked against what the count of lines found. Also each file's part of them
+        read and checked against what the count of lines found. Also each file's part of them
         as ``(file, start in the buffer, newlines before it in the file)``, and whether all is ASCII."""
         slices, rank = self._slices, self._slices.rank
         base = int(slices.cuts[rank])
@@ -211,22 +211,35 @@ class Server:
             at = int(slices.offsets[f]) + a - base - lo  # where the file's part starts in buf
             piece = buf[at : at + b - a]
             reading = self._reading(f)
-            chunk = reading.lines(piece, a, until=slices.piece(rank, f)[1])
-            reading.check()
-            m = chunk.starts.size
-            if not (
-                done + m <= stop
-                and np.array_equal(chunk.starts + (lo + at), self._starts[done : done + m])
-                and np.array_equal(chunk.lengths, self._lengths[done : done + m])
-            ):
+            if isinstance(reading, Reading):
+                # The lines checked where the count found them (the samples that start in the piece),
+                # not found again: one native pass, which also counts the newlines.
+                reading.read_into(piece, a, until=slices.piece(rank, f)[1])
+                reading.check()
+                m = int(np.searchsorted(self._starts[done:stop], lo + at + piece.size))
+                last = a + piece.size == reading.text.size
+                found = native.verify_lines(
+                    piece, a, last, self._starts[done : done + m], lo + at, self._lengths[done : done + m]
+                )
+                same, newlines, ascii_piece = found[0] < 0, found[1], found[2]
+            else:  # a Parquet file's rows, rendered from its row groups
+                chunk = reading.lines(piece, a, until=slices.piece(rank, f)[1])
+                reading.check()
+                m, newlines, ascii_piece = chunk.starts.size, chunk.newlines, chunk.ascii
+                same = (
+                    done + m <= stop
+                    and np.array_equal(chunk.starts + (lo + at), self._starts[done : done + m])
+                    and np.array_equal(chunk.lengths, self._lengths[done : done + m])
+                )
+            if not same:
                 counted = f"{int(slices.samples[rank, f]):,} counted in its bytes {slices.piece(rank, f)}"
                 what = (
                     f"the samples in its bytes [{a:,}, {b:,}) are not those found when the dataset was made ({counted})"
                 )
                 raise MetaFileChangedError(path, what)
             parts.append((f, at, int(slices.newlines[:rank, f].sum()) + int(self._seen[f])))
-            self._seen[f] += chunk.newlines
-            ascii_ = ascii_ and chunk.ascii
+            self._seen[f] += newlines
+            ascii_ = ascii_ and ascii_piece
             done += m
         if done != stop:
             f = parts[-1][0] if parts else 0
