@@ -695,7 +695,8 @@ def _round(rng: np.random.Generator, w: int) -> tuple[Any, ...]:
     rows = rng.integers(0, held, int(counts.sum()) + 5)
     at = np.cumsum(counts) - counts + rng.integers(0, 2, w)
     at = np.minimum(at, rows.size - counts)
-    return src, lo, starts.astype(np.uint32), lengths.astype(np.uint32), rows.astype(np.uint32), at, counts
+    # The lengths as the requesters were told them: one a request.
+    return src, lo, starts.astype(np.uint32), lengths[rows].astype(np.uint32), rows.astype(np.uint32), at, counts
 
 
 @pytest.mark.parametrize("status", [0, 2])
@@ -713,17 +714,27 @@ def test_pack_requests_matches_numpy(impl: Any, seed: int, status: int) -> None:
     assert got.tobytes() == want.tobytes()
     if status == 0 and counts[0]:  # the first requester's first line, after its head
         row = int(rows[at[0]])
-        line = src[int(starts[row]) - lo :][: int(lengths[row])]
+        line = src[int(starts[row]) - lo :][: int(lengths[at[0]])]
         assert got[head : head + line.size].tobytes() == line.tobytes()
 
 
 def test_pack_requests_refuses_hostile_arguments(kernels: Kernels) -> None:
     src = np.arange(20, dtype=np.uint8)
-    starts, lengths = np.array([0, 5, 18], np.int64), np.array([4, 4, 4], np.int64)  # row 2 ends past src
+    starts, lengths = np.array([0, 5, 18], np.int64), np.array([4], np.int64)  # row 2's line ends past src
     ok = {"src": src, "lo": 0, "starts": starts, "lengths": lengths, "head": 1, "status": 0}
     for rows, at, counts in (([0, 3], [0], [2]), ([0, -1], [0], [2]), ([0, 1], [1], [2]), ([0, 1], [-1], [1])):
         with pytest.raises(ValueError):
-            kernels.pack_requests(rows=np.array(rows), at=np.array(at), counts=np.array(counts), send=None, **ok)
+            kernels.pack_requests(
+                **{**ok, "lengths": np.full(2, 4)},
+                rows=np.array(rows),
+                at=np.array(at),
+                counts=np.array(counts),
+                send=None,
+            )
+    with pytest.raises(ValueError):  # a length for each row asked for
+        kernels.pack_requests(**ok, rows=np.array([0, 1]), at=np.array([0]), counts=np.array([2]), send=None)
+    with pytest.raises(ValueError):  # a negative length
+        kernels.pack_requests(**{**ok, "lengths": np.array([-1])}, rows=np.array([0]), at=[0], counts=[1], send=None)
     send = np.full(5, 7, np.uint8)
     with pytest.raises(ValueError, match="outside"):  # sizes fine, the line outside what was read
         kernels.pack_requests(rows=np.array([2]), at=np.array([0]), counts=np.array([1]), send=send, **ok)

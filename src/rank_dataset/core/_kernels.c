@@ -863,22 +863,23 @@ RD_API int rd_scatter_bounds(const void *lengths, int len_kind, const void *orde
 
 /*
  * What an owner sends in a round (rank_dataset.core._reference.pack_requests): for each requester
- * r < w, head bytes of `status`, then the lines rows[at[r]:at[r]+count[r]] (numbers within its slice,
- * kind rows_kind) asked for, each src[starts[row] - lo:][:lengths[row]] (starts, lengths of kinds
- * start_kind, len_kind, held entries each), back to back. sizes[0:w]: the bytes for each requester.
- * With send NULL only the sizes are computed; else send[0:send_size] must hold exactly their sum, and
- * is filled (with status != 0, the heads alone: the lines' bytes are zeros). A row not below held
- * is RD_ERANGE (*bad the index into rows) before anything is written; a line outside src, RD_ERANGE
- * once the lines before it are packed; a range of rows outside rows[0:m], RD_ERANGE with *bad -1;
- * send of another size, RD_ECAP.
+ * r < w, head bytes of `status`, then the lines of rows[at[r]:at[r]+count[r]] (numbers within its
+ * slice, kind rows_kind) asked for, the line of rows[i] being src[starts[rows[i]] - lo:][:lengths[i]]
+ * (starts of kind start_kind, held entries; lengths of kind len_kind, m entries, as rows: what the
+ * requesters were told), back to back. sizes[0:w]: the bytes for each requester. With send NULL only
+ * the sizes are computed; else send[0:send_size] must hold exactly their sum, and is filled (with
+ * status != 0, the heads alone: the lines' bytes are zeros). A row not below held is RD_ERANGE (*bad
+ * the index into rows) before anything is written; a line outside src, RD_ERANGE once the lines
+ * before it are packed; a range of rows outside rows[0:m], RD_ERANGE with *bad -1; send of another
+ * size, RD_ECAP.
  */
 RD_API int rd_pack_requests(const uint8_t *src, int64_t src_size, int64_t lo, const void *starts, int start_kind,
                             const void *lengths, int len_kind, int64_t held, const void *rows, int rows_kind, int64_t m,
                             const int64_t *at, const int64_t *count, int64_t w, int64_t head, int status, uint8_t *send,
                             int64_t send_size, int64_t *sizes, int64_t *bad) {
     if (!buf_ok(src, src_size) || held < 0 || m < 0 || w < 0 || head < 0 || status < 0 || status > 255 ||
-        bad == NULL || !kind_ok(start_kind) || !kind_ok(len_kind) || !kind_ok(rows_kind) ||
-        (held > 0 && (!starts || !lengths)) || (m > 0 && !rows) || (w > 0 && (!at || !count || !sizes)) ||
+        bad == NULL || !kind_ok(start_kind) || !kind_ok(len_kind) || !kind_ok(rows_kind) || (held > 0 && !starts) ||
+        (m > 0 && (!rows || !lengths)) || (w > 0 && (!at || !count || !sizes)) ||
         (send != NULL && send_size < 0))
         return RD_EARG;
     *bad = -1;
@@ -892,7 +893,7 @@ RD_API int rd_pack_requests(const uint8_t *src, int64_t src_size, int64_t lo, co
                 *bad = i;
                 return RD_ERANGE;
             }
-            const int64_t len = get_index(lengths, len_kind, row);
+            const int64_t len = get_index(lengths, len_kind, i);
             if (len < 0 || len > INT64_MAX / 4 - size) {
                 *bad = i;
                 return RD_ERANGE;
@@ -911,7 +912,7 @@ RD_API int rd_pack_requests(const uint8_t *src, int64_t src_size, int64_t lo, co
         return RD_OK;
     }
     /* One pass: each line checked as it is copied (an error leaves what was packed before it). The
-     * rows are random within the slice: their starts and lengths are fetched ahead, then their bytes. */
+     * rows are random within the slice: their starts are fetched ahead, then their bytes. */
     int64_t d = 0;
     for (int64_t r = 0; r < w; r++) {
         memset(send + d, 0, (size_t)head);
@@ -922,14 +923,12 @@ RD_API int rd_pack_requests(const uint8_t *src, int64_t src_size, int64_t lo, co
                 const int64_t ahead = get_index(rows, rows_kind, i + 2 * RD_PREFETCH_AHEAD);
                 RD_PREFETCH(start_kind == RD_I64 ? (const void *)((const int64_t *)starts + ahead)
                                                  : (const void *)((const uint32_t *)starts + ahead));
-                RD_PREFETCH(len_kind == RD_I64 ? (const void *)((const int64_t *)lengths + ahead)
-                                               : (const void *)((const uint32_t *)lengths + ahead));
             }
             if (i + RD_PREFETCH_AHEAD < end) {
                 const int64_t s = get_index(starts, start_kind, get_index(rows, rows_kind, i + RD_PREFETCH_AHEAD)) - lo;
                 if (s >= 0 && s < src_size) RD_PREFETCH(src + s);
             }
-            const int64_t row = get_index(rows, rows_kind, i), len = get_index(lengths, len_kind, row);
+            const int64_t row = get_index(rows, rows_kind, i), len = get_index(lengths, len_kind, i);
             const int64_t s = get_index(starts, start_kind, row);
             if (s < lo || s - lo > src_size - len) {
                 *bad = i;

@@ -376,8 +376,8 @@ class Kernels:
     ) -> npt.NDArray[np.int64]:
         s = _bytes_in(src)
         (st, sk), (ln, lk), (rw, rk), a, c = _index(starts), _index(lengths), _index(rows), _i64(at), _i64(counts)
-        if st.size != ln.size or a.size != c.size:
-            raise ValueError(f"{st.size} starts and {ln.size} lengths; {a.size} ranges and {c.size} counts")
+        if rw.size != ln.size or a.size != c.size:
+            raise ValueError(f"{rw.size} rows and {ln.size} lengths; {a.size} ranges and {c.size} counts")
         d = None if send is None else _bytes_out(send)
         sizes = np.empty(c.size, np.int64)
         bad = ctypes.c_int64(-1)

@@ -424,14 +424,18 @@ def pack_requests(
     send: npt.NDArray[np.uint8] | None,
 ) -> npt.NDArray[np.int64]:
     """What an owner sends in a round: for each requester ``r``, ``head`` bytes of ``status``, then the
-    lines ``src[starts[row] - lo:][:lengths[row]]`` of its rows ``rows[at[r]:at[r] + counts[r]]``, back
-    to back, into ``send`` (with a nonzero ``status``, the heads alone: the lines' bytes zeros).
-    Returns the bytes for each requester; with ``send`` None, only those."""
+    lines of its rows ``rows[at[r]:at[r] + counts[r]]``, back to back, into ``send`` (with a nonzero
+    ``status``, the heads alone: the lines' bytes zeros): the line of ``rows[i]`` is
+    ``src[starts[rows[i]] - lo:][:lengths[i]]``. Returns the bytes for each requester; with ``send``
+    None, only those."""
+    if np.shape(lengths) != np.shape(rows):
+        raise ValueError(f"{np.size(rows)} rows and {np.size(lengths)} lengths")
     at, counts = _checked_parts(at, counts, rows.size)
-    r = np.asarray(rows, np.int64)[_ranges(at, counts)]
+    i = _ranges(at, counts)
+    r = np.asarray(rows, np.int64)[i]
     if r.size and (int(r.min()) < 0 or int(r.max()) >= starts.size):
         raise ValueError(f"a row outside [0, {starts.size})")
-    ln = np.asarray(lengths, np.int64)[r]
+    ln = np.asarray(lengths, np.int64)[i]
     sizes = _split_sums(ln, counts) + head
     if send is None:
         return sizes

@@ -242,7 +242,7 @@ def pack_requests(
     send: npt.NDArray[np.uint8] | None = None,
 ) -> npt.NDArray[np.int64]:
     """An owner's round: the bytes for each requester, and with ``send`` its heads and lines packed
-    (:func:`rank_dataset.core._reference.pack_requests`)."""
+    (``lengths`` as ``rows``: :func:`rank_dataset.core._reference.pack_requests`)."""
     k = _state()[0]
     impl = _reference.pack_requests if k is None else k.pack_requests
     return impl(src, lo, starts, lengths, rows, at, counts, head, status, send)

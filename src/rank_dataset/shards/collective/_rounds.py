@@ -10,6 +10,7 @@ straight into its shard (:meth:`Exchange.build`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -86,7 +87,9 @@ class Exchange:
         got_lengths = net.all_to_all(send_lengths, asks, "the line lengths", out_splits=ask)
         sent = counts.nbytes + request.nbytes + send_lengths.nbytes
         received = asked.nbytes + requests.nbytes + got_lengths.nbytes
-        del request, send_lengths
+        del request
+        # What this rank sends each rank in each round, and the lengths it packs by: those it told them.
+        send_sizes = _routing.split_sums(send_lengths.astype(np.int64), asked.reshape(-1)).reshape(w, rounds) + HEAD
         total = int(got_lengths.sum(dtype=np.int64))
         if inverse is None:  # item i is row i: the offsets straight from the lengths, in one pass
             writer = ShardWriter(n, total, ids=ids is not None)
@@ -111,7 +114,8 @@ class Exchange:
                 # The owners read and serve the samples of round k, each part of what it sends headed by
                 # its status: every rank learns from the lines themselves whether every owner served
                 # them as counted, before it packs any.
-                send, send_bytes, failure = server.serve(k, requests, asked_at[:, k], asked[:, k])
+                send_bytes = send_sizes[:, k]
+                send, failure = server.serve(k, requests, send_lengths, asked_at[:, k], asked[:, k], send_bytes)
                 got_bytes = key_bytes[:, k] + HEAD
                 got = net.all_to_all(send, send_bytes, "the lines", out_splits=got_bytes)
                 sent, received = sent + send.nbytes, received + got.nbytes
@@ -154,47 +158,46 @@ class Server:
         self._readings: dict[int, Reading | RowsReading] = {}
 
     def serve(
-        self, k: int, requests: npt.NDArray[Any], at: _Ints, counts: _Ints
-    ) -> tuple[npt.NDArray[np.uint8], _Ints, Failure | None]:
-        """Round ``k``: what this rank sends each rank, back to back, and the bytes for each. Rank
+        self, k: int, requests: npt.NDArray[Any], lengths: npt.NDArray[Any], at: _Ints, counts: _Ints, sizes: _Ints
+    ) -> tuple[npt.NDArray[np.uint8], Failure | None]:
+        """Round ``k``: what this rank sends each rank, back to back (``sizes`` bytes for each). Rank
         ``r``'s part is a status byte (``_status.OK`` or what went wrong), then its ``counts[r]``
         samples ``requests[at[r]:at[r] + counts[r]]`` (numbers within this slice, all in the round's
-        part of it), from one sequential read of the round's part of the slice, which is checked
-        against the count. Also what went wrong (a file changed, or a line asked for is not valid
-        UTF-8, naming file and line): then the lines' bytes are zeros, and are not packed anywhere.
+        part of it; their ``lengths`` as the requesters were told them), from one sequential read of
+        the round's part of the slice, which is checked against the count. Also what went wrong (a file
+        changed, or a line asked for is not valid UTF-8, naming file and line): then the lines' bytes
+        are zeros, and are not packed anywhere.
         """
         held = self._starts.size
         first, stop = k * self._per_round, min((k + 1) * self._per_round, held)
-        # The bytes asked for, as counted: what is sent whether or not the lines can be served.
-        empty = np.zeros(0, np.uint8)
-        sizes = native.pack_requests(empty, 0, self._starts, self._lengths, requests, at, counts, HEAD, OK)
         send = np.empty(int(sizes.sum()), np.uint8)
+        pack = functools.partial(native.pack_requests, starts=self._starts, lengths=lengths, rows=requests, at=at)
         if k and first >= held:  # the slice has no samples in this round
-            native.pack_requests(empty, 0, self._starts, self._lengths, requests, at, counts, HEAD, OK, send)
-            return send, sizes, None
+            pack(np.zeros(0, np.uint8), 0, counts=counts, head=HEAD, status=OK, send=send)
+            return send, None
         # Bytes [lo, hi) of the slice (from its start): the round's samples, the first round from the
         # slice's start and the last to its end (so that every byte is read, and checked, once).
         lo = 0 if k == 0 else int(self._starts[first])
         hi = self._slices.slice_bytes if stop >= held else int(self._starts[stop])
         try:
             buf, parts, ascii_ = self._read(lo, hi, first, stop)
-            native.pack_requests(buf, lo, self._starts, self._lengths, requests, at, counts, HEAD, OK, send)
+            pack(buf, lo, counts=counts, head=HEAD, status=OK, send=send)
             if not ascii_:
                 # The lines without the status bytes, back to back, as the file reader checks them.
-                rows = requests[_routing.ranges(at, counts)]
-                lengths = self._lengths[rows].astype(np.int64)
+                which = _routing.ranges(at, counts)
+                rows = requests[which]
                 keep = np.ones(send.size, bool)
                 keep[(_routing.exclusive(sizes)[:, None] + np.arange(HEAD)).ravel()] = False
-                bounds = np.concatenate(([0], np.cumsum(lengths)))
+                bounds = np.concatenate(([0], np.cumsum(lengths[which].astype(np.int64))))
                 line_at = self._starts[rows].astype(np.int64) - lo
                 check_utf8(lambda r: self._line_of(buf, parts, int(line_at[r]), int(rows[r])), send[keep], bounds)
         except (MetaFileChangedError, ValueError) as exc:  # a CorruptMetaFileError is a ValueError
             failure = failure_of(exc)
             assert failure is not None
         else:
-            return send, sizes, None
-        native.pack_requests(empty, 0, self._starts, self._lengths, requests, at, counts, HEAD, failure.kind, send)
-        return send, sizes, failure
+            return send, None
+        pack(np.zeros(0, np.uint8), 0, counts=counts, head=HEAD, status=failure.kind, send=send)
+        return send, failure
 
     def _read(
         self, lo: int, hi: int, first: int, stop: int
