@@ -346,7 +346,8 @@ def _split_sums(values: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]) ->
     """The sum of each consecutive group of ``values``, ``counts[k]`` of them in group ``k``."""
     ends = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
     cuts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return (ends[cuts[1:]] - ends[cuts[:-1]]).astype(np.int64)
+    sums: npt.NDArray[np.int64] = (ends[cuts[1:]] - ends[cuts[:-1]]).astype(np.int64)
+    return sums
 
 
 def _checked_parts(at: Any, counts: Any, size: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:

@@ -145,7 +145,8 @@ class Exchange:
 def row_lengths_of(writer: ShardWriter, rows: npt.NDArray[Any]) -> _Ints:
     """The lengths of a shard's ``rows``, from its offsets."""
     bounds = writer.bounds
-    return (bounds[rows + 1].astype(np.int64) - bounds[rows]).astype(np.int64)
+    lengths: _Ints = bounds[rows + 1].astype(np.int64) - bounds[rows]
+    return lengths
 
 
 class Server:
