@@ -739,6 +739,296 @@ def test_permute_cells_refuses_positions_outside_and_a_grid_too_small(kernels: K
         kernels.permute_cells(10, 4, 40, [1, 2], np.array([0]))
 
 
+# --- the collective reader's exchange -----------------------------------------------------------------
+
+
+def _owned(rng: np.random.Generator, w: int, total: int) -> np.ndarray:
+    """``w + 1`` ascending offsets from 0 to ``total`` (some slices empty)."""
+    cuts = np.sort(rng.integers(0, total + 1, w - 1)) if w > 1 else np.zeros(0, np.int64)
+    return np.concatenate([[0], cuts, [total]]).astype(np.int64)
+
+
+@pytest.mark.parametrize("req", [np.uint32, np.int64])
+@pytest.mark.parametrize("seed", range(6))
+def test_route_items_matches_numpy(impl: Any, seed: int, req: Any) -> None:
+    rng = np.random.default_rng(seed)
+    w, total = int(rng.integers(1, 9)), int(rng.integers(1, 5000))
+    owned = _owned(rng, w, total)
+    per_round = int(rng.integers(1, 200))
+    rounds = max(1, -(-int(np.diff(owned).max()) // per_round))
+    items = rng.permutation(total)[: int(rng.integers(0, total + 1))].astype(np.int64)
+    want = ref.route_items(items, owned, rounds, per_round, True, req)
+    got = impl.route_items(items, owned, rounds, per_round, True, req)
+    assert want is not None and got is not None
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    counts, order, request = got
+    assert order.dtype == np.int32 and int(counts.sum()) == items.size
+    # Each grouped item is its owner's sample request[j], served in its key's round.
+    key = np.repeat(np.arange(w * rounds), counts)
+    owner, round_ = np.divmod(key, rounds)
+    np.testing.assert_array_equal(owned[owner] + request.astype(np.int64), items[order])
+    np.testing.assert_array_equal(request.astype(np.int64) // per_round, round_)
+
+
+@pytest.mark.parametrize("total", [10, 1000, 10**9])
+def test_route_items_finds_a_repeat_or_lets_it_be(impl: Any, total: int) -> None:
+    """A repeat anywhere is None where checked (a bitmap, or for a plan much smaller than the samples a
+    sort); unchecked, repeats are routed as any item."""
+    rng = np.random.default_rng(total)
+    owned = np.array([0, total // 3, total], np.int64)
+    for _ in range(20):
+        items = rng.integers(0, total, int(rng.integers(2, 12))).astype(np.int64)
+        items[-1] = items[int(rng.integers(0, items.size - 1))]
+        assert impl.route_items(items, owned, 1, total, True, np.int64) is None
+        want = ref.route_items(items, owned, 1, total, False, np.int64)
+        got = impl.route_items(items, owned, 1, total, False, np.int64)
+        assert got is not None and want is not None
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want))
+
+
+def test_route_items_refuses_hostile_arguments(kernels: Kernels) -> None:
+    owned = np.array([0, 5, 10], np.int64)
+    for items in ([-1], [10], [0, 1 << 62], [3, -(1 << 63)]):
+        with pytest.raises(ValueError, match="outside"):
+            kernels.route_items(np.array(items, np.int64), owned, 5, 1, True, np.int64)
+    with pytest.raises(ValueError, match="outside"):  # round 4 of rounds 0..3
+        kernels.route_items(np.array([4], np.int64), owned, 4, 1, False, np.int64)
+    for bad_owned in ([1, 5, 10], [0, 6, 5], [0]):
+        with pytest.raises(ValueError):
+            kernels.route_items(np.array([0], np.int64), np.array(bad_owned, np.int64), 5, 1, False, np.int64)
+    with pytest.raises(ValueError):  # a slice's numbers do not fit uint32
+        kernels.route_items(np.array([0], np.int64), np.array([0, 1 << 33], np.int64), 1, 1 << 33, False, np.uint32)
+    with pytest.raises(ValueError):
+        kernels.route_items(np.array([0], np.int64), owned, 0, 1, False, np.int64)
+    with pytest.raises(TypeError):
+        kernels.route_items(np.array([0], np.int64), owned, 5, 1, False, np.int32)
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.int64])
+@pytest.mark.parametrize("seed", range(4))
+def test_scatter_bounds_matches_numpy(impl: Any, dtype: Any, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 3000))
+    lengths = rng.integers(0, 90, n).astype(rng.choice([np.uint32, np.int64]))
+    order = rng.permutation(n).astype(np.int32)
+    counts = np.bincount(rng.integers(0, 7, n), minlength=7).astype(np.int64)
+    want, got = np.full(n + 1, 5, dtype), np.full(n + 1, 5, dtype)
+    want_sums = ref.scatter_bounds(lengths, order, counts, want)
+    got_sums = impl.scatter_bounds(lengths, order, counts, got)
+    assert got.tobytes() == want.tobytes() and got_sums.tobytes() == want_sums.tobytes()
+    placed = np.empty(n, np.int64)
+    placed[order] = lengths
+    np.testing.assert_array_equal(np.diff(got.astype(np.int64)), placed)
+
+
+def test_scatter_bounds_refuses_hostile_arguments(kernels: Kernels) -> None:
+    lengths, bounds = np.array([1, 2, 3], np.int64), np.zeros(4, np.uint32)
+    for order, counts in (
+        ([0, 1, 3], [3]),
+        ([0, -1, 2], [3]),
+        ([0, 1, 2], [2]),
+        ([0, 1, 2], [2, 2]),
+        ([0, 1, 2], [-1, 4]),
+    ):
+        with pytest.raises(ValueError):
+            kernels.scatter_bounds(lengths, np.array(order, np.int64), np.array(counts, np.int64), bounds)
+    with pytest.raises(ValueError, match="overflow"):
+        kernels.scatter_bounds(
+            np.array([1 << 31, 1 << 31], np.int64), np.array([0, 1]), np.array([2]), np.zeros(3, np.uint32)
+        )
+    with pytest.raises(ValueError):
+        kernels.scatter_bounds(lengths, np.array([0, 1, 2]), np.array([3]), np.zeros(3, np.int64))
+    with pytest.raises(TypeError):
+        kernels.scatter_bounds(lengths, np.array([0, 1, 2]), np.array([3]), np.zeros(4, np.int32))
+
+
+def _round(rng: np.random.Generator, w: int) -> tuple[Any, ...]:
+    """An owner's round: its slice (starts, lengths within src, from lo), and each requester's rows."""
+    held = int(rng.integers(1, 400))
+    lengths = rng.integers(0, 120, held)
+    starts = np.cumsum(lengths + 1) - lengths - 1 + 7  # a byte between lines, 7 before the first
+    lo = int(rng.integers(0, 7))
+    src = rng.integers(0, 256, int(starts[-1] + lengths[-1]) - lo + 3).astype(np.uint8)
+    counts = rng.integers(0, 60, w)
+    rows = rng.integers(0, held, int(counts.sum()) + 5)
+    at = np.cumsum(counts) - counts + rng.integers(0, 2, w)
+    at = np.minimum(at, rows.size - counts)
+    # The lengths as the requesters were told them: one a request.
+    return src, lo, starts.astype(np.uint32), lengths[rows].astype(np.uint32), rows.astype(np.uint32), at, counts
+
+
+@pytest.mark.parametrize("status", [0, 2])
+@pytest.mark.parametrize("seed", range(5))
+def test_pack_requests_matches_numpy(impl: Any, seed: int, status: int) -> None:
+    rng = np.random.default_rng(seed)
+    src, lo, starts, lengths, rows, at, counts = _round(rng, int(rng.integers(1, 9)))
+    head = int(rng.integers(0, 3))
+    sizes = impl.pack_requests(src, lo, starts, lengths, rows, at, counts, head, status, None)
+    want_sizes = ref.pack_requests(src, lo, starts, lengths, rows, at, counts, head, status, None)
+    assert sizes.tobytes() == want_sizes.tobytes()
+    want, got = np.full(int(sizes.sum()), 9, np.uint8), np.full(int(sizes.sum()), 9, np.uint8)
+    ref.pack_requests(src, lo, starts, lengths, rows, at, counts, head, status, want)
+    impl.pack_requests(src, lo, starts, lengths, rows, at, counts, head, status, got)
+    assert got.tobytes() == want.tobytes()
+    if status == 0 and counts[0]:  # the first requester's first line, after its head
+        row = int(rows[at[0]])
+        line = src[int(starts[row]) - lo :][: int(lengths[at[0]])]
+        assert got[head : head + line.size].tobytes() == line.tobytes()
+
+
+def test_pack_requests_refuses_hostile_arguments(kernels: Kernels) -> None:
+    src = np.arange(20, dtype=np.uint8)
+    starts, lengths = np.array([0, 5, 18], np.int64), np.array([4], np.int64)  # row 2's line ends past src
+    ok = {"src": src, "lo": 0, "starts": starts, "lengths": lengths, "head": 1, "status": 0}
+    for rows, at, counts in (([0, 3], [0], [2]), ([0, -1], [0], [2]), ([0, 1], [1], [2]), ([0, 1], [-1], [1])):
+        with pytest.raises(ValueError):
+            kernels.pack_requests(
+                **{**ok, "lengths": np.full(2, 4)},
+                rows=np.array(rows),
+                at=np.array(at),
+                counts=np.array(counts),
+                send=None,
+            )
+    with pytest.raises(ValueError):  # a length for each row asked for
+        kernels.pack_requests(**ok, rows=np.array([0, 1]), at=np.array([0]), counts=np.array([2]), send=None)
+    with pytest.raises(ValueError):  # a negative length
+        kernels.pack_requests(**{**ok, "lengths": np.array([-1])}, rows=np.array([0]), at=[0], counts=[1], send=None)
+    send = np.full(5, 7, np.uint8)
+    with pytest.raises(ValueError, match="outside"):  # sizes fine, the line outside what was read
+        kernels.pack_requests(rows=np.array([2]), at=np.array([0]), counts=np.array([1]), send=send, **ok)
+    with pytest.raises(ValueError, match="outside"):  # a start before lo
+        kernels.pack_requests(**{**ok, "lo": 1}, rows=np.array([0]), at=np.array([0]), counts=np.array([1]), send=send)
+    with pytest.raises(ValueError, match="too small"):
+        kernels.pack_requests(
+            rows=np.array([0]), at=np.array([0]), counts=np.array([1]), send=np.zeros(9, np.uint8), **ok
+        )
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_place_lines_matches_numpy(impl: Any, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n, w, head = int(rng.integers(0, 2000)), int(rng.integers(1, 9)), int(rng.integers(0, 3))
+    bounds = np.concatenate([[0], np.cumsum(rng.integers(0, 70, n))]).astype(rng.choice([np.uint32, np.int64]))
+    order = rng.permutation(n).astype(np.int32)
+    take = int(rng.integers(0, n + 1))  # this round's items: a part of order, cut among the owners
+    counts = np.bincount(rng.integers(0, w, take), minlength=w).astype(np.int64)
+    at = np.cumsum(counts) - counts + (n - take)
+    idx = order[n - take :].astype(np.int64)
+    parts = ref._split_sums(bounds[idx + 1].astype(np.int64) - bounds[idx], counts) + head
+    got_buf = rng.integers(0, 256, int(parts.sum())).astype(np.uint8)
+    want, got = np.full(int(bounds[-1]) + 2, 3, np.uint8), np.full(int(bounds[-1]) + 2, 3, np.uint8)
+    ref.place_lines(got_buf, parts, order, at, counts, head, bounds, want)
+    impl.place_lines(got_buf, parts, order, at, counts, head, bounds, got)
+    assert got.tobytes() == want.tobytes()
+
+
+def test_place_lines_refuses_hostile_arguments(kernels: Kernels) -> None:
+    bounds, order = np.array([0, 3, 5], np.uint32), np.array([1, 0], np.int32)
+    got = np.arange(7, dtype=np.uint8)  # a head, item 1's 2 bytes, item 0's 3 bytes, one byte over
+    data = np.full(5, 9, np.uint8)
+    cases = [
+        (got, [7], [1, 0], [0], [2], bounds),  # the lines do not fill the part
+        (got[:6], [7], [1, 0], [0], [2], bounds),  # the part past what arrived
+        (got[:6], [6], [1, 2], [0], [2], bounds),  # an item outside the shard
+        (got[:6], [6], [1, 0], [1], [2], bounds),  # a range past order
+        (got[:6], [6], [1, 0], [0], [2], np.array([0, 3, 9], np.uint32)),  # a line past the data
+        (got[:6], [3, 3], [1, 0], [0, 1], [1, 1], bounds),  # an owner's part cut short
+    ]
+    for buf, parts, od, at, counts, b in cases:
+        with pytest.raises(ValueError):
+            kernels.place_lines(
+                buf, np.array(parts), np.array(od, np.int32), np.array(at), np.array(counts), 1, b, data
+            )
+    data[:] = 9  # (a line placed before the faulty one stays: the caller discards the shard)
+    kernels.place_lines(got[:6], np.array([6]), order, np.array([0]), np.array([2]), 1, bounds, data)
+    assert data.tolist() == [3, 4, 5, 1, 2]
+
+
+# --- the check of a slice against its count -------------------------------------------------------------
+
+
+def _mutations(rng: np.random.Generator, data: bytes, count: int) -> list[bytes]:
+    """``data`` changed here and there: a byte replaced, inserted or removed (an alphabet of line breaks,
+    blanks and the byte order mark's bytes), or a piece cut from the end."""
+    out = []
+    for _ in range(count):
+        b = bytearray(data)
+        for _ in range(int(rng.integers(1, 3))):
+            at = int(rng.integers(0, len(b) + 1))
+            new = _ALPHABET[int(rng.integers(0, len(_ALPHABET)))]
+            kind = int(rng.integers(0, 4))
+            if kind == 0 and at < len(b):
+                b[at : at + 1] = new
+            elif kind == 1:
+                b[at:at] = new
+            elif kind == 2 and at < len(b):
+                del b[at]
+            else:
+                del b[len(b) - int(rng.integers(0, 3)) :]
+        out.append(bytes(b))
+    return out
+
+
+def _verify_both(impl: Any, data: bytes, offset: int, last: bool, starts: Any, base: int, lengths: Any) -> Any:
+    buf = _u8(data)
+    want = ref.verify_lines(buf, offset, last, starts, base, lengths)
+    got = impl.verify_lines(buf, offset, last, starts, base, lengths)
+    assert got == want, (data[:200], offset, last)
+    return got
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_verify_lines_matches_numpy_on_changed_buffers(impl: Any, seed: int) -> None:
+    """A buffer checked against the scan of itself (``bad`` -1), then changed: ``bad`` is where the
+    scan of the changed buffer first differs, whatever the change."""
+    rng = np.random.default_rng(seed)
+    data = _random_bytes(rng, int(rng.integers(0, 600)), float(rng.uniform(0.02, 0.3)))
+    if seed % 5 == 0:
+        data = b"\xef\xbb\xbf" + data
+    offset = 0 if seed % 2 else int(rng.integers(1, 100))
+    for last in (True, False):
+        scan = ref.scan_lines(_u8(data), offset, last)
+        base = int(rng.integers(-5, 5))
+        starts = (scan.starts - offset + base).astype(rng.choice([np.int64, np.uint32]) if base >= 0 else np.int64)
+        lengths = scan.lengths.astype(np.uint32)
+        assert _verify_both(impl, data, offset, last, starts, base, lengths) == (-1, scan.newlines, scan.ascii)
+        for changed in _mutations(rng, data, 30):
+            _verify_both(impl, changed, offset, last, starts, base, lengths)
+
+
+@pytest.mark.parametrize("data", _HOSTILE_SCANS, ids=range(len(_HOSTILE_SCANS)))
+@pytest.mark.parametrize("last", [True, False])
+def test_verify_lines_on_hostile_buffers_and_counts(impl: Any, data: bytes, last: bool) -> None:
+    rng = np.random.default_rng(len(data))
+    for offset in (0, 7):
+        scan = ref.scan_lines(_u8(data), offset, last)
+        starts, lengths = scan.starts - offset, scan.lengths
+        assert _verify_both(impl, data, offset, last, starts, 0, lengths)[0] == -1
+        n = starts.size
+        hostile = [
+            (starts[:-1], lengths[:-1]),  # one sample fewer than the buffer holds
+            (np.append(starts, len(data)), np.append(lengths, 1)),  # one more, past the end
+            (starts[::-1].copy(), lengths[::-1].copy()),  # out of order
+            (starts + 1, lengths),
+            (starts, lengths + 1),
+            (starts, lengths - 1),
+            (starts - 1 - 2**40, lengths),
+            (starts, np.zeros(n, np.int64)),
+            (starts + rng.integers(-2, 3, n), lengths + rng.integers(-2, 3, n)),
+        ]
+        for s, ln in hostile:
+            _verify_both(impl, data, offset, last, np.asarray(s, np.int64), 0, np.asarray(ln, np.int64))
+
+
+def test_verify_lines_refuses_bad_arguments(kernels: Kernels) -> None:
+    buf = _u8(b"a\nb\n")
+    with pytest.raises(ValueError):
+        kernels.verify_lines(buf, 0, True, np.array([0, 2]), 0, np.array([1]))
+    with pytest.raises(ValueError):
+        kernels.verify_lines(buf, -1, True, np.array([0]), 0, np.array([1]))
+
+
 # --- the path picker ----------------------------------------------------------------------------------
 
 

@@ -34,8 +34,10 @@
  * each row's bytes, so the distance (8 rows) matters little (8 to 64 measured the same). */
 #if defined(__GNUC__) || defined(__clang__)
 #define RD_PREFETCH(p) __builtin_prefetch(p)
+#define RD_PREFETCH_WRITE(p) __builtin_prefetch(p, 1)
 #else
 #define RD_PREFETCH(p) ((void)0)
+#define RD_PREFETCH_WRITE(p) ((void)0)
 #endif
 #define RD_PREFETCH_AHEAD 8
 
@@ -44,6 +46,7 @@
 #define RD_ERANGE (-2)   /* a span, start or offset outside its buffer */
 #define RD_ECAP (-3)     /* an output array too small */
 #define RD_EOVERFLOW (-4) /* an offset too large for the offsets' type */
+#define RD_EREPEAT (-5)   /* a sample asked for twice (rd_route with a bitmap) */
 
 /* Index arrays come as int64, uint32 or int32 (the dtypes numpy callers hold). */
 #define RD_I64 1
@@ -818,5 +821,385 @@ RD_API int rd_bucket_order(const uint16_t *keys, int64_t n, int64_t buckets, voi
         for (int64_t i = 0; i < n; i++) o[counts[keys[i]]++] = i;
     }
     for (int64_t b = buckets - 1; b > 0; b--) counts[b] -= counts[b - 1];
+    return RD_OK;
+}
+
+/* ---- the collective reader's exchange (rank_dataset/shards/collective/_rounds.py) ---------------- */
+
+/* Store v at a[i], a of kind RD_I64, RD_U32 or RD_I32 (the caller checked that v fits). */
+RD_INLINE void set_index(void *a, int kind, int64_t i, int64_t v) {
+    if (kind == RD_I64) ((int64_t *)a)[i] = v;
+    else if (kind == RD_U32) ((uint32_t *)a)[i] = (uint32_t)v;
+    else ((int32_t *)a)[i] = (int32_t)v;
+}
+
+/* The largest value an index array of this kind holds. */
+static int64_t kind_max(int kind) {
+    return kind == RD_I64 ? INT64_MAX : kind == RD_U32 ? (int64_t)UINT32_MAX : (int64_t)INT32_MAX;
+}
+
+/* What routes a sample: the owners' first samples owned[0:w+1] (owned[0] = 0, ascending, owned[w] the
+ * total) and per_round, with a reciprocal of per_round for the division (a 64-bit division per item,
+ * twice, costs as much as the rest of the routing). */
+struct router {
+    const int64_t *owned;
+    int64_t w, rounds, per_round;
+    double inverse;
+};
+
+/* The key owner * rounds + round of sample x (0 <= x < owned[w]) and its number within its owner's
+ * slice into *local; -1 if its round is not below rounds. */
+RD_INLINE int64_t route_one(const struct router *rt, int64_t x, int64_t *local) {
+    /* The last owner whose first sample is <= x (owned[0] = 0 is), by a search without branches: the
+     * owners of random samples are random, and a mispredicted branch a step cost most of the routing. */
+    const int64_t *base = rt->owned;
+    for (int64_t len = rt->w; len > 1;) {
+        const int64_t half = len / 2;
+        base = base[half] <= x ? base + half : base;
+        len -= half;
+    }
+    const int64_t lo = base - rt->owned, j = x - *base;
+    int64_t r = (int64_t)((double)j * rt->inverse); /* within one of j / per_round: corrected */
+    if (r < 0) r = 0;
+    while (r > 0 && r * rt->per_round > j) r--;
+    while ((r + 1) * rt->per_round <= j) r++;
+    *local = j;
+    return r < rt->rounds ? lo * rt->rounds + r : -1;
+}
+
+/*
+ * A build's requests grouped (rank_dataset.core._reference.route_items): each of items[0:n] (global
+ * sample numbers) is owned by the rank o whose owned[o] <= x < owned[o + 1] and served in round
+ * (x - owned[o]) / per_round; its key is o * rounds + round. counts[0:w*rounds]: the items of each
+ * key; order[0:n] (kind order_kind: RD_I32 or RD_I64): the items' indices grouped by key, stably;
+ * request[0:n] (kind req_kind: RD_U32 or RD_I64): each grouped item's number within its owner's slice.
+ * With seen (a bitmap of seen_size >= (owned[w] + 7) / 8 bytes, all zero), a sample that occurs twice
+ * is RD_EREPEAT (*bad the second one) and nothing is grouped. An item outside [0, owned[w]), or whose
+ * round is not below rounds, is RD_ERANGE (*bad its index); owned not ascending from 0 is RD_EARG.
+ */
+RD_API int rd_route(const int64_t *items, int64_t n, const int64_t *owned, int64_t w, int64_t rounds, int64_t per_round,
+                    uint8_t *seen, int64_t seen_size, int64_t *counts, void *order, int order_kind, void *request,
+                    int req_kind, int64_t *bad) {
+    if (n < 0 || w < 1 || rounds < 1 || per_round < 1 || owned == NULL || counts == NULL || bad == NULL ||
+        !buf_ok(seen, seen_size) || (order_kind != RD_I32 && order_kind != RD_I64) ||
+        (req_kind != RD_U32 && req_kind != RD_I64) || (n > 0 && (!items || !order || !request)))
+        return RD_EARG;
+    if (rounds > INT64_MAX / w || n - 1 > kind_max(order_kind)) return RD_EARG;
+    *bad = -1;
+    if (owned[0] != 0) return RD_EARG;
+    for (int64_t o = 0; o < w; o++)
+        if (owned[o + 1] < owned[o]) return RD_EARG;
+    const int64_t total = owned[w];
+    if (total > INT64_MAX / 4 || per_round > INT64_MAX / 4) return RD_EARG; /* no product below overflows */
+    if (seen != NULL && seen_size < total / 8 + (total % 8 != 0)) return RD_EARG;
+    /* A slice's numbers fit the requests' kind (below its largest slice's size). */
+    for (int64_t o = 0; o < w; o++)
+        if (owned[o + 1] - owned[o] - 1 > kind_max(req_kind)) return RD_EARG;
+    struct router rt = {owned, w, rounds, per_round, 1.0 / (double)per_round};
+    const int64_t parts = w * rounds;
+    for (int64_t k = 0; k < parts; k++) counts[k] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t x = items[i];
+        int64_t local, key;
+        if (x < 0 || x >= total || (key = route_one(&rt, x, &local)) < 0) {
+            *bad = i;
+            return RD_ERANGE;
+        }
+        if (seen != NULL) {
+            const uint8_t bit = (uint8_t)(1u << (x & 7));
+            if (seen[x >> 3] & bit) {
+                *bad = i;
+                return RD_EREPEAT;
+            }
+            seen[x >> 3] |= bit;
+        }
+        counts[key]++;
+    }
+    /* counts become each key's next place (then back to counts): a stable counting sort. */
+    int64_t at = 0;
+    for (int64_t k = 0; k < parts; k++) {
+        const int64_t c = counts[k];
+        counts[k] = at;
+        at += c;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t local;
+        const int64_t key = route_one(&rt, items[i], &local), place = counts[key]++;
+        set_index(order, order_kind, place, i);
+        set_index(request, req_kind, place, local);
+    }
+    for (int64_t k = parts - 1; k > 0; k--) counts[k] = counts[k] - counts[k - 1];
+    /* counts[0] is now its end, which is its count. */
+    return RD_OK;
+}
+
+/*
+ * A requester's shard offsets from the lengths its owners sent: lengths[0:n] (kind len_kind) are the
+ * lengths of the items order[0:n] (kind order_kind), which are consecutive groups of counts[0:parts]
+ * items. Sets bounds[1 + order[j]] = lengths[j] (bounds[0:n+1], of kind bounds_kind: RD_U32 or
+ * RD_I64; a place no j names keeps what it held), then bounds[0] = 0 and the running sums in place;
+ * and sums[0:parts] the bytes of each group. An order outside [0, n), or counts that do not add up to
+ * n, are RD_ERANGE (*bad the item); RD_EOVERFLOW if the sums do not fit bounds' kind.
+ */
+RD_API int rd_scatter_bounds(const void *lengths, int len_kind, const void *order, int order_kind, int64_t n,
+                             const int64_t *counts, int64_t parts, void *bounds, int bounds_kind, int64_t *sums,
+                             int64_t *bad) {
+    if (n < 0 || parts < 0 || bad == NULL || bounds == NULL || !kind_ok(len_kind) || !kind_ok(order_kind) ||
+        (bounds_kind != RD_U32 && bounds_kind != RD_I64) || (n > 0 && (!lengths || !order)) ||
+        (parts > 0 && (!counts || !sums)))
+        return RD_EARG;
+    *bad = -1;
+    int64_t j = 0;
+    for (int64_t k = 0; k < parts; k++) {
+        if (counts[k] < 0 || counts[k] > n - j) return RD_ERANGE;
+        int64_t sum = 0;
+        for (const int64_t end = j + counts[k]; j < end; j++) {
+            const int64_t len = get_index(lengths, len_kind, j), row = get_index(order, order_kind, j);
+            if (len < 0 || row < 0 || row >= n) {
+                *bad = j;
+                return RD_ERANGE;
+            }
+            if (sum > INT64_MAX - len) return RD_EOVERFLOW;
+            sum += len;
+        }
+        sums[k] = sum;
+    }
+    if (j != n) return RD_ERANGE;
+    for (j = 0; j < n; j++)
+        set_index(bounds, bounds_kind, 1 + get_index(order, order_kind, j), get_index(lengths, len_kind, j));
+    const int64_t top = kind_max(bounds_kind);
+    int64_t at = 0;
+    set_index(bounds, bounds_kind, 0, 0);
+    for (j = 1; j <= n; j++) {
+        const int64_t len = get_index(bounds, bounds_kind, j);
+        if (len > top - at) return RD_EOVERFLOW; /* bounds are then partly summed */
+        at += len;
+        set_index(bounds, bounds_kind, j, at);
+    }
+    return RD_OK;
+}
+
+/*
+ * What an owner sends in a round (rank_dataset.core._reference.pack_requests): for each requester
+ * r < w, head bytes of `status`, then the lines of rows[at[r]:at[r]+count[r]] (numbers within its
+ * slice, kind rows_kind) asked for, the line of rows[i] being src[starts[rows[i]] - lo:][:lengths[i]]
+ * (starts of kind start_kind, held entries; lengths of kind len_kind, m entries, as rows: what the
+ * requesters were told), back to back. sizes[0:w]: the bytes for each requester. With send NULL only
+ * the sizes are computed; else send[0:send_size] must hold exactly their sum, and is filled (with
+ * status != 0, the heads alone: the lines' bytes are zeros). A row not below held is RD_ERANGE (*bad
+ * the index into rows) before anything is written; a line outside src, RD_ERANGE once the lines
+ * before it are packed; a range of rows outside rows[0:m], RD_ERANGE with *bad -1; send of another
+ * size, RD_ECAP.
+ */
+RD_API int rd_pack_requests(const uint8_t *src, int64_t src_size, int64_t lo, const void *starts, int start_kind,
+                            const void *lengths, int len_kind, int64_t held, const void *rows, int rows_kind, int64_t m,
+                            const int64_t *at, const int64_t *count, int64_t w, int64_t head, int status, uint8_t *send,
+                            int64_t send_size, int64_t *sizes, int64_t *bad) {
+    if (!buf_ok(src, src_size) || held < 0 || m < 0 || w < 0 || head < 0 || status < 0 || status > 255 ||
+        bad == NULL || !kind_ok(start_kind) || !kind_ok(len_kind) || !kind_ok(rows_kind) || (held > 0 && !starts) ||
+        (m > 0 && (!rows || !lengths)) || (w > 0 && (!at || !count || !sizes)) ||
+        (send != NULL && send_size < 0))
+        return RD_EARG;
+    *bad = -1;
+    int64_t total = 0;
+    for (int64_t r = 0; r < w; r++) {
+        if (at[r] < 0 || count[r] < 0 || at[r] > m - count[r]) return RD_ERANGE;
+        int64_t size = head;
+        for (int64_t i = at[r]; i < at[r] + count[r]; i++) {
+            const int64_t row = get_index(rows, rows_kind, i);
+            if (row < 0 || row >= held) {
+                *bad = i;
+                return RD_ERANGE;
+            }
+            const int64_t len = get_index(lengths, len_kind, i);
+            if (len < 0 || len > INT64_MAX / 4 - size) {
+                *bad = i;
+                return RD_ERANGE;
+            }
+            size += len;
+        }
+        if (size > INT64_MAX / 4 - total) return RD_EOVERFLOW;
+        sizes[r] = size;
+        total += size;
+    }
+    if (send == NULL) return RD_OK;
+    if (send_size != total) return RD_ECAP;
+    if (status != 0) { /* the heads alone */
+        memset(send, 0, (size_t)total);
+        for (int64_t r = 0, d = 0; r < w; d += sizes[r], r++) memset(send + d, status, (size_t)head);
+        return RD_OK;
+    }
+    /* One pass: each line checked as it is copied (an error leaves what was packed before it). The
+     * rows are random within the slice: their starts are fetched ahead, then their bytes. */
+    int64_t d = 0;
+    for (int64_t r = 0; r < w; r++) {
+        memset(send + d, 0, (size_t)head);
+        d += head;
+        const int64_t end = at[r] + count[r];
+        for (int64_t i = at[r]; i < end; i++) {
+            if (i + 2 * RD_PREFETCH_AHEAD < end) {
+                const int64_t ahead = get_index(rows, rows_kind, i + 2 * RD_PREFETCH_AHEAD);
+                RD_PREFETCH(start_kind == RD_I64 ? (const void *)((const int64_t *)starts + ahead)
+                                                 : (const void *)((const uint32_t *)starts + ahead));
+            }
+            if (i + RD_PREFETCH_AHEAD < end) {
+                const int64_t s = get_index(starts, start_kind, get_index(rows, rows_kind, i + RD_PREFETCH_AHEAD)) - lo;
+                if (s >= 0 && s < src_size) RD_PREFETCH(src + s);
+            }
+            const int64_t row = get_index(rows, rows_kind, i), len = get_index(lengths, len_kind, i);
+            const int64_t s = get_index(starts, start_kind, row);
+            if (s < lo || s - lo > src_size - len) {
+                *bad = i;
+                return RD_ERANGE;
+            }
+            copy_row(send + d, src + (s - lo), len);
+            d += len;
+        }
+    }
+    return RD_OK;
+}
+
+/*
+ * A requester's round placed into its shard (rank_dataset.core._reference.place_lines): got[0:got_size]
+ * holds each owner o's part of parts[o] bytes, back to back: head bytes, then the lines of the items
+ * order[at[o]:at[o]+count[o]] (kind order_kind), back to back; item row's line goes to
+ * data[bounds[row]:bounds[row+1]] (bounds[0:n+1] of kind bounds_kind). Each row is checked as it is
+ * placed (below n, its span within data, its bytes within its owner's part; the parts, first, adding
+ * up to got_size): RD_ERANGE (*bad the index into order, or -1 for a part), what was placed before it
+ * left as it is (the caller discards the shard). Nothing is read or written outside the buffers.
+ */
+RD_API int rd_place_lines(const uint8_t *got, int64_t got_size, const int64_t *parts, const void *order,
+                          int order_kind, int64_t m, const int64_t *at, const int64_t *count, int64_t w, int64_t head,
+                          const void *bounds, int bounds_kind, int64_t n, uint8_t *data, int64_t data_size,
+                          int64_t *bad) {
+    if (!buf_ok(got, got_size) || !buf_ok(data, data_size) || m < 0 || w < 0 || n < 0 || head < 0 || bad == NULL ||
+        bounds == NULL || !kind_ok(order_kind) || !kind_ok(bounds_kind) || (m > 0 && !order) ||
+        (w > 0 && (!parts || !at || !count)))
+        return RD_EARG;
+    *bad = -1;
+    int64_t pos = 0;
+    for (int64_t o = 0; o < w; o++) {
+        if (parts[o] < head || parts[o] > got_size - pos || at[o] < 0 || count[o] < 0 || at[o] > m - count[o])
+            return RD_ERANGE;
+        pos += parts[o];
+    }
+    if (pos != got_size) return RD_ERANGE;
+    /* One pass: each line checked as it is placed (an error leaves what was placed before it). The
+     * rows are random within the shard: their offsets are fetched ahead, then their place. */
+    const int wide = bounds_kind == RD_I64;
+    pos = 0;
+    for (int64_t o = 0; o < w; o++) {
+        const int64_t end = pos + parts[o], stop = at[o] + count[o];
+        int64_t p = pos + head;
+        for (int64_t i = at[o]; i < stop; i++) {
+            if (i + 2 * RD_PREFETCH_AHEAD < stop) {
+                const int64_t ahead = get_index(order, order_kind, i + 2 * RD_PREFETCH_AHEAD);
+                if (ahead >= 0 && ahead < n)
+                    RD_PREFETCH(wide ? (const void *)((const int64_t *)bounds + ahead)
+                                     : (const void *)((const uint32_t *)bounds + ahead));
+            }
+            if (i + RD_PREFETCH_AHEAD < stop) {
+                const int64_t ahead = get_index(order, order_kind, i + RD_PREFETCH_AHEAD);
+                if (ahead >= 0 && ahead < n) {
+                    const int64_t d = get_index(bounds, bounds_kind, ahead);
+                    if (d >= 0 && d < data_size) RD_PREFETCH_WRITE(data + d);
+                }
+            }
+            const int64_t row = get_index(order, order_kind, i);
+            if (row < 0 || row >= n) {
+                *bad = i;
+                return RD_ERANGE;
+            }
+            const int64_t d = get_index(bounds, bounds_kind, row), len = get_index(bounds, bounds_kind, row + 1) - d;
+            if (d < 0 || len < 0 || d > data_size - len || len > end - p) {
+                *bad = i;
+                return RD_ERANGE;
+            }
+            copy_row(data + d, got + p, len);
+            p += len;
+        }
+        if (p != end) return RD_ERANGE;
+        pos = end;
+    }
+    return RD_OK;
+}
+
+/* A verification's expected samples and progress (see rd_verify_lines). */
+struct verify {
+    const uint8_t *buf;
+    const void *starts, *lengths;
+    int start_kind, len_kind, bom;
+    int64_t base, n, k, bad;
+};
+
+/* The line [s, end) (end: its newline, or the end of the buffer) compared, if it is a sample (as
+ * sample() finds them), with the next expected one. */
+RD_INLINE void verify_line(struct verify *v, int64_t s, int64_t end) {
+    const uint8_t *buf = v->buf;
+    if (v->bom && s == 0) s = 3;
+    int64_t e = end;
+    if (e > s && buf[e - 1] == '\r') e--;
+    if (s >= e) return;
+    if (buf[s] <= ' ') {
+        int64_t j = s;
+        while (j < e && blank(buf[j])) j++;
+        if (j == e) return;
+    }
+    if (v->bad >= 0) return; /* (a difference found: the newlines are still counted) */
+    if (v->k == v->n || get_index(v->starts, v->start_kind, v->k) - v->base != s ||
+        get_index(v->lengths, v->len_kind, v->k) != e - s) {
+        v->bad = v->k;
+        return;
+    }
+    v->k++;
+}
+
+/*
+ * Whether buf[0:size] (bytes offset.. of a file, starting a line; with `last` bytes after the final
+ * newline form a line too) holds exactly the samples starts[k] - base, lengths[k] (k < n; kinds
+ * start_kind, len_kind) that rd_scan_lines finds there: its scan, each sample compared as it is found
+ * instead of stored. *bad: -1 if so, else the first sample k that differs (n: buf holds more).
+ * result[0:2]: the newlines of buf, whether it is all ASCII.
+ */
+RD_API int rd_verify_lines(const uint8_t *buf, int64_t size, int64_t offset, int last, const void *starts,
+                           int start_kind, int64_t base, const void *lengths, int len_kind, int64_t n,
+                           int64_t *result, int64_t *bad) {
+    if (!buf_ok(buf, size) || offset < 0 || n < 0 || result == NULL || bad == NULL || !kind_ok(start_kind) ||
+        !kind_ok(len_kind) || (n > 0 && (!starts || !lengths)))
+        return RD_EARG;
+    struct verify v;
+    v.buf = buf;
+    v.starts = starts;
+    v.lengths = lengths;
+    v.start_kind = start_kind;
+    v.len_kind = len_kind;
+    v.bom = offset == 0 && size >= 3 && buf[0] == 0xEF && buf[1] == 0xBB && buf[2] == 0xBF;
+    v.base = base;
+    v.n = n;
+    v.k = 0;
+    v.bad = -1;
+    uint64_t high = 0;
+    int64_t line_start = 0, lines = 0, i = 0;
+    for (; size - i >= 64; i += 64) {
+        for (uint64_t m = mask64(buf + i, '\n', &high); m; m &= m - 1) {
+            const int64_t nl = i + ctz64(m);
+            verify_line(&v, line_start, nl);
+            lines++;
+            line_start = nl + 1;
+        }
+    }
+    for (; i < size; i++) {
+        high |= buf[i] >> 7;
+        if (buf[i] == '\n') {
+            verify_line(&v, line_start, i);
+            lines++;
+            line_start = i + 1;
+        }
+    }
+    if (last && line_start < size) verify_line(&v, line_start, size);
+    if (v.bad < 0 && v.k < n) v.bad = v.k;
+    result[0] = lines;
+    result[1] = high == 0;
+    *bad = v.bad;
     return RD_OK;
 }

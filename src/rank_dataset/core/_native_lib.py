@@ -27,7 +27,7 @@ ABI = 2
 #: A library to load instead of the one installed beside this module (e.g. a sanitizer build).
 LIB_ENV = "RANK_DATASET_NATIVE_LIB"
 
-_OK, _EARG, _ERANGE, _ECAP, _EOVERFLOW = 0, -1, -2, -3, -4
+_OK, _EARG, _ERANGE, _ECAP, _EOVERFLOW, _EREPEAT = 0, -1, -2, -3, -4, -5
 _I64, _U32, _I32 = 1, 2, 3
 _KINDS = {np.dtype(np.int64): _I64, np.dtype(np.uint32): _U32, np.dtype(np.int32): _I32}
 _P, _I64T, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -48,7 +48,19 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         _INT,
         [_P, _I64T, _I64T, _P, _P, _INT, _I64T, _P, _INT, _I64T, _P, _I64T, _I64T, _INT, _P],
     ),
+    "rd_route": (_INT, [_P, _I64T, _P, _I64T, _I64T, _I64T, _P, _I64T, _P, _P, _INT, _P, _INT, _P]),
+    "rd_scatter_bounds": (_INT, [_P, _INT, _P, _INT, _I64T, _P, _I64T, _P, _INT, _P, _P]),
+    "rd_pack_requests": (
+        _INT,
+        [_P, _I64T, _I64T, _P, _INT, _P, _INT, _I64T, _P, _INT, _I64T, _P, _P, _I64T, _I64T, _INT, _P, _I64T, _P, _P],
+    ),
+    "rd_verify_lines": (_INT, [_P, _I64T, _I64T, _INT, _P, _INT, _I64T, _P, _INT, _I64T, _P, _P]),
+    "rd_place_lines": (
+        _INT,
+        [_P, _I64T, _P, _P, _INT, _I64T, _P, _P, _I64T, _I64T, _P, _INT, _I64T, _P, _I64T, _P],
+    ),
 }
+_OUT_KINDS = {np.dtype(np.uint32): _U32, np.dtype(np.int64): _I64}  # offsets and requests a kernel writes
 
 
 def library_name() -> str:
@@ -219,7 +231,7 @@ class Kernels:
         (ss, sk), (ln, lk) = _index(starts), _index(lengths)
         if ss.size != ln.size or offsets.shape != (ln.size + 1,):
             raise ValueError(f"{ss.size} starts, {ln.size} lengths and {offsets.shape} offsets")
-        kind = {np.dtype(np.uint32): _U32, np.dtype(np.int64): _I64}.get(offsets.dtype)
+        kind = _OUT_KINDS.get(offsets.dtype)
         if kind is None or not (offsets.flags.c_contiguous and offsets.flags.writeable):
             raise TypeError(f"offsets must be a writeable contiguous uint32 or int64 array, got {offsets.dtype}")
         bad = ctypes.c_int64(-1)
@@ -352,3 +364,129 @@ class Kernels:
         )
         _check(code, "gather_lines", row.value)
         return int(row.value)
+
+    def route_items(
+        self, items: Any, owned: Any, rounds: int, per_round: int, check: bool, req: Any
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any], npt.NDArray[Any]] | None:
+        it, own = _i64(items), _i64(owned)
+        w, n = own.size - 1, it.size
+        if w < 1:
+            raise ValueError("owned must hold at least two offsets")
+        total = int(own[-1])
+        # A bit a sample, where that is no more than 8 bytes an item; else numpy's sort finds a repeat.
+        seen = np.zeros(0, np.uint8)
+        if check and n > 1:
+            if total <= 64 * n:
+                seen = np.zeros(-(-total // 8), np.uint8)
+            elif np.unique(it).size < n:
+                return None
+        counts = np.empty(w * rounds, np.int64)
+        order = np.empty(n, np.int32 if n < 1 << 31 else np.int64)
+        request = np.empty(n, req)
+        req_kind = _OUT_KINDS.get(request.dtype)
+        if req_kind is None:
+            raise TypeError(f"requests must be uint32 or int64, got {request.dtype}")
+        bad = ctypes.c_int64(-1)
+        code = self._lib.rd_route(
+            it.ctypes.data,
+            n,
+            own.ctypes.data,
+            w,
+            rounds,
+            per_round,
+            seen.ctypes.data if seen.size else None,
+            seen.size,
+            counts.ctypes.data,
+            order.ctypes.data,
+            _KINDS[order.dtype],
+            request.ctypes.data,
+            req_kind,
+            ctypes.byref(bad),
+        )
+        if code == _EREPEAT:
+            return None
+        if code == _ERANGE:
+            raise ValueError(f"route_items: sample {int(it[bad.value])} is outside [0, {total}) or its rounds")
+        _check(code, "route_items")
+        return counts, order, request
+
+    def scatter_bounds(self, lengths: Any, order: Any, counts: Any, bounds: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+        (ln, lk), (od, ok), c = _index(lengths), _index(order), _i64(counts)
+        kind = _OUT_KINDS.get(bounds.dtype)
+        if kind is None or bounds.ndim != 1 or not (bounds.flags.c_contiguous and bounds.flags.writeable):
+            raise TypeError(f"bounds must be a writeable contiguous uint32 or int64 array, got {bounds.dtype}")
+        if ln.size != od.size or bounds.size != od.size + 1:
+            raise ValueError(f"{ln.size} lengths, {od.size} items and {bounds.size} bounds")
+        sums = np.empty(c.size, np.int64)
+        bad = ctypes.c_int64(-1)
+        code = self._lib.rd_scatter_bounds(
+            ln.ctypes.data, lk, od.ctypes.data, ok, od.size, c.ctypes.data, c.size, bounds.ctypes.data, kind,
+            sums.ctypes.data, ctypes.byref(bad),
+        )  # fmt: skip
+        _check(code, "scatter_bounds", bad.value)
+        return sums
+
+    def pack_requests(
+        self,
+        src: Any,
+        lo: int,
+        starts: Any,
+        lengths: Any,
+        rows: Any,
+        at: Any,
+        counts: Any,
+        head: int,
+        status: int,
+        send: npt.NDArray[np.uint8] | None,
+    ) -> npt.NDArray[np.int64]:
+        s = _bytes_in(src)
+        (st, sk), (ln, lk), (rw, rk), a, c = _index(starts), _index(lengths), _index(rows), _i64(at), _i64(counts)
+        if rw.size != ln.size or a.size != c.size:
+            raise ValueError(f"{rw.size} rows and {ln.size} lengths; {a.size} ranges and {c.size} counts")
+        d = None if send is None else _bytes_out(send)
+        sizes = np.empty(c.size, np.int64)
+        bad = ctypes.c_int64(-1)
+        code = self._lib.rd_pack_requests(
+            s.ctypes.data, s.size, lo, st.ctypes.data, sk, ln.ctypes.data, lk, st.size, rw.ctypes.data, rk, rw.size,
+            a.ctypes.data, c.ctypes.data, c.size, head, status, None if d is None else d.ctypes.data,
+            0 if d is None else d.size, sizes.ctypes.data, ctypes.byref(bad),
+        )  # fmt: skip
+        _check(code, "pack_requests", bad.value)
+        return sizes
+
+    def place_lines(
+        self,
+        got: Any,
+        parts: Any,
+        order: Any,
+        at: Any,
+        counts: Any,
+        head: int,
+        bounds: Any,
+        data: npt.NDArray[np.uint8],
+    ) -> None:
+        g, d = _bytes_in(got), _bytes_out(data)
+        p, (od, ok), a, c, (b, bk) = _i64(parts), _index(order), _i64(at), _i64(counts), _index(bounds)
+        if not p.size == a.size == c.size or not b.size:
+            raise ValueError(f"{p.size} parts, {a.size} ranges and {c.size} counts; {b.size} bounds")
+        bad = ctypes.c_int64(-1)
+        code = self._lib.rd_place_lines(
+            g.ctypes.data, g.size, p.ctypes.data, od.ctypes.data, ok, od.size, a.ctypes.data, c.ctypes.data, c.size,
+            head, b.ctypes.data, bk, b.size - 1, d.ctypes.data, d.size, ctypes.byref(bad),
+        )  # fmt: skip
+        _check(code, "place_lines", bad.value)
+
+    def verify_lines(
+        self, buf: Any, offset: int, last: bool, starts: Any, base: int, lengths: Any
+    ) -> tuple[int, int, bool]:
+        a, (st, sk), (ln, lk) = _bytes_in(buf), _index(starts), _index(lengths)
+        if st.size != ln.size:
+            raise ValueError(f"{st.size} starts and {ln.size} lengths")
+        result = np.zeros(2, np.int64)
+        bad = ctypes.c_int64(-1)
+        code = self._lib.rd_verify_lines(
+            a.ctypes.data, a.size, offset, int(bool(last)), st.ctypes.data, sk, base, ln.ctypes.data, lk, st.size,
+            result.ctypes.data, ctypes.byref(bad),
+        )  # fmt: skip
+        _check(code, "verify_lines")
+        return int(bad.value), int(result[0]), bool(result[1])

@@ -30,10 +30,15 @@ __all__ = [
     "gather_lines",
     "lines_bad",
     "mix32",
+    "pack_requests",
     "pack_rows",
     "permute_cells",
+    "place_lines",
+    "route_items",
     "scan_lines",
+    "scatter_bounds",
     "utf8_first_invalid",
+    "verify_lines",
 ]
 
 _IntArray = npt.NDArray[np.integer[Any]]
@@ -397,3 +402,13 @@ def gather_lines(
     if bad < 0 and first_out < n:
         raise ValueError(f"gather_lines: a span lies outside its buffer (row {first_out})")
     return bad
+
+
+# The collective reader's exchange: in a module of its own (this one's size), its names here too.
+from rank_dataset.core._reference_exchange import (  # noqa: E402
+    pack_requests,
+    place_lines,
+    route_items,
+    scatter_bounds,
+    verify_lines,
+)

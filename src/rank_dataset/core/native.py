@@ -55,11 +55,16 @@ __all__ = [
     "gather_lines",
     "lines_bad",
     "mix32",
+    "pack_requests",
     "pack_rows",
     "path",
     "permute_cells",
+    "place_lines",
+    "route_items",
     "scan_lines",
+    "scatter_bounds",
     "utf8_first_invalid",
+    "verify_lines",
 ]
 
 #: The environment variable that picks the path: ``auto``, ``0`` or ``require``.
@@ -228,3 +233,67 @@ def gather_lines(
     if k is None:
         return _reference.gather_lines(buf, shift, starts, rows, bounds, dst, file_size, bom)
     return k.gather_lines(buf, shift, starts, rows, bounds, dst, file_size, bom)
+
+
+# -- the collective reader's exchange: see the references in rank_dataset.core._reference -------------
+
+
+def route_items(
+    items: npt.NDArray[np.int64], owned: npt.NDArray[np.int64], rounds: int, per_round: int, check: bool, req: Any
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any], npt.NDArray[Any]] | None:
+    """A build's requests grouped by owner and round, ``(counts, order, request)``; None where
+    ``check`` and some sample occurs twice (:func:`rank_dataset.core._reference.route_items`)."""
+    k = _state()[0]
+    if k is None:
+        return _reference.route_items(items, owned, rounds, per_round, check, req)
+    return k.route_items(items, owned, rounds, per_round, check, req)
+
+
+def scatter_bounds(lengths: Any, order: Any, counts: Any, bounds: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    """A shard's offsets from the lengths of the items ``order`` in place, and the bytes of each group
+    of ``counts`` (:func:`rank_dataset.core._reference.scatter_bounds`)."""
+    k = _state()[0]
+    return (
+        _reference.scatter_bounds(lengths, order, counts, bounds)
+        if k is None
+        else k.scatter_bounds(lengths, order, counts, bounds)
+    )
+
+
+def pack_requests(
+    src: Any,
+    lo: int,
+    starts: Any,
+    lengths: Any,
+    rows: Any,
+    at: Any,
+    counts: Any,
+    head: int,
+    status: int,
+    send: npt.NDArray[np.uint8] | None = None,
+) -> npt.NDArray[np.int64]:
+    """An owner's round: the bytes for each requester, and with ``send`` its heads and lines packed
+    (``lengths`` as ``rows``: :func:`rank_dataset.core._reference.pack_requests`)."""
+    k = _state()[0]
+    impl = _reference.pack_requests if k is None else k.pack_requests
+    return impl(src, lo, starts, lengths, rows, at, counts, head, status, send)
+
+
+def place_lines(
+    got: Any, parts: Any, order: Any, at: Any, counts: Any, head: int, bounds: Any, data: npt.NDArray[np.uint8]
+) -> None:
+    """A requester's round copied into its shard (:func:`rank_dataset.core._reference.place_lines`)."""
+    k = _state()[0]
+    impl = _reference.place_lines if k is None else k.place_lines
+    impl(got, parts, order, at, counts, head, bounds, data)
+
+
+def verify_lines(
+    buf: npt.NDArray[np.uint8], offset: int, last: bool, starts: Any, base: int, lengths: Any
+) -> tuple[int, int, bool]:
+    """``(bad, newlines, ascii)``: whether ``buf`` holds exactly the samples ``starts - base`` of
+    ``lengths`` as :func:`scan_lines` finds them (``bad`` -1, else the first that differs), checked
+    where they are said to be (:func:`rank_dataset.core._reference.verify_lines`)."""
+    k = _state()[0]
+    impl = _reference.verify_lines if k is None else k.verify_lines
+    return impl(buf, offset, last, starts, base, lengths)

@@ -5,7 +5,7 @@ order), cut at line boundaries, sequentially, :data:`~rank_dataset.shards._text.
 and keeps where each of its samples starts and its length. Line numbers come from an all-gather of each
 slice's sample and newline counts per file (a few numbers per file and rank): no index is read or
 written. At each build every rank computes its plan's sample numbers (as the file reader does), groups
-them by owner and round (one radix sort), and exchanges with ``all_to_all_single`` on a gloo group over
+them by owner and round (one counting sort, native), and exchanges with ``all_to_all_single`` on a gloo group over
 the same ranks: the requests, then their lengths (which lay out the shard), then the lines in rounds.
 In round k each owner reads the k-th part of its slice (about
 :data:`~rank_dataset.shards.collective._rounds.ROUND` bytes of lines), checks it against the count and

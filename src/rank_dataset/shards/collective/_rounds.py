@@ -10,12 +10,14 @@ straight into its shard (:meth:`Exchange.build`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import native
 from rank_dataset.core.shard import Shard, ShardWriter, copy_rows, offset_dtype
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.lines import check_utf8
@@ -62,19 +64,22 @@ class Exchange:
         plan = plan_of()
         n, ids = plan.size, (plan if keep_ids else None)
         net, w, rounds = self.net, self.net.world_size, self.rounds
-        # What is asked for: the plan's samples, or where the plan repeats some, each once.
-        items, inverse = _routing.distinct(plan) if _routing.repeats(plan, self.slices.bounds.total) else (plan, None)
+        owned, per_round = self.slices.owned, self.per_round
+        # Each sample's owner and round, the requests grouped by (owner, round) in one native pass (a
+        # counting sort), which also finds whether the plan repeats a sample: then each is asked for once.
+        inverse = None
+        routed = native.route_items(plan, owned, rounds, per_round, True, self.req_dtype)
+        if routed is None:
+            items, inverse = _routing.distinct(plan)
+            routed = native.route_items(items, owned, rounds, per_round, False, self.req_dtype)
+            del items
         del plan
-        # Each item's owner and round; the items grouped by (owner, round) by one radix sort.
-        key, local = _routing.route(items, self.slices.owned, rounds, self.per_round)
-        del items
-        counts, order = _routing.group(key, w * rounds)
-        del key
-        request = local[order].astype(self.req_dtype)
-        del local
+        assert routed is not None
+        flat_counts, order, request = routed
+        del routed
         # Requests: the number of each owner's samples asked for in each round, then the samples.
-        asked = net.all_to_all(counts, np.full(w, rounds, np.int64), "the request sizes").reshape(w, rounds)
-        counts = counts.reshape(w, rounds)
+        asked = net.all_to_all(flat_counts, np.full(w, rounds, np.int64), "the request sizes").reshape(w, rounds)
+        counts = flat_counts.reshape(w, rounds)
         ask, asks = counts.sum(axis=1), asked.sum(axis=1)
         requests = net.all_to_all(request, ask, "the requests", out_splits=asks)
         # Lengths (from what the count of lines found): the shard's offsets, before any line moves.
@@ -82,18 +87,26 @@ class Exchange:
         got_lengths = net.all_to_all(send_lengths, asks, "the line lengths", out_splits=ask)
         sent = counts.nbytes + request.nbytes + send_lengths.nbytes
         received = asked.nbytes + requests.nbytes + got_lengths.nbytes
-        del request, send_lengths
-        item_lengths = np.empty(got_lengths.size, self.len_dtype)
-        item_lengths[order] = got_lengths
-        del got_lengths
-        row_lengths = item_lengths if inverse is None else item_lengths[inverse]
-        writer = ShardWriter(n, int(row_lengths.sum(dtype=np.int64)), ids=ids is not None)
-        writer.bounds[0] = 0
-        np.cumsum(row_lengths, out=writer.bounds[1:], dtype=writer.bounds.dtype)
-        if inverse is not None:
+        del request
+        # What this rank sends each rank in each round, and the lengths it packs by: those it told them.
+        send_sizes = _routing.split_sums(send_lengths.astype(np.int64), asked.reshape(-1)).reshape(w, rounds) + HEAD
+        total = int(got_lengths.sum(dtype=np.int64))
+        if inverse is None:  # item i is row i: the offsets straight from the lengths, in one pass
+            writer = ShardWriter(n, total, ids=ids is not None)
+            key_bytes = native.scatter_bounds(got_lengths, order, flat_counts, writer.bounds).reshape(w, rounds)
+        else:
+            item_lengths = np.empty(got_lengths.size, self.len_dtype)
+            item_lengths[order] = got_lengths
+            key_bytes = _routing.split_sums(got_lengths.astype(np.int64), flat_counts).reshape(w, rounds)
+            row_lengths = item_lengths[inverse]
+            writer = ShardWriter(n, int(row_lengths.sum(dtype=np.int64)), ids=ids is not None)
+            writer.bounds[0] = 0
+            np.cumsum(row_lengths, out=writer.bounds[1:], dtype=writer.bounds.dtype)
+            del row_lengths
             # The plan's rows by the round their line arrives in.
             by_round, round_cuts = _routing.rows_by_round(order, counts, inverse)
             item_at = np.empty(item_lengths.size, np.int64)  # where each item is in its round's lines
+        del got_lengths
         asked_at, counts_at = _routing.starts_of(asked), _routing.starts_of(counts)
         server = Server(self.slices, self.starts, self.lengths, self.per_round)
         try:
@@ -101,30 +114,39 @@ class Exchange:
                 # The owners read and serve the samples of round k, each part of what it sends headed by
                 # its status: every rank learns from the lines themselves whether every owner served
                 # them as counted, before it packs any.
-                send, send_bytes, failure = server.serve(
-                    k, requests[_routing.ranges(asked_at[:, k], asked[:, k])], asked[:, k]
-                )
-                idx = order[_routing.ranges(counts_at[:, k], counts[:, k])]
-                lengths = item_lengths[idx].astype(np.int64)
-                got_bytes = _routing.split_sums(lengths, counts[:, k]) + HEAD
+                send_bytes = send_sizes[:, k]
+                send, failure = server.serve(k, requests, send_lengths, asked_at[:, k], asked[:, k], send_bytes)
+                got_bytes = key_bytes[:, k] + HEAD
                 got = net.all_to_all(send, send_bytes, "the lines", out_splits=got_bytes)
                 sent, received = sent + send.nbytes, received + got.nbytes
                 del send
                 raise_reported(net, got[_routing.exclusive(got_bytes)], failure)
-                # Where each line is in what arrived: back to back after its owner's header.
-                at = _routing.line_offsets(lengths, counts[:, k], HEAD)
-                if inverse is None:  # item i is row i
-                    copy_rows(got, at, lengths, writer.data, writer.bounds[idx])
+                if inverse is None:  # each owner's lines, back to back after its header, to their rows
+                    native.place_lines(
+                        got, got_bytes, order, counts_at[:, k], counts[:, k], HEAD, writer.bounds, writer.data
+                    )
                 else:
-                    item_at[idx] = at
+                    idx = order[_routing.ranges(counts_at[:, k], counts[:, k])]
+                    lengths = item_lengths[idx].astype(np.int64)
+                    item_at[idx] = _routing.line_offsets(lengths, counts[:, k], HEAD)
                     rows = by_round[round_cuts[k] : round_cuts[k + 1]]
-                    copy_rows(got, item_at[inverse[rows]], row_lengths[rows], writer.data, writer.bounds[rows])
-                del got, idx, lengths, at
+                    copy_rows(
+                        got, item_at[inverse[rows]], row_lengths_of(writer, rows), writer.data, writer.bounds[rows]
+                    )
+                    del idx, lengths
+                del got
         finally:
             server.close()
         if writer.ids is not None and ids is not None:
             writer.ids[:] = ids
         return writer.finish(), {"sent": int(sent), "received": int(received)}
+
+
+def row_lengths_of(writer: ShardWriter, rows: npt.NDArray[Any]) -> _Ints:
+    """The lengths of a shard's ``rows``, from its offsets."""
+    bounds = writer.bounds
+    lengths: _Ints = bounds[rows + 1].astype(np.int64) - bounds[rows]
+    return lengths
 
 
 class Server:
@@ -137,54 +159,52 @@ class Server:
         self._readings: dict[int, Reading | RowsReading] = {}
 
     def serve(
-        self, k: int, rows: npt.NDArray[Any], splits: _Ints
-    ) -> tuple[npt.NDArray[np.uint8], _Ints, Failure | None]:
-        """Round ``k``: what this rank sends each rank, back to back, and the bytes for each. Rank
-        ``r``'s part is a status byte (``_status.OK`` or what went wrong), then its ``splits[r]``
-        samples of ``rows`` (numbers within this slice, all in the round's part of it), from one
-        sequential read of the round's part of the slice, which is checked against the count. Also what
-        went wrong (a file changed, or a line asked for is not valid UTF-8, naming file and line): then
-        the lines' bytes are zeros, and are not packed anywhere.
+        self, k: int, requests: npt.NDArray[Any], lengths: npt.NDArray[Any], at: _Ints, counts: _Ints, sizes: _Ints
+    ) -> tuple[npt.NDArray[np.uint8], Failure | None]:
+        """Round ``k``: what this rank sends each rank, back to back (``sizes`` bytes for each). Rank
+        ``r``'s part is a status byte (``_status.OK`` or what went wrong), then its ``counts[r]``
+        samples ``requests[at[r]:at[r] + counts[r]]`` (numbers within this slice, all in the round's
+        part of it; their ``lengths`` as the requesters were told them), from one sequential read of
+        the round's part of the slice, which is checked against the count. Also what went wrong (a file
+        changed, or a line asked for is not valid UTF-8, naming file and line): then the lines' bytes
+        are zeros, and are not packed anywhere.
         """
         held = self._starts.size
         first, stop = k * self._per_round, min((k + 1) * self._per_round, held)
-        # The bytes asked for, as counted: what is sent whether or not the lines can be served.
-        lengths = self._lengths[rows].astype(np.int64)
-        sizes = _routing.split_sums(lengths, splits) + HEAD
         send = np.empty(int(sizes.sum()), np.uint8)
-        heads = _routing.exclusive(sizes)
-        send[heads] = OK
+        pack = functools.partial(native.pack_requests, starts=self._starts, lengths=lengths, rows=requests, at=at)
         if k and first >= held:  # the slice has no samples in this round
-            return send, sizes, None
+            pack(np.zeros(0, np.uint8), 0, counts=counts, head=HEAD, status=OK, send=send)
+            return send, None
         # Bytes [lo, hi) of the slice (from its start): the round's samples, the first round from the
         # slice's start and the last to its end (so that every byte is read, and checked, once).
         lo = 0 if k == 0 else int(self._starts[first])
         hi = self._slices.slice_bytes if stop >= held else int(self._starts[stop])
         try:
             buf, parts, ascii_ = self._read(lo, hi, first, stop)
-            at = self._starts[rows].astype(np.int64) - lo
-            dst = _routing.line_offsets(lengths, splits, HEAD)
-            copy_rows(buf, at, lengths, send, dst)
+            pack(buf, lo, counts=counts, head=HEAD, status=OK, send=send)
             if not ascii_:
                 # The lines without the status bytes, back to back, as the file reader checks them.
+                which = _routing.ranges(at, counts)
+                rows = requests[which]
                 keep = np.ones(send.size, bool)
-                keep[(heads[:, None] + np.arange(HEAD)).ravel()] = False
-                bounds = np.concatenate(([0], np.cumsum(lengths)))
-                check_utf8(lambda r: self._line_of(buf, parts, int(at[r]), int(rows[r])), send[keep], bounds)
+                keep[(_routing.exclusive(sizes)[:, None] + np.arange(HEAD)).ravel()] = False
+                bounds = np.concatenate(([0], np.cumsum(lengths[which].astype(np.int64))))
+                line_at = self._starts[rows].astype(np.int64) - lo
+                check_utf8(lambda r: self._line_of(buf, parts, int(line_at[r]), int(rows[r])), send[keep], bounds)
         except (MetaFileChangedError, ValueError) as exc:  # a CorruptMetaFileError is a ValueError
             failure = failure_of(exc)
             assert failure is not None
         else:
-            return send, sizes, None
-        send[:] = 0
-        send[heads] = failure.kind
-        return send, sizes, failure
+            return send, None
+        pack(np.zeros(0, np.uint8), 0, counts=counts, head=HEAD, status=failure.kind, send=send)
+        return send, failure
 
     def _read(
         self, lo: int, hi: int, first: int, stop: int
     ) -> tuple[npt.NDArray[np.uint8], list[tuple[int, int, int]], bool]:
         """Bytes ``[lo, hi)`` of the slice (from its start), which hold its samples ``[first, stop)``:
-        read, scanned and checked against what the count of lines found. Also each file's part of them
+        read and checked against what the count of lines found. Also each file's part of them
         as ``(file, start in the buffer, newlines before it in the file)``, and whether all is ASCII."""
         slices, rank = self._slices, self._slices.rank
         base = int(slices.cuts[rank])
@@ -195,22 +215,35 @@ class Server:
             at = int(slices.offsets[f]) + a - base - lo  # where the file's part starts in buf
             piece = buf[at : at + b - a]
             reading = self._reading(f)
-            chunk = reading.lines(piece, a, until=slices.piece(rank, f)[1])
-            reading.check()
-            m = chunk.starts.size
-            if not (
-                done + m <= stop
-                and np.array_equal(chunk.starts + (lo + at), self._starts[done : done + m])
-                and np.array_equal(chunk.lengths, self._lengths[done : done + m])
-            ):
+            if isinstance(reading, Reading):
+                # The lines checked where the count found them (the samples that start in the piece),
+                # not found again: one native pass, which also counts the newlines.
+                reading.read_into(piece, a, until=slices.piece(rank, f)[1])
+                reading.check()
+                m = int(np.searchsorted(self._starts[done:stop], lo + at + piece.size))
+                last = a + piece.size == reading.text.size
+                found = native.verify_lines(
+                    piece, a, last, self._starts[done : done + m], lo + at, self._lengths[done : done + m]
+                )
+                same, newlines, ascii_piece = found[0] < 0, found[1], found[2]
+            else:  # a Parquet file's rows, rendered from its row groups
+                chunk = reading.lines(piece, a, until=slices.piece(rank, f)[1])
+                reading.check()
+                m, newlines, ascii_piece = chunk.starts.size, chunk.newlines, chunk.ascii
+                same = (
+                    done + m <= stop
+                    and np.array_equal(chunk.starts + (lo + at), self._starts[done : done + m])
+                    and np.array_equal(chunk.lengths, self._lengths[done : done + m])
+                )
+            if not same:
                 counted = f"{int(slices.samples[rank, f]):,} counted in its bytes {slices.piece(rank, f)}"
                 what = (
                     f"the samples in its bytes [{a:,}, {b:,}) are not those found when the dataset was made ({counted})"
                 )
                 raise MetaFileChangedError(path, what)
             parts.append((f, at, int(slices.newlines[:rank, f].sum()) + int(self._seen[f])))
-            self._seen[f] += chunk.newlines
-            ascii_ = ascii_ and chunk.ascii
+            self._seen[f] += newlines
+            ascii_ = ascii_ and ascii_piece
             done += m
         if done != stop:
             f = parts[-1][0] if parts else 0
