@@ -38,6 +38,43 @@ def test_reading_a_text_file_leaves_them_out_and_a_gzip_file_imports_its_own(tmp
     assert "indexed_gzip" in _modules_after(read.format(str(packed)))
 
 
+_RECOGNISE = """
+import sys
+from rank_dataset.files.formats import detect_path
+print(detect_path({path!r}).value)
+print(" ".join(m for m in sys.modules if m.startswith("rank_dataset")))
+"""
+
+
+@pytest.mark.parametrize("packing", ["text", "gzip"])
+def test_recognising_a_file_imports_no_codec_and_no_parquet_reader(tmp_path: Path, packing: str) -> None:
+    path = tmp_path / "meta"
+    data = b"".join(b"img/%d.jpg %d\n" % (i, i) for i in range(50))
+    path.write_bytes(gzip.compress(data) if packing == "gzip" else data)
+    out = subprocess.run(
+        [sys.executable, "-c", _RECOGNISE.format(path=str(path))], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    told, modules = out.stdout.splitlines()
+    assert told == packing
+    codecs = ("_gzip", "_zstd", "_parquet")
+    assert [m for m in modules.split() if m.rsplit(".", 1)[-1] in codecs] == []
+
+
+def test_the_lazy_names_are_those_of_their_modules() -> None:
+    from rank_dataset.files import formats, sources
+    from rank_dataset.files.formats import _parquet, parquet
+    from rank_dataset.files.sources import object as objects
+
+    assert formats.ParquetRows is parquet.ParquetRows is _parquet.ParquetRows
+    assert formats.ParquetLayout is _parquet.ParquetLayout
+    assert (sources.ObjectFile, sources.ObjectKey) == (objects.ObjectFile, objects.ObjectKey)
+    with pytest.raises(AttributeError, match="Nothing"):
+        formats.Nothing  # noqa: B018
+    with pytest.raises(AttributeError, match="Nothing"):
+        sources.Nothing  # noqa: B018
+
+
 #: What a job over a plain text file whose index is built never needs, in the rank or in its spawned
 #: DataLoader workers: the format libraries, the index build's tools, decimal (fractions: mixes by step),
 #: the grouping and recipes, the collective reader, object storage, the meta server. What torch imports
@@ -54,6 +91,23 @@ _NOT_FOR_TEXT = (
     "rank_dataset.files.recipes",
     "rank_dataset.shards.collective",
     "rank_dataset.server",
+    *(
+        # The codecs and the Parquet reader (imported by the format's methods), object storage, and the machinery
+        # of mixes, subsets and exclusions (imported where one is given): a rank's share of a job's memory is
+        # mostly the modules it imports (issue 44, item 6).
+        "rank_dataset.files.formats._gzip",
+        "rank_dataset.files.formats._zstd",
+        "rank_dataset.files.formats._parquet",
+        "rank_dataset.files._parquet_gather",
+        "rank_dataset.files._objects",
+        "rank_dataset.files.sources.object",
+        "rank_dataset.files.sources._stores",
+        "rank_dataset.plan.mix",
+        "rank_dataset.plan.subsets",
+        "rank_dataset.plan.exclude",
+        "rank_dataset.plan.sources",
+        "rank_dataset.plan.counts",
+    ),
 )
 #: A worker looks for no index either; it unpickles a shard's handle, its channel and the item code, not the readers
 #: of meta files (their formats, index and byte sources) nor what the rank plans with (issue 44, item 6).

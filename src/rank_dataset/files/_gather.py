@@ -28,7 +28,6 @@ from rank_dataset.core import native
 from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import in_threads
 from rank_dataset.files import _visits
-from rank_dataset.files._parquet_gather import ParquetKept, parquet_copy, parquet_lengths
 from rank_dataset.files._pread import _GAP, ByteSource, Window, dense
 from rank_dataset.files._visits import (
     THREADED_ROWS,
@@ -51,6 +50,7 @@ from rank_dataset.files.scan import BOM, NEWLINE
 from rank_dataset.plan.bounds import Bounds
 
 if TYPE_CHECKING:
+    from rank_dataset.files._parquet_gather import ParquetKept
     from rank_dataset.files.metafile import _File
 
 __all__ = [
@@ -243,6 +243,8 @@ def gather(
         for visit, starts in zip(visits, kept):
             file = visit.file
             if file.index.format.rows:
+                from rank_dataset.files._parquet_gather import parquet_copy
+
                 parquet_copy(visit, samples.get(), writer, parquet_kept.pop(visit.number))
                 continue
             if first is not None and visit is visits[0]:
@@ -295,6 +297,8 @@ def _first_pass(
     for visit, starts in zip(visits, kept):
         # (No name may keep ``lengths`` alive past this function: a partial, not a local function.)
         if visit.file.index.format.rows:
+            from rank_dataset.files._parquet_gather import parquet_lengths  # on first use: a Parquet file's
+
             parquet_kept[visit.number] = parquet_lengths(visit, indices, lengths)
             continue
         in_threads(functools.partial(_take_lengths, visit, indices, lengths, starts), _threads(visit))

@@ -16,8 +16,7 @@ from pathlib import Path
 
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files._objects import object_ends
-from rank_dataset.files.sources import FileKey, LocalFile, ObjectFile
+from rank_dataset.files.sources import FileKey, LocalFile
 
 __all__ = ["FINGERPRINT_BYTES", "fingerprint_part", "fingerprints"]
 
@@ -39,6 +38,9 @@ def _ends(path: Path, key: FileKey) -> bytes:
     if not key.size:
         return b""
     if is_url(path):  # an object: the one indexed (its ETag's hash is in the key), read in two GETs
+        from rank_dataset.files._objects import object_ends  # on first use, as the object's index
+        from rank_dataset.files.sources import ObjectFile
+
         obj = ObjectFile(path)
         if obj.key.file_key(str(path)) != key:
             raise MetaFileChangedError(path, "it was replaced since it was indexed (its ETag changed)")

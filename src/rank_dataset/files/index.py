@@ -38,7 +38,6 @@ from rank_dataset.files._build import _index_in_memory, _write_cache
 from rank_dataset.files._cache import CACHE_DIR_ENV, cache_paths, wait_for_seal
 from rank_dataset.files._cachefile import Index, Table, _open_cache, decode, length_bits, spans_are_sane
 from rank_dataset.files._cachelock import one_builder
-from rank_dataset.files._objects import load_object_index
 from rank_dataset.files._pread import ShortRead, read_ends
 from rank_dataset.files._readers import MAPPED_ROWS, SpanReader, line_mark, read_checkpoints, read_entry
 from rank_dataset.files.formats import Checkpoints, Format, detect, refuse_cut
@@ -129,6 +128,8 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
         CorruptMetaFileError: a Parquet footer cannot be read.
     """
     if is_url(path):  # an object: its index built by one streaming pass, cached on this node
+        from rank_dataset.files._objects import load_object_index  # on first use: a local file's reads no object
+
         return load_object_index(path, rebuild=rebuild, columns=columns)
     for attempt in range(_BUILD_TRIES):
         source = LocalFile(path)

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -39,15 +39,16 @@ from rank_dataset.files._gather import (
     line_position,
     read_one,
 )
-from rank_dataset.files._objects import ObjectBytes
 from rank_dataset.files._pread import ByteSource, ShortRead, count_newlines
 from rank_dataset.files.fingerprints import fingerprints
-from rank_dataset.files.formats import ParquetRows, SpanSource
+from rank_dataset.files.formats import SpanSource
 from rank_dataset.files.index import FileKey, Index, load_index, read_checkpoints
 from rank_dataset.files.scan import PathLike
 from rank_dataset.files.sources import LocalFile, raise_if_changed
 from rank_dataset.plan.bounds import Bounds
-from rank_dataset.plan.sources import column_names
+
+if TYPE_CHECKING:
+    from rank_dataset.files.formats import ParquetRows
 
 __all__ = ["MetaFile", "MetaFileChangedError", "bucket_order"]
 
@@ -187,7 +188,11 @@ def _path_of(name: str) -> Path:
 
 def _bytes_of(path: Path) -> _FileBytes:
     """The bytes of the meta file ``path``: a local file's, or an object's (ranged GETs)."""
-    return cast(_FileBytes, ObjectBytes(path)) if is_url(path) else _FileBytes(path)
+    if not is_url(path):
+        return _FileBytes(path)
+    from rank_dataset.files._objects import ObjectBytes  # on first use: a job over local files reads no object
+
+    return cast(_FileBytes, ObjectBytes(path))
 
 
 @dataclass(frozen=True)
@@ -459,7 +464,11 @@ class MetaFile:
 
 def _check_columns(columns: Sequence[str] | None) -> tuple[str, ...] | None:
     """``columns`` as a tuple of column names (None stays None); see :func:`column_names`."""
-    return None if columns is None else column_names(columns)
+    if columns is None:
+        return None
+    from rank_dataset.plan.sources import column_names  # on first use: what a mix is planned with
+
+    return column_names(columns)
 
 
 def _fingerprints(files: Sequence[_File]) -> tuple[str, tuple[str, ...]]:

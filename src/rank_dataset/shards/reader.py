@@ -8,7 +8,7 @@ shard of a :class:`~rank_dataset.plan.spec.ShardSpec`, and names where a sample 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -16,11 +16,13 @@ import numpy.typing as npt
 from rank_dataset.core.shard import Shard
 from rank_dataset.core.stages import timed_result
 from rank_dataset.files.metafile import MetaFile
-from rank_dataset.plan.exclude import Exclusion, KeptIds, listing_of, split_exclusion
-from rank_dataset.plan.mix import combine_fingerprints
-from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
-from rank_dataset.plan.subsets import SampleMap, distinct_files
+
+if TYPE_CHECKING:
+    # Imported where a mix, a subset or an exclusion is given: a reader of plain files plans none (issue 44, item 6).
+    from rank_dataset.plan.exclude import Exclusion, KeptIds
+    from rank_dataset.plan.sources import Source
+    from rank_dataset.plan.subsets import SampleMap
 
 __all__ = ["FileReader", "SampledReader", "Sampling", "ShardReader"]
 
@@ -91,9 +93,7 @@ class Sampling:
     def __init__(self, total: int, starts: npt.NDArray[np.int64], sources: Sequence[Source] | None) -> None:
         self.total, self._starts = total, starts
         self.sources = None if sources is None else tuple(sources)
-        self.files: tuple[tuple[int, ...], ...] = (
-            () if sources is None else distinct_files([s.paths for s in sources])[1]
-        )
+        self.files: tuple[tuple[int, ...], ...] = () if sources is None else _distinct(sources)[1]
         self.map: SampleMap | None = None
         self.kept: KeptIds | None = None
         self.keeps_ids = False
@@ -105,6 +105,8 @@ class Sampling:
         self.kept = None
         if self.sources is None:
             if exclusion is not None and len(exclusion):
+                from rank_dataset.plan.exclude import KeptIds
+
                 kept = KeptIds(None, exclusion)
                 kept.check(self.total, "the meta files")
                 self.kept = kept
@@ -112,6 +114,9 @@ class Sampling:
             return
         if exclusion is not None:
             exclusion.check(self.total, "exclude")
+        from rank_dataset.plan.exclude import listing_of, split_exclusion
+        from rank_dataset.plan.subsets import SampleMap
+
         sources = self.sources
         extra = [None] * len(sources) if exclusion is None else split_exclusion(exclusion, self.files, self._starts)
         listings = [listing_of(s.ids, _union(s.exclude, e)) for s, e in zip(sources, extra)]
@@ -126,6 +131,8 @@ class Sampling:
     def source_fingerprints(self, files: Sequence[str]) -> tuple[str, ...]:
         """Each source's, from its files' (``files``): and for a subset the hash of its ids."""
         assert self.map is not None
+        from rank_dataset.plan.mix import combine_fingerprints
+
         return tuple(
             combine_fingerprints([files[f] for f in mine] + ([] if listed is None else [listed.fingerprint]))
             for listed, mine in zip(self.map.ids, self.files)
@@ -225,7 +232,7 @@ def _union(a: Exclusion | None, b: Exclusion | None) -> Exclusion | None:
 
 def files_of(sources: Sequence[Source]) -> list[str]:
     """The distinct files of ``sources`` in order of first appearance: what a mix's MetaFile holds."""
-    return distinct_files([s.paths for s in sources])[0]
+    return _distinct(sources)[0]
 
 
 def columns_of(sources: Sequence[Source]) -> list[tuple[str, ...] | None]:
@@ -236,7 +243,7 @@ def columns_of(sources: Sequence[Source]) -> list[tuple[str, ...] | None]:
         ValueError: one file named by sources with different columns (one file is indexed and read
             once, with one choice of columns).
     """
-    paths, numbers = distinct_files([s.paths for s in sources])
+    paths, numbers = _distinct(sources)
     chosen: list[tuple[str, ...] | None] = [None] * len(paths)
     seen: list[Source | None] = [None] * len(paths)
     for source, mine in zip(sources, numbers):
@@ -249,3 +256,10 @@ def columns_of(sources: Sequence[Source]) -> list[tuple[str, ...] | None]:
                 )
             seen[f], chosen[f] = source, source.columns
     return chosen
+
+
+def _distinct(sources: Sequence[Source]) -> tuple[list[str], tuple[tuple[int, ...], ...]]:
+    """:func:`~rank_dataset.plan.subsets.distinct_files` of the sources' paths."""
+    from rank_dataset.plan.subsets import distinct_files
+
+    return distinct_files([s.paths for s in sources])

@@ -6,15 +6,18 @@ from __future__ import annotations
 import datetime
 import functools
 import os
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rank_dataset.core.checks import is_url, with_storage
 from rank_dataset.files.metafile import MetaFile
-from rank_dataset.plan.sources import Source, as_sources, column_names
 from rank_dataset.shards.reader import FileReader, ShardReader, columns_of, files_of
 from rank_dataset.training._agree import check_ranks_agree
 from rank_dataset.training._options import READER_NAMES, is_shard_reader
+
+if TYPE_CHECKING:
+    from rank_dataset.plan.sources import Source
 
 __all__ = ["reader_for"]
 
@@ -41,7 +44,7 @@ def reader_for(
         raise ValueError(f"reader must be 'file', 'collective' or a ShardReader, got {reader!r}")
     if meta_file is None:
         raise TypeError("RankDataset needs meta_file (a path, a list of paths, a MetaFile or Sources)")
-    sources = as_sources(meta_file)
+    sources = _sources_in(meta_file)
     for name, value in (("columns", columns), ("storage_options", storage_options)):
         if value is not None and (sources is not None or isinstance(meta_file, MetaFile)):
             where = f"give each Source its {name}=" if sources is not None else f"give the MetaFile its {name}="
@@ -69,6 +72,8 @@ def reader_for(
         elif isinstance(meta_file, MetaFile):
             chosen = meta_file.columns
         else:
+            from rank_dataset.plan.sources import column_names
+
             chosen = [None if columns is None else column_names(columns)] * len(paths)
         # On first use: a job on the file reader (and its DataLoader workers) never imports the exchange.
         from rank_dataset.shards.collective import CollectiveReader
@@ -83,6 +88,17 @@ def reader_for(
     else:  # one MetaFile of the distinct files: each indexed once, read once per shard
         meta = MetaFile.from_files(paths, columns_of(sources))
     return FileReader(meta, sources), sources, meta
+
+
+def _sources_in(meta_file: Any) -> tuple[Source, ...] | None:
+    """``meta_file`` as Sources (see :func:`~rank_dataset.plan.sources.as_sources`): None, without importing
+    their module, where it is not imported yet. A Source exists only once its module is (its class is
+    there), so then ``meta_file`` holds none: a job over plain files plans no mix (issue 44, item 6)."""
+    if "rank_dataset.plan.sources" not in sys.modules:
+        return None
+    from rank_dataset.plan.sources import as_sources
+
+    return as_sources(meta_file)
 
 
 def _given_reader(

@@ -7,14 +7,18 @@ module (:mod:`~.text`, :mod:`~.gzip`, :mod:`~.zstd`, :mod:`~.parquet`) holding a
 A compressed file is read through its :class:`Checkpoints` (:mod:`~.checkpoints`), and a gather
 reads it through the threaded span cache (:class:`SpanSource`, :mod:`~.spans`).
 
-This package keeps the names of the module ``rank_dataset.files.formats`` it replaced.
+This package keeps the names of the module ``rank_dataset.files.formats`` it replaced. The codecs and the
+Parquet reader (:class:`ParquetRows`, a lazy name here) are imported on first use: recognising a file, or
+reading a text one, imports none of them (issue 44, item 6).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from rank_dataset.files.formats.base import BLOCK, SPACING, Decoder, Format
 from rank_dataset.files.formats.checkpoints import Checkpoints, DecompressedView, Decompression, decompress
-from rank_dataset.files.formats.parquet import ParquetLayout, ParquetRows, object_rows
+from rank_dataset.files.formats.parquet import ParquetLayout, object_rows
 from rank_dataset.files.formats.registry import (
     by_code,
     by_name,
@@ -30,6 +34,9 @@ from rank_dataset.files.formats.registry import (
 )
 from rank_dataset.files.formats.spans import SPAN, SpanSource
 from rank_dataset.files.formats.zstd import ADVISED_ABOVE, MANY_FRAMES, many_frames, one_frame_advice
+
+if TYPE_CHECKING:
+    from rank_dataset.files.formats._parquet import ParquetRows
 
 __all__ = [
     "ADVISED_ABOVE",
@@ -61,3 +68,12 @@ __all__ = [
     "registered",
     "unregister",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``ParquetRows``, imported on first use (see the package's docstring)."""
+    if name == "ParquetRows":
+        from rank_dataset.files.formats._parquet import ParquetRows
+
+        return ParquetRows
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,6 @@ import hashlib
 import io
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
+from rank_dataset.files.formats._layout import ParquetLayout
 
 __all__ = ["ParquetLayout", "ParquetRows"]
 
@@ -53,21 +53,6 @@ def _refusal(name: str, typ: Any) -> str | None:
     if t.is_binary(typ) or t.is_large_binary(typ) or t.is_fixed_size_binary(typ) or str(typ) == "binary_view":
         return f"column {name!r} is binary ({typ}), not text: choose text or number columns with columns=[...]"
     return None
-
-
-@dataclass(frozen=True)
-class ParquetLayout:
-    """What the index of a Parquet file holds: the chosen ``columns``, the hash of their names and
-    types (``schema_hash``), and ``bounds``: row ``bounds[g]`` is the first of row group ``g``,
-    ``bounds[-1]`` the number of rows. All from the footer."""
-
-    columns: tuple[str, ...]
-    schema_hash: bytes
-    bounds: tuple[int, ...]
-
-    @property
-    def rows(self) -> int:
-        return self.bounds[-1]
 
 
 class ParquetRows:

@@ -3,7 +3,8 @@ No torch.
 
 A checkpoint holds the 32 KiB window that decompression needs to start mid-stream, so there is one
 every :data:`~rank_dataset.files.formats.base.SPACING` bytes of output whatever the file. The codec
-itself is :mod:`rank_dataset.files.formats._gzip`.
+itself is :mod:`rank_dataset.files.formats._gzip`, imported on first use: recognising a file imports
+no codec (issue 44, item 6).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rank_dataset.files.formats import _gzip
 from rank_dataset.files.formats._raw import RawFile
 from rank_dataset.files.formats.base import Decoder, Format, Recognised, Stream
 
@@ -35,12 +35,18 @@ class GzipFormat(Format):
         return found.head[:2] == _MAGIC
 
     def stream(self, path: Path, fd: RawFile, spacing: int, block: int) -> Stream:
+        from rank_dataset.files.formats import _gzip
+
         return _gzip.stream(path, fd, spacing, block)
 
     def members(self, path: Path, fd: RawFile, block: int) -> Iterator[bytes]:
+        from rank_dataset.files.formats import _gzip
+
         return _gzip.members(path, fd, block)
 
     def reader(self, path: Path, fd: RawFile, checkpoints: Checkpoints) -> Decoder:
+        from rank_dataset.files.formats import _gzip
+
         return _gzip.Reader(path, fd, checkpoints.points, checkpoints.state)
 
 

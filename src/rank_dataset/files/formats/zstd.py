@@ -3,7 +3,8 @@
 A frame can only be entered at its start, so the checkpoints are frame starts. A file of one frame
 (what ``zstd`` writes by default) has a single checkpoint, at 0: every read decompresses from the
 start (:func:`one_frame_advice` says what to do). ``pzstd`` and zstd's seekable format write many
-frames. The codec itself is :mod:`rank_dataset.files.formats._zstd`.
+frames. The codec itself is :mod:`rank_dataset.files.formats._zstd`, imported on first use: recognising a
+file imports no codec (issue 44, item 6).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.files.formats import _zstd
 from rank_dataset.files.formats._raw import RawFile
 from rank_dataset.files.formats.base import Decoder, Format, Recognised, Stream
 
@@ -76,9 +76,13 @@ class ZstdFormat(Format):
         return head == _MAGIC or _is_skippable(head)
 
     def stream(self, path: Path, fd: RawFile, spacing: int, block: int) -> Stream:
+        from rank_dataset.files.formats import _zstd
+
         return _zstd.stream(path, fd, spacing, block)
 
     def reader(self, path: Path, fd: RawFile, checkpoints: Checkpoints) -> Decoder:
+        from rank_dataset.files.formats import _zstd
+
         return _zstd.Reader(path, fd, checkpoints.points)
 
     def span_cuts(self, checkpoints: Checkpoints, span: int) -> npt.NDArray[np.int64]:

@@ -2,14 +2,22 @@
 local or network file system identified by its :class:`FileKey`; and :class:`ObjectFile`, an object in
 S3, GCS, Azure or on an HTTP server, identified by its :class:`ObjectKey` (size and ETag), read with
 ranged GETs through obstore (the cloud extra, imported only when an object is read). No torch.
+
+:class:`ObjectFile` and :class:`ObjectKey` are lazy names: their module is imported on first use, so a
+job over local files imports no object storage (issue 44, item 6).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from rank_dataset.core.checks import UrlPath, is_url
 from rank_dataset.files._pread import ShortRead
 from rank_dataset.files.sources.base import STREAM_BLOCK, Source
 from rank_dataset.files.sources.local import FileKey, LocalFile, raise_if_changed, read_exact
-from rank_dataset.files.sources.object import ObjectFile, ObjectKey, UrlPath, is_url
+
+if TYPE_CHECKING:
+    from rank_dataset.files.sources.object import ObjectFile, ObjectKey
 
 __all__ = [
     "STREAM_BLOCK",
@@ -24,3 +32,12 @@ __all__ = [
     "raise_if_changed",
     "read_exact",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``ObjectFile`` and ``ObjectKey``, imported on first use (see the package's docstring)."""
+    if name in ("ObjectFile", "ObjectKey"):
+        from rank_dataset.files.sources import object as _object
+
+        return getattr(_object, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
