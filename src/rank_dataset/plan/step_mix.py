@@ -36,8 +36,8 @@ from rank_dataset.plan.permutation import grid_each, permute_keyed, permute_stre
 if TYPE_CHECKING:
     from fractions import Fraction
 
+    from rank_dataset.plan.schedule import BatchSchedule
     from rank_dataset.plan.sources import Source
-    from rank_dataset.plan.steps import BatchSchedule
 
 __all__ = ["StepMix", "batch_counts"]
 

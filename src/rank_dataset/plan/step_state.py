@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rank_dataset.core.checks import MAX_EXACT, check_int
-from rank_dataset.plan.steps import BatchSchedule
+from rank_dataset.plan.schedule import BatchSchedule
 
 __all__ = ["STEP_STATE_KEY", "StepState", "find_step_state", "mix_digest"]
 

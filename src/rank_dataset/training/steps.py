@@ -23,9 +23,10 @@ from typing import Any
 from torch.utils.data import Sampler
 
 from rank_dataset.core.checks import check_int
+from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.step_mix import StepMix
 from rank_dataset.plan.step_state import StepState, find_step_state, mix_digest
-from rank_dataset.plan.steps import BatchSchedule, StepLayout, check_stream
+from rank_dataset.plan.steps import StepLayout, check_stream
 from rank_dataset.training._state import fingerprint_of
 from rank_dataset.training.dataset import RankDataset
 

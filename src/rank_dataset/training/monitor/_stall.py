@@ -24,12 +24,9 @@ import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rank_dataset.core import stages as _st
-
-if TYPE_CHECKING:
-    from rank_dataset.training.monitor import Monitor
 
 __all__ = ["Watchdog"]
 
@@ -37,10 +34,25 @@ logger = logging.getLogger("rank_dataset.monitor")
 _DUMP_WAIT = 2.0  # seconds to wait for the workers' faulthandler output
 
 
+class Watched(Protocol):
+    """What the watchdog reads of the monitor it watches."""
+
+    rank: int
+    step: int
+    stalls: int
+    stall_after: float | None
+    waiting_since: int
+    stages: _st.StageTable
+    iterator: Any
+    dataset: Any
+
+    def record_event(self, event: dict[str, Any]) -> None: ...
+
+
 class Watchdog:
     """A daemon thread watching one iteration of a monitor; :meth:`stop` ends it."""
 
-    def __init__(self, monitor: Monitor, stall_after: float) -> None:
+    def __init__(self, monitor: Watched, stall_after: float) -> None:
         self.monitor = monitor
         self.stall_after_ns = int(stall_after * 1e9)
         self._interval = min(max(stall_after / 4, 0.05), 1.0)
