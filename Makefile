@@ -27,7 +27,7 @@ ASAN_LIB := build/asan/_kernels.so
 ASAN_WORDS_LIB := build/asan-words/_kernels.so
 ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -fPIC -shared -std=c99
 
-.PHONY: demo test test-quick lint typecheck pytest pytest-shared pytest-quick docs bench clean native test-asan
+.PHONY: demo test test-quick lint typecheck bytecode pytest pytest-shared pytest-quick docs bench clean native test-asan
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,15 +75,18 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The package and the tests' helpers, compiled before a suite: it starts hundreds of interpreters, and with
+# PYTHONDONTWRITEBYTECODE set (as in many containers) each would compile them again.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q src tests
+
 # The suite in TEST_WORKERS processes (pytest-xdist, work stealing: the long gloo jobs do not queue behind
 # each other), then the few tests marked `alone`, which measure threads or timing and need the machine to
-# themselves. The package and the tests' helpers are compiled first: the suite starts hundreds of
-# interpreters, and with PYTHONDONTWRITEBYTECODE set (as in many containers) each would compile them again.
+# themselves.
 pytest: pytest-shared
 	$(BIN)/pytest -m alone
 
-pytest-shared: $(STAMP) native
-	$(BIN)/python -m compileall -q src tests
+pytest-shared: $(STAMP) native bytecode
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal -m "not alone" --durations=20
 
 # The documentation site, into site/ (open site/index.html). Strict: a broken link, anchor or API
@@ -105,8 +108,7 @@ test-quick:
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint typecheck pytest-quick
 	$(BIN)/pytest -m "alone and not slow"
 
-pytest-quick: $(STAMP) native
-	$(BIN)/python -m compileall -q src tests
+pytest-quick: $(STAMP) native bytecode
 	$(BIN)/pytest -m "not slow and not alone" -n $(QUICK_WORKERS)
 
 bench: $(STAMP) native

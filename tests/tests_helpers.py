@@ -148,23 +148,24 @@ def ranks_cmd(worker: str, nproc: int, *args: object) -> list[str]:
     return [sys.executable, str(HERE / "ranks.py"), str(nproc), str(HERE / worker), *map(str, args)]
 
 
-def run_ranks(cmd: list[str], *, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run a :func:`ranks_cmd` job as ``subprocess.run(cmd, env=env, capture_output=True, text=True,
-    timeout=timeout)`` does, without its interpreter: a child of this process's forkserver, which imported
-    torch once (``conftest``), does what ``tests/ranks.py`` does (``ranks.job``). On a timeout the job
-    is killed (its ranks die with it) and ``subprocess.TimeoutExpired`` raised, as there."""
+def run_ranks(
+    worker: str, nproc: int, *args: object, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run ``nproc`` gloo ranks of ``tests/<worker>`` (given ``args``) as ``subprocess.run(ranks_cmd(worker,
+    nproc, *args), env=env, capture_output=True, text=True, timeout=timeout)`` does, without its interpreter:
+    a child of this process's forkserver, which imported torch once (``conftest``), does what
+    ``tests/ranks.py`` does (``ranks.job``). On a timeout the job is killed (its ranks die with it) and
+    ``subprocess.TimeoutExpired`` raised, as there."""
     import multiprocessing
     import tempfile
 
     import ranks
 
-    if len(cmd) < 4 or Path(cmd[1]).name != "ranks.py":
-        raise ValueError(f"not a ranks_cmd command: {cmd}")
-    nproc, script, args = int(cmd[2]), cmd[3], cmd[4:]
+    cmd = ranks_cmd(worker, nproc, *args)
     with tempfile.TemporaryDirectory(prefix="rank-dataset-job-") as d:
         out, err = os.path.join(d, "out"), os.path.join(d, "err")
         proc = multiprocessing.get_context("forkserver").Process(
-            target=ranks.job, args=(nproc, script, args, env, out, err), name="ranks-job"
+            target=ranks.job, args=(nproc, str(HERE / worker), [str(a) for a in args], env, out, err), name="ranks-job"
         )
         proc.start()
         proc.join(timeout)

@@ -71,9 +71,7 @@ __all__ = [
     "repeat_factor",
 ]
 
-# Every name but the errors is imported on first use: a process pays for what it touches (a DataLoader
-# worker that unpickles a RankDataset imports that class's modules, not the grouping, the index tools or
-# the server's).
+# Where each lazily imported name lives.
 _LAZY = {
     "group_by": "rank_dataset.files.grouping",
     "ids_of": "rank_dataset.files.ids",
@@ -100,7 +98,7 @@ install_module_shims()
 
 
 def _version() -> str:
-    # importlib.metadata is read on first use: it imports email, zipfile and csv (a few MiB a process)
+    # on first use: importlib.metadata imports email, zipfile and csv
     from importlib import metadata
 
     try:

@@ -1,9 +1,4 @@
-"""The errors users catch, in one place. No torch.
-
-Every one is in ``rank_dataset.__all__``. They are also importable from where they were first defined
-(``rank_dataset.files.metafile``, ``rank_dataset.server.protocol``, ``rank_dataset.training._agree``,
-``rank_dataset.shards.collective``).
-"""
+"""The errors users catch, in one place; every one is in ``rank_dataset.__all__``."""
 
 from __future__ import annotations
 
@@ -92,13 +87,13 @@ class ProtocolError(ConnectionError):
 
 class PassAuditWarning(UserWarning):
     """A pass over a rank's shard read fewer or more items than its sampler drew: most likely the
-    DataLoader was sharded a second time (see ``ShardedDataset.audit``). Warned once per dataset;
+    DataLoader was sharded a second time (see the dataset's ``audit=``). Warned once per dataset;
     ``warnings.simplefilter("error", PassAuditWarning)`` or ``audit="error"`` makes it an error."""
 
 
 class PassAuditError(RuntimeError):
     """A pass over a rank's shard read fewer or more items than its sampler drew, under
-    ``audit="error"``. ``count`` is the pass's :class:`~rank_dataset.shards.channel.PassCount`."""
+    ``audit="error"``. ``count`` is the pass's :class:`~rank_dataset.PassCount`."""
 
     def __init__(self, message: str, count: Any = None) -> None:
         super().__init__(message)
@@ -112,7 +107,7 @@ class TooManyFailuresError(RuntimeError):
     """More items of a pass failed to load (their ``transform`` raised) than ``max_failures`` allows, under
     ``on_error="replace"``; or no substitute could be made for an item. The message names the first
     failures (sample number, ``file:line``, error) and how to leave those samples out. ``failures``
-    holds their records (:class:`~rank_dataset.shards.failures.Failure`), where known."""
+    holds their records (sample number, ``file:line``, error), where known."""
 
     def __init__(self, message: str, failures: Sequence[Any] = ()) -> None:
         super().__init__(message)

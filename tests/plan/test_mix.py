@@ -157,7 +157,7 @@ def test_the_documented_layout() -> None:
             s, j = (0, slot) if slot < 3 else (1, slot - 3)
             n, c, offset = plan.sizes[s], plan.counts[s], (0, 5)[s]
             t = epoch * c + j
-            expect.append(int(permute(n, mix._source_seed(seed, s), t // n, [t % n])[0]) + offset)
+            expect.append(int(permute(n, mix.source_seed(seed, s), t // n, [t % n])[0]) + offset)
         samples, ids = plan.locate(seed, epoch, np.arange(9))
         assert samples.tolist() == expect
         assert ids.tolist() == [0 if x < 5 else 1 for x in expect]
@@ -389,7 +389,7 @@ def aug_mix_reference(plan: MixPlan, k: int, epoch: int) -> tuple[np.ndarray, np
     first = np.cumsum((0, *draws[:-1]))
     slot_sample = np.empty(total, np.int64)
     for s, (n, d) in enumerate(zip(plan.sizes, draws)):
-        key = mix._source_seed(SEED, s)
+        key = mix.source_seed(SEED, s)
         taken = source_stream_reference(n, key, (epoch + 1) * d)[epoch * d :]  # stream positions e*d..
         slot_sample[first[s] : first[s] + d] = taken + sum(plan.sizes[:s])
     slots = permute(total, SEED, epoch, np.arange(total))  # the draw order interleaves the slots
@@ -521,7 +521,7 @@ def test_each_stream_continues_across_a_change(case: Any) -> None:
     epochs = 12
     for s, n in enumerate(plan.sizes):
         counts = [reference_counts(case, e)[s] for e in range(epochs)]
-        reference = source_stream_reference(n, mix._source_seed(SEED, s), sum(counts)) + sum(plan.sizes[:s])
+        reference = source_stream_reference(n, mix.source_seed(SEED, s), sum(counts)) + sum(plan.sizes[:s])
         start = 0
         for epoch, c in enumerate(counts):
             slots = permute(t0, SEED, epoch, np.arange(t0))
@@ -614,6 +614,6 @@ def test_many_sources_locate_as_few_however_many_passes_an_epoch_makes(
 
 @pytest.mark.parametrize("seed", [0, 1, -5, 2**63 + 7, 2**70, -(2**64) - 3])
 def test_the_source_seeds_of_many_sources_are_those_of_one(seed: int) -> None:
-    from rank_dataset.plan.mix import _source_seed, _source_seeds
+    from rank_dataset.plan.mix import source_seed, source_seeds
 
-    assert _source_seeds(seed, 2000).tolist() == [_source_seed(seed, s) for s in range(2000)]
+    assert source_seeds(seed, 2000).tolist() == [source_seed(seed, s) for s in range(2000)]

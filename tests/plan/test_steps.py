@@ -391,7 +391,7 @@ def test_repeat_and_choose_by_step_land_at_the_step() -> None:
 def test_step_mix_samples_are_the_definition() -> None:
     """StepMix.samples (every step's slot shuffle at once) against the definition written step by step: batch t's
     slots shuffled by permute(B, slot key, t, .), slot j of source s its next draw of the source's stream."""
-    from rank_dataset.plan.mix import _source_seed
+    from rank_dataset.plan.mix import source_seed
     from rank_dataset.plan.permutation import permute, permute_stream
     from rank_dataset.plan.step_mix import _SLOT_KEY
 
@@ -412,7 +412,7 @@ def test_step_mix_samples_are_the_definition() -> None:
             for slot in permute(size, (seed * 0x9E3779B1 + _SLOT_KEY) & ((1 << 63) - 1), t, np.arange(size)).tolist():
                 s = int(np.searchsorted(ends, slot, side="right"))
                 position = taken[s] + slot - (int(ends[s]) - counts[s])
-                expected.append(int(permute_stream(sizes[s], _source_seed(seed, s), position, [0])[0]) + offsets[s])
+                expected.append(int(permute_stream(sizes[s], source_seed(seed, s), position, [0])[0]) + offsets[s])
             taken = [a + c for a, c in zip(taken, counts)]
         items = np.arange(schedule.start(steps))
         assert mix.samples(items, schedule, seed).tolist() == expected

@@ -16,7 +16,7 @@ import zstandard
 
 from collective_helpers import write_texts
 from rank_dataset import RankDataset
-from tests_helpers import ranks_cmd, run_ranks, worker_env
+from tests_helpers import run_ranks, worker_env
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def write_parquet(path: Path, n: int, *, row_group_size: int) -> None:
 
 
 def run(mode: str, w: int, d: Path, *, check: bool = True) -> list[dict[str, Any]]:
-    proc = run_ranks(ranks_cmd("collective_worker.py", w, mode, d), env=worker_env(), timeout=300)
+    proc = run_ranks("collective_worker.py", w, mode, d, env=worker_env(), timeout=300)
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((d / f"result.{r}.json").read_text()) for r in range(w)]
@@ -189,7 +189,7 @@ def test_reader_collective_needs_a_process_group(tmp_path: Path) -> None:
 
 def fault_run(kind: str, w: int, d: Path) -> list[str]:
     """The error each surviving rank ended with (the last rank is the one at fault, where one is)."""
-    run_ranks(ranks_cmd("collective_worker.py", w, f"fault-{kind}", d), env=worker_env(), timeout=300)
+    run_ranks("collective_worker.py", w, f"fault-{kind}", d, env=worker_env(), timeout=300)
     files = [d / f"result.{r}.json" for r in range(w)]
     return [json.loads(f.read_text())["error"] if f.exists() else "(none)" for f in files]
 

@@ -133,13 +133,16 @@ def test_collective_reader_over_objects_under_gloo(s3: Any, tmp_path: Path) -> N
     import json
 
     from collective_helpers import write_texts
-    from tests_helpers import ranks_cmd, worker_env
     from tests_helpers import run_ranks as gloo_job
+    from tests_helpers import worker_env
 
     write_texts(tmp_path)
     urls = [s3.put(f"gloo/{name}", tmp_path / name) for name in ("a.txt", "b.txt", "c.txt")]
     proc = gloo_job(
-        ranks_cmd("collective_worker.py", 2, "objects", tmp_path),
+        "collective_worker.py",
+        2,
+        "objects",
+        tmp_path,
         env=worker_env(RANK_DATASET_TEST_URLS=" ".join(urls)),
         timeout=300,
     )

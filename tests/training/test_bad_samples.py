@@ -17,7 +17,7 @@ from rank_dataset import RandomSampler, RankDataset, RankServerDataset, Source, 
 from rank_dataset.plan.exclude import Exclusion, KeptIds
 from rank_dataset.plan.permutation import permute
 from rank_dataset.plan.subsets import SampleIds
-from tests_helpers import rank_results, ranks_cmd, run_ranks, worker_env
+from tests_helpers import rank_results, run_ranks, worker_env
 
 N = 240
 
@@ -353,7 +353,7 @@ def test_the_meta_server_gives_the_same(meta: Path, start_server: Any) -> None:
 
 def run_job(meta: Path, work: Path, world: int, phase: str, method: str, tag: str) -> list[dict[str, Any]]:
     out = work / f"result_{tag}"
-    proc = run_ranks(ranks_cmd("failures_worker.py", world, meta, out, phase, method), env=worker_env(), timeout=280)
+    proc = run_ranks("failures_worker.py", world, meta, out, phase, method, env=worker_env(), timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return rank_results(out, world)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rank_dataset.plan.permutation import permute
-from tests_helpers import rank_results, ranks_cmd, run_ranks, torchrun_cmd, worker_env
+from tests_helpers import rank_results, run_ranks, torchrun_cmd, worker_env
 
 pytestmark = pytest.mark.slow  # torchrun jobs: not in make test-quick
 
@@ -20,13 +20,11 @@ def run_job(worker: str, w: int, meta: Path, tmp_path: Path, *, torchrun: bool =
     """Run ``w`` ranks of ``tests/<worker>`` on ``meta`` (under torchrun itself with ``torchrun``); what
     each rank wrote."""
     out = tmp_path / "result"
-    cmd = ranks_cmd(worker, w, meta, out)
     if torchrun:
         cmd = torchrun_cmd(worker, w, meta, out, log_dir=tmp_path / "logs")
-    if torchrun:
         proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=240)
     else:
-        proc = run_ranks(cmd, env=worker_env(), timeout=240)
+        proc = run_ranks(worker, w, meta, out, env=worker_env(), timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return rank_results(out, w)
 

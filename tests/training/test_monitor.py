@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests_helpers import rank_results, ranks_cmd, run_ranks, worker_env
+from tests_helpers import rank_results, run_ranks, worker_env
 
 
 def _meta(tmp_path: Path, n: int) -> Path:
@@ -21,9 +21,7 @@ def _meta(tmp_path: Path, n: int) -> Path:
 def _run(tmp_path: Path, mode: str, nproc: int, lines: int, steps: int, timeout: float) -> tuple[list[Any], str, Path]:
     meta = _meta(tmp_path, lines)
     out, run_dir = tmp_path / "result", tmp_path / "run"
-    proc = run_ranks(
-        ranks_cmd("monitor_worker.py", nproc, mode, meta, out, run_dir, steps), env=worker_env(), timeout=timeout
-    )
+    proc = run_ranks("monitor_worker.py", nproc, mode, meta, out, run_dir, steps, env=worker_env(), timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return rank_results(out, nproc), proc.stderr, run_dir
 

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from rank_dataset import StepSampler
 from rank_dataset.plan.step_mix import batch_counts
 from steps_worker import SCHEDULE, as_list, dataset
-from tests_helpers import rank_results, ranks_cmd, run_ranks, worker_env
+from tests_helpers import rank_results, run_ranks, worker_env
 
 pytestmark = pytest.mark.slow  # torchrun jobs: not in make test-quick
 
@@ -50,8 +50,9 @@ def run_job(
 ) -> list[list[str]]:
     """Global batches ``[start, last)`` of a ``world``-rank job: the ranks' batches concatenated in rank order."""
     out = tmp_path / name
-    cmd = ranks_cmd("steps_worker.py", world, kind, meta, reader, out, first, last, state)
-    proc = run_ranks(cmd, env=worker_env(), timeout=600)
+    proc = run_ranks(
+        "steps_worker.py", world, kind, meta, reader, out, first, last, state, env=worker_env(), timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = rank_results(out, world)
     assert all(r["world_size"] == world for r in results)

@@ -80,15 +80,15 @@ def launch_ranks(cfg: dict[str, Any], world_size: int, work: Path) -> DemoResult
     if cfg["loader"] == "rank_dataset":
         from rank_dataset.files.metafile import MetaFile
 
-        # Index once before the job, as `rank-dataset index` or an earlier run would: the ranks then
-        # load a warm index, and the memory figures are those of a training run, not of indexing.
+        # Index before the job, as `rank-dataset index` would: the ranks load a warm index, and the
+        # memory figures are those of a training run, not of indexing.
         MetaFile(cfg["meta"])
     out = work / f"result_{cfg['loader']}"
     cfg = {**cfg, "out": str(out)}
     config = work / f"config_{cfg['loader']}.json"
     config.write_text(json.dumps(cfg))
-    # The server's modules on first use: each rank (this module's package) and each spawned DataLoader
-    # worker imports the package, and the baseline its memory figures subtract is of torch alone.
+    # Imported here: the ranks and their spawned workers import this package, and the memory baseline
+    # is of torch alone.
     from rank_dataset.server.local import free_port
 
     port = free_port()

@@ -1,4 +1,4 @@
-"""Memory figures of processes: PSS (from /proc/PID/smaps_rollup, through psutil). No torch."""
+"""Memory figures of processes: PSS (from /proc/PID/smaps_rollup, through psutil)."""
 
 from __future__ import annotations
 

@@ -103,9 +103,8 @@ def _pass(
     at = _measure_points(len(loader), points)
     memory: list[tuple[int, int]] = []
     start = time.perf_counter()
-    # The numbers read go to an unlinked file, not the rank's memory: the coverage check's record
-    # (a million numbers at N = 4M) is the demo's, not any loader's, and would be charged to every
-    # loader's figure (in the page cache, unmapped, it is in no process's PSS).
+    # The numbers read go to an unlinked file, not the rank's memory: the coverage check's record is the
+    # demo's, not any loader's (in the page cache, unmapped, it is in no process's PSS).
     with tempfile.TemporaryFile() as seen:
         for k, (numbers, _) in enumerate(loader):
             # A copy of the numbers, not the tensor: it and its shared-memory block go with the batch.
@@ -223,9 +222,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(f"failing on purpose ({FAIL_RANK_ENV}={rank})")
     kind = cfg["loader"]
     base_memory = _baseline_memory(cfg, _BASELINE_SAMPLES)
-    # The library is imported after the baseline, as the loaders' own modules are: the baseline is of
-    # processes that loaded torch (and this harness) alone, so each loader's figure counts its imports in the
-    # rank and, with spawn or forkserver, in every worker (which imports what unpickling its dataset needs).
+    # The library is imported after the baseline: the baseline is of processes that loaded torch (and this
+    # harness) alone, so each loader's figure counts its imports, in the rank and in every spawned worker.
     from rank_dataset.training.dataset import RankDataset, ShardedDataset
     from rank_dataset.training.sampler import RandomSampler
 

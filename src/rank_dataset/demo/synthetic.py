@@ -1,4 +1,4 @@
-"""Synthetic meta files shaped like ImageNet's, for the demo, the benchmarks and tests. No torch."""
+"""Synthetic meta files shaped like ImageNet's, for the demo, the benchmarks and tests."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""What each rank reads, and in what order: pure numpy functions of ``(n, seed, epoch)``, no I/O, no torch.
+"""What each rank reads, and in what order: pure numpy functions of ``(n, seed, epoch)``, no I/O.
 
 The permutation, the shard plan (:class:`ShardSpec`), mixes of sources, subsets, class balancing,
-resume points and the reload config. Imports only :mod:`rank_dataset.core`.
+steps, resume points and the reload config.
 
 Example:
     >>> from rank_dataset.plan import ShardSpec

@@ -1,5 +1,5 @@
 """Class-balanced and repeat-factor sampling as plain numbers: weights per class, repeat factors per
-sample, and the groups of samples that share a factor. Pure: numpy only, no I/O, no torch.
+sample, and the groups of samples that share a factor.
 
 A mix expresses both recipes exactly: class-balanced sampling is one source per class weighted
 ``n_c ** power``; repeat-factor sampling is one source per distinct factor ``r`` with ``repeat=r``.

@@ -1,4 +1,4 @@
-"""Cumulative bounds: which part (file, source) a global number falls in, and its number there. Pure.
+"""Cumulative bounds: which part (file, source) a global number falls in, and its number there.
 
 Parts of ``sizes[i]`` numbers each, laid end to end: part ``i`` holds ``[starts[i], starts[i+1])``.
 Empty parts hold nothing, so a number is never placed in one.
@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 __all__ = ["Bounds"]
 
-_FEW = 16  # up to this many parts, find a number's part by comparisons (several times faster than a binary search)
+_FEW = 16  # up to this many parts, find a number's part by comparisons, not a binary search
 _BUCKETS = 4  # buckets a part in the lookup table of many parts
 _STEPS = 4  # parts a lookup steps over before it leaves a number to a binary search
 
@@ -57,8 +57,7 @@ class Bounds:
     def _looked_up(self, v: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """:meth:`part_of` of numbers in ``[0, total)`` through a table of the part at the start of every
         bucket of ``2**shift`` numbers, then a step to the next part where a part starts inside the
-        bucket at or below the number: O(1) a number where a binary search over thousands of parts
-        costs a dozen unpredictable branches."""
+        bucket at or below the number: O(1) a number."""
         if self._table is None:
             shift = (self.total // (_BUCKETS * (self._inner.size + 1))).bit_length()
             firsts = np.arange(((self.total - 1) >> shift) + 1, dtype=np.int64) << shift

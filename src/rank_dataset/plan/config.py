@@ -1,4 +1,4 @@
-"""ReloadConfig: the ``reload_cfg`` keys of the original rank_dataset, validated. No torch."""
+"""ReloadConfig: the ``reload_cfg`` keys, validated."""
 
 from __future__ import annotations
 
@@ -23,9 +23,8 @@ class ReloadConfig:
         seed: selects the shuffle, with ``epoch``; the same on every rank.
         mini_epoch_idx: which mini-epoch to load, in ``[0, mini_epoch)``.
         epoch: the epoch (>= 0); each epoch is a fresh shuffle.
-        group: accepted for code written for the original rank_dataset, where it was passed as
-            ``"group": 1``. It changes nothing here: shards are always cut over the whole world.
-            Any int >= 1 is accepted.
+        group: any int >= 1, accepted and ignored (the original rank_dataset's ``"group": 1``):
+            shards are always cut over the whole world.
         epoch_size: for a mix of sources (a list of :class:`~rank_dataset.plan.sources.Source`), ``T0``, the
             samples an epoch takes of all sources together (an int >= 1); None: the sum of the fixed
             counts if no source has a weight, else the total number of samples of all sources.

@@ -1,4 +1,4 @@
-"""Sample numbers left out: the complement of a subset (``exclude=``), without materialising what is kept. No torch.
+"""Sample numbers left out: the complement of a subset (``exclude=``), without materialising what is kept.
 
 An :class:`Exclusion` is a sorted array of distinct sample numbers to leave out (memory: 8 bytes each).
 :class:`KeptIds` is what remains of a listing (all ``n`` samples of a source's files, or its listed

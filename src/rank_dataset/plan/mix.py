@@ -1,4 +1,4 @@
-"""Weighted mixing of several sources into one epoch order. Pure: numpy only, no I/O, no torch.
+"""Weighted mixing of several sources into one epoch order.
 
 A mix of sources ``s = 0..S-1`` (:mod:`rank_dataset.plan.sources`) with ``N_s`` samples each takes ``c_s``
 samples of source ``s`` per epoch (:func:`~rank_dataset.plan.counts.mix_counts`), ``T0 = sum(c_s)`` in all.
@@ -44,17 +44,17 @@ from rank_dataset.core.parsers import Parser, resolve_parser
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.counts import mix_draws, mix_schedule, mix_targets
 from rank_dataset.plan.permutation import (
-    _splitmix64,
-    _splitmix64_array,
     grid_each,
     permute,
     permute_keyed,
     permute_stream,
     round_keys_each,
+    splitmix64,
+    splitmix64_array,
 )
 from rank_dataset.plan.sources import Source, SourceInfo
 
-__all__ = ["MixPlan", "Mixture", "combine_fingerprints"]
+__all__ = ["MixPlan", "Mixture", "combine_fingerprints", "source_seed", "source_seeds"]
 
 _MASK64 = (1 << 64) - 1
 _FEW_SOURCES = 16  # up to this many sources, evaluate each one's permutation by a call of its own
@@ -76,16 +76,16 @@ def combine_fingerprints(fingerprints: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(fingerprints).encode()).hexdigest()[:32]
 
 
-def _source_seed(seed: int, source: int) -> int:
+def source_seed(seed: int, source: int) -> int:
     """The key of source ``source``'s stream, derived from the mix's ``seed``."""
-    return _splitmix64(_splitmix64(seed & _MASK64) ^ _splitmix64((source + 0x5EED) & _MASK64))
+    return splitmix64(splitmix64(seed & _MASK64) ^ splitmix64((source + 0x5EED) & _MASK64))
 
 
-def _source_seeds(seed: int, count: int) -> npt.NDArray[np.uint64]:
-    """:func:`_source_seed` of sources ``0..count-1``, in numpy."""
+def source_seeds(seed: int, count: int) -> npt.NDArray[np.uint64]:
+    """:func:`source_seed` of sources ``0..count-1``, in numpy."""
     sources = np.arange(0x5EED, 0x5EED + count, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        return _splitmix64_array(np.uint64(_splitmix64(seed & _MASK64)) ^ _splitmix64_array(sources))
+        return splitmix64_array(np.uint64(splitmix64(seed & _MASK64)) ^ splitmix64_array(sources))
 
 
 @dataclass(frozen=True, repr=False)
@@ -283,7 +283,7 @@ class MixPlan:
             # Slot j of source s is its stream position bases[s] + j.
             t = slots[where]
             t -= int(starts[s])
-            samples[where] = permute_stream(n, _source_seed(seed, s), bases[s], t, stop=draws[s]) + offset
+            samples[where] = permute_stream(n, source_seed(seed, s), bases[s], t, stop=draws[s]) + offset
             offset += n
         return samples.reshape(pos.shape), ids.reshape(pos.shape)
 
@@ -296,14 +296,14 @@ class MixPlan:
         starts: npt.NDArray[np.int64],
     ) -> npt.NDArray[np.int64]:
         """:meth:`locate`'s samples for a mix of many sources: the same numbers, every source's
-        permutations evaluated together (:func:`~rank_dataset.plan.permutation.permute_keyed`) rather than
-        a call per source and pass, which would cost a mix of thousands of sources seconds. The grid
-        and round keys are computed once per source and pass, a block of positions at a time."""
+        permutations evaluated together (:func:`~rank_dataset.plan.permutation.permute_keyed`), not a call
+        per source and pass. The grid and round keys are computed once per source and pass, a block of
+        positions at a time."""
         sizes = np.asarray(self.sizes, np.int64)
         heads = [divmod(int(b), n) for n, b in zip(self.sizes, bases)]  # each source's stream start
         first_pass = np.array([f for f, _ in heads], np.int64)
         head = np.array([h for _, h in heads], np.int64)
-        seeds = _source_seeds(seed, len(self.sizes))
+        seeds = source_seeds(seed, len(self.sizes))
         rows, col_bits = grid_each(sizes)
         offsets = np.concatenate(([0], np.cumsum(sizes[:-1])))
         # Slot j of source s is pass (head + j) // n of its stream, after its first pass: at most

@@ -20,7 +20,17 @@ from rank_dataset.core import native
 from rank_dataset.core.checks import MAX_EXACT
 from rank_dataset.core.threads import HELPED_ITEMS, THREADS, in_threads
 
-__all__ = ["grid_each", "hash_keys", "permute", "permute_each", "permute_keyed", "permute_stream", "round_keys_each"]
+__all__ = [
+    "grid_each",
+    "hash_keys",
+    "permute",
+    "permute_each",
+    "permute_keyed",
+    "permute_stream",
+    "round_keys_each",
+    "splitmix64",
+    "splitmix64_array",
+]
 
 _ROUNDS = 6
 _FEW_PASSES = 8  # up to this many passes in one request, group positions by masks, not a sort
@@ -29,7 +39,7 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _SLICE = 1 << 17  # positions permuted at a time
 
 
-def _splitmix64(x: int) -> int:
+def splitmix64(x: int) -> int:
     """One step of splitmix64 on a Python int, for deriving round keys."""
     z = (x + _GOLDEN) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
@@ -47,15 +57,15 @@ def hash_keys(*values: int) -> int:
     """
     state = 0
     for value in values:
-        state = _splitmix64(state ^ (int(value) & _MASK64))
+        state = splitmix64(state ^ (int(value) & _MASK64))
     return state
 
 
 def _round_keys(seed: int, epoch: int) -> list[int]:
-    state = _splitmix64(_splitmix64(seed & _MASK64) ^ (epoch & _MASK64))
+    state = splitmix64(splitmix64(seed & _MASK64) ^ (epoch & _MASK64))
     keys = []
     for _ in range(_ROUNDS):
-        state = _splitmix64(state)
+        state = splitmix64(state)
         keys.append(state >> 32)
     return keys
 
@@ -103,8 +113,8 @@ def permute(n: int, seed: int, epoch: int, positions: npt.ArrayLike) -> npt.NDAr
     out = np.empty(flat.size, np.int64)
     slices = range(0, flat.size, _SLICE)
 
-    # A slice at a time: its temporaries stay in the CPU cache (3-4x faster than whole arrays) and
-    # small, so a rank's plan costs its output and little more. Part t of k takes every k-th slice.
+    # A slice at a time: its temporaries stay in the CPU cache and small, so a rank's plan costs its
+    # output and little more. Part t of k takes every k-th slice.
     def work(part: tuple[int, int]) -> None:
         for lo in slices[part[0] :: part[1]]:
             out[lo : lo + _SLICE] = native.permute_cells(n, rows, col_bits, keys, flat[lo : lo + _SLICE])
@@ -164,8 +174,8 @@ def permute_stream(
     return out
 
 
-def _splitmix64_array(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """:func:`_splitmix64` of each element (uint64 arithmetic wraps as the Python version masks)."""
+def splitmix64_array(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """:func:`splitmix64` of each element (uint64 arithmetic wraps as the Python version masks)."""
     z = x + np.uint64(_GOLDEN)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -176,10 +186,10 @@ def _splitmix64_array(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
 def round_keys_each(seed: npt.NDArray[np.uint64], epoch: npt.NDArray[np.int64]) -> list[npt.NDArray[np.uint32]]:
     """The round keys of ``(seed[i], epoch[i])`` for every ``i`` (as :func:`_round_keys`), one array a round."""
     with np.errstate(over="ignore"):
-        state = _splitmix64_array(_splitmix64_array(seed.astype(np.uint64)) ^ epoch.astype(np.int64).view(np.uint64))
+        state = splitmix64_array(splitmix64_array(seed.astype(np.uint64)) ^ epoch.astype(np.int64).view(np.uint64))
         keys = []
         for _ in range(_ROUNDS):
-            state = _splitmix64_array(state)
+            state = splitmix64_array(state)
             keys.append((state >> np.uint64(32)).astype(np.uint32))
     return keys
 

@@ -1,4 +1,4 @@
-"""The resume state: one frozen value, its format version, and every check of a loaded one. No torch.
+"""The resume state: one frozen value, its format version, and every check of a loaded one.
 
 A state names positions of the epoch order, not ranks, so it can be loaded on any world size. It is
 a small JSON-serialisable dict on the wire (``to_dict`` / ``from_dict``). A state of a mix of sources

@@ -17,7 +17,7 @@ from rank_dataset.core.parsers import Parser, resolve_parser
 from rank_dataset.plan.exclude import Exclusion
 from rank_dataset.plan.subsets import SampleIds
 
-__all__ = ["PathArg", "Rule", "Source", "SourceInfo", "as_sources", "column_names"]
+__all__ = ["PathArg", "Rule", "Source", "SourceInfo", "as_sources", "column_names", "in_force"]
 
 PathArg = str | os.PathLike[str]
 
@@ -108,11 +108,11 @@ def _rule(name: str, value: Any, check: Callable[[str, Any], Any]) -> Any:
     return rules[0] if len(rules) == 1 else dict(sorted(rules.items()))
 
 
-def _in_force(rule: Any, epoch: int) -> Any:
-    """The value of ``rule`` (a value or a sorted schedule) in force at ``epoch``."""
+def in_force(rule: Any, at: int) -> Any:
+    """The value of ``rule`` (a value, or a sorted schedule ``{first_epoch: value}`` or by step) in force at ``at``."""
     if not isinstance(rule, Mapping):
         return rule
-    return rule[max(e for e in rule if e <= epoch)]
+    return rule[max(e for e in rule if e <= at)]
 
 
 @dataclass(frozen=True, init=False)
@@ -272,13 +272,13 @@ class Source:
 
     def value_at(self, epoch: int) -> float:
         """The value of the source's rule in force at ``epoch`` (an int for ``choose``)."""
-        value: float = _in_force(getattr(self, self.kind), epoch)
+        value: float = in_force(getattr(self, self.kind), epoch)
         return value
 
     def value_at_step(self, step: int) -> float:
         """The value of the source's rule in force at ``step`` of a run by steps: its schedule by step's
         (``by="step"``), else its rule's (which must then have no schedule by epoch)."""
-        value: float = _in_force(getattr(self, self.kind) if self.step_rule is None else self.step_rule, step)
+        value: float = in_force(getattr(self, self.kind) if self.step_rule is None else self.step_rule, step)
         return value
 
     def at(self, epoch: int) -> Source:

@@ -1,4 +1,4 @@
-"""The sharding plan: which samples each rank reads, in which order. Pure: no I/O, no torch.
+"""The sharding plan: which samples each rank reads, in which order.
 
 Layout (train): ``N`` samples, ``W`` ranks, ``M`` mini-epochs, ``R = ceil(N / (W * M))`` samples per
 rank and mini-epoch, ``T = R * W * M``. The epoch order is the permutation ``P`` of ``(seed, epoch)``

@@ -1,5 +1,5 @@
 """A mix by steps: sources' rules (weight, repeat, choose) that change at given steps, exact counts in every
-global batch. Pure numpy.
+global batch.
 
 With a schedule by step (``Source(..., weight={0: 1, 5000: 3}, by="step")``, ``repeat={0: 1, 5000: 2}``,
 ``choose={0: 1000, 800: 5000}``), the rules in force at step ``t`` give each source ``s`` its per-epoch share
@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.plan.mix import _source_seed
+from rank_dataset.plan.mix import source_seed
 from rank_dataset.plan.permutation import grid_each, permute_keyed, permute_stream, round_keys_each
+from rank_dataset.plan.sources import Source, in_force
 
 if TYPE_CHECKING:
     from fractions import Fraction
 
     from rank_dataset.plan.schedule import BatchSchedule
-    from rank_dataset.plan.sources import Source
 
 __all__ = ["StepMix", "batch_counts"]
 
@@ -109,12 +109,12 @@ class StepMix:
             raise ValueError(f"a StepMix needs a kind in {_KINDS} and a rule for each of its {len(sizes)} sources")
         steps = sorted({0, *(s for r in rules if isinstance(r, Mapping) for s in r)})
 
-        def in_force(step: int) -> tuple[float, ...]:
+        def values_at(step: int) -> tuple[float, ...]:
             return tuple(
-                int(v) if k == "choose" else float(v) for k, v in zip(kinds, (_in_force(r, step) for r in rules))
+                int(v) if k == "choose" else float(v) for k, v in zip(kinds, (in_force(r, step) for r in rules))
             )
 
-        table = tuple((step, in_force(step)) for step in steps)
+        table = tuple((step, values_at(step)) for step in steps)
         mix = cls(tuple(int(n) for n in sizes), int(epoch_size), tuple(kinds), table)
         names = names or [str(s) for s in range(len(sizes))]
         for step, values in table:
@@ -254,12 +254,6 @@ class StepMix:
         for s, n in enumerate(self.sizes):
             where = source == s
             if where.any():
-                out[where] = permute_stream(n, _source_seed(seed, s), 0, position[where]) + offset
+                out[where] = permute_stream(n, source_seed(seed, s), 0, position[where]) + offset
             offset += n
         return out
-
-
-def _in_force(rule: float | Mapping[int, float], step: int) -> float:
-    if not isinstance(rule, Mapping):
-        return rule
-    return rule[max(s for s in rule if s <= step)]

@@ -1,9 +1,8 @@
-"""The resume state of a run by steps: the next global batch and what identifies the stream. Pure, no I/O.
+"""The resume state of a run by steps: the next global batch and what identifies the stream.
 
 Global batch ``t`` is a function of the files, the seed, ``aug_repeats``, the mix and the batch-size schedule
 (:mod:`rank_dataset.plan.steps`), never of the world size or of the mini-epoch count, so a state is the step
-plus those, a JSON dict of a few hundred bytes: the same on every rank, loadable on any world size that divides
-the sizes.
+plus those, a small JSON dict: the same on every rank, loadable on any world size that divides the sizes.
 """
 
 from __future__ import annotations

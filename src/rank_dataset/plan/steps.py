@@ -1,4 +1,4 @@
-"""The step stream: which positions of the epochs' orders make global batch ``t``. Pure numpy, no I/O, no torch.
+"""The step stream: which positions of the epochs' orders make global batch ``t``.
 
 The stream is the epochs' orders back to back, in *draws*: epoch ``e`` holds ``D = ceil(N / k)`` draws (``k`` the
 ``aug_repeats``, 1 without; ``N`` the plan's samples, for a mix its epoch size ``T0``), draw ``d`` of epoch ``e``

@@ -1,5 +1,5 @@
 """Sources over subsets of their files: the listed sample numbers (``SampleIds``), and the map from a
-mix's plan numbers to the sample numbers of the distinct files of all sources (``SampleMap``). No torch.
+mix's plan numbers to the sample numbers of the distinct files of all sources (``SampleMap``).
 
 A mix plans over its sources' positions: position ``k`` of source ``s`` has the plan number
 ``offset_s + k`` (:class:`~rank_dataset.plan.mix.MixPlan`). For a source over a subset, position ``k`` is
@@ -159,8 +159,8 @@ def _from_array(array: npt.NDArray[np.integer[Any]], checked: bool) -> SampleIds
     return SampleIds(array, 0, array.size, checked=checked)
 
 
-# The maps made by unpickling, by file: the thousands of sources of one grouping share one map (and
-# one descriptor), as they did where they were pickled.
+# The maps made by unpickling, by file: the sources of one grouping share one map (and one descriptor),
+# as they do where they were pickled.
 _MAPS: weakref.WeakValueDictionary[tuple[str, int, str, int], np.memmap] = weakref.WeakValueDictionary()
 
 

@@ -1,15 +1,13 @@
 """See the data path while it trains: ``for batch in rank_dataset.monitor(loader): ...``.
 
 :func:`monitor` wraps a DataLoader over a rank-dataset dataset and yields its batches unchanged. Per rank it
-measures the training loop's wait for each batch (two clock reads and a store into a preallocated array) and
-the dataset's own stages (:mod:`rank_dataset.core.stages`: plan, read or exchange, build and ``set_epoch`` in
-the rank; fetch, parse, ``transform`` and failures replaced in the DataLoader workers, which write them into
-a shared table the rank reads). Every ``every`` steps, under a process group, one all-gather of a fixed row
-of floats on the dataset's gloo group makes a summary that is the same on every rank
-(:mod:`~rank_dataset.training.monitor._summary`: the slowest rank and the stage that makes it slow); rank 0
-logs it (logger ``rank_dataset.monitor``), every rank appends it to ``out/rank-<r>.jsonl``, and the exporters
-get it. ``stall_after``: a watchdog thread dumps the stacks of the rank and of its workers when the loop has
-waited that long for one batch (:mod:`~rank_dataset.training.monitor._stall`).
+measures the training loop's wait for each batch and the dataset's own stages (:mod:`rank_dataset.core.stages`:
+plan, read or exchange, build and ``set_epoch`` in the rank; fetch, parse, ``transform`` and failures replaced
+in the DataLoader workers, which write them into a shared table the rank reads). Every ``every`` steps one
+all-gather makes a summary that is the same on every rank (the slowest rank and the stage that makes it slow);
+rank 0 logs it (logger ``rank_dataset.monitor``), every rank appends it to ``out/rank-<r>.jsonl``, and the
+exporters get it. ``stall_after``: a watchdog thread dumps the stacks of the rank and of its workers when the
+loop has waited that long for one batch.
 
 Every rank of the group must iterate its monitor for the same number of steps (as DDP needs anyway): the
 summary is a collective at each ``every``-th step.

@@ -3,13 +3,11 @@
 The group: the collective reader's own gloo group when the dataset reads with it; else the dataset's process
 group (``group=``, default the world) when it has a CPU backend (gloo, or ``"cpu:gloo,cuda:nccl"``); else a
 gloo group over the same ranks, made here (every rank makes its monitor together) and destroyed at
-:meth:`Gatherer.close`. A row is a fixed number of float64 (``len(FIELDS)``), so ranks meet in one
-all-gather of a few hundred bytes each; without a process group the table is this rank's row alone.
+:meth:`Gatherer.close`. Without a process group the table is this rank's row alone.
 
-The all-gather is made of gloo's ``gather`` to the group's first rank and a ``broadcast`` of the table: two
-rounds of messages whatever the world size, where gloo's ``all_gather`` is a ring of ``W - 1`` rounds. With
-8 gloo processes on 2 cores it takes a quarter to a half of the ring's time
-(``benchmarks/bench_monitor.py``); ``ring=True`` keeps the ring (for comparison).
+The all-gather is gloo's ``gather`` to the group's first rank and a ``broadcast`` of the table: two rounds of
+messages whatever the world size, where gloo's ``all_gather`` is a ring of ``W - 1`` rounds (``ring=True``
+keeps the ring, for comparison).
 """
 
 from __future__ import annotations

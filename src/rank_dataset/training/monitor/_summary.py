@@ -1,14 +1,14 @@
 """The summary: each rank's window as a fixed row of floats, the gathered rows as a dict, the slowest rank.
 
-Pure numpy, no torch: the monitor gathers the rows (one all-gather of ``len(FIELDS)`` float64 a rank) and
-every rank turns the same table into the same dict with :func:`summarize`.
+The monitor gathers the rows (one all-gather of ``len(FIELDS)`` float64 a rank) and every rank turns the
+same table into the same dict with :func:`summarize`.
 
 The slowest rank: each rank's *data time* per step is its training loop's mean wait for a batch plus the
 time its main thread spent in the dataset's own stages (plan, read or exchange, build, ``set_epoch``), both
 per step of the window: the time the other ranks wait for it at the next collective. The rank with the most
-is named only when it exceeds the median rank's by at least ``max(SLOW_RATIO x median, SLOW_MS)``
-(50 % and 5 ms a step): below that, differences are what scheduling makes on a busy host and cost a GPU
-step of 100 ms or more little. Otherwise ``slowest`` is ``{"rank": None, "stage": None}``. The stage named
+is named only when it exceeds the median rank's by at least ``max(SLOW_RATIO x median, SLOW_MS)`` (below
+that, differences are what scheduling makes on a busy host); otherwise ``slowest`` is ``{"rank": None,
+"stage": None}``. The stage named
 is the one whose time per step on that rank exceeds the median rank's by the most (worker stages are the
 sum over the rank's DataLoader workers); ``"other"`` when none does (the wait is in collation, the
 transfer from the workers, or a CPU the rank shares).

@@ -4,7 +4,7 @@ Reads ``DIR/rank-<r>.jsonl`` (what :func:`rank_dataset.monitor` writes with ``ou
 same on every rank: one file's are read, rank 0's if there) and every rank's stall events. The PNG (needs
 matplotlib: ``pip install 'rank-dataset[report]'``) has the data wait of each rank over the steps (the
 slowest rank drawn in red, the summaries that named it marked, stalls as vertical lines) and each rank's
-stage times a step, averaged over the run (the slowest rank's bar marked). No torch.
+stage times a step, averaged over the run (the slowest rank's bar marked).
 """
 
 from __future__ import annotations
