@@ -47,9 +47,9 @@ sys.path.insert(0, str(HERE))
 from _common import barh, machine_info, save_results, write_imagenet_meta  # noqa: E402
 from rank_dataset.core import _reference as ref  # noqa: E402
 from rank_dataset.core._native_lib import load  # noqa: E402
-from rank_dataset.files.lines import bounds_ok as _bounds_ok  # noqa: E402
-from rank_dataset.files.lines import rows_ok as _rows_ok  # noqa: E402
-from rank_dataset.files.scan import CHUNK, _chunk_bounds  # noqa: E402
+from rank_dataset.files.index.scan import CHUNK, _chunk_bounds  # noqa: E402
+from rank_dataset.files.read.lines import bounds_ok as _bounds_ok  # noqa: E402
+from rank_dataset.files.read.lines import rows_ok as _rows_ok  # noqa: E402
 
 # The clock every timing reads: the calling thread's CPU time by default (both paths run in the calling
 # thread; on a machine whose cores other processes share, wall time mostly measures the scheduler), or

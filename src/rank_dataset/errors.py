@@ -1,7 +1,7 @@
 """The errors users catch, in one place. No torch.
 
 Every one is in ``rank_dataset.__all__``. They are also importable from where they were first defined
-(``rank_dataset.files.metafile``, ``rank_dataset.server.protocol``, ``rank_dataset.training._agree``,
+(``rank_dataset.files.read.metafile``, ``rank_dataset.server.protocol``, ``rank_dataset.training._agree``,
 ``rank_dataset.shards.collective``).
 """
 

@@ -8,12 +8,12 @@ import threading
 import time
 from pathlib import Path
 
-from rank_dataset.files._cachelock import load_or_build, lock_path, one_builder
+from rank_dataset.files.index.cachelock import load_or_build, lock_path, one_builder
 
 _HOLD = """
 import sys, time
 from pathlib import Path
-from rank_dataset.files._cachelock import one_builder
+from rank_dataset.files.index.cachelock import one_builder
 with one_builder(Path(sys.argv[1])) as locked:
     print(locked, flush=True)
     time.sleep(600)

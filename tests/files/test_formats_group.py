@@ -11,10 +11,10 @@ import pytest
 
 from rank_dataset import class_balanced, group_by, ids_of, repeat_factor
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files import _group_labels as group_labels
-from rank_dataset.files import _group_lines as group_lines
-from rank_dataset.files import grouping
-from rank_dataset.files.index import load_index
+from rank_dataset.files.group import _labels as group_labels
+from rank_dataset.files.group import _lines as group_lines
+from rank_dataset.files.group import grouping
+from rank_dataset.files.index.load import load_index
 from tests_helpers import COMPRESSORS, compressed_pair, hostile_lines, zstd_frames
 
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from rank_dataset.core import native
-from rank_dataset.files import _gather
-from rank_dataset.files import _readers as readers_mod
-from rank_dataset.files import index as index_mod
-from rank_dataset.files.index import CACHE_DIR_ENV
-from rank_dataset.files.metafile import MetaFile
+from rank_dataset.files.index import _entries as readers_mod
+from rank_dataset.files.index import load as index_mod
+from rank_dataset.files.index.load import CACHE_DIR_ENV
+from rank_dataset.files.read import _gather
+from rank_dataset.files.read.metafile import MetaFile
 
 
 def _hostile_file(path: Path, n: int, seed: int) -> Path:

@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 
 from rank_dataset import MetaFile, build_index
-from rank_dataset.files import _build as build_mod
-from rank_dataset.files import _cache as cache_mod
-from rank_dataset.files import _cachefile as cachefile_mod
-from rank_dataset.files import index as index_mod
-from rank_dataset.files import scan as scan_mod
-from rank_dataset.files._cache import CACHE_DIR_ENV
-from rank_dataset.files.scan import Chunk
+from rank_dataset.files.index import _build as build_mod
+from rank_dataset.files.index import _cachefile as cachefile_mod
+from rank_dataset.files.index import cache as cache_mod
+from rank_dataset.files.index import load as index_mod
+from rank_dataset.files.index import scan as scan_mod
+from rank_dataset.files.index.cache import CACHE_DIR_ENV
+from rank_dataset.files.index.scan import Chunk
 from tests_helpers import random_file, reference_index, start_together
 
 
@@ -358,7 +358,7 @@ def test_a_seal_outlives_a_builder_in_a_daemon_thread(write_meta, tmp_path: Path
     code = f"""
 import os, threading, time
 from rank_dataset import MetaFile
-from rank_dataset.files import _cache
+from rank_dataset.files.index import cache as _cache
 _cache.SEAL_APART = 1
 real = os.fdatasync
 def slow(fd):
@@ -410,7 +410,9 @@ def test_a_child_forked_while_the_seal_registry_is_locked_gets_it_unlocked() -> 
 
 def _seal_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
-        r.getMessage() for r in caplog.records if r.name == "rank_dataset.files._cache" and r.levelno == logging.WARNING
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "rank_dataset.files.index.cache" and r.levelno == logging.WARNING
     ]
 
 
@@ -427,7 +429,7 @@ def test_a_large_cache_whose_seal_fails_is_rebuilt(
 
     monkeypatch.setattr(os, "fdatasync", fail)
     p = write_meta(LINES)
-    with caplog.at_level(logging.WARNING, logger="rank_dataset.files._cache"):
+    with caplog.at_level(logging.WARNING, logger="rank_dataset.files.index.cache"):
         mf = MetaFile(p)
         _join_seals()
     cache = the_cache(tmp_path)
@@ -471,7 +473,7 @@ def test_a_cache_whose_sync_fails_is_not_used(
     monkeypatch.setattr(os, "fdatasync", fail)
     monkeypatch.setattr(cache_mod, "SYNC_EVERY", 1000)
     p = write_meta(LINES)
-    with caplog.at_level(logging.WARNING, logger="rank_dataset.files._cache"):
+    with caplog.at_level(logging.WARNING, logger="rank_dataset.files.index.cache"):
         mf = MetaFile(p)
     warnings = _seal_warnings(caplog)
     caches = cache_mod.cache_paths(p.resolve())
@@ -502,7 +504,7 @@ def test_a_seal_refused_by_the_kernel_is_logged(write_meta, tmp_path: Path, capl
     os.dup2(r, seal.file.fileno())
     os.close(r)
     os.close(w)
-    with caplog.at_level(logging.WARNING, logger="rank_dataset.files._cache"):
+    with caplog.at_level(logging.WARNING, logger="rank_dataset.files.index.cache"):
         assert seal() is False
     assert _seal_warnings(caplog) == [
         f"could not seal the index cache {cache}: the sync of its data failed: [Errno 22] Invalid argument; "
@@ -543,7 +545,7 @@ _MEASURED_LOAD = """
 import json, resource, sys
 from pathlib import Path
 import psutil
-from rank_dataset.files.index import load_index
+from rank_dataset.files.index.load import load_index
 me = psutil.Process()
 print("ready", flush=True)
 sys.stdin.readline()  # go
@@ -637,8 +639,8 @@ def test_a_cache_path_that_is_a_directory_means_an_index_in_memory(write_meta, t
 # its temporary file), that it is there, and waits to be killed.
 _BUILDER_STOPPED_MID_BUILD = """
 import os, pathlib, sys, time
-import rank_dataset.files._build as build
-import rank_dataset.files.index as index
+import rank_dataset.files.index._build as build
+import rank_dataset.files.index.load as index
 
 encoder = build._encoder
 

@@ -24,11 +24,11 @@ from torch.utils.data import DataLoader
 
 import rank_dataset
 from rank_dataset import MetaFile, MetaFileChangedError, RankDataset
-from rank_dataset.files import _gather as gather_mod
-from rank_dataset.files import _pread as pread_mod
-from rank_dataset.files import _readers as readers_mod
-from rank_dataset.files import _visits as visits_mod
-from rank_dataset.files import index as index_mod
+from rank_dataset.files.index import _entries as readers_mod
+from rank_dataset.files.index import load as index_mod
+from rank_dataset.files.io import pread as pread_mod
+from rank_dataset.files.read import _gather as gather_mod
+from rank_dataset.files.read import _visits as visits_mod
 from tests_helpers import imagenet_line, rewrite
 
 LINES = [f"{i}.jpg {i}" for i in range(1000)]
@@ -470,7 +470,7 @@ def test_a_random_batch_is_read_in_one_window_a_call_a_line(write_meta, monkeypa
 
 
 def test_small_takes_map_a_cache_once_and_a_replaced_cache_anew(write_meta) -> None:
-    from rank_dataset.files import index as index_mod
+    from rank_dataset.files.index import load as index_mod
 
     p = write_meta(n=readers_mod._MAPPED_MIN + 10)
     lines = p.read_text().splitlines()

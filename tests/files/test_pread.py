@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rank_dataset.files import _pread
-from rank_dataset.files._pread import ShortRead, Window
+from rank_dataset.files.io import pread as _pread
+from rank_dataset.files.io.pread import ShortRead, Window
 
 
 def check(buf: np.ndarray, shift: int | np.ndarray, starts: np.ndarray, stops: np.ndarray, data: bytes) -> None:

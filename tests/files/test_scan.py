@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from rank_dataset import MetaFile, build_index
-from rank_dataset.files import scan as scan_mod
-from rank_dataset.files.scan import BOM
+from rank_dataset.files.index import scan as scan_mod
+from rank_dataset.files.index.scan import BOM
 from tests_helpers import random_file, reference_index
 
 

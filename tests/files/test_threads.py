@@ -17,12 +17,13 @@ import pytest
 
 from rank_dataset import MetaFile
 from rank_dataset.core import threads as _threads
-from rank_dataset.files import _gather as gather_mod
-from rank_dataset.files import _pread, formats
-from rank_dataset.files import _visits as visits_mod
-from rank_dataset.files._pread import Window
+from rank_dataset.files import formats
 from rank_dataset.files.formats import base as formats_base
 from rank_dataset.files.formats import spans as spans_mod
+from rank_dataset.files.io import pread as _pread
+from rank_dataset.files.io.pread import Window
+from rank_dataset.files.read import _gather as gather_mod
+from rank_dataset.files.read import _visits as visits_mod
 from rank_dataset.plan import permutation as permutation_mod
 from rank_dataset.plan.permutation import permute
 

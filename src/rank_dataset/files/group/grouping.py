@@ -2,12 +2,12 @@
 
 :func:`group_by` reads the file once and returns for each key the ascending sample numbers that
 have it: ``key="label"`` reads the file's bytes in blocks, parsed and sorted in numpy in two threads
-(:mod:`rank_dataset.files._labels`); a function of the line is called on each line, read through the
+(:mod:`rank_dataset.files.group._block_labels`); a function of the line is called on each line, read through the
 line-offset index. The result is cached beside the index and keyed like it (the
 file's size, mtime, ctime, inode and a hash of its ends): a changed file is grouped again, and of
 many processes that ask at once (the ranks of a node at job start), one builds the cache while the
-others wait for it (:mod:`rank_dataset.files._cachelock`). A cached grouping is memory-mapped, so the
-ranks of a node share one copy of it in the page cache (:mod:`rank_dataset.files._group_cache`).
+others wait for it (:mod:`rank_dataset.files.index.cachelock`). A cached grouping is memory-mapped, so the
+ranks of a node share one copy of it in the page cache (:mod:`rank_dataset.files.group._cache`).
 
 A gzip or zstd meta file is grouped as the plain file of its decompressed bytes, read front to back
 in one checked decompression (:func:`~rank_dataset.files.formats.decompress`, no checkpoint needed):
@@ -15,8 +15,8 @@ its cost is about one decompression of the file. A meta file in object storage i
 back too, in ranged GETs pinned to its ETag (a replaced object is MetaFileChangedError), and its
 grouping is cached on this node beside its index, keyed by URL, size and ETag.
 
-The parts: the lines read (:mod:`~rank_dataset.files._group_lines`), grouping by label
-(:mod:`~rank_dataset.files._group_labels`), the cache (:mod:`~rank_dataset.files._group_cache`).
+The parts: the lines read (:mod:`~rank_dataset.files.group._lines`), grouping by label
+(:mod:`~rank_dataset.files.group._labels`), the cache (:mod:`~rank_dataset.files.group._cache`).
 """
 
 from __future__ import annotations
@@ -32,10 +32,9 @@ import numpy.typing as npt
 
 from rank_dataset.core.checks import is_url, meta_path, with_storage
 from rank_dataset.core.progress import progress_bar
-from rank_dataset.files import _group_lines
-from rank_dataset.files._cachelock import load_or_build
-from rank_dataset.files._group_cache import _cache_candidates, _open_cache, _write_cache
-from rank_dataset.files._group_labels import (
+from rank_dataset.files.group import _lines as _group_lines
+from rank_dataset.files.group._cache import _cache_candidates, _open_cache, _write_cache
+from rank_dataset.files.group._labels import (
     Grouping,
     Place,
     _bounds,
@@ -43,9 +42,10 @@ from rank_dataset.files._group_labels import (
     _label_grouping,
     _parquet_label_grouping,
 )
-from rank_dataset.files._group_lines import _Lines, _open_checked, _ParquetLines
-from rank_dataset.files.index import Index, load_index
-from rank_dataset.files.scan import PathLike
+from rank_dataset.files.group._lines import _Lines, _open_checked, _ParquetLines
+from rank_dataset.files.index.cachelock import load_or_build
+from rank_dataset.files.index.load import Index, load_index
+from rank_dataset.files.index.scan import PathLike
 
 __all__ = ["Grouping", "group_by", "grouping_of"]
 

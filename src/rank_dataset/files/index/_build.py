@@ -14,12 +14,12 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files._cache import Seal, Syncer, discard, temp_beside
-from rank_dataset.files._cachefile import _DATA_OFFSET, _ENTRY, _SEAL_AT, Index, Table, _Header, length_bits
-from rank_dataset.files._pread import ShortRead
-from rank_dataset.files.formats import Decompression, Format, detect, detect_source
-from rank_dataset.files.scan import Chunk, scan_blocks, scan_map
-from rank_dataset.files.sources import FileKey
+from rank_dataset.files.formats import TEXT, Decompression, Format, detect, detect_source
+from rank_dataset.files.index._cachefile import _DATA_OFFSET, _ENTRY, _SEAL_AT, Index, Table, _Header, length_bits
+from rank_dataset.files.index.cache import Seal, Syncer, discard, temp_beside
+from rank_dataset.files.index.scan import Chunk, scan_blocks, scan_map
+from rank_dataset.files.io import FileKey
+from rank_dataset.files.io.pread import ShortRead
 
 # A compressed file's entries are laid out as a file of this size's (its decompressed size is not
 # known until its index is made): starts up to 1 TiB, lengths up to 8 MiB (longer ones in the table).
@@ -64,7 +64,7 @@ class _Built:
     ascii: bool
     longs: _IntArray
     marks: _IntArray
-    format: Format = Format.TEXT
+    format: Format = TEXT
     extent: int = -1
     bound: int = -1
     extra: bytes = b""  # a compressed file's checkpoints
@@ -97,7 +97,7 @@ def _build(path: Path, fd: Any, key: FileKey, write: Callable[[npt.NDArray[np.ui
         decompression = Decompression(path, fd, fmt)
         parts = scan_blocks(decompression, _encoder(_COMPRESSED_BOUND))
     else:
-        fmt, parts = Format.TEXT, scan_map(path, _encoder(key.size), fd=fd)
+        fmt, parts = TEXT, scan_map(path, _encoder(key.size), fd=fd)
     try:
         built = _built(path, parts, write, fmt, decompression)
     except ShortRead as exc:

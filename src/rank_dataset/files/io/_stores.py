@@ -4,7 +4,7 @@ words of their errors. No torch.
 A client (obstore's, a Rust HTTP client with its own connection pool and runtime) never crosses a fork:
 a child would share the parent's sockets. So clients are made lazily, kept per process (a fork drops the
 parent's, and a check of the pid catches a child made another way), and never pickled: what an
-:class:`~rank_dataset.files.sources.object.ObjectFile` carries across processes is its URL, its options
+:class:`~rank_dataset.files.io.object.ObjectFile` carries across processes is its URL, its options
 and its key, from which the other process makes its own client.
 """
 

@@ -19,7 +19,7 @@ from rank_dataset.core.threads import HELPED_ITEMS, THREADS
 from rank_dataset.plan.bounds import Bounds
 
 if TYPE_CHECKING:
-    from rank_dataset.files.metafile import _File
+    from rank_dataset.files.read.metafile import _File
 
 __all__ = ["THREADED_ROWS", "bucket_order"]
 

@@ -18,9 +18,9 @@ import numpy.typing as npt
 
 from rank_dataset.core.checks import meta_path, with_storage
 from rank_dataset.core.parsers import Parser
-from rank_dataset.files.grouping import Key, each_line, grouping_of
-from rank_dataset.files.index import load_index
-from rank_dataset.files.scan import PathLike
+from rank_dataset.files.group.grouping import Key, each_line, grouping_of
+from rank_dataset.files.index.load import load_index
+from rank_dataset.files.index.scan import PathLike
 from rank_dataset.plan.balance import check_factors, class_weights, factor_groups, lvis_factors
 from rank_dataset.plan.sources import Source
 from rank_dataset.plan.subsets import SampleIds
@@ -54,7 +54,7 @@ def class_balanced(
 
     Args:
         meta_file: the meta file.
-        key, cache_name: how samples are grouped into classes (see :func:`~rank_dataset.files.grouping.group_by`).
+        key, cache_name: how samples are grouped into classes (see :func:`~rank_dataset.files.group.grouping.group_by`).
         power: a finite number.
         parser: the sources' parser (None: the dataset's).
         storage_options: for a meta file in object storage, obstore's settings (as ``group_by``),

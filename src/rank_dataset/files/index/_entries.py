@@ -9,7 +9,8 @@ import os
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.files._cachefile import (
+from rank_dataset.files.formats import Checkpoints
+from rank_dataset.files.index._cachefile import (
     _DATA_OFFSET,
     _ENTRY,
     _HEADER,
@@ -19,8 +20,7 @@ from rank_dataset.files._cachefile import (
     decode,
     length_bits,
 )
-from rank_dataset.files._pread import ShortRead, Window
-from rank_dataset.files.formats import Checkpoints
+from rank_dataset.files.io.pread import ShortRead, Window
 
 MAPPED_ROWS = 1 << 12  # a read of fewer samples may take their entries from a map of the cache (see _entries_map)
 _MAPPED_MIN = 1 << 16  # entries (512 KiB) a cache holds at least to be mapped; smaller ones are a few reads

@@ -1,7 +1,7 @@
 """Sample numbers of keys: a blocklist of paths into ``exclude=``. No torch.
 
 :func:`ids_of` groups the meta file by a key of each line (by default its first field, e.g. the image
-path) once, through :func:`~rank_dataset.files.grouping.grouping_of` and its cache (so the second call,
+path) once, through :func:`~rank_dataset.files.group.grouping.grouping_of` and its cache (so the second call,
 and every rank of a node, reads the cached grouping), and looks the keys up in it.
 """
 
@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.checks import with_storage
-from rank_dataset.files.grouping import Key, grouping_of
-from rank_dataset.files.scan import PathLike
+from rank_dataset.files.group.grouping import Key, grouping_of
+from rank_dataset.files.index.scan import PathLike
 
 __all__ = ["first_field", "ids_of"]
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rank_dataset.core.checks import UrlPath, is_url
-from rank_dataset.files._pread import ShortRead
-from rank_dataset.files.sources.base import STREAM_BLOCK, Source
-from rank_dataset.files.sources.local import FileKey, LocalFile, raise_if_changed, read_exact
+from rank_dataset.files.io.base import STREAM_BLOCK, Source
+from rank_dataset.files.io.local import FileKey, LocalFile, raise_if_changed, read_exact
+from rank_dataset.files.io.pread import ShortRead
 
 if TYPE_CHECKING:
-    from rank_dataset.files.sources.object import ObjectFile, ObjectKey
+    from rank_dataset.files.io.object import ObjectFile, ObjectKey
 
 __all__ = [
     "STREAM_BLOCK",
@@ -37,7 +37,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """``ObjectFile`` and ``ObjectKey``, imported on first use (see the package's docstring)."""
     if name in ("ObjectFile", "ObjectKey"):
-        from rank_dataset.files.sources import object as _object
+        from rank_dataset.files.io import object as _object
 
         return getattr(_object, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,7 @@ from rank_dataset.core import native
 from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import in_threads
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files._visits import _FileRows, _threads
+from rank_dataset.files.read._visits import _FileRows, _threads
 
 __all__ = ["ParquetKept", "parquet_copy", "parquet_lengths"]
 

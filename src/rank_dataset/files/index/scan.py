@@ -25,7 +25,7 @@ from rank_dataset.core import native
 from rank_dataset.core.native import BLANK, BOM, CR, MARK, NEWLINE
 from rank_dataset.core.progress import progress_bar
 from rank_dataset.core.threads import THREADS
-from rank_dataset.files._pread import pread_exact
+from rank_dataset.files.io.pread import pread_exact
 
 __all__ = [
     "BLANK",
@@ -182,7 +182,7 @@ def scan_map(
     is read (the file the caller checked), not the path.
 
     Raises:
-        rank_dataset.files._pread.ShortRead: the file shrank while being indexed.
+        rank_dataset.files.io.pread.ShortRead: the file shrank while being indexed.
     """
     source: PathLike | int = path if fd is None else fd
     with open(source, "rb", closefd=fd is None) as f, ThreadPoolExecutor(max_workers=THREADS) as pool:
@@ -338,7 +338,7 @@ def build_index(path: PathLike, *, chunk_size: int = CHUNK) -> npt.NDArray[np.in
 
     Raises:
         ValueError: ``path`` is a gzip, zstd or Parquet file, whose bytes on disk are not its lines
-            (:class:`~rank_dataset.files.metafile.MetaFile` reads those).
+            (:class:`~rank_dataset.files.read.metafile.MetaFile` reads those).
     """
     from rank_dataset.files.formats.registry import detect_path  # formats import this module
     from rank_dataset.files.formats.text import TEXT

@@ -1,5 +1,5 @@
 """Meta files in object storage (text, gzip, zstd and Parquet), for the index and
-:class:`~rank_dataset.files.metafile.MetaFile`: the index of an object (built by one streaming pass,
+:class:`~rank_dataset.files.read.metafile.MetaFile`: the index of an object (built by one streaming pass,
 cached locally, never in the bucket; a Parquet object's from its footer), and its bytes read with
 coalesced ranged GETs (a compressed object's through its checkpoints, each decoder reading its spans
 in order; a Parquet object's by pyarrow through a file object of exact ranged GETs). No torch.
@@ -26,14 +26,14 @@ import numpy.typing as npt
 
 from rank_dataset.core.checks import UrlPath
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files._build import _index_in_memory, _write_cache
-from rank_dataset.files._cache import CACHE_DIR_ENV, wait_for_seal
-from rank_dataset.files._cachefile import Index, _open_cache
-from rank_dataset.files._cachelock import one_builder
-from rank_dataset.files._readers import read_checkpoints
 from rank_dataset.files.formats import ParquetRows, SpanSource, detect_source, object_rows, refuse_cut_source
-from rank_dataset.files.sources import FileKey
-from rank_dataset.files.sources.object import COALESCE, ObjectFile
+from rank_dataset.files.index._build import _index_in_memory, _write_cache
+from rank_dataset.files.index._cachefile import Index, _open_cache
+from rank_dataset.files.index._entries import read_checkpoints
+from rank_dataset.files.index.cache import CACHE_DIR_ENV, wait_for_seal
+from rank_dataset.files.index.cachelock import one_builder
+from rank_dataset.files.io import FileKey
+from rank_dataset.files.io.object import COALESCE, ObjectFile
 
 __all__ = ["ObjectBytes", "ObjectSpans", "load_object_index", "object_cache_path", "object_ends"]
 
@@ -108,7 +108,7 @@ def load_object_index(
 
 
 class ObjectSpans:
-    """The bytes of an object as :class:`~rank_dataset.files._pread.Window` asks them (a ByteSource):
+    """The bytes of an object as :class:`~rank_dataset.files.io.pread.Window` asks them (a ByteSource):
     the ranges of a batch merged where less than ``COALESCE`` bytes lie between them, one GET each."""
 
     serial = False

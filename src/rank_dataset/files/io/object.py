@@ -6,10 +6,10 @@ job is :class:`~rank_dataset.errors.MetaFileChangedError` naming the URL, never 
 object. Failed requests (5xx, timeouts, dropped connections) are retried by the client with
 exponential backoff and jitter, and a body cut short is asked again from where it stopped (then is
 :class:`~rank_dataset.errors.CorruptMetaFileError` naming the URL and the offset), all within the
-timeout (the dataset's; :func:`~rank_dataset.files.sources._stores.budget` says how it is spent).
+timeout (the dataset's; :func:`~rank_dataset.files.io._stores.budget` says how it is spent).
 A process holds at most a few requests in flight (``RANK_DATASET_OBJECT_REQUESTS``, default 4), and
 waits a short delay of its rank's before its first (the spread start:
-:func:`~rank_dataset.files.sources._stores.start_delay`), so that the ranks of a job do not all start at once.
+:func:`~rank_dataset.files.io._stores.start_delay`), so that the ranks of a job do not all start at once.
 
 Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``AWS_ALLOW_HTTP``; ``GOOGLE_*``;
@@ -31,10 +31,10 @@ import numpy.typing as npt
 
 from rank_dataset.core.checks import UrlPath
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files._pread import ShortRead
-from rank_dataset.files.sources._stores import acquire, budget, is_url, object_store, split_url, status_of
-from rank_dataset.files.sources.base import STREAM_BLOCK
-from rank_dataset.files.sources.local import FileKey
+from rank_dataset.files.io._stores import acquire, budget, is_url, object_store, split_url, status_of
+from rank_dataset.files.io.base import STREAM_BLOCK
+from rank_dataset.files.io.local import FileKey
+from rank_dataset.files.io.pread import ShortRead
 
 __all__ = ["COUNTS", "REQUEST", "ObjectFile", "ObjectIO", "ObjectKey", "UrlPath", "is_url"]
 
@@ -85,7 +85,7 @@ def _hash63(text: str) -> int:
 
 
 class ObjectFile:
-    """The object at ``url`` (a :class:`~rank_dataset.files.sources.base.Source`).
+    """The object at ``url`` (a :class:`~rank_dataset.files.io.base.Source`).
 
     With ``key``, reads are pinned to the object ``key`` describes (no request at construction);
     without, one HEAD learns its size and ETag: a missing object or bucket, or credentials refused,

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import native
-from rank_dataset.files.scan import BLANK, BOM, CR
+from rank_dataset.files.index.scan import BLANK, BOM, CR
 
 __all__ = ["PAD", "BlockLabels", "block_labels", "tail_labels"]
 

@@ -1,22 +1,22 @@
 """The line-offset index of a meta file and its cache on disk. No torch.
 
-The index of a file holds the byte span of each of its samples (see :mod:`rank_dataset.files.scan`) in
+The index of a file holds the byte span of each of its samples (see :mod:`rank_dataset.files.index.scan`) in
 8 bytes: one little-endian uint64 ``start << bits | length``, where ``bits = 64 - bit_length(size)``
 (a line too long for its field, which only a file over 4 GiB can hold, has an all-ones length and
 its true length in a table of long lines). After the entries come that table and the file's marks:
 where the first line after every 4 MiB starts and its line number, so that a sample's line number is
 found by reading less than 4 MiB. It is cached beside the file (or in the user cache directory),
-built by one process while others that want it wait (:mod:`rank_dataset.files._cachelock`). A cache is
+built by one process while others that want it wait (:mod:`rank_dataset.files.index.cachelock`). A cache is
 keyed by what identifies the file's content without reading all of it: size, mtime, ctime and inode
 (ctime cannot be set by ``utime``, so ``touch -r`` and ``cp -p`` over the file do not pass for it),
 and a hash of its first and last 64 KiB. No descriptor is kept open between reads. A build reads the
 entries it needs with positional reads (:class:`SpanReader`), mapping nothing, so that its resident
 memory holds no more of the index than one batch's pages; only a small read (a batch of random
 samples, as the meta server's) takes its entries from a read-only map of a large cache, kept per
-process and shared through the page cache (:func:`~rank_dataset.files._readers._entries_map`).
+process and shared through the page cache (:func:`~rank_dataset.files.index._entries._entries_map`).
 
-The parts: the cache file's format and :class:`Index` (:mod:`~rank_dataset.files._cachefile`), the
-build (:mod:`~rank_dataset.files._build`), the readers (:mod:`~rank_dataset.files._readers`); this
+The parts: the cache file's format and :class:`Index` (:mod:`~rank_dataset.files.index._cachefile`), the
+build (:mod:`~rank_dataset.files.index._build`), the readers (:mod:`~rank_dataset.files.index._entries`); this
 module loads an index, from its cache or built, one process building while the others wait.
 
 A Parquet file has no entries and no cache: its index (:class:`~rank_dataset.files.formats.ParquetLayout`,
@@ -34,14 +34,14 @@ from pathlib import Path
 
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files._build import _index_in_memory, _write_cache
-from rank_dataset.files._cache import CACHE_DIR_ENV, cache_paths, wait_for_seal
-from rank_dataset.files._cachefile import Index, Table, _open_cache, decode, length_bits, spans_are_sane
-from rank_dataset.files._cachelock import one_builder
-from rank_dataset.files._pread import ShortRead, read_ends
-from rank_dataset.files._readers import MAPPED_ROWS, SpanReader, line_mark, read_checkpoints, read_entry
 from rank_dataset.files.formats import Checkpoints, Format, detect, refuse_cut
-from rank_dataset.files.sources import FileKey, LocalFile
+from rank_dataset.files.index._build import _index_in_memory, _write_cache
+from rank_dataset.files.index._cachefile import Index, Table, _open_cache, decode, length_bits, spans_are_sane
+from rank_dataset.files.index._entries import MAPPED_ROWS, SpanReader, line_mark, read_checkpoints, read_entry
+from rank_dataset.files.index.cache import CACHE_DIR_ENV, cache_paths, wait_for_seal
+from rank_dataset.files.index.cachelock import one_builder
+from rank_dataset.files.io import FileKey, LocalFile
+from rank_dataset.files.io.pread import ShortRead, read_ends
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -116,7 +116,7 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
     """The index of ``path``: from its cache, else built (and cached where a location is writable).
 
     One process builds a missing cache while others that want it at the same time wait for it
-    (:mod:`rank_dataset.files._cachelock`), then load it. With ``rebuild``, an existing cache is not
+    (:mod:`rank_dataset.files.index.cachelock`), then load it. With ``rebuild``, an existing cache is not
     trusted (it was found inconsistent with the file), unless another process wrote it anew since.
     A Parquet file's index is read from its footer (``columns``: its chosen columns, None for all).
 
@@ -128,7 +128,7 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
         CorruptMetaFileError: a Parquet footer cannot be read.
     """
     if is_url(path):  # an object: its index built by one streaming pass, cached on this node
-        from rank_dataset.files._objects import load_object_index  # on first use: a local file's reads no object
+        from rank_dataset.files.index.objects import load_object_index  # on first use: a local file's reads no object
 
         return load_object_index(path, rebuild=rebuild, columns=columns)
     for attempt in range(_BUILD_TRIES):

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.files._cache import cache_paths, discard, fsync_dir, temp_beside
-from rank_dataset.files._group_labels import Grouping, Place
-from rank_dataset.files._pread import pread_exact
-from rank_dataset.files.index import FileKey, Index
+from rank_dataset.files.group._labels import Grouping, Place
+from rank_dataset.files.index.cache import cache_paths, discard, fsync_dir, temp_beside
+from rank_dataset.files.index.load import FileKey, Index
+from rank_dataset.files.io.pread import pread_exact
 
 _MAGIC = b"RDGRP\x00\x00\x01"
 # magic, file size, mtime_ns, ctime_ns, inode, device, samples, keys, key bytes, key format, content sample

@@ -1,14 +1,14 @@
-"""The gather engine behind :meth:`MetaFile.read <rank_dataset.files.metafile.MetaFile.read>`: copies a
+"""The gather engine behind :meth:`MetaFile.read <rank_dataset.files.read.metafile.MetaFile.read>`: copies a
 set of samples, each at its exact length, into a ShardWriter in item order, checking every line
 against the bytes it was copied from. No torch.
 
 A read visits each file's rows in file order at the granularity of a bucket of samples, in batches
-(the visiting plan: :mod:`rank_dataset.files._visits`), in two passes: the first reads the index
+(the visiting plan: :mod:`rank_dataset.files.read._visits`), in two passes: the first reads the index
 entries of a batch, whose lengths fix where each line goes, and keeps their starts; the second reads
-the lines, a window of the file at a time, checks them (:mod:`rank_dataset.files.lines`) and copies
+the lines, a window of the file at a time, checks them (:mod:`rank_dataset.files.read.lines`) and copies
 them into place. The sample numbers (:class:`SampleNumbers`) are released between the passes where
 they can be made again. A Parquet file's rows are read by row group in both passes
-(:mod:`rank_dataset.files._parquet_gather`): its index holds no lengths, so the first pass decodes
+(:mod:`rank_dataset.files.read._parquet_gather`): its index holds no lengths, so the first pass decodes
 the row groups that hold its rows for theirs. Also the single reads of ``mf[i]`` (:func:`read_one`).
 """
 
@@ -27,9 +27,18 @@ import numpy.typing as npt
 from rank_dataset.core import native
 from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import in_threads
-from rank_dataset.files import _visits
-from rank_dataset.files._pread import _GAP, ByteSource, Window, dense
-from rank_dataset.files._visits import (
+from rank_dataset.files.formats import SpanSource
+from rank_dataset.files.index.load import (
+    MAPPED_ROWS,
+    SpanReader,
+    line_mark,
+    read_entry,
+    spans_are_sane,
+)
+from rank_dataset.files.index.scan import BOM, NEWLINE
+from rank_dataset.files.io.pread import _GAP, ByteSource, Window, dense
+from rank_dataset.files.read import _visits
+from rank_dataset.files.read._visits import (
     THREADED_ROWS,
     _file_rows,
     _FileRows,
@@ -37,21 +46,12 @@ from rank_dataset.files._visits import (
     _threads,
     bucket_order,
 )
-from rank_dataset.files.formats import SpanSource
-from rank_dataset.files.index import (
-    MAPPED_ROWS,
-    SpanReader,
-    line_mark,
-    read_entry,
-    spans_are_sane,
-)
-from rank_dataset.files.lines import check_from, check_utf8, window_ok
-from rank_dataset.files.scan import BOM, NEWLINE
+from rank_dataset.files.read.lines import check_from, check_utf8, window_ok
 from rank_dataset.plan.bounds import Bounds
 
 if TYPE_CHECKING:
-    from rank_dataset.files._parquet_gather import ParquetKept
-    from rank_dataset.files.metafile import _File
+    from rank_dataset.files.read._parquet_gather import ParquetKept
+    from rank_dataset.files.read.metafile import _File
 
 __all__ = [
     "THREADED_ROWS",
@@ -111,7 +111,7 @@ def _span(f: _File, file: int, local: int) -> tuple[int, int]:
 
 def line_position(f: _File, file: int, local: int) -> tuple[int, int, int]:
     """``(offset, line, start)``: sample ``local``'s start, and the mark before it (see
-    :func:`~rank_dataset.files.index.line_mark`). A Parquet file's rows are lines ``(0, local, 0)``."""
+    :func:`~rank_dataset.files.index.load.line_mark`). A Parquet file's rows are lines ``(0, local, 0)``."""
     if f.index.format.rows:
         return 0, local, 0
     start, _ = _span(f, file, local)
@@ -243,7 +243,7 @@ def gather(
         for visit, starts in zip(visits, kept):
             file = visit.file
             if file.index.format.rows:
-                from rank_dataset.files._parquet_gather import parquet_copy
+                from rank_dataset.files.read._parquet_gather import parquet_copy
 
                 parquet_copy(visit, samples.get(), writer, parquet_kept.pop(visit.number))
                 continue
@@ -297,7 +297,7 @@ def _first_pass(
     for visit, starts in zip(visits, kept):
         # (No name may keep ``lengths`` alive past this function: a partial, not a local function.)
         if visit.file.index.format.rows:
-            from rank_dataset.files._parquet_gather import parquet_lengths  # on first use: a Parquet file's
+            from rank_dataset.files.read._parquet_gather import parquet_lengths  # on first use: a Parquet file's
 
             parquet_kept[visit.number] = parquet_lengths(visit, indices, lengths)
             continue

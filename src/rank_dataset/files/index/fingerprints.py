@@ -3,7 +3,7 @@ file's chosen columns) and first and last 64 KiB, computed without reading the w
 resume state is checked against, and what the ranks agree on; equal for the same files on any machine
 (paths and mtimes do not enter it). No torch.
 
-The file reader (:class:`~rank_dataset.files.metafile.MetaFile`) and the collective reader both call
+The file reader (:class:`~rank_dataset.files.read.metafile.MetaFile`) and the collective reader both call
 :func:`fingerprints`: one implementation, the same bytes.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.sources import FileKey, LocalFile
+from rank_dataset.files.io import FileKey, LocalFile
 
 __all__ = ["FINGERPRINT_BYTES", "fingerprint_part", "fingerprints"]
 
@@ -38,8 +38,8 @@ def _ends(path: Path, key: FileKey) -> bytes:
     if not key.size:
         return b""
     if is_url(path):  # an object: the one indexed (its ETag's hash is in the key), read in two GETs
-        from rank_dataset.files._objects import object_ends  # on first use, as the object's index
-        from rank_dataset.files.sources import ObjectFile
+        from rank_dataset.files.index.objects import object_ends  # on first use, as the object's index
+        from rank_dataset.files.io import ObjectFile
 
         obj = ObjectFile(path)
         if obj.key.file_key(str(path)) != key:

@@ -29,7 +29,13 @@ from rank_dataset.core.checks import UrlPath, check_index, is_url, meta_path, wi
 from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.core.shard import Shard
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files._gather import (
+from rank_dataset.files.formats import SpanSource
+from rank_dataset.files.index.fingerprints import fingerprints
+from rank_dataset.files.index.load import FileKey, Index, load_index, read_checkpoints
+from rank_dataset.files.index.scan import PathLike
+from rank_dataset.files.io import LocalFile, raise_if_changed
+from rank_dataset.files.io.pread import ByteSource, ShortRead, count_newlines
+from rank_dataset.files.read._gather import (
     THREADED_ROWS,
     IndexMismatch,
     SampleNumbers,
@@ -39,12 +45,6 @@ from rank_dataset.files._gather import (
     line_position,
     read_one,
 )
-from rank_dataset.files._pread import ByteSource, ShortRead, count_newlines
-from rank_dataset.files.fingerprints import fingerprints
-from rank_dataset.files.formats import SpanSource
-from rank_dataset.files.index import FileKey, Index, load_index, read_checkpoints
-from rank_dataset.files.scan import PathLike
-from rank_dataset.files.sources import LocalFile, raise_if_changed
 from rank_dataset.plan.bounds import Bounds
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ def _bytes_of(path: Path) -> _FileBytes:
     """The bytes of the meta file ``path``: a local file's, or an object's (ranged GETs)."""
     if not is_url(path):
         return _FileBytes(path)
-    from rank_dataset.files._objects import ObjectBytes  # on first use: a job over local files reads no object
+    from rank_dataset.files.index.objects import ObjectBytes  # on first use: a job over local files reads no object
 
     return cast(_FileBytes, ObjectBytes(path))
 

@@ -1,5 +1,5 @@
 """The lines of a meta file as a grouping reads them, front to back, checked against the file: a
-text file's through its :class:`~rank_dataset.files.sources.LocalFile`, a compressed file's in one
+text file's through its :class:`~rank_dataset.files.io.LocalFile`, a compressed file's in one
 checked decompression (no checkpoint needed), a Parquet file's rows a row group at a time. No torch."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import numpy.typing as npt
 
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files._labels import PAD
-from rank_dataset.files._objects import ObjectBytes
-from rank_dataset.files._pread import ShortRead, count_newlines
 from rank_dataset.files.formats import DecompressedView, ParquetRows, decompress
-from rank_dataset.files.index import FileKey, Index, SpanReader, line_mark
-from rank_dataset.files.metafile import _bytes_of
-from rank_dataset.files.sources import LocalFile, ObjectFile
+from rank_dataset.files.group._block_labels import PAD
+from rank_dataset.files.index.load import FileKey, Index, SpanReader, line_mark
+from rank_dataset.files.index.objects import ObjectBytes
+from rank_dataset.files.io import LocalFile, ObjectFile
+from rank_dataset.files.io.pread import ShortRead, count_newlines
+from rank_dataset.files.read.metafile import _bytes_of
 
 _BLOCK = 1 << 20  # lines read at a time for a function key
 _NEWLINE, _CR = 10, 13
@@ -108,7 +108,7 @@ class _Lines:
 
     def blocks(self) -> Iterator[tuple[int, int, npt.NDArray[np.uint8], npt.NDArray[np.int64]]]:
         """Yield ``(first, base, buf, spans)``: samples ``first ..`` are ``buf[spans[i, 0]:spans[i, 1]]``,
-        and ``buf[j]`` is byte ``base + j`` of the file; ``buf`` has :data:`~rank_dataset.files._labels.PAD`
+        and ``buf[j]`` is byte ``base + j`` of the file; ``buf`` has :data:`~rank_dataset.files.group._block_labels.PAD`
         bytes before the first sample."""
         n, size = self.index.count, self.index.size
         try:

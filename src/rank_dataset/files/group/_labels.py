@@ -1,5 +1,5 @@
 """Grouping by label: the integer after a line's last run of whitespace, parsed in numpy a block at a
-time (:mod:`rank_dataset.files._labels`), each block sorted by label in threads, then merged by a
+time (:mod:`rank_dataset.files.group._block_labels`), each block sorted by label in threads, then merged by a
 stable counting sort. No torch."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from rank_dataset.core.parsers import LineError, parse_label, quote
 from rank_dataset.core.shard import copy_rows
 from rank_dataset.core.threads import THREADS
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files._group_lines import _CR, _NEWLINE, _Lines, _ParquetLines
-from rank_dataset.files._labels import PAD, BlockLabels, block_labels
-from rank_dataset.files._pread import ShortRead
-from rank_dataset.files.scan import _chunk_bounds
+from rank_dataset.files.group._block_labels import PAD, BlockLabels, block_labels
+from rank_dataset.files.group._lines import _CR, _NEWLINE, _Lines, _ParquetLines
+from rank_dataset.files.index.scan import _chunk_bounds
+from rank_dataset.files.io.pread import ShortRead
 
 _CHUNK = 8 << 20  # bytes of the file parsed at a time for key="label": a block's temporaries stay in cache
 

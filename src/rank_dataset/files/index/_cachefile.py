@@ -2,7 +2,7 @@
 
 The cache: a 128-byte header (:class:`_Header`: magic, the file's key, samples, flags, the hash of the
 file's ends, the tables' sizes, the bytes indexed, the format's code), then one 8-byte entry a sample
-(see :mod:`rank_dataset.files.index`), the long lines and the marks (pairs of int64), and a
+(see :mod:`rank_dataset.files.index.load`), the long lines and the marks (pairs of int64), and a
 compressed file's checkpoints. Changing any of it changes ``_MAGIC``: an older cache is rebuilt.
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.files._cache import SEAL
-from rank_dataset.files._pread import ShortRead, pread_exact
-from rank_dataset.files.formats import Format, ParquetLayout, by_code
-from rank_dataset.files.sources import FileKey
+from rank_dataset.files.formats import TEXT, Format, ParquetLayout, by_code
+from rank_dataset.files.index.cache import SEAL
+from rank_dataset.files.io import FileKey
+from rank_dataset.files.io.pread import ShortRead, pread_exact
 
 _MAGIC = b"RDIDX\x00\x00\x05"
 # magic, file size, mtime_ns, ctime_ns, inode, device, samples, flags, hash of the file's ends, long lines, marks,
@@ -70,7 +70,7 @@ class Index:
     ascii: bool
     cache: Path | None
     memory: Table | None = field(default=None, compare=False, repr=False)
-    format: Format = Format.TEXT
+    format: Format = TEXT
     extent: int = -1
     bound: int = -1
     parquet: ParquetLayout | None = None
@@ -237,5 +237,5 @@ def _open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
 def _layout(header: _Header) -> tuple[Format, int, int]:
     """``(format, extent, bound)`` of an :class:`Index` from its cache's header (-1: the file's size)."""
     if not header.format.compressed:
-        return Format.TEXT, -1, -1
+        return TEXT, -1, -1
     return header.format, header.extent, header.bound

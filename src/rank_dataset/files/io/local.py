@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files._pread import pread_exact
-from rank_dataset.files.sources.base import STREAM_BLOCK
+from rank_dataset.files.io.base import STREAM_BLOCK
+from rank_dataset.files.io.pread import pread_exact
 
 __all__ = ["FileKey", "LocalFile", "raise_if_changed", "read_exact"]
 
@@ -94,7 +94,7 @@ def read_exact(fd: int, path: Path, offset: int, count: int) -> bytes:
 
 
 class LocalFile:
-    """The local file ``path`` open for reading (a :class:`~rank_dataset.files.sources.base.Source`).
+    """The local file ``path`` open for reading (a :class:`~rank_dataset.files.io.base.Source`).
 
     With ``key``, the file must be the one ``key`` describes (else MetaFileChangedError, as for a file
     gone: it was deleted or moved; with ``checked=False``, the caller checks it later, after a read);
