@@ -21,9 +21,9 @@ from tests_helpers import COMPRESSORS, compressed_pair, hostile_lines, zstd_fram
 @pytest.fixture(autouse=True)
 def _small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     # Small blocks, so that small files are decompressed, parsed and read in many (lines cross them).
-    monkeypatch.setattr(group_lines, "_STREAM_BLOCK", 7_000)
+    monkeypatch.setattr(group_lines, "STREAM_BLOCK", 7_000)
     monkeypatch.setattr(group_labels, "_CHUNK", 20_000)
-    monkeypatch.setattr(group_lines, "_BLOCK", 700)
+    monkeypatch.setattr(group_lines, "BLOCK", 700)
 
 
 def _lines(n: int) -> bytes:

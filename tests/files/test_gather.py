@@ -91,11 +91,11 @@ def test_a_span_the_file_disagrees_with_is_found_by_the_fused_check(
     path.write_bytes(b"\n".join(lines) + b"\n")
     MetaFile(path)
     (cache,) = (tmp_path / "cache").rglob("*.rdidx")
-    entries = np.fromfile(cache, "<u8", count=len(lines), offset=readers_mod._DATA_OFFSET)
+    entries = np.fromfile(cache, "<u8", count=len(lines), offset=readers_mod.DATA_OFFSET)
     entries[25_000] += np.uint64(1) << np.uint64(index_mod.length_bits(path.stat().st_size))  # start + 1
     entries[25_000] -= np.uint64(1)  # length - 1: the same end
     with open(cache, "r+b") as f:
-        f.seek(readers_mod._DATA_OFFSET)
+        f.seek(readers_mod.DATA_OFFSET)
         f.write(entries.tobytes())
     mf = MetaFile(path)
     outcomes: list[Any] = []

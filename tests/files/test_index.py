@@ -142,13 +142,11 @@ def test_zeroed_cache_is_rebuilt_not_trusted(write_meta, tmp_path: Path) -> None
     MetaFile(p)
     cache = the_cache(tmp_path)
     raw = bytearray(cache.read_bytes())
-    raw[cachefile_mod._DATA_OFFSET :] = bytes(len(raw) - cachefile_mod._DATA_OFFSET)
+    raw[cachefile_mod.DATA_OFFSET :] = bytes(len(raw) - cachefile_mod.DATA_OFFSET)
     cache.write_bytes(raw)
     mf = MetaFile(p)
     assert [mf[i] for i in range(1000)] == LINES
-    assert the_cache(tmp_path).read_bytes()[cachefile_mod._DATA_OFFSET :] != bytes(
-        len(raw) - cachefile_mod._DATA_OFFSET
-    )
+    assert the_cache(tmp_path).read_bytes()[cachefile_mod.DATA_OFFSET :] != bytes(len(raw) - cachefile_mod.DATA_OFFSET)
 
 
 def test_cache_key_holds_inode_ctime_device_and_content(write_meta, tmp_path: Path) -> None:
@@ -156,8 +154,8 @@ def test_cache_key_holds_inode_ctime_device_and_content(write_meta, tmp_path: Pa
     index = index_mod.load_index(p.resolve())
     st = p.stat()
     assert index.key == index_mod.FileKey(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-    header = the_cache(tmp_path).read_bytes()[: cachefile_mod._HEADER.size]
-    magic, size, mtime, ctime, inode, device, count, _, sample, *_ = cachefile_mod._HEADER.unpack(header)
+    header = the_cache(tmp_path).read_bytes()[: cachefile_mod.HEADER.size]
+    magic, size, mtime, ctime, inode, device, count, _, sample, *_ = cachefile_mod.HEADER.unpack(header)
     assert (magic, size, mtime, ctime, inode, device, count) == (
         b"RDIDX\x00\x00\x05",
         st.st_size,
@@ -194,7 +192,7 @@ def _join_seals() -> None:
 
 
 def _sealed(cache: Path) -> bool:
-    return cache.read_bytes()[cachefile_mod._SEAL_AT :][: len(cache_mod.SEAL)] == cache_mod.SEAL
+    return cache.read_bytes()[cachefile_mod.SEAL_AT :][: len(cache_mod.SEAL)] == cache_mod.SEAL
 
 
 def test_cache_is_sealed_once_synced(write_meta, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -223,7 +221,7 @@ def test_an_unsealed_cache_is_rebuilt_not_trusted(write_meta, tmp_path: Path) ->
     MetaFile(p)
     cache = the_cache(tmp_path)
     with open(cache, "r+b") as f:
-        f.seek(cachefile_mod._SEAL_AT)
+        f.seek(cachefile_mod.SEAL_AT)
         f.write(bytes(len(cache_mod.SEAL)))
     before = cache.stat().st_ino
     mf = MetaFile(p)
@@ -237,7 +235,7 @@ def test_a_cache_of_the_format_before_is_rebuilt(write_meta, tmp_path: Path) -> 
     MetaFile(p)
     cache = the_cache(tmp_path)
     raw = bytearray(cache.read_bytes())
-    raw[:8], raw[cachefile_mod._SEAL_AT : cachefile_mod._DATA_OFFSET] = b"RDIDX\x00\x00\x03", bytes(32)
+    raw[:8], raw[cachefile_mod.SEAL_AT : cachefile_mod.DATA_OFFSET] = b"RDIDX\x00\x00\x03", bytes(32)
     cache.write_bytes(raw)
     before = cache.stat().st_ino
     mf = MetaFile(p)
@@ -495,7 +493,7 @@ def test_a_seal_refused_by_the_kernel_is_logged(write_meta, tmp_path: Path, capl
     fd = os.open(p, os.O_RDONLY)
     try:
         key = index_mod.FileKey.of(os.fstat(fd))
-        written = build_mod._write_cache(cache, p, fd, key, index_mod.hash_ends(fd, key.size))
+        written = build_mod.write_cache(cache, p, fd, key, index_mod.hash_ends(fd, key.size))
     finally:
         os.close(fd)
     assert written is not None
@@ -598,11 +596,11 @@ def test_an_index_of_the_format_before_is_rebuilt_not_misread(write_meta, tmp_pa
                       st.st_dev, len(spans), 1, sample)  # fmt: skip
     cache = cache_mod.cache_paths(p.resolve())[0]
     cache.parent.mkdir(parents=True)
-    cache.write_bytes(old.ljust(cachefile_mod._DATA_OFFSET, b"\0") + spans.astype("<i8").tobytes())
+    cache.write_bytes(old.ljust(cachefile_mod.DATA_OFFSET, b"\0") + spans.astype("<i8").tobytes())
     mf = MetaFile(p)
     assert [mf[i] for i in range(len(mf))] == LINES
     assert cache.read_bytes()[:8] == b"RDIDX\x00\x00\x05"
-    assert cache.stat().st_size == cachefile_mod._DATA_OFFSET + 8 * len(LINES) + 16  # entries, one mark
+    assert cache.stat().st_size == cachefile_mod.DATA_OFFSET + 8 * len(LINES) + 16  # entries, one mark
     assert mf.read(np.arange(len(LINES))[::-1]).texts(range(len(LINES))) == LINES[::-1]
     assert data == p.read_bytes()
 
@@ -721,7 +719,7 @@ def test_a_cache_holds_the_format_whatever_the_chunks(
         spans, marks = reference_index(data, 97)
         index = index_mod.load_index(p.resolve())
         assert index.cache is not None and (index.count, index.ascii) == (len(spans), data.isascii())
-        body = index.cache.read_bytes()[cachefile_mod._DATA_OFFSET :]
+        body = index.cache.read_bytes()[cachefile_mod.DATA_OFFSET :]
         bits = 64 - max(1, len(data).bit_length())
         expect = b"".join(struct.pack("<Q", start << bits | (stop - start)) for start, stop in spans)
         expect += b"".join(struct.pack("<qq", offset, line) for offset, line in marks)

@@ -199,7 +199,7 @@ def test_damaged_cache_found_when_read_is_rebuilt(write_meta, tmp_path: Path, da
     MetaFile(p)
     cache = the_cache(tmp_path)
     size = p.stat().st_size
-    entries = np.fromfile(cache, "<u8", count=30_000, offset=readers_mod._DATA_OFFSET)
+    entries = np.fromfile(cache, "<u8", count=30_000, offset=readers_mod.DATA_OFFSET)
     bits = np.uint64(index_mod.length_bits(size))
     starts, lengths = (
         (entries >> bits).astype(np.int64),
@@ -213,14 +213,14 @@ def test_damaged_cache_found_when_read_is_rebuilt(write_meta, tmp_path: Path, da
         lengths[15_000] = size + 100 - starts[15_000]
     damaged = (starts.astype("<u8") << bits) | lengths.astype("<u8")
     with open(cache, "r+b") as f:
-        f.seek(readers_mod._DATA_OFFSET)
+        f.seek(readers_mod.DATA_OFFSET)
         f.write(damaged.tobytes())
     mf = MetaFile(p)
     assert mf[15_000] == lines[15_000]
     idx = np.arange(14_000, 16_000)
     mf = MetaFile(p)  # from the rebuilt cache, then damaged again under it
     with open(cache, "r+b") as f:
-        f.seek(readers_mod._DATA_OFFSET)
+        f.seek(readers_mod.DATA_OFFSET)
         f.write(damaged.tobytes())
     assert mf.read(idx).texts(range(idx.size)) == lines[14_000:16_000]
 

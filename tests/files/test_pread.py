@@ -91,7 +91,7 @@ def test_runs_close_together_are_one_read(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(os, "pread", pread)
     # Three ranges within the gap of each other, then one far away: two reads.
-    starts = np.array([10_000, 10_100, 10_100 + _pread._GAP, 900_000])
+    starts = np.array([10_000, 10_100, 10_100 + _pread.GAP, 900_000])
     fd = os.open(path, os.O_RDONLY)
     try:
         buf, shift = Window().load(fd, starts, starts + 50, 1 << 20)

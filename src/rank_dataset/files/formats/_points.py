@@ -1,5 +1,5 @@
 """Checkpoints of a compressed file as an ``(n, 2)`` array of ``(output offset, input offset)`` rows,
-increasing from ``(0, 0)``. No torch."""
+increasing from ``(0, 0)``."""
 
 from __future__ import annotations
 

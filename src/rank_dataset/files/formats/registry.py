@@ -1,5 +1,5 @@
 """The formats a meta file may be in, and the detection of a file's format by its content (its first
-bytes, and for Parquet its last four), never by its name. No torch.
+bytes, and for Parquet its last four), never by its name.
 
 A new format is a module with a :class:`~rank_dataset.files.formats.base.Format` and a line in
 :data:`_BUILT_IN`; :func:`register` adds one at run time. A format pickles as its name, looked up here.

@@ -1,5 +1,5 @@
 """The threaded span cache over a compressed file's decompressed bytes (:class:`SpanSource`): what a
-gather reads lines from. No torch.
+gather reads lines from.
 
 The decompressed bytes are cut into spans (between checkpoints; a format may cut them finer, see
 :meth:`~rank_dataset.files.formats.base.Format.span_cuts`), each decompressed once from its checkpoint

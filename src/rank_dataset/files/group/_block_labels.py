@@ -1,4 +1,4 @@
-"""The samples of a block of whole lines and their integer labels, as the ``"label"`` parser reads them. No torch.
+"""The samples of a block of whole lines and their integer labels, as the ``"label"`` parser reads them.
 
 :func:`rank_dataset.core.parsers.parse_label` takes the text after a line's last run of whitespace and
 passes it to ``int``. :func:`block_labels` does that for every sample of a block of a file's bytes

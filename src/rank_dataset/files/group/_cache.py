@@ -1,5 +1,5 @@
 """The cache of a grouping: beside the index, keyed like it (the file's key and the hash of its
-ends), written once by one process, memory-mapped by all. No torch.
+ends), written once by one process, memory-mapped by all.
 
 The file: a 128-byte header (magic, the file's key, the number of samples and keys, how the keys are
 stored), then the ``C + 1`` int64 bounds of the groups, the keys (``C`` int64 or UTF-8 JSON), and the
@@ -32,12 +32,12 @@ _DATA_OFFSET = 128
 _INT_KEYS, _JSON_KEYS = 0, 1
 
 
-def _cache_candidates(path: Path, name: str) -> list[Path]:
+def cache_candidates(path: Path, name: str) -> list[Path]:
     """Where the grouping ``name`` of ``path`` may be cached: beside each place its index may be."""
     return [cache.with_suffix(f".{name}.rdgrp") for cache in cache_paths(path)]
 
 
-def _open_cache(cache: Path, index: Index) -> Grouping | None:
+def open_cache(cache: Path, index: Index) -> Grouping | None:
     """The grouping in ``cache`` if it is one of the file ``index`` describes, and whole; else None."""
     try:
         fd = os.open(cache, os.O_RDONLY | os.O_CLOEXEC)
@@ -82,7 +82,7 @@ def _order_offset(nkeys: int, key_bytes: int) -> int:
     return _DATA_OFFSET + 8 * (nkeys + 1) + -(-key_bytes // 8) * 8
 
 
-def _write_cache(cache: Path, index: Index, group: Callable[[Place], Grouping]) -> Grouping | None:
+def write_cache(cache: Path, index: Index, group: Callable[[Place], Grouping]) -> Grouping | None:
     """Group the file into ``cache`` (a temporary file renamed into place, as the index is); None if
     ``cache`` cannot be written.
 
@@ -140,7 +140,7 @@ def _write_cache(cache: Path, index: Index, group: Callable[[Place], Grouping]) 
     except BaseException:
         discard(tmp_fd, tmp)
         raise
-    return _open_cache(cache, index)
+    return open_cache(cache, index)
 
 
 def _encode_keys(keys: Sequence[Any]) -> bytes:

@@ -1,6 +1,6 @@
 """Grouping by label: the integer after a line's last run of whitespace, parsed in numpy a block at a
 time (:mod:`rank_dataset.files.group._block_labels`), each block sorted by label in threads, then merged by a
-stable counting sort. No torch."""
+stable counting sort."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from rank_dataset.core.shard import copy_rows
 from rank_dataset.core.threads import THREADS
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.group._block_labels import PAD, BlockLabels, block_labels
-from rank_dataset.files.group._lines import _CR, _NEWLINE, _Lines, _ParquetLines
-from rank_dataset.files.index.scan import _chunk_bounds
+from rank_dataset.files.group._lines import ParquetLines, TextLines
+from rank_dataset.files.index.scan import CR, NEWLINE, chunk_bounds
 from rank_dataset.files.io.pread import ShortRead
 
 _CHUNK = 8 << 20  # bytes of the file parsed at a time for key="label": a block's temporaries stay in cache
@@ -46,15 +46,15 @@ class Grouping:
 Place = Callable[[list[Any], npt.NDArray[np.int64]], npt.NDArray[np.int64]]
 
 
-def _in_memory(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def in_memory(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     return np.empty(int(bounds[-1]), np.int64)
 
 
-def _bounds(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def prefix_sums(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
 
 
-def _label_grouping(lines: _Lines, place: Place) -> Grouping:
+def label_grouping(lines: TextLines, place: Place) -> Grouping:
     """Group the samples by their integer label: each block of the file parsed and sorted by label on
     its own (two threads; numpy releases the GIL), then every block's samples scattered to their
     places, a stable counting sort. Only the result is N-sized, and each block's order (4 bytes a
@@ -63,12 +63,12 @@ def _label_grouping(lines: _Lines, place: Place) -> Grouping:
     fd, size = lines.fd, lines.index.size
     scratch = threading.local()
 
-    def part(lo: int, hi: int, data: memoryview | None = None) -> _Part:
+    def part(lo: int, hi: int, data: memoryview | None = None) -> _SortedBlock:
         buf = getattr(scratch, "buf", None)
         if buf is None or buf.size < PAD + hi - lo + 1:
             buf = scratch.buf = np.empty(max(PAD + _CHUNK + 1, PAD + hi - lo + 1), np.uint8)
         end = PAD + hi - lo
-        buf[:PAD] = _NEWLINE
+        buf[:PAD] = NEWLINE
         if data is not None:
             buf[PAD:end] = np.frombuffer(data, np.uint8)
         else:
@@ -76,21 +76,21 @@ def _label_grouping(lines: _Lines, place: Place) -> Grouping:
                 lines.source.read_into(buf[PAD:end], lo)
             except ShortRead:
                 raise MetaFileChangedError(lines.path, "it shrank while being read") from None
-        if buf[end - 1] != _NEWLINE:
+        if buf[end - 1] != NEWLINE:
             if hi != size:  # blocks end just past a newline
                 raise MetaFileChangedError(lines.path, "it changed while it was grouped")
-            buf[end] = _NEWLINE  # the last line has no newline of its own
+            buf[end] = NEWLINE  # the last line has no newline of its own
             end += 1
         found = block_labels(buf[:end], end, file_start=lo == 0)
         _parse_others(buf, found, lambda row, start: lines.where(lo + start - PAD))
-        return _Part.of(found.labels)
+        return _SortedBlock.of(found.labels)
 
     with ThreadPoolExecutor(THREADS) as pool:
-        parsing: list[Future[_Part]] = []
+        parsing: list[Future[_SortedBlock]] = []
         try:
             if lines.stream is None:  # a local text file: its blocks read in the threads
                 with open(cast(int, fd), "rb", closefd=False) as f:
-                    bounds = _chunk_bounds(cast(BinaryIO, f), size, _CHUNK)
+                    bounds = chunk_bounds(cast(BinaryIO, f), size, _CHUNK)
                 parsing = [pool.submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
             else:
                 read = 0
@@ -109,7 +109,7 @@ def _label_grouping(lines: _Lines, place: Place) -> Grouping:
         return _merge(parts, lines.path, lines.index.count, place, pool)
 
 
-def _merge(parts: list[_Part], path: Path, count: int, place: Place, pool: ThreadPoolExecutor) -> Grouping:
+def _merge(parts: list[_SortedBlock], path: Path, count: int, place: Place, pool: ThreadPoolExecutor) -> Grouping:
     """The grouping of the file whose blocks, in order, are ``parts``: each block's samples scattered
     to their places (a stable counting sort over the blocks)."""
     found = sum(p.perm.size for p in parts)
@@ -120,7 +120,7 @@ def _merge(parts: list[_Part], path: Path, count: int, place: Place, pool: Threa
     totals = np.zeros(keys.size, np.int64)
     for code, p in zip(codes, parts):
         totals[code] += p.sizes  # a block's keys are distinct
-    group_bounds = _bounds(totals)
+    group_bounds = prefix_sums(totals)
     keys_list = keys.tolist()
     order = place(keys_list, group_bounds)
     cursor = group_bounds[:-1].copy()
@@ -148,7 +148,7 @@ def _parse_others(buf: npt.NDArray[np.uint8], found: BlockLabels, where: Callabl
             raise ValueError(f"{where(row, start)}: label outside the int64 range in line {quote(line)}") from None
 
 
-def _parquet_labels(self: _ParquetLines, g: int) -> npt.NDArray[np.int64]:
+def _parquet_labels(self: ParquetLines, g: int) -> npt.NDArray[np.int64]:
     """The label of every row of row group ``g`` of a Parquet file (``self``): in numpy as for text
     where each row is one non-blank line (the rows put back to back, each with a newline), else row by row; or, where
     the last column holds them (integers, none null), that column alone."""
@@ -158,12 +158,12 @@ def _parquet_labels(self: _ParquetLines, g: int) -> npt.NDArray[np.int64]:
     data, offsets = self.rows.group_array(g)
     first, n = int(self.rows.bounds[g]), offsets.size - 1
     step = np.arange(n, dtype=np.int64)
-    if n and not bool(((data == _NEWLINE) | (data == _CR)).any()):
+    if n and not bool(((data == NEWLINE) | (data == CR)).any()):
         buf = np.empty(PAD + data.size + n, np.uint8)
-        buf[:PAD] = _NEWLINE
+        buf[:PAD] = NEWLINE
         lengths = np.diff(offsets)
         copy_rows(data, offsets[:-1], lengths, buf, PAD + offsets[:-1] + step)
-        buf[PAD + offsets[1:] + step] = _NEWLINE
+        buf[PAD + offsets[1:] + step] = NEWLINE
         found = block_labels(buf, buf.size, file_start=False)
         if found.labels.size == n:  # no blank row (a text file would skip it; here it is a sample)
             _parse_others(buf, found, lambda row, start: self.where(first + row))
@@ -173,13 +173,13 @@ def _parquet_labels(self: _ParquetLines, g: int) -> npt.NDArray[np.int64]:
     return rows.labels
 
 
-def _parquet_label_grouping(lines: _ParquetLines, place: Place) -> Grouping:
+def parquet_label_grouping(lines: ParquetLines, place: Place) -> Grouping:
     """Group a Parquet file's rows by label, a row group a block (decoded and sorted by label in the pool)."""
     with ThreadPoolExecutor(THREADS) as pool:
-        parsing: list[Future[_Part]] = []
+        parsing: list[Future[_SortedBlock]] = []
         try:
             for g in range(len(lines.rows.bounds) - 1):  # pyarrow releases the GIL: two row groups at once
-                parsing.append(pool.submit(lambda g: _Part.of(_parquet_labels(lines, g)), g))
+                parsing.append(pool.submit(lambda g: _SortedBlock.of(_parquet_labels(lines, g)), g))
                 if len(parsing) > THREADS:
                     parsing[-THREADS - 1].result()
             parts = [job.result() for job in parsing]
@@ -191,7 +191,7 @@ def _parquet_label_grouping(lines: _ParquetLines, place: Place) -> Grouping:
 
 
 @dataclass(frozen=True)
-class _Part:
+class _SortedBlock:
     """One block's samples in label order: ``perm`` (stable, numbered within the block), and the
     block's distinct labels, ascending, with how many samples have each."""
 
@@ -200,7 +200,7 @@ class _Part:
     sizes: npt.NDArray[np.int64]
 
     @classmethod
-    def of(cls, labels: npt.NDArray[np.int64]) -> _Part:
+    def of(cls, labels: npt.NDArray[np.int64]) -> _SortedBlock:
         if not labels.size:
             return cls(np.empty(0, np.uint32), np.empty(0, np.int64), np.empty(0, np.int64))
         lo = int(labels.min())

@@ -1,6 +1,6 @@
 """The lines of a meta file as a grouping reads them, front to back, checked against the file: a
 text file's through its :class:`~rank_dataset.files.io.LocalFile`, a compressed file's in one
-checked decompression (no checkpoint needed), a Parquet file's rows a row group at a time. No torch."""
+checked decompression (no checkpoint needed), a Parquet file's rows a row group at a time."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from rank_dataset.files.formats import DecompressedView, ParquetRows, decompress
 from rank_dataset.files.group._block_labels import PAD
 from rank_dataset.files.index.load import FileKey, Index, SpanReader, line_mark
 from rank_dataset.files.index.objects import ObjectBytes
+from rank_dataset.files.index.scan import CR, NEWLINE
 from rank_dataset.files.io import LocalFile, ObjectFile
 from rank_dataset.files.io.pread import ShortRead, count_newlines
-from rank_dataset.files.read.metafile import _bytes_of
+from rank_dataset.files.read.file import bytes_of
 
-_BLOCK = 1 << 20  # lines read at a time for a function key
-_NEWLINE, _CR = 10, 13
-_STREAM_BLOCK = 4 << 20  # decompressed bytes a compressed file's decoder hands out at a time
+BLOCK = 1 << 20  # lines read at a time for a function key
+STREAM_BLOCK = 4 << 20  # decompressed bytes a compressed file's decoder hands out at a time
 
 
 class _Stream:
@@ -81,7 +81,7 @@ class _Stream:
             yield offset, memoryview(b"".join(parts))
 
 
-class _Lines:
+class TextLines:
     """The lines of an indexed file, a block of samples at a time, checked against the file (against
     its decompressed bytes, for a compressed file)."""
 
@@ -91,9 +91,9 @@ class _Lines:
         self.stream: _Stream | None = None
         if index.format.compressed:
             raw = self.fd if self.fd is not None else cast(ObjectFile, source)
-            self.stream = _Stream(decompress(path, raw, index.format, block=_STREAM_BLOCK))
+            self.stream = _Stream(decompress(path, raw, index.format, block=STREAM_BLOCK))
         elif self.fd is None:  # an object: read front to back (a label grouping's blocks too)
-            self.stream = _Stream(source.stream(block=_STREAM_BLOCK))
+            self.stream = _Stream(source.stream(block=STREAM_BLOCK))
 
     def read_into(self, out: npt.NDArray[np.uint8], lo: int) -> None:
         """Fill ``out`` with bytes ``[lo, lo + out.size)`` of the file (decompressed), in order.
@@ -113,22 +113,22 @@ class _Lines:
         n, size = self.index.count, self.index.size
         try:
             with SpanReader(self.index) as reader:
-                for first in range(0, n, _BLOCK):
-                    starts, lengths = reader.take(np.arange(first, min(first + _BLOCK, n), dtype=np.int64))
+                for first in range(0, n, BLOCK):
+                    starts, lengths = reader.take(np.arange(first, min(first + BLOCK, n), dtype=np.int64))
                     spans = np.stack([starts, starts + lengths], axis=1).astype(np.int64, copy=False)
                     lo, hi = int(spans[0, 0]), int(spans[-1, 1])
                     # The byte after the last line too (its newline, if any), so every line's end is checked.
                     stop = min(hi + 1, size)
                     buf = np.empty(PAD + stop - lo + 1, np.uint8)
-                    buf[:PAD] = _NEWLINE
-                    buf[-1] = _NEWLINE
+                    buf[:PAD] = NEWLINE
+                    buf[-1] = NEWLINE
                     self.read_into(buf[PAD : PAD + stop - lo], lo)
                     spans += PAD - lo
                     # A line ends at a newline, a "\r\n" or the end of the file: anything else is an index
                     # that no longer describes the bytes.
                     after = buf[spans[:, 1]]
                     if not (
-                        bool(((after == _NEWLINE) | (after == _CR)).all()) and bool((spans[:, 1] > spans[:, 0]).all())
+                        bool(((after == NEWLINE) | (after == CR)).all()) and bool((spans[:, 1] > spans[:, 0]).all())
                     ):
                         raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
                     yield first, lo - PAD, buf, spans
@@ -193,17 +193,17 @@ def _object_where(path: Path, index: Index, source: ObjectFile, start: int) -> s
 
 
 @contextlib.contextmanager
-def _open_checked(path: Path, index: Index) -> Iterator[_Lines | _ParquetLines]:
+def open_checked(path: Path, index: Index) -> Iterator[TextLines | ParquetLines]:
     """The file's lines, checked on entry and exit to be those of the file ``index`` describes; an
     error while they are read (a line without a label, corrupt compressed data) from a file that has
     changed meanwhile is that change. A Parquet file's rows are checked as the file reader checks them.
     """
     if index.format.rows:
-        with _bytes_of(path).rows(index) as rows:
-            yield _ParquetLines(path, index, rows)
+        with bytes_of(path).rows(index) as rows:
+            yield ParquetLines(path, index, rows)
         return
     if is_url(path):  # an object: checked to be the one indexed (one HEAD), every GET pinned to its ETag
-        yield _Lines(path, index, ObjectBytes(path).source(index.key))
+        yield TextLines(path, index, ObjectBytes(path).source(index.key))
         return
     local = LocalFile(path, index.key, checked=False)
     try:
@@ -213,7 +213,7 @@ def _open_checked(path: Path, index: Index) -> Iterator[_Lines | _ParquetLines]:
                 raise MetaFileChangedError(path, what + when)
             if not when:
                 try:
-                    yield _Lines(path, index, local)
+                    yield TextLines(path, index, local)
                 except ValueError as exc:  # CorruptMetaFileError too
                     what = index.key.change(FileKey.of(os.fstat(local.fd)))
                     if what is None or isinstance(exc, MetaFileChangedError):
@@ -223,7 +223,7 @@ def _open_checked(path: Path, index: Index) -> Iterator[_Lines | _ParquetLines]:
         local.close()
 
 
-class _ParquetLines:
+class ParquetLines:
     """The rows of an indexed Parquet file (checked by :meth:`MetaFile.rows`), a row group at a time:
     every row is a sample, its line the chosen columns joined by tabs, as the file reader gives it."""
 

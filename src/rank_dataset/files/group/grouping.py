@@ -1,4 +1,4 @@
-"""The samples of a meta file grouped by a key (its label, or any function of its line), cached. No torch.
+"""The samples of a meta file grouped by a key (its label, or any function of its line), cached.
 
 :func:`group_by` reads the file once and returns for each key the ascending sample numbers that
 have it: ``key="label"`` reads the file's bytes in blocks, parsed and sorted in numpy in two threads
@@ -33,16 +33,16 @@ import numpy.typing as npt
 from rank_dataset.core.checks import is_url, meta_path, with_storage
 from rank_dataset.core.progress import progress_bar
 from rank_dataset.files.group import _lines as _group_lines
-from rank_dataset.files.group._cache import _cache_candidates, _open_cache, _write_cache
+from rank_dataset.files.group._cache import cache_candidates, open_cache, write_cache
 from rank_dataset.files.group._labels import (
     Grouping,
     Place,
-    _bounds,
-    _in_memory,
-    _label_grouping,
-    _parquet_label_grouping,
+    in_memory,
+    label_grouping,
+    parquet_label_grouping,
+    prefix_sums,
 )
-from rank_dataset.files.group._lines import _Lines, _open_checked, _ParquetLines
+from rank_dataset.files.group._lines import ParquetLines, TextLines, open_checked
 from rank_dataset.files.index.cachelock import load_or_build
 from rank_dataset.files.index.load import Index, load_index
 from rank_dataset.files.index.scan import PathLike
@@ -135,18 +135,18 @@ def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -
     if is_url(path):  # an object: beside its index, in this node's cache (never in the bucket)
         candidates = [] if index.cache is None else [index.cache.with_suffix(f".{name}.rdgrp")]
     else:
-        candidates = _cache_candidates(path, name)
+        candidates = cache_candidates(path, name)
     for cache in candidates:
-        found = _open_cache(cache, index)
+        found = open_cache(cache, index)
         if found is not None:
             return found
     for cache in candidates:
 
         def load(cache: Path = cache) -> Grouping | None:
-            return _open_cache(cache, index)
+            return open_cache(cache, index)
 
         def build(cache: Path = cache) -> Grouping | None:
-            return _write_cache(cache, index, lambda place: _group(path, index, key, place))
+            return write_cache(cache, index, lambda place: _group(path, index, key, place))
 
         built = load_or_build(cache, load, build)
         if built is not None:
@@ -154,12 +154,12 @@ def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -
     return _group(path, index, key)  # no writable cache location
 
 
-def _group(path: Path, index: Index, key: str | Key, place: Place = _in_memory) -> Grouping:
-    with _open_checked(path, index) as lines:
+def _group(path: Path, index: Index, key: str | Key, place: Place = in_memory) -> Grouping:
+    with open_checked(path, index) as lines:
         if key == "label":
-            if isinstance(lines, _ParquetLines):
-                return _parquet_label_grouping(lines, place)
-            return _label_grouping(lines, place)
+            if isinstance(lines, ParquetLines):
+                return parquet_label_grouping(lines, place)
+            return label_grouping(lines, place)
         assert callable(key)
         codes, keys = _key_codes(lines, key)
     try:
@@ -169,7 +169,7 @@ def _group(path: Path, index: Index, key: str | Key, place: Place = _in_memory) 
     new_code = np.empty(len(keys), np.int64)
     new_code[rank] = np.arange(len(keys))
     counts = np.bincount(new_code[codes], minlength=len(keys))
-    ordered, bounds = [keys[i] for i in rank], _bounds(counts)
+    ordered, bounds = [keys[i] for i in rank], prefix_sums(counts)
     order = place(ordered, bounds)
     _scatter(order, counts, lambda a, b: new_code[codes[a:b]])
     return Grouping(ordered, bounds, order)
@@ -180,18 +180,18 @@ def each_line(meta_file: PathLike, desc: str) -> Iterator[tuple[str, Callable[[]
     a progress bar on a terminal (in the first process of a node). For functions of the line."""
     path = meta_path(meta_file)
     index = load_index(path)
-    with _open_checked(path, index) as lines:
+    with open_checked(path, index) as lines:
         yield from _texts(lines, desc)
 
 
-def _texts(lines: _Lines | _ParquetLines, desc: str) -> Iterator[tuple[str, Callable[[], str]]]:
+def _texts(lines: TextLines | ParquetLines, desc: str) -> Iterator[tuple[str, Callable[[], str]]]:
     with progress_bar(lines.index.count, f"{desc} {lines.path}", unit="lines", min_total=1 << 16) as bar:
         for block in lines.text_blocks():
             yield from block
             bar.update(len(block))
 
 
-def _key_codes(lines: _Lines | _ParquetLines, key: Key) -> tuple[npt.NDArray[np.int64], list[Any]]:
+def _key_codes(lines: TextLines | ParquetLines, key: Key) -> tuple[npt.NDArray[np.int64], list[Any]]:
     """For every sample, the number of its key in order of first appearance, and the keys."""
     codes = np.empty(lines.index.count, np.int64)
     number: dict[Any, int] = {}
@@ -221,8 +221,8 @@ def _scatter(
     cursor = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
     # A stable sort of 16-bit codes is a radix sort, several times faster than one of wider ints.
     narrow = np.uint16 if counts.size <= 1 << 16 else np.int64
-    for a in range(0, n, _group_lines._BLOCK):
-        codes = codes_of(a, min(a + _group_lines._BLOCK, n))
+    for a in range(0, n, _group_lines.BLOCK):
+        codes = codes_of(a, min(a + _group_lines.BLOCK, n))
         perm = np.argsort(codes.astype(narrow), kind="stable")
         sorted_codes = codes[perm]
         head = np.flatnonzero(np.diff(sorted_codes, prepend=-1))  # the first of each run of one code

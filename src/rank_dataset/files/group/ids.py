@@ -1,4 +1,4 @@
-"""Sample numbers of keys: a blocklist of paths into ``exclude=``. No torch.
+"""Sample numbers of keys: a blocklist of paths into ``exclude=``.
 
 :func:`ids_of` groups the meta file by a key of each line (by default its first field, e.g. the image
 path) once, through :func:`~rank_dataset.files.group.grouping.grouping_of` and its cache (so the second call,

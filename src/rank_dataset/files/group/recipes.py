@@ -1,5 +1,5 @@
 """Uneven sampling recipes as plain lists of :class:`~rank_dataset.plan.sources.Source`: class-balanced
-(:func:`class_balanced`) and repeat-factor (:func:`repeat_factor`) sampling. No torch.
+(:func:`class_balanced`) and repeat-factor (:func:`repeat_factor`) sampling.
 
 Each returns one source per class, or per distinct repeat factor, over a subset of one meta file, so
 the recipe mixes with other sources and keeps everything a mix guarantees: exact per-source counts

@@ -1,5 +1,5 @@
 """The build of a meta file's index: one scan of its lines (of its decompressed bytes, for a
-compressed file), straight into a cache file, or into memory. No torch."""
+compressed file), straight into a cache file, or into memory."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.formats import TEXT, Decompression, Format, detect, detect_source
-from rank_dataset.files.index._cachefile import _DATA_OFFSET, _ENTRY, _SEAL_AT, Index, Table, _Header, length_bits
+from rank_dataset.files.index._cachefile import DATA_OFFSET, ENTRY, SEAL_AT, Header, Index, Table, length_bits
 from rank_dataset.files.index.cache import Seal, Syncer, discard, temp_beside
 from rank_dataset.files.index.scan import Chunk, scan_blocks, scan_map
 from rank_dataset.files.io import FileKey
@@ -28,7 +28,7 @@ _IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)
-class _Part:
+class _EncodedChunk:
     """One chunk of a scan, encoded: its entries, its long lines (row in the chunk, length), what
     else the index keeps."""
 
@@ -39,11 +39,11 @@ class _Part:
     marks: _IntArray
 
 
-def _encoder(size: int) -> Callable[[Chunk], _Part]:
+def _encoder(size: int) -> Callable[[Chunk], _EncodedChunk]:
     bits = length_bits(size)
     mask = (1 << bits) - 1
 
-    def encode(chunk: Chunk) -> _Part:
+    def encode(chunk: Chunk) -> _EncodedChunk:
         # Spans lie inside their chunk: only a chunk of at least `mask` bytes can hold a long line.
         lengths = chunk.lengths
         rows: npt.NDArray[np.intp] = np.empty(0, np.intp)
@@ -53,13 +53,15 @@ def _encoder(size: int) -> Callable[[Chunk], _Part]:
         # Starts and lengths are not negative: their int64 bits are their uint64 ones.
         entries = np.left_shift(chunk.starts.view(np.uint64), np.uint64(bits), out=np.empty(chunk.starts.size, "<u8"))
         entries |= lengths.view(np.uint64)
-        return _Part(entries, np.column_stack((rows, chunk.lengths[rows])), chunk.ascii, chunk.newlines, chunk.marks)
+        return _EncodedChunk(
+            entries, np.column_stack((rows, chunk.lengths[rows])), chunk.ascii, chunk.newlines, chunk.marks
+        )
 
     return encode
 
 
 @dataclass(frozen=True)
-class _Built:
+class _IndexBody:
     count: int
     ascii: bool
     longs: _IntArray
@@ -69,10 +71,10 @@ class _Built:
     bound: int = -1
     extra: bytes = b""  # a compressed file's checkpoints
 
-    def header(self, key: FileKey, ends_hash: bytes) -> _Header:
+    def header(self, key: FileKey, ends_hash: bytes) -> Header:
         extent = key.size if self.extent < 0 else self.extent
         bound = key.size if self.bound < 0 else self.bound
-        return _Header(
+        return Header(
             key, ends_hash, self.count, self.ascii, len(self.longs), len(self.marks), extent, bound, self.format
         )
 
@@ -80,7 +82,7 @@ class _Built:
         return Index(key, ends_hash, self.count, self.ascii, cache, memory, self.format, self.extent, self.bound)
 
 
-def _build(path: Path, fd: Any, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _Built:
+def _scan_file(path: Path, fd: Any, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _IndexBody:
     """Scan the file open at ``fd`` (which must stay the file ``key`` describes to the end), passing
     its entries to ``write`` in order; what else its index holds.
 
@@ -88,7 +90,7 @@ def _build(path: Path, fd: Any, key: FileKey, write: Callable[[npt.NDArray[np.ui
         MetaFileChangedError: the file changed while it was being indexed.
     """
     if not isinstance(fd, int):  # an object: its bytes streamed once, in large ranged GETs
-        return _build_streamed(path, fd, key, write)
+        return _scan_stream(path, fd, key, write)
     fmt = detect(fd)
     if fmt.rows:  # (load_index reads a Parquet file's footer instead)
         raise ValueError(f"{path} is a Parquet file: its index is its footer, not a scan of its lines")
@@ -99,7 +101,7 @@ def _build(path: Path, fd: Any, key: FileKey, write: Callable[[npt.NDArray[np.ui
     else:
         fmt, parts = TEXT, scan_map(path, _encoder(key.size), fd=fd)
     try:
-        built = _built(path, parts, write, fmt, decompression)
+        built = _collect(path, parts, write, fmt, decompression)
     except ShortRead as exc:
         raise MetaFileChangedError(path, "it shrank while being indexed") from exc
     what = key.change(FileKey.of(os.fstat(fd)))
@@ -108,8 +110,10 @@ def _build(path: Path, fd: Any, key: FileKey, write: Callable[[npt.NDArray[np.ui
     return built
 
 
-def _build_streamed(path: Path, source: Any, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _Built:
-    """As :func:`_build`, for a source read front to back (an object: its text in one pass of ranged
+def _scan_stream(
+    path: Path, source: Any, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]
+) -> _IndexBody:
+    """As :func:`_scan_file`, for a source read front to back (an object: its text in one pass of ranged
     GETs, each pinned to its ETag, so that a change is an error rather than a torn index)."""
     fmt = detect_source(source)
     if fmt.rows:
@@ -117,18 +121,18 @@ def _build_streamed(path: Path, source: Any, key: FileKey, write: Callable[[npt.
     decompression = Decompression(path, source, fmt) if fmt.compressed else None
     blocks = source.stream() if decompression is None else decompression
     bound = key.size if decompression is None else _COMPRESSED_BOUND
-    built = _built(path, scan_blocks(blocks, _encoder(bound)), write, fmt, decompression)
+    built = _collect(path, scan_blocks(blocks, _encoder(bound)), write, fmt, decompression)
     source.check()
     return built
 
 
-def _built(
+def _collect(
     path: Path,
     parts: Iterable[Any],
     write: Callable[[npt.NDArray[np.uint64]], object],
     fmt: Format,
     decompression: Decompression | None,
-) -> _Built:
+) -> _IndexBody:
     """Pass the scanned ``parts``' entries to ``write`` in order; what else the index holds (for a
     compressed file, its checkpoints once the decompression has ended)."""
     count, lines, ascii_only = 0, 0, True
@@ -142,11 +146,11 @@ def _built(
         lines += part.newlines
         ascii_only = ascii_only and part.ascii
     if decompression is None:
-        return _Built(count, ascii_only, _stack(longs), _stack(marks))
+        return _IndexBody(count, ascii_only, _stack(longs), _stack(marks))
     checkpoints = decompression.checkpoints
     if checkpoints.size > _COMPRESSED_BOUND:
         raise ValueError(f"{path} decompresses to {checkpoints.size:,} bytes; at most {_COMPRESSED_BOUND:,} are read")
-    return _Built(
+    return _IndexBody(
         count, ascii_only, _stack(longs), _stack(marks), fmt, checkpoints.size, _COMPRESSED_BOUND,
         checkpoints.to_bytes(),
     )  # fmt: skip
@@ -156,12 +160,12 @@ def _stack(parts: list[_IntArray]) -> _IntArray:
     return np.concatenate(parts).astype(np.int64) if parts else np.empty((0, 2), np.int64)
 
 
-def _write_cache(cache: Path, path: Path, fd: Any, key: FileKey, ends_hash: bytes) -> tuple[Index, Seal] | None:
+def write_cache(cache: Path, path: Path, fd: Any, key: FileKey, ends_hash: bytes) -> tuple[Index, Seal] | None:
     """Index the file open at ``fd`` straight into ``cache``; None if ``cache`` is not writable.
 
     The index goes to a temporary file that is renamed into place once written, and returned with
     what seals it: a sync of the file, then the seal written and synced, then the directory synced.
-    Other processes load only a sealed cache (:func:`_open_cache`), so a crash at any point leaves
+    Other processes load only a sealed cache (:func:`open_cache`), so a crash at any point leaves
     the old cache, a sealed whole one, or one that is rebuilt: never a torn one trusted. The caller
     may use the index before it is sealed (its bytes are in the page cache), and so overlap the
     sync with its build.
@@ -176,8 +180,8 @@ def _write_cache(cache: Path, path: Path, fd: Any, key: FileKey, ends_hash: byte
     f = os.fdopen(tmp_fd, "wb")
     syncer = Syncer(tmp_fd)
     try:
-        f.seek(_DATA_OFFSET)
-        built = _build(path, fd, key, lambda entries: syncer.wrote(f.write(entries.data)))
+        f.seek(DATA_OFFSET)
+        built = _scan_file(path, fd, key, lambda entries: syncer.wrote(f.write(entries.data)))
         f.write(built.longs.astype("<i8").tobytes())
         f.write(built.marks.astype("<i8").tobytes())
         f.write(built.extra)
@@ -193,11 +197,11 @@ def _write_cache(cache: Path, path: Path, fd: Any, key: FileKey, ends_hash: byte
         if isinstance(exc, OSError):  # a full disk; a directory where the cache would go
             return None
         raise
-    return built.index(key, ends_hash, cache), Seal(cache, f, syncer, built.count * _ENTRY, _SEAL_AT)
+    return built.index(key, ends_hash, cache), Seal(cache, f, syncer, built.count * ENTRY, SEAL_AT)
 
 
-def _index_in_memory(path: Path, fd: Any, key: FileKey, ends_hash: bytes) -> Index:
+def index_in_memory(path: Path, fd: Any, key: FileKey, ends_hash: bytes) -> Index:
     parts: list[npt.NDArray[np.uint64]] = []
-    built = _build(path, fd, key, parts.append)
+    built = _scan_file(path, fd, key, parts.append)
     entries = np.concatenate(parts) if parts else np.empty(0, "<u8")
     return built.index(key, ends_hash, None, Table(entries, built.longs, built.marks, built.extra))

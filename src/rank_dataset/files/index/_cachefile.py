@@ -1,6 +1,6 @@
-"""The index cache file's format, and the index it holds (:class:`Index`). No torch.
+"""The index cache file's format, and the index it holds (:class:`Index`).
 
-The cache: a 128-byte header (:class:`_Header`: magic, the file's key, samples, flags, the hash of the
+The cache: a 128-byte header (:class:`Header`: magic, the file's key, samples, flags, the hash of the
 file's ends, the tables' sizes, the bytes indexed, the format's code), then one 8-byte entry a sample
 (see :mod:`rank_dataset.files.index.load`), the long lines and the marks (pairs of int64), and a
 compressed file's checkpoints. Changing any of it changes ``_MAGIC``: an older cache is rebuilt.
@@ -25,11 +25,11 @@ from rank_dataset.files.io.pread import ShortRead, pread_exact
 _MAGIC = b"RDIDX\x00\x00\x05"
 # magic, file size, mtime_ns, ctime_ns, inode, device, samples, flags, hash of the file's ends, long lines, marks,
 # bytes indexed (the decompressed size of a compressed file), the size the entries' bits are set by, format
-_HEADER = struct.Struct("<8sqqqQQqq16sqqqqq")
-_SEAL_AT = _HEADER.size
+HEADER = struct.Struct("<8sqqqQQqq16sqqqqq")
+SEAL_AT = HEADER.size
 _FLAG_ASCII = 1
-_DATA_OFFSET = 128
-_ENTRY = 8  # one sample: a little-endian uint64, start << bits | length
+DATA_OFFSET = 128
+ENTRY = 8  # one sample: a little-endian uint64, start << bits | length
 _PAIR = 16  # a long line (sample, length) or a mark (offset, line number): two little-endian int64
 _CHECK_ROWS = 1 << 12  # entries checked at each end of a cache when it is loaded
 _IntArray = npt.NDArray[np.int64]
@@ -89,7 +89,7 @@ class Index:
     def header_fields(self) -> tuple[bytes, bytes]:
         """What a cache's header holds for this index, but for the device and the table sizes: its
         bytes ``[0, 40)`` (magic, size, mtime, ctime, inode) and ``[48, 80)`` (samples, flags, hash)."""
-        head = _Header(
+        head = Header(
             self.key, self.ends_hash, self.count, self.ascii, 0, 0, self.size, self.bits_size, self.format
         ).pack()
         return head[:40], head[48:80]
@@ -104,7 +104,7 @@ class Index:
 
 
 @dataclass(frozen=True)
-class _Header:
+class Header:
     key: FileKey
     ends_hash: bytes
     count: int
@@ -118,7 +118,7 @@ class _Header:
     def pack(self) -> bytes:
         k = self.key
         flags = _FLAG_ASCII if self.ascii else 0
-        return _HEADER.pack(
+        return HEADER.pack(
             _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, k.device, self.count, flags, self.ends_hash, self.longs,
             self.marks, self.extent, self.bound, self.format.code,
         )  # fmt: skip
@@ -129,7 +129,7 @@ class _Header:
 
     @property
     def longs_at(self) -> int:
-        return _DATA_OFFSET + _ENTRY * self.count
+        return DATA_OFFSET + ENTRY * self.count
 
     @property
     def marks_at(self) -> int:
@@ -141,27 +141,27 @@ class _Header:
         return self.marks_at + _PAIR * self.marks
 
 
-def _read_header(fd: int) -> _Header | None:
+def read_header(fd: int) -> Header | None:
     """The header of the cache open at ``fd``; None if it is not a valid one (or not a file)."""
-    raw = np.empty(_HEADER.size, np.uint8)
+    raw = np.empty(HEADER.size, np.uint8)
     try:
         pread_exact(fd, raw, 0)
         length = os.fstat(fd).st_size
     except OSError:  # ShortRead; IsADirectoryError where the cache's path is a directory
         return None
-    fields = _HEADER.unpack(raw.tobytes())
+    fields = HEADER.unpack(raw.tobytes())
     magic, size, mtime, ctime, inode, device, count, flags, ends_hash, longs, marks, extent, bound, code = fields
     fmt = by_code(code)
     if magic != _MAGIC or fmt is None or fmt.rows or min(count, longs, marks, extent, bound) < 0:
         return None
     key = FileKey(size, mtime, ctime, inode, device)
-    header = _Header(key, ends_hash, count, bool(flags & _FLAG_ASCII), longs, marks, extent, bound, fmt)
+    header = Header(key, ends_hash, count, bool(flags & _FLAG_ASCII), longs, marks, extent, bound, fmt)
     if length < header.extra_at or (not fmt.compressed and length != header.extra_at):
         return None
     return header
 
 
-def _read_pairs(fd: int, offset: int, count: int) -> _IntArray:
+def read_pairs(fd: int, offset: int, count: int) -> _IntArray:
     raw = np.empty(_PAIR * count, np.uint8)
     pread_exact(fd, raw, offset)
     return raw.view("<i8").astype(np.int64).reshape(-1, 2)
@@ -195,7 +195,7 @@ def spans_are_sane(starts: _IntArray, lengths: _IntArray, size: int, *, ordered:
     return not ordered or bool((starts[1:] > starts[:-1] + lengths[:-1]).all())
 
 
-def _cache_is_sane(fd: int, header: _Header) -> bool:
+def _cache_is_sane(fd: int, header: Header) -> bool:
     """Check the entries at each end of a cache (all of a small one): a cache that a crash or a bad
     disk left zeroed or torn is rebuilt instead of trusted. Spans are also checked, against the
     bytes they point at, whenever a shard is built from them."""
@@ -204,10 +204,10 @@ def _cache_is_sane(fd: int, header: _Header) -> bool:
     if count > _CHECK_ROWS:
         blocks.append((max(_CHECK_ROWS, count - _CHECK_ROWS), count))
     try:
-        longs = _read_pairs(fd, header.longs_at, header.longs)
+        longs = read_pairs(fd, header.longs_at, header.longs)
         for lo, hi in blocks:
-            raw = np.empty(_ENTRY * (hi - lo), np.uint8)
-            pread_exact(fd, raw, _DATA_OFFSET + _ENTRY * lo)
+            raw = np.empty(ENTRY * (hi - lo), np.uint8)
+            pread_exact(fd, raw, DATA_OFFSET + ENTRY * lo)
             starts, lengths = decode(raw.view("<u8"), np.arange(lo, hi), header.bound, longs)
             if not spans_are_sane(starts, lengths, size):
                 return False
@@ -216,7 +216,7 @@ def _cache_is_sane(fd: int, header: _Header) -> bool:
     return bool(longs.size == 0 or (np.diff(longs[:, 0]) > 0).all())
 
 
-def _open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
+def open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
     """The index in ``cache`` if it describes the file ``key`` and ``ends_hash`` identify, is sealed
     (whole on disk) and is sane."""
     try:
@@ -224,8 +224,8 @@ def _open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
     except OSError:
         return None
     try:
-        header = _read_header(fd)
-        if header is None or not header.describes(key, ends_hash) or os.pread(fd, len(SEAL), _SEAL_AT) != SEAL:
+        header = read_header(fd)
+        if header is None or not header.describes(key, ends_hash) or os.pread(fd, len(SEAL), SEAL_AT) != SEAL:
             return None
         if not _cache_is_sane(fd, header):
             return None
@@ -234,7 +234,7 @@ def _open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
         os.close(fd)
 
 
-def _layout(header: _Header) -> tuple[Format, int, int]:
+def _layout(header: Header) -> tuple[Format, int, int]:
     """``(format, extent, bound)`` of an :class:`Index` from its cache's header (-1: the file's size)."""
     if not header.format.compressed:
         return TEXT, -1, -1

@@ -1,5 +1,5 @@
 """Readers of an index: the spans of samples (:class:`SpanReader`, :func:`read_entry`), the marks and
-a compressed file's checkpoints. No torch."""
+a compressed file's checkpoints."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import numpy.typing as npt
 
 from rank_dataset.files.formats import Checkpoints
 from rank_dataset.files.index._cachefile import (
-    _DATA_OFFSET,
-    _ENTRY,
-    _HEADER,
+    DATA_OFFSET,
+    ENTRY,
+    HEADER,
     Index,
-    _read_header,
-    _read_pairs,
     decode,
     length_bits,
+    read_header,
+    read_pairs,
 )
 from rank_dataset.files.io.pread import ShortRead, Window
 
@@ -45,12 +45,12 @@ def read_entry(index: Index, local: int) -> tuple[int, int]:
     except OSError as exc:
         raise LookupError(f"the index cache {index.cache} cannot be opened ({exc.strerror})") from None
     try:
-        head, raw = os.pread(fd, _HEADER.size, 0), os.pread(fd, _ENTRY, _DATA_OFFSET + _ENTRY * local)
+        head, raw = os.pread(fd, HEADER.size, 0), os.pread(fd, ENTRY, DATA_OFFSET + ENTRY * local)
     finally:
         os.close(fd)
     # The header as a cache of this index writes it, the device aside (as FileKey.same_file).
     key_bytes, count_bytes = index.header_fields
-    if len(raw) != _ENTRY or head[:40] != key_bytes or head[48:80] != count_bytes:
+    if len(raw) != ENTRY or head[:40] != key_bytes or head[48:80] != count_bytes:
         raise LookupError(f"the index cache {index.cache} was replaced or damaged")
     entry, bits = int.from_bytes(raw, "little"), length_bits(index.bits_size)
     length = entry & ((1 << bits) - 1)
@@ -89,7 +89,7 @@ class SpanReader:
             self._fd = os.open(index.cache, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             raise LookupError(f"the index cache {index.cache} cannot be opened ({exc.strerror})") from None
-        header = _read_header(self._fd)
+        header = read_header(self._fd)
         if (
             header is None
             or not header.describes(index.key, index.ends_hash)
@@ -104,7 +104,7 @@ class SpanReader:
     def _pairs(self, offset: int, count: int) -> _IntArray:
         assert self._fd is not None
         try:
-            return _read_pairs(self._fd, offset, count)
+            return read_pairs(self._fd, offset, count)
         except ShortRead:
             raise LookupError(f"the index cache {self._index.cache} was damaged") from None
 
@@ -128,13 +128,13 @@ class SpanReader:
                 except ValueError:
                     raise self._damaged() from None
             else:
-                at = _DATA_OFFSET + _ENTRY * local
+                at = DATA_OFFSET + ENTRY * local
                 try:
-                    buf, shift = self._window.load(fd, at, at + _ENTRY, self._header.longs_at)
+                    buf, shift = self._window.load(fd, at, at + ENTRY, self._header.longs_at)
                 except ShortRead:
                     raise self._damaged() from None
                 # Entries start at multiples of 8 in the file, and so in buf (runs start and end at entries).
-                entries = buf[: buf.size - buf.size % _ENTRY].view("<u8")[(at - shift) // _ENTRY]
+                entries = buf[: buf.size - buf.size % ENTRY].view("<u8")[(at - shift) // ENTRY]
         return decode(entries, local, self._size, self._longs)
 
     def marks(self) -> _IntArray:
@@ -190,7 +190,7 @@ def _entries_map(fd: int, count: int) -> npt.NDArray[np.uint64]:
         if len(_maps) >= _MAPS:
             del _maps[next(iter(_maps))]
         # Unmapped when the array goes (it holds the map's buffer).
-        entries = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), "<u8", count=count, offset=_DATA_OFFSET)
+        entries = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), "<u8", count=count, offset=DATA_OFFSET)
         _maps[key] = entries
     return entries
 

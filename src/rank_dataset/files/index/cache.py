@@ -1,7 +1,7 @@
 """Where index and grouping caches live on disk and how one is written: beside the meta file or in
 the user cache directory, as a temporary file named for its builder (``<cache>.<pid>@<host>.*.tmp``,
 so a later builder removes a dead one's leftovers) that is renamed into place once written, then
-made durable: synced while it is written (:class:`Syncer`) and sealed after (:class:`Seal`). No torch.
+made durable: synced while it is written (:class:`Syncer`) and sealed after (:class:`Seal`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One builder per per-file cache: a lock beside the cache, so that of many processes that find no
 valid cache at once (the local ranks of a node at job start, nodes sharing a file system) one builds
-it while the others wait and then load what it wrote. No torch.
+it while the others wait and then load what it wrote.
 
 The lock is an ``flock`` on ``<cache>.lock`` (the ``filelock`` package): the kernel releases it when
 its holder dies, even by SIGKILL, so a killed builder cannot wedge the next one (a file left by one

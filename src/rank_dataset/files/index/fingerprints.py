@@ -1,7 +1,7 @@
 """The fingerprint of meta files: a short hash of each file's sample count, size (and a Parquet
 file's chosen columns) and first and last 64 KiB, computed without reading the whole file. What a
 resume state is checked against, and what the ranks agree on; equal for the same files on any machine
-(paths and mtimes do not enter it). No torch.
+(paths and mtimes do not enter it).
 
 The file reader (:class:`~rank_dataset.files.read.metafile.MetaFile`) and the collective reader both call
 :func:`fingerprints`: one implementation, the same bytes.

@@ -1,4 +1,4 @@
-"""The line-offset index of a meta file and its cache on disk. No torch.
+"""The line-offset index of a meta file and its cache on disk.
 
 The index of a file holds the byte span of each of its samples (see :mod:`rank_dataset.files.index.scan`) in
 8 bytes: one little-endian uint64 ``start << bits | length``, where ``bits = 64 - bit_length(size)``
@@ -35,8 +35,8 @@ from pathlib import Path
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.formats import Checkpoints, Format, detect, refuse_cut
-from rank_dataset.files.index._build import _index_in_memory, _write_cache
-from rank_dataset.files.index._cachefile import Index, Table, _open_cache, decode, length_bits, spans_are_sane
+from rank_dataset.files.index._build import index_in_memory, write_cache
+from rank_dataset.files.index._cachefile import Index, Table, decode, length_bits, open_cache, spans_are_sane
 from rank_dataset.files.index._entries import MAPPED_ROWS, SpanReader, line_mark, read_checkpoints, read_entry
 from rank_dataset.files.index.cache import CACHE_DIR_ENV, cache_paths, wait_for_seal
 from rank_dataset.files.index.cachelock import one_builder
@@ -150,7 +150,7 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
             for cache in candidates:
                 wait_for_seal(cache)
             for cache in [] if rebuild else candidates:
-                index = _open_cache(cache, key, ends_hash)
+                index = open_cache(cache, key, ends_hash)
                 if index is not None:
                     return index
             distrusted = {cache: _stamp(cache) for cache in candidates} if rebuild else {}
@@ -160,15 +160,15 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
                         held.enter_context(one_builder(cache))
                         # Another process may have built it while this one waited for the lock.
                         if not rebuild or _stamp(cache) != distrusted[cache]:
-                            index = _open_cache(cache, key, ends_hash)
+                            index = open_cache(cache, key, ends_hash)
                             if index is not None:
                                 return index
-                        written = _write_cache(cache, path, fd, key, ends_hash)
+                        written = write_cache(cache, path, fd, key, ends_hash)
                         # The lock is held until the cache is sealed.
                         if written is not None and written[1].after(held.pop_all()):
                             return written[0]
                 # No writable cache location: index in memory.
-                return _index_in_memory(path, fd, key, ends_hash)
+                return index_in_memory(path, fd, key, ends_hash)
             except MetaFileChangedError:
                 if attempt == _BUILD_TRIES - 1:
                     raise

@@ -2,7 +2,7 @@
 :class:`~rank_dataset.files.read.metafile.MetaFile`: the index of an object (built by one streaming pass,
 cached locally, never in the bucket; a Parquet object's from its footer), and its bytes read with
 coalesced ranged GETs (a compressed object's through its checkpoints, each decoder reading its spans
-in order; a Parquet object's by pyarrow through a file object of exact ranged GETs). No torch.
+in order; a Parquet object's by pyarrow through a file object of exact ranged GETs).
 
 An object's index is cached under the user cache directory (or ``RANK_DATASET_CACHE_DIR``), named by
 a hash of its URL, size and ETag: another object, or the same object replaced, is another cache, and
@@ -27,8 +27,8 @@ import numpy.typing as npt
 from rank_dataset.core.checks import UrlPath
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.formats import ParquetRows, SpanSource, detect_source, object_rows, refuse_cut_source
-from rank_dataset.files.index._build import _index_in_memory, _write_cache
-from rank_dataset.files.index._cachefile import Index, _open_cache
+from rank_dataset.files.index._build import index_in_memory, write_cache
+from rank_dataset.files.index._cachefile import Index, open_cache
 from rank_dataset.files.index._entries import read_checkpoints
 from rank_dataset.files.index.cache import CACHE_DIR_ENV, wait_for_seal
 from rank_dataset.files.index.cachelock import one_builder
@@ -89,22 +89,22 @@ def load_object_index(
         cache.parent.mkdir(parents=True, exist_ok=True)
     wait_for_seal(cache)
     if not rebuild:
-        index = _open_cache(cache, key, ends_hash)
+        index = open_cache(cache, key, ends_hash)
         if index is not None:
             return index
     try:
         with contextlib.ExitStack() as held:
             held.enter_context(one_builder(cache))
             if not rebuild:  # another process may have built it while this one waited for the lock
-                index = _open_cache(cache, key, ends_hash)
+                index = open_cache(cache, key, ends_hash)
                 if index is not None:
                     return index
-            written = _write_cache(cache, path, source, key, ends_hash)  # type: ignore[arg-type]
+            written = write_cache(cache, path, source, key, ends_hash)  # type: ignore[arg-type]
             if written is not None and written[1].after(held.pop_all()):
                 return written[0]
     except OSError:  # no writable cache directory: the lock cannot be taken either
         pass
-    return _index_in_memory(path, source, key, ends_hash)  # type: ignore[arg-type]
+    return index_in_memory(path, source, key, ends_hash)  # type: ignore[arg-type]
 
 
 class ObjectSpans:

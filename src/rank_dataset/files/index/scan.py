@@ -1,4 +1,4 @@
-"""The line scanner: a file's bytes -> the byte spans of its samples, in one vectorised pass. No torch.
+"""The line scanner: a file's bytes -> the byte spans of its samples, in one vectorised pass.
 
 A sample is a line of the file that holds something other than ASCII whitespace (space, tab, CR,
 VT, FF); its text is the line without its ending (``\\n`` or ``\\r\\n``). Its span is ``[start, end)``.
@@ -116,7 +116,7 @@ def scan_buffer(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> Chunk:
     return _scan_chunk(buf, offset, last)
 
 
-def _chunk_bounds(f: BinaryIO, size: int, chunk_size: int) -> list[int]:
+def chunk_bounds(f: BinaryIO, size: int, chunk_size: int) -> list[int]:
     """Offsets ``0 = b0 < b1 < ... < bk = size`` near multiples of ``chunk_size``, each just past a
     newline (but where the file turns out shorter than ``size``: reading the missing bytes fails)."""
     bounds, fd = [0], f.fileno()
@@ -187,7 +187,7 @@ def scan_map(
     source: PathLike | int = path if fd is None else fd
     with open(source, "rb", closefd=fd is None) as f, ThreadPoolExecutor(max_workers=THREADS) as pool:
         size = os.fstat(f.fileno()).st_size
-        bounds = _chunk_bounds(f, size, chunk_size)
+        bounds = chunk_bounds(f, size, chunk_size)
         jobs = [(lo, hi, i == len(bounds) - 2) for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]
         pending: deque[Future[tuple[_T, int]]] = deque()
 

@@ -1,10 +1,10 @@
 """Where meta files' bytes come from: :class:`Source`, the seam; :class:`LocalFile`, a file on a
 local or network file system identified by its :class:`FileKey`; and :class:`ObjectFile`, an object in
 S3, GCS, Azure or on an HTTP server, identified by its :class:`ObjectKey` (size and ETag), read with
-ranged GETs through obstore (the cloud extra, imported only when an object is read). No torch.
+ranged GETs through obstore (the cloud extra, imported only when an object is read).
 
 :class:`ObjectFile` and :class:`ObjectKey` are lazy names: their module is imported on first use, so a
-job over local files imports no object storage (issue 44, item 6).
+job over local files imports no object storage.
 """
 
 from __future__ import annotations

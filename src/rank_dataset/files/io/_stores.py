@@ -1,5 +1,5 @@
 """The object store clients of one process, and what they share: the cap on concurrent requests and the
-words of their errors. No torch.
+words of their errors.
 
 A client (obstore's, a Rust HTTP client with its own connection pool and runtime) never crosses a fork:
 a child would share the parent's sockets. So clients are made lazily, kept per process (a fork drops the

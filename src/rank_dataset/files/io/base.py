@@ -1,5 +1,5 @@
 """Where a meta file's bytes come from (:class:`Source`): what the formats, the index and the readers
-read through, unaware of whether the bytes are on a disk or in a bucket. No torch.
+read through, unaware of whether the bytes are on a disk or in a bucket.
 
 A source has an identity (:attr:`Source.key`: what identifies its content without reading it; a
 local file's size, mtime, ctime and inode, an object's size and ETag), positional reads that are

@@ -1,5 +1,4 @@
 """A meta file on a local (or network) file system: :class:`LocalFile`, identified by :class:`FileKey`.
-No torch.
 
 A file is read with positional reads, never through a shared map: a map of a file that shrinks kills
 the process with SIGBUS, a positional read comes back short, which is told as the change it is.

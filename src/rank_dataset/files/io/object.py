@@ -1,5 +1,5 @@
 """A meta file in an object store (S3, GCS, Azure, or an HTTP server that honours Range):
-:class:`ObjectFile`, identified by :class:`ObjectKey` (its size and ETag from one HEAD). No torch.
+:class:`ObjectFile`, identified by :class:`ObjectKey` (its size and ETag from one HEAD).
 
 Every read is a ranged GET pinned to that ETag (``If-Match``): an object replaced or deleted under a
 job is :class:`~rank_dataset.errors.MetaFileChangedError` naming the URL, never bytes of the new

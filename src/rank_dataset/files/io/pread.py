@@ -1,4 +1,4 @@
-"""Positional reads of a file into a reusable buffer, page-granular, and newline counting. No torch.
+"""Positional reads of a file into a reusable buffer, page-granular, and newline counting.
 
 Reading a file through a shared map kills the process with SIGBUS when the file shrinks under the
 map; a positional read returns short instead, which the caller turns into an error. The buffer is
@@ -24,7 +24,7 @@ from rank_dataset.core.residency import anonymous_map
 __all__ = ["ByteSource", "ShortRead", "Window", "count_newlines", "dense", "pread_exact", "read_ends"]
 
 _PAGE = mmap.PAGESIZE
-_GAP = 2 * _PAGE  # bytes between two wanted ranges that are read rather than skipped
+GAP = 2 * _PAGE  # bytes between two wanted ranges that are read rather than skipped
 _COUNT_CHUNK = 16 << 20
 _SMALL = 1 << 20  # window buffers up to this size are heap arrays (a map costs syscalls and faults)...
 _ROOM = 1 << 20  # a window's map is a whole number of these, with an eighth to spare
@@ -139,7 +139,7 @@ class Window:
         are unspecified. ``buf`` has ``pad`` bytes more than the ranges need, so that fixed-width
         records starting in a range never run past it. Where the ranges are dense (two a page on
         average), the span from the first to the last is read in one call; where they are sparse,
-        only the ranges, those less than ``_GAP`` apart in one call with the bytes between them,
+        only the ranges, those less than ``GAP`` apart in one call with the bytes between them,
         back to back (so the buffer holds what the ranges need, however far apart they are).
 
         Raises:
@@ -167,7 +167,7 @@ class Window:
         np.maximum.accumulate(top, out=top)
         opens = np.empty(n, np.bool_)  # where each run opens: its first range
         opens[0] = True
-        np.greater(first[1:], top[:-1] + _GAP, out=opens[1:])
+        np.greater(first[1:], top[:-1] + GAP, out=opens[1:])
         closes = np.empty(n, np.bool_)  # and its last
         closes[:-1] = opens[1:]
         closes[-1] = True

@@ -1,6 +1,6 @@
 """The gather engine behind :meth:`MetaFile.read <rank_dataset.files.read.metafile.MetaFile.read>`: copies a
 set of samples, each at its exact length, into a ShardWriter in item order, checking every line
-against the bytes it was copied from. No torch.
+against the bytes it was copied from.
 
 A read visits each file's rows in file order at the granularity of a bucket of samples, in batches
 (the visiting plan: :mod:`rank_dataset.files.read._visits`), in two passes: the first reads the index
@@ -36,22 +36,22 @@ from rank_dataset.files.index.load import (
     spans_are_sane,
 )
 from rank_dataset.files.index.scan import BOM, NEWLINE
-from rank_dataset.files.io.pread import _GAP, ByteSource, Window, dense
+from rank_dataset.files.io.pread import GAP, ByteSource, Window, dense
 from rank_dataset.files.read import _visits
 from rank_dataset.files.read._visits import (
     THREADED_ROWS,
-    _file_rows,
-    _FileRows,
-    _KeptStarts,
-    _threads,
+    FileRows,
+    KeptStarts,
     bucket_order,
+    file_rows,
+    threads_for,
 )
 from rank_dataset.files.read.lines import check_from, check_utf8, window_ok
 from rank_dataset.plan.bounds import Bounds
 
 if TYPE_CHECKING:
     from rank_dataset.files.read._parquet_gather import ParquetKept
-    from rank_dataset.files.read.metafile import _File
+    from rank_dataset.files.read.file import IndexedFile
 
 __all__ = [
     "THREADED_ROWS",
@@ -98,7 +98,7 @@ class IndexMismatch(Exception):
         self.file, self.corrupt = file, corrupt
 
 
-def _span(f: _File, file: int, local: int) -> tuple[int, int]:
+def _span(f: IndexedFile, file: int, local: int) -> tuple[int, int]:
     """``(start, end)`` of sample ``local`` of file number ``file``, checked to lie inside the file."""
     try:
         start, length = read_entry(f.index, local)
@@ -109,7 +109,7 @@ def _span(f: _File, file: int, local: int) -> tuple[int, int]:
     return start, start + length
 
 
-def line_position(f: _File, file: int, local: int) -> tuple[int, int, int]:
+def line_position(f: IndexedFile, file: int, local: int) -> tuple[int, int, int]:
     """``(offset, line, start)``: sample ``local``'s start, and the mark before it (see
     :func:`~rank_dataset.files.index.load.line_mark`). A Parquet file's rows are lines ``(0, local, 0)``."""
     if f.index.format.rows:
@@ -123,10 +123,10 @@ def line_position(f: _File, file: int, local: int) -> tuple[int, int, int]:
     return (*line_mark(marks, start), start)
 
 
-def read_one(f: _File, file: int, local: int) -> bytes:
+def read_one(f: IndexedFile, file: int, local: int) -> bytes:
     """The bytes of one sample, checked as a build checks them: one read of the index (its header
     and entry) and one of the file, checked against the index's key once the line is read
-    (:meth:`_FileBytes.read_once`: what ``mf[i]`` costs). A Parquet file's row: its row group decoded."""
+    (:meth:`FileBytes.read_once`: what ``mf[i]`` costs). A Parquet file's row: its row group decoded."""
     if f.index.format.rows:
         with f.bytes.rows(f.index) as rows:
             return rows.lines(np.array([local], np.int64))[0]
@@ -155,7 +155,7 @@ def _batches(
 
     A batch costs the bytes it spans, or, where less, what its rows are read with one by one (see
     :meth:`Window.load`): each row with the bytes around it that a check needs (``_ROW_EXTRA``), and
-    the bytes from the row before it where they are less than ``_GAP`` apart (read in the same call).
+    the bytes from the row before it where they are less than ``GAP`` apart (read in the same call).
     A batch wider than ``window`` holds at most ``_SPARSE_ROWS`` rows, so that it is read row by row.
     """
     if not positions.size:
@@ -165,7 +165,7 @@ def _batches(
     gaps = np.empty_like(ends)
     gaps[0] = 0
     np.subtract(positions[1:] - _ROW_EXTRA, ends[:-1], out=gaps[1:])
-    gaps[gaps > _GAP] = 0  # a row far from the others is read alone
+    gaps[gaps > GAP] = 0  # a row far from the others is read alone
     np.maximum(gaps, 0, out=gaps)
     cost = lengths + _ROW_EXTRA + gaps
     sparse = np.cumsum(cost)
@@ -200,7 +200,7 @@ class SampleNumbers:
 
 
 def gather(
-    files: Sequence[_File], bounds: Bounds, samples: SampleNumbers, *, ids: bool, shared: bool = True
+    files: Sequence[IndexedFile], bounds: Bounds, samples: SampleNumbers, *, ids: bool, shared: bool = True
 ) -> ShardWriter:
     """A ShardWriter holding the lines of the sample numbers ``samples`` gives (``samples.get()``), back to
     back in their order, read from ``files`` (whose samples ``bounds`` numbers); ``ids``: the writer keeps
@@ -209,7 +209,7 @@ def gather(
     Rows are visited in file order at the granularity of 1/4096 of the samples (a cheap radix sort
     instead of a full one; a small read is sorted in full), in two passes. The first reads the index
     entries of a batch of rows at a time, keeps their lengths, which fix where each line goes, and
-    their starts (:class:`_KeptStarts`); the second reads the lines, a window of the file at a time,
+    their starts (:class:`KeptStarts`); the second reads the lines, a window of the file at a time,
     checks them against the file's bytes and copies each at its exact length into its place in item
     order (:func:`~rank_dataset.core.shard.copy_rows`). So a build reads the index once and holds little
     beyond its shard and two 4-byte numbers a row (its place in the visiting order, its start),
@@ -229,7 +229,7 @@ def gather(
         # The first file's source opened, and a one-frame zstd file's decoding started, as early as
         # its rows are known: before they are planned where they are all the read's.
         first = _open_ahead(files[0], n, ahead) if len(files) == 1 else None
-        visits = _file_rows(files, bounds, indices)
+        visits = file_rows(files, bounds, indices)
         if len(files) > 1:
             first = _open_ahead(visits[0].file, visits[0].rows.size, ahead)
         writer, kept, parquet_kept = _first_pass(visits, indices, ids=ids, shared=shared)
@@ -271,7 +271,7 @@ def gather(
     return writer
 
 
-def _open_ahead(file: _File, rows: int, ahead: contextlib.ExitStack) -> SpanSource | None:
+def _open_ahead(file: IndexedFile, rows: int, ahead: contextlib.ExitStack) -> SpanSource | None:
     """The source of ``file`` opened (into ``ahead``) before the first pass where a read's ``rows`` of
     it are dense in a compressed file, and a one-frame zstd file's decoding started
     (:meth:`SpanSource.read_ahead`): its first spans are decoded while the first pass reads the index.
@@ -285,14 +285,14 @@ def _open_ahead(file: _File, rows: int, ahead: contextlib.ExitStack) -> SpanSour
 
 
 def _first_pass(
-    visits: list[_FileRows], indices: npt.NDArray[np.int64], *, ids: bool, shared: bool
-) -> tuple[ShardWriter, list[_KeptStarts], dict[int, ParquetKept]]:
+    visits: list[FileRows], indices: npt.NDArray[np.int64], *, ids: bool, shared: bool
+) -> tuple[ShardWriter, list[KeptStarts], dict[int, ParquetKept]]:
     """The first pass: the index entries of every row read, the shard made (its bounds set from the
-    rows' lengths), the starts kept (:class:`_KeptStarts`, a visit each) and Parquet's row groups."""
+    rows' lengths), the starts kept (:class:`KeptStarts`, a visit each) and Parquet's row groups."""
     n = indices.size
     long_lines = any(visit.file.index.size >= 1 << 32 for visit in visits)
     lengths = np.empty(n, np.int64 if long_lines else np.uint32)  # in item order
-    kept = [_KeptStarts.of(visit) for visit in visits]
+    kept = [KeptStarts.of(visit) for visit in visits]
     parquet_kept: dict[int, ParquetKept] = {}
     for visit, starts in zip(visits, kept):
         # (No name may keep ``lengths`` alive past this function: a partial, not a local function.)
@@ -301,7 +301,7 @@ def _first_pass(
 
             parquet_kept[visit.number] = parquet_lengths(visit, indices, lengths)
             continue
-        in_threads(functools.partial(_take_lengths, visit, indices, lengths, starts), _threads(visit))
+        in_threads(functools.partial(_take_lengths, visit, indices, lengths, starts), threads_for(visit))
     writer = ShardWriter(n, int(lengths.sum(dtype=np.int64)), ids=ids, shared=shared)
     writer.bounds[0] = 0
     np.cumsum(lengths, dtype=writer.bounds.dtype, out=writer.bounds[1:])
@@ -309,7 +309,7 @@ def _first_pass(
 
 
 def _second_pass(
-    visit: _FileRows, samples: SampleNumbers, starts: _KeptStarts, writer: ShardWriter, fd: int | ByteSource
+    visit: FileRows, samples: SampleNumbers, starts: KeptStarts, writer: ShardWriter, fd: int | ByteSource
 ) -> None:
     """The second pass over ``visit``'s file, open at ``fd``: its rows copied into ``writer``."""
     work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
@@ -320,18 +320,18 @@ def _second_pass(
         # and ask for spans long let go of, decoded again from the frame's start). Only where
         # the rows are dense: a batch of sparse rows spans many spans, which it would all pin,
         # and two batches far apart could not both be decoded in order.
-        in_order = _Shared(_kept_spans(visit, samples, starts, (0, 1)), serial)
-        in_threads(lambda _: work(in_order), _threads(visit))
+        in_order = _SharedBatches(_kept_spans(visit, samples, starts, (0, 1)), serial)
+        in_threads(lambda _: work(in_order), threads_for(visit))
     else:
         # A compressed file's threads take a run of batches each: they share no decoded span
         # but at a run's ends (taking every other batch, each thread asked for every span, and
         # one decoded again each span the other had decoded and its source had let go of).
         spans = functools.partial(_kept_spans, visit, samples, starts, runs=not isinstance(fd, int))
-        in_threads(lambda part: work(spans(part)), 1 if serial is not None else _threads(visit))
+        in_threads(lambda part: work(spans(part)), 1 if serial is not None else threads_for(visit))
 
 
 def _take_lengths(
-    visit: _FileRows, indices: npt.NDArray[np.int64], out: npt.NDArray[Any], kept: _KeptStarts, part: tuple[int, int]
+    visit: FileRows, indices: npt.NDArray[np.int64], out: npt.NDArray[Any], kept: KeptStarts, part: tuple[int, int]
 ) -> None:
     """Set ``out[row]`` to the length of each row of ``visit``'s batches of ``part`` (see
     :func:`_spans_of`), and keep their starts in ``kept``."""
@@ -344,13 +344,13 @@ def _take_lengths(
 _Batch = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
 
-_Kept = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]
+_BatchSpans = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]
 
 
 def _kept_spans(
-    visit: _FileRows, samples: SampleNumbers, kept: _KeptStarts, part: tuple[int, int], *, runs: bool = False
-) -> Iterator[_Kept]:
-    """``(rows, starts, lengths)`` of each batch of ``visit`` of ``part`` (see :meth:`_FileRows.parts`)
+    visit: FileRows, samples: SampleNumbers, kept: KeptStarts, part: tuple[int, int], *, runs: bool = False
+) -> Iterator[_BatchSpans]:
+    """``(rows, starts, lengths)`` of each batch of ``visit`` of ``part`` (see :meth:`FileRows.parts`)
     for the second pass: the starts the first pass kept, the lengths None (those it gave the shard's
     bounds); a batch not kept is read from the index again, its lengths to be checked against the bounds."""
     parts = visit.parts(part, runs=runs)
@@ -359,7 +359,7 @@ def _kept_spans(
     for j, a, b in parts:
         starts = kept.take(j, a, b)
         if starts is None:
-            batch: _Kept = next(again)[1]
+            batch: _BatchSpans = next(again)[1]
         else:
             batch = visit.rows[a:b].astype(np.int64), starts, None
         visit.free(a, b)
@@ -371,16 +371,16 @@ def _dense(rows: int, size: int) -> bool:
     return rows * _SHARED_SPAN >= _visits._BATCH_ROWS * size
 
 
-class _Shared(Iterator[_Kept]):
+class _SharedBatches(Iterator[_BatchSpans]):
     """The batches of ``batches`` for several threads at once, each batch to one of them, in order.
     A batch's spans of ``source`` are pinned as it is taken, until its thread takes the next: one
     that lags finds them kept, whatever the others decoded meanwhile."""
 
-    def __init__(self, batches: Iterator[_Kept], source: SpanSource) -> None:
+    def __init__(self, batches: Iterator[_BatchSpans], source: SpanSource) -> None:
         self._batches, self._source, self._lock = batches, source, threading.Lock()
         self._held = threading.local()
 
-    def __next__(self) -> _Kept:
+    def __next__(self) -> _BatchSpans:
         held: tuple[int, int] | None = getattr(self._held, "spans", None)
         if held is not None:
             self._held.spans = None
@@ -394,8 +394,8 @@ class _Shared(Iterator[_Kept]):
 
 
 def _copy_part(
-    visit: _FileRows,
-    batches: Iterator[_Kept],
+    visit: FileRows,
+    batches: Iterator[_BatchSpans],
     fd: int | ByteSource,
     writer: ShardWriter,
 ) -> None:
@@ -456,7 +456,7 @@ def _gather_window(
 
 
 def _spans_of(
-    visit: _FileRows, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1), only: Sequence[int] | None = None
+    visit: FileRows, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1), only: Sequence[int] | None = None
 ) -> Iterator[tuple[int, _Batch]]:
     """``(j, (rows, starts, lengths))`` of each batch ``j`` of ``visit`` (of ``part`` ``(t, k)``: every
     k-th from the t-th; with ``only``, of those batches), from the index, checked to lie inside the

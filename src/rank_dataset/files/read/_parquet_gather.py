@@ -1,6 +1,6 @@
 """A Parquet file's part of a gather: its rows read by row group in both passes (its index holds no
 lengths: the first pass decodes the row groups that hold its rows for theirs, and keeps what it can
-for the second). No torch."""
+for the second)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from rank_dataset.core import native
 from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import in_threads
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.read._visits import _FileRows, _threads
+from rank_dataset.files.read._visits import FileRows, threads_for
 
 __all__ = ["ParquetKept", "parquet_copy", "parquet_lengths"]
 
 
 def _parquet_groups(
-    visit: _FileRows, indices: npt.NDArray[np.int64]
+    visit: FileRows, indices: npt.NDArray[np.int64]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[tuple[int, int, int]]]:
     """``(rows, local, groups)`` of a Parquet file's visit: its item numbers and their row numbers in
     the file, both ordered by row group, and ``(g, a, b)`` for each row group ``g`` they touch
@@ -68,7 +68,7 @@ class ParquetKept:
         self.rows[g] = packed
 
 
-def parquet_lengths(visit: _FileRows, indices: npt.NDArray[np.int64], out: npt.NDArray[Any]) -> ParquetKept:
+def parquet_lengths(visit: FileRows, indices: npt.NDArray[np.int64], out: npt.NDArray[Any]) -> ParquetKept:
     """Set ``out[row]`` to the length of each row of a Parquet file's ``visit``: its row groups
     decoded (those that hold its rows; in threads, each with a reader of its own). What it kept of
     the rows for the second pass."""
@@ -84,11 +84,11 @@ def parquet_lengths(visit: _FileRows, indices: npt.NDArray[np.int64], out: npt.N
                 out[rows[a:b]] = lengths
                 kept.keep(g, data, src, lengths)
 
-    in_threads(work, min(_threads(visit), max(len(groups), 1)))
+    in_threads(work, min(threads_for(visit), max(len(groups), 1)))
     return kept
 
 
-def parquet_copy(visit: _FileRows, indices: npt.NDArray[np.int64], writer: ShardWriter, kept: ParquetKept) -> None:
+def parquet_copy(visit: FileRows, indices: npt.NDArray[np.int64], writer: ShardWriter, kept: ParquetKept) -> None:
     """Copy the rows of a Parquet file's ``visit`` into ``writer``: those the first pass kept, and
     those of the other row groups decoded again.
 
@@ -116,4 +116,4 @@ def parquet_copy(visit: _FileRows, indices: npt.NDArray[np.int64], writer: Shard
                     raise MetaFileChangedError(visit.file.path, f"its row group {g} changed while it was read")
                 copy_rows(data, src, lengths, writer.data, dst)
 
-    in_threads(work, min(_threads(visit), max(len(groups), 1)))
+    in_threads(work, min(threads_for(visit), max(len(groups), 1)))

@@ -1,6 +1,6 @@
 """The visiting plan of a read: each file's rows in file order at the granularity of a bucket of
-samples (:class:`_FileRows`), cut into batches whose index entries are read together, and the starts
-the first pass keeps for the second (:class:`_KeptStarts`). No torch."""
+samples (:class:`FileRows`), cut into batches whose index entries are read together, and the starts
+the first pass keeps for the second (:class:`KeptStarts`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from rank_dataset.core.threads import HELPED_ITEMS, THREADS
 from rank_dataset.plan.bounds import Bounds
 
 if TYPE_CHECKING:
-    from rank_dataset.files.read.metafile import _File
+    from rank_dataset.files.read.file import IndexedFile
 
 __all__ = ["THREADED_ROWS", "bucket_order"]
 
@@ -51,13 +51,13 @@ _SORTED_ROWS = 1 << 12
 
 
 @dataclass(frozen=True)
-class _FileRows:
+class FileRows:
     """The rows (item numbers) of ``indices`` that are samples of file ``number``, in visiting order,
     and where each batch of them starts: consecutive buckets whose index entries are read with about
     ``_INDEX_BYTES`` at most, at most ``_BATCH_ROWS`` rows."""
 
     number: int
-    file: _File
+    file: IndexedFile
     base: int
     rows: npt.NDArray[np.integer[Any]]
     cuts: list[int]
@@ -91,12 +91,12 @@ class _FileRows:
             yield j, rows, indices[rows] - self.base
 
 
-def _file_rows(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int64]) -> list[_FileRows]:
+def file_rows(files: Sequence[IndexedFile], bounds: Bounds, indices: npt.NDArray[np.int64]) -> list[FileRows]:
     """Each file's rows of ``indices``, in file order at the granularity of a bucket of samples, and
     cut into batches."""
     n, n_total = indices.size, bounds.total
     if n <= _SORTED_ROWS:
-        return _sorted_file_rows(files, bounds, indices)
+        return sorted_file_rows(files, bounds, indices)
     shift = _bucket_shift(n_total)
     keys = _bucket_keys(indices, shift)
     # One counting sort (the rows and each bucket's count): a fifth of numpy's stable argsort's time.
@@ -131,7 +131,7 @@ def _file_rows(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.i
                 cuts.append(cuts[-1] + _BATCH_ROWS)
             if end > cuts[-1]:
                 cuts.append(end)
-        visits.append(_FileRows(f, files[f], int(bounds.starts[f]), mine, cuts, mm, lo))
+        visits.append(FileRows(f, files[f], int(bounds.starts[f]), mine, cuts, mm, lo))
     return visits
 
 
@@ -160,21 +160,21 @@ def bucket_order(indices: npt.NDArray[np.int64], total: int) -> npt.NDArray[np.i
     return order
 
 
-def _sorted_file_rows(files: Sequence[_File], bounds: Bounds, indices: npt.NDArray[np.int64]) -> list[_FileRows]:
+def sorted_file_rows(files: Sequence[IndexedFile], bounds: Bounds, indices: npt.NDArray[np.int64]) -> list[FileRows]:
     """The visits of a small read (at most ``_SORTED_ROWS`` rows): its rows in file order exactly,
     one batch a file (sorting a few thousand numbers costs less than bucketing them)."""
     order = np.argsort(indices, kind="stable")
     rows = order.astype(np.uint32)
     ends = np.searchsorted(indices[order], bounds.starts, side="left").tolist()
     return [
-        _FileRows(f, files[f], int(bounds.starts[f]), rows[lo:hi], [0, hi - lo])
+        FileRows(f, files[f], int(bounds.starts[f]), rows[lo:hi], [0, hi - lo])
         for f, (lo, hi) in enumerate(itertools.pairwise(ends))
         if hi > lo
     ]
 
 
 @dataclass
-class _KeptStarts:
+class KeptStarts:
     """The starts of a visit's rows, which the first pass keeps for the second, so that a build
     reads the index once: in visiting order, as 4-byte offsets from their batch's lowest start (a
     batch whose rows lie 4 GiB apart or more is not kept, and the second pass reads its entries
@@ -187,7 +187,7 @@ class _KeptStarts:
     map: mmap.mmap | None = None
 
     @classmethod
-    def of(cls, visit: _FileRows) -> _KeptStarts:
+    def of(cls, visit: FileRows) -> KeptStarts:
         n, batches = visit.rows.size, len(visit.cuts) - 1
         if n < THREADED_ROWS:
             return cls(np.empty(n, np.uint32), [None] * batches)
@@ -220,7 +220,7 @@ class _KeptStarts:
             self.bases[j] = low  # (each batch is one thread's: a list item set is atomic)
 
 
-def _threads(visit: _FileRows) -> int:
+def threads_for(visit: FileRows) -> int:
     """Threads to read a visit's rows with: one for fewer than ``HELPED_ITEMS`` (a helper thread keeps
     a few MiB resident for good; and starting one costs about a millisecond, which a mix of thousands
     of files would pay for each)."""

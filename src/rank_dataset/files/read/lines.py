@@ -1,5 +1,5 @@
 """Checks of meta lines against the bytes they were copied from, and of their text: where a sample
-may start and end, that it is not blank, and that it is UTF-8. No torch.
+may start and end, that it is not blank, and that it is UTF-8.
 
 Public: the collective reader checks its rows with the same functions the file reader does.
 """

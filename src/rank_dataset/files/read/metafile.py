@@ -1,24 +1,18 @@
-"""MetaFile: the samples of one or more meta files, read through their line-offset index. No torch.
-
-This is the one module that touches a meta file's bytes: :class:`_FileBytes` opens a file only
-while reading it and reads it with positional reads (a shared map of a file that shrinks kills the
-process with SIGBUS; a positional read comes back short), checking when it opens the file and again
-when it is done that it is still the file the index describes. :meth:`MetaFile.read` copies a set of
+"""MetaFile: the samples of one or more meta files, read through their line-offset index and their
+bytes (:mod:`~rank_dataset.files.read.file`). :meth:`MetaFile.read` copies a set of
 samples into a :class:`~rank_dataset.core.shard.Shard` and checks each against the bytes it copied: a
 sample starts the file or follows a newline, ends at a line ending or the end of the file, and holds
 no newline. So a rewritten file is a :class:`MetaFileChangedError`, never a torn sample, and an
-index that disagrees with an unchanged file is rebuilt. Another kind of file (compressed, remote)
-is another ``_FileBytes``. A Parquet file's samples are its rows (:mod:`rank_dataset.files.formats.parquet`),
-read by row group through :meth:`_FileBytes.rows`, checked as a text file is.
+index that disagrees with an unchanged file is rebuilt. A Parquet file's samples are its rows
+(:mod:`rank_dataset.files.formats.parquet`), checked as a text file's lines are.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -29,12 +23,9 @@ from rank_dataset.core.checks import UrlPath, check_index, is_url, meta_path, wi
 from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.core.shard import Shard
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files.formats import SpanSource
 from rank_dataset.files.index.fingerprints import fingerprints
-from rank_dataset.files.index.load import FileKey, Index, load_index, read_checkpoints
+from rank_dataset.files.index.load import load_index
 from rank_dataset.files.index.scan import PathLike
-from rank_dataset.files.io import LocalFile, raise_if_changed
-from rank_dataset.files.io.pread import ByteSource, ShortRead, count_newlines
 from rank_dataset.files.read._gather import (
     THREADED_ROWS,
     IndexMismatch,
@@ -45,10 +36,11 @@ from rank_dataset.files.read._gather import (
     line_position,
     read_one,
 )
+from rank_dataset.files.read.file import IndexedFile, bytes_of
 from rank_dataset.plan.bounds import Bounds
 
 if TYPE_CHECKING:
-    from rank_dataset.files.formats import ParquetRows
+    pass
 
 __all__ = ["MetaFile", "MetaFileChangedError", "bucket_order"]
 
@@ -56,150 +48,9 @@ _TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the inde
 _T = TypeVar("_T")
 
 
-class _FileBytes:
-    """The bytes of one meta file: no descriptor is kept between reads (a job with thousands of meta
-    files stays far below the descriptor limit, and a DataLoader worker never needs the file). The
-    bytes of a gzip or zstd file are its decompressed ones, read through its checkpoints
-    (:class:`~rank_dataset.files.formats.SpanSource`)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @contextlib.contextmanager
-    def open(self, index: Index) -> Iterator[int | SpanSource]:
-        """A descriptor of the file (a :class:`SpanSource` of a compressed one), checked against
-        ``index.key`` on entry and (after a read completes) on exit, both the descriptor and the path:
-        the bytes read are those of the file indexed.
-
-        Raises:
-            MetaFileChangedError: the file is not (or, by the end, no longer) the one indexed.
-            CorruptMetaFileError: a compressed file is corrupt (which its index pass would have found:
-                its checkpoints are damaged, or the disk returned other bytes).
-        """
-        local = LocalFile(self.path, index.key)
-        spans: SpanSource | None = None
-        try:
-            if index.format.compressed:
-                spans = self._source(local.fd, index)
-            try:
-                yield local.fd if spans is None else spans
-            except ShortRead:
-                local.check_open()
-                raise MetaFileChangedError(self.path, "it shrank while being read") from None
-            local.check()
-        finally:
-            if spans is not None:
-                spans.close()
-            local.close()
-
-    @contextlib.contextmanager
-    def rows(self, index: Index) -> Iterator[ParquetRows]:
-        """The rows of a Parquet file, its footer read again and checked against ``index`` (the same
-        row groups, and the same schema of the chosen columns), the file checked as :meth:`open` does.
-
-        Raises:
-            MetaFileChangedError: the file is not (or, by the end, no longer) the one indexed; its
-                schema or its row groups are not those indexed.
-            CorruptMetaFileError: a row group cannot be decoded.
-        """
-        layout = index.parquet
-        if layout is None:
-            raise ValueError(f"{self.path} was not indexed as a Parquet file")
-        local = LocalFile(self.path, index.key, checked=False)
-        try:
-            # The schema first: a file rewritten with another schema is told as that, not as "modified".
-            schema = (
-                f"its schema changed since it was indexed: the columns {list(layout.columns)} are not those indexed"
-            )
-            try:
-                rows = index.format.open_rows(self.path, layout.columns)
-            except CorruptMetaFileError:
-                local.check_open()  # a file rewritten while its footer was read is that error
-                raise
-            except ValueError as exc:  # a chosen column gone, or nested now
-                raise MetaFileChangedError(self.path, f"{schema} ({exc})") from None
-            if rows.schema_hash != layout.schema_hash:
-                raise MetaFileChangedError(self.path, f"{schema} (another type, or another column)")
-            local.check_open()
-            if rows.layout.bounds != layout.bounds:
-                raise MetaFileChangedError(self.path, "its row groups changed since it was indexed")
-            yield rows
-            local.check()
-        finally:
-            local.close()
-
-    def _source(self, fd: int, index: Index) -> SpanSource:
-        try:
-            checkpoints = read_checkpoints(index)
-        except LookupError:  # the cache was removed or replaced: the file's index as it is now
-            again = load_index(self.path, rebuild=True)
-            what = index.key.change(again.key)
-            if what is not None:
-                raise MetaFileChangedError(self.path, what) from None
-            checkpoints = read_checkpoints(again)
-
-        def open_fd() -> int:  # another descriptor of the file, for one thread's decoder
-            return LocalFile(self.path, index.key).detach()
-
-        return SpanSource(self.path, fd, checkpoints, open_fd)
-
-    def read_once(self, index: Index, offset: int, count: int) -> bytes:
-        """``count`` bytes at ``offset``, the descriptor checked against ``index.key`` once, after the
-        read: enough for one read, as the key holds the ctime (any change since indexing is seen), and
-        the path named the file when it was opened.
-
-        Raises:
-            MetaFileChangedError: the file is not the one indexed, or ends before the bytes do.
-        """
-        if index.format.compressed:
-            with self.open(index) as source:
-                assert isinstance(source, SpanSource)
-                raw = source.read(offset, offset + count)
-        else:
-            with LocalFile(self.path, index.key, checked=False) as local:
-                raw = os.pread(local.fd, count, offset)
-                local.check_open()
-        if len(raw) < count:
-            raise MetaFileChangedError(self.path, "it shrank while being read")
-        return raw
-
-    def count_newlines(self, index: Index, start: int, stop: int) -> int:
-        """The newlines in bytes ``[start, stop)`` (decompressed ones, of a compressed file)."""
-        if index.format.compressed:
-            with self.open(index) as source:
-                assert isinstance(source, SpanSource)
-                return source.read(start, stop).count(b"\n")
-        with LocalFile(self.path) as local:
-            return count_newlines(local.fd, stop, start)
-
-    def check(self, fd: int | ByteSource, key: FileKey) -> None:
-        """Raise MetaFileChangedError if the file open at ``fd`` is not the one ``key`` describes."""
-        if not isinstance(fd, int):
-            if not isinstance(fd, SpanSource):
-                raise TypeError(f"a file's bytes are read from a descriptor or a SpanSource, not {fd!r}")
-            fd = cast(int, fd.fd)  # a local file's SpanSource reads a descriptor
-        raise_if_changed(self.path, key, os.fstat(fd))
-
-
 def _path_of(name: str) -> Path:
     """A path as pickled (a str) made a path again: an object's URL stays whole (a Path folds ``//``)."""
     return cast(Path, UrlPath(name)) if is_url(name) else Path(name)  # a UrlPath keeps its settings
-
-
-def _bytes_of(path: Path) -> _FileBytes:
-    """The bytes of the meta file ``path``: a local file's, or an object's (ranged GETs)."""
-    if not is_url(path):
-        return _FileBytes(path)
-    from rank_dataset.files.index.objects import ObjectBytes  # on first use: a job over local files reads no object
-
-    return cast(_FileBytes, ObjectBytes(path))
-
-
-@dataclass(frozen=True)
-class _File:
-    path: Path
-    index: Index
-    bytes: _FileBytes
 
 
 class MetaFile:
@@ -270,7 +121,9 @@ class MetaFile:
         return mf
 
     def _open(self, paths: Sequence[Path], columns: Sequence[tuple[str, ...] | None]) -> None:
-        files = [_File(path, load_index(path, columns=cols), _bytes_of(path)) for path, cols in zip(paths, columns)]
+        files = [
+            IndexedFile(path, load_index(path, columns=cols), bytes_of(path)) for path, cols in zip(paths, columns)
+        ]
         # The fingerprints of the files as indexed (together, and each alone), computed now: taken
         # later, from a file changed meanwhile, they would fail, and in the ranks' agreement check
         # one rank failing alone would leave the others waiting in the collective.
@@ -279,7 +132,7 @@ class MetaFile:
             names = ", ".join(str(f.path) for f in files)
             raise ValueError(f"no samples in {names}: every line is empty or whitespace")
 
-    def _set(self, files: Sequence[_File], fingerprint: str | None, file_fingerprints: tuple[str, ...]) -> None:
+    def _set(self, files: Sequence[IndexedFile], fingerprint: str | None, file_fingerprints: tuple[str, ...]) -> None:
         self._files = tuple(files)
         self._layout = Bounds([f.index.count for f in files])
         self._fingerprint, self._file_fingerprints = fingerprint, file_fingerprints
@@ -305,7 +158,7 @@ class MetaFile:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         paths = [_path_of(path) for path, _ in state["files"]]
-        files = [_File(p, index, _bytes_of(p)) for p, (_, index) in zip(paths, state["files"])]
+        files = [IndexedFile(p, index, bytes_of(p)) for p, (_, index) in zip(paths, state["files"])]
         self._set(files, state["fingerprint"], state["file_fingerprints"])
 
     @property
@@ -471,7 +324,7 @@ def _check_columns(columns: Sequence[str] | None) -> tuple[str, ...] | None:
     return column_names(columns)
 
 
-def _fingerprints(files: Sequence[_File]) -> tuple[str, tuple[str, ...]]:
+def _fingerprints(files: Sequence[IndexedFile]) -> tuple[str, tuple[str, ...]]:
     """The fingerprint of ``files`` taken as one, and of each alone, from one read of each file's ends."""
     return fingerprints(
         (f.path, f.index.key, f.index.count, None if f.index.parquet is None else f.index.parquet.columns)
@@ -479,5 +332,5 @@ def _fingerprints(files: Sequence[_File]) -> tuple[str, tuple[str, ...]]:
     )
 
 
-def _fingerprint(files: Sequence[_File]) -> str:
+def _fingerprint(files: Sequence[IndexedFile]) -> str:
     return _fingerprints(files)[0]
