@@ -27,6 +27,7 @@ from rank_dataset.files.index import load as index_mod
 from rank_dataset.files.index import scan as scan_mod
 from rank_dataset.files.index.cache import CACHE_DIR_ENV
 from rank_dataset.files.index.scan import Chunk
+from rank_dataset.files.io import LocalFile, hash_ends
 from tests_helpers import random_file, reference_index, start_together
 
 
@@ -493,7 +494,9 @@ def test_a_seal_refused_by_the_kernel_is_logged(write_meta, tmp_path: Path, capl
     fd = os.open(p, os.O_RDONLY)
     try:
         key = index_mod.FileKey.of(os.fstat(fd))
-        written = build_mod.write_cache(cache, p, fd, key, index_mod.hash_ends(fd, key.size))
+        with LocalFile(p, key) as source:
+            ends = hash_ends(source)
+        written = build_mod.write_cache(cache, p, fd, key, ends)
     finally:
         os.close(fd)
     assert written is not None
@@ -586,11 +589,8 @@ def test_an_index_of_the_format_before_is_rebuilt_not_misread(write_meta, tmp_pa
     p = write_meta(LINES)
     data = p.read_bytes()
     st = p.stat()
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        sample = index_mod.hash_ends(fd, st.st_size)
-    finally:
-        os.close(fd)
+    with LocalFile(p) as source:
+        sample = hash_ends(source)
     spans = build_index(p)
     old = struct.pack("<8sqqqQQqq16s", b"RDIDX\x00\x00\x02", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
                       st.st_dev, len(spans), 1, sample)  # fmt: skip

@@ -158,7 +158,7 @@ def _one_frame_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Me
     monkeypatch.setattr(spans_mod, "SPAN", 40_000)  # spans of one frame
     mf = MetaFile(path)
     monkeypatch.setattr(visits_mod, "THREADS", 2)
-    monkeypatch.setattr(visits_mod, "_BATCH_ROWS", 500)
+    monkeypatch.setattr(visits_mod, "BATCH_ROWS", 500)
     return mf, lines, raw
 
 
@@ -249,7 +249,7 @@ def test_the_threads_of_a_compressed_files_read_decode_each_span_about_once(
     mf = MetaFile(path)
     monkeypatch.setattr(visits_mod, "HELPED_ITEMS", 1000)
     monkeypatch.setattr(visits_mod, "THREADS", 2)
-    monkeypatch.setattr(visits_mod, "_BATCH_ROWS", 500)  # a few batches a span
+    monkeypatch.setattr(visits_mod, "BATCH_ROWS", 500)  # a few batches a span
     asked = _threads_asked(monkeypatch, gather_mod)
     decompressed = _decompressed(monkeypatch)
     _lagging_helper(monkeypatch)

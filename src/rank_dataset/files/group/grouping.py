@@ -145,7 +145,7 @@ def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -
         def load(cache: Path = cache) -> Grouping | None:
             return open_cache(cache, index)
 
-        def build(cache: Path = cache) -> Grouping | None:
+        def build(_held: object, cache: Path = cache) -> Grouping | None:
             return write_cache(cache, index, lambda place: _group(path, index, key, place))
 
         built = load_or_build(cache, load, build)

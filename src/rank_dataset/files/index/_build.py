@@ -4,6 +4,7 @@ compressed file), straight into a cache file, or into memory."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -15,8 +16,18 @@ import numpy.typing as npt
 
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.formats import TEXT, Decompression, Format, detect, detect_source
-from rank_dataset.files.index._cachefile import DATA_OFFSET, ENTRY, SEAL_AT, Header, Index, Table, length_bits
-from rank_dataset.files.index.cache import Seal, Syncer, discard, temp_beside
+from rank_dataset.files.index._cachefile import (
+    DATA_OFFSET,
+    ENTRY,
+    SEAL_AT,
+    Header,
+    Index,
+    Table,
+    length_bits,
+    open_cache,
+)
+from rank_dataset.files.index.cache import Seal, Syncer, discard, temp_beside, wait_for_seal
+from rank_dataset.files.index.cachelock import load_or_build
 from rank_dataset.files.index.scan import Chunk, scan_blocks, scan_map
 from rank_dataset.files.io import FileKey
 from rank_dataset.files.io.pread import ShortRead
@@ -205,3 +216,51 @@ def index_in_memory(path: Path, fd: Any, key: FileKey, ends_hash: bytes) -> Inde
     built = _scan_file(path, fd, key, parts.append)
     entries = np.concatenate(parts) if parts else np.empty(0, "<u8")
     return built.index(key, ends_hash, None, Table(entries, built.longs, built.marks, built.extra))
+
+
+def _none() -> None:
+    return None
+
+
+def _stamp(cache: Path) -> int | None:
+    """What tells one write of ``cache`` from another: each is a new file renamed into place, so its
+    inode (not its mtime, which the seal changes)."""
+    try:
+        return os.stat(cache).st_ino
+    except OSError:
+        return None
+
+
+def cached_index(
+    candidates: list[Path], path: Path, fd: Any, key: FileKey, ends_hash: bytes, *, rebuild: bool
+) -> Index:
+    """The index of the file open at ``fd`` (a descriptor, or an object's source), ``key`` and
+    ``ends_hash`` its identity: from the first of the ``candidates`` caches that holds it, else built
+    into the first writable one (one process builds while the others wait, the lock held until the
+    cache is sealed), else in memory. With ``rebuild``, an existing cache is not trusted unless another
+    process wrote it anew since.
+
+    Raises:
+        MetaFileChangedError: the file changed while it was being indexed.
+    """
+    for cache in candidates:
+        wait_for_seal(cache)
+    for cache in [] if rebuild else candidates:
+        index = open_cache(cache, key, ends_hash)
+        if index is not None:
+            return index
+    distrusted = {cache: _stamp(cache) for cache in candidates} if rebuild else {}
+
+    def load(cache: Path) -> Index | None:
+        trusted = not rebuild or _stamp(cache) != distrusted[cache]
+        return open_cache(cache, key, ends_hash) if trusted else None
+
+    def build(held: contextlib.ExitStack, cache: Path) -> Index | None:
+        written = write_cache(cache, path, fd, key, ends_hash)
+        return written[0] if written is not None and written[1].after(held.pop_all()) else None
+
+    for cache in candidates:
+        index = load_or_build(cache, functools.partial(load, cache), functools.partial(build, cache=cache), first=_none)
+        if index is not None:
+            return index
+    return index_in_memory(path, fd, key, ends_hash)

@@ -71,23 +71,32 @@ def one_builder(cache: Path, *, timeout: float | None = None) -> Iterator[bool]:
                 lock.release()
 
 
-def load_or_build(cache: Path, load: Callable[[], _T | None], build: Callable[[], _T]) -> _T:
-    """``load()`` if it finds a valid cache, else ``build()`` it with :func:`one_builder`'s lock held,
-    loading first what another process may have built while this one waited.
+def load_or_build(
+    cache: Path,
+    load: Callable[[], _T | None],
+    build: Callable[[contextlib.ExitStack], _T],
+    *,
+    first: Callable[[], _T | None] | None = None,
+) -> _T:
+    """``load()`` if it finds a valid cache (``first()`` instead, before the lock, where given), else
+    ``build(held)`` it with :func:`one_builder`'s lock held, loading first what another process may
+    have built while this one waited. ``held`` holds the lock: a build that goes on after it returns
+    (a cache sealed in the background) takes it with ``held.pop_all()`` and releases it when done.
 
     Example:
         >>> import tempfile
         >>> cache = Path(tempfile.mkdtemp()) / "answer.txt"
         >>> load = lambda: int(cache.read_text()) if cache.exists() else None
-        >>> def build() -> int:
+        >>> def build(held) -> int:
         ...     _ = cache.write_text("42")
         ...     return 42
-        >>> load_or_build(cache, load, build), load_or_build(cache, load, lambda: 0)
+        >>> load_or_build(cache, load, build), load_or_build(cache, load, lambda held: 0)
         (42, 42)
     """
-    found = load()
+    found = (load if first is None else first)()
     if found is not None:
         return found
-    with one_builder(cache):
+    with contextlib.ExitStack() as held:
+        held.enter_context(one_builder(cache))
         found = load()
-        return found if found is not None else build()
+        return found if found is not None else build(held)

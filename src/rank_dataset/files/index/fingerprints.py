@@ -16,12 +16,12 @@ from pathlib import Path
 
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.io import FileKey, LocalFile
+from rank_dataset.files.io import ENDS, FileKey, LocalFile, ShortRead, read_ends
 
 __all__ = ["FINGERPRINT_BYTES", "fingerprint_part", "fingerprints"]
 
 #: Bytes of each end of a file that enter its fingerprint.
-FINGERPRINT_BYTES = 1 << 16
+FINGERPRINT_BYTES = ENDS
 
 
 def fingerprint_part(count: int, size: int, columns: Sequence[str] | None, ends: bytes) -> bytes:
@@ -38,16 +38,17 @@ def _ends(path: Path, key: FileKey) -> bytes:
     if not key.size:
         return b""
     if is_url(path):  # an object: the one indexed (its ETag's hash is in the key), read in two GETs
-        from rank_dataset.files.index.objects import object_ends  # on first use, as the object's index
-        from rank_dataset.files.io import ObjectFile
+        from rank_dataset.files.io import ObjectFile  # on first use, as the object's index
 
         obj = ObjectFile(path)
         if obj.key.file_key(str(path)) != key:
             raise MetaFileChangedError(path, "it was replaced since it was indexed (its ETag changed)")
-        return object_ends(obj)
-    n = min(key.size, FINGERPRINT_BYTES)
+        return read_ends(obj)
     with LocalFile(path, key) as source:
-        return source.read(0, n) + source.read(key.size - n, n)
+        try:
+            return read_ends(source)
+        except ShortRead:
+            raise MetaFileChangedError(path, "it shrank while being read") from None
 
 
 def fingerprints(files: Iterable[tuple[Path, FileKey, int, Sequence[str] | None]]) -> tuple[str, tuple[str, ...]]:

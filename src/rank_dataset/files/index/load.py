@@ -26,8 +26,6 @@ loaded, in milliseconds, without its data; it keeps the file's key and ends' has
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,13 +33,12 @@ from pathlib import Path
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.formats import Checkpoints, Format, detect, refuse_cut
-from rank_dataset.files.index._build import index_in_memory, write_cache
-from rank_dataset.files.index._cachefile import Index, Table, decode, length_bits, open_cache, spans_are_sane
+from rank_dataset.files.index._build import cached_index
+from rank_dataset.files.index._cachefile import Index, Table, decode, length_bits, spans_are_sane
 from rank_dataset.files.index._entries import MAPPED_ROWS, SpanReader, line_mark, read_checkpoints, read_entry
-from rank_dataset.files.index.cache import CACHE_DIR_ENV, cache_paths, wait_for_seal
-from rank_dataset.files.index.cachelock import one_builder
-from rank_dataset.files.io import FileKey, LocalFile
-from rank_dataset.files.io.pread import ShortRead, read_ends
+from rank_dataset.files.index.cache import CACHE_DIR_ENV, cache_paths
+from rank_dataset.files.io import FileKey, LocalFile, hash_ends
+from rank_dataset.files.io.pread import ShortRead
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -53,7 +50,6 @@ __all__ = [
     "check_columns",
     "checkpoints_of",
     "decode",
-    "hash_ends",
     "length_bits",
     "line_mark",
     "load_index",
@@ -63,22 +59,7 @@ __all__ = [
     "spans_are_sane",
 ]
 
-_SAMPLE = 1 << 16  # bytes hashed at each end of the file
 _BUILD_TRIES = 3
-
-
-def hash_ends(fd: int, size: int) -> bytes:
-    """A hash of the first and last 64 KiB of the file open at ``fd``, of size ``size``."""
-    return hashlib.blake2b(read_ends(fd, size, _SAMPLE), digest_size=16).digest()
-
-
-def _stamp(cache: Path) -> int | None:
-    """What tells one write of ``cache`` from another: each is a new file renamed into place, so its
-    inode (not its mtime, which the seal changes)."""
-    try:
-        return os.stat(cache).st_ino
-    except OSError:
-        return None
 
 
 def _rows_index(
@@ -138,7 +119,7 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
             fmt = detect(fd)
             check_columns(path, fmt, columns)
             refuse_cut_parquet(path, fd, fmt)
-            ends_hash = hash_ends(fd, key.size)
+            ends_hash = hash_ends(source)
             if fmt.rows:
                 try:
                     return _rows_index(path, fd, fmt, key, ends_hash, columns)
@@ -146,29 +127,8 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
                     if attempt == _BUILD_TRIES - 1:
                         raise
                     continue
-            candidates = cache_paths(path)
-            for cache in candidates:
-                wait_for_seal(cache)
-            for cache in [] if rebuild else candidates:
-                index = open_cache(cache, key, ends_hash)
-                if index is not None:
-                    return index
-            distrusted = {cache: _stamp(cache) for cache in candidates} if rebuild else {}
             try:
-                for cache in candidates:
-                    with contextlib.ExitStack() as held:
-                        held.enter_context(one_builder(cache))
-                        # Another process may have built it while this one waited for the lock.
-                        if not rebuild or _stamp(cache) != distrusted[cache]:
-                            index = open_cache(cache, key, ends_hash)
-                            if index is not None:
-                                return index
-                        written = write_cache(cache, path, fd, key, ends_hash)
-                        # The lock is held until the cache is sealed.
-                        if written is not None and written[1].after(held.pop_all()):
-                            return written[0]
-                # No writable cache location: index in memory.
-                return index_in_memory(path, fd, key, ends_hash)
+                return cached_index(cache_paths(path), path, fd, key, ends_hash, rebuild=rebuild)
             except MetaFileChangedError:
                 if attempt == _BUILD_TRIES - 1:
                     raise

@@ -27,18 +27,16 @@ import numpy.typing as npt
 from rank_dataset.core.checks import UrlPath
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.formats import ParquetRows, SpanSource, detect_source, object_rows, refuse_cut_source
-from rank_dataset.files.index._build import index_in_memory, write_cache
-from rank_dataset.files.index._cachefile import Index, open_cache
+from rank_dataset.files.index._build import cached_index, index_in_memory
+from rank_dataset.files.index._cachefile import Index
 from rank_dataset.files.index._entries import read_checkpoints
-from rank_dataset.files.index.cache import CACHE_DIR_ENV, wait_for_seal
-from rank_dataset.files.index.cachelock import one_builder
-from rank_dataset.files.io import FileKey
+from rank_dataset.files.index.cache import CACHE_DIR_ENV
+from rank_dataset.files.io import FileKey, hash_ends
 from rank_dataset.files.io.object import COALESCE, ObjectFile
 
-__all__ = ["ObjectBytes", "ObjectSpans", "load_object_index", "object_cache_path", "object_ends"]
+__all__ = ["ObjectBytes", "ObjectSpans", "load_object_index", "object_cache_path"]
 
 _Ints = npt.NDArray[np.int64]
-_SAMPLE = 1 << 16  # as the index of a local file: bytes hashed at each end
 
 
 def object_cache_path(url: str, size: int, etag: str | None) -> Path:
@@ -51,12 +49,6 @@ def object_cache_path(url: str, size: int, etag: str | None) -> Path:
     from platformdirs import user_cache_dir  # on first use, as for a local file's index
 
     return Path(user_cache_dir("rank-dataset")) / "objects" / name
-
-
-def object_ends(source: ObjectFile) -> bytes:
-    """The first and last 64 KiB of the object (all of it twice if shorter), as a local file's."""
-    n = min(source.size, _SAMPLE)
-    return source.read(0, n) + source.read(source.size - n, n)
 
 
 def load_object_index(
@@ -76,35 +68,21 @@ def load_object_index(
     path = source.path
     fmt = detect_source(source)
     if fmt.rows:  # its index is its footer's (a GET or two, not cached: as a local Parquet file's)
-        ends_hash = hashlib.blake2b(object_ends(source), digest_size=16).digest()
+        ends_hash = hash_ends(source)
         rows = object_rows(source, columns)
         return Index(source.key.file_key(path), ends_hash, len(rows), False, None, None, fmt, parquet=rows.layout)
     if columns is not None:
         raise ValueError(f"columns= picks the columns of a Parquet meta file, and {url} is {fmt.value}")
     refuse_cut_source(path, source, fmt)  # type: ignore[arg-type]
     key = source.key.file_key(path)
-    ends_hash = hashlib.blake2b(object_ends(source), digest_size=16).digest()
+    ends_hash = hash_ends(source)
     cache = object_cache_path(path, source.size, source.key.etag)
     with contextlib.suppress(OSError):
         cache.parent.mkdir(parents=True, exist_ok=True)
-    wait_for_seal(cache)
-    if not rebuild:
-        index = open_cache(cache, key, ends_hash)
-        if index is not None:
-            return index
     try:
-        with contextlib.ExitStack() as held:
-            held.enter_context(one_builder(cache))
-            if not rebuild:  # another process may have built it while this one waited for the lock
-                index = open_cache(cache, key, ends_hash)
-                if index is not None:
-                    return index
-            written = write_cache(cache, path, source, key, ends_hash)  # type: ignore[arg-type]
-            if written is not None and written[1].after(held.pop_all()):
-                return written[0]
+        return cached_index([cache], path, source, key, ends_hash, rebuild=rebuild)  # type: ignore[arg-type]
     except OSError:  # no writable cache directory: the lock cannot be taken either
-        pass
-    return index_in_memory(path, source, key, ends_hash)  # type: ignore[arg-type]
+        return index_in_memory(path, source, key, ends_hash)  # type: ignore[arg-type]
 
 
 class ObjectSpans:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rank_dataset.core.checks import UrlPath, is_url
-from rank_dataset.files.io.base import STREAM_BLOCK, Source
+from rank_dataset.files.io.base import ENDS, STREAM_BLOCK, Source, hash_ends, read_ends
 from rank_dataset.files.io.local import FileKey, LocalFile, raise_if_changed, read_exact
 from rank_dataset.files.io.pread import ShortRead
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from rank_dataset.files.io.object import ObjectFile, ObjectKey
 
 __all__ = [
+    "ENDS",
     "STREAM_BLOCK",
     "FileKey",
     "LocalFile",
@@ -28,8 +29,10 @@ __all__ = [
     "ShortRead",
     "Source",
     "UrlPath",
+    "hash_ends",
     "is_url",
     "raise_if_changed",
+    "read_ends",
     "read_exact",
 ]
 

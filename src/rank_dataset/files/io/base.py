@@ -10,6 +10,7 @@ the key describes.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
@@ -17,8 +18,10 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["STREAM_BLOCK", "Source"]
+__all__ = ["ENDS", "STREAM_BLOCK", "Source", "hash_ends", "read_ends"]
 
+#: Bytes of each end of a file that identify it cheaply, with its size (:func:`read_ends`).
+ENDS = 1 << 16
 #: Bytes a streaming read hands out at a time, by default.
 STREAM_BLOCK = 16 << 20
 
@@ -61,3 +64,31 @@ class Source(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Positional(Protocol):
+    """What :func:`read_ends` reads: a size and exact positional reads (a :class:`Source` has both)."""
+
+    @property
+    def size(self) -> int: ...
+
+    def read_into(self, out: npt.NDArray[np.uint8], offset: int) -> None: ...
+
+
+def read_ends(source: Positional) -> bytes:
+    """The first and the last :data:`ENDS` bytes of ``source`` (all of it, twice, if it is shorter):
+    what the index's cache and the fingerprint identify a file's content by, with its size.
+
+    Raises:
+        ShortRead: the file ends before its size (it shrank).
+    """
+    head = np.empty(min(source.size, ENDS), np.uint8)
+    tail = np.empty_like(head)
+    source.read_into(head, 0)
+    source.read_into(tail, source.size - tail.size)
+    return head.tobytes() + tail.tobytes()
+
+
+def hash_ends(source: Positional) -> bytes:
+    """A 16-byte hash of :func:`read_ends`: what an index cache is checked against."""
+    return hashlib.blake2b(read_ends(source), digest_size=16).digest()

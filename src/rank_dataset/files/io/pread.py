@@ -21,7 +21,7 @@ import numpy.typing as npt
 from rank_dataset.core import native
 from rank_dataset.core.residency import anonymous_map
 
-__all__ = ["ByteSource", "ShortRead", "Window", "count_newlines", "dense", "pread_exact", "read_ends"]
+__all__ = ["ByteSource", "ShortRead", "Window", "count_newlines", "dense", "pread_exact"]
 
 _PAGE = mmap.PAGESIZE
 GAP = 2 * _PAGE  # bytes between two wanted ranges that are read rather than skipped
@@ -62,16 +62,6 @@ def pread_exact(fd: int, out: npt.NDArray[np.uint8], offset: int) -> None:
         if got == 0:
             raise ShortRead(offset + done)
         done += got
-
-
-def read_ends(fd: int, size: int, n: int) -> bytes:
-    """The first ``n`` bytes and the last ``n`` bytes of a file of ``size`` bytes (all of it, twice,
-    if it is shorter): what identifies a file cheaply, with its size."""
-    head = np.empty(min(size, n), np.uint8)
-    tail = np.empty_like(head)
-    pread_exact(fd, head, 0)
-    pread_exact(fd, tail, size - tail.size)
-    return head.tobytes() + tail.tobytes()
 
 
 class ByteSource(Protocol):

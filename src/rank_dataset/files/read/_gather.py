@@ -84,7 +84,7 @@ _TAIL = 16 << 10
 _ROW_EXTRA = 3  # bytes a sparse row is read with beyond its own: the byte before it, its line ending (_copy_rows)
 
 
-# A file of one decoder thread is read by more threads only where a batch of _BATCH_ROWS rows spans
+# A file of one decoder thread is read by more threads only where a batch of BATCH_ROWS rows spans
 # this many decompressed bytes at most, on average (a few of its spans, which the batch pins).
 _SHARED_SPAN = 16 << 20
 
@@ -368,7 +368,7 @@ def _kept_spans(
 
 def _dense(rows: int, size: int) -> bool:
     """Whether a batch of a visit's ``rows`` spans at most ``_SHARED_SPAN`` of the file's ``size`` bytes, on average."""
-    return rows * _SHARED_SPAN >= _visits._BATCH_ROWS * size
+    return rows * _SHARED_SPAN >= _visits.BATCH_ROWS * size
 
 
 class _SharedBatches(Iterator[_BatchSpans]):
@@ -491,7 +491,7 @@ def _copy_rows(
     Rows go in batches that each span about ``_WINDOW`` bytes of the file (rows are in file order up
     to a little jitter), each read once into ``window``, checked there and copied from it.
     """
-    for a, b in _batches(first, lengths, _WINDOW, _visits._BATCH_ROWS):
+    for a, b in _batches(first, lengths, _WINDOW, _visits.BATCH_ROWS):
         s, e = first[a:b], first[a:b] + lengths[a:b]
         buf, shift = window.load(fd, check_from(s), e + 2, size, pad=8)
         if not window_ok(buf, shift, s, e, size)[0]:

@@ -36,7 +36,7 @@ _PAGE = 4096
 THREADED_ROWS = 1 << 16  # builds of fewer rows copy in one thread (starting threads costs a millisecond)
 
 
-_BATCH_ROWS = 1 << 15  # rows copied at a time, bounding the temporaries of a batch
+BATCH_ROWS = 1 << 15  # rows copied at a time, bounding the temporaries of a batch
 
 
 _KEPT_SPAN = 1 << 32  # a batch's starts are kept as offsets from its lowest: less apart than this
@@ -54,7 +54,7 @@ _SORTED_ROWS = 1 << 12
 class FileRows:
     """The rows (item numbers) of ``indices`` that are samples of file ``number``, in visiting order,
     and where each batch of them starts: consecutive buckets whose index entries are read with about
-    ``_INDEX_BYTES`` at most, at most ``_BATCH_ROWS`` rows."""
+    ``_INDEX_BYTES`` at most, at most ``BATCH_ROWS`` rows."""
 
     number: int
     file: IndexedFile
@@ -127,8 +127,8 @@ def file_rows(files: Sequence[IndexedFile], bounds: Bounds, indices: npt.NDArray
         last = np.flatnonzero(np.diff(region, append=region[-1] + 1))  # each region's last bucket
         cuts = [0]
         for end in np.cumsum(counts)[last].tolist():
-            while end - cuts[-1] > _BATCH_ROWS:
-                cuts.append(cuts[-1] + _BATCH_ROWS)
+            while end - cuts[-1] > BATCH_ROWS:
+                cuts.append(cuts[-1] + BATCH_ROWS)
             if end > cuts[-1]:
                 cuts.append(end)
         visits.append(FileRows(f, files[f], int(bounds.starts[f]), mine, cuts, mm, lo))
@@ -142,8 +142,8 @@ def _bucket_shift(total: int) -> int:
 
 def _bucket_keys(indices: npt.NDArray[np.int64], shift: int) -> npt.NDArray[np.uint16]:
     keys = np.empty(indices.size, np.uint16)
-    for lo in range(0, indices.size, _BATCH_ROWS):  # a slice at a time: no n-sized int64 temporary
-        np.right_shift(indices[lo : lo + _BATCH_ROWS], shift, out=keys[lo : lo + _BATCH_ROWS], casting="unsafe")
+    for lo in range(0, indices.size, BATCH_ROWS):  # a slice at a time: no n-sized int64 temporary
+        np.right_shift(indices[lo : lo + BATCH_ROWS], shift, out=keys[lo : lo + BATCH_ROWS], casting="unsafe")
     return keys
 
 
