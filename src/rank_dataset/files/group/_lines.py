@@ -17,13 +17,13 @@ import numpy.typing as npt
 
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files.formats import DecompressedView, ParquetRows, decompress
+from rank_dataset.files.formats import ParquetRows, decompress
 from rank_dataset.files.group._block_labels import PAD
 from rank_dataset.files.index.load import FileKey, Index, SpanReader, line_mark
 from rank_dataset.files.index.objects import ObjectBytes
 from rank_dataset.files.index.scan import CR, NEWLINE
 from rank_dataset.files.io import LocalFile, ObjectFile
-from rank_dataset.files.io.pread import ShortRead, count_newlines
+from rank_dataset.files.io.pread import ShortRead
 from rank_dataset.files.read.file import bytes_of
 
 BLOCK = 1 << 20  # lines read at a time for a function key
@@ -147,49 +147,15 @@ class TextLines:
             ]
 
     def where(self, start: int) -> str:
-        """``path:line`` of the line starting at byte ``start`` of the file (decompressed)."""
-        if self.fd is not None and self.stream is None:
-            return f"{self.path}:{count_newlines(self.fd, start) + 1}"
-        if isinstance(self.source, ObjectFile):
-            return _object_where(self.path, self.index, self.source, start)
-        # From the index's mark before it and the checkpoint before that, through a descriptor of
-        # its own (a decoder moves its descriptor's position; the stream reads by position).
+        """``path:line`` of the line starting at byte ``start`` of the file (decompressed): the
+        newlines after the index's mark before it counted, as :meth:`MetaFile.where
+        <rank_dataset.files.read.metafile.MetaFile.where>` counts them."""
         try:
-            local = LocalFile(self.path)
-        except OSError:
-            return f"{self.path}, decompressed byte {start:,}"
-        try:
-            if self.index.key.change(local.key) is not None:
-                return f"{self.path}, decompressed byte {start:,}"
             with SpanReader(self.index) as reader:
                 offset, line = line_mark(reader.marks(), start)
-                checkpoints = reader.checkpoints()
-            with DecompressedView(self.path, local.fd, checkpoints) as view:
-                line += view.read(offset, start).count(b"\n")
-            return f"{self.path}:{line + 1}"
-        except (LookupError, CorruptMetaFileError):
-            return f"{self.path}, decompressed byte {start:,}"
-        finally:
-            local.close()
-
-
-def _object_where(path: Path, index: Index, source: ObjectFile, start: int) -> str:
-    """``path:line`` of the line at byte ``start`` of an object (decompressed): its newlines before it
-    counted, streamed again (an error's message: worth the GETs), from the index's mark before it
-    and that mark's checkpoint for a compressed object."""
-    own = ObjectFile(source.path, source.key)  # a reading of its own, pinned to the same ETag
-    try:
-        if not index.format.compressed:
-            newlines = sum(block.count(b"\n") for block in own.stream(0, start))
-            return f"{path}:{newlines + 1}"
-        with SpanReader(index) as reader:
-            offset, line = line_mark(reader.marks(), start)
-            checkpoints = reader.checkpoints()
-        with DecompressedView(path, own, checkpoints) as view:  # type: ignore[arg-type]
-            line += view.read(offset, start).count(b"\n")
-        return f"{path}:{line + 1}"
-    except (LookupError, OSError, CorruptMetaFileError, MetaFileChangedError):
-        return f"{path}, byte {start:,}" + (" decompressed" if index.format.compressed else "")
+            return f"{self.path}:{line + bytes_of(self.path).count_newlines(self.index, offset, start) + 1}"
+        except (LookupError, OSError, CorruptMetaFileError, MetaFileChangedError):
+            return f"{self.path}, {'decompressed ' if self.index.format.compressed else ''}byte {start:,}"
 
 
 @contextlib.contextmanager

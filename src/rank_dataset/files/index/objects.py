@@ -89,8 +89,6 @@ class ObjectSpans:
     """The bytes of an object as :class:`~rank_dataset.files.io.pread.Window` asks them (a ByteSource):
     the ranges of a batch merged where less than ``COALESCE`` bytes lie between them, one GET each."""
 
-    serial = False
-
     def __init__(self, source: ObjectFile) -> None:
         self.source = source
 
@@ -129,7 +127,7 @@ class ObjectSpans:
 
 
 class ObjectBytes:
-    """The bytes of one meta file that is an object, for MetaFile (as its ``_FileBytes`` for a local
+    """The bytes of one meta file that is an object, for MetaFile (as its :class:`~rank_dataset.files.read.file.FileBytes` for a local
     file): the object opened (one HEAD) on the first read in a process and checked against the index's
     key, then every read pinned to its ETag."""
 
