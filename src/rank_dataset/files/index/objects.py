@@ -127,9 +127,9 @@ class ObjectSpans:
 
 
 class ObjectBytes:
-    """The bytes of one meta file that is an object, for MetaFile (as its :class:`~rank_dataset.files.read.file.FileBytes` for a local
-    file): the object opened (one HEAD) on the first read in a process and checked against the index's
-    key, then every read pinned to its ETag."""
+    """The bytes of one meta file that is an object, for MetaFile (as
+    :class:`~rank_dataset.files.read.file.FileBytes` for a local file): the object opened (one HEAD) on the
+    first read in a process and checked against the index's key, then every read pinned to its ETag."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
