@@ -15,7 +15,7 @@ run in it; ``--clock wall`` for wall time). One read of the file counting newlin
   (``core.shard.copy_rows``' numpy gather against ``rd_copy_rows``, uint32 destinations as a shard's):
   in one call from the whole file, and as a build copies them (file order, a 2 MiB window at a time,
   each row to its random place in item order);
-- UTF-8 check of the gathered rows (``files._gather.check_utf8``'s decoding against ``rd_utf8_first_invalid``);
+- UTF-8 check of the gathered rows (``files.read._gather.check_utf8``'s decoding against ``rd_utf8_first_invalid``);
 - the line checks a build makes of each window's rows (``files.lines``' ``bounds_ok``, ``rows_ok`` and
   newline search against ``rd_check_lines``);
 - stray bytes of the gathered rows (no newline, not blank: ``rd_lines_bad``);

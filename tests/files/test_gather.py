@@ -1,4 +1,4 @@
-"""The gather's fused pass (``files._gather._gather_window``): a dense batch of rows checked and copied
+"""The gather's fused pass (``files.read._gather._gather_window``): a dense batch of rows checked and copied
 from one window in one native call gives the shard the general way gives, byte for byte, whatever the
 lines (empty, blank, CRLF, no final newline, a byte order mark, lines longer than what a window reads
 past its last row); and a read into private memory (``shared=False``) is the same shard."""

@@ -25,7 +25,7 @@ from rank_dataset.files.formats._raw import RawFile
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["BLOCK", "SPACING", "Decoder", "Format", "Points", "Recognised"]
+__all__ = ["BLOCK", "SPACING", "Decoder", "Format", "Points", "Recognised", "row_at"]
 
 #: Decompressed bytes between two checkpoints (at least; zstd's are frame starts).
 SPACING = 4 << 20
@@ -35,6 +35,12 @@ _IntArray = npt.NDArray[np.int64]
 #: What a compressed format's pass returns once its bytes are out: (decompressed size, checkpoints
 #: ``(output, input)`` rows from ``(0, 0)``, the decoder's state the checkpoints need besides).
 Stream = Generator[bytes, None, tuple[int, _IntArray, bytes]]
+
+
+def row_at(points: _IntArray, offset: int) -> int:
+    """The row of the last checkpoint at or before output ``offset`` in ``points``, ``(output, input)``
+    rows increasing from ``(0, 0)`` (row 0 is output 0)."""
+    return max(int(np.searchsorted(points[:, 0], offset, side="right")) - 1, 0)
 
 
 class Recognised(Protocol):

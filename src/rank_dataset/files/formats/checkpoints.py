@@ -25,9 +25,8 @@ import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats import base
-from rank_dataset.files.formats._points import row_at
 from rank_dataset.files.formats._raw import RawFile
-from rank_dataset.files.formats.base import BLOCK, Decoder, Format
+from rank_dataset.files.formats.base import BLOCK, Decoder, Format, row_at
 from rank_dataset.files.formats.registry import by_name
 
 __all__ = ["Checkpoints", "DecompressedView", "Decompression", "decompress"]

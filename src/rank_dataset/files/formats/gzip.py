@@ -29,9 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
-from rank_dataset.files.formats._points import row_at
 from rank_dataset.files.formats._raw import RawFile, file_object, pread, size_of
-from rank_dataset.files.formats.base import Decoder, Format, Points, Recognised, Stream
+from rank_dataset.files.formats.base import Decoder, Format, Points, Recognised, Stream, row_at
 
 if TYPE_CHECKING:
     import indexed_gzip

@@ -23,9 +23,8 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
-from rank_dataset.files.formats._points import row_at
 from rank_dataset.files.formats._raw import RawFile, pread, size_of
-from rank_dataset.files.formats.base import Decoder, Format, Points, Recognised, Stream
+from rank_dataset.files.formats.base import Decoder, Format, Points, Recognised, Stream, row_at
 
 if TYPE_CHECKING:
     import zstandard
@@ -315,7 +314,7 @@ class Reader:
 
     def read(self, a: int, b: int, until: int | None = None) -> tuple[bytes, int]:
         """``(bytes [a, b) (short if the file ends first), output bytes decompressed)``. (``until`` is
-        :class:`~rank_dataset.files.formats._gzip.Reader`'s: this decoder goes on from where it stopped.)"""
+        :class:`~rank_dataset.files.formats.gzip.Reader`'s: this decoder goes on from where it stopped.)"""
         import zstandard  # on first use (a cached module: a dict lookup a read)
 
         # A read that starts a little before where the last one stopped (a line's end, looked for
