@@ -114,7 +114,7 @@ def detect(fd: int) -> Format:
 
 @dataclass(frozen=True)
 class _FoundIn:
-    """The bytes of a :class:`~rank_dataset.files.io.base.Source` that tell its format (an
+    """The bytes of a :class:`~rank_dataset.files.io.base.ByteSource` that tell its format (an
     object's: a few ranged reads, not the whole object)."""
 
     source: Any
@@ -130,7 +130,7 @@ class _FoundIn:
 
 
 def detect_source(source: Any) -> Format:
-    """The format of the bytes of ``source`` (a Source: a local file or an object), as :func:`detect`."""
+    """The format of the bytes of ``source`` (a ByteSource: a local file or an object), as :func:`detect`."""
     found = _FoundIn(source, bytes(source.read(0, min(_HEAD, source.size))))
     return next((fmt for fmt in _formats if fmt.recognise(found)), TEXT)
 

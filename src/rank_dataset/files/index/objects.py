@@ -86,7 +86,7 @@ def load_object_index(
 
 
 class ObjectSpans:
-    """The bytes of an object as :class:`~rank_dataset.files.io.pread.Window` asks them (a ByteSource):
+    """The bytes of an object as :class:`~rank_dataset.files.io.pread.Window` asks them (a RangeLoader):
     the ranges of a batch merged where less than ``COALESCE`` bytes lie between them, one GET each."""
 
     def __init__(self, source: ObjectFile) -> None:

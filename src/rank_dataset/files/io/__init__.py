@@ -1,4 +1,4 @@
-"""Where meta files' bytes come from: :class:`Source`, the seam; :class:`LocalFile`, a file on a
+"""Where meta files' bytes come from: :class:`ByteSource`, the seam; :class:`LocalFile`, a file on a
 local or network file system identified by its :class:`FileKey`; and :class:`ObjectFile`, an object in
 S3, GCS, Azure or on an HTTP server, identified by its :class:`ObjectKey` (size and ETag), read with
 ranged GETs through obstore (the cloud extra, imported only when an object is read).
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rank_dataset.core.checks import UrlPath, is_url
-from rank_dataset.files.io.base import ENDS, STREAM_BLOCK, Source, hash_ends, read_ends
+from rank_dataset.files.io.base import ENDS, STREAM_BLOCK, ByteSource, hash_ends, read_ends
 from rank_dataset.files.io.local import FileKey, LocalFile, raise_if_changed, read_exact
 from rank_dataset.files.io.pread import ShortRead
 
@@ -22,12 +22,12 @@ if TYPE_CHECKING:
 __all__ = [
     "ENDS",
     "STREAM_BLOCK",
+    "ByteSource",
     "FileKey",
     "LocalFile",
     "ObjectFile",
     "ObjectKey",
     "ShortRead",
-    "Source",
     "UrlPath",
     "hash_ends",
     "is_url",

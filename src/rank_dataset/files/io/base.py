@@ -1,10 +1,10 @@
-"""Where a meta file's bytes come from (:class:`Source`): what the formats, the index and the readers
+"""Where a meta file's bytes come from (:class:`ByteSource`): what the formats, the index and the readers
 read through, unaware of whether the bytes are on a disk or in a bucket.
 
-A source has an identity (:attr:`Source.key`: what identifies its content without reading it; a
+A source has an identity (:attr:`ByteSource.key`: what identifies its content without reading it; a
 local file's size, mtime, ctime and inode, an object's size and ETag), positional reads that are
 exact (a short one means the content changed: :class:`~rank_dataset.errors.MetaFileChangedError`),
-and streaming reads front to back. :meth:`Source.check` tells whether the content is still the one
+and streaming reads front to back. :meth:`ByteSource.check` tells whether the content is still the one
 the key describes.
 """
 
@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ENDS", "STREAM_BLOCK", "Source", "hash_ends", "read_ends"]
+__all__ = ["ENDS", "STREAM_BLOCK", "ByteSource", "hash_ends", "read_ends"]
 
 #: Bytes of each end of a file that identify it cheaply, with its size (:func:`read_ends`).
 ENDS = 1 << 16
@@ -26,7 +26,7 @@ ENDS = 1 << 16
 STREAM_BLOCK = 16 << 20
 
 
-class Source(Protocol):
+class ByteSource(Protocol):
     """The bytes of one meta file, open until :meth:`close` (or the end of a ``with`` block)."""
 
     @property
@@ -67,7 +67,7 @@ class Source(Protocol):
 
 
 class Positional(Protocol):
-    """What :func:`read_ends` reads: a size and exact positional reads (a :class:`Source` has both)."""
+    """What :func:`read_ends` reads: a size and exact positional reads (a :class:`ByteSource` has both)."""
 
     @property
     def size(self) -> int: ...

@@ -93,7 +93,7 @@ def read_exact(fd: int, path: Path, offset: int, count: int) -> bytes:
 
 
 class LocalFile:
-    """The local file ``path`` open for reading (a :class:`~rank_dataset.files.io.base.Source`).
+    """The local file ``path`` open for reading (a :class:`~rank_dataset.files.io.base.ByteSource`).
 
     With ``key``, the file must be the one ``key`` describes (else MetaFileChangedError, as for a file
     gone: it was deleted or moved; with ``checked=False``, the caller checks it later, after a read);

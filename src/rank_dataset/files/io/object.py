@@ -85,7 +85,7 @@ def _hash63(text: str) -> int:
 
 
 class ObjectFile:
-    """The object at ``url`` (a :class:`~rank_dataset.files.io.base.Source`).
+    """The object at ``url`` (a :class:`~rank_dataset.files.io.base.ByteSource`).
 
     With ``key``, reads are pinned to the object ``key`` describes (no request at construction);
     without, one HEAD learns its size and ETag: a missing object or bucket, or credentials refused,

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from rank_dataset.core import native
 from rank_dataset.core.residency import anonymous_map
 
-__all__ = ["ByteSource", "ShortRead", "Window", "count_newlines", "dense", "pread_exact"]
+__all__ = ["RangeLoader", "ShortRead", "Window", "count_newlines", "dense", "pread_exact"]
 
 _PAGE = mmap.PAGESIZE
 GAP = 2 * _PAGE  # bytes between two wanted ranges that are read rather than skipped
@@ -64,7 +64,7 @@ def pread_exact(fd: int, out: npt.NDArray[np.uint8], offset: int) -> None:
         done += got
 
 
-class ByteSource(Protocol):
+class RangeLoader(Protocol):
     """Bytes read otherwise than from a descriptor (a compressed file's decompressed bytes): what
     :meth:`Window.load` hands its reads to."""
 
@@ -97,10 +97,10 @@ class Window:
                 self._buf = np.empty(size, np.uint8)
         return self._buf[:size]
 
-    def span(self, fd: int | ByteSource, lo: int, hi: int) -> tuple[npt.NDArray[np.uint8], int] | None:
+    def span(self, fd: int | RangeLoader, lo: int, hi: int) -> tuple[npt.NDArray[np.uint8], int] | None:
         """Bytes ``[lo, hi)`` of ``fd`` (``hi`` within the file), read whole in one call: ``(buf, lo)``,
         byte ``x`` at ``buf[x - lo]``, ``buf`` exactly ``hi - lo`` bytes; None where a
-        :class:`ByteSource` holds them otherwise than in one piece.
+        :class:`RangeLoader` holds them otherwise than in one piece.
 
         Raises:
             ShortRead: the file ends before ``hi``.
@@ -115,14 +115,14 @@ class Window:
 
     def load(
         self,
-        fd: int | ByteSource,
+        fd: int | RangeLoader,
         starts: npt.NDArray[np.int64],
         stops: npt.NDArray[np.int64],
         end: int,
         pad: int = 0,
     ) -> tuple[npt.NDArray[np.uint8], int | npt.NDArray[np.int64]]:
         """Read the ranges ``[starts[i], stops[i])`` (cut at ``end``, the file size expected) of ``fd``
-        (a :class:`ByteSource` reads them itself).
+        (a :class:`RangeLoader` reads them itself).
 
         Returns ``(buf, shift)``: byte ``x`` of the file is ``buf[x - shift[i]]`` for every ``x`` in
         range ``i`` (``shift`` an int where one shift serves every range); other bytes of ``buf``

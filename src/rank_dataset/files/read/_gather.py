@@ -36,7 +36,7 @@ from rank_dataset.files.index.load import (
     spans_are_sane,
 )
 from rank_dataset.files.index.scan import BOM, NEWLINE
-from rank_dataset.files.io.pread import GAP, ByteSource, Window, dense
+from rank_dataset.files.io.pread import GAP, RangeLoader, Window, dense
 from rank_dataset.files.read import _visits
 from rank_dataset.files.read._visits import (
     THREADED_ROWS,
@@ -309,7 +309,7 @@ def _first_pass(
 
 
 def _second_pass(
-    visit: FileRows, samples: SampleNumbers, starts: KeptStarts, writer: ShardWriter, fd: int | ByteSource
+    visit: FileRows, samples: SampleNumbers, starts: KeptStarts, writer: ShardWriter, fd: int | RangeLoader
 ) -> None:
     """The second pass over ``visit``'s file, open at ``fd``: its rows copied into ``writer``."""
     work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
@@ -396,7 +396,7 @@ class _SharedBatches(Iterator[_BatchSpans]):
 def _copy_part(
     visit: FileRows,
     batches: Iterator[_BatchSpans],
-    fd: int | ByteSource,
+    fd: int | RangeLoader,
     writer: ShardWriter,
 ) -> None:
     """Copy the rows of ``batches`` of ``visit`` from the file open at ``fd`` into ``writer``."""
@@ -421,7 +421,7 @@ def _copy_part(
 
 
 def _gather_window(
-    fd: int | ByteSource,
+    fd: int | RangeLoader,
     size: int,
     window: Window,
     rows: npt.NDArray[np.int64],
@@ -477,7 +477,7 @@ def _spans_of(
 
 
 def _copy_rows(
-    fd: int | ByteSource,
+    fd: int | RangeLoader,
     size: int,
     window: Window,
     first: npt.NDArray[np.int64],

@@ -21,7 +21,7 @@ from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import SpanSource
 from rank_dataset.files.index.load import FileKey, Index, load_index, read_checkpoints
 from rank_dataset.files.io import LocalFile, raise_if_changed
-from rank_dataset.files.io.pread import ByteSource, ShortRead, count_newlines
+from rank_dataset.files.io.pread import RangeLoader, ShortRead, count_newlines
 
 if TYPE_CHECKING:
     from rank_dataset.files.formats import ParquetRows
@@ -145,7 +145,7 @@ class FileBytes:
         with LocalFile(self.path) as local:
             return count_newlines(local.fd, stop, start)
 
-    def check(self, fd: int | ByteSource, key: FileKey) -> None:
+    def check(self, fd: int | RangeLoader, key: FileKey) -> None:
         """Raise MetaFileChangedError if the file open at ``fd`` is not the one ``key`` describes."""
         if not isinstance(fd, int):
             if not isinstance(fd, SpanSource):
