@@ -176,8 +176,8 @@ def test_file_truncated_during_a_build(write_meta, monkeypatch: pytest.MonkeyPat
 def test_file_rewritten_during_a_build_is_caught_after_the_copy(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
     p = write_meta(LINES)
     mf = MetaFile(p)
-    # A batch is copied the general way (_copy_rows) or, dense on the native path, in one pass (_gather_window).
-    for name in ("_copy_rows", "_gather_window"):
+    # A batch is copied the general way (_copy_file_rows) or, dense on the native path, in one pass (_gather_window).
+    for name in ("_copy_file_rows", "_gather_window"):
         real = getattr(gather_mod, name)
 
         def rewrite_after_copy(*args: object, real: Any = real) -> Any:

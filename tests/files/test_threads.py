@@ -176,14 +176,14 @@ def test_the_threads_reading_a_one_frame_zstd_file_share_its_decoder(
     _lagging_helper(monkeypatch)
     # And twice the helper stalls after taking a batch, before loading it, while the other thread
     # goes on many spans (more than the source keeps): the batch's spans are pinned, not let go of.
-    main, load_and_copy, calls = threading.get_ident(), gather_mod._copy_rows, itertools.count()
+    main, load_and_copy, calls = threading.get_ident(), gather_mod._copy_file_rows, itertools.count()
 
     def stalling(*args: Any) -> bool:
         if threading.get_ident() != main and next(calls) in (3, 9):
             time.sleep(0.2)
         return load_and_copy(*args)
 
-    monkeypatch.setattr(gather_mod, "_copy_rows", stalling)
+    monkeypatch.setattr(gather_mod, "_copy_file_rows", stalling)
     kept = _kept_spans(monkeypatch)
     monkeypatch.setattr(spans_mod, "READ_AHEAD", 4)
     indices = np.random.default_rng(0).permutation(len(mf))[: len(mf) // 2]

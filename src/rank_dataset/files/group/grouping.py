@@ -218,7 +218,7 @@ def _scatter(
     of samples ``a..b-1``), ascending within each group: a stable counting sort, a block at a time,
     so that only the result is N-sized."""
     n = order.size
-    cursor = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    cursor = prefix_sums(counts)[:-1]
     # A stable sort of 16-bit codes is a radix sort, several times faster than one of wider ints.
     narrow = np.uint16 if counts.size <= 1 << 16 else np.int64
     for a in range(0, n, _group_lines.BLOCK):

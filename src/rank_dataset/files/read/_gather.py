@@ -81,7 +81,7 @@ _SPARSE_ROWS = 2 * _WINDOW // 4096
 _TAIL = 16 << 10
 
 
-_ROW_EXTRA = 3  # bytes a sparse row is read with beyond its own: the byte before it, its line ending (_copy_rows)
+_ROW_EXTRA = 3  # bytes a sparse row is read with beyond its own: the byte before it, its line ending (_copy_file_rows)
 
 
 # A file of one decoder thread is read by more threads only where a batch of BATCH_ROWS rows spans
@@ -415,7 +415,7 @@ def _copy_part(
         # Entries read again: the cache could have been replaced since the first pass.
         if took is not None and not np.array_equal(lengths, took):
             raise IndexMismatch(visit.number, corrupt=True)
-        if not _copy_rows(fd, file.index.size, window, starts, lengths, dst, writer.data):
+        if not _copy_file_rows(fd, file.index.size, window, starts, lengths, dst, writer.data):
             file.bytes.check(fd, file.index.key)  # a file changed meanwhile is that error
             raise IndexMismatch(visit.number, corrupt=True)
 
@@ -476,7 +476,7 @@ def _spans_of(
         raise IndexMismatch(visit.number, corrupt=False) from None
 
 
-def _copy_rows(
+def _copy_file_rows(
     fd: int | RangeLoader,
     size: int,
     window: Window,
