@@ -191,8 +191,8 @@ class _Checkpointer:
                     raise ValueError(f"indexed_gzip ends at {gz.raw.tell():,} bytes, before zlib did")
                 self._done = target
             # The seeks to the end made every point: build_full_index would inflate the whole file
-            # again for the same index (a second decompression: 1.2 s of 2.4 at 10M lines). Only a
-            # file with no output has no point yet.
+            # again for the same index (a second decompression). Only a file with no output has no
+            # point yet.
             if next(gz.raw.seek_points(), None) is None:
                 gz.raw.build_full_index()
             state = io.BytesIO()

@@ -214,8 +214,8 @@ class ParquetRows:
         pa, _, _ = _pyarrow()
         try:
             # One thread a row group: the callers spread row groups over threads of their own (a
-            # build's, group_by's pool), and pyarrow's column threads on top of them oversubscribed
-            # the cores (a rank's build of 10M rows at W = 8: 0.92-1.06 s with them, 0.81-0.96 without).
+            # build's, group_by's pool), and pyarrow's column threads on top of them oversubscribe
+            # the cores.
             with self._reading:
                 if self._hold is not None:
                     self._hold_groups(g, columns)

@@ -205,7 +205,7 @@ class _Blocks:
         # A block made and let go of at once: glibc then serves blocks of this size from its heap
         # rather than each from a map of its own (its mmap threshold rises to the size of a map freed),
         # and so the scan's arrays of each block too. Without it (the blocks kept, none freed), the
-        # scanning threads faulted their arrays in page by page: 0.145 s of CPU for 10M lines, not 0.075.
+        # scanning threads fault their arrays in page by page.
         bytearray(size)
 
     def take(self) -> bytearray:
@@ -386,8 +386,8 @@ class ZstdFormat(Format):
     def span_cuts(self, checkpoints: Points, span: int) -> npt.NDArray[np.int64]:
         # A frame may be the whole file: cut it, its decoder going on from span to span. (Not gzip's
         # spans: a read from within one starts at its checkpoint.)
-        # (Sorted and made distinct by hand: np.union1d imports numpy.ma on its first call, 10 ms, and
-        # the objects it makes set off a full garbage collection, 50-80 ms, inside a fresh process's build.)
+        # (Sorted and made distinct by hand: np.union1d imports numpy.ma on its first call, and the
+        # objects it makes set off a full garbage collection inside a fresh process's build.)
         cuts = np.concatenate((checkpoints.points[:, 0], np.arange(0, checkpoints.size, span, dtype=np.int64)))
         cuts.sort()
         return cuts[np.concatenate(([True], cuts[1:] != cuts[:-1]))] if cuts.size else cuts
