@@ -47,7 +47,7 @@ sys.path.insert(0, str(HERE))
 from _common import barh, machine_info, save_results, write_imagenet_meta  # noqa: E402
 from rank_dataset.core import _reference as ref  # noqa: E402
 from rank_dataset.core._native_lib import load  # noqa: E402
-from rank_dataset.files.index.scan import CHUNK, _chunk_bounds  # noqa: E402
+from rank_dataset.files.index.scan import CHUNK, chunk_bounds  # noqa: E402
 from rank_dataset.files.read.lines import bounds_ok as _bounds_ok  # noqa: E402
 from rank_dataset.files.read.lines import rows_ok as _rows_ok  # noqa: E402
 
@@ -111,7 +111,7 @@ def main() -> None:
         read_s = _one_read(path, args.repeat)
         data = np.fromfile(path, np.uint8)
         with open(path, "rb") as f:
-            bounds = _chunk_bounds(f, size, CHUNK)
+            bounds = chunk_bounds(f, size, CHUNK)
     chunks = [(data[lo:hi], lo, hi == size) for lo, hi in itertools.pairwise(bounds)]
     window = np.empty(max((c.size for c, _, _ in chunks), default=0), np.uint8)
 
