@@ -29,7 +29,7 @@ from _common import barh, cache_env, machine_info, run_child, save_results, scra
 
 _STEP = """
 from pathlib import Path
-from rank_dataset.files.index import load_index
+from rank_dataset.files.index.load import load_index
 from rank_dataset import group_by
 from rank_dataset.core.parsers import parse_label
 reset_peak()

@@ -15,7 +15,7 @@ run in it; ``--clock wall`` for wall time). One read of the file counting newlin
   (``core.shard.copy_rows``' numpy gather against ``rd_copy_rows``, uint32 destinations as a shard's):
   in one call from the whole file, and as a build copies them (file order, a 2 MiB window at a time,
   each row to its random place in item order);
-- UTF-8 check of the gathered rows (``files._gather.check_utf8``'s decoding against ``rd_utf8_first_invalid``);
+- UTF-8 check of the gathered rows (``files.read._gather.check_utf8``'s decoding against ``rd_utf8_first_invalid``);
 - the line checks a build makes of each window's rows (``files.lines``' ``bounds_ok``, ``rows_ok`` and
   newline search against ``rd_check_lines``);
 - stray bytes of the gathered rows (no newline, not blank: ``rd_lines_bad``);
@@ -47,9 +47,9 @@ sys.path.insert(0, str(HERE))
 from _common import barh, machine_info, save_results, write_imagenet_meta  # noqa: E402
 from rank_dataset.core import _reference as ref  # noqa: E402
 from rank_dataset.core._native_lib import load  # noqa: E402
-from rank_dataset.files.lines import bounds_ok as _bounds_ok  # noqa: E402
-from rank_dataset.files.lines import rows_ok as _rows_ok  # noqa: E402
-from rank_dataset.files.scan import CHUNK, _chunk_bounds  # noqa: E402
+from rank_dataset.files.index.scan import CHUNK, chunk_bounds  # noqa: E402
+from rank_dataset.files.read.lines import bounds_ok as _bounds_ok  # noqa: E402
+from rank_dataset.files.read.lines import rows_ok as _rows_ok  # noqa: E402
 
 # The clock every timing reads: the calling thread's CPU time by default (both paths run in the calling
 # thread; on a machine whose cores other processes share, wall time mostly measures the scheduler), or
@@ -111,7 +111,7 @@ def main() -> None:
         read_s = _one_read(path, args.repeat)
         data = np.fromfile(path, np.uint8)
         with open(path, "rb") as f:
-            bounds = _chunk_bounds(f, size, CHUNK)
+            bounds = chunk_bounds(f, size, CHUNK)
     chunks = [(data[lo:hi], lo, hi == size) for lo, hi in itertools.pairwise(bounds)]
     window = np.empty(max((c.size for c, _, _ in chunks), default=0), np.uint8)
 

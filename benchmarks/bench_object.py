@@ -38,7 +38,7 @@ _RANK = """
 import json, os, sys, time
 import torch.distributed as dist
 from rank_dataset import RankDataset
-from rank_dataset.files.sources.object import COUNTS
+from rank_dataset.files.io.object import COUNTS
 dist.init_process_group("gloo")
 out = {}
 
@@ -72,7 +72,7 @@ for name, path in (("local", sys.argv[1]), ("object", sys.argv[2])):
 # The store's floor: this rank's 1/W of the object streamed with obstore alone (no rank-dataset), all
 # ranks at once, in the reader's block size: what any reader of the object pays the server.
 import obstore
-from rank_dataset.files.sources._stores import object_store, split_url
+from rank_dataset.files.io._stores import object_store, split_url
 directory, key = split_url(sys.argv[2])
 store = object_store(directory, {}, 600.0)
 size = os.path.getsize(sys.argv[1])
@@ -93,13 +93,13 @@ dist.destroy_process_group()
 _INDEX = """
 import json, sys, time
 from rank_dataset.core.checks import meta_path
-from rank_dataset.files.index import load_index
-from rank_dataset.files.sources.object import COUNTS
+from rank_dataset.files.index.load import load_index
+from rank_dataset.files.io.object import COUNTS
 t = time.perf_counter(); load_index(meta_path(sys.argv[1])); local = time.perf_counter() - t
 t = time.perf_counter(); index = load_index(meta_path(sys.argv[2])); remote = time.perf_counter() - t
 counts = dict(COUNTS)
 import obstore
-from rank_dataset.files.sources._stores import object_store, split_url
+from rank_dataset.files.io._stores import object_store, split_url
 directory, key = split_url(sys.argv[2])
 t = time.perf_counter()
 for _ in obstore.get(object_store(directory, {}, 600.0), key).stream(min_chunk_size=8 << 20):

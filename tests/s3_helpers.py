@@ -220,7 +220,7 @@ def read_in_child(url: str, conn: Any, env: dict[str, str] | None = None) -> Non
     bytes of the object ``url`` and send them, or the error, through ``conn``; ``env`` first set in the
     child's environment (a forkserver's child has the environment the forkserver started with, which
     an earlier test may have started before this one set the server's AWS_* variables)."""
-    from rank_dataset.files.sources.object import ObjectFile
+    from rank_dataset.files.io.object import ObjectFile
 
     os.environ.update(env or {})
 
@@ -236,7 +236,7 @@ def unpickle_in_child(blob: bytes, conn: Any) -> None:
     settings that travelled with it are all the child has (its environment names no endpoint)."""
     import pickle
 
-    from rank_dataset.files.sources import _stores
+    from rank_dataset.files.io import _stores
 
     try:
         thing = pickle.loads(blob)

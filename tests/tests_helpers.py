@@ -19,7 +19,7 @@ import pytest
 import zstandard
 
 from rank_dataset.demo.synthetic import imagenet_line
-from rank_dataset.files.scan import BOM
+from rank_dataset.files.index.scan import BOM
 from rank_dataset.server.local import LocalServer, free_port
 
 __all__ = [

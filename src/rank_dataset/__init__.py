@@ -25,11 +25,11 @@ from rank_dataset.errors import (
 )
 
 if TYPE_CHECKING:
-    from rank_dataset.files.grouping import group_by
-    from rank_dataset.files.ids import ids_of
-    from rank_dataset.files.metafile import MetaFile
-    from rank_dataset.files.recipes import class_balanced, repeat_factor
-    from rank_dataset.files.scan import build_index
+    from rank_dataset.files.group.grouping import group_by
+    from rank_dataset.files.group.ids import ids_of
+    from rank_dataset.files.group.recipes import class_balanced, repeat_factor
+    from rank_dataset.files.index.scan import build_index
+    from rank_dataset.files.read.metafile import MetaFile
     from rank_dataset.plan.config import ReloadConfig
     from rank_dataset.plan.resume import ResumeState
     from rank_dataset.plan.sources import Source
@@ -73,12 +73,12 @@ __all__ = [
 
 # Where each lazily imported name lives.
 _LAZY = {
-    "group_by": "rank_dataset.files.grouping",
-    "ids_of": "rank_dataset.files.ids",
-    "MetaFile": "rank_dataset.files.metafile",
-    "class_balanced": "rank_dataset.files.recipes",
-    "repeat_factor": "rank_dataset.files.recipes",
-    "build_index": "rank_dataset.files.scan",
+    "group_by": "rank_dataset.files.group.grouping",
+    "ids_of": "rank_dataset.files.group.ids",
+    "MetaFile": "rank_dataset.files.read.metafile",
+    "class_balanced": "rank_dataset.files.group.recipes",
+    "repeat_factor": "rank_dataset.files.group.recipes",
+    "build_index": "rank_dataset.files.index.scan",
     "ReloadConfig": "rank_dataset.plan.config",
     "ResumeState": "rank_dataset.plan.resume",
     "Source": "rank_dataset.plan.sources",

@@ -98,8 +98,8 @@ def index_cmd(meta_files: tuple[str, ...], columns: str | None) -> None:
     """
     from rank_dataset.core.checks import is_url, meta_path
     from rank_dataset.files.formats import detect_path, one_frame_advice
-    from rank_dataset.files.index import load_index, read_checkpoints
-    from rank_dataset.files.metafile import MetaFile
+    from rank_dataset.files.index.load import load_index, read_checkpoints
+    from rank_dataset.files.read.metafile import MetaFile
 
     total = 0
     for path in meta_files:

@@ -23,10 +23,10 @@ from rank_dataset.core import _reference as ref
 from rank_dataset.core import _reference_exchange as ref_exchange
 from rank_dataset.core import native
 from rank_dataset.core._native_lib import Kernels, load
-from rank_dataset.files.lines import _line_ok, check_utf8
-from rank_dataset.files.lines import bounds_ok as _bounds_ok
-from rank_dataset.files.lines import rows_ok as _rows_ok
-from rank_dataset.files.scan import scan_buffer
+from rank_dataset.files.index.scan import scan_buffer
+from rank_dataset.files.read.lines import _line_ok, check_utf8
+from rank_dataset.files.read.lines import bounds_ok as _bounds_ok
+from rank_dataset.files.read.lines import rows_ok as _rows_ok
 
 
 def _native() -> Kernels:

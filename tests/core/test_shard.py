@@ -11,7 +11,7 @@ import pytest
 
 from rank_dataset import MetaFile
 from rank_dataset.core.shard import Shard
-from rank_dataset.files import _gather as gather_mod
+from rank_dataset.files.read import _gather as gather_mod
 
 
 def test_from_meta_matches_the_file_in_any_order(write_meta) -> None:

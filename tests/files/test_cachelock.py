@@ -8,12 +8,12 @@ import threading
 import time
 from pathlib import Path
 
-from rank_dataset.files._cachelock import load_or_build, lock_path, one_builder
+from rank_dataset.files.index.cachelock import load_or_build, lock_path, one_builder
 
 _HOLD = """
 import sys, time
 from pathlib import Path
-from rank_dataset.files._cachelock import one_builder
+from rank_dataset.files.index.cachelock import one_builder
 with one_builder(Path(sys.argv[1])) as locked:
     print(locked, flush=True)
     time.sleep(600)
@@ -66,7 +66,7 @@ def test_without_a_lock_everyone_builds(tmp_path: Path) -> None:
     built = []
     with one_builder(cache) as locked:
         assert not locked
-    assert load_or_build(cache, lambda: None, lambda: built.append(1) or 7) == 7
+    assert load_or_build(cache, lambda: None, lambda _held: built.append(1) or 7) == 7
     assert built == [1]
 
 
@@ -79,7 +79,7 @@ def test_load_or_build_loads_what_another_builder_wrote_while_it_waited(tmp_path
         loads.append(int(cache.read_text()) if cache.exists() else None)
         return loads[-1]
 
-    def build() -> int:
+    def build(_held: object) -> int:
         raise AssertionError("built although another process built it meanwhile")
 
     def finish() -> None:  # the holder's build: it writes the cache, then goes (here: is killed)

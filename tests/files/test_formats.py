@@ -14,7 +14,16 @@ import pytest
 import zstandard
 
 from rank_dataset.errors import CorruptMetaFileError
-from rank_dataset.files.formats import Checkpoints, DecompressedView, Decompression, Format, detect_path
+from rank_dataset.files.formats import (
+    GZIP,
+    PARQUET,
+    TEXT,
+    ZSTD,
+    Checkpoints,
+    DecompressedView,
+    Decompression,
+    detect_path,
+)
 
 SPACING = 64 << 10  # small, so that small files have many checkpoints
 
@@ -66,7 +75,7 @@ def test_members_longer_than_a_block_are_read_once(tmp_path: Path, block: int) -
     path = _write(tmp_path, "members.gz", FILES["members.gz"])
     fd = os.open(path, os.O_RDONLY)
     try:
-        d = Decompression(path, fd, Format.GZIP, spacing=SPACING, block=block)
+        d = Decompression(path, fd, GZIP, spacing=SPACING, block=block)
         parts = list(d)
         assert b"".join(parts) == RAW and max(len(p) for p in parts) <= block
         assert d.checkpoints.size == len(RAW)
@@ -81,11 +90,11 @@ def _write(tmp_path: Path, name: str, data: bytes) -> Path:
 
 
 def test_formats_are_told_by_content_not_name(tmp_path: Path) -> None:
-    assert detect_path(_write(tmp_path, "a.txt", FILES["one.gz"])) is Format.GZIP
-    assert detect_path(_write(tmp_path, "b.gz", FILES["one.zst"])) is Format.ZSTD
-    assert detect_path(_write(tmp_path, "c.zst", _skippable(b"x") + FILES["one.zst"])) is Format.ZSTD
-    assert detect_path(_write(tmp_path, "d.gz", RAW)) is Format.TEXT
-    assert detect_path(_write(tmp_path, "e.parquet", b"PAR1 but no footer")) is Format.TEXT
+    assert detect_path(_write(tmp_path, "a.txt", FILES["one.gz"])) is GZIP
+    assert detect_path(_write(tmp_path, "b.gz", FILES["one.zst"])) is ZSTD
+    assert detect_path(_write(tmp_path, "c.zst", _skippable(b"x") + FILES["one.zst"])) is ZSTD
+    assert detect_path(_write(tmp_path, "d.gz", RAW)) is TEXT
+    assert detect_path(_write(tmp_path, "e.parquet", b"PAR1 but no footer")) is TEXT
 
 
 @pytest.mark.parametrize("name", sorted(n for n in FILES if n != "stream.zst"))
@@ -99,7 +108,7 @@ def test_stream_and_random_reads_give_the_decompressed_bytes(tmp_path: Path, nam
     assert tuple(cp.points[0]) == (0, 0)
     assert (np.diff(cp.points, axis=0) > 0).all()
     gaps = np.diff(np.append(cp.points[:, 0], len(RAW)))
-    if cp.format is Format.ZSTD:
+    if cp.format is ZSTD:
         assert (gaps[:-1] >= SPACING).all()
     if name != "one.zst":  # gzip: a point past every SPACING (at a deflate block's end); zstd: frame starts
         assert len(cp.points) >= 5
@@ -150,7 +159,7 @@ def test_reads_in_order_decompress_the_file_once(tmp_path: Path, name: str) -> N
             assert got == RAW and view.decompressed == len(RAW)
             assert view.read(10, 20) == RAW[10:20]  # backwards: from the checkpoint again
             assert view.read(len(RAW) - 5, len(RAW)) == RAW[-5:]
-        if cp.format is Format.GZIP:  # and reads no further than ``until``
+        if cp.format is GZIP:  # and reads no further than ``until``
             with DecompressedView(path, fd, cp) as view:
                 end = int(cp.points[2, 0]) + 100
                 assert view.read(0, end - 50, end) + view.read(end - 50, end, end) == RAW[:end]
@@ -321,7 +330,7 @@ def test_a_file_that_shrank_under_a_view_is_an_error_not_short_bytes(tmp_path: P
 
 
 def test_checkpoints_refuse_damaged_bytes() -> None:
-    cp = Checkpoints(Format.ZSTD, 10, np.array([[0, 0], [5, 3]], np.int64))
+    cp = Checkpoints(ZSTD, 10, np.array([[0, 0], [5, 3]], np.int64))
     raw = cp.to_bytes()
     assert Checkpoints.from_bytes(raw).points.tolist() == [[0, 0], [5, 3]]
     with pytest.raises(ValueError, match="damaged"):
@@ -336,7 +345,7 @@ def test_checkpoints_refuse_damaged_bytes() -> None:
 
 def test_a_decompression_reads_compressed_files_only(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="gzip or zstd"):
-        Decompression(tmp_path, 0, Format.TEXT)
+        Decompression(tmp_path, 0, TEXT)
 
 
 # Parquet ---------------------------------------------------------------------------------------------
@@ -359,7 +368,7 @@ def test_parquet_rows_are_lines_of_their_columns_joined_by_tabs(tmp_path: Path) 
     labels = [i % 7 for i in range(n)]
     table = pa.table({"path": paths, "label": labels, "score": [i / 4 for i in range(n)]})
     path = _parquet(tmp_path, table)
-    assert detect_path(path) is Format.PARQUET
+    assert detect_path(path) is PARQUET
     rows = ParquetRows(path, ["path", "label"])
     assert len(rows) == n and rows.bounds.tolist() == [0, 1000, 2000, 3000, 3500]
     pick = np.array([3499, 0, 1500, 999, 1000, 1500])
@@ -480,7 +489,7 @@ def test_a_corrupt_member_stops_the_checkpoints_with_the_checked_pass(tmp_path: 
     fd = os.open(path, os.O_RDONLY)
     try:
         with pytest.raises(CorruptMetaFileError):
-            b"".join(Decompression(path, fd, Format.GZIP, spacing=SPACING, block=1 << 20))
+            b"".join(Decompression(path, fd, GZIP, spacing=SPACING, block=1 << 20))
     finally:
         os.close(fd)
 

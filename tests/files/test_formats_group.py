@@ -11,19 +11,19 @@ import pytest
 
 from rank_dataset import class_balanced, group_by, ids_of, repeat_factor
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files import _group_labels as group_labels
-from rank_dataset.files import _group_lines as group_lines
-from rank_dataset.files import grouping
-from rank_dataset.files.index import load_index
+from rank_dataset.files.group import _labels as group_labels
+from rank_dataset.files.group import _lines as group_lines
+from rank_dataset.files.group import grouping
+from rank_dataset.files.index.load import load_index
 from tests_helpers import COMPRESSORS, compressed_pair, hostile_lines, zstd_frames
 
 
 @pytest.fixture(autouse=True)
 def _small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     # Small blocks, so that small files are decompressed, parsed and read in many (lines cross them).
-    monkeypatch.setattr(group_lines, "_STREAM_BLOCK", 7_000)
+    monkeypatch.setattr(group_lines, "STREAM_BLOCK", 7_000)
     monkeypatch.setattr(group_labels, "_CHUNK", 20_000)
-    monkeypatch.setattr(group_lines, "_BLOCK", 700)
+    monkeypatch.setattr(group_lines, "BLOCK", 700)
 
 
 def _lines(n: int) -> bytes:

@@ -16,7 +16,7 @@ from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files import formats
 from rank_dataset.files.formats import spans as spans_mod
 from rank_dataset.files.formats.zstd import ZSTD
-from rank_dataset.files.metafile import MetaFile
+from rank_dataset.files.read.metafile import MetaFile
 from rank_dataset.plan.mix import MixPlan, Source
 from rank_dataset.plan.spec import ShardSpec
 from tests_helpers import COMPRESSORS, compressed_pair, gzip_members, hostile_lines, zstd_frames
@@ -229,7 +229,7 @@ def test_span_source_cuts_ranges_at_the_decompressed_end_and_closes_what_it_open
         return opened[-1]
 
     try:
-        decompression = formats.Decompression(path, fd, formats.Format.GZIP, spacing=50_000)
+        decompression = formats.Decompression(path, fd, formats.GZIP, spacing=50_000)
         assert b"".join(decompression) == raw
         cp = decompression.checkpoints
         source = formats.SpanSource(path, fd, cp, open_fd)
@@ -300,7 +300,7 @@ def test_a_build_that_fails_before_reading_ahead_is_done_leaves_nothing_open(
 ) -> None:
     # The source opened ahead of the first pass is closed (its descriptors, its decoder thread) when
     # the first pass fails; the next build reads the file whole.
-    from rank_dataset.files import _gather as gather_mod
+    from rank_dataset.files.read import _gather as gather_mod
 
     monkeypatch.setattr(spans_mod, "SPAN", 20_000)
     raw = b"".join(b"img/%06d.jpg %d\n" % (i, i % 7) for i in range(20_000))

@@ -3,20 +3,43 @@ alone), is detected, indexed with checkpoints, cached, read by MetaFile and grou
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rank_dataset import MetaFile, group_by
-from rank_dataset.files.formats import Checkpoints, Decoder, Format, by_code, by_name, detect_path, registered
+from rank_dataset.files.formats import (
+    GZIP,
+    TEXT,
+    Checkpoints,
+    Decoder,
+    Format,
+    by_code,
+    by_name,
+    detect_path,
+    register,
+    unregister,
+)
 from rank_dataset.files.formats import base as formats_base
 from rank_dataset.files.formats.base import Recognised, Stream
-from rank_dataset.files.index import load_index, read_checkpoints
+from rank_dataset.files.index.load import load_index, read_checkpoints
 
 _MAGIC = b"TOY\x01"
 _KEY = 0x5A
+
+
+@contextlib.contextmanager
+def registered(fmt: Format) -> Iterator[Format]:
+    """``fmt`` registered within the ``with`` block."""
+    register(fmt)
+    try:
+        yield fmt
+    finally:
+        unregister(fmt)
 
 
 def _encode(raw: bytes) -> bytes:
@@ -89,10 +112,10 @@ def test_a_format_registered_in_a_test_is_read_through_the_index_and_metafile(
             k: [i for i in range(len(lines)) if i % 7 == k] for k in range(7)
         }
     # Undone: the file is text again, and its cache (of a format no longer known) is not trusted.
-    assert detect_path(path) is Format.TEXT
+    assert detect_path(path) is TEXT
     with pytest.raises(ValueError, match="no meta file format is named 'toy'"):
         by_name("toy")
-    assert load_index(path.resolve()).format is Format.TEXT
+    assert load_index(path.resolve()).format is TEXT
 
 
 def test_a_format_clashing_with_another_is_refused() -> None:
@@ -101,4 +124,4 @@ def test_a_format_clashing_with_another_is_refused() -> None:
 
     with pytest.raises(ValueError, match="clashes with 'gzip'"), registered(Clash()):
         pass
-    assert by_name("gzip") is Format.GZIP
+    assert by_name("gzip") is GZIP

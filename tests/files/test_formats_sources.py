@@ -15,10 +15,10 @@ import pytest
 
 from rank_dataset import MetaFile
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.fingerprints import FINGERPRINT_BYTES, fingerprints
-from rank_dataset.files.index import checkpoints_of, load_index, read_checkpoints
-from rank_dataset.files.lines import check_utf8
-from rank_dataset.files.sources import FileKey, LocalFile, read_exact
+from rank_dataset.files.index.fingerprints import FINGERPRINT_BYTES, fingerprints
+from rank_dataset.files.index.load import checkpoints_of, load_index, read_checkpoints
+from rank_dataset.files.io import FileKey, LocalFile, read_exact
+from rank_dataset.files.read.lines import check_utf8
 
 
 def _old_fingerprints(files: list[tuple[int, bytes]]) -> tuple[str, tuple[str, ...]]:

@@ -1,4 +1,4 @@
-"""The gather's fused pass (``files._gather._gather_window``): a dense batch of rows checked and copied
+"""The gather's fused pass (``files.read._gather._gather_window``): a dense batch of rows checked and copied
 from one window in one native call gives the shard the general way gives, byte for byte, whatever the
 lines (empty, blank, CRLF, no final newline, a byte order mark, lines longer than what a window reads
 past its last row); and a read into private memory (``shared=False``) is the same shard."""
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from rank_dataset.core import native
-from rank_dataset.files import _gather
-from rank_dataset.files import _readers as readers_mod
-from rank_dataset.files import index as index_mod
-from rank_dataset.files.index import CACHE_DIR_ENV
-from rank_dataset.files.metafile import MetaFile
+from rank_dataset.files.index import _entries as readers_mod
+from rank_dataset.files.index import load as index_mod
+from rank_dataset.files.index.load import CACHE_DIR_ENV
+from rank_dataset.files.read import _gather
+from rank_dataset.files.read.metafile import MetaFile
 
 
 def _hostile_file(path: Path, n: int, seed: int) -> Path:
@@ -91,11 +91,11 @@ def test_a_span_the_file_disagrees_with_is_found_by_the_fused_check(
     path.write_bytes(b"\n".join(lines) + b"\n")
     MetaFile(path)
     (cache,) = (tmp_path / "cache").rglob("*.rdidx")
-    entries = np.fromfile(cache, "<u8", count=len(lines), offset=readers_mod._DATA_OFFSET)
+    entries = np.fromfile(cache, "<u8", count=len(lines), offset=readers_mod.DATA_OFFSET)
     entries[25_000] += np.uint64(1) << np.uint64(index_mod.length_bits(path.stat().st_size))  # start + 1
     entries[25_000] -= np.uint64(1)  # length - 1: the same end
     with open(cache, "r+b") as f:
-        f.seek(readers_mod._DATA_OFFSET)
+        f.seek(readers_mod.DATA_OFFSET)
         f.write(entries.tobytes())
     mf = MetaFile(path)
     outcomes: list[Any] = []

@@ -11,7 +11,7 @@ import pytest
 
 from rank_dataset import MetaFile, group_by
 from rank_dataset.core.parsers import LineError, parse_label
-from rank_dataset.files import _group_labels as group_labels
+from rank_dataset.files.group import _labels as group_labels
 from tests_helpers import start_together
 
 

@@ -20,13 +20,14 @@ import numpy as np
 import pytest
 
 from rank_dataset import MetaFile, build_index
-from rank_dataset.files import _build as build_mod
-from rank_dataset.files import _cache as cache_mod
-from rank_dataset.files import _cachefile as cachefile_mod
-from rank_dataset.files import index as index_mod
-from rank_dataset.files import scan as scan_mod
-from rank_dataset.files._cache import CACHE_DIR_ENV
-from rank_dataset.files.scan import Chunk
+from rank_dataset.files.index import _build as build_mod
+from rank_dataset.files.index import _cachefile as cachefile_mod
+from rank_dataset.files.index import cache as cache_mod
+from rank_dataset.files.index import load as index_mod
+from rank_dataset.files.index import scan as scan_mod
+from rank_dataset.files.index.cache import CACHE_DIR_ENV
+from rank_dataset.files.index.scan import Chunk
+from rank_dataset.files.io import LocalFile, hash_ends
 from tests_helpers import random_file, reference_index, start_together
 
 
@@ -142,13 +143,11 @@ def test_zeroed_cache_is_rebuilt_not_trusted(write_meta, tmp_path: Path) -> None
     MetaFile(p)
     cache = the_cache(tmp_path)
     raw = bytearray(cache.read_bytes())
-    raw[cachefile_mod._DATA_OFFSET :] = bytes(len(raw) - cachefile_mod._DATA_OFFSET)
+    raw[cachefile_mod.DATA_OFFSET :] = bytes(len(raw) - cachefile_mod.DATA_OFFSET)
     cache.write_bytes(raw)
     mf = MetaFile(p)
     assert [mf[i] for i in range(1000)] == LINES
-    assert the_cache(tmp_path).read_bytes()[cachefile_mod._DATA_OFFSET :] != bytes(
-        len(raw) - cachefile_mod._DATA_OFFSET
-    )
+    assert the_cache(tmp_path).read_bytes()[cachefile_mod.DATA_OFFSET :] != bytes(len(raw) - cachefile_mod.DATA_OFFSET)
 
 
 def test_cache_key_holds_inode_ctime_device_and_content(write_meta, tmp_path: Path) -> None:
@@ -156,8 +155,8 @@ def test_cache_key_holds_inode_ctime_device_and_content(write_meta, tmp_path: Pa
     index = index_mod.load_index(p.resolve())
     st = p.stat()
     assert index.key == index_mod.FileKey(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-    header = the_cache(tmp_path).read_bytes()[: cachefile_mod._HEADER.size]
-    magic, size, mtime, ctime, inode, device, count, _, sample, *_ = cachefile_mod._HEADER.unpack(header)
+    header = the_cache(tmp_path).read_bytes()[: cachefile_mod.HEADER.size]
+    magic, size, mtime, ctime, inode, device, count, _, sample, *_ = cachefile_mod.HEADER.unpack(header)
     assert (magic, size, mtime, ctime, inode, device, count) == (
         b"RDIDX\x00\x00\x05",
         st.st_size,
@@ -194,7 +193,7 @@ def _join_seals() -> None:
 
 
 def _sealed(cache: Path) -> bool:
-    return cache.read_bytes()[cachefile_mod._SEAL_AT :][: len(cache_mod.SEAL)] == cache_mod.SEAL
+    return cache.read_bytes()[cachefile_mod.SEAL_AT :][: len(cache_mod.SEAL)] == cache_mod.SEAL
 
 
 def test_cache_is_sealed_once_synced(write_meta, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -223,7 +222,7 @@ def test_an_unsealed_cache_is_rebuilt_not_trusted(write_meta, tmp_path: Path) ->
     MetaFile(p)
     cache = the_cache(tmp_path)
     with open(cache, "r+b") as f:
-        f.seek(cachefile_mod._SEAL_AT)
+        f.seek(cachefile_mod.SEAL_AT)
         f.write(bytes(len(cache_mod.SEAL)))
     before = cache.stat().st_ino
     mf = MetaFile(p)
@@ -237,7 +236,7 @@ def test_a_cache_of_the_format_before_is_rebuilt(write_meta, tmp_path: Path) -> 
     MetaFile(p)
     cache = the_cache(tmp_path)
     raw = bytearray(cache.read_bytes())
-    raw[:8], raw[cachefile_mod._SEAL_AT : cachefile_mod._DATA_OFFSET] = b"RDIDX\x00\x00\x03", bytes(32)
+    raw[:8], raw[cachefile_mod.SEAL_AT : cachefile_mod.DATA_OFFSET] = b"RDIDX\x00\x00\x03", bytes(32)
     cache.write_bytes(raw)
     before = cache.stat().st_ino
     mf = MetaFile(p)
@@ -358,7 +357,7 @@ def test_a_seal_outlives_a_builder_in_a_daemon_thread(write_meta, tmp_path: Path
     code = f"""
 import os, threading, time
 from rank_dataset import MetaFile
-from rank_dataset.files import _cache
+from rank_dataset.files.index import cache as _cache
 _cache.SEAL_APART = 1
 real = os.fdatasync
 def slow(fd):
@@ -410,7 +409,9 @@ def test_a_child_forked_while_the_seal_registry_is_locked_gets_it_unlocked() -> 
 
 def _seal_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
-        r.getMessage() for r in caplog.records if r.name == "rank_dataset.files._cache" and r.levelno == logging.WARNING
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "rank_dataset.files.index.cache" and r.levelno == logging.WARNING
     ]
 
 
@@ -427,7 +428,7 @@ def test_a_large_cache_whose_seal_fails_is_rebuilt(
 
     monkeypatch.setattr(os, "fdatasync", fail)
     p = write_meta(LINES)
-    with caplog.at_level(logging.WARNING, logger="rank_dataset.files._cache"):
+    with caplog.at_level(logging.WARNING, logger="rank_dataset.files.index.cache"):
         mf = MetaFile(p)
         _join_seals()
     cache = the_cache(tmp_path)
@@ -471,7 +472,7 @@ def test_a_cache_whose_sync_fails_is_not_used(
     monkeypatch.setattr(os, "fdatasync", fail)
     monkeypatch.setattr(cache_mod, "SYNC_EVERY", 1000)
     p = write_meta(LINES)
-    with caplog.at_level(logging.WARNING, logger="rank_dataset.files._cache"):
+    with caplog.at_level(logging.WARNING, logger="rank_dataset.files.index.cache"):
         mf = MetaFile(p)
     warnings = _seal_warnings(caplog)
     caches = cache_mod.cache_paths(p.resolve())
@@ -493,7 +494,9 @@ def test_a_seal_refused_by_the_kernel_is_logged(write_meta, tmp_path: Path, capl
     fd = os.open(p, os.O_RDONLY)
     try:
         key = index_mod.FileKey.of(os.fstat(fd))
-        written = build_mod._write_cache(cache, p, fd, key, index_mod.hash_ends(fd, key.size))
+        with LocalFile(p, key) as source:
+            ends = hash_ends(source)
+        written = build_mod.write_cache(cache, p, fd, key, ends)
     finally:
         os.close(fd)
     assert written is not None
@@ -502,7 +505,7 @@ def test_a_seal_refused_by_the_kernel_is_logged(write_meta, tmp_path: Path, capl
     os.dup2(r, seal.file.fileno())
     os.close(r)
     os.close(w)
-    with caplog.at_level(logging.WARNING, logger="rank_dataset.files._cache"):
+    with caplog.at_level(logging.WARNING, logger="rank_dataset.files.index.cache"):
         assert seal() is False
     assert _seal_warnings(caplog) == [
         f"could not seal the index cache {cache}: the sync of its data failed: [Errno 22] Invalid argument; "
@@ -543,7 +546,7 @@ _MEASURED_LOAD = """
 import json, resource, sys
 from pathlib import Path
 import psutil
-from rank_dataset.files.index import load_index
+from rank_dataset.files.index.load import load_index
 me = psutil.Process()
 print("ready", flush=True)
 sys.stdin.readline()  # go
@@ -586,21 +589,18 @@ def test_an_index_of_the_format_before_is_rebuilt_not_misread(write_meta, tmp_pa
     p = write_meta(LINES)
     data = p.read_bytes()
     st = p.stat()
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        sample = index_mod.hash_ends(fd, st.st_size)
-    finally:
-        os.close(fd)
+    with LocalFile(p) as source:
+        sample = hash_ends(source)
     spans = build_index(p)
     old = struct.pack("<8sqqqQQqq16s", b"RDIDX\x00\x00\x02", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
                       st.st_dev, len(spans), 1, sample)  # fmt: skip
     cache = cache_mod.cache_paths(p.resolve())[0]
     cache.parent.mkdir(parents=True)
-    cache.write_bytes(old.ljust(cachefile_mod._DATA_OFFSET, b"\0") + spans.astype("<i8").tobytes())
+    cache.write_bytes(old.ljust(cachefile_mod.DATA_OFFSET, b"\0") + spans.astype("<i8").tobytes())
     mf = MetaFile(p)
     assert [mf[i] for i in range(len(mf))] == LINES
     assert cache.read_bytes()[:8] == b"RDIDX\x00\x00\x05"
-    assert cache.stat().st_size == cachefile_mod._DATA_OFFSET + 8 * len(LINES) + 16  # entries, one mark
+    assert cache.stat().st_size == cachefile_mod.DATA_OFFSET + 8 * len(LINES) + 16  # entries, one mark
     assert mf.read(np.arange(len(LINES))[::-1]).texts(range(len(LINES))) == LINES[::-1]
     assert data == p.read_bytes()
 
@@ -637,8 +637,8 @@ def test_a_cache_path_that_is_a_directory_means_an_index_in_memory(write_meta, t
 # its temporary file), that it is there, and waits to be killed.
 _BUILDER_STOPPED_MID_BUILD = """
 import os, pathlib, sys, time
-import rank_dataset.files._build as build
-import rank_dataset.files.index as index
+import rank_dataset.files.index._build as build
+import rank_dataset.files.index.load as index
 
 encoder = build._encoder
 
@@ -719,7 +719,7 @@ def test_a_cache_holds_the_format_whatever_the_chunks(
         spans, marks = reference_index(data, 97)
         index = index_mod.load_index(p.resolve())
         assert index.cache is not None and (index.count, index.ascii) == (len(spans), data.isascii())
-        body = index.cache.read_bytes()[cachefile_mod._DATA_OFFSET :]
+        body = index.cache.read_bytes()[cachefile_mod.DATA_OFFSET :]
         bits = 64 - max(1, len(data).bit_length())
         expect = b"".join(struct.pack("<Q", start << bits | (stop - start)) for start, stop in spans)
         expect += b"".join(struct.pack("<qq", offset, line) for offset, line in marks)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from rank_dataset.core.parsers import LineError, parse_label
-from rank_dataset.files._labels import PAD, block_labels, tail_labels
-from rank_dataset.files.scan import _scan_chunk, _spans
+from rank_dataset.files.group._block_labels import PAD, block_labels, tail_labels
+from rank_dataset.files.index.scan import _scan_chunk, _spans
 
 _PIECES = ["a", "b", " ", "\t", "-", "+", "0", "1", "9", "5", "\u3000", "\xa0", "é", "x/", "\x1c", "_", "12345678"]
 _PIECES.append("9" * 11)

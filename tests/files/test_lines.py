@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from rank_dataset.core import native
-from rank_dataset.files import lines
-from rank_dataset.files.lines import check_from, window_ok
-from rank_dataset.files.scan import BOM, NEWLINE, scan_buffer
+from rank_dataset.files.index.scan import BOM, NEWLINE, scan_buffer
+from rank_dataset.files.read import lines
+from rank_dataset.files.read.lines import check_from, window_ok
 
 _PIECES = [b"a 1", b"bb 22", b" ", b"", b"\t", b"c\r", b"\xc3\xa9 3", b"x y z"]
 

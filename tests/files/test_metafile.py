@@ -24,11 +24,11 @@ from torch.utils.data import DataLoader
 
 import rank_dataset
 from rank_dataset import MetaFile, MetaFileChangedError, RankDataset
-from rank_dataset.files import _gather as gather_mod
-from rank_dataset.files import _pread as pread_mod
-from rank_dataset.files import _readers as readers_mod
-from rank_dataset.files import _visits as visits_mod
-from rank_dataset.files import index as index_mod
+from rank_dataset.files.index import _entries as readers_mod
+from rank_dataset.files.index import load as index_mod
+from rank_dataset.files.io import pread as pread_mod
+from rank_dataset.files.read import _gather as gather_mod
+from rank_dataset.files.read import _visits as visits_mod
 from tests_helpers import imagenet_line, rewrite
 
 LINES = [f"{i}.jpg {i}" for i in range(1000)]
@@ -176,8 +176,8 @@ def test_file_truncated_during_a_build(write_meta, monkeypatch: pytest.MonkeyPat
 def test_file_rewritten_during_a_build_is_caught_after_the_copy(write_meta, monkeypatch: pytest.MonkeyPatch) -> None:
     p = write_meta(LINES)
     mf = MetaFile(p)
-    # A batch is copied the general way (_copy_rows) or, dense on the native path, in one pass (_gather_window).
-    for name in ("_copy_rows", "_gather_window"):
+    # A batch is copied the general way (_copy_file_rows) or, dense on the native path, in one pass (_gather_window).
+    for name in ("_copy_file_rows", "_gather_window"):
         real = getattr(gather_mod, name)
 
         def rewrite_after_copy(*args: object, real: Any = real) -> Any:
@@ -199,7 +199,7 @@ def test_damaged_cache_found_when_read_is_rebuilt(write_meta, tmp_path: Path, da
     MetaFile(p)
     cache = the_cache(tmp_path)
     size = p.stat().st_size
-    entries = np.fromfile(cache, "<u8", count=30_000, offset=readers_mod._DATA_OFFSET)
+    entries = np.fromfile(cache, "<u8", count=30_000, offset=readers_mod.DATA_OFFSET)
     bits = np.uint64(index_mod.length_bits(size))
     starts, lengths = (
         (entries >> bits).astype(np.int64),
@@ -213,14 +213,14 @@ def test_damaged_cache_found_when_read_is_rebuilt(write_meta, tmp_path: Path, da
         lengths[15_000] = size + 100 - starts[15_000]
     damaged = (starts.astype("<u8") << bits) | lengths.astype("<u8")
     with open(cache, "r+b") as f:
-        f.seek(readers_mod._DATA_OFFSET)
+        f.seek(readers_mod.DATA_OFFSET)
         f.write(damaged.tobytes())
     mf = MetaFile(p)
     assert mf[15_000] == lines[15_000]
     idx = np.arange(14_000, 16_000)
     mf = MetaFile(p)  # from the rebuilt cache, then damaged again under it
     with open(cache, "r+b") as f:
-        f.seek(readers_mod._DATA_OFFSET)
+        f.seek(readers_mod.DATA_OFFSET)
         f.write(damaged.tobytes())
     assert mf.read(idx).texts(range(idx.size)) == lines[14_000:16_000]
 
@@ -470,7 +470,7 @@ def test_a_random_batch_is_read_in_one_window_a_call_a_line(write_meta, monkeypa
 
 
 def test_small_takes_map_a_cache_once_and_a_replaced_cache_anew(write_meta) -> None:
-    from rank_dataset.files import index as index_mod
+    from rank_dataset.files.index import load as index_mod
 
     p = write_meta(n=readers_mod._MAPPED_MIN + 10)
     lines = p.read_text().splitlines()

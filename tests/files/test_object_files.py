@@ -16,7 +16,7 @@ pytest.importorskip("obstore", reason="the cloud extra (obstore) is not installe
 from http_helpers import range_server
 from rank_dataset import MetaFile
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.index import load_index
+from rank_dataset.files.index.load import load_index
 
 
 def _lines(n: int, seed: int = 0) -> list[str]:
@@ -95,7 +95,7 @@ def test_parquet_object_reads_as_the_local_file(s3: Any, tmp_path: Path) -> None
     import pyarrow.parquet as pq
 
     from rank_dataset import RankDataset, group_by
-    from rank_dataset.files.sources.object import COUNTS
+    from rank_dataset.files.io.object import COUNTS
 
     n = 30_000
     table = pa.table(
@@ -191,7 +191,7 @@ def test_grouping_passes_over_an_object_equal_the_local_files(s3: Any, tmp_path:
     import gzip
 
     from rank_dataset import class_balanced, group_by, ids_of, repeat_factor
-    from rank_dataset.files.sources.object import COUNTS
+    from rank_dataset.files.io.object import COUNTS
 
     lines = _lines(120_000, seed=11)
     text = ("\n".join(lines) + "\n").encode()

@@ -15,8 +15,8 @@ pytest.importorskip("obstore", reason="the cloud extra (obstore) is not installe
 
 from http_helpers import fault_proxy, range_server
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files.sources import object as object_source
-from rank_dataset.files.sources.object import ObjectFile, is_url
+from rank_dataset.files.io import object as object_source
+from rank_dataset.files.io.object import ObjectFile, is_url
 from s3_helpers import read_in_child
 
 
@@ -151,7 +151,7 @@ def test_no_client_crosses_a_fork(s3: Any, method: str) -> None:
 
 
 def test_without_obstore_a_url_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rank_dataset.files.sources import _stores
+    from rank_dataset.files.io import _stores
 
     monkeypatch.setitem(__import__("sys").modules, "obstore.store", None)
     monkeypatch.setattr(_stores, "_stores", {})
@@ -186,7 +186,7 @@ def test_spread_start_delays_are_spread_over_a_bounded_window(s3: Any, monkeypat
     """512 ranks' first requests come evenly over a window of 2 ms a rank (about 1 s: about 500 first
     requests a second, against S3's 5,500 GETs a second a prefix), each rank in its slot, processes of
     one rank apart in it; the window is capped, and 0 turns it off."""
-    from rank_dataset.files.sources import _stores
+    from rank_dataset.files.io import _stores
 
     w, window = 512, 512 * _stores.SPREAD_PER_PROCESS
     delays = np.array([_stores.start_delay(r, w, 40_000 + 7 * r) for r in range(w)])

@@ -10,8 +10,8 @@ import pytest
 
 from rank_dataset import class_balanced, group_by, ids_of, repeat_factor
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files import grouping
-from rank_dataset.files.index import load_index
+from rank_dataset.files.group import grouping
+from rank_dataset.files.index.load import load_index
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

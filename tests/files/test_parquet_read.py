@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from rank_dataset.cli import cli
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files.metafile import MetaFile
+from rank_dataset.files.read.metafile import MetaFile
 from rank_dataset.plan.mix import MixPlan
 from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
@@ -74,7 +74,7 @@ def test_shards_are_those_of_the_text_file(tmp_path: Path, n: int, groups: int) 
 def test_row_groups_past_what_the_first_pass_keeps_are_decoded_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rank_dataset.files import _parquet_gather
+    from rank_dataset.files.read import _parquet_gather
 
     monkeypatch.setattr(_parquet_gather, "_PARQUET_KEPT", 20_000)  # a few of the row groups' rows only
     parquet, text = _write_pair(tmp_path, 70_000, 3000, ["path", "label", "note"])

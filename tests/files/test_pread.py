@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rank_dataset.files import _pread
-from rank_dataset.files._pread import ShortRead, Window
+from rank_dataset.files.io import pread as _pread
+from rank_dataset.files.io.pread import ShortRead, Window
 
 
 def check(buf: np.ndarray, shift: int | np.ndarray, starts: np.ndarray, stops: np.ndarray, data: bytes) -> None:
@@ -91,7 +91,7 @@ def test_runs_close_together_are_one_read(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(os, "pread", pread)
     # Three ranges within the gap of each other, then one far away: two reads.
-    starts = np.array([10_000, 10_100, 10_100 + _pread._GAP, 900_000])
+    starts = np.array([10_000, 10_100, 10_100 + _pread.GAP, 900_000])
     fd = os.open(path, os.O_RDONLY)
     try:
         buf, shift = Window().load(fd, starts, starts + 50, 1 << 20)

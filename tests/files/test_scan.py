@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from rank_dataset import MetaFile, build_index
-from rank_dataset.files import scan as scan_mod
-from rank_dataset.files.scan import BOM
+from rank_dataset.files.index import scan as scan_mod
+from rank_dataset.files.index.scan import BOM
 from tests_helpers import random_file, reference_index
 
 
@@ -134,7 +134,7 @@ def test_chunk_bounds_stop_at_a_file_shorter_than_its_size(tmp_path: Path) -> No
     p = tmp_path / "m.txt"
     p.write_bytes(b"a\n" * 5000)
     with open(p, "rb") as f:
-        assert scan_mod._chunk_bounds(f, 50_000, 1000) == [0, *range(1002, 10_000, 1000), 50_000]
+        assert scan_mod.chunk_bounds(f, 50_000, 1000) == [0, *range(1002, 10_000, 1000), 50_000]
 
 
 def _cut(data: bytes, rng: np.random.Generator) -> list[bytes]:

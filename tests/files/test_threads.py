@@ -17,12 +17,13 @@ import pytest
 
 from rank_dataset import MetaFile
 from rank_dataset.core import threads as _threads
-from rank_dataset.files import _gather as gather_mod
-from rank_dataset.files import _pread, formats
-from rank_dataset.files import _visits as visits_mod
-from rank_dataset.files._pread import Window
+from rank_dataset.files import formats
 from rank_dataset.files.formats import base as formats_base
 from rank_dataset.files.formats import spans as spans_mod
+from rank_dataset.files.io import pread as _pread
+from rank_dataset.files.io.pread import Window
+from rank_dataset.files.read import _gather as gather_mod
+from rank_dataset.files.read import _visits as visits_mod
 from rank_dataset.plan import permutation as permutation_mod
 from rank_dataset.plan.permutation import permute
 
@@ -157,7 +158,7 @@ def _one_frame_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Me
     monkeypatch.setattr(spans_mod, "SPAN", 40_000)  # spans of one frame
     mf = MetaFile(path)
     monkeypatch.setattr(visits_mod, "THREADS", 2)
-    monkeypatch.setattr(visits_mod, "_BATCH_ROWS", 500)
+    monkeypatch.setattr(visits_mod, "BATCH_ROWS", 500)
     return mf, lines, raw
 
 
@@ -175,14 +176,14 @@ def test_the_threads_reading_a_one_frame_zstd_file_share_its_decoder(
     _lagging_helper(monkeypatch)
     # And twice the helper stalls after taking a batch, before loading it, while the other thread
     # goes on many spans (more than the source keeps): the batch's spans are pinned, not let go of.
-    main, load_and_copy, calls = threading.get_ident(), gather_mod._copy_rows, itertools.count()
+    main, load_and_copy, calls = threading.get_ident(), gather_mod._copy_file_rows, itertools.count()
 
     def stalling(*args: Any) -> bool:
         if threading.get_ident() != main and next(calls) in (3, 9):
             time.sleep(0.2)
         return load_and_copy(*args)
 
-    monkeypatch.setattr(gather_mod, "_copy_rows", stalling)
+    monkeypatch.setattr(gather_mod, "_copy_file_rows", stalling)
     kept = _kept_spans(monkeypatch)
     monkeypatch.setattr(spans_mod, "READ_AHEAD", 4)
     indices = np.random.default_rng(0).permutation(len(mf))[: len(mf) // 2]
@@ -248,7 +249,7 @@ def test_the_threads_of_a_compressed_files_read_decode_each_span_about_once(
     mf = MetaFile(path)
     monkeypatch.setattr(visits_mod, "HELPED_ITEMS", 1000)
     monkeypatch.setattr(visits_mod, "THREADS", 2)
-    monkeypatch.setattr(visits_mod, "_BATCH_ROWS", 500)  # a few batches a span
+    monkeypatch.setattr(visits_mod, "BATCH_ROWS", 500)  # a few batches a span
     asked = _threads_asked(monkeypatch, gather_mod)
     decompressed = _decompressed(monkeypatch)
     _lagging_helper(monkeypatch)

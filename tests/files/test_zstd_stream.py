@@ -1,4 +1,4 @@
-"""The cold index's pass over a zstd file (rank_dataset.files.formats._zstd.stream): each frame decoded
+"""The cold index's pass over a zstd file (rank_dataset.files.formats.zstd.stream): each frame decoded
 into reused blocks, its end found by walking its block headers, on real zstd files of every kind of
 frame and block, read in pieces that cut the headers anywhere."""
 
@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from rank_dataset.errors import CorruptMetaFileError
-from rank_dataset.files.formats import _zstd
+from rank_dataset.files.formats import zstd as _zstd
 
 SPACING = 20_000
 

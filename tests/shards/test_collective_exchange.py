@@ -19,7 +19,7 @@ from collective_helpers import ThreadNet, run_ranks, write_files
 from rank_dataset import MetaFile
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.formats import detect_path
-from rank_dataset.files.index import FileKey
+from rank_dataset.files.index.load import FileKey
 from rank_dataset.shards.collective import _rounds
 from rank_dataset.shards.collective._rounds import Exchange
 from rank_dataset.shards.collective._slices import count_slices, shared_checkpoints, shared_fingerprints

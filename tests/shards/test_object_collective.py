@@ -19,8 +19,8 @@ from collective_helpers import ThreadNet, run_ranks, write_files
 from rank_dataset import MetaFile
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.formats import detect_path
-from rank_dataset.files.index import FileKey
-from rank_dataset.files.sources.object import COUNTS
+from rank_dataset.files.index.load import FileKey
+from rank_dataset.files.io.object import COUNTS
 from rank_dataset.shards.collective._objects import shared_objects
 from rank_dataset.shards.collective._rounds import Exchange
 from rank_dataset.shards.collective._slices import count_slices, shared_checkpoints, shared_fingerprints
@@ -160,7 +160,7 @@ def test_faults_on_a_fifth_of_requests_leave_the_shards_unchanged(
     body cut short, in turn): the collective reader's shards and MetaFile's reads are those of the
     local file."""
     from http_helpers import fault_proxy
-    from rank_dataset.files.sources import object as object_source
+    from rank_dataset.files.io import object as object_source
 
     monkeypatch.setattr(object_source, "REQUEST", 256 << 10)  # many GETs: every kind of fault met
     a, _, _ = write_files(tmp_path, n=20_000)

@@ -5,7 +5,7 @@ bytes a line (8 once its text passes 4 GiB), and no Python object per line, so f
 workers share its pages (nothing in them carries a refcount). Sample numbers are kept only when asked
 for (``ids``); a dataset recomputes them from its plan instead.
 
-A shard built by :meth:`MetaFile.read <rank_dataset.files.metafile.MetaFile.read>` (or made shareable with
+A shard built by :meth:`MetaFile.read <rank_dataset.files.read.metafile.MetaFile.read>` (or made shareable with
 :meth:`Shard.shared`) lives in one shareable segment (:mod:`rank_dataset.core.shm`): a 64-byte header,
 the offsets, the ids if any, then the lines. Pickling such a shard sends a handle to that segment,
 never the data, and unpickling maps the same pages, in any process of the same user.
@@ -77,7 +77,7 @@ def _checked(data: Any, starts: _IntArray, ends: _IntArray) -> tuple[npt.NDArray
 class ShardWriter:
     """A new shard of ``n`` lines and ``nbytes`` bytes of text, in a new shareable segment (with
     ``shared=False``, in this process's private memory: see :meth:`MetaFile.read
-    <rank_dataset.files.metafile.MetaFile.read>`).
+    <rank_dataset.files.read.metafile.MetaFile.read>`).
 
     Fill ``bounds`` (``n + 1`` offsets into ``data``, ascending, ``bounds[n] == nbytes``) and
     ``ids`` if asked for, write the lines into ``data``, then call :meth:`finish`.

@@ -78,7 +78,7 @@ def launch_ranks(cfg: dict[str, Any], world_size: int, work: Path) -> DemoResult
     ``meta``, ``workers``, ``epochs``, ``mini_epochs``, ``batch_size``; ``work``: a scratch directory.
     """
     if cfg["loader"] == "rank_dataset":
-        from rank_dataset.files.metafile import MetaFile
+        from rank_dataset.files.read.metafile import MetaFile
 
         # Index before the job, as `rank-dataset index` would: the ranks load a warm index, and the
         # memory figures are those of a training run, not of indexing.

@@ -126,7 +126,7 @@ class Source:
         ids: None (every sample of the files), or the samples of the source: 0-based sample numbers
             over its files taken as one, as a 1-D integer array or the path of a ``.npy`` file (which
             is memory-mapped, as is a view of a memory-mapped array such as a value of
-            :func:`~rank_dataset.files.grouping.group_by`: ranks and workers then read only the ids at
+            :func:`~rank_dataset.files.group.grouping.group_by`: ranks and workers then read only the ids at
             their positions). The listed order is the order in eval mode. Stored as a
             ``SampleIds``; checked (distinct, in range) when a dataset opens the files.
         exclude: None, or sample numbers (in the numbering of ``ids``: over its files taken as one) to

@@ -36,7 +36,7 @@ import numpy.typing as npt
 from starlette.concurrency import run_in_threadpool
 
 from rank_dataset.core.shard import Shard
-from rank_dataset.files.metafile import MetaFile, bucket_order
+from rank_dataset.files.read.metafile import MetaFile, bucket_order
 
 __all__ = ["BuildSlots", "Busy", "Part", "SharedPasses"]
 

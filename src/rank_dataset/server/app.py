@@ -47,7 +47,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rank_dataset.files.metafile import MetaFile, MetaFileChangedError
+from rank_dataset.files.read.metafile import MetaFile, MetaFileChangedError
 from rank_dataset.server import protocol
 from rank_dataset.server._frames import FrameResponse
 from rank_dataset.server._passes import BuildSlots, Busy, SharedPasses

@@ -24,9 +24,9 @@ import numpy.typing as npt
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import ParquetRows, object_rows
-from rank_dataset.files.scan import NEWLINE
-from rank_dataset.files.sources import FileKey, LocalFile, ObjectFile
-from rank_dataset.files.sources.object import REQUEST
+from rank_dataset.files.index.scan import NEWLINE
+from rank_dataset.files.io import FileKey, LocalFile, ObjectFile
+from rank_dataset.files.io.object import REQUEST
 from rank_dataset.shards._text import Lines, pinned_object
 
 __all__ = ["RowsReading", "RowsText"]

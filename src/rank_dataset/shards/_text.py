@@ -25,8 +25,8 @@ import numpy.typing as npt
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import Checkpoints, DecompressedView
-from rank_dataset.files.scan import NEWLINE, scan_buffer
-from rank_dataset.files.sources import FileKey, LocalFile, ObjectFile, ObjectKey, ShortRead, raise_if_changed
+from rank_dataset.files.index.scan import NEWLINE, scan_buffer
+from rank_dataset.files.io import FileKey, LocalFile, ObjectFile, ObjectKey, ShortRead, raise_if_changed
 
 __all__ = [
     "READ",
@@ -148,8 +148,8 @@ class Text:
 
 
 class Reading:
-    """Reads of a :class:`Text` through one source, a :class:`~rank_dataset.files.sources.LocalFile` or an
-    :class:`~rank_dataset.files.sources.ObjectFile` (a text object, read in order in large GETs)
+    """Reads of a :class:`Text` through one source, a :class:`~rank_dataset.files.io.LocalFile` or an
+    :class:`~rank_dataset.files.io.ObjectFile` (a text object, read in order in large GETs)
     (and, for a compressed file, one decoder, which goes on from where the read before stopped: reads
     in order decompress each span once)."""
 

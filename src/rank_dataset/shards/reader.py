@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from rank_dataset.core.shard import Shard
 from rank_dataset.core.stages import timed_result
-from rank_dataset.files.metafile import MetaFile
+from rank_dataset.files.read.metafile import MetaFile
 from rank_dataset.plan.spec import ShardSpec
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rank_dataset.core.checks import is_url, with_storage
-from rank_dataset.files.metafile import MetaFile
+from rank_dataset.files.read.metafile import MetaFile
 from rank_dataset.shards.reader import FileReader, ShardReader, columns_of, files_of
 from rank_dataset.training._agree import check_ranks_agree
 from rank_dataset.training._options import READER_NAMES, is_shard_reader

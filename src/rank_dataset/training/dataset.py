@@ -30,7 +30,7 @@ from rank_dataset.training.topology import get_rank_world_size
 # A spawn or forkserver DataLoader worker imports this module to unpickle its dataset: what only the rank plans
 # and builds with (the readers of meta files, their formats and index, exclusions, mixes) is imported on first use.
 if TYPE_CHECKING:
-    from rank_dataset.files.metafile import MetaFile
+    from rank_dataset.files.read.metafile import MetaFile
     from rank_dataset.plan.sources import Source, SourceInfo
     from rank_dataset.plan.steps import StepLayout
     from rank_dataset.shards.collective import CollectiveReader

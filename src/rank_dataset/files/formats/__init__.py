@@ -1,25 +1,24 @@
 """Meta file formats: text, and files kept compressed or columnar, read in place (gzip, zstd,
-Parquet). No torch.
+Parquet).
 
-A file's format is recognised by its content (:func:`detect`), not by its name. Each format is a
+A file's format is recognised by its content (:func:`detect`), not by its name. Each format is one
 module (:mod:`~.text`, :mod:`~.gzip`, :mod:`~.zstd`, :mod:`~.parquet`) holding a
-:class:`~.base.Format`, the protocol the readers above go through; :mod:`~.registry` lists them.
-A compressed file is read through its :class:`Checkpoints` (:mod:`~.checkpoints`), and a gather
-reads it through the threaded span cache (:class:`SpanSource`, :mod:`~.spans`).
-
-This package keeps the names of the module ``rank_dataset.files.formats`` it replaced. The codecs and the
-Parquet reader (:class:`ParquetRows`, a lazy name here) are imported on first use: recognising a file, or
-reading a text one, imports none of them (issue 44, item 6).
+:class:`~.base.Format`, the protocol the readers above go through, and its codec, whose library is
+imported on first use; :mod:`~.registry` owns the table of formats. A compressed file is read through
+its :class:`Checkpoints` (:mod:`~.checkpoints`), and a gather reads it through the threaded span cache
+(:class:`SpanSource`, :mod:`~.spans`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from rank_dataset.files.formats.base import BLOCK, SPACING, Decoder, Format
 from rank_dataset.files.formats.checkpoints import Checkpoints, DecompressedView, Decompression, decompress
-from rank_dataset.files.formats.parquet import ParquetLayout, object_rows
+from rank_dataset.files.formats.parquet import ParquetLayout, ParquetRows, object_rows
 from rank_dataset.files.formats.registry import (
+    GZIP,
+    PARQUET,
+    TEXT,
+    ZSTD,
     by_code,
     by_name,
     detect,
@@ -29,21 +28,21 @@ from rank_dataset.files.formats.registry import (
     refuse_cut,
     refuse_cut_source,
     register,
-    registered,
     unregister,
 )
 from rank_dataset.files.formats.spans import SPAN, SpanSource
 from rank_dataset.files.formats.zstd import ADVISED_ABOVE, MANY_FRAMES, many_frames, one_frame_advice
 
-if TYPE_CHECKING:
-    from rank_dataset.files.formats._parquet import ParquetRows
-
 __all__ = [
     "ADVISED_ABOVE",
     "BLOCK",
+    "GZIP",
     "MANY_FRAMES",
+    "PARQUET",
     "SPACING",
     "SPAN",
+    "TEXT",
+    "ZSTD",
     "Checkpoints",
     "Decoder",
     "DecompressedView",
@@ -65,15 +64,5 @@ __all__ = [
     "refuse_cut",
     "refuse_cut_source",
     "register",
-    "registered",
     "unregister",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """``ParquetRows``, imported on first use (see the package's docstring)."""
-    if name == "ParquetRows":
-        from rank_dataset.files.formats._parquet import ParquetRows
-
-        return ParquetRows
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

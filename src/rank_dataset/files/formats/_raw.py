@@ -1,6 +1,6 @@
 """What the codecs read a compressed file's bytes from: a descriptor of a local file, or a positional
-source (an object in a bucket, :class:`~rank_dataset.files.sources.ObjectFile`), through the same
-three calls: :func:`pread`, :func:`size_of` and :func:`file_object`. No torch.
+source (an object in a bucket, :class:`~rank_dataset.files.io.ObjectFile`), through the same
+three calls: :func:`pread`, :func:`size_of` and :func:`file_object`.
 """
 
 from __future__ import annotations

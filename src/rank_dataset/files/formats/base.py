@@ -1,7 +1,6 @@
 """What every meta file format answers (:class:`Format`): the protocol the readers above the formats
-(the index, :class:`~rank_dataset.files.metafile.MetaFile`, grouping, the collective reader) go
+(the index, :class:`~rank_dataset.files.read.metafile.MetaFile`, grouping, the collective reader) go
 through, so that a new format is its own module and a line in :mod:`~rank_dataset.files.formats.registry`.
-No torch.
 
 A format is one of three kinds, which decide how the readers above use it:
 
@@ -14,9 +13,9 @@ A format is one of three kinds, which decide how the readers above use it:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -26,10 +25,7 @@ from rank_dataset.files.formats._raw import RawFile
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from rank_dataset.files.formats._parquet import ParquetRows
-    from rank_dataset.files.formats.checkpoints import Checkpoints
-
-__all__ = ["BLOCK", "SPACING", "Decoder", "Format", "Recognised"]
+__all__ = ["BLOCK", "SPACING", "Decoder", "Format", "Points", "Recognised", "row_at"]
 
 #: Decompressed bytes between two checkpoints (at least; zstd's are frame starts).
 SPACING = 4 << 20
@@ -39,6 +35,12 @@ _IntArray = npt.NDArray[np.int64]
 #: What a compressed format's pass returns once its bytes are out: (decompressed size, checkpoints
 #: ``(output, input)`` rows from ``(0, 0)``, the decoder's state the checkpoints need besides).
 Stream = Generator[bytes, None, tuple[int, _IntArray, bytes]]
+
+
+def row_at(points: _IntArray, offset: int) -> int:
+    """The row of the last checkpoint at or before output ``offset`` in ``points``, ``(output, input)``
+    rows increasing from ``(0, 0)`` (row 0 is output 0)."""
+    return max(int(np.searchsorted(points[:, 0], offset, side="right")) - 1, 0)
 
 
 class Recognised(Protocol):
@@ -52,6 +54,24 @@ class Recognised(Protocol):
     def size(self) -> int: ...
 
     def tail(self, n: int) -> bytes: ...
+
+
+class Points(Protocol):
+    """What a format's decoder reads a compressed file from (a
+    :class:`~rank_dataset.files.formats.checkpoints.Checkpoints`): the ``format``, the decompressed
+    ``size``, ``(output, input)`` ``points`` from ``(0, 0)`` and the decoder's ``state``."""
+
+    @property
+    def format(self) -> Format: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def points(self) -> _IntArray: ...
+
+    @property
+    def state(self) -> bytes: ...
 
 
 class Decoder(Protocol):
@@ -70,7 +90,7 @@ class Format:
     """One format of meta file. Subclasses set ``value`` (its name, kept in caches: at most 8 ASCII
     bytes), ``code`` (its number in the index cache's header) and the kind (``compressed`` or
     ``rows``), and implement what their kind needs. Instances compare by identity: one per format,
-    listed by the registry, which also sets ``Format.TEXT`` and the others."""
+    listed by the registry (which pickles them by name)."""
 
     value: str = ""
     code: int = -1
@@ -79,18 +99,8 @@ class Format:
     #: Rows of a table (Parquet): indexed from the file itself, read by row group.
     rows: bool = False
 
-    TEXT: ClassVar[Format]
-    GZIP: ClassVar[Format]
-    ZSTD: ClassVar[Format]
-    PARQUET: ClassVar[Format]
-
     def __repr__(self) -> str:
         return f"<Format.{self.value.upper()}>"
-
-    def __reduce__(self) -> tuple[Callable[[str], Format], tuple[str]]:
-        from rank_dataset.files.formats.registry import by_name
-
-        return by_name, (self.value,)
 
     def recognise(self, found: Recognised) -> bool:
         """Whether a file with these first (and last) bytes is of this format."""
@@ -118,18 +128,18 @@ class Format:
         of the whole file in order: grouping). By default :meth:`stream`'s."""
         yield from self.stream(path, fd, SPACING, block)
 
-    def reader(self, path: Path, fd: RawFile, checkpoints: Checkpoints) -> Decoder:
+    def reader(self, path: Path, fd: RawFile, checkpoints: Points) -> Decoder:
         """A :class:`Decoder` of the file open at ``fd``, which ``checkpoints`` were made from."""
         raise ValueError(f"{path} is {self.value}, not a compressed stream of text")
 
-    def span_cuts(self, checkpoints: Checkpoints, span: int) -> _IntArray:
+    def span_cuts(self, checkpoints: Points, span: int) -> _IntArray:
         """Where a span cache cuts the decompressed bytes (a span is decoded and kept whole): the
         checkpoints by default; a format whose checkpoints may lie far apart cuts them every ``span``."""
         return checkpoints.points[:, 0]
 
     # -- rows of a table -------------------------------------------------------------------------------
 
-    def open_rows(self, path: Path, columns: Sequence[str] | None) -> ParquetRows:
+    def open_rows(self, path: Path, columns: Sequence[str] | None) -> Any:
         """The rows of the file ``path`` as lines of its ``columns`` (None: all), its footer read: what the
         index (the rows of each row group) and every read of rows go through.
 
@@ -141,6 +151,6 @@ class Format:
 
     # -- any -----------------------------------------------------------------------------------------
 
-    def advice(self, path: Path, checkpoints: Checkpoints) -> str | None:
+    def advice(self, path: Path, checkpoints: Points) -> str | None:
         """What to do about a file this format reads slowly (``rank-dataset index`` prints it); None."""
         return None

@@ -1,10 +1,10 @@
 """Checkpoints of a compressed meta file, and the decompression that makes them and the reads that
 start from them, for any compressed format (:class:`~rank_dataset.files.formats.base.Format` with
-``compressed``). No torch.
+``compressed``).
 
 A compressed file is a stream of text like a plain meta file. Its index is made over the decompressed
 bytes, in one decompression (:class:`Decompression`) that also records :class:`Checkpoints`: points at
-least :data:`~rank_dataset.files.formats.base.SPACING` bytes of output apart from which decompression
+least :data:`~rank_dataset.files.formats.SPACING` bytes of output apart from which decompression
 can start, kept with the index. A read of decompressed bytes ``[a, b)`` (:class:`DecompressedView`)
 starts at the last checkpoint at or before ``a``, so it decompresses less than ``SPACING`` bytes it
 does not need (at most a frame's, for zstd).
@@ -25,9 +25,8 @@ import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats import base
-from rank_dataset.files.formats._points import row_at
 from rank_dataset.files.formats._raw import RawFile
-from rank_dataset.files.formats.base import BLOCK, Decoder, Format
+from rank_dataset.files.formats.base import BLOCK, Decoder, Format, row_at
 from rank_dataset.files.formats.registry import by_name
 
 __all__ = ["Checkpoints", "DecompressedView", "Decompression", "decompress"]

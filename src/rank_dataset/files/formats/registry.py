@@ -1,17 +1,16 @@
 """The formats a meta file may be in, and the detection of a file's format by its content (its first
-bytes, and for Parquet its last four), never by its name. No torch.
+bytes, and for Parquet its last four), never by its name.
 
 A new format is a module with a :class:`~rank_dataset.files.formats.base.Format` and a line in
-:data:`_BUILT_IN`; :func:`register` adds one at run time (and :func:`registered` for a while: what a
-test does).
+:data:`_BUILT_IN`; :func:`register` adds one at run time. A format pickles as its name, looked up here.
 """
 
 from __future__ import annotations
 
-import contextlib
+import copyreg
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,10 @@ from rank_dataset.files.formats.text import TEXT
 from rank_dataset.files.formats.zstd import ZSTD
 
 __all__ = [
+    "GZIP",
+    "PARQUET",
+    "TEXT",
+    "ZSTD",
     "by_code",
     "by_name",
     "detect",
@@ -32,7 +35,6 @@ __all__ = [
     "refuse_cut",
     "refuse_cut_source",
     "register",
-    "registered",
     "unregister",
 ]
 
@@ -41,7 +43,9 @@ _CUT_HEAD = 1 << 16  # first bytes read to tell a file cut short
 _BUILT_IN: tuple[Format, ...] = (GZIP, ZSTD, PARQUET)
 _formats: list[Format] = [*_BUILT_IN]  # asked in order; text, which recognises anything, after them
 
-Format.TEXT, Format.GZIP, Format.ZSTD, Format.PARQUET = TEXT, GZIP, ZSTD, PARQUET
+
+def _by_name(fmt: Format) -> tuple[Callable[[str], Format], tuple[str]]:
+    return by_name, (fmt.value,)
 
 
 def formats() -> tuple[Format, ...]:
@@ -78,22 +82,13 @@ def register(fmt: Format) -> None:
         if other.value == fmt.value or other.code == fmt.code:
             raise ValueError(f"format {fmt.value!r} (code {fmt.code}) clashes with {other.value!r} (code {other.code})")
     _formats.insert(0, fmt)
+    copyreg.pickle(type(fmt), _by_name)
 
 
 def unregister(fmt: Format) -> None:
     """Undo :func:`register` of ``fmt`` (a built-in format stays)."""
     if fmt not in _BUILT_IN and fmt in _formats:
         _formats.remove(fmt)
-
-
-@contextlib.contextmanager
-def registered(fmt: Format) -> Iterator[Format]:
-    """``fmt`` registered within the ``with`` block."""
-    register(fmt)
-    try:
-        yield fmt
-    finally:
-        unregister(fmt)
 
 
 @dataclass(frozen=True)
@@ -119,7 +114,7 @@ def detect(fd: int) -> Format:
 
 @dataclass(frozen=True)
 class _FoundIn:
-    """The bytes of a :class:`~rank_dataset.files.sources.base.Source` that tell its format (an
+    """The bytes of a :class:`~rank_dataset.files.io.base.ByteSource` that tell its format (an
     object's: a few ranged reads, not the whole object)."""
 
     source: Any
@@ -135,7 +130,7 @@ class _FoundIn:
 
 
 def detect_source(source: Any) -> Format:
-    """The format of the bytes of ``source`` (a Source: a local file or an object), as :func:`detect`."""
+    """The format of the bytes of ``source`` (a ByteSource: a local file or an object), as :func:`detect`."""
     found = _FoundIn(source, bytes(source.read(0, min(_HEAD, source.size))))
     return next((fmt for fmt in _formats if fmt.recognise(found)), TEXT)
 
@@ -166,3 +161,7 @@ def detect_path(path: str | os.PathLike[str]) -> Format:
         return detect(fd)
     finally:
         os.close(fd)
+
+
+for _fmt in (*_BUILT_IN, TEXT):
+    copyreg.pickle(type(_fmt), _by_name)

@@ -1,5 +1,5 @@
 """The threaded span cache over a compressed file's decompressed bytes (:class:`SpanSource`): what a
-gather reads lines from. No torch.
+gather reads lines from.
 
 The decompressed bytes are cut into spans (between checkpoints; a format may cut them finer, see
 :meth:`~rank_dataset.files.formats.base.Format.span_cuts`), each decompressed once from its checkpoint
@@ -20,9 +20,9 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.threads import THREADS
-from rank_dataset.files._pread import dense
 from rank_dataset.files.formats._raw import RawFile
 from rank_dataset.files.formats.checkpoints import Checkpoints, DecompressedView
+from rank_dataset.files.io.pread import dense
 
 __all__ = ["SPAN", "SpanSource"]
 
@@ -220,10 +220,10 @@ class SpanSource:
         pad: int = 0,
         buffer: Callable[[int], npt.NDArray[np.uint8]] | None = None,
     ) -> tuple[npt.NDArray[np.uint8], int | _IntArray]:
-        """As :meth:`rank_dataset.files._pread.Window.load`: ranges ``[starts[i], stops[i])`` (cut at
+        """As :meth:`rank_dataset.files.io.pread.Window.load`: ranges ``[starts[i], stops[i])`` (cut at
         ``end``), back to back in the buffer with the bytes between them where they share a span, one
         copy of what the spans decoded: byte ``x`` of range ``i`` is ``buf[x - shift[i]]``. The
-        buffer is ``buffer(size)`` (a :class:`~rank_dataset.files._pread.Window`'s, reused), or new, or
+        buffer is ``buffer(size)`` (a :class:`~rank_dataset.files.io.pread.Window`'s, reused), or new, or
         a read-only view of a decoded span where dense ranges lie in one (:meth:`_load_dense`)."""
         bounds, spans = self._bounds, len(self._bounds) - 1
         hi_all = np.minimum(stops, min(end, int(bounds[-1])))

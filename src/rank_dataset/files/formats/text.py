@@ -1,4 +1,4 @@
-"""Plain text meta files: the file's bytes are its lines. No torch.
+"""Plain text meta files: the file's bytes are its lines.
 
 Text is what a file is when no other format recognises it, so the registry asks it last.
 """

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rank_dataset.core.checks import is_url
 from rank_dataset.files.formats import Format, by_name, detect_source, refuse_cut_source
-from rank_dataset.files.sources import FileKey, ObjectFile, ObjectKey
+from rank_dataset.files.io import FileKey, ObjectFile, ObjectKey
 from rank_dataset.shards._text import pin_object
 from rank_dataset.shards.collective._dist import Collectives
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from rank_dataset.core.checks import meta_path, timeout_timedelta
 from rank_dataset.core.shard import Shard
-from rank_dataset.files.formats import Format, detect_path
-from rank_dataset.files.index import FileKey, check_columns, refuse_cut_parquet
+from rank_dataset.files.formats import TEXT, detect_path
+from rank_dataset.files.index.load import FileKey, check_columns, refuse_cut_parquet
 from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards._text import open_checked
@@ -89,7 +89,7 @@ class CollectiveReader(SampledReader):
         formats = [objects[i][1] if i in objects else detect_path(p) for i, p in enumerate(self.paths)]
         for i, (path, key, fmt, cols) in enumerate(zip(self.paths, keys, formats, columns)):
             check_columns(path, fmt, cols)
-            if fmt is Format.TEXT and i not in objects:  # a Parquet file cut short is not text: no lines
+            if fmt is TEXT and i not in objects:  # a Parquet file cut short is not text: no lines
                 with open_checked(path, key) as fd:
                     refuse_cut_parquet(path, fd, fmt)
         if agree is not None:
@@ -118,8 +118,9 @@ class CollectiveReader(SampledReader):
 
     @property
     def fingerprint(self) -> str | None:
-        """The files' fingerprint, as :attr:`MetaFile.fingerprint <rank_dataset.files.metafile.MetaFile.fingerprint>`
-        computes it (a resume state saved with either reader loads with the other)."""
+        """The files' fingerprint, as
+        :attr:`MetaFile.fingerprint <rank_dataset.files.read.metafile.MetaFile.fingerprint>` computes it (a
+        resume state saved with either reader loads with the other)."""
         return self._fingerprint
 
     def source_fingerprints(self) -> tuple[str, ...]:

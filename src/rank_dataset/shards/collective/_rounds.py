@@ -20,8 +20,8 @@ import numpy.typing as npt
 from rank_dataset.core import native
 from rank_dataset.core.shard import Shard, ShardWriter, copy_rows, offset_dtype
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.lines import check_utf8
-from rank_dataset.files.scan import NEWLINE
+from rank_dataset.files.index.scan import NEWLINE
+from rank_dataset.files.read.lines import check_utf8
 from rank_dataset.shards._rows import RowsReading, RowsText
 from rank_dataset.shards._text import Reading
 from rank_dataset.shards.collective import _routing

@@ -16,10 +16,10 @@ import numpy.typing as npt
 
 from rank_dataset.core.shard import offset_dtype
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files.fingerprints import fingerprints
-from rank_dataset.files.formats import Checkpoints, Format
-from rank_dataset.files.index import FileKey, checkpoints_of
-from rank_dataset.files.scan import NEWLINE, scan_buffer
+from rank_dataset.files.formats import PARQUET, Checkpoints, Format
+from rank_dataset.files.index.fingerprints import fingerprints
+from rank_dataset.files.index.load import FileKey, checkpoints_of
+from rank_dataset.files.index.scan import NEWLINE, scan_buffer
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.shards._rows import RowsText
 from rank_dataset.shards._text import Text, chunks
@@ -122,7 +122,7 @@ def count_slices(
     try:
         # A Parquet file's footer is read here, by every rank (its slices are cut at its row groups).
         texts: list[Text | RowsText] = [
-            RowsText(p, k, c) if f is Format.PARQUET else Text(p, k, ck)
+            RowsText(p, k, c) if f is PARQUET else Text(p, k, ck)
             for p, k, f, c, ck in zip(paths, keys, formats, columns, checkpoints)
         ]
         # The slices are cut in planned bytes (a Parquet file's are its row groups' sizes in the

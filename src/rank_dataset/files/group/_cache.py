@@ -1,0 +1,168 @@
+"""The cache of a grouping: beside the index, keyed like it (the file's key and the hash of its
+ends), written once by one process, memory-mapped by all.
+
+The file: a 128-byte header (magic, the file's key, the number of samples and keys, how the keys are
+stored), then the ``C + 1`` int64 bounds of the groups, the keys (``C`` int64 or UTF-8 JSON), and the
+``N`` int64 sample numbers, group after group.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import mmap
+import os
+import struct
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.files.group._labels import Grouping, Place
+from rank_dataset.files.index.cache import cache_paths, discard, fsync_dir, temp_beside
+from rank_dataset.files.index.load import FileKey, Index
+from rank_dataset.files.io.pread import pread_exact
+
+_MAGIC = b"RDGRP\x00\x00\x01"
+# magic, file size, mtime_ns, ctime_ns, inode, device, samples, keys, key bytes, key format, content sample
+_HEADER = struct.Struct("<8sqqqQQqqqq16s")
+_DATA_OFFSET = 128
+_INT_KEYS, _JSON_KEYS = 0, 1
+
+
+def cache_candidates(path: Path, name: str) -> list[Path]:
+    """Where the grouping ``name`` of ``path`` may be cached: beside each place its index may be."""
+    return [cache.with_suffix(f".{name}.rdgrp") for cache in cache_paths(path)]
+
+
+def open_cache(cache: Path, index: Index) -> Grouping | None:
+    """The grouping in ``cache`` if it is one of the file ``index`` describes, and whole; else None."""
+    try:
+        fd = os.open(cache, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = np.empty(_HEADER.size, np.uint8)
+        pread_exact(fd, raw, 0)
+        magic, size, mtime, ctime, inode, device, count, nkeys, key_bytes, form, sample = _HEADER.unpack(raw.tobytes())
+        if (
+            magic != _MAGIC
+            or not FileKey(size, mtime, ctime, inode, device).same_file(index.key)
+            or sample != index.ends_hash
+            or count != index.count
+            or not 1 <= nkeys <= count
+            or form not in (_INT_KEYS, _JSON_KEYS)
+        ):
+            return None
+        order_at = _order_offset(nkeys, key_bytes)
+        if os.fstat(fd).st_size != order_at + 8 * count:
+            return None
+        head = np.empty(order_at - _DATA_OFFSET, np.uint8)
+        pread_exact(fd, head, _DATA_OFFSET)
+        bounds = head[: 8 * (nkeys + 1)].view("<i8").astype(np.int64)
+        if bounds[0] != 0 or bounds[-1] != count or not bool((np.diff(bounds) > 0).all()):
+            return None
+        key_part = head[8 * (nkeys + 1) : 8 * (nkeys + 1) + key_bytes]
+        keys = key_part.view("<i8").tolist() if form == _INT_KEYS else _decode_keys(key_part.tobytes())
+        if keys is None or len(keys) != nkeys:
+            return None
+    except (OSError, ValueError, struct.error):
+        return None
+    finally:
+        os.close(fd)
+    order = np.memmap(cache, dtype="<i8", mode="r", offset=order_at, shape=(count,))
+    if not (0 <= int(order[0]) < count and 0 <= int(order[-1]) < count):
+        return None
+    return Grouping(keys, bounds, order)
+
+
+def _order_offset(nkeys: int, key_bytes: int) -> int:
+    return _DATA_OFFSET + 8 * (nkeys + 1) + -(-key_bytes // 8) * 8
+
+
+def write_cache(cache: Path, index: Index, group: Callable[[Place], Grouping]) -> Grouping | None:
+    """Group the file into ``cache`` (a temporary file renamed into place, as the index is); None if
+    ``cache`` cannot be written.
+
+    The sample numbers are placed straight into a shared map of the temporary file, its space
+    reserved first (so that writing the map cannot fail): no copy of them in memory, no write of
+    them to the file (which costs more than the grouping's parsing on some kernels)."""
+    temp = temp_beside(cache)
+    if temp is None:
+        return None
+    tmp_fd, tmp = temp
+    maps: list[mmap.mmap] = []
+    written: list[Grouping] = []
+
+    def place(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        if all(type(k) is int and -(1 << 63) <= k < 1 << 63 for k in keys):
+            form, key_part = _INT_KEYS, np.asarray(keys, "<i8").tobytes()
+        else:
+            form, key_part = _JSON_KEYS, _encode_keys(keys)
+        k = index.key
+        header = _HEADER.pack(
+            _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, k.device, index.count, len(keys), len(key_part), form,
+            index.ends_hash,
+        )  # fmt: skip
+        head = header.ljust(_DATA_OFFSET, b"\0") + bounds.astype("<i8").tobytes()
+        head += key_part.ljust(-(-len(key_part) // 8) * 8, b"\0")
+        size = len(head) + 8 * index.count
+        try:
+            os.posix_fallocate(tmp_fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            written.append(Grouping(keys, bounds, np.empty(index.count, np.int64)))  # write it afterwards
+            return written[0].order
+        os.pwrite(tmp_fd, head, 0)
+        maps.append(mmap.mmap(tmp_fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+        return np.frombuffer(maps[0], "<i8", count=index.count, offset=len(head))
+
+    try:
+        grouping = group(place)
+        del grouping
+        if maps:
+            maps[0].flush()
+            maps[0].close()  # no view of it is left
+        else:
+            with open(tmp_fd, "ab", closefd=False) as f:
+                f.write(written[0].order.astype("<i8", copy=False).data)
+            written.clear()
+        os.fsync(tmp_fd)
+        os.close(tmp_fd)
+        os.replace(tmp, cache)
+        fsync_dir(cache.parent)
+    except OSError:
+        discard(tmp_fd, tmp)
+        return None
+    except BaseException:
+        discard(tmp_fd, tmp)
+        raise
+    return open_cache(cache, index)
+
+
+def _encode_keys(keys: Sequence[Any]) -> bytes:
+    def tag(value: Any) -> Any:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, tuple):
+            return {"t": [tag(v) for v in value]}
+        raise TypeError(
+            f"a key to be cached must be an int, float, str, bool, None or a tuple of those, got {value!r} "
+            f"({type(value).__name__}); return one of those, or leave cache_name unset"
+        )
+
+    return json.dumps([tag(k) for k in keys], allow_nan=True).encode()
+
+
+def _decode_keys(data: bytes) -> list[Any] | None:
+    def untag(value: Any) -> Any:
+        return tuple(untag(v) for v in value["t"]) if isinstance(value, dict) else value
+
+    try:
+        keys = json.loads(data)
+    except ValueError:
+        return None
+    return [untag(k) for k in keys] if isinstance(keys, list) else None

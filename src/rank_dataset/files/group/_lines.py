@@ -1,0 +1,211 @@
+"""The lines of a meta file as a grouping reads them, front to back, checked against the file: a
+text file's through its :class:`~rank_dataset.files.io.LocalFile`, a compressed file's in one
+checked decompression (no checkpoint needed), a Parquet file's rows a row group at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.core.checks import is_url
+from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
+from rank_dataset.files.formats import ParquetRows, decompress
+from rank_dataset.files.group._block_labels import PAD
+from rank_dataset.files.index.load import FileKey, Index, SpanReader, line_mark
+from rank_dataset.files.index.objects import ObjectBytes
+from rank_dataset.files.index.scan import CR, NEWLINE
+from rank_dataset.files.io import LocalFile, ObjectFile
+from rank_dataset.files.io.pread import ShortRead
+from rank_dataset.files.read.file import bytes_of
+
+BLOCK = 1 << 20  # lines read at a time for a function key
+STREAM_BLOCK = 4 << 20  # decompressed bytes a compressed file's decoder hands out at a time
+
+
+class _Stream:
+    """The bytes of a meta file read front to back, ``blocks`` as they come, of which only the bytes
+    not yet passed are held: a compressed file's decompressed bytes (one checked decompression,
+    :func:`~rank_dataset.files.formats.decompress`: a grouping reads the whole file in order, so it
+    needs no checkpoint), or an object's bytes (its ranged GETs in order, pinned to its ETag)."""
+
+    def __init__(self, blocks: Iterator[bytes]) -> None:
+        self._blocks = blocks
+        self._held = bytearray()
+        self._base = 0  # the offset of _held[0]
+
+    def read_into(self, out: npt.NDArray[np.uint8], lo: int) -> None:
+        """Fill ``out`` with bytes ``[lo, lo + out.size)``; ``lo`` never below an earlier read's.
+
+        Raises:
+            ShortRead: the decompressed bytes end first.
+        """
+        if lo < self._base:
+            raise ValueError(f"the decompressed bytes are read in order: byte {lo:,} is behind {self._base:,}")
+        hi = lo + out.size
+        while self._base + len(self._held) < hi:
+            piece = next(self._blocks, None)
+            if piece is None:
+                raise ShortRead(hi)
+            self._held += piece
+        del self._held[: lo - self._base]
+        self._base = lo
+        out[:] = np.frombuffer(self._held, np.uint8, out.size)
+
+    def chunks(self, size: int) -> Iterator[tuple[int, memoryview]]:
+        """``(offset, bytes)`` of the decompressed bytes in consecutive pieces of about ``size``, each
+        ending just past a newline (the last at the end of the file)."""
+        offset, parts, held = 0, [bytes(self._held)] if self._held else [], len(self._held)
+        self._held.clear()
+        for block in self._blocks:
+            parts.append(block)
+            held += len(block)
+            if held < size:
+                continue
+            data = b"".join(parts)
+            cut = data.rfind(b"\n") + 1
+            if not cut:  # one line longer than size: read on
+                parts = [data]
+                continue
+            yield offset, memoryview(data)[:cut]
+            offset += cut
+            parts, held = [data[cut:]], len(data) - cut
+        if held:
+            yield offset, memoryview(b"".join(parts))
+
+
+class TextLines:
+    """The lines of an indexed file, a block of samples at a time, checked against the file (against
+    its decompressed bytes, for a compressed file)."""
+
+    def __init__(self, path: Path, index: Index, source: LocalFile | ObjectFile) -> None:
+        self.path, self.index, self.source = path, index, source
+        self.fd = source.fd if isinstance(source, LocalFile) else None
+        self.stream: _Stream | None = None
+        if index.format.compressed:
+            raw = self.fd if self.fd is not None else cast(ObjectFile, source)
+            self.stream = _Stream(decompress(path, raw, index.format, block=STREAM_BLOCK))
+        elif self.fd is None:  # an object: read front to back (a label grouping's blocks too)
+            self.stream = _Stream(source.stream(block=STREAM_BLOCK))
+
+    def read_into(self, out: npt.NDArray[np.uint8], lo: int) -> None:
+        """Fill ``out`` with bytes ``[lo, lo + out.size)`` of the file (decompressed), in order.
+
+        Raises:
+            ShortRead: the file ends first.
+        """
+        if self.stream is None:
+            self.source.read_into(out, lo)
+        else:
+            self.stream.read_into(out, lo)
+
+    def blocks(self) -> Iterator[tuple[int, int, npt.NDArray[np.uint8], npt.NDArray[np.int64]]]:
+        """Yield ``(first, base, buf, spans)``: samples ``first ..`` are ``buf[spans[i, 0]:spans[i, 1]]``,
+        and ``buf[j]`` is byte ``base + j`` of the file; ``buf`` has :data:`~rank_dataset.files.group._block_labels.PAD`
+        bytes before the first sample."""
+        n, size = self.index.count, self.index.size
+        try:
+            with SpanReader(self.index) as reader:
+                for first in range(0, n, BLOCK):
+                    starts, lengths = reader.take(np.arange(first, min(first + BLOCK, n), dtype=np.int64))
+                    spans = np.stack([starts, starts + lengths], axis=1).astype(np.int64, copy=False)
+                    lo, hi = int(spans[0, 0]), int(spans[-1, 1])
+                    # The byte after the last line too (its newline, if any), so every line's end is checked.
+                    stop = min(hi + 1, size)
+                    buf = np.empty(PAD + stop - lo + 1, np.uint8)
+                    buf[:PAD] = NEWLINE
+                    buf[-1] = NEWLINE
+                    self.read_into(buf[PAD : PAD + stop - lo], lo)
+                    spans += PAD - lo
+                    # A line ends at a newline, a "\r\n" or the end of the file: anything else is an index
+                    # that no longer describes the bytes.
+                    after = buf[spans[:, 1]]
+                    if not (
+                        bool(((after == NEWLINE) | (after == CR)).all()) and bool((spans[:, 1] > spans[:, 0]).all())
+                    ):
+                        raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
+                    yield first, lo - PAD, buf, spans
+        except ShortRead:
+            raise MetaFileChangedError(self.path, "it shrank while being read") from None
+        except LookupError as exc:
+            raise MetaFileChangedError(self.path, f"its index cache changed while it was read ({exc})") from None
+
+    def text_blocks(self) -> Iterator[list[tuple[str, Callable[[], str]]]]:
+        """Each block's samples as ``(text, where)``."""
+        for _, base, buf, spans in self.blocks():
+            data = buf.tobytes()
+            yield [
+                (data[start:end].decode("utf-8", "replace"), functools.partial(self.where, base + start))
+                for start, end in spans.tolist()
+            ]
+
+    def where(self, start: int) -> str:
+        """``path:line`` of the line starting at byte ``start`` of the file (decompressed): the
+        newlines after the index's mark before it counted, as :meth:`MetaFile.where
+        <rank_dataset.files.read.metafile.MetaFile.where>` counts them."""
+        try:
+            with SpanReader(self.index) as reader:
+                offset, line = line_mark(reader.marks(), start)
+            return f"{self.path}:{line + bytes_of(self.path).count_newlines(self.index, offset, start) + 1}"
+        except (LookupError, OSError, CorruptMetaFileError, MetaFileChangedError):
+            return f"{self.path}, {'decompressed ' if self.index.format.compressed else ''}byte {start:,}"
+
+
+@contextlib.contextmanager
+def open_checked(path: Path, index: Index) -> Iterator[TextLines | ParquetLines]:
+    """The file's lines, checked on entry and exit to be those of the file ``index`` describes; an
+    error while they are read (a line without a label, corrupt compressed data) from a file that has
+    changed meanwhile is that change. A Parquet file's rows are checked as the file reader checks them.
+    """
+    if index.format.rows:
+        with bytes_of(path).rows(index) as rows:
+            yield ParquetLines(path, index, rows)
+        return
+    if is_url(path):  # an object: checked to be the one indexed (one HEAD), every GET pinned to its ETag
+        yield TextLines(path, index, ObjectBytes(path).source(index.key))
+        return
+    local = LocalFile(path, index.key, checked=False)
+    try:
+        for when in ("", " while it was grouped"):
+            what = index.key.change(FileKey.of(os.fstat(local.fd)))
+            if what is not None:
+                raise MetaFileChangedError(path, what + when)
+            if not when:
+                try:
+                    yield TextLines(path, index, local)
+                except ValueError as exc:  # CorruptMetaFileError too
+                    what = index.key.change(FileKey.of(os.fstat(local.fd)))
+                    if what is None or isinstance(exc, MetaFileChangedError):
+                        raise
+                    raise MetaFileChangedError(path, what + " while it was grouped") from exc
+    finally:
+        local.close()
+
+
+class ParquetLines:
+    """The rows of an indexed Parquet file (checked by :meth:`MetaFile.rows`), a row group at a time:
+    every row is a sample, its line the chosen columns joined by tabs, as the file reader gives it."""
+
+    def __init__(self, path: Path, index: Index, rows: ParquetRows) -> None:
+        self.path, self.index, self.rows = path, index, rows
+
+    def where(self, row: int) -> str:
+        return f"{self.path}, row {row}"
+
+    def text_blocks(self) -> Iterator[list[tuple[str, Callable[[], str]]]]:
+        """Each row group's rows as ``(text, where)``."""
+        bounds = self.rows.bounds.tolist()
+        for g, first in enumerate(bounds[:-1]):
+            data, offsets = self.rows.group(g)
+            cuts = offsets.tolist()
+            yield [
+                (data[a:b].decode("utf-8", "replace"), functools.partial(self.where, first + k))
+                for k, (a, b) in enumerate(itertools.pairwise(cuts))
+            ]

@@ -1,0 +1,266 @@
+"""The build of a meta file's index: one scan of its lines (of its decompressed bytes, for a
+compressed file), straight into a cache file, or into memory."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.files.formats import TEXT, Decompression, Format, detect, detect_source
+from rank_dataset.files.index._cachefile import (
+    DATA_OFFSET,
+    ENTRY,
+    SEAL_AT,
+    Header,
+    Index,
+    Table,
+    length_bits,
+    open_cache,
+)
+from rank_dataset.files.index.cache import Seal, Syncer, discard, temp_beside, wait_for_seal
+from rank_dataset.files.index.cachelock import load_or_build
+from rank_dataset.files.index.scan import Chunk, scan_blocks, scan_map
+from rank_dataset.files.io import FileKey
+from rank_dataset.files.io.pread import ShortRead
+
+# A compressed file's entries are laid out as a file of this size's (its decompressed size is not
+# known until its index is made): starts up to 1 TiB, lengths up to 8 MiB (longer ones in the table).
+_COMPRESSED_BOUND = 1 << 40
+_IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class _EncodedChunk:
+    """One chunk of a scan, encoded: its entries, its long lines (row in the chunk, length), what
+    else the index keeps."""
+
+    entries: npt.NDArray[np.uint64]
+    longs: _IntArray
+    ascii: bool
+    newlines: int
+    marks: _IntArray
+
+
+def _encoder(size: int) -> Callable[[Chunk], _EncodedChunk]:
+    bits = length_bits(size)
+    mask = (1 << bits) - 1
+
+    def encode(chunk: Chunk) -> _EncodedChunk:
+        # Spans lie inside their chunk: only a chunk of at least `mask` bytes can hold a long line.
+        lengths = chunk.lengths
+        rows: npt.NDArray[np.intp] = np.empty(0, np.intp)
+        if chunk.nbytes >= mask:
+            rows = np.flatnonzero(lengths >= mask)
+            lengths = np.minimum(lengths, mask)
+        # Starts and lengths are not negative: their int64 bits are their uint64 ones.
+        entries = np.left_shift(chunk.starts.view(np.uint64), np.uint64(bits), out=np.empty(chunk.starts.size, "<u8"))
+        entries |= lengths.view(np.uint64)
+        return _EncodedChunk(
+            entries, np.column_stack((rows, chunk.lengths[rows])), chunk.ascii, chunk.newlines, chunk.marks
+        )
+
+    return encode
+
+
+@dataclass(frozen=True)
+class _IndexBody:
+    count: int
+    ascii: bool
+    longs: _IntArray
+    marks: _IntArray
+    format: Format = TEXT
+    extent: int = -1
+    bound: int = -1
+    extra: bytes = b""  # a compressed file's checkpoints
+
+    def header(self, key: FileKey, ends_hash: bytes) -> Header:
+        extent = key.size if self.extent < 0 else self.extent
+        bound = key.size if self.bound < 0 else self.bound
+        return Header(
+            key, ends_hash, self.count, self.ascii, len(self.longs), len(self.marks), extent, bound, self.format
+        )
+
+    def index(self, key: FileKey, ends_hash: bytes, cache: Path | None, memory: Table | None = None) -> Index:
+        return Index(key, ends_hash, self.count, self.ascii, cache, memory, self.format, self.extent, self.bound)
+
+
+def _scan_file(path: Path, fd: Any, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _IndexBody:
+    """Scan the file open at ``fd`` (which must stay the file ``key`` describes to the end), passing
+    its entries to ``write`` in order; what else its index holds.
+
+    Raises:
+        MetaFileChangedError: the file changed while it was being indexed.
+    """
+    if not isinstance(fd, int):  # an object: its bytes streamed once, in large ranged GETs
+        return _scan_stream(path, fd, key, write)
+    fmt = detect(fd)
+    if fmt.rows:  # (load_index reads a Parquet file's footer instead)
+        raise ValueError(f"{path} is a Parquet file: its index is its footer, not a scan of its lines")
+    decompression = None
+    if fmt.compressed:  # the decompressed bytes are scanned as a plain file's are
+        decompression = Decompression(path, fd, fmt)
+        parts = scan_blocks(decompression, _encoder(_COMPRESSED_BOUND))
+    else:
+        fmt, parts = TEXT, scan_map(path, _encoder(key.size), fd=fd)
+    try:
+        built = _collect(path, parts, write, fmt, decompression)
+    except ShortRead as exc:
+        raise MetaFileChangedError(path, "it shrank while being indexed") from exc
+    what = key.change(FileKey.of(os.fstat(fd)))
+    if what is not None:
+        raise MetaFileChangedError(path, f"{what} while being indexed")
+    return built
+
+
+def _scan_stream(
+    path: Path, source: Any, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]
+) -> _IndexBody:
+    """As :func:`_scan_file`, for a source read front to back (an object: its text in one pass of ranged
+    GETs, each pinned to its ETag, so that a change is an error rather than a torn index)."""
+    fmt = detect_source(source)
+    if fmt.rows:
+        raise ValueError(f"{path} is a Parquet file: its index is its footer, not a scan of its lines")
+    decompression = Decompression(path, source, fmt) if fmt.compressed else None
+    blocks = source.stream() if decompression is None else decompression
+    bound = key.size if decompression is None else _COMPRESSED_BOUND
+    built = _collect(path, scan_blocks(blocks, _encoder(bound)), write, fmt, decompression)
+    source.check()
+    return built
+
+
+def _collect(
+    path: Path,
+    parts: Iterable[Any],
+    write: Callable[[npt.NDArray[np.uint64]], object],
+    fmt: Format,
+    decompression: Decompression | None,
+) -> _IndexBody:
+    """Pass the scanned ``parts``' entries to ``write`` in order; what else the index holds (for a
+    compressed file, its checkpoints once the decompression has ended)."""
+    count, lines, ascii_only = 0, 0, True
+    longs: list[_IntArray] = []
+    marks: list[_IntArray] = []
+    for part in parts:
+        write(part.entries)
+        longs.append(part.longs + np.array([count, 0]))
+        marks.append(part.marks + np.array([0, lines]))
+        count += part.entries.size
+        lines += part.newlines
+        ascii_only = ascii_only and part.ascii
+    if decompression is None:
+        return _IndexBody(count, ascii_only, _stack(longs), _stack(marks))
+    checkpoints = decompression.checkpoints
+    if checkpoints.size > _COMPRESSED_BOUND:
+        raise ValueError(f"{path} decompresses to {checkpoints.size:,} bytes; at most {_COMPRESSED_BOUND:,} are read")
+    return _IndexBody(
+        count, ascii_only, _stack(longs), _stack(marks), fmt, checkpoints.size, _COMPRESSED_BOUND,
+        checkpoints.to_bytes(),
+    )  # fmt: skip
+
+
+def _stack(parts: list[_IntArray]) -> _IntArray:
+    return np.concatenate(parts).astype(np.int64) if parts else np.empty((0, 2), np.int64)
+
+
+def write_cache(cache: Path, path: Path, fd: Any, key: FileKey, ends_hash: bytes) -> tuple[Index, Seal] | None:
+    """Index the file open at ``fd`` straight into ``cache``; None if ``cache`` is not writable.
+
+    The index goes to a temporary file that is renamed into place once written, and returned with
+    what seals it: a sync of the file, then the seal written and synced, then the directory synced.
+    Other processes load only a sealed cache (:func:`open_cache`), so a crash at any point leaves
+    the old cache, a sealed whole one, or one that is rebuilt: never a torn one trusted. The caller
+    may use the index before it is sealed (its bytes are in the page cache), and so overlap the
+    sync with its build.
+
+    Raises:
+        MetaFileChangedError: the file changed while it was being indexed.
+    """
+    temp = temp_beside(cache)
+    if temp is None:
+        return None
+    tmp_fd, tmp = temp
+    f = os.fdopen(tmp_fd, "wb")
+    syncer = Syncer(tmp_fd)
+    try:
+        f.seek(DATA_OFFSET)
+        built = _scan_file(path, fd, key, lambda entries: syncer.wrote(f.write(entries.data)))
+        f.write(built.longs.astype("<i8").tobytes())
+        f.write(built.marks.astype("<i8").tobytes())
+        f.write(built.extra)
+        f.seek(0)
+        f.write(built.header(key, ends_hash).pack())
+        f.flush()
+        os.replace(tmp, cache)
+    except BaseException as exc:
+        syncer.close()
+        with contextlib.suppress(OSError):
+            f.close()
+        discard(None, tmp)
+        if isinstance(exc, OSError):  # a full disk; a directory where the cache would go
+            return None
+        raise
+    return built.index(key, ends_hash, cache), Seal(cache, f, syncer, built.count * ENTRY, SEAL_AT)
+
+
+def index_in_memory(path: Path, fd: Any, key: FileKey, ends_hash: bytes) -> Index:
+    parts: list[npt.NDArray[np.uint64]] = []
+    built = _scan_file(path, fd, key, parts.append)
+    entries = np.concatenate(parts) if parts else np.empty(0, "<u8")
+    return built.index(key, ends_hash, None, Table(entries, built.longs, built.marks, built.extra))
+
+
+def _none() -> None:
+    return None
+
+
+def _stamp(cache: Path) -> int | None:
+    """What tells one write of ``cache`` from another: each is a new file renamed into place, so its
+    inode (not its mtime, which the seal changes)."""
+    try:
+        return os.stat(cache).st_ino
+    except OSError:
+        return None
+
+
+def cached_index(
+    candidates: list[Path], path: Path, fd: Any, key: FileKey, ends_hash: bytes, *, rebuild: bool
+) -> Index:
+    """The index of the file open at ``fd`` (a descriptor, or an object's source), ``key`` and
+    ``ends_hash`` its identity: from the first of the ``candidates`` caches that holds it, else built
+    into the first writable one (one process builds while the others wait, the lock held until the
+    cache is sealed), else in memory. With ``rebuild``, an existing cache is not trusted unless another
+    process wrote it anew since.
+
+    Raises:
+        MetaFileChangedError: the file changed while it was being indexed.
+    """
+    for cache in candidates:
+        wait_for_seal(cache)
+    for cache in [] if rebuild else candidates:
+        index = open_cache(cache, key, ends_hash)
+        if index is not None:
+            return index
+    distrusted = {cache: _stamp(cache) for cache in candidates} if rebuild else {}
+
+    def load(cache: Path) -> Index | None:
+        trusted = not rebuild or _stamp(cache) != distrusted[cache]
+        return open_cache(cache, key, ends_hash) if trusted else None
+
+    def build(held: contextlib.ExitStack, cache: Path) -> Index | None:
+        written = write_cache(cache, path, fd, key, ends_hash)
+        return written[0] if written is not None and written[1].after(held.pop_all()) else None
+
+    for cache in candidates:
+        index = load_or_build(cache, functools.partial(load, cache), functools.partial(build, cache=cache), first=_none)
+        if index is not None:
+            return index
+    return index_in_memory(path, fd, key, ends_hash)

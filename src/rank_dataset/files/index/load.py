@@ -1,0 +1,159 @@
+"""The line-offset index of a meta file and its cache on disk.
+
+The index of a file holds the byte span of each of its samples (see :mod:`rank_dataset.files.index.scan`) in
+8 bytes: one little-endian uint64 ``start << bits | length``, where ``bits = 64 - bit_length(size)``
+(a line too long for its field, which only a file over 4 GiB can hold, has an all-ones length and
+its true length in a table of long lines). After the entries come that table and the file's marks:
+where the first line after every 4 MiB starts and its line number, so that a sample's line number is
+found by reading less than 4 MiB. It is cached beside the file (or in the user cache directory),
+built by one process while others that want it wait (:mod:`rank_dataset.files.index.cachelock`). A cache is
+keyed by what identifies the file's content without reading all of it: size, mtime, ctime and inode
+(ctime cannot be set by ``utime``, so ``touch -r`` and ``cp -p`` over the file do not pass for it),
+and a hash of its first and last 64 KiB. No descriptor is kept open between reads. A build reads the
+entries it needs with positional reads (:class:`SpanReader`), mapping nothing, so that its resident
+memory holds no more of the index than one batch's pages; only a small read (a batch of random
+samples, as the meta server's) takes its entries from a read-only map of a large cache, kept per
+process and shared through the page cache (:func:`~rank_dataset.files.index._entries._entries_map`).
+
+The parts: the cache file's format and :class:`Index` (:mod:`~rank_dataset.files.index._cachefile`), the
+build (:mod:`~rank_dataset.files.index._build`), the readers (:mod:`~rank_dataset.files.index._entries`); this
+module loads an index, from its cache or built, one process building while the others wait.
+
+A Parquet file has no entries and no cache: its index (:class:`~rank_dataset.files.formats.ParquetLayout`,
+the rows of each row group and the chosen columns' schema) is read from its footer each time it is
+loaded, in milliseconds, without its data; it keeps the file's key and ends' hash as a cache would.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from rank_dataset.core.checks import is_url
+from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.files.formats import Checkpoints, Format, detect, refuse_cut
+from rank_dataset.files.index._build import cached_index
+from rank_dataset.files.index._cachefile import Index, Table, decode, length_bits, spans_are_sane
+from rank_dataset.files.index._entries import MAPPED_ROWS, SpanReader, line_mark, read_checkpoints, read_entry
+from rank_dataset.files.index.cache import CACHE_DIR_ENV, cache_paths
+from rank_dataset.files.io import FileKey, LocalFile, hash_ends
+from rank_dataset.files.io.pread import ShortRead
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "MAPPED_ROWS",
+    "FileKey",
+    "Index",
+    "SpanReader",
+    "Table",
+    "check_columns",
+    "checkpoints_of",
+    "decode",
+    "length_bits",
+    "line_mark",
+    "load_index",
+    "read_checkpoints",
+    "read_entry",
+    "refuse_cut_parquet",
+    "spans_are_sane",
+]
+
+_BUILD_TRIES = 3
+
+
+def _rows_index(
+    path: Path, fd: int, fmt: Format, key: FileKey, ends_hash: bytes, columns: Sequence[str] | None
+) -> Index:
+    """The index of the Parquet file open at ``fd``, from its footer (read through ``path``: the
+    descriptor, checked after, tells whether that was still this file)."""
+    rows = fmt.open_rows(path, columns)
+    what = key.change(FileKey.of(os.fstat(fd)))
+    if what is None and not key.matches(os.stat(path)):
+        what = "it was replaced while its footer was read"
+    if what is not None:
+        raise MetaFileChangedError(path, f"{what} while being indexed")
+    return Index(key, ends_hash, len(rows), False, None, None, fmt, parquet=rows.layout)
+
+
+def refuse_cut_parquet(path: Path, fd: int, fmt: Format) -> None:
+    """Raise CorruptMetaFileError if the file open at ``fd``, told as ``fmt``, is a file of another format
+    cut short (a Parquet file without its footer): read as text, its bytes would be taken for lines.
+    (:func:`~rank_dataset.files.formats.refuse_cut`, under the name the collective reader calls.)"""
+    refuse_cut(path, fd, fmt)
+
+
+def check_columns(path: Path, fmt: Format, columns: Sequence[str] | None) -> None:
+    """Raise ValueError if ``columns`` are given for ``path``, a file of format ``fmt``, which is not
+    Parquet (its samples are its lines)."""
+    if columns is not None and not fmt.rows:
+        raise ValueError(
+            f"columns= picks the columns of a Parquet meta file, and {path} is {fmt.value}: "
+            "its samples are its lines; leave columns=None for it"
+        )
+
+
+def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | None = None) -> Index:
+    """The index of ``path``: from its cache, else built (and cached where a location is writable).
+
+    One process builds a missing cache while others that want it at the same time wait for it
+    (:mod:`rank_dataset.files.index.cachelock`), then load it. With ``rebuild``, an existing cache is not
+    trusted (it was found inconsistent with the file), unless another process wrote it anew since.
+    A Parquet file's index is read from its footer (``columns``: its chosen columns, None for all).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        MetaFileChangedError: the file kept changing while it was being indexed.
+        ValueError: ``columns`` for a file that is not Parquet; a Parquet column that is missing,
+            nested or binary.
+        CorruptMetaFileError: a Parquet footer cannot be read.
+    """
+    if is_url(path):  # an object: its index built by one streaming pass, cached on this node
+        from rank_dataset.files.index.objects import load_object_index  # on first use: a local file's reads no object
+
+        return load_object_index(path, rebuild=rebuild, columns=columns)
+    for attempt in range(_BUILD_TRIES):
+        source = LocalFile(path)
+        fd, key = source.fd, source.key
+        try:
+            fmt = detect(fd)
+            check_columns(path, fmt, columns)
+            refuse_cut_parquet(path, fd, fmt)
+            ends_hash = hash_ends(source)
+            if fmt.rows:
+                try:
+                    return _rows_index(path, fd, fmt, key, ends_hash, columns)
+                except MetaFileChangedError:
+                    if attempt == _BUILD_TRIES - 1:
+                        raise
+                    continue
+            try:
+                return cached_index(cache_paths(path), path, fd, key, ends_hash, rebuild=rebuild)
+            except MetaFileChangedError:
+                if attempt == _BUILD_TRIES - 1:
+                    raise
+        except ShortRead as exc:  # hashing the ends: the file shrank since fstat
+            if attempt == _BUILD_TRIES - 1:
+                raise MetaFileChangedError(path, "it shrank while being indexed") from exc
+        finally:
+            source.close()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def checkpoints_of(path: Path, key: FileKey) -> Checkpoints:
+    """The checkpoints of the compressed file ``path`` from its index (made if there is none), which
+    must be of the file ``key`` describes.
+
+    Raises:
+        MetaFileChangedError: the file is no longer the one of ``key``.
+    """
+    index = load_index(path)
+    try:
+        checkpoints = read_checkpoints(index)
+    except LookupError:  # the cache was removed or replaced meanwhile: the file's index as it is now
+        index = load_index(path, rebuild=True)
+        checkpoints = read_checkpoints(index)
+    what = key.change(index.key)
+    if what is not None:
+        raise MetaFileChangedError(path, what)
+    return checkpoints

@@ -1,0 +1,167 @@
+"""A meta file on a local (or network) file system: :class:`LocalFile`, identified by :class:`FileKey`.
+
+A file is read with positional reads, never through a shared map: a map of a file that shrinks kills
+the process with SIGBUS, a positional read comes back short, which is told as the change it is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.errors import MetaFileChangedError
+from rank_dataset.files.io.base import STREAM_BLOCK
+from rank_dataset.files.io.pread import pread_exact
+
+__all__ = ["FileKey", "LocalFile", "raise_if_changed", "read_exact"]
+
+
+@dataclass(frozen=True)
+class FileKey:
+    """What identifies a file's content without reading it: ``fstat`` fields that change with it."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+    device: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileKey:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+    def __reduce__(self) -> tuple[type[FileKey], tuple[int, int, int, int, int]]:
+        # Positional: a key travels in every pickled dataset (to each DataLoader worker).
+        return FileKey, (self.size, self.mtime_ns, self.ctime_ns, self.inode, self.device)
+
+    def same_file(self, other: FileKey) -> bool:
+        """Equal but for the device, which one file shared over NFS has a different one on each client
+        (git leaves st_dev out of its index check for that reason): what a cache is matched on."""
+        return (self.size, self.mtime_ns, self.ctime_ns, self.inode) == (
+            other.size,
+            other.mtime_ns,
+            other.ctime_ns,
+            other.inode,
+        )
+
+    def matches(self, st: os.stat_result) -> bool:
+        """Whether ``st`` is this file unchanged (the common case of :meth:`change`, without objects)."""
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev) == (
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.inode,
+            self.device,
+        )
+
+    def change(self, now: FileKey) -> str | None:
+        """What differs between the file as indexed (``self``) and ``now``, in words; None if nothing."""
+        if (now.inode, now.device) != (self.inode, self.device):
+            return "it was replaced by another file (another inode)"
+        if now.size != self.size:
+            return f"its size changed from {self.size:,} to {now.size:,} bytes"
+        if now.mtime_ns != self.mtime_ns:
+            return "it was modified (its mtime changed)"
+        if now.ctime_ns != self.ctime_ns:
+            return "it was modified or its mtime was set back (its ctime changed)"
+        return None
+
+
+def raise_if_changed(path: Path, key: FileKey, st: os.stat_result) -> None:
+    """Raise MetaFileChangedError saying how if ``st`` is not the file ``key`` describes."""
+    if not key.matches(st):
+        what = key.change(FileKey.of(st))
+        if what is not None:
+            raise MetaFileChangedError(path, what)
+
+
+def read_exact(fd: int, path: Path, offset: int, count: int) -> bytes:
+    """``count`` bytes at ``offset`` of the file ``path`` open at ``fd``.
+
+    Raises:
+        MetaFileChangedError: the file ends before them (it shrank).
+    """
+    raw = os.pread(fd, count, offset)
+    if len(raw) < count:
+        raise MetaFileChangedError(path, "it shrank while being read")
+    return raw
+
+
+class LocalFile:
+    """The local file ``path`` open for reading (a :class:`~rank_dataset.files.io.base.ByteSource`).
+
+    With ``key``, the file must be the one ``key`` describes (else MetaFileChangedError, as for a file
+    gone: it was deleted or moved; with ``checked=False``, the caller checks it later, after a read);
+    without, it is the file as it is now (FileNotFoundError if none).
+    """
+
+    def __init__(self, path: Path, key: FileKey | None = None, *, checked: bool = True) -> None:
+        self.path = path
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if key is None:
+                raise
+            raise MetaFileChangedError(path, "it was deleted or moved") from None
+        if key is not None and not checked:
+            self.key = key
+            return
+        try:
+            st = os.fstat(self.fd)
+            if key is not None:
+                raise_if_changed(path, key, st)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.key = FileKey.of(st) if key is None else key
+
+    @property
+    def size(self) -> int:
+        return self.key.size
+
+    def read(self, offset: int, count: int) -> bytes:
+        return read_exact(self.fd, self.path, offset, count)
+
+    def read_into(self, out: npt.NDArray[np.uint8], offset: int) -> None:
+        pread_exact(self.fd, out, offset)
+
+    def stream(self, start: int = 0, stop: int | None = None, block: int = STREAM_BLOCK) -> Iterator[bytes]:
+        stop = self.size if stop is None else stop
+        while start < stop:
+            piece = self.read(start, min(block, stop - start))
+            start += len(piece)
+            yield piece
+
+    def check_open(self) -> None:
+        """Raise MetaFileChangedError if the open file (by descriptor) is not the one of the key."""
+        raise_if_changed(self.path, self.key, os.fstat(self.fd))
+
+    def check(self) -> None:
+        """Raise MetaFileChangedError unless both the descriptor and the path are still the file of the key."""
+        self.check_open()
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            raise MetaFileChangedError(self.path, "it was deleted or moved") from None
+        raise_if_changed(self.path, self.key, now)
+
+    def detach(self) -> int:
+        """The descriptor, now the caller's to close (this source no longer holds it)."""
+        fd, self.fd = self.fd, -1
+        return fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> LocalFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

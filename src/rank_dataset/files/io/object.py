@@ -1,0 +1,369 @@
+"""A meta file in an object store (S3, GCS, Azure, or an HTTP server that honours Range):
+:class:`ObjectFile`, identified by :class:`ObjectKey` (its size and ETag from one HEAD).
+
+Every read is a ranged GET pinned to that ETag (``If-Match``): an object replaced or deleted under a
+job is :class:`~rank_dataset.errors.MetaFileChangedError` naming the URL, never bytes of the new
+object. Failed requests (5xx, timeouts, dropped connections) are retried by the client with
+exponential backoff and jitter, and a body cut short is asked again from where it stopped (then is
+:class:`~rank_dataset.errors.CorruptMetaFileError` naming the URL and the offset), all within the
+timeout (the dataset's; :func:`~rank_dataset.files.io._stores.budget` says how it is spent).
+A process holds at most a few requests in flight (``RANK_DATASET_OBJECT_REQUESTS``, default 4), and
+waits a short delay of its rank's before its first (the spread start:
+:func:`~rank_dataset.files.io._stores.start_delay`), so that the ranks of a job do not all start at once.
+
+Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``AWS_ALLOW_HTTP``; ``GOOGLE_*``;
+``AZURE_*``), and ``storage_options``, obstore's config keys given explicitly (they win).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.core.checks import UrlPath
+from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
+from rank_dataset.files.io._stores import acquire, budget, is_url, object_store, split_url, status_of
+from rank_dataset.files.io.base import STREAM_BLOCK
+from rank_dataset.files.io.local import FileKey
+from rank_dataset.files.io.pread import ShortRead
+
+__all__ = ["COUNTS", "REQUEST", "ObjectFile", "ObjectIO", "ObjectKey", "UrlPath", "is_url"]
+
+#: This process's requests to object stores so far: HEADs, GETs and bytes received (for the tests
+#: and the benchmark; a forked child starts from its parent's).
+COUNTS = {"heads": 0, "gets": 0, "bytes": 0}
+
+#: Bytes a streaming read asks in one GET (the collective reader's slices, an index build): large
+#: enough that a GET's latency is small beside its transfer, small enough that a retry costs little.
+REQUEST = 32 << 20
+#: Bytes between two wanted ranges that are fetched rather than asked for apart (coalesced reads).
+COALESCE = 1 << 20
+_ATTEMPTS = 4  # asks of a range whose body came back short, before it is called corrupt
+_TIMEOUT = 1800.0
+
+
+@dataclass(frozen=True)
+class ObjectKey:
+    """What identifies an object's content without reading it: its size and ETag (or, from a server
+    that gives no ETag, its last-modified time)."""
+
+    size: int
+    etag: str | None
+    modified: str | None = None
+
+    def change(self, now: ObjectKey) -> str | None:
+        """What differs between the object as indexed (``self``) and ``now``, in words; None if nothing."""
+        if now.size != self.size:
+            return f"its size changed from {self.size:,} to {now.size:,} bytes"
+        if now.etag != self.etag:
+            return f"it was replaced (its ETag changed from {self.etag} to {now.etag})"
+        if now.modified != self.modified:
+            return "it was replaced (its last-modified time changed)"
+        return None
+
+    def same_file(self, other: object) -> bool:
+        return isinstance(other, ObjectKey) and self.change(other) is None
+
+    def file_key(self, url: str) -> FileKey:
+        """The key an index of the object is cached under, in a cache file's fields: the size, the
+        ETag's hash where a file's mtime and ctime go, the URL's hash where its inode goes."""
+        tag = _hash63(self.etag or self.modified or "")
+        return FileKey(self.size, tag, tag, _hash63(url), 0)
+
+
+def _hash63(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+class ObjectFile:
+    """The object at ``url`` (a :class:`~rank_dataset.files.io.base.ByteSource`).
+
+    With ``key``, reads are pinned to the object ``key`` describes (no request at construction);
+    without, one HEAD learns its size and ETag: a missing object or bucket, or credentials refused,
+    raise here, naming the URL and the HTTP status. Picklable: another process makes its own client.
+    ``storage_options`` and ``timeout`` default to those ``url`` carries (a
+    :class:`~rank_dataset.core.checks.UrlPath`'s), else the environment's and :data:`_TIMEOUT`.
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        key: ObjectKey | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        if not is_url(url):
+            raise ValueError(f"{url!r} is not an object URL (s3://, gs://, az://, abfs://, http(s)://)")
+        # The settings given win over those the URL carries (a UrlPath's, e.g. a Source's).
+        self.path = UrlPath(cast(str, url), storage_options, timeout)
+        self._directory, self._name = split_url(self.path)
+        self.storage_options = self.path.storage_options
+        self.timeout = _TIMEOUT if self.path.timeout is None else float(self.path.timeout)
+        self.key = self._head() if key is None else key
+        self._ahead: tuple[int, bytes] | None = None  # the block of a read in order (read_into's until)
+        self._next = 0  # where a read in order (pread) would start next
+
+    @property
+    def size(self) -> int:
+        return self.key.size
+
+    def _store(self) -> Any:
+        return object_store(self._directory, self.storage_options, self.timeout)
+
+    def _head(self) -> ObjectKey:
+        import obstore
+
+        store = self._store()  # no client (no obstore, or a forked process): said as it is
+        COUNTS["heads"] += 1
+        slots = acquire()  # after the spread start (a bad setting of it raises as itself)
+        try:
+            with slots:
+                meta = obstore.head(store, self._name)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"meta file not found: {self.path} ({status_of(exc)})") from None
+        except Exception as exc:
+            raise _failure(self.path, exc, self.timeout) from None
+        modified = None if meta.get("e_tag") else str(meta.get("last_modified"))
+        return ObjectKey(int(meta["size"]), meta.get("e_tag"), modified)
+
+    def _options(self, start: int, stop: int) -> dict[str, Any]:
+        options: dict[str, Any] = {"range": (start, stop)}
+        if self.key.etag is not None:
+            options["if_match"] = self.key.etag
+        return options
+
+    def _get(self, start: int, stop: int) -> Any:
+        """The response to one GET of bytes ``[start, stop)``, pinned to the key."""
+        import obstore
+
+        store = self._store()
+        COUNTS["gets"] += 1
+        try:
+            return obstore.get(store, self._name, options=self._options(start, stop))  # type: ignore[arg-type]
+        except Exception as exc:
+            raise self._error(exc) from None
+
+    def _error(self, exc: BaseException) -> BaseException:
+        import obstore.exceptions as errors
+
+        if isinstance(exc, errors.PreconditionError):
+            return MetaFileChangedError(self.path, f"it was replaced (its ETag is no longer {self.key.etag})")
+        if isinstance(exc, FileNotFoundError):
+            return MetaFileChangedError(self.path, "it was deleted")
+        return _failure(self.path, exc, self.timeout)
+
+    def stream(self, start: int = 0, stop: int | None = None, block: int = STREAM_BLOCK) -> Iterator[bytes]:
+        """Bytes ``[start, stop)`` in order, ``block`` at a time (the last shorter), from GETs of at most
+        :data:`REQUEST` bytes each, never more than one block held."""
+        stop = self.size if stop is None else min(stop, self.size)
+        pending = b""
+        for piece in self._pieces(start, stop):
+            if pending:
+                piece, pending = pending + piece, b""
+            at = 0
+            while len(piece) - at >= block:
+                yield piece[at : at + block]
+                at += block
+            pending = piece[at:]
+        if pending:
+            yield pending
+
+    def _pieces(self, start: int, stop: int) -> Iterator[bytes]:
+        """The bytes ``[start, stop)`` as they arrive; a body cut short is asked again from where it
+        stopped (a short body after :data:`_ATTEMPTS` asks is corrupt)."""
+        at, short, deadline = start, 0, 0.0
+        reasks = budget(self.timeout)["reasks"].total_seconds()
+        while at < stop:
+            if short == 0:  # a range's first ask: it and its asks again end within the timeout
+                deadline = time.monotonic() + reasks
+            end = min(at + REQUEST, stop)
+            got = at
+            with acquire():
+                try:
+                    for chunk in self._get(at, end).stream(min_chunk_size=min(end - at, 8 << 20)):
+                        got += len(chunk)
+                        COUNTS["bytes"] += len(chunk)
+                        yield bytes(chunk)
+                except (MetaFileChangedError, CorruptMetaFileError, OSError):
+                    raise
+                except Exception as exc:  # the body broke off: asked again below from ``got``
+                    if short + 1 >= _ATTEMPTS or time.monotonic() > deadline:
+                        raise self._error(exc) from None
+            if got < end:
+                short += 1
+                if short >= _ATTEMPTS or time.monotonic() > deadline:
+                    raise CorruptMetaFileError(self.path, got, f"the body ended {end - got:,} bytes short")
+            else:
+                short = 0
+            at = got
+
+    def read(self, offset: int, count: int) -> bytes:
+        """Bytes ``[offset, offset + count)``, exactly (MetaFileChangedError past the object's end)."""
+        if offset + count > self.size:
+            raise MetaFileChangedError(self.path, "it shrank while being read")
+        if count <= 0:
+            return b""
+        return b"".join(self._pieces(offset, offset + count))
+
+    def read_into(self, out: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> None:
+        """Fill ``out`` from ``offset``. With ``until`` (reads go on in order, none past ``until``: a
+        slice read front to back), from GETs of up to :data:`REQUEST` bytes held one at a time, so
+        that a slice read in small pieces still costs one GET per :data:`REQUEST` bytes."""
+        if offset + out.size > self.size:
+            raise ShortRead(self.size)
+        if until is not None:
+            self._read_ahead(out, offset, until)
+            return
+        at = 0
+        for piece in self._pieces(offset, offset + out.size):
+            out[at : at + len(piece)] = np.frombuffer(piece, np.uint8)
+            at += len(piece)
+
+    def _read_ahead(self, out: npt.NDArray[np.uint8], offset: int, until: int) -> None:
+        n, at = out.size, 0
+        while at < n:
+            pos = offset + at
+            held = self._ahead
+            if held is None or not held[0] <= pos < held[0] + len(held[1]):
+                end = min(pos + REQUEST, max(until, offset + n), self.size)
+                held = self._ahead = (pos, b"")  # the old block let go of before the next is fetched
+                held = self._ahead = (pos, self.read(pos, end - pos))
+            start, data = held
+            take = min(n - at, start + len(data) - pos)
+            out[at : at + take] = np.frombuffer(data, np.uint8, take, pos - start)
+            at += take
+        if offset + n >= until:
+            self._ahead = None  # the run is done: its block goes
+
+    def pread(self, count: int, offset: int) -> bytes:
+        """As ``os.pread``: up to ``count`` bytes at ``offset`` (fewer at the end). A read that starts
+        where the one before ended (a decoder going through a compressed object) fetches a block of
+        :data:`REQUEST` bytes that the reads after it take from, so small reads in order cost few GETs."""
+        count = max(0, min(count, self.size - offset))
+        if count == 0:
+            return b""
+        held = self._ahead
+        if held is not None and held[0] <= offset and offset + count <= held[0] + len(held[1]):
+            at = offset - held[0]
+            return held[1][at : at + count]
+        sequential, self._next = offset == self._next, offset + count
+        if not sequential:
+            return self.read(offset, count)
+        self._ahead = None  # the old block let go of before the next is fetched
+        data = self.read(offset, min(offset + max(count, REQUEST), self.size) - offset)
+        self._ahead = (offset, data)
+        return data[:count]
+
+    def read_ranges(self, starts: Sequence[int], stops: Sequence[int]) -> list[bytes]:
+        """Each range ``[starts[i], stops[i])``, from GETs of the ranges merged where less than
+        :data:`COALESCE` bytes lie between them (each GET pinned, as every read)."""
+        out: list[bytes] = [b""] * len(starts)
+        for lo, hi, members in _coalesced(starts, stops):
+            data = self.read(lo, hi - lo)
+            for j in members:
+                out[j] = data[starts[j] - lo : stops[j] - lo]
+        return out
+
+    def check(self) -> None:
+        """Raise MetaFileChangedError if the object is no longer the one of the key (one HEAD)."""
+        try:
+            now = self._head()
+        except FileNotFoundError:
+            raise MetaFileChangedError(self.path, "it was deleted") from None
+        what = self.key.change(now)
+        if what is not None:
+            raise MetaFileChangedError(self.path, what)
+
+    def close(self) -> None:
+        """Nothing to release: the client is the process's, shared by its objects."""
+
+    def __enter__(self) -> ObjectFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_ahead": None}
+
+    def __repr__(self) -> str:
+        return f"ObjectFile({str(self.path)!r}, {self.key!r})"
+
+
+class ObjectIO(io.RawIOBase):
+    """A seekable read-only file object over an :class:`ObjectFile` (for pyarrow's ParquetFile): a read
+    is one ranged GET of exactly the bytes asked, pinned to the object's ETag (a footer costs a GET or
+    two), but for reads inside the ranges last :meth:`hold`-ed, served from memory."""
+
+    def __init__(self, source: ObjectFile) -> None:
+        self._source, self._pos = source, 0
+        self._held: list[tuple[int, bytes]] = []
+
+    def hold(self, starts: Sequence[int], stops: Sequence[int]) -> None:
+        """Fetch the ranges ``[starts[i], stops[i])`` now, one GET for those less than :data:`COALESCE`
+        bytes apart, and serve the reads that fall inside one from memory until
+        the next ``hold`` (``hold([], [])`` lets them go): a row group's column chunks in one GET."""
+        self._held = []  # the old ranges let go of before the new are fetched
+        self._held = [(lo, self._source.read(lo, hi - lo)) for lo, hi, _ in _coalesced(starts, stops)]
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._source.size}[whence]
+        self._pos = max(base + offset, 0)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        count = max(0, min(len(buffer), self._source.size - self._pos))
+        out = np.frombuffer(buffer, np.uint8, count)
+        for start, data in self._held:
+            if start <= self._pos and self._pos + count <= start + len(data):
+                out[:] = np.frombuffer(data, np.uint8, count, self._pos - start)
+                break
+        else:
+            if count:
+                self._source.read_into(out, self._pos)
+        self._pos += count
+        return count
+
+
+def _coalesced(starts: Sequence[int], stops: Sequence[int]) -> list[tuple[int, int, list[int]]]:
+    """The non-empty ranges ``[starts[i], stops[i])`` merged where less than :data:`COALESCE` bytes lie
+    between them: ``(lo, hi, members)`` for each GET, in order of position."""
+    merged: list[tuple[int, int, list[int]]] = []
+    group: list[int] = []
+    for i in [*sorted(range(len(starts)), key=lambda i: starts[i]), -1]:
+        if group and (i < 0 or starts[i] > max(stops[j] for j in group) + COALESCE):
+            merged.append((starts[group[0]], max(stops[j] for j in group), group))
+            group = []
+        if i >= 0 and stops[i] > starts[i]:
+            group.append(i)
+    return merged
+
+
+def _failure(url: str, exc: BaseException, timeout: float) -> OSError:
+    """The error of a request that failed for good, naming the URL, the status and the timeout that
+    bounded its retries."""
+    import obstore.exceptions as errors
+
+    status = status_of(exc)
+    if isinstance(exc, (errors.PermissionDeniedError, errors.UnauthenticatedError, PermissionError)):
+        return PermissionError(f"meta file {url}: access denied ({status}); check the credentials")
+    return OSError(f"meta file {url}: the object store failed ({status}), retried within timeout={timeout:g} s")

@@ -1,0 +1,121 @@
+"""Checks of meta lines against the bytes they were copied from, and of their text: where a sample
+may start and end, that it is not blank, and that it is UTF-8.
+
+Public: the collective reader checks its rows with the same functions the file reader does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rank_dataset.core import native
+from rank_dataset.files.index.scan import BLANK, BOM, CR, NEWLINE
+
+__all__ = ["bounds_ok", "check_from", "check_utf8", "rows_ok", "window_ok"]
+
+
+def check_from(s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Where the bytes needed to check samples starting at ``s`` begin: the byte before each (the
+    whole byte order mark for a sample that may follow one)."""
+    return np.where(s == len(BOM), 0, np.maximum(s - 1, 0))
+
+
+def bounds_ok(
+    buf: npt.NDArray[np.uint8],
+    shift: int | npt.NDArray[np.int64],
+    s: npt.NDArray[np.int64],
+    e: npt.NDArray[np.int64],
+    size: int,
+) -> bool:
+    """Whether every span ``[s, e)`` is bounded as a sample is: it starts the file (after a byte
+    order mark, if the file has one) or follows a newline, and its end is a line ending (``\\n`` not
+    after ``\\r``, ``\\r\\n``, ``\\r`` at the end of the file) or the end of the file.
+
+    ``buf[x - shift]`` is byte ``x`` of the file for ``x`` in ``[s - 1, e + 2)`` (``[0, e + 2)`` for a
+    row that may follow a byte order mark), and ``buf`` has at least 2 bytes more after ``e``.
+    """
+    # The common case first, in a few passes: after a newline, before a newline not after a CR.
+    rs, re_ = s - shift, e - shift  # where the rows are in buf
+    ok = (buf[rs - 1] == NEWLINE) & (buf[re_] == NEWLINE) & (buf[re_ - 1] != CR) & (s != 0)
+    if bool(ok.all()):
+        return True
+    rows = np.flatnonzero(~ok)  # the first sample, the last, CRLF endings, and wrong spans
+    s, e, rs, re_ = s[rows], e[rows], rs[rows], re_[rows]
+    # A row that may follow the byte order mark was read from the file's first byte on.
+    head = np.flatnonzero(s <= len(BOM))
+    zero = int(rs[head[0]] - s[head[0]]) if head.size else 0  # where byte 0 of the file is in buf
+    bom = bool(head.size) and size >= len(BOM) and buf[zero : zero + len(BOM)].tobytes() == BOM
+    after_newline = buf[np.maximum(rs - 1, 0)] == NEWLINE
+    start_ok = np.where(s == 0, not bom, after_newline | ((s == len(BOM)) & bom))
+    last, c1, c2 = buf[re_ - 1], buf[re_], buf[re_ + 1]
+    at_eof = e >= size
+    plain_end = (at_eof | (c1 == NEWLINE)) & (last != CR)
+    cr_end = ~at_eof & (c1 == CR) & ((e + 1 >= size) | (c2 == NEWLINE))
+    return bool((start_ok & (plain_end | cr_end)).all())
+
+
+def window_ok(
+    buf: npt.NDArray[np.uint8],
+    shift: int | npt.NDArray[np.int64],
+    s: npt.NDArray[np.int64],
+    e: npt.NDArray[np.int64],
+    size: int,
+) -> tuple[bool, bool]:
+    """Whether the spans ``[s, e)`` read into ``buf`` (as :func:`bounds_ok` takes them) are samples of
+    their file, and whether newlines inside them were looked for.
+
+    Native: one pass of :func:`rank_dataset.core.native.check_lines` (bounds, blank rows and newlines
+    inside rows). Numpy: :func:`bounds_ok` and :func:`rows_ok`, which leave newlines inside rows to one
+    search of the copied shard (a newline search of each window costs numpy more than that).
+    """
+    if native.path() == "numpy":
+        return bounds_ok(buf, shift, s, e, size) and rows_ok(buf, s - shift, e - shift), False
+    rs = s - shift
+    # The byte order mark matters to a row at byte 0 or 3 only, which was read from byte 0 on.
+    head = np.flatnonzero((s == 0) | (s == len(BOM)))
+    zero = int(rs[head[0]] - s[head[0]]) if head.size else 0  # where byte 0 of the file is in buf
+    bom = bool(head.size) and size >= len(BOM) and buf[zero : zero + len(BOM)].tobytes() == BOM
+    try:
+        return native.check_lines(buf, rs, s, e - s, size, bom) < 0, True
+    except ValueError:  # a span outside the window or the file (a corrupt index): not a sample
+        return False, True
+
+
+def rows_ok(buf: npt.NDArray[np.uint8], s: npt.NDArray[np.int64], e: npt.NDArray[np.int64]) -> bool:
+    """Whether each row ``buf[s:e]`` holds something other than whitespace (newlines inside rows are
+    looked for once the whole shard is copied)."""
+    # Only a row that starts with whitespace can be blank: check those in full (they are rare).
+    maybe_blank = np.flatnonzero(BLANK[buf[s]])
+    return all(_line_ok(buf[x:y]) for x, y in zip(s[maybe_blank].tolist(), e[maybe_blank].tolist()))
+
+
+def _line_ok(line: npt.NDArray[np.uint8]) -> bool:
+    """Whether ``line`` holds no newline and something other than whitespace."""
+    return not bool((line == NEWLINE).any()) and not bool(BLANK[line].all())
+
+
+def check_utf8(
+    where: Callable[[int], str],
+    data: npt.NDArray[np.uint8],
+    bounds: npt.NDArray[np.integer[Any]],
+) -> None:
+    """Raise ValueError naming file and line (``where(row)``) of a row that is not valid UTF-8.
+
+    ``data`` holds the rows back to back, row ``i`` at ``bounds[i]:bounds[i + 1]``.
+    """
+
+    def fail(row: int) -> None:
+        try:
+            data[bounds[row] : bounds[row + 1]].tobytes().decode("utf-8")
+            reason = "invalid byte sequence"  # pragma: no cover - callers pass an invalid row
+        except UnicodeDecodeError as exc:
+            reason = f"{exc.reason} at byte {exc.start}"
+        raise ValueError(f"{where(row)}: line is not valid UTF-8 ({reason})")
+
+    bad = native.utf8_first_invalid(data, bounds)  # one pass (C, or numpy's decoder over runs of rows)
+    if bad >= 0:
+        fail(bad)
