@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import _reference
 from rank_dataset.core._reference import MARK, NEWLINE, LineScan
 
 __all__ = ["ABI", "LIB_ENV", "Kernels", "library_path", "load"]
@@ -148,6 +149,10 @@ class Kernels:
     """The library's kernels, each with the signature and results of its numpy reference in
     :mod:`rank_dataset.core._reference`."""
 
+    #: :meth:`check_lines` and :meth:`gather_lines` check a window's rows in one pass over its bytes,
+    #: newlines inside rows included.
+    FUSED = True
+
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self._lib, self.path = lib, path
 
@@ -203,6 +208,9 @@ class Kernels:
         return LineScan(starts, lengths, bool(ascii_), newlines, marks[:n_marks].copy())
 
     def copy_rows(self, src: Any, src_starts: Any, lengths: Any, dst: npt.NDArray[np.uint8], dst_starts: Any) -> None:
+        if not (dst.flags.c_contiguous and dst.flags.writeable):  # a strided destination: numpy's scatter
+            _reference.copy_rows(src, src_starts, lengths, dst, dst_starts)
+            return
         s, d = _bytes_in(src), _bytes_out(dst)
         (ss, sk), (ln, lk), (ds, dk) = _index(src_starts), _index(lengths), _index(dst_starts)
         if not ss.size == ln.size == ds.size:
@@ -437,7 +445,7 @@ class Kernels:
         counts: Any,
         head: int,
         status: int,
-        send: npt.NDArray[np.uint8] | None,
+        send: npt.NDArray[np.uint8] | None = None,
     ) -> npt.NDArray[np.int64]:
         s = _bytes_in(src)
         (st, sk), (ln, lk), (rw, rk), a, c = _index(starts), _index(lengths), _index(rows), _i64(at), _i64(counts)
