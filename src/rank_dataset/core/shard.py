@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
