@@ -25,6 +25,7 @@ __all__ = [
     "LineScan",
     "bucket_order",
     "check_lines",
+    "checked_keys",
     "copy_rows",
     "count_byte",
     "find_byte",
@@ -165,14 +166,13 @@ def copy_rows(
     total = int(lengths.sum())
     if total <= _BYTEWISE_MAX:
         # Few bytes: one gather of every byte, from where each row's bytes are to where they go.
-        # (Sorting rows by length and copying each group costs more than that below about 64 KiB.)
         step = np.arange(total, dtype=np.int64) - np.repeat(_offsets(lengths)[:-1], lengths)
         dst[np.repeat(np.asarray(dst_starts, np.int64), lengths) + step] = src[
             np.repeat(np.asarray(src_starts, np.int64), lengths) + step
         ]
         return
-    # A 16-bit key, which numpy sorts by radix (a wider one takes a merge sort, several times slower);
-    # lengths past it are copied row by row, wherever the sort leaves them.
+    # A 16-bit key, which numpy sorts by radix (a wider one by a merge sort); lengths past it are
+    # copied row by row, wherever the sort leaves them.
     key = np.minimum(lengths, 0xFFFF).astype(np.uint16)
     order = np.argsort(key, kind="stable")
     by_length = lengths[order]
@@ -319,7 +319,7 @@ def check_lines(
     ``buf[at[k]:]`` with the byte before it and the two after it where the file has them. A sample starts
     the file (after its byte order mark) or follows a newline, ends at the end of the file or at a line
     ending (``\\n`` not after ``\\r``, ``\\r\\n``, ``\\r`` at the end), holds no newline and is not blank
-    (``files._gather``'s ``_bounds_ok`` and ``_rows_ok``, and its newline search after the copy)."""
+    (what :func:`rank_dataset.files.lines.bounds_ok` and ``rows_ok`` check, and a newline search)."""
     if not starts.size:
         return -1
     rs, re_ = at, at + lengths
@@ -343,17 +343,25 @@ def check_lines(
     return int(bad[0]) if bad.size else -1
 
 
-def bucket_order(
-    keys: npt.NDArray[np.uint16], buckets: int, dtype: Any = np.int64
-) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
-    """``(order, counts)``: the items of ``keys`` (each below ``buckets``) in ascending key order,
-    stably, as ``dtype`` (uint32 or int64), and how many items hold each key."""
+def checked_keys(keys: Any, buckets: int, dtype: Any) -> npt.NDArray[np.uint16]:
+    """``keys`` as an array, checked to be what :func:`bucket_order` takes with ``buckets`` and ``dtype``
+    (each key below ``buckets`` apart)."""
+    keys = np.asarray(keys)
     if keys.dtype != np.uint16 or keys.ndim != 1:
         raise TypeError(f"keys must be a 1-D uint16 array, got {keys.dtype} with shape {keys.shape}")
     if np.dtype(dtype) not in (np.dtype(np.uint32), np.dtype(np.int64)):
         raise TypeError(f"the order's dtype must be uint32 or int64, got {np.dtype(dtype)}")
     if not 1 <= buckets <= 1 << 16:
         raise ValueError(f"buckets must be in [1, 65536], got {buckets}")
+    return keys
+
+
+def bucket_order(
+    keys: npt.NDArray[np.uint16], buckets: int, dtype: Any = np.int64
+) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+    """``(order, counts)``: the items of ``keys`` (each below ``buckets``) in ascending key order,
+    stably, as ``dtype`` (uint32 or int64), and how many items hold each key."""
+    keys = checked_keys(keys, buckets, dtype)
     if keys.size and int(keys.max()) >= buckets:
         item = int(np.flatnonzero(keys >= buckets)[0])
         raise ValueError(f"key {int(keys[item])} (item {item}) is not below buckets ({buckets})")
