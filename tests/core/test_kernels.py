@@ -8,6 +8,7 @@ library that does not load fails these tests instead of skipping them.
 
 from __future__ import annotations
 
+import inspect
 import mmap
 import os
 import subprocess
@@ -1030,6 +1031,14 @@ def test_verify_lines_refuses_bad_arguments(kernels: Kernels) -> None:
 
 
 # --- the path picker ----------------------------------------------------------------------------------
+
+
+def test_both_kernel_objects_have_every_kernel_with_one_signature() -> None:
+    assert (ref.FUSED, Kernels.FUSED) == (False, True)
+    for name in set(native._KERNELS.values()) - {"FUSED"}:
+        theirs = list(inspect.signature(getattr(Kernels, name)).parameters.values())[1:]  # self
+        ours = list(inspect.signature(getattr(ref, name)).parameters.values())
+        assert [(p.name, p.default) for p in ours] == [(p.name, p.default) for p in theirs], name
 
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
