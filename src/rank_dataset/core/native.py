@@ -52,7 +52,6 @@ if TYPE_CHECKING:  # the names each kernel object has, with its reference's sign
     from rank_dataset.core._reference import count_byte as count_newlines
     from rank_dataset.core._reference import find_byte as find_newlines
 
-
 __all__ = [
     "BLANK",
     "BOM",
@@ -141,8 +140,9 @@ def describe() -> str:
 if not TYPE_CHECKING:
 
     def __getattr__(name: str) -> Any:
-        """A kernel of the object :func:`describe` names."""
+        """A kernel of the object :func:`describe` names (looked up once: a name of this module from then on)."""
         kernel = _KERNELS.get(name)
         if kernel is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        return getattr(_state()[0], kernel)
+        found = globals()[name] = getattr(_state()[0], kernel)
+        return found
