@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -353,7 +353,7 @@ def checked_keys(keys: Any, buckets: int, dtype: Any) -> npt.NDArray[np.uint16]:
         raise TypeError(f"the order's dtype must be uint32 or int64, got {np.dtype(dtype)}")
     if not 1 <= buckets <= 1 << 16:
         raise ValueError(f"buckets must be in [1, 65536], got {buckets}")
-    return keys
+    return cast("npt.NDArray[np.uint16]", keys)
 
 
 def bucket_order(
