@@ -71,8 +71,8 @@ lengths = shard.ends.astype(np.int64) - shard.starts
 before_layout = int(((np.maximum(lengths, 1) + 7) // 8 * 8).sum()) + 16 * len(ds)
 from rank_dataset.core import native
 print(json.dumps({"seconds": elapsed, "peak": peak, "count": len(ds), "own": text + 4 * len(ds),
-                  "kernels": native.path(), "held": shard.nbytes, "text": text, "segment": shard.handle.size,
-                  "before_layout": before_layout}))
+                  "kernels": native.describe().split()[0], "held": shard.nbytes, "text": text,
+                  "segment": shard.handle.size, "before_layout": before_layout}))
 """
 
 _ORIGINAL = """

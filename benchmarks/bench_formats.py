@@ -145,11 +145,11 @@ print(json.dumps({"seconds": elapsed, "cpu": used.ru_utime + used.ru_stime}))
 
 _COLD = """
 from rank_dataset import MetaFile
-from rank_dataset.core.native import path
+from rank_dataset.core.native import describe
 cpu = time.process_time()
 mf, elapsed, peak = measured(lambda: MetaFile(META))
 cpu = time.process_time() - cpu
-print(json.dumps({"seconds": elapsed, "cpu": cpu, "peak": peak, "count": len(mf), "kernels": path()}))
+print(json.dumps({"seconds": elapsed, "cpu": cpu, "peak": peak, "count": len(mf), "kernels": describe().split()[0]}))
 """
 
 _FOOTER = """
@@ -172,8 +172,9 @@ from rank_dataset import RankDataset
 cpu = time.process_time()
 ds, elapsed, peak = measured(lambda: RankDataset(META, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD))
 cpu = time.process_time() - cpu
-from rank_dataset.core.native import path
-out = {"seconds": elapsed, "cpu": cpu, "peak": peak, "count": len(ds), "decompressed": sum(counted), "kernels": path()}
+from rank_dataset.core.native import describe
+out = {"seconds": elapsed, "cpu": cpu, "peak": peak, "count": len(ds), "decompressed": sum(counted),
+       "kernels": describe().split()[0]}
 if ITEMS:
     import random, time
     order = random.Random(0).sample(range(len(ds)), min(len(ds), ITEMS))

@@ -82,8 +82,9 @@ mf = MetaFile(sys.argv[1])
 world = int(sys.argv[2])
 t = time.perf_counter()
 parts = _read(mf, [ShardSpec(len(mf), world, r, seed=0).indices() for r in range(world)])
-from rank_dataset.core.native import path
-print(json.dumps({"seconds": time.perf_counter() - t, "count": sum(len(p.shard) for p in parts), "kernels": path()}))
+from rank_dataset.core.native import describe
+count = sum(len(p.shard) for p in parts)
+print(json.dumps({"seconds": time.perf_counter() - t, "count": count, "kernels": describe().split()[0]}))
 """
 
 
@@ -140,7 +141,7 @@ def _clients(
         t.join()
     from rank_dataset.core import native as kernels
 
-    cpu.put((time.process_time() - before, kernels.path()))
+    cpu.put((time.process_time() - before, kernels.describe().split()[0]))
 
 
 def job_start(

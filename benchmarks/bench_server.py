@@ -166,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client-of", metavar="URL", help=argparse.SUPPRESS)  # --native-compare's clients
     args = parser.parse_args(argv)
     if args.client_of:
-        from rank_dataset.core.native import path
+        from rank_dataset.core.native import describe
 
-        print(json.dumps({"rates": _ours(args.client_of, args), "kernels": path()}))
+        print(json.dumps({"rates": _ours(args.client_of, args), "kernels": describe().split()[0]}))
         return 0
 
     work = Path(tempfile.mkdtemp(prefix="bench_server_"))

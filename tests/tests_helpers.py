@@ -18,6 +18,7 @@ import psutil
 import pytest
 import zstandard
 
+from rank_dataset.core.shard import Shard
 from rank_dataset.demo.synthetic import imagenet_line
 from rank_dataset.files.index.scan import BOM
 from rank_dataset.server.local import LocalServer, free_port
@@ -35,6 +36,7 @@ __all__ = [
     "reference_index",
     "rewrite",
     "run_ranks",
+    "shard_of",
     "start_methods",
     "start_together",
     "torchrun_cmd",
@@ -199,6 +201,13 @@ def write_rank_result(out: str, result: object) -> None:
 def rank_results(out: Path, nproc: int) -> list[Any]:
     """What each of ``nproc`` ranks wrote with ``write_rank_result(out, ...)``, in rank order."""
     return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in range(nproc)]
+
+
+def shard_of(lines: list[bytes], *, ids: np.ndarray | None = None) -> Shard:
+    """A shard holding ``lines`` (bytes without line endings), in order."""
+    lengths = np.fromiter((len(x) for x in lines), np.int64, len(lines))
+    ends = np.cumsum(lengths)
+    return Shard(np.frombuffer(b"".join(lines), np.uint8), ends - lengths, ends, ids=ids)
 
 
 def random_file(rng: np.random.Generator, most: int) -> bytes:

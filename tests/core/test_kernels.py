@@ -8,6 +8,7 @@ library that does not load fails these tests instead of skipping them.
 
 from __future__ import annotations
 
+import inspect
 import mmap
 import os
 import subprocess
@@ -20,7 +21,6 @@ import numpy as np
 import pytest
 
 from rank_dataset.core import _reference as ref
-from rank_dataset.core import _reference_exchange as ref_exchange
 from rank_dataset.core import native
 from rank_dataset.core._native_lib import Kernels, load
 from rank_dataset.files.index.scan import scan_buffer
@@ -916,7 +916,7 @@ def test_place_lines_matches_numpy(impl: Any, seed: int) -> None:
     counts = np.bincount(rng.integers(0, w, take), minlength=w).astype(np.int64)
     at = np.cumsum(counts) - counts + (n - take)
     idx = order[n - take :].astype(np.int64)
-    parts = ref_exchange._split_sums(bounds[idx + 1].astype(np.int64) - bounds[idx], counts) + head
+    parts = ref._split_sums(bounds[idx + 1].astype(np.int64) - bounds[idx], counts) + head
     got_buf = rng.integers(0, 256, int(parts.sum())).astype(np.uint8)
     want, got = np.full(int(bounds[-1]) + 2, 3, np.uint8), np.full(int(bounds[-1]) + 2, 3, np.uint8)
     ref.place_lines(got_buf, parts, order, at, counts, head, bounds, want)
@@ -1033,6 +1033,14 @@ def test_verify_lines_refuses_bad_arguments(kernels: Kernels) -> None:
 # --- the path picker ----------------------------------------------------------------------------------
 
 
+def test_both_kernel_objects_have_every_kernel_with_one_signature() -> None:
+    assert (ref.FUSED, Kernels.FUSED) == (False, True)
+    for name in set(native._KERNELS.values()) - {"FUSED"}:
+        theirs = list(inspect.signature(getattr(Kernels, name)).parameters.values())[1:]  # self
+        ours = list(inspect.signature(getattr(ref, name)).parameters.values())
+        assert [(p.name, p.default) for p in ours] == [(p.name, p.default) for p in theirs], name
+
+
 def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("RANK_DATASET_NATIVE")}
     full.update(env)
@@ -1050,7 +1058,7 @@ _PROBE = """
         warnings.simplefilter("always")
         a = native.count_newlines(np.frombuffer(b"a\\nb\\n", np.uint8))
         b = native.count_newlines(np.frombuffer(b"\\n", np.uint8))
-    print(a, b, native.path(), len([w for w in caught if issubclass(w.category, RuntimeWarning)]))
+    print(a, b, native.describe().split()[0], len([w for w in caught if issubclass(w.category, RuntimeWarning)]))
     print(native.describe())
 """
 

@@ -12,6 +12,7 @@ import pytest
 from rank_dataset import MetaFile
 from rank_dataset.core.shard import Shard
 from rank_dataset.files.read import _gather as gather_mod
+from tests_helpers import shard_of
 
 
 def test_from_meta_matches_the_file_in_any_order(write_meta) -> None:
@@ -58,7 +59,7 @@ def test_invalid_utf8_found_at_build_with_file_and_line(tmp_path: Path) -> None:
 
 
 def test_from_lines_and_validation() -> None:
-    s = Shard.from_lines([b"a", b"", b"ccc"])
+    s = shard_of([b"a", b"", b"ccc"])
     assert [s.text(i).encode() for i in range(3)] == [b"a", b"", b"ccc"]
     with pytest.raises(ValueError, match="offsets out of range"):
         Shard(np.zeros(3, np.uint8), np.array([0]), np.array([4]))
@@ -119,7 +120,8 @@ def test_a_shard_does_not_copy_its_lines(write_meta) -> None:
 
 @pytest.mark.parametrize("rows, longest", [(3000, 70_000), (300, 100)])  # many bytes (by length), few (bytewise)
 def test_copy_rows_copies_exactly_and_nothing_else(rows: int, longest: int) -> None:
-    from rank_dataset.core.shard import _BYTEWISE_MAX, copy_rows
+    from rank_dataset.core._reference import _BYTEWISE_MAX
+    from rank_dataset.core.shard import copy_rows
 
     rng = np.random.default_rng(3)
     src = rng.integers(0, 256, 200_000, dtype=np.uint8)
@@ -206,7 +208,7 @@ def test_rows_are_the_shard_of_those_lines_over_the_same_bytes(write_meta) -> No
         assert part.texts(range(b - a)) == alone.texts(range(b - a))
         assert part.bounds.dtype == alone.bounds.dtype and part.bounds[0] == 0
         assert np.shares_memory(part.data, whole.data) or b == a
-    assert Shard.from_lines([b"a", b"b"]).rows(1, 2).ids is None
+    assert shard_of([b"a", b"b"]).rows(1, 2).ids is None
     for a, b in [(-1, 2), (2, 1), (0, 2501)]:
         with pytest.raises(IndexError, match="not within a shard of 2500 lines"):
             whole.rows(a, b)

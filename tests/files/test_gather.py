@@ -50,8 +50,8 @@ def _read(mf: MetaFile, indices: np.ndarray, **kw: Any) -> tuple[bytes, list[int
 
 @pytest.mark.parametrize("tail", [16 << 10, 64, 1])
 def test_fused_windows_give_the_general_ways_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tail: int) -> None:
-    if native.path() != "native":
-        pytest.skip("the fused pass is the native path's")
+    if not native.FUSED:
+        pytest.skip("the fused pass is the native kernels'")
     mf = MetaFile(_hostile_file(tmp_path / "meta.txt", 60_000, seed=tail))
     rng = np.random.default_rng(tail)
     every = rng.permutation(len(mf))
@@ -105,7 +105,7 @@ def test_a_span_the_file_disagrees_with_is_found_by_the_fused_check(
     shard = mf.read(idx)
     assert shard.texts(range(0, len(mf), 997)) == [lines[i].decode() for i in idx[::997].tolist()]
     assert shard.data.tobytes() == b"".join(lines[i] for i in idx.tolist())
-    if native.path() == "native":
+    if native.FUSED:
         assert False in outcomes and outcomes[-1] is True  # found by the fused check, then read from the rebuilt index
 
 

@@ -24,7 +24,7 @@ def _file(rng: np.random.Generator, bom: bool) -> bytes:
 
 
 def _judge(data: bytes, s: np.ndarray, e: np.ndarray, path: str, monkeypatch: pytest.MonkeyPatch) -> bool:
-    monkeypatch.setattr(native, "path", lambda: path)
+    monkeypatch.setattr(native, "FUSED", path == "native")
     lo, hi = int(check_from(s).min()), int(e.max()) + 2
     buf = np.zeros(hi - lo + 8, np.uint8)
     got = np.frombuffer(data[lo:hi], np.uint8)
@@ -61,7 +61,7 @@ def test_native_and_numpy_judge_spans_alike(seed: int, monkeypatch: pytest.Monke
 def test_the_numpy_path_leaves_newlines_to_the_shard_search(monkeypatch: pytest.MonkeyPatch) -> None:
     data = b"a 1\nb 2\nc 3\n"
     s, e = np.array([0], np.int64), np.array([7], np.int64)  # "a 1\nb 2": two lines as one
-    monkeypatch.setattr(native, "path", lambda: "numpy")
+    monkeypatch.setattr(native, "FUSED", False)
     buf = np.zeros(len(data) + 8, np.uint8)
     buf[: len(data)] = np.frombuffer(data, np.uint8)
     assert window_ok(buf, 0, s, e, len(data)) == (True, False)

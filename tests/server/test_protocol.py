@@ -17,6 +17,7 @@ from rank_dataset import ProtocolError, RankServerDataset, ResumePoint, ServerDa
 from rank_dataset.plan.mix import MixPlan
 from rank_dataset.server import protocol
 from rank_dataset.server.transport import MetaServer
+from tests_helpers import shard_of
 
 SPECS = [
     ShardSpec(100, 4, 3),
@@ -64,7 +65,7 @@ def test_bad_queries(query: dict[str, str], error: type[Exception], message: str
 @pytest.mark.parametrize("offsets", [np.uint32, np.int64])
 def test_frame_round_trip(offsets: type) -> None:
     lines = [b"a 1", b"", "é 3".encode(), b"x" * 5000]
-    shard = Shard.from_lines(lines, ids=np.array([4, 0, 9, 2], np.int64))
+    shard = shard_of(lines, ids=np.array([4, 0, 9, 2], np.int64))
     shard = Shard(shard.data, shard.starts.astype(offsets), shard.ends.astype(offsets), ids=shard.ids)
     body = b"".join(protocol.encode_frame(shard))
     assert len(body) == protocol.frame_size(shard)
@@ -80,7 +81,7 @@ def test_a_frame_in_another_order_decodes_to_the_shard_in_its_own(seed: int) -> 
     lines = [bytes(rng.integers(97, 123, int(rng.integers(0, 40)), dtype=np.uint8)) for _ in range(n)]
     ids = rng.permutation(10 * n + 1)[:n].astype(np.int64)
     order = rng.permutation(n)  # the lines lie in the shard as shard[order[i]] = item i
-    stored = Shard.from_lines([lines[i] for i in np.argsort(order)], ids=ids[np.argsort(order)])
+    stored = shard_of([lines[i] for i in np.argsort(order)], ids=ids[np.argsort(order)])
     body = b"".join(protocol.encode_frame(stored, order))
     assert len(body) == protocol.frame_size(stored)
     back = protocol.decode_frame(body)
@@ -102,7 +103,7 @@ def test_a_frame_of_a_plan_is_checked_and_kept_shareable(seed: int) -> None:
     lines = [bytes(rng.integers(97, 123, int(rng.integers(0, 40)), dtype=np.uint8)) for _ in range(n)]
     ids = rng.permutation(10 * n)[:n].astype(np.int64)
     order = rng.permutation(n)
-    stored = Shard.from_lines([lines[i] for i in np.argsort(order)], ids=ids[np.argsort(order)])
+    stored = shard_of([lines[i] for i in np.argsort(order)], ids=ids[np.argsort(order)])
     body = b"".join(protocol.encode_frame(stored, order))
     kept = protocol.decode_frame(body, planned=ids)
     assert kept.texts(range(n)) == [x.decode() for x in lines]
@@ -138,8 +139,8 @@ def test_a_frame_received_piece_by_piece_is_the_decoded_one(seed: int, piece: in
     lines = [bytes(rng.integers(97, 123, int(rng.integers(0, 40)), dtype=np.uint8)) for _ in range(n)]
     ids = rng.permutation(10 * n + 1)[:n].astype(np.int64)
     order = rng.permutation(n)
-    alone = Shard.from_lines(lines, ids=ids)  # back to back: read straight into the segment
-    cut = Shard.from_lines([lines[i] for i in np.argsort(order)], ids=ids[np.argsort(order)])  # packed
+    alone = shard_of(lines, ids=ids)  # back to back: read straight into the segment
+    cut = shard_of([lines[i] for i in np.argsort(order)], ids=ids[np.argsort(order)])  # packed
     for body in (b"".join(protocol.encode_frame(alone)), b"".join(protocol.encode_frame(cut, order))):
         calls: list[int] = []
         kept = protocol.receive_frame(_reader(body, piece), lambda calls=calls: calls.append(1) or ids, len(body))
@@ -167,7 +168,7 @@ def test_a_frame_received_piece_by_piece_is_the_decoded_one(seed: int, piece: in
 
 
 def test_a_received_frame_with_offsets_outside_its_lines_is_malformed() -> None:
-    shard = Shard.from_lines([b"ab", b"cd"], ids=np.array([3, 4], np.int64))
+    shard = shard_of([b"ab", b"cd"], ids=np.array([3, 4], np.int64))
     body = bytearray(b"".join(protocol.encode_frame(shard, np.array([1, 0]))))
     ends_at = protocol._HEADER.size + 8 * 2 + 4 * 2
     body[ends_at : ends_at + 4] = (99).to_bytes(4, "little")  # the first sample's end past the lines
@@ -176,7 +177,7 @@ def test_a_received_frame_with_offsets_outside_its_lines_is_malformed() -> None:
 
 
 def test_bad_frames() -> None:
-    body = b"".join(protocol.encode_frame(Shard.from_lines([b"abc"], ids=np.array([0], np.int64))))
+    body = b"".join(protocol.encode_frame(shard_of([b"abc"], ids=np.array([0], np.int64))))
     with pytest.raises(protocol.FrameError, match="incomplete frame"):
         protocol.decode_frame(body[:-1])
     with pytest.raises(protocol.FrameError, match="shorter than its header"):
@@ -184,7 +185,7 @@ def test_bad_frames() -> None:
     with pytest.raises(ProtocolError, match="not a rank-dataset frame"):
         protocol.decode_frame(b"HTTP" + body[4:])
     with pytest.raises(ValueError, match="must carry its sample numbers"):
-        list(protocol.encode_frame(Shard.from_lines([b"abc"])))
+        list(protocol.encode_frame(shard_of([b"abc"])))
 
 
 def test_error_bodies_decode_to_python_errors() -> None:
@@ -328,7 +329,7 @@ def test_a_frame_cut_short_on_the_wire_is_fetched_again(how: str) -> None:
     # A real socket server on loopback whose first answer stops halfway through the frame's lines
     # (closed, or reset): the client reads the frame as it comes, finds it short, and asks again.
     ids = np.arange(5000, dtype=np.int64)
-    body = b"".join(protocol.encode_frame(Shard.from_lines([b"line %d" % i for i in range(5000)], ids=ids)))
+    body = b"".join(protocol.encode_frame(shard_of([b"line %d" % i for i in range(5000)], ids=ids)))
     head = f"HTTP/1.1 200 OK\r\nContent-Type: {protocol.CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n\r\n"
     listener = socket.create_server(("127.0.0.1", 0))
     answered: list[int] = []

@@ -19,10 +19,11 @@ from rank_dataset.errors import PassAuditError, PassAuditWarning
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards._control import READERS, ControlBlock
 from rank_dataset.shards.channel import PassCount, ShardChannel, pass_of
+from tests_helpers import shard_of
 
 
 def _shard(tag: str, n: int = 3) -> Shard:
-    return Shard.from_lines([f"{tag} {i}".encode() for i in range(n)]).shared()
+    return shard_of([f"{tag} {i}".encode() for i in range(n)]).shared()
 
 
 def _spec(epoch: int) -> ShardSpec:
@@ -178,7 +179,7 @@ def test_only_the_rank_publishes() -> None:
         worker.publish(_shard("b"), _spec(1))
     assert worker.begin_pass() == 0  # a worker records no pass
     with pytest.raises(ValueError, match="must be shared"):
-        rank.publish(Shard.from_lines([b"x"]), _spec(1))
+        rank.publish(shard_of([b"x"]), _spec(1))
 
 
 def test_pass_of_other_objects_does_nothing() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import _reference
 from rank_dataset.core._reference import MARK, NEWLINE, LineScan
 
 __all__ = ["ABI", "LIB_ENV", "Kernels", "library_path", "load"]
@@ -148,6 +149,10 @@ class Kernels:
     """The library's kernels, each with the signature and results of its numpy reference in
     :mod:`rank_dataset.core._reference`."""
 
+    #: :meth:`check_lines` and :meth:`gather_lines` check a window's rows in one pass over its bytes,
+    #: newlines inside rows included.
+    FUSED = True
+
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self._lib, self.path = lib, path
 
@@ -170,8 +175,8 @@ class Kernels:
         if offset < 0 or mark <= 0:
             raise ValueError(f"offset must be >= 0 and mark > 0, got {offset} and {mark}")
         # A sample per line at most. The arrays are sized by the lines of the first 256 KiB, with room to
-        # spare (counting them all would cost half as much as the scan), and scanned again at the exact
-        # size in the rare buffer whose later lines are much shorter; then trimmed in place.
+        # spare (rather than counting them all), and scanned again at the exact size in the rare buffer
+        # whose later lines are much shorter; then trimmed in place.
         head = a[:_SAMPLE]
         guess = (self.count_byte(head, NEWLINE) + 1) * a.size // max(head.size, 1)
         cap = min(guess + guess // 2 + 64, a.size + 1)
@@ -181,18 +186,9 @@ class Kernels:
         while True:
             starts, lengths = np.empty(cap, np.int64), np.empty(cap, np.int64)
             code = self._lib.rd_scan_lines(
-                a.ctypes.data,
-                a.size,
-                offset,
-                int(bool(last)),
-                mark,
-                starts.ctypes.data,
-                lengths.ctypes.data,
-                cap,
-                marks.ctypes.data,
-                marks_cap,
-                result.ctypes.data,
-            )
+                a.ctypes.data, a.size, offset, int(bool(last)), mark, starts.ctypes.data, lengths.ctypes.data, cap,
+                marks.ctypes.data, marks_cap, result.ctypes.data,
+            )  # fmt: skip
             if code != _ECAP or cap == a.size + 1:
                 break
             cap = self.count_byte(a, NEWLINE) + 1
@@ -203,25 +199,18 @@ class Kernels:
         return LineScan(starts, lengths, bool(ascii_), newlines, marks[:n_marks].copy())
 
     def copy_rows(self, src: Any, src_starts: Any, lengths: Any, dst: npt.NDArray[np.uint8], dst_starts: Any) -> None:
+        if not (dst.flags.c_contiguous and dst.flags.writeable):  # a strided destination: numpy's scatter
+            _reference.copy_rows(src, src_starts, lengths, dst, dst_starts)
+            return
         s, d = _bytes_in(src), _bytes_out(dst)
         (ss, sk), (ln, lk), (ds, dk) = _index(src_starts), _index(lengths), _index(dst_starts)
         if not ss.size == ln.size == ds.size:
             raise ValueError(f"{ss.size} starts, {ln.size} lengths and {ds.size} destinations")
         bad = ctypes.c_int64(-1)
         code = self._lib.rd_copy_rows(
-            s.ctypes.data,
-            s.size,
-            ss.ctypes.data,
-            sk,
-            ln.ctypes.data,
-            lk,
-            ln.size,
-            d.ctypes.data,
-            d.size,
-            ds.ctypes.data,
-            dk,
-            ctypes.byref(bad),
-        )
+            s.ctypes.data, s.size, ss.ctypes.data, sk, ln.ctypes.data, lk, ln.size, d.ctypes.data, d.size,
+            ds.ctypes.data, dk, ctypes.byref(bad),
+        )  # fmt: skip
         _check(code, "copy_rows", bad.value)
 
     def pack_rows(
@@ -236,19 +225,9 @@ class Kernels:
             raise TypeError(f"offsets must be a writeable contiguous uint32 or int64 array, got {offsets.dtype}")
         bad = ctypes.c_int64(-1)
         code = self._lib.rd_pack_rows(
-            s.ctypes.data,
-            s.size,
-            ss.ctypes.data,
-            sk,
-            ln.ctypes.data,
-            lk,
-            ln.size,
-            d.ctypes.data,
-            d.size,
-            offsets.ctypes.data,
-            kind,
-            ctypes.byref(bad),
-        )
+            s.ctypes.data, s.size, ss.ctypes.data, sk, ln.ctypes.data, lk, ln.size, d.ctypes.data, d.size,
+            offsets.ctypes.data, kind, ctypes.byref(bad),
+        )  # fmt: skip
         _check(code, "pack_rows", bad.value)
 
     def utf8_first_invalid(self, data: Any, bounds: Any) -> int:
@@ -292,31 +271,17 @@ class Kernels:
             raise ValueError(f"{r.size} places, {s.size} starts and {ln.size} lengths")
         row = ctypes.c_int64(-1)
         code = self._lib.rd_check_lines(
-            a.ctypes.data,
-            a.size,
-            r.ctypes.data,
-            s.ctypes.data,
-            ln.ctypes.data,
-            s.size,
-            file_size,
-            int(bom),
+            a.ctypes.data, a.size, r.ctypes.data, s.ctypes.data, ln.ctypes.data, s.size, file_size, int(bom),
             ctypes.byref(row),
-        )
+        )  # fmt: skip
         _check(code, "check_lines", row.value)
         return int(row.value)
 
     def bucket_order(
         self, keys: Any, buckets: int, dtype: Any = np.int64
     ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
-        k = np.asarray(keys)
-        if k.dtype != np.uint16 or k.ndim != 1:
-            raise TypeError(f"keys must be a 1-D uint16 array, got {k.dtype} with shape {k.shape}")
-        k = np.ascontiguousarray(k)
-        kind = {np.dtype(np.uint32): _U32, np.dtype(np.int64): _I64}.get(np.dtype(dtype))
-        if kind is None:
-            raise TypeError(f"the order's dtype must be uint32 or int64, got {np.dtype(dtype)}")
-        if not 1 <= buckets <= 1 << 16:
-            raise ValueError(f"buckets must be in [1, 65536], got {buckets}")
+        k = np.ascontiguousarray(_reference.checked_keys(keys, buckets, dtype))
+        kind = _OUT_KINDS[np.dtype(dtype)]
         out, counts = np.empty(k.size, dtype), np.empty(buckets, np.int64)
         bad = ctypes.c_int64(-1)
         code = self._lib.rd_bucket_order(
@@ -346,22 +311,9 @@ class Kernels:
             raise ValueError(f"shift must be >= 0, got {shift}")
         row = ctypes.c_int64(-1)
         code = self._lib.rd_gather_lines(
-            a.ctypes.data,
-            a.size,
-            shift,
-            st.ctypes.data,
-            r.ctypes.data,
-            rk,
-            r.size,
-            b.ctypes.data,
-            bk,
-            b.size,
-            d.ctypes.data,
-            d.size,
-            file_size,
-            int(bom),
-            ctypes.byref(row),
-        )
+            a.ctypes.data, a.size, shift, st.ctypes.data, r.ctypes.data, rk, r.size, b.ctypes.data, bk, b.size,
+            d.ctypes.data, d.size, file_size, int(bom), ctypes.byref(row),
+        )  # fmt: skip
         _check(code, "gather_lines", row.value)
         return int(row.value)
 
@@ -388,21 +340,10 @@ class Kernels:
             raise TypeError(f"requests must be uint32 or int64, got {request.dtype}")
         bad = ctypes.c_int64(-1)
         code = self._lib.rd_route(
-            it.ctypes.data,
-            n,
-            own.ctypes.data,
-            w,
-            rounds,
-            per_round,
-            seen.ctypes.data if seen.size else None,
-            seen.size,
-            counts.ctypes.data,
-            order.ctypes.data,
-            _KINDS[order.dtype],
-            request.ctypes.data,
-            req_kind,
+            it.ctypes.data, n, own.ctypes.data, w, rounds, per_round, seen.ctypes.data if seen.size else None,
+            seen.size, counts.ctypes.data, order.ctypes.data, _KINDS[order.dtype], request.ctypes.data, req_kind,
             ctypes.byref(bad),
-        )
+        )  # fmt: skip
         if code == _EREPEAT:
             return None
         if code == _ERANGE:
@@ -437,7 +378,7 @@ class Kernels:
         counts: Any,
         head: int,
         status: int,
-        send: npt.NDArray[np.uint8] | None,
+        send: npt.NDArray[np.uint8] | None = None,
     ) -> npt.NDArray[np.int64]:
         s = _bytes_in(src)
         (st, sk), (ln, lk), (rw, rk), a, c = _index(starts), _index(lengths), _index(rows), _i64(at), _i64(counts)

@@ -116,8 +116,8 @@ def check_int(
 
 
 def check_ints(name: str, values: Any, *, low: int) -> tuple[int, ...]:
-    """``values`` as a tuple of ints, each >= ``low``, else raise naming ``name[i]`` (one pass over
-    plain ints: a mix of 20,000 sources checks its sizes and counts in microseconds)."""
+    """``values`` as a tuple of ints, each >= ``low``, else raise naming ``name[i]`` (plain ints in
+    one pass)."""
     if all(type(v) is int and v >= low for v in values):
         return tuple(values)
     return tuple(check_int(f"{name}[{i}]", v, low=low) for i, v in enumerate(values))

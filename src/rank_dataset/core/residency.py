@@ -1,4 +1,4 @@
-"""Keeping a process's resident set small: dropping read pages, returning freed heap to the OS."""
+"""Keeping a process's resident set small: huge-page maps, freeing pages, returning freed heap to the OS."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import mmap
 import os
 from typing import Any
 
-__all__ = ["anonymous_map", "drop_pages", "free_pages", "freeze_inherited_objects", "return_freed_memory"]
+__all__ = ["anonymous_map", "free_pages", "freeze_inherited_objects", "return_freed_memory"]
 
 _HUGE = 2 << 20  # a transparent huge page (x86-64, arm64 with 4 KiB pages)
 
@@ -19,8 +19,7 @@ def anonymous_map(size: int) -> mmap.mmap:
     """A new private anonymous map of ``size`` bytes (``size > 0``), unmapped whole when it goes.
 
     From 2 MiB on it asks for transparent huge pages (where the system leaves them to
-    ``madvise``): filling it then takes one fault per 2 MiB instead of one per 4 KiB page, which
-    costs microseconds each under virtualisation (about a third of copying a 5 MiB shard here).
+    ``madvise``): filling it then takes one fault per 2 MiB instead of one per 4 KiB page.
     """
     mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
@@ -28,17 +27,6 @@ def anonymous_map(size: int) -> mmap.mmap:
         with contextlib.suppress(OSError):  # a kernel without THP says EINVAL: small pages, then
             mm.madvise(advice)
     return mm
-
-
-def drop_pages(mm: mmap.mmap, start: int, stop: int) -> None:
-    """Drop ``[start, stop)`` of a read-only file map from the resident set (the page cache keeps it)."""
-    advice = getattr(mmap, "MADV_DONTNEED", None)
-    if advice is None:  # not on this platform: the pages stay mapped, which is only a cost
-        return
-    start -= start % mmap.PAGESIZE
-    stop = min(stop, len(mm))
-    if stop > start:
-        mm.madvise(advice, start, stop - start)
 
 
 def free_pages(mm: mmap.mmap, start: int, stop: int) -> None:

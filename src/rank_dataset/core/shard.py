@@ -23,7 +23,6 @@ import numpy.typing as npt
 
 from rank_dataset.core import native
 from rank_dataset.core import shm as _shm
-from rank_dataset.core._reference import _BYTEWISE_MAX  # noqa: F401 - the numpy gather's threshold (tests)
 from rank_dataset.core.residency import anonymous_map
 
 __all__ = ["Shard", "ShardWriter", "copy_rows", "offset_dtype"]
@@ -52,12 +51,9 @@ def copy_rows(
     dst: npt.NDArray[np.uint8],
     dst_starts: _IntArray,
 ) -> None:
-    """``dst[dst_starts[k]:][:lengths[k]] = src[src_starts[k]:][:lengths[k]]`` for every ``k``, exactly.
-
-    Nothing is written outside the rows, so rows may be copied in any order and in as many calls as
-    convenient. One call of the native row gather where it is built (:mod:`rank_dataset.core.native`),
-    else numpy's, vectorised by length (:func:`rank_dataset.core._reference.copy_rows`).
-    """
+    """``dst[dst_starts[k]:][:lengths[k]] = src[src_starts[k]:][:lengths[k]]`` for every ``k``, exactly: the
+    kernel :func:`rank_dataset.core.native.copy_rows`. Nothing is written outside the rows, so rows may be
+    copied in any order and in as many calls as convenient."""
     native.copy_rows(src, src_starts, lengths, dst, dst_starts)
 
 
@@ -88,9 +84,8 @@ class ShardWriter:
         bounds_off = _ALIGN
         ids_off = _align(bounds_off + (n + 1) * dtype.itemsize) if ids else 0
         data_off = _align((ids_off + 8 * n) if ids else (bounds_off + (n + 1) * dtype.itemsize))
-        # A shared segment's pages are faulted in one 4 KiB page at a time as the lines land (about
-        # 2.3 us each here: 23 ms of a 1M-line, 41 MB shard's 45 ms of copying); a private map takes
-        # huge pages where the system allows them, one fault per 2 MiB.
+        # A shared segment's pages are faulted in one 4 KiB page at a time as the lines land; a private
+        # map takes huge pages where the system allows them, one fault per 2 MiB.
         self.segment: _shm.Segment | None = _shm.Segment(data_off + nbytes) if shared else None
         self._map = anonymous_map(data_off + nbytes) if self.segment is None else self.segment.map()
         _HEADER.pack_into(self._map, 0, _MAGIC, dtype.itemsize, n, bounds_off, ids_off, data_off, nbytes)
@@ -100,8 +95,7 @@ class ShardWriter:
         self._data_off, self._nbytes = data_off, nbytes
 
     def find(self, byte: bytes, start: int = 0) -> int:
-        """Where ``byte`` first occurs in ``data`` (at or after ``start``), or -1: a C search of the map
-        (memchr), several times faster than a numpy comparison over the same bytes."""
+        """Where ``byte`` first occurs in ``data`` (at or after ``start``), or -1 (a memchr of the map)."""
         at = self._map.find(byte, self._data_off + start, self._data_off + self._nbytes)
         return at - self._data_off if at >= 0 else -1
 
@@ -129,7 +123,7 @@ class Shard:
     they are; others are copied into a new buffer in that layout.
 
     Examples:
-        >>> s = Shard.from_lines([b"a 1", b"bb 2"])
+        >>> s = Shard(b"bb 2a 1", np.array([4, 0]), np.array([7, 4]))
         >>> len(s), s.text(1), s.bounds.tolist()
         (2, 'bb 2', [0, 3, 7])
     """
@@ -192,14 +186,6 @@ class Shard:
         return writer.finish()
 
     @classmethod
-    def from_lines(cls, lines: Sequence[bytes], *, ids: npt.NDArray[np.int64] | None = None) -> Shard:
-        """A shard holding ``lines`` (bytes without line endings), in order."""
-        lengths = np.fromiter((len(x) for x in lines), np.int64, len(lines))
-        ends = np.cumsum(lengths)
-        data = np.frombuffer(b"".join(lines), np.uint8)
-        return cls(data, ends - lengths, ends, ids=ids)
-
-    @classmethod
     def attach(cls, handle: _shm.Handle) -> Shard:
         """The shard in the segment of ``handle``, mapped read-only (see :meth:`shared`).
 
@@ -239,8 +225,8 @@ class Shard:
         self.handle = handle  # where the shard lives, if in a shareable segment
         self.segment = segment  # this process's hold on that segment, if it created it
         # Item access slices a bytes or mmap object (which yields bytes, cheap to decode) at plain
-        # ints read from a memoryview: several times faster than numpy indexing, and nothing is
-        # copied up front. Data in any other buffer is copied once into bytes.
+        # ints read from a memoryview, not numpy indexing, and nothing is copied up front. Data in
+        # any other buffer is copied once into bytes.
         root: Any = data
         while True:  # the object that owns the memory, under numpy views and memoryviews
             if isinstance(root, np.ndarray) and root.base is not None:
@@ -321,7 +307,7 @@ class Shard:
             IndexError: not ``0 <= start <= stop <= len(self)``.
 
         Examples:
-            >>> s = Shard.from_lines([b"a", b"bb", b"ccc"]).rows(1, 3)
+            >>> s = Shard(b"abbccc", np.array([0, 1, 3]), np.array([1, 3, 6])).rows(1, 3)
             >>> s.texts([0, 1]), s.bounds.tolist()
             (['bb', 'ccc'], [0, 2, 5])
         """

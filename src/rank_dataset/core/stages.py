@@ -1,4 +1,4 @@
-"""Stage timers: where a dataset's time goes, cheap enough to leave in the code. No torch.
+"""Stage timers: where a dataset's time goes, cheap enough to leave in the code.
 
 Two kinds of stages, read by the monitor (:mod:`rank_dataset.training.monitor`):
 

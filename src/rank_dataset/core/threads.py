@@ -1,5 +1,5 @@
 """Work split over threads: numpy's array passes and positional reads release the GIL, so two
-threads use two cores for them. No torch."""
+threads use two cores for them."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ __all__ = ["HELPED_ITEMS", "THREADS", "in_threads"]
 THREADS = min(2, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else 1
 
 #: Rows (or positions) a pass must have to be split over threads at all. A helper thread costs a
-#: malloc arena whose top glibc keeps resident for the rest of the process (see in_threads): about
-#: 2-4 MiB, held by the rank and shared by every DataLoader worker forked from it. From 1M rows on,
-#: that is a few percent of the shard (tens of MiB); below, it was up to a third of it, for a gain
-#: of milliseconds.
+#: malloc arena whose top glibc keeps resident for the rest of the process (see in_threads): a few
+#: MiB, held by the rank and shared by every DataLoader worker forked from it; from 1M rows on, that
+#: is a small part of the shard.
 HELPED_ITEMS = 1 << 20
 
 

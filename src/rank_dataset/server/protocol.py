@@ -355,7 +355,7 @@ def encode_frame(
     memory: send each before letting go of the shard.
 
     Examples:
-        >>> s = Shard.from_lines([b"b 1", b"a 0"], ids=np.array([1, 0]))
+        >>> s = Shard(b"b 1a 0", np.array([0, 3]), np.array([3, 6]), ids=np.array([1, 0]))
         >>> decode_frame(b"".join(encode_frame(s, np.array([1, 0])))).texts([0, 1])
         ['a 0', 'b 1']
     """

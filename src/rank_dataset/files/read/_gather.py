@@ -258,7 +258,7 @@ def gather(
     # row means its span covers more than one line. The native checks looked for it in each window;
     # on numpy, one pass over the copied bytes finds it. (A Parquet row is one sample whatever it
     # holds: a newline in one is passed over.)
-    bad = writer.find(b"\n") if native.path() == "numpy" else -1
+    bad = -1 if native.FUSED else writer.find(b"\n")
     while bad >= 0:
         row = int(np.searchsorted(writer.bounds, bad, side="right")) - 1
         f = bounds.locate(int(samples.get()[row]))[0]
@@ -401,7 +401,7 @@ def _copy_part(
 ) -> None:
     """Copy the rows of ``batches`` of ``visit`` from the file open at ``fd`` into ``writer``."""
     file, window = visit.file, Window()
-    fused = native.path() == "native"
+    fused = native.FUSED
     for rows, starts, took in batches:
         if fused and took is None:
             done = _gather_window(fd, file.index.size, window, rows, starts, writer)

@@ -72,7 +72,7 @@ def window_ok(
     inside rows). Numpy: :func:`bounds_ok` and :func:`rows_ok`, which leave newlines inside rows to one
     search of the copied shard (a newline search of each window costs numpy more than that).
     """
-    if native.path() == "numpy":
+    if not native.FUSED:
         return bounds_ok(buf, shift, s, e, size) and rows_ok(buf, s - shift, e - shift), False
     rs = s - shift
     # The byte order mark matters to a row at byte 0 or 3 only, which was read from byte 0 on.
