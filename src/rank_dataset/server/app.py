@@ -49,6 +49,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rank_dataset.files.metafile import MetaFile, MetaFileChangedError
 from rank_dataset.server import protocol
+from rank_dataset.server._connection import TrackRequests
 from rank_dataset.server._frames import FrameResponse
 from rank_dataset.server._passes import BuildSlots, Busy, SharedPasses
 from rank_dataset.server.limits import DEFAULT_LIMITS, LIMITS_ENV, ServerLimits
@@ -350,13 +351,14 @@ def _app_from_env() -> ASGIApp:
     paths = json.loads(os.environ[_PATHS_ENV])
     columns = json.loads(os.environ.get(_COLUMNS_ENV, "null"))
     limits = ServerLimits.from_env()
-    return create_app(
+    app = create_app(
         MetaFile(paths, columns=columns),
         token=os.environ.get(TOKEN_ENV) or None,
         max_body_size=limits.max_body_size,
         max_builds=limits.max_builds,
         max_pass_samples=limits.max_pass_samples,
     )
+    return TrackRequests(app)
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
@@ -476,9 +478,14 @@ def serve(
         log_level=log_level,
         access_log=False,
         # h11, not httptools: h11 bounds the request head (httptools reads headers of any size).
-        # The subclass adds the request and send timeouts that uvicorn lacks.
-        http="rank_dataset.server._connection:TimeoutH11Protocol",
+        http="h11",
         h11_max_incomplete_event_size=limits.max_header_size,
+        # The event loop guards each connection (request and send timeouts, descriptors, lingering
+        # close: see _connection.py), which finds its requests by the scope's client: the peer's own
+        # address, not one a proxy header names. No websockets: an upgraded connection leaves the guard.
+        loop="rank_dataset.server._connection:new_event_loop",
+        proxy_headers=False,
+        ws="none",
         limit_concurrency=limits.limit_concurrency,
         timeout_keep_alive=limits.timeout_keep_alive,
         backlog=limits.backlog,
