@@ -16,10 +16,11 @@ its connection's guard by the scope's ``client`` (the peer's address). The guard
 - descriptors: each process keeps its connections ``_RESERVED_FDS`` below its soft limit on open
   files (past it the server could accept nobody): a connection past that aborts the ones waiting
   longest for a request (its head or body, or idle after an answer), or itself if every other is busy;
-- lingering close: when uvicorn closes a connection whose request body has not all arrived (413,
-  401), the answer is sent, the sending side shut down, and what the client still sends is read and
-  discarded (up to ``_LINGER_BYTES`` and ``_LINGER_SECONDS``), so that the client reads the answer
-  instead of a reset (nginx's ``lingering_close``).
+- lingering close: when uvicorn closes a connection whose request has not all been read (a body
+  refused with 413 or 401, a head with 400, a request turned away with 503), the answer is sent,
+  the sending side shut down, and what the client still sends is read and discarded (up to
+  ``_LINGER_BYTES`` and ``_LINGER_SECONDS``), so that the client reads the answer instead of a
+  reset (nginx's ``lingering_close``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
-from enum import Enum
 from typing import Any, cast
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -58,11 +58,9 @@ def _connection_budget() -> int | None:
     return None if soft == resource.RLIM_INFINITY else max(1, soft - _RESERVED_FDS)
 
 
-class _Phase(Enum):
-    IDLE = "idle"  # no request yet, or its answer sent
-    BODY = "body"  # a request's head in, its body not all
-    BUSY = "busy"  # a whole request in, its answer not all sent
-
+# A connection's phase: no request yet or its answer sent; a request's head in, not all its body; a
+# whole request in, its answer not all sent.
+_IDLE, _BODY, _BUSY = "idle", "body", "busy"
 
 # This process's guarded connections, the longest waiting for a request first, and by peer address
 # (one event loop runs them all).
@@ -79,8 +77,7 @@ class _Transport:
     """The transport as the HTTP protocol sees it: ``close()`` may become a lingering close."""
 
     def __init__(self, transport: asyncio.Transport, guard: _Guard) -> None:
-        self._transport = transport
-        self._guard = guard
+        self._transport, self._guard = transport, guard
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -96,18 +93,19 @@ class _Transport:
 class _Guard(asyncio.Protocol):
     """One connection: ``inner`` (uvicorn's HTTP protocol) under the guards of the module."""
 
+    raw: asyncio.Transport
+    peer: tuple[str, int] | None
+
     def __init__(self, inner: asyncio.Protocol, timeout_request: float, timeout_send: float) -> None:
         self.inner = inner
         self.timeout_request, self.timeout_send = timeout_request, timeout_send
-        self.raw: asyncio.Transport | None = None
-        self.peer: tuple[str, int] | None = None
-        self.phase = _Phase.IDLE
+        self.phase = _IDLE
         self.sent_since_answer = False  # bytes of a next request came in since the last answer
         self.lingering = False
         self._linger_left = _LINGER_BYTES
         self._timers: dict[str, asyncio.TimerHandle] = {}
 
-    # -- asyncio's protocol calls, passed on to the HTTP protocol -------------------------------------
+    # asyncio's protocol calls, passed on to the HTTP protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.raw = cast(asyncio.Transport, transport)
@@ -127,11 +125,11 @@ class _Guard(asyncio.Protocol):
             return
         self._linger_left -= len(data)  # discarded: the request was answered already
         if self._linger_left < 0:
-            self._close()
+            self.raw.close()
 
     def eof_received(self) -> bool | None:
         if self.lingering:
-            self._close()  # the client sent all it had: done
+            self.raw.close()  # the client sent all it had: done
             return None
         return self.inner.eof_received()
 
@@ -152,70 +150,63 @@ class _Guard(asyncio.Protocol):
             self._cancel(name)
         self.inner.connection_lost(exc)
 
-    # -- a request's phases, told by TrackRequests ---------------------------------------------------
+    # a request's phases, told by TrackRequests
 
     def head_received(self) -> None:
-        self.phase = _Phase.BODY
+        self.phase = _BODY
 
     def request_received(self) -> None:
-        self.phase = _Phase.BUSY
+        self.phase = _BUSY
         self._cancel("request")
 
     def answered(self) -> None:
-        if self.raw is not None and not self.raw.is_closing() and not self.lingering:
+        if not self.raw.is_closing() and not self.lingering:
             self._wait_for_request()
 
     def _wait_for_request(self) -> None:
         """From now, the next request has ``timeout_request`` seconds to arrive."""
-        self.phase, self.sent_since_answer = _Phase.IDLE, False
+        self.phase, self.sent_since_answer = _IDLE, False
         self._cancel("request")
         self._after("request", self.timeout_request, self._request_timed_out)
         _connections.pop(self, None)
         _connections[self] = None  # waiting since now
 
-    def _waiting(self) -> bool:
-        """Whether the client owes a request (its head or body), or is idle after an answer."""
-        return self.lingering or self.phase is not _Phase.BUSY
-
-    # -- the guards ----------------------------------------------------------------------------------
+    # the guards
 
     def _request_timed_out(self) -> None:
         del self._timers["request"]
-        if self.phase is not _Phase.BUSY:
+        if self.phase != _BUSY:
             _log.info("closing a connection that sent no whole request in %gs", self.timeout_request)
-            self._close()
+            self.raw.close()
 
     def _send_timed_out(self) -> None:
         del self._timers["send"]
         _log.info("closing a connection that read none of its answer in %gs", self.timeout_send)
-        self._abort()  # close() would wait for the buffer to drain, which it does not
+        self.raw.abort()  # close() would wait for the buffer to drain, which it does not
 
     def _shed(self, budget: int) -> None:
         """Abort the connections waiting longest for a request until this process holds ``budget``."""
         excess = len(_connections) - budget
-        victims = [g for g in _connections if g is not self and g._waiting()][:excess]
+        victims = [g for g in _connections if g is not self and (g.lingering or g.phase != _BUSY)][:excess]
         if len(victims) < excess:  # every other connection is busy with a request: this one goes
             victims.append(self)
         _log.info("%d connections at the descriptor limit: closing %d waiting ones", budget, len(victims))
         for guard in victims:
             _connections.pop(guard, None)
-            guard._abort()  # at once: they owe a request and are owed nothing
+            guard.raw.abort()  # at once: they owe a request and are owed nothing
 
     def linger(self) -> bool:
         """For the HTTP protocol's close(): if part of a request is still to come (a body, or the rest
         of a head), shut down the sending side (after the answer) and read and discard what the
         client still sends, for a while. False: close now."""
-        raw = self.raw
-        owed = self.phase is _Phase.BODY or (self.phase is _Phase.IDLE and self.sent_since_answer)
-        if self.lingering or raw is None or raw.is_closing() or not owed or not raw.can_write_eof():
+        owed = self.phase == _BODY or (self.phase == _IDLE and self.sent_since_answer)
+        if self.lingering or not owed or self.raw.is_closing() or not self.raw.can_write_eof():
             return False
         self.lingering = True
-        raw.write_eof()  # after the answer: the client reads it, then the end
-        raw.resume_reading()  # the HTTP protocol pauses reading a body it has not asked for
-        self._after("linger", _LINGER_SECONDS, self._close)
+        self.raw.write_eof()  # after the answer: the client reads it, then the end
+        self.raw.resume_reading()  # the HTTP protocol pauses reading a body it has not asked for
+        self._after("linger", _LINGER_SECONDS, self.raw.close)
         return True
-
-    # -- helpers -------------------------------------------------------------------------------------
 
     def _after(self, name: str, seconds: float, callback: Callable[[], None]) -> None:
         self._timers[name] = asyncio.get_running_loop().call_later(seconds, callback)
@@ -224,14 +215,6 @@ class _Guard(asyncio.Protocol):
         timer = self._timers.pop(name, None)
         if timer is not None:
             timer.cancel()
-
-    def _close(self) -> None:
-        assert self.raw is not None
-        self.raw.close()
-
-    def _abort(self) -> None:
-        assert self.raw is not None
-        self.raw.abort()
 
 
 class TrackRequests:
