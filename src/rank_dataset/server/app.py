@@ -84,16 +84,16 @@ class _Admission:
         headers = dict(scope["headers"])
         given = headers.get(b"authorization", b"")
         if self.expected and scope["path"] != protocol.HEALTHZ and not hmac.compare_digest(given, self.expected):
-            message = "missing or wrong token: send 'Authorization: Bearer <token>'"
-            await _error(401, message, "auth", close=True)(scope, receive, send)
+            refusal = "missing or wrong token: send 'Authorization: Bearer <token>'"
+            await _error(401, refusal, "auth", close=True)(scope, receive, send)
             return
         pinned = headers.get(FINGERPRINT_HEADER.lower().encode())
         if pinned is not None and not hmac.compare_digest(pinned, self.fingerprint):
-            message = (
+            refusal = (
                 f"the request is for files with fingerprint {pinned.decode(errors='replace')!r}, "
                 f"this server's files have {self.fingerprint.decode()!r}: it was restarted on other files"
             )
-            await _error(409, message, "files")(scope, receive, send)
+            await _error(409, refusal, "files")(scope, receive, send)
             return
         declared = headers.get(b"content-length", b"0")
         if not declared.isdigit() or int(declared) > self.max_body:
