@@ -164,10 +164,12 @@ class _Guard(asyncio.Protocol):
             self._wait_for_request()
 
     def _wait_for_request(self) -> None:
-        """From now, the next request has ``timeout_request`` seconds to arrive."""
+        """From now, the next request has ``timeout_request`` seconds to arrive (unless the connection
+        has no peer address, by which TrackRequests would tell when it has)."""
         self.phase, self.sent_since_answer = _IDLE, False
         self._cancel("request")
-        self._after("request", self.timeout_request, self._request_timed_out)
+        if self.peer is not None:
+            self._after("request", self.timeout_request, self._request_timed_out)
         _connections.pop(self, None)
         _connections[self] = None  # waiting since now
 
