@@ -1,13 +1,7 @@
-"""A frame as an ASGI response: cut into its chunks once, in a worker thread, then sent from the
-event loop. No torch.
-
-Starlette's StreamingResponse pulls each chunk of a synchronous iterator through the thread pool
-(one thread hop a chunk: five for the smallest frame, each a wake-up and a GIL handover of up to the
-interpreter's switch interval) and runs a task that listens for a disconnect beside it. Profiled on
-``POST /samples`` of 256 samples, that was most of the server's CPU per request. Here the frame's
-chunks (views of the shard's memory, no copy) are made where the shard was read, and the event loop
-sends them one after the other, waiting whenever the connection's buffer is full (uvicorn's flow
-control). A client that leaves stops nothing but the sending: uvicorn drops what follows.
+"""A frame as an ASGI response: cut into its chunks (views of the shard's memory) once, in a worker
+thread, then sent from the event loop one after the other, waiting whenever the connection's buffer
+is full. Unlike Starlette's StreamingResponse, no chunk goes through the thread pool and no task
+listens for a disconnect beside it; a client that leaves stops nothing but the sending.
 """
 
 from __future__ import annotations

@@ -1,25 +1,20 @@
 """Shared passes: concurrent ``/shard`` requests of one plan read the meta files once between them.
 
-At the start of a job every rank asks the server for its shard at once. A rank's samples are a
-``1/W`` draw spread over the whole file, so ``W`` requests read alone touch every page of it ``W``
-times. Requests that differ only in their rank (same files, seed, epoch, world size, mini-epoch...)
-instead join one *pass*: one read of the union of their samples (:meth:`MetaFile.read` visits any
-indices in file order), cut into each request's shard, which its client decodes to byte for byte
-the shard it would get alone.
+Requests that differ only in their rank (same files, seed, epoch, world size, mini-epoch...) join one
+*pass*: one read of the union of their samples (:meth:`MetaFile.read` visits any indices in file
+order), cut into each request's shard, which its client decodes to byte for byte the shard it would
+get alone (``W`` requests read alone would each touch every page of the files).
 
-Group commit, per plan: a request whose plan has no pass under way starts one, and the requests
-that arrive while it runs wait and go together in the next one. Before it starts, a pass waits for
-more of its plan's ranks, since a job's ranks ask within moments of each other: until all ``W``
-are in, or no other came for ``linger`` seconds (0.2), or the first has waited ``max_linger``
-(1.0). A plan of one rank waits for nothing; a job of 64 ranks is then read in one pass, not in a
-pass for the first and one for the rest. A pass takes at most ``max_samples`` samples (but at
-least one request), so its memory stays bounded however many ranks ask; waiting requests that fill
-a pass start it at once. A pass holds one build slot (:class:`BuildSlots`) from its read until the
-last of its answers is sent or abandoned, and so does its memory (its shards share one segment). A
-pass that finds no free slot in time answers all its requests :class:`Busy`.
-
-A pass that fails (a file changed, a line that is not UTF-8) is read again request by request, so
-that each gets the answer it would get alone. Passes are shared within one server process.
+Group commit, per plan: a request whose plan has no pass under way starts one, and those that arrive
+while it runs go together in the next. Before it starts, a pass waits for more of its plan's ranks:
+until all ``W`` are in, or none came for ``linger`` seconds, or the first has waited ``max_linger``;
+a plan of one rank waits for nothing. A pass takes at most ``max_samples`` samples (but at least one
+request), so its memory stays bounded; waiting requests that fill a pass start it at once. A pass
+holds one build slot (:class:`BuildSlots`) from its read until the last of its answers is sent or
+abandoned, and so does its memory (its shards share one segment); a pass that finds no free slot in
+time answers all its requests :class:`Busy`. A pass that fails (a file changed, a line that is not
+UTF-8) is read again request by request, so that each gets the answer it would get alone. Passes
+are shared within one server process.
 """
 
 from __future__ import annotations
@@ -46,10 +41,8 @@ class Busy(Exception):
 
 
 class BuildSlots:
-    """At most ``count`` builds at once; :meth:`acquire` waits up to ``wait`` seconds for one.
-
-    One event loop runs all of this, so a counter and a queue of futures are enough.
-    """
+    """At most ``count`` builds at once; :meth:`acquire` waits up to ``wait`` seconds for one (one event
+    loop runs them all: a counter and a queue of futures)."""
 
     def __init__(self, count: int, wait: float) -> None:
         self.free = count
@@ -245,11 +238,10 @@ def _read(source: MetaFile, parts: Sequence[npt.NDArray[np.int64]]) -> list[Part
     """Each of ``parts`` read from ``source``: in one read of all of them if it succeeds, else each
     alone (the shard, or the exception it raises alone).
 
-    The one read takes each part's samples in file order (to the granularity a read visits them),
-    so that it writes every part's lines about in the order it reads them, not all over the whole
-    shard: a third less time at W = 64. Each part is framed with its lines in that order and the
-    client packs its own (see :func:`~rank_dataset.server.protocol.encode_frame`). A part's sample numbers
-    are the part itself, so no read keeps them.
+    The one read takes each part's samples in file order (:func:`bucket_order`), so that it writes
+    the lines about in the order it reads them; each part is framed with its lines in that order and
+    its client packs them (see :func:`~rank_dataset.server.protocol.encode_frame`). A part's sample
+    numbers are the part itself, so no read keeps them.
     """
     if len(parts) > 1:
         orders = [bucket_order(p, len(source)) for p in parts]

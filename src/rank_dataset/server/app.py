@@ -1,28 +1,13 @@
-"""The meta server: one process holds the meta files and serves samples and whole rank shards.
+"""The meta server: a Starlette application, served by uvicorn, holding the meta files and answering
+samples and whole rank shards (the endpoints, wire format and error bodies are
+:mod:`rank_dataset.server.protocol`'s). It is stateless: every request carries all it needs (seed,
+epoch, world size, mini-epoch, rank, eval or train), so any number of jobs, epochs and server replicas
+can share files and processes.
 
-A Starlette application served by uvicorn. It is stateless: every request carries all it needs
-(seed, epoch, world size, mini-epoch, rank, eval or train), so any number of jobs, epochs and
-server replicas can share files and processes. No torch.
-
-Endpoints (all but ``/healthz`` need ``Authorization: Bearer TOKEN`` when the server has a token):
-
-- ``GET /healthz``: 200 once the index is loaded.
-- ``GET /len``: ``{"num_samples": N, "fingerprint": ...}``.
-- ``GET /files``: each served file by name (its file name), with its sample count and fingerprint.
-- ``GET /sample/{index}``: one sample, the line as UTF-8 text.
-- ``POST /samples``: many samples; the body is the indices as little-endian int64; the answer a frame.
-- ``GET /shard?world_size=&rank=&...``: a whole rank shard (the ShardSpec as query parameters,
-  see :func:`rank_dataset.server.protocol.spec_to_query`), streamed as one frame; for a mix of served files
-  (``mix_files``, ``mix_sizes``, ``mix_counts``), the sample numbers count the named files' samples.
-
-The wire format, the pinning of files and the error bodies are :mod:`rank_dataset.server.protocol`'s.
-
-Limits (see ``serve``): a request's head is at most ``max_header_size`` bytes (h11 answers 400), its
-body at most ``max_body_size`` (413), and the whole request must arrive within ``timeout_request``
-seconds; at most ``max_builds`` shard builds run at once (503 with Retry-After beyond).
-
-Concurrent ``/shard`` requests of one plan (all but the rank alike) share their reads of the files:
-see :mod:`rank_dataset.server._passes`.
+Every path but ``/healthz`` needs ``Authorization: Bearer TOKEN`` when the server has a token. The
+limits on what one client can cost are :class:`~rank_dataset.server.limits.ServerLimits` (see
+:func:`serve`); concurrent ``/shard`` requests of one plan share their reads
+(:mod:`rank_dataset.server._passes`).
 """
 
 from __future__ import annotations
@@ -49,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rank_dataset.files.read.metafile import MetaFile, MetaFileChangedError
 from rank_dataset.server import protocol
+from rank_dataset.server._connection import TrackRequests
 from rank_dataset.server._frames import FrameResponse
 from rank_dataset.server._passes import BuildSlots, Busy, SharedPasses
 from rank_dataset.server.limits import DEFAULT_LIMITS, LIMITS_ENV, ServerLimits
@@ -68,65 +54,27 @@ def _error(
     return JSONResponse(protocol.error_body(message, kind), status_code=status, headers=headers)
 
 
-class _BearerToken:
-    """ASGI middleware: every path but /healthz needs ``Authorization: Bearer <token>``."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != protocol.HEALTHZ:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                message = "missing or wrong token: send 'Authorization: Bearer <token>'"
-                response = _error(401, message, "auth", close=True)  # close: never read a body it did not want
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-class _PinnedFiles:
-    """ASGI middleware: a request pinned to other files (by fingerprint) is answered 409."""
-
-    def __init__(self, app: ASGIApp, fingerprint: str) -> None:
-        self.app = app
-        self.fingerprint = fingerprint.encode()
-        self.header = FINGERPRINT_HEADER.lower().encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            pinned = dict(scope["headers"]).get(self.header)
-            if pinned is not None and not hmac.compare_digest(pinned, self.fingerprint):
-                message = (
-                    f"the request is for files with fingerprint {pinned.decode(errors='replace')!r}, "
-                    f"this server's files have {self.fingerprint.decode()!r}: it was restarted on other files"
-                )
-                await _error(409, message, "files")(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-# --- Limits: what one client can cost the server (their values: _limits.py) -----------------------
-# The connection-level ones (request and send timeouts) are in _connection.py; uvicorn's own
-# (header size, concurrency, keep-alive, backlog) are passed to it by serve().
-
 _BUILD_WAIT = 1.0  # seconds a build request waits for a free slot before it is answered 503
 _RETRY_AFTER = 1  # seconds, in that 503's Retry-After header
 
 
-class _BodyLimit:
-    """ASGI middleware: request bodies of at most ``max_body`` bytes, read whole before the app runs.
+class _Admission:
+    """ASGI middleware: what a request passes before the app runs, in order.
 
-    A declared Content-Length over the limit is answered 413 before any byte of the body is read; a
-    body without one (chunked) is counted as it streams and answered 413 once over the limit; both
-    close the connection, so that the server never reads the rest. A body within the limit is read
-    here, before the app (and its build slot) is involved, so that a slow upload holds nothing but
-    its connection, which the request timeout closes. A client gone mid-body gets no answer.
+    - Token (with ``token``): every path but /healthz needs ``Authorization: Bearer <token>`` (401,
+      and the connection closed, so that the server never reads a body it did not want).
+    - Pinning: a request pinned to other files (``FINGERPRINT_HEADER``) is answered 409.
+    - Body: at most ``max_body`` bytes, read whole before the app (and a build slot) is involved, so
+      that a slow upload holds nothing but its connection, which the request timeout closes. A
+      declared Content-Length over the limit is answered 413 before any byte of the body is read; a
+      body without one (chunked) is counted as it streams and answered 413 once over the limit; both
+      close the connection. A client gone mid-body gets no answer.
     """
 
-    def __init__(self, app: ASGIApp, max_body: int) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, fingerprint: str, max_body: int) -> None:
         self.app = app
+        self.expected = f"Bearer {token}".encode() if token else None
+        self.fingerprint = fingerprint.encode()
         self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -134,6 +82,19 @@ class _BodyLimit:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
+        given = headers.get(b"authorization", b"")
+        if self.expected and scope["path"] != protocol.HEALTHZ and not hmac.compare_digest(given, self.expected):
+            refusal = "missing or wrong token: send 'Authorization: Bearer <token>'"
+            await _error(401, refusal, "auth", close=True)(scope, receive, send)
+            return
+        pinned = headers.get(FINGERPRINT_HEADER.lower().encode())
+        if pinned is not None and not hmac.compare_digest(pinned, self.fingerprint):
+            refusal = (
+                f"the request is for files with fingerprint {pinned.decode(errors='replace')!r}, "
+                f"this server's files have {self.fingerprint.decode()!r}: it was restarted on other files"
+            )
+            await _error(409, refusal, "files")(scope, receive, send)
+            return
         declared = headers.get(b"content-length", b"0")
         if not declared.isdigit() or int(declared) > self.max_body:
             refusal = f"a request body of {declared.decode(errors='replace')} bytes; at most {self.max_body}"
@@ -143,8 +104,7 @@ class _BodyLimit:
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []
-        size = 0
-        more = True
+        size, more = 0, True
         while more:
             message = await receive()
             if message["type"] != "http.request":
@@ -152,9 +112,8 @@ class _BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_body:
-                await _error(413, f"a request body of more than {self.max_body} bytes", close=True)(
-                    scope, receive, send
-                )
+                refusal = f"a request body of more than {self.max_body} bytes"
+                await _error(413, refusal, close=True)(scope, receive, send)
                 return
             more = message.get("more_body", False)
         first: Message | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
@@ -170,40 +129,14 @@ class _BodyLimit:
         await self.app(scope, replay, send)
 
 
-class _BuildLimit:
-    """ASGI middleware (innermost): each ``/samples`` request takes a build slot (``/shard`` requests
-    take one a pass, see :mod:`rank_dataset.server._passes`).
-
-    A build counts from its request until the last byte of its answer is sent, since the shard is
-    held in memory until then. A request that finds every slot taken waits up to _BUILD_WAIT seconds
-    for one, then is answered 503 with ``Retry-After``.
-    """
-
-    def __init__(self, app: ASGIApp, slots: BuildSlots) -> None:
-        self.app = app
-        self.slots = slots
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != protocol.SAMPLES:
-            await self.app(scope, receive, send)
-            return
-        if not await self.slots.acquire():
-            await _busy()(scope, receive, send)
-            return
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.slots.release()
-
-
 def _busy() -> JSONResponse:
     message = f"the server is building as many shards as it may at once; retry in {_RETRY_AFTER}s"
     return _error(503, message, "busy", headers={"Retry-After": str(_RETRY_AFTER)})
 
 
 class _AsgiRoute:
-    """A route's endpoint that is an ASGI app itself (Starlette calls a plain function with a Request
-    and sends what it returns), so that it can act once its answer is sent."""
+    """A route's endpoint that is an ASGI app (Starlette calls a function with a Request and sends
+    what it returns), so that it can act once its answer is sent."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -244,6 +177,8 @@ def create_app(
     ]
     file_number = {name: i for i, name in enumerate(names)}
     sizes = {f.name: f.num_samples for f in served}
+    slots = BuildSlots(max_builds, _BUILD_WAIT)
+    passes = SharedPasses(slots, max_pass_samples)
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
@@ -262,9 +197,17 @@ def create_app(
         return Response(meta.raw(index), media_type="text/plain; charset=utf-8")
 
     async def samples(scope: Scope, receive: Receive, send: Send) -> None:
-        # Building a shard and cutting its frame are CPU work: off the event loop, like the sync endpoints.
-        answer = await run_in_threadpool(_samples, await Request(scope, receive).body())
-        await answer(scope, receive, send)
+        # A build slot from the request until the last byte of its answer is sent (the shard is held
+        # until then); a request that finds none free within _BUILD_WAIT seconds is answered 503.
+        # Building a shard and cutting its frame are CPU work: off the event loop.
+        if not await slots.acquire():
+            await _busy()(scope, receive, send)
+            return
+        try:
+            answer = await run_in_threadpool(_samples, await Request(scope, receive).body())
+            await answer(scope, receive, send)
+        finally:
+            slots.release()
 
     def _samples(body: bytes) -> Response | FrameResponse:
         if len(body) % 8:
@@ -277,9 +220,6 @@ def create_app(
             bad = int(indices.min()) if int(indices.min()) < 0 else int(indices.max())
             return _error(404, f"sample index {bad} is out of range for {n} samples", "index")
         return FrameResponse(meta.read(indices, shared=False))  # framed and sent: never shared
-
-    slots = BuildSlots(max_builds, _BUILD_WAIT)
-    passes = SharedPasses(slots, max_pass_samples)
 
     def plan_shard(request: Request) -> Response | tuple[str, MetaFile, npt.NDArray[np.int64], int]:
         """The request's plan key (every field but the rank), source, indices and number of ranks,
@@ -297,7 +237,7 @@ def create_app(
         return key, source, spec.indices(), spec.world_size
 
     async def shard(scope: Scope, receive: Receive, send: Send) -> None:
-        # Planning (the permutation) is CPU work: off the event loop, like the sync endpoints.
+        # Planning (the permutation) is CPU work: off the event loop. A pass holds a build slot.
         planned = await run_in_threadpool(plan_shard, Request(scope, receive))
         if isinstance(planned, Response):
             await planned(scope, receive, send)
@@ -341,8 +281,7 @@ def create_app(
             HTTPException: http_error,
         },
     )
-    limited = _PinnedFiles(_BodyLimit(_BuildLimit(app, slots), max_body_size), fingerprint)
-    return _BearerToken(limited, token) if token else limited
+    return _Admission(app, token, fingerprint, max_body_size)
 
 
 def _app_from_env() -> ASGIApp:
@@ -350,13 +289,14 @@ def _app_from_env() -> ASGIApp:
     paths = json.loads(os.environ[_PATHS_ENV])
     columns = json.loads(os.environ.get(_COLUMNS_ENV, "null"))
     limits = ServerLimits.from_env()
-    return create_app(
+    app = create_app(
         MetaFile(paths, columns=columns),
         token=os.environ.get(TOKEN_ENV) or None,
         max_body_size=limits.max_body_size,
         max_builds=limits.max_builds,
         max_pass_samples=limits.max_pass_samples,
     )
+    return TrackRequests(app)  # the connections' guards (see serve's loop) learn its requests' phases
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
@@ -421,20 +361,17 @@ def serve(
     """Index ``paths`` (if not cached yet), then serve them until SIGTERM or SIGINT.
 
     ``columns``: for Parquet meta files, the columns whose values make a line (see :class:`MetaFile`).
-
     With ``workers > 1``, that many server processes share the port (and the index cache).
 
-    ``limits`` (a :class:`~rank_dataset.server.limits.ServerLimits`), each per server process (what a
-    client sees when it is exceeded):
+    ``limits``, each per server process (what a client sees when it is exceeded):
 
     - ``max_body_size``: bytes in a request body (413, before the body is read if it is declared).
     - ``max_header_size``: bytes in a request line and headers (h11's ``max_incomplete_event_size``: 400).
     - ``max_builds``: shard builds (/shard, /samples) in progress at once, each until its answer is
-      sent; a request waits up to 1 s for one, then gets 503 with ``Retry-After: 1``. Concurrent
-      ``/shard`` requests of one plan share a build: see ``max_pass_samples``.
-    - ``max_pass_samples``: samples read in one pass shared by concurrent ``/shard`` requests of
-      one plan (every parameter alike but the rank); a pass holds its shards until the last is
-      sent. 1: each request is read alone. Passes are shared within a server process only.
+      sent; a request waits up to 1 s for one, then gets 503 with ``Retry-After: 1``.
+    - ``max_pass_samples``: samples read in one pass shared by concurrent ``/shard`` requests of one
+      plan (every parameter alike but the rank), which holds one build until its last shard is sent.
+      1: each request is read alone. Passes are shared within a server process only.
     - ``limit_concurrency``: connections and requests at once (uvicorn's own: 503).
     - ``timeout_request``: seconds for a whole request (head and body) to arrive, counted from the
       connection's start or its previous answer (the connection is closed).
@@ -444,7 +381,7 @@ def serve(
     """
     import uvicorn
 
-    if old_limits:  # the 0.1 form: each limit a keyword argument of its own
+    if old_limits:  # each limit a keyword argument of its own: deprecated
         warnings.warn(
             "serve(max_body_size=..., ...) is deprecated: pass limits=ServerLimits(...) "
             "(from rank_dataset.server.limits); the keywords go in rank-dataset 0.3",
@@ -476,9 +413,14 @@ def serve(
         log_level=log_level,
         access_log=False,
         # h11, not httptools: h11 bounds the request head (httptools reads headers of any size).
-        # The subclass adds the request and send timeouts that uvicorn lacks.
-        http="rank_dataset.server._connection:TimeoutH11Protocol",
+        http="h11",
         h11_max_incomplete_event_size=limits.max_header_size,
+        # The event loop guards each connection (request and send timeouts, descriptors, lingering
+        # close: see _connection.py), which finds its requests by the scope's client: the peer's own
+        # address, not one a proxy header names. No websockets: an upgraded connection leaves the guard.
+        loop="rank_dataset.server._connection:new_event_loop",
+        proxy_headers=False,
+        ws="none",
         limit_concurrency=limits.limit_concurrency,
         timeout_keep_alive=limits.timeout_keep_alive,
         backlog=limits.backlog,

@@ -1,7 +1,7 @@
 """The meta server's limits: what one client can cost it. One frozen value gives ``rank-dataset
-serve`` its options and defaults, :func:`rank_dataset.server.app.serve` its ``limits``, and each uvicorn worker
-process (the app and the connection protocol of :mod:`rank_dataset.server._connection`) what it enforces,
-through the environment. No torch, no server dependencies."""
+serve`` its options and defaults, :func:`rank_dataset.server.app.serve` its ``limits``, and each uvicorn
+worker process (the app and the connection guards of :mod:`rank_dataset.server._connection`) what it
+enforces, through the environment. Imports no server dependency (the CLI reads it)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ LIMITS_ENV = "RANK_DATASET_SERVE_LIMITS"
 
 
 def _limit(default: Any, help: str) -> Any:
-    # The help is what `rank-dataset serve --help` says of the limit: the CLI's options are made from
-    # these fields (limit_fields), so the limits are listed here and nowhere else.
+    # The help is what `rank-dataset serve --help` says of the limit (the CLI's options are these fields).
     return dataclasses.field(default=default, metadata={"help": help})
 
 
@@ -52,20 +51,12 @@ class ServerLimits:
     backlog: int = _limit(2048, "Connections waiting to be accepted.")
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_body_size",
-            "max_header_size",
-            "max_builds",
-            "max_pass_samples",
-            "limit_concurrency",
-            "timeout_keep_alive",
-        ):
-            check_int(name, getattr(self, name), low=1)
-        check_int("backlog", self.backlog, low=1)
-        for name in ("timeout_request", "timeout_send"):
-            seconds = getattr(self, name)
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
+        for name in (f.name for f in limit_fields()):
+            value = getattr(self, name)
+            if name not in ("timeout_request", "timeout_send"):
+                check_int(name, value, low=1)
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
     def to_env(self) -> None:
         """Hand these limits to the server's worker processes (see :meth:`from_env`)."""

@@ -1,5 +1,5 @@
 """A meta server on this machine: ``rank-dataset serve`` in a child process, on a loopback port, and
-the wait until it answers ``/healthz``. No torch; used by the demo, the tests and the benchmarks."""
+the wait until it answers ``/healthz``; used by the demo, the tests and the benchmarks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The wire protocol between the meta server and its clients: one home for both sides. No torch.
+"""The wire protocol between the meta server and its clients: one home for both sides.
 
 - Paths: ``GET /healthz``, ``GET /len``, ``GET /files`` (each served file by name, with its sample
   count and fingerprint), ``GET /sample/{index}``, ``POST /samples`` (a body of little-endian int64
@@ -176,10 +176,11 @@ _SPEC_FIELDS = {f.name: f for f in dataclasses.fields(ShardSpec) if f.name not i
 
 def spec_to_query(spec: ShardSpec, source_files: Sequence[Sequence[str]] | None = None) -> dict[str, str]:
     """The query parameters of ``GET /shard`` for ``spec``; for a mix, ``source_files`` are the names
-    of each source's served files."""
+    of each source's served files. Fields at their defaults where servers may not know them
+    (``aug_repeats``) are left out."""
     fields = spec.to_dict()
     resume, mix = fields.pop("resume"), fields.pop("mix")
-    if fields["aug_repeats"] == 1:  # the default: a query without repeated augmentation is as before
+    if fields["aug_repeats"] == 1:
         del fields["aug_repeats"]
     query = {name: _encode(value) for name, value in fields.items()}
     if resume is not None:
@@ -381,8 +382,7 @@ def encode_frame(
 
 
 def _chunks(array: npt.NDArray[Any]) -> Iterator[memoryview]:
-    """``array``'s bytes as views of at most ``_CHUNK`` bytes each (the HTTP server copies each once
-    into its output: copying here too would be one more pass over every byte sent)."""
+    """``array``'s bytes as views (no copy) of at most ``_CHUNK`` bytes each."""
     raw = np.ascontiguousarray(array).data.cast("B")
     for lo in range(0, len(raw), _CHUNK):
         yield raw[lo : lo + _CHUNK]
@@ -402,26 +402,15 @@ def decode_frame(body: bytes, *, planned: npt.NDArray[np.int64] | None = None) -
     """
     if len(body) < _HEADER.size:
         raise FrameError(f"a frame of {len(body)} bytes is shorter than its header")
-    magic, size, count, nbytes = _HEADER.unpack_from(body)
-    if magic != _MAGIC or size not in (4, 8):
-        raise ProtocolError(f"not a rank-dataset frame (magic {magic!r}, offset size {size}): different versions?")
-    expect = _HEADER.size + 8 * count + 2 * size * count + nbytes
+    size, count, nbytes, expect = _header(body)
     if len(body) != expect:
         raise FrameError(f"incomplete frame: got {len(body)} bytes of {expect} ({count} samples)")
-    offset = _HEADER.size
-    ids = np.frombuffer(body, "<i8", count, offset)
-    offset += 8 * count
-    dtype = np.dtype("<u4" if size == 4 else "<i8")
-    starts = np.frombuffer(body, dtype, count, offset)
-    offset += size * count
-    ends = np.frombuffer(body, dtype, count, offset)
-    offset += size * count
-    data = np.frombuffer(body, np.uint8, nbytes, offset)
-    if planned is not None and not np.array_equal(ids, planned):
-        raise ProtocolError(
-            f"the frame holds {count} samples that are not the {len(planned)} planned: are client and server of "
-            "different versions?"
-        )
+    ids = np.frombuffer(body, "<i8", count, _HEADER.size)
+    offsets = np.frombuffer(body, "<u4" if size == 4 else "<i8", 2 * count, _HEADER.size + 8 * count)
+    starts, ends = offsets[:count], offsets[count:]
+    data = np.frombuffer(body, np.uint8, nbytes, expect - nbytes)
+    if planned is not None:
+        _check_planned(ids, planned)
     try:
         return Shard(data, starts, ends, ids=ids) if planned is None else Shard.shared_from(data, starts, ends)
     except ValueError as exc:
@@ -434,22 +423,18 @@ def receive_frame(
     length: int | None = None,
 ) -> Shard:
     """The shard of a frame read a piece at a time with ``read_into`` (a response's ``readinto``): what
-    :func:`decode_frame` gives with ``planned`` (or what ``planned()`` gives, called once the frame's
-    sample numbers are in), without the whole frame in memory first. Where the frame's lines come back
-    to back (a shard read alone), they are read straight into the shareable segment the shard keeps:
-    one copy of them, not two (the body, then the segment), and no body's pages to fault in; else (a
-    shard cut from a shared pass) into a private map, then packed. ``length``: the body's declared
-    length, if any, checked against the header's before anything is allocated.
+    :func:`decode_frame` gives with ``planned`` (or with ``planned()``, called once the frame's sample
+    numbers are in), without the whole frame in memory first. Lines that come back to back (a shard
+    read alone) are read straight into the shareable segment the shard keeps; others (a shard cut
+    from a shared pass) into a private map, then packed. ``length``: the body's declared length, if
+    any, checked against the header's before anything is allocated.
 
     Raises:
         As :func:`decode_frame`.
     """
     head = np.empty(_HEADER.size, np.uint8)
     got = _fill(read_into, head, 0, None)
-    magic, size, count, nbytes = _HEADER.unpack_from(head.tobytes())
-    if magic != _MAGIC or size not in (4, 8):
-        raise ProtocolError(f"not a rank-dataset frame (magic {magic!r}, offset size {size}): different versions?")
-    expect = _HEADER.size + 8 * count + 2 * size * count + nbytes
+    size, count, nbytes, expect = _header(head.tobytes())
     if length is not None and length != expect:
         raise FrameError(f"malformed frame: its header says {expect} bytes ({count} samples), its body {length}")
     meta = np.empty(8 * count + 2 * size * count, np.uint8)
@@ -457,13 +442,7 @@ def receive_frame(
     dtype = np.dtype("<u4" if size == 4 else "<i8")
     ids, offsets = meta[: 8 * count].view("<i8"), meta[8 * count :].view(dtype)
     starts, ends = offsets[:count], offsets[count:]
-    if callable(planned):
-        planned = planned()
-    if not np.array_equal(ids, planned):
-        raise ProtocolError(
-            f"the frame holds {count} samples that are not the {len(planned)} planned: are client and server of "
-            "different versions?"
-        )
+    _check_planned(ids, planned() if callable(planned) else planned)
     in_order = count == 0 or (int(starts[0]) == 0 and int(ends[-1]) == nbytes and bool((starts[1:] == ends[:-1]).all()))
     if in_order and bool((ends >= starts).all()):
         writer = ShardWriter(count, nbytes)
@@ -481,6 +460,22 @@ def receive_frame(
     if read_into(memoryview(bytearray(1))):
         raise FrameError(f"the frame runs past its {expect} bytes ({count} samples)")
     return shard
+
+
+def _header(head: bytes) -> tuple[int, int, int, int]:
+    """A frame header's offset size, sample count and data bytes, and the frame's size (else ProtocolError)."""
+    magic, size, count, nbytes = _HEADER.unpack_from(head)
+    if magic != _MAGIC or size not in (4, 8):
+        raise ProtocolError(f"not a rank-dataset frame (magic {magic!r}, offset size {size}): different versions?")
+    return size, count, nbytes, _HEADER.size + 8 * count + 2 * size * count + nbytes
+
+
+def _check_planned(ids: npt.NDArray[np.int64], planned: npt.NDArray[np.int64]) -> None:
+    if not np.array_equal(ids, planned):
+        raise ProtocolError(
+            f"the frame holds {len(ids)} samples that are not the {len(planned)} planned: are client and server "
+            "of different versions?"
+        )
 
 
 def _fill(read_into: Callable[[memoryview], int], out: npt.NDArray[np.uint8], got: int, expect: int | None) -> int:

@@ -1,6 +1,6 @@
 """The client side of the meta server's HTTP: :class:`MetaServer` asks a server (with retries on 5xx,
-503 with Retry-After, and broken connections) and decodes its frames. No torch: the datasets that use
-it are in :mod:`rank_dataset.training.server_datasets`.
+503 with Retry-After, and broken connections) and decodes its frames; the datasets that use it are in
+:mod:`rank_dataset.training.server_datasets`.
 """
 
 from __future__ import annotations
@@ -191,26 +191,25 @@ class MetaServer:
         checked to hold those samples and kept in a shareable segment without them (see
         :func:`~rank_dataset.server.protocol.decode_frame`)."""
 
-        def decode(body: bytes) -> Shard:
+        def framed(read: Callable[[], Shard], socket_errors: tuple[type[Exception], ...] = ()) -> Shard:
             try:
-                return protocol.decode_frame(body, planned=planned() if callable(planned) else planned)
+                return read()
             except protocol.FrameError as exc:  # cut short, e.g. by a server that died mid-answer
                 raise _Retryable(str(exc)) from exc
             except ProtocolError as exc:  # not a frame, or not of the plan: different versions?
-                raise ProtocolError(f"{self.url}{path}: {exc}") from None
+                raise ProtocolError(f"{self.url}{path}: {exc}") from None  # (a ConnectionError: before OSError)
+            except socket_errors as exc:  # the socket's own errors (urllib3 wraps its own)
+                raise _Retryable(f"the frame could not be read: {exc!r}") from exc
+
+        def decode(body: bytes) -> Shard:
+            return framed(lambda: protocol.decode_frame(body, planned=planned() if callable(planned) else planned))
 
         def receive(response: Any) -> Shard:
             assert planned is not None
             declared = response.headers.get("content-length")
             length = int(declared) if declared is not None and declared.isdigit() else None
-            try:
-                return protocol.receive_frame(_read_into(response), planned, length)
-            except protocol.FrameError as exc:  # cut short, e.g. by a server that died mid-answer
-                raise _Retryable(str(exc)) from exc
-            except ProtocolError as exc:  # (a ConnectionError: before the socket's errors)
-                raise ProtocolError(f"{self.url}{path}: {exc}") from None
-            except (OSError, http.client.HTTPException) as exc:  # the socket's own errors (urllib3 wraps its own)
-                raise _Retryable(f"the frame could not be read: {exc!r}") from exc
+            read = _read_into(response)
+            return framed(lambda: protocol.receive_frame(read, planned, length), (OSError, http.client.HTTPException))
 
         method = "POST" if "body" in kwargs else "GET"
         return self._call(method, path, decode, None if planned is None else receive, **kwargs)
@@ -234,11 +233,9 @@ class MetaServer:
 
 
 def _read_into(response: Any) -> Callable[[memoryview], int]:
-    """A ``readinto`` of ``response``'s body that reads into the buffer given. urllib3's reads a bytes
-    object of the buffer's size and copies it over (for a shard's lines, a 41 MB object faulted in and
-    copied again); the http.client response under it reads the socket into the buffer itself. That one
-    is used where urllib3 has nothing to undo (no content encoding) and is as this version of urllib3
-    keeps it, else urllib3's own."""
+    """A ``readinto`` of ``response``'s body that reads into the buffer given: the http.client response
+    under urllib3's, which reads the socket into the buffer (urllib3's reads a bytes object and copies
+    it), where urllib3 has nothing to undo (no content encoding) and keeps one; else urllib3's own."""
     raw = getattr(response, "_fp", None)
     if isinstance(raw, http.client.HTTPResponse) and not response.headers.get("content-encoding"):
         return cast(Callable[[memoryview], int], raw.readinto)
