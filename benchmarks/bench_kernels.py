@@ -8,7 +8,7 @@ its core to another process says nothing about the code), timed by the calling t
 run in it; ``--clock wall`` for wall time). One read of the file counting newlines (what
 ``bench_build.py`` calls a scan) is timed too, from the page cache, as the yardstick.
 
-- newline scan: the chunk scan of the index build (``files.scan``'s numpy passes, with their reused
+- newline scan: the chunk scan of the index build (``files.index.scan``'s numpy passes, with their reused
   temporaries, against ``rd_scan_lines``) over 4 MiB chunks cut at newlines, as ``scan_map`` cuts them;
 - newline count: ``count_nonzero(buf == 10)`` against ``rd_count_byte``, over the same chunks;
 - row gather: ``--rows`` random lines of the file (a sampler's order) copied back to back
@@ -16,7 +16,7 @@ run in it; ``--clock wall`` for wall time). One read of the file counting newlin
   in one call from the whole file, and as a build copies them (file order, a 2 MiB window at a time,
   each row to its random place in item order);
 - UTF-8 check of the gathered rows (``files.read._gather.check_utf8``'s decoding against ``rd_utf8_first_invalid``);
-- the line checks a build makes of each window's rows (``files.lines``' ``bounds_ok``, ``rows_ok`` and
+- the line checks a build makes of each window's rows (``files.read.lines``' ``bounds_ok``, ``rows_ok`` and
   newline search against ``rd_check_lines``);
 - stray bytes of the gathered rows (no newline, not blank: ``rd_lines_bad``);
 - the keyed permutation (its numpy rounds, ``core._reference.permute_cells``, against ``rd_permute``) at

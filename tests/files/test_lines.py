@@ -1,4 +1,4 @@
-"""files.lines.window_ok, the line checks a build makes of each window it reads, on either kernel path: the
+"""files.read.lines.window_ok, the line checks a build makes of each window it reads, on either kernel path: the
 native one (one check_lines call: bounds, blank rows, newlines inside rows) and numpy's (bounds_ok and rows_ok,
 newlines left to a search of the copied shard) judge every span alike. (Under RANK_DATASET_NATIVE=0 the
 "native" side is check_lines' numpy reference.)"""

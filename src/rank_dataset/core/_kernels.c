@@ -246,7 +246,7 @@ RD_INLINE int sample(struct scan *st, int64_t s, int64_t end) {
 }
 
 /*
- * The chunk scan (rank_dataset.files.scan.scan_buffer): the samples of the complete lines of
+ * The chunk scan (rank_dataset.files.index.scan.scan_buffer): the samples of the complete lines of
  * buf[0:size], which holds bytes offset.. of a file and starts a line. A sample is a line holding a
  * byte other than ASCII whitespace; its span is the line without its ending ("\n", or "\r\n", or a
  * "\r" before the end of the last line). With `last`, bytes after the final newline form a line too;
@@ -703,7 +703,7 @@ RD_INLINE void prefetch_row(const uint8_t *buf, int64_t size, int64_t rs, int64_
  * before it, the two after it, where the file has them). A sample starts the file (after its byte
  * order mark, if bom) or follows a newline; it ends at the end of the file, or before a "\n" that
  * does not follow a "\r", or before a "\r" that ends the file or comes before a "\n"; it holds no
- * newline and something other than ASCII whitespace (rank_dataset.files._gather's _bounds_ok and
+ * newline and something other than ASCII whitespace (rank_dataset.files.read._gather's _bounds_ok and
  * _rows_ok, and the newline search after the copy). A row whose bytes, or the bytes around it that
  * its checks need, are not in buf is RD_ERANGE (*row its number).
  */
@@ -729,7 +729,7 @@ RD_API int rd_check_lines(const uint8_t *buf, int64_t size, const int64_t *at, c
 }
 
 /*
- * The gather of one window, fused (rank_dataset.files._gather): row k < n is bytes [starts[k],
+ * The gather of one window, fused (rank_dataset.files.read._gather): row k < n is bytes [starts[k],
  * starts[k] + len) of a file of file_size bytes, held at buf[starts[k] - shift:], and goes to
  * dst[bounds[r]:bounds[r + 1]], r = rows[k] (of kind rows_kind; bounds: n_bounds offsets of kind
  * bounds_kind), whose width is its length. Rows are taken in order: each is checked as rd_check_lines

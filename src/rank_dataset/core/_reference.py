@@ -48,7 +48,7 @@ _IntArray = npt.NDArray[np.integer[Any]]
 NEWLINE, CR = 10, 13
 #: The UTF-8 byte order mark, skipped at the start of a file.
 BOM = b"\xef\xbb\xbf"
-#: A scan marks the first line at or after every multiple of this many bytes (``files.scan.MARK``).
+#: A scan marks the first line at or after every multiple of this many bytes (``files.index.scan.MARK``).
 MARK = 4 << 20
 #: Byte -> whether it is ASCII whitespace (space, tab, newline, CR, VT, FF).
 BLANK = np.zeros(256, dtype=bool)
@@ -101,7 +101,7 @@ def _is_ascii(buf: npt.NDArray[np.uint8]) -> bool:
 
 def scan_lines(buf: npt.NDArray[np.uint8], offset: int, last: bool, mark: int = MARK) -> LineScan:
     """The samples of the complete lines of ``buf``, which holds bytes ``offset`` onwards of a file and
-    starts a line: the chunk scan of :func:`rank_dataset.files.scan.scan_buffer` (its numpy passes, the
+    starts a line: the chunk scan of :func:`rank_dataset.files.index.scan.scan_buffer` (its numpy passes, the
     same results). With ``last``, bytes after the final newline form a line too; at offset 0 a byte
     order mark is skipped. ``marks``: ``(k, 2)`` rows ``(offset, line)``, for each multiple of
     ``mark`` in the buffer, where the first line at or after it starts and its number."""
@@ -319,7 +319,7 @@ def check_lines(
     ``buf[at[k]:]`` with the byte before it and the two after it where the file has them. A sample starts
     the file (after its byte order mark) or follows a newline, ends at the end of the file or at a line
     ending (``\\n`` not after ``\\r``, ``\\r\\n``, ``\\r`` at the end), holds no newline and is not blank
-    (what :func:`rank_dataset.files.lines.bounds_ok` and ``rows_ok`` check, and a newline search)."""
+    (what :func:`rank_dataset.files.read.lines.bounds_ok` and ``rows_ok`` check, and a newline search)."""
     if not starts.size:
         return -1
     rs, re_ = at, at + lengths

@@ -408,7 +408,7 @@ class RankDataset(ShardedDataset):
             files of its sources): a 1-D integer array, a list, or the path of a ``.npy`` file. The plans
             cover what is left (every kept sample once an epoch, equal lengths, resume on any world size);
             memory: 8 bytes an excluded sample, what is kept is never materialised. See
-            :func:`~rank_dataset.files.ids.ids_of` to exclude by path.
+            :func:`~rank_dataset.files.group.ids.ids_of` to exclude by path.
         transform: a function of the parsed sample (the item's line after ``parser``) that makes the item,
             run where the item is made (the DataLoader worker): the image load and decode.
         on_error: ``"raise"`` (an exception in the parser or ``transform`` propagates) or ``"replace"``:
