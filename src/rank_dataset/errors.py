@@ -98,7 +98,7 @@ class PassAuditWarning(UserWarning):
 
 class PassAuditError(RuntimeError):
     """A pass over a rank's shard read fewer or more items than its sampler drew, under
-    ``audit="error"``. ``count`` is the pass's :class:`~rank_dataset.shards.channel.PassCount`."""
+    ``audit="error"``. ``count`` is the pass's :class:`~rank_dataset.shards.audit.PassCount`."""
 
     def __init__(self, message: str, count: Any = None) -> None:
         super().__init__(message)

@@ -14,7 +14,7 @@ from rank_dataset.plan.resume import ResumeState, find_state
 from rank_dataset.shards.channel import pass_of
 from rank_dataset.training.dataset import ShardedDataset
 
-__all__ = ["RandomSampler", "ResumableSampler", "find_resume_state", "resume_state"]
+__all__ = ["RandomSampler", "ResumableSampler", "find_resume_state"]
 
 _CHUNK = 1 << 12  # indices turned into Python ints at a time (a few hundred KiB of them)
 
@@ -156,7 +156,3 @@ def find_resume_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
     if found is None:
         raise ValueError("no rank_dataset resume state in this loader state: was the sampler a ResumableSampler?")
     return found
-
-
-#: The former name of :func:`find_resume_state`, kept working.
-resume_state = find_resume_state

@@ -26,7 +26,7 @@ from rank_dataset.plan.subsets import SampleMap, distinct_files
 from rank_dataset.server import protocol
 from rank_dataset.server.protocol import ProtocolError
 from rank_dataset.server.transport import SAMPLES_PER_REQUEST, MetaServer, served_file, server_url
-from rank_dataset.shards.channel import AuditMode
+from rank_dataset.shards.audit import AuditMode
 from rank_dataset.training._failures import OnError
 from rank_dataset.training._options import timeout_seconds
 from rank_dataset.training.dataset import ShardedDataset
