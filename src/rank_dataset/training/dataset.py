@@ -41,7 +41,13 @@ if TYPE_CHECKING:
 
     MetaSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | MetaFile | Source | Sequence[Source]
 
-__all__ = ["RankDataset", "ShardedDataset"]
+__all__ = ["DATASET_KEYWORDS", "RankDataset", "ShardedDataset"]
+
+#: The keywords of ShardedDataset that RankDataset and RankServerDataset take as it does and pass on as given.
+DATASET_KEYWORDS = (
+    "is_test", "reload_cfg", "rank", "world_size", "parser", "audit", "exclude", "transform", "on_error",
+    "max_failures", "exclude_failures",
+)  # fmt: skip
 
 
 def _is_collective(reader: ShardReader) -> TypeGuard[CollectiveReader]:
@@ -165,14 +171,13 @@ class ShardedDataset(Dataset[Any]):
         """The shard held now."""
         return self._view.held()
 
+    # How the shard reaches the DataLoader workers; the item stages' timers (off unless a monitor is on).
     @property
     def channel(self) -> ShardChannel:
-        """How the shard reaches the DataLoader workers (:class:`~rank_dataset.shards.channel.ShardChannel`)."""
         return self._view.channel
 
     @property
     def stages(self) -> StageTable:
-        """The item stages' timers: off unless a monitor (:mod:`rank_dataset.training.monitor`) is on."""
         return self._view.stages
 
     # -- the rank's side --------------------------------------------------------------------------
@@ -187,8 +192,7 @@ class ShardedDataset(Dataset[Any]):
         return self._view.rank.book
 
     @property
-    def num_samples(self) -> int:
-        """The samples of the files (for a mix, of the distinct files of its sources)."""
+    def num_samples(self) -> int:  # the samples of the files (for a mix, of the distinct files of its sources)
         return self.reader.num_samples
 
     # -- what failed -------------------------------------------------------------------------------
@@ -531,28 +535,14 @@ class RankDataset(ShardedDataset):
         columns: Sequence[str] | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        given = dict(locals())  # the parameters, before anything else is bound here
         from rank_dataset.training._readers import reader_for
 
         shards, sources, meta = reader_for(
             meta_file, reader, columns, group, timeout_timedelta(timeout), storage_options
         )
         try:
-            super().__init__(
-                shards,
-                is_test=is_test,
-                reload_cfg=reload_cfg,
-                rank=rank,
-                world_size=world_size,
-                parser=parser,
-                sources=sources,
-                audit=audit,
-                group=group,
-                exclude=exclude,
-                transform=transform,
-                on_error=on_error,
-                max_failures=max_failures,
-                exclude_failures=exclude_failures,
-            )
+            super().__init__(shards, sources=sources, group=group, **{k: given[k] for k in DATASET_KEYWORDS})
         except BaseException:
             close = getattr(shards, "close", None)
             if close is not None:

@@ -69,7 +69,7 @@ class RandomSampler(Sampler[int]):
         n = len(self.data_source)
         with pass_of(self.data_source, draws=n):
             # A chunk of the order at a time, never the whole: a shard of N / W samples would hold 4 to 8 bytes
-            # each in the training process for the whole pass (1 MiB a rank at N = 1M on 4 ranks; issue 44).
+            # each in the training process for the whole pass.
             for lo in range(0, n, _CHUNK):
                 yield from self._chunk(n, lo, min(lo + _CHUNK, n)).tolist()
 
