@@ -165,12 +165,15 @@ class ItemView:
         n = self.n
         return check_index(i, n, label="dataset index", of=f"a shard of {n} samples")
 
+    def make(self, text: str, i: int) -> Any:
+        """Item ``i`` of line ``text``: parsed and transformed."""
+        item = text if self.plain else self.parse(text, i)
+        return item if self.transform is None else self.transform(item)
+
     def made(self, text: str, i: int) -> Any:
-        """Item ``i`` (of line ``text``): parsed and transformed; with ``on_error="replace"``, a substitute's
-        if that raises."""
+        """:meth:`make`; with ``on_error="replace"``, a substitute's item if that raises."""
         try:
-            item = text if self.plain else self.parse(text, i)
-            return item if self.transform is None else self.transform(item)
+            return self.make(text, i)
         except Exception as exc:
             if not self.replace:
                 raise
@@ -178,13 +181,8 @@ class ItemView:
 
     def substitute(self, i: int, exc: Exception) -> Any:
         """The item of item ``i``'s substitute (``exc``: why item ``i`` failed)."""
-        return self.substitutes.substitute(self.spec, self.n, i, exc, self._remade, self.indices, self.where)
-
-    def _remade(self, j: int) -> Any:
-        """Item ``j``, made again: a substitute's."""
-        text = self._text(j)  # type: ignore[misc]
-        item = text if self.plain else self.parse(text, j)
-        return item if self.transform is None else self.transform(item)
+        remade = lambda j: self.make(self._text(j), j)  # type: ignore[misc]  # noqa: E731
+        return self.substitutes.substitute(self.spec, self.n, i, exc, remade, self.indices, self.where)
 
     def parse(self, text: str, i: int) -> Any:
         # In a mix whose sources have parsers of their own, item i's source chooses.
@@ -310,8 +308,7 @@ def _one_by_one(ds: ItemView, texts: list[str], indices: Sequence[int], row: int
         a = _clock()
         w[row + SINCE] = a
         try:
-            item = ds.parse(text, i)
-            out.append(item if ds.transform is None else ds.transform(item))
+            out.append(ds.make(text, i))
         except Exception as exc:
             b = _clock()
             out.append(ds.substitute(i, exc))
