@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from rank_dataset._moved import MOVED_NAMES, install_module_shims, moved_name
 from rank_dataset.errors import (
     CollectiveError,
     CorruptMetaFileError,
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
     from rank_dataset.plan.config import ReloadConfig
     from rank_dataset.plan.resume import ResumeState
     from rank_dataset.plan.sources import Source
-    from rank_dataset.shards.channel import PassCount
+    from rank_dataset.shards.audit import PassCount
     from rank_dataset.training.dataset import RankDataset
     from rank_dataset.training.monitor import monitor
     from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
@@ -82,7 +81,7 @@ _LAZY = {
     "ReloadConfig": "rank_dataset.plan.config",
     "ResumeState": "rank_dataset.plan.resume",
     "Source": "rank_dataset.plan.sources",
-    "PassCount": "rank_dataset.shards.channel",
+    "PassCount": "rank_dataset.shards.audit",
     "get_rank_world_size": "rank_dataset.training.topology",
     "RandomSampler": "rank_dataset.training.sampler",
     "ResumableSampler": "rank_dataset.training.sampler",
@@ -93,8 +92,6 @@ _LAZY = {
     "ServerDataset": "rank_dataset.training.server_datasets",
     "StepSampler": "rank_dataset.training.steps",
 }
-
-install_module_shims()
 
 
 def _version() -> str:
@@ -111,8 +108,6 @@ def __getattr__(name: str) -> Any:
     if name == "__version__":
         globals()[name] = version = _version()
         return version
-    if name in MOVED_NAMES:
-        return moved_name(name)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'rank_dataset' has no attribute {name!r}")

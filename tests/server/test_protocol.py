@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 import requests
 
-from rank_dataset import ProtocolError, RankServerDataset, ResumePoint, ServerDataset, Shard, ShardSpec
+from rank_dataset import ProtocolError, RankServerDataset, ServerDataset
+from rank_dataset.core.shard import Shard
+from rank_dataset.plan import ResumePoint, ShardSpec
 from rank_dataset.plan.mix import MixPlan
 from rank_dataset.server import protocol
 from rank_dataset.server.transport import MetaServer

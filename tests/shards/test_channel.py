@@ -18,7 +18,8 @@ from rank_dataset.core.shard import Shard
 from rank_dataset.errors import PassAuditError, PassAuditWarning
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards._control import READERS, ControlBlock
-from rank_dataset.shards.channel import PassCount, ShardChannel, pass_of
+from rank_dataset.shards.audit import PassCount
+from rank_dataset.shards.channel import ShardChannel, pass_of
 from tests_helpers import shard_of
 
 

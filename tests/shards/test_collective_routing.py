@@ -136,6 +136,48 @@ def test_rounds_cover_the_largest_slice_and_no_more(seed: int, w: int) -> None:
 
 # -- a build's requests -----------------------------------------------------------------------------
 
+# -- the routing of a build's requests, as the exchange kernel does it (core.native.route_items) -------------
+
+
+def repeats(plan: Ints, total: int) -> bool:
+    """Whether some sample number of ``plan`` (numbers below ``total``) occurs more than once."""
+    if plan.size < 2:
+        return False
+    if total <= 8 * plan.size:  # a flag a sample, no more than 8 bytes a row: no sort
+        seen = np.zeros(total, bool)
+        seen[plan] = True
+        return int(np.count_nonzero(seen)) < plan.size
+    ordered = np.sort(plan)
+    return bool((ordered[1:] == ordered[:-1]).any())
+
+
+def _key_dtype(size: int) -> type[np.unsignedinteger[Any]]:
+    """The smallest unsigned dtype for keys below ``size`` (up to 16 bits numpy sorts them by radix)."""
+    return np.uint8 if size <= 1 << 8 else np.uint16 if size <= 1 << 16 else np.uint32
+
+
+def route(items: Ints, owned: Ints, rounds: int, per_round: int) -> tuple[npt.NDArray[np.intp], Ints]:
+    """Each of ``items`` (global sample numbers) routed: its key ``owner * rounds + round`` and its
+    number within its owner's slice (rank ``r`` owns ``[owned[r], owned[r + 1])``, and serves its
+    sample ``j`` in round ``j // per_round``). Computed in place where it can be: the caller frees
+    ``items`` once it has these."""
+    key = np.searchsorted(owned[1:], items, side="right")  # the owner, for now
+    local = items - owned[key]
+    key *= rounds
+    key += local // per_round
+    return key, local
+
+
+def group(key: npt.NDArray[np.intp], parts: int) -> tuple[Ints, npt.NDArray[np.signedinteger[Any]]]:
+    """``(counts, order)``: the items of each key below ``parts``, and the order that groups them by key
+    (stable: by one radix sort of keys of 1 or 2 bytes where they fit), in 4 bytes an item where it
+    fits (at W = 4 a rank's temporaries of 8 bytes a row are as large as its shard)."""
+    counts = np.bincount(key, minlength=parts).astype(np.int64)
+    order: npt.NDArray[np.signedinteger[Any]] = np.argsort(key.astype(_key_dtype(parts)), kind="stable")
+    if key.size < 1 << 31:
+        order = order.astype(np.int32)
+    return counts, order
+
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_distinct_is_numpys_unique_and_repeats_says_whether_it_shrinks(seed: int) -> None:
@@ -149,15 +191,7 @@ def test_distinct_is_numpys_unique_and_repeats_says_whether_it_shrinks(seed: int
             assert inverse.tolist() == want_inverse.reshape(-1).tolist()
             assert values[inverse].tolist() == plan.tolist()  # the round trip
             # Both of repeats' ways: a flag a sample (total small against the plan), or a sort.
-            assert routing.repeats(plan, total) is (values.size < plan.size)
-
-
-def test_key_dtype_holds_every_key() -> None:
-    for size in [1, 255, 256, 257, 65535, 65536, 65537, 1 << 20]:
-        dtype = routing.key_dtype(size)
-        assert np.iinfo(dtype).max >= size - 1
-    assert routing.key_dtype(256) is np.uint8 and routing.key_dtype(257) is np.uint16
-    assert routing.key_dtype(1 << 16) is np.uint16 and routing.key_dtype((1 << 16) + 1) is np.uint32
+            assert repeats(plan, total) is (values.size < plan.size)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -172,15 +206,15 @@ def test_every_requested_sample_goes_to_exactly_its_owner_in_its_round(seed: int
     total = int(owned[-1])
     per_round, rounds = routing.rounds_of(held, total * int(rng.integers(1, 80)), int(rng.integers(1, 4000)))
     plan = random_plan(rng, total, repeat=repeat)
-    items, inverse = routing.distinct(plan) if routing.repeats(plan, total) else (plan, None)
-    key, local = routing.route(items.copy(), owned, rounds, per_round)
+    items, inverse = routing.distinct(plan) if repeats(plan, total) else (plan, None)
+    key, local = route(items.copy(), owned, rounds, per_round)
     owner, round_ = key // rounds, key % rounds
     # Exactly one owner: the rank whose samples [owned[r], owned[r + 1]) hold the item.
     assert ((owned[owner] <= items) & (items < owned[owner + 1])).all()
     assert (held[owner] > 0).all()
     assert (local == items - owned[owner]).all()
     assert (round_ == local // per_round).all() and (round_ < rounds).all()
-    counts, order = routing.group(key, w * rounds)
+    counts, order = group(key, w * rounds)
     assert counts.tolist() == np.bincount(key, minlength=w * rounds).tolist()
     assert int(counts.sum()) == items.size
     assert order.dtype == np.int32
@@ -219,8 +253,8 @@ def test_rows_by_round_with_many_rounds(rounds: int) -> None:
     plan = rng.integers(0, int(owned[-1]), 3000).astype(np.int64)
     plan[-2:] = [rounds - 1, owned[-1] - 1]  # the last round of each owner
     items, inverse = routing.distinct(plan)
-    key, local = routing.route(items, owned, rounds, per_round)
-    counts, order = routing.group(key, w * rounds)
+    key, local = route(items, owned, rounds, per_round)
+    counts, order = group(key, w * rounds)
     by_round, round_cuts = routing.rows_by_round(order, counts.reshape(w, rounds), inverse)
     row_round = (local // per_round)[inverse]
     assert round_cuts.tolist() == routing.offsets(np.bincount(row_round, minlength=rounds)).tolist()
@@ -259,9 +293,9 @@ def test_a_simulated_exchange_gives_every_rank_its_plans_lines(seed: int, w: int
     plans = [random_plan(rng, total, repeat=repeat) for _ in range(w)]
     state: list[dict[str, Any]] = []
     for plan in plans:
-        items, inverse = routing.distinct(plan) if routing.repeats(plan, total) else (plan, None)
-        key, local = routing.route(items, owned, rounds, per_round)
-        counts, order = routing.group(key, w * rounds)
+        items, inverse = routing.distinct(plan) if repeats(plan, total) else (plan, None)
+        key, local = route(items, owned, rounds, per_round)
+        counts, order = group(key, w * rounds)
         state.append({"items": items, "inverse": inverse, "counts": counts, "order": order, "local": local})
     asked = all_to_all([s["counts"] for s in state], [np.full(w, rounds, np.int64)] * w)
     asked = [a.reshape(w, rounds) for a in asked]

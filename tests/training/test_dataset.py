@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from rank_dataset import MetaFile, RandomSampler, RankDataset, ReloadConfig, ShardSpec
+from rank_dataset import MetaFile, RandomSampler, RankDataset, ReloadConfig
+from rank_dataset.plan import ShardSpec
 from tests_helpers import imagenet_line, start_methods
 
 

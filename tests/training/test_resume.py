@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from rank_dataset import RankDataset, ResumableSampler, ShardSpec, find_resume_state, resume_state
+from rank_dataset import RankDataset, ResumableSampler, find_resume_state
+from rank_dataset.plan import ShardSpec
 from rank_dataset.plan.permutation import permute
 
 
@@ -148,8 +149,7 @@ def test_stateful_dataloader_same_and_other_world(write_meta) -> None:
         if k == 6:
             saved = json.loads(json.dumps(loader.state_dict()))
             break
-    assert resume_state(saved)["consumed"] == 140
-    assert find_resume_state(saved) == resume_state(saved)  # the new name; the old one keeps working
+    assert find_resume_state(saved)["consumed"] == 140
     # same world size: loading the loader state is enough
     ds2 = RankDataset(meta, reload_cfg={"seed": 5, "mini_epoch": 2}, rank=1, world_size=4)
     loader2 = StatefulDataLoader(ds2, batch_size=20, sampler=ResumableSampler(ds2), num_workers=2)
@@ -157,16 +157,16 @@ def test_stateful_dataloader_same_and_other_world(write_meta) -> None:
     assert got + [x for b in loader2 for x in b] == [ds.meta[int(i)] for i in ds.indices]
     # another world size: the dataset takes the resume point before the loader is built
     ds3 = RankDataset(meta, rank=0, world_size=3)
-    ds3.load_state_dict(resume_state(saved))
+    ds3.load_state_dict(find_resume_state(saved))
     loader3 = StatefulDataLoader(ds3, batch_size=20, sampler=ResumableSampler(ds3), num_workers=2)
     loader3.load_state_dict(saved)
     assert [x for b in loader3 for x in b] == [ds3.meta[int(i)] for i in ds3.indices]
     with pytest.raises(ValueError, match="taken on 4 ranks and this job has 3"):
         ResumableSampler(
             RankDataset(meta, reload_cfg={"seed": 5, "mini_epoch": 2}, rank=0, world_size=3)
-        ).load_state_dict(resume_state(saved))
+        ).load_state_dict(find_resume_state(saved))
     with pytest.raises(ValueError, match="no rank_dataset resume state"):
-        resume_state({"x": 1})
+        find_resume_state({"x": 1})
 
 
 @pytest.mark.slow  # a real server, one pass linger a request
@@ -350,8 +350,8 @@ def test_aug_repeats_stateful_dataloader_and_server(write_meta, start_server) ->
     for r in range(3):
         local = RankDataset(meta, reload_cfg=cfg, rank=r, world_size=3)
         remote = RankServerDataset(server.url, reload_cfg=cfg, rank=r, world_size=3)
-        local.load_state_dict(resume_state(saved))
-        remote.load_state_dict(resume_state(saved))
+        local.load_state_dict(find_resume_state(saved))
+        remote.load_state_dict(find_resume_state(saved))
         assert np.array_equal(local.indices, remote.indices)
         loader = StatefulDataLoader(local, batch_size=10, sampler=ResumableSampler(local), num_workers=2)
         assert [x for b in loader for x in b] == [local.meta[int(i)] for i in local.indices]

@@ -253,6 +253,13 @@ def test_pickling_the_dataset_does_not_copy_the_shard(write_meta) -> None:
         view.set_epoch(1)
 
 
+def test_a_dataset_of_100k_lines_pickles_under_2_kib(write_meta) -> None:
+    # What a spawn or forkserver worker receives: the channel's handle, the parser, the failure policy and the
+    # rank's side (the reader and its meta file, without the index); never a shard's bytes or its line offsets.
+    ds = RankDataset(write_meta(n=100_000), rank=0, world_size=1)
+    assert len(pickle.dumps(ds)) < 2048
+
+
 def test_bytes_per_sample(write_meta) -> None:
     ds = RankDataset(write_meta(n=50_000), rank=0, world_size=2)
     shard = ds.shard

@@ -1,4 +1,4 @@
-"""The control block of a dataset: which shard its DataLoader workers serve. No torch.
+"""The control block of a dataset: which shard its DataLoader workers serve.
 
 A 64 KiB shareable segment (:mod:`rank_dataset.core.shm`), created with the dataset and written only by
 the process that created it (the rank). Forked workers inherit its mapping; spawn and forkserver

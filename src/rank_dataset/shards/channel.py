@@ -1,4 +1,4 @@
-"""The shard channel: how the rank's current shard reaches its DataLoader workers. No torch.
+"""The shard channel: how the rank's current shard reaches its DataLoader workers.
 
 The process that creates a dataset (the rank) builds every shard straight into shareable memory and
 :meth:`ShardChannel.publish` es it in a control block (:mod:`rank_dataset.shards._control`, a seqlock) under a
@@ -13,76 +13,32 @@ ours cannot tell passes apart: they serve the shard they started with and raise 
 under them. The rank keeps a replaced shard reachable until the next pass starts (a running pass may
 still need it), then releases it; each worker unmaps it when it first serves the new pass.
 
-The pass audit: every reader of the dataset (each DataLoader worker, and the rank itself) counts the
-items it reads in each pass (:meth:`ShardChannel.tally`, a store in the control block per batch).
-When the next pass starts, or ``set_epoch`` or ``load_state_dict`` publishes a shard, the rank
-compares the last pass's count with the indices its sampler drew. A pass whose sampler was left
-early (a ``break``, an exception) is recorded but not judged, and so is a pass that read nothing (its
-sampler listed with no loader, to look at its order: a loader sharded twice still reads part of each
-pass). A finished pass that read fewer or more items than were drawn means something between the
-sampler and the dataset dropped or added indices, most likely the loader was sharded a second time:
-a :class:`PassAuditWarning` (once per dataset), or a :class:`PassAuditError` with ``audit="error"``.
+The channel carries the dataset's :class:`~rank_dataset.shards.audit.PassAudit` (the items each pass read)
+and, for a dataset that replaces failed items, its :class:`~rank_dataset.shards.failures.FailureLog`.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import dataclasses
 import json
 import os
 import sys
-import warnings
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
 from rank_dataset.core import shm as _shm
 from rank_dataset.core.shard import Shard
-from rank_dataset.errors import PassAuditError, PassAuditWarning
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards._control import ControlBlock
+from rank_dataset.shards.audit import AuditMode, PassAudit, PassCount
 from rank_dataset.shards.failures import Failure, FailureLog
 
-__all__ = ["AUDIT_MODES", "PassCount", "ShardChannel", "pass_of"]
+__all__ = ["ShardChannel", "pass_of"]
 
-AuditMode = Literal["warn", "error", "off"]
-AUDIT_MODES: tuple[AuditMode, ...] = ("warn", "error", "off")
-_HISTORY = 16  # passes ds.audit() remembers
-_NO_CAP = 1 << 62
-
-_LIKELY_CAUSE = (
-    "Something between the sampler and the dataset dropped or added indices; most likely the DataLoader was "
-    "sharded a second time: passed through accelerate's accelerator.prepare(), given a DistributedSampler "
-    "(Lightning adds one unless Trainer(use_distributed_sampler=False)), or wrapped in a batch sampler that drops "
-    "batches. A rank_dataset shard is this rank's share already: use it with RandomSampler or ResumableSampler "
-    "and a plain DataLoader."
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class PassCount:
-    """One pass over a dataset started by rank_dataset's samplers, as its audit saw it.
-
-    Args:
-        number: the pass's number (1 for the first pass over the dataset).
-        drawn: the indices its sampler hands out in a whole pass (it drew them all if ``state`` is
-            ``"finished"``).
-        read: the items read meanwhile by the DataLoader's workers and the rank (None: a worker
-            could not count, its id being past the table).
-        state: ``"finished"`` (the sampler drew every index), ``"left early"`` (a ``break`` or an
-            exception closed it first: not judged) or ``"running"``. A finished pass that read nothing
-            (its sampler listed with no loader) is not judged either.
-    """
-
-    number: int
-    drawn: int
-    read: int | None
-    state: Literal["finished", "left early", "running"]
-
-    @property
-    def ok(self) -> bool:
-        """False for a finished pass that read some items, but other than it drew."""
-        return self.state != "finished" or self.read is None or self.read == self.drawn or self.read == 0
+# A spec record longer than this (the plan of a mix of hundreds of sources and more) goes in a shared
+# segment of its own, which the control block's record names: the control block stays small whatever
+# the number of sources.
+_INLINE = 4 << 10
 
 
 def _worker_id() -> int | None:
@@ -92,70 +48,42 @@ def _worker_id() -> int | None:
     return None if info is None else int(info.id)
 
 
-# A spec record longer than this (the plan of a mix of hundreds of sources and more) goes in a shared
-# segment of its own, which the control block's record names: the control block stays small whatever
-# the number of sources.
-_INLINE = 4 << 10
-
-
-# What a pickled channel carries, in this order (its other attributes are made anew where it lands).
-_PICKLED = (
-    "audit_mode",
-    "failure_log",
-    "_reader",
-    "_owner",
-    "_owner_pid",
-    "seen",
-    "_gen",
-    "_passes",
-    "_pass_gen",
-    "_pass_open",
-    "_managed",
-    "_tally_word",
-    "_tally_count",
-    "_tally_cap",
-    "_draws",
-    "_finished",
-    "_judged",
-    "_warned",
-    "_handle",
-)
-_UNPICKLED = ("_ctl", "version", "_kept", "_history")
-
-
 class ShardChannel:
     """One dataset's channel to its workers: the rank side (:meth:`publish`, :meth:`begin_pass`,
-    :meth:`end_pass`) and the worker side (:meth:`follow`). Pickles itself to the control block's handle.
+    :meth:`end_pass`) and the worker side (:meth:`follow`). Pickles to the control block's handle.
 
     ``seen`` is the control block version this process last acted on: while ``version[0] == seen``
-    nothing needs doing (the per-item check of the dataset).
+    nothing needs doing (the per-item check of the dataset). ``tally`` counts items read for the pass audit.
     """
 
     def __init__(self, audit: AuditMode = "warn", failures: bool = False) -> None:
-        if audit not in AUDIT_MODES:
-            raise ValueError(f"audit must be one of {', '.join(map(repr, AUDIT_MODES))}, got {audit!r}")
-        self.audit_mode = audit
-        # The failure records of items that could not be made (only for a dataset that replaces them).
-        self.failure_log = FailureLog.create() if failures else None
+        self._attach(ControlBlock.create(), audit, FailureLog.create() if failures else None, os.getpid())
+        self._owner = True
         self._reader = 0  # this process's reader number: 0 the rank, k + 1 DataLoader worker k, -1 a copy
-        self._ctl = ControlBlock.create()
-        self.version = self._ctl.words  # word 0: the control block's version
-        self._owner, self._owner_pid = True, os.getpid()
-        self.seen = 0  # the control block version this process last acted on
+        self.seen = 0
+
+    def _attach(self, ctl: ControlBlock, audit: AuditMode, log: FailureLog | None, owner_pid: int) -> None:
+        self._ctl = ctl
+        self.version = ctl.words  # word 0: the control block's version
+        self.pass_audit = PassAudit(audit, ctl)
+        self.tally = self.pass_audit.tally  # bound once: item access calls it directly
+        self.failure_log = log  # the failure records of items that could not be made (on_error="replace")
+        self._owner, self._owner_pid = False, owner_pid
         self._gen = 0  # generation of the shard served here
         self._passes = 0  # passes started by our samplers, as last seen here
         self._pass_gen = 0  # (rank) the shard the latest of those passes started with
         self._pass_open = 0  # (rank) the pass whose sampler is running, 0: none
         self._managed = False  # (worker) passes are started by our samplers
         self._kept: dict[int, list[_shm.Segment]] = {}  # (rank) segments of shards (and specs) a pass may need
-        # The audit. Each reader: the word of its count in the control block (-1: not counting), the count,
-        # and what the count may reach (the rank's, once its pass's sampler has finished: see tally).
-        self._tally_word, self._tally_count, self._tally_cap = -1, 0, _NO_CAP
-        self._draws = 0  # (rank) indices the latest pass's sampler hands out in a whole pass
-        self._finished = 0  # (rank) the latest pass whose sampler drew every index
-        self._judged = 0  # (rank) the latest pass recorded in the history
-        self._warned = False
-        self._history: collections.deque[PassCount] = collections.deque(maxlen=_HISTORY)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # To reach a spawn or forkserver worker: the control block's handle, never a segment.
+        state = (self._reader, self._gen, self._passes, self._pass_gen, self._managed)
+        return _copy, (self._ctl.handle, self.audit_mode, self.failure_log, self._owner_pid, state)
+
+    @property
+    def audit_mode(self) -> AuditMode:
+        return self.pass_audit.mode
 
     @property
     def is_owner(self) -> bool:
@@ -210,7 +138,7 @@ class ShardChannel:
         self._passes = self._ctl.start_pass()
         self._pass_gen = self._gen
         self._pass_open = self._passes
-        self._draws = draws
+        self.pass_audit.begin(draws)
         self._count_for(0)  # the rank reads the items itself when the DataLoader has no workers
         self._release(keep={self._gen})
         self.seen = self.version[0]
@@ -220,66 +148,21 @@ class ShardChannel:
         """(Rank) the pass of ``token`` ended: its sampler drew every index (``finished``) or was closed."""
         if token and self._pass_open == token:
             self._pass_open = 0
-            if finished:
-                self._finished = token
-            # Without workers, the loader reads its last batch after the sampler has ended; reads
-            # after that are the program's own (ds[i] between passes): they do not count past the draws.
-            self._tally_cap = max(self._tally_count, self._draws)
-
-    # -- the audit --------------------------------------------------------------------------------
+            self.pass_audit.end(token, finished)
 
     def _count_for(self, reader: int) -> None:
         """Start counting the current pass as reader ``reader`` (0: the rank; worker k: k + 1)."""
         self._reader = reader
-        self._tally_word = -1 if self.audit_mode == "off" else self._ctl.tally_word(reader, self._passes)
-        self._tally_count, self._tally_cap = 0, _NO_CAP
-
-    def tally(self, items: int) -> None:
-        """Count ``items`` read here in the current pass (once per batch, or per item). A worker's
-        count is the pass's; the rank's counts only if no worker served the pass (no workers)."""
-        if self._tally_word >= 0:
-            count = self._tally_count + items
-            if count > self._tally_cap:  # (a comparison costs less than min())
-                count = self._tally_cap
-            self._tally_count = self.version[self._tally_word] = count
+        self.pass_audit.count_for(reader, self._passes)
 
     def judge(self) -> None:
-        """(Rank) record the latest pass, if not yet, and warn (or raise) if it finished having read
-        some items, but other than it drew (see :attr:`PassCount.ok`). Its readers are done with it: the
-        next pass starts, or set_epoch or load_state_dict is called (after the loop, as they must be)."""
-        number = self._passes
-        if not number or number == self._judged or number == self._pass_open or self.audit_mode == "off":
-            return
-        self._judged = number
-        state: Literal["finished", "left early"] = "finished" if self._finished == number else "left early"
-        count = PassCount(number, self._draws, self._ctl.items_read(number), state)
-        self._history.append(count)
-        if count.ok or (self._warned and self.audit_mode == "warn"):
-            return
-        message = (
-            f"rank_dataset pass audit: pass {number} over this rank's shard read {count.read} items, but its sampler "
-            f"drew {count.drawn} indices. {_LIKELY_CAUSE}"
-        )
-        if count.read is not None and count.read > count.drawn:
-            message += (
-                " Or the training process read items of the dataset itself while the pass ran without DataLoader "
-                "workers (ds[i] inside the loop)."
-            )
-        if self.audit_mode == "error":
-            raise PassAuditError(message, count)
-        self._warned = True
-        warnings.warn(message, PassAuditWarning, stacklevel=2)
+        """(Rank) audit the latest pass (see :meth:`PassAudit.judge`): its readers are done with it (the next
+        pass starts, or set_epoch or load_state_dict is called, after the loop as they must be)."""
+        self.pass_audit.judge(self._passes, self._pass_open)
 
     def audit(self) -> tuple[PassCount, ...]:
         """The counts of the recent passes, oldest first, the latest (running, or not yet judged) included."""
-        counts = list(self._history)
-        number = self._passes
-        if self.is_owner and number and number != self._judged and self.audit_mode != "off":
-            state: Literal["finished", "left early", "running"] = (
-                "running" if number == self._pass_open else "finished" if self._finished == number else "left early"
-            )
-            counts.append(PassCount(number, self._draws, self._ctl.items_read(number), state))
-        return tuple(counts)
+        return self.pass_audit.counts(self._passes, self._pass_open, self.is_owner)
 
     # -- failures ---------------------------------------------------------------------------------
 
@@ -375,34 +258,24 @@ class ShardChannel:
             self._passes = snap.passes
             reader = _worker_id()
             if reader is None:  # a copy of the dataset outside a DataLoader worker: not audited
-                self._tally_word, self._reader = -1, -1
+                self.pass_audit.stop()
+                self._reader = -1
             else:
                 self._count_for(reader + 1)
         self._passes, self._managed = snap.passes, managed
         self.seen = snap.version
         return served
 
-    # -- pickling ---------------------------------------------------------------------------------
 
-    def __getstate__(self) -> tuple[Any, ...]:
-        # Pickled to reach a spawn or forkserver worker: the control block's handle, never a segment; the
-        # values alone, in the order of _PICKLED (each worker receives it with every dataset).
-        state = {**self.__dict__, "_handle": self._ctl.handle, "_owner": False, "_pass_open": 0, "_tally_word": -1}
-        for name in _UNPICKLED:
-            del state[name]
-        if state.keys() != set(_PICKLED):  # an attribute added without a place here would be lost
-            raise TypeError(f"ShardChannel cannot pickle {sorted(state.keys() ^ set(_PICKLED))}: update _PICKLED")
-        return tuple(state[name] for name in _PICKLED)
-
-    def __setstate__(self, values: tuple[Any, ...]) -> None:
-        state = dict(zip(_PICKLED, values))
-        handle = state.pop("_handle")
-        self.__dict__.update(state)
-        self._ctl = ControlBlock.attach(handle)
-        self.version = self._ctl.words
-        self._kept = {}
-        self._history = collections.deque(maxlen=_HISTORY)
-        self.seen = -1  # look at the control block on first use
+def _copy(
+    handle: _shm.Handle, audit: AuditMode, log: FailureLog | None, owner_pid: int, state: tuple[Any, ...]
+) -> ShardChannel:
+    """A pickled channel, where it lands: a copy that looks at the control block on first use."""
+    channel = ShardChannel.__new__(ShardChannel)
+    channel._attach(ControlBlock.attach(handle), audit, log, owner_pid)
+    channel._reader, channel._gen, channel._passes, channel._pass_gen, channel._managed = state
+    channel.seen = -1
+    return channel
 
 
 def _read_spec(handle: _shm.Handle) -> Any:
@@ -415,7 +288,7 @@ def _read_spec(handle: _shm.Handle) -> Any:
 def pass_of(data_source: object, draws: int = 0) -> Iterator[None]:
     """A sampler's pass over ``data_source``, which hands out ``draws`` indices if it runs to its end:
     if it is a dataset with a shard channel, its workers serve the shard current now until the next
-    pass starts, and the pass is audited (see the module). Iteration starts in the main process
+    pass starts, and the pass is audited (:mod:`rank_dataset.shards.audit`). Iteration starts in the main process
     before any index reaches a worker, so the pass is recorded in time. The pass is finished if the
     body ends without an exception (a closed sampler raises GeneratorExit in it: left early)."""
     channel = getattr(data_source, "channel", None)

@@ -1,4 +1,4 @@
-"""Failure records: samples whose item could not be made, and how they reach the rank. No torch.
+"""Failure records: samples whose item could not be made, and how they reach the rank.
 
 A :class:`Failure` names a sample that failed (its number, ``file:line``, the error) and where in the
 plan it failed. Workers write them to the dataset's :class:`FailureLog`, a shared segment created with

@@ -1,4 +1,5 @@
-"""Items that fail to load: the user's ``transform``, and the deterministic substitute of an item it raised on.
+"""Items that fail to load: the failure policy, the deterministic substitute of an item that raised (in the
+process that makes items), and the rank's book of failed samples and what its plan leaves out.
 
 With ``on_error="replace"``, an item whose parse or ``transform`` raises is replaced by the item of a
 substitute from this rank's current shard: shard index ``j`` of a keyed hash of ``(seed, epoch,
@@ -29,14 +30,14 @@ from rank_dataset.plan.spec import ShardSpec, eval_range
 from rank_dataset.shards.failures import CAPACITY, Failure
 from rank_dataset.training._agree import agreement_needed
 
-if TYPE_CHECKING:  # a DataLoader worker unpickles the policy, not what the rank plans with (imported on first use)
+if TYPE_CHECKING:  # a DataLoader worker unpickles the policy and the substitutes, not what the rank plans with
     from rank_dataset.plan.exclude import Exclusion
     from rank_dataset.plan.mix import MixPlan, Mixture
     from rank_dataset.plan.sources import Source
     from rank_dataset.shards.channel import ShardChannel
     from rank_dataset.shards.reader import ShardReader
 
-__all__ = ["ON_ERROR", "FailureBook", "FailurePolicy", "choose_substitute", "position_of", "too_many"]
+__all__ = ["ON_ERROR", "FailureBook", "FailurePolicy", "Substitutes", "choose_substitute", "position_of", "too_many"]
 
 OnError = Literal["raise", "replace"]
 ON_ERROR: tuple[OnError, ...] = ("raise", "replace")
@@ -144,7 +145,8 @@ class FailureBook:
     """A dataset's failed samples and what its plan leaves out: the failure records (one per sample, the
     first failure first, gathered from the readers through the channel), the samples ``exclude=`` and
     ``exclude_failures`` leave out, and the plan that leaves them out (the reader's and, for a mix, its
-    Mixture). The dataset holds one; its workers get a copy without the records or what is left out."""
+    Mixture). The rank holds one; a worker unpickles a copy without the records, what is left out or the channel
+    (the dataset gives it its own), on first use."""
 
     def __init__(
         self,
@@ -161,9 +163,6 @@ class FailureBook:
         self.failed: tuple[int, ...] = ()  # samples left out of this epoch's plan for having failed before
         self.records: list[Failure] = []  # (rank) one record per failed sample, first failure first
         self.lost = 0
-        self._recent: list[Failure] = []  # (each reader) this pass's failures seen here, for messages
-        self._recent_pass = -1
-        self._tried = self._replaced = 0  # (each reader) this pass's substitutes tried, and those that loaded
         self.mixture: Mixture | None = None
         self.exclusion_fingerprint: str | None = None
         self.channel: ShardChannel  # the dataset's, set once it exists (after the first plan)
@@ -172,6 +171,7 @@ class FailureBook:
         state = self.__dict__.copy()
         state["_exclude"] = None  # workers never plan: the rank builds every shard
         state["records"], state["failed"] = [], ()
+        state.pop("channel", None)
         return state
 
     # -- what is left out -------------------------------------------------------------------------
@@ -245,10 +245,7 @@ class FailureBook:
                 stacklevel=3,
             )
         if found:  # file:line is found here, not in the worker, where it would cost each failure a read
-            self.merge([self._located(f) for f in found])
-
-    def _located(self, failure: Failure) -> Failure:
-        return failure if failure.where else dataclasses.replace(failure, where=self.reader.where(failure.sample))
+            self.merge([located(f, self.reader.where) for f in found])
 
     def merge(self, records: Sequence[Failure]) -> None:
         """Add ``records`` to :attr:`records` (one per sample), all in plan order (epoch, mini-epoch,
@@ -281,7 +278,21 @@ class FailureBook:
             self.collect()
         return self.records
 
-    # -- a failing item ---------------------------------------------------------------------------
+
+def located(failure: Failure, where: Callable[[int], str]) -> Failure:
+    """``failure`` with its sample's ``file:line`` (``where(sample)``), if it has none."""
+    return failure if failure.where else dataclasses.replace(failure, where=where(failure.sample))
+
+
+class Substitutes:
+    """The substitutes of the items that fail where items are made (the rank, or a DataLoader worker): each
+    failure recorded through the dataset's channel and counted against ``max_failures``."""
+
+    def __init__(self, policy: FailurePolicy, channel: ShardChannel) -> None:
+        self.policy, self.channel = policy, channel
+        self._recent: list[Failure] = []  # this pass's failures seen here, for messages
+        self._recent_pass = -1
+        self._tried = self._replaced = 0  # this pass's substitutes tried here, and those that loaded
 
     def substitute(
         self,
@@ -291,23 +302,25 @@ class FailureBook:
         exc: Exception,
         made: Callable[[int], Any],
         indices: npt.NDArray[np.int64],
+        where: Callable[[int], str],
     ) -> Any:
         """The item of item ``i``'s substitute in the shard of ``spec`` (of ``n`` items; ``made(j)`` makes
-        item ``j``, sample ``indices[j]``); each failure recorded and counted against ``max_failures``."""
+        item ``j``, sample ``indices[j]``, found at ``where(sample)``); each failure recorded and counted
+        against ``max_failures``."""
         position = position_of(spec, i)
-        self._failed_item(spec, n, int(indices[i]), position, exc)
+        self._failed_item(spec, n, int(indices[i]), position, exc, where)
         for attempt in range(1, MAX_ATTEMPTS + 1):
             j = choose_substitute(spec, position, i, n, attempt)
             self._tried += 1
             try:
                 item = made(j)
             except Exception as again:
-                self._failed_item(spec, n, int(indices[j]), position_of(spec, j), again)
+                self._failed_item(spec, n, int(indices[j]), position_of(spec, j), again, where)
                 continue
             self._replaced += 1
             return item
         raise too_many(
-            [self._located(f) for f in self._recent[:5]], len(self._recent), None, n, spec.rank,
+            [located(f, where) for f in self._recent[:5]], len(self._recent), None, n, spec.rank,
             f"no substitute could be made for item {i} of rank {spec.rank}'s shard: {MAX_ATTEMPTS} tried, all failed",
             self._unreachable(),
         )  # fmt: skip
@@ -316,7 +329,9 @@ class FailureBook:
         """The substitutes tried in this pass if every one failed (none loaded), else 0."""
         return self._tried if self._replaced == 0 else 0
 
-    def _failed_item(self, spec: ShardSpec, n: int, sample: int, position: int, exc: Exception) -> None:
+    def _failed_item(
+        self, spec: ShardSpec, n: int, sample: int, position: int, exc: Exception, where: Callable[[int], str]
+    ) -> None:
         failure = Failure.of(sample, "", exc, spec.epoch, spec.mini_epoch_idx, position)  # where: by the rank
         passes = self.channel.passes
         if passes != self._recent_pass:
@@ -326,5 +341,5 @@ class FailureBook:
         count = self.channel.record_failure(failure)
         limit = self.policy.limit(n)
         if limit is not None and count > limit:
-            named = [self._located(f) for f in self._recent[:5]]
+            named = [located(f, where) for f in self._recent[:5]]
             raise too_many(named, count, self.policy.max_failures, n, spec.rank, tried=self._unreachable()) from exc

@@ -1,5 +1,5 @@
 """The keywords every dataset shares, read one way: ``timeout`` (float seconds or a timedelta) and
-``reader`` (a name or a ShardReader). No torch."""
+``reader`` (a name or a ShardReader)."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def reader_for(
 def _sources_in(meta_file: Any) -> tuple[Source, ...] | None:
     """``meta_file`` as Sources (see :func:`~rank_dataset.plan.sources.as_sources`): None, without importing
     their module, where it is not imported yet. A Source exists only once its module is (its class is
-    there), so then ``meta_file`` holds none: a job over plain files plans no mix (issue 44, item 6)."""
+    there), so then ``meta_file`` holds none: a job over plain files plans no mix."""
     if "rank_dataset.plan.sources" not in sys.modules:
         return None
     from rank_dataset.plan.sources import as_sources

@@ -7,29 +7,32 @@ import datetime
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeGuard, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeGuard
 
+import numpy as np
+import numpy.typing as npt
 from torch.utils.data import Dataset
 
 from rank_dataset.core.checks import check_int
-from rank_dataset.core.deferred import Deferred
 from rank_dataset.core.parsers import Parser, resolve_parser
 from rank_dataset.core.residency import freeze_inherited_objects, return_freed_memory
 from rank_dataset.core.stages import StageTable, timed
 from rank_dataset.plan.config import ReloadConfig
 from rank_dataset.plan.spec import ShardSpec
-from rank_dataset.shards.channel import AuditMode, PassCount, ShardChannel
+from rank_dataset.shards.audit import AuditMode, PassCount
+from rank_dataset.shards.channel import ShardChannel
 from rank_dataset.shards.failures import Failure
 from rank_dataset.training._agree import agreement_fields, agreement_needed, check_ranks_agree
 from rank_dataset.training._failures import FailureBook, FailurePolicy, OnError
-from rank_dataset.training._items import ShardItems
+from rank_dataset.training._items import ItemView, RankSide
 from rank_dataset.training._options import is_shard_reader, timeout_timedelta
-from rank_dataset.training._state import Resumable
+from rank_dataset.training._state import FAILURES_ONLY, read_state, resumed, state_at
 from rank_dataset.training.topology import get_rank_world_size
 
 # A spawn or forkserver DataLoader worker imports this module to unpickle its dataset: what only the rank plans
 # and builds with (the readers of meta files, their formats and index, exclusions, mixes) is imported on first use.
 if TYPE_CHECKING:
+    from rank_dataset.core.shard import Shard
     from rank_dataset.files.read.metafile import MetaFile
     from rank_dataset.plan.sources import Source, SourceInfo
     from rank_dataset.plan.steps import StepLayout
@@ -38,45 +41,13 @@ if TYPE_CHECKING:
 
     MetaSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | MetaFile | Source | Sequence[Source]
 
-__all__ = ["RankDataset", "ShardedDataset"]
+__all__ = ["DATASET_KEYWORDS", "RankDataset", "ShardedDataset"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "as_sources":  # named here before the mix's modules were imported on first use
-        from rank_dataset.plan.sources import as_sources
-
-        return as_sources
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_T = TypeVar("_T")
-
-
-class _RankSide(Generic[_T]):
-    """An attribute only the rank plans and builds with (``reader``, ``meta``, the failure book). A spawn or
-    forkserver worker receives the dataset's together as one :class:`~rank_dataset.core.deferred.Deferred`,
-    unpickled (their modules imported) when it first reads one of them."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name, self.slot = name, f"_held_{name.lstrip('_')}"
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> _RankSide[_T]: ...
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        held = obj.__dict__
-        if self.slot not in held and "_deferred" in held:
-            held.update(held.pop("_deferred").load())
-        try:
-            return held[self.slot]
-        except KeyError:
-            raise AttributeError(f"{type(obj).__name__!r} object has no attribute {self.name!r}") from None
-
-    def __set__(self, obj: Any, value: _T) -> None:
-        obj.__dict__[self.slot] = value
+#: The keywords of ShardedDataset that RankDataset and RankServerDataset take as it does and pass on as given.
+DATASET_KEYWORDS = (
+    "is_test", "reload_cfg", "rank", "world_size", "parser", "audit", "exclude", "transform", "on_error",
+    "max_failures", "exclude_failures",
+)  # fmt: skip
 
 
 def _is_collective(reader: ShardReader) -> TypeGuard[CollectiveReader]:
@@ -86,26 +57,22 @@ def _is_collective(reader: ShardReader) -> TypeGuard[CollectiveReader]:
     return module is not None and isinstance(reader, module.CollectiveReader)
 
 
-class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
-    """What RankDataset and RankServerDataset share: a shard reader, a shard channel and, for a mix,
-    a mixture; the plan, item access, resume and parsing.
+class ShardedDataset(Dataset[Any]):
+    """What RankDataset and RankServerDataset share: this rank's shard from a shard reader, its plan, item
+    access, the resume state and the pass audit.
 
     The plan lives in one place, the ShardSpec of the shard held now (``spec``); ``reload_cfg``,
     ``rank``, ``world_size`` and ``is_test`` are read from it. Shards come from ``reader`` (a
-    :class:`~rank_dataset.shards.reader.ShardReader`: meta files, or a meta server; the object itself, as
-    ``RankDataset(reader=...)`` takes one), and reach DataLoader workers through ``channel``
-    (:mod:`rank_dataset.shards.channel`).
+    :class:`~rank_dataset.shards.reader.ShardReader`: meta files, or a meta server), and reach DataLoader
+    workers through ``channel`` (:mod:`rank_dataset.shards.channel`).
 
     For a mix, ``sources`` are the Sources; the global sample numbers are then over the sources'
     files in source order, ``num_samples`` is ``sum(N_s)``, and the spec carries the mix (its
     ``num_samples`` being the epoch size ``T0``).
 
-    Item access (``len``, ``ds[i]``, batches, ``indices``) is :class:`~rank_dataset.training._items.ShardItems`,
-    the resume state :class:`~rank_dataset.training._state.Resumable`; this class plans and loads shards.
+    The dataset's one member is its :class:`~rank_dataset.training._items.ItemView`: item access, and what a
+    DataLoader worker unpickles; the rank's side (reader, MetaFile, failure book) is the view's ``rank``.
     """
-
-    reader: _RankSide[ShardReader] = _RankSide()
-    _book: _RankSide[FailureBook] = _RankSide()
 
     def __init__(
         self,
@@ -132,10 +99,7 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
             )
         if not is_shard_reader(reader):
             raise TypeError(f"reader must be a ShardReader (build, where, set_exclusion), got {reader!r}")
-        self._policy = policy = FailurePolicy(transform, on_error, max_failures, exclude_failures)
-        self._made_by_policy = policy.active  # read once per item: a plain attribute, not the property
-        self._transform = transform
-        self._replace = on_error == "replace"
+        policy = FailurePolicy(transform, on_error, max_failures, exclude_failures)
         exclusion = None
         if exclude is not None:
             from rank_dataset.plan.exclude import Exclusion
@@ -143,14 +107,9 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
             exclusion = Exclusion.of(exclude, "exclude")
         cfg = ReloadConfig.coerce(reload_cfg)
         rank, world_size = _rank_world_size(rank, world_size, group)
-        self._process_group = group  # the ranks that agree (default: the world)
         if not isinstance(is_test, bool):
             raise TypeError(f"is_test must be a bool, got {is_test!r}")
-        self.reader = reader
-        self.num_samples = reader.num_samples
-        self._group = cfg.group
-        self._epoch_size = cfg.epoch_size
-        self._parser = resolve_parser(parser)
+        parser = resolve_parser(parser)
         if sources is None and cfg.epoch_size is not None:
             raise ValueError(
                 "reload_cfg['epoch_size'] sets the epoch size of a mix: give a list of Source "
@@ -158,13 +117,12 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
             )
         sources = None if sources is None else tuple(sources)
         # What fails and what the plan leaves out (see training/_failures.py); the mix, if any, is its.
-        self._book = FailureBook(policy, exclusion, reader, sources, self._parser, cfg.epoch_size, cfg.aug_repeats)
-        num_samples, mix = self._book.plan(is_test)
-        self._parsers = None if self._book.mixture is None else self._book.mixture.parsers
-        self.channel = self._book.channel = ShardChannel(audit, failures=self._replace)
-        self._tally = self.channel.tally  # bound once: item access calls it directly
-        self.stages = StageTable.create()  # the monitor's item timers (rank_dataset.monitor), off until it runs
-        self._version, self._seen = self.channel.version, self.channel.seen  # the per-item check (see _sync)
+        book = FailureBook(policy, exclusion, reader, sources, parser, cfg.epoch_size, cfg.aug_repeats)
+        num_samples, mix = book.plan(is_test)
+        book.channel = channel = ShardChannel(audit, failures=on_error == "replace")
+        side = RankSide(reader, None, book, group, cfg.group, cfg.epoch_size)
+        parsers = None if book.mixture is None else book.mixture.parsers
+        self._view = ItemView(channel, parser, parsers, policy, side)
         spec = ShardSpec(
             num_samples=num_samples,
             world_size=world_size,
@@ -179,6 +137,63 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         )
         self._load(spec)
         freeze_inherited_objects()  # fork workers leave the rank's objects alone (see its docstring)
+
+    # -- item access (the view's) -----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def __getitem__(self, i: int) -> Any:
+        return self._view.item(i)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """A batch of items at once (torch's DataLoader calls this with each batch of indices)."""
+        return self._view.items(indices)
+
+    @property
+    def indices(self) -> npt.NDArray[np.int64]:
+        """Read-only int64 array of global sample numbers: ``self[i]`` is sample ``indices[i]``.
+
+        Computed from the plan on first use and kept until the shard changes (a shard stores its
+        sample numbers only where the plan's numbers are not them: sources over subsets).
+        """
+        return self._view.indices
+
+    @property
+    def source_ids(self) -> npt.NDArray[np.integer[Any]] | None:
+        """For a mix, a read-only integer array: the source number of each item (``self[i]`` is a sample
+        of ``sources[source_ids[i]]``). None for plain meta files. Computed from the plan on first use
+        and kept until the shard changes, like ``indices``."""
+        return self._view.source_ids
+
+    @property
+    def shard(self) -> Shard:
+        """The shard held now."""
+        return self._view.held()
+
+    # How the shard reaches the DataLoader workers; the item stages' timers (off unless a monitor is on).
+    @property
+    def channel(self) -> ShardChannel:
+        return self._view.channel
+
+    @property
+    def stages(self) -> StageTable:
+        return self._view.stages
+
+    # -- the rank's side --------------------------------------------------------------------------
+
+    @property
+    def reader(self) -> ShardReader:
+        """The reader the shards are built by (a :class:`~rank_dataset.shards.reader.ShardReader`)."""
+        return self._view.rank.reader
+
+    @property
+    def _book(self) -> FailureBook:
+        return self._view.rank.book
+
+    @property
+    def num_samples(self) -> int:  # the samples of the files (for a mix, of the distinct files of its sources)
+        return self.reader.num_samples
 
     # -- what failed -------------------------------------------------------------------------------
 
@@ -201,18 +216,17 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
     @property
     def spec(self) -> ShardSpec:
         """The ShardSpec of the shard held now."""
-        if self._version[0] != self._seen:
-            self._sync()
-        return self._spec
+        view = self._view
+        if view.version[0] != view.seen:
+            view.sync()
+        return view.spec
 
     @property
     def reload_cfg(self) -> ReloadConfig:
         """The ``reload_cfg`` of the shard held now (read-only: change it with ``set_epoch`` or
         ``load_state_dict``)."""
-        s = self.spec
-        return ReloadConfig(
-            s.mini_epoch, s.seed, s.mini_epoch_idx, s.epoch, self._group, self._epoch_size, s.aug_repeats
-        )
+        s, side = self.spec, self._view.rank
+        return ReloadConfig(s.mini_epoch, s.seed, s.mini_epoch_idx, s.epoch, side.group, side.epoch_size, s.aug_repeats)
 
     @property
     def rank(self) -> int:
@@ -229,34 +243,35 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
     def _load(self, spec: ShardSpec) -> None:
         """Build the shard of ``spec``, publish it to the workers and serve it; on any error the
         dataset stays as it was."""
-        self.channel.check_owner()
-        self.channel.judge()  # the last pass is over: audit it before anything changes
-        self._agree(spec)
-        with timed("exchange" if _is_collective(self.reader) else "read"):  # the monitor's stages
-            shard = self.reader.build(spec)
+        view, reader = self._view, self.reader
+        self._hold(spec)  # the last pass is over: audit it before anything changes
+        with timed("exchange" if _is_collective(reader) else "read"):  # the monitor's stages
+            shard = reader.build(spec)
         with timed("build"):
-            shard = (shard if self.reader.keeps_ids else shard.without_ids()).shared()
-            self.channel.publish(shard, spec)
-            self._serve(shard, spec)  # the old shard is unmapped here, once the new one exists
-        self._seen = self.channel.seen
+            shard = (shard if reader.keeps_ids else shard.without_ids()).shared()
+            view.channel.publish(shard, spec)
+            view.serve(shard, spec)  # the old shard is unmapped here, once the new one exists
+        view.seen = view.channel.seen
         return_freed_memory()
 
     def _hold(self, spec: ShardSpec) -> None:
         """:meth:`_load` for the shard already held, without building it again (the audit and the agreement stay)."""
-        self.channel.check_owner()
-        self.channel.judge()
+        channel = self._view.channel
+        channel.check_owner()
+        channel.judge()
         self._agree(spec)
 
     def _agree(self, spec: ShardSpec) -> None:
         """Under a process group, every rank must plan from the same inputs: check it."""
         if not agreement_needed():
             return
-        context = _files_context(self.reader)
-        if _is_collective(self.reader):  # on the reader's group, within its timeout
-            with self.reader.collective("the agreement check", spec.epoch):
-                check_ranks_agree(self._agreement_fields(spec), spec.rank, self.reader.group, context)
+        reader = self.reader
+        context = _files_context(reader)
+        if _is_collective(reader):  # on the reader's group, within its timeout
+            with reader.collective("the agreement check", spec.epoch):
+                check_ranks_agree(self._agreement_fields(spec), spec.rank, reader.group, context)
         else:
-            check_ranks_agree(self._agreement_fields(spec), spec.rank, self._process_group, context)
+            check_ranks_agree(self._agreement_fields(spec), spec.rank, self._view.rank.process_group, context)
 
     def _agreement_fields(self, spec: ShardSpec) -> dict[str, object]:
         dataset = f"{type(self).__module__}.{type(self).__qualname__}"
@@ -264,29 +279,6 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         if self._book.exclusion_fingerprint is not None:
             fields["exclude"] = self._book.exclusion_fingerprint
         return fields
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Pickled to reach a spawn or forkserver worker: the channel's handle, never a shard's bytes.
-        state = self.__dict__.copy()
-        for name in ("_version", "_shard", "_text", "_indices", "_source_ids", "_tally", "_process_group"):
-            state.pop(name, None)
-        # The FailureBook goes without its records or what is left out: workers never plan. It, the reader and
-        # the meta files go as one pickle the worker unpickles on first use (see _RankSide).
-        held = {k: state.pop(k) for k in [k for k in state if k.startswith("_held_")]}
-        if held:
-            state["_deferred"] = Deferred(held, state)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        deferred = state.get("_deferred")
-        if deferred is not None:
-            deferred.bind(dict(state))  # the objects it names: these, as unpickled (not as they change later)
-        self.__dict__.update(state)
-        self._process_group = None  # a worker joins no collective
-        self._version, self._seen = self.channel.version, self.channel.seen  # -1: look on first use
-        self._tally = self.channel.tally
-        self._shard = self._text = None  # type: ignore[assignment]  # mapped on first use
-        self._indices = self._source_ids = None
 
     # -- the mix ----------------------------------------------------------------------------------
 
@@ -318,27 +310,107 @@ class ShardedDataset(ShardItems, Resumable, Dataset[Any]):
         """(For :class:`~rank_dataset.training.steps.StepSampler`) load this rank's shard of window
         ``(epoch, mini_epoch_idx)`` of the step stream of ``steps`` (None: back to the epoch layout), as
         :meth:`set_epoch` loads a mini-epoch; later ``set_epoch`` calls keep the layout."""
-        old = self._spec
-        self._spec = dataclasses.replace(old, steps=steps, resume=None)
+        view = self._view
+        old = view.spec
+        view.spec = dataclasses.replace(old, steps=steps, resume=None)
         try:  # built even where the window is the one held: the shard held is of the other layout
             self._move(epoch, mini_epoch_idx, reuse=False)
         except BaseException:
-            self._spec = old
+            view.spec = old
             raise
 
     def _move(self, epoch: int, mini_epoch_idx: int, *, reuse: bool) -> None:
         epoch = check_int("epoch", epoch, low=0)
-        spec = self._spec
+        spec = self.spec
         resume = spec.resume if epoch == spec.epoch else None
         new = dataclasses.replace(spec, epoch=epoch, mini_epoch_idx=mini_epoch_idx, resume=resume)
         with timed("set_epoch"):  # the monitor's stage: what the stages timed inside it leave
             if reuse and new == spec:  # the shard held (the constructor's, at the first set_epoch(0))
                 self._hold(spec)
-            elif self._policy.exclude_failures and epoch != spec.epoch:  # a new epoch: plan without what failed
+            elif self._book.policy.exclude_failures and epoch != spec.epoch:  # a new epoch: plan without what failed
                 with self._book.replanned(new, self._book.agreed()) as new:
                     self._load(new)
             else:
                 self._load(new)
+
+    # -- the resume state -------------------------------------------------------------------------
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """The resume point after every rank consumed ``consumed`` samples of its current shard.
+
+        A small JSON-serialisable dict (:class:`~rank_dataset.plan.resume.ResumeState`), the same on
+        every rank (so rank 0 alone can save it). It names positions of the epoch order, not ranks,
+        so it can be loaded on any world size.
+
+        Called with no argument (as torchdata's StatefulDataLoader calls every dataset that has a
+        ``state_dict``) it holds no resume point, which then lives in ResumableSampler's state: it is
+        ``{}``, or with ``on_error="replace"`` the failure records seen so far on this rank (``{"failures":
+        [...]}``, no collective), which ``load_state_dict`` adds to :attr:`failures` (and, with
+        ``exclude_failures=True``, to what later epochs leave out). Pass ``consumed`` (or save
+        ``ResumableSampler.state_dict()``) to resume mid-epoch.
+
+        With ``on_error="replace"`` it holds the failure records (``failures``) and the samples the plan
+        left out for having failed (``excluded_failures``). With ``exclude_failures=True`` under a process
+        group it all-gathers every rank's failures, so that a resume leaves out of the next epoch what
+        every rank saw fail: it is then a collective, to be called on every rank (and still the same on each).
+
+        Raises:
+            ValueError: ``consumed`` outside ``[0, len(self)]``, or an eval shard.
+
+        Examples:
+            >>> import tempfile, os
+            >>> from rank_dataset import RankDataset
+            >>> p = os.path.join(tempfile.mkdtemp(), "meta.txt")
+            >>> _ = open(p, "w").write("".join(f"{i}.jpg {i}\\n" for i in range(10)))
+            >>> old = RankDataset(p, rank=0, world_size=2)
+            >>> state = old.state_dict(consumed=2)
+            >>> new = RankDataset(p, rank=0, world_size=2)
+            >>> new.load_state_dict(state)
+            >>> new.indices.tolist() == old.indices[2:].tolist()
+            True
+        """
+        book = self._book
+        if consumed is None:  # no resume point: the failure records alone (what a user saving it expects kept)
+            if book.policy.on_error != "replace":
+                return {}
+            book.collect()
+            return {FAILURES_ONLY: [f.to_dict() for f in book.records]} if book.records else {}
+        n = len(self)
+        state = state_at(self.spec, consumed, n, self.reader, book.mixture, book.exclusion_fingerprint, book.failed)
+        failures = book.to_save()
+        if failures:
+            state["failures"] = [f.to_dict() for f in failures]
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a resume point saved by :meth:`state_dict`, on this world size.
+
+        This rank gets its share of what was left of the interrupted mini-epoch (all ranks equally
+        long, padded by wrapping within it). Afterwards ``set_epoch(same_epoch, later_idx)`` keeps
+        the boundaries that epoch started with, and ``set_epoch(next_epoch)`` plans afresh. The
+        state's seed and mini-epoch count replace this dataset's. ``{}`` is ignored; a state of failure
+        records alone (``state_dict()`` without ``consumed``) adds them to :attr:`failures` and changes
+        no shard. A state that fails a check leaves the dataset exactly as it was.
+
+        Raises:
+            ValueError: a state for other files (number of samples or fingerprint) or another mix (the
+                message names the first source that differs), of another format version, with
+                missing keys or a value out of range (the message names it), or an eval dataset.
+        """
+        read = read_state(state, self.spec.is_test)
+        if read is None:
+            return
+        resume, failed, failures = read
+        book = self._book
+        if resume is None:
+            book.collect()
+            book.merge(failures)
+            return
+        with book.replanned(self.spec, failed) as planned:
+            self._load(resumed(resume, planned, self.reader, book.mixture, book.exclusion_fingerprint))
+        if failures:
+            book.collect()
+            book.merge(failures)
 
     # -- the pass audit ---------------------------------------------------------------------------
 
@@ -442,8 +514,6 @@ class RankDataset(ShardedDataset):
         (5, True)
     """
 
-    meta: _RankSide[MetaFile | None] = _RankSide()
-
     def __init__(
         self,
         meta_file: MetaSource | None = None,
@@ -465,33 +535,25 @@ class RankDataset(ShardedDataset):
         columns: Sequence[str] | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        given = dict(locals())  # the parameters, before anything else is bound here
         from rank_dataset.training._readers import reader_for
 
-        shards, sources, self.meta = reader_for(
+        shards, sources, meta = reader_for(
             meta_file, reader, columns, group, timeout_timedelta(timeout), storage_options
         )
         try:
-            super().__init__(
-                shards,
-                is_test=is_test,
-                reload_cfg=reload_cfg,
-                rank=rank,
-                world_size=world_size,
-                parser=parser,
-                sources=sources,
-                audit=audit,
-                group=group,
-                exclude=exclude,
-                transform=transform,
-                on_error=on_error,
-                max_failures=max_failures,
-                exclude_failures=exclude_failures,
-            )
+            super().__init__(shards, sources=sources, group=group, **{k: given[k] for k in DATASET_KEYWORDS})
         except BaseException:
             close = getattr(shards, "close", None)
             if close is not None:
                 close()
             raise
+        self._view.rank.meta = meta
+
+    @property
+    def meta(self) -> MetaFile | None:
+        """The MetaFile the reader reads through (None for the collective reader, or a reader without one)."""
+        return self._view.rank.meta
 
     def close(self) -> None:
         """Free what the reader holds beyond the shard (the collective reader's gloo group). Every rank

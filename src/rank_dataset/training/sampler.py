@@ -14,7 +14,7 @@ from rank_dataset.plan.resume import ResumeState, find_state
 from rank_dataset.shards.channel import pass_of
 from rank_dataset.training.dataset import ShardedDataset
 
-__all__ = ["RandomSampler", "ResumableSampler", "find_resume_state", "resume_state"]
+__all__ = ["RandomSampler", "ResumableSampler", "find_resume_state"]
 
 _CHUNK = 1 << 12  # indices turned into Python ints at a time (a few hundred KiB of them)
 
@@ -69,7 +69,7 @@ class RandomSampler(Sampler[int]):
         n = len(self.data_source)
         with pass_of(self.data_source, draws=n):
             # A chunk of the order at a time, never the whole: a shard of N / W samples would hold 4 to 8 bytes
-            # each in the training process for the whole pass (1 MiB a rank at N = 1M on 4 ranks; issue 44).
+            # each in the training process for the whole pass.
             for lo in range(0, n, _CHUNK):
                 yield from self._chunk(n, lo, min(lo + _CHUNK, n)).tolist()
 
@@ -156,7 +156,3 @@ def find_resume_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
     if found is None:
         raise ValueError("no rank_dataset resume state in this loader state: was the sampler a ResumableSampler?")
     return found
-
-
-#: The former name of :func:`find_resume_state`, kept working.
-resume_state = find_resume_state

@@ -26,10 +26,10 @@ from rank_dataset.plan.subsets import SampleMap, distinct_files
 from rank_dataset.server import protocol
 from rank_dataset.server.protocol import ProtocolError
 from rank_dataset.server.transport import SAMPLES_PER_REQUEST, MetaServer, served_file, server_url
-from rank_dataset.shards.channel import AuditMode
+from rank_dataset.shards.audit import AuditMode
 from rank_dataset.training._failures import OnError
 from rank_dataset.training._options import timeout_seconds
-from rank_dataset.training.dataset import ShardedDataset
+from rank_dataset.training.dataset import DATASET_KEYWORDS, ShardedDataset
 
 __all__ = ["RankServerDataset", "ServerDataset", "ServerReader"]
 
@@ -328,6 +328,7 @@ class RankServerDataset(ShardedDataset):
         max_failures: int | float | None = 0.01,
         exclude_failures: bool = False,
     ) -> None:
+        given = dict(locals())  # the parameters, before anything else is bound here
         base, name = server_url(url, server_ip, server_port)
         self.server = MetaServer(base, token=token, timeout=timeout_seconds(timeout), retries=retries)  # type: ignore[arg-type]
         if name is not None:
@@ -338,18 +339,4 @@ class RankServerDataset(ShardedDataset):
                 sources = Source(name)
         reader = ServerReader(self.server, sources)
         self.fingerprint = reader.fingerprint
-        super().__init__(
-            reader,
-            is_test=is_test,
-            reload_cfg=reload_cfg,
-            rank=rank,
-            world_size=world_size,
-            parser=parser,
-            sources=reader.sources,
-            audit=audit,
-            exclude=exclude,
-            transform=transform,
-            on_error=on_error,
-            max_failures=max_failures,
-            exclude_failures=exclude_failures,
-        )
+        super().__init__(reader, sources=reader.sources, **{k: given[k] for k in DATASET_KEYWORDS})

@@ -84,7 +84,7 @@ class StepSampler(Sampler[list[int]]):
             raise ValueError(
                 "StepSampler changes shards by the pass audit's counts: build the dataset with audit='warn' or 'error'"
             )
-        if dataset._policy.exclude_failures:
+        if dataset._book.policy.exclude_failures:
             raise ValueError(
                 "exclude_failures=True changes the plan each epoch by what failed, which depends on the world size "
                 "(substitutes are drawn from the rank's shard): a stream by steps cannot take it; leave failing "
@@ -132,7 +132,7 @@ class StepSampler(Sampler[list[int]]):
         return self.schedule.size(check_int("step", step, low=0))
 
     def _window(self, step: int) -> tuple[int, int]:
-        spec = self.dataset._spec
+        spec = self.dataset.spec
         return self.layout.window_of(step, spec.num_samples, spec.mini_epoch, spec.aug_repeats)
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -142,12 +142,12 @@ class StepSampler(Sampler[list[int]]):
         try:
             while True:
                 step = self._step
-                check_stream(ds._spec.num_samples, schedule, step)
+                check_stream(ds.spec.num_samples, schedule, step)
                 epoch, mini = self._window(step)
-                spec = ds._spec
+                spec = ds.spec
                 if spec.steps != self.layout or (spec.epoch, spec.mini_epoch_idx) != (epoch, mini):
                     ds.use_steps(self.layout, epoch, mini)  # workers still serve the open pass's shard
-                    spec = ds._spec
+                    spec = ds.spec
                 if token:
                     self._drain(token, drawn)
                     channel.end_pass(token, finished=True)

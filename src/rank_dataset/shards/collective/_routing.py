@@ -18,16 +18,12 @@ import numpy.typing as npt
 __all__ = [
     "distinct",
     "exclusive",
-    "group",
-    "key_dtype",
     "line_offsets",
     "offsets",
     "piece",
     "pieces",
     "ranges",
-    "repeats",
     "rounds_of",
-    "route",
     "rows_by_round",
     "split_sums",
     "starts_of",
@@ -111,18 +107,6 @@ def rounds_of(held: _Ints, text_bytes: int, round_bytes: int) -> tuple[int, int]
 # -- routing a build's requests ---------------------------------------------------------------------
 
 
-def repeats(plan: _Ints, total: int) -> bool:
-    """Whether some sample number of ``plan`` (numbers below ``total``) occurs more than once."""
-    if plan.size < 2:
-        return False
-    if total <= 8 * plan.size:  # a flag a sample, no more than 8 bytes a row: no sort
-        seen = np.zeros(total, bool)
-        seen[plan] = True
-        return int(np.count_nonzero(seen)) < plan.size
-    ordered = np.sort(plan)
-    return bool((ordered[1:] == ordered[:-1]).any())
-
-
 def distinct(values: _Ints) -> tuple[_Ints, _Ints]:
     """``np.unique(values, return_inverse=True)`` by one sort (numpy's own takes a hash path several
     times slower on a plan's numbers)."""
@@ -133,34 +117,6 @@ def distinct(values: _Ints) -> tuple[_Ints, _Ints]:
     inverse = np.empty(values.size, np.int64)
     inverse[order] = np.cumsum(first) - 1
     return ordered[first], inverse
-
-
-def key_dtype(size: int) -> type[np.unsignedinteger[Any]]:
-    """The smallest unsigned dtype for keys below ``size`` (up to 16 bits numpy sorts them by radix)."""
-    return np.uint8 if size <= 1 << 8 else np.uint16 if size <= 1 << 16 else np.uint32
-
-
-def route(items: _Ints, owned: _Ints, rounds: int, per_round: int) -> tuple[npt.NDArray[np.intp], _Ints]:
-    """Each of ``items`` (global sample numbers) routed: its key ``owner * rounds + round`` and its
-    number within its owner's slice (rank ``r`` owns ``[owned[r], owned[r + 1])``, and serves its
-    sample ``j`` in round ``j // per_round``). Computed in place where it can be: the caller frees
-    ``items`` once it has these."""
-    key = np.searchsorted(owned[1:], items, side="right")  # the owner, for now
-    local = items - owned[key]
-    key *= rounds
-    key += local // per_round
-    return key, local
-
-
-def group(key: npt.NDArray[np.intp], parts: int) -> tuple[_Ints, npt.NDArray[np.signedinteger[Any]]]:
-    """``(counts, order)``: the items of each key below ``parts``, and the order that groups them by key
-    (stable: by one radix sort of keys of 1 or 2 bytes where they fit), in 4 bytes an item where it
-    fits (at W = 4 a rank's temporaries of 8 bytes a row are as large as its shard)."""
-    counts = np.bincount(key, minlength=parts).astype(np.int64)
-    order: npt.NDArray[np.signedinteger[Any]] = np.argsort(key.astype(key_dtype(parts)), kind="stable")
-    if key.size < 1 << 31:
-        order = order.astype(np.int32)
-    return counts, order
 
 
 def rows_by_round(
