@@ -223,7 +223,7 @@ class ShardSpec:
             self.mix is None or (step_mix.sizes, step_mix.epoch_size) != (self.mix.sizes, self.mix.epoch_size)
         ):
             raise ValueError("a step layout's rules by step need the mix of the same sources (ShardSpec.mix)")
-        self.steps.schedule.check(self.world_size, self.aug_repeats)
+        self.steps.check(self.world_size, self.aug_repeats)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of every field; :meth:`from_dict` makes the same spec of it (``steps`` only

@@ -27,6 +27,7 @@ _NAMES = {
     "seed": "seed",
     "aug_repeats": "aug_repeats",
     "mix": "mix (its sources, counts or schedules)",
+    "shapes": "batches by shape (bucket_by, max_cost or cost)",
     "schedule": "global batch size schedule",
 }
 
@@ -50,6 +51,8 @@ class StepState:
         aug_repeats: the plan's ``k``.
         schedule: the global batch size by step.
         mix: for a mix, :func:`mix_digest` of its record (None: plain files).
+        shapes: for batches by shape, the digest of their buckets and costs
+            (:class:`~rank_dataset.plan.shapes.ShapeStream`; None: plain batches).
     """
 
     step: int
@@ -59,13 +62,14 @@ class StepState:
     aug_repeats: int
     schedule: BatchSchedule
     mix: str | None = None
+    shapes: str | None = None
 
     def __post_init__(self) -> None:
         check_int("step", self.step, low=0, high=MAX_EXACT)
         check_int("num_samples", self.num_samples, low=1, high=MAX_EXACT)
         check_int("seed", self.seed, low=-MAX_EXACT, high=MAX_EXACT)
         check_int("aug_repeats", self.aug_repeats, low=1, high=MAX_EXACT)
-        for name in ("fingerprint", "mix"):
+        for name in ("fingerprint", "mix", "shapes"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"invalid step state: {name} must be a str or None, got {value!r}")
@@ -73,8 +77,8 @@ class StepState:
             raise TypeError(f"schedule must be a BatchSchedule, got {type(self.schedule).__name__}")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict, marked by :data:`STEP_STATE_KEY`."""
-        return {
+        """A JSON-safe dict, marked by :data:`STEP_STATE_KEY` (``shapes`` only when set)."""
+        d = {
             STEP_STATE_KEY: _VERSION,
             "step": self.step,
             "global_batch_size": self.schedule.to_dict(),
@@ -84,6 +88,9 @@ class StepState:
             "fingerprint": self.fingerprint,
             "mix": self.mix,
         }
+        if self.shapes is not None:
+            d["shapes"] = self.shapes
+        return d
 
     @classmethod
     def from_dict(cls, data: Any) -> StepState:
@@ -105,6 +112,7 @@ class StepState:
             aug_repeats=data.get("aug_repeats", 1),
             schedule=BatchSchedule.of(data["global_batch_size"], "the state's global_batch_size"),
             mix=data.get("mix"),
+            shapes=data.get("shapes"),
         )
 
     def check_same_stream(self, current: StepState) -> None:

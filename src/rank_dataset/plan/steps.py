@@ -51,21 +51,42 @@ class StepLayout:
         schedule: the global batch size by step.
         mix: for a mix whose rules change by step (:mod:`rank_dataset.plan.step_mix`), its rules; None: the
             stream is the epochs' orders (of the files, or of a mix by epochs).
+        shapes: for batches by shape (:class:`rank_dataset.plan.shapes.ShapeLayout`, which computes them), the
+            digest of their buckets and costs; a layout read back from a dict with it has no positions.
     """
 
     schedule: BatchSchedule
     mix: StepMix | None = None
+    shapes: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"global_batch_size": self.schedule.to_dict()}
         if self.mix is not None:
             d["mix"] = self.mix.to_dict()
+        if self.shapes is not None:
+            d["shapes"] = self.shapes
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepLayout:
         mix = data.get("mix")
-        return cls(BatchSchedule.of(dict(data["global_batch_size"])), None if mix is None else StepMix.from_dict(mix))
+        return cls(
+            BatchSchedule.of(dict(data["global_batch_size"])),
+            None if mix is None else StepMix.from_dict(mix),
+            data.get("shapes"),
+        )
+
+    def check(self, world_size: int, aug_repeats: int = 1) -> None:
+        """Raise ValueError if the world size or ``aug_repeats`` cannot read this layout (the schedule's sizes)."""
+        if self.shapes is None:
+            self.schedule.check(world_size, aug_repeats)
+
+    def _positional(self) -> None:
+        if self.shapes is not None:
+            raise ValueError(
+                "the positions of batches by shape are computed from their buckets and costs, which this layout "
+                "(read back from a dict) does not hold: ask the training process's dataset"
+            )
 
     def window_of(self, step: int, num_samples: int, mini_epoch: int, aug_repeats: int = 1) -> tuple[int, int]:
         """``(epoch, m)``: the window holding the first draw of global batch ``step``."""
@@ -96,6 +117,7 @@ class StepLayout:
     ) -> npt.NDArray[np.int64]:
         """This rank's items of window ``(epoch, mini_epoch_idx)``, in order, as positions counted from the start
         of ``epoch``: ``draw * k + copy`` (``draw`` may pass the epoch's ``D`` draws: the straddling batch)."""
+        self._positional()
         k = aug_repeats
         first, stop = self.steps_of(num_samples, mini_epoch, epoch, mini_epoch_idx, k)
         base = epoch * draws_per_epoch(num_samples, k)
@@ -127,6 +149,7 @@ class StepLayout:
         mix: MixPlan | None = None,
     ) -> npt.NDArray[np.int64]:
         """The samples (plan numbers) at ``positions`` of :meth:`positions`."""
+        self._positional()
         k = aug_repeats
         draws = draws_per_epoch(num_samples, k)
         if self.mix is not None:  # by steps: the batches' counts and slots of draws, not an epoch order

@@ -20,10 +20,13 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from torch.utils.data import Sampler
 
 from rank_dataset.core.checks import check_int
 from rank_dataset.plan.schedule import BatchSchedule
+from rank_dataset.plan.shapes import ShapeLayout, ShapeStream, bucket_ids
 from rank_dataset.plan.step_mix import StepMix
 from rank_dataset.plan.step_state import StepState, find_step_state, mix_digest
 from rank_dataset.plan.steps import StepLayout, check_stream
@@ -31,6 +34,27 @@ from rank_dataset.training._state import fingerprint_of
 from rank_dataset.training.dataset import RankDataset
 
 __all__ = ["StepSampler", "find_step_state"]
+
+
+def _shape_layout(dataset: RankDataset, size: Any, bucket_by: Any, max_cost: Any, cost: Any) -> ShapeLayout:
+    """The layout of batches by shape over ``dataset``'s samples (see :class:`StepSampler`)."""
+    spec, book = dataset.spec, dataset._book
+    if book.mixture is not None or book.exclusion_fingerprint is not None:
+        raise ValueError(
+            "batches by shape (bucket_by, max_cost) take the buckets and costs of a dataset's samples: not a mix "
+            "nor exclude= (group the samples you keep into buckets of their own)"
+        )
+    if max_cost is None:
+        if size is None or isinstance(size, Mapping):
+            raise ValueError(f"bucket_by takes one global_batch_size (an int), got {size!r}")
+    elif size is not None:
+        raise ValueError(f"with max_cost the sizes follow the costs: global_batch_size must be None, got {size!r}")
+    n = spec.num_samples
+    buckets = None if bucket_by is None else bucket_ids(bucket_by, n)
+    stream = ShapeStream(n, spec.seed, buckets, batch_size=size, max_cost=max_cost, cost=cost)
+    stream.check(spec.world_size, spec.aug_repeats)
+    return ShapeLayout(stream)
+
 
 _SWITCH_TIMEOUT = 600.0  # seconds a shard change waits for the workers to read the old shard's batches
 
@@ -50,11 +74,27 @@ class StepSampler(Sampler[list[int]]):
     ``B(t)`` (of its ``B(t) / k`` draws with ``aug_repeats=k``) in proportion to the per-epoch counts of the
     rules in force at step ``t`` (:mod:`rank_dataset.plan.step_mix`).
 
+    Batches by shape (:mod:`rank_dataset.plan.shapes`): with ``bucket_by``, every global batch holds samples of
+    one bucket: walking the epochs' orders, a sample joins its bucket's buffer and a full buffer is the next
+    global batch (a bucket's partial buffer at an epoch's end carries into the next epoch). With ``max_cost``
+    and ``cost`` (``global_batch_size=None``), each global batch is the longest run of the epoch's order (of
+    its bucket, with ``bucket_by``) whose total cost fits ``max_cost``, split among the ranks by cost so that
+    each rank has one sample or more and their costs are close; the runs start afresh each epoch. Either way
+    global batch ``t`` is the same samples on any world size, and a state resumes it on any world size.
+
     Args:
-        dataset: a RankDataset (train mode; any reader, mix, subsets, ``exclude=``, ``aug_repeats``).
+        dataset: a RankDataset (train mode; any reader, mix, subsets, ``exclude=``, ``aug_repeats``; by shape:
+            plain files, without a mix, ``exclude=`` nor ``aug_repeats``).
         global_batch_size: an int, or a schedule ``{first_step: size}`` that holds step 0 (a ramp-up); each size
-            a multiple of the world size (and of ``aug_repeats``).
+            a multiple of the world size (and of ``aug_repeats``). With ``bucket_by``, an int; with ``max_cost``,
+            None.
         start_step: the first global batch to yield.
+        bucket_by: each sample's bucket: the dict :func:`~rank_dataset.group_by` returns (label -> sample
+            indices) or an int array of the dataset's samples (see
+            :func:`~rank_dataset.plan.shapes.aspect_ratio_groups` and
+            :func:`~rank_dataset.plan.shapes.nearest_resolution`).
+        max_cost: the cost budget of a global batch (an int), with ``cost``.
+        cost: each sample's cost, a non-negative integer array of the dataset's samples (pixels, tokens).
 
     ``state_dict()`` is ``{"step": next step, ...}`` plus what identifies the stream, the same on every rank;
     torchdata's StatefulDataLoader stores it, taken at the batch last returned (with a plain DataLoader, which
@@ -66,11 +106,20 @@ class StepSampler(Sampler[list[int]]):
         ValueError: a size that is not a multiple of the world size (naming the step and the size), an eval
             dataset, ``exclude_failures=True`` or ``audit="off"`` (the shard change needs the pass counts); in a
             mix with rules by step, a source with a schedule by epoch or rules that cannot be met at some step
-            (naming the source and the step).
+            (naming the source and the step). By shape: a sample costlier than ``max_cost`` (naming it), a
+            bucket for other samples, a mix, ``exclude=`` or ``aug_repeats``; when the stream reaches it, a
+            global batch of fewer samples than the world size (naming the step).
     """
 
     def __init__(
-        self, dataset: RankDataset, global_batch_size: int | Mapping[int, int], *, start_step: int = 0
+        self,
+        dataset: RankDataset,
+        global_batch_size: int | Mapping[int, int] | None,
+        *,
+        start_step: int = 0,
+        bucket_by: Any = None,
+        max_cost: int | None = None,
+        cost: Any = None,
     ) -> None:
         if not isinstance(dataset, RankDataset):
             raise TypeError(
@@ -90,15 +139,20 @@ class StepSampler(Sampler[list[int]]):
                 "(substitutes are drawn from the rank's shard): a stream by steps cannot take it; leave failing "
                 "samples out with exclude= (ds.failures lists them)"
             )
-        schedule = BatchSchedule.of(global_batch_size)
-        schedule.check(spec.world_size, spec.aug_repeats)
         book = dataset._book
         mixture = book.mixture
-        step_mix = None
-        if mixture is not None:
-            step_mix = StepMix.from_sources(mixture.plan.sizes, mixture.sources, mixture.plan.epoch_size)
         self.dataset = dataset
-        self.layout = StepLayout(schedule, step_mix)
+        self.layout: StepLayout
+        if bucket_by is None and max_cost is None and cost is None:
+            schedule = BatchSchedule.of(global_batch_size)
+            schedule.check(spec.world_size, spec.aug_repeats)
+            step_mix = None
+            if mixture is not None:
+                step_mix = StepMix.from_sources(mixture.plan.sizes, mixture.sources, mixture.plan.epoch_size)
+            self.layout = StepLayout(schedule, step_mix)
+        else:
+            self.layout = _shape_layout(dataset, global_batch_size, bucket_by, max_cost, cost)
+            schedule = self.layout.schedule
         self._step = check_int("start_step", start_step, low=0)
         self._timeout = _SWITCH_TIMEOUT
         files = fingerprint_of(dataset.reader, mixture, book.exclusion_fingerprint)
@@ -111,6 +165,7 @@ class StepSampler(Sampler[list[int]]):
             schedule=schedule,
             # The mix's counts and its rules by step, not the batch sizes: a state for other sizes names the schedule.
             mix=None if mixture is None else mix_digest({**mixture.plan.to_dict(), "steps": self._rules()}),
+            shapes=self.layout.shapes,
         )
 
     def _rules(self) -> dict[str, Any] | None:
@@ -153,20 +208,28 @@ class StepSampler(Sampler[list[int]]):
                     channel.end_pass(token, finished=True)
                     token = 0
                 first, stop = self.layout.steps_of(spec.num_samples, spec.mini_epoch, epoch, mini, spec.aug_repeats)
-                world, base = spec.world_size, schedule.start(first)
-                token = channel.begin_pass((schedule.start(stop) - schedule.start(step)) // world)
+                bounds = self._bounds(first, stop)
+                token = channel.begin_pass(int(bounds[-1] - bounds[step - first]))
                 drawn = 0
-                for a, z, size, start in schedule.segments(step, stop):
-                    block = size // world
-                    offset = (start - base) // world
-                    for u in range(a, z):
-                        self._step = u + 1  # what state_dict says while this batch is out
-                        drawn += block
-                        yield list(range(offset, offset + block))
-                        offset += block
+                for u in range(step, stop):
+                    self._step = u + 1  # what state_dict says while this batch is out
+                    lo, hi = int(bounds[u - first]), int(bounds[u - first + 1])
+                    drawn += hi - lo
+                    yield list(range(lo, hi))
         finally:
             if token:
                 channel.end_pass(token, finished=False)
+
+    def _bounds(self, first: int, stop: int) -> npt.NDArray[np.int64]:
+        """Where each global batch ``[first, stop)`` of one window starts in this rank's shard, and its end."""
+        spec = self.dataset._spec
+        if isinstance(self.layout, ShapeLayout):
+            counts = self.layout.counts(spec.world_size, spec.rank, first, stop)
+        else:
+            counts = np.empty(stop - first, np.int64)
+            for a, z, size, _ in self.schedule.segments(first, stop):
+                counts[a - first : z - first] = size // spec.world_size
+        return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
 
     def _drain(self, token: int, drawn: int) -> None:
         """Wait until the items of pass ``token`` (``drawn`` of them) have all been read, by the DataLoader's
@@ -195,7 +258,7 @@ class StepSampler(Sampler[list[int]]):
         prefetches, pass the next step the training loop reads) and what identifies the stream. A JSON dict
         of a few hundred bytes, the same on every rank."""
         step = self._step if step is None else check_int("step", step, low=0)
-        return StepState(
+        state = StepState(
             step=step,
             num_samples=self._identity.num_samples,
             fingerprint=self._identity.fingerprint,
@@ -203,7 +266,12 @@ class StepSampler(Sampler[list[int]]):
             aug_repeats=self._identity.aug_repeats,
             schedule=self._identity.schedule,
             mix=self._identity.mix,
+            shapes=self._identity.shapes,
         ).to_dict()
+        anchor = self.layout.stream.anchor_of(step) if isinstance(self.layout, ShapeLayout) else None
+        if anchor is not None:  # by budget: the batches before an epoch, so that a resume need not count them
+            state["anchor"] = list(anchor)
+        return state
 
     @staticmethod
     def find_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
@@ -226,4 +294,9 @@ class StepSampler(Sampler[list[int]]):
         """
         saved = StepState.from_dict(self.find_state(state))
         saved.check_same_stream(self._identity)
+        anchor = self.find_state(state).get("anchor")
+        if anchor is not None and isinstance(self.layout, ShapeLayout):
+            if not (isinstance(anchor, list) and len(anchor) == 2):
+                raise ValueError(f"invalid step state: anchor must be [epoch, steps before it], got {anchor!r}")
+            self.layout.stream.anchor(*anchor)
         self._step = saved.step
