@@ -3,8 +3,12 @@ through DataLoaders and resumes (ranks in one process)."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
+import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +17,9 @@ import pytest
 from torch.utils.data import DataLoader
 
 from rank_dataset import RankDataset, StepSampler, group_by
-from rank_dataset.plan.shapes import ShapeStream, aspect_ratio_groups
-
-N = 61
-CFG = {"mini_epoch": 3, "seed": 5}
-BUCKETS = np.arange(N) % 3
-COST = (np.arange(N) * 7) % 10 + 1
+from rank_dataset.plan.shapes import ShapeLayout, ShapeStream, aspect_ratio_groups
+from steps_shapes_worker import BUCKETS, CFG, COST, SHAPES, N
+from tests_helpers import rank_results, run_ranks, worker_env
 
 
 def as_list(batch: list[Any]) -> list[Any]:
@@ -37,9 +38,17 @@ def meta(tmp_path: Path) -> Path:
 
 
 def run(
-    meta: Path, world: int, steps: int, start: int = 0, state: dict[str, Any] | None = None, **shape: Any
+    meta: Path,
+    world: int,
+    steps: int,
+    start: int = 0,
+    state: dict[str, Any] | None = None,
+    workers: int = 0,
+    context: str | None = None,
+    **shape: Any,
 ) -> tuple[list[list[list[int]]], dict[str, Any]]:
-    """Global batches ``start .. steps-1``, each as its ranks' sample numbers, and rank 0's state at the end."""
+    """Global batches ``start .. steps-1``, each as its ranks' sample numbers, and rank 0's state at the end
+    (through DataLoaders of ``workers`` workers started by ``context``)."""
     per_rank, last = [], {}
     size = shape.pop("size", None)
     for r in range(world):
@@ -47,7 +56,9 @@ def run(
         sampler = StepSampler(ds, size, start_step=start, **shape)
         if state is not None:
             sampler.load_state_dict(state)
-        dl = DataLoader(ds, batch_sampler=sampler, collate_fn=as_list, num_workers=0)
+        dl = DataLoader(
+            ds, batch_sampler=sampler, collate_fn=as_list, num_workers=workers, multiprocessing_context=context
+        )
         per_rank.append([[number(x) for x in b] for _, b in zip(range(start, steps), dl)])
         if r == 0:
             last = sampler.state_dict(step=steps)
@@ -115,3 +126,103 @@ def test_refusals(meta: Path) -> None:
         wide = aspect_ratio_groups(BUCKETS + 1, np.full(N, 2))
         bucketed.load_state_dict(StepSampler(ds, 4, bucket_by=wide).state_dict())
     assert "shapes" not in plain.state_dict()
+
+
+def plan_of(kind: str) -> ShapeStream:
+    shape = SHAPES[kind]
+    return ShapeStream(
+        N,
+        CFG["seed"],
+        shape.get("bucket_by"),
+        batch_size=shape["size"],
+        max_cost=shape.get("max_cost"),
+        cost=shape.get("cost"),
+    )
+
+
+def plan_batches(plan: ShapeStream, steps: int, world: int) -> list[list[list[int]]]:
+    """Global batches ``0 .. steps-1`` of ``plan``, each as its ranks' sample numbers by the plan."""
+    layout = ShapeLayout(plan)
+    out = []
+    for t in range(steps):
+        ranks = [layout.indices(plan.share(t, t + 1, world, r)[0], N, CFG["seed"], 0) for r in range(world)]
+        out.append([r.tolist() for r in ranks])
+    return out
+
+
+def check_against_plan(kind: str, got: list[list[list[int]]], world: int) -> None:
+    """Each global batch is the plan's, its ranks' blocks concatenated in rank order; every sample once an epoch."""
+    plan = plan_of(kind)
+    steps = len(got)
+    whole = [flat(b) for b in plan_batches(plan, steps, 1)]
+    assert [flat(ranks) for ranks in got] == [flat(b) for b in plan_batches(plan, steps, world)]
+    for t, ranks in enumerate(got):
+        assert all(ranks) and sorted(flat(ranks)) == sorted(whole[t]), t
+        if kind == "bucket":
+            assert flat(ranks) == whole[t] and len({int(BUCKETS[s]) for s in whole[t]}) == 1
+        else:
+            assert COST[whole[t]].sum() <= SHAPES[kind]["max_cost"]
+    first = flat(whole[: plan.steps_before(1)])
+    assert len(first) == len(set(first))  # no sample twice in an epoch
+    if kind == "budget":
+        assert sorted(first) == list(range(N))
+    else:  # what is missing is each bucket's partial buffer, carried into the next epoch
+        missing = np.bincount(BUCKETS[sorted(set(range(N)) - set(first))], minlength=3)
+        assert (missing < SHAPES[kind]["size"]).all()
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("kind", ["bucket", "budget"])
+def test_through_dataloader_workers(meta: Path, kind: str, context: str) -> None:
+    shape = dict(SHAPES[kind])
+    plan = plan_of(kind)
+    steps = plan.steps_before(2) + 2  # two epochs and more: every window and epoch change crossed
+    got, _ = run(meta, 2, steps, workers=2, context=context, **shape)  # ranks 0 and 1, one after the other
+    assert len(got) == steps
+    check_against_plan(kind, got, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("kind", ["bucket", "budget"])
+def test_gloo_job_with_workers(meta: Path, tmp_path: Path, kind: str, context: str) -> None:
+    steps = plan_of(kind).steps_before(2) + 2
+    out = tmp_path / "out"
+    proc = run_ranks("steps_shapes_worker.py", 2, kind, meta, context, out, steps, env=worker_env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = rank_results(out, 2)
+    assert all(r["world_size"] == 2 and len(r["batches"]) == steps for r in results)
+    got = [[[number(x) for x in r["batches"][t]] for r in results] for t in range(steps)]
+    check_against_plan(kind, got, 2)
+
+
+class OnePastTheShard:
+    """A batch sampler over a StepSampler that hands out, at step ``bad``, an index past the rank's shard: the
+    worker that reads it raises before it counts the batch."""
+
+    def __init__(self, sampler: StepSampler, bad: int) -> None:
+        self.sampler, self.bad = sampler, bad
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for t, batch in enumerate(self.sampler):
+            yield [10**6, *batch[1:]] if t == self.bad else batch
+
+
+@pytest.mark.parametrize("kind", ["bucket", "budget"])
+def test_a_worker_error_surfaces_at_once(meta: Path, kind: str) -> None:
+    # The rank waits at a shard change until the old shard's batches are read: a batch a worker failed
+    # before counting it must not hold it there (the DataLoader raises the worker's error, not a timeout).
+    shape = dict(SHAPES[kind])
+    ds = RankDataset(meta, reload_cfg=CFG, rank=0, world_size=2)
+    sampler = StepSampler(ds, shape.pop("size"), **shape)
+    sampler._timeout = 300.0
+    dl = DataLoader(ds, batch_sampler=OnePastTheShard(sampler, 1), collate_fn=as_list, num_workers=2)
+    began = time.monotonic()
+    batches = iter(dl)
+    with pytest.raises(IndexError, match="dataset index"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for _ in batches:
+            pass
+    assert time.monotonic() - began < 120
+    del batches, dl
+    gc.collect()  # the error's frames hold the DataLoader's iterator: its workers stop now

@@ -15,7 +15,8 @@ workers map it by handle. It holds:
 - the *tally*: for each reader of the dataset (the rank, and each DataLoader worker by its id), the
   pass it last served and the items it has read in it (each pair written by its reader alone, outside
   the seqlock), so that the rank can compare a finished pass's reads with its sampler's draws;
-  ``untallied``, the latest pass some reader could not count (a worker id past the table).
+  ``untallied``, the latest pass some reader could not count (a worker id past the table, or a worker whose
+  read raised before it counted the batch).
 """
 
 from __future__ import annotations
@@ -130,6 +131,10 @@ class ControlBlock:
         self.words[word + 1] = 0  # the count before the pass: never a stale count under the new pass
         self.words[word] = passes
         return word + 1
+
+    def untallied(self) -> None:
+        """(Worker) a read raised before it counted its items: the latest pass cannot be counted."""
+        self.words[UNTALLIED] = self.words[PASSES]
 
     def items_read(self, passes: int) -> int | None:
         """(Rank) the items read in pass ``passes``: by the DataLoader workers that served it, or if

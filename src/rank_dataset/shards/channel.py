@@ -150,6 +150,12 @@ class ShardChannel:
             self._pass_open = 0
             self.pass_audit.end(token, finished)
 
+    def uncounted(self) -> None:
+        """(Worker) a read raised before it counted its items (the DataLoader raises the error in the rank): the
+        pass is marked uncounted, so that a sampler waiting for its reads stops waiting."""
+        if not self.is_owner:
+            self._ctl.untallied()
+
     def _count_for(self, reader: int) -> None:
         """Start counting the current pass as reader ``reader`` (0: the rank; worker k: k + 1)."""
         self._reader = reader

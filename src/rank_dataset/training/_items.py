@@ -192,10 +192,14 @@ class ItemView:
     def item(self, i: int) -> Any:
         # Once per sample: one word of the control block says whether anything changed, the inline
         # check is the fast path, the shard does the slicing.
-        if self.version[0] != self.seen:
-            self.sync(items=True)
-        if not (type(i) is int and 0 <= i < self.n):
-            i = self.check_index(i)
+        try:  # an error before the count below: see uncounted
+            if self.version[0] != self.seen:
+                self.sync(items=True)
+            if not (type(i) is int and 0 <= i < self.n):
+                i = self.check_index(i)
+        except BaseException:
+            self.channel.uncounted()
+            raise
         if self.stages.words[0]:  # a monitor is on: the timed path (timed_items)
             return timed_items(self, [i])[0]
         text = self._text(i)  # type: ignore[misc]
@@ -206,11 +210,15 @@ class ItemView:
 
     def items(self, indices: Sequence[int]) -> list[Any]:
         """A batch of items at once."""
-        if self.version[0] != self.seen:
-            self.sync(items=True)
-        n = self.n
-        if not all(type(i) is int and 0 <= i < n for i in indices):
-            indices = [self.check_index(i) for i in indices]
+        try:  # an error before the count below (the shard, an index): the rank must not wait for this batch
+            if self.version[0] != self.seen:
+                self.sync(items=True)
+            n = self.n
+            if not all(type(i) is int and 0 <= i < n for i in indices):
+                indices = [self.check_index(i) for i in indices]
+        except BaseException:
+            self.channel.uncounted()
+            raise
         if self.stages.words[0]:  # a monitor is on: the timed path (timed_items)
             return timed_items(self, indices)
         texts = self.shard.texts(indices)  # type: ignore[union-attr]

@@ -222,7 +222,7 @@ class StepSampler(Sampler[list[int]]):
 
     def _bounds(self, first: int, stop: int) -> npt.NDArray[np.int64]:
         """Where each global batch ``[first, stop)`` of one window starts in this rank's shard, and its end."""
-        spec = self.dataset._spec
+        spec = self.dataset.spec
         if isinstance(self.layout, ShapeLayout):
             counts = self.layout.counts(spec.world_size, spec.rank, first, stop)
         else:
@@ -239,7 +239,7 @@ class StepSampler(Sampler[list[int]]):
         delay = 1e-4
         while True:
             read = next((c.read for c in reversed(channel.audit()) if c.number == token), 0)
-            if read is None:  # a worker past the channel's table could not count: nothing to wait on
+            if read is None:  # a worker could not count (past the channel's table, or its read raised): no wait
                 warnings.warn("StepSampler: a DataLoader worker could not count its reads", RuntimeWarning, 2)
                 return
             if read >= drawn:
