@@ -126,6 +126,10 @@ def test_refusals(meta: Path) -> None:
         wide = aspect_ratio_groups(BUCKETS + 1, np.full(N, 2))
         bucketed.load_state_dict(StepSampler(ds, 4, bucket_by=wide).state_dict())
     assert "shapes" not in plain.state_dict()
+    replacing = RankDataset(meta, reload_cfg=CFG, rank=0, world_size=2, on_error="replace")
+    for kwargs in ({"bucket_by": BUCKETS}, {"max_cost": 50, "cost": COST}):
+        with pytest.raises(ValueError, match="on_error='replace'"):
+            StepSampler(replacing, None if "cost" in kwargs else 4, **kwargs)
 
 
 def plan_of(kind: str) -> ShapeStream:

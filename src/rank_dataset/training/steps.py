@@ -44,6 +44,13 @@ def _shape_layout(dataset: RankDataset, size: Any, bucket_by: Any, max_cost: Any
             "batches by shape (bucket_by, max_cost) take the buckets and costs of a dataset's samples: not a mix "
             "nor exclude= (group the samples you keep into buckets of their own)"
         )
+    if book.policy.on_error == "replace":
+        # A substitute is drawn from the positions of the rank's stream, which a worker cannot compute from the
+        # layout's digest alone: refused here rather than failing inside a DataLoader worker.
+        raise ValueError(
+            "batches by shape (bucket_by, max_cost) do not take on_error='replace' yet: use on_error='raise' "
+            "(or exclude the bad samples with exclude= before bucketing)"
+        )
     if max_cost is None:
         if size is None or isinstance(size, Mapping):
             raise ValueError(f"bucket_by takes one global_batch_size (an int), got {size!r}")
