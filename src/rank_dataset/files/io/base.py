@@ -2,7 +2,7 @@
 read through, unaware of whether the bytes are on a disk or in a bucket.
 
 A source has an identity (:attr:`ByteSource.key`: what identifies its content without reading it; a
-local file's size, mtime, ctime and inode, an object's size and ETag), positional reads that are
+local file's size, mtime, ctime and inode, an object's URL, size and ETag), positional reads that are
 exact (a short one means the content changed: :class:`~rank_dataset.errors.MetaFileChangedError`),
 and streaming reads front to back. :meth:`ByteSource.check` tells whether the content is still the one
 the key describes.
@@ -11,19 +11,110 @@ the key describes.
 from __future__ import annotations
 
 import hashlib
+import os
+import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ENDS", "STREAM_BLOCK", "ByteSource", "hash_ends", "read_ends"]
+__all__ = ["ENDS", "STREAM_BLOCK", "ByteSource", "FileKey", "ObjectKey", "SourceKey", "hash_ends", "read_ends"]
 
 #: Bytes of each end of a file that identify it cheaply, with its size (:func:`read_ends`).
 ENDS = 1 << 16
 #: Bytes a streaming read hands out at a time, by default.
 STREAM_BLOCK = 16 << 20
+
+
+@dataclass(frozen=True)
+class FileKey:
+    """What identifies a file's content without reading it: ``fstat`` fields that change with it."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+    device: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileKey:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+    def __reduce__(self) -> tuple[type[FileKey], tuple[int, int, int, int, int]]:
+        # Positional: a key travels in every pickled dataset (to each DataLoader worker).
+        return FileKey, (self.size, self.mtime_ns, self.ctime_ns, self.inode, self.device)
+
+    def same_file(self, other: SourceKey) -> bool:
+        """Equal but for the device, which one file shared over NFS has a different one on each client
+        (git leaves st_dev out of its index check for that reason): what a cache is matched on."""
+        return isinstance(other, FileKey) and self.digest() == other.digest() and self.size == other.size
+
+    def matches(self, st: os.stat_result) -> bool:
+        """Whether ``st`` is this file unchanged (the common case of :meth:`change`, without objects)."""
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev) == (
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.inode,
+            self.device,
+        )
+
+    def digest(self) -> bytes:
+        """What a cache's header holds of this key, but for its size (the device aside, as :meth:`same_file`)."""
+        return hashlib.blake2b(
+            struct.pack("<qqqq", self.size, self.mtime_ns, self.ctime_ns, self.inode), digest_size=24
+        ).digest()
+
+    def change(self, now: SourceKey) -> str | None:
+        """What differs between the file as indexed (``self``) and ``now``, in words; None if nothing."""
+        if not isinstance(now, FileKey):
+            return "it was replaced by an object"
+        if (now.inode, now.device) != (self.inode, self.device):
+            return "it was replaced by another file (another inode)"
+        if now.size != self.size:
+            return f"its size changed from {self.size:,} to {now.size:,} bytes"
+        if now.mtime_ns != self.mtime_ns:
+            return "it was modified (its mtime changed)"
+        if now.ctime_ns != self.ctime_ns:
+            return "it was modified or its mtime was set back (its ctime changed)"
+        return None
+
+
+@dataclass(frozen=True)
+class ObjectKey:
+    """What identifies an object's content without reading it: its URL, size and ETag (or, from a server
+    that gives no ETag, its last-modified time)."""
+
+    url: str
+    size: int
+    etag: str | None
+    modified: str | None = None
+
+    def digest(self) -> bytes:
+        """What a cache's header holds of this key, but for its size."""
+        return hashlib.blake2b(f"{self.url}\n{self.etag}\n{self.modified}".encode(), digest_size=24).digest()
+
+    def same_file(self, other: SourceKey) -> bool:
+        return self.change(other) is None
+
+    def change(self, now: SourceKey) -> str | None:
+        """What differs between the object as indexed (``self``) and ``now``, in words; None if nothing."""
+        if not isinstance(now, ObjectKey) or now.url != self.url:
+            return "it was replaced by another object"
+        if now.size != self.size:
+            return f"its size changed from {self.size:,} to {now.size:,} bytes"
+        if now.etag != self.etag:
+            return f"it was replaced (its ETag changed from {self.etag} to {now.etag})"
+        if now.modified != self.modified:
+            return "it was replaced (its last-modified time changed)"
+        return None
+
+
+#: What identifies a source's content: a local file's :class:`FileKey`, an object's :class:`ObjectKey`.
+SourceKey = FileKey | ObjectKey
 
 
 class ByteSource(Protocol):
@@ -35,8 +126,18 @@ class ByteSource(Protocol):
         ...
 
     @property
+    def key(self) -> SourceKey:
+        """What identifies its content (checked at open, or by :meth:`check`)."""
+        ...
+
+    @property
     def size(self) -> int:
         """Its bytes, as its key says."""
+        ...
+
+    @property
+    def local(self) -> bool:
+        """Whether it is a file of this machine's file systems (which a descriptor reads), not an object."""
         ...
 
     def read(self, offset: int, count: int) -> bytes:
@@ -55,6 +156,10 @@ class ByteSource(Protocol):
         """
         ...
 
+    def pread(self, count: int, offset: int) -> bytes:
+        """As ``os.pread``: up to ``count`` bytes at ``offset`` (fewer at the end only)."""
+        ...
+
     def stream(self, start: int = 0, stop: int | None = None, block: int = STREAM_BLOCK) -> Iterator[bytes]:
         """Bytes ``[start, stop)`` (to the end, by default) in order, at most ``block`` at a time."""
         ...
@@ -64,6 +169,10 @@ class ByteSource(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    def __enter__(self) -> ByteSource: ...
+
+    def __exit__(self, *exc: object) -> None: ...
 
 
 class Positional(Protocol):
