@@ -14,7 +14,6 @@ by one HEAD when a process first reads the object.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -39,10 +38,9 @@ __all__ = ["ObjectBytes", "ObjectSpans", "load_object_index", "object_cache_path
 _Ints = npt.NDArray[np.int64]
 
 
-def object_cache_path(url: str, size: int, etag: str | None) -> Path:
-    """Where the index of the object ``url`` (of ``size`` bytes and ``etag``) is cached on this node."""
-    digest = hashlib.sha256(f"{url}\n{size}\n{etag}".encode()).hexdigest()[:32]
-    name = f"{UrlPath(url).name}.{digest}.rdidx"
+def object_cache_path(url: str, key: SourceKey) -> Path:
+    """Where the index of the object ``url`` (``key``: its URL, size and ETag) is cached on this node."""
+    name = f"{UrlPath(url).name}.{key.size}.{key.digest().hex()[:32]}.rdidx"
     override = os.environ.get(CACHE_DIR_ENV)
     if override:
         return Path(override) / name
@@ -73,7 +71,7 @@ def load_object_index(source: ByteSource, *, rebuild: bool = False, columns: Seq
     refuse_cut_source(path, source, fmt)  # type: ignore[arg-type]
     key = source.key
     ends_hash = hash_ends(source)
-    cache = object_cache_path(str(path), source.size, getattr(key, "etag", None))
+    cache = object_cache_path(str(path), key)
     with contextlib.suppress(OSError):
         cache.parent.mkdir(parents=True, exist_ok=True)
     try:

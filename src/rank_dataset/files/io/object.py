@@ -52,11 +52,12 @@ _TIMEOUT = 1800.0
 class ObjectFile:
     """The object at ``url`` (a :class:`~rank_dataset.files.io.base.ByteSource`).
 
-    With ``key``, reads are pinned to the object ``key`` describes (no request at construction);
-    without, one HEAD learns its size and ETag: a missing object or bucket, or credentials refused,
-    raise here, naming the URL and the HTTP status. Picklable: another process makes its own client.
-    ``storage_options`` and ``timeout`` default to those ``url`` carries (a
-    :class:`~rank_dataset.core.checks.UrlPath`'s), else the environment's and :data:`_TIMEOUT`.
+    With ``key``, reads are pinned to the object ``key`` describes (no request at construction; with
+    ``checked``, one HEAD, MetaFileChangedError if it is not that object); without, one HEAD learns its
+    size and ETag: a missing object or bucket, or credentials refused, raise here, naming the URL and
+    the HTTP status. Picklable: another process makes its own client. ``storage_options`` and
+    ``timeout`` default to those ``url`` carries (a :class:`~rank_dataset.core.checks.UrlPath`'s), else
+    the environment's and :data:`_TIMEOUT`.
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class ObjectFile:
         *,
         storage_options: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        checked: bool = False,
     ) -> None:
         if not is_url(url):
             raise ValueError(f"{url!r} is not an object URL (s3://, gs://, az://, abfs://, http(s)://)")
@@ -75,19 +77,12 @@ class ObjectFile:
         self._directory, self._name = split_url(where)
         self.storage_options = where.storage_options
         self.timeout = _TIMEOUT if where.timeout is None else float(where.timeout)
-        self.key = self._head() if key is None else key
+        self.key = self._head() if key is None or checked else key
+        what = key.change(self.key) if key is not None and checked else None
+        if what is not None:
+            raise MetaFileChangedError(self.path, what)
         self._ahead: tuple[int, bytes] | None = None  # the block of a read in order (read_into's until)
         self._next = 0  # where a read in order (pread) would start next
-
-    @classmethod
-    def opened(cls, url: UrlPath, key: ObjectKey | None, checked: bool) -> ObjectFile:
-        """The object at ``url`` as :func:`~rank_dataset.files.io.open_source` opens it."""
-        source = cls(url, None if checked else key)
-        if key is not None and checked:
-            what = key.change(source.key)
-            if what is not None:
-                raise MetaFileChangedError(source.path, what)
-        return source
 
     @property
     def size(self) -> int:

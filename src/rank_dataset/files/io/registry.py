@@ -29,7 +29,7 @@ SourceFactory = Callable[[UrlPath, Any, bool], ByteSource]
 def _object_file(url: UrlPath, key: Any, checked: bool) -> ByteSource:
     from rank_dataset.files.io.object import ObjectFile  # on first use: local files import no obstore
 
-    return ObjectFile.opened(url, key, checked)
+    return ObjectFile(url, key, checked=checked)
 
 
 _factories: dict[str, SourceFactory] = dict.fromkeys(URL_SCHEMES, _object_file)
