@@ -47,26 +47,16 @@ class FileKey:
         # Positional: a key travels in every pickled dataset (to each DataLoader worker).
         return FileKey, (self.size, self.mtime_ns, self.ctime_ns, self.inode, self.device)
 
-    def same_file(self, other: SourceKey) -> bool:
-        """Equal but for the device, which one file shared over NFS has a different one on each client
-        (git leaves st_dev out of its index check for that reason): what a cache is matched on."""
-        return isinstance(other, FileKey) and self.digest() == other.digest() and self.size == other.size
-
     def matches(self, st: os.stat_result) -> bool:
         """Whether ``st`` is this file unchanged (the common case of :meth:`change`, without objects)."""
-        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev) == (
-            self.size,
-            self.mtime_ns,
-            self.ctime_ns,
-            self.inode,
-            self.device,
-        )
+        mine = (self.size, self.mtime_ns, self.ctime_ns, self.inode, self.device)
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev) == mine
 
     def digest(self) -> bytes:
-        """What a cache's header holds of this key, but for its size (the device aside, as :meth:`same_file`)."""
-        return hashlib.blake2b(
-            struct.pack("<qqqq", self.size, self.mtime_ns, self.ctime_ns, self.inode), digest_size=24
-        ).digest()
+        """What a cache's header holds of this key, but for its size; not the device, which one file shared
+        over NFS has a different one on each client (git leaves st_dev out of its index check for that reason)."""
+        packed = struct.pack("<qqqq", self.size, self.mtime_ns, self.ctime_ns, self.inode)
+        return hashlib.blake2b(packed, digest_size=24).digest()
 
     def change(self, now: SourceKey) -> str | None:
         """What differs between the file as indexed (``self``) and ``now``, in words; None if nothing."""
@@ -96,9 +86,6 @@ class ObjectKey:
     def digest(self) -> bytes:
         """What a cache's header holds of this key, but for its size."""
         return hashlib.blake2b(f"{self.url}\n{self.etag}\n{self.modified}".encode(), digest_size=24).digest()
-
-    def same_file(self, other: SourceKey) -> bool:
-        return self.change(other) is None
 
     def change(self, now: SourceKey) -> str | None:
         """What differs between the object as indexed (``self``) and ``now``, in words; None if nothing."""
@@ -175,16 +162,7 @@ class ByteSource(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
-class Positional(Protocol):
-    """What :func:`read_ends` reads: a size and exact positional reads (a :class:`ByteSource` has both)."""
-
-    @property
-    def size(self) -> int: ...
-
-    def read_into(self, out: npt.NDArray[np.uint8], offset: int) -> None: ...
-
-
-def read_ends(source: Positional) -> bytes:
+def read_ends(source: ByteSource) -> bytes:
     """The first and the last :data:`ENDS` bytes of ``source`` (all of it, twice, if it is shorter):
     what the index's cache and the fingerprint identify a file's content by, with its size.
 
@@ -198,6 +176,6 @@ def read_ends(source: Positional) -> bytes:
     return head.tobytes() + tail.tobytes()
 
 
-def hash_ends(source: Positional) -> bytes:
+def hash_ends(source: ByteSource) -> bytes:
     """A 16-byte hash of :func:`read_ends`: what an index cache is checked against."""
     return hashlib.blake2b(read_ends(source), digest_size=16).digest()

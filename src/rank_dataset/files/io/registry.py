@@ -1,9 +1,6 @@
-"""The one place that tells an object's URL from a local path: :func:`open_source` opens either as a
-:class:`~rank_dataset.files.io.base.ByteSource`, a URL through the factory registered for its scheme
-(:func:`register_scheme`), a path as a :class:`~rank_dataset.files.io.local.LocalFile`.
-
-The object stores obstore reaches (S3, GCS, Azure, HTTP) are registered here, their module imported
-when an object is first opened. A new store is one module that registers its scheme.
+"""The one place that tells an object's URL from a local path: :func:`open_source` opens a URL through
+the factory registered for its scheme (:func:`register_scheme`; obstore's S3, GCS, Azure and HTTP
+stores by default, imported on first use), a path as a :class:`~rank_dataset.files.io.local.LocalFile`.
 """
 
 from __future__ import annotations
