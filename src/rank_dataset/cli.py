@@ -96,7 +96,7 @@ def index_cmd(meta_files: tuple[str, ...], columns: str | None) -> None:
     A gzip or zstd file is indexed over its decompressed lines; a Parquet file's index (its rows) is
     read from its footer.
     """
-    from rank_dataset.core.checks import is_url, meta_path
+    from rank_dataset.core.checks import UrlPath
     from rank_dataset.files.formats import detect_path, one_frame_advice
     from rank_dataset.files.index.load import load_index, read_checkpoints
     from rank_dataset.files.read.metafile import MetaFile
@@ -109,10 +109,11 @@ def index_cmd(meta_files: tuple[str, ...], columns: str | None) -> None:
             raise click.ClickException(str(exc)) from None
         click.echo(f"{len(mf)}\t{path}")
         total += len(mf)
-        if is_url(path) or not detect_path(meta_path(path)).compressed:
+        resolved = mf.paths[0]
+        if isinstance(resolved, UrlPath) or not detect_path(resolved).compressed:
             continue
-        index = load_index(meta_path(path))  # the cache MetaFile has just made or checked
-        advice = one_frame_advice(meta_path(path), read_checkpoints(index))
+        index = load_index(resolved)  # the cache MetaFile has just made or checked
+        advice = one_frame_advice(resolved, read_checkpoints(index))
         if advice is not None:
             click.echo(f"note: {advice}", err=True)
     if len(meta_files) > 1:

@@ -156,17 +156,21 @@ def test_cache_key_holds_inode_ctime_device_and_content(write_meta, tmp_path: Pa
     st = p.stat()
     assert index.key == index_mod.FileKey(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
     header = the_cache(tmp_path).read_bytes()[: cachefile_mod.HEADER.size]
-    magic, size, mtime, ctime, inode, device, count, _, sample, *_ = cachefile_mod.HEADER.unpack(header)
-    assert (magic, size, mtime, ctime, inode, device, count) == (
-        b"RDIDX\x00\x00\x05",
+    magic, size, digest, device, count, _, sample, *_ = cachefile_mod.HEADER.unpack(header)
+    assert (magic, size, digest, device, count) == (
+        b"RDIDX\x00\x00\x06",
         st.st_size,
-        st.st_mtime_ns,
-        st.st_ctime_ns,
-        st.st_ino,
+        index.key.digest(),
         st.st_dev,
         1000,
     )
     assert len(sample) == 16
+    fields = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    for i in range(1, 4):  # the mtime, the ctime and the inode each enter the digest; the device does not
+        other = [*fields, st.st_dev]
+        other[i] += 1
+        assert index_mod.FileKey(*other).digest() != digest
+    assert index_mod.FileKey(*fields, st.st_dev + 1).digest() == digest
 
 
 def _record_syncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -599,7 +603,7 @@ def test_an_index_of_the_format_before_is_rebuilt_not_misread(write_meta, tmp_pa
     cache.write_bytes(old.ljust(cachefile_mod.DATA_OFFSET, b"\0") + spans.astype("<i8").tobytes())
     mf = MetaFile(p)
     assert [mf[i] for i in range(len(mf))] == LINES
-    assert cache.read_bytes()[:8] == b"RDIDX\x00\x00\x05"
+    assert cache.read_bytes()[:8] == b"RDIDX\x00\x00\x06"
     assert cache.stat().st_size == cachefile_mod.DATA_OFFSET + 8 * len(LINES) + 16  # entries, one mark
     assert mf.read(np.arange(len(LINES))[::-1]).texts(range(len(LINES))) == LINES[::-1]
     assert data == p.read_bytes()

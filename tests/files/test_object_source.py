@@ -15,8 +15,9 @@ pytest.importorskip("obstore", reason="the cloud extra (obstore) is not installe
 
 from http_helpers import fault_proxy, range_server
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
+from rank_dataset.files.io import is_url
 from rank_dataset.files.io import object as object_source
-from rank_dataset.files.io.object import ObjectFile, is_url
+from rank_dataset.files.io.object import ObjectFile
 from s3_helpers import read_in_child
 
 

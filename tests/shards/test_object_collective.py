@@ -17,6 +17,7 @@ pytest.importorskip("obstore", reason="the cloud extra (obstore) is not installe
 
 from collective_helpers import ThreadNet, run_ranks, write_files
 from rank_dataset import MetaFile
+from rank_dataset.core.checks import meta_path
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.formats import detect_path
 from rank_dataset.files.index.load import FileKey
@@ -32,6 +33,7 @@ def _making_and_builds(paths: list[Any], plans: list[npt.NDArray[np.int64]], cha
     """As the reader's making (shared_objects first) then two builds; what each rank got, and the
     requests after the making and after each build."""
     marks: list[dict[str, int]] = []
+    paths = [meta_path(p) for p in paths]  # as the reader takes them: an object's URL a UrlPath
 
     def work(net: ThreadNet) -> Any:
         objects = shared_objects(net, paths)
@@ -119,7 +121,7 @@ def test_an_object_replaced_under_a_build_is_the_same_error_on_every_rank(s3: An
 
 def test_a_missing_object_is_the_same_error_on_every_rank(s3: Any) -> None:
     def work(net: ThreadNet) -> Any:
-        return shared_objects(net, ["s3://meta/collective/none.txt"])  # type: ignore[list-item]
+        return shared_objects(net, [meta_path("s3://meta/collective/none.txt")])
 
     got = run_ranks(3, work)
     assert all(isinstance(e, FileNotFoundError) for e in got), got

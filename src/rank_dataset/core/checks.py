@@ -17,8 +17,9 @@ import numpy as np
 MAX_EXACT = 1 << 62
 
 
-#: The schemes of meta files read in place from object storage (through obstore: the cloud extra).
-URL_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "http", "https")
+#: The schemes of meta files read in place from object storage (through obstore: the cloud extra), and
+#: those :func:`rank_dataset.files.io.register_scheme` adds.
+URL_SCHEMES = {"s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "http", "https"}
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 

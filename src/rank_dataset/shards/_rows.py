@@ -21,13 +21,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import ParquetRows, object_rows
 from rank_dataset.files.index.scan import NEWLINE
-from rank_dataset.files.io import FileKey, LocalFile, ObjectFile
+from rank_dataset.files.io import ByteSource, FileKey, SourceKey, open_source
 from rank_dataset.files.io.object import REQUEST
-from rank_dataset.shards._text import Lines, pinned_object
+from rank_dataset.shards._text import Lines
 
 __all__ = ["RowsReading", "RowsText"]
 
@@ -43,13 +42,12 @@ class RowsText:
         MetaFileChangedError: the file is not the one of ``key``.
     """
 
-    def __init__(self, path: Path, key: FileKey, columns: Sequence[str] | None) -> None:
+    def __init__(self, path: Path, key: SourceKey, columns: Sequence[str] | None) -> None:
         self.path, self.key = path, key
-        if is_url(path):  # an object: its footer read through GETs pinned to the job's ETag
-            rows = object_rows(pinned_object(path, key), columns)
-        else:
-            rows = ParquetRows(path, columns)
-            LocalFile(path, key).close()  # the footer read was this file's
+        with open_source(path, key=key, checked=False) as source:  # an object's GETs pinned to its ETag
+            rows = ParquetRows(path, columns) if source.local else object_rows(source, columns)
+            if source.local:
+                source.check()  # the footer read was this file's
         self.columns, self.schema_hash, self.bounds = rows.columns, rows.schema_hash, rows.bounds
         self._read_bytes, uncompressed = rows.group_bytes()
         #: Row group ``g`` is bytes ``[edges[g], edges[g + 1])`` of the planned coordinates.
@@ -99,7 +97,7 @@ class RowsText:
 
     def reading(self) -> RowsReading:
         """A :class:`RowsReading` of the file (the caller closes it), checked against the key."""
-        source = pinned_object(self.path, self.key) if is_url(self.path) else LocalFile(self.path, self.key)
+        source = open_source(self.path, key=self.key, checked=isinstance(self.key, FileKey))
         try:
             return RowsReading(self, source)
         except BaseException:
@@ -122,11 +120,11 @@ class RowsReading:
     again and checked against the one the text was made from. Keeps the last row group it rendered
     (the rounds of an exchange read on from where the one before stopped)."""
 
-    def __init__(self, text: RowsText, source: LocalFile | ObjectFile) -> None:
+    def __init__(self, text: RowsText, source: ByteSource) -> None:
         self.text, self.source, self.fd = text, source, getattr(source, "fd", -1)
         schema = f"its schema changed since the dataset was made: the columns {list(text.columns)} are not those read"
         try:
-            if isinstance(source, ObjectFile):
+            if not source.local:
                 # Row groups in order, this rank's: their chunks in GETs of about 32 MiB.
                 rows = object_rows(source, text.columns, ahead=REQUEST)
             else:
@@ -178,7 +176,7 @@ class RowsReading:
     def check(self) -> None:
         """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key.
         (An object's reads were each pinned to its ETag: nothing more to ask.)"""
-        if not isinstance(self.source, ObjectFile):
+        if self.source.local:
             self.source.check()
 
     def close(self) -> None:

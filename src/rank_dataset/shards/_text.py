@@ -22,11 +22,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import Checkpoints, DecompressedView
 from rank_dataset.files.index.scan import NEWLINE, scan_buffer
-from rank_dataset.files.io import FileKey, LocalFile, ObjectFile, ObjectKey, ShortRead, raise_if_changed
+from rank_dataset.files.io import ByteSource, FileKey, LocalFile, ShortRead, SourceKey, open_source, raise_if_changed
 
 __all__ = [
     "READ",
@@ -37,8 +36,6 @@ __all__ = [
     "chunks",
     "open_checked",
     "open_fd",
-    "pin_object",
-    "pinned_object",
 ]
 
 READ = 16 << 20  # bytes per sequential read of a slice, counting its lines
@@ -68,7 +65,7 @@ class Text:
         checkpoints: a compressed file's checkpoints (from its index); None for a plain file.
     """
 
-    def __init__(self, path: Path, key: FileKey, checkpoints: Checkpoints | None = None) -> None:
+    def __init__(self, path: Path, key: SourceKey, checkpoints: Checkpoints | None = None) -> None:
         self.path, self.key, self.checkpoints = path, key, checkpoints
         #: Bytes of text: the file's size, or a compressed file's decompressed size.
         self.size = key.size if checkpoints is None else checkpoints.size
@@ -125,10 +122,9 @@ class Text:
         return b - a
 
     def reading(self) -> Reading:
-        """A :class:`Reading` of the text (the caller closes it), the file checked against the key."""
-        if is_url(self.path):
-            return Reading(self, pinned_object(self.path, self.key))
-        source = LocalFile(self.path, self.key)
+        """A :class:`Reading` of the text (the caller closes it), the file checked against the key (an
+        object's reads each pinned to it)."""
+        source = open_source(self.path, key=self.key, checked=isinstance(self.key, FileKey))
         try:
             return Reading(self, source)
         except BaseException:
@@ -148,14 +144,13 @@ class Text:
 
 
 class Reading:
-    """Reads of a :class:`Text` through one source, a :class:`~rank_dataset.files.io.LocalFile` or an
-    :class:`~rank_dataset.files.io.ObjectFile` (a text object, read in order in large GETs)
-    (and, for a compressed file, one decoder, which goes on from where the read before stopped: reads
-    in order decompress each span once)."""
+    """Reads of a :class:`Text` through one source (an object's read in order in large GETs) and, for a
+    compressed file, one decoder, which goes on from where the read before stopped: reads in order
+    decompress each span once."""
 
-    def __init__(self, text: Text, source: LocalFile | ObjectFile) -> None:
+    def __init__(self, text: Text, source: ByteSource) -> None:
         self.text, self.source, self.fd = text, source, getattr(source, "fd", -1)
-        raw = source if isinstance(source, ObjectFile) else self.fd
+        raw = self.fd if source.local else source
         self._view = None if text.checkpoints is None else DecompressedView(text.path, raw, text.checkpoints)
         self._closed = False
 
@@ -180,8 +175,8 @@ class Reading:
             buf[:] = np.frombuffer(self._decompressed(offset, offset + buf.size, until), np.uint8)
             return
         try:
-            if isinstance(self.source, ObjectFile):  # a slice read in order: GETs of many reads' bytes
-                self.source.read_into(buf, offset, until=self.text.size if until is None else until)
+            if not self.source.local:  # a slice read in order: GETs of many reads' bytes
+                self.source.read_into(buf, offset, until=self.text.size if until is None else until)  # type: ignore[call-arg]
             else:
                 self.source.read_into(buf, offset)
         except ShortRead:
@@ -197,7 +192,7 @@ class Reading:
     def check(self) -> None:
         """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key.
         (An object's reads were each pinned to its ETag: nothing more to ask.)"""
-        if not isinstance(self.source, ObjectFile):
+        if self.source.local:
             self.source.check()
 
     def _decompressed(self, a: int, b: int, until: int | None = None) -> bytes:
@@ -220,42 +215,20 @@ class Reading:
             self.source.close()
 
 
-_pinned: dict[tuple[str, FileKey], ObjectKey] = {}
-
-
-def pin_object(url: str, key: FileKey, found: ObjectKey) -> None:
-    """Tell this process the object ``url`` (``key`` as an index names it) is ``found`` (its size and
-    ETag, from the one HEAD of the job): its readings ask no HEAD of their own."""
-    _pinned[(str(url), key)] = found
-
-
-def pinned_object(url: Path, key: FileKey) -> ObjectFile:
-    """The object ``url``, its reads pinned to its ETag: the one pinned, else learnt by a HEAD and
-    checked against ``key``."""
-    found = _pinned.get((str(url), key))
-    if found is not None:
-        return ObjectFile(url, found)
-    source = ObjectFile(url)
-    if not key.same_file(source.key.file_key(str(url))):
-        raise MetaFileChangedError(url, "it was replaced since the reader was made (its ETag changed)")
-    _pinned[(str(url), key)] = source.key
-    return source
-
-
 @contextlib.contextmanager
-def open_checked(path: Path, key: FileKey) -> Iterator[int]:
+def open_checked(path: Path, key: SourceKey) -> Iterator[int]:
     """A descriptor of ``path``, checked against ``key`` on entry and once the reading is done."""
     with LocalFile(path, key) as source:
         yield source.fd
         source.check()
 
 
-def open_fd(path: Path, key: FileKey) -> int:
+def open_fd(path: Path, key: SourceKey) -> int:
     """A descriptor of ``path``, which must be the file ``key`` describes (the caller closes it)."""
     return LocalFile(path, key).detach()
 
 
-def check_open(path: Path, key: FileKey, fd: int) -> None:
+def check_open(path: Path, key: SourceKey, fd: int) -> None:
     """Raise MetaFileChangedError unless both ``fd`` and ``path`` are still the file of ``key``."""
     raise_if_changed(path, key, os.fstat(fd))
     try:

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rank_dataset.core.checks import is_url, with_storage
+from rank_dataset.core.checks import UrlPath, with_storage
 from rank_dataset.files.read.metafile import MetaFile
 from rank_dataset.shards.reader import FileReader, ShardReader, columns_of, files_of
 from rank_dataset.training._agree import check_ranks_agree
@@ -57,14 +57,14 @@ def reader_for(
     else:
         paths = _paths_of(meta_file)
     seconds = None if timeout is None else timeout.total_seconds()
-    if timeout is not None and reader != "collective" and not any(is_url(p) for p in paths):
+    paths = [with_storage(p, storage_options, seconds) for p in paths]  # an object's URL: a UrlPath
+    if timeout is not None and reader != "collective" and not any(isinstance(p, UrlPath) for p in paths):
         raise ValueError(
             "timeout applies to reader='collective' (its exchanges) and to meta files in object storage "
             "(their requests): the file reader over local files waits for nothing"
         )
     if isinstance(meta_file, MetaFile) and seconds is not None and reader != "collective":
         raise ValueError("timeout= with a MetaFile: give its paths instead (the MetaFile has opened its objects)")
-    paths = [with_storage(p, storage_options, seconds) for p in paths]
     if reader == "collective":
         chosen: Sequence[tuple[str, ...] | None]
         if sources is not None:

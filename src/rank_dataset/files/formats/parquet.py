@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +30,7 @@ from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats.base import Format, Recognised
 
 if TYPE_CHECKING:
-    from rank_dataset.files.io import ObjectFile
+    from rank_dataset.files.io import ByteSource
 
 __all__ = ["PARQUET", "ParquetFormat", "ParquetLayout", "ParquetRows", "object_rows"]
 
@@ -321,12 +321,13 @@ class ParquetFormat(Format):
 PARQUET = ParquetFormat()
 
 
-def object_rows(source: ObjectFile, columns: Sequence[str] | None, *, ahead: int = 0) -> ParquetRows:
+def object_rows(source: ByteSource, columns: Sequence[str] | None, *, ahead: int = 0) -> ParquetRows:
     """The rows of the Parquet object ``source``, read by pyarrow through ranged GETs pinned to its
     ETag (:class:`~rank_dataset.files.io.object.ObjectIO`; one client, obstore's): a row group's
     chosen column chunks in one GET where they lie close, with the next row groups' up to ``ahead``
     bytes (for a reader that goes through them in order)."""
-    from rank_dataset.files.io.object import ObjectFile, ObjectIO  # the format is above its sources
+    from rank_dataset.files.io import open_source
+    from rank_dataset.files.io.object import ObjectIO  # the format is above its sources
 
-    own = ObjectFile(source.path, source.key)  # a position of its own
-    return ParquetRows(cast(Path, source.path), columns, fileobj=ObjectIO(own), ahead=ahead)
+    own = open_source(source.path, key=source.key, checked=False)  # a position of its own
+    return ParquetRows(source.path, columns, fileobj=ObjectIO(own), ahead=ahead)

@@ -22,12 +22,12 @@ import numpy.typing as npt
 
 from rank_dataset.files.group._labels import Grouping, Place
 from rank_dataset.files.index.cache import cache_paths, discard, fsync_dir, temp_beside
-from rank_dataset.files.index.load import FileKey, Index
+from rank_dataset.files.index.load import Index
 from rank_dataset.files.io.pread import pread_exact
 
-_MAGIC = b"RDGRP\x00\x00\x01"
-# magic, file size, mtime_ns, ctime_ns, inode, device, samples, keys, key bytes, key format, content sample
-_HEADER = struct.Struct("<8sqqqQQqqqq16s")
+_MAGIC = b"RDGRP\x00\x00\x02"
+# magic, file size, the key's digest (SourceKey.digest), samples, keys, key bytes, key format, content sample
+_HEADER = struct.Struct("<8sq24s8xqqqq16s")
 _DATA_OFFSET = 128
 _INT_KEYS, _JSON_KEYS = 0, 1
 
@@ -46,10 +46,10 @@ def open_cache(cache: Path, index: Index) -> Grouping | None:
     try:
         raw = np.empty(_HEADER.size, np.uint8)
         pread_exact(fd, raw, 0)
-        magic, size, mtime, ctime, inode, device, count, nkeys, key_bytes, form, sample = _HEADER.unpack(raw.tobytes())
+        magic, size, digest, count, nkeys, key_bytes, form, sample = _HEADER.unpack(raw.tobytes())
         if (
             magic != _MAGIC
-            or not FileKey(size, mtime, ctime, inode, device).same_file(index.key)
+            or (size, digest) != (index.key.size, index.key.digest())
             or sample != index.ends_hash
             or count != index.count
             or not 1 <= nkeys <= count
@@ -103,7 +103,7 @@ def write_cache(cache: Path, index: Index, group: Callable[[Place], Grouping]) -
             form, key_part = _JSON_KEYS, _encode_keys(keys)
         k = index.key
         header = _HEADER.pack(
-            _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, k.device, index.count, len(keys), len(key_part), form,
+            _MAGIC, k.size, k.digest(), index.count, len(keys), len(key_part), form,
             index.ends_hash,
         )  # fmt: skip
         head = header.ljust(_DATA_OFFSET, b"\0") + bounds.astype("<i8").tobytes()

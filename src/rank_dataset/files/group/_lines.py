@@ -15,14 +15,12 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import ParquetRows, decompress
 from rank_dataset.files.group._block_labels import PAD
 from rank_dataset.files.index.load import FileKey, Index, SpanReader, line_mark
-from rank_dataset.files.index.objects import ObjectBytes
 from rank_dataset.files.index.scan import CR, NEWLINE
-from rank_dataset.files.io import LocalFile, ObjectFile
+from rank_dataset.files.io import ByteSource, LocalFile, open_source
 from rank_dataset.files.io.pread import ShortRead
 from rank_dataset.files.read.file import bytes_of
 
@@ -85,12 +83,12 @@ class TextLines:
     """The lines of an indexed file, a block of samples at a time, checked against the file (against
     its decompressed bytes, for a compressed file)."""
 
-    def __init__(self, path: Path, index: Index, source: LocalFile | ObjectFile) -> None:
+    def __init__(self, path: Path, index: Index, source: ByteSource) -> None:
         self.path, self.index, self.source = path, index, source
-        self.fd = source.fd if isinstance(source, LocalFile) else None
+        self.fd = cast(LocalFile, source).fd if source.local else None
         self.stream: _Stream | None = None
         if index.format.compressed:
-            raw = self.fd if self.fd is not None else cast(ObjectFile, source)
+            raw = self.fd if self.fd is not None else source
             self.stream = _Stream(decompress(path, raw, index.format, block=STREAM_BLOCK))
         elif self.fd is None:  # an object: read front to back (a label grouping's blocks too)
             self.stream = _Stream(source.stream(block=STREAM_BLOCK))
@@ -168,10 +166,12 @@ def open_checked(path: Path, index: Index) -> Iterator[TextLines | ParquetLines]
         with bytes_of(path).rows(index) as rows:
             yield ParquetLines(path, index, rows)
         return
-    if is_url(path):  # an object: checked to be the one indexed (one HEAD), every GET pinned to its ETag
-        yield TextLines(path, index, ObjectBytes(path).source(index.key))
+    source = open_source(path, key=index.key, checked=False)
+    if not source.local:  # an object: checked to be the one indexed (one HEAD), every GET pinned to its ETag
+        source.check()
+        yield TextLines(path, index, source)
         return
-    local = LocalFile(path, index.key, checked=False)
+    local = cast(LocalFile, source)
     try:
         for when in ("", " while it was grouped"):
             what = index.key.change(FileKey.of(os.fstat(local.fd)))

@@ -29,7 +29,7 @@ from rank_dataset.files.index._cachefile import (
 from rank_dataset.files.index.cache import Seal, Syncer, discard, temp_beside, wait_for_seal
 from rank_dataset.files.index.cachelock import load_or_build
 from rank_dataset.files.index.scan import Chunk, scan_blocks, scan_map
-from rank_dataset.files.io import FileKey
+from rank_dataset.files.io import FileKey, SourceKey
 from rank_dataset.files.io.pread import ShortRead
 
 # A compressed file's entries are laid out as a file of this size's (its decompressed size is not
@@ -82,18 +82,18 @@ class _IndexBody:
     bound: int = -1
     extra: bytes = b""  # a compressed file's checkpoints
 
-    def header(self, key: FileKey, ends_hash: bytes) -> Header:
+    def header(self, key: SourceKey, ends_hash: bytes) -> Header:
         extent = key.size if self.extent < 0 else self.extent
         bound = key.size if self.bound < 0 else self.bound
-        return Header(
+        return Header.of(
             key, ends_hash, self.count, self.ascii, len(self.longs), len(self.marks), extent, bound, self.format
         )
 
-    def index(self, key: FileKey, ends_hash: bytes, cache: Path | None, memory: Table | None = None) -> Index:
+    def index(self, key: SourceKey, ends_hash: bytes, cache: Path | None, memory: Table | None = None) -> Index:
         return Index(key, ends_hash, self.count, self.ascii, cache, memory, self.format, self.extent, self.bound)
 
 
-def _scan_file(path: Path, fd: Any, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _IndexBody:
+def _scan_file(path: Path, fd: Any, key: SourceKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _IndexBody:
     """Scan the file open at ``fd`` (which must stay the file ``key`` describes to the end), passing
     its entries to ``write`` in order; what else its index holds.
 
@@ -122,7 +122,7 @@ def _scan_file(path: Path, fd: Any, key: FileKey, write: Callable[[npt.NDArray[n
 
 
 def _scan_stream(
-    path: Path, source: Any, key: FileKey, write: Callable[[npt.NDArray[np.uint64]], object]
+    path: Path, source: Any, key: SourceKey, write: Callable[[npt.NDArray[np.uint64]], object]
 ) -> _IndexBody:
     """As :func:`_scan_file`, for a source read front to back (an object: its text in one pass of ranged
     GETs, each pinned to its ETag, so that a change is an error rather than a torn index)."""
@@ -171,7 +171,7 @@ def _stack(parts: list[_IntArray]) -> _IntArray:
     return np.concatenate(parts).astype(np.int64) if parts else np.empty((0, 2), np.int64)
 
 
-def write_cache(cache: Path, path: Path, fd: Any, key: FileKey, ends_hash: bytes) -> tuple[Index, Seal] | None:
+def write_cache(cache: Path, path: Path, fd: Any, key: SourceKey, ends_hash: bytes) -> tuple[Index, Seal] | None:
     """Index the file open at ``fd`` straight into ``cache``; None if ``cache`` is not writable.
 
     The index goes to a temporary file that is renamed into place once written, and returned with
@@ -211,7 +211,7 @@ def write_cache(cache: Path, path: Path, fd: Any, key: FileKey, ends_hash: bytes
     return built.index(key, ends_hash, cache), Seal(cache, f, syncer, built.count * ENTRY, SEAL_AT)
 
 
-def index_in_memory(path: Path, fd: Any, key: FileKey, ends_hash: bytes) -> Index:
+def index_in_memory(path: Path, fd: Any, key: SourceKey, ends_hash: bytes) -> Index:
     parts: list[npt.NDArray[np.uint64]] = []
     built = _scan_file(path, fd, key, parts.append)
     entries = np.concatenate(parts) if parts else np.empty(0, "<u8")
@@ -232,7 +232,7 @@ def _stamp(cache: Path) -> int | None:
 
 
 def cached_index(
-    candidates: list[Path], path: Path, fd: Any, key: FileKey, ends_hash: bytes, *, rebuild: bool
+    candidates: list[Path], path: Path, fd: Any, key: SourceKey, ends_hash: bytes, *, rebuild: bool
 ) -> Index:
     """The index of the file open at ``fd`` (a descriptor, or an object's source), ``key`` and
     ``ends_hash`` its identity: from the first of the ``candidates`` caches that holds it, else built

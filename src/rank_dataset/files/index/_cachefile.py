@@ -1,6 +1,6 @@
 """The index cache file's format, and the index it holds (:class:`Index`).
 
-The cache: a 128-byte header (:class:`Header`: magic, the file's key, samples, flags, the hash of the
+The cache: a 128-byte header (:class:`Header`: magic, the file's size and key digest, samples, flags, the hash of the
 file's ends, the tables' sizes, the bytes indexed, the format's code), then one 8-byte entry a sample
 (see :mod:`rank_dataset.files.index.load`), the long lines and the marks (pairs of int64), and a
 compressed file's checkpoints. Changing any of it changes ``_MAGIC``: an older cache is rebuilt.
@@ -13,19 +13,21 @@ import os
 import struct
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.files.formats import TEXT, Format, ParquetLayout, by_code
 from rank_dataset.files.index.cache import SEAL
-from rank_dataset.files.io import FileKey
+from rank_dataset.files.io import SourceKey
 from rank_dataset.files.io.pread import ShortRead, pread_exact
 
-_MAGIC = b"RDIDX\x00\x00\x05"
-# magic, file size, mtime_ns, ctime_ns, inode, device, samples, flags, hash of the file's ends, long lines, marks,
-# bytes indexed (the decompressed size of a compressed file), the size the entries' bits are set by, format
-HEADER = struct.Struct("<8sqqqQQqq16sqqqqq")
+_MAGIC = b"RDIDX\x00\x00\x06"
+# magic, file size, the key's digest (SourceKey.digest), device (a local file's), samples, flags, hash of the
+# file's ends, long lines, marks, bytes indexed (the decompressed size of a compressed file), the size the
+# entries' bits are set by, format
+HEADER = struct.Struct("<8sq24sQqq16sqqqqq")
 SEAL_AT = HEADER.size
 _FLAG_ASCII = 1
 DATA_OFFSET = 128
@@ -64,7 +66,7 @@ class Index:
     file's index is its ``parquet`` layout (``count`` rows), held in the Index itself.
     """
 
-    key: FileKey
+    key: SourceKey
     ends_hash: bytes
     count: int
     ascii: bool
@@ -89,7 +91,7 @@ class Index:
     def header_fields(self) -> tuple[bytes, bytes]:
         """What a cache's header holds for this index, but for the device and the table sizes: its
         bytes ``[0, 40)`` (magic, size, mtime, ctime, inode) and ``[48, 80)`` (samples, flags, hash)."""
-        head = Header(
+        head = Header.of(
             self.key, self.ends_hash, self.count, self.ascii, 0, 0, self.size, self.bits_size, self.format
         ).pack()
         return head[:40], head[48:80]
@@ -105,7 +107,9 @@ class Index:
 
 @dataclass(frozen=True)
 class Header:
-    key: FileKey
+    size: int
+    digest: bytes
+    device: int
     ends_hash: bytes
     count: int
     ascii: bool
@@ -115,17 +119,21 @@ class Header:
     bound: int
     format: Format
 
+    @classmethod
+    def of(cls, key: SourceKey, *rest: Any) -> Header:
+        """The header of an index of the source ``key`` describes (``rest``: the fields after the key)."""
+        return cls(key.size, key.digest(), getattr(key, "device", 0), *rest)
+
     def pack(self) -> bytes:
-        k = self.key
         flags = _FLAG_ASCII if self.ascii else 0
         return HEADER.pack(
-            _MAGIC, k.size, k.mtime_ns, k.ctime_ns, k.inode, k.device, self.count, flags, self.ends_hash, self.longs,
+            _MAGIC, self.size, self.digest, self.device, self.count, flags, self.ends_hash, self.longs,
             self.marks, self.extent, self.bound, self.format.code,
         )  # fmt: skip
 
-    def describes(self, key: FileKey, ends_hash: bytes) -> bool:
-        """Whether this is the header of an index of the file ``key`` and ``ends_hash`` identify."""
-        return self.key.same_file(key) and self.ends_hash == ends_hash
+    def describes(self, key: SourceKey, ends_hash: bytes) -> bool:
+        """Whether this is the header of an index of the source ``key`` and ``ends_hash`` identify."""
+        return (self.size, self.digest, self.ends_hash) == (key.size, key.digest(), ends_hash)
 
     @property
     def longs_at(self) -> int:
@@ -150,12 +158,11 @@ def read_header(fd: int) -> Header | None:
     except OSError:  # ShortRead; IsADirectoryError where the cache's path is a directory
         return None
     fields = HEADER.unpack(raw.tobytes())
-    magic, size, mtime, ctime, inode, device, count, flags, ends_hash, longs, marks, extent, bound, code = fields
+    magic, size, digest, device, count, flags, ends_hash, longs, marks, extent, bound, code = fields
     fmt = by_code(code)
     if magic != _MAGIC or fmt is None or fmt.rows or min(count, longs, marks, extent, bound) < 0:
         return None
-    key = FileKey(size, mtime, ctime, inode, device)
-    header = Header(key, ends_hash, count, bool(flags & _FLAG_ASCII), longs, marks, extent, bound, fmt)
+    header = Header(size, digest, device, ends_hash, count, bool(flags & _FLAG_ASCII), longs, marks, extent, bound, fmt)
     if length < header.extra_at or (not fmt.compressed and length != header.extra_at):
         return None
     return header
@@ -216,7 +223,7 @@ def _cache_is_sane(fd: int, header: Header) -> bool:
     return bool(longs.size == 0 or (np.diff(longs[:, 0]) > 0).all())
 
 
-def open_cache(cache: Path, key: FileKey, ends_hash: bytes) -> Index | None:
+def open_cache(cache: Path, key: SourceKey, ends_hash: bytes) -> Index | None:
     """The index in ``cache`` if it describes the file ``key`` and ``ends_hash`` identify, is sealed
     (whole on disk) and is sane."""
     try:

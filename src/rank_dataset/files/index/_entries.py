@@ -48,7 +48,7 @@ def read_entry(index: Index, local: int) -> tuple[int, int]:
         head, raw = os.pread(fd, HEADER.size, 0), os.pread(fd, ENTRY, DATA_OFFSET + ENTRY * local)
     finally:
         os.close(fd)
-    # The header as a cache of this index writes it, the device aside (as FileKey.same_file).
+    # The header as a cache of this index writes it, the device aside (as FileKey.digest).
     key_bytes, count_bytes = index.header_fields
     if len(raw) != ENTRY or head[:40] != key_bytes or head[48:80] != count_bytes:
         raise LookupError(f"the index cache {index.cache} was replaced or damaged")

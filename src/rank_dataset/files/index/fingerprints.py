@@ -14,9 +14,8 @@ import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from rank_dataset.core.checks import is_url
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.io import ENDS, FileKey, LocalFile, ShortRead, read_ends
+from rank_dataset.files.io import ENDS, ShortRead, SourceKey, open_source, read_ends
 
 __all__ = ["FINGERPRINT_BYTES", "fingerprint_part", "fingerprints"]
 
@@ -34,24 +33,17 @@ def fingerprint_part(count: int, size: int, columns: Sequence[str] | None, ends:
     return part + ends
 
 
-def _ends(path: Path, key: FileKey) -> bytes:
+def _ends(path: Path, key: SourceKey) -> bytes:
     if not key.size:
         return b""
-    if is_url(path):  # an object: the one indexed (its ETag's hash is in the key), read in two GETs
-        from rank_dataset.files.io import ObjectFile  # on first use, as the object's index
-
-        obj = ObjectFile(path)
-        if obj.key.file_key(str(path)) != key:
-            raise MetaFileChangedError(path, "it was replaced since it was indexed (its ETag changed)")
-        return read_ends(obj)
-    with LocalFile(path, key) as source:
+    with open_source(path, key=key) as source:  # an object: checked by one HEAD, read in two GETs
         try:
             return read_ends(source)
         except ShortRead:
             raise MetaFileChangedError(path, "it shrank while being read") from None
 
 
-def fingerprints(files: Iterable[tuple[Path, FileKey, int, Sequence[str] | None]]) -> tuple[str, tuple[str, ...]]:
+def fingerprints(files: Iterable[tuple[Path, SourceKey, int, Sequence[str] | None]]) -> tuple[str, tuple[str, ...]]:
     """The fingerprint of ``files`` taken as one, and of each alone: for each ``(path, key, samples,
     columns)`` (``columns`` a Parquet file's chosen ones, else None), one read of its ends.
 

@@ -29,15 +29,15 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
-from rank_dataset.core.checks import is_url
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.formats import Checkpoints, Format, detect, refuse_cut
 from rank_dataset.files.index._build import cached_index
 from rank_dataset.files.index._cachefile import Index, Table, decode, length_bits, spans_are_sane
 from rank_dataset.files.index._entries import MAPPED_ROWS, SpanReader, line_mark, read_checkpoints, read_entry
 from rank_dataset.files.index.cache import CACHE_DIR_ENV, cache_paths
-from rank_dataset.files.io import FileKey, LocalFile, hash_ends
+from rank_dataset.files.io import FileKey, LocalFile, SourceKey, hash_ends, open_source
 from rank_dataset.files.io.pread import ShortRead
 
 __all__ = [
@@ -108,13 +108,15 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
             nested or binary.
         CorruptMetaFileError: a Parquet footer cannot be read.
     """
-    if is_url(path):  # an object: its index built by one streaming pass, cached on this node
-        from rank_dataset.files.index.objects import load_object_index  # on first use: a local file's reads no object
-
-        return load_object_index(path, rebuild=rebuild, columns=columns)
     for attempt in range(_BUILD_TRIES):
-        source = LocalFile(path)
-        fd, key = source.fd, source.key
+        source = open_source(path)
+        if not source.local:  # an object: its index built by one streaming pass, cached on this node
+            from rank_dataset.files.index.objects import (
+                load_object_index,
+            )  # on first use: a local file's reads no object
+
+            return load_object_index(source, rebuild=rebuild, columns=columns)
+        fd, key = cast(LocalFile, source).fd, source.key
         try:
             fmt = detect(fd)
             check_columns(path, fmt, columns)
@@ -122,7 +124,7 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
             ends_hash = hash_ends(source)
             if fmt.rows:
                 try:
-                    return _rows_index(path, fd, fmt, key, ends_hash, columns)
+                    return _rows_index(path, fd, fmt, cast(FileKey, key), ends_hash, columns)
                 except MetaFileChangedError:
                     if attempt == _BUILD_TRIES - 1:
                         raise
@@ -140,7 +142,7 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def checkpoints_of(path: Path, key: FileKey) -> Checkpoints:
+def checkpoints_of(path: Path, key: SourceKey) -> Checkpoints:
     """The checkpoints of the compressed file ``path`` from its index (made if there is none), which
     must be of the file ``key`` describes.
 

@@ -6,15 +6,14 @@ in order; a Parquet object's by pyarrow through a file object of exact ranged GE
 
 An object's index is cached under the user cache directory (or ``RANK_DATASET_CACHE_DIR``), named by
 a hash of its URL, size and ETag: another object, or the same object replaced, is another cache, and
-one process a node builds it while the others wait, as for a local file. Its key (the fields a cache
-header holds for a local file) carries the ETag's hash (:meth:`ObjectKey.file_key`); every read is
-pinned to the ETag itself, learnt by one HEAD when a process first reads the object.
+one process a node builds it while the others wait, as for a local file. Its key is the object's
+:class:`~rank_dataset.files.io.ObjectKey` (URL, size, ETag); every read is pinned to the ETag, learnt
+by one HEAD when a process first reads the object.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -31,18 +30,17 @@ from rank_dataset.files.index._build import cached_index, index_in_memory
 from rank_dataset.files.index._cachefile import Index
 from rank_dataset.files.index._entries import read_checkpoints
 from rank_dataset.files.index.cache import CACHE_DIR_ENV
-from rank_dataset.files.io import FileKey, hash_ends
-from rank_dataset.files.io.object import COALESCE, ObjectFile
+from rank_dataset.files.io import ByteSource, SourceKey, hash_ends, open_source
+from rank_dataset.files.io.object import COALESCE
 
 __all__ = ["ObjectBytes", "ObjectSpans", "load_object_index", "object_cache_path"]
 
 _Ints = npt.NDArray[np.int64]
 
 
-def object_cache_path(url: str, size: int, etag: str | None) -> Path:
-    """Where the index of the object ``url`` (of ``size`` bytes and ``etag``) is cached on this node."""
-    digest = hashlib.sha256(f"{url}\n{size}\n{etag}".encode()).hexdigest()[:32]
-    name = f"{UrlPath(url).name}.{digest}.rdidx"
+def object_cache_path(url: str, key: SourceKey) -> Path:
+    """Where the index of the object ``url`` (``key``: its URL, size and ETag) is cached on this node."""
+    name = f"{UrlPath(url).name}.{key.size}.{key.digest().hex()[:32]}.rdidx"
     override = os.environ.get(CACHE_DIR_ENV)
     if override:
         return Path(override) / name
@@ -51,10 +49,8 @@ def object_cache_path(url: str, size: int, etag: str | None) -> Path:
     return Path(user_cache_dir("rank-dataset")) / "objects" / name
 
 
-def load_object_index(
-    url: str | os.PathLike[str], *, rebuild: bool = False, columns: Sequence[str] | None = None
-) -> Index:
-    """The index of the object ``url``: from this node's cache, else built by one streaming pass (one
+def load_object_index(source: ByteSource, *, rebuild: bool = False, columns: Sequence[str] | None = None) -> Index:
+    """The index of the object ``source``: from this node's cache, else built by one streaming pass (one
     process builds while the others wait) and cached (in memory where no cache is writable).
 
     Raises:
@@ -64,19 +60,18 @@ def load_object_index(
         ImportError: a Parquet object without pyarrow.
         MetaFileChangedError: it was replaced while it was being indexed.
     """
-    source = ObjectFile(url)
     path = source.path
     fmt = detect_source(source)
     if fmt.rows:  # its index is its footer's (a GET or two, not cached: as a local Parquet file's)
         ends_hash = hash_ends(source)
         rows = object_rows(source, columns)
-        return Index(source.key.file_key(path), ends_hash, len(rows), False, None, None, fmt, parquet=rows.layout)
+        return Index(source.key, ends_hash, len(rows), False, None, None, fmt, parquet=rows.layout)
     if columns is not None:
-        raise ValueError(f"columns= picks the columns of a Parquet meta file, and {url} is {fmt.value}")
+        raise ValueError(f"columns= picks the columns of a Parquet meta file, and {path} is {fmt.value}")
     refuse_cut_source(path, source, fmt)  # type: ignore[arg-type]
-    key = source.key.file_key(path)
+    key = source.key
     ends_hash = hash_ends(source)
-    cache = object_cache_path(path, source.size, source.key.etag)
+    cache = object_cache_path(str(path), key)
     with contextlib.suppress(OSError):
         cache.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -89,7 +84,7 @@ class ObjectSpans:
     """The bytes of an object as :class:`~rank_dataset.files.io.pread.Window` asks them (a RangeLoader):
     the ranges of a batch merged where less than ``COALESCE`` bytes lie between them, one GET each."""
 
-    def __init__(self, source: ObjectFile) -> None:
+    def __init__(self, source: ByteSource) -> None:
         self.source = source
 
     def load(
@@ -133,7 +128,7 @@ class ObjectBytes:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._source: ObjectFile | None = None
+        self._source: ByteSource | None = None
         self._rows: tuple[tuple[int, object], ParquetRows] | None = None  # a Parquet object's footer, read
         self._pid = 0
         self._lock = threading.Lock()
@@ -144,17 +139,15 @@ class ObjectBytes:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(UrlPath(state["path"]))  # type: ignore[misc, arg-type]
 
-    def source(self, key: FileKey) -> ObjectFile:
+    def source(self, key: SourceKey) -> ByteSource:
         """The object, checked to be the one indexed (``key``)."""
         with self._lock:
             if self._source is None or self._pid != os.getpid():
                 try:
-                    source = ObjectFile(self.path)
+                    self._source = open_source(self.path, key=key)
                 except FileNotFoundError:
                     raise MetaFileChangedError(self.path, "it was deleted") from None
-                if source.key.file_key(str(self.path)) != key:
-                    raise MetaFileChangedError(self.path, "it was replaced since it was indexed (its ETag changed)")
-                self._source, self._pid = source, os.getpid()
+                self._pid = os.getpid()
             return self._source
 
     @contextlib.contextmanager
@@ -164,7 +157,9 @@ class ObjectBytes:
         if not index.format.compressed:
             yield ObjectSpans(source)
             return
-        spans = SpanSource(self.path, source, read_checkpoints(index), lambda: ObjectFile(self.path, source.key))
+        spans = SpanSource(
+            self.path, source, read_checkpoints(index), lambda: open_source(self.path, key=source.key, checked=False)
+        )
         try:
             yield spans
         finally:
@@ -208,6 +203,6 @@ class ObjectBytes:
                 return cast(SpanSource, spans).read(start, stop).count(b"\n")
         return sum(block.count(b"\n") for block in self.source(index.key).stream(start, stop))
 
-    def check(self, fd: object, key: FileKey) -> None:
+    def check(self, fd: object, key: SourceKey) -> None:
         """Raise MetaFileChangedError if the object is no longer the one indexed (one HEAD)."""
         self.source(key).check()

@@ -19,22 +19,16 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from rank_dataset.core.checks import URL_SCHEMES, is_url
-
 __all__ = [
     "CLOUD_EXTRA",
-    "SCHEMES",
     "acquire",
     "budget",
-    "is_url",
     "object_store",
     "split_url",
     "start_delay",
     "status_of",
 ]
 
-#: The schemes read as objects: S3, GCS, Azure, and HTTP servers that honour Range.
-SCHEMES = URL_SCHEMES
 CLOUD_EXTRA = "pip install 'rank-dataset[cloud]'"
 
 #: Requests in flight at once in one process, by default (RANK_DATASET_OBJECT_REQUESTS sets it): with 8

@@ -2,7 +2,7 @@
 read through, unaware of whether the bytes are on a disk or in a bucket.
 
 A source has an identity (:attr:`ByteSource.key`: what identifies its content without reading it; a
-local file's size, mtime, ctime and inode, an object's size and ETag), positional reads that are
+local file's size, mtime, ctime and inode, an object's URL, size and ETag), positional reads that are
 exact (a short one means the content changed: :class:`~rank_dataset.errors.MetaFileChangedError`),
 and streaming reads front to back. :meth:`ByteSource.check` tells whether the content is still the one
 the key describes.
@@ -11,19 +11,97 @@ the key describes.
 from __future__ import annotations
 
 import hashlib
+import os
+import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ENDS", "STREAM_BLOCK", "ByteSource", "hash_ends", "read_ends"]
+__all__ = ["ENDS", "STREAM_BLOCK", "ByteSource", "FileKey", "ObjectKey", "SourceKey", "hash_ends", "read_ends"]
 
 #: Bytes of each end of a file that identify it cheaply, with its size (:func:`read_ends`).
 ENDS = 1 << 16
 #: Bytes a streaming read hands out at a time, by default.
 STREAM_BLOCK = 16 << 20
+
+
+@dataclass(frozen=True)
+class FileKey:
+    """What identifies a file's content without reading it: ``fstat`` fields that change with it."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+    device: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileKey:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+    def __reduce__(self) -> tuple[type[FileKey], tuple[int, int, int, int, int]]:
+        # Positional: a key travels in every pickled dataset (to each DataLoader worker).
+        return FileKey, (self.size, self.mtime_ns, self.ctime_ns, self.inode, self.device)
+
+    def matches(self, st: os.stat_result) -> bool:
+        """Whether ``st`` is this file unchanged (the common case of :meth:`change`, without objects)."""
+        mine = (self.size, self.mtime_ns, self.ctime_ns, self.inode, self.device)
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev) == mine
+
+    def digest(self) -> bytes:
+        """What a cache's header holds of this key, but for its size; not the device, which one file shared
+        over NFS has a different one on each client (git leaves st_dev out of its index check for that reason)."""
+        packed = struct.pack("<qqqq", self.size, self.mtime_ns, self.ctime_ns, self.inode)
+        return hashlib.blake2b(packed, digest_size=24).digest()
+
+    def change(self, now: SourceKey) -> str | None:
+        """What differs between the file as indexed (``self``) and ``now``, in words; None if nothing."""
+        if not isinstance(now, FileKey):
+            return "it was replaced by an object"
+        if (now.inode, now.device) != (self.inode, self.device):
+            return "it was replaced by another file (another inode)"
+        if now.size != self.size:
+            return f"its size changed from {self.size:,} to {now.size:,} bytes"
+        if now.mtime_ns != self.mtime_ns:
+            return "it was modified (its mtime changed)"
+        if now.ctime_ns != self.ctime_ns:
+            return "it was modified or its mtime was set back (its ctime changed)"
+        return None
+
+
+@dataclass(frozen=True)
+class ObjectKey:
+    """What identifies an object's content without reading it: its URL, size and ETag (or, from a server
+    that gives no ETag, its last-modified time)."""
+
+    url: str
+    size: int
+    etag: str | None
+    modified: str | None = None
+
+    def digest(self) -> bytes:
+        """What a cache's header holds of this key, but for its size."""
+        return hashlib.blake2b(f"{self.url}\n{self.etag}\n{self.modified}".encode(), digest_size=24).digest()
+
+    def change(self, now: SourceKey) -> str | None:
+        """What differs between the object as indexed (``self``) and ``now``, in words; None if nothing."""
+        if not isinstance(now, ObjectKey) or now.url != self.url:
+            return "it was replaced by another object"
+        if now.size != self.size:
+            return f"its size changed from {self.size:,} to {now.size:,} bytes"
+        if now.etag != self.etag:
+            return f"it was replaced (its ETag changed from {self.etag} to {now.etag})"
+        if now.modified != self.modified:
+            return "it was replaced (its last-modified time changed)"
+        return None
+
+
+#: What identifies a source's content: a local file's :class:`FileKey`, an object's :class:`ObjectKey`.
+SourceKey = FileKey | ObjectKey
 
 
 class ByteSource(Protocol):
@@ -35,8 +113,18 @@ class ByteSource(Protocol):
         ...
 
     @property
+    def key(self) -> SourceKey:
+        """What identifies its content (checked at open, or by :meth:`check`)."""
+        ...
+
+    @property
     def size(self) -> int:
         """Its bytes, as its key says."""
+        ...
+
+    @property
+    def local(self) -> bool:
+        """Whether it is a file of this machine's file systems (which a descriptor reads), not an object."""
         ...
 
     def read(self, offset: int, count: int) -> bytes:
@@ -55,6 +143,10 @@ class ByteSource(Protocol):
         """
         ...
 
+    def pread(self, count: int, offset: int) -> bytes:
+        """As ``os.pread``: up to ``count`` bytes at ``offset`` (fewer at the end only)."""
+        ...
+
     def stream(self, start: int = 0, stop: int | None = None, block: int = STREAM_BLOCK) -> Iterator[bytes]:
         """Bytes ``[start, stop)`` (to the end, by default) in order, at most ``block`` at a time."""
         ...
@@ -65,17 +157,12 @@ class ByteSource(Protocol):
 
     def close(self) -> None: ...
 
+    def __enter__(self) -> ByteSource: ...
 
-class Positional(Protocol):
-    """What :func:`read_ends` reads: a size and exact positional reads (a :class:`ByteSource` has both)."""
-
-    @property
-    def size(self) -> int: ...
-
-    def read_into(self, out: npt.NDArray[np.uint8], offset: int) -> None: ...
+    def __exit__(self, *exc: object) -> None: ...
 
 
-def read_ends(source: Positional) -> bytes:
+def read_ends(source: ByteSource) -> bytes:
     """The first and the last :data:`ENDS` bytes of ``source`` (all of it, twice, if it is shorter):
     what the index's cache and the fingerprint identify a file's content by, with its size.
 
@@ -89,6 +176,6 @@ def read_ends(source: Positional) -> bytes:
     return head.tobytes() + tail.tobytes()
 
 
-def hash_ends(source: Positional) -> bytes:
+def hash_ends(source: ByteSource) -> bytes:
     """A 16-byte hash of :func:`read_ends`: what an index cache is checked against."""
     return hashlib.blake2b(read_ends(source), digest_size=16).digest()

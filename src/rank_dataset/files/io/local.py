@@ -8,73 +8,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.io.base import STREAM_BLOCK
+from rank_dataset.files.io.base import STREAM_BLOCK, FileKey, SourceKey
 from rank_dataset.files.io.pread import pread_exact
 
 __all__ = ["FileKey", "LocalFile", "raise_if_changed", "read_exact"]
 
 
-@dataclass(frozen=True)
-class FileKey:
-    """What identifies a file's content without reading it: ``fstat`` fields that change with it."""
-
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-    inode: int
-    device: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> FileKey:
-        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-
-    def __reduce__(self) -> tuple[type[FileKey], tuple[int, int, int, int, int]]:
-        # Positional: a key travels in every pickled dataset (to each DataLoader worker).
-        return FileKey, (self.size, self.mtime_ns, self.ctime_ns, self.inode, self.device)
-
-    def same_file(self, other: FileKey) -> bool:
-        """Equal but for the device, which one file shared over NFS has a different one on each client
-        (git leaves st_dev out of its index check for that reason): what a cache is matched on."""
-        return (self.size, self.mtime_ns, self.ctime_ns, self.inode) == (
-            other.size,
-            other.mtime_ns,
-            other.ctime_ns,
-            other.inode,
-        )
-
-    def matches(self, st: os.stat_result) -> bool:
-        """Whether ``st`` is this file unchanged (the common case of :meth:`change`, without objects)."""
-        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev) == (
-            self.size,
-            self.mtime_ns,
-            self.ctime_ns,
-            self.inode,
-            self.device,
-        )
-
-    def change(self, now: FileKey) -> str | None:
-        """What differs between the file as indexed (``self``) and ``now``, in words; None if nothing."""
-        if (now.inode, now.device) != (self.inode, self.device):
-            return "it was replaced by another file (another inode)"
-        if now.size != self.size:
-            return f"its size changed from {self.size:,} to {now.size:,} bytes"
-        if now.mtime_ns != self.mtime_ns:
-            return "it was modified (its mtime changed)"
-        if now.ctime_ns != self.ctime_ns:
-            return "it was modified or its mtime was set back (its ctime changed)"
-        return None
-
-
-def raise_if_changed(path: Path, key: FileKey, st: os.stat_result) -> None:
+def raise_if_changed(path: Path, key: SourceKey, st: os.stat_result) -> None:
     """Raise MetaFileChangedError saying how if ``st`` is not the file ``key`` describes."""
-    if not key.matches(st):
+    if not isinstance(key, FileKey) or not key.matches(st):
         what = key.change(FileKey.of(st))
         if what is not None:
             raise MetaFileChangedError(path, what)
@@ -100,7 +48,7 @@ class LocalFile:
     without, it is the file as it is now (FileNotFoundError if none).
     """
 
-    def __init__(self, path: Path, key: FileKey | None = None, *, checked: bool = True) -> None:
+    def __init__(self, path: Path, key: SourceKey | None = None, *, checked: bool = True) -> None:
         self.path = path
         try:
             self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -124,11 +72,16 @@ class LocalFile:
     def size(self) -> int:
         return self.key.size
 
+    local = True
+
     def read(self, offset: int, count: int) -> bytes:
         return read_exact(self.fd, self.path, offset, count)
 
     def read_into(self, out: npt.NDArray[np.uint8], offset: int) -> None:
         pread_exact(self.fd, out, offset)
+
+    def pread(self, count: int, offset: int) -> bytes:
+        return os.pread(self.fd, count, offset)
 
     def stream(self, start: int = 0, stop: int | None = None, block: int = STREAM_BLOCK) -> Iterator[bytes]:
         stop = self.size if stop is None else stop

@@ -18,25 +18,23 @@ Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL`
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import UrlPath
+from rank_dataset.core.checks import UrlPath, is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files.io._stores import acquire, budget, is_url, object_store, split_url, status_of
-from rank_dataset.files.io.base import STREAM_BLOCK
-from rank_dataset.files.io.local import FileKey
+from rank_dataset.files.io._stores import acquire, budget, object_store, split_url, status_of
+from rank_dataset.files.io.base import STREAM_BLOCK, ByteSource, ObjectKey
 from rank_dataset.files.io.pread import ShortRead
 
-__all__ = ["COUNTS", "REQUEST", "ObjectFile", "ObjectIO", "ObjectKey", "UrlPath", "is_url"]
+__all__ = ["COUNTS", "REQUEST", "ObjectFile", "ObjectIO"]
 
 #: This process's requests to object stores so far: HEADs, GETs and bytes received (for the tests
 #: and the benchmark; a forked child starts from its parent's).
@@ -51,47 +49,15 @@ _ATTEMPTS = 4  # asks of a range whose body came back short, before it is called
 _TIMEOUT = 1800.0
 
 
-@dataclass(frozen=True)
-class ObjectKey:
-    """What identifies an object's content without reading it: its size and ETag (or, from a server
-    that gives no ETag, its last-modified time)."""
-
-    size: int
-    etag: str | None
-    modified: str | None = None
-
-    def change(self, now: ObjectKey) -> str | None:
-        """What differs between the object as indexed (``self``) and ``now``, in words; None if nothing."""
-        if now.size != self.size:
-            return f"its size changed from {self.size:,} to {now.size:,} bytes"
-        if now.etag != self.etag:
-            return f"it was replaced (its ETag changed from {self.etag} to {now.etag})"
-        if now.modified != self.modified:
-            return "it was replaced (its last-modified time changed)"
-        return None
-
-    def same_file(self, other: object) -> bool:
-        return isinstance(other, ObjectKey) and self.change(other) is None
-
-    def file_key(self, url: str) -> FileKey:
-        """The key an index of the object is cached under, in a cache file's fields: the size, the
-        ETag's hash where a file's mtime and ctime go, the URL's hash where its inode goes."""
-        tag = _hash63(self.etag or self.modified or "")
-        return FileKey(self.size, tag, tag, _hash63(url), 0)
-
-
-def _hash63(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
-
-
 class ObjectFile:
     """The object at ``url`` (a :class:`~rank_dataset.files.io.base.ByteSource`).
 
-    With ``key``, reads are pinned to the object ``key`` describes (no request at construction);
-    without, one HEAD learns its size and ETag: a missing object or bucket, or credentials refused,
-    raise here, naming the URL and the HTTP status. Picklable: another process makes its own client.
-    ``storage_options`` and ``timeout`` default to those ``url`` carries (a
-    :class:`~rank_dataset.core.checks.UrlPath`'s), else the environment's and :data:`_TIMEOUT`.
+    With ``key``, reads are pinned to the object ``key`` describes (no request at construction; with
+    ``checked``, one HEAD, MetaFileChangedError if it is not that object); without, one HEAD learns its
+    size and ETag: a missing object or bucket, or credentials refused, raise here, naming the URL and
+    the HTTP status. Picklable: another process makes its own client. ``storage_options`` and
+    ``timeout`` default to those ``url`` carries (a :class:`~rank_dataset.core.checks.UrlPath`'s), else
+    the environment's and :data:`_TIMEOUT`.
     """
 
     def __init__(
@@ -101,21 +67,28 @@ class ObjectFile:
         *,
         storage_options: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        checked: bool = False,
     ) -> None:
         if not is_url(url):
             raise ValueError(f"{url!r} is not an object URL (s3://, gs://, az://, abfs://, http(s)://)")
         # The settings given win over those the URL carries (a UrlPath's, e.g. a Source's).
-        self.path = UrlPath(cast(str, url), storage_options, timeout)
-        self._directory, self._name = split_url(self.path)
-        self.storage_options = self.path.storage_options
-        self.timeout = _TIMEOUT if self.path.timeout is None else float(self.path.timeout)
-        self.key = self._head() if key is None else key
+        where = UrlPath(cast(str, url), storage_options, timeout)
+        self.path = cast(Path, where)  # a UrlPath where a local file's source has its Path
+        self._directory, self._name = split_url(where)
+        self.storage_options = where.storage_options
+        self.timeout = _TIMEOUT if where.timeout is None else float(where.timeout)
+        self.key = self._head() if key is None or checked else key
+        what = key.change(self.key) if key is not None and checked else None
+        if what is not None:
+            raise MetaFileChangedError(self.path, what)
         self._ahead: tuple[int, bytes] | None = None  # the block of a read in order (read_into's until)
         self._next = 0  # where a read in order (pread) would start next
 
     @property
     def size(self) -> int:
         return self.key.size
+
+    local = False
 
     def _store(self) -> Any:
         return object_store(self._directory, self.storage_options, self.timeout)
@@ -134,7 +107,7 @@ class ObjectFile:
         except Exception as exc:
             raise _failure(self.path, exc, self.timeout) from None
         modified = None if meta.get("e_tag") else str(meta.get("last_modified"))
-        return ObjectKey(int(meta["size"]), meta.get("e_tag"), modified)
+        return ObjectKey(str(self.path), int(meta["size"]), meta.get("e_tag"), modified)
 
     def _options(self, start: int, stop: int) -> dict[str, Any]:
         options: dict[str, Any] = {"range": (start, stop)}
@@ -301,11 +274,11 @@ class ObjectFile:
 
 
 class ObjectIO(io.RawIOBase):
-    """A seekable read-only file object over an :class:`ObjectFile` (for pyarrow's ParquetFile): a read
+    """A seekable read-only file object over a source (for pyarrow's ParquetFile): a read
     is one ranged GET of exactly the bytes asked, pinned to the object's ETag (a footer costs a GET or
     two), but for reads inside the ranges last :meth:`hold`-ed, served from memory."""
 
-    def __init__(self, source: ObjectFile) -> None:
+    def __init__(self, source: ByteSource) -> None:
         self._source, self._pos = source, 0
         self._held: list[tuple[int, bytes]] = []
 
@@ -358,7 +331,7 @@ def _coalesced(starts: Sequence[int], stops: Sequence[int]) -> list[tuple[int, i
     return merged
 
 
-def _failure(url: str, exc: BaseException, timeout: float) -> OSError:
+def _failure(url: object, exc: BaseException, timeout: float) -> OSError:
     """The error of a request that failed for good, naming the URL, the status and the timeout that
     bounded its retries."""
     import obstore.exceptions as errors

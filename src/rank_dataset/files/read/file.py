@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from rank_dataset.core.checks import is_url
+from rank_dataset.core.checks import UrlPath
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import SpanSource
-from rank_dataset.files.index.load import FileKey, Index, load_index, read_checkpoints
-from rank_dataset.files.io import LocalFile, raise_if_changed
+from rank_dataset.files.index.load import Index, load_index, read_checkpoints
+from rank_dataset.files.io import LocalFile, SourceKey, raise_if_changed
 from rank_dataset.files.io.pread import RangeLoader, ShortRead, count_newlines
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class FileBytes:
         with LocalFile(self.path) as local:
             return count_newlines(local.fd, stop, start)
 
-    def check(self, fd: int | RangeLoader, key: FileKey) -> None:
+    def check(self, fd: int | RangeLoader, key: SourceKey) -> None:
         """Raise MetaFileChangedError if the file open at ``fd`` is not the one ``key`` describes."""
         if not isinstance(fd, int):
             if not isinstance(fd, SpanSource):
@@ -156,7 +156,7 @@ class FileBytes:
 
 def bytes_of(path: Path) -> FileBytes:
     """The bytes of the meta file ``path``: a local file's, or an object's (ranged GETs)."""
-    if not is_url(path):
+    if not isinstance(path, UrlPath):  # as meta_path makes it
         return FileBytes(path)
     from rank_dataset.files.index.objects import ObjectBytes  # on first use: a job over local files reads no object
 

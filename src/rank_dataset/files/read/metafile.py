@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import UrlPath, check_index, is_url, meta_path, with_storage
+from rank_dataset.core.checks import UrlPath, check_index, meta_path, with_storage
 from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.core.shard import Shard
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
@@ -48,9 +48,9 @@ _TRIES = 3  # reads of a file whose index disagrees with it, rebuilding the inde
 _T = TypeVar("_T")
 
 
-def _path_of(name: str) -> Path:
-    """A path as pickled (a str) made a path again: an object's URL stays whole (a Path folds ``//``)."""
-    return cast(Path, UrlPath(name)) if is_url(name) else Path(name)  # a UrlPath keeps its settings
+def _path_of(name: str | UrlPath) -> Path:
+    """A path as pickled made a path again: an object's URL is pickled as the UrlPath it is."""
+    return cast(Path, name) if isinstance(name, UrlPath) else Path(name)
 
 
 class MetaFile:
@@ -153,7 +153,7 @@ class MetaFile:
         # receives a dataset whose shard is in shared memory never touches the meta files (they may
         # even be gone), and one that does read checks them against these keys first.
         # An object's UrlPath is kept as it is: its storage settings go with it, never a client.
-        files = [(f.path if is_url(f.path) else str(f.path), f.index) for f in self._files]
+        files = [(f.path if isinstance(f.path, UrlPath) else str(f.path), f.index) for f in self._files]
         return {"files": files, "fingerprint": self._fingerprint, "file_fingerprints": self._file_fingerprints}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

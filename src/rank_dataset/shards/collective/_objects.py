@@ -1,6 +1,6 @@
 """Meta files in object storage, for the collective reader: one HEAD per object a job (by rank 0),
 told to every rank with the object's format, so that every rank's GETs are pinned to the same ETag
-and no rank asks the store anything at the making but its own slice. No torch.
+and no rank asks the store anything at the making but its own slice.
 """
 
 from __future__ import annotations
@@ -8,21 +8,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from rank_dataset.core.checks import is_url
+from rank_dataset.core.checks import UrlPath
 from rank_dataset.files.formats import Format, by_name, detect_source, refuse_cut_source
-from rank_dataset.files.io import FileKey, ObjectFile, ObjectKey
-from rank_dataset.shards._text import pin_object
+from rank_dataset.files.io import SourceKey, open_source
 from rank_dataset.shards.collective._dist import Collectives
 
 __all__ = ["shared_objects"]
 
 
-def shared_objects(net: Collectives, paths: Sequence[Path]) -> dict[int, tuple[FileKey, Format]]:
+def shared_objects(net: Collectives, paths: Sequence[Path]) -> dict[int, tuple[SourceKey, Format]]:
     """For each path that is an object's URL (by its number): the key it is read under and its format,
     from rank 0's one HEAD (and first bytes), sent to every rank (or the error rank 0 met, raised on
     every rank: a missing object, a missing bucket, credentials refused, naming the URL and status).
     """
-    urls = [i for i, p in enumerate(paths) if is_url(p)]
+    urls = [i for i, p in enumerate(paths) if isinstance(p, UrlPath)]  # as meta_path makes them
     if not urls:
         return {}
     found: list[object] = [None]
@@ -30,7 +29,7 @@ def shared_objects(net: Collectives, paths: Sequence[Path]) -> dict[int, tuple[F
         try:
             got = []
             for i in urls:
-                source = ObjectFile(paths[i])
+                source = open_source(paths[i])
                 fmt = detect_source(source)
                 refuse_cut_source(paths[i], source, fmt)
                 got.append((source.key, fmt.value))
@@ -40,10 +39,5 @@ def shared_objects(net: Collectives, paths: Sequence[Path]) -> dict[int, tuple[F
     net.broadcast(found, "the objects' keys")
     if isinstance(found[0], BaseException):
         raise found[0]
-    keys: list[tuple[ObjectKey, str]] = found[0]  # type: ignore[assignment]
-    out = {}
-    for i, (key, fmt_name) in zip(urls, keys):
-        file_key = key.file_key(str(paths[i]))
-        pin_object(str(paths[i]), file_key, key)
-        out[i] = (file_key, by_name(fmt_name))
-    return out
+    keys: list[tuple[SourceKey, str]] = found[0]  # type: ignore[assignment]
+    return {i: (key, by_name(fmt_name)) for i, (key, fmt_name) in zip(urls, keys)}

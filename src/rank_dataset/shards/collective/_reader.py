@@ -13,7 +13,8 @@ from typing import Any
 from rank_dataset.core.checks import meta_path, timeout_timedelta
 from rank_dataset.core.shard import Shard
 from rank_dataset.files.formats import TEXT, detect_path
-from rank_dataset.files.index.load import FileKey, check_columns, refuse_cut_parquet
+from rank_dataset.files.index.load import check_columns, refuse_cut_parquet
+from rank_dataset.files.io import FileKey, SourceKey
 from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards._text import open_checked
@@ -85,7 +86,9 @@ class CollectiveReader(SampledReader):
         columns: list[tuple[str, ...] | None],
     ) -> None:
         objects = shared_objects(net, self.paths)  # objects' URLs: one HEAD (rank 0's), told to all
-        keys = [objects[i][0] if i in objects else FileKey.of(os.stat(p)) for i, p in enumerate(self.paths)]
+        keys: list[SourceKey] = [
+            objects[i][0] if i in objects else FileKey.of(os.stat(p)) for i, p in enumerate(self.paths)
+        ]
         formats = [objects[i][1] if i in objects else detect_path(p) for i, p in enumerate(self.paths)]
         for i, (path, key, fmt, cols) in enumerate(zip(self.paths, keys, formats, columns)):
             check_columns(path, fmt, cols)

@@ -18,8 +18,9 @@ from rank_dataset.core.shard import offset_dtype
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import PARQUET, Checkpoints, Format
 from rank_dataset.files.index.fingerprints import fingerprints
-from rank_dataset.files.index.load import FileKey, checkpoints_of
+from rank_dataset.files.index.load import checkpoints_of
 from rank_dataset.files.index.scan import NEWLINE, scan_buffer
+from rank_dataset.files.io import SourceKey
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.shards._rows import RowsText
 from rank_dataset.shards._text import Text, chunks
@@ -108,7 +109,7 @@ class Slices:
 def count_slices(
     net: Collectives,
     paths: tuple[Path, ...],
-    keys: Sequence[FileKey],
+    keys: Sequence[SourceKey],
     formats: Sequence[Format],
     columns: Sequence[tuple[str, ...] | None],
     checkpoints: Sequence[Checkpoints | None],
@@ -181,7 +182,7 @@ def _count(
 
 
 def shared_checkpoints(
-    net: Collectives, paths: Sequence[Path], keys: Sequence[FileKey], formats: Sequence[Format]
+    net: Collectives, paths: Sequence[Path], keys: Sequence[SourceKey], formats: Sequence[Format]
 ) -> list[Checkpoints | None]:
     """The checkpoints of each gzip and zstd file (None for another): rank 0 loads them from each
     file's index (which it makes if there is none: one decompression of the file per job) and
@@ -204,7 +205,7 @@ def shared_checkpoints(
 
 
 def shared_fingerprints(
-    net: Collectives, slices: Slices, keys: Sequence[FileKey], file_samples: _Ints
+    net: Collectives, slices: Slices, keys: Sequence[SourceKey], file_samples: _Ints
 ) -> tuple[str, tuple[str, ...]]:
     """MetaFile's fingerprints of the files (together, each alone): read by rank 0, sent to all."""
     if net.rank == 0:
