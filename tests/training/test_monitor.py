@@ -69,7 +69,7 @@ def test_a_hung_transform_in_a_worker_is_dumped_by_its_rank(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.longest  # about 2 minutes, mostly its steps' sleeps
+@pytest.mark.alone  # whether a rank is slow is a matter of time: beside other tests' ranks, one is
 def test_a_clean_run_reports_no_stall_and_no_slow_rank(tmp_path: Path) -> None:
     # About 2 minutes: 9600 steps of 4 ranks, a 10 ms training step each, 96 summaries.
     results, _log, run_dir = _run(tmp_path, "clean", 4, 8000, 9600, timeout=900)
