@@ -1,0 +1,155 @@
+"""Many hosts, for real: jobs under torchrun across the bed's hosts (network namespaces on a bridge, each
+with its own ``/dev/shm``, ``/tmp`` and cache directory; a shared directory; a bucket behind a proxy that
+counts and fails requests). 2 hosts x 2 ranks here; ``python tests/multihost/bed.py --hosts 4`` runs them
+at 4 x 2.
+
+Each test is one job of K torchruns (an agent and L ranks a host, each importing torch): they run alone,
+after the parallel part of ``make test``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from multihost import worker
+from multihost.bed import Bed, Size
+from rank_dataset import RankDataset
+from tests_helpers import imagenet_line
+
+pytestmark = [pytest.mark.alone]
+
+WORKER = Path(worker.__file__)
+LINES = 40_000
+SERVER_PORT = 28889
+
+
+@pytest.fixture(scope="module")
+def meta(bed: Bed) -> Path:
+    """A meta file on the shared directory (the same bytes are the bucket's ``meta.txt``)."""
+    path = bed.shared / "meta.txt"
+    data = "".join(f"{imagenet_line(i)}\n" for i in range(LINES)).encode()
+    path.write_bytes(data)
+    bed.put("meta.txt", data)
+    return path
+
+
+@pytest.fixture(scope="module")
+def expected(meta: Path, size: Size, tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
+    """Each rank's digests at epochs 0 and 1, planned in this one process (rank=, world_size=), from a copy
+    of the file: an index cached beside the shared one would be every host's."""
+    copy = tmp_path_factory.mktemp("one-process") / meta.name
+    copy.write_bytes(meta.read_bytes())
+    out = []
+    for rank in range(size.world):
+        ds = RankDataset(copy, reload_cfg={"seed": worker.SEED}, rank=rank, world_size=size.world)
+        digests = []
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            digests.append(worker.items_digest(ds))
+        out.append(digests)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(bed: Bed, meta: Path) -> Iterator[str]:
+    """The meta server of the shared file, on the first host, for every host's ranks."""
+    host = bed.hosts[0]
+    cmd = [sys.executable, "-m", "rank_dataset", "serve", str(meta), "--host", "0.0.0.0", "--port", str(SERVER_PORT)]
+    proc = host.popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://{host.ip}:{SERVER_PORT}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/healthz", timeout=5).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"the meta server did not start: {proc.communicate()[1][-2000:]}") from None
+            time.sleep(0.3)
+    yield url
+    proc.kill()
+    proc.communicate()
+
+
+def job(bed: Bed, size: Size, name: str, *args: object, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Run the worker on every host and return each rank's result, in rank order."""
+    out = bed.scratch / name
+    done = bed.torchrun(WORKER, args[0], out, *args[1:], ranks=size.ranks, env=env)
+    logs = "\n".join(f"--- {bed.hosts[i].name}: {d.returncode}\n{d.stderr[-3000:]}" for i, d in enumerate(done))
+    assert all(d.returncode == 0 for d in done), logs
+    return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in range(size.world)]
+
+
+def test_every_reader_across_hosts_gives_the_shards_of_one_process(
+    bed: Bed, size: Size, meta: Path, expected: list[list[str]], server: str
+) -> None:
+    readers = ["file", "collective", "server", "object-file", "object-collective"]
+    results = job(bed, size, "shards", "shards", ",".join(readers), meta, f"s3://meta/{meta.name}", server)
+    assert sorted({r["host"] for r in results}) == sorted(h.name for h in bed.hosts)
+    for rank, result in enumerate(results):
+        for reader in readers:
+            assert result[reader] == expected[rank], (reader, rank, result["host"])
+    # Each host built the index of the shared file and of the object once, in its own cache directory;
+    # none went to the shared directory (read-only to the job, as a data set's directory usually is).
+    for host in bed.hosts:
+        caches = sorted(p.relative_to(host.cache_dir).as_posix() for p in host.cache_dir.rglob("*.rdidx"))
+        assert len(caches) == 2, (host.name, caches)
+        assert [c.startswith("rank-dataset/objects/") for c in caches].count(True) == 1, caches
+    assert not [p for p in bed.shared.rglob("*") if ".rdidx" in p.name], list(bed.shared.rglob("*"))
+    # The collective reader reads the file once per build for the whole job: at the shared directory (the
+    # bytes every rank's process read in epoch 1's set_epoch) and at the store (GET bytes through the proxy).
+    file_size = meta.stat().st_size
+    read = sum(r["collective/read_chars"] for r in results)
+    assert file_size <= read <= 1.05 * file_size + size.world * (1 << 20), (read / file_size, read)
+    before, after = results[0]["object-collective/store"]
+    get_bytes = after["GET"]["bytes"] - before.get("GET", {}).get("bytes", 0)
+    gets = after["GET"]["requests"] - before.get("GET", {}).get("requests", 0)
+    assert file_size <= get_bytes <= 1.05 * file_size + size.world * (64 << 10), (get_bytes / file_size, get_bytes)
+    assert gets <= size.world + file_size // (32 << 20) + 1 + size.world, gets
+
+
+def test_the_monitor_names_a_slow_hosts_ranks(bed: Bed, size: Size, meta: Path) -> None:
+    slow_host = bed.hosts[-1].name
+    results = job(bed, size, "slow", "slow", meta, slow_host)
+    slow = sorted(r["rank"] for r in results if r["host"] == slow_host)
+    assert len(slow) == size.ranks
+    summaries = results[0]["summaries"]
+    assert len(summaries) >= 4, summaries
+    for summary in summaries[1:]:  # the first window holds the job's start
+        assert summary["slowest"]["rank"] in slow, summary["slowest"]
+        data = {r["rank"]: r["data_ms"] for r in summary["ranks"]}
+        fastest_slow = min(data[r] for r in slow)
+        assert all(data[r] < fastest_slow for r in data if r not in slow), data
+
+
+def test_a_bucket_failing_one_request_in_five_changes_no_shard(
+    bed: Bed, size: Size, meta: Path, expected: list[list[str]]
+) -> None:
+    # A new object of the same bytes, so that its index is built (through the failures) in this job; its
+    # cache asked for on the shared directory: one for the job, none on the hosts.
+    url = bed.put("again.txt", meta.read_bytes())
+    cache = bed.scratch / "cache"
+    before = {h.name: sorted(h.cache_dir.rglob("*.rdidx")) for h in bed.hosts}
+    bed.proxy_call("fail", every=5)
+    try:
+        env = {"RANK_DATASET_CACHE_DIR": str(cache)}
+        results = job(bed, size, "faults", "shards", "object-file,object-collective", meta, url, "-", env=env)
+        failed = bed.proxy_call("stats")["failed"]
+    finally:
+        bed.proxy_call("fail", every=0)
+    assert failed >= 5, failed
+    for rank, result in enumerate(results):
+        assert result["object-file"] == expected[rank], rank
+        assert result["object-collective"] == expected[rank], rank
+    assert len(list(cache.glob("*.rdidx"))) == 1, list(cache.iterdir())
+    assert {h.name: sorted(h.cache_dir.rglob("*.rdidx")) for h in bed.hosts} == before
