@@ -182,6 +182,17 @@ class Host:
             [*enter, *cmd], env={**self.env, **(env or {})}, text=True, preexec_fn=_pdeathsig, **kw
         )
 
+    def kill_all(self) -> None:
+        """SIGKILL every process on this host (but the one holding its namespaces): the host is lost."""
+        for _ in range(50):
+            pids = [p for p in _netns_pids(self.name) if p != self.holder.pid]
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+
     def run(
         self, cmd: Sequence[str], *, input: str | None = None, timeout: float = 120, **kw: Any
     ) -> subprocess.CompletedProcess[str]:
@@ -430,14 +441,42 @@ class Bed:
         ranks: int,
         hosts: Sequence[Host] | None = None,
         env: Mapping[str, str] | None = None,
-        per_host_env: Mapping[str, Mapping[str, str]] | None = None,
         timeout: float = 240,
     ) -> list[subprocess.CompletedProcess[str]]:
         """Run ``script`` under ``torchrun --nnodes K --nproc-per-node ranks`` on every host (or ``hosts``),
         the c10d rendezvous on the first; each host's torchrun's completed process (stderr holds its log).
         On a timeout every host's processes are killed and ``subprocess.TimeoutExpired`` raised."""
         chosen = list(hosts or self.hosts)
-        procs = [self.torchrun_start(h, chosen, script, *args, ranks=ranks, env={**(env or {}), **(per_host_env or {}).get(h.name, {})}) for h in chosen]
+        return self.wait(chosen, self.torchrun_start(script, *args, ranks=ranks, hosts=chosen, env=env), timeout)
+
+    def torchrun_start(
+        self,
+        script: Path,
+        *args: object,
+        ranks: int,
+        hosts: Sequence[Host] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> list[subprocess.Popen[str]]:
+        """Start the torchrun of a job on every host (or ``hosts``): a job of its own (its rendezvous id),
+        each one's output piped."""
+        chosen = list(hosts or self.hosts)
+        job = f"{self.tag}j{next(_count)}"
+        procs = []
+        for host in chosen:
+            cmd = [
+                sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(chosen)}",
+                f"--nproc-per-node={ranks}", "--rdzv-backend=c10d", f"--rdzv-endpoint={chosen[0].ip}:{RDZV_PORT}",
+                f"--rdzv-id={job}", f"--local-addr={host.ip}", "--max-restarts=0", str(script), *map(str, args),
+            ]  # fmt: skip
+            procs.append(host.popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        self._procs.extend(procs)
+        return procs
+
+    def wait(
+        self, hosts: Sequence[Host], procs: Sequence[subprocess.Popen[str]], timeout: float
+    ) -> list[subprocess.CompletedProcess[str]]:
+        """Wait for each host's process of ``procs`` to end; on a timeout kill every process of ``hosts``
+        (but the namespaces' holders) and raise ``subprocess.TimeoutExpired``."""
         deadline = time.monotonic() + timeout
         done = []
         try:
@@ -445,26 +484,13 @@ class Bed:
                 out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
                 done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
         except subprocess.TimeoutExpired:
-            for host in chosen:
-                _kill_netns_but(host)
+            for host in hosts:
+                host.kill_all()
             for proc in procs:
                 proc.kill()
                 proc.communicate()
             raise
         return done
-
-    def torchrun_start(
-        self, host: Host, hosts: Sequence[Host], script: Path, *args: object, ranks: int, env: Mapping[str, str]
-    ) -> subprocess.Popen[str]:
-        """Start ``host``'s torchrun of a job over ``hosts`` (its output piped)."""
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}", f"--nproc-per-node={ranks}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={hosts[0].ip}:{RDZV_PORT}", f"--rdzv-id={self.tag}",
-            f"--local-addr={host.ip}", "--max-restarts=0", str(script), *map(str, args),
-        ]  # fmt: skip
-        proc = host.popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        self._procs.append(proc)
-        return proc
 
     # -- removing ----------------------------------------------------------------------------------------
 
@@ -491,14 +517,6 @@ class Bed:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _kill_netns_but(host: Host) -> None:
-    """Kill every process on ``host`` but the one holding its namespaces."""
-    for pid in _netns_pids(host.name):
-        if pid != host.holder.pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

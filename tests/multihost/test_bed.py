@@ -14,15 +14,17 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from multihost import worker
-from multihost.bed import Bed, Size
-from rank_dataset import RankDataset
+from torch.utils.data import DataLoader
+
+from multihost.bed import Bed, Host, Size
+from rank_dataset import RankDataset, StepSampler
 from tests_helpers import imagenet_line
 
 pytestmark = [pytest.mark.alone]
@@ -81,13 +83,21 @@ def server(bed: Bed, meta: Path) -> Iterator[str]:
     proc.communicate()
 
 
-def job(bed: Bed, size: Size, name: str, *args: object, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Run the worker on every host and return each rank's result, in rank order."""
+def job(
+    bed: Bed,
+    size: Size,
+    name: str,
+    *args: object,
+    env: dict[str, str] | None = None,
+    hosts: Sequence[Host] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the worker on every host (or ``hosts``) and return each rank's result, in rank order."""
     out = bed.scratch / name
-    done = bed.torchrun(WORKER, args[0], out, *args[1:], ranks=size.ranks, env=env)
-    logs = "\n".join(f"--- {bed.hosts[i].name}: {d.returncode}\n{d.stderr[-3000:]}" for i, d in enumerate(done))
+    chosen = list(hosts or bed.hosts)
+    done = bed.torchrun(WORKER, args[0], out, *args[1:], ranks=size.ranks, env=env, hosts=chosen)
+    logs = "\n".join(f"--- {chosen[i].name}: {d.returncode}\n{d.stderr[-3000:]}" for i, d in enumerate(done))
     assert all(d.returncode == 0 for d in done), logs
-    return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in range(size.world)]
+    return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in range(len(chosen) * size.ranks)]
 
 
 def test_every_reader_across_hosts_gives_the_shards_of_one_process(
@@ -153,3 +163,57 @@ def test_a_bucket_failing_one_request_in_five_changes_no_shard(
         assert result["object-collective"] == expected[rank], rank
     assert len(list(cache.glob("*.rdidx"))) == 1, list(cache.iterdir())
     assert {h.name: sorted(h.cache_dir.rglob("*.rdidx")) for h in bed.hosts} == before
+
+
+def test_a_host_lost_mid_epoch_resumes_on_the_others_from_the_saved_step(
+    bed: Bed, size: Size, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Training by steps until the last host is lost at step KILL_AT (SIGKILL of all its processes), mid-epoch;
+    # the job restarted on the K - 1 others from the last saved state trains the definition's remainder.
+    if size.hosts < 2:
+        pytest.skip("a host lost needs two hosts or more")
+    kill_at, last = 47, 160  # 2,000 samples in global batches of 16: 125 steps an epoch
+    small = bed.shared / "small.txt"
+    small.write_text("".join(f"{imagenet_line(i)}\n" for i in range(2_000)))
+    state = bed.scratch / "loss.state.json"
+    victim, survivors = bed.hosts[-1], bed.hosts[:-1]
+    lost, resumed = bed.scratch / "lost", bed.scratch / "resumed"
+    procs = bed.torchrun_start(WORKER, "train", lost, small, state, victim.name, kill_at, last, ranks=size.ranks)
+    deadline = time.monotonic() + 240
+    while not Path(f"{lost}.victim").exists():
+        assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+        assert time.monotonic() < deadline, "the job did not reach the step where the host is lost"
+        time.sleep(0.2)
+    victim.kill_all()
+    ended = bed.wait(bed.hosts, procs, timeout=180)
+    assert all(e.returncode != 0 for e in ended[:-1]), [e.stderr[-2000:] for e in ended]
+    saved = json.loads(state.read_text())
+    world = len(survivors) * size.ranks
+    results = job(bed, size, "resumed", "train", small, state, "-", -1, last, hosts=survivors)
+    # The last state saved is of the last step every rank finished before the loss (saved every SAVE_EVERY).
+    start = kill_at // worker.SAVE_EVERY * worker.SAVE_EVERY
+    assert saved["step"] == start, saved
+    assert {r["start"] for r in results} == {start}
+
+    # The definition: global batches 0 .. last - 1, planned in one process.
+    copy = tmp_path_factory.mktemp("node-loss") / small.name
+    copy.write_bytes(small.read_bytes())
+    ds = RankDataset(copy, reload_cfg=worker.CFG, rank=0, world_size=1)
+    loader = DataLoader(ds, batch_sampler=StepSampler(ds, worker.BATCH), collate_fn=list)
+    plan = [batch for _, batch in zip(range(last), loader)]
+
+    def trained(out: Path, ranks: int) -> dict[int, list[str]]:
+        """Each step's global batch as the ranks logged it (in rank order), for the steps every rank logged."""
+        logs = [[json.loads(line) for line in Path(f"{out}.trained.{r}").read_text().splitlines()] for r in range(ranks)]
+        steps = set.intersection(*({e["step"] for e in log} for log in logs))
+        by_step = [{e["step"]: e["batch"] for e in log} for log in logs]
+        return {t: [x for r in range(ranks) for x in by_step[r][t]] for t in sorted(steps)}
+
+    before, after = trained(lost, size.world), trained(resumed, world)
+    assert list(after) == list(range(start, last))
+    assert all(after[t] == plan[t] for t in after), [t for t in after if after[t] != plan[t]][:5]
+    # Before the loss, every step up to the saved one was the definition's too: with the steps after the
+    # restart, the samples trained are the definition's, none repeated or skipped.
+    assert all(before[t] == plan[t] for t in range(start)), [t for t in range(start) if before[t] != plan[t]][:5]
+    kept = [x for t in range(start) for x in before[t]] + [x for t in after for x in after[t]]
+    assert kept == [x for batch in plan for x in batch]

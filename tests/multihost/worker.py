@@ -7,6 +7,11 @@ Modes:
   ``object-file`` and ``object-collective`` of the object ``URL``), the digest of this rank's samples at
   epochs 0 and 1; for the collective readers, the bytes this rank read (``read_chars``) and, on rank 0, the
   store's counts (the bed's proxy) in epoch 1's ``set_epoch`` alone.
+- ``train OUT META STATE VICTIM KILL_AT LAST``: training by steps (:class:`StepSampler`, global batch
+  :data:`BATCH`) from the state saved at ``STATE`` if there is one, to step ``LAST``; each step's batch
+  logged (``OUT.trained.<rank>``) before the step's all-reduce, the state saved by rank 0 every
+  :data:`SAVE_EVERY` steps after it. The ranks of host ``VICTIM`` stop after step ``KILL_AT - 1`` (it
+  writes ``OUT.victim``) and wait to be killed; the others go on into the next step's all-reduce.
 - ``slow OUT META SLOW_HOST``: a monitored DataLoader whose transform sleeps 20 ms an item on the ranks of
   host ``SLOW_HOST``; the summaries.
 
@@ -22,18 +27,21 @@ import socket
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import psutil
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import rank_dataset
-from rank_dataset import RandomSampler, RankDataset, RankServerDataset
+from rank_dataset import RandomSampler, RankDataset, RankServerDataset, StepSampler
 from tests_helpers import write_rank_result
 
 SEED = 5
 SLOW_SECONDS = 0.02
+BATCH, SAVE_EVERY, CFG = 16, 10, {"seed": SEED, "mini_epoch": 2}
 
 
 def items_digest(ds: Any) -> str:
@@ -88,6 +96,36 @@ def shards(out: str, readers: str, meta: str, url: str, server: str) -> None:
     finish(out, result)
 
 
+def train(out: str, meta: str, state_path: str, victim: str, kill_at: str, last: str) -> None:
+    import datetime
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    rank = dist.get_rank()
+    ds = RankDataset(meta, reload_cfg=CFG)
+    sampler = StepSampler(ds, BATCH)
+    if os.path.exists(state_path):
+        with open(state_path) as f:
+            sampler.load_state_dict(json.load(f))  # resumed, on this job's world size
+    start = sampler.step
+    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=list)
+    mine = socket.gethostname() == victim
+    with open(f"{out}.trained.{rank}", "a") as log:
+        for step, batch in zip(range(start, int(last)), loader):
+            if mine and step == int(kill_at):  # this host is lost here: it waits to be killed
+                if int(os.environ["LOCAL_RANK"]) == 0:
+                    Path(f"{out}.victim").write_text(str(step))
+                time.sleep(600)
+            log.write(json.dumps({"step": step, "world": dist.get_world_size(), "batch": batch}) + "\n")
+            log.flush()
+            dist.all_reduce(torch.zeros(1))  # the training step's collective: the step is done on every rank
+            if rank == 0 and (step + 1) % SAVE_EVERY == 0:
+                tmp = f"{state_path}.tmp"
+                with open(tmp, "w") as f:
+                    json.dump(sampler.state_dict(step=step + 1), f)
+                os.replace(tmp, state_path)
+    finish(out, {"start": start})
+
+
 def slow(out: str, meta: str, slow_host: str) -> None:
     dist.init_process_group("gloo")
     mine = socket.gethostname() == slow_host
@@ -121,4 +159,4 @@ def finish(out: str, result: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
-    {"shards": shards, "slow": slow}[mode](*args)
+    {"shards": shards, "slow": slow, "train": train}[mode](*args)
