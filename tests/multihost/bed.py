@@ -178,9 +178,7 @@ class Host:
         """Start ``cmd`` on this host (its network, mount and UTS namespaces), with the host's environment
         and ``env`` on top."""
         enter = ["nsenter", f"--target={self.holder.pid}", "--mount", "--net", "--uts", "--"]
-        return subprocess.Popen(
-            [*enter, *cmd], env={**self.env, **(env or {})}, text=True, preexec_fn=_pdeathsig, **kw
-        )
+        return subprocess.Popen([*enter, *cmd], env={**self.env, **(env or {})}, text=True, preexec_fn=_pdeathsig, **kw)
 
     def kill_all(self) -> None:
         """SIGKILL every process on this host (but the one holding its namespaces): the host is lost."""
@@ -318,7 +316,20 @@ class Bed:
             hosts=shlex.quote(str(hosts_file)), name=name,
         )  # fmt: skip
         holder = subprocess.Popen(
-            ["ip", "netns", "exec", name, "unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script],
+            [
+                "ip",
+                "netns",
+                "exec",
+                name,
+                "unshare",
+                "--mount",
+                "--uts",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from multihost import worker
 from torch.utils.data import DataLoader
 
+from multihost import worker
 from multihost.bed import Bed, Host, Size
 from rank_dataset import RankDataset, StepSampler
 from tests_helpers import imagenet_line
@@ -204,7 +203,9 @@ def test_a_host_lost_mid_epoch_resumes_on_the_others_from_the_saved_step(
 
     def trained(out: Path, ranks: int) -> dict[int, list[str]]:
         """Each step's global batch as the ranks logged it (in rank order), for the steps every rank logged."""
-        logs = [[json.loads(line) for line in Path(f"{out}.trained.{r}").read_text().splitlines()] for r in range(ranks)]
+        logs = [
+            [json.loads(line) for line in Path(f"{out}.trained.{r}").read_text().splitlines()] for r in range(ranks)
+        ]
         steps = set.intersection(*({e["step"] for e in log} for log in logs))
         by_step = [{e["step"]: e["batch"] for e in log} for log in logs]
         return {t: [x for r in range(ranks) for x in by_step[r][t]] for t in sorted(steps)}
