@@ -106,8 +106,11 @@ def _kill_netns(ns: str) -> None:
 
 
 def default_root() -> Path:
-    """Where beds put their directories: ``/var/tmp`` (not ``/tmp``, which each host gets a tmpfs of)."""
-    return Path(os.environ.get("RANK_DATASET_BED_ROOT", "/var/tmp"))
+    """Where beds put their directories: ``RANK_DATASET_BED_ROOT``, else ``/var/tmp`` (not ``/tmp``, which
+    each host gets a tmpfs of), else the temporary directory (the hosts then get their ``/tmp`` by ``TMPDIR``)."""
+    if "RANK_DATASET_BED_ROOT" in os.environ:
+        return Path(os.environ["RANK_DATASET_BED_ROOT"])
+    return Path("/var/tmp") if os.path.isdir("/var/tmp") else Path(tempfile.gettempdir())
 
 
 def sweep(root: Path | None = None) -> list[str]:

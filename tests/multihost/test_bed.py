@@ -3,8 +3,8 @@ with its own ``/dev/shm``, ``/tmp`` and cache directory; a shared directory; a b
 counts and fails requests). 2 hosts x 2 ranks here; ``python tests/multihost/bed.py --hosts 4`` runs them
 at 4 x 2.
 
-Each test is one job of K torchruns (an agent and L ranks a host, each importing torch): they run alone,
-after the parallel part of ``make test``.
+Each test is one job of K torchruns (an agent and L ranks a host, each importing torch), 30-70 s on 2 cores:
+they run in ``make test`` alone, after its parallel part, and not in ``make test-quick``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from multihost.bed import Bed, Host, Size
 from rank_dataset import RankDataset, StepSampler
 from tests_helpers import imagenet_line
 
-pytestmark = [pytest.mark.alone]
+pytestmark = [pytest.mark.alone, pytest.mark.slow]
 
 WORKER = Path(worker.__file__)
 LINES = 40_000
@@ -125,6 +125,8 @@ def test_every_reader_across_hosts_gives_the_shards_of_one_process(
     gets = after["GET"]["requests"] - before.get("GET", {}).get("requests", 0)
     assert file_size <= get_bytes <= 1.05 * file_size + size.world * (64 << 10), (get_bytes / file_size, get_bytes)
     assert gets <= size.world + file_size // (32 << 20) + 1 + size.world, gets
+    print(f"collective, one build on {size.hosts}x{size.ranks}: the ranks read {read / file_size:.3f}x the file; ", end="")
+    print(f"the store sent {get_bytes / file_size:.3f}x it in {gets} GETs")
 
 
 def test_the_monitor_names_a_slow_hosts_ranks(bed: Bed, size: Size, meta: Path) -> None:
