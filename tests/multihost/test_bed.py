@@ -125,7 +125,8 @@ def test_every_reader_across_hosts_gives_the_shards_of_one_process(
     gets = after["GET"]["requests"] - before.get("GET", {}).get("requests", 0)
     assert file_size <= get_bytes <= 1.05 * file_size + size.world * (64 << 10), (get_bytes / file_size, get_bytes)
     assert gets <= size.world + file_size // (32 << 20) + 1 + size.world, gets
-    print(f"collective, one build on {size.hosts}x{size.ranks}: the ranks read {read / file_size:.3f}x the file; ", end="")
+    where = f"{size.hosts}x{size.ranks}"
+    print(f"collective, one build on {where}: the ranks read {read / file_size:.3f}x the file", end="; ")
     print(f"the store sent {get_bytes / file_size:.3f}x it in {gets} GETs")
 
 
