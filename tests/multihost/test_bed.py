@@ -167,20 +167,23 @@ def test_a_bucket_failing_one_request_in_five_changes_no_shard(
     assert {h.name: sorted(h.cache_dir.rglob("*.rdidx")) for h in bed.hosts} == before
 
 
-def test_a_host_lost_mid_epoch_resumes_on_the_others_from_the_saved_step(
-    bed: Bed, size: Size, tmp_path_factory: pytest.TempPathFactory
+@pytest.mark.parametrize("layout", ["steps", "epoch"])
+def test_a_host_lost_mid_epoch_resumes_on_the_others_from_the_saved_state(
+    bed: Bed, size: Size, layout: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    # Training by steps until the last host is lost at step KILL_AT (SIGKILL of all its processes), mid-epoch;
-    # the job restarted on the K - 1 others from the last saved state trains the definition's remainder.
+    # Training until the last host is lost at step KILL_AT (SIGKILL of all its processes), mid-epoch; the job
+    # restarted on the K - 1 others from the last saved state trains the definition's remainder.
     if size.hosts < 2:
         pytest.skip("a host lost needs two hosts or more")
-    kill_at, last = 47, 160  # 2,000 samples in global batches of 16: 125 steps an epoch
+    kill_at, last = 17, 160  # 2,000 samples: 125 global batches of 16 an epoch; mini-epochs of 1,000
     small = bed.shared / "small.txt"
-    small.write_text("".join(f"{imagenet_line(i)}\n" for i in range(2_000)))
-    state = bed.scratch / "loss.state.json"
+    if not small.exists():
+        small.write_text("".join(f"{imagenet_line(i)}\n" for i in range(2_000)))
+    state = bed.scratch / f"{layout}.state.json"
     victim, survivors = bed.hosts[-1], bed.hosts[:-1]
-    lost, resumed = bed.scratch / "lost", bed.scratch / "resumed"
-    procs = bed.torchrun_start(WORKER, "train", lost, small, state, victim.name, kill_at, last, ranks=size.ranks)
+    lost, resumed = bed.scratch / f"{layout}-lost", bed.scratch / f"{layout}-resumed"
+    args = ("train", lost, layout, small, state, victim.name, kill_at, last)
+    procs = bed.torchrun_start(WORKER, *args, ranks=size.ranks)
     deadline = time.monotonic() + 240
     while not Path(f"{lost}.victim").exists():
         assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
@@ -190,34 +193,63 @@ def test_a_host_lost_mid_epoch_resumes_on_the_others_from_the_saved_step(
     ended = bed.wait(bed.hosts, procs, timeout=180)
     assert all(e.returncode != 0 for e in ended[:-1]), [e.stderr[-2000:] for e in ended]
     saved = json.loads(state.read_text())
-    world = len(survivors) * size.ranks
-    results = job(bed, size, "resumed", "train", small, state, "-", -1, last, hosts=survivors)
+    job(bed, size, f"{layout}-resumed", "train", layout, small, state, "-", -1, last, hosts=survivors)
     # The last state saved is of the last step every rank finished before the loss (saved every SAVE_EVERY).
     start = kill_at // worker.SAVE_EVERY * worker.SAVE_EVERY
-    assert saved["step"] == start, saved
-    assert {r["start"] for r in results} == {start}
-
-    # The definition: global batches 0 .. last - 1, planned in one process.
+    world = len(survivors) * size.ranks
     copy = tmp_path_factory.mktemp("node-loss") / small.name
     copy.write_bytes(small.read_bytes())
-    ds = RankDataset(copy, reload_cfg=worker.CFG, rank=0, world_size=1)
-    loader = DataLoader(ds, batch_sampler=StepSampler(ds, worker.BATCH), collate_fn=list)
-    plan = [batch for _, batch in zip(range(last), loader)]
-
-    def trained(out: Path, ranks: int) -> dict[int, list[str]]:
-        """Each step's global batch as the ranks logged it (in rank order), for the steps every rank logged."""
-        logs = [
-            [json.loads(line) for line in Path(f"{out}.trained.{r}").read_text().splitlines()] for r in range(ranks)
-        ]
-        steps = set.intersection(*({e["step"] for e in log} for log in logs))
-        by_step = [{e["step"]: e["batch"] for e in log} for log in logs]
-        return {t: [x for r in range(ranks) for x in by_step[r][t]] for t in sorted(steps)}
-
     before, after = trained(lost, size.world), trained(resumed, world)
-    assert list(after) == list(range(start, last))
-    assert all(after[t] == plan[t] for t in after), [t for t in after if after[t] != plan[t]][:5]
-    # Before the loss, every step up to the saved one was the definition's too: with the steps after the
-    # restart, the samples trained are the definition's, none repeated or skipped.
-    assert all(before[t] == plan[t] for t in range(start)), [t for t in range(start) if before[t] != plan[t]][:5]
-    kept = [x for t in range(start) for x in before[t]] + [x for t in after for x in after[t]]
-    assert kept == [x for batch in plan for x in batch]
+    if layout == "steps":
+        assert saved["step"] == start, saved
+        # The definition: global batches 0 .. last - 1, planned in one process.
+        ds = RankDataset(copy, reload_cfg=worker.CFG, rank=0, world_size=1)
+        loader = DataLoader(ds, batch_sampler=StepSampler(ds, worker.BATCH), collate_fn=list)
+        plan = [batch for _, batch in zip(range(last), loader)]
+        glob_before, glob_after = global_batches(before), global_batches(after)
+        assert list(glob_after) == list(range(start, last))
+        assert all(glob_after[t] == plan[t] for t in glob_after), [t for t in glob_after if glob_after[t] != plan[t]]
+        # Before the loss, every step up to the saved one was the definition's too: with the steps after the
+        # restart, the samples trained are the definition's, none repeated or skipped.
+        assert all(glob_before[t] == plan[t] for t in range(start)), [
+            t for t in range(start) if glob_before[t] != plan[t]
+        ]
+        kept = [x for t in range(start) for x in glob_before[t]] + [x for t in glob_after for x in glob_after[t]]
+        assert kept == [x for batch in plan for x in batch]
+    else:
+        consumed = start * worker.EPOCH_BATCH
+        assert (saved["consumed"], saved["consumed_positions"]) == (consumed, consumed * size.world), saved
+        # The definition: each rank's shard of the first mini-epoch on W ranks, and of its rest on W' ranks
+        # from the saved state, planned in one process.
+        shards = [
+            items(RankDataset(copy, reload_cfg=worker.CFG, rank=r, world_size=size.world)) for r in range(size.world)
+        ]
+        for r in range(size.world):
+            assert [x for t in range(start) for x in before[r][t]] == shards[r][:consumed], r
+        rest = [x for shard in shards for x in shard[consumed:]]
+        for r in range(world):
+            ds = RankDataset(copy, reload_cfg=worker.CFG, rank=r, world_size=world)
+            ds.load_state_dict(saved)
+            assert [x for t in sorted(after[r]) for x in after[r][t]] == items(ds), r
+        # None skipped, none repeated but the padding that evens the ranks' shares of the rest (under W').
+        done = [x for r in range(world) for t in sorted(after[r]) for x in after[r][t]]
+        assert set(done) == set(rest) and len(set(done)) == len(rest)
+        assert 0 <= len(done) - len(rest) < world
+        assert not set(done) & {x for shard in shards for x in shard[:consumed]}
+
+
+def trained(out: Path, ranks: int) -> list[dict[int, list[str]]]:
+    """What each rank logged it trained: its batch at each step."""
+    logs = [Path(f"{out}.trained.{r}").read_text().splitlines() for r in range(ranks)]
+    return [{e["step"]: e["batch"] for e in map(json.loads, log)} for log in logs]
+
+
+def global_batches(by_rank: list[dict[int, list[str]]]) -> dict[int, list[str]]:
+    """Each step's global batch (the ranks' batches in rank order), for the steps every rank logged."""
+    steps = set.intersection(*(set(steps) for steps in by_rank))
+    return {t: [x for batch in by_rank for x in batch[t]] for t in sorted(steps)}
+
+
+def items(ds: RankDataset) -> list[str]:
+    """A dataset's samples, in order."""
+    return [ds[i] for i in range(len(ds))]

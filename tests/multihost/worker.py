@@ -7,11 +7,13 @@ Modes:
   ``object-file`` and ``object-collective`` of the object ``URL``), the digest of this rank's samples at
   epochs 0 and 1; for the collective readers, the bytes this rank read (``read_chars``) and, on rank 0, the
   store's counts (the bed's proxy) in epoch 1's ``set_epoch`` alone.
-- ``train OUT META STATE VICTIM KILL_AT LAST``: training by steps (:class:`StepSampler`, global batch
-  :data:`BATCH`) from the state saved at ``STATE`` if there is one, to step ``LAST``; each step's batch
-  logged (``OUT.trained.<rank>``) before the step's all-reduce, the state saved by rank 0 every
-  :data:`SAVE_EVERY` steps after it. The ranks of host ``VICTIM`` stop after step ``KILL_AT - 1`` (it
-  writes ``OUT.victim``) and wait to be killed; the others go on into the next step's all-reduce.
+- ``train OUT LAYOUT META STATE VICTIM KILL_AT LAST``: training by steps (``LAYOUT`` ``steps``:
+  :class:`StepSampler`, global batch :data:`BATCH`, to step ``LAST``) or through epoch 0's first mini-epoch
+  (``epoch``: :class:`ResumableSampler`, :data:`EPOCH_BATCH` a rank a step), from the state saved at ``STATE``
+  if there is one; each step's batch logged (``OUT.trained.<rank>``) before the step's all-reduce, the state
+  saved by rank 0 every :data:`SAVE_EVERY` steps after it (not after an epoch-layout resume). The ranks of
+  host ``VICTIM`` stop after step ``KILL_AT - 1`` (it writes ``OUT.victim``) and wait to be killed; the
+  others go on into the next step's all-reduce.
 - ``slow OUT META SLOW_HOST``: a monitored DataLoader whose transform sleeps 20 ms an item on the ranks of
   host ``SLOW_HOST``; the summaries.
 
@@ -36,12 +38,12 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import rank_dataset
-from rank_dataset import RandomSampler, RankDataset, RankServerDataset, StepSampler
+from rank_dataset import RandomSampler, RankDataset, RankServerDataset, ResumableSampler, StepSampler
 from tests_helpers import write_rank_result
 
 SEED = 5
 SLOW_SECONDS = 0.02
-BATCH, SAVE_EVERY, CFG = 16, 10, {"seed": SEED, "mini_epoch": 2}
+BATCH, EPOCH_BATCH, SAVE_EVERY, CFG = 16, 4, 10, {"seed": SEED, "mini_epoch": 2}
 
 
 def items_digest(ds: Any) -> str:
@@ -96,18 +98,29 @@ def shards(out: str, readers: str, meta: str, url: str, server: str) -> None:
     finish(out, result)
 
 
-def train(out: str, meta: str, state_path: str, victim: str, kill_at: str, last: str) -> None:
+def train(out: str, layout: str, meta: str, state_path: str, victim: str, kill_at: str, last: str) -> None:
     import datetime
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank = dist.get_rank()
     ds = RankDataset(meta, reload_cfg=CFG)
-    sampler = StepSampler(ds, BATCH)
-    if os.path.exists(state_path):
+    state = None
+    if os.path.exists(state_path):  # resumed, on this job's world size
         with open(state_path) as f:
-            sampler.load_state_dict(json.load(f))  # resumed, on this job's world size
-    start = sampler.step
-    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=list)
+            state = json.load(f)
+    if layout == "steps":
+        sampler = StepSampler(ds, BATCH)
+        if state is not None:
+            sampler.load_state_dict(state)
+        start = sampler.step
+        loader = DataLoader(ds, batch_sampler=sampler, collate_fn=list)
+    else:  # the epoch layout: epoch 0's first mini-epoch (its rest, resumed), EPOCH_BATCH samples a rank a step
+        if state is not None:
+            ds.load_state_dict(state)
+        else:
+            ds.set_epoch(0)
+        start = 0
+        loader = DataLoader(ds, sampler=ResumableSampler(ds), batch_size=EPOCH_BATCH, collate_fn=list)
     mine = socket.gethostname() == victim
     with open(f"{out}.trained.{rank}", "a") as log:
         for step, batch in zip(range(start, int(last)), loader):
@@ -118,11 +131,15 @@ def train(out: str, meta: str, state_path: str, victim: str, kill_at: str, last:
             log.write(json.dumps({"step": step, "world": dist.get_world_size(), "batch": batch}) + "\n")
             log.flush()
             dist.all_reduce(torch.zeros(1))  # the training step's collective: the step is done on every rank
-            if rank == 0 and (step + 1) % SAVE_EVERY == 0:
-                tmp = f"{state_path}.tmp"
-                with open(tmp, "w") as f:
-                    json.dump(sampler.state_dict(step=step + 1), f)
-                os.replace(tmp, state_path)
+            if rank == 0 and (step + 1) % SAVE_EVERY == 0 and not (layout == "epoch" and state is not None):
+                saved = (
+                    sampler.state_dict(step=step + 1)
+                    if layout == "steps"
+                    else ds.state_dict(consumed=(step + 1) * EPOCH_BATCH)
+                )
+                with open(f"{state_path}.tmp", "w") as f:
+                    json.dump(saved, f)
+                os.replace(f"{state_path}.tmp", state_path)
     finish(out, {"start": start})
 
 
