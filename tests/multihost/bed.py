@@ -256,6 +256,9 @@ class Bed:
         self.rate = rate
         try:
             self._make(hosts, store)
+        except subprocess.CalledProcessError as exc:  # the kernel refused a link, a qdisc or a namespace
+            self.close()
+            raise Unavailable(f"`{' '.join(exc.cmd)}` failed: {(exc.stderr or '').strip()}") from exc
         except BaseException:
             self.close()
             raise
@@ -343,7 +346,7 @@ class Bed:
         if holder.stdout.readline().strip() != "ready":
             holder.kill()
             _, err = holder.communicate()
-            raise Unavailable(f"host {name}'s namespaces could not be made: {err.strip()}")
+            raise RuntimeError(f"host {name}'s namespaces could not be set up: {err.strip()}")
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(hdir / "work"),
