@@ -43,7 +43,8 @@ from tests_helpers import write_rank_result
 
 SEED = 5
 SLOW_SECONDS = 0.02
-BATCH, EPOCH_BATCH, SAVE_EVERY, CFG = 16, 4, 10, {"seed": SEED, "mini_epoch": 2}
+# BATCH divides by 2, 4, 6 and 8 ranks: the worlds of 4 x 2 and 2 x 2 and of their restarts on fewer hosts.
+BATCH, EPOCH_BATCH, SAVE_EVERY, CFG = 48, 4, 10, {"seed": SEED, "mini_epoch": 2}
 
 
 def items_digest(ds: Any) -> str:
