@@ -38,12 +38,13 @@ if TYPE_CHECKING:
     from rank_dataset.training.dataset import RankDataset
     from rank_dataset.training.monitor import monitor
     from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
-    from rank_dataset.training.shape_sampler import BucketBatchSampler
     from rank_dataset.training.server_datasets import RankServerDataset, ServerDataset
+    from rank_dataset.training.shape_sampler import BucketBatchSampler
     from rank_dataset.training.steps import StepSampler
     from rank_dataset.training.topology import get_rank_world_size
 
 __all__ = [
+    "SDXL_RESOLUTIONS",
     "BucketBatchSampler",
     "CollectiveError",
     "CorruptMetaFileError",
@@ -60,7 +61,6 @@ __all__ = [
     "ReloadConfig",
     "ResumableSampler",
     "ResumeState",
-    "SDXL_RESOLUTIONS",
     "ServerDataset",
     "Sizes",
     "Source",

@@ -79,7 +79,9 @@ def test_a_function_is_called_once_per_line_and_cached_under_its_name(write_meta
         return float(line.split("x")[1].removesuffix(".jpg"))  # an integral float is a size
 
     sizes = sizes_of(p, width, height, cache_name="wh")
-    assert sizes.width.tolist() == [3 * i + 2 for i in range(500)] and sizes.height.tolist() == [i + 7 for i in range(500)]
+    assert sizes.width.tolist() == [3 * i + 2 for i in range(500)] and sizes.height.tolist() == [
+        i + 7 for i in range(500)
+    ]
     assert len(calls) == 500
     assert sizes_of(p, width, height, cache_name="wh").height.tolist() == sizes.height.tolist()
     assert len(calls) == 500  # read from the cache

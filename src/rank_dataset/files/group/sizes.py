@@ -10,7 +10,9 @@ copy in the page cache (:mod:`rank_dataset.files.group._cache`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -33,8 +35,14 @@ __all__ = ["Sizes", "sizes_of"]
 
 _MAX = (1 << 32) - 1
 _WORD = 8  # digits decoded in numpy: every size below 10**8
-_KEEP = np.array([0] + [(0xFFFF_FFFF_FFFF_FFFF << (8 * (8 - k))) & 0xFFFF_FFFF_FFFF_FFFF for k in range(1, 9)], np.uint64)
-_HIGH_NIBBLES, _ZEROS, _SIXES = np.uint64(0xF0F0_F0F0_F0F0_F0F0), np.uint64(0x3030_3030_3030_3030), np.uint64(0x0606_0606_0606_0606)
+_KEEP = np.array(
+    [0] + [(0xFFFF_FFFF_FFFF_FFFF << (8 * (8 - k))) & 0xFFFF_FFFF_FFFF_FFFF for k in range(1, 9)], np.uint64
+)
+_HIGH_NIBBLES, _ZEROS, _SIXES = (
+    np.uint64(0xF0F0_F0F0_F0F0_F0F0),
+    np.uint64(0x3030_3030_3030_3030),
+    np.uint64(0x0606_0606_0606_0606),
+)
 _U8, _U16, _U32 = np.uint64(8), np.uint64(16), np.uint64(32)
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Control characters that str.split() does not take as whitespace (0-8, 14-27), and lead bytes of what it takes beyond
@@ -100,11 +108,13 @@ def sizes_of(
             "width and height must be two field positions (ints), two field or column names (strs) or two functions "
             f"of the line, got {width!r} and {height!r}"
         )
-    if isinstance(width, int) and (width < 0 or int(height) < 0):
+    if isinstance(width, int) and isinstance(height, int) and (width < 0 or height < 0):
         raise ValueError(f"field positions are 0-based and non-negative, got width={width}, height={height}")
     if cache_name is not None:
         if not callable(width):
-            raise ValueError(f"cache_name is for functions; positions and names are cached by themselves, got {cache_name!r}")
+            raise ValueError(
+                f"cache_name is for functions; positions and names are cached by themselves, got {cache_name!r}"
+            )
         if not isinstance(cache_name, str) or not _NAME.fullmatch(cache_name):
             raise ValueError(f"cache_name must be 1-64 letters, digits, '_' or '-', got {cache_name!r}")
     path = meta_path(with_storage(meta_file, storage_options))
@@ -160,10 +170,10 @@ def _read(path: Path, index: Index, width: Field, height: Field, out: npt.NDArra
             if not isinstance(width, str):
                 raise TypeError(f"{path} is a Parquet file: name its columns (strs), got positions {width}, {height}")
             _parquet(lines, width, str(height), out)
-        elif isinstance(width, int):
-            _text_fields(lines, width, int(height), out)
+        elif isinstance(width, int) and isinstance(height, int):
+            _text_fields(lines, width, height, out)
         else:
-            _json_fields(lines, width, str(height), out)
+            _json_fields(lines, str(width), str(height), out)
 
 
 def _bad(where: str, what: str, value: Any) -> ValueError:
@@ -208,7 +218,7 @@ def _json_fields(lines: TextLines, width: str, height: str, out: npt.NDArray[np.
 
 def _parquet(lines: ParquetLines, width: str, height: str, out: npt.NDArray[np.uint32]) -> None:
     bounds = lines.rows.bounds.tolist()
-    for g, (a, b) in enumerate(zip(bounds, bounds[1:])):
+    for g, (a, b) in enumerate(itertools.pairwise(bounds)):
         for row, name in ((0, width), (1, height)):
             column = lines.rows.column(g, name)
             values = np.asarray(column.to_numpy(zero_copy_only=False))
@@ -261,7 +271,7 @@ def _text_fields(lines: TextLines, width: int, height: int, out: npt.NDArray[np.
                     value = int(fields[field])
                 except ValueError:
                     raise _bad(where, f"field {field}", fields[field]) from None
-                out[row, first + k] = _checked(value, lambda where=where: where, f"field {field}")
+                out[row, first + k] = _checked(value, functools.partial(str, where), f"field {field}")
 
 
 def _digits(
