@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from rank_dataset import MetaFile, sizes_of
 from rank_dataset.files.group import _lines as group_lines
+from tests_helpers import start_together
 
 
 def _sizes(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -184,3 +186,29 @@ def test_sizes_of_an_object_equal_the_local_file_and_are_cached_on_this_node(s3:
     bad = s3.put("sizes/bad.txt", b"a.jpg 1 2\nb.jpg 3\n")
     with pytest.raises(ValueError, match=r"s3://meta/sizes/bad\.txt:2: no field 2"):
         sizes_of(bad)
+
+
+_COUNTED = """
+import os, sys
+from rank_dataset import sizes_of
+def width(line):
+    if line.startswith("x0 "):  # once per process that reads the lines
+        open(os.path.join(sys.argv[2], str(os.getpid())), "w").close()
+    return int(line.split()[1])
+print("ready", flush=True)
+sys.stdin.readline()
+sizes = sizes_of(sys.argv[1], width, lambda line: int(line.split()[2]), cache_name="wh")
+print(int(sizes.width.sum()), flush=True)
+"""
+
+
+@pytest.mark.slow  # several processes asking at once
+def test_many_processes_asking_at_once_read_the_file_once(write_meta, tmp_path: Path) -> None:
+    p = write_meta(f"x{i} {i + 1} 7" for i in range(100_000))
+    MetaFile(p)  # indexed already: what is measured is the reading of the sizes
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    outs = start_together([sys.executable, "-c", _COUNTED, str(p), str(marks)], 5)
+    assert [out.strip() for out in outs] == [str(100_000 * 100_001 // 2)] * 5
+    assert len(list(marks.iterdir())) == 1  # one process built the cache under the lock, the others mapped it
+    assert sorted(x.suffix for x in (tmp_path / "cache").iterdir()) == [".rdcol", ".rdidx"]  # no lock, no tmp
