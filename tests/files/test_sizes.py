@@ -128,6 +128,7 @@ def test_parquet_columns_by_name(tmp_path: Path) -> None:
         ("c.jpg 640 0", r"m\.txt:4: field 2 is 0, not an integer"),
         ("c.jpg 640 4294967296", r"m\.txt:4: field 2 is 4294967296, not an integer"),
         ("c.jpg 640 48.5", r"m\.txt:4: field 2 is '48\.5'"),
+        ("\x01", r"m\.txt:4: no field 1 \(the line has 1\)"),
     ],
 )
 def test_a_bad_or_missing_size_names_the_file_line_and_value(tmp_path: Path, line: str, match: str) -> None:

@@ -252,8 +252,12 @@ def _text_fields(lines: TextLines, width: int, height: int, out: npt.NDArray[np.
         if unsure.size:  # the lines holding such a byte
             held = np.searchsorted(spans[:, 1], unsure)
             ok[held[held < n]] = False
+        if not token_starts.size:  # lines of control characters only: str.split() judges them
+            ok[:] = False
         for row, field in ((0, width), (1, height)):
             ok &= tokens > field
+            if not ok.any():
+                break
             at = line_first + field
             at[~ok] = 0
             values, decoded = _digits(buf, token_starts[at], token_ends[at])
