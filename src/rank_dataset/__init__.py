@@ -27,20 +27,25 @@ if TYPE_CHECKING:
     from rank_dataset.files.group.grouping import group_by
     from rank_dataset.files.group.ids import ids_of
     from rank_dataset.files.group.recipes import class_balanced, repeat_factor
+    from rank_dataset.files.group.sizes import Sizes, sizes_of
     from rank_dataset.files.index.scan import build_index
     from rank_dataset.files.read.metafile import MetaFile
     from rank_dataset.plan.config import ReloadConfig
     from rank_dataset.plan.resume import ResumeState
+    from rank_dataset.plan.shapes import SDXL_RESOLUTIONS, aspect_ratio_groups, nearest_resolution
     from rank_dataset.plan.sources import Source
     from rank_dataset.shards.audit import PassCount
     from rank_dataset.training.dataset import RankDataset
     from rank_dataset.training.monitor import monitor
     from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
     from rank_dataset.training.server_datasets import RankServerDataset, ServerDataset
+    from rank_dataset.training.shape_sampler import BucketBatchSampler
     from rank_dataset.training.steps import StepSampler
     from rank_dataset.training.topology import get_rank_world_size
 
 __all__ = [
+    "SDXL_RESOLUTIONS",
+    "BucketBatchSampler",
     "CollectiveError",
     "CorruptMetaFileError",
     "MetaFile",
@@ -57,9 +62,11 @@ __all__ = [
     "ResumableSampler",
     "ResumeState",
     "ServerDataset",
+    "Sizes",
     "Source",
     "StepSampler",
     "TooManyFailuresError",
+    "aspect_ratio_groups",
     "build_index",
     "class_balanced",
     "find_resume_state",
@@ -67,7 +74,9 @@ __all__ = [
     "group_by",
     "ids_of",
     "monitor",
+    "nearest_resolution",
     "repeat_factor",
+    "sizes_of",
 ]
 
 # Where each lazily imported name lives.
@@ -77,15 +86,21 @@ _LAZY = {
     "MetaFile": "rank_dataset.files.read.metafile",
     "class_balanced": "rank_dataset.files.group.recipes",
     "repeat_factor": "rank_dataset.files.group.recipes",
+    "Sizes": "rank_dataset.files.group.sizes",
+    "sizes_of": "rank_dataset.files.group.sizes",
     "build_index": "rank_dataset.files.index.scan",
     "ReloadConfig": "rank_dataset.plan.config",
     "ResumeState": "rank_dataset.plan.resume",
+    "SDXL_RESOLUTIONS": "rank_dataset.plan.shapes",
+    "aspect_ratio_groups": "rank_dataset.plan.shapes",
+    "nearest_resolution": "rank_dataset.plan.shapes",
     "Source": "rank_dataset.plan.sources",
     "PassCount": "rank_dataset.shards.audit",
     "get_rank_world_size": "rank_dataset.training.topology",
     "RandomSampler": "rank_dataset.training.sampler",
     "ResumableSampler": "rank_dataset.training.sampler",
     "find_resume_state": "rank_dataset.training.sampler",
+    "BucketBatchSampler": "rank_dataset.training.shape_sampler",
     "RankDataset": "rank_dataset.training.dataset",
     "monitor": "rank_dataset.training.monitor",
     "RankServerDataset": "rank_dataset.training.server_datasets",

@@ -231,3 +231,15 @@ def test_bench_object_smoke(tmp_path: Path) -> None:
     text = (tmp_path / "object.md").read_text()
     assert "| 2 | local file |" in text and "| 2 | object |" in text and "| yes |" in text
     assert (tmp_path / "object.png").exists()
+
+
+def test_bench_shapes_smoke(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_shapes.py"), "--lines", "6000", "--balance-steps", "50"]
+    cmd += ["--python-lines", "2000", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "shapes.md").read_text()
+    for expected in ("| random batches |", "| 64 |", "| bucketed (aspect-ratio groups) |", "not cached", "detectron2:"):
+        assert expected in table, expected
+    assert (tmp_path / "shapes.png").stat().st_size > 0
+    assert not list((tmp_path / "data").iterdir())  # the meta file is removed

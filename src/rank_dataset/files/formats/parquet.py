@@ -210,6 +210,18 @@ class ParquetRows:
         labels: _IntArray = values.astype(np.int64, copy=False)
         return labels
 
+    def column(self, g: int, name: str) -> Any:
+        """Row group ``g``'s values of the column ``name`` (any column of the file, chosen or not), an Arrow
+        array; only that column is read.
+
+        Raises:
+            ValueError: the file has no column ``name`` (naming its columns).
+        """
+        names = list(self._file.schema_arrow.names)
+        if name not in names:
+            raise ValueError(f"{self.path} has no column {name!r}; its columns are {names}")
+        return self._read(g, [name]).column(name)
+
     def _read(self, g: int, columns: list[str]) -> Any:
         pa, _, _ = _pyarrow()
         try:

@@ -4,10 +4,14 @@ ends), written once by one process, memory-mapped by all.
 The file: a 128-byte header (magic, the file's key, the number of samples and keys, how the keys are
 stored), then the ``C + 1`` int64 bounds of the groups, the keys (``C`` int64 or UTF-8 JSON), and the
 ``N`` int64 sample numbers, group after group.
+
+Columns of one uint32 a sample (``sizes_of``'s widths and heights) are cached the same way, in a file of the
+same header (its own magic) followed by the columns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import mmap
@@ -20,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.checks import is_url
 from rank_dataset.files.group._labels import Grouping, Place
 from rank_dataset.files.index.cache import cache_paths, discard, fsync_dir, temp_beside
 from rank_dataset.files.index.load import Index
@@ -166,3 +171,77 @@ def _decode_keys(data: bytes) -> list[Any] | None:
     except ValueError:
         return None
     return [untag(k) for k in keys] if isinstance(keys, list) else None
+
+
+# Columns of uint32, one value a sample each (sizes_of): the grouping's header with its own magic, the number of
+# columns where a grouping has its number of keys, then the columns one after another.
+_COLUMNS_MAGIC = b"RDCOL\x00\x00\x01"
+_UINT32_COLUMNS = 2
+
+
+def columns_candidates(path: Path, index: Index, name: str) -> list[Path]:
+    """Where the columns ``name`` of ``path`` may be cached: beside each place its index may be; an object's
+    beside its index in this node's cache only (never in the bucket)."""
+    if is_url(path):
+        return [] if index.cache is None else [index.cache.with_suffix(f".{name}.rdcol")]
+    return [cache.with_suffix(f".{name}.rdcol") for cache in cache_paths(path)]
+
+
+def open_columns(cache: Path, index: Index, ncols: int) -> npt.NDArray[np.uint32] | None:
+    """The ``(ncols, N)`` read-only uint32 columns in ``cache``, memory-mapped, if they are of the file ``index``
+    describes and whole; else None."""
+    try:
+        with open(cache, "rb") as f:
+            raw = f.read(_HEADER.size)
+            magic, size, digest, count, cols, _, form, sample = _HEADER.unpack(raw)
+            whole = os.fstat(f.fileno()).st_size == _DATA_OFFSET + 4 * ncols * count
+    except (OSError, struct.error):
+        return None
+    if (
+        magic != _COLUMNS_MAGIC
+        or (size, digest) != (index.key.size, index.key.digest())
+        or sample != index.ends_hash
+        or (count, cols, form) != (index.count, ncols, _UINT32_COLUMNS)
+        or not whole
+    ):
+        return None
+    columns: npt.NDArray[np.uint32] = np.memmap(cache, "<u4", mode="r", offset=_DATA_OFFSET, shape=(ncols, count))
+    return columns
+
+
+def write_columns(
+    cache: Path, index: Index, ncols: int, fill: Callable[[npt.NDArray[np.uint32]], None]
+) -> npt.NDArray[np.uint32] | None:
+    """``fill`` the ``(ncols, N)`` uint32 columns of the file ``index`` describes straight into a shared map of a
+    temporary file beside ``cache``, renamed into place once whole (as a grouping is); the columns as
+    :func:`open_columns` maps them, or None if ``cache`` cannot be written."""
+    temp = temp_beside(cache)
+    if temp is None:
+        return None
+    fd, tmp = temp
+    k = index.key
+    header = _HEADER.pack(_COLUMNS_MAGIC, k.size, k.digest(), index.count, ncols, 0, _UINT32_COLUMNS, index.ends_hash)
+    size = _DATA_OFFSET + 4 * ncols * index.count
+    try:
+        os.ftruncate(fd, size)
+        os.pwrite(fd, header.ljust(_DATA_OFFSET, b"\0"), 0)
+        mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            view = np.frombuffer(mapped, "<u4", count=ncols * index.count, offset=_DATA_OFFSET)
+            fill(view.reshape(ncols, index.count))
+            del view
+            mapped.flush()
+        finally:
+            with contextlib.suppress(BufferError):
+                mapped.close()
+        os.fsync(fd)
+        os.close(fd)
+        os.replace(tmp, cache)
+        fsync_dir(cache.parent)
+    except OSError:
+        discard(fd, tmp)
+        return None
+    except BaseException:
+        discard(fd, tmp)
+        raise
+    return open_columns(cache, index, ncols)
