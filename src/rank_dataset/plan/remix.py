@@ -41,7 +41,7 @@ from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.mix import MixPlan, source_seed
 from rank_dataset.plan.permutation import permute, permute_stream
 from rank_dataset.plan.schedule import BatchSchedule
-from rank_dataset.plan.step_mix import StepMix
+from rank_dataset.plan.step_mix import StepMix, batch_counts
 
 __all__ = ["Edit", "MixSegment", "RemixChain", "SourceEntry"]
 
@@ -187,20 +187,30 @@ class _Stream(_Queue):
 
 
 class _Continued(_Queue):
-    """A kept source after an edit: its pending items, then its old queue from ``resume`` on."""
+    """A kept source after an edit: its pending items, read by its first draws after the edit (draw order), then
+    its old queue from ``resume`` on, read at the positions of the new mix left (in their order)."""
 
     def __init__(self, pending: npt.NDArray[np.int64], old: _Queue, resume: int) -> None:
         self.pending, self.old, self.resume = pending, old, resume
+        self._first = np.empty(0, np.int64)  # the queue positions of the first draws, sorted
+        self._items = np.empty(0, np.int64)  # the pending item each of them reads
+
+    def settle(self, first: npt.NDArray[np.int64]) -> None:
+        """Give pending item ``i`` to queue position ``first[i]`` (the new mix's ``i``-th draw of the source)."""
+        order = np.argsort(first, kind="stable")  # (fewer than the pending items: the rest are never read)
+        self._first, self._items = first[order], self.pending[: first.size][order]
 
     def at(self, j: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         j = np.asarray(j, np.int64)
-        p = self.pending.size
         out = np.empty(j.shape, np.int64)
-        head = j < p
-        if head.any():
-            out[head] = self.pending[j[head]]
-        if not head.all():
-            out[~head] = self.old.at(j[~head] - p + self.resume)
+        if not self._first.size:
+            return self.old.at(j + self.resume)
+        below = np.searchsorted(self._first, j)  # pending positions before j: the rest skip them
+        hit = self._first[np.minimum(below, self._first.size - 1)] == j
+        out[hit] = self._items[below[hit]]
+        rest = ~hit
+        if rest.any():
+            out[rest] = self.old.at(j[rest] - below[rest] + self.resume)
         return out
 
 
@@ -316,6 +326,7 @@ class RemixChain:
             edit, kept = self._edit(old, segment, q)
             edits.append(edit)
             live.append(_Live(segment, q, self._native(segment, kept), seed, k, self._draws))
+            _settle(live[-1], kept)
         self._live, self._edits = live, edits
         return live
 
@@ -330,7 +341,7 @@ class RemixChain:
                 queues.append(_Stream(source.size, source_seed(self.seed, s)))
         return queues
 
-    def _edit(self, old: _Live, new: MixSegment, q: int) -> tuple[Edit, dict[str, _Queue]]:
+    def _edit(self, old: _Live, new: MixSegment, q: int) -> tuple[Edit, dict[str, _Continued]]:
         """What the edit at draw ``q`` leaves each old source, and the kept sources' queues."""
         names = [s.name for s in old.segment.sources]
         now = {s.name: s for s in new.sources}
@@ -350,7 +361,7 @@ class RemixChain:
                 counts[s] += int(where.sum())
                 if names[s] in now:  # only a kept source's items are held
                     found[s].append(local[where])
-        kept: dict[str, _Queue] = {}
+        kept: dict[str, _Continued] = {}
         for s, name in enumerate(names):
             if name in now:
                 pending = np.concatenate(found[s]) if found[s] else np.empty(0, np.int64)
@@ -464,6 +475,39 @@ class RemixChain:
 
 
 _BUILT: dict[str, RemixChain] = {}
+
+
+def _settle(live: _Live, kept: Mapping[str, _Continued]) -> None:
+    """Walk the new mix's draws from the edit until each kept source has had a draw for each of its pending
+    items: those draws' queue positions read the pending items, in draw order (O(draws walked)). A source that a
+    mix by steps gives no draw once its rules and sizes stop changing is walked only that far: what it has not
+    drawn by then it never reads."""
+    names = [s.name for s in live.segment.sources]
+    need = {names.index(n): q.pending.size for n, q in kept.items()}
+    found: dict[int, list[npt.NDArray[np.int64]]] = {s: [] for s in need}
+    mix, stop = live.segment.mix, None
+    if isinstance(mix, StepMix):  # from the last change on, each batch's counts are the same
+        schedule = live.draws_schedule
+        last = max(live.segment.step, mix.rules[-1][0], schedule.changes[-1][0])
+        counts = batch_counts(schedule.size(last), mix.shares(last))
+        stop = schedule.start(last + 1)
+    q, size = live.start, 1024
+    while any(need.values()):
+        block = np.arange(q, q + size, dtype=np.int64)
+        src, pos = live.locate(block)
+        for s, left in need.items():
+            if left:
+                mine = pos[src == s][:left]
+                found[s].append(mine)
+                need[s] = left - mine.size
+        q += block.size
+        size = min(2 * size, _BLOCK)
+        if stop is not None and q >= stop:  # past the last change: a source with no draw there has none again
+            need = {s: (left if counts[s] else 0) for s, left in need.items()}
+    for s, parts in found.items():
+        queue = kept[names[s]]
+        if queue.pending.size:
+            queue.settle(np.concatenate(parts))
 
 
 def check_kept(old: SourceEntry, new: SourceEntry) -> None:
