@@ -4,163 +4,21 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
 from rank_dataset import Source
-from rank_dataset.plan.mix import MixPlan, source_seed
-from rank_dataset.plan.permutation import permute, permute_stream
+from rank_dataset.plan.mix import MixPlan
 from rank_dataset.plan.remix import MixSegment, RemixChain, SourceEntry
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.step_mix import StepMix
 from rank_dataset.plan.steps import stream_samples
+from remix_reference import Reference
 
 SIZES = {"a": 7, "b": 12, "c": 5, "d": 20, "e": 9}
 SEED = 11
-HORIZON = 2000  # draws the reference walks at most to find a kept source's first draws after an edit
-
-Queue = Callable[[int], int]
-
-
-# -- the reference: the definition, written out draw by draw ---------------------------------------------------
-
-
-def native_queue(kind: str, name: str, index: int) -> Queue:
-    """A source's own stream: plain files' epochs' orders, else its stream of passes keyed by its index."""
-    n = SIZES[name]
-    if kind == "plain":
-        return lambda j: int(permute(n, SEED, j // n, [j % n])[0])  # epoch j // n of the plain order (k = 1)
-    return lambda j: int(permute_stream(n, source_seed(SEED, index), 0, [j])[0])
-
-
-class RefSegment:
-    """One mix of the reference run: for each of its draws, the source and the position in its queue."""
-
-    def __init__(self, segment: MixSegment, start: int, schedule: BatchSchedule, queues: list[Queue]) -> None:
-        self.segment, self.start, self.schedule, self.queues = segment, start, schedule, queues
-        self.names = [s.name for s in segment.sources]
-        self.draws = segment.num_samples  # k = 1: an epoch's draws are its samples
-        self.table: list[tuple[int, int]] = []  # (source, queue position) of draws start, start + 1, ...
-        self.kept: dict[str, tuple[list[int], Queue, int]] = {}  # a kept source's pending items, old queue, resume
-
-    def source_and_position(self, q: int) -> tuple[int, int]:
-        while len(self.table) <= q - self.start:
-            self._extend(2 * len(self.table) + 64)
-        return self.table[q - self.start]
-
-    def _extend(self, count: int) -> None:
-        seg, table = self.segment, []
-        stop = self.start + count
-        if seg.kind == "plain":
-            table = [(0, r) for r in range(count)]
-        elif seg.kind == "epochs":
-            mix = seg.mix
-            assert isinstance(mix, MixPlan)
-            for r in range(count):
-                e, d = divmod(r, self.draws)
-                counts = mix.counts_at(e)
-                slot = int(permute(self.draws, SEED, e, [d])[0])  # the epoch's interleaving of the sources' slots
-                s, first = 0, 0
-                while slot >= first + counts[s]:
-                    first += counts[s]
-                    s += 1
-                before = sum(mix.counts_at(x)[s] for x in range(e))  # its items in the segment's earlier epochs
-                table.append((s, before + slot - first))
-        else:
-            # By steps: draw q reads the source a fresh run of this mix reads there; a batch takes its sources'
-            # next items, in the order the fresh run shows them: the queue position is the source's draws in the
-            # segment's batches before q's, plus where the fresh run's draw stands among its items of that batch.
-            mix = seg.mix
-            assert isinstance(mix, StepMix)
-            end = self.schedule.start(self.schedule.step_at(stop) + 1)  # whole batches
-            src, pos = (a.tolist() for a in mix.locate(np.arange(end), self.schedule, SEED))
-            fresh, mine = Counter(src[: self.start]), Counter()
-            t = seg.step
-            while self.schedule.start(t) < stop:
-                lo, hi = self.schedule.start(t), self.schedule.start(t + 1)
-                table += [(src[x], mine[src[x]] + pos[x] - fresh[src[x]]) for x in range(lo, hi)]
-                fresh.update(src[lo:hi])
-                mine.update(src[lo:hi])
-                t += 1
-        self.table = table
-
-    def item(self, q: int) -> tuple[str, int]:
-        s, j = self.source_and_position(q)
-        return self.names[s], self.queue_item(self.names[s], j)
-
-    def queue_item(self, name: str, j: int) -> int:
-        """Item ``j`` of source ``name``'s queue in this segment."""
-        s = self.names.index(name)
-        if name not in self.kept:
-            return self.queues[s](j)
-        # A kept source: its first draws after the edit (in draw order) read its pending items; its other draws
-        # read its old queue from `resume` on, at their queue positions less the pending ones before them.
-        pending, old, resume = self.kept[name]
-        first: list[int] = []
-        x = self.start
-        while len(first) < len(pending) and x < HORIZON:  # (a mix by steps may never draw a source again)
-            t, at = self.source_and_position(x)
-            if t == s:
-                first.append(at)
-            x += 1
-        if j in first:
-            return pending[first.index(j)]
-        return old(resume + j - sum(1 for f in first if f < j))
-
-
-class Reference:
-    """The run with edits, draw by draw. At an edit at draw Q, for each source of the mix in force: its epoch in
-    progress is the segment's epoch holding Q (by steps: nothing pending, its queue goes on where it is); its
-    pending items are its items of that epoch at draws >= Q; a kept source reads them, then its old queue from
-    the end of that epoch; a new source starts its own stream; a removed source's pending items are dropped."""
-
-    def __init__(self, segments: list[MixSegment], schedule: BatchSchedule) -> None:
-        self.schedule = schedule
-        first = segments[0]
-        self.runs = [RefSegment(first, 0, schedule, [native_queue(first.kind, s.name, i) for i, s in enumerate(first.sources)])]
-        self.pending: list[dict[str, int]] = []  # each edit: each old source's pending items (dropped if removed)
-        for new in segments[1:]:
-            old = self.runs[-1]
-            q = schedule.start(new.step)
-            if old.segment.kind == "steps":
-                end = q
-                resume = {}
-                for s, name in enumerate(old.names):
-                    resume[name] = sum(1 for x in range(old.start, q) if old.source_and_position(x)[0] == s)
-            else:
-                e = (q - old.start) // old.draws
-                end = old.start + (e + 1) * old.draws
-                resume = {}
-                for s, name in enumerate(old.names):
-                    if old.segment.kind == "plain":
-                        resume[name] = (e + 1) * old.draws
-                    else:
-                        mix = old.segment.mix
-                        assert isinstance(mix, MixPlan)
-                        resume[name] = sum(mix.counts_at(x)[s] for x in range(e + 1))
-            pending: dict[str, list[int]] = {name: [] for name in old.names}
-            for x in range(q, end):
-                name, item = old.item(x)
-                pending[name].append(item)
-            if old.segment.kind == "steps":  # the rest of each queue's pass, read next (or dropped)
-                self.pending.append({n: -resume[n] % SIZES[n] for n in old.names})
-            else:
-                self.pending.append({n: len(p) for n, p in pending.items()})
-            queues = [native_queue(new.kind, source.name, i) for i, source in enumerate(new.sources)]
-            run = RefSegment(new, q, schedule, queues)
-            for source in new.sources:
-                if source.name in pending:
-                    old_queue: Queue = lambda j, r=old, n=source.name: r.queue_item(n, j)  # noqa: E731
-                    run.kept[source.name] = (pending[source.name], old_queue, resume[source.name])
-            self.runs.append(run)
-
-    def item(self, q: int) -> tuple[str, int]:
-        run = max((r for r in self.runs if r.start <= q), key=lambda r: r.start)
-        return run.item(q)
-
 
 # -- random mixes and edits ---------------------------------------------------------------------------------
 
@@ -206,7 +64,7 @@ def test_random_edits_equal_the_definition(trial: int) -> None:
     steps = 24
     segments, schedule = random_chain(rng, steps)
     chain = RemixChain(segments, seed=SEED, aug_repeats=1, schedule=schedule)
-    reference = Reference(segments, schedule)
+    reference = Reference(segments, schedule, SEED)
     draws = np.arange(schedule.start(steps), dtype=np.int64)
     seg, src, local = chain.locate(draws)
     got = [(segments[g].sources[s].name, int(x)) for g, s, x in zip(seg.tolist(), src.tolist(), local.tolist())]
@@ -223,7 +81,10 @@ def test_the_first_segment_is_the_unedited_stream() -> None:
     schedule = BatchSchedule.of({0: 4, 3: 8})
     draws = np.arange(200, dtype=np.int64)
     plain = MixSegment(0, "plain", (SourceEntry("d", 20, None),), 20)
-    assert (RemixChain([plain], seed=SEED, aug_repeats=1, schedule=schedule).samples(draws) == stream_samples(draws, 20, SEED)).all()
+    assert (
+        RemixChain([plain], seed=SEED, aug_repeats=1, schedule=schedule).samples(draws)
+        == stream_samples(draws, 20, SEED)
+    ).all()
     sources = [Source("a.txt", name="a", weight=2), Source("b.txt", name="b", repeat={0: 1, 3: 2})]
     plan = MixPlan.from_sources([7, 12], sources, 40)
     entries = (SourceEntry("a", 7, None), SourceEntry("b", 12, None))
@@ -264,7 +125,7 @@ def test_a_kept_source_repeats_and_skips_nothing_of_its_epoch(trial: int) -> Non
     read_before = [int(x) for s, x in zip(src_old.tolist(), before.tolist()) if names[s] == "a"]
     pending = chain.edits[0].pending[0]
     assert chain.edits[0].consumed[0] == len(read_before)
-    seg, src, after = chain.locate(np.arange(q, q + 40 * plan.epoch_size))
+    _, src, after = chain.locate(np.arange(q, q + 40 * plan.epoch_size))
     read_after = [int(x) for s, x in zip(src.tolist(), after.tolist()) if new.sources[s].name == "a"][:pending]
     assert len(read_after) == pending
     assert sorted(read_before + read_after) == list(range(7))  # every sample of "a" once: none twice, none skipped
@@ -278,8 +139,10 @@ def test_chained_edits_and_a_re_edit_at_the_same_step() -> None:
     three = MixSegment(7, "epochs", (a, c), 12, MixPlan((7, 5), (7, 5), 12))
     chain = RemixChain([one], seed=SEED, aug_repeats=1, schedule=schedule).then(two).then(three)
     assert [s.step for s in chain.segments] == [0, 3, 7]
-    assert chain.edits[0].dropped == {"a": chain.edits[0].pending[0]} and chain.edits[1].dropped == {"b": chain.edits[1].pending[0]}
-    reference = Reference([one, two, three], schedule)
+    assert chain.edits[0].dropped == {"a": chain.edits[0].pending[0]} and chain.edits[1].dropped == {
+        "b": chain.edits[1].pending[0]
+    }
+    reference = Reference([one, two, three], schedule, SEED)
     seg, src, local = chain.locate(np.arange(120))
     segs = chain.segments
     assert [(segs[g].sources[s].name, int(x)) for g, s, x in zip(seg.tolist(), src.tolist(), local.tolist())] == [
@@ -299,9 +162,13 @@ def test_an_edit_that_cannot_be_honoured_names_the_source() -> None:
     schedule = BatchSchedule.of(4)
     one = MixSegment(0, "plain", (SourceEntry("a", 7, "x"),), 7)
     with pytest.raises(ValueError, match="source 'a' has fingerprint y, x before the edit"):
-        RemixChain([one], seed=SEED, aug_repeats=1, schedule=schedule).then(MixSegment(2, "plain", (SourceEntry("a", 7, "y"),), 7))
+        RemixChain([one], seed=SEED, aug_repeats=1, schedule=schedule).then(
+            MixSegment(2, "plain", (SourceEntry("a", 7, "y"),), 7)
+        )
     with pytest.raises(ValueError, match="source 'a' has 8 samples, 7 before the edit"):
-        RemixChain([one], seed=SEED, aug_repeats=1, schedule=schedule).then(MixSegment(2, "plain", (SourceEntry("a", 8, "x"),), 8))
+        RemixChain([one], seed=SEED, aug_repeats=1, schedule=schedule).then(
+            MixSegment(2, "plain", (SourceEntry("a", 8, "x"),), 8)
+        )
     with pytest.raises(ValueError, match="two sources are named 'a'"):
         MixSegment(0, "epochs", (SourceEntry("a", 7, None),) * 2, 14, MixPlan((7, 7), (7, 7), 14))
 

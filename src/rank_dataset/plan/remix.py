@@ -109,7 +109,9 @@ class MixSegment:
     def from_dict(cls, data: Any) -> MixSegment:
         """The segment of :meth:`to_dict`; ValueError naming what is missing or invalid."""
         if not isinstance(data, Mapping) or not {"step", "kind", "num_samples", "sources"} <= set(data):
-            raise ValueError(f"invalid step state: a mix segment is a dict of step, kind, num_samples, sources; got {data!r}")
+            raise ValueError(
+                f"invalid step state: a mix segment is a dict of step, kind, num_samples, sources; got {data!r}"
+            )
         kind, mix = data["kind"], data.get("mix")
         plan: MixPlan | StepMix | None = None
         if kind == "epochs":
@@ -119,7 +121,9 @@ class MixSegment:
         try:
             sources = tuple(SourceEntry(str(s["name"]), int(s["size"]), s.get("fingerprint")) for s in data["sources"])
         except (TypeError, KeyError) as exc:
-            raise ValueError(f"invalid step state: a segment's sources are dicts of name, size, fingerprint: {exc}") from exc
+            raise ValueError(
+                f"invalid step state: a segment's sources are dicts of name, size, fingerprint: {exc}"
+            ) from exc
         return cls(int(data["step"]), kind, sources, int(data["num_samples"]), plan)
 
     def same_mix(self, other: MixSegment) -> bool:
@@ -297,9 +301,7 @@ class RemixChain:
         False
     """
 
-    def __init__(
-        self, segments: Sequence[MixSegment], *, seed: int, aug_repeats: int, schedule: BatchSchedule
-    ) -> None:
+    def __init__(self, segments: Sequence[MixSegment], *, seed: int, aug_repeats: int, schedule: BatchSchedule) -> None:
         if not segments or segments[0].step != 0:
             raise ValueError("a chain of mixes starts with the mix of step 0")
         steps = [s.step for s in segments]
@@ -367,7 +369,9 @@ class RemixChain:
                 pending = np.concatenate(found[s]) if found[s] else np.empty(0, np.int64)
                 kept[name] = _Continued(pending, old.queues[s], resume[s])
         consumed = [i - c for i, c in zip(items, counts)]
-        edit = Edit(new.step, tuple(names), tuple(epochs), tuple(consumed), tuple(counts), tuple(n in now for n in names))
+        edit = Edit(
+            new.step, tuple(names), tuple(epochs), tuple(consumed), tuple(counts), tuple(n in now for n in names)
+        )
         return edit, kept
 
     # -- answers ------------------------------------------------------------------------------------
@@ -383,7 +387,9 @@ class RemixChain:
         """The mix in force now."""
         return self.segments[-1]
 
-    def locate(self, draws: npt.ArrayLike) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    def locate(
+        self, draws: npt.ArrayLike
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """For each run draw: the segment that made it, its source (in that segment) and its local sample."""
         live = self._build()
         q = np.asarray(draws, np.int64).reshape(-1)
@@ -430,9 +436,7 @@ class RemixChain:
         return [s.to_dict() for s in self.segments]
 
     @classmethod
-    def from_dict(
-        cls, data: Any, *, seed: int, aug_repeats: int, schedule: BatchSchedule
-    ) -> RemixChain:
+    def from_dict(cls, data: Any, *, seed: int, aug_repeats: int, schedule: BatchSchedule) -> RemixChain:
         if not isinstance(data, Sequence) or isinstance(data, (str, bytes)) or not data:
             raise ValueError(f"invalid step state: segments must be a non-empty list, got {data!r}")
         segments = tuple(MixSegment.from_dict(d) for d in data)
@@ -468,7 +472,9 @@ class RemixChain:
         chain = _BUILT.get(key)
         if chain is None:
             schedule = BatchSchedule.of(data["global_batch_size"], "the chain's global_batch_size")
-            chain = cls.from_dict(data["segments"], seed=data["seed"], aug_repeats=data["aug_repeats"], schedule=schedule)
+            chain = cls.from_dict(
+                data["segments"], seed=data["seed"], aug_repeats=data["aug_repeats"], schedule=schedule
+            )
             _BUILT.clear()  # one chain a process: a run has one at a time
             _BUILT[key] = chain
         return chain

@@ -34,9 +34,7 @@ def segment_of(dataset: RankDataset, layout: StepLayout, step: int = 0) -> MixSe
         files = fingerprint_of(dataset.reader, None, book.exclusion_fingerprint)
         return MixSegment(step, "plain", (SourceEntry(name, spec.num_samples, files),), spec.num_samples)
     plan = mixture.plan
-    sources = tuple(
-        SourceEntry(s.name, n, f) for s, n, f in zip(mixture.sources, plan.sizes, mixture.fingerprints)
-    )
+    sources = tuple(SourceEntry(s.name, n, f) for s, n, f in zip(mixture.sources, plan.sizes, mixture.fingerprints))
     if layout.mix is not None:
         return MixSegment(step, "steps", sources, plan.epoch_size, layout.mix)
     return MixSegment(step, "epochs", sources, plan.epoch_size, plan)

@@ -26,9 +26,9 @@ import numpy.typing as npt
 from torch.utils.data import Sampler
 
 from rank_dataset.core.checks import check_int
+from rank_dataset.plan.remix import Edit
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.shapes import ShapeLayout, ShapeStream, bucket_ids
-from rank_dataset.plan.remix import Edit
 from rank_dataset.plan.step_mix import StepMix
 from rank_dataset.plan.step_state import StepState, find_step_state, mix_digest
 from rank_dataset.plan.steps import StepLayout, check_stream
