@@ -174,3 +174,46 @@ def test_what_an_edit_cannot_do_is_refused_by_name(files: Path) -> None:
         sampler = StepSampler(dataset(two, 0, 1, 1), BATCH)
         sampler.load_state_dict(state, remix=True)
         sampler.state_dict(step=1)
+
+
+@pytest.mark.slow  # torchrun jobs
+def test_a_two_rank_gloo_job_with_workers_edits_its_mix_at_a_resume(files: Path, tmp_path: Path) -> None:
+    from remix_worker import BATCH as JOB_BATCH
+    from remix_worker import CFG as JOB_CFG
+    from remix_worker import dataset as job_dataset
+    from tests_helpers import rank_results, run_ranks, worker_env
+
+    def job(mix: str, stop: int) -> tuple[list[list[str]], list[dict[str, Any]]]:
+        out = tmp_path / mix
+        proc = run_ranks(
+            "remix_worker.py", 2, mix, files, out, tmp_path / "state.json", stop, env=worker_env(), timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results = rank_results(out, 2)
+        return [[x for r in results for x in r["batches"][t]] for t in range(len(results[0]["batches"]))], results
+
+    edit, stop = 5, 14  # edit inside an epoch of the first mix (60 of its 40-item epochs), the rules change at 9
+    head, _ = job("before", edit)
+    tail, results = job("after", stop)
+    assert [r["start"] for r in results] == [edit, edit]
+    # The reference: the two mixes as the plan reads them, walked draw by draw.
+    before = job_dataset("before", str(files))._book.mixture
+    after = job_dataset("after", str(files))._book.mixture
+    assert before is not None and after is not None
+    entries = [tuple(SourceEntry(s.name, n, None) for s, n in zip(m.sources, m.plan.sizes)) for m in (before, after)]
+    step_mix = StepMix.from_sources(after.plan.sizes, after.sources, after.plan.epoch_size)
+    assert step_mix is not None
+    segments = [
+        MixSegment(0, "epochs", entries[0], before.plan.epoch_size, before.plan),
+        MixSegment(edit, "steps", entries[1], after.plan.epoch_size, step_mix),
+    ]
+    reference = Reference(segments, BatchSchedule.of(JOB_BATCH), JOB_CFG["seed"])
+    schedule = BatchSchedule.of(JOB_BATCH)
+    want = [
+        [f"{n[0]}_{i}" for n, i in (reference.item(q) for q in range(schedule.start(t), schedule.start(t + 1)))]
+        for t in range(stop)
+    ]
+    assert head + tail == want
+    (pending,) = reference.pending
+    assert all(r["dropped"] == {str(edit): {"b.txt": pending["b.txt"]}} for r in results)
+    assert pending["b.txt"] > 0 and pending["a.txt"] > 0  # the edit drops some of b and owes some of a
