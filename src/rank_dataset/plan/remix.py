@@ -114,10 +114,10 @@ class MixSegment:
             )
         kind, mix = data["kind"], data.get("mix")
         plan: MixPlan | StepMix | None = None
-        if kind == "epochs":
-            plan = MixPlan.from_dict(mix)
-        elif kind == "steps":
-            plan = StepMix.from_dict(mix)
+        if kind in ("epochs", "steps"):
+            if not isinstance(mix, Mapping):
+                raise ValueError(f"invalid step state: a {kind!r} segment holds its mix, got {mix!r}")
+            plan = MixPlan.from_dict(mix) if kind == "epochs" else StepMix.from_dict(mix)
         try:
             sources = tuple(SourceEntry(str(s["name"]), int(s["size"]), s.get("fingerprint")) for s in data["sources"])
         except (TypeError, KeyError) as exc:
@@ -295,10 +295,12 @@ class RemixChain:
         >>> old = MixSegment(0, "epochs", (a,), 10, MixPlan((10,), (10,), 10))
         >>> new = MixSegment(3, "epochs", (a, b), 16, MixPlan((10, 6), (10, 6), 16))
         >>> chain = RemixChain((old, new), seed=0, aug_repeats=1, schedule=BatchSchedule.of(2))
-        >>> chain.edits[0].pending, chain.edits[0].consumed
-        ((4,), (6,))
-        >>> sorted(chain.samples(range(6, 10)).tolist()) == sorted(chain.samples(range(0, 6)).tolist())
-        False
+        >>> chain.edits[0].consumed, chain.edits[0].pending  # of the 10 samples of a's epoch 0
+        ((6,), (4,))
+        >>> seg, src, local = chain.locate(range(30))
+        >>> read_a = local[src == 0].tolist()  # source a is source 0 before and after the edit
+        >>> sorted(read_a[:10]) == list(range(10))  # its epoch 0: each sample once, read across the edit
+        True
     """
 
     def __init__(self, segments: Sequence[MixSegment], *, seed: int, aug_repeats: int, schedule: BatchSchedule) -> None:
