@@ -324,19 +324,17 @@ class StepSampler(Sampler[list[int]]):
         found = self.find_state(state)
         saved = StepState.from_dict(found)
         layout = dataclasses.replace(self.layout, remix=None) if not isinstance(self.layout, ShapeLayout) else None
-        if remix and layout is not None:
-            chain = continue_chain(found, saved, self._identity, self.dataset, layout)
+        now = self._identity
+        same_mix = (saved.mix, saved.num_samples, saved.fingerprint) == (now.mix, now.num_samples, now.fingerprint)
+        if remix and layout is not None and not same_mix:
+            chain = continue_chain(found, saved, now, self.dataset, layout)
             self.layout = dataclasses.replace(layout, remix=chain)
             self._step = saved.step
             return
         try:
-            saved.check_same_stream(self._identity)
+            saved.check_same_stream(now)
         except ValueError as exc:
-            if (saved.mix, saved.num_samples, saved.fingerprint) == (
-                self._identity.mix,
-                self._identity.num_samples,
-                self._identity.fingerprint,
-            ):
+            if same_mix:
                 raise
             raise ValueError(f"{exc}; to change the mix at this resume: load_state_dict(state, remix=True)") from None
         if layout is not None:  # the state's edits, if any, go on
