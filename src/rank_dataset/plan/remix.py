@@ -237,29 +237,31 @@ class _Live:
         r = q - self.start
         if mix is None:
             return np.zeros(r.shape, np.int64), r
-        epochs, d = np.divmod(r, self.draws)
         src = np.empty(r.shape, np.int64)
         pos = np.empty(r.shape, np.int64)
-        for e in np.unique(epochs).tolist():
-            where = epochs == e
+        lo, hi = (int(r.min()) // self.draws, int(r.max()) // self.draws) if r.size else (0, -1)
+        epochs, d = np.divmod(r, self.draws) if lo != hi else (None, r - lo * self.draws)
+        for e in range(lo, hi + 1):  # a window holds one epoch, or two (no sort: a range)
+            where = epochs == e if epochs is not None else slice(None)
             draws = mix.draws(self.k, e)
             # As MixPlan.locate: the (seed, epoch) permutation of the draw slots, slot j of source s its stream
             # position stream_starts[s] + j - first slot of s.
             slots = permute(sum(draws), self.seed, e, d[where])
             bounds = Bounds(draws)
             ids = bounds.part_of(slots)
-            bases = np.array(mix.stream_starts(e, self.k), np.int64)
+            shift = np.array(mix.stream_starts(e, self.k), np.int64) - bounds.starts[:-1]
             src[where] = ids
-            pos[where] = bases[ids] + slots - bounds.starts[ids]
+            slots += shift[ids]
+            pos[where] = slots
         return src, pos
 
     def local(self, q: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """The source of each draw ``q`` and its local sample number."""
         src, pos = self.locate(q)
         out = np.empty(q.shape, np.int64)
-        for s in np.unique(src).tolist():
-            where = src == s
-            out[where] = self.queues[s].at(pos[where])
+        for s, queue in enumerate(self.queues):
+            where = src == s if len(self.queues) > 1 else slice(None)
+            out[where] = queue.at(pos[where])
         return src, out
 
     def epoch_of(self, q: int) -> tuple[list[int], list[int], int, list[int]]:
@@ -359,12 +361,12 @@ class RemixChain:
             counts = [(-at) % s.size for at, s in zip(resume, old.segment.sources)]
         for a in range(q, end, _BLOCK):
             block = np.arange(a, min(end, a + _BLOCK), dtype=np.int64)
-            src, local = old.local(block)
-            for s in np.unique(src).tolist():
+            src, pos = old.locate(block)
+            for s, name in enumerate(names):
                 where = src == s
-                counts[s] += int(where.sum())
-                if names[s] in now:  # only a kept source's items are held
-                    found[s].append(local[where])
+                counts[s] += int(np.count_nonzero(where))
+                if name in now:  # only a kept source's items are looked up and held
+                    found[s].append(old.queues[s].at(pos[where]))
         kept: dict[str, _Continued] = {}
         for s, name in enumerate(names):
             if name in now:
@@ -398,8 +400,9 @@ class RemixChain:
         seg = np.searchsorted(np.array([g.start for g in live], np.int64), q, side="right") - 1
         src = np.empty(q.shape, np.int64)
         local = np.empty(q.shape, np.int64)
-        for i in np.unique(seg).tolist():
-            where = seg == i
+        lo, hi = (int(seg.min()), int(seg.max())) if q.size else (0, -1)
+        for i in range(lo, hi + 1):
+            where = seg == i if lo != hi else slice(None)
             src[where], local[where] = live[i].local(q[where])
         return seg, src, local
 

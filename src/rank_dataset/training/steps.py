@@ -334,7 +334,7 @@ class StepSampler(Sampler[list[int]]):
         try:
             saved.check_same_stream(now)
         except ValueError as exc:
-            if same_mix:
+            if same_mix or layout is None:  # (batches by shape take no mixture edit)
                 raise
             raise ValueError(f"{exc}; to change the mix at this resume: load_state_dict(state, remix=True)") from None
         if layout is not None:  # the state's edits, if any, go on
