@@ -187,3 +187,35 @@ def test_aug_repeats_keeps_every_copy_together() -> None:
     assert first_a == stream_samples(np.arange(6, 8), 7, SEED, 2).tolist()
     counts = Counter(int(x) for x in stream_samples(np.arange(4, 8), 7, SEED, 2).tolist())
     assert max(counts.values()) == 1  # the plain epoch's four draws: four distinct samples
+
+
+def test_a_shard_spec_read_back_from_its_dict_holds_the_same_samples() -> None:
+    """What a DataLoader worker reads: the spec of a window after an edit, as JSON and back, gives the same
+    indices as the rank's (the worker builds the chain from the dict)."""
+    import json
+
+    from rank_dataset.plan.spec import ShardSpec
+    from rank_dataset.plan.steps import StepLayout
+
+    schedule = BatchSchedule.of(4)
+    a, b, c = (SourceEntry(n, SIZES[n], None) for n in "abc")
+    new_plan = MixPlan((12, 5), (12, 5), 17)
+    chain = RemixChain(
+        [
+            MixSegment(0, "epochs", (a, b), 19, MixPlan((7, 12), (7, 12), 19)),
+            MixSegment(3, "epochs", (b, c), 17, new_plan),
+        ],
+        seed=SEED,
+        aug_repeats=1,
+        schedule=schedule,
+    )
+    layout = StepLayout(schedule, remix=chain)
+    for epoch in range(3):
+        spec = ShardSpec(
+            17, world_size=2, rank=1, mini_epoch=2, mini_epoch_idx=1, seed=SEED, epoch=epoch, mix=new_plan, steps=layout
+        )
+        back = ShardSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+        assert back == spec
+        assert (
+            back.indices().tolist() == spec.indices().tolist() == chain.samples(epoch * 17 + spec.positions()).tolist()
+        )
