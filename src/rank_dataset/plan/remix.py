@@ -13,16 +13,19 @@ named so from its first file). For each source of the segment in force at ``Q``,
 segment's epoch holding draw ``Q`` (its current pass for a mix by steps); its items of that epoch not yet drawn
 are its *pending* items, in the order the old segment would have drawn them. Then:
 
-- a kept source's queue in the new segment is its pending items, then its old queue from the end of that epoch
-  on: it reads what its epoch in progress still owed before anything else, and skips and repeats nothing;
+- a kept source's first draws in the new segment (in draw order) read its pending items, in their order; its other
+  draws read its old queue from the end of that epoch on, at their queue positions in the new mix (less the
+  pending ones before them): it reads what its epoch in progress still owed before anything else, and skips and
+  repeats nothing;
 - a new source's queue is its own stream from position 0 (its epoch 0);
 - a removed source's pending items are dropped and counted (:attr:`Edit.dropped`).
 
 The new segment's own epochs (of a mix by epochs: its interleaving and its schedule by epoch) count from the
 edit; a mix by steps reads its rules at the run's steps. What the chain of segments needs is its mixes (sizes,
 counts, rules, each source's identity and fingerprint) and the edits' steps: a state of a few hundred bytes a
-source and edit, never of the samples. Recomputing the pending items walks the rest of the epoch in progress
-once (O(T0) work, the pending items held in memory), when a chain is built.
+source and edit, never of the samples. Building a chain walks the rest of the old epoch in progress and the new
+mix's draws until the pending items are read, once a process (O(T0) work for comparable shares; the pending items
+held in memory, 8 bytes each, with their positions).
 """
 
 from __future__ import annotations
