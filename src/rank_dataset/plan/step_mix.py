@@ -211,10 +211,31 @@ class StepMix:
     def samples(self, items: npt.NDArray[np.int64], schedule: BatchSchedule, seed: int) -> npt.NDArray[np.int64]:
         """The global sample numbers (over the sources in order) at stream draws ``items``, ``schedule`` the
         draws of each global batch (``B(t) / k``)."""
+        source, position = self.locate(items, schedule, seed)
+        out = np.empty(source.shape, np.int64)
+        offset = 0
+        for s, n in enumerate(self.sizes):
+            where = source == s
+            if where.any():
+                out[where] = permute_stream(n, source_seed(seed, s), 0, position[where]) + offset
+            offset += n
+        return out
+
+    def taken(self, schedule: BatchSchedule, step: int) -> tuple[int, ...]:
+        """Each source's draws in the global batches before ``step`` (its stream position there)."""
+        taken = [0] * len(self.sizes)
+        for a, z, _, counts in self._runs(schedule, step):
+            for s, c in enumerate(counts.tolist()):
+                taken[s] += (z - a) * c
+        return tuple(taken)
+
+    def locate(
+        self, items: npt.NDArray[np.int64], schedule: BatchSchedule, seed: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The source of each stream draw ``items`` and its position in that source's stream (see :meth:`samples`)."""
         items = np.asarray(items, np.int64)
-        out = np.empty(items.shape, np.int64)
         if not items.size:
-            return out
+            return np.empty(items.shape, np.int64), np.empty(items.shape, np.int64)
         last = schedule.step_at(int(items.max()) + 1)
         runs = self._runs(schedule, last + 1)
         firsts = np.array([a for a, _, _, _ in runs], np.int64)
@@ -250,10 +271,4 @@ class StepMix:
             position[where] = (
                 taken[j][of] + (step[where] - int(firsts[j])) * counts[of] + mine - (ends[of] - counts[of])
             )
-        offset = 0
-        for s, n in enumerate(self.sizes):
-            where = source == s
-            if where.any():
-                out[where] = permute_stream(n, source_seed(seed, s), 0, position[where]) + offset
-            offset += n
-        return out
+        return source, position

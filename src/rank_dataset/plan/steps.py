@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from rank_dataset.core.checks import MAX_EXACT
 from rank_dataset.plan.permutation import permute, permute_stream
+from rank_dataset.plan.remix import RemixChain
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.step_mix import StepMix
 
@@ -53,11 +54,14 @@ class StepLayout:
             stream is the epochs' orders (of the files, or of a mix by epochs).
         shapes: for batches by shape (:class:`rank_dataset.plan.shapes.ShapeLayout`, which computes them), the
             digest of their buckets and costs; a layout read back from a dict with it has no positions.
+        remix: for a run whose mix was edited at a resume (:mod:`rank_dataset.plan.remix`), its chain of mixes,
+            which then gives the sample of every draw (None: none).
     """
 
     schedule: BatchSchedule
     mix: StepMix | None = None
     shapes: str | None = None
+    remix: RemixChain | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"global_batch_size": self.schedule.to_dict()}
@@ -65,15 +69,18 @@ class StepLayout:
             d["mix"] = self.mix.to_dict()
         if self.shapes is not None:
             d["shapes"] = self.shapes
+        if self.remix is not None:
+            d["remix"] = self.remix.to_state()
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepLayout:
-        mix = data.get("mix")
+        mix, remix = data.get("mix"), data.get("remix")
         return cls(
             BatchSchedule.of(dict(data["global_batch_size"])),
             None if mix is None else StepMix.from_dict(mix),
             data.get("shapes"),
+            None if remix is None else RemixChain.from_state(remix),
         )
 
     def check(self, world_size: int, aug_repeats: int = 1) -> None:
@@ -152,6 +159,8 @@ class StepLayout:
         self._positional()
         k = aug_repeats
         draws = draws_per_epoch(num_samples, k)
+        if self.remix is not None:  # a mix edited at a resume: its chain of mixes gives every draw's sample
+            return self.remix.samples(epoch * draws + positions // k)
         if self.mix is not None:  # by steps: the batches' counts and slots of draws, not an epoch order
             return self.mix.samples(epoch * draws + positions // k, self.schedule.in_draws(k), seed)
         return stream_samples(epoch * draws + positions // k, num_samples, seed, k, mix)

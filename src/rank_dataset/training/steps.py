@@ -15,6 +15,7 @@ shard, and the wait overlaps the load.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Iterator, Mapping
@@ -25,11 +26,13 @@ import numpy.typing as npt
 from torch.utils.data import Sampler
 
 from rank_dataset.core.checks import check_int
+from rank_dataset.plan.remix import Edit
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.shapes import ShapeLayout, ShapeStream, bucket_ids
 from rank_dataset.plan.step_mix import StepMix
 from rank_dataset.plan.step_state import StepState, find_step_state, mix_digest
 from rank_dataset.plan.steps import StepLayout, check_stream
+from rank_dataset.training._remix import SEGMENTS_KEY, continue_chain, saved_chain, state_chain
 from rank_dataset.training._state import fingerprint_of
 from rank_dataset.training.dataset import RankDataset
 
@@ -278,7 +281,19 @@ class StepSampler(Sampler[list[int]]):
         anchor = self.layout.stream.anchor_of(step) if isinstance(self.layout, ShapeLayout) else None
         if anchor is not None:  # by budget: the batches before an epoch, so that a resume need not count them
             state["anchor"] = list(anchor)
+        if not isinstance(self.layout, ShapeLayout):  # the mixes, for a mixture edit at a resume (remix=True)
+            chain = state_chain(self.layout, self.dataset, self._identity)
+            if step < chain.last.step:
+                raise ValueError(f"step {step} precedes this run's mixture edit at step {chain.last.step}")
+            state[SEGMENTS_KEY] = chain.to_dict()
         return state
+
+    @property
+    def edits(self) -> tuple[Edit, ...]:
+        """The run's mixture edits (:meth:`load_state_dict` with ``remix=True``), each with what it left each source
+        of the mix it ended: its epoch in progress, items consumed and pending, and whether it was kept
+        (:attr:`~rank_dataset.plan.remix.Edit.dropped`: the removed sources' samples dropped)."""
+        return () if self.layout.remix is None else self.layout.remix.edits
 
     @staticmethod
     def find_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
@@ -292,15 +307,39 @@ class StepSampler(Sampler[list[int]]):
             raise ValueError("no StepSampler state in this dict: was the sampler a StepSampler?")
         return found
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], remix: bool = False) -> None:
         """Continue at the state's step (the next iteration yields that global batch). ``state`` is one of
         :meth:`state_dict`, or a dict holding one (a StatefulDataLoader's state: any number of workers).
 
+        With ``remix=True`` the dataset's mix may differ from the state's (a source added, removed or reweighted,
+        rules by step changed): the run goes on with it from the state's step, each kept source first reading
+        what its epoch in progress had not given yet (see :mod:`rank_dataset.plan.remix` and :attr:`edits`; a
+        log line of the logger ``rank_dataset.steps`` reports the removed sources' dropped samples).
+
         Raises:
-            ValueError: a state for other files, another seed, ``aug_repeats``, mix or schedule (naming it).
+            ValueError: a state for other files, another seed, ``aug_repeats``, mix or schedule (naming it); with
+                ``remix=True``, an edit it cannot make (a kept source's files changed, ``aug_repeats``, the seed,
+                the batch size schedule, batches by shape; naming it).
         """
-        saved = StepState.from_dict(self.find_state(state))
-        saved.check_same_stream(self._identity)
+        found = self.find_state(state)
+        saved = StepState.from_dict(found)
+        layout = dataclasses.replace(self.layout, remix=None) if not isinstance(self.layout, ShapeLayout) else None
+        now = self._identity
+        same_mix = (saved.mix, saved.num_samples, saved.fingerprint) == (now.mix, now.num_samples, now.fingerprint)
+        if remix and layout is not None and not same_mix:
+            chain = continue_chain(found, saved, now, self.dataset, layout)
+            self.layout = dataclasses.replace(layout, remix=chain)
+            self._step = saved.step
+            return
+        try:
+            saved.check_same_stream(now)
+        except ValueError as exc:
+            if same_mix or layout is None:  # (batches by shape take no mixture edit)
+                raise
+            raise ValueError(f"{exc}; to change the mix at this resume: load_state_dict(state, remix=True)") from None
+        if layout is not None:  # the state's edits, if any, go on
+            chain = saved_chain(found, saved)
+            self.layout = dataclasses.replace(layout, remix=chain if chain and len(chain.segments) > 1 else None)
         anchor = self.find_state(state).get("anchor")
         if anchor is not None and isinstance(self.layout, ShapeLayout):
             if not (isinstance(anchor, list) and len(anchor) == 2):
