@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from rank_dataset.plan.resume import ResumeState
     from rank_dataset.plan.sources import Source
     from rank_dataset.shards.audit import PassCount
+    from rank_dataset.shards.provenance import samples_of
     from rank_dataset.training.dataset import RankDataset
     from rank_dataset.training.monitor import monitor
     from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
@@ -68,6 +69,7 @@ __all__ = [
     "ids_of",
     "monitor",
     "repeat_factor",
+    "samples_of",
 ]
 
 # Where each lazily imported name lives.
@@ -82,6 +84,7 @@ _LAZY = {
     "ResumeState": "rank_dataset.plan.resume",
     "Source": "rank_dataset.plan.sources",
     "PassCount": "rank_dataset.shards.audit",
+    "samples_of": "rank_dataset.shards.provenance",
     "get_rank_world_size": "rank_dataset.training.topology",
     "RandomSampler": "rank_dataset.training.sampler",
     "ResumableSampler": "rank_dataset.training.sampler",

@@ -15,6 +15,7 @@ shard, and the wait overlaps the load.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Iterator, Mapping
@@ -27,6 +28,7 @@ from torch.utils.data import Sampler
 from rank_dataset.core.checks import check_int
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.shapes import ShapeLayout, ShapeStream, bucket_ids
+from rank_dataset.plan.skips import Skips
 from rank_dataset.plan.step_mix import StepMix
 from rank_dataset.plan.step_state import StepState, find_step_state, mix_digest
 from rank_dataset.plan.steps import StepLayout, check_stream
@@ -102,6 +104,12 @@ class StepSampler(Sampler[list[int]]):
             :func:`~rank_dataset.plan.shapes.nearest_resolution`).
         max_cost: the cost budget of a global batch (an int), with ``cost``.
         cost: each sample's cost, a non-negative integer array of the dataset's samples (pixels, tokens).
+        skip: data batches not trained on, as half-open ranges ``[(a, b), ...]`` (see :meth:`skip`).
+
+    Loop steps and data batches (:mod:`rank_dataset.plan.skips`): global batch ``t`` above is data batch ``t``,
+    and the batch-size and mixture schedules are keyed by the data batch. ``start_step``, :attr:`step` and
+    ``state_dict(step=)`` count loop (optimizer) steps: without skips the two are equal; with a skipped range
+    ``[a, b)``, the loop step that would have received data batch ``a`` receives data batch ``b``.
 
     ``state_dict()`` is ``{"step": next step, ...}`` plus what identifies the stream, the same on every rank;
     torchdata's StatefulDataLoader stores it, taken at the batch last returned (with a plain DataLoader, which
@@ -127,6 +135,7 @@ class StepSampler(Sampler[list[int]]):
         bucket_by: Any = None,
         max_cost: int | None = None,
         cost: Any = None,
+        skip: Any = None,
     ) -> None:
         if not isinstance(dataset, RankDataset):
             raise TypeError(
@@ -161,6 +170,7 @@ class StepSampler(Sampler[list[int]]):
             self.layout = _shape_layout(dataset, global_batch_size, bucket_by, max_cost, cost)
             schedule = self.layout.schedule
         self._step = check_int("start_step", start_step, low=0)
+        self._skips = Skips.of(skip)
         self._timeout = _SWITCH_TIMEOUT
         files = fingerprint_of(dataset.reader, mixture, book.exclusion_fingerprint)
         self._identity = StepState(
@@ -186,12 +196,46 @@ class StepSampler(Sampler[list[int]]):
 
     @property
     def step(self) -> int:
-        """The next global batch this sampler yields."""
+        """The next loop step this sampler yields a batch for (its data batch: ``skips.batch_of(step)``)."""
         return self._step
 
+    @property
+    def skips(self) -> Skips:
+        """The data batches not trained on (:class:`~rank_dataset.plan.skips.Skips`)."""
+        return self._skips
+
+    def skip(self, first: int, stop: int) -> None:
+        """Do not train on data batches ``[first, stop)``: the loop step that would have received batch
+        ``first`` receives batch ``stop``. Call it on every rank alike (the ranks' batches must stay one global
+        batch); it is kept in :meth:`state_dict` and :meth:`manifest`.
+
+        Raises:
+            ValueError: ``first`` before the next data batch not yet handed out (the sampler runs ahead of the
+                loop by the DataLoader's prefetch), an empty range, or one that overlaps another skipped range.
+        """
+        merged = self._skips.merge(Skips.of([(first, stop)]))
+        if merged is self._skips:  # the same range again counts once
+            return
+        upcoming = self._skips.batch_of(self._step)
+        if first < upcoming:
+            raise ValueError(
+                f"skip({first}, {stop}): data batches up to {upcoming - 1} have been handed out (the sampler runs "
+                f"ahead of the training loop by the DataLoader's prefetch): skip from data batch {upcoming} on"
+            )
+        self._skips = merged
+
+    def manifest(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """What defines this stream, as a small JSON dict naming no rank: the dataset's manifest
+        (:meth:`RankDataset.manifest`) with the batch-size schedule, the mix's rules by step, the buckets and
+        budgets of batches by shape, and the skipped ranges. With ``path``, written there as JSON, the arrays it
+        references beside it. :func:`rank_dataset.samples_of` reads it."""
+        from rank_dataset.training._manifest import sampler_manifest
+
+        return sampler_manifest(self, path)
+
     def global_batch_size(self, step: int) -> int:
-        """``B(step)``."""
-        return self.schedule.size(check_int("step", step, low=0))
+        """``B`` of the data batch that loop step ``step`` receives."""
+        return self.schedule.size(self._skips.batch_of(check_int("step", step, low=0)))
 
     def _window(self, step: int) -> tuple[int, int]:
         spec = self.dataset.spec
@@ -203,7 +247,7 @@ class StepSampler(Sampler[list[int]]):
         token = drawn = 0
         try:
             while True:
-                step = self._step
+                step = self._skips.batch_of(self._step)  # the next data batch
                 check_stream(ds.spec.num_samples, schedule, step)
                 epoch, mini = self._window(step)
                 spec = ds.spec
@@ -216,13 +260,19 @@ class StepSampler(Sampler[list[int]]):
                     token = 0
                 first, stop = self.layout.steps_of(spec.num_samples, spec.mini_epoch, epoch, mini, spec.aug_repeats)
                 bounds = self._bounds(first, stop)
-                token = channel.begin_pass(int(bounds[-1] - bounds[step - first]))
+                seen = self._skips
+                token = channel.begin_pass(seen.kept_items(bounds, first, step))
                 drawn = 0
-                for u in range(step, stop):
-                    self._step = u + 1  # what state_dict says while this batch is out
+                u = step
+                while u < stop:
+                    if self._skips is not seen:  # skip() since the pass began: it draws fewer
+                        seen = self._skips
+                        channel.pass_audit.begin(drawn + seen.kept_items(bounds, first, u))
+                    self._step += 1  # what state_dict says while this batch is out
                     lo, hi = int(bounds[u - first]), int(bounds[u - first + 1])
                     drawn += hi - lo
                     yield list(range(lo, hi))
+                    u = self._skips.batch_of(self._step)
         finally:
             if token:
                 channel.end_pass(token, finished=False)
@@ -261,9 +311,10 @@ class StepSampler(Sampler[list[int]]):
             delay = min(delay * 2, 0.01)
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
-        """The resume point: ``step`` (default: the next step this sampler yields; with a plain DataLoader, which
-        prefetches, pass the next step the training loop reads) and what identifies the stream. A JSON dict
-        of a few hundred bytes, the same on every rank."""
+        """The resume point: ``step`` (a loop step; default: the next step this sampler yields; with a plain
+        DataLoader, which prefetches, pass the next step the training loop reads), what identifies the stream
+        and the skipped ranges (``skip``, when there are any). A JSON dict of a few hundred bytes, the same on
+        every rank."""
         step = self._step if step is None else check_int("step", step, low=0)
         state = StepState(
             step=step,
@@ -275,9 +326,11 @@ class StepSampler(Sampler[list[int]]):
             mix=self._identity.mix,
             shapes=self._identity.shapes,
         ).to_dict()
-        anchor = self.layout.stream.anchor_of(step) if isinstance(self.layout, ShapeLayout) else None
+        anchor = self.layout.stream.anchor_of(self._skips.batch_of(step)) if isinstance(self.layout, ShapeLayout) else None
         if anchor is not None:  # by budget: the batches before an epoch, so that a resume need not count them
             state["anchor"] = list(anchor)
+        if self._skips:
+            state["skip"] = self._skips.to_list()
         return state
 
     @staticmethod
@@ -297,13 +350,16 @@ class StepSampler(Sampler[list[int]]):
         :meth:`state_dict`, or a dict holding one (a StatefulDataLoader's state: any number of workers).
 
         Raises:
-            ValueError: a state for other files, another seed, ``aug_repeats``, mix or schedule (naming it).
+            ValueError: a state for other files, another seed, ``aug_repeats``, mix or schedule (naming it); a
+                skipped range of the state that overlaps a different one of this sampler's (the state's skips
+                are merged with the sampler's: the same range in both counts once).
         """
         saved = StepState.from_dict(self.find_state(state))
         saved.check_same_stream(self._identity)
+        skips = self._skips.merge(Skips.of(self.find_state(state).get("skip"), "the state's skip"))
         anchor = self.find_state(state).get("anchor")
         if anchor is not None and isinstance(self.layout, ShapeLayout):
             if not (isinstance(anchor, list) and len(anchor) == 2):
                 raise ValueError(f"invalid step state: anchor must be [epoch, steps before it], got {anchor!r}")
             self.layout.stream.anchor(*anchor)
-        self._step = saved.step
+        self._step, self._skips = saved.step, skips
