@@ -91,7 +91,9 @@ class ArrayRef:
         """
         array = np.asarray(values)
         if array.ndim != 1 or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)):
-            raise ValueError(f"manifest {name}: {self.path} must hold a 1-D integer array, got {array.dtype} {array.shape}")
+            raise ValueError(
+                f"manifest {name}: {self.path} must hold a 1-D integer array, got {array.dtype} {array.shape}"
+            )
         if array.size != self.length or array_digest(array) != self.sha256:
             raise ValueError(
                 f"manifest {name}: {self.path} is not the array the manifest was written with (its length or "

@@ -326,7 +326,8 @@ class StepSampler(Sampler[list[int]]):
             mix=self._identity.mix,
             shapes=self._identity.shapes,
         ).to_dict()
-        anchor = self.layout.stream.anchor_of(self._skips.batch_of(step)) if isinstance(self.layout, ShapeLayout) else None
+        layout = self.layout
+        anchor = layout.stream.anchor_of(self._skips.batch_of(step)) if isinstance(layout, ShapeLayout) else None
         if anchor is not None:  # by budget: the batches before an epoch, so that a resume need not count them
             state["anchor"] = list(anchor)
         if self._skips:
