@@ -22,11 +22,14 @@ from rank_dataset.core.checks import is_url
 from rank_dataset.plan.manifest import MANIFEST_KEY, MANIFEST_VERSION, ArrayRef
 
 if TYPE_CHECKING:
+    from rank_dataset.files.read.metafile import MetaFile
+    from rank_dataset.plan.skips import Skips
     from rank_dataset.plan.sources import Source
-    from rank_dataset.training.dataset import RankDataset
-    from rank_dataset.training.steps import StepSampler
+    from rank_dataset.plan.spec import ShardSpec
+    from rank_dataset.plan.steps import StepLayout
+    from rank_dataset.training._failures import FailureBook
 
-__all__ = ["dataset_manifest", "sampler_manifest"]
+__all__ = ["dataset_manifest"]
 
 
 class _Arrays:
@@ -72,8 +75,9 @@ def _rule(source: Source) -> Any:
     return {str(k): v for k, v in rule.items()} if isinstance(rule, Mapping) else rule
 
 
-def _dataset_part(ds: RankDataset, arrays: _Arrays) -> dict[str, Any]:
-    spec, book, meta = ds.spec, ds._book, ds.meta
+def _dataset_part(
+    spec: ShardSpec, book: FailureBook, meta: MetaFile | None, epoch_size: int | None, arrays: _Arrays
+) -> dict[str, Any]:
     if spec.is_test:
         raise ValueError("a manifest describes a training stream: this dataset is an eval one (is_test=True)")
     if meta is None:
@@ -109,7 +113,6 @@ def _dataset_part(ds: RankDataset, arrays: _Arrays) -> dict[str, Any]:
                     "exclude": None if s.exclude is None else arrays.ref(f"source{i}.exclude", s.exclude.values),
                 }
             )
-    cfg = ds.reload_cfg
     return {
         MANIFEST_KEY: MANIFEST_VERSION,
         "files": files,
@@ -118,7 +121,7 @@ def _dataset_part(ds: RankDataset, arrays: _Arrays) -> dict[str, Any]:
             "seed": spec.seed,
             "mini_epoch": spec.mini_epoch,
             "aug_repeats": spec.aug_repeats,
-            "epoch_size": cfg.epoch_size,
+            "epoch_size": epoch_size,
         },
         "exclude": None if exclusion is None or not len(exclusion) else arrays.ref("exclude", exclusion.values),
         "sources": sources,
@@ -127,19 +130,27 @@ def _dataset_part(ds: RankDataset, arrays: _Arrays) -> dict[str, Any]:
     }
 
 
-def dataset_manifest(ds: RankDataset, path: str | os.PathLike[str] | None) -> dict[str, Any]:
-    """See :meth:`RankDataset.manifest`."""
+def dataset_manifest(
+    spec: ShardSpec,
+    book: FailureBook,
+    meta: MetaFile | None,
+    epoch_size: int | None,
+    path: str | os.PathLike[str] | None,
+    steps: tuple[StepLayout, Skips] | None = None,
+) -> dict[str, Any]:
+    """The manifest of a dataset's plan (:meth:`RankDataset.manifest`: its ``spec``, failure ``book``, MetaFile
+    ``meta`` and mix ``epoch_size``), and with ``steps`` (a StepSampler's layout and skips) of its stream by steps
+    (:meth:`StepSampler.manifest`); written to ``path`` if given."""
     arrays = _Arrays(path)
-    return arrays.write(_dataset_part(ds, arrays))
+    manifest = _dataset_part(spec, book, meta, epoch_size, arrays)
+    if steps is not None:
+        manifest["steps"] = _steps_part(*steps, arrays)
+    return arrays.write(manifest)
 
 
-def sampler_manifest(sampler: StepSampler, path: str | os.PathLike[str] | None) -> dict[str, Any]:
-    """See :meth:`StepSampler.manifest`."""
+def _steps_part(layout: StepLayout, skips: Skips, arrays: _Arrays) -> dict[str, Any]:
     from rank_dataset.plan.shapes import ShapeLayout
 
-    arrays = _Arrays(path)
-    manifest = _dataset_part(sampler.dataset, arrays)
-    layout = sampler.layout
     shapes = None
     if isinstance(layout, ShapeLayout):
         stream = layout.stream
@@ -150,10 +161,9 @@ def sampler_manifest(sampler: StepSampler, path: str | os.PathLike[str] | None) 
             "buckets": arrays.ref("buckets", stream.buckets) if several else None,
             "cost": None if stream.cost is None else arrays.ref("cost", stream.cost),
         }
-    manifest["steps"] = {
+    return {
         "global_batch_size": layout.schedule.to_dict(),
         "mix": None if layout.mix is None else layout.mix.to_dict(),
         "shapes": shapes,
-        "skip": sampler.skips.to_list(),
+        "skip": skips.to_list(),
     }
-    return arrays.write(manifest)

@@ -569,7 +569,7 @@ class RankDataset(ShardedDataset):
         """
         from rank_dataset.training._manifest import dataset_manifest
 
-        return dataset_manifest(self, path)
+        return dataset_manifest(self.spec, self._book, self.meta, self.reload_cfg.epoch_size, path)
 
     def close(self) -> None:
         """Free what the reader holds beyond the shard (the collective reader's gloo group). Every rank

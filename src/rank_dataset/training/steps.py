@@ -229,9 +229,10 @@ class StepSampler(Sampler[list[int]]):
         (:meth:`RankDataset.manifest`) with the batch-size schedule, the mix's rules by step, the buckets and
         budgets of batches by shape, and the skipped ranges. With ``path``, written there as JSON, the arrays it
         references beside it. :func:`rank_dataset.samples_of` reads it."""
-        from rank_dataset.training._manifest import sampler_manifest
+        from rank_dataset.training._manifest import dataset_manifest
 
-        return sampler_manifest(self, path)
+        ds = self.dataset
+        return dataset_manifest(ds.spec, ds._book, ds.meta, ds.reload_cfg.epoch_size, path, (self.layout, self._skips))
 
     def global_batch_size(self, step: int) -> int:
         """``B`` of the data batch that loop step ``step`` receives."""
