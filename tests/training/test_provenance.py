@@ -275,3 +275,23 @@ def test_cli_on_a_manifest_file(files: tuple[Path, Path], tmp_path: Path) -> Non
     files[0].write_text("".join(f"img_{i}.jpg {i % 3}\n" for i in range(N + 1)))  # a sample more
     out = cli("samples", path, "--step", "0")
     assert out.returncode == 1 and "meta.txt changed" in out.stderr
+
+
+@pytest.mark.parametrize("kind", ["plain", "mix", "stepmix", "buckets"])
+def test_a_far_step_is_planned_alone(files: tuple[Path, Path], tmp_path: Path, kind: str) -> None:
+    # A step a replay of the run could never reach: samples_of plans its window alone, as a sampler started there
+    # loads that window's shard alone.
+    far = 10**12
+    ds = make(kind if kind != "buckets" else "plain", files, 0, 1)
+    if kind == "buckets":
+        sampler = StepSampler(ds, 6, bucket_by=np.arange(N) % 3, start_step=far, skip=[(5, 9)])
+    else:
+        sampler = StepSampler(ds, SCHEDULE, start_step=far, skip=[(5, 9)])
+    path = tmp_path / "run.json"
+    sampler.manifest(path)
+    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=as_list)
+    batches = [b for _, b in zip(range(2), loader)]
+    for t in range(2):
+        rows = samples_of(path, step=far + t)
+        assert [r["line"] for r in rows] == batches[t]
+        check_rows(rows, files)
