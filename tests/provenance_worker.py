@@ -20,7 +20,7 @@ LIVE = (5, 15, 18)  # at loop step 5, skip data batches [15, 18): past what the 
 def main(meta: str, other: str, out: str) -> None:
     dist.init_process_group("gloo")
     sources = [Source(meta, ids=np.arange(0, 37, 2), weight=2, name="even"), Source(other, repeat=2, name="docs")]
-    ds = RankDataset(sources, reload_cfg={"mini_epoch": 3, "seed": 5, "epoch_size": 40})
+    ds = RankDataset(sources, reload_cfg={"mini_epoch": 3, "seed": 5, "epoch_size": 40}, audit="error")
     sampler = StepSampler(ds, SCHEDULE, skip=[(2, 4)])
     loader = DataLoader(ds, batch_sampler=sampler, collate_fn=list, num_workers=2, persistent_workers=True)
     batches = []

@@ -19,6 +19,8 @@ from torch.utils.data import DataLoader
 from rank_dataset import MetaFileChangedError, RankDataset, Source, StepSampler, samples_of
 from tests_helpers import BLOCK_TORCH
 
+pytestmark = pytest.mark.filterwarnings("error::rank_dataset.PassAuditWarning")  # a skip must keep the audit exact
+
 N, OTHER = 37, 11
 CFG = {"mini_epoch": 3, "seed": 5}
 SCHEDULE = {0: 4, 3: 8, 6: 16}
@@ -295,3 +297,20 @@ def test_a_far_step_is_planned_alone(files: tuple[Path, Path], tmp_path: Path, k
         rows = samples_of(path, step=far + t)
         assert [r["line"] for r in rows] == batches[t]
         check_rows(rows, files)
+
+
+def test_a_run_time_skip_past_the_window_keeps_the_pass_audit_exact(files: tuple[Path, Path]) -> None:
+    def loop(skip_at: int | None, steps: int) -> tuple[list[list[str]], Any]:
+        ds = RankDataset(files[0], reload_cfg=CFG, rank=0, world_size=1, audit="error")
+        sampler = StepSampler(ds, 4)  # 37 draws in 3 windows of 13: data batches 0-3 start in window 0
+        batches = []
+        for step, batch in zip(range(steps), DataLoader(ds, batch_sampler=sampler, collate_fn=as_list)):
+            batches.append(batch)
+            if step == skip_at:  # the rest of window 0, and the first batch of window 1
+                sampler.skip(1, 5)
+        return batches, ds.audit()
+
+    reference, _ = loop(None, 14)
+    batches, audit = loop(0, 10)
+    assert batches == reference[:1] + reference[5:14]
+    assert len(audit) >= 3 and all(count.ok for count in audit if count.state == "finished")

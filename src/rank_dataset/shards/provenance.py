@@ -178,8 +178,8 @@ class RunPlan:
         layout = self._steps()
         batch = check_int("batch", batch, low=0)
         world = 1 if world_size is None else check_int("world_size", world_size, low=1)
-        if (rank is None) != (world_size is None) and rank is not None:
-            raise ValueError("rank= needs world_size=")
+        if rank is not None and world_size is None:
+            raise ValueError("rank= needs world_size= (a rank's block depends on the world size)")
         numbers, bounds = layout.batch(batch, self.num_samples, self.seed, self.aug_repeats, self.mix, world)
         if rank is not None:
             r = check_int("rank", rank, low=0, high=world, high_name="world_size")

@@ -266,14 +266,14 @@ class StepSampler(Sampler[list[int]]):
                 drawn = 0
                 u = step
                 while u < stop:
-                    if self._skips is not seen:  # skip() since the pass began: it draws fewer
-                        seen = self._skips
-                        channel.pass_audit.begin(drawn + seen.kept_items(bounds, first, u))
                     self._step += 1  # what state_dict says while this batch is out
                     lo, hi = int(bounds[u - first]), int(bounds[u - first + 1])
                     drawn += hi - lo
                     yield list(range(lo, hi))
                     u = self._skips.batch_of(self._step)
+                    if self._skips is not seen:  # skip() since the pass began: it draws fewer
+                        seen = self._skips
+                        channel.pass_audit.begin(drawn + (seen.kept_items(bounds, first, u) if u < stop else 0))
         finally:
             if token:
                 channel.end_pass(token, finished=False)
