@@ -97,7 +97,7 @@ class StepSampler(Sampler[list[int]]):
         global_batch_size: an int, or a schedule ``{first_step: size}`` that holds step 0 (a ramp-up); each size
             a multiple of the world size (and of ``aug_repeats``). With ``bucket_by``, an int; with ``max_cost``,
             None.
-        start_step: the first global batch to yield.
+        start_step: the first loop step to yield a batch for (its data batch: see ``skip``).
         bucket_by: each sample's bucket: the dict :func:`~rank_dataset.group_by` returns (label -> sample
             indices) or an int array of the dataset's samples (see
             :func:`~rank_dataset.plan.shapes.aspect_ratio_groups` and
@@ -123,7 +123,8 @@ class StepSampler(Sampler[list[int]]):
             mix with rules by step, a source with a schedule by epoch or rules that cannot be met at some step
             (naming the source and the step). By shape: a sample costlier than ``max_cost`` (naming it), a
             bucket for other samples, a mix, ``exclude=`` or ``aug_repeats``; when the stream reaches it, a
-            global batch of fewer samples than the world size (naming the step).
+            global batch of fewer samples than the world size (naming the step). ``skip``: an empty range, or two
+            different ranges that overlap.
     """
 
     def __init__(
