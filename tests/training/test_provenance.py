@@ -314,3 +314,22 @@ def test_a_run_time_skip_past_the_window_keeps_the_pass_audit_exact(files: tuple
     batches, audit = loop(0, 10)
     assert batches == reference[:1] + reference[5:14]
     assert len(audit) >= 3 and all(count.ok for count in audit if count.state == "finished")
+
+
+def test_what_a_manifest_refuses(files: tuple[Path, Path], tmp_path: Path) -> None:
+    meta = files[0]
+    with pytest.raises(ValueError, match="a manifest describes a training stream: this dataset is an eval one"):
+        RankDataset(meta, is_test=True, rank=0, world_size=1).manifest()
+    failing = RankDataset(meta, rank=0, world_size=1, on_error="replace", exclude_failures=True)
+    with pytest.raises(ValueError, match="exclude_failures=True changes the plan each epoch"):
+        failing.manifest()
+    manifest = make("plain", files, 0, 1).manifest()
+    with pytest.raises(ValueError, match="invalid manifest: its files less exclude hold 37 samples, it plans 36"):
+        samples_of({**manifest, "num_samples": 36}, epoch=0, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="rank= needs world_size="):
+        samples_of(StepSampler(make("plain", files, 0, 1), 4).manifest(), step=0, rank=0)
+    with pytest.raises(ValueError, match="not a multiple of the world size 3"):
+        samples_of(StepSampler(make("plain", files, 0, 1), 4).manifest(), step=0, rank=0, world_size=3)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match=r"bad\.json is not a manifest: not JSON"):
+        samples_of(tmp_path / "bad.json", step=0)
