@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from rank_dataset.plan.shapes import SDXL_RESOLUTIONS, aspect_ratio_groups, nearest_resolution
     from rank_dataset.plan.sources import Source
     from rank_dataset.shards.audit import PassCount
+    from rank_dataset.shards.provenance import samples_of
     from rank_dataset.training.dataset import RankDataset
     from rank_dataset.training.monitor import monitor
     from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
@@ -76,6 +77,7 @@ __all__ = [
     "monitor",
     "nearest_resolution",
     "repeat_factor",
+    "samples_of",
     "sizes_of",
 ]
 
@@ -96,6 +98,7 @@ _LAZY = {
     "nearest_resolution": "rank_dataset.plan.shapes",
     "Source": "rank_dataset.plan.sources",
     "PassCount": "rank_dataset.shards.audit",
+    "samples_of": "rank_dataset.shards.provenance",
     "get_rank_world_size": "rank_dataset.training.topology",
     "RandomSampler": "rank_dataset.training.sampler",
     "ResumableSampler": "rank_dataset.training.sampler",

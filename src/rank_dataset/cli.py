@@ -1,4 +1,4 @@
-"""The ``rank-dataset`` command line: ``index``, ``serve``, ``demo`` and ``report``."""
+"""The ``rank-dataset`` command line: ``index``, ``serve``, ``demo``, ``report`` and ``samples``."""
 
 from __future__ import annotations
 
@@ -244,6 +244,87 @@ def report_cmd(run_dir: str, png: str | None) -> None:
     try:
         click.echo(write_report(run_dir, png))
     except (FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _step_range(value: str | None) -> range | None:
+    """``A:B`` as the loop steps ``[A, B)``."""
+    if value is None:
+        return None
+    first, colon, stop = value.partition(":")
+    if not (colon and first.isdigit() and stop.isdigit() and int(first) < int(stop)):
+        raise click.BadParameter(f"give the loop steps as FIRST:STOP with FIRST < STOP, got {value!r}")
+    return range(int(first), int(stop))
+
+
+@cli.command("samples")
+@click.argument("manifest", type=click.Path(exists=True, dir_okay=False))
+@click.option("--step", type=click.IntRange(0), default=None, help="A loop step of a run by steps.")
+@click.option("--steps", "steps", default=None, help="Loop steps FIRST:STOP (half-open).")
+@click.option("--batch", type=click.IntRange(0), default=None, help="A data batch, skipped or not.")
+@click.option("--epoch", type=click.IntRange(0), default=None, help="An epoch of a dataset's manifest (a shard).")
+@click.option("--mini-epoch", type=click.IntRange(0), default=0, show_default=True, help="With --epoch.")
+@click.option("--rank", type=click.IntRange(0), default=None, help="This rank's block (or shard) only.")
+@click.option("--world-size", type=click.IntRange(1), default=None, help="With --rank (and --epoch).")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True)
+def samples_cmd(
+    manifest: str,
+    step: int | None,
+    steps: str | None,
+    batch: int | None,
+    epoch: int | None,
+    mini_epoch: int,
+    rank: int | None,
+    world_size: int | None,
+    fmt: str,
+) -> None:
+    """Print the samples a run read, from its MANIFEST (sampler.manifest(path) or dataset.manifest(path)): a
+    row a sample, with its source, meta file, sample number and line."""
+    import csv
+    import json
+    import sys
+
+    from rank_dataset.errors import MetaFileChangedError
+    from rank_dataset.shards.provenance import RunPlan
+
+    loops = _step_range(steps)
+    asked = (("--step", step), ("--steps", loops), ("--batch", batch), ("--epoch", epoch))
+    given = [name for name, value in asked if value is not None]
+    if len(given) != 1:
+        raise click.UsageError(f"give one of --step, --steps, --batch and --epoch, got {' and '.join(given) or 'none'}")
+    if (rank is None) != (world_size is None) or (epoch is not None and rank is None):
+        raise click.UsageError("--rank and --world-size go together (and --epoch needs both)")
+    head = ["step", "batch"] if batch is None else ["batch", "skipped"]
+    if epoch is not None:
+        head = ["epoch", "mini_epoch"]
+    if rank is not None:
+        head.append("rank")
+    fields = [*head, "source", "file", "sample", "line"]
+    writer: Any = csv.DictWriter(sys.stdout, fields) if fmt == "csv" else None
+    if writer is not None:
+        writer.writeheader()
+
+    def emit(rows: list[dict[str, Any]], **where: Any) -> None:
+        for row in rows:
+            out = {**where, **row}
+            if writer is not None:
+                writer.writerow({k: out.get(k) for k in fields})
+            else:
+                click.echo(json.dumps({k: out.get(k) for k in fields}))
+
+    try:
+        plan = RunPlan(manifest)
+        mine = {} if rank is None else {"rank": rank}
+        if epoch is not None:
+            assert rank is not None and world_size is not None
+            emit(plan.shard(epoch, mini_epoch, rank, world_size), epoch=epoch, mini_epoch=mini_epoch, **mine)
+        elif batch is not None:
+            emit(plan.batch(batch, rank, world_size), batch=batch, **mine)
+        else:
+            for t in loops if loops is not None else [step]:
+                assert t is not None
+                emit(plan.step(t, rank, world_size), step=t, batch=plan.skips.batch_of(t), **mine)
+    except (MetaFileChangedError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

@@ -477,6 +477,22 @@ class ShapeLayout(StepLayout):
     ) -> tuple[int, int]:
         return self.stream.steps_of(mini_epoch, epoch, mini_epoch_idx)
 
+    def batch(
+        self,
+        step: int,
+        num_samples: int,
+        seed: int,
+        aug_repeats: int = 1,
+        mix: Any = None,
+        world_size: int = 1,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Global batch ``step`` alone: its samples with the ranks' blocks in rank order, and where each starts
+        (as :meth:`StepLayout.batch`). By count and on one rank, the batch in stream order; by budget, each
+        rank's share (:func:`split_by_cost`), which depends on ``world_size``."""
+        parts = [self.stream.share(step, step + 1, world_size, r)[0] for r in range(world_size)]
+        bounds = np.concatenate(([0], np.cumsum([p.size for p in parts]))).astype(np.int64)
+        return _samples(np.concatenate(parts), num_samples, seed), bounds
+
     def counts(self, world_size: int, rank: int, first: int, stop: int) -> npt.NDArray[np.int64]:
         """This rank's samples of each global batch ``[first, stop)`` (of one window)."""
         return self.stream.share(first, stop, world_size, rank)[1]

@@ -146,6 +146,32 @@ class StepLayout:
             parts.append(draws.reshape(-1))
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
+    def batch(
+        self,
+        step: int,
+        num_samples: int,
+        seed: int,
+        aug_repeats: int = 1,
+        mix: MixPlan | None = None,
+        world_size: int = 1,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Global batch ``step`` alone, without its window: its samples (plan numbers) in global-batch order and
+        where each of ``world_size`` ranks' blocks starts in it (``world_size + 1`` bounds, rank 0's block
+        first). The list does not depend on ``world_size``; a size it does not divide is a ValueError."""
+        self._positional()
+        k = aug_repeats
+        size = self.schedule.size(step)
+        self.schedule.check(world_size, k)
+        per = size // k
+        draws = np.arange(size, dtype=np.int64)
+        draws %= per
+        draws += self.schedule.start(step) // k
+        if self.mix is not None:
+            samples = self.mix.samples(draws, self.schedule.in_draws(k), seed)
+        else:
+            samples = stream_samples(draws, num_samples, seed, k, mix)
+        return samples, np.arange(world_size + 1, dtype=np.int64) * (size // world_size)
+
     def indices(
         self,
         positions: npt.NDArray[np.int64],

@@ -21,6 +21,7 @@ from rank_dataset.plan.spec import ShardSpec
 if TYPE_CHECKING:
     # Imported where a mix, a subset or an exclusion is given: a reader of plain files plans none (issue 44, item 6).
     from rank_dataset.plan.exclude import Exclusion, KeptIds
+    from rank_dataset.plan.mix import MixPlan
     from rank_dataset.plan.sources import Source
     from rank_dataset.plan.subsets import SampleMap
 
@@ -144,12 +145,21 @@ class Sampling:
         no name holds them while the shard fills)."""
         if not self.keeps_ids:
             return spec.indices
-        if self.kept is not None:
+        if self.kept is not None:  # what is left out now, whatever a later exclusion sets
             kept = self.kept
             return lambda: kept.take(spec.indices())
         sample_map, mix = self.map, spec.mix
         assert mix is not None and sample_map is not None
         return lambda: sample_map.samples(spec.indices(), mix.source_of)
+
+    def global_of(self, numbers: npt.NDArray[np.int64], mix: MixPlan | None) -> npt.NDArray[np.int64]:
+        """The global sample numbers of the plan's ``numbers`` (of the plan ``mix``, for a mix)."""
+        if not self.keeps_ids:
+            return numbers
+        if self.kept is not None:
+            return self.kept.take(numbers)
+        assert mix is not None and self.map is not None
+        return self.map.samples(numbers, mix.source_of)
 
 
 class SampledReader:

@@ -187,6 +187,11 @@ class FailureBook:
         extra = Exclusion.of(list(failed), "failed samples")
         return extra if self._exclude is None else self._exclude.union(extra)
 
+    @property
+    def exclusion(self) -> Exclusion | None:
+        """The samples the current plan leaves out: ``exclude=`` and those left out for having failed."""
+        return self._exclusion()
+
     def plan(self, is_test: bool) -> tuple[int, MixPlan | None]:
         """Leave what is left out now out of the reader's plans; the plan's size and, for a mix, its MixPlan."""
         return self._plan(self._exclusion(), is_test)

@@ -555,6 +555,22 @@ class RankDataset(ShardedDataset):
         """The MetaFile the reader reads through (None for the collective reader, or a reader without one)."""
         return self._view.rank.meta
 
+    def manifest(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """What defines this dataset's plan, as a small JSON dict naming no rank (the same on every rank): the
+        meta files with their fingerprints, ``reload_cfg``'s seed, mini-epochs and ``aug_repeats``, the mix
+        (its sources, their rules and the plan's counts) and what ``exclude=`` leaves out. Arrays it depends on
+        (``exclude=``, a source's ``ids`` or ``exclude``) are referenced by file and digest: with ``path`` (a
+        ``.json`` file) the manifest is written there and the arrays beside it; without, such an array is a
+        ValueError. :func:`rank_dataset.samples_of` reads it; a StepSampler's :meth:`manifest` adds the steps.
+
+        Raises:
+            ValueError: an eval dataset, the collective reader (it keeps no fingerprint per file),
+                ``exclude_failures=True``, or arrays without ``path``.
+        """
+        from rank_dataset.training._manifest import dataset_manifest
+
+        return dataset_manifest(self.spec, self._book, self.meta, self.reload_cfg.epoch_size, path)
+
     def close(self) -> None:
         """Free what the reader holds beyond the shard (the collective reader's gloo group). Every rank
         should close together; a closed dataset keeps serving its shard but cannot load another."""

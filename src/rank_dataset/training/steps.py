@@ -16,6 +16,7 @@ shard, and the wait overlaps the load.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import warnings
 from collections.abc import Iterator, Mapping
@@ -29,6 +30,7 @@ from rank_dataset.core.checks import check_int
 from rank_dataset.plan.remix import Edit
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.shapes import ShapeLayout, ShapeStream, bucket_ids
+from rank_dataset.plan.skips import Skips
 from rank_dataset.plan.step_mix import StepMix
 from rank_dataset.plan.step_state import StepState, find_step_state, mix_digest
 from rank_dataset.plan.steps import StepLayout, check_stream
@@ -98,13 +100,19 @@ class StepSampler(Sampler[list[int]]):
         global_batch_size: an int, or a schedule ``{first_step: size}`` that holds step 0 (a ramp-up); each size
             a multiple of the world size (and of ``aug_repeats``). With ``bucket_by``, an int; with ``max_cost``,
             None.
-        start_step: the first global batch to yield.
+        start_step: the first loop step to yield a batch for (its data batch: see ``skip``).
         bucket_by: each sample's bucket: the dict :func:`~rank_dataset.group_by` returns (label -> sample
             indices) or an int array of the dataset's samples (see
             :func:`~rank_dataset.plan.shapes.aspect_ratio_groups` and
             :func:`~rank_dataset.plan.shapes.nearest_resolution`).
         max_cost: the cost budget of a global batch (an int), with ``cost``.
         cost: each sample's cost, a non-negative integer array of the dataset's samples (pixels, tokens).
+        skip: data batches not trained on, as half-open ranges ``[(a, b), ...]`` (see :meth:`skip`).
+
+    Loop steps and data batches (:mod:`rank_dataset.plan.skips`): global batch ``t`` above is data batch ``t``,
+    and the batch-size and mixture schedules are keyed by the data batch. ``start_step``, :attr:`step` and
+    ``state_dict(step=)`` count loop (optimizer) steps: without skips the two are equal; with a skipped range
+    ``[a, b)``, the loop step that would have received data batch ``a`` receives data batch ``b``.
 
     ``state_dict()`` is ``{"step": next step, ...}`` plus what identifies the stream, the same on every rank;
     torchdata's StatefulDataLoader stores it, taken at the batch last returned (with a plain DataLoader, which
@@ -118,7 +126,8 @@ class StepSampler(Sampler[list[int]]):
             mix with rules by step, a source with a schedule by epoch or rules that cannot be met at some step
             (naming the source and the step). By shape: a sample costlier than ``max_cost`` (naming it), a
             bucket for other samples, a mix, ``exclude=`` or ``aug_repeats``; when the stream reaches it, a
-            global batch of fewer samples than the world size (naming the step).
+            global batch of fewer samples than the world size (naming the step). ``skip``: an empty range, or two
+            different ranges that overlap.
     """
 
     def __init__(
@@ -130,6 +139,7 @@ class StepSampler(Sampler[list[int]]):
         bucket_by: Any = None,
         max_cost: int | None = None,
         cost: Any = None,
+        skip: Any = None,
     ) -> None:
         if not isinstance(dataset, RankDataset):
             raise TypeError(
@@ -164,6 +174,7 @@ class StepSampler(Sampler[list[int]]):
             self.layout = _shape_layout(dataset, global_batch_size, bucket_by, max_cost, cost)
             schedule = self.layout.schedule
         self._step = check_int("start_step", start_step, low=0)
+        self._skips = Skips.of(skip)
         self._timeout = _SWITCH_TIMEOUT
         files = fingerprint_of(dataset.reader, mixture, book.exclusion_fingerprint)
         self._identity = StepState(
@@ -189,12 +200,47 @@ class StepSampler(Sampler[list[int]]):
 
     @property
     def step(self) -> int:
-        """The next global batch this sampler yields."""
+        """The next loop step this sampler yields a batch for (its data batch: ``skips.batch_of(step)``)."""
         return self._step
 
+    @property
+    def skips(self) -> Skips:
+        """The data batches not trained on (:class:`~rank_dataset.plan.skips.Skips`)."""
+        return self._skips
+
+    def skip(self, first: int, stop: int) -> None:
+        """Do not train on data batches ``[first, stop)``: the loop step that would have received batch
+        ``first`` receives batch ``stop``. Call it on every rank alike (the ranks' batches must stay one global
+        batch); it is kept in :meth:`state_dict` and :meth:`manifest`.
+
+        Raises:
+            ValueError: ``first`` before the next data batch not yet handed out (the sampler runs ahead of the
+                loop by the DataLoader's prefetch), an empty range, or one that overlaps another skipped range.
+        """
+        merged = self._skips.merge(Skips.of([(first, stop)]))
+        if merged is self._skips:  # the same range again counts once
+            return
+        upcoming = self._skips.batch_of(self._step)
+        if first < upcoming:
+            raise ValueError(
+                f"skip({first}, {stop}): data batches up to {upcoming - 1} have been handed out (the sampler runs "
+                f"ahead of the training loop by the DataLoader's prefetch): skip from data batch {upcoming} on"
+            )
+        self._skips = merged
+
+    def manifest(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """What defines this stream, as a small JSON dict naming no rank: the dataset's manifest
+        (:meth:`RankDataset.manifest`) with the batch-size schedule, the mix's rules by step, the buckets and
+        budgets of batches by shape, and the skipped ranges. With ``path``, written there as JSON, the arrays it
+        references beside it. :func:`rank_dataset.samples_of` reads it."""
+        from rank_dataset.training._manifest import dataset_manifest
+
+        ds = self.dataset
+        return dataset_manifest(ds.spec, ds._book, ds.meta, ds.reload_cfg.epoch_size, path, (self.layout, self._skips))
+
     def global_batch_size(self, step: int) -> int:
-        """``B(step)``."""
-        return self.schedule.size(check_int("step", step, low=0))
+        """``B`` of the data batch that loop step ``step`` receives."""
+        return self.schedule.size(self._skips.batch_of(check_int("step", step, low=0)))
 
     def _window(self, step: int) -> tuple[int, int]:
         spec = self.dataset.spec
@@ -206,7 +252,7 @@ class StepSampler(Sampler[list[int]]):
         token = drawn = 0
         try:
             while True:
-                step = self._step
+                step = self._skips.batch_of(self._step)  # the next data batch
                 check_stream(ds.spec.num_samples, schedule, step)
                 epoch, mini = self._window(step)
                 spec = ds.spec
@@ -219,13 +265,19 @@ class StepSampler(Sampler[list[int]]):
                     token = 0
                 first, stop = self.layout.steps_of(spec.num_samples, spec.mini_epoch, epoch, mini, spec.aug_repeats)
                 bounds = self._bounds(first, stop)
-                token = channel.begin_pass(int(bounds[-1] - bounds[step - first]))
+                seen = self._skips
+                token = channel.begin_pass(seen.kept_items(bounds, first, step))
                 drawn = 0
-                for u in range(step, stop):
-                    self._step = u + 1  # what state_dict says while this batch is out
+                u = step
+                while u < stop:
+                    self._step += 1  # what state_dict says while this batch is out
                     lo, hi = int(bounds[u - first]), int(bounds[u - first + 1])
                     drawn += hi - lo
                     yield list(range(lo, hi))
+                    u = self._skips.batch_of(self._step)
+                    if self._skips is not seen:  # skip() since the pass began: it draws fewer
+                        seen = self._skips
+                        channel.pass_audit.begin(drawn + (seen.kept_items(bounds, first, u) if u < stop else 0))
         finally:
             if token:
                 channel.end_pass(token, finished=False)
@@ -264,9 +316,10 @@ class StepSampler(Sampler[list[int]]):
             delay = min(delay * 2, 0.01)
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
-        """The resume point: ``step`` (default: the next step this sampler yields; with a plain DataLoader, which
-        prefetches, pass the next step the training loop reads) and what identifies the stream. A JSON dict
-        of a few hundred bytes, the same on every rank."""
+        """The resume point: ``step`` (a loop step; default: the next step this sampler yields; with a plain
+        DataLoader, which prefetches, pass the next step the training loop reads), what identifies the stream
+        and the skipped ranges (``skip``, when there are any). A JSON dict of a few hundred bytes, the same on
+        every rank."""
         step = self._step if step is None else check_int("step", step, low=0)
         state = StepState(
             step=step,
@@ -278,13 +331,17 @@ class StepSampler(Sampler[list[int]]):
             mix=self._identity.mix,
             shapes=self._identity.shapes,
         ).to_dict()
-        anchor = self.layout.stream.anchor_of(step) if isinstance(self.layout, ShapeLayout) else None
+        layout = self.layout
+        anchor = layout.stream.anchor_of(self._skips.batch_of(step)) if isinstance(layout, ShapeLayout) else None
         if anchor is not None:  # by budget: the batches before an epoch, so that a resume need not count them
             state["anchor"] = list(anchor)
+        if self._skips:
+            state["skip"] = self._skips.to_list()
         if not isinstance(self.layout, ShapeLayout):  # the mixes, for a mixture edit at a resume (remix=True)
             chain = state_chain(self.layout, self.dataset, self._identity)
-            if step < chain.last.step:
-                raise ValueError(f"step {step} precedes this run's mixture edit at step {chain.last.step}")
+            batch = self._skips.batch_of(step)  # a chain's steps count data batches, as the schedules do
+            if batch < chain.last.step:
+                raise ValueError(f"step {step} precedes this run's mixture edit at data batch {chain.last.step}")
             state[SEGMENTS_KEY] = chain.to_dict()
         return state
 
@@ -319,17 +376,22 @@ class StepSampler(Sampler[list[int]]):
         Raises:
             ValueError: a state for other files, another seed, ``aug_repeats``, mix or schedule (naming it); with
                 ``remix=True``, an edit it cannot make (a kept source's files changed, ``aug_repeats``, the seed,
-                the batch size schedule, batches by shape; naming it).
+                the batch size schedule, batches by shape; naming it); a skipped range of the state that overlaps
+                a different one of this sampler's (the state's skips are merged with the sampler's: the same range
+                in both counts once).
         """
         found = self.find_state(state)
         saved = StepState.from_dict(found)
+        skips = self._skips.merge(Skips.of(found.get("skip"), "the state's skip"))
         layout = dataclasses.replace(self.layout, remix=None) if not isinstance(self.layout, ShapeLayout) else None
         now = self._identity
         same_mix = (saved.mix, saved.num_samples, saved.fingerprint) == (now.mix, now.num_samples, now.fingerprint)
         if remix and layout is not None and not same_mix:
-            chain = continue_chain(found, saved, now, self.dataset, layout)
+            # the edit takes effect at the state's data batch (a chain counts data batches, not loop steps)
+            at = dataclasses.replace(saved, step=skips.batch_of(saved.step))
+            chain = continue_chain(found, at, now, self.dataset, layout)
             self.layout = dataclasses.replace(layout, remix=chain)
-            self._step = saved.step
+            self._step, self._skips = saved.step, skips
             return
         try:
             saved.check_same_stream(now)
@@ -345,4 +407,4 @@ class StepSampler(Sampler[list[int]]):
             if not (isinstance(anchor, list) and len(anchor) == 2):
                 raise ValueError(f"invalid step state: anchor must be [epoch, steps before it], got {anchor!r}")
             self.layout.stream.anchor(*anchor)
-        self._step = saved.step
+        self._step, self._skips = saved.step, skips
