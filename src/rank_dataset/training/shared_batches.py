@@ -96,7 +96,7 @@ class SharedBatches:
             if self._device.type != "cpu":
                 tensors = [t.to(self._device) for t in tensors]
             for t in tensors:
-                self._broadcast(t)
+                self._broadcast_data(t)
             yield batch if self._device.type == "cpu" else _rebuild(layout, iter(tensors))
         self._share((_END, None))
 
@@ -114,7 +114,7 @@ class SharedBatches:
             tensors = []
             for spec in _tensors_of(what):
                 t = torch.empty(spec.shape, dtype=spec.dtype, device=self._device)
-                self._broadcast(t)
+                self._broadcast_data(t)
                 tensors.append(t)
             yield _rebuild(what, iter(tensors))
 
@@ -171,6 +171,11 @@ class SharedBatches:
         self._broadcast(buf)
         return obj if self.rank == 0 else pickle.loads(buf.cpu().numpy().tobytes())
 
+    def _broadcast_data(self, tensor: Any) -> None:
+        """Broadcast a contiguous tensor's bytes (gloo carries few dtypes; every dtype is bytes)."""
+        if tensor.numel():
+            self._broadcast(tensor.reshape(-1).view(_uint8()))
+
     def _broadcast(self, tensor: Any) -> None:
         """Broadcast ``tensor`` from the first rank; returns once gloo has let go of it (see
         :func:`~rank_dataset.core.threads.wait_released`: at exit, a tensor freed by gloo's thread aborts
@@ -210,6 +215,13 @@ def shared_batches(loader: Any, group: Any) -> SharedBatches:
         ValueError: shared_batches needs an initialised torch.distributed process group
     """
     return SharedBatches(loader, group)
+
+
+def _uint8() -> Any:
+    """``torch.uint8`` (torch imported on first use)."""
+    import torch
+
+    return torch.uint8
 
 
 def _process_group(group: Any) -> Any:
