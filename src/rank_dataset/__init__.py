@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from rank_dataset.training.monitor import monitor
     from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
     from rank_dataset.training.server_datasets import RankServerDataset, ServerDataset
-    from rank_dataset.training.shared_batches import shared_batches
+    from rank_dataset.training.shared_batches import SharedBatches, shared_batches
     from rank_dataset.training.steps import StepSampler
     from rank_dataset.training.topology import get_rank_world_size
 
@@ -58,6 +58,7 @@ __all__ = [
     "ResumableSampler",
     "ResumeState",
     "ServerDataset",
+    "SharedBatches",
     "Source",
     "StepSampler",
     "TooManyFailuresError",
@@ -93,6 +94,7 @@ _LAZY = {
     "RankServerDataset": "rank_dataset.training.server_datasets",
     "ServerDataset": "rank_dataset.training.server_datasets",
     "StepSampler": "rank_dataset.training.steps",
+    "SharedBatches": "rank_dataset.training.shared_batches",
     "shared_batches": "rank_dataset.training.shared_batches",
 }
 
