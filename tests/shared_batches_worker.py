@@ -138,6 +138,11 @@ def main(meta: str, out: str) -> None:
             pass
     except (OSError, RuntimeError) as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
+    # A loader with no resume state: the first rank's error, raised on every rank of the group.
+    try:
+        shared_batches(Failing() if first else None, tp).state_dict()
+    except ValueError as exc:
+        result["no_state"] = str(exc)
     digest = hashlib.sha256(repr(result["straight"]).encode()).hexdigest()
     result["digest"] = digest
     write_rank_result(out, result)

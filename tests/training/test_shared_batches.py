@@ -94,6 +94,8 @@ def test_an_error_of_the_loader_is_raised_on_every_rank_of_the_group(job) -> Non
         assert place[(dp, 0)]["error"] == "OSError: the disk went away"
         assert place[(dp, 1)]["error"].startswith("RuntimeError: the loader on rank ")
         assert "OSError: the disk went away" in place[(dp, 1)]["error"]
+        assert "has no resume state" in place[(dp, 0)]["no_state"]
+        assert place[(dp, 1)]["no_state"].startswith("on rank ") and "has no resume state" in place[(dp, 1)]["no_state"]
 
 
 def test_bad_arguments_are_refused_by_name() -> None:

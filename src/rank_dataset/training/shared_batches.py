@@ -23,7 +23,7 @@ of them may save it; :meth:`SharedBatches.load_state_dict` hands a saved one to 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rank_dataset.core.threads import wait_released
@@ -77,8 +77,7 @@ class SharedBatches:
 
     def __len__(self) -> int:
         """The loader's length, as the first rank finds it (a collective of the group)."""
-        got = self._share(len(self.loader) if self.rank == 0 else None)
-        return int(got)
+        return int(self._first(lambda: len(self.loader)))
 
     def _lead(self) -> Iterator[Any]:
         batches = iter(self.loader)
@@ -125,35 +124,44 @@ class SharedBatches:
         sampler's (``ResumableSampler``). The arguments must be the same on every rank.
 
         Raises:
-            ValueError: on every rank, if the first rank's loader has no state to save.
+            ValueError: on every rank, if the first rank's loader has no state to save (or what its
+                ``state_dict`` raised there, on every rank).
         """
-        state: Any = None
-        if self.rank == 0:
-            holder = _state_holder(self.loader)
-            state = None if holder is None else holder.state_dict(*args, **kwargs)
-        got = self._share(state)
-        if got is None:
-            raise ValueError(
-                "the loader of the group's first rank has no resume state: give it a state_dict (torchdata's "
-                "StatefulDataLoader), a StepSampler as batch_sampler or a ResumableSampler as sampler"
-            )
-        return dict(got)
+        return dict(self._first(lambda: _state_holder(self.loader).state_dict(*args, **kwargs)))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume the first rank's loader from ``state`` (one of :meth:`state_dict`'s, saved by any rank
-        of the group); before iterating. On the other ranks it only checks that ``state`` is a mapping.
+        of the group), before iterating: a collective of the group, which every rank calls (the other
+        ranks' ``state`` is not used).
 
         Raises:
             TypeError: ``state`` is not a mapping.
-            ValueError: the first rank's loader has no ``load_state_dict`` (as for :meth:`state_dict`).
+            ValueError: on every rank, if the first rank's loader has no ``load_state_dict`` (as for
+                :meth:`state_dict`), or what its ``load_state_dict`` raised there (a state of another run).
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")
+        self._first(lambda: _state_holder(self.loader).load_state_dict(state))
+
+    def _first(self, work: Callable[[], Any]) -> Any:
+        """``work()``, run on the group's first rank, its result on every rank of the group (a collective).
+        What it raises there is raised on every rank: the error itself on the first, the same type (a
+        ValueError or TypeError; else a RuntimeError) naming it on the others."""
+        outcome: Any = None
+        error: Exception | None = None
         if self.rank == 0:
-            holder = _state_holder(self.loader)
-            if holder is None:
-                raise ValueError("the loader has no load_state_dict: see SharedBatches.state_dict for what can resume")
-            holder.load_state_dict(state)
+            try:
+                outcome = (True, work())
+            except Exception as exc:  # told to the other ranks, which raise too
+                error, outcome = exc, (False, (type(exc).__name__, str(exc)))
+        ok, value = self._share(outcome)
+        if error is not None:
+            raise error
+        if not ok:
+            name, message = value
+            kind = {"ValueError": ValueError, "TypeError": TypeError}.get(name, RuntimeError)
+            raise kind(f"on rank {self.source} (the first of this tensor-parallel group): {name}: {message}")
+        return value
 
     def _share(self, obj: Any) -> Any:
         """The first rank's ``obj`` (picklable), on every rank of the group: as ``broadcast_object_list``
@@ -254,11 +262,18 @@ def _device_of(group: Any) -> Any:
 
 
 def _state_holder(loader: Any) -> Any:
-    """What holds the loader's resume state: the loader, its batch sampler or its sampler (None: none)."""
+    """What holds the loader's resume state: the loader, its batch sampler or its sampler.
+
+    Raises:
+        ValueError: none of them has a ``state_dict``.
+    """
     for holder in (loader, getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
         if holder is not None and callable(getattr(holder, "state_dict", None)):
             return holder
-    return None
+    raise ValueError(
+        "the loader of the group's first rank has no resume state: give it a state_dict (torchdata's "
+        "StatefulDataLoader), a StepSampler as batch_sampler or a ResumableSampler as sampler"
+    )
 
 
 def _layout(batch: Any, tensors: list[Any]) -> Any:
