@@ -143,7 +143,8 @@ def main() -> None:
             mechanism["runs"] += 1
             mechanism["aborted"] += int(statuses[0][0] != 0 and ABORT in statuses[0][1])
     seconds = time.monotonic() - started
-    args.runs = done
+    asked, args.runs = args.runs, done
+    budget = "" if args.minutes is None else f" --minutes {args.minutes:g}"
     result = {
         "ranks": args.ranks,
         "runs": done,
@@ -168,9 +169,10 @@ def main() -> None:
             "",
             f"Each run: {args.ranks} fresh interpreters (gloo) build a shard of a {args.lines:,}-line file with "
             '`reader="collective"`, then `set_epoch(0)`, `ds[-1]`, `barrier()`, `destroy_process_group()`, and exit '
-            "through the interpreter's finalization. `python benchmarks/stress_exit.py "
-            f"--ranks {args.ranks} --runs {args.runs} --lines {args.lines} --mechanism {args.mechanism}`, "
-            f"{seconds / 60:.0f} min, load average {os.getloadavg()[0]:.1f} at the end.",
+            "through the interpreter's finalization. `nice python benchmarks/stress_exit.py "
+            f"--ranks {args.ranks} --runs {asked} --lines {args.lines} --mechanism {args.mechanism}{budget}`: "
+            f"{done} runs in the time given, {seconds / 60:.0f} min in all, load average "
+            f"{os.getloadavg()[0]:.1f} at the end.",
             "",
             *rows,
             "",
