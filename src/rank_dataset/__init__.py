@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
     from rank_dataset.training.server_datasets import RankServerDataset, ServerDataset
     from rank_dataset.training.shape_sampler import BucketBatchSampler
+    from rank_dataset.training.shared_batches import SharedBatches, shared_batches
     from rank_dataset.training.steps import StepSampler
     from rank_dataset.training.topology import get_rank_world_size
 
@@ -63,6 +64,7 @@ __all__ = [
     "ResumableSampler",
     "ResumeState",
     "ServerDataset",
+    "SharedBatches",
     "Sizes",
     "Source",
     "StepSampler",
@@ -78,6 +80,7 @@ __all__ = [
     "nearest_resolution",
     "repeat_factor",
     "samples_of",
+    "shared_batches",
     "sizes_of",
 ]
 
@@ -109,6 +112,8 @@ _LAZY = {
     "RankServerDataset": "rank_dataset.training.server_datasets",
     "ServerDataset": "rank_dataset.training.server_datasets",
     "StepSampler": "rank_dataset.training.steps",
+    "SharedBatches": "rank_dataset.training.shared_batches",
+    "shared_batches": "rank_dataset.training.shared_batches",
 }
 
 

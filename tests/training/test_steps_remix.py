@@ -169,7 +169,7 @@ def test_what_an_edit_cannot_do_is_refused_by_name(files: Path) -> None:
     (files / "a.txt").write_text("".join(f"a_{i}x\n" for i in range(SIZES["a"])))  # same lines count, other bytes
     with pytest.raises(ValueError, match=r"source 'a\.txt' has fingerprint .* before the edit: its files changed"):
         StepSampler(dataset(two, 0, 1, 1), BATCH).load_state_dict(state, remix=True)
-    with pytest.raises(ValueError, match="step 1 precedes this run's mixture edit at step 2"):
+    with pytest.raises(ValueError, match="step 1 precedes this run's mixture edit at data batch 2"):
         (files / "a.txt").write_text("".join(f"a_{i}\n" for i in range(SIZES["a"])))
         sampler = StepSampler(dataset(two, 0, 1, 1), BATCH)
         sampler.load_state_dict(state, remix=True)

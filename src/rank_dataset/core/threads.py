@@ -4,10 +4,12 @@ threads use two cores for them."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-__all__ = ["HELPED_ITEMS", "THREADS", "in_threads"]
+__all__ = ["HELPED_ITEMS", "THREADS", "in_threads", "wait_released"]
 
 #: Threads a build splits its work over: two cores where the process may use two (a DataLoader
 #: worker or a rank pinned to one core gets one). More rarely pays: the passes are memory-bound.
@@ -48,3 +50,22 @@ def in_threads(work: Callable[[tuple[int, int]], None], k: int = THREADS) -> Non
         raise first
     for future in done:
         future.result()
+
+
+def wait_released(tensors: Iterable[Any]) -> None:
+    """Return once the caller holds the only reference to each of ``tensors`` (torch tensors handed to a
+    collective that has returned).
+
+    A torch.distributed collective returns when its work is done, but the gloo worker thread that ran it
+    lets go of the work (and so of its tensors) a moment later. Were its reference the last one, that
+    thread would free the tensors, and freeing a tensor made in Python takes the GIL (for its Python
+    object, or the numpy array under it): at a rank's exit, with the interpreter finalizing, the thread is
+    then stopped inside a C++ destructor and the process aborts (``terminate called without an active
+    exception``). Waiting here, which takes a moment (the thread is not blocked), leaves the tensors to be
+    freed by the caller, in its own thread.
+    """
+    for tensor in tensors:
+        spins = 0
+        while tensor._use_count() > 1:
+            spins += 1
+            time.sleep(0 if spins < 100 else 0.001)

@@ -31,6 +31,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rank_dataset.core.threads import wait_released
 from rank_dataset.errors import RanksDisagreeError
 from rank_dataset.plan.spec import ShardSpec
 
@@ -112,6 +113,8 @@ def check_ranks_agree(
     mine = torch.tensor(local, dtype=torch.int64, device=device)
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, mine, group=group)
+    if device.type == "cpu":  # gloo's thread lets go of them before this returns (see wait_released)
+        wait_released([mine, *gathered])
     rows = [[int(x) for x in t.tolist()] for t in gathered]
     ranks = [row.pop() for row in rows]
     group_size = len(rows)

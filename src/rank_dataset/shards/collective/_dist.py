@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import pickle
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.threads import wait_released
 from rank_dataset.errors import CollectiveError
 
 __all__ = ["CollectiveError", "Collectives", "require_process_group"]
@@ -49,6 +52,8 @@ class Collectives:
         self.epoch: int | None = None
         self.group, self._owns_group = _gloo_group(group, timeout)
         self.rank, self.world_size = dist.get_rank(self.group), dist.get_world_size(self.group)
+        # Every tensor handed to gloo, weakly: none may outlive the call that made it (see _settle).
+        self._handed: list[weakref.ref[Any]] = []
 
     @contextlib.contextmanager
     def named(self, name: str) -> Iterator[None]:
@@ -73,6 +78,7 @@ class Collectives:
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
         with self.named(name):
             dist.all_gather(out, mine, group=self.group)
+        self._settle([mine, *out])
         return torch.stack(out).numpy()
 
     def all_to_all(
@@ -96,37 +102,85 @@ class Collectives:
         out = torch.empty(int(out_splits.sum()), dtype=mine.dtype)
         with self.named(name):
             dist.all_to_all_single(out, mine, out_splits.tolist(), splits.tolist(), group=self.group)
+        self._settle([mine, out])
         got: npt.NDArray[Any] = out.numpy().view(kind)
         return got
 
     def all_gather_object(self, mine: Any, name: str) -> list[Any]:
-        """Every rank's ``mine`` (any picklable object), in rank order."""
-        import torch.distributed as dist
-
-        gathered: list[Any] = [None] * self.world_size
-        with self.named(name):
-            dist.all_gather_object(gathered, mine, group=self.group)
-        return gathered
+        """Every rank's ``mine`` (any picklable object), in rank order: its pickle's size, then its
+        bytes, each an all-gather of tensors this reader made (not torch's object collectives, whose
+        tensors this reader could not see let go: see :meth:`_settle`)."""
+        data = np.frombuffer(pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+        sizes = self.all_gather(np.array([data.size], np.int64), name)[:, 0]
+        padded = np.zeros(int(sizes.max()), np.uint8)
+        padded[: data.size] = data
+        every = self._all_gather_bytes(padded, name)
+        return [pickle.loads(every[r, : int(sizes[r])].tobytes()) for r in range(self.world_size)]
 
     def broadcast(self, objects: list[Any], name: str) -> None:
-        """Replace ``objects`` (picklable, as many on every rank) with rank 0's, in place."""
+        """Replace ``objects`` (picklable, as many on every rank) with rank 0's, in place: their
+        pickle's size, then its bytes, each a broadcast of tensors this reader made."""
+        import torch
+
+        data = np.frombuffer(pickle.dumps(objects, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+        size = torch.tensor([data.size], dtype=torch.int64)
+        self._broadcast(size, name)
+        got = torch.from_numpy(data.copy()) if self.rank == 0 else torch.empty(int(size[0]), dtype=torch.uint8)
+        self._broadcast(got, name)
+        if self.rank != 0:
+            objects[:] = pickle.loads(got.numpy().tobytes())
+
+    def _broadcast(self, tensor: Any, name: str) -> None:
         import torch.distributed as dist
 
         with self.named(name):
-            dist.broadcast_object_list(objects, group_src=0, group=self.group)
+            dist.broadcast(tensor, group_src=0, group=self.group)
+        self._settle([tensor])
+
+    def _all_gather_bytes(self, values: npt.NDArray[np.uint8], name: str) -> npt.NDArray[np.uint8]:
+        """``(world_size, len(values))``: every rank's bytes (as many on every rank)."""
+        import torch
+        import torch.distributed as dist
+
+        mine = torch.from_numpy(values)
+        out = [torch.empty_like(mine) for _ in range(self.world_size)]
+        with self.named(name):
+            dist.all_gather(out, mine, group=self.group)
+        self._settle([mine, *out])
+        return torch.stack(out).numpy()
+
+    def _settle(self, tensors: list[Any]) -> None:
+        """Return once gloo has let go of ``tensors`` (handed to a collective that has returned), so that
+        no gloo thread frees them, which at a rank's exit aborts the process (see
+        :func:`~rank_dataset.core.threads.wait_released`); noted, weakly, for :meth:`pending`."""
+        wait_released(tensors)
+        self._handed = [ref for ref in self._handed if ref() is not None]
+        self._handed.extend(weakref.ref(t) for t in tensors)
+
+    def pending(self) -> int:
+        """Tensors this reader handed to gloo that are still alive (0 once no caller holds what a
+        collective returned: then no gloo thread holds anything of this reader's)."""
+        self._handed = [ref for ref in self._handed if ref() is not None]
+        return len(self._handed)
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (in a DataLoader worker) runs no collective: the group cannot be pickled.
-        return {**self.__dict__, "group": None}
+        return {**self.__dict__, "group": None, "_handed": []}
 
     def close(self) -> None:
-        """Let go of the gloo group (freed where this made it for itself); the reader then cannot build."""
+        """Let go of the gloo group: where this made it for itself, it is destroyed and this holds no
+        reference to it, so that its threads are joined here, in this thread, while the interpreter
+        runs (not at the interpreter's exit); the reader then cannot build. Nothing is in flight: every
+        collective has returned and gloo has let go of its tensors before it returned."""
         group, self.group = self.group, None
         if group is not None and self._owns_group:
             import torch.distributed as dist
 
-            with contextlib.suppress(Exception):  # the default group may be gone already
+            # destroy_process_group() (every group) may have destroyed it already: then dropping this
+            # reference is what frees it
+            with contextlib.suppress(ValueError, RuntimeError):
                 dist.destroy_process_group(group)
+        del group
 
 
 _SUBGROUPS: dict[tuple[tuple[int, ...], datetime.timedelta | None], Any] = {}

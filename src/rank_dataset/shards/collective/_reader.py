@@ -160,8 +160,16 @@ class CollectiveReader(SampledReader):
         with self._net.named(name):
             yield
 
+    def pending(self) -> int:
+        """Tensors this reader handed to gloo that are still alive: 0 once a build (or the making) has
+        returned. Each collective returns only once gloo's worker thread has let go of its tensors, so no
+        gloo thread is left to free one of them as the process exits (which aborts it)."""
+        return self._net.pending()
+
     def close(self) -> None:
-        """Free the reader's gloo group (every rank should close; a closed reader cannot build)."""
+        """Free the reader's gloo group (every rank should close; a closed reader cannot build). Where the
+        reader made the group for itself (a timeout, or a group without gloo), its threads are joined
+        here; nothing of the reader's is in flight in it by then (see :meth:`pending`)."""
         self._net.close()
 
     def __getstate__(self) -> dict[str, Any]:
