@@ -232,8 +232,19 @@ class StepSampler(Sampler[list[int]]):
         """What defines this stream, as a small JSON dict naming no rank: the dataset's manifest
         (:meth:`RankDataset.manifest`) with the batch-size schedule, the mix's rules by step, the buckets and
         budgets of batches by shape, and the skipped ranges. With ``path``, written there as JSON, the arrays it
-        references beside it. :func:`rank_dataset.samples_of` reads it."""
+        references beside it. :func:`rank_dataset.samples_of` reads it.
+
+        Raises:
+            ValueError: the run has a mixture edit (``load_state_dict(..., remix=True)``), which a manifest does
+                not describe yet: it would name the unedited stream.
+        """
         from rank_dataset.training._manifest import dataset_manifest
+
+        if self.edits:
+            raise ValueError(
+                "manifest(): this run has a mixture edit (load_state_dict(..., remix=True)), which a manifest does "
+                "not describe: samples_of would give the unedited stream's samples"
+            )
 
         ds = self.dataset
         return dataset_manifest(ds.spec, ds._book, ds.meta, ds.reload_cfg.epoch_size, path, (self.layout, self._skips))
