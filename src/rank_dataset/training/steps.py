@@ -25,6 +25,7 @@ import numpy.typing as npt
 from torch.utils.data import Sampler
 
 from rank_dataset.core.checks import check_int
+from rank_dataset.plan.consumed import SourceCounter
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.shapes import ShapeLayout, ShapeStream, bucket_ids
 from rank_dataset.plan.step_mix import StepMix
@@ -161,6 +162,8 @@ class StepSampler(Sampler[list[int]]):
             self.layout = _shape_layout(dataset, global_batch_size, bucket_by, max_cost, cost)
             schedule = self.layout.schedule
         self._step = check_int("start_step", start_step, low=0)
+        self.started_at: int | None = None  # the first step of the latest iteration (what a monitor counts from)
+        self._counter: SourceCounter | None = None
         self._timeout = _SWITCH_TIMEOUT
         files = fingerprint_of(dataset.reader, mixture, book.exclusion_fingerprint)
         self._identity = StepState(
@@ -202,6 +205,7 @@ class StepSampler(Sampler[list[int]]):
         channel = ds.channel
         token = drawn = 0
         try:
+            self.started_at = self._step
             while True:
                 step = self._step
                 check_stream(ds.spec.num_samples, schedule, step)
@@ -279,6 +283,32 @@ class StepSampler(Sampler[list[int]]):
         if anchor is not None:  # by budget: the batches before an epoch, so that a resume need not count them
             state["anchor"] = list(anchor)
         return state
+
+    @property
+    def source_names(self) -> list[str]:
+        """The names :meth:`consumed` counts by: the mix's sources in order (a name given twice gets ``#i``,
+        its number), or ``["all"]`` without a mix."""
+        mixture = self.dataset._book.mixture
+        if mixture is None:
+            return ["all"]
+        names = [s.name for s in mixture.sources]
+        return [f"{n}#{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+    def consumed(self, step: int | None = None) -> dict[str, Any]:
+        """The items of each source in global batches ``[0, step)`` (default: the batches handed out; with a
+        plain DataLoader, which prefetches, pass the next step the training loop reads), computed from the plan
+        (:mod:`rank_dataset.plan.consumed`): exact, the same on every rank and world size. An item is an entry
+        of a global batch (with ``aug_repeats``, each copy). ``{"step": step, "sources": {name: items},
+        "epochs": [{name: items}, ...]}``, ``epochs[e]`` the items of the stream's epoch ``e``."""
+        step = self._step if step is None else check_int("step", step, low=0)
+        if self._counter is None:
+            spec, mixture = self.dataset.spec, self.dataset._book.mixture
+            mix = None if mixture is None else mixture.plan
+            self._counter = SourceCounter(self.layout, spec.num_samples, spec.seed, spec.aug_repeats, mix)
+        table = self._counter.per_epoch(step).tolist()
+        names = self.source_names
+        totals = [sum(col) for col in zip(*table)] if table else [0] * len(names)
+        return {"step": step, "sources": dict(zip(names, totals)), "epochs": [dict(zip(names, r)) for r in table]}
 
     @staticmethod
     def find_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
