@@ -39,7 +39,11 @@ def _make(kind: str, files: dict[str, Path], rank: int, world: int) -> RankDatas
         cfg = {**CFG, "epoch_size": 40, "aug_repeats": 2}
         return RankDataset(sources, reload_cfg=cfg, rank=rank, world_size=world)
     if kind == "steps":
-        sources = [Source(a, weight={0: 1, 6: 4}, by="step"), Source(b, weight=1), Source(c, choose={0: 2, 9: 8}, by="step")]
+        sources = [
+            Source(a, weight={0: 1, 6: 4}, by="step"),
+            Source(b, weight=1),
+            Source(c, choose={0: 2, 9: 8}, by="step"),
+        ]
         return RankDataset(sources, reload_cfg=CFG, rank=rank, world_size=world)
     raise AssertionError(kind)
 
@@ -111,7 +115,7 @@ def test_the_summaries_and_the_exporters_carry_the_sources(tmp_path: Path, monke
     monkeypatch.setattr(values, "ValueClass", values.ValueClass)  # restored after the test
     textfile = tmp_path / "rank_dataset.prom"
     exporters = [Prometheus(tmp_path / "prom", textfile=textfile), TensorBoard(tmp_path / "tb")]
-    m, sampler, summaries = _monitored(tmp_path, 0, exporters)
+    _, sampler, summaries = _monitored(tmp_path, 0, exporters)
     assert [s["step"] for s in summaries] == [4, 9, 14, 19]
     for s in summaries:  # steps 0..step: the plan's count through the summary's last step
         assert s["sources"] == {"step": s["step"] + 1, "samples": sampler.consumed(step=s["step"] + 1)["sources"]}
@@ -133,7 +137,7 @@ def test_the_summaries_and_the_exporters_carry_the_sources(tmp_path: Path, monke
 
 
 def test_a_resumed_run_is_numbered_by_the_samplers_steps(tmp_path: Path) -> None:
-    m, sampler, summaries = _monitored(tmp_path, 30, [])
+    _, sampler, summaries = _monitored(tmp_path, 30, [])
     assert [s["step"] for s in summaries] == [34, 39, 44, 49]  # the loop's steps 30..49
     assert summaries[0]["first_step"] == 30
     assert summaries[-1]["sources"] == {"step": 50, "samples": sampler.consumed(step=50)["sources"]}
