@@ -124,6 +124,7 @@ class SourceCounter:
         :meth:`MixPlan.locate`), from the prefix kept by the last call when it can."""
         assert self.mix is not None
         kept_epoch, kept_stop, kept = self._prefix
+        counts: npt.NDArray[np.int64]
         if kept_epoch == epoch and kept_stop <= stop:
             start, counts = kept_stop, kept.copy()
         else:

@@ -193,7 +193,7 @@ class Monitor:
     def _readers(self) -> int:
         """The readers (the rank, its DataLoader workers) that made items since the last summary."""
         now = [row[ITEMS] for row in self.stages.rows()]
-        busy = sum(a > b for a, b in zip(now, self._items))
+        busy = sum(1 for a, b in zip(now, self._items) if a > b)
         self._items = now
         return busy
 
