@@ -61,11 +61,13 @@ def test_a_hung_transform_in_a_worker_is_dumped_by_its_rank(tmp_path: Path) -> N
     assert event["waited_s"] <= stall_after + 10
     hung = [w for w in event["workers"] if w["worker"] == 1]
     assert hung and "hang_transform" in hung[0]["stack"]
+    assert hung[0]["stage"] == "transform" and event["stage"] == "transform"  # the stage the stall is in
     assert hung[0]["index"] is not None and hung[0]["where"].startswith(str(tmp_path / "meta.txt"))
     assert "monitor_worker.py" in event["main"] or event["main"]  # the rank's loop, waiting in the loader
     # The log holds the worker's stack with the transform's name, from rank 1.
     assert "DataLoader worker 1 (pid" in log and "of rank 1: on sample" in log
     assert "in hang_transform" in log
+    assert "has waited" in log and f"for the batch of step {event['step']}, in transform" in log
 
 
 @pytest.mark.slow
