@@ -11,6 +11,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from rank_dataset import RankDataset, Source, StepSampler
+from rank_dataset.training.monitor.report import load_run, summary_text
 
 CFG = {"mini_epoch": 2, "seed": 9}
 
@@ -104,7 +105,11 @@ def _monitored(tmp_path: Path, start: int, exporters: list[Any]) -> tuple[Any, A
     return m, sampler, summaries
 
 
-def test_the_summaries_and_the_exporters_carry_the_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_summaries_and_the_exporters_carry_the_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
     import prometheus_client.values as values
     from prometheus_client.parser import text_string_to_metric_families
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -115,12 +120,17 @@ def test_the_summaries_and_the_exporters_carry_the_sources(tmp_path: Path, monke
     monkeypatch.setattr(values, "ValueClass", values.ValueClass)  # restored after the test
     textfile = tmp_path / "rank_dataset.prom"
     exporters = [Prometheus(tmp_path / "prom", textfile=textfile), TensorBoard(tmp_path / "tb")]
-    _, sampler, summaries = _monitored(tmp_path, 0, exporters)
+    with caplog.at_level(logging.INFO, logger="rank_dataset.monitor"):
+        _, sampler, summaries = _monitored(tmp_path, 0, exporters)
     assert [s["step"] for s in summaries] == [4, 9, 14, 19]
     for s in summaries:  # steps 0..step: the plan's count through the summary's last step
         assert s["sources"] == {"step": s["step"] + 1, "samples": sampler.consumed(step=s["step"] + 1)["sources"]}
     last = summaries[-1]["sources"]["samples"]
     assert sum(last.values()) == 7 * 4 + 13 * 8 and set(last) == {"a.txt", "b.txt", "c.txt"}
+    # The log line and the report's text say the same.
+    text = ", ".join(f"{k} {v} ({v / sum(last.values()):.1%})" for k, v in last.items())
+    assert caplog.records[-1].getMessage().endswith(f"; samples by source, steps 0-19: {text}")
+    assert f"samples by source, steps 0-19: {text}" in summary_text(*load_run(tmp_path / "run"))
     # The Prometheus text exposition, parsed by prometheus_client's own parser.
     families = {f.name: f for f in text_string_to_metric_families(textfile.read_text())}
     counter = families["rank_dataset_source_samples"]
