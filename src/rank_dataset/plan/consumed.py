@@ -112,6 +112,22 @@ class SourceCounter:
                 before = after
         return out * k
 
+    def per_epoch_of(self, ranges: list[tuple[int, int]]) -> npt.NDArray[np.int64]:
+        """:meth:`per_epoch` of the global batches of half-open step ranges ``[(a, b), ...]`` (disjoint,
+        ascending: those trained on, when others are skipped), rows up to the last epoch any of them reaches."""
+        out = np.zeros((0, self.sources), np.int64)
+        for a, b in ranges:
+            if check_int("a range's end", b, low=0) <= check_int("a range's start", a, low=0):
+                continue
+            low, high = self.per_epoch(a), self.per_epoch(b)
+            rows = max(len(out), len(high))
+            grown = np.zeros((rows, self.sources), np.int64)
+            grown[: len(out)] += out
+            grown[: len(high)] += high
+            grown[: len(low)] -= low
+            out = grown
+        return out
+
     def counts(self, stop: int) -> npt.NDArray[np.int64]:
         """The items of each source in global batches ``[0, stop)`` (a length-``sources`` int64 array)."""
         table = self.per_epoch(stop)
