@@ -152,3 +152,21 @@ def test_a_resumed_run_is_numbered_by_the_samplers_steps(tmp_path: Path) -> None
     assert summaries[0]["first_step"] == 30
     assert summaries[-1]["sources"] == {"step": 50, "samples": sampler.consumed(step=50)["sources"]}
     assert sum(summaries[-1]["sources"]["samples"].values()) == 7 * 4 + 43 * 8  # the run's, from step 0
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_report_the_same_sources(tmp_path: Path) -> None:
+    """A real 2-rank gloo job: every summary's samples by source the same on both ranks, and the plan's."""
+    from tests_helpers import rank_results, run_ranks, worker_env
+
+    meta = tmp_path / "meta.txt"
+    meta.write_text("".join(f"img_{i}.JPEG\n" for i in range(150)))
+    out, run_dir = tmp_path / "result", tmp_path / "run"
+    proc = run_ranks("monitor_worker.py", 2, "sources", meta, out, run_dir, 40, env=worker_env(), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = rank_results(out, 2)
+    assert results[0]["summaries"] == results[1]["summaries"]
+    assert [s["sources"]["step"] for s in results[0]["summaries"]] == [10, 20, 30, 40]
+    assert results[0]["summaries"][-1]["sources"]["samples"] == results[0]["consumed"]["sources"]
+    assert sum(results[0]["consumed"]["sources"].values()) == 40 * 8
+    assert set(results[0]["consumed"]["sources"]) == {"meta.txt", "meta.txt.other"}
