@@ -2,7 +2,8 @@
 
 Modes: ``slow`` (rank 2's transform sleeps 20 ms an item), ``hang`` (worker 1 of rank 1 hangs, for a bounded
 time, in its first item), ``clean`` (every rank alike, for ``steps`` steps over several epochs) and
-``collective`` (the collective reader: the summary on its gloo group, its exchange timed).
+``collective`` (the collective reader: the summary on its gloo group, its exchange timed) and ``sources`` (a
+StepSampler over a mix of the meta file and a second one: each summary's samples by source).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, get_worker_info
 
 import rank_dataset
-from rank_dataset import RandomSampler, RankDataset
+from rank_dataset import RandomSampler, RankDataset, Source, StepSampler
 from tests_helpers import write_rank_result
 
 SLOW_RANK = 2
@@ -57,15 +58,25 @@ def main(mode: str, meta: str, out: str, run_dir: str, steps: str) -> None:
         "hang": hang_transform if rank == HANG_RANK else None,
         "clean": light_transform,
         "collective": None,
+        "sources": None,
     }[mode]
     reader = "collective" if mode == "collective" else "file"
-    ds = RankDataset(meta, reload_cfg={"seed": 3}, transform=transform, reader=reader)
     workers = 2 if mode == "hang" else 1
-    loader = DataLoader(
-        ds, batch_size=2 if mode == "slow" else 4, sampler=RandomSampler(ds), num_workers=workers, collate_fn=collate
-    )
-    every = {"slow": 10, "hang": 10_000, "clean": 100, "collective": 10}[mode]
-    pause = {"slow": 0.005, "hang": 0.0, "clean": 0.01, "collective": 0.0}[mode]
+    if mode == "sources":
+        other = f"{meta}.other"
+        if rank == 0:
+            with open(other, "w") as f:
+                f.writelines(f"doc_{i}.txt\n" for i in range(37))
+        dist.barrier()
+        mix = [Source(meta, weight=3), Source(other, weight=1)]
+        ds = RankDataset(mix, reload_cfg={"seed": 3, "epoch_size": 200})
+        loader = DataLoader(ds, batch_sampler=StepSampler(ds, 8), num_workers=workers, collate_fn=collate)
+    else:
+        ds = RankDataset(meta, reload_cfg={"seed": 3}, transform=transform, reader=reader)
+        size = 2 if mode == "slow" else 4
+        loader = DataLoader(ds, batch_size=size, sampler=RandomSampler(ds), num_workers=workers, collate_fn=collate)
+    every = {"slow": 10, "hang": 10_000, "clean": 100, "collective": 10, "sources": 10}[mode]
+    pause = {"slow": 0.005, "hang": 0.0, "clean": 0.01, "collective": 0.0, "sources": 0.0}[mode]
     summaries: list[dict[str, Any]] = []
     step, total, epoch = 0, int(steps), 0
     started = time.monotonic()
@@ -83,6 +94,8 @@ def main(mode: str, meta: str, out: str, run_dir: str, steps: str) -> None:
             epoch += 1
         stalls = m.stalls
     result = {"rank": rank, "summaries": summaries, "stalls": stalls, "seconds": time.monotonic() - started}
+    if mode == "sources":
+        result["consumed"] = loader.batch_sampler.consumed(step=total)
     if mode == "collective":
         ds.close()
     write_rank_result(out, result)

@@ -61,11 +61,13 @@ def test_a_hung_transform_in_a_worker_is_dumped_by_its_rank(tmp_path: Path) -> N
     assert event["waited_s"] <= stall_after + 10
     hung = [w for w in event["workers"] if w["worker"] == 1]
     assert hung and "hang_transform" in hung[0]["stack"]
+    assert hung[0]["stage"] == "transform" and event["stage"] == "transform"  # the stage the stall is in
     assert hung[0]["index"] is not None and hung[0]["where"].startswith(str(tmp_path / "meta.txt"))
     assert "monitor_worker.py" in event["main"] or event["main"]  # the rank's loop, waiting in the loader
     # The log holds the worker's stack with the transform's name, from rank 1.
     assert "DataLoader worker 1 (pid" in log and "of rank 1: on sample" in log
     assert "in hang_transform" in log
+    assert "has waited" in log and f"for the batch of step {event['step']}, in transform" in log
 
 
 @pytest.mark.slow
@@ -125,14 +127,16 @@ def test_monitor_yields_the_same_batches_and_summarises(tmp_path: Path) -> None:
         assert loader.dataset.stages.words[0] == 1
     assert loader.dataset.stages.words[0] == 0  # off again: the plain item path
     assert seen == plain  # the same batches (one sampler, one seed, same epoch)
-    assert summary is not None and summary["step"] == 50 and summary["world_size"] == 1
+    # Steps numbered from 0: 50 batches are steps 0-49, the last summary covers 40-49.
+    assert summary is not None and summary["step"] == 49 and summary["first_step"] == 40
+    assert summary["world_size"] == 1 and "sources" not in summary  # a RandomSampler: no per-source counts
     assert summary["slowest"] == {
         "rank": None,
         "stage": None,
         **{k: summary["slowest"][k] for k in ("data_ms", "median_ms")},
     }
     (row,) = summary["ranks"]
-    assert row["steps"] == 10 and row["items"] == 40
+    assert row["steps"] == 10 and row["items_made"] == 40 and row["workers"] == 1
     assert set(row["wait_ms"]) == {"mean", "p50", "p99", "max"}
     assert row["stages_ms"]["transform"] > 0 and row["stages_ms"]["parse"] > 0
     lines = (tmp_path / "run" / "rank-0.jsonl").read_text().splitlines()
@@ -151,7 +155,7 @@ def test_worker_stages_reach_the_rank_and_set_epoch_is_timed(tmp_path: Path) -> 
         rows = [r for r in m.stages.rows()[1:3]]
     assert all(r[0] > 0 for r in rows)  # both workers published their pid
     summary = m.summary()
-    assert summary is not None and summary["step"] == 200
+    assert summary is not None and summary["step"] == 199 and summary["ranks"][0]["workers"] == 2
     stages = summary["ranks"][0]["stages_ms"]
     assert stages["transform"] > 0 and stages["fetch"] > 0
     totals = m._last
@@ -243,7 +247,7 @@ def test_prometheus_textfile_and_port(tmp_path: Path, monkeypatch: pytest.Monkey
     for got in (text, scraped):
         assert 'rank_dataset_data_wait_seconds{quantile="0.5",rank="0"}' in got
         assert 'rank_dataset_stage_seconds_per_step{rank="0",stage="transform"}' in got
-        assert 'rank_dataset_step{rank="0"} 50.0' in got
+        assert 'rank_dataset_step{rank="0"} 49.0' in got
         assert "rank_dataset_slowest_rank -1.0" in got
 
 
@@ -261,7 +265,7 @@ def test_tensorboard_scalars_read_back(tmp_path: Path) -> None:
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"rank_dataset/wait_p50_ms", "rank_dataset/stage_ms/transform", "rank_dataset/slowest_rank"} <= tags
-    assert [e.step for e in acc.Scalars("rank_dataset/wait_p99_ms")] == [10, 20, 30, 40, 50]
+    assert [e.step for e in acc.Scalars("rank_dataset/wait_p99_ms")] == [9, 19, 29, 39, 49]
     assert all(e.value > 0 for e in acc.Scalars("rank_dataset/stage_ms/transform"))
 
 

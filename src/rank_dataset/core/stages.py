@@ -43,8 +43,10 @@ __all__ = [
     "StageTable",
     "add_hook",
     "item_hook",
+    "item_stage",
     "rank_totals",
     "remove_hook",
+    "stage_of_thread",
     "timed",
     "timed_result",
 ]
@@ -63,6 +65,7 @@ _INDEX = {name: k for k, name in enumerate(STAGES)}
 _totals = [0] * (2 * len(STAGES))  # nanoseconds and count of each stage, in this process
 _local = threading.local()
 _hooks: list[Callable[[str], ContextManager[Any]]] = []
+_stacks: dict[int, list[list[int]]] = {}  # each thread's stack of timed stages, read by a stall dump's thread
 
 
 def add_hook(hook: Callable[[str], ContextManager[Any]]) -> None:
@@ -80,6 +83,18 @@ def item_hook() -> Callable[[str], ContextManager[Any]] | None:
     return _hooks[0] if _hooks else None
 
 
+def stage_of_thread(ident: int) -> str | None:
+    """The rank stage thread ``ident`` is in (the innermost timed one), or None."""
+    stack = _stacks.get(ident)
+    return STAGES[stack[-1][0] // 2] if stack else None
+
+
+def item_stage(row: list[int]) -> str | None:
+    """The item stage a reader's row (:meth:`StageTable.rows`) says it is running, or None."""
+    k = row[STAGE] - 1
+    return ITEM_STAGES[k] if 0 <= k < len(ITEM_STAGES) else None
+
+
 def rank_totals() -> list[int]:
     """This process's totals so far: ``[ns, count]`` for each of :data:`STAGES`, flattened."""
     return list(_totals)
@@ -91,7 +106,7 @@ def timed(stage: str) -> Iterator[None]:
     k = 2 * _INDEX[stage]
     stack: list[list[int]] | None = getattr(_local, "stack", None)
     if stack is None:
-        stack = _local.stack = []
+        stack = _local.stack = _stacks[threading.get_ident()] = []
     now = time.monotonic_ns()
     if stack:  # the outer stage pauses
         outer = stack[-1]
@@ -122,10 +137,12 @@ ON, DUMP_GEN = 0, 1  # header words: the table is on; the dump directory's gener
 _HEADER_WORDS = 8
 _DIR_BYTES = 1024  # the dump directory's path, after the header
 #: The columns of a row: pid, the shard index of the item being made (-1: none), since when (monotonic
-#: ns), items made, then (ns, count) for each item stage.
+#: ns), items made, then (ns, count) for each item stage, and the item stage being run (``1 + its index in
+#: ITEM_STAGES``; 0: none), which a stall dump names.
 PID, CURRENT, SINCE, ITEMS = range(4)
-COLUMNS = 4 + 2 * len(ITEM_STAGES)
 FETCH, PARSE, TRANSFORM, REPLACED = (4 + 2 * k for k in range(len(ITEM_STAGES)))
+STAGE = 4 + 2 * len(ITEM_STAGES)
+COLUMNS = STAGE + 1
 #: Rows: the rank, and DataLoader workers 0..ROWS-2.
 ROWS = 65
 _ROWS_AT = _HEADER_WORDS * 8 + _DIR_BYTES

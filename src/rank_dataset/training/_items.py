@@ -24,7 +24,19 @@ import numpy.typing as npt
 
 from rank_dataset.core.checks import check_index
 from rank_dataset.core.parsers import Parser, parse_line
-from rank_dataset.core.stages import CURRENT, FETCH, ITEMS, PARSE, REPLACED, SINCE, TRANSFORM, StageTable, item_hook
+from rank_dataset.core.stages import (
+    CURRENT,
+    FETCH,
+    ITEM_STAGES,
+    ITEMS,
+    PARSE,
+    REPLACED,
+    SINCE,
+    STAGE,
+    TRANSFORM,
+    StageTable,
+    item_hook,
+)
 from rank_dataset.shards.channel import ShardChannel
 from rank_dataset.training._failures import FailurePolicy, Substitutes
 
@@ -239,6 +251,7 @@ class ItemView:
 # ``transform`` runs: no lock, no system call.
 
 _clock = time.monotonic_ns
+_RUNNING = {stage: k + 1 for k, stage in enumerate(ITEM_STAGES)}  # the row's STAGE word while a stage runs
 
 
 def timed_items(ds: ItemView, indices: Sequence[int]) -> list[Any]:
@@ -250,6 +263,7 @@ def timed_items(ds: ItemView, indices: Sequence[int]) -> list[Any]:
     t0 = _clock()
     w[row + CURRENT] = indices[0] if n else -1
     w[row + SINCE] = t0
+    w[row + STAGE] = _RUNNING["fetch"]
     texts = ds.shard.texts(indices)  # type: ignore[union-attr]
     ds.tally(n)
     t1 = _clock()
@@ -259,13 +273,14 @@ def timed_items(ds: ItemView, indices: Sequence[int]) -> list[Any]:
     parsed = not ds.plain
     transform = ds.transform
     if not parsed and transform is None:
-        w[row + CURRENT] = -1
+        w[row + CURRENT] = w[row + STAGE] = -1
         return texts
     hook = item_hook()  # the profiler's ranges: only where the items are made in the rank
     if hook is not None and not ds.channel.is_owner:
         hook = None
     items: list[Any] = texts
     if parsed:
+        w[row + STAGE] = _RUNNING["parse"]
         try:
             if hook is None:
                 items = [ds.parse(t, i) for t, i in zip(texts, indices)]
@@ -280,13 +295,14 @@ def timed_items(ds: ItemView, indices: Sequence[int]) -> list[Any]:
         w[row + PARSE] += t2 - t1
         w[row + PARSE + 1] += n
     if transform is None:
-        w[row + CURRENT] = -1
+        w[row + CURRENT] = w[row + STAGE] = -1
         return items
     out = []
     replaced = substitutes = 0
     current = row + CURRENT
     start = _clock()
     w[row + SINCE] = start
+    w[row + STAGE] = _RUNNING["transform"]
     for item, i in zip(items, indices):
         w[current] = i  # per item, a store: the item a stall dump names
         try:
@@ -311,6 +327,7 @@ def _one_by_one(ds: ItemView, texts: list[str], indices: Sequence[int], row: int
     w = ds.stages.words
     out = []
     spent = replaced = substitutes = 0
+    w[row + STAGE] = _RUNNING["transform"]
     for text, i in zip(texts, indices):
         w[row + CURRENT] = i
         a = _clock()
@@ -336,4 +353,4 @@ def _account(w: Any, row: int, spent: int, n: int, replaced: int, substitutes: i
     if replaced:
         w[row + REPLACED] += substitutes
         w[row + REPLACED + 1] += replaced
-    w[row + CURRENT] = -1
+    w[row + CURRENT] = w[row + STAGE] = -1

@@ -27,6 +27,7 @@ import numpy.typing as npt
 from torch.utils.data import Sampler
 
 from rank_dataset.core.checks import check_int
+from rank_dataset.plan.consumed import SourceCounter
 from rank_dataset.plan.remix import Edit
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.shapes import ShapeLayout, ShapeStream, bucket_ids
@@ -175,6 +176,8 @@ class StepSampler(Sampler[list[int]]):
             schedule = self.layout.schedule
         self._step = check_int("start_step", start_step, low=0)
         self._skips = Skips.of(skip)
+        self.started_at: int | None = None  # the first step of the latest iteration (what a monitor counts from)
+        self._counter: SourceCounter | None = None
         self._timeout = _SWITCH_TIMEOUT
         files = fingerprint_of(dataset.reader, mixture, book.exclusion_fingerprint)
         self._identity = StepState(
@@ -262,6 +265,7 @@ class StepSampler(Sampler[list[int]]):
         channel = ds.channel
         token = drawn = 0
         try:
+            self.started_at = self._step
             while True:
                 step = self._skips.batch_of(self._step)  # the next data batch
                 check_stream(ds.spec.num_samples, schedule, step)
@@ -362,6 +366,48 @@ class StepSampler(Sampler[list[int]]):
         of the mix it ended: its epoch in progress, items consumed and pending, and whether it was kept
         (:attr:`~rank_dataset.plan.remix.Edit.dropped`: the removed sources' samples dropped)."""
         return () if self.layout.remix is None else self.layout.remix.edits
+
+    @property
+    def source_names(self) -> list[str]:
+        """The names :meth:`consumed` counts by: the mix's sources in order (a name given twice gets ``#i``,
+        its number), or ``["all"]`` without a mix."""
+        mixture = self.dataset._book.mixture
+        if mixture is None:
+            return ["all"]
+        names = [s.name for s in mixture.sources]
+        return [f"{n}#{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+    def consumed(self, step: int | None = None) -> dict[str, Any]:
+        """The items of each source in global batches ``[0, step)`` (default: the batches handed out; with a
+        plain DataLoader, which prefetches, pass the next step the training loop reads), computed from the plan
+        (:mod:`rank_dataset.plan.consumed`): exact, the same on every rank and world size. An item is an entry
+        of a global batch (with ``aug_repeats``, each copy). ``{"step": step, "sources": {name: items},
+        "epochs": [{name: items}, ...]}``, ``epochs[e]`` the items of the stream's epoch ``e``."""
+        step = self._step if step is None else check_int("step", step, low=0)
+        if self.edits:
+            raise ValueError(
+                "consumed(): this run has a mixture edit (load_state_dict(..., remix=True)), which the counts do "
+                "not follow yet (see sampler.edits for what each edit left)"
+            )
+        if self._counter is None:
+            spec, mixture = self.dataset.spec, self.dataset._book.mixture
+            mix = None if mixture is None else mixture.plan
+            self._counter = SourceCounter(self.layout, spec.num_samples, spec.seed, spec.aug_repeats, mix)
+        batch = self._skips.batch_of(step)  # counts follow data batches; skipped ones were not trained on
+        if self._skips:
+            trained, start = [], 0
+            for a, b in self._skips.ranges:
+                if a >= batch:
+                    break
+                trained.append((start, a))
+                start = b
+            trained.append((start, batch))
+            table = self._counter.per_epoch_of(trained).tolist()
+        else:
+            table = self._counter.per_epoch(batch).tolist()
+        names = self.source_names
+        totals = [sum(col) for col in zip(*table)] if table else [0] * len(names)
+        return {"step": step, "sources": dict(zip(names, totals)), "epochs": [dict(zip(names, r)) for r in table]}
 
     @staticmethod
     def find_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,9 +5,12 @@ measures the training loop's wait for each batch and the dataset's own stages (:
 plan, read or exchange, build and ``set_epoch`` in the rank; fetch, parse, ``transform`` and failures replaced
 in the DataLoader workers, which write them into a shared table the rank reads). Every ``every`` steps one
 all-gather makes a summary that is the same on every rank (the slowest rank and the stage that makes it slow);
-rank 0 logs it (logger ``rank_dataset.monitor``), every rank appends it to ``out/rank-<r>.jsonl``, and the
-exporters get it. ``stall_after``: a watchdog thread dumps the stacks of the rank and of its workers when the
-loop has waited that long for one batch.
+rank 0 logs it (logger ``rank_dataset.monitor``, at INFO: configure logging to see it), every rank appends it
+to ``out/rank-<r>.jsonl``, and the exporters get it. Over a
+:class:`~rank_dataset.training.steps.StepSampler`, the summary also holds each source's samples trained on
+(:meth:`StepSampler.consumed`), and steps are the sampler's (a resumed run goes on from its step); else the
+monitor counts the loop's steps from 0. ``stall_after``: a watchdog thread dumps the stacks of the rank and
+of its workers when the loop has waited that long for one batch.
 
 Every rank of the group must iterate its monitor for the same number of steps (as DDP needs anyway): the
 summary is a collective at each ``every``-th step.
@@ -101,7 +104,9 @@ class Monitor:
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
             self._file = open(self.out / f"rank-{self.rank}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-        self.step = 0  # batches yielded, over every iteration
+        self.sampler = _step_sampler_of(loader)
+        self.step = 0  # the loop's next step (numbered from 0): the batch it waits for, or will
+        self._items = [row[ITEMS] for row in self.stages.rows()]  # each reader's items made, at the last summary
         self.stalls = 0
         self._waits = np.zeros(self.every, np.int64)
         self._k = 0  # steps in the current window
@@ -130,10 +135,14 @@ class Monitor:
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this monitor was closed: make another with rank_dataset.monitor(loader)")
+        sampler = self.sampler
+        if sampler is not None:
+            self.step = sampler.step  # its next step (a StatefulDataLoader's state is loaded by iter(): see below)
         it = self.iterator = iter(self.loader)
         watchdog = None if self.stall_after is None else Watchdog(self, self.stall_after)
         clock = time.monotonic_ns
         waits, every, profile = self._waits, self.every, self._profile
+        first = True
         try:
             while True:
                 t0 = clock()
@@ -150,6 +159,9 @@ class Monitor:
                 self.waiting_since = 0
                 k = self._k
                 waits[k] = t1 - t0
+                if first and sampler is not None and sampler.started_at is not None:
+                    self.step = sampler.started_at  # the step this iteration's first batch is
+                first = False
                 self.step += 1
                 self._k = k = k + 1
                 if k == every:
@@ -166,7 +178,9 @@ class Monitor:
     def summary(self) -> dict[str, Any] | None:
         """The latest summary (None before the first): ``step``, ``slowest`` (``{"rank", "stage", ...}``,
         rank and stage None when no rank stands out: see :data:`SLOW_RATIO`, :data:`SLOW_MS`) and ``ranks``
-        (each rank's ``wait_ms`` mean/p50/p99/max, ``data_ms``, ``stages_ms`` a step, ``items``, ``stalls``)."""
+        (each rank's ``wait_ms`` mean/p50/p99/max, ``data_ms``, ``stages_ms`` a step, ``items_made``,
+        ``workers``, ``stalls``); over a StepSampler, ``sources``: ``{"step", "samples"}``, each source's samples
+        in steps ``[0, step)``."""
         return self._summary
 
     def _totals(self) -> list[int]:
@@ -176,14 +190,31 @@ class Monitor:
         items = [sum(row[at] for row in rows) for at in _ITEM_AT]
         return [*(rank[at] for at in _RANK_AT), *items, sum(row[ITEMS] for row in rows)]
 
+    def _readers(self) -> int:
+        """The readers (the rank, its DataLoader workers) that made items since the last summary."""
+        now = [row[ITEMS] for row in self.stages.rows()]
+        busy = sum(1 for a, b in zip(now, self._items) if a > b)
+        self._items = now
+        return busy
+
     def _summarize(self) -> None:
         now = self._totals()
         delta = [a - b for a, b in zip(now, self._last)]
         self._last = now
-        row = row_of(self._waits[: self._k], delta[: len(STAGES)], self.stalls, delta[-1], self.step, time.time())
+        row = row_of(
+            self._waits[: self._k],
+            delta[: len(STAGES)],
+            self.stalls,
+            delta[-1],
+            self.step - 1,
+            time.time(),
+            self._readers(),
+        )
         self._k = 0
         table = self._gather(row)
         summary = summarize(table, every=self.every)
+        if self.sampler is not None and not self.sampler.edits:  # from the plan: the same on every rank
+            summary["sources"] = {"step": self.step, "samples": self.sampler.consumed(step=self.step)["sources"]}
         self._summary = summary
         if self.rank == 0:
             logger.info(line_of(summary))
@@ -228,6 +259,14 @@ class Monitor:
 
     def __repr__(self) -> str:
         return f"Monitor(rank={self.rank}/{self.world_size}, step={self.step}, every={self.every})"
+
+
+def _step_sampler_of(loader: Any) -> Any:
+    """The loader's batch sampler if it is a StepSampler (it counts its sources), else None."""
+    from rank_dataset.training.steps import StepSampler
+
+    sampler = getattr(loader, "batch_sampler", None)
+    return sampler if isinstance(sampler, StepSampler) else None
 
 
 def _dataset_of(loader: Any) -> Any:

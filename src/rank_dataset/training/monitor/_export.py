@@ -6,10 +6,11 @@ every rank), ``event(event)`` (this rank's stalls) and ``close()``.
 - :class:`Prometheus` (``pip install 'rank-dataset[monitor-prometheus]'``): every rank sets its own gauges
   (label ``rank``) in prometheus_client's multiprocess mode, in a directory the processes of a node share;
   one rank per node (``LOCAL_RANK`` 0 by default) serves the node's metrics on a port, or writes them to a
-  textfile (node_exporter's textfile collector) at each summary.
+  textfile (node_exporter's textfile collector) at each summary. Over a StepSampler, rank 0 also counts each
+  source's samples trained on, ``rank_dataset_source_samples_total{source}`` (a counter).
 - :class:`TensorBoard` (``pip install 'rank-dataset[monitor-tensorboard]'``): each rank writes its scalars
   with ``torch.utils.tensorboard.SummaryWriter`` to ``log_dir/rank-<r>`` (one run a rank: TensorBoard draws
-  the ranks over each other), rank 0 also the slowest rank.
+  the ranks over each other), rank 0 also the slowest rank and each source's samples.
 - :class:`ProfilerRanges` (torch alone): ``torch.profiler.record_function`` ranges named
   ``rank_dataset.<stage>`` around the rank's stages, the loop's wait (``rank_dataset.wait``) and, when
   items are made in the rank (no workers), ``rank_dataset.parse`` and ``rank_dataset.transform``.
@@ -62,7 +63,10 @@ class Prometheus:
 
     Metrics (label ``rank``): ``rank_dataset_data_wait_seconds`` (label ``quantile``: 0.5, 0.99),
     ``rank_dataset_data_seconds_per_step``, ``rank_dataset_stage_seconds_per_step`` (label ``stage``),
-    ``rank_dataset_step``, ``rank_dataset_stalls``; and ``rank_dataset_slowest_rank`` (-1: none).
+    ``rank_dataset_step``, ``rank_dataset_stalls``; and ``rank_dataset_slowest_rank`` (-1: none). Over a
+    StepSampler, rank 0 counts ``rank_dataset_source_samples_total`` (label ``source``): each source's samples
+    in the steps before the summary's next one, from the plan; a resumed run's counter starts at the
+    resumed step's count (the run's, not the process's).
     """
 
     def __init__(
@@ -100,7 +104,7 @@ class Prometheus:
                        registry=self.registry, multiprocess_mode=mode)  # fmt: skip
         self._data = g("rank_dataset_data_seconds_per_step", "Data wait plus the rank's dataset stages, a step",
                        ["rank"], registry=self.registry, multiprocess_mode=mode)  # fmt: skip
-        self._stage = g("rank_dataset_stage_seconds_per_step", "A dataset stage's time a step (workers summed)",
+        self._stage = g("rank_dataset_stage_seconds_per_step", "A dataset stage's time a step (a worker's mean)",
                         ["rank", "stage"], registry=self.registry, multiprocess_mode=mode)  # fmt: skip
         self._step = g("rank_dataset_step", "The step of the latest summary", ["rank"], registry=self.registry,
                        multiprocess_mode=mode)  # fmt: skip
@@ -108,6 +112,10 @@ class Prometheus:
                          multiprocess_mode=mode)  # fmt: skip
         self._slowest = g("rank_dataset_slowest_rank", "The slowest rank beyond the threshold (-1: none)",
                           registry=self.registry, multiprocess_mode=mode)  # fmt: skip
+        # A counter summed over the node's processes: rank 0 alone counts (the numbers are the same on every rank).
+        self._sources = prom.Counter("rank_dataset_source_samples", "Samples trained on, by source (from the plan)",
+                                     ["source"], registry=self.registry)  # fmt: skip
+        self._counted: dict[str, int] = {}
         local = int(os.environ.get("LOCAL_RANK", rank))
         self._serves = local == self.serving
         if self._serves and self.port is not None:
@@ -130,6 +138,11 @@ class Prometheus:
         if self._rank == 0:
             slow = summary["slowest"]["rank"]
             self._slowest.set(-1 if slow is None else slow)
+            for source, n in summary.get("sources", {}).get("samples", {}).items():
+                grown = n - self._counted.get(source, 0)
+                if grown > 0:  # a counter only grows (a loop restarted at an earlier step keeps its count)
+                    self._sources.labels(source).inc(grown)
+                    self._counted[source] = n
         if self._serves and self.textfile is not None:
             self.write_textfile()
 
@@ -163,7 +176,8 @@ class TensorBoard:
 
     Tags: ``rank_dataset/wait_p50_ms``, ``rank_dataset/wait_p99_ms``, ``rank_dataset/data_ms``,
     ``rank_dataset/stage_ms/<stage>``, ``rank_dataset/stalls``; rank 0 also ``rank_dataset/slowest_rank``
-    (-1: none). The step is the loop's.
+    (-1: none) and, over a StepSampler, ``rank_dataset/source_samples/<source>``. The step is the summary's
+    last step (numbered from 0).
     """
 
     def __init__(self, log_dir: str | os.PathLike[str]) -> None:
@@ -190,6 +204,8 @@ class TensorBoard:
         if self._rank == 0:
             slow = summary["slowest"]["rank"]
             w.add_scalar("rank_dataset/slowest_rank", -1 if slow is None else slow, step)
+            for source, n in summary.get("sources", {}).get("samples", {}).items():
+                w.add_scalar(f"rank_dataset/source_samples/{source}", n, step)
         w.flush()
 
     def event(self, event: dict[str, Any]) -> None:
@@ -232,6 +248,9 @@ class ProfilerRanges:
 
 
 def _stall_text(event: dict[str, Any]) -> str:
-    parts = [f"rank {event.get('rank')} waited {event.get('waited_s')} s at step {event.get('step')}"]
+    parts = [
+        f"rank {event.get('rank')} waited {event.get('waited_s')} s for the batch of step {event.get('step')}, "
+        f"in {event.get('stage')}"
+    ]
     parts += [f"worker {w['worker']} on sample {w['sample']} ({w['where']})" for w in event.get("workers", ())]
     return "; ".join(parts)

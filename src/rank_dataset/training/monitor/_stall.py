@@ -9,8 +9,13 @@ The monitor sets ``waiting_since`` while its loop waits for a batch. The watchdo
   claimed their row of the dataset's stage table (:mod:`rank_dataset.core.stages`), then published their pid
   there. The rank signals those pids that are also the running loader's workers (torch's iterator lists
   them), never another process, and reads what each wrote to its file;
-- for each worker, the item it is making: its shard index, the sample, the sample's ``file:line``, and how
-  long ago its batch started.
+- for each worker, the item it is making: its shard index, the sample, the sample's ``file:line``, the item
+  stage it is in, and how long ago its batch started;
+- the stage the stall is in (``stage``): that of the worker busy the longest, else the item stage the rank
+  runs itself (no workers), else the rank stage its loop is in (``read``, ``build``...), else ``"other"``
+  (the summary's word for a wait no stage explains).
+
+``step`` is the loop's step whose batch it waits for, numbered as the summaries number them (from 0).
 
 It is logged as a warning by the stalled rank itself (logger ``rank_dataset.monitor``), written to ``out``,
 and given to the exporters: a stall shows where it happens, not later as another rank's collective timeout.
@@ -83,10 +88,12 @@ class Watchdog:
         m.stalls += 1
         waited = (time.monotonic_ns() - since) / 1e9
         workers = self._workers()
+        stage = self._stage(workers)
         event: dict[str, Any] = {
             "kind": "stall",
             "rank": m.rank,
             "step": m.step,
+            "stage": stage,
             "time": time.time(),
             "waited_s": round(waited, 3),
             "stalls": m.stalls,
@@ -94,16 +101,16 @@ class Watchdog:
             "workers": workers,
         }
         lines = [
-            f"rank_dataset monitor: rank {m.rank} has waited {waited:.1f} s for batch {m.step + 1} "
-            f"(stall_after={m.stall_after} s). Its loop's stack:",
+            f"rank_dataset monitor: rank {m.rank} has waited {waited:.1f} s for the batch of step {m.step}, in "
+            f"{stage} (stall_after={m.stall_after} s). Its loop's stack:",
             event["main"].rstrip(),
         ]
         for w in workers:
             lines.append(
                 f"DataLoader worker {w['worker']} (pid {w['pid']}) of rank {m.rank}: "
                 + (
-                    f"on sample {w['sample']} ({w['where']}, shard index {w['index']}), its batch started "
-                    f"{w['busy_s']:.1f} s ago"
+                    f"on sample {w['sample']} ({w['where']}, shard index {w['index']}), in {w['stage']}, its batch "
+                    f"started {w['busy_s']:.1f} s ago"
                     if w["index"] is not None
                     else "making no item"
                 )
@@ -113,6 +120,16 @@ class Watchdog:
         logger.warning("\n".join(lines))
         m.record_event(event)
         return event
+
+    def _stage(self, workers: list[dict[str, Any]]) -> str:
+        """The stage the stall is in (see the module)."""
+        busy = [w for w in workers if w["index"] is not None and w["stage"] is not None]
+        if busy:
+            return str(max(busy, key=lambda w: w["busy_s"] or 0.0)["stage"])
+        own = self.monitor.stages.rows()[0]
+        if own[_st.CURRENT] >= 0 and _st.item_stage(own) is not None:
+            return str(_st.item_stage(own))
+        return _st.stage_of_thread(self._loop) or "other"
 
     def _own_stack(self) -> str:
         frame = sys._current_frames().get(self._loop)
@@ -157,6 +174,7 @@ class Watchdog:
                     "index": index,
                     "sample": sample,
                     "where": where,
+                    "stage": _st.item_stage(row) if index is not None else None,
                     "busy_s": round((now - row[_st.SINCE]) / 1e9, 3) if index is not None else None,
                     "stack": _read_from(w["path"], w["before"]) if w["signalled"] else "",
                 }

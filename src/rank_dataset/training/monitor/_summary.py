@@ -9,9 +9,15 @@ per step of the window: the time the other ranks wait for it at the next collect
 is named only when it exceeds the median rank's by at least ``max(SLOW_RATIO x median, SLOW_MS)`` (below
 that, differences are what scheduling makes on a busy host); otherwise ``slowest`` is ``{"rank": None,
 "stage": None}``. The stage named
-is the one whose time per step on that rank exceeds the median rank's by the most (worker stages are the
-sum over the rank's DataLoader workers); ``"other"`` when none does (the wait is in collation, the
-transfer from the workers, or a CPU the rank shares).
+is the one whose time per step on that rank exceeds the median rank's by the most; ``"other"`` when none
+does (the wait is in collation, the transfer from the workers, or a CPU the rank shares).
+
+The item stages (fetch, parse, transform, replaced) are a *worker's* time a step: the rank's readers' time
+(its DataLoader workers', or its own without workers) divided by the number of readers that made items in
+the window (``workers``), so that they compare with the data time (the workers run side by side).
+
+Steps are numbered from 0, as the loop's ``enumerate`` and :class:`~rank_dataset.training.steps.StepSampler`
+number them; a summary's ``step`` is the last step it covers, ``first_step`` its first.
 """
 
 from __future__ import annotations
@@ -25,24 +31,32 @@ import numpy.typing as npt
 
 from rank_dataset.core.stages import RANK_STAGES, STAGES
 
-__all__ = ["FIELDS", "SLOW_MS", "SLOW_RATIO", "line_of", "row_of", "summarize"]
+__all__ = ["FIELDS", "SLOW_MS", "SLOW_RATIO", "line_of", "row_of", "sources_text", "summarize"]
 
 SLOW_RATIO = 0.5
 SLOW_MS = 5.0
-_HEAD = ("steps", "wait_mean", "wait_p50", "wait_p99", "wait_max", "stalls", "items", "step", "time")
+_HEAD = ("steps", "wait_mean", "wait_p50", "wait_p99", "wait_max", "stalls", "items_made", "step", "time", "workers")
 FIELDS = _HEAD + tuple(f"stage_{s}" for s in STAGES)
 
 
 def row_of(
-    waits_ns: npt.NDArray[np.int64], stage_ns: Sequence[int], stalls: int, items: int, step: int, now: float = 0.0
+    waits_ns: npt.NDArray[np.int64],
+    stage_ns: Sequence[int],
+    stalls: int,
+    items: int,
+    step: int,
+    now: float = 0.0,
+    workers: int = 1,
 ) -> npt.NDArray[np.float64]:
-    """This rank's window: the loop's waits (ns, one per step), each stage's nanoseconds in the window, and the
-    wall time (the summary takes the first rank's: the same dict on every rank)."""
+    """This rank's window: the loop's waits (ns, one per step), each stage's nanoseconds in the window (the item
+    stages summed over the rank's readers), the items its readers made, the window's last step, the wall time
+    (the summary takes the first rank's: the same dict on every rank) and the readers that made items."""
     steps = len(waits_ns)
     ms = waits_ns / 1e6 if steps else np.zeros(1)
     p50, p99 = np.percentile(ms, [50, 99])
     per_step = np.asarray(stage_ns, dtype=np.float64) / 1e6 / max(steps, 1)
-    head = [steps, ms.mean(), p50, p99, ms.max(), stalls, items, step, now]
+    per_step[len(RANK_STAGES) :] /= max(workers, 1)  # a worker's time, as the module says
+    head = [steps, ms.mean(), p50, p99, ms.max(), stalls, items, step, now, workers]
     return np.concatenate([np.asarray(head, dtype=np.float64), per_step])
 
 
@@ -61,13 +75,16 @@ def summarize(table: npt.NDArray[np.float64], *, every: int) -> dict[str, Any]:
                 "data_ms": round(data, 4),
                 "stages_ms": stages,
                 "stalls": int(row[5]),
-                "items": int(row[6]),
+                "items_made": int(row[6]),
+                "workers": int(row[9]),
             }
         )
     step = int(table[:, 7].max()) if len(table) else 0
+    steps = int(table[:, 0].max()) if len(table) else 0
     return {
         "kind": "summary",
         "step": step,
+        "first_step": step - max(steps, 1) + 1,
         "time": float(table[0, 8]) if len(table) else 0.0,
         "every": every,
         "world_size": len(ranks),
@@ -100,16 +117,29 @@ def line_of(summary: dict[str, Any]) -> str:
     p99 = statistics.median(r["wait_ms"]["p99"] for r in ranks)
     worst = max(ranks, key=lambda r: r["wait_ms"]["p99"])
     text = (
-        f"rank_dataset monitor, step {summary['step']}: data wait p50 {p50:.2f} ms, p99 {p99:.2f} ms (median of "
+        f"rank_dataset monitor, steps {summary['first_step']}-{summary['step']}: data wait p50 {p50:.2f} ms, "
+        f"p99 {p99:.2f} ms (median of "
         f"{len(ranks)} ranks; worst p99 {worst['wait_ms']['p99']:.2f} ms on rank {worst['rank']})"
     )
     slow = summary["slowest"]
     if slow["rank"] is None:
-        return text + "; no rank slower than the threshold"
-    return (
-        f"{text}; slowest rank {slow['rank']} ({slow['stage']}): {slow['data_ms']:.2f} ms of data time a step, "
-        f"median {slow['median_ms']:.2f} ms"
-    )
+        text += "; no rank slower than the threshold"
+    else:
+        text += (
+            f"; slowest rank {slow['rank']} ({slow['stage']}): {slow['data_ms']:.2f} ms of data time a step, "
+            f"median {slow['median_ms']:.2f} ms"
+        )
+    sources = summary.get("sources")
+    if sources:
+        text += f"; {sources_text(sources)}"
+    return text
+
+
+def sources_text(sources: dict[str, Any]) -> str:
+    """``samples by source, steps 0-N: a 1200 (75.0%), b 400 (25.0%)`` (a summary's ``sources``)."""
+    total = sum(sources["samples"].values()) or 1
+    parts = ", ".join(f"{name} {n} ({n / total:.1%})" for name, n in sources["samples"].items())
+    return f"samples by source, steps 0-{sources['step'] - 1}: {parts}"
 
 
 def _r(x: float) -> float:
