@@ -134,7 +134,7 @@ def _under(rel: str, root: str, shown: str | None) -> Target | PayloadError:
         return PayloadError(path.replace("\0", "\\0"), problem)
     real = os.path.realpath(path)
     if not real.startswith(root + os.sep):
-        return PayloadError(path, f"it resolves to {real}, outside the root {root} (a symlink out of it)")
+        return PayloadError(path, "it resolves outside the root (a symlink out of it)")
     return LocalTarget(real)
 
 
@@ -296,6 +296,7 @@ class PayloadReader:
                 slot = slots.try_acquire()
             try:
                 COUNTS["objects"] += 1
+                # 5xx, timeouts and dropped connections before the body: retried by the client itself
                 response = await obstore.get_async(store, target.name)
                 start, stop = response.range
                 size = stop - start
@@ -303,11 +304,10 @@ class PayloadReader:
                     await self._reserve(reserved, size, deadline, target)
                 elif size > reserved[0]:
                     raise PayloadError(target.url, f"its size changed to {size:,} bytes between two asks")
-                body = await response.bytes_async()
-            except (FileNotFoundError, PermissionError, PayloadError):
-                raise
-            except Exception as exc:  # a body cut off: asked again below, within the timeout
-                body, broke = None, exc
+                try:
+                    body = await response.bytes_async()
+                except Exception as exc:  # the body broke off: asked again below, within the timeout
+                    body, broke = None, exc
             finally:
                 slots.release(slot)
             if body is not None and len(body) == size:
@@ -315,7 +315,7 @@ class PayloadReader:
                 del body
                 return data, reserved[0]
             attempt += 1
-            why = f"the body ended {size - len(body):,} bytes short" if body is not None else f"{broke}"
+            why = f"the body ended {size - len(body):,} bytes short" if body is not None else _stores.status_of(broke)
             pause = min(_BACKOFF[0] * 2**attempt, _BACKOFF[1]) * random.uniform(0.5, 1.0)
             if time.monotonic() + pause >= deadline:
                 raise PayloadError(target.url, f"{why}, asked {attempt} times within timeout={settings.timeout:g} s")
@@ -384,7 +384,7 @@ def _object_error(url: str, exc: BaseException, timeout: float) -> PayloadError:
     status = _stores.status_of(exc)
     if isinstance(exc, FileNotFoundError):
         return PayloadError(url, f"no such object ({status})")
-    if isinstance(exc, PermissionError) or "PermissionDenied" in type(exc).__name__:
+    if isinstance(exc, PermissionError) or type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
         return PayloadError(url, f"access denied ({status})")
     return PayloadError(url, f"the object store failed ({status}), retried within timeout={timeout:g} s")
 
