@@ -110,9 +110,12 @@ class PayloadError(OSError):
     short, or outside the root. ``path`` is the path or URL, ``reason`` says why, ``where`` (when raised by
     a dataset) the sample and its ``file:line``."""
 
-    def __init__(self, path: str, reason: str, where: str = "") -> None:
-        super().__init__(f"{where}: payload {path}: {reason}" if where else f"payload {path}: {reason}")
-        self.path, self.reason, self.where = path, reason, where
+    def __init__(self, path: str, reason: str | None = None, where: str = "") -> None:
+        # PayloadError(message) alone is a whole message: what torch's DataLoader raises again in the
+        # main process from a worker's error (as its type, not a RuntimeError).
+        message = path if reason is None else f"payload {path}: {reason}"
+        super().__init__(f"{where}: {message}" if where else message)
+        self.path, self.reason, self.where = path, reason or "", where
 
     def __str__(self) -> str:
         return str(self.args[0])

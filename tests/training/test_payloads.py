@@ -5,11 +5,13 @@ never read; memory under max_bytes; the node's slots freed by a process's death.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import json
 import multiprocessing
 import os
 import pickle
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader
 
-from rank_dataset import Payloads, PayloadError, RankDataset
+from rank_dataset import PayloadError, Payloads, RankDataset
 from rank_dataset.files.io import payloads as payload_io
 from rank_dataset.files.io._slots import ByteBudget, NodeSlots
 from tests_helpers import rank_results, run_ranks, start_methods, worker_env
@@ -198,7 +200,7 @@ def test_hostile_paths_are_failures_never_read(hostile: tuple[Path, Path, list[s
         ds = RankDataset(meta, is_test=True, payloads=Payloads(root, key="path"))
         with pytest.raises(PayloadError, match=rf"sample {i} \({meta}:{i + 1}\): payload .*{reason}") as info:
             ds[i]
-        assert info.value.where and str(root) in info.value.path or i == 2
+        assert info.value.where and (str(root) in info.value.path or i == 2)
     assert payload_io.COUNTS["files"] == before  # none of them was read (10: opened, found a directory, not read)
     ds = RankDataset(meta, is_test=True, payloads=Payloads(root, key="path"), on_error="replace", max_failures=None)
     items = ds.__getitems__(list(range(len(paths))))
@@ -207,7 +209,8 @@ def test_hostile_paths_are_failures_never_read(hostile: tuple[Path, Path, list[s
     failures = ds.failures
     assert [f.sample for f in failures] == sorted(reasons)
     for f in failures:
-        assert f.where == f"{meta}:{f.sample + 1}" and reasons[f.sample] in f.error and f.error.startswith("PayloadError")
+        assert f.where == f"{meta}:{f.sample + 1}" and reasons[f.sample] in f.error
+        assert f.error.startswith("PayloadError")
 
 
 def test_replace_is_recorded_as_a_failing_transform(tree: Path, tmp_path: Path) -> None:
@@ -228,7 +231,8 @@ def test_replace_is_recorded_as_a_failing_transform(tree: Path, tmp_path: Path) 
     want, want_failures, _ = run(transform=_FailLike(bad))
     assert [_sample(m) for m, _ in got] == want
     _check(got)
-    assert [(f.sample, f.where, f.position) for f in failures] == [(f.sample, f.where, f.position) for f in want_failures]
+    records = [(f.sample, f.where, f.position) for f in failures]
+    assert records == [(f.sample, f.where, f.position) for f in want_failures]
     assert {f.sample for f in failures} == bad & set(ds.indices.tolist())
     assert all("no such file" in f.error and "gone/" in f.error for f in failures)
     state = ds.state_dict(consumed=0)
@@ -366,12 +370,13 @@ def test_object_failures(s3_server: Any, bucket: str, tmp_path: Path) -> None:
     meta.write_text(f"{name_of(1)} 1\nnone/x.bin 2\n../{name_of(2)} 3\n{name_of(3)} 4\n")
     ds = RankDataset(meta, is_test=True, parser="label", payloads=Payloads("s3://meta/pl/", storage_options=options))
     assert ds[0][1] == payload(1) and ds[3][1] == payload(3)
-    with pytest.raises(PayloadError, match=rf"sample 1 \({meta}:2\): payload s3://meta/pl/none/x.bin: no such object \(HTTP 404"):
+    missing = rf"sample 1 \({meta}:2\): payload s3://meta/pl/none/x.bin: no such object \(HTTP 404"
+    with pytest.raises(PayloadError, match=missing):
         ds[1]
     with pytest.raises(PayloadError, match=rf"sample 2 \({meta}:3\): payload s3://meta/pl/\.\./.*'\.\.' component"):
         ds[2]
-    refused = RankDataset(meta, is_test=True, parser="label", on_error="replace", max_failures=None,
-                          payloads=Payloads("s3://meta/pl", storage_options=_options(s3_server, "wrong"), timeout=20))  # fmt: skip
+    wrong = Payloads("s3://meta/pl", storage_options=_options(s3_server, "wrong"), timeout=20)
+    refused = RankDataset(meta, is_test=True, parser="label", on_error="replace", max_failures=None, payloads=wrong)
     from rank_dataset import TooManyFailuresError
 
     with pytest.raises(TooManyFailuresError, match=r"access denied \(HTTP 403"):
@@ -405,3 +410,37 @@ def test_collective_file_and_steps_readers(tree: Path, tmp_path: Path) -> None:
             assert got["seen"] == got["planned"], name
             assert got["ok"], name
     assert results[0]["file"]["planned"] == results[0]["collective"]["planned"]
+
+
+def test_monitor_times_fetch_and_names_a_stalled_payload(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The payload wait is the fetch stage; a read that stalls (a server that stops sending a body) is
+    dumped with its URL, and fails within the timeout naming it."""
+    import rank_dataset
+    from http_helpers import range_server
+
+    meta = tmp_path / "meta.txt"
+    meta.write_text("".join(f"{i}.bin {i}\n" for i in range(8)))
+    with range_server() as server:
+        for i in range(8):
+            server.objects[f"s/{i}.bin"] = payload(i)
+        ds = RankDataset(meta, is_test=True, parser="label", payloads=Payloads(server.url("s"), timeout=6))
+        loader = DataLoader(ds, batch_size=4, num_workers=1, collate_fn=list, multiprocessing_context="fork")
+        with rank_dataset.monitor(loader, every=1000) as m:
+            assert [len(b) for b in m] == [4, 4]
+        fetch = m.stages.rows()[1]
+        from rank_dataset.core.stages import FETCH
+
+        assert fetch[FETCH] > 0 and fetch[FETCH + 1] == 8
+        server.stall = "body"
+        with (
+            caplog.at_level("WARNING", logger="rank_dataset.monitor"),
+            rank_dataset.monitor(loader, every=1000, stall_after=1.0) as m,
+            pytest.raises(PayloadError, match=r"sample 0 .*payload http://127.0.0.1:\d+/s/0.bin"),
+        ):
+            for _ in m:
+                pass
+        stalls = m.stalls
+        del m  # its iterator (the raise left it unfinished), so that its worker ends now
+        gc.collect()
+    assert stalls >= 1
+    assert re.search(r"payload http://127.0.0.1:\d+/s/0.bin\), its batch started", caplog.text), caplog.text

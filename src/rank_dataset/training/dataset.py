@@ -593,7 +593,7 @@ def _bound(payloads: Any, reader: Any) -> Payloads | None:
     if columns and columns[0] is not None and all(c == columns[0] for c in columns):
         payloads = copy.copy(payloads)
         payloads.columns = columns[0]
-    return payloads
+    return payloads  # type: ignore[no-any-return]
 
 
 def _files_context(reader: Any) -> dict[str, object]:

@@ -34,7 +34,9 @@ _clock = time.monotonic_ns
 
 def _check_field(key: Any, what: str) -> int | str:
     if isinstance(key, bool) or not isinstance(key, (int, str)):
-        raise TypeError(f"{what} must be an int (a field of a text line), a str (a JSON field or Parquet column), got {key!r}")
+        raise TypeError(
+            f"{what} must be an int (a field of a text line), a str (a JSON field or Parquet column), got {key!r}"
+        )
     if isinstance(key, int) and key < 0:
         raise ValueError(f"{what} must be a field number >= 0 (0-based, whitespace-separated), got {key}")
     if isinstance(key, str) and not key:
@@ -185,7 +187,8 @@ class Payloads:
         if callable(key):
             name = key(meta)
             if not isinstance(name, str):
-                raise PayloadError(repr(name), f"key {getattr(key, '__name__', key)!r} returned {type(name).__name__}, not a str")
+                what = getattr(key, "__name__", key)
+                raise PayloadError(repr(name), f"key {what!r} returned {type(name).__name__}, not a str")
             return name
         return _Fields(text, self.columns).get(key)
 
@@ -207,7 +210,7 @@ def _allowed(prefix: Any) -> str:
         raise TypeError(f"allow must be a list of URL prefixes or directories, got an item {prefix!r}")
     text = os.fspath(prefix)
     if is_url(text):
-        scheme, _, rest = text.partition("://")
+        rest = text.partition("://")[2]
         if not rest.strip("/"):
             raise ValueError(f"allow prefix {text!r} names no bucket or host: give e.g. 's3://bucket/'")
         return text if text.endswith("/") else text + "/"
@@ -299,7 +302,7 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
         metas.append((meta, len(found) > 1 or isinstance(payloads.key, tuple)))
         counts.append(len(found))
         targets.extend(found)
-    stream = payloads.reader().read(targets)
+    stream = payloads.reader().read(targets)  # a generator: closed below
     if words is not None:
         t1 = _clock()
         words[row + PARSE] += t1 - t0
@@ -334,7 +337,7 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
             if words is not None:
                 transform += _clock() - b
     finally:
-        stream.close()  # the payloads not taken (an item raised) are dropped as they arrive
+        stream.close()  # type: ignore[attr-defined]  # the payloads not taken (an item raised) are dropped as they arrive
         if words is not None:
             n = len(out)
             words[row + FETCH] += fetch

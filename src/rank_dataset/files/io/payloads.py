@@ -237,7 +237,8 @@ class PayloadReader:
         deadline = time.monotonic() + self.settings.timeout
         reserved = 0
         try:
-            flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+            # O_NOFOLLOW: no link swapped in after the check; O_NONBLOCK: a FIFO named by a line does not block
+            flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
             fd = os.open(target.path, flags)
         except OSError as exc:
             self.budget.skip(ticket)
