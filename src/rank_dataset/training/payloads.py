@@ -339,8 +339,8 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
         # The substitutes once the batch's reads are all taken: a substitute's read then waits for no read
         # of the batch (nor for the room they hold under max_bytes), and a helper's pipe carries one batch at once.
         c = _clock()
-        for at, i, exc in failing:
-            out[at] = view.substitute(i, exc)
+        for at, i, why in failing:
+            out[at] = view.substitute(i, why)
         replaced_ns = _clock() - c
     finally:
         stream.close()  # type: ignore[attr-defined]  # the payloads not taken (an item raised) are dropped as they arrive

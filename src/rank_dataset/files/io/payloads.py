@@ -331,9 +331,8 @@ class PayloadReader:
             if time.monotonic() + pause >= deadline:
                 if body is None and response is None and broke is not None:
                     raise _object_error(target.url, broke, settings.timeout)
-                why = (
-                    f"the body ended {size - len(body):,} bytes short" if body is not None else _stores.status_of(broke)
-                )  # type: ignore[arg-type]
+                short = f"the body ended {size - len(body):,} bytes short" if body is not None else ""
+                why = short or _stores.status_of(broke or RuntimeError("no reply"))
                 raise PayloadError(target.url, f"{why}, asked {attempt} times within timeout={settings.timeout:g} s")
             COUNTS["again"] += 1
             await asyncio.sleep(pause)
