@@ -18,6 +18,7 @@ from rank_dataset.errors import (
     MetaFileChangedError,
     PassAuditError,
     PassAuditWarning,
+    PayloadError,
     ProtocolError,
     RanksDisagreeError,
     TooManyFailuresError,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from rank_dataset.shards.audit import PassCount
     from rank_dataset.training.dataset import RankDataset
     from rank_dataset.training.monitor import monitor
+    from rank_dataset.training.payloads import Payloads
     from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
     from rank_dataset.training.server_datasets import RankServerDataset, ServerDataset
     from rank_dataset.training.steps import StepSampler
@@ -48,6 +50,8 @@ __all__ = [
     "PassAuditError",
     "PassAuditWarning",
     "PassCount",
+    "PayloadError",
+    "Payloads",
     "ProtocolError",
     "RandomSampler",
     "RankDataset",
@@ -91,6 +95,7 @@ _LAZY = {
     "RankServerDataset": "rank_dataset.training.server_datasets",
     "ServerDataset": "rank_dataset.training.server_datasets",
     "StepSampler": "rank_dataset.training.steps",
+    "Payloads": "rank_dataset.training.payloads",
 }
 
 

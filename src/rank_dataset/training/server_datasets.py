@@ -30,6 +30,7 @@ from rank_dataset.shards.audit import AuditMode
 from rank_dataset.training._failures import OnError
 from rank_dataset.training._options import timeout_seconds
 from rank_dataset.training.dataset import DATASET_KEYWORDS, ShardedDataset
+from rank_dataset.training.payloads import Payloads
 
 __all__ = ["RankServerDataset", "ServerDataset", "ServerReader"]
 
@@ -294,6 +295,7 @@ class RankServerDataset(ShardedDataset):
         on_error: as for RankDataset.
         max_failures: as for RankDataset.
         exclude_failures: as for RankDataset.
+        payloads: as for RankDataset.
 
     Raises:
         ValueError: as RankDataset; a source naming a file the server does not serve; as ServerDataset
@@ -327,6 +329,7 @@ class RankServerDataset(ShardedDataset):
         on_error: OnError = "raise",
         max_failures: int | float | None = 0.01,
         exclude_failures: bool = False,
+        payloads: Payloads | None = None,
     ) -> None:
         given = dict(locals())  # the parameters, before anything else is bound here
         base, name = server_url(url, server_ip, server_port)

@@ -24,6 +24,7 @@ __all__ = [
     "acquire",
     "budget",
     "credential_request",
+    "forked_from_client",
     "object_store",
     "reason_of",
     "retries_of",
@@ -117,6 +118,14 @@ def object_store(directory: str, options: Mapping[str, Any], timeout: float) -> 
             store = _stores[key] = _make(directory, options, timeout)
         _used = True
         return store
+
+
+def forked_from_client() -> int | None:
+    """The pid of the process this one was forked from, if that one had run an object store client
+    (then this one cannot: see :func:`_reset`); else None."""
+    if os.getpid() != _pid:
+        _reset()
+    return _forked_from
 
 
 def budget(timeout: float) -> dict[str, timedelta]:
