@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -96,20 +96,29 @@ def _headers(head: bytes) -> tuple[str, dict[str, str]]:
     return first, fields
 
 
-async def _chunked(state: _State, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
-    """Relay a chunked body as it is, counted before it is sent."""
+async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """A chunked body's pieces as they are on the wire (size lines, data, trailers)."""
     while True:
         line = await reader.readuntil(b"\r\n")
         n = int(line.split(b";", 1)[0], 16)
-        data = await reader.readexactly(n + 2) if n else await reader.readuntil(b"\r\n")
-        if n == 0:
-            while data != b"\r\n":  # trailers, then the blank line
-                data = await reader.readuntil(b"\r\n")
-        state.bytes_down += len(line) + len(data)
-        out.write(line + data)
+        if n:
+            yield line + await reader.readexactly(n + 2)
+            continue
+        tail = line
+        while True:  # trailers, then the blank line
+            data = await reader.readuntil(b"\r\n")
+            tail += data
+            if data == b"\r\n":
+                yield tail
+                return
+
+
+async def _chunked(state: _State, reader: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
+    """Relay a chunked body as it is, counted before it is sent."""
+    async for piece in _chunks(reader):
+        state.bytes_down += len(piece)
+        out.write(piece)
         await out.drain()
-        if n == 0:
-            return
 
 
 async def _relay(state: _State, reader: asyncio.StreamReader, out: asyncio.StreamWriter, count: int) -> None:
@@ -205,11 +214,15 @@ async def _serve(state: _State, reader: asyncio.StreamReader, writer: asyncio.St
                 return
             first, fields = _headers(head)
             method, target = first.split(" ", 2)[:2]
+            if fields.get("expect", "").lower() == "100-continue":
+                # Answered here, and not asked of the target: the body is read whole before it is sent.
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                head = b"".join(line for line in head.splitlines(True) if not line.lower().startswith(b"expect:"))
             body = b""
             if "content-length" in fields:
                 body = await reader.readexactly(int(fields["content-length"]))
             elif fields.get("transfer-encoding", "").lower() == "chunked":
-                raise ConnectionError("chunked request bodies are not proxied")
+                body = b"".join([piece async for piece in _chunks(reader)])
             if target.startswith(CONTROL):
                 await _control(state, target, writer)
                 continue

@@ -131,3 +131,30 @@ def test_stops_without_a_trace(s3_server: Any) -> None:
     assert proc.returncode == 0  # it ended when its stdin closed, not killed
     with socket.socket() as sock, pytest.raises(ConnectionRefusedError):
         sock.connect(("127.0.0.1", port))
+
+
+def _answer(stream: Any) -> bytes:
+    """One response's status line, read whole (head and Content-Length body) from a socket's file."""
+    status = stream.readline()
+    length = 0
+    while (line := stream.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    stream.read(length)
+    return bytes(status)
+
+
+def test_request_bodies_chunked_or_after_100_continue(proxy: FaultProxy) -> None:
+    """A body sent after ``Expect: 100-continue`` (botocore's PUTs) or in chunks reaches the target whole:
+    the target's answer (SeaweedFS refuses the unsigned PUT: 403) comes back, nothing hangs."""
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock, sock.makefile("rb") as stream:
+        sock.sendall(b"PUT /meta/x.bin HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        assert _answer(stream) == b"HTTP/1.1 100 Continue\r\n"
+        sock.sendall(b"hello")
+        assert _answer(stream).startswith(b"HTTP/1.1 403 ")
+        sock.sendall(b"PUT /meta/y.bin HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n")
+        sock.sendall(b"5\r\nhello\r\n0\r\n\r\n")
+        assert _answer(stream).startswith(b"HTTP/1.1 403 ")
+    stats = proxy.stats()
+    assert stats["requests"] == 2 and stats["gets"] == 0

@@ -43,9 +43,12 @@ def test_without_obstore_the_api_names_the_extra() -> None:
         "from rank_dataset import MetaFile\n"
         "from rank_dataset.files.io.base import ObjectKey\n"
         "from rank_dataset.files.io.object import ObjectFile\n"
+        "from rank_dataset import Payloads\n"
         "key = ObjectKey('gs://bucket/m.txt', 10, 'e', None)\n"
         "for make in (lambda: MetaFile('s3://bucket/meta/train.txt'),\n"
-        "             lambda: ObjectFile('gs://bucket/m.txt', key).read(0, 4)):\n"
+        "             lambda: ObjectFile('gs://bucket/m.txt', key).read(0, 4),\n"
+        "             lambda: Payloads('s3://bucket/images'),\n"
+        "             lambda: Payloads(None, allow=['https://host/images/'])):\n"
         "    try:\n"
         "        make()\n"
         "    except ImportError as exc:\n"
@@ -56,9 +59,12 @@ def test_without_obstore_the_api_names_the_extra() -> None:
     lines = out.stdout.splitlines()
     assert lines[0] == "blocked obstore"
     # Each an ImportError proper (not its ModuleNotFoundError subclass), naming the URL and the extra.
-    assert len(lines) == 3
+    assert len(lines) == 5
     assert lines[1].startswith("ImportError | s3://bucket/meta: ") and lines[1].endswith(EXTRA)
     assert lines[2].startswith("ImportError | gs://bucket: ") and lines[2].endswith(EXTRA)
+    # Payloads of a bucket (or of allowed URLs) say it when made, not as every sample's failure.
+    assert lines[3].startswith("ImportError | s3://bucket/images: ") and lines[3].endswith(EXTRA)
+    assert lines[4].startswith("ImportError | https://host/images/: ") and lines[4].endswith(EXTRA)
     assert "No module named" not in out.stdout
 
 
@@ -127,3 +133,21 @@ def test_no_credentials_from_the_cli(no_credentials: Any, monkeypatch: pytest.Mo
     out = CliRunner().invoke(cli, ["index", url])
     assert out.exit_code == 1
     assert out.output.startswith(f"Error: meta file {url}: access denied: no credentials were found")
+
+
+def test_no_credentials_for_payloads(no_credentials: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A payload read with no credentials at all fails as that sample's PayloadError, saying so."""
+    from rank_dataset import PayloadError, Payloads
+
+    s3 = no_credentials
+    s3.put("messages/img/a.bin", b"abc")
+    meta = tmp_path / "meta.txt"
+    meta.write_text("a.bin 1\n")
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", s3.endpoint)
+    ds = RankDataset(meta, payloads=Payloads("s3://meta/messages/img", timeout=20), is_test=True)
+    with pytest.raises(PayloadError) as got:
+        ds[0]
+    said = str(got.value)
+    assert "s3://meta/messages/img/a.bin: access denied: no credentials were found" in said
+    assert f"HTTP 403 Forbidden from {s3.endpoint}/latest/api/token, not retried" in said
+    assert "retries within" not in said and "retried within" not in said

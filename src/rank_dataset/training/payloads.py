@@ -23,6 +23,7 @@ from rank_dataset.core.checks import is_url
 from rank_dataset.core.stages import CURRENT, FETCH, ITEMS, PARSE, REPLACED, SINCE, TRANSFORM
 from rank_dataset.errors import PayloadError
 from rank_dataset.files.io._slots import slots_dir
+from rank_dataset.files.io._stores import require_client
 from rank_dataset.files.io.payloads import PayloadReader, ReadSettings, Target, resolve, target_root
 
 __all__ = ["Payloads", "payload_items", "payload_one"]
@@ -115,6 +116,9 @@ class Payloads:
         else:
             self.allow = ()
         self.root = None if root is None else target_root(root)
+        for where in (self.root, *self.allow):
+            if where is not None and is_url(where):
+                require_client(where)  # no obstore: the ImportError naming the cloud extra, now
         if isinstance(key, tuple):
             if not key:
                 raise ValueError("key as a tuple must name at least one field")

@@ -25,8 +25,11 @@ __all__ = [
     "budget",
     "credential_request",
     "forked_from_client",
+    "no_credentials",
     "object_store",
     "reason_of",
+    "require_client",
+    "retried",
     "retries_of",
     "split_url",
     "start_delay",
@@ -329,3 +332,34 @@ def reason_of(exc: BaseException) -> str:
         return _KINDS[kind.group(1)]
     first = str(exc).split("\n", 1)[0]
     return first.rpartition(" - ")[2].strip()[:200] or status_of(exc)
+
+
+def retried(exc: BaseException, timeout: float) -> str:
+    """What obstore did with the request ``exc`` reports, as its error says, to follow its reason: a 4xx,
+    or a request past the retries' share of the timeout, is not retried (empty if the error does not say)."""
+    retries = retries_of(exc)
+    if retries is None:
+        return ""
+    if retries:
+        return f", {retries} retries within timeout={timeout:g} s"
+    if reason_of(exc) == "timed out":
+        return f", not retried: an attempt may take a quarter of timeout={timeout:g} s"
+    return ", not retried"
+
+
+def no_credentials(exc: BaseException, timeout: float) -> str | None:
+    """If ``exc`` is a failed request for credentials (none were given, and the instance metadata service
+    gave none), that said in words (the URL it asked, the reason, the retries); else None."""
+    asked = credential_request(exc)
+    if asked is None:
+        return None
+    return (
+        "access denied: no credentials were found (storage_options and the environment, e.g. AWS_ACCESS_KEY_ID "
+        f"and AWS_SECRET_ACCESS_KEY, give none), and the instance metadata service gave none ({reason_of(exc)} "
+        f"from {asked}{retried(exc, timeout)}); give the store's credentials (see the object storage guide)"
+    )
+
+
+def require_client(url: str) -> None:
+    """Raise the ImportError naming the cloud extra if obstore, which reads ``url``, is not installed."""
+    _obstore(url)

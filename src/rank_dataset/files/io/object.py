@@ -33,10 +33,10 @@ from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.io._stores import (
     acquire,
     budget,
-    credential_request,
+    no_credentials,
     object_store,
     reason_of,
-    retries_of,
+    retried,
     split_url,
     status_of,
 )
@@ -345,25 +345,10 @@ def _failure(url: object, exc: BaseException, timeout: float) -> OSError:
     kind), and whether obstore retried it within the timeout, as its error reports."""
     import obstore.exceptions as errors
 
-    status, retries, reason = status_of(exc), retries_of(exc), reason_of(exc)
-    # What obstore did, as it reports it: a 4xx, or a request past the retries' share of the timeout, is
-    # not retried, and the message says so.
-    if retries is None:
-        tried = ""
-    elif retries:
-        tried = f", {retries} retries within timeout={timeout:g} s"
-    elif reason == "timed out":
-        tried = f", not retried: an attempt may take a quarter of timeout={timeout:g} s"
-    else:
-        tried = ", not retried"
-    asked = credential_request(exc)
-    if asked is not None:  # no credentials given: obstore asked the instance's metadata service, which failed
-        return PermissionError(
-            f"meta file {url}: access denied: no credentials were found (storage_options and the environment, "
-            f"e.g. AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, give none), and the instance metadata service "
-            f"gave none ({reason} from {asked}{tried}); give the store's credentials (see the object "
-            "storage guide)"
-        )
+    denied = no_credentials(exc, timeout)
+    if denied is not None:  # no credentials given: obstore asked the instance's metadata service, which failed
+        return PermissionError(f"meta file {url}: {denied}")
+    status = status_of(exc)
     if isinstance(exc, (errors.PermissionDeniedError, errors.UnauthenticatedError, PermissionError)):
         return PermissionError(f"meta file {url}: access denied ({status}); check the credentials")
-    return OSError(f"meta file {url}: the object store failed ({reason}{tried})")
+    return OSError(f"meta file {url}: the object store failed ({reason_of(exc)}{retried(exc, timeout)})")

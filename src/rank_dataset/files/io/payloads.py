@@ -425,7 +425,10 @@ def _object_error(url: str, exc: BaseException, timeout: float) -> PayloadError:
         return PayloadError(url, f"no such object ({status})")
     if isinstance(exc, PermissionError) or type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
         return PayloadError(url, f"access denied ({status})")
-    return PayloadError(url, f"the object store failed ({status}), retried within timeout={timeout:g} s")
+    denied = _stores.no_credentials(exc, timeout)
+    if denied is not None:
+        return PayloadError(url, denied)
+    return PayloadError(url, f"the object store failed ({_stores.reason_of(exc)}{_stores.retried(exc, timeout)})")
 
 
 # -- the helper of a forked process ------------------------------------------------------------------
