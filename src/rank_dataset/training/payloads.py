@@ -22,9 +22,15 @@ from typing import Any, NoReturn
 from rank_dataset.core.checks import is_url
 from rank_dataset.core.stages import CURRENT, FETCH, ITEMS, PARSE, REPLACED, SINCE, TRANSFORM
 from rank_dataset.errors import PayloadError
-from rank_dataset.files.io._slots import slots_dir
-from rank_dataset.files.io._stores import require_client
-from rank_dataset.files.io.payloads import PayloadReader, ReadSettings, Target, resolve, target_root
+from rank_dataset.files.io.payloads import (
+    PayloadReader,
+    ReadSettings,
+    Target,
+    require_client,
+    resolve,
+    slots_dir,
+    target_root,
+)
 
 __all__ = ["Payloads", "payload_items", "payload_one"]
 

@@ -47,9 +47,20 @@ from typing import Any
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import PayloadError
 from rank_dataset.files.io import _stores
-from rank_dataset.files.io._slots import ByteBudget, node_slots
+from rank_dataset.files.io._slots import ByteBudget, node_slots, slots_dir
+from rank_dataset.files.io._stores import require_client
 
-__all__ = ["COUNTS", "LocalTarget", "ObjectTarget", "PayloadReader", "ReadSettings", "resolve", "target_root"]
+__all__ = [
+    "COUNTS",
+    "LocalTarget",
+    "ObjectTarget",
+    "PayloadReader",
+    "ReadSettings",
+    "require_client",
+    "resolve",
+    "slots_dir",
+    "target_root",
+]
 
 #: This process's payload reads so far (for the tests and the benchmark): files, objects, GETs asked again.
 COUNTS = {"files": 0, "objects": 0, "again": 0}
