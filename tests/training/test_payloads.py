@@ -97,6 +97,23 @@ def test_workers_read_payloads(tree: Path, method: str) -> None:
     assert all(len(b) == BATCH for b in seen[:-1])
 
 
+def test_the_meta_server_reader_reads_payloads(tree: Path, tmp_path: Path, start_server: Any) -> None:
+    """RankServerDataset with payloads: the items of RankDataset over the same file, failures alike."""
+    from rank_dataset import RankServerDataset
+
+    meta = tmp_path / "meta.txt"
+    meta.write_text("".join(f"{name_of(i) if i % 30 != 4 else 'gone.bin'} {i % 7}\n" for i in range(300)))
+    server = start_server([meta])
+    kw: dict[str, Any] = {"reload_cfg": {"seed": 6}, "parser": "label", "rank": 1, "world_size": 2}
+    kw.update(on_error="replace", max_failures=None, payloads=Payloads(tree))
+    local, remote = RankDataset(meta, **kw), RankServerDataset(server.url, **kw)
+    loader = DataLoader(remote, batch_size=BATCH, num_workers=2, collate_fn=list, multiprocessing_context="fork")
+    got = [x for batch in loader for x in batch]
+    assert got == local.__getitems__(list(range(len(local))))
+    _check(got)
+    assert [f.sample for f in remote.failures] == [f.sample for f in local.failures] != []
+
+
 def test_keys_json_tuple_and_function(tmp_path: Path) -> None:
     for i in range(6):
         (tmp_path / f"{i}.img").write_bytes(payload(i))
