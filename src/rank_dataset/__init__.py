@@ -18,6 +18,7 @@ from rank_dataset.errors import (
     MetaFileChangedError,
     PassAuditError,
     PassAuditWarning,
+    PayloadError,
     ProtocolError,
     RanksDisagreeError,
     TooManyFailuresError,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from rank_dataset.shards.provenance import samples_of
     from rank_dataset.training.dataset import RankDataset
     from rank_dataset.training.monitor import monitor
+    from rank_dataset.training.payloads import Payloads
     from rank_dataset.training.sampler import RandomSampler, ResumableSampler, find_resume_state
     from rank_dataset.training.server_datasets import RankServerDataset, ServerDataset
     from rank_dataset.training.shape_sampler import BucketBatchSampler
@@ -55,6 +57,8 @@ __all__ = [
     "PassAuditError",
     "PassAuditWarning",
     "PassCount",
+    "PayloadError",
+    "Payloads",
     "ProtocolError",
     "RandomSampler",
     "RankDataset",
@@ -114,6 +118,7 @@ _LAZY = {
     "StepSampler": "rank_dataset.training.steps",
     "SharedBatches": "rank_dataset.training.shared_batches",
     "shared_batches": "rank_dataset.training.shared_batches",
+    "Payloads": "rank_dataset.training.payloads",
 }
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "MetaFileChangedError",
     "PassAuditError",
     "PassAuditWarning",
+    "PayloadError",
     "ProtocolError",
     "RanksDisagreeError",
     "TooManyFailuresError",
@@ -101,6 +102,26 @@ class PassAuditError(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (str(self), self.count)
+
+
+class PayloadError(OSError):
+    """A sample's payload (the file or object its line names, read through
+    :class:`~rank_dataset.Payloads`) could not be read, or must not be: missing, refused, timed out, cut
+    short, or outside the root. ``path`` is the path or URL, ``reason`` says why, ``where`` (when raised by
+    a dataset) the sample and its ``file:line``."""
+
+    def __init__(self, path: str, reason: str | None = None, where: str = "") -> None:
+        # PayloadError(message) alone is a whole message: what torch's DataLoader raises again in the
+        # main process from a worker's error (as its type, not a RuntimeError).
+        message = path if reason is None else f"payload {path}: {reason}"
+        super().__init__(f"{where}: {message}" if where else message)
+        self.path, self.reason, self.where = path, reason or "", where
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.path, self.reason, self.where)
 
 
 class TooManyFailuresError(RuntimeError):

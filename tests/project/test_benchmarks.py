@@ -243,3 +243,20 @@ def test_bench_shapes_smoke(tmp_path: Path) -> None:
         assert expected in table, expected
     assert (tmp_path / "shapes.png").stat().st_size > 0
     assert not list((tmp_path / "data").iterdir())  # the meta file is removed
+
+
+def test_bench_payloads_smoke(tmp_path: Path) -> None:
+    pytest.importorskip("obstore", reason="the cloud extra (obstore) is not installed")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_payloads.py"), "--payloads", "200", "--window", "0.5"]
+    cmd += ["--windows", "1", "--warmup", "0.5", "--workers", "1", "--batch", "16", "--latencies", "0", "10"]
+    cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = (tmp_path / "payloads.md").read_text()
+    naive = "| naive loader (one payload per transform call) | 10 ms |"
+    for row in ("| Payloads | 0 ms |", "| Payloads | 10 ms |", naive):
+        assert row in text, row
+    assert "| Payloads, local files (page cache) | local |" in text and "all equal." in text
+    assert "litdata's StreamingRawDataset was not measured" in text  # not a dependency: no --litdata-path
+    assert (tmp_path / "payloads.png").stat().st_size > 0
+    assert not (tmp_path / "data").exists()  # the payloads are removed

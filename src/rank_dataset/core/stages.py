@@ -6,7 +6,8 @@ Two kinds of stages, read by the monitor (:mod:`rank_dataset.training.monitor`):
   process that owns the dataset. :func:`timed` adds their nanoseconds to this process's totals
   (:func:`rank_totals`); a stage timed inside another is subtracted from it (exclusive times), so the
   stages add up to the wall time they cover.
-- the item stages (``fetch``, ``parse``, ``transform``, ``replaced``), run per item in the DataLoader
+- the item stages (``fetch``: the lines out of the shard and, with payloads, the wait for their files' bytes;
+  ``parse``, ``transform``, ``replaced``), run per item in the DataLoader
   workers: a :class:`StageTable`, a small shareable segment made with each dataset, has one row per reader
   (the rank: row 0; worker ``k``: row ``k + 1``), written only by that reader and read by the rank
   whenever it wants, like the pass audit's tally in the shard channel's control block. A row holds the

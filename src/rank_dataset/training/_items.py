@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from rank_dataset.plan.spec import ShardSpec
     from rank_dataset.shards.reader import ShardReader
     from rank_dataset.training._failures import FailureBook
+    from rank_dataset.training.payloads import Payloads
 
 __all__ = ["ItemView", "RankSide"]
 
@@ -82,8 +83,10 @@ class ItemView:
         parsers: Sequence[Parser | None] | None,
         policy: FailurePolicy,
         rank: RankSide,
+        payloads: Payloads | None = None,
     ) -> None:
         self.channel, self.parser, self.parsers, self.policy = channel, parser, parsers, policy
+        self.payloads = payloads
         self.stages = StageTable.create()  # the monitor's item timers (rank_dataset.monitor), off until it runs
         self._rank: RankSide | None = rank
         self._rank_pickle = b""
@@ -94,7 +97,7 @@ class ItemView:
         policy, channel = self.policy, self.channel
         self.transform = policy.transform
         self.replace = policy.on_error == "replace"
-        self.made_by_policy = policy.active  # read once per item: a plain attribute, not the property
+        self.made_by_policy = policy.active or self.payloads is not None  # read once per item: a plain attribute
         self.plain = self.parser is None and self.parsers is None
         self.substitutes = Substitutes(policy, channel)
         self.version, self.seen, self.tally = channel.version, channel.seen, channel.tally
@@ -105,7 +108,7 @@ class ItemView:
         rank = self._rank
         data = self._rank_pickle if rank is None else pickle.dumps(rank, pickle.HIGHEST_PROTOCOL)
         return {"channel": self.channel, "parser": self.parser, "parsers": self.parsers, "policy": self.policy,
-                "stages": self.stages, "_rank": None, "_rank_pickle": data}  # fmt: skip
+                "stages": self.stages, "payloads": self.payloads, "_rank": None, "_rank_pickle": data}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -119,6 +122,17 @@ class ItemView:
             self._rank.book.channel = self.channel
             self._rank_pickle = b""
         return self._rank
+
+    def payload_where(self, i: int) -> str | None:
+        """The path(s) or URL(s) item ``i``'s payload is read from (None: no payloads); nothing is read."""
+        if self.payloads is None:
+            return None
+        text = self.held().text(i)
+        try:
+            meta = text if self.plain else self.parse(text, i)
+        except Exception as exc:
+            return f"(no path: {exc})"
+        return self.payloads.where(text, meta)
 
     def where(self, sample: int) -> str:
         """``file:line`` of ``sample`` (or the server and sample)."""
@@ -178,7 +192,11 @@ class ItemView:
         return check_index(i, n, label="dataset index", of=f"a shard of {n} samples")
 
     def make(self, text: str, i: int) -> Any:
-        """Item ``i`` of line ``text``: parsed and transformed."""
+        """Item ``i`` of line ``text``: parsed and transformed (with payloads: paired with its bytes first)."""
+        if self.payloads is not None:
+            from rank_dataset.training.payloads import payload_one  # imported where payloads are read
+
+            return payload_one(self, text, i)
         item = text if self.plain else self.parse(text, i)
         return item if self.transform is None else self.transform(item)
 
@@ -204,6 +222,8 @@ class ItemView:
     def item(self, i: int) -> Any:
         # Once per sample: one word of the control block says whether anything changed, the inline
         # check is the fast path, the shard does the slicing.
+        if self.payloads is not None:
+            return self.items([i])[0]
         try:  # an error before the count below: see uncounted
             if self.version[0] != self.seen:
                 self.sync(items=True)
@@ -231,6 +251,12 @@ class ItemView:
         except BaseException:
             self.channel.uncounted()
             raise
+        if self.payloads is not None:  # the batch's payloads asked for at once, its items made as they come
+            texts = self.shard.texts(indices)  # type: ignore[union-attr]
+            self.tally(len(texts))
+            from rank_dataset.training.payloads import payload_items  # imported where payloads are read
+
+            return payload_items(self, texts, indices)
         if self.stages.words[0]:  # a monitor is on: the timed path (timed_items)
             return timed_items(self, indices)
         texts = self.shard.texts(indices)  # type: ignore[union-attr]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import os
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from rank_dataset.plan.steps import StepLayout
     from rank_dataset.shards.collective import CollectiveReader
     from rank_dataset.shards.reader import ShardReader
+    from rank_dataset.training.payloads import Payloads
 
     MetaSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | MetaFile | Source | Sequence[Source]
 
@@ -46,7 +48,7 @@ __all__ = ["DATASET_KEYWORDS", "RankDataset", "ShardedDataset"]
 #: The keywords of ShardedDataset that RankDataset and RankServerDataset take as it does and pass on as given.
 DATASET_KEYWORDS = (
     "is_test", "reload_cfg", "rank", "world_size", "parser", "audit", "exclude", "transform", "on_error",
-    "max_failures", "exclude_failures",
+    "max_failures", "exclude_failures", "payloads",
 )  # fmt: skip
 
 
@@ -91,6 +93,7 @@ class ShardedDataset(Dataset[Any]):
         on_error: OnError = "raise",
         max_failures: int | float | None = 0.01,
         exclude_failures: bool = False,
+        payloads: Payloads | None = None,
     ) -> None:
         if isinstance(reader, str):
             raise TypeError(
@@ -122,7 +125,7 @@ class ShardedDataset(Dataset[Any]):
         book.channel = channel = ShardChannel(audit, failures=on_error == "replace")
         side = RankSide(reader, None, book, group, cfg.group, cfg.epoch_size)
         parsers = None if book.mixture is None else book.mixture.parsers
-        self._view = ItemView(channel, parser, parsers, policy, side)
+        self._view = ItemView(channel, parser, parsers, policy, side, _bound(payloads, reader))
         spec = ShardSpec(
             num_samples=num_samples,
             world_size=world_size,
@@ -147,8 +150,18 @@ class ShardedDataset(Dataset[Any]):
         return self._view.item(i)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """A batch of items at once (torch's DataLoader calls this with each batch of indices)."""
+        """A batch of items at once (torch's DataLoader calls this with each batch of indices); with
+        ``payloads``, the batch's payloads are all asked for at once."""
         return self._view.items(indices)
+
+    @property
+    def payloads(self) -> Payloads | None:
+        """Where the files the lines name are read from (None: items are the lines alone)."""
+        return self._view.payloads
+
+    def payload_of(self, i: int) -> str | None:
+        """The path(s) or URL(s) item ``i``'s payload is read from, without reading it (None: no payloads)."""
+        return self._view.payload_where(self._view.check_index(i))
 
     @property
     def indices(self) -> npt.NDArray[np.int64]:
@@ -499,6 +512,10 @@ class RankDataset(ShardedDataset):
             ``https://``): obstore's settings (e.g. ``endpoint``, ``access_key_id``,
             ``secret_access_key``, ``region``), over the environment's; pickled to DataLoader workers
             with the paths, never shown. For a mix, give each Source its own; for a MetaFile, the MetaFile.
+        payloads: a :class:`~rank_dataset.training.payloads.Payloads`: each item (and what ``transform``
+            gets) is then ``(meta, data)``, ``meta`` the item as it would be without, ``data`` the ``bytes``
+            of the file its line names (a tuple of them for a tuple key), a batch's read at once; a payload
+            that cannot be read is the sample's failure, as a ``transform`` that raises (see ``on_error``).
 
     Raises:
         ValueError: as MetaFile; ``reader="collective"`` without an initialised process group; for a
@@ -534,6 +551,7 @@ class RankDataset(ShardedDataset):
         exclude_failures: bool = False,
         columns: Sequence[str] | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        payloads: Payloads | None = None,
     ) -> None:
         given = dict(locals())  # the parameters, before anything else is bound here
         from rank_dataset.training._readers import reader_for
@@ -577,6 +595,21 @@ class RankDataset(ShardedDataset):
         close = getattr(self.reader, "close", None)
         if close is not None:
             close()
+
+
+def _bound(payloads: Any, reader: Any) -> Payloads | None:
+    """``payloads`` checked, given the reader's Parquet columns (where its str key names a column)."""
+    if payloads is None:
+        return None
+    from rank_dataset.training.payloads import Payloads
+
+    if not isinstance(payloads, Payloads):
+        raise TypeError(f"payloads must be a Payloads (rank_dataset.Payloads(root, key=...)) or None, got {payloads!r}")
+    columns = getattr(getattr(reader, "meta", None), "columns", None)
+    if columns and columns[0] is not None and all(c == columns[0] for c in columns):
+        payloads = copy.copy(payloads)
+        payloads.columns = columns[0]
+    return payloads  # type: ignore[no-any-return]
 
 
 def _files_context(reader: Any) -> dict[str, object]:

@@ -8,7 +8,7 @@ import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -30,6 +30,9 @@ from rank_dataset.shards.audit import AuditMode
 from rank_dataset.training._failures import OnError
 from rank_dataset.training._options import timeout_seconds
 from rank_dataset.training.dataset import DATASET_KEYWORDS, ShardedDataset
+
+if TYPE_CHECKING:
+    from rank_dataset.training.payloads import Payloads
 
 __all__ = ["RankServerDataset", "ServerDataset", "ServerReader"]
 
@@ -294,6 +297,7 @@ class RankServerDataset(ShardedDataset):
         on_error: as for RankDataset.
         max_failures: as for RankDataset.
         exclude_failures: as for RankDataset.
+        payloads: as for RankDataset.
 
     Raises:
         ValueError: as RankDataset; a source naming a file the server does not serve; as ServerDataset
@@ -327,6 +331,7 @@ class RankServerDataset(ShardedDataset):
         on_error: OnError = "raise",
         max_failures: int | float | None = 0.01,
         exclude_failures: bool = False,
+        payloads: Payloads | None = None,
     ) -> None:
         given = dict(locals())  # the parameters, before anything else is bound here
         base, name = server_url(url, server_ip, server_port)

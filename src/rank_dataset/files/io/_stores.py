@@ -23,7 +23,14 @@ __all__ = [
     "CLOUD_EXTRA",
     "acquire",
     "budget",
+    "credential_request",
+    "forked_from_client",
+    "no_credentials",
     "object_store",
+    "reason_of",
+    "require_client",
+    "retried",
+    "retries_of",
     "split_url",
     "start_delay",
     "status_of",
@@ -80,12 +87,14 @@ def _reset() -> None:
 os.register_at_fork(after_in_child=_reset)
 
 
-def _obstore() -> Any:
+def _obstore(directory: str) -> Any:
+    """obstore's store module; without obstore, an ImportError naming ``directory`` and the extra."""
     try:
         import obstore.store
     except ImportError:
         raise ImportError(
-            f"reading meta files from object storage (s3://, gs://, az://, https://) needs obstore: {CLOUD_EXTRA}"
+            f"{directory}: reading from object storage (s3://, gs://, az://, https://) needs obstore, which is "
+            f"not installed: {CLOUD_EXTRA}"
         ) from None
     return obstore.store
 
@@ -112,6 +121,14 @@ def object_store(directory: str, options: Mapping[str, Any], timeout: float) -> 
             store = _stores[key] = _make(directory, options, timeout)
         _used = True
         return store
+
+
+def forked_from_client() -> int | None:
+    """The pid of the process this one was forked from, if that one had run an object store client
+    (then this one cannot: see :func:`_reset`); else None."""
+    if os.getpid() != _pid:
+        _reset()
+    return _forked_from
 
 
 def budget(timeout: float) -> dict[str, timedelta]:
@@ -176,7 +193,7 @@ _CLIENT_KEYS = frozenset(
 
 
 def _client(directory: str, options: Mapping[str, Any], timeout: float) -> Any:
-    module = _obstore()
+    module = _obstore(directory)
     config = {k: v for k, v in options.items() if k.lower() not in _CLIENT_KEYS}
     spend = budget(timeout)
     client: dict[str, Any] = {
@@ -264,6 +281,20 @@ def acquire() -> threading.BoundedSemaphore:
 
 
 _STATUS = re.compile(r"status code: (\d{3}[^:]*)")
+_RETRIES = re.compile(r"\bretries: (\d+),")
+_REQUEST = re.compile(r"Error performing [A-Z]+ (\S+)")
+_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
+_KINDS = {"Timeout": "timed out", "Connect": "could not connect", "Request": "the request failed"}
+#: Where a client without credentials asks for some (AWS's instance metadata and ECS task roles,
+#: GCP's metadata server, Azure's managed identity): a failed request there is about credentials,
+#: not about the object.
+_CREDENTIAL_PATHS = (
+    "/latest/api/token",
+    "/latest/meta-data/iam/security-credentials",
+    "/v2/credentials",
+    "/computeMetadata/v1/instance/service-accounts",
+    "/metadata/identity/oauth2/token",
+)
 
 
 def status_of(exc: BaseException) -> str:
@@ -273,3 +304,62 @@ def status_of(exc: BaseException) -> str:
         return f"HTTP {found.group(1).strip()}"
     first = str(exc).split("\n", 1)[0]
     return f"{type(exc).__name__}: {first[:200]}"
+
+
+def retries_of(exc: BaseException) -> int | None:
+    """How many times obstore retried the request that ``exc`` reports (None if it does not say)."""
+    found = _RETRIES.search(str(exc))
+    return int(found.group(1)) if found else None
+
+
+def credential_request(exc: BaseException) -> str | None:
+    """The URL of the request that failed, if it asked a credential service (the instance metadata
+    service that a client with no credentials given falls back to) rather than the store."""
+    found = _REQUEST.search(str(exc))
+    if found is None:
+        return None
+    url = found.group(1)
+    return url if any(part in url for part in _CREDENTIAL_PATHS) else None
+
+
+def reason_of(exc: BaseException) -> str:
+    """Why a request failed, in words: its HTTP status, else the kind of its failure (``timed out``,
+    ``could not connect``), else what the client said of it."""
+    if _STATUS.search(str(exc)):
+        return status_of(exc)
+    kind = _KIND.search(str(exc))
+    if kind is not None and kind.group(1) in _KINDS:
+        return _KINDS[kind.group(1)]
+    first = str(exc).split("\n", 1)[0]
+    return first.rpartition(" - ")[2].strip()[:200] or status_of(exc)
+
+
+def retried(exc: BaseException, timeout: float) -> str:
+    """What obstore did with the request ``exc`` reports, as its error says, to follow its reason: a 4xx,
+    or a request past the retries' share of the timeout, is not retried (empty if the error does not say)."""
+    retries = retries_of(exc)
+    if retries is None:
+        return ""
+    if retries:
+        return f", {retries} retries within timeout={timeout:g} s"
+    if reason_of(exc) == "timed out":
+        return f", not retried: an attempt may take a quarter of timeout={timeout:g} s"
+    return ", not retried"
+
+
+def no_credentials(exc: BaseException, timeout: float) -> str | None:
+    """If ``exc`` is a failed request for credentials (none were given, and the instance metadata service
+    gave none), that said in words (the URL it asked, the reason, the retries); else None."""
+    asked = credential_request(exc)
+    if asked is None:
+        return None
+    return (
+        "access denied: no credentials were found (storage_options and the environment, e.g. AWS_ACCESS_KEY_ID "
+        f"and AWS_SECRET_ACCESS_KEY, give none), and the instance metadata service gave none ({reason_of(exc)} "
+        f"from {asked}{retried(exc, timeout)}); give the store's credentials (see the object storage guide)"
+    )
+
+
+def require_client(url: str) -> None:
+    """Raise the ImportError naming the cloud extra if obstore, which reads ``url``, is not installed."""
+    _obstore(url)

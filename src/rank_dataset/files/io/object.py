@@ -30,7 +30,16 @@ import numpy.typing as npt
 
 from rank_dataset.core.checks import UrlPath, is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files.io._stores import acquire, budget, object_store, split_url, status_of
+from rank_dataset.files.io._stores import (
+    acquire,
+    budget,
+    no_credentials,
+    object_store,
+    reason_of,
+    retried,
+    split_url,
+    status_of,
+)
 from rank_dataset.files.io.base import STREAM_BLOCK, ByteSource, ObjectKey
 from rank_dataset.files.io.pread import ShortRead
 
@@ -94,9 +103,9 @@ class ObjectFile:
         return object_store(self._directory, self.storage_options, self.timeout)
 
     def _head(self) -> ObjectKey:
+        store = self._store()  # first: without obstore, the ImportError naming the extra; forked: said as it is
         import obstore
 
-        store = self._store()  # no client (no obstore, or a forked process): said as it is
         COUNTS["heads"] += 1
         slots = acquire()  # after the spread start (a bad setting of it raises as itself)
         try:
@@ -117,9 +126,9 @@ class ObjectFile:
 
     def _get(self, start: int, stop: int) -> Any:
         """The response to one GET of bytes ``[start, stop)``, pinned to the key."""
+        store = self._store()  # first, as in _head
         import obstore
 
-        store = self._store()
         COUNTS["gets"] += 1
         try:
             return obstore.get(store, self._name, options=self._options(start, stop))  # type: ignore[arg-type]
@@ -167,8 +176,8 @@ class ObjectFile:
                         got += len(chunk)
                         COUNTS["bytes"] += len(chunk)
                         yield bytes(chunk)
-                except (MetaFileChangedError, CorruptMetaFileError, OSError):
-                    raise
+                except (MetaFileChangedError, CorruptMetaFileError, OSError, ImportError):
+                    raise  # ImportError: no obstore, said by the client's maker
                 except Exception as exc:  # the body broke off: asked again below from ``got``
                     if short + 1 >= _ATTEMPTS or time.monotonic() > deadline:
                         raise self._error(exc) from None
@@ -332,11 +341,14 @@ def _coalesced(starts: Sequence[int], stops: Sequence[int]) -> list[tuple[int, i
 
 
 def _failure(url: object, exc: BaseException, timeout: float) -> OSError:
-    """The error of a request that failed for good, naming the URL, the status and the timeout that
-    bounded its retries."""
+    """The error of a request that failed for good, naming the URL, the status (or the failure's
+    kind), and whether obstore retried it within the timeout, as its error reports."""
     import obstore.exceptions as errors
 
+    denied = no_credentials(exc, timeout)
+    if denied is not None:  # no credentials given: obstore asked the instance's metadata service, which failed
+        return PermissionError(f"meta file {url}: {denied}")
     status = status_of(exc)
     if isinstance(exc, (errors.PermissionDeniedError, errors.UnauthenticatedError, PermissionError)):
         return PermissionError(f"meta file {url}: access denied ({status}); check the credentials")
-    return OSError(f"meta file {url}: the object store failed ({status}), retried within timeout={timeout:g} s")
+    return OSError(f"meta file {url}: the object store failed ({reason_of(exc)}{retried(exc, timeout)})")

@@ -9,8 +9,9 @@ The monitor sets ``waiting_since`` while its loop waits for a batch. The watchdo
   claimed their row of the dataset's stage table (:mod:`rank_dataset.core.stages`), then published their pid
   there. The rank signals those pids that are also the running loader's workers (torch's iterator lists
   them), never another process, and reads what each wrote to its file;
-- for each worker, the item it is making: its shard index, the sample, the sample's ``file:line``, the item
-  stage it is in, and how long ago its batch started;
+- for each worker, the item it is making: its shard index, the sample, the sample's ``file:line``, the path
+  or URL of its payload when the dataset reads payloads (the item whose payload a batch waits for), the
+  item stage it is in, and how long ago its batch started;
 - the stage the stall is in (``stage``): that of the worker busy the longest, else the item stage the rank
   runs itself (no workers), else the rank stage its loop is in (``read``, ``build``...), else ``"other"``
   (the summary's word for a wait no stage explains).
@@ -109,8 +110,9 @@ class Watchdog:
             lines.append(
                 f"DataLoader worker {w['worker']} (pid {w['pid']}) of rank {m.rank}: "
                 + (
-                    f"on sample {w['sample']} ({w['where']}, shard index {w['index']}), in {w['stage']}, its batch "
-                    f"started {w['busy_s']:.1f} s ago"
+                    f"on sample {w['sample']} ({w['where']}, shard index {w['index']}"
+                    + (f", payload {w['payload']}" if w["payload"] else "")
+                    + f"), in {w['stage']}, its batch started {w['busy_s']:.1f} s ago"
                     if w["index"] is not None
                     else "making no item"
                 )
@@ -167,6 +169,7 @@ class Watchdog:
             row = m.stages.rows()[w["reader"]]
             index = row[_st.CURRENT] if row[_st.CURRENT] >= 0 else None
             sample, where = self._sample_of(index)
+            payload = self._payload_of(index)
             out.append(
                 {
                     "worker": w["reader"] - 1,
@@ -175,11 +178,23 @@ class Watchdog:
                     "sample": sample,
                     "where": where,
                     "stage": _st.item_stage(row) if index is not None else None,
+                    "payload": payload,
                     "busy_s": round((now - row[_st.SINCE]) / 1e9, 3) if index is not None else None,
                     "stack": _read_from(w["path"], w["before"]) if w["signalled"] else "",
                 }
             )
         return out
+
+    def _payload_of(self, index: int | None) -> str | None:
+        """The path or URL the item's payload is read from (a dataset with ``payloads``), else None."""
+        payload_of = getattr(self.monitor.dataset, "payload_of", None)
+        if index is None or payload_of is None:
+            return None
+        try:
+            found = payload_of(index)
+        except Exception:
+            return None
+        return None if found is None else str(found)
 
     def _sample_of(self, index: int | None) -> tuple[int | None, str | None]:
         if index is None:

@@ -1,0 +1,508 @@
+"""The files a meta file's lines name, read many at a time: :func:`resolve` turns a name into what to read
+(a file under a local root, an object under a URL root) or the reason it must not be read, and
+:class:`PayloadReader` reads a batch of them at once, handing out each one's ``bytes`` (or its error) in the
+batch's order.
+
+- Names are checked before anything is read: a NUL byte, an absolute path, a ``..`` component, a URL where a
+  root is a directory, or a path whose real path (symlinks followed) leaves a local root is refused; a
+  local file is opened by its real path with ``O_NOFOLLOW`` (the last component cannot be swapped for a
+  link after the check) and must be a regular file. With no root, a name must be a URL (or an absolute path)
+  under one of the ``allow`` prefixes.
+- Local files are read by a small thread pool, each with one ``os.pread`` of its size straight into the
+  ``bytes`` handed out. Objects are read through obstore's async API (``get_async``) on one asyncio loop in a
+  thread of this process, with the same clients and settings as meta files (:mod:`._stores`): at most
+  ``max_in_flight`` requests of this process in flight, and a request holds one of the node's slots
+  (:mod:`._slots`) while it runs. A body is copied once, from the client's buffer into the ``bytes``.
+- The bytes read and not yet handed out stay under ``max_bytes`` (:class:`~._slots.ByteBudget`).
+- A failure is the payload's: a :class:`~rank_dataset.errors.PayloadError` naming the path or URL. 5xx and
+  dropped connections are retried by the client (its retry settings) and a short body or a stalled request
+  is asked again here, with backoff, all within ``timeout``.
+
+Nothing here crosses a fork: the pool, the loop and the clients are made in the process that reads (the pid
+checked on each batch). A process forked from one that ran obstore's runtime cannot run it (the runtime's
+threads are not in the child: obstore #441; a request hangs). Whether the parent ran it is not knowable
+(any code may have), so a process forked from one that had imported obstore is taken as one that did;
+there, objects are read by a helper process started with
+``python -m rank_dataset.files.io.payloads`` (not forked), which reads as this module does and sends each
+payload back through a pipe in order; it exits when its pipe closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import pickle
+import random
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from rank_dataset.core.checks import is_url
+from rank_dataset.errors import PayloadError
+from rank_dataset.files.io import _stores
+from rank_dataset.files.io._slots import ByteBudget, node_slots, slots_dir
+from rank_dataset.files.io._stores import require_client
+
+__all__ = [
+    "COUNTS",
+    "LocalTarget",
+    "ObjectTarget",
+    "PayloadReader",
+    "ReadSettings",
+    "require_client",
+    "resolve",
+    "slots_dir",
+    "target_root",
+]
+
+#: This process's payload reads so far (for the tests and the benchmark): files, objects, GETs asked again.
+COUNTS = {"files": 0, "objects": 0, "again": 0}
+_LOCAL_THREADS = 8  # local reads at once: a disk or page cache needs few
+_BACKOFF = (0.05, 2.0)  # first and longest wait before a request is asked again
+
+
+@dataclass(frozen=True)
+class LocalTarget:
+    """A local file to read: ``path`` is its real path (under its root, checked)."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class ObjectTarget:
+    """An object to read: ``name`` under the client of ``directory``; ``url`` names it in messages."""
+
+    directory: str
+    name: str
+    url: str
+
+
+Target = LocalTarget | ObjectTarget
+
+
+def target_root(root: str | os.PathLike[str]) -> str:
+    """``root`` as :func:`resolve` takes it: a URL without its trailing slashes, or a local directory's real path.
+
+    Raises:
+        ValueError: a local root that is not a directory.
+    """
+    text = os.fspath(root)
+    if is_url(text):
+        return text.rstrip("/")
+    real = os.path.realpath(text)
+    if not os.path.isdir(real):
+        raise ValueError(f"Payloads root {text!r} is not a directory (nor a URL such as s3://bucket/prefix)")
+    return real
+
+
+def _relative_problem(name: str) -> str | None:
+    """Why the relative name ``name`` must not be read under a root (None: it may)."""
+    if not name:
+        return "an empty path"
+    if "\0" in name:
+        return "a NUL byte in the path"
+    if is_url(name) or "://" in name:
+        return "a URL where a path under the root was expected"
+    if name.startswith(("/", "\\")) or os.path.isabs(name):
+        return "an absolute path where a path under the root was expected"
+    if ".." in name.replace("\\", "/").split("/"):
+        return "a '..' component (it would leave the root)"
+    return None
+
+
+def resolve(name: str, root: str | None, allow: Sequence[str] = ()) -> Target | PayloadError:
+    """What to read for ``name`` (a line's path) under ``root`` (from :func:`target_root`), or with no root
+    under one of the ``allow`` prefixes (URLs ending in ``/``, or local directories' real paths); the
+    :class:`~rank_dataset.errors.PayloadError` saying why it must not be read otherwise. No file is opened."""
+    if not isinstance(name, str):
+        return PayloadError(repr(name), f"the key gave {type(name).__name__}, not a str path")
+    if root is None:
+        for prefix in allow:
+            if is_url(prefix) and name.startswith(prefix):
+                return _under(name[len(prefix) :], prefix.rstrip("/"), name)
+            if not is_url(prefix) and name.startswith(prefix + os.sep):
+                return _under(name[len(prefix) + 1 :], prefix, name)
+        if "\0" in name:
+            return PayloadError(name.replace("\0", "\\0"), "a NUL byte in the path")
+        return PayloadError(name, f"not under any allowed prefix (allow={list(allow)})")
+    return _under(name, root, None)
+
+
+def _under(rel: str, root: str, shown: str | None) -> Target | PayloadError:
+    problem = _relative_problem(rel)
+    if is_url(root):
+        url = shown or f"{root}/{rel}"
+        if problem is not None:
+            return PayloadError(url.replace("\0", "\\0"), problem)
+        return ObjectTarget(root, rel, url)
+    path = shown or os.path.join(root, rel)
+    if problem is not None:
+        return PayloadError(path.replace("\0", "\\0"), problem)
+    real = os.path.realpath(path)
+    if not real.startswith(root + os.sep):
+        return PayloadError(path, "it resolves outside the root (a symlink out of it)")
+    return LocalTarget(real)
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    """How a process reads payloads (see :class:`~rank_dataset.Payloads`): ``storage_options`` for objects,
+    ``max_in_flight`` requests and ``max_bytes`` held per process, ``node_max_in_flight`` requests per node
+    (the slots' files in ``slots_dir``), each payload within ``timeout`` seconds."""
+
+    storage_options: Mapping[str, Any]
+    max_in_flight: int
+    max_bytes: int
+    node_max_in_flight: int
+    timeout: float
+    slots_dir: str
+
+
+Result = tuple[Any, int]  # (bytes or the PayloadError, bytes reserved in the budget for it)
+
+
+class PayloadReader:
+    """Reads payloads for one process (see the module): :meth:`read` a batch, in order."""
+
+    def __init__(self, settings: ReadSettings) -> None:
+        self.settings = settings
+        self.pid = os.getpid()
+        self.budget = ByteBudget(settings.max_bytes)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._in_flight: asyncio.Semaphore | None = None
+        self._helper: _Helper | None = None
+        self._lock = threading.Lock()
+
+    def read(self, targets: Sequence[Target | PayloadError]) -> Iterator[bytes | PayloadError]:
+        """Each target's bytes (or its error), in order; all are asked for at once. A payload is the
+        caller's when it is yielded; one the caller leaves unread (it stops early) is dropped when it arrives."""
+        if os.getpid() != self.pid:
+            raise RuntimeError("a PayloadReader serves the process that made it")  # the caller makes one per pid
+        tickets = self.budget.tickets(len(targets))
+        helper = self._helper_if_forked() if any(isinstance(t, ObjectTarget) for t in targets) else None
+        pending: list[concurrent.futures.Future[Result] | PayloadError | None] = []
+        remote: list[ObjectTarget] = []
+        for target, ticket in zip(targets, tickets):
+            if isinstance(target, PayloadError):
+                self.budget.skip(ticket)
+                pending.append(target)
+            elif isinstance(target, LocalTarget):
+                pending.append(self._pool_of().submit(self._read_file, target, ticket))
+            elif helper is not None:
+                self.budget.skip(ticket)  # the helper holds its own budget
+                remote.append(target)
+                pending.append(None)
+            else:
+                coro = self._get(target, ticket)
+                pending.append(asyncio.run_coroutine_threadsafe(coro, self._loop_of()))
+        from_helper = helper.read(remote) if helper is not None else iter(())
+        k = 0
+        try:
+            for k, item in enumerate(pending):  # noqa: B007 - k is read in finally
+                if isinstance(item, PayloadError):
+                    yield item
+                elif item is None:
+                    yield next(from_helper)
+                else:
+                    data, reserved = item.result()
+                    self.budget.release(reserved)  # handed out: the caller's now
+                    yield data
+            k = len(pending)
+        finally:
+            for item in pending[k + 1 :]:
+                if isinstance(item, concurrent.futures.Future):
+                    item.add_done_callback(self._drop)
+            if isinstance(from_helper, Iterator):
+                for _ in from_helper:  # the helper's answers are read to the end: the pipe stays in step
+                    pass
+
+    def _drop(self, future: concurrent.futures.Future[Result]) -> None:
+        self.budget.release(future.result()[1])
+
+    def _pool_of(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                n = min(_LOCAL_THREADS, self.settings.max_in_flight)
+                self._pool = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="rank_dataset-payloads")
+            return self._pool
+
+    def _loop_of(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                self._in_flight = asyncio.Semaphore(self.settings.max_in_flight)
+                threading.Thread(target=loop.run_forever, name="rank_dataset-payloads-loop", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    # -- local files ------------------------------------------------------------------------------
+
+    def _read_file(self, target: LocalTarget, ticket: int) -> Result:
+        """The file's bytes, one ``pread`` of its size into the ``bytes`` handed out."""
+        deadline = time.monotonic() + self.settings.timeout
+        reserved = 0
+        try:
+            # O_NOFOLLOW: no link swapped in after the check; O_NONBLOCK: a FIFO named by a line does not block
+            flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+            fd = os.open(target.path, flags)
+        except OSError as exc:
+            self.budget.skip(ticket)
+            return _file_error(target.path, exc), 0
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                self.budget.skip(ticket)
+                return PayloadError(target.path, "not a regular file"), 0
+            if not self.budget.reserve(ticket, st.st_size, deadline):
+                return PayloadError(target.path, _budget_timeout(self.settings)), 0
+            reserved = st.st_size
+            COUNTS["files"] += 1
+            data = os.pread(fd, st.st_size, 0) if st.st_size < (1 << 31) else _read_all(fd, st.st_size)
+            if len(data) != st.st_size:
+                return PayloadError(target.path, f"read {len(data):,} of its {st.st_size:,} bytes"), reserved
+            return data, reserved
+        except OSError as exc:
+            return _file_error(target.path, exc), reserved
+        finally:
+            os.close(fd)
+
+    # -- objects ----------------------------------------------------------------------------------
+
+    async def _get(self, target: ObjectTarget, ticket: int) -> Result:
+        """The object's bytes or its error (never raises: a cancelled read gives back what it reserved)."""
+        settings = self.settings
+        deadline = time.monotonic() + settings.timeout
+        reserved = [0, ticket]  # bytes reserved, and the ticket while it has not reserved (-1 after)
+        try:
+            assert self._in_flight is not None
+            async with self._in_flight:
+                return await asyncio.wait_for(self._get_body(target, reserved, deadline), settings.timeout)
+        except asyncio.TimeoutError:
+            error = PayloadError(target.url, f"no answer within timeout={settings.timeout:g} s (retried)")
+        except BaseException as exc:  # an error of obstore's, or a cancelled read
+            error = _object_error(target.url, exc, settings.timeout)
+        finally:
+            if reserved[1] >= 0:
+                self.budget.skip(ticket)
+        return error, reserved[0]
+
+    async def _get_body(self, target: ObjectTarget, reserved: list[int], deadline: float) -> Result:
+        import obstore
+
+        settings = self.settings
+        store = _stores.object_store(target.directory, settings.storage_options, settings.timeout)
+        slots = node_slots(settings.slots_dir, settings.node_max_in_flight)
+        attempt = 0
+        while True:
+            slot = slots.try_acquire()
+            wait = 0.001
+            while slot is None:  # the node's requests are all in flight: wait for one to end
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, 0.05)
+                slot = slots.try_acquire()
+            response: Any = None
+            body: Any = None
+            broke: BaseException | None = None
+            size = 0
+            try:
+                COUNTS["objects"] += 1
+                try:  # 5xx, timeouts and connections dropped before the reply: retried by the client itself
+                    response = await obstore.get_async(store, target.name)
+                except Exception as exc:
+                    if _permanent(exc):
+                        raise
+                    broke = exc  # a reply the client could not read: asked again below
+                if response is not None:
+                    start, stop = response.range
+                    size = stop - start
+                    if reserved[1] >= 0:
+                        await self._reserve(reserved, size, deadline, target)
+                    elif size > reserved[0]:
+                        raise PayloadError(target.url, f"its size changed to {size:,} bytes between two asks")
+                    try:
+                        body = await response.bytes_async()
+                    except Exception as exc:  # the body broke off: asked again below
+                        broke = exc
+            finally:
+                slots.release(slot)
+            if body is not None and len(body) == size:
+                data = body.to_bytes()  # the one copy: from the client's buffer into the bytes handed out
+                del body
+                return data, reserved[0]
+            attempt += 1
+            pause = min(_BACKOFF[0] * 2**attempt, _BACKOFF[1]) * random.uniform(0.5, 1.0)
+            if time.monotonic() + pause >= deadline:
+                if body is None and response is None and broke is not None:
+                    raise _object_error(target.url, broke, settings.timeout)
+                short = f"the body ended {size - len(body):,} bytes short" if body is not None else ""
+                why = short or _stores.status_of(broke or RuntimeError("no reply"))
+                raise PayloadError(target.url, f"{why}, asked {attempt} times within timeout={settings.timeout:g} s")
+            COUNTS["again"] += 1
+            await asyncio.sleep(pause)
+
+    async def _reserve(self, reserved: list[int], size: int, deadline: float, target: ObjectTarget) -> None:
+        ticket = reserved[1]
+        wait = 0.0005
+        while not self.budget.try_reserve(ticket, size):
+            if time.monotonic() > deadline:
+                raise PayloadError(target.url, _budget_timeout(self.settings))
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, 0.01)
+        reserved[0], reserved[1] = size, -1
+
+    # -- a process forked from one that ran obstore ------------------------------------------------
+
+    def _helper_if_forked(self) -> _Helper | None:
+        if not _forked_with_obstore and _stores.forked_from_client() is None:
+            return None
+        if self._helper is None:
+            self._helper = _Helper(self.settings)
+        return self._helper
+
+    def close(self) -> None:
+        """End the pool, the loop and the helper of this process (each ends with it anyway)."""
+        if os.getpid() != self.pid:
+            return
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._helper is not None:
+            self._helper.close()
+        self._pool = self._loop = self._helper = None
+
+
+# Whether this process was forked from one that had imported obstore: that one may have run its runtime
+# (through this library or any other code), which a forked child cannot run. Such a child reads objects
+# through a helper; one forked from a process that never imported obstore makes its own client.
+_forked_with_obstore = False
+
+
+def _after_fork() -> None:
+    global _forked_with_obstore
+    _forked_with_obstore = _forked_with_obstore or "obstore" in sys.modules
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """A file of 2 GiB or more (one ``pread`` reads less), in pieces."""
+    return b"".join(os.pread(fd, min(1 << 30, size - at), at) for at in range(0, size, 1 << 30))
+
+
+def _budget_timeout(settings: ReadSettings) -> str:
+    return (
+        f"no room under max_bytes={settings.max_bytes:,} within timeout={settings.timeout:g} s "
+        "(the payloads read before it were not taken)"
+    )
+
+
+def _file_error(path: str, exc: OSError) -> PayloadError:
+    if isinstance(exc, FileNotFoundError):
+        return PayloadError(path, "no such file")
+    if isinstance(exc, PermissionError):
+        return PayloadError(path, "permission denied")
+    if getattr(exc, "errno", None) == getattr(__import__("errno"), "ELOOP", -1):
+        return PayloadError(path, "a symlink (its target was swapped after the check)")
+    return PayloadError(path, f"{type(exc).__name__}: {exc.strerror or exc}")
+
+
+def _permanent(exc: BaseException) -> bool:
+    """Whether obstore's error says the request cannot succeed if asked again (missing, refused, invalid)."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, PayloadError)):
+        return True
+    return type(exc).__name__ in (
+        "NotFoundError", "PermissionDeniedError", "UnauthenticatedError", "PreconditionError",
+        "NotSupportedError", "InvalidPathError", "AlreadyExistsError", "NotModifiedError",
+    )  # fmt: skip
+
+
+def _object_error(url: str, exc: BaseException, timeout: float) -> PayloadError:
+    if isinstance(exc, PayloadError):
+        return exc
+    if isinstance(exc, asyncio.CancelledError):
+        return PayloadError(url, "the read was cancelled")
+    status = _stores.status_of(exc)
+    if isinstance(exc, FileNotFoundError):
+        return PayloadError(url, f"no such object ({status})")
+    if isinstance(exc, PermissionError) or type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
+        return PayloadError(url, f"access denied ({status})")
+    denied = _stores.no_credentials(exc, timeout)
+    if denied is not None:
+        return PayloadError(url, denied)
+    return PayloadError(url, f"the object store failed ({_stores.reason_of(exc)}{_stores.retried(exc, timeout)})")
+
+
+# -- the helper of a forked process ------------------------------------------------------------------
+
+
+class _Helper:
+    """A process started with ``python -m rank_dataset.files.io.payloads`` (see the module), reading a
+    batch's objects for this one: one pickled list of targets in, each payload (``bytes``, or a pickled
+    error) back in order."""
+
+    def __init__(self, settings: ReadSettings) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rank_dataset.files.io.payloads"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._out = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
+        self._in = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        self._out.send_bytes(pickle.dumps(settings))
+
+    def read(self, targets: list[ObjectTarget]) -> Iterator[bytes | PayloadError]:
+        if not targets:
+            return
+        self._out.send_bytes(pickle.dumps(targets))
+        for _ in targets:
+            kind = self._in.recv_bytes()
+            raw = self._in.recv_bytes()  # the bytes as received: the one copy, in place of the client's
+            yield raw if kind == b"D" else pickle.loads(raw)
+
+    def close(self) -> None:
+        self._out.close()
+        self._in.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _serve() -> None:
+    """The helper's loop: settings, then batches of targets, until the pipe closes."""
+    stdin = Connection(os.dup(0), writable=False)
+    stdout = Connection(os.dup(1), readable=False)
+    try:
+        settings = pickle.loads(stdin.recv_bytes())
+        reader = PayloadReader(settings)
+        while True:
+            targets = pickle.loads(stdin.recv_bytes())
+            for item in reader.read(targets):
+                if isinstance(item, bytes):
+                    stdout.send_bytes(b"D")
+                    stdout.send_bytes(item)
+                else:
+                    stdout.send_bytes(b"E")
+                    stdout.send_bytes(pickle.dumps(item))
+    except (EOFError, BrokenPipeError, OSError):
+        return
+
+
+if __name__ == "__main__":
+    _serve()
