@@ -460,7 +460,7 @@ def test_monitor_times_fetch_and_names_a_stalled_payload(tmp_path: Path, caplog:
         del m  # its iterator (the raise left it unfinished), so that its worker ends now
         gc.collect()
     assert stalls >= 1
-    assert re.search(r"payload http://127.0.0.1:\d+/s/0.bin\), its batch started", caplog.text), caplog.text
+    assert re.search(r"payload http://127.0.0.1:\d+/s/0.bin\), in fetch, its batch started", caplog.text), caplog.text
 
 
 def test_faults_change_nothing(s3_server: Any, bucket: str, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from rank_dataset.core.checks import is_url
-from rank_dataset.core.stages import CURRENT, FETCH, ITEMS, PARSE, REPLACED, SINCE, TRANSFORM
+from rank_dataset.core.stages import CURRENT, FETCH, ITEM_STAGES, ITEMS, PARSE, REPLACED, SINCE, STAGE, TRANSFORM
 from rank_dataset.errors import PayloadError
 from rank_dataset.files.io.payloads import (
     PayloadReader,
@@ -287,6 +287,10 @@ def payload_one(view: Any, text: str, i: int) -> Any:
     return item if view.transform is None else view.transform(item)
 
 
+# A row's STAGE word while a stage runs (what a stall dump names).
+_PARSING, _FETCHING, _TRANSFORMING = (ITEM_STAGES.index(s) + 1 for s in ("parse", "fetch", "transform"))
+
+
 def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[Any]:
     """A batch's items: every payload asked for at once, each item made as its payload arrives, in order;
     timed stage by stage while a monitor is on (``fetch``: the wait for the payloads)."""
@@ -294,6 +298,8 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
     words = view.stages.words if view.stages.words[0] else None
     row = view.stages.claim() if words is not None else 0
     t0 = _clock() if words is not None else 0
+    if words is not None:
+        words[row + STAGE] = _PARSING
     metas: list[Any] = []
     counts: list[int] = []  # the targets of each item (0: it failed before any)
     targets: list[Target | PayloadError] = []
@@ -325,11 +331,13 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
         for k, i in enumerate(indices):
             if words is not None:
                 words[row + CURRENT] = i  # a stall dump names this item (and its payload)
+                words[row + STAGE] = _FETCHING
                 a = _clock()
             got = [next(stream) for _ in range(counts[k])]
             if words is not None:
                 b = _clock()
                 fetch += b - a
+                words[row + STAGE] = _TRANSFORMING
             error = failed.get(k) or next((d for d in got if isinstance(d, PayloadError)), None)
             try:
                 if error is not None:
@@ -364,5 +372,5 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
             if failing:
                 words[row + REPLACED] += replaced_ns
                 words[row + REPLACED + 1] += len(failing)
-            words[row + CURRENT] = -1
+            words[row + CURRENT] = words[row + STAGE] = -1
     return out
