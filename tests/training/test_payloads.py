@@ -97,6 +97,23 @@ def test_workers_read_payloads(tree: Path, method: str) -> None:
     assert all(len(b) == BATCH for b in seen[:-1])
 
 
+def test_the_meta_server_reader_reads_payloads(tree: Path, tmp_path: Path, start_server: Any) -> None:
+    """RankServerDataset with payloads: the items of RankDataset over the same file, failures alike."""
+    from rank_dataset import RankServerDataset
+
+    meta = tmp_path / "meta.txt"
+    meta.write_text("".join(f"{name_of(i) if i % 30 != 4 else 'gone.bin'} {i % 7}\n" for i in range(300)))
+    server = start_server([meta])
+    kw: dict[str, Any] = {"reload_cfg": {"seed": 6}, "parser": "label", "rank": 1, "world_size": 2}
+    kw.update(on_error="replace", max_failures=None, payloads=Payloads(tree))
+    local, remote = RankDataset(meta, **kw), RankServerDataset(server.url, **kw)
+    loader = DataLoader(remote, batch_size=BATCH, num_workers=2, collate_fn=list, multiprocessing_context="fork")
+    got = [x for batch in loader for x in batch]
+    assert got == local.__getitems__(list(range(len(local))))
+    _check(got)
+    assert [f.sample for f in remote.failures] == [f.sample for f in local.failures] != []
+
+
 def test_keys_json_tuple_and_function(tmp_path: Path) -> None:
     for i in range(6):
         (tmp_path / f"{i}.img").write_bytes(payload(i))
@@ -444,3 +461,28 @@ def test_monitor_times_fetch_and_names_a_stalled_payload(tmp_path: Path, caplog:
         gc.collect()
     assert stalls >= 1
     assert re.search(r"payload http://127.0.0.1:\d+/s/0.bin\), its batch started", caplog.text), caplog.text
+
+
+def test_faults_change_nothing(s3_server: Any, bucket: str, tmp_path: Path) -> None:
+    """Through a proxy that adds latency and fails one GET in five (a 503, a reset or a body cut short, in
+    turn), the batches and the failure records (the missing objects alone) are those of a run without faults."""
+    from fault_proxy import running_proxy
+
+    meta = tmp_path / "meta.txt"
+    meta.write_text("".join(f"{name_of(i) if i % 40 != 9 else f'gone/{i}.bin'} {i % 7}\n" for i in range(400)))
+
+    def run(endpoint: str) -> tuple[list[list[Any]], list[Any]]:
+        options = {**_options(s3_server), "endpoint": endpoint}
+        payloads = Payloads("s3://meta/pl", storage_options=options, timeout=60)
+        ds = RankDataset(meta, rank=0, world_size=1, reload_cfg={"seed": 9}, parser="label", on_error="replace",
+                         max_failures=None, payloads=payloads)  # fmt: skip
+        loader = DataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=list, multiprocessing_context="fork")
+        return [list(b) for b in loader], [(f.sample, f.where, f.position, f.error) for f in ds.failures]
+
+    want_batches, want_failures = run(s3_server.endpoint)
+    assert len(want_failures) == 10 and all("no such object (HTTP 404" in f[3] for f in want_failures)
+    with running_proxy(("127.0.0.1", s3_server.port), latency=0.005, every=5) as proxy:
+        batches, failures = run(proxy.endpoint)
+        stats = proxy.stats()
+    assert batches == want_batches and failures == want_failures
+    assert all(stats["faults"][kind] > 0 for kind in ("503", "reset", "short")), stats

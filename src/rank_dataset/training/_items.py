@@ -27,7 +27,6 @@ from rank_dataset.core.parsers import Parser, parse_line
 from rank_dataset.core.stages import CURRENT, FETCH, ITEMS, PARSE, REPLACED, SINCE, TRANSFORM, StageTable, item_hook
 from rank_dataset.shards.channel import ShardChannel
 from rank_dataset.training._failures import FailurePolicy, Substitutes
-from rank_dataset.training.payloads import Payloads, payload_items, payload_one
 
 if TYPE_CHECKING:
     from rank_dataset.core.shard import Shard
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
     from rank_dataset.plan.spec import ShardSpec
     from rank_dataset.shards.reader import ShardReader
     from rank_dataset.training._failures import FailureBook
+    from rank_dataset.training.payloads import Payloads
 
 __all__ = ["ItemView", "RankSide"]
 
@@ -182,6 +182,8 @@ class ItemView:
     def make(self, text: str, i: int) -> Any:
         """Item ``i`` of line ``text``: parsed and transformed (with payloads: paired with its bytes first)."""
         if self.payloads is not None:
+            from rank_dataset.training.payloads import payload_one  # imported where payloads are read
+
             return payload_one(self, text, i)
         item = text if self.plain else self.parse(text, i)
         return item if self.transform is None else self.transform(item)
@@ -240,6 +242,8 @@ class ItemView:
         if self.payloads is not None:  # the batch's payloads asked for at once, its items made as they come
             texts = self.shard.texts(indices)  # type: ignore[union-attr]
             self.tally(len(texts))
+            from rank_dataset.training.payloads import payload_items  # imported where payloads are read
+
             return payload_items(self, texts, indices)
         if self.stages.words[0]:  # a monitor is on: the timed path (timed_items)
             return timed_items(self, indices)

@@ -22,9 +22,15 @@ from typing import Any, NoReturn
 from rank_dataset.core.checks import is_url
 from rank_dataset.core.stages import CURRENT, FETCH, ITEMS, PARSE, REPLACED, SINCE, TRANSFORM
 from rank_dataset.errors import PayloadError
-from rank_dataset.files.io._slots import slots_dir
-from rank_dataset.files.io._stores import require_client
-from rank_dataset.files.io.payloads import PayloadReader, ReadSettings, Target, resolve, target_root
+from rank_dataset.files.io.payloads import (
+    PayloadReader,
+    ReadSettings,
+    Target,
+    require_client,
+    resolve,
+    slots_dir,
+    target_root,
+)
 
 __all__ = ["Payloads", "payload_items", "payload_one"]
 
@@ -313,7 +319,8 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
         words[row + PARSE + 1] += len(texts)
         words[row + SINCE] = t1
     out: list[Any] = []
-    fetch = transform = replaced_ns = replaced = 0
+    failing: list[tuple[int, int, Exception]] = []  # (place in out, item, error): substituted after the batch
+    fetch = transform = replaced_ns = 0
     try:
         for k, i in enumerate(indices):
             if words is not None:
@@ -333,13 +340,18 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
             except Exception as exc:
                 if not view.replace:
                     _reraise(view, i, exc)
-                c = _clock()
-                out.append(view.substitute(i, exc))
-                replaced_ns += _clock() - c
-                replaced += 1
+                failing.append((len(out), i, exc))
+                out.append(None)
             del got
             if words is not None:
                 transform += _clock() - b
+        stream.close()  # type: ignore[attr-defined]
+        # The substitutes once the batch's reads are all taken: a substitute's read then waits for no read
+        # of the batch (nor for the room they hold under max_bytes), and a helper's pipe carries one batch at once.
+        c = _clock()
+        for at, i, why in failing:
+            out[at] = view.substitute(i, why)
+        replaced_ns = _clock() - c
     finally:
         stream.close()  # type: ignore[attr-defined]  # the payloads not taken (an item raised) are dropped as they arrive
         if words is not None:
@@ -347,10 +359,10 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
             words[row + FETCH] += fetch
             words[row + FETCH + 1] += n
             words[row + ITEMS] += n
-            words[row + TRANSFORM] += transform - replaced_ns
+            words[row + TRANSFORM] += transform
             words[row + TRANSFORM + 1] += n
-            if replaced:
+            if failing:
                 words[row + REPLACED] += replaced_ns
-                words[row + REPLACED + 1] += replaced
+                words[row + REPLACED + 1] += len(failing)
             words[row + CURRENT] = -1
     return out

@@ -8,7 +8,7 @@ import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -30,7 +30,9 @@ from rank_dataset.shards.audit import AuditMode
 from rank_dataset.training._failures import OnError
 from rank_dataset.training._options import timeout_seconds
 from rank_dataset.training.dataset import DATASET_KEYWORDS, ShardedDataset
-from rank_dataset.training.payloads import Payloads
+
+if TYPE_CHECKING:
+    from rank_dataset.training.payloads import Payloads
 
 __all__ = ["RankServerDataset", "ServerDataset", "ServerReader"]
 

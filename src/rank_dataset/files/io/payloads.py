@@ -20,7 +20,9 @@ batch's order.
 
 Nothing here crosses a fork: the pool, the loop and the clients are made in the process that reads (the pid
 checked on each batch). A process forked from one that ran obstore's runtime cannot run it (the runtime's
-threads are not in the child: obstore #441); there, objects are read by a helper process started with
+threads are not in the child: obstore #441; a request hangs). Whether the parent ran it is not knowable
+(any code may have), so a process forked from one that had imported obstore is taken as one that did;
+there, objects are read by a helper process started with
 ``python -m rank_dataset.files.io.payloads`` (not forked), which reads as this module does and sends each
 payload back through a pipe in order; it exits when its pipe closes.
 """
@@ -45,9 +47,20 @@ from typing import Any
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import PayloadError
 from rank_dataset.files.io import _stores
-from rank_dataset.files.io._slots import ByteBudget, node_slots
+from rank_dataset.files.io._slots import ByteBudget, node_slots, slots_dir
+from rank_dataset.files.io._stores import require_client
 
-__all__ = ["COUNTS", "LocalTarget", "ObjectTarget", "PayloadReader", "ReadSettings", "resolve", "target_root"]
+__all__ = [
+    "COUNTS",
+    "LocalTarget",
+    "ObjectTarget",
+    "PayloadReader",
+    "ReadSettings",
+    "require_client",
+    "resolve",
+    "slots_dir",
+    "target_root",
+]
 
 #: This process's payload reads so far (for the tests and the benchmark): files, objects, GETs asked again.
 COUNTS = {"files": 0, "objects": 0, "again": 0}
@@ -295,20 +308,29 @@ class PayloadReader:
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, 0.05)
                 slot = slots.try_acquire()
+            response: Any = None
+            body: Any = None
+            broke: BaseException | None = None
+            size = 0
             try:
                 COUNTS["objects"] += 1
-                # 5xx, timeouts and dropped connections before the body: retried by the client itself
-                response = await obstore.get_async(store, target.name)
-                start, stop = response.range
-                size = stop - start
-                if reserved[1] >= 0:
-                    await self._reserve(reserved, size, deadline, target)
-                elif size > reserved[0]:
-                    raise PayloadError(target.url, f"its size changed to {size:,} bytes between two asks")
-                try:
-                    body = await response.bytes_async()
-                except Exception as exc:  # the body broke off: asked again below, within the timeout
-                    body, broke = None, exc
+                try:  # 5xx, timeouts and connections dropped before the reply: retried by the client itself
+                    response = await obstore.get_async(store, target.name)
+                except Exception as exc:
+                    if _permanent(exc):
+                        raise
+                    broke = exc  # a reply the client could not read: asked again below
+                if response is not None:
+                    start, stop = response.range
+                    size = stop - start
+                    if reserved[1] >= 0:
+                        await self._reserve(reserved, size, deadline, target)
+                    elif size > reserved[0]:
+                        raise PayloadError(target.url, f"its size changed to {size:,} bytes between two asks")
+                    try:
+                        body = await response.bytes_async()
+                    except Exception as exc:  # the body broke off: asked again below
+                        broke = exc
             finally:
                 slots.release(slot)
             if body is not None and len(body) == size:
@@ -316,9 +338,12 @@ class PayloadReader:
                 del body
                 return data, reserved[0]
             attempt += 1
-            why = f"the body ended {size - len(body):,} bytes short" if body is not None else _stores.status_of(broke)
             pause = min(_BACKOFF[0] * 2**attempt, _BACKOFF[1]) * random.uniform(0.5, 1.0)
             if time.monotonic() + pause >= deadline:
+                if body is None and response is None and broke is not None:
+                    raise _object_error(target.url, broke, settings.timeout)
+                short = f"the body ended {size - len(body):,} bytes short" if body is not None else ""
+                why = short or _stores.status_of(broke or RuntimeError("no reply"))
                 raise PayloadError(target.url, f"{why}, asked {attempt} times within timeout={settings.timeout:g} s")
             COUNTS["again"] += 1
             await asyncio.sleep(pause)
@@ -336,7 +361,7 @@ class PayloadReader:
     # -- a process forked from one that ran obstore ------------------------------------------------
 
     def _helper_if_forked(self) -> _Helper | None:
-        if _stores.forked_from_client() is None:
+        if not _forked_with_obstore and _stores.forked_from_client() is None:
             return None
         if self._helper is None:
             self._helper = _Helper(self.settings)
@@ -353,6 +378,20 @@ class PayloadReader:
         if self._helper is not None:
             self._helper.close()
         self._pool = self._loop = self._helper = None
+
+
+# Whether this process was forked from one that had imported obstore: that one may have run its runtime
+# (through this library or any other code), which a forked child cannot run. Such a child reads objects
+# through a helper; one forked from a process that never imported obstore makes its own client.
+_forked_with_obstore = False
+
+
+def _after_fork() -> None:
+    global _forked_with_obstore
+    _forked_with_obstore = _forked_with_obstore or "obstore" in sys.modules
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _read_all(fd: int, size: int) -> bytes:
@@ -375,6 +414,16 @@ def _file_error(path: str, exc: OSError) -> PayloadError:
     if getattr(exc, "errno", None) == getattr(__import__("errno"), "ELOOP", -1):
         return PayloadError(path, "a symlink (its target was swapped after the check)")
     return PayloadError(path, f"{type(exc).__name__}: {exc.strerror or exc}")
+
+
+def _permanent(exc: BaseException) -> bool:
+    """Whether obstore's error says the request cannot succeed if asked again (missing, refused, invalid)."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, PayloadError)):
+        return True
+    return type(exc).__name__ in (
+        "NotFoundError", "PermissionDeniedError", "UnauthenticatedError", "PreconditionError",
+        "NotSupportedError", "InvalidPathError", "AlreadyExistsError", "NotModifiedError",
+    )  # fmt: skip
 
 
 def _object_error(url: str, exc: BaseException, timeout: float) -> PayloadError:
