@@ -162,7 +162,7 @@ def test_array_references() -> None:
 
 
 def test_check_manifest_names_what_is_wrong() -> None:
-    with pytest.raises(TypeError, match="a manifest is a dict"):
+    with pytest.raises(TypeError, match="manifest is a dict"):
         check_manifest([1])
     with pytest.raises(ValueError, match="not a rank_dataset manifest"):
         check_manifest({"files": []})

@@ -116,6 +116,28 @@ def check_int(
     return number
 
 
+def check_record(
+    data: Any, key: str, versions: tuple[int, ...], *, what: str, given: str, required: tuple[str, ...]
+) -> Mapping[str, Any]:
+    """``data`` if it is a record of ``what`` marked ``{key: version}`` (``version`` one of ``versions``) that holds
+    every ``required`` key (a manifest, a step state).
+
+    Raises:
+        TypeError: not a dict (``given`` says what it should be).
+        ValueError: not such a record, another format version, or a required key missing (named).
+    """
+    if not isinstance(data, Mapping):
+        raise TypeError(f"a {what} is {given}, got {type(data).__name__}")
+    version = data.get(key)
+    if version not in versions:
+        found = f"not a {what}" if version is None else f"a {what} of format {version!r}"
+        raise ValueError(f"{found}: this rank_dataset reads format {' or '.join(map(str, versions))}")
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise ValueError(f"invalid {what}: missing {', '.join(missing)}")
+    return data
+
+
 def check_ints(name: str, values: Any, *, low: int) -> tuple[int, ...]:
     """``values`` as a tuple of ints, each >= ``low``, else raise naming ``name[i]`` (plain ints in
     one pass)."""

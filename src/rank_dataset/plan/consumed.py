@@ -21,13 +21,16 @@ The cost, for ``t`` steps over ``E`` epochs of ``S`` sources:
 
 from __future__ import annotations
 
+import hashlib
 import itertools
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import check_int
+from rank_dataset.core.checks import check_int, check_ints
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.permutation import permute
 from rank_dataset.plan.step_mix import batch_counts
@@ -37,9 +40,13 @@ if TYPE_CHECKING:
     from rank_dataset.plan.mix import MixPlan
     from rank_dataset.plan.shapes import ShapeStream
 
-__all__ = ["SourceCounter"]
+__all__ = ["ANCHOR_KEY", "RunCounter", "SourceCounter", "check_anchor"]
 
 _BLOCK = 1 << 20  # draws of a partial epoch evaluated at a time: bounded temporaries
+_ANCHORS = 4  # known prefixes kept an epoch (the monitor's step, the state's, the sampler's, a loaded one)
+
+#: The key of a step state that holds the run's counts of the epoch in progress (:meth:`RunCounter.anchor_at`).
+ANCHOR_KEY = "counted"
 
 
 class SourceCounter:
@@ -52,6 +59,10 @@ class SourceCounter:
         seed: the plan's seed.
         aug_repeats: ``k``.
         mix: the mix's plan, for a mix by epochs or by steps (None: plain files, one source).
+        sizes: for a mix by steps without its MixPlan (a segment of a run with mixture edits), its sources'
+            sizes.
+        origin: the run draw at which the counted stream starts (a segment's first draw; its epochs count
+            from there).
 
     Example:
         >>> from rank_dataset.plan.schedule import BatchSchedule
@@ -67,17 +78,33 @@ class SourceCounter:
         seed: int,
         aug_repeats: int = 1,
         mix: MixPlan | None = None,
+        *,
+        sizes: Sequence[int] | None = None,
+        origin: int = 0,
     ) -> None:
         self.layout = layout
         self.num_samples = check_int("num_samples", num_samples, low=1)
         self.seed = seed
         self.k = check_int("aug_repeats", aug_repeats, low=1)
         self.mix = mix
-        self.sources = 1 if mix is None else len(mix.sizes)
+        self.sizes = tuple(sizes) if sizes is not None else (None if mix is None else mix.sizes)
+        self.sources = 1 if self.sizes is None else len(self.sizes)
+        self.origin = check_int("origin", origin, low=0)
+        self.evaluated = 0  # slots of a partial epoch evaluated so far (what a first call after a resume costs)
         self._draws = layout.schedule.in_draws(self.k)
         self._per_epoch = draws_per_epoch(self.num_samples, self.k)
-        self._prefix: tuple[int, int, npt.NDArray[np.int64]] = (-1, 0, np.zeros(self.sources, np.int64))
+        self._anchors: dict[int, list[tuple[int, npt.NDArray[np.int64]]]] = {}  # epoch -> known prefixes
         self._shape_epochs: dict[int, int] = {}  # by budget: the items of each whole epoch, once computed
+
+    @property
+    def by_epochs(self) -> bool:
+        """A mix by epochs: the one kind whose epoch in progress is counted by evaluating its draws."""
+        return self.mix is not None and self.layout.mix is None and getattr(self.layout, "stream", None) is None
+
+    @property
+    def epoch_draws(self) -> int:
+        """``D``: the draws of one of the counted stream's epochs."""
+        return self._per_epoch
 
     def per_epoch(self, stop: int) -> npt.NDArray[np.int64]:
         """The items of each source in global batches ``[0, stop)``: an int64 array ``(epochs, sources)``, row
@@ -86,16 +113,27 @@ class SourceCounter:
         stream = getattr(self.layout, "stream", None)
         if stream is not None:
             return self._shapes(stream, stop)
+        return self.rows(self._draws.start(stop))
+
+    def rows(self, q: int) -> npt.NDArray[np.int64]:
+        """The items of each source among the run's draws ``[origin, q)``, a row an epoch (counted from
+        ``origin``)."""
         k, per = self.k, self._per_epoch
-        q = self._draws.start(stop)  # draws of the steps before stop
-        whole, part = divmod(q, per)
+        r = max(q - self.origin, 0)
+        whole, part = divmod(r, per)
         rows = whole + (part > 0)
         out = np.zeros((rows, self.sources), np.int64)
-        if self.mix is None:
+        if self.layout.mix is not None:  # a mix by steps: differences of the draws before each epoch's start
+            before = self._step_mix_draws(self.origin)
+            for e in range(rows):
+                after = self._step_mix_draws(self.origin + min((e + 1) * per, r))
+                out[e] = after - before
+                before = after
+        elif self.mix is None:
             out[:whole, 0] = per
             if part:
                 out[whole, 0] = part
-        elif self.layout.mix is None:  # a mix by epochs
+        else:  # a mix by epochs
             cache: dict[tuple[int, ...], tuple[int, ...]] = {}
             for e in range(whole):
                 counts = self.mix.counts_at(e)
@@ -104,12 +142,6 @@ class SourceCounter:
                 out[e] = cache[counts]
             if part:
                 out[whole] = self._epoch_prefix(whole, part)
-        else:  # a mix by steps: differences of the draws before each epoch's start
-            before = self._step_mix_draws(0)
-            for e in range(rows):
-                after = self._step_mix_draws(min((e + 1) * per, q))
-                out[e] = after - before
-                before = after
         return out * k
 
     def per_epoch_of(self, ranges: list[tuple[int, int]]) -> npt.NDArray[np.int64]:
@@ -119,13 +151,7 @@ class SourceCounter:
         for a, b in ranges:
             if check_int("a range's end", b, low=0) <= check_int("a range's start", a, low=0):
                 continue
-            low, high = self.per_epoch(a), self.per_epoch(b)
-            rows = max(len(out), len(high))
-            grown = np.zeros((rows, self.sources), np.int64)
-            grown[: len(out)] += out
-            grown[: len(high)] += high
-            grown[: len(low)] -= low
-            out = grown
+            out = _plus(out, _plus(self.per_epoch(b), self.per_epoch(a), -1))
         return out
 
     def counts(self, stop: int) -> npt.NDArray[np.int64]:
@@ -135,29 +161,51 @@ class SourceCounter:
 
     # -- a mix by epochs: the epoch in progress ------------------------------------------------------------
 
+    def anchor(self, epoch: int, stop: int, draws: Sequence[int]) -> None:
+        """Record that draws ``[0, stop)`` of ``epoch`` (counted from ``origin``) hold ``draws[s]`` of each source
+        ``s`` (a state's or an edit's count): a later count in that epoch evaluates only the draws between."""
+        counts = np.array(check_ints("an anchor's draws", draws, low=0), np.int64)
+        if counts.size != self.sources:
+            raise ValueError(f"an anchor counts {self.sources} sources, got {counts.size}: {list(draws)}")
+        self._remember(check_int("an anchor's epoch", epoch, low=0), check_int("an anchor's stop", stop, low=0), counts)
+
+    def prefix(self, q: int) -> tuple[int, int, npt.NDArray[np.int64]] | None:
+        """For a mix by epochs: the epoch (from ``origin``) of run draw ``q``, its draws before ``q`` and each
+        source's among them (None: another kind, whose counts cost nothing to recompute)."""
+        if not self.by_epochs:
+            return None
+        epoch, d = divmod(max(q - self.origin, 0), self._per_epoch)
+        return epoch, d, self._epoch_prefix(epoch, d)
+
+    def _remember(self, epoch: int, stop: int, counts: npt.NDArray[np.int64]) -> None:
+        known = [a for a in self._anchors.get(epoch, []) if a[0] != stop]
+        self._anchors = {e: v for e, v in self._anchors.items() if e >= epoch - 1}  # older epochs are done
+        self._anchors[epoch] = [*known[-(_ANCHORS - 1) :], (stop, counts.copy())]
+
     def _epoch_prefix(self, epoch: int, stop: int) -> npt.NDArray[np.int64]:
         """Each source's draws among draws ``[0, stop)`` of ``epoch``'s order (the slot permutation of
-        :meth:`MixPlan.locate`), from the prefix kept by the last call when it can."""
+        :meth:`MixPlan.locate`), from the nearest prefix known (the epoch's start or end, a state's or an
+        edit's anchor, an earlier call's): only the draws between are evaluated."""
         assert self.mix is not None
-        kept_epoch, kept_stop, kept = self._prefix
-        counts: npt.NDArray[np.int64]
-        if kept_epoch == epoch and kept_stop <= stop:
-            start, counts = kept_stop, kept.copy()
-        else:
-            start, counts = 0, np.zeros(self.sources, np.int64)
         draws = self.mix.draws(self.k, epoch)
         total, bounds = sum(draws), Bounds(draws)
-        for a in range(start, stop, _BLOCK):
-            slots = permute(total, self.seed, epoch, np.arange(a, min(a + _BLOCK, stop), dtype=np.int64))
-            counts += np.bincount(bounds.part_of(slots), minlength=self.sources)
-        self._prefix = (epoch, stop, counts.copy())
+        known = [(0, np.zeros(self.sources, np.int64)), (total, np.array(draws, np.int64))]
+        at, base = min([*known, *self._anchors.get(epoch, [])], key=lambda a: abs(a[0] - stop))
+        counts = base.copy()
+        lo, hi, sign = (at, stop, 1) if at <= stop else (stop, at, -1)
+        for a in range(lo, hi, _BLOCK):
+            slots = permute(total, self.seed, epoch, np.arange(a, min(a + _BLOCK, hi), dtype=np.int64))
+            counts += sign * np.bincount(bounds.part_of(slots), minlength=self.sources)
+            self.evaluated += slots.size
+        if at != stop:
+            self._remember(epoch, stop, counts)
         return counts
 
     # -- a mix by steps ----------------------------------------------------------------------------------
 
     def _step_mix_draws(self, q: int) -> npt.NDArray[np.int64]:
         """Each source's draws among the stream's draws ``[0, q)`` of a mix by steps."""
-        assert self.mix is not None and self.layout.mix is not None
+        assert self.sizes is not None and self.layout.mix is not None
         rules, sched = self.layout.mix, self._draws
         u = sched.step_at(q)  # the first step starting at draw q or later
         whole = u if sched.start(u) == q else u - 1  # steps [0, whole) lie wholly before q
@@ -168,7 +216,7 @@ class SourceCounter:
         first = sched.start(whole)
         if first < q:  # the straddling step: its first q - first draws, by its slot shuffle
             samples = rules.samples(np.arange(first, q, dtype=np.int64), sched, self.seed)
-            out += np.bincount(Bounds(self.mix.sizes).part_of(samples), minlength=self.sources)
+            out += np.bincount(Bounds(self.sizes).part_of(samples), minlength=self.sources)
         return out
 
     # -- batches by shape --------------------------------------------------------------------------------
@@ -191,3 +239,125 @@ class SourceCounter:
                 if end <= stop:
                     self._shape_epochs[e] = int(out[e, 0])
         return out
+
+
+def _plus(a: npt.NDArray[np.int64], b: npt.NDArray[np.int64], sign: int = 1) -> npt.NDArray[np.int64]:
+    """``a + sign * b``, row by row (epoch by epoch), as long as the longer."""
+    out = np.zeros((max(len(a), len(b)), a.shape[1]), np.int64)
+    out[: len(a)] += a
+    out[: len(b)] += sign * b
+    return out
+
+
+class RunCounter:
+    """Counts each source's items in the global batches a run trained on, across its mixture edits.
+
+    Without edits the run is one segment, counted by one :class:`SourceCounter` over the layout. With edits
+    (``layout.remix``, a :class:`~rank_dataset.plan.remix.RemixChain`) each segment is counted by its own, from
+    its first draw, its epochs counted from there (as the chain counts them); the epoch in progress at each edit
+    is anchored at the counts the edit found (:attr:`Edit.consumed`), so that nothing before it is evaluated
+    again. Sources are the segment's (a source kept across an edit counts under its name in both).
+
+    Args:
+        layout: the stream's layout.
+        num_samples, seed, aug_repeats, mix: the plan's, as :class:`SourceCounter` takes them (the mix in force
+            now; a chain's segments hold their own).
+    """
+
+    def __init__(
+        self, layout: StepLayout, num_samples: int, seed: int, aug_repeats: int = 1, mix: MixPlan | None = None
+    ) -> None:
+        chain = getattr(layout, "remix", None)
+        self.chain = chain
+        self.k = aug_repeats
+        self._draws = layout.schedule.in_draws(aug_repeats)
+        if chain is None:
+            self.steps = [0]
+            self.counters = [SourceCounter(layout, num_samples, seed, aug_repeats, mix)]
+            return
+        from rank_dataset.plan.mix import MixPlan as Plan
+        from rank_dataset.plan.step_mix import StepMix
+
+        self.steps = [s.step for s in chain.segments]
+        self.counters = [
+            SourceCounter(
+                StepLayout(layout.schedule, segment.mix if isinstance(segment.mix, StepMix) else None),
+                segment.num_samples,
+                seed,
+                aug_repeats,
+                segment.mix if isinstance(segment.mix, Plan) else None,
+                sizes=None if segment.kind == "plain" else [s.size for s in segment.sources],
+                origin=self._draws.start(segment.step),
+            )
+            for segment in chain.segments
+        ]
+        for counter, edit in zip(self.counters, chain.edits):  # the epoch in progress at each edit: counted
+            if counter.by_epochs:
+                at = self._draws.start(edit.step) - counter.origin - edit.epoch[0] * counter.epoch_draws
+                counter.anchor(edit.epoch[0], at, edit.consumed)
+
+    def per_segment(self, ranges: list[tuple[int, int]]) -> list[tuple[int, npt.NDArray[np.int64]]]:
+        """For each segment that starts before the last range's end: its first data batch and its sources' items
+        in the data batches of ``ranges`` (half-open, disjoint, ascending: those trained on), a row an epoch of
+        the segment."""
+        stop = max((b for _, b in ranges), default=0)
+        out = []
+        for i, (first, counter) in enumerate(zip(self.steps, self.counters)):
+            if i and first >= stop:
+                break
+            end = self.steps[i + 1] if i + 1 < len(self.steps) else None
+            rows = np.zeros((0, counter.sources), np.int64)
+            for a, b in ranges:
+                lo, hi = max(a, first), b if end is None else min(b, end)
+                if lo < hi:
+                    if self.chain is None:
+                        rows = _plus(rows, _plus(counter.per_epoch(hi), counter.per_epoch(lo), -1))
+                    else:
+                        high, low = counter.rows(self._draws.start(hi)), counter.rows(self._draws.start(lo))
+                        rows = _plus(rows, _plus(high, low, -1))
+            out.append((first, rows))
+        return out
+
+    def anchor_at(self, batch: int) -> dict[str, Any] | None:
+        """What a state saved at data batch ``batch`` carries so that a resume counts without evaluating the
+        epoch in progress again: for a mix by epochs in force at ``batch``, ``{"segment": its first data batch,
+        "mix": its digest, "epoch", "at": draws of the epoch before batch's, "draws": each source's among them}``
+        (None: nothing to carry, its counts are closed forms)."""
+        i = int(np.searchsorted(self.steps, batch, side="right")) - 1
+        counter = self.counters[i]
+        found = counter.prefix(self._draws.start(batch))
+        if found is None or counter.mix is None:
+            return None
+        epoch, at, draws = found
+        return {"segment": self.steps[i], "mix": _digest(counter.mix), "epoch": epoch, "at": at, "draws": draws.tolist()}
+
+    def seed(self, anchor: Any) -> None:
+        """Take a state's :meth:`anchor_at` (ignored unless its segment is one of this run's, the same mix).
+
+        Raises:
+            ValueError: not such a dict (naming what is invalid).
+        """
+        check_anchor(anchor)
+        segment = anchor["segment"]
+        if segment in self.steps:
+            counter = self.counters[self.steps.index(segment)]
+            if counter.by_epochs and counter.mix is not None and _digest(counter.mix) == anchor["mix"]:
+                counter.anchor(anchor["epoch"], anchor["at"], anchor["draws"])
+
+
+def check_anchor(anchor: Any) -> None:
+    """Raise ValueError unless ``anchor`` is one of :meth:`RunCounter.anchor_at`'s dicts."""
+    keys = {"segment", "mix", "epoch", "at", "draws"}
+    if not isinstance(anchor, Mapping) or set(anchor) != keys or not isinstance(anchor["mix"], str):
+        raise ValueError(
+            f"invalid step state: {ANCHOR_KEY} must be a dict of segment, mix, epoch, at and draws, got {anchor!r}"
+        )
+    for key in ("segment", "epoch", "at"):
+        check_int(f"the state's {ANCHOR_KEY} {key}", anchor[key], low=0)
+    if not isinstance(anchor["draws"], list):
+        raise ValueError(f"invalid step state: {ANCHOR_KEY} draws must be a list, got {anchor['draws']!r}")
+    check_ints(f"the state's {ANCHOR_KEY} draws", anchor["draws"], low=0)
+
+
+def _digest(mix: MixPlan) -> str:
+    return hashlib.sha256(json.dumps(mix.to_dict(), sort_keys=True).encode()).hexdigest()[:16]

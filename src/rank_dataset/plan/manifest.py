@@ -31,13 +31,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import check_int
+from rank_dataset.core.checks import check_int, check_record
 
-__all__ = ["MANIFEST_KEY", "MANIFEST_VERSION", "ArrayRef", "array_digest", "check_manifest"]
+__all__ = ["MANIFEST_EDITED", "MANIFEST_KEY", "MANIFEST_VERSION", "MANIFEST_VERSIONS", "ArrayRef", "array_digest", "check_manifest"]
 
 #: The key that marks a manifest; its value is the format version.
 MANIFEST_KEY = "rank_dataset_manifest"
 MANIFEST_VERSION = 1
+#: The format of a manifest with mixture edits (``steps.segments``): a reader of format 1 alone refuses it rather
+#: than answer with the unedited stream.
+MANIFEST_EDITED = 2
+MANIFEST_VERSIONS = (MANIFEST_VERSION, MANIFEST_EDITED)
 _CHUNK = 1 << 22  # values hashed at a time: a memory-mapped array is read in pieces
 
 
@@ -102,7 +106,7 @@ class ArrayRef:
         return np.asarray(array, np.int64)
 
 
-_KEYS = {"files", "num_samples", "reload_cfg", "exclude", "sources", "mix", "steps"}
+_KEYS = ("files", "num_samples", "reload_cfg", "exclude", "sources", "mix", "steps")
 
 
 def check_manifest(data: Any) -> dict[str, Any]:
@@ -112,15 +116,14 @@ def check_manifest(data: Any) -> dict[str, Any]:
         TypeError: not a dict.
         ValueError: not a manifest, another format version, or a key missing (named).
     """
-    if not isinstance(data, Mapping):
-        raise TypeError(f"a manifest is a dict (or the path of its JSON file), got {type(data).__name__}")
-    version = data.get(MANIFEST_KEY)
-    if version != MANIFEST_VERSION:
-        what = "not a rank_dataset manifest" if version is None else f"a manifest of format {version!r}"
-        raise ValueError(f"{what}: this rank_dataset reads format {MANIFEST_VERSION}")
-    missing = sorted(_KEYS - set(data))
-    if missing:
-        raise ValueError(f"invalid manifest: missing {', '.join(missing)}")
+    check_record(
+        data,
+        MANIFEST_KEY,
+        MANIFEST_VERSIONS,
+        what="rank_dataset manifest",
+        given="a dict (or the path of its JSON file)",
+        required=_KEYS,
+    )
     files = data["files"]
     if not isinstance(files, list) or not files:
         raise ValueError(f"invalid manifest: files must be a non-empty list, got {files!r}")

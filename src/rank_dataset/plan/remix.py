@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -54,14 +54,45 @@ _BLOCK = 1 << 20  # draws located at a time when the pending items are collected
 
 @dataclass(frozen=True)
 class SourceEntry:
-    """One source of a segment: its identity, its samples ``N_s`` and its files' fingerprint (None: unknown)."""
+    """One source of a segment: its identity, its samples ``N_s`` and its files' fingerprint (None: unknown).
+
+    What a manifest needs to read a removed source's lines, which an edit does not compare: ``paths``, its meta
+    files (None: not recorded), ``columns``, a Parquet source's columns, and ``listed``, whether its samples are a
+    listing of its files' (``ids=``, a source's or the dataset's ``exclude=``), which a manifest can only take
+    from a dataset that still holds the source.
+    """
 
     name: str
     size: int
     fingerprint: str | None
+    paths: tuple[str, ...] | None = field(default=None, compare=False)
+    columns: tuple[str, ...] | None = field(default=None, compare=False)
+    listed: bool = field(default=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "size": self.size, "fingerprint": self.fingerprint}
+        d: dict[str, Any] = {"name": self.name, "size": self.size, "fingerprint": self.fingerprint}
+        if self.paths is not None:
+            d.update(paths=list(self.paths), columns=None if self.columns is None else list(self.columns))
+            d["listed"] = self.listed
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SourceEntry:
+        """The entry of :meth:`to_dict`; ValueError naming what is invalid."""
+        try:
+            paths, columns = data.get("paths"), data.get("columns")
+            return cls(
+                str(data["name"]),
+                int(data["size"]),
+                data.get("fingerprint"),
+                None if paths is None else tuple(str(p) for p in paths),
+                None if columns is None else tuple(str(c) for c in columns),
+                bool(data.get("listed", False)),
+            )
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(
+                f"invalid step state: a segment's sources are dicts of name, size, fingerprint: {exc}"
+            ) from exc
 
 
 @dataclass(frozen=True)
@@ -121,12 +152,9 @@ class MixSegment:
             if not isinstance(mix, Mapping):
                 raise ValueError(f"invalid step state: a {kind!r} segment holds its mix, got {mix!r}")
             plan = MixPlan.from_dict(mix) if kind == "epochs" else StepMix.from_dict(mix)
-        try:
-            sources = tuple(SourceEntry(str(s["name"]), int(s["size"]), s.get("fingerprint")) for s in data["sources"])
-        except (TypeError, KeyError) as exc:
-            raise ValueError(
-                f"invalid step state: a segment's sources are dicts of name, size, fingerprint: {exc}"
-            ) from exc
+        if not isinstance(data["sources"], Sequence):
+            raise ValueError(f"invalid step state: a segment's sources are a list, got {data['sources']!r}")
+        sources = tuple(SourceEntry.from_dict(s) for s in data["sources"])
         return cls(int(data["step"]), kind, sources, int(data["num_samples"]), plan)
 
     def same_mix(self, other: MixSegment) -> bool:

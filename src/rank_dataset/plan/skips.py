@@ -115,6 +115,24 @@ class Skips:
             before += b - a
         return batch - before
 
+    def trained(self, stop: int) -> list[tuple[int, int]]:
+        """The half-open ranges of data batches before ``stop`` that are trained on (not skipped), ascending.
+
+        Example:
+            >>> Skips.of([(3, 5), (7, 8)]).trained(10)
+            [(0, 3), (5, 7), (8, 10)]
+        """
+        out, start = [], 0
+        for a, b in self.ranges:
+            if a >= stop:
+                break
+            if start < a:
+                out.append((start, a))
+            start = b
+        if start < stop:
+            out.append((start, stop))
+        return out
+
     def skipped(self, batch: int) -> bool:
         """Whether data batch ``batch`` lies in a skipped range."""
         i = bisect.bisect_right(self.ranges, (batch, MAX_EXACT)) - 1

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rank_dataset.core.checks import MAX_EXACT, check_int
+from rank_dataset.core.checks import MAX_EXACT, check_int, check_record
 from rank_dataset.plan.schedule import BatchSchedule
 
 __all__ = ["STEP_STATE_KEY", "StepState", "find_step_state", "mix_digest"]
@@ -95,15 +95,14 @@ class StepState:
     @classmethod
     def from_dict(cls, data: Any) -> StepState:
         """The state of :meth:`to_dict`; TypeError or ValueError naming what is missing or invalid."""
-        if not isinstance(data, Mapping):
-            raise TypeError(f"a step state must be a dict from StepSampler.state_dict(), got {type(data).__name__}")
-        version = data.get(STEP_STATE_KEY)
-        if version != _VERSION:
-            what = "not a StepSampler state" if version is None else f"a step state of format {version!r}"
-            raise ValueError(f"{what}: this rank_dataset reads format {_VERSION}")
-        missing = [k for k in ("step", "global_batch_size", "seed", "num_samples") if k not in data]
-        if missing:
-            raise ValueError(f"invalid step state: missing {', '.join(missing)}")
+        check_record(
+            data,
+            STEP_STATE_KEY,
+            (_VERSION,),
+            what="StepSampler state",
+            given="a dict from StepSampler.state_dict()",
+            required=("step", "global_batch_size", "seed", "num_samples"),
+        )
         return cls(
             step=data["step"],
             num_samples=data["num_samples"],

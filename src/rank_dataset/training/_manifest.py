@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from rank_dataset.plan.steps import StepLayout
     from rank_dataset.training._failures import FailureBook
 
-__all__ = ["dataset_manifest"]
+__all__ = ["dataset_manifest", "path_text"]
 
 
 class _Arrays:
@@ -64,7 +64,7 @@ class _Arrays:
         return manifest
 
 
-def _path_text(path: Any) -> str:
+def path_text(path: Any) -> str:
     """A meta file's path as a manifest records it: an object's URL whole, a local path absolute."""
     return str(path) if is_url(path) else os.path.abspath(os.fspath(path))
 
@@ -91,7 +91,7 @@ def _dataset_part(
             "leave the failing samples out with exclude= (ds.failures lists them)"
         )
     files = [
-        {"path": _path_text(p), "fingerprint": f, "samples": int(n), "columns": None if c is None else list(c)}
+        {"path": path_text(p), "fingerprint": f, "samples": int(n), "columns": None if c is None else list(c)}
         for p, f, n, c in zip(meta.paths, meta.file_fingerprints, np.diff(meta.file_bounds), meta.columns)
     ]
     exclusion = book.exclusion
@@ -103,7 +103,7 @@ def _dataset_part(
             sources.append(
                 {
                     "name": s.name,
-                    "paths": [_path_text(p) for p in s.paths],
+                    "paths": [path_text(p) for p in s.paths],
                     "columns": None if s.columns is None else list(s.columns),
                     "kind": s.kind,
                     "rule": _rule(s),

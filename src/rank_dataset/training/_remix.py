@@ -11,6 +11,7 @@ from typing import Any
 from rank_dataset.plan.remix import Edit, MixSegment, RemixChain, SourceEntry
 from rank_dataset.plan.step_state import StepState
 from rank_dataset.plan.steps import StepLayout
+from rank_dataset.training._manifest import path_text
 from rank_dataset.training._state import fingerprint_of
 from rank_dataset.training.dataset import RankDataset
 
@@ -27,14 +28,35 @@ def segment_of(dataset: RankDataset, layout: StepLayout, step: int = 0) -> MixSe
     name (a Source's, which defaults to its first file's base name; plain files: their first file's base name)."""
     book, spec = dataset._book, dataset.spec
     mixture = book.mixture
+    everywhere = book.exclusion_fingerprint is not None  # exclude= lists the samples of every source
     if mixture is None:
-        paths = getattr(getattr(dataset.reader, "meta", None), "paths", ())
+        meta = getattr(dataset.reader, "meta", None)
+        paths = getattr(meta, "paths", ())
         first = str(paths[0]) if paths else "meta file"
         name = os.path.basename(first) or first
         files = fingerprint_of(dataset.reader, None, book.exclusion_fingerprint)
-        return MixSegment(step, "plain", (SourceEntry(name, spec.num_samples, files),), spec.num_samples)
+        columns = list(getattr(meta, "columns", None) or [None])
+        entry = SourceEntry(
+            name,
+            spec.num_samples,
+            files,
+            tuple(path_text(p) for p in paths) if paths else None,
+            columns[0] if all(c == columns[0] for c in columns) else None,
+            everywhere,
+        )
+        return MixSegment(step, "plain", (entry,), spec.num_samples)
     plan = mixture.plan
-    sources = tuple(SourceEntry(s.name, n, f) for s, n, f in zip(mixture.sources, plan.sizes, mixture.fingerprints))
+    sources = tuple(
+        SourceEntry(
+            s.name,
+            n,
+            f,
+            tuple(path_text(p) for p in s.paths),
+            None if s.columns is None else tuple(s.columns),
+            everywhere or s.ids is not None or s.exclude is not None,
+        )
+        for s, n, f in zip(mixture.sources, plan.sizes, mixture.fingerprints)
+    )
     if layout.mix is not None:
         return MixSegment(step, "steps", sources, plan.epoch_size, layout.mix)
     return MixSegment(step, "epochs", sources, plan.epoch_size, plan)

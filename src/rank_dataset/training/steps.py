@@ -27,8 +27,8 @@ import numpy.typing as npt
 from torch.utils.data import Sampler
 
 from rank_dataset.core.checks import check_int
-from rank_dataset.plan.consumed import SourceCounter
-from rank_dataset.plan.remix import Edit
+from rank_dataset.plan.consumed import ANCHOR_KEY, RunCounter, check_anchor
+from rank_dataset.plan.remix import Edit, RemixChain
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.shapes import ShapeLayout, ShapeStream, bucket_ids
 from rank_dataset.plan.skips import Skips
@@ -177,7 +177,9 @@ class StepSampler(Sampler[list[int]]):
         self._step = check_int("start_step", start_step, low=0)
         self._skips = Skips.of(skip)
         self.started_at: int | None = None  # the first step of the latest iteration (what a monitor counts from)
-        self._counter: SourceCounter | None = None
+        self._counter: RunCounter | None = None
+        self._anchor: Any = None  # a loaded state's counts of its epoch in progress (taken by the next counter)
+        self._chain: RemixChain | None = None  # the dataset's mix as the one segment of an unedited run
         self._timeout = _SWITCH_TIMEOUT
         files = fingerprint_of(dataset.reader, mixture, book.exclusion_fingerprint)
         self._identity = StepState(
@@ -353,12 +355,22 @@ class StepSampler(Sampler[list[int]]):
         if self._skips:
             state["skip"] = self._skips.to_list()
         if not isinstance(self.layout, ShapeLayout):  # the mixes, for a mixture edit at a resume (remix=True)
-            chain = state_chain(self.layout, self.dataset, self._identity)
+            chain = self._state_chain()
             batch = self._skips.batch_of(step)  # a chain's steps count data batches, as the schedules do
             if batch < chain.last.step:
                 raise ValueError(f"step {step} precedes this run's mixture edit at data batch {chain.last.step}")
             state[SEGMENTS_KEY] = chain.to_dict()
+            counted = self._run_counter().anchor_at(batch)
+            if counted is not None:  # so that a resume counts the epoch in progress from here, not its start
+                state[ANCHOR_KEY] = counted
         return state
+
+    def _state_chain(self) -> RemixChain:
+        if self.layout.remix is not None:
+            return self.layout.remix
+        if self._chain is None:
+            self._chain = state_chain(self.layout, self.dataset, self._identity)
+        return self._chain
 
     @property
     def edits(self) -> tuple[Edit, ...]:
@@ -378,36 +390,46 @@ class StepSampler(Sampler[list[int]]):
         return [f"{n}#{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
 
     def consumed(self, step: int | None = None) -> dict[str, Any]:
-        """The items of each source in global batches ``[0, step)`` (default: the batches handed out; with a
-        plain DataLoader, which prefetches, pass the next step the training loop reads), computed from the plan
-        (:mod:`rank_dataset.plan.consumed`): exact, the same on every rank and world size. An item is an entry
-        of a global batch (with ``aug_repeats``, each copy). ``{"step": step, "sources": {name: items},
-        "epochs": [{name: items}, ...]}``, ``epochs[e]`` the items of the stream's epoch ``e``."""
+        """The items of each source in the global batches trained on before loop step ``step`` (default: the
+        batches handed out; with a plain DataLoader, which prefetches, pass the next step the training loop
+        reads), computed from the plan (:mod:`rank_dataset.plan.consumed`): exact, the same on every rank and
+        world size, skipped data batches left out. An item is an entry of a global batch (with ``aug_repeats``,
+        each copy). ``{"step": step, "sources": {name: items}, "epochs": [{name: items}, ...]}``, ``epochs[e]``
+        the items of the stream's epoch ``e``.
+
+        With mixture edits (:attr:`edits`) the sources are named as the edits match them (a plain dataset by its
+        first file's base name), ``sources`` holds every source the run read, and ``"segments"`` is each mix's
+        ``{"batch": its first data batch, "sources", "epochs"}``, its epochs counted from its first batch as the
+        edit counts them (an epoch that an edit cut short is a row of its own); ``epochs`` is their rows in
+        order."""
         step = self._step if step is None else check_int("step", step, low=0)
-        if self.edits:
-            raise ValueError(
-                "consumed(): this run has a mixture edit (load_state_dict(..., remix=True)), which the counts do "
-                "not follow yet (see sampler.edits for what each edit left)"
-            )
+        batch = self._skips.batch_of(step)  # counts follow data batches; skipped ones were not trained on
+        parts = self._run_counter().per_segment(self._skips.trained(batch))
+        chain = self.layout.remix
+        names_of = [self.source_names] if chain is None else [[s.name for s in g.sources] for g in chain.segments]
+        totals: dict[str, int] = {}
+        epochs: list[dict[str, int]] = []
+        segments = []
+        for (first, rows), names in zip(parts, names_of):
+            table = [dict(zip(names, row)) for row in rows.tolist()]
+            mine = {n: int(c) for n, c in zip(names, rows.sum(axis=0).tolist() if len(rows) else [0] * len(names))}
+            for name, count in mine.items():
+                totals[name] = totals.get(name, 0) + count
+            epochs += table
+            segments.append({"batch": first, "sources": mine, "epochs": table})
+        out: dict[str, Any] = {"step": step, "sources": totals, "epochs": epochs}
+        if chain is not None:
+            out["segments"] = segments
+        return out
+
+    def _run_counter(self) -> RunCounter:
         if self._counter is None:
             spec, mixture = self.dataset.spec, self.dataset._book.mixture
             mix = None if mixture is None else mixture.plan
-            self._counter = SourceCounter(self.layout, spec.num_samples, spec.seed, spec.aug_repeats, mix)
-        batch = self._skips.batch_of(step)  # counts follow data batches; skipped ones were not trained on
-        if self._skips:
-            trained, start = [], 0
-            for a, b in self._skips.ranges:
-                if a >= batch:
-                    break
-                trained.append((start, a))
-                start = b
-            trained.append((start, batch))
-            table = self._counter.per_epoch_of(trained).tolist()
-        else:
-            table = self._counter.per_epoch(batch).tolist()
-        names = self.source_names
-        totals = [sum(col) for col in zip(*table)] if table else [0] * len(names)
-        return {"step": step, "sources": dict(zip(names, totals)), "epochs": [dict(zip(names, r)) for r in table]}
+            self._counter = RunCounter(self.layout, spec.num_samples, spec.seed, spec.aug_repeats, mix)
+            if self._anchor is not None:
+                self._counter.seed(self._anchor)
+        return self._counter
 
     @staticmethod
     def find_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
@@ -439,6 +461,9 @@ class StepSampler(Sampler[list[int]]):
         """
         found = self.find_state(state)
         saved = StepState.from_dict(found)
+        counted = found.get(ANCHOR_KEY)
+        if counted is not None:
+            check_anchor(counted)
         skips = self._skips.merge(Skips.of(found.get("skip"), "the state's skip"))
         layout = dataclasses.replace(self.layout, remix=None) if not isinstance(self.layout, ShapeLayout) else None
         now = self._identity
@@ -449,6 +474,7 @@ class StepSampler(Sampler[list[int]]):
             chain = continue_chain(found, at, now, self.dataset, layout)
             self.layout = dataclasses.replace(layout, remix=chain)
             self._step, self._skips = saved.step, skips
+            self._counter, self._anchor = None, counted  # the counts follow the layout loaded
             return
         try:
             saved.check_same_stream(now)
@@ -465,3 +491,4 @@ class StepSampler(Sampler[list[int]]):
                 raise ValueError(f"invalid step state: anchor must be [epoch, steps before it], got {anchor!r}")
             self.layout.stream.anchor(*anchor)
         self._step, self._skips = saved.step, skips
+        self._counter, self._anchor = None, counted
