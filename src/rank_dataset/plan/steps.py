@@ -162,15 +162,23 @@ class StepLayout:
         k = aug_repeats
         size = self.schedule.size(step)
         self.schedule.check(world_size, k)
-        per = size // k
-        draws = np.arange(size, dtype=np.int64)
-        draws %= per
-        draws += self.schedule.start(step) // k
-        if self.mix is not None:
+        draws = self.draws(step, k)
+        if self.remix is not None:  # a mix edited at a resume: its chain of mixes gives every draw's sample
+            samples = self.remix.samples(draws)
+        elif self.mix is not None:
             samples = self.mix.samples(draws, self.schedule.in_draws(k), seed)
         else:
             samples = stream_samples(draws, num_samples, seed, k, mix)
         return samples, np.arange(world_size + 1, dtype=np.int64) * (size // world_size)
+
+    def draws(self, step: int, aug_repeats: int = 1) -> npt.NDArray[np.int64]:
+        """The stream's draw of each item of global batch ``step``, in global-batch order (copy-major)."""
+        size = self.schedule.size(step)
+        per = size // aug_repeats
+        draws = np.arange(size, dtype=np.int64)
+        draws %= per
+        draws += self.schedule.start(step) // aug_repeats
+        return draws
 
     def indices(
         self,

@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,12 +22,16 @@ import numpy.typing as npt
 from rank_dataset.core.checks import check_int, is_url, with_storage
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.read.metafile import MetaFile
-from rank_dataset.plan.manifest import ArrayRef, check_manifest
+from rank_dataset.plan.manifest import MANIFEST_EDITED, MANIFEST_KEY, ArrayRef, check_manifest
+from rank_dataset.plan.remix import RemixChain
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.skips import Skips
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.plan.steps import StepLayout
 from rank_dataset.shards.reader import Sampling
+
+if TYPE_CHECKING:
+    from rank_dataset.plan.mix import MixPlan
 
 __all__ = ["RunPlan", "samples_of"]
 
@@ -71,6 +75,7 @@ class RunPlan:
         self.mini_epoch = check_int("manifest reload_cfg mini_epoch", cfg["mini_epoch"], low=1)
         self.aug_repeats = check_int("manifest reload_cfg aug_repeats", cfg["aug_repeats"], low=1)
         self.num_samples: int = m["num_samples"]
+        self._storage = storage_options
         self.meta = self._open(m["files"], storage_options)
         self.paths = [str(f["path"]) for f in m["files"]]
         sources = None
@@ -96,7 +101,7 @@ class RunPlan:
 
             exclusion = Exclusion.of(excluded, "the manifest's exclude")
         self.sampling.exclude(exclusion)
-        self.mix = None
+        self.mix: MixPlan | None = None
         if m["mix"] is not None:
             from rank_dataset.plan.mix import MixPlan
 
@@ -113,9 +118,31 @@ class RunPlan:
         steps = m["steps"]
         self.layout: StepLayout | None = None
         self.skips = Skips()
+        self.chain: RemixChain | None = None
         if steps is not None:
             self.layout = self._layout(steps)
             self.skips = Skips.of(steps.get("skip", []), "the manifest's skip")
+        edited = steps is not None and steps.get("segments") is not None
+        if edited != (m[MANIFEST_KEY] == MANIFEST_EDITED):
+            raise ValueError(
+                f"invalid manifest: format {MANIFEST_EDITED} is that of a run with mixture edits (steps.segments), "
+                f"got format {m[MANIFEST_KEY]} {'with' if edited else 'without'} them"
+            )
+        if edited:
+            assert self.layout is not None
+            self.chain = RemixChain.from_dict(
+                steps["segments"], seed=self.seed, aug_repeats=self.aug_repeats, schedule=self.layout.schedule
+            )
+            self._segments: list[Any] = list(steps["segments"])
+            self._views: dict[int, _View] = {}
+            last = self.chain.last
+            sizes = self.mix.sizes if self.mix is not None else (self.sampling.plan_size,)
+            if tuple(s.size for s in last.sources) != tuple(sizes):
+                raise ValueError(
+                    f"invalid manifest: its last mix holds {[s.size for s in last.sources]} samples a source, its "
+                    f"files {list(sizes)}"
+                )
+        self._top = _View(self.meta, self.paths, self.sampling, self.mix, self.source_names)
 
     def _open(self, files: list[Mapping[str, Any]], storage_options: Mapping[str, Any] | None) -> MetaFile:
         paths = [with_storage(f["path"], storage_options) for f in files]
@@ -180,12 +207,18 @@ class RunPlan:
         world = 1 if world_size is None else check_int("world_size", world_size, low=1)
         if rank is not None and world_size is None:
             raise ValueError("rank= needs world_size= (a rank's block depends on the world size)")
-        numbers, bounds = layout.batch(batch, self.num_samples, self.seed, self.aug_repeats, self.mix, world)
+        if self.chain is not None:  # the draws, each read by the mix in force at it
+            layout.schedule.check(world, self.aug_repeats)
+            numbers = layout.draws(batch, self.aug_repeats)
+            bounds = np.arange(world + 1, dtype=np.int64) * (numbers.size // world)
+        else:
+            numbers, bounds = layout.batch(batch, self.num_samples, self.seed, self.aug_repeats, self.mix, world)
         if rank is not None:
             r = check_int("rank", rank, low=0, high=world, high_name="world_size")
             numbers = numbers[int(bounds[r]) : int(bounds[r + 1])]
         skipped = self.skips.skipped(batch)
-        return [{**row, "skipped": skipped} for row in self.rows(numbers)]
+        rows = self.rows(numbers) if self.chain is None else self._edited_rows(numbers)
+        return [{**row, "skipped": skipped} for row in rows]
 
     def step(self, step: int, rank: int | None = None, world_size: int | None = None) -> list[dict[str, Any]]:
         """Loop step ``step``'s samples (the data batch it received: see :mod:`rank_dataset.plan.skips`)."""
@@ -215,6 +248,85 @@ class RunPlan:
         """The plan's ``numbers`` as ``{"source", "file", "sample", "line"}`` each: the source's name (None
         without a mix), the meta file's path, the sample's number (as a dataset's ``indices`` numbers it) and
         its line without its newline."""
+        return self._top.rows(numbers)
+
+    def _edited_rows(self, draws: npt.NDArray[np.int64]) -> list[dict[str, Any]]:
+        """The rows of run draws ``draws`` of a run with mixture edits: each read from the mix in force at it,
+        its sample numbered as that mix's dataset numbers it, its source named as the edits name it."""
+        assert self.chain is not None
+        seg, src, local = self.chain.locate(draws)
+        out: list[dict[str, Any]] = [{}] * draws.size
+        last = len(self.chain.segments) - 1
+        for i in np.unique(seg).tolist():
+            where = np.flatnonzero(seg == i)
+            segment = self.chain.segments[i]
+            offsets = np.cumsum([0, *(s.size for s in segment.sources)])[:-1].astype(np.int64)
+            numbers = offsets[src[where]] + local[where]
+            rows = (self._top if i == last else self._view(i)).rows(numbers)
+            if i == last and segment.kind == "plain":
+                rows = [{**row, "source": segment.sources[0].name} for row in rows]
+            for at, row in zip(where.tolist(), rows):
+                out[at] = row
+        return out
+
+    def _view(self, i: int) -> _View:
+        """The files of segment ``i`` (not the last), opened once and checked against its sources'
+        fingerprints."""
+        view = self._views.get(i)
+        if view is not None:
+            return view
+        from rank_dataset.plan.mix import MixPlan
+        from rank_dataset.plan.sources import Source
+        from rank_dataset.shards.reader import columns_of, files_of
+
+        at = f"steps.segments[{i}]"
+        entries = self._segments[i].get("sources")
+        if not isinstance(entries, list) or not all(isinstance(e, Mapping) and "paths" in e for e in entries):
+            raise ValueError(f"invalid manifest: {at} sources must each hold its paths, got {entries!r}")
+        sources = [
+            Source(
+                [with_storage(p, self._storage) for p in e["paths"]],
+                ids=self._array(e.get("ids"), f"{at} {e['name']} ids"),
+                exclude=self._array(e.get("exclude"), f"{at} {e['name']} exclude"),
+                name=str(e["name"]),
+                columns=e.get("columns"),
+            )
+            for e in entries
+        ]
+        paths = files_of(sources)
+        meta = MetaFile.from_files(paths, columns_of(sources))
+        sampling = Sampling(len(meta), meta.file_bounds, sources)
+        sampling.exclude(None)
+        assert sampling.sizes is not None
+        segment = self.chain.segments[i] if self.chain is not None else None
+        assert segment is not None
+        if segment.kind == "plain":
+            found: tuple[str | None, ...] = (meta.fingerprint,)
+        else:
+            found = sampling.source_fingerprints(meta.file_fingerprints)
+        for entry, size, now in zip(segment.sources, sampling.sizes, found):
+            if size != entry.size or (entry.fingerprint is not None and entry.fingerprint != now):
+                raise MetaFileChangedError(
+                    (entry.paths or ("?",))[0],
+                    f"source {entry.name!r} (read from data batch {segment.step}) holds {size:,} samples with "
+                    f"fingerprint {now}; the run's manifest recorded {entry.size:,} with {entry.fingerprint}",
+                )
+        sizes = tuple(sampling.sizes)
+        view = _View(meta, [str(p) for p in paths], sampling, MixPlan(sizes, sizes, sum(sizes)), [e.name for e in sources])
+        self._views[i] = view
+        return view
+
+
+class _View:
+    """One mix's files as rows are read from them: its MetaFile, the Sampling of its sources, the plan whose
+    numbers it maps (None: plain files) and its sources' names."""
+
+    def __init__(
+        self, meta: MetaFile, paths: list[str], sampling: Sampling, mix: MixPlan | None, names: list[str] | None
+    ) -> None:
+        self.meta, self.paths, self.sampling, self.mix, self.names = meta, paths, sampling, mix, names
+
+    def rows(self, numbers: npt.NDArray[np.int64]) -> list[dict[str, Any]]:
         if not numbers.size:
             return []
         samples = self.sampling.global_of(numbers, self.mix)
@@ -222,8 +334,8 @@ class RunPlan:
         shard = self.meta.read(samples, ids=False, shared=False)
         lines = shard.texts(range(len(shard)))
         names: list[str | None] = [None] * samples.size
-        if self.mix is not None and self.source_names is not None:
-            names = [self.source_names[s] for s in self.mix.source_of(numbers).tolist()]
+        if self.mix is not None and self.names is not None:
+            names = [self.names[s] for s in self.mix.source_of(numbers).tolist()]
         return [
             {"source": name, "file": self.paths[f], "sample": s, "line": line}
             for name, f, s, line in zip(names, files.tolist(), samples.tolist(), lines)

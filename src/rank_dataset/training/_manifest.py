@@ -19,10 +19,11 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.checks import is_url
-from rank_dataset.plan.manifest import MANIFEST_KEY, MANIFEST_VERSION, ArrayRef
+from rank_dataset.plan.manifest import MANIFEST_EDITED, MANIFEST_KEY, MANIFEST_VERSION, ArrayRef
 
 if TYPE_CHECKING:
     from rank_dataset.files.read.metafile import MetaFile
+    from rank_dataset.plan.remix import RemixChain, SourceEntry
     from rank_dataset.plan.skips import Skips
     from rank_dataset.plan.sources import Source
     from rank_dataset.plan.spec import ShardSpec
@@ -145,6 +146,9 @@ def dataset_manifest(
     manifest = _dataset_part(spec, book, meta, epoch_size, arrays)
     if steps is not None:
         manifest["steps"] = _steps_part(*steps, arrays)
+        if steps[0].remix is not None:  # a reader of format 1 alone would answer with the unedited stream
+            manifest["steps"].update(_segments_part(steps[0].remix, book, arrays))
+            manifest[MANIFEST_KEY] = MANIFEST_EDITED
     return arrays.write(manifest)
 
 
@@ -167,3 +171,49 @@ def _steps_part(layout: StepLayout, skips: Skips, arrays: _Arrays) -> dict[str, 
         "shapes": shapes,
         "skip": skips.to_list(),
     }
+
+
+def _segments_part(chain: RemixChain, book: FailureBook, arrays: _Arrays) -> dict[str, Any]:
+    """A run's mixes with its edits: every segment (the last is the manifest's top level), each earlier one's
+    sources with their files (and the arrays of a listing, from the dataset if it still holds the source), and
+    what each edit left each source."""
+    segments = []
+    for i, segment in enumerate(chain.segments):
+        entry = segment.to_dict()
+        if i < len(chain.segments) - 1:
+            entry["sources"] = [
+                _source_files(segment.step, j, s, segment.kind, book, arrays) for j, s in enumerate(segment.sources)
+            ]
+        segments.append(entry)
+    return {"segments": segments, "edits": [e.to_dict() for e in chain.edits]}
+
+
+def _source_files(
+    step: int, j: int, source: SourceEntry, kind: str, book: FailureBook, arrays: _Arrays
+) -> dict[str, Any]:
+    """Source ``j`` of the mix in force from data batch ``step`` as a manifest reads its lines: its files and, for a listing of them
+    (``ids=``, ``exclude=``), the arrays, which only a dataset that still holds the source (same name and
+    fingerprint) has."""
+    if source.paths is None:
+        raise ValueError(
+            f"manifest(): source {source.name!r} of the mix in force from data batch {step} was recorded without its files "
+            "(a step state saved by an earlier rank_dataset): a manifest cannot name its lines"
+        )
+    entry = {**source.to_dict(), "ids": None, "exclude": None}
+    del entry["listed"]
+    if not source.listed:
+        return entry
+    mixture = book.mixture
+    if mixture is not None and kind != "plain" and (book.exclusion is None or not len(book.exclusion)):
+        for s, fingerprint in zip(mixture.sources, mixture.fingerprints):
+            if s.name == source.name and fingerprint == source.fingerprint:  # the same source, the same listing
+                if s.ids is not None:
+                    entry["ids"] = arrays.ref(f"batch{step}.source{j}.ids", s.ids.view())
+                if s.exclude is not None:
+                    entry["exclude"] = arrays.ref(f"batch{step}.source{j}.exclude", s.exclude.values)
+                return entry
+    raise ValueError(
+        f"manifest(): source {source.name!r} of an earlier mix read a listing of its files (ids= or exclude=) and "
+        "this dataset no longer holds it with the same listing: a manifest references such arrays, which this "
+        "process does not have (write the manifest before the edit too, to keep that part of the run's record)"
+    )

@@ -239,17 +239,15 @@ class StepSampler(Sampler[list[int]]):
         budgets of batches by shape, and the skipped ranges. With ``path``, written there as JSON, the arrays it
         references beside it. :func:`rank_dataset.samples_of` reads it.
 
+        After mixture edits (:attr:`edits`) the top level is the mix in force now, and ``steps.segments`` every
+        mix of the run from its first data batch (an earlier mix's sources with their files), ``steps.edits``
+        what each edit left each source (its epoch in progress, items consumed and pending, kept or dropped).
+
         Raises:
-            ValueError: the run has a mixture edit (``load_state_dict(..., remix=True)``), which a manifest does
-                not describe yet: it would name the unedited stream.
+            ValueError: after an edit, a source of an earlier mix that read a listing of its files (``ids=``,
+                ``exclude=``) which this dataset no longer holds (the arrays are not in this process).
         """
         from rank_dataset.training._manifest import dataset_manifest
-
-        if self.edits:
-            raise ValueError(
-                "manifest(): this run has a mixture edit (load_state_dict(..., remix=True)), which a manifest does "
-                "not describe: samples_of would give the unedited stream's samples"
-            )
 
         ds = self.dataset
         return dataset_manifest(ds.spec, ds._book, ds.meta, ds.reload_cfg.epoch_size, path, (self.layout, self._skips))

@@ -213,7 +213,7 @@ class Monitor:
         self._k = 0
         table = self._gather(row)
         summary = summarize(table, every=self.every)
-        if self.sampler is not None and not self.sampler.edits:  # from the plan: the same on every rank
+        if self.sampler is not None:  # from the plan: the same on every rank (across mixture edits too)
             summary["sources"] = {"step": self.step, "samples": self.sampler.consumed(step=self.step)["sources"]}
         self._summary = summary
         if self.rank == 0:
