@@ -166,7 +166,7 @@ def test_check_manifest_names_what_is_wrong() -> None:
         check_manifest([1])
     with pytest.raises(ValueError, match="not a rank_dataset manifest"):
         check_manifest({"files": []})
-    with pytest.raises(ValueError, match="a manifest of format 7"):
+    with pytest.raises(ValueError, match="manifest of format 7"):
         check_manifest({"rank_dataset_manifest": 7})
     with pytest.raises(ValueError, match="missing exclude, files"):
         check_manifest(

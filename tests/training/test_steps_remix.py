@@ -145,8 +145,8 @@ def test_a_source_added_removed_and_reweighted(files: Path, caplog: pytest.LogCa
         more, _, sampler = run_part(after, 4, state, 4, 1, remix=True)
     (edit,) = sampler.edits
     assert edit.names == ("d.txt", "b.txt") and edit.kept == (True, False)
-    with pytest.raises(ValueError, match=r"manifest\(\): this run has a mixture edit"):
-        sampler.manifest()  # it would name the unedited stream
+    manifest = sampler.manifest()  # the run's mixes, each from its step (samples_of: test_provenance_remix.py)
+    assert [s["step"] for s in manifest["steps"]["segments"]] == [0, 1]
     assert edit.consumed[0] == len(read) and edit.pending[0] == 20 - len(read)
     assert edit.dropped == {"b.txt": 12 - sum(x.startswith("b_") for x in got[0])}
     then = [x for b in more for x in b if x.startswith("d_")]

@@ -132,7 +132,7 @@ def check_record(
     if version not in versions:
         found = f"not a {what}" if version is None else f"a {what} of format {version!r}"
         raise ValueError(f"{found}: this rank_dataset reads format {' or '.join(map(str, versions))}")
-    missing = [k for k in required if k not in data]
+    missing = sorted(k for k in required if k not in data)
     if missing:
         raise ValueError(f"invalid {what}: missing {', '.join(missing)}")
     return data
