@@ -191,7 +191,7 @@ class SourceCounter:
         total, bounds = sum(draws), Bounds(draws)
         known = [(0, np.zeros(self.sources, np.int64)), (total, np.array(draws, np.int64))]
         at, base = min([*known, *self._anchors.get(epoch, [])], key=lambda a: abs(a[0] - stop))
-        counts = base.copy()
+        counts: npt.NDArray[np.int64] = base.copy()
         lo, hi, sign = (at, stop, 1) if at <= stop else (stop, at, -1)
         for a in range(lo, hi, _BLOCK):
             slots = permute(total, self.seed, epoch, np.arange(a, min(a + _BLOCK, hi), dtype=np.int64))
@@ -329,7 +329,13 @@ class RunCounter:
         if found is None or counter.mix is None:
             return None
         epoch, at, draws = found
-        return {"segment": self.steps[i], "mix": _digest(counter.mix), "epoch": epoch, "at": at, "draws": draws.tolist()}
+        return {
+            "segment": self.steps[i],
+            "mix": _digest(counter.mix),
+            "epoch": epoch,
+            "at": at,
+            "draws": draws.tolist(),
+        }
 
     def seed(self, anchor: Any) -> None:
         """Take a state's :meth:`anchor_at` (ignored unless its segment is one of this run's, the same mix).

@@ -33,7 +33,15 @@ import numpy.typing as npt
 
 from rank_dataset.core.checks import check_int, check_record
 
-__all__ = ["MANIFEST_EDITED", "MANIFEST_KEY", "MANIFEST_VERSION", "MANIFEST_VERSIONS", "ArrayRef", "array_digest", "check_manifest"]
+__all__ = [
+    "MANIFEST_EDITED",
+    "MANIFEST_KEY",
+    "MANIFEST_VERSION",
+    "MANIFEST_VERSIONS",
+    "ArrayRef",
+    "array_digest",
+    "check_manifest",
+]
 
 #: The key that marks a manifest; its value is the format version.
 MANIFEST_KEY = "rank_dataset_manifest"

@@ -312,7 +312,9 @@ class RunPlan:
                     f"fingerprint {now}; the run's manifest recorded {entry.size:,} with {entry.fingerprint}",
                 )
         sizes = tuple(sampling.sizes)
-        view = _View(meta, [str(p) for p in paths], sampling, MixPlan(sizes, sizes, sum(sizes)), [e.name for e in sources])
+        view = _View(
+            meta, [str(p) for p in paths], sampling, MixPlan(sizes, sizes, sum(sizes)), [e.name for e in sources]
+        )
         self._views[i] = view
         return view
 

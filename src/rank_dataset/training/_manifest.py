@@ -191,13 +191,13 @@ def _segments_part(chain: RemixChain, book: FailureBook, arrays: _Arrays) -> dic
 def _source_files(
     step: int, j: int, source: SourceEntry, kind: str, book: FailureBook, arrays: _Arrays
 ) -> dict[str, Any]:
-    """Source ``j`` of the mix in force from data batch ``step`` as a manifest reads its lines: its files and, for a listing of them
-    (``ids=``, ``exclude=``), the arrays, which only a dataset that still holds the source (same name and
-    fingerprint) has."""
+    """Source ``j`` of the mix in force from data batch ``step`` as a manifest reads its lines: its files and,
+    for a listing of them (``ids=``, ``exclude=``), the arrays, which only a dataset that still holds the source
+    (same name and fingerprint) has."""
     if source.paths is None:
         raise ValueError(
-            f"manifest(): source {source.name!r} of the mix in force from data batch {step} was recorded without its files "
-            "(a step state saved by an earlier rank_dataset): a manifest cannot name its lines"
+            f"manifest(): source {source.name!r} of the mix in force from data batch {step} was recorded without "
+            "its files (a step state saved by an earlier rank_dataset): a manifest cannot name its lines"
         )
     entry = {**source.to_dict(), "ids": None, "exclude": None}
     del entry["listed"]
