@@ -172,6 +172,13 @@ CASES = [
         ("kernels.png", True),
     ),
     (
+        "consumed",
+        ["--samples", "200000", "--batch", "512"],
+        "consumed.md",
+        ["| first consumed() at the state's step |", "| a state's counts 100 steps later |"],
+        ("consumed.png", True),
+    ),
+    (
         "workers",
         ["--lines", "4000", "--passes", "1", "--workers", "1"],
         "workers.md",
