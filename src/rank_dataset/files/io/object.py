@@ -18,7 +18,6 @@ Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL`
 
 from __future__ import annotations
 
-import io
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -40,7 +39,7 @@ from rank_dataset.files.io._stores import (
     split_url,
     status_of,
 )
-from rank_dataset.files.io.base import STREAM_BLOCK, ByteSource, ObjectKey
+from rank_dataset.files.io.base import STREAM_BLOCK, ByteSource, ObjectKey, PositionalIO
 from rank_dataset.files.io.pread import ShortRead
 
 __all__ = ["COUNTS", "REQUEST", "ObjectFile", "ObjectIO"]
@@ -282,13 +281,14 @@ class ObjectFile:
         return f"ObjectFile({str(self.path)!r}, {self.key!r})"
 
 
-class ObjectIO(io.RawIOBase):
+class ObjectIO(PositionalIO):
     """A seekable read-only file object over a source (for pyarrow's ParquetFile): a read
     is one ranged GET of exactly the bytes asked, pinned to the object's ETag (a footer costs a GET or
     two), but for reads inside the ranges last :meth:`hold`-ed, served from memory."""
 
     def __init__(self, source: ByteSource) -> None:
-        self._source, self._pos = source, 0
+        super().__init__(source)
+        self._source: ByteSource = source
         self._held: list[tuple[int, bytes]] = []
 
     def hold(self, starts: Sequence[int], stops: Sequence[int]) -> None:
@@ -297,20 +297,6 @@ class ObjectIO(io.RawIOBase):
         the next ``hold`` (``hold([], [])`` lets them go): a row group's column chunks in one GET."""
         self._held = []  # the old ranges let go of before the new are fetched
         self._held = [(lo, self._source.read(lo, hi - lo)) for lo, hi, _ in _coalesced(starts, stops)]
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._source.size}[whence]
-        self._pos = max(base + offset, 0)
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         count = max(0, min(len(buffer), self._source.size - self._pos))
