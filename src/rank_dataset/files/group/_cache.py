@@ -37,9 +37,12 @@ _DATA_OFFSET = 128
 _INT_KEYS, _JSON_KEYS = 0, 1
 
 
-def cache_candidates(path: Path, name: str) -> list[Path]:
-    """Where the grouping ``name`` of ``path`` may be cached: beside each place its index may be."""
-    return [cache.with_suffix(f".{name}.rdgrp") for cache in cache_paths(path)]
+def cache_candidates(path: Path, index: Index, name: str, ext: str = "rdgrp") -> list[Path]:
+    """Where the grouping (``ext="rdcol"``: the columns) ``name`` of ``path`` may be cached: beside each
+    place its index may be; an object's beside its index in this node's cache only (never in the bucket)."""
+    if is_url(path):
+        return [] if index.cache is None else [index.cache.with_suffix(f".{name}.{ext}")]
+    return [cache.with_suffix(f".{name}.{ext}") for cache in cache_paths(path)]
 
 
 def open_cache(cache: Path, index: Index) -> Grouping | None:
@@ -189,11 +192,8 @@ _UINT32_COLUMNS = 2
 
 
 def columns_candidates(path: Path, index: Index, name: str) -> list[Path]:
-    """Where the columns ``name`` of ``path`` may be cached: beside each place its index may be; an object's
-    beside its index in this node's cache only (never in the bucket)."""
-    if is_url(path):
-        return [] if index.cache is None else [index.cache.with_suffix(f".{name}.rdcol")]
-    return [cache.with_suffix(f".{name}.rdcol") for cache in cache_paths(path)]
+    """Where the columns ``name`` of ``path`` may be cached (:func:`cache_candidates`)."""
+    return cache_candidates(path, index, name, "rdcol")
 
 
 def open_columns(cache: Path, index: Index, ncols: int) -> npt.NDArray[np.uint32] | None:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import UrlPath, meta_path, with_storage
+from rank_dataset.core.checks import meta_path, with_storage
 from rank_dataset.core.progress import progress_bar
 from rank_dataset.files.group import _lines as _group_lines
 from rank_dataset.files.group._cache import cache_candidates, open_cache, write_cache
@@ -132,10 +132,7 @@ def grouping_of(meta_file: PathLike, key: str | Key = "label", cache_name: str |
 def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -> Grouping:
     if name is None:
         return _group(path, index, key)
-    if isinstance(path, UrlPath):  # an object: beside its index, in this node's cache (never in the bucket)
-        candidates = [] if index.cache is None else [index.cache.with_suffix(f".{name}.rdgrp")]
-    else:
-        candidates = cache_candidates(path, name)
+    candidates = cache_candidates(path, index, name)
     for cache in candidates:
         found = open_cache(cache, index)
         if found is not None:
