@@ -6,11 +6,8 @@ all) joined by a tab, a null as an empty field, a number or a date as Arrow cast
 The row groups are the checkpoints: a read decodes the row groups that hold the rows asked for, and
 only the chosen columns. The index (rows per row group) comes from the footer, without reading data.
 Nested and binary columns are refused, naming the column; so is a schema that changed since the
-index was made (:meth:`ParquetRows.check_schema`).
-
-Every row is a sample, whatever its line holds: a row whose fields are all empty (which a text file
-would skip as a blank line) and a value holding a tab or a newline are passed on as they are. So row
-``i`` is sample ``i``, and the index is the footer's row counts alone, read without the data.
+index was made (:meth:`ParquetRows.check_schema`). Row ``i`` is sample ``i`` whatever its line holds (all
+fields empty, a tab or a newline in a value), so the index is the footer's row counts alone.
 """
 
 from __future__ import annotations

@@ -2,14 +2,12 @@
 :class:`ObjectFile`, identified by :class:`ObjectKey` (its size and ETag from one HEAD).
 
 Every read is a ranged GET pinned to that ETag (``If-Match``): an object replaced or deleted under a
-job is :class:`~rank_dataset.errors.MetaFileChangedError` naming the URL, never bytes of the new
-object. Failed requests (5xx, timeouts, dropped connections) are retried by the client with
-exponential backoff and jitter, and a body cut short is asked again from where it stopped (then is
+job is :class:`~rank_dataset.errors.MetaFileChangedError` naming the URL. Failed requests are retried
+with backoff and jitter, and a body cut short is asked again from where it stopped (else
 :class:`~rank_dataset.errors.CorruptMetaFileError` naming the URL and the offset), all within the
-timeout (the dataset's; :func:`~rank_dataset.files.io._stores.budget` says how it is spent).
-A process holds at most a few requests in flight (``RANK_DATASET_OBJECT_REQUESTS``, default 4), and
-waits a short delay of its rank's before its first (the spread start:
-:func:`~rank_dataset.files.io._stores.start_delay`), so that the ranks of a job do not all start at once.
+timeout (:func:`~rank_dataset.files.io._stores.budget`). A process holds at most
+``RANK_DATASET_OBJECT_REQUESTS`` (4) requests in flight, its first after a delay of its rank's
+(:func:`~rank_dataset.files.io._stores.start_delay`).
 
 Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``AWS_ALLOW_HTTP``; ``GOOGLE_*``;
