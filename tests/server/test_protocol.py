@@ -7,6 +7,7 @@ import json
 import socket
 import struct
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -30,11 +31,16 @@ SPECS = [
 ]
 
 
+def spec_from_query(query: Mapping[str, str], num_samples: int, files: Mapping[str, int] | None = None) -> ShardSpec:
+    """The ShardSpec a ``/shard`` query asks for (what the server takes of it)."""
+    return protocol.shard_request_from_query(query, num_samples, files)[0]
+
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_spec_round_trips_through_a_query(spec: ShardSpec) -> None:
     query = protocol.spec_to_query(spec)
     assert all(isinstance(v, str) for v in query.values())
-    assert protocol.spec_from_query(query, spec.num_samples) == spec
+    assert spec_from_query(query, spec.num_samples) == spec
 
 
 def test_aug_repeats_travels_only_when_set() -> None:
@@ -42,9 +48,9 @@ def test_aug_repeats_travels_only_when_set() -> None:
     assert protocol.spec_to_query(ShardSpec(100, 4, 3, aug_repeats=4))["aug_repeats"] == "4"
     for raw, error in [("0", ValueError), ("x", ValueError)]:
         with pytest.raises(error, match="aug_repeats"):
-            protocol.spec_from_query({"world_size": "2", "rank": "0", "aug_repeats": raw}, 100)
+            spec_from_query({"world_size": "2", "rank": "0", "aug_repeats": raw}, 100)
     with pytest.raises(ValueError, match=r"aug_repeats=2 .*eval mode"):
-        protocol.spec_from_query({"world_size": "2", "rank": "0", "aug_repeats": "2", "is_test": "true"}, 100)
+        spec_from_query({"world_size": "2", "rank": "0", "aug_repeats": "2", "is_test": "true"}, 100)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +67,7 @@ def test_aug_repeats_travels_only_when_set() -> None:
 )
 def test_bad_queries(query: dict[str, str], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
-        protocol.spec_from_query(query, 100)
+        spec_from_query(query, 100)
 
 
 @pytest.mark.parametrize("offsets", [np.uint32, np.int64])
@@ -265,19 +271,19 @@ def test_a_mix_round_trips_through_the_query() -> None:
     assert protocol.shard_request_from_query(query, 17, FILES) == (spec, [["c.txt", "b.txt"], ["a.txt"]])
     every = ShardSpec(17, 2, 0, is_test=True, mix=MixPlan.every_sample((7, 10)))
     query = protocol.spec_to_query(every, [["c.txt", "b.txt"], ["a.txt"]])
-    assert protocol.spec_from_query(query, 17, FILES) == every
+    assert spec_from_query(query, 17, FILES) == every
     with pytest.raises(ValueError, match="needs the names of each source's files"):
         protocol.spec_to_query(spec)
     assert "mix_changes" not in query  # a mix without schedules is as before
     scheduled = ShardSpec(14, 4, 3, seed=1, epoch=5, mix=MixPlan((7, 10), (5, 9), 14, ((2, (7, 7)), (9, (3, 11)))))
     query = protocol.spec_to_query(scheduled, [["c.txt", "b.txt"], ["a.txt"]])
     assert query["mix_changes"] == "[[2,[7,7]],[9,[3,11]]]"
-    assert protocol.spec_from_query(query, 17, FILES) == scheduled
+    assert spec_from_query(query, 17, FILES) == scheduled
 
 
 def test_mix_changes_come_with_a_mix() -> None:
     with pytest.raises(ValueError, match="mix_changes comes with the mix parameters"):
-        protocol.spec_from_query({"world_size": "1", "rank": "0", "mix_changes": "[]"}, 17, FILES)
+        spec_from_query({"world_size": "1", "rank": "0", "mix_changes": "[]"}, 17, FILES)
 
 
 @pytest.mark.parametrize(
@@ -313,7 +319,7 @@ def test_bad_mix_queries(change: dict[str, str | None], error: type[Exception], 
     spec = ShardSpec(14, 2, 0, mix=MixPlan((7, 10), (5, 9), 14))
     query = {**protocol.spec_to_query(spec, [["c.txt", "b.txt"], ["a.txt"]]), **change}
     with pytest.raises(error, match=message):
-        protocol.spec_from_query({k: v for k, v in query.items() if v is not None}, 17, FILES)
+        spec_from_query({k: v for k, v in query.items() if v is not None}, 17, FILES)
 
 
 def test_files_codec_and_names() -> None:

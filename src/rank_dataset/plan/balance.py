@@ -84,7 +84,7 @@ def factor_groups(factors: npt.ArrayLike) -> dict[float, npt.NDArray[np.int64]]:
         >>> {r: ids.tolist() for r, ids in factor_groups([1, 3, 1.02, 2.99]).items()}
         {1.0: [0, 2], 3.0: [1, 3]}
     """
-    steps = np.maximum(np.round(check_factors(factors) * FACTOR_GRID), 1).astype(np.int64)
+    steps = (round_factors(factors) * FACTOR_GRID).astype(np.int64)  # exact: FACTOR_GRID is a power of two
     order = np.argsort(steps, kind="stable")
     sorted_steps = steps[order]
     cuts = np.flatnonzero(np.diff(sorted_steps)) + 1

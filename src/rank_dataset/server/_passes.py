@@ -1,20 +1,16 @@
 """Shared passes: concurrent ``/shard`` requests of one plan read the meta files once between them.
 
-Requests that differ only in their rank (same files, seed, epoch, world size, mini-epoch...) join one
-*pass*: one read of the union of their samples (:meth:`MetaFile.read` visits any indices in file
-order), cut into each request's shard, which its client decodes to byte for byte the shard it would
-get alone (``W`` requests read alone would each touch every page of the files).
+Requests that differ only in their rank join one *pass*: one read of the union of their samples, cut
+into each request's shard, which its client decodes to byte for byte the shard it would get alone.
 
 Group commit, per plan: a request whose plan has no pass under way starts one, and those that arrive
-while it runs go together in the next. Before it starts, a pass waits for more of its plan's ranks:
-until all ``W`` are in, or none came for ``linger`` seconds, or the first has waited ``max_linger``;
-a plan of one rank waits for nothing. A pass takes at most ``max_samples`` samples (but at least one
-request), so its memory stays bounded; waiting requests that fill a pass start it at once. A pass
-holds one build slot (:class:`BuildSlots`) from its read until the last of its answers is sent or
-abandoned, and so does its memory (its shards share one segment); a pass that finds no free slot in
-time answers all its requests :class:`Busy`. A pass that fails (a file changed, a line that is not
-UTF-8) is read again request by request, so that each gets the answer it would get alone. Passes
-are shared within one server process.
+while it runs go together in the next. A pass waits for more of its plan's ranks until all ``W`` are
+in, none came for ``linger`` seconds, or the first has waited ``max_linger``. It takes at most
+``max_samples`` samples (but at least one request); waiting requests that fill a pass start it at once.
+A pass holds one build slot (:class:`BuildSlots`) until the last of its answers is sent or abandoned,
+or answers all its requests :class:`Busy` if none comes free in time. A pass that fails (a file
+changed, a line that is not UTF-8) is read again request by request, so that each gets the answer it
+would get alone. Passes are shared within one server process.
 """
 
 from __future__ import annotations

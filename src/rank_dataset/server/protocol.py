@@ -65,7 +65,6 @@ __all__ = [
     "receive_frame",
     "served_names",
     "shard_request_from_query",
-    "spec_from_query",
     "spec_to_query",
 ]
 
@@ -194,11 +193,6 @@ def spec_to_query(spec: ShardSpec, source_files: Sequence[Sequence[str]] | None 
         if "changes" in mix:
             query["mix_changes"] = json.dumps(mix["changes"], separators=(",", ":"))
     return query
-
-
-def spec_from_query(query: Mapping[str, str], num_samples: int, files: Mapping[str, int] | None = None) -> ShardSpec:
-    """The ShardSpec a ``/shard`` query asks for (see :func:`shard_request_from_query`)."""
-    return shard_request_from_query(query, num_samples, files)[0]
 
 
 def shard_request_from_query(

@@ -1,5 +1,5 @@
 """Shard readers: where a dataset's shards come from. The file reader reads meta files; the server
-reader (:class:`rank_dataset.training.server_datasets.ServerReader`) asks a meta server. No torch.
+reader (:class:`rank_dataset.training.server_datasets.ServerReader`) asks a meta server.
 
 A reader knows the samples (their number and fingerprint, and for a mix each source's), builds the
 shard of a :class:`~rank_dataset.plan.spec.ShardSpec`, and names where a sample lives for error messages.
@@ -19,7 +19,7 @@ from rank_dataset.files.read.metafile import MetaFile
 from rank_dataset.plan.spec import ShardSpec
 
 if TYPE_CHECKING:
-    # Imported where a mix, a subset or an exclusion is given: a reader of plain files plans none (issue 44, item 6).
+    # Imported where a mix, a subset or an exclusion is given: a reader of plain files plans none.
     from rank_dataset.plan.exclude import Exclusion, KeptIds
     from rank_dataset.plan.mix import MixPlan
     from rank_dataset.plan.sources import Source

@@ -2,15 +2,12 @@
 start from them, for any compressed format (:class:`~rank_dataset.files.formats.base.Format` with
 ``compressed``).
 
-A compressed file is a stream of text like a plain meta file. Its index is made over the decompressed
-bytes, in one decompression (:class:`Decompression`) that also records :class:`Checkpoints`: points at
-least :data:`~rank_dataset.files.formats.SPACING` bytes of output apart from which decompression
-can start, kept with the index. A read of decompressed bytes ``[a, b)`` (:class:`DecompressedView`)
-starts at the last checkpoint at or before ``a``, so it decompresses less than ``SPACING`` bytes it
-does not need (at most a frame's, for zstd).
-
-A corrupt or truncated file is a :class:`~rank_dataset.errors.CorruptMetaFileError` naming the file
-and the compressed offset, never a wrong sample.
+A compressed file's index is made over its decompressed bytes, in one decompression
+(:class:`Decompression`) that also records :class:`Checkpoints`, points at least
+:data:`~rank_dataset.files.formats.SPACING` bytes of output apart from which decompression can start. A
+read of ``[a, b)`` (:class:`DecompressedView`) starts at the last checkpoint at or before ``a``. A corrupt
+or truncated file is a :class:`~rank_dataset.errors.CorruptMetaFileError` naming the file and the
+compressed offset, never a wrong sample.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """gzip meta files: any gzip, one member or many (BGZF, ``cat a.gz b.gz``), read through
 :mod:`indexed_gzip` (imported on first use) and checked by zlib.
 
-A checkpoint holds the 32 KiB window that decompression needs to start mid-stream, so there is one
-every :data:`~rank_dataset.files.formats.base.SPACING` bytes of output whatever the file.
-
-:mod:`indexed_gzip` (zlib's ``zran`` made a library) records a seek point past every ``spacing`` bytes
-of output while it decompresses (at the next deflate block's end; and one at each member's start,
-which needs no window), each with the 32 KiB window that decompression needs to start there, and
-exports them as bytes: the checkpoints' state. It reads one member or many (BGZF, concatenated
-files). But 1.10.3 does not notice a file that ends inside a member, and on a corrupt member before
-the last it can give wrong bytes without an error (or go on giving bytes without end). So the cold
-pass (:func:`stream`) takes its bytes from zlib, member by member, each checked against its trailer
-(CRC32 and size), and runs indexed_gzip beside it only for its checkpoints, never further than zlib
-has gone. A later read from a checkpoint is of a file found whole then and unchanged since (its key).
+:mod:`indexed_gzip` (zlib's ``zran``) records a seek point past every ``spacing`` bytes of output (and one
+at each member's start), each with the 32 KiB window decompression needs to start there, and exports
+them: the checkpoints' state. It misses a file that ends inside a member, and on a corrupt member before
+the last it can give wrong bytes without an error. So the cold pass (:func:`stream`) takes its bytes
+from zlib, member by member, each checked against its trailer (CRC32 and size), and runs indexed_gzip
+beside it only for its checkpoints, never further than zlib has gone. A later read from a checkpoint is
+of a file found whole then and unchanged since (its key).
 """
 
 from __future__ import annotations

@@ -5,12 +5,9 @@ A row is a sample; its text is the line of its chosen columns (``columns``, in t
 all) joined by a tab, a null as an empty field, a number or a date as Arrow casts it to a string.
 The row groups are the checkpoints: a read decodes the row groups that hold the rows asked for, and
 only the chosen columns. The index (rows per row group) comes from the footer, without reading data.
-Nested and binary columns are refused, naming the column; so is a schema that changed since the
-index was made (:meth:`ParquetRows.check_schema`).
-
-Every row is a sample, whatever its line holds: a row whose fields are all empty (which a text file
-would skip as a blank line) and a value holding a tab or a newline are passed on as they are. So row
-``i`` is sample ``i``, and the index is the footer's row counts alone, read without the data.
+Nested and binary columns are refused, naming the column; :attr:`ParquetRows.schema_hash` tells a
+schema that changed since the index was made. Row ``i`` is sample ``i`` whatever its line holds (all
+fields empty, a tab or a newline in a value), so the index is the footer's row counts alone.
 """
 
 from __future__ import annotations
@@ -160,15 +157,6 @@ class ParquetRows:
                 if column.path_in_schema in names:
                     sizes[:, g] += (column.total_compressed_size, column.total_uncompressed_size)
         return sizes[0], sizes[1]
-
-    def check_schema(self, expected: bytes) -> None:
-        """Raise ValueError if the chosen columns' names or types are not those ``expected`` hashes."""
-        if expected != self.schema_hash:
-            raise ValueError(
-                f"the schema of the Parquet meta file {self.path} changed since it was indexed "
-                f"(columns {list(self.columns)} now have other types, or are other columns): its rows are "
-                "not the samples indexed; build the dataset again"
-            )
 
     def group(self, g: int) -> tuple[bytes, _IntArray]:
         """Row group ``g`` as lines: ``(data, offsets)``, row ``bounds[g] + i`` being

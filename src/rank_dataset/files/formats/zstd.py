@@ -1,14 +1,12 @@
 """zstd meta files (:mod:`zstandard`): any zstd file, one frame or many.
 
-A frame can only be entered at its start, so the checkpoints are frame starts. A file of one frame
-(what ``zstd`` writes by default) has a single checkpoint, at 0: every read decompresses from the
-start (:func:`one_frame_advice` says what to do). ``pzstd`` and zstd's seekable format write many
-frames. :mod:`zstandard` is imported on first use.
+A frame can only be entered at its start, so the checkpoints are frame starts, at least ``spacing``
+output bytes apart. A file of one frame (``zstd``'s default) has a single checkpoint, at 0: every read
+decompresses from the start (:func:`one_frame_advice` says what to do); ``pzstd`` and zstd's seekable
+format write many frames. Skippable frames are passed over. :mod:`zstandard` is imported on first use.
 
-Checkpoints are at least ``spacing`` output bytes apart. Skippable frames (zstd's seekable format ends with one) are
-passed over. The cold index's pass (:func:`stream`) decodes frame by frame straight into reused
-blocks of output, finding each frame's end from its block headers; the reads of a build
-(:class:`Reader`) go across frames through one ``stream_reader``.
+The cold index's pass (:func:`stream`) decodes frame by frame into reused blocks of output, finding each
+frame's end from its block headers; the reads of a build (:class:`Reader`) go through one ``stream_reader``.
 """
 
 from __future__ import annotations

@@ -37,9 +37,12 @@ _DATA_OFFSET = 128
 _INT_KEYS, _JSON_KEYS = 0, 1
 
 
-def cache_candidates(path: Path, name: str) -> list[Path]:
-    """Where the grouping ``name`` of ``path`` may be cached: beside each place its index may be."""
-    return [cache.with_suffix(f".{name}.rdgrp") for cache in cache_paths(path)]
+def cache_candidates(path: Path, index: Index, name: str, ext: str = "rdgrp") -> list[Path]:
+    """Where the grouping (``ext="rdcol"``: the columns) ``name`` of ``path`` may be cached: beside each
+    place its index may be; an object's beside its index in this node's cache only (never in the bucket)."""
+    if is_url(path):
+        return [] if index.cache is None else [index.cache.with_suffix(f".{name}.{ext}")]
+    return [cache.with_suffix(f".{name}.{ext}") for cache in cache_paths(path)]
 
 
 def open_cache(cache: Path, index: Index) -> Grouping | None:
@@ -125,7 +128,7 @@ def write_cache(cache: Path, index: Index, group: Callable[[Place], Grouping]) -
         maps.append(mmap.mmap(tmp_fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE))
         return np.frombuffer(maps[0], "<i8", count=index.count, offset=len(head))
 
-    try:
+    def write() -> None:
         grouping = group(place)
         del grouping
         if maps:
@@ -135,17 +138,26 @@ def write_cache(cache: Path, index: Index, group: Callable[[Place], Grouping]) -
             with open(tmp_fd, "ab", closefd=False) as f:
                 f.write(written[0].order.astype("<i8", copy=False).data)
             written.clear()
-        os.fsync(tmp_fd)
-        os.close(tmp_fd)
+
+    return open_cache(cache, index) if _commit(tmp_fd, tmp, cache, write) else None
+
+
+def _commit(fd: int, tmp: str, cache: Path, write: Callable[[], None]) -> bool:
+    """``write`` the temporary file ``tmp`` (open at ``fd``), sync it and rename it to ``cache``; False, the
+    temporary file removed, if an OSError stops that (any other error is raised, the file removed too)."""
+    try:
+        write()
+        os.fsync(fd)
+        os.close(fd)
         os.replace(tmp, cache)
         fsync_dir(cache.parent)
     except OSError:
-        discard(tmp_fd, tmp)
-        return None
+        discard(fd, tmp)
+        return False
     except BaseException:
-        discard(tmp_fd, tmp)
+        discard(fd, tmp)
         raise
-    return open_cache(cache, index)
+    return True
 
 
 def _encode_keys(keys: Sequence[Any]) -> bytes:
@@ -180,11 +192,8 @@ _UINT32_COLUMNS = 2
 
 
 def columns_candidates(path: Path, index: Index, name: str) -> list[Path]:
-    """Where the columns ``name`` of ``path`` may be cached: beside each place its index may be; an object's
-    beside its index in this node's cache only (never in the bucket)."""
-    if is_url(path):
-        return [] if index.cache is None else [index.cache.with_suffix(f".{name}.rdcol")]
-    return [cache.with_suffix(f".{name}.rdcol") for cache in cache_paths(path)]
+    """Where the columns ``name`` of ``path`` may be cached (:func:`cache_candidates`)."""
+    return cache_candidates(path, index, name, "rdcol")
 
 
 def open_columns(cache: Path, index: Index, ncols: int) -> npt.NDArray[np.uint32] | None:
@@ -222,7 +231,8 @@ def write_columns(
     k = index.key
     header = _HEADER.pack(_COLUMNS_MAGIC, k.size, k.digest(), index.count, ncols, 0, _UINT32_COLUMNS, index.ends_hash)
     size = _DATA_OFFSET + 4 * ncols * index.count
-    try:
+
+    def write() -> None:
         os.ftruncate(fd, size)
         os.pwrite(fd, header.ljust(_DATA_OFFSET, b"\0"), 0)
         mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
@@ -234,14 +244,5 @@ def write_columns(
         finally:
             with contextlib.suppress(BufferError):
                 mapped.close()
-        os.fsync(fd)
-        os.close(fd)
-        os.replace(tmp, cache)
-        fsync_dir(cache.parent)
-    except OSError:
-        discard(fd, tmp)
-        return None
-    except BaseException:
-        discard(fd, tmp)
-        raise
-    return open_columns(cache, index, ncols)
+
+    return open_columns(cache, index, ncols) if _commit(fd, tmp, cache, write) else None

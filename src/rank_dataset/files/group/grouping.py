@@ -1,22 +1,12 @@
 """The samples of a meta file grouped by a key (its label, or any function of its line), cached.
 
-:func:`group_by` reads the file once and returns for each key the ascending sample numbers that
-have it: ``key="label"`` reads the file's bytes in blocks, parsed and sorted in numpy in two threads
-(:mod:`rank_dataset.files.group._block_labels`); a function of the line is called on each line, read through the
-line-offset index. The result is cached beside the index and keyed like it (the
-file's size, mtime, ctime, inode and a hash of its ends): a changed file is grouped again, and of
-many processes that ask at once (the ranks of a node at job start), one builds the cache while the
-others wait for it (:mod:`rank_dataset.files.index.cachelock`). A cached grouping is memory-mapped, so the
-ranks of a node share one copy of it in the page cache (:mod:`rank_dataset.files.group._cache`).
-
-A gzip or zstd meta file is grouped as the plain file of its decompressed bytes, read front to back
-in one checked decompression (:func:`~rank_dataset.files.formats.decompress`, no checkpoint needed):
-its cost is about one decompression of the file. A meta file in object storage is read front to
-back too, in ranged GETs pinned to its ETag (a replaced object is MetaFileChangedError), and its
-grouping is cached on this node beside its index, keyed by URL, size and ETag.
-
-The parts: the lines read (:mod:`~rank_dataset.files.group._lines`), grouping by label
-(:mod:`~rank_dataset.files.group._labels`), the cache (:mod:`~rank_dataset.files.group._cache`).
+:func:`group_by` reads the file once: ``key="label"`` parses blocks of its bytes in numpy in two threads
+(:mod:`~rank_dataset.files.group._labels`); a function of the line is called on each line. A gzip or zstd
+file is grouped as its decompressed bytes, in one checked decompression; an object is read front to back
+in ranged GETs pinned to its ETag. The grouping is cached beside the index and keyed like it, one process
+of many building it while the others wait (:mod:`rank_dataset.files.index.cachelock`), and memory-mapped,
+so that the ranks of a node share one copy (:mod:`~rank_dataset.files.group._cache`). The lines are read
+through :mod:`~rank_dataset.files.group._lines`.
 """
 
 from __future__ import annotations
@@ -30,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.checks import UrlPath, meta_path, with_storage
+from rank_dataset.core.checks import meta_path, with_storage
 from rank_dataset.core.progress import progress_bar
 from rank_dataset.files.group import _lines as _group_lines
 from rank_dataset.files.group._cache import cache_candidates, open_cache, write_cache
@@ -132,10 +122,7 @@ def grouping_of(meta_file: PathLike, key: str | Key = "label", cache_name: str |
 def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -> Grouping:
     if name is None:
         return _group(path, index, key)
-    if isinstance(path, UrlPath):  # an object: beside its index, in this node's cache (never in the bucket)
-        candidates = [] if index.cache is None else [index.cache.with_suffix(f".{name}.rdgrp")]
-    else:
-        candidates = cache_candidates(path, name)
+    candidates = cache_candidates(path, index, name)
     for cache in candidates:
         found = open_cache(cache, index)
         if found is not None:

@@ -37,7 +37,7 @@ CACHE_DIR_ENV = "RANK_DATASET_CACHE_DIR"
 
 
 # After the header: written, and synced, only once the rest of the cache is on disk. Other processes
-# load only a sealed cache (see :func:`_write_cache`).
+# load only a sealed cache (see :func:`~rank_dataset.files.index._build.write_cache`).
 SEAL = b"RDSEALED"
 
 
@@ -162,8 +162,8 @@ class Syncer:
 
 @dataclass(frozen=True)
 class Seal:
-    """Seals a cache written and renamed into place (see :func:`_write_cache`), through ``file``,
-    open on it."""
+    """Seals a cache written and renamed into place (see :func:`~rank_dataset.files.index._build.write_cache`),
+    through ``file``, open on it."""
 
     cache: Path
     file: io.BufferedWriter

@@ -6,22 +6,17 @@ The index of a file holds the byte span of each of its samples (see :mod:`rank_d
 its true length in a table of long lines). After the entries come that table and the file's marks:
 where the first line after every 4 MiB starts and its line number, so that a sample's line number is
 found by reading less than 4 MiB. It is cached beside the file (or in the user cache directory),
-built by one process while others that want it wait (:mod:`rank_dataset.files.index.cachelock`). A cache is
-keyed by what identifies the file's content without reading all of it: size, mtime, ctime and inode
-(ctime cannot be set by ``utime``, so ``touch -r`` and ``cp -p`` over the file do not pass for it),
-and a hash of its first and last 64 KiB. No descriptor is kept open between reads. A build reads the
-entries it needs with positional reads (:class:`SpanReader`), mapping nothing, so that its resident
-memory holds no more of the index than one batch's pages; only a small read (a batch of random
-samples, as the meta server's) takes its entries from a read-only map of a large cache, kept per
-process and shared through the page cache (:func:`~rank_dataset.files.index._entries._entries_map`).
+built by one process while others that want it wait (:mod:`rank_dataset.files.index.cachelock`), and
+keyed by size, mtime, ctime and inode (``touch -r`` and ``cp -p`` cannot set ctime) and a hash of the
+file's first and last 64 KiB. A build reads the entries it needs with positional reads
+(:class:`SpanReader`), so that it holds no more of the index than one batch's pages; a small read (a
+batch of random samples, as the meta server's) maps a large cache instead, once a process
+(:func:`~rank_dataset.files.index._entries._entries_map`).
 
 The parts: the cache file's format and :class:`Index` (:mod:`~rank_dataset.files.index._cachefile`), the
-build (:mod:`~rank_dataset.files.index._build`), the readers (:mod:`~rank_dataset.files.index._entries`); this
-module loads an index, from its cache or built, one process building while the others wait.
-
-A Parquet file has no entries and no cache: its index (:class:`~rank_dataset.files.formats.ParquetLayout`,
-the rows of each row group and the chosen columns' schema) is read from its footer each time it is
-loaded, in milliseconds, without its data; it keeps the file's key and ends' hash as a cache would.
+build (:mod:`~rank_dataset.files.index._build`), the readers (:mod:`~rank_dataset.files.index._entries`).
+A Parquet file has no entries and no cache: its index (:class:`~rank_dataset.files.formats.ParquetLayout`)
+is read from its footer each time, keeping the file's key and ends' hash as a cache would.
 """
 
 from __future__ import annotations

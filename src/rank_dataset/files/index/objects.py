@@ -5,10 +5,8 @@ coalesced ranged GETs (a compressed object's through its checkpoints, each decod
 in order; a Parquet object's by pyarrow through a file object of exact ranged GETs).
 
 An object's index is cached under the user cache directory (or ``RANK_DATASET_CACHE_DIR``), named by
-a hash of its URL, size and ETag: another object, or the same object replaced, is another cache, and
-one process a node builds it while the others wait, as for a local file. Its key is the object's
-:class:`~rank_dataset.files.io.ObjectKey` (URL, size, ETag); every read is pinned to the ETag, learnt
-by one HEAD when a process first reads the object.
+a hash of its :class:`~rank_dataset.files.io.ObjectKey` (URL, size, ETag), one process a node building it
+while the others wait. Every read is pinned to the ETag of the process's first HEAD.
 """
 
 from __future__ import annotations

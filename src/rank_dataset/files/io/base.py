@@ -11,6 +11,7 @@ the key describes.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import struct
 from collections.abc import Iterator
@@ -21,7 +22,18 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ENDS", "STREAM_BLOCK", "ByteSource", "FileKey", "ObjectKey", "SourceKey", "hash_ends", "read_ends"]
+__all__ = [
+    "ENDS",
+    "STREAM_BLOCK",
+    "ByteSource",
+    "FileKey",
+    "ObjectKey",
+    "Positional",
+    "PositionalIO",
+    "SourceKey",
+    "hash_ends",
+    "read_ends",
+]
 
 #: Bytes of each end of a file that identify it cheaply, with its size (:func:`read_ends`).
 ENDS = 1 << 16
@@ -160,6 +172,43 @@ class ByteSource(Protocol):
     def __enter__(self) -> ByteSource: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+class Positional(Protocol):
+    """Bytes read by position, as ``os.pread`` reads a descriptor (short only at the end)."""
+
+    @property
+    def size(self) -> int: ...
+
+    def pread(self, count: int, offset: int) -> bytes: ...
+
+
+class PositionalIO(io.RawIOBase):
+    """A seekable read-only file object over a positional source (for indexed_gzip's and pyarrow's
+    ``fileobj``)."""
+
+    def __init__(self, source: Positional) -> None:
+        self._source, self._pos = source, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._source.size}[whence]
+        self._pos = max(base + offset, 0)
+        return self._pos
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self._source.pread(len(buffer), self._pos)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
 
 
 def read_ends(source: ByteSource) -> bytes:

@@ -2,14 +2,12 @@
 :class:`ObjectFile`, identified by :class:`ObjectKey` (its size and ETag from one HEAD).
 
 Every read is a ranged GET pinned to that ETag (``If-Match``): an object replaced or deleted under a
-job is :class:`~rank_dataset.errors.MetaFileChangedError` naming the URL, never bytes of the new
-object. Failed requests (5xx, timeouts, dropped connections) are retried by the client with
-exponential backoff and jitter, and a body cut short is asked again from where it stopped (then is
+job is :class:`~rank_dataset.errors.MetaFileChangedError` naming the URL. Failed requests are retried
+with backoff and jitter, and a body cut short is asked again from where it stopped (else
 :class:`~rank_dataset.errors.CorruptMetaFileError` naming the URL and the offset), all within the
-timeout (the dataset's; :func:`~rank_dataset.files.io._stores.budget` says how it is spent).
-A process holds at most a few requests in flight (``RANK_DATASET_OBJECT_REQUESTS``, default 4), and
-waits a short delay of its rank's before its first (the spread start:
-:func:`~rank_dataset.files.io._stores.start_delay`), so that the ranks of a job do not all start at once.
+timeout (:func:`~rank_dataset.files.io._stores.budget`). A process holds at most
+``RANK_DATASET_OBJECT_REQUESTS`` (4) requests in flight, its first after a delay of its rank's
+(:func:`~rank_dataset.files.io._stores.start_delay`).
 
 Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``AWS_ALLOW_HTTP``; ``GOOGLE_*``;
@@ -18,7 +16,6 @@ Configuration: the standard environment as obstore reads it (``AWS_ENDPOINT_URL`
 
 from __future__ import annotations
 
-import io
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -40,7 +37,7 @@ from rank_dataset.files.io._stores import (
     split_url,
     status_of,
 )
-from rank_dataset.files.io.base import STREAM_BLOCK, ByteSource, ObjectKey
+from rank_dataset.files.io.base import STREAM_BLOCK, ByteSource, ObjectKey, PositionalIO
 from rank_dataset.files.io.pread import ShortRead
 
 __all__ = ["COUNTS", "REQUEST", "ObjectFile", "ObjectIO"]
@@ -282,13 +279,14 @@ class ObjectFile:
         return f"ObjectFile({str(self.path)!r}, {self.key!r})"
 
 
-class ObjectIO(io.RawIOBase):
+class ObjectIO(PositionalIO):
     """A seekable read-only file object over a source (for pyarrow's ParquetFile): a read
     is one ranged GET of exactly the bytes asked, pinned to the object's ETag (a footer costs a GET or
     two), but for reads inside the ranges last :meth:`hold`-ed, served from memory."""
 
     def __init__(self, source: ByteSource) -> None:
-        self._source, self._pos = source, 0
+        super().__init__(source)
+        self._source: ByteSource = source
         self._held: list[tuple[int, bytes]] = []
 
     def hold(self, starts: Sequence[int], stops: Sequence[int]) -> None:
@@ -297,20 +295,6 @@ class ObjectIO(io.RawIOBase):
         the next ``hold`` (``hold([], [])`` lets them go): a row group's column chunks in one GET."""
         self._held = []  # the old ranges let go of before the new are fetched
         self._held = [(lo, self._source.read(lo, hi - lo)) for lo, hi, _ in _coalesced(starts, stops)]
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._source.size}[whence]
-        self._pos = max(base + offset, 0)
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         count = max(0, min(len(buffer), self._source.size - self._pos))

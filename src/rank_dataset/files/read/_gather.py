@@ -206,14 +206,8 @@ def gather(
     back in their order, read from ``files`` (whose samples ``bounds`` numbers); ``ids``: the writer keeps
     the sample numbers; ``shared``: in a shareable segment (else in private memory).
 
-    Rows are visited in file order at the granularity of 1/4096 of the samples (a cheap radix sort
-    instead of a full one; a small read is sorted in full), in two passes. The first reads the index
-    entries of a batch of rows at a time, keeps their lengths, which fix where each line goes, and
-    their starts (:class:`KeptStarts`); the second reads the lines, a window of the file at a time,
-    checks them against the file's bytes and copies each at its exact length into its place in item
-    order (:func:`~rank_dataset.core.shard.copy_rows`). So a build reads the index once and holds little
-    beyond its shard and two 4-byte numbers a row (its place in the visiting order, its start),
-    besides the sample numbers (which it lets go of between the passes where ``samples`` can make them again).
+    In the two passes the module describes, it holds little beyond its shard and two 4-byte numbers a row
+    (its place in the visiting order, its start, :class:`KeptStarts`), besides the sample numbers.
 
     Raises:
         MetaFileChangedError: a file is not the one indexed.
@@ -433,9 +427,6 @@ def _gather_window(
     offsets, checks it and copies it: whether every row was a sample (False: the first that is not
     stops the copy); None where the batch is not dense, or a row's bytes run past what was read
     (a line longer than ``_TAIL`` among its last): the caller copies it the general way.
-
-    The general way costs a dozen numpy passes a row (the offsets taken twice, the window's cuts, the
-    checks and the copy each a pass): most of a large read's time, where the rows are nearly the file.
     """
     if not starts.size:
         return True
