@@ -38,13 +38,6 @@ def name_of(i: int) -> str:
     return f"d{i % 10}/img_{i:05d}.bin"
 
 
-@pytest.fixture(autouse=True)
-def _slots_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The node's slot files in the test's directory (removed with it), not /dev/shm."""
-    (tmp_path / "slots").mkdir()
-    monkeypatch.setenv("RANK_DATASET_PAYLOAD_SLOTS_DIR", str(tmp_path / "slots"))
-
-
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A root of N payloads and a meta file ``path label`` naming them."""
