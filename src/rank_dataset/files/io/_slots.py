@@ -160,7 +160,8 @@ class NodeSlots:
         self.path, self.n = path, n
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # RANK_DATASET_PAYLOAD_SLOTS_DIR: made when used
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._mine: set[int] = set()
+        self._mine: set[int] = set()  # held by this process: in use, or spare
+        self._spare: list[int] = []
         self._cond = threading.Condition()
         self._watching = False  # a waiting thread looks for other processes' slots (the others wait to be woken)
 
@@ -184,9 +185,10 @@ class NodeSlots:
             return self._take()
 
     def acquire(self, deadline: float) -> int | None:
-        """A free slot, waiting for one until ``deadline`` (``time.monotonic()``); None if none came."""
+        """A slot, waiting for one until ``deadline`` (``time.monotonic()``); None if none came. A spare slot
+        (see :meth:`release`) is taken first, with no system call."""
         with self._cond:
-            slot = self._take() if len(self._mine) < self.n else None
+            slot = self._next_slot()
             while slot is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -200,17 +202,36 @@ class NodeSlots:
                     finally:
                         self._watching = False
                     self._cond.notify()  # another waiter looks next
-                slot = self._take() if len(self._mine) < self.n else None
+                slot = self._next_slot()
             return slot
 
-    def release(self, slot: int) -> None:
+    def _next_slot(self) -> int | None:
+        if self._spare:
+            return self._spare.pop()
+        return self._take() if len(self._mine) < self.n else None
+
+    def release(self, slot: int, keep: bool = False) -> None:
+        """Give ``slot`` back to the node; with ``keep``, keep it as a spare for this process's next request
+        (given back by :meth:`trim`): a busy process then locks and unlocks once a slot and batch, not once a
+        request, and holds no more slots than it has had requests in flight at once."""
         with self._cond:
-            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, slot)
-            self._mine.discard(slot)
+            if keep:
+                self._spare.append(slot)
+            else:
+                fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, slot)
+                self._mine.discard(slot)
             self._cond.notify()
 
+    def trim(self) -> None:
+        """Give the spare slots back to the node."""
+        with self._cond:
+            for slot in self._spare:
+                fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, slot)
+                self._mine.discard(slot)
+            self._spare.clear()
+
     def held(self) -> int:
-        """The slots this process holds now."""
+        """The slots this process holds now (spare ones included)."""
         return len(self._mine)
 
 

@@ -12,10 +12,11 @@ batch's order.
   ``bytes`` handed out. Objects are read by a pool of ``max_in_flight`` threads of this process, each request
   through obstore's blocking API (``obstore.get``, which runs on obstore's runtime without the GIL), with the
   same clients and settings as meta files (:mod:`._stores`), looked up once a batch; a request holds one of the
-  node's slots (:mod:`._slots`) while it runs. (obstore's async API costs about twice the CPU a payload: each
-  request crosses from its runtime into an asyncio loop twice.) A body is copied once, from the client's buffer
-  into the ``bytes``, in the thread that takes the payloads (its freed memory is reused there, where a copy
-  in each pool thread takes fresh pages).
+  node's slots (:mod:`._slots`) while it runs, then kept as a spare for the process's next request until its
+  requests have all ended (a slot locked once a batch, not once a request). (obstore's async API costs about
+  twice the CPU a payload: each request crosses from its runtime into an asyncio loop twice.) A body is copied
+  once, from the client's buffer into the ``bytes``, in the thread that takes the payloads (its freed memory
+  is reused there, where a copy in each pool thread takes fresh pages).
 - The bytes read and not yet handed out stay under ``max_bytes`` (:class:`~._slots.ByteBudget`).
 - A failure is the payload's: a :class:`~rank_dataset.errors.PayloadError` naming the path or URL. 5xx and
   dropped connections are retried by the client (its retry settings) and a short body or a stalled request
@@ -179,6 +180,7 @@ class PayloadReader:
         self.budget = ByteBudget(settings.max_bytes)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # local files
         self._objects: concurrent.futures.ThreadPoolExecutor | None = None  # objects: max_in_flight threads
+        self._active = 0  # object requests asked for and not ended (at 0, the spare node slots are given back)
         self._helper: _Helper | None = None
         self._lock = threading.Lock()
 
@@ -206,6 +208,8 @@ class PayloadReader:
                 store = stores.get(target.directory)
                 if store is None:
                     store = stores[target.directory] = self._store_of(target.directory)
+                with self._lock:
+                    self._active += 1
                 pending.append(self._objects_of().submit(self._get, target, ticket, store))
         from_helper = helper.read(remote) if helper is not None else iter(())
         k = 0
@@ -294,6 +298,15 @@ class PayloadReader:
 
     def _get(self, target: ObjectTarget, ticket: int, store: Any) -> Result:
         """The object's bytes or its error (never raises), in a thread of the objects' pool."""
+        try:
+            return self._get_one(target, ticket, store)
+        finally:
+            with self._lock:
+                self._active -= 1
+                if not self._active:  # the last request of the batch (or batches) ended: spare slots go back
+                    node_slots(self.settings.slots_dir, self.settings.node_max_in_flight).trim()
+
+    def _get_one(self, target: ObjectTarget, ticket: int, store: Any) -> Result:
         reserved = [0, ticket]  # bytes reserved, and the ticket while it has not reserved (-1 after)
         try:
             if isinstance(store, Exception):
@@ -343,7 +356,7 @@ class PayloadReader:
                     except Exception as exc:  # the body broke off: asked again below
                         broke = exc
             finally:
-                slots.release(slot)
+                slots.release(slot, keep=True)
             if body is not None and len(body) == size:
                 return body, reserved[0]  # copied into bytes as it is handed out
             attempt += 1
