@@ -75,6 +75,12 @@ def _our_segments() -> list[str]:
     return sorted(p for d in dirs for p in glob.glob(os.path.join(d, f"rank_dataset_{_SHM_TAG}_*")))
 
 
+def _slot_files() -> set[str]:
+    """The payload reads' node slot files in the default places (a test's go in its own directory)."""
+    dirs = {"/dev/shm", tempfile.gettempdir()}
+    return {p for d in dirs for p in glob.glob(os.path.join(d, "rank_dataset-payload-slots-*"))}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _leaves_nothing_behind() -> Iterator[None]:
     """Fail the run if a process started by the session, or a segment made by one, outlives it."""
@@ -83,6 +89,7 @@ def _leaves_nothing_behind() -> Iterator[None]:
     # workers, gloo jobs) start with the environment it started with, the session's, whichever test
     # comes first.
     forkserver.ensure_running()
+    slot_files = _slot_files()  # those of other sessions on the machine, not this one's to judge
     yield
     # multiprocessing's helpers for pytest itself (started by spawn and forkserver DataLoaders) live
     # as long as it does: stop them the way multiprocessing does at exit.
@@ -109,20 +116,29 @@ def _leaves_nothing_behind() -> Iterator[None]:
     for path in segments:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+    new_slot_files = sorted(_slot_files() - slot_files)
     problems = []
     if report:
         problems.append(f"{len(report)} processes started by the tests were still running (now killed):")
         problems += report
     if segments:
         problems.append(f"{len(segments)} shared-memory segments were left behind (now removed): {segments}")
+    if new_slot_files:
+        # Not removed: another session on the machine may be using it.
+        problems.append(
+            f"payload slot files were made outside a test's directory (RANK_DATASET_PAYLOAD_SLOTS_DIR unset?): "
+            f"{new_slot_files}"
+        )
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
 
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Each test gets its own index cache, so no test sees another's.
+    # Each test gets its own index cache, so no test sees another's; and its own payload slot files
+    # (the directory made when first used: a test that reads no payload leaves tmp_path as it found it).
     monkeypatch.setenv("RANK_DATASET_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("RANK_DATASET_PAYLOAD_SLOTS_DIR", str(tmp_path / "slots"))
 
 
 @pytest.fixture

@@ -1,14 +1,11 @@
-"""Small HTTP servers for the object storage tests: one that serves bytes with Range, ETag and If-Match
-(python's http.server honours none of them), and a proxy that injects faults between the client and
-a real server (503s, dropped connections, bodies cut short) on a fixed share of the requests.
+"""A small HTTP server for the object storage tests: it serves bytes with Range, ETag and If-Match
+(python's http.server honours none of them), and can stall. The proxy that injects faults between a
+client and a real server is tests/fault_proxy.py.
 """
 
 from __future__ import annotations
 
 import hashlib
-import http.client
-import itertools
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -101,76 +98,6 @@ class RangeServer:
         self.server.server_close()
 
 
-class FaultProxy:
-    """Forwards every request to ``target`` (host, port), but, of every ``every`` GETs with a body, one
-    each of: a 503, a dropped connection, a body cut short (in that turn). ``faults`` counts them."""
-
-    def __init__(self, target: tuple[str, int], every: int = 5) -> None:
-        self.target, self.every = target, every
-        self.count = itertools.count()
-        self.faults = {"503": 0, "reset": 0, "short": 0}
-        self.forwarded = 0
-        self.swap: Any = None  # called once, between the headers and the body of the next GET
-        owner = self
-
-        class Handler(_Quiet):
-            def _forward(self) -> None:
-                n = next(owner.count)
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                kind = None
-                if self.command == "GET" and n % owner.every == owner.every - 1:
-                    kind = ("503", "reset", "short")[(n // owner.every) % 3]
-                if kind == "503":
-                    owner.faults["503"] += 1
-                    self.send_response(503)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                if kind == "reset":
-                    owner.faults["reset"] += 1
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                    self.close_connection = True
-                    self.connection.close()
-                    return
-                conn = http.client.HTTPConnection(*owner.target, timeout=60)
-                conn.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
-                answer = conn.getresponse()
-                data = answer.read()
-                conn.close()
-                owner.forwarded += 1
-                self.send_response(answer.status)
-                for name, value in answer.getheaders():
-                    if name.lower() not in ("transfer-encoding", "connection"):
-                        self.send_header(name, value)
-                if kind == "short" and len(data) > 1:
-                    owner.faults["short"] += 1
-                    self.end_headers()
-                    self.wfile.write(data[: len(data) // 2])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    return
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-
-            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @contextmanager
 def range_server() -> Iterator[RangeServer]:
     server = RangeServer()
@@ -178,12 +105,3 @@ def range_server() -> Iterator[RangeServer]:
         yield server
     finally:
         server.close()
-
-
-@contextmanager
-def fault_proxy(target: tuple[str, int], every: int = 5) -> Iterator[FaultProxy]:
-    proxy = FaultProxy(target, every)
-    try:
-        yield proxy
-    finally:
-        proxy.close()

@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("obstore", reason="the cloud extra (obstore) is not installed")
 
-from http_helpers import fault_proxy, range_server
+from fault_proxy import running_proxy
+from http_helpers import range_server
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.io import is_url
 from rank_dataset.files.io import object as object_source
@@ -110,20 +111,21 @@ def test_faults_are_retried(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(object_source, "REQUEST", 1 << 20)
     data = _data(6 << 20, seed=2)
     url = s3.put("src/faults.bin", data)
-    with fault_proxy(("127.0.0.1", s3.port), every=4) as proxy:
+    with running_proxy(("127.0.0.1", s3.port), every=4) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         source = ObjectFile(url, timeout=60)
         assert b"".join(source.stream()) == data
         assert [source.read(a, 70_000) for a in range(0, 6 << 20, 1 << 20)] == [
             data[a : a + 70_000] for a in range(0, 6 << 20, 1 << 20)
         ]
-        assert all(proxy.faults.values()), proxy.faults
+        faults = proxy.stats()["faults"]
+        assert all(faults.values()), faults
 
 
 @pytest.mark.slow  # retries every GET until its timeout runs out: about 10 s, so make test, not test-quick
 def test_short_bodies_for_good_are_corrupt(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     url = s3.put("src/short.bin", _data(100_000, seed=3))
-    with fault_proxy(("127.0.0.1", s3.port), every=1) as proxy:  # every GET: 503, reset or short
+    with running_proxy(("127.0.0.1", s3.port), every=1) as proxy:  # every GET: 503, reset or short
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         source = ObjectFile(url, timeout=20)
         with pytest.raises((CorruptMetaFileError, OSError), match=r"s3://meta/src/short.bin"):

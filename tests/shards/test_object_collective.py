@@ -161,7 +161,7 @@ def test_faults_on_a_fifth_of_requests_leave_the_shards_unchanged(
     """Between obstore and the server, a proxy fails one GET in five (a 503, a dropped connection, a
     body cut short, in turn): the collective reader's shards and MetaFile's reads are those of the
     local file."""
-    from http_helpers import fault_proxy
+    from fault_proxy import running_proxy
     from rank_dataset.files.io import object as object_source
 
     monkeypatch.setattr(object_source, "REQUEST", 256 << 10)  # many GETs: every kind of fault met
@@ -170,7 +170,7 @@ def test_faults_on_a_fifth_of_requests_leave_the_shards_unchanged(
     meta = MetaFile(a)
     n = len(meta)
     plans = [np.random.default_rng(r).permutation(n)[: n // 3] for r in range(3)]
-    with fault_proxy(("127.0.0.1", s3.port), every=5) as proxy:
+    with running_proxy(("127.0.0.1", s3.port), every=5) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         got, _ = _making_and_builds([url], plans)
         for r, result in enumerate(got):
@@ -180,7 +180,8 @@ def test_faults_on_a_fifth_of_requests_leave_the_shards_unchanged(
         remote = MetaFile(url)
         picks = np.random.default_rng(9).permutation(n)[:3000]
         assert remote.read(picks).texts(range(3000)) == meta.read(picks).texts(range(3000))
-        assert all(proxy.faults.values()), proxy.faults
+        faults = proxy.stats()["faults"]
+        assert all(faults.values()), faults
 
 
 def test_compressed_objects_shards_are_the_file_readers(s3: Any, tmp_path: Path) -> None:

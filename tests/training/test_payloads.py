@@ -13,6 +13,8 @@ import os
 import pickle
 import re
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +38,6 @@ def payload(i: int) -> bytes:
 
 def name_of(i: int) -> str:
     return f"d{i % 10}/img_{i:05d}.bin"
-
-
-@pytest.fixture(autouse=True)
-def _slots_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The node's slot files in the test's directory (removed with it), not /dev/shm."""
-    (tmp_path / "slots").mkdir()
-    monkeypatch.setenv("RANK_DATASET_PAYLOAD_SLOTS_DIR", str(tmp_path / "slots"))
 
 
 @pytest.fixture(scope="module")
@@ -306,6 +301,46 @@ def test_budget_orders_reservations() -> None:
     assert budget.try_reserve(b, 90) and not budget.try_reserve(c, 20)  # no room
     budget.release(90)
     assert budget.try_reserve(c, 200) and budget.peak == 200  # alone: a payload larger than the budget
+
+
+def test_budget_wakes_each_waiter_in_its_turn() -> None:
+    """A reservation that must wait is made, in ticket order, by the thread that makes its room; one that
+    gives up waiting is skipped, and the tickets behind it go on."""
+    budget = ByteBudget(100)
+    a, b, c, d = budget.tickets(4)
+    woken: list[str] = []
+    assert not budget.reserve_or_wait(c, 10, lambda: woken.append("c"))  # b's turn first
+    assert not budget.reserve_or_wait(b, 60, lambda: woken.append("b"))
+    assert budget.try_reserve(a, 50) and woken == []  # a in, b does not fit beside it
+    budget.release(50)
+    assert woken == ["b", "c"] and budget.held == 70  # a's room made: b, then c, reserved by release()
+    assert not budget.reserve_or_wait(d, 40, lambda: woken.append("d"))
+    assert budget.give_up(d) and woken == ["b", "c"]  # never reserved: skipped
+    e = budget.tickets(1)[0]
+    assert budget.try_reserve(e, 30) and budget.held == 100  # e's turn came after d's skip
+    budget.release(100)
+    f, g = budget.tickets(2)
+    done: list[bool] = []
+    waiter = threading.Thread(target=lambda: done.append(budget.reserve(g, 10, time.monotonic() + 60)))
+    waiter.start()
+    budget.skip(f)  # g's turn: the waiting thread is woken
+    waiter.join(30)
+    assert done == [True] and budget.held == 10
+    h = budget.tickets(1)[0]
+    assert budget.try_reserve(h, 95) is False and budget.reserve(h, 95, time.monotonic()) is False  # no room
+    assert budget.try_reserve(budget.tickets(1)[0], 90)  # h skipped by its deadline
+
+
+def test_node_slot_waiters_are_woken_by_a_release(tmp_path: Path) -> None:
+    slots = NodeSlots(str(tmp_path / "slots" / "w"), 2)
+    held = [slots.acquire(time.monotonic() + 60) for _ in range(2)]
+    assert sorted(held) == [0, 1] and slots.acquire(time.monotonic()) is None  # full: None at the deadline
+    got: list[int | None] = []
+    waiter = threading.Thread(target=lambda: got.append(slots.acquire(time.monotonic() + 60)))
+    waiter.start()
+    slots.release(held[1])
+    waiter.join(30)
+    assert got == [held[1]] and slots.held() == 2
 
 
 def _hold_slots(path: str, n: int, conn: Any) -> None:

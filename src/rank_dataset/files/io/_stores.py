@@ -11,6 +11,7 @@ and its key, from which the other process makes its own client.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import threading
@@ -361,5 +362,12 @@ def no_credentials(exc: BaseException, timeout: float) -> str | None:
 
 
 def require_client(url: str) -> None:
-    """Raise the ImportError naming the cloud extra if obstore, which reads ``url``, is not installed."""
-    _obstore(url)
+    """Raise the ImportError naming the cloud extra if obstore, which reads ``url``, is not installed.
+    obstore is found, not imported: a process forked from this one then still makes its own client
+    (a fork of a process that imported obstore reads through a helper, see :mod:`.payloads`)."""
+    try:
+        found = importlib.util.find_spec("obstore") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        _obstore(url)  # the ImportError naming the extra

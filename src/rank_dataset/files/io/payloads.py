@@ -9,16 +9,20 @@ batch's order.
   link after the check) and must be a regular file. With no root, a name must be a URL (or an absolute path)
   under one of the ``allow`` prefixes.
 - Local files are read by a small thread pool, each with one ``os.pread`` of its size straight into the
-  ``bytes`` handed out. Objects are read through obstore's async API (``get_async``) on one asyncio loop in a
-  thread of this process, with the same clients and settings as meta files (:mod:`._stores`): at most
-  ``max_in_flight`` requests of this process in flight, and a request holds one of the node's slots
-  (:mod:`._slots`) while it runs. A body is copied once, from the client's buffer into the ``bytes``.
+  ``bytes`` handed out. Objects are read by a pool of ``max_in_flight`` threads of this process, each request
+  through obstore's blocking API (``obstore.get``, which runs on obstore's runtime without the GIL), with the
+  same clients and settings as meta files (:mod:`._stores`), looked up once a batch; a request holds one of the
+  node's slots (:mod:`._slots`) while it runs, then kept as a spare for the process's next request until its
+  requests have all ended (a slot locked once a batch, not once a request). (obstore's async API costs about
+  twice the CPU a payload: each request crosses from its runtime into an asyncio loop twice.) A body is copied
+  once, from the client's buffer into the ``bytes``, in the thread that takes the payloads (its freed memory
+  is reused there, where a copy in each pool thread takes fresh pages).
 - The bytes read and not yet handed out stay under ``max_bytes`` (:class:`~._slots.ByteBudget`).
 - A failure is the payload's: a :class:`~rank_dataset.errors.PayloadError` naming the path or URL. 5xx and
   dropped connections are retried by the client (its retry settings) and a short body or a stalled request
   is asked again here, with backoff, all within ``timeout``.
 
-Nothing here crosses a fork: the pool, the loop and the clients are made in the process that reads (the pid
+Nothing here crosses a fork: the pools and the clients are made in the process that reads (the pid
 checked on each batch). A process forked from one that ran obstore's runtime cannot run it (the runtime's
 threads are not in the child: obstore #441; a request hangs). Whether the parent ran it is not knowable
 (any code may have), so a process forked from one that had imported obstore is taken as one that did;
@@ -29,7 +33,6 @@ payload back through a pipe in order; it exits when its pipe closes.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import os
 import pickle
@@ -175,9 +178,9 @@ class PayloadReader:
         self.settings = settings
         self.pid = os.getpid()
         self.budget = ByteBudget(settings.max_bytes)
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._in_flight: asyncio.Semaphore | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # local files
+        self._objects: concurrent.futures.ThreadPoolExecutor | None = None  # objects: max_in_flight threads
+        self._active = 0  # object requests asked for and not ended (at 0, the spare node slots are given back)
         self._helper: _Helper | None = None
         self._lock = threading.Lock()
 
@@ -188,8 +191,9 @@ class PayloadReader:
             raise RuntimeError("a PayloadReader serves the process that made it")  # the caller makes one per pid
         tickets = self.budget.tickets(len(targets))
         helper = self._helper_if_forked() if any(isinstance(t, ObjectTarget) for t in targets) else None
-        pending: list[concurrent.futures.Future[Result] | PayloadError | None] = []
+        pending: list[concurrent.futures.Future[Result] | PayloadError | None] = []  # None: the helper's next
         remote: list[ObjectTarget] = []
+        stores: dict[str, Any] = {}  # each directory's client, looked up once a batch
         for target, ticket in zip(targets, tickets):
             if isinstance(target, PayloadError):
                 self.budget.skip(ticket)
@@ -201,8 +205,12 @@ class PayloadReader:
                 remote.append(target)
                 pending.append(None)
             else:
-                coro = self._get(target, ticket)
-                pending.append(asyncio.run_coroutine_threadsafe(coro, self._loop_of()))
+                store = stores.get(target.directory)
+                if store is None:
+                    store = stores[target.directory] = self._store_of(target.directory)
+                with self._lock:
+                    self._active += 1
+                pending.append(self._objects_of().submit(self._get, target, ticket, store))
         from_helper = helper.read(remote) if helper is not None else iter(())
         k = 0
         try:
@@ -213,6 +221,11 @@ class PayloadReader:
                     yield next(from_helper)
                 else:
                     data, reserved = item.result()
+                    if not isinstance(data, (bytes, PayloadError)):
+                        # The one copy, from the client's buffer into the bytes handed out, made here: in the
+                        # thread that takes the payloads, the memory of those it freed is reused, where a
+                        # copy in each of the pool's threads takes fresh pages (zeroed by the kernel).
+                        data = data.to_bytes()
                     self.budget.release(reserved)  # handed out: the caller's now
                     yield data
             k = len(pending)
@@ -234,14 +247,21 @@ class PayloadReader:
                 self._pool = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="rank_dataset-payloads")
             return self._pool
 
-    def _loop_of(self) -> asyncio.AbstractEventLoop:
+    def _objects_of(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                self._in_flight = asyncio.Semaphore(self.settings.max_in_flight)
-                threading.Thread(target=loop.run_forever, name="rank_dataset-payloads-loop", daemon=True).start()
-                self._loop = loop
-            return self._loop
+            if self._objects is None:
+                self._objects = concurrent.futures.ThreadPoolExecutor(
+                    self.settings.max_in_flight, thread_name_prefix="rank_dataset-payloads-get"
+                )
+            return self._objects
+
+    def _store_of(self, directory: str) -> Any:
+        """The client of ``directory``, or the reason there is none (each of its objects fails with it)."""
+        settings = self.settings
+        try:
+            return _stores.object_store(directory, settings.storage_options, settings.timeout)
+        except Exception as exc:
+            return exc
 
     # -- local files ------------------------------------------------------------------------------
 
@@ -276,38 +296,39 @@ class PayloadReader:
 
     # -- objects ----------------------------------------------------------------------------------
 
-    async def _get(self, target: ObjectTarget, ticket: int) -> Result:
-        """The object's bytes or its error (never raises: a cancelled read gives back what it reserved)."""
-        settings = self.settings
-        deadline = time.monotonic() + settings.timeout
+    def _get(self, target: ObjectTarget, ticket: int, store: Any) -> Result:
+        """The object's bytes or its error (never raises), in a thread of the objects' pool."""
+        try:
+            return self._get_one(target, ticket, store)
+        finally:
+            with self._lock:
+                self._active -= 1
+                if not self._active:  # the last request of the batch (or batches) ended: spare slots go back
+                    node_slots(self.settings.slots_dir, self.settings.node_max_in_flight).trim()
+
+    def _get_one(self, target: ObjectTarget, ticket: int, store: Any) -> Result:
         reserved = [0, ticket]  # bytes reserved, and the ticket while it has not reserved (-1 after)
         try:
-            assert self._in_flight is not None
-            async with self._in_flight:
-                return await asyncio.wait_for(self._get_body(target, reserved, deadline), settings.timeout)
-        except asyncio.TimeoutError:
-            error = PayloadError(target.url, f"no answer within timeout={settings.timeout:g} s (retried)")
-        except BaseException as exc:  # an error of obstore's, or a cancelled read
-            error = _object_error(target.url, exc, settings.timeout)
+            if isinstance(store, Exception):
+                raise store
+            return self._get_body(target, store, reserved, time.monotonic() + self.settings.timeout)
+        except Exception as exc:  # an error of obstore's
+            error = _object_error(target.url, exc, self.settings.timeout)
         finally:
             if reserved[1] >= 0:
-                self.budget.skip(ticket)
+                self.budget.skip(reserved[1])
         return error, reserved[0]
 
-    async def _get_body(self, target: ObjectTarget, reserved: list[int], deadline: float) -> Result:
+    def _get_body(self, target: ObjectTarget, store: Any, reserved: list[int], deadline: float) -> Result:
         import obstore
 
         settings = self.settings
-        store = _stores.object_store(target.directory, settings.storage_options, settings.timeout)
         slots = node_slots(settings.slots_dir, settings.node_max_in_flight)
         attempt = 0
         while True:
-            slot = slots.try_acquire()
-            wait = 0.001
-            while slot is None:  # the node's requests are all in flight: wait for one to end
-                await asyncio.sleep(wait)
-                wait = min(wait * 2, 0.05)
-                slot = slots.try_acquire()
+            slot = slots.acquire(deadline)
+            if slot is None:
+                raise PayloadError(target.url, _slots_timeout(settings))
             response: Any = None
             body: Any = None
             broke: BaseException | None = None
@@ -315,7 +336,7 @@ class PayloadReader:
             try:
                 COUNTS["objects"] += 1
                 try:  # 5xx, timeouts and connections dropped before the reply: retried by the client itself
-                    response = await obstore.get_async(store, target.name)
+                    response = obstore.get(store, target.name)
                 except Exception as exc:
                     if _permanent(exc):
                         raise
@@ -324,19 +345,20 @@ class PayloadReader:
                     start, stop = response.range
                     size = stop - start
                     if reserved[1] >= 0:
-                        await self._reserve(reserved, size, deadline, target)
+                        if not self.budget.reserve(reserved[1], size, deadline):
+                            reserved[1] = -1  # skipped by reserve
+                            raise PayloadError(target.url, _budget_timeout(settings))
+                        reserved[0], reserved[1] = size, -1
                     elif size > reserved[0]:
                         raise PayloadError(target.url, f"its size changed to {size:,} bytes between two asks")
                     try:
-                        body = await response.bytes_async()
+                        body = response.bytes()
                     except Exception as exc:  # the body broke off: asked again below
                         broke = exc
             finally:
-                slots.release(slot)
+                slots.release(slot, keep=True)
             if body is not None and len(body) == size:
-                data = body.to_bytes()  # the one copy: from the client's buffer into the bytes handed out
-                del body
-                return data, reserved[0]
+                return body, reserved[0]  # copied into bytes as it is handed out
             attempt += 1
             pause = min(_BACKOFF[0] * 2**attempt, _BACKOFF[1]) * random.uniform(0.5, 1.0)
             if time.monotonic() + pause >= deadline:
@@ -346,17 +368,7 @@ class PayloadReader:
                 why = short or _stores.status_of(broke or RuntimeError("no reply"))
                 raise PayloadError(target.url, f"{why}, asked {attempt} times within timeout={settings.timeout:g} s")
             COUNTS["again"] += 1
-            await asyncio.sleep(pause)
-
-    async def _reserve(self, reserved: list[int], size: int, deadline: float, target: ObjectTarget) -> None:
-        ticket = reserved[1]
-        wait = 0.0005
-        while not self.budget.try_reserve(ticket, size):
-            if time.monotonic() > deadline:
-                raise PayloadError(target.url, _budget_timeout(self.settings))
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, 0.01)
-        reserved[0], reserved[1] = size, -1
+            time.sleep(pause)
 
     # -- a process forked from one that ran obstore ------------------------------------------------
 
@@ -368,16 +380,15 @@ class PayloadReader:
         return self._helper
 
     def close(self) -> None:
-        """End the pool, the loop and the helper of this process (each ends with it anyway)."""
+        """End the pools and the helper of this process (each ends with it anyway)."""
         if os.getpid() != self.pid:
             return
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        for pool in (self._pool, self._objects):
+            if pool is not None:
+                pool.shutdown(wait=False)
         if self._helper is not None:
             self._helper.close()
-        self._pool = self._loop = self._helper = None
+        self._pool = self._objects = self._helper = None
 
 
 # Whether this process was forked from one that had imported obstore: that one may have run its runtime
@@ -397,6 +408,13 @@ os.register_at_fork(after_in_child=_after_fork)
 def _read_all(fd: int, size: int) -> bytes:
     """A file of 2 GiB or more (one ``pread`` reads less), in pieces."""
     return b"".join(os.pread(fd, min(1 << 30, size - at), at) for at in range(0, size, 1 << 30))
+
+
+def _slots_timeout(settings: ReadSettings) -> str:
+    return (
+        f"no free request slot of the node's node_max_in_flight={settings.node_max_in_flight} within "
+        f"timeout={settings.timeout:g} s"
+    )
 
 
 def _budget_timeout(settings: ReadSettings) -> str:
@@ -429,8 +447,6 @@ def _permanent(exc: BaseException) -> bool:
 def _object_error(url: str, exc: BaseException, timeout: float) -> PayloadError:
     if isinstance(exc, PayloadError):
         return exc
-    if isinstance(exc, asyncio.CancelledError):
-        return PayloadError(url, "the read was cancelled")
     status = _stores.status_of(exc)
     if isinstance(exc, FileNotFoundError):
         return PayloadError(url, f"no such object ({status})")
