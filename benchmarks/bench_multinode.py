@@ -12,15 +12,16 @@ on each host's link (its veth's counters) and the store's processes' CPU.
 
 The model (fitted by least squares with non-negative coefficients, over every job):
 
-    T_first = a + b * CPU / cores + c * bytes on the busiest link / link rate + d * store requests
+    T_first = a + b * CPU / cores + c * bytes on the busiest link / link rate + d * the busiest rank's requests
 
 CPU is every process's CPU up to the first batch (ranks, agents, store) on the bed's ``cores``: 2 cores shared by
 every host (and by whatever else runs on the machine), so the bed's times are mostly CPU contention. On a cluster
 every process has cores of its own, and the CPU term is the critical path instead: the busiest host's agent and
 slowest rank. Each process's CPU is modelled per reader as ``e + N * (p + q / W) + r * N * [builds the index]``
 (fitted by least squares on the ranks of every job, at two N), and each job's bytes and requests by the readers'
-mechanisms (the object once a build in GETs of 32 MiB for the collective reader; for the file reader an index
-stream a host and each rank's lines in coalesced GETs), checked against the bed's counts.
+mechanisms (:func:`traffic`: for the collective reader each rank's slice in GETs of 32 MiB, twice in a cold start;
+for the file reader an index stream a host and each rank's lines a window at a time), checked against the bed's
+counts. :func:`predict` puts them together for 64 nodes x 8 ranks at N = 1B from S3.
 
 Usage (as root, from the repository's root; one bed at a time, never beside the bed's tests):
     python benchmarks/bench_multinode.py                                  # 2x2, 4x2, 8x1 at 2M lines, 2x2 at 500k
