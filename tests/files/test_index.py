@@ -109,12 +109,23 @@ def test_unwritable_cache_location_falls_back(write_meta, tmp_path: Path, monkey
 
 def test_concurrent_builders_all_succeed(write_meta, tmp_path: Path) -> None:
     p = write_meta(n=200_000)
-    code = "import sys; from rank_dataset import MetaFile; m = MetaFile(sys.argv[1]); print(len(m), m[len(m) - 1])"
+    code = (
+        "import logging, sys; from rank_dataset import MetaFile; "
+        "logging.basicConfig(level=logging.INFO, format='%(name)s %(message)s'); "
+        "m = MetaFile(sys.argv[1]); print(len(m), m[len(m) - 1])"
+    )
     env = {**os.environ, CACHE_DIR_ENV: str(tmp_path / "cache")}
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(p)], stdout=subprocess.PIPE, env=env) for _ in range(4)]
-    outs = [proc.communicate(timeout=120)[0] for proc in procs]
-    assert [proc.returncode for proc in procs] == [0] * 4
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(p)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        for _ in range(4)
+    ]
+    done = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * 4, [err for _, err in done]
+    outs = [out for out, _ in done]
     assert len(set(outs)) == 1 and outs[0].split()[0] == b"200000"
+    # One of the four built it (each build is a record of the logger rank_dataset.index); the others loaded it.
+    builds = [line for _, err in done for line in err.decode().splitlines() if line.startswith("rank_dataset.index ")]
+    assert len(builds) == 1 and f"built the index of {p.resolve()} (200000 lines) into" in builds[0], builds
     assert not list((tmp_path / "cache").glob("*.tmp"))
     assert len(list((tmp_path / "cache").iterdir())) == 1
     assert len(MetaFile(p)) == 200_000
@@ -624,6 +635,21 @@ def test_entries_hold_start_and_length_in_8_bytes(size: int) -> None:
     assert got_starts.tolist() == starts.tolist() and got_lengths.tolist() == lengths.tolist()
     assert (size < 1 << 32) == (len(part.longs) == 0)
     assert index_mod.length_bits(size) + size.bit_length() == 64
+
+
+def test_each_build_is_one_record_of_the_index_logger(
+    write_meta, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    p = write_meta(LINES)
+    with caplog.at_level(logging.INFO, logger="rank_dataset.index"):
+        MetaFile(p)
+        MetaFile(p)  # from the cache: no build
+        cache = cache_mod.cache_paths(p.resolve())[0]
+        assert [r.args for r in caplog.records if r.name == "rank_dataset.index"] == [(p.resolve(), len(LINES), cache)]
+        cache.unlink()
+        cache.mkdir()  # no cache can be written: built in memory, and said so
+        MetaFile(p)
+    assert [r.args for r in caplog.records if r.name == "rank_dataset.index"][1:] == [(p.resolve(), len(LINES), None)]
 
 
 def test_a_cache_path_that_is_a_directory_means_an_index_in_memory(write_meta, tmp_path: Path) -> None:

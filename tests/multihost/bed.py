@@ -2,7 +2,8 @@
 (10.x addresses, links shaped by ``tbf``) with a mount and UTS namespace of its own (its own tmpfs
 ``/dev/shm`` and ``/tmp``, its own user cache directory, its own host name), a shared directory that every
 host sees at the same path (read-only, as a job sees a data set; a ``scratch`` directory in it writable) and
-a store host running SeaweedFS behind a counting, fault-injecting proxy (:mod:`multihost.proxy`).
+a store host running SeaweedFS behind a counting, fault-injecting proxy (:mod:`multihost.proxy`) and, where
+latency matters, a delay line in front of that (:mod:`multihost.delay`: ``netem`` is not in every kernel).
 
 Everything the bed makes is named with a tag ``rdb<pid>n<count>`` (netns ``<tag>-h0``, links ``<tag>b``,
 ``<tag>v0``; the directory ``<root>/<tag>-*``): :meth:`Bed.close` removes it, and every bed first sweeps what
@@ -45,7 +46,7 @@ PREFIX = "rdb"
 _TAG = re.compile(rf"^{PREFIX}(\d+)n\d+")
 _count = itertools.count()
 
-S3_PORT, PROXY_PORT, RDZV_PORT = 8333, 9000, 29400
+S3_PORT, PROXY_PORT, DELAY_PORT, RDZV_PORT = 8333, 9000, 9001, 29400
 ACCESS_KEY, SECRET_KEY, REGION, BUCKET = "rankdataset", "rankdataset-secret", "us-east-1", "meta"
 
 
@@ -231,14 +232,27 @@ class Bed:
         rate: each host link's rate in each direction (``tc`` tbf's syntax), None for none.
         store: start the store host (SeaweedFS behind the proxy).
         root: where the bed's directory goes (default :func:`default_root`).
+        store_delay_ms: with the store, the hosts reach it through a delay line on the store host that passes
+            each byte on this many milliseconds after it came, each way (a request's round trip gains twice
+            it); 0 for none.
 
     Raises:
         Unavailable: this machine cannot make a bed (see :func:`check_available`).
     """
 
-    def __init__(self, hosts: int, *, rate: str | None = "1gbit", store: bool = True, root: Path | None = None):
+    def __init__(
+        self,
+        hosts: int,
+        *,
+        rate: str | None = "1gbit",
+        store: bool = True,
+        root: Path | None = None,
+        store_delay_ms: float = 0,
+    ):
         if hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {hosts}")
+        if not store_delay_ms >= 0:
+            raise ValueError(f"store_delay_ms must be 0 or more milliseconds, got {store_delay_ms}")
         check_available()
         self.tag = f"{PREFIX}{os.getpid()}n{next(_count)}"
         base = root or default_root()
@@ -248,12 +262,15 @@ class Bed:
         self._netns: list[str] = []
         self._links: list[str] = []
         self._procs: list[subprocess.Popen[str]] = []
+        #: The store host's processes (SeaweedFS, the proxy, the delay line if any): for their CPU.
+        self.store_procs: list[subprocess.Popen[str]] = []
         self.dir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir=base))
         self.shared = self.dir / "shared"
         self.scratch = self.shared / "scratch"
         self.scratch.mkdir(parents=True)
         self.net = _free_subnet()
         self.rate = rate
+        self.store_delay_ms = store_delay_ms
         try:
             self._make(hosts, store)
         except subprocess.CalledProcessError as exc:  # the kernel refused a link, a qdisc or a namespace
@@ -356,7 +373,7 @@ class Bed:
             "PYTHONDONTWRITEBYTECODE": "1",
             "GLOO_SOCKET_IFNAME": "eth0",
             "OMP_NUM_THREADS": "1",
-            "AWS_ENDPOINT_URL": f"http://{self.net}.200:{PROXY_PORT}",
+            "AWS_ENDPOINT_URL": f"http://{self.net}.200:{DELAY_PORT if self.store_delay_ms else PROXY_PORT}",
             "AWS_ACCESS_KEY_ID": ACCESS_KEY,
             "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
             "AWS_REGION": REGION,
@@ -366,6 +383,10 @@ class Bed:
             if name_ in os.environ:
                 env[name_] = os.environ[name_]
         return Host(name, ip, hdir, holder, env)
+
+    def _store_proc(self, proc: subprocess.Popen[str]) -> None:
+        self.store_procs.append(proc)
+        self._procs.append(proc)
 
     def _start_store(self) -> None:
         host = self.store_host
@@ -393,12 +414,15 @@ class Bed:
             "-s3.port.iceberg=0", "-s3.port.lance=0",
         ]  # fmt: skip
         log = open(host.dir / "weed.log", "w")  # noqa: SIM115 - the process keeps it
-        self._procs.append(host.popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=host.dir / "work"))
+        self._store_proc(host.popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=host.dir / "work"))
         log.close()
         proxy = [sys.executable, str(HERE / "proxy.py"), f"{host.ip}:{PROXY_PORT}", f"127.0.0.1:{S3_PORT}"]
         plog = open(host.dir / "proxy.log", "w")  # noqa: SIM115 - the process keeps it
-        self._procs.append(host.popen(proxy, stdout=plog, stderr=subprocess.STDOUT))
+        self._store_proc(host.popen(proxy, stdout=plog, stderr=subprocess.STDOUT))
         plog.close()
+        if self.store_delay_ms:
+            delay = [sys.executable, str(HERE / "delay.py"), f"{host.ip}:{DELAY_PORT}", f"{host.ip}:{PROXY_PORT}"]
+            self._store_proc(host.popen([*delay, str(self.store_delay_ms)], stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + 90
         while True:
             done = host.run(
@@ -419,8 +443,13 @@ class Bed:
 
     @property
     def proxy_url(self) -> str:
-        """The store's address for clients (the proxy in front of SeaweedFS)."""
+        """The counting proxy's address (in front of SeaweedFS), without the delay line."""
         return f"http://{self.net}.200:{PROXY_PORT}"
+
+    @property
+    def store_url(self) -> str:
+        """The store's address for the hosts' clients (``AWS_ENDPOINT_URL``): through the delay line if any."""
+        return f"http://{self.net}.200:{DELAY_PORT if self.store_delay_ms else PROXY_PORT}"
 
     def proxy_call(self, what: str, **params: object) -> dict[str, Any]:
         """The proxy's control: ``stats`` (requests and body bytes by method), ``reset``, ``fail`` (``every``)."""
@@ -541,6 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=2, help="hosts that run ranks (default 2)")
     parser.add_argument("--ranks", type=int, default=2, help="ranks a host (default 2)")
     parser.add_argument("--up", action="store_true", help="make a bed, print how to enter its hosts, wait for Ctrl-C")
+    parser.add_argument("--store-delay-ms", type=float, default=0, help="with --up: the store's delay line, each way")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (e.g. -k shards)")
     opts = parser.parse_args(argv)
     try:
@@ -552,8 +582,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = {**os.environ, "RANK_DATASET_BED": f"{opts.hosts}x{opts.ranks}"}
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE), *opts.pytest_args]
         return subprocess.run(cmd, env=env, cwd=REPO).returncode
-    with Bed(opts.hosts) as bed:
-        print(f"bed {bed.tag}: shared directory {bed.shared}, store {bed.proxy_url} (bucket {BUCKET})")
+    with Bed(opts.hosts, store_delay_ms=opts.store_delay_ms) as bed:
+        print(f"bed {bed.tag}: shared directory {bed.shared}, store {bed.store_url} (bucket {BUCKET})")
         for host in [*bed.hosts, *([bed.store_host] if bed.store_host else [])]:
             print(f"  {host.name} {host.ip}: nsenter -t {host.holder.pid} -m -n -u -- bash")
         print("Ctrl-C removes it")

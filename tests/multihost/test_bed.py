@@ -62,10 +62,12 @@ def expected(meta: Path, size: Size, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def server(bed: Bed, meta: Path) -> Iterator[str]:
-    """The meta server of the shared file, on the first host, for every host's ranks."""
+    """The meta server of the shared file, on the first host, for every host's ranks (its index cached in a
+    directory of its own, as a server's on a machine of its own: the host's cache directory is its ranks')."""
     host = bed.hosts[0]
     cmd = [sys.executable, "-m", "rank_dataset", "serve", str(meta), "--host", "0.0.0.0", "--port", str(SERVER_PORT)]
-    proc = host.popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {"RANK_DATASET_CACHE_DIR": str(host.dir / "server-cache")}
+    proc = host.popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://{host.ip}:{SERVER_PORT}"
     deadline = time.monotonic() + 60
     while True:
@@ -115,6 +117,13 @@ def test_every_reader_across_hosts_gives_the_shards_of_one_process(
         assert len(caches) == 2, (host.name, caches)
         assert [c.startswith("rank-dataset/objects/") for c in caches].count(True) == 1, caches
     assert not [p for p in bed.shared.rglob("*") if ".rdidx" in p.name], list(bed.shared.rglob("*"))
+    # Counted, not inferred from the files left (a second build replaces the first's file): the library records
+    # each build (logger `rank_dataset.index`), and each host's ranks made one of each file, into its cache.
+    url = f"s3://meta/{meta.name}"
+    for host in bed.hosts:
+        made = [b for r in results if r["host"] == host.name for b in r["builds"]]
+        assert sorted(b["source"] for b in made) == sorted([str(meta), url]), (host.name, made)
+        assert all(b["cache"] and Path(b["cache"]).is_relative_to(host.cache_dir) for b in made), (host.name, made)
     # The collective reader reads the file once per build for the whole job: at the shared directory (the
     # bytes every rank's process read in epoch 1's set_epoch) and at the store (GET bytes through the proxy).
     file_size = meta.stat().st_size
@@ -164,6 +173,8 @@ def test_a_bucket_failing_one_request_in_five_changes_no_shard(
         assert result["object-file"] == expected[rank], rank
         assert result["object-collective"] == expected[rank], rank
     assert len(list(cache.glob("*.rdidx"))) == 1, list(cache.iterdir())
+    made = [b for r in results for b in r["builds"]]  # one builder for the whole job, through the failures
+    assert [(b["source"], Path(str(b["cache"])).parent) for b in made] == [(url, cache)], made
     assert {h.name: sorted(h.cache_dir.rglob("*.rdidx")) for h in bed.hosts} == before
 
 

@@ -6,7 +6,8 @@ Modes:
   ``collective`` of the shared directory's ``META``, ``server`` of the meta server at ``SERVER``,
   ``object-file`` and ``object-collective`` of the object ``URL``), the digest of this rank's samples at
   epochs 0 and 1; for the collective readers, the bytes this rank read (``read_chars``) and, on rank 0, the
-  store's counts (the bed's proxy) in epoch 1's ``set_epoch`` alone.
+  store's counts (the bed's proxy) in epoch 1's ``set_epoch`` alone; ``builds``: the index builds this
+  rank made (each a record of the library's logger ``rank_dataset.index``: the meta file and the cache).
 - ``train OUT LAYOUT META STATE VICTIM KILL_AT LAST``: training by steps (``LAYOUT`` ``steps``:
   :class:`StepSampler`, global batch :data:`BATCH`, to step ``LAST``) or through epoch 0's first mini-epoch
   (``epoch``: :class:`ResumableSampler`, :data:`EPOCH_BATCH` a rank a step), from the state saved at ``STATE``
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -74,10 +76,26 @@ def _make(reader: str, meta: str, url: str, server: str) -> Any:
     raise ValueError(f"unknown reader {reader!r}")
 
 
+class Builds(logging.Handler):
+    """The index builds of this process, as the library records them (one INFO record a build)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seen: list[dict[str, str | None]] = []
+        index_log = logging.getLogger("rank_dataset.index")
+        index_log.setLevel(logging.INFO)
+        index_log.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        source, _lines, cache = record.args  # type: ignore[misc]
+        self.seen.append({"source": str(source), "cache": None if cache is None else str(cache)})
+
+
 def shards(out: str, readers: str, meta: str, url: str, server: str) -> None:
+    builds = Builds()
     dist.init_process_group("gloo")
     me = psutil.Process()
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"builds": builds.seen}
     for reader in readers.split(","):
         ds = _make(reader, meta, url, server)
         digests = []

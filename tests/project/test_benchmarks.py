@@ -267,3 +267,15 @@ def test_bench_payloads_smoke(tmp_path: Path) -> None:
     assert "litdata's StreamingRawDataset was not measured" in text  # not a dependency: no --litdata-path
     assert (tmp_path / "payloads.png").stat().st_size > 0
     assert not (tmp_path / "data").exists()  # the payloads are removed
+
+
+def test_bench_multinode_page_from_its_figures(tmp_path: Path) -> None:
+    # The bed's run needs root and the machine to itself: here its model and page, from the committed figures.
+    figures = ROOT / "benchmarks" / "results" / "multinode.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_multinode.py"), "--from-json", str(figures)]
+    out = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = (tmp_path / "multinode.md").read_text()
+    for expected in ("| object-collective | 8 x 1 | 2,000,000 |", "T_first = ", "| object-file | 100gbit |"):
+        assert expected in text, expected
+    assert (tmp_path / "multinode.png").stat().st_size > 0

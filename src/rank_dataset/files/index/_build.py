@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -36,6 +37,9 @@ from rank_dataset.files.io.pread import ShortRead
 # known until its index is made): starts up to 1 TiB, lengths up to 8 MiB (longer ones in the table).
 _COMPRESSED_BOUND = 1 << 40
 _IntArray = npt.NDArray[np.int64]
+#: One INFO record a build of an index (``args``: the meta file, its lines, the cache file or None for one in
+#: memory): what a node spent its start on, and what the multi-host bed counts builds by.
+logger = logging.getLogger("rank_dataset.index")
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,7 @@ def write_cache(cache: Path, path: Path, fd: Any, key: SourceKey, ends_hash: byt
         f.write(built.header(key, ends_hash).pack())
         f.flush()
         os.replace(tmp, cache)
+        logger.info("built the index of %s (%d lines) into %s", path, built.count, cache)
     except BaseException as exc:
         syncer.close()
         with contextlib.suppress(OSError):
@@ -215,6 +220,7 @@ def index_in_memory(path: Path, fd: Any, key: SourceKey, ends_hash: bytes) -> In
     parts: list[npt.NDArray[np.uint64]] = []
     built = _scan_file(path, fd, key, parts.append)
     entries = np.concatenate(parts) if parts else np.empty(0, "<u8")
+    logger.info("built the index of %s (%d lines) into %s", path, built.count, None)
     return built.index(key, ends_hash, None, Table(entries, built.longs, built.marks, built.extra))
 
 
