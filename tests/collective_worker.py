@@ -7,6 +7,7 @@ of about 1 KiB; with ``+spacing``, compressed files' checkpoints every 64 KiB of
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import hashlib
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from rank_dataset import MetaFile, RandomSampler, RankDataset, Source, class_balanced
+from rank_dataset.core import shm
 from rank_dataset.core.shard import Shard
 from rank_dataset.shards.collective import _rounds
 from tests_helpers import write_rank_result
@@ -239,6 +241,39 @@ def objects(d: Path, result: dict[str, Any]) -> None:
     ds.close()
 
 
+def segments(d: Path, result: dict[str, Any]) -> None:
+    """The exchange's shared segments this process maps (``/proc/self/maps``) and has open
+    (``/proc/self/fd``) while a dataset lives, after its close, and after a second dataset's close; and
+    the bytes its builds received over gloo and copied from its host's ranks."""
+
+    def held() -> dict[str, int]:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        fds = []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+                fds.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return {  # segments by their inode (a segment is one mapping, or a few where split)
+            "mapped": len({line.split()[4] for line in maps if "rank_dataset_exchange" in line}),
+            "open": sum("rank_dataset_exchange" in f for f in fds),
+        }
+
+    ds = RankDataset(d / "a.txt", reader="collective", reload_cfg={"seed": 1})
+    result["making"] = held()
+    ds.set_epoch(1)
+    result["stats"] = dict(ds.reader.stats)
+    result["built"] = held()
+    ds.close()
+    gc.collect()
+    result["closed"] = held()
+    again = RankDataset(d / "a.txt", reader="collective", reload_cfg={"seed": 2})
+    again.close()
+    del again
+    gc.collect()
+    result["closed_again"] = held()
+    result["shard"] = int(ds.shard.nbytes)
+    result["lines"] = int(ds.shard.bounds[-1])
+
+
 def write_rank_result_plain(d: Path, rank: int, result: dict[str, Any]) -> None:
     """Write this rank's result without a collective (the group may be broken)."""
     import json
@@ -247,6 +282,10 @@ def write_rank_result_plain(d: Path, rank: int, result: dict[str, Any]) -> None:
 
 
 def main(mode: str, d: str) -> None:
+    if mode.endswith("+hosts2"):
+        # Ranks 2h and 2h + 1 stand for host h: each pair shares memory, pairs exchange through gloo.
+        os.environ[shm.HOST_ENV] = f"host{int(os.environ['RANK']) // 2}"
+        mode = mode.removesuffix("+hosts2")
     if mode.endswith("+spacing"):
         # Checkpoints of compressed files every 64 KiB of text (4 MiB otherwise): the test files'
         # indexes (made here, by rank 0) hold several, and the slices start at them.
@@ -272,6 +311,7 @@ def main(mode: str, d: str) -> None:
         "workers": workers,
         "io": io,
         "objects": objects,
+        "segments": segments,
     }
     modes[mode](Path(d), result)
     write_rank_result(str(Path(d) / "result"), result)

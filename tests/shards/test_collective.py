@@ -272,3 +272,35 @@ def test_ranks_that_disagree_meet_the_agreement_check_first(tmp_path: Path) -> N
     errors = fault_run("disagree", 3, tmp_path)
     assert len(set(errors)) == 1, errors
     assert errors[0].startswith("RanksDisagreeError: ranks disagree on seed: 0 on ranks [0], 1 on ranks [1]"), errors
+
+
+@pytest.mark.parametrize(("w", "mode"), [(4, "identity+hosts2"), (4, "identity+rounds+hosts2")])
+def test_shards_across_two_hosts_are_the_file_readers_byte_for_byte(tmp_path: Path, w: int, mode: str) -> None:
+    # 2 hosts x 2 ranks (RANK_DATASET_TEST_HOST): each pair shares memory, the pairs exchange over gloo.
+    write_texts(tmp_path)
+    for res in run(mode, w, tmp_path):
+        for case in ["plain", "mini_epochs", "eval", "files", "mix_schedule", "mix_eval", "subsets", "class_balanced"]:
+            assert res[case] is True, (res["rank"], case)
+        for case in ["aug_repeats", "exclude", "mix_exclude"]:
+            assert res[case] is True, (res["rank"], case)
+
+
+@pytest.mark.parametrize(("w", "mode", "per_host"), [(8, "segments", 8), (4, "segments+hosts2", 2)])
+def test_the_ranks_of_a_host_map_each_others_memory_and_free_it_at_close(
+    tmp_path: Path, w: int, mode: str, per_host: int
+) -> None:
+    # While a dataset lives each rank maps the segment of every rank of its host (Python's mmap keeps
+    # a descriptor of each mapping: the segments have no name anywhere, and the kernel frees them with
+    # the last mapping, even after a SIGKILL); its close unmaps them. On one host no line crosses gloo
+    # (only a status byte a rank and round); on two, about half of them do.
+    write_texts(tmp_path, 20_000)
+    results = run(mode, w, tmp_path)
+    for res in results:
+        assert res["making"] == res["built"] == {"mapped": per_host, "open": per_host}, res
+        assert res["closed"] == res["closed_again"] == {"mapped": 0, "open": 0}, res
+        stats, lines = res["stats"], res["lines"]
+        if per_host == w:
+            assert stats["shared"] == lines and stats["sent"] == stats["received"] < 100 * w, stats
+        else:
+            assert 0.3 * lines < stats["shared"] < 0.7 * lines, stats
+            assert lines - stats["shared"] < stats["received"] < 1.5 * (lines - stats["shared"]), stats

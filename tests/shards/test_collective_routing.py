@@ -18,6 +18,13 @@ from tests_helpers import BLOCK_TORCH
 
 Ints = npt.NDArray[np.int64]
 
+
+def line_offsets(lengths: Ints, splits: Ints, head: int) -> Ints:
+    """Where each line of ``lengths`` is in what one rank sends the others in a round (the layout the
+    native ``pack_requests`` and ``place_lines`` keep): the part for rank ``r`` (``splits[r]`` lines) is
+    ``head`` bytes of status, then its lines back to back."""
+    return routing.exclusive(lengths) + head * np.repeat(np.arange(1, splits.size + 1, dtype=np.int64), splits)
+
 WORLDS = [1, 2, 3, 4, 7, 16]
 SEEDS = range(6)
 
@@ -78,7 +85,7 @@ def test_split_sums_and_line_offsets_lay_out_what_a_rank_sends(seed: int, w: int
     for head in (0, 1, 3):
         sizes = sums + head
         heads = routing.exclusive(sizes)
-        at = routing.line_offsets(lengths, splits, head)
+        at = line_offsets(lengths, splits, head)
         # Each rank's part: its head, then its lines back to back; every byte once.
         owner = np.repeat(np.arange(w), splits)
         assert (at >= heads[owner] + head).all()
@@ -233,32 +240,6 @@ def test_every_requested_sample_goes_to_exactly_its_owner_in_its_round(seed: int
         assert (owner[idx] == np.repeat(np.arange(w), counts[:, k])).all()
         seen.append(idx)
     assert np.sort(np.concatenate([np.zeros(0, np.int32), *seen])).tolist() == list(range(items.size))
-    if inverse is not None:
-        by_round, round_cuts = routing.rows_by_round(order, counts, inverse)
-        assert round_cuts.tolist() == routing.offsets(np.bincount(round_[inverse], minlength=rounds)).tolist()
-        assert np.sort(by_round).tolist() == list(range(plan.size))  # every row once
-        for k in range(rounds):
-            rows = by_round[round_cuts[k] : round_cuts[k + 1]]
-            assert (round_[inverse[rows]] == k).all()
-            assert (np.diff(rows) > 0).all()  # in plan order within a round
-
-
-@pytest.mark.parametrize("rounds", [3, 300, 70_000])
-def test_rows_by_round_with_many_rounds(rounds: int) -> None:
-    # Rounds past 256 and past 65,536 (each item's round in 2 bytes, then in 8).
-    rng = np.random.default_rng(rounds)
-    w, per_round = 2, 1
-    held = np.array([rounds, rounds // 2], np.int64)
-    owned = routing.offsets(held)
-    plan = rng.integers(0, int(owned[-1]), 3000).astype(np.int64)
-    plan[-2:] = [rounds - 1, owned[-1] - 1]  # the last round of each owner
-    items, inverse = routing.distinct(plan)
-    key, local = route(items, owned, rounds, per_round)
-    counts, order = group(key, w * rounds)
-    by_round, round_cuts = routing.rows_by_round(order, counts.reshape(w, rounds), inverse)
-    row_round = (local // per_round)[inverse]
-    assert round_cuts.tolist() == routing.offsets(np.bincount(row_round, minlength=rounds)).tolist()
-    assert by_round.tolist() == np.argsort(row_round, kind="stable").tolist()
 
 
 def all_to_all(values: list[Ints], splits: list[Ints]) -> list[Ints]:
@@ -328,7 +309,7 @@ def test_a_simulated_exchange_gives_every_rank_its_plans_lines(seed: int, w: int
             send = np.full(int(sizes.sum()), 255, np.uint8)
             send[routing.exclusive(sizes)] = 0  # the status byte: OK
             data = np.frombuffer(slices[r], np.uint8)
-            for a, s_, n in zip(routing.line_offsets(ls, asked[r][:, k], head).tolist(), starts[r][rows], ls):
+            for a, s_, n in zip(line_offsets(ls, asked[r][:, k], head).tolist(), starts[r][rows], ls):
                 send[a : a + n] = data[s_ : s_ + n]
             sends.append(send)
             send_sizes.append(sizes)
@@ -340,7 +321,7 @@ def test_a_simulated_exchange_gives_every_rank_its_plans_lines(seed: int, w: int
             got = received[r]
             assert got.size == int(got_bytes.sum())
             assert (got[routing.exclusive(got_bytes)] == 0).all()  # every owner's status, read where it is
-            at = routing.line_offsets(ls, counts[r][:, k], head)
+            at = line_offsets(ls, counts[r][:, k], head)
             for i, a, n in zip(idx.tolist(), at.tolist(), ls.tolist()):
                 for row in rows_of[r][i]:
                     shards[r][bounds[r][row] : bounds[r][row] + n] = got[a : a + n]

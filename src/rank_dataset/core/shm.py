@@ -17,6 +17,8 @@ worker never keeps alive a segment its parent has released.
 A segment that is a named file is called ``rank_dataset_<pid>_<random>``, or
 ``rank_dataset_<tag>_<pid>_<random>`` when the environment sets ``RANK_DATASET_SHM_TAG``, so that a job
 (or a test session) can find the segments that its own processes left behind.
+
+:func:`host_key` tells which processes can map each other's segments (the ranks of one host).
 """
 
 from __future__ import annotations
@@ -24,16 +26,20 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import socket
 import tempfile
 import threading
 import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Handle", "Segment", "SegmentGone", "attach"]
+__all__ = ["HOST_ENV", "Handle", "Segment", "SegmentGone", "attach", "host_key"]
 
 _SHM_DIR = "/dev/shm"
 TAG_ENV = "RANK_DATASET_SHM_TAG"
+#: For tests only: a host name that replaces :func:`host_key`'s, so that the ranks of one machine stand
+#: for several hosts (those given different names exchange as ranks of different hosts do).
+HOST_ENV = "RANK_DATASET_TEST_HOST"
 #: Off in tests that exercise the named-file fallback.
 USE_MEMFD = hasattr(os, "memfd_create")
 
@@ -192,3 +198,23 @@ def _unlink(path: str, creator: int) -> None:
         return
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def host_key() -> str:
+    """The same string in processes that can map each other's segments, a different one elsewhere: the
+    host's name and boot, the user, and the network, mount and PID namespaces (processes of one machine
+    in different containers, or in the hosts of a test bed made of namespaces, are different hosts).
+    ``RANK_DATASET_TEST_HOST`` (:data:`HOST_ENV`), for tests only, replaces it."""
+    forced = os.environ.get(HOST_ENV)
+    if forced:
+        return f"test:{forced}"
+    parts = [socket.gethostname(), str(os.getuid()) if hasattr(os, "getuid") else "?"]
+    with contextlib.suppress(OSError):
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+    for ns in ("net", "mnt", "pid"):
+        try:
+            parts.append(f"{ns}:{os.stat(f'/proc/self/ns/{ns}').st_ino}")
+        except OSError:
+            parts.append(f"{ns}:?")
+    return "/".join(parts)

@@ -169,7 +169,9 @@ class CollectiveReader(SampledReader):
     def close(self) -> None:
         """Free the reader's gloo group (every rank should close; a closed reader cannot build). Where the
         reader made the group for itself (a timeout, or a group without gloo), its threads are joined
-        here; nothing of the reader's is in flight in it by then (see :meth:`pending`)."""
+        here; nothing of the reader's is in flight in it by then (see :meth:`pending`). Its shared
+        memory is unmapped here too (the kernel frees it once no rank of the host maps it)."""
+        self._exchange = None
         self._net.close()
 
     def __getstate__(self) -> dict[str, Any]:

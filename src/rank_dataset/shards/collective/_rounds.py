@@ -11,7 +11,7 @@ straight into its shard (:meth:`Exchange.build`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ from rank_dataset.shards._rows import RowsReading, RowsText
 from rank_dataset.shards._text import Reading
 from rank_dataset.shards.collective import _routing
 from rank_dataset.shards.collective._dist import Collectives
+from rank_dataset.shards.collective._local import Local, Table
 from rank_dataset.shards.collective._slices import Slices
 from rank_dataset.shards.collective._status import HEAD, OK, Failure, failure_of, raise_reported
 
@@ -37,33 +38,46 @@ _Ints = npt.NDArray[np.int64]
 
 
 class Exchange:
-    """How a rank's builds exchange lines with the other ranks of ``net``.
+    """How a rank's builds exchange lines with the other ranks of ``net``: through shared memory with the
+    ranks of its host (``_local``), over gloo with the others.
 
     Args:
         net: the reader's collectives.
         slices: the slices, as counted.
         starts: where each sample of this rank's slice starts (from the slice's start) and...
         lengths: ...its length, as the count found them.
+        hosts: each rank's host (None: found, see :func:`~rank_dataset.core.shm.host_key`).
     """
 
-    def __init__(self, net: Collectives, slices: Slices, starts: npt.NDArray[Any], lengths: npt.NDArray[Any]) -> None:
+    def __init__(
+        self,
+        net: Collectives,
+        slices: Slices,
+        starts: npt.NDArray[Any],
+        lengths: npt.NDArray[Any],
+        hosts: Sequence[Hashable] | None = None,
+    ) -> None:
         self.net, self.slices = net, slices
         # What this rank serves: where each sample of its slice starts and its length, 4 bytes each
         # where the slices are under 4 GiB. Lengths and requests travel in one dtype on every rank.
         self.len_dtype = offset_dtype(int(np.diff(slices.cuts).max()))
         self.req_dtype = offset_dtype(int(slices.held.max()))
-        self.starts, self.lengths = starts, lengths.astype(self.len_dtype, copy=False)
         # The exchange runs in rounds: in round k each owner reads and serves its samples
         # [k * per_round, (k + 1) * per_round), about ROUND bytes of lines.
         self.per_round, self.rounds = _routing.rounds_of(slices.held, slices.text_bytes, ROUND)
+        edges = np.concatenate(([0], starts[self.per_round :: self.per_round], [slices.slice_bytes]))
+        self.local = Local(net, starts, lengths.astype(self.len_dtype, copy=False), int(np.diff(edges).max()), hosts)
+        # The table lives in the shared segment (its host's ranks look lengths up there), not twice.
+        self.starts, self.lengths = self.local.mine.starts, self.local.mine.lengths
 
     def build(self, plan_of: Callable[[], _Ints], keep_ids: bool) -> tuple[Shard, dict[str, int]]:
         """The shard of the global sample numbers ``plan_of()`` gives (in their order; kept in it as its
-        ids where ``keep_ids``), and the bytes this rank sent and received. Every rank of the group
-        calls it together. (The plan is made here, so that it is freed as soon as it is routed.)"""
+        ids where ``keep_ids``), and the bytes this rank sent and received over gloo, and copied from its
+        host's ranks. Every rank of the group calls it together. (The plan is made here, so that it is
+        freed as soon as it is routed.)"""
         plan = plan_of()
         n, ids = plan.size, (plan if keep_ids else None)
-        net, w, rounds = self.net, self.net.world_size, self.rounds
+        net, w, rounds, local = self.net, self.net.world_size, self.rounds, self.local
         owned, per_round = self.slices.owned, self.per_round
         # Each sample's owner and round, the requests grouped by (owner, round) in one native pass (a
         # counting sort), which also finds whether the plan repeats a sample: then each is asked for once.
@@ -77,84 +91,125 @@ class Exchange:
         assert routed is not None
         flat_counts, order, request = routed
         del routed
-        # Requests: the number of each owner's samples asked for in each round, then the samples.
-        asked = net.all_to_all(flat_counts, np.full(w, rounds, np.int64), "the request sizes").reshape(w, rounds)
         counts = flat_counts.reshape(w, rounds)
-        ask, asks = counts.sum(axis=1), asked.sum(axis=1)
-        requests = net.all_to_all(request, ask, "the requests", out_splits=asks)
-        # Lengths (from what the count of lines found): the shard's offsets, before any line moves.
-        send_lengths = self.lengths[requests]
-        got_lengths = net.all_to_all(send_lengths, asks, "the line lengths", out_splits=ask)
-        sent = counts.nbytes + request.nbytes + send_lengths.nbytes
-        received = asked.nbytes + requests.nbytes + got_lengths.nbytes
-        del request
+        ask = counts.sum(axis=1)
+        # What goes over gloo: the requests to the owners this rank does not map (none on one host).
+        far_counts = counts * ~local.mask[:, None]
+        far_ask = far_counts.sum(axis=1)
+        if local.remote:
+            asked = net.all_to_all(far_counts.reshape(-1), np.full(w, rounds, np.int64), "the request sizes")
+            asked = asked.reshape(w, rounds)
+            asks = asked.sum(axis=1)
+            far_request = request[np.repeat(~local.mask, ask)]
+            requests = net.all_to_all(far_request, far_ask, "the requests", out_splits=asks)
+            del far_request
+            # Lengths (from what the count of lines found): the shard's offsets, before any line moves.
+            send_lengths = self.lengths[requests]
+            far_lengths = net.all_to_all(send_lengths, asks, "the line lengths", out_splits=far_ask)
+            sent = far_counts.nbytes + int(far_ask.sum()) * request.itemsize + send_lengths.nbytes
+            received = asked.nbytes + requests.nbytes + far_lengths.nbytes
+        else:
+            asked, asks = np.zeros((w, rounds), np.int64), np.zeros(w, np.int64)
+            requests, send_lengths = np.zeros(0, self.req_dtype), np.zeros(0, self.len_dtype)
+            far_lengths, sent, received = send_lengths, 0, 0
+        got_lengths = local.lengths_of(request, ask, far_lengths)
+        del far_lengths
         # What this rank sends each rank in each round, and the lengths it packs by: those it told them.
         send_sizes = _routing.split_sums(send_lengths.astype(np.int64), asked.reshape(-1)).reshape(w, rounds) + HEAD
         total = int(got_lengths.sum(dtype=np.int64))
         if inverse is None:  # item i is row i: the offsets straight from the lengths, in one pass
             writer = ShardWriter(n, total, ids=ids is not None)
             key_bytes = native.scatter_bounds(got_lengths, order, flat_counts, writer.bounds).reshape(w, rounds)
+            dest: npt.NDArray[Any] = order
         else:
+            # A repeated sample's line goes to its first row; the rows that repeat it are copied from
+            # there once every line is in.
             item_lengths = np.empty(got_lengths.size, self.len_dtype)
             item_lengths[order] = got_lengths
             key_bytes = _routing.split_sums(got_lengths.astype(np.int64), flat_counts).reshape(w, rounds)
             row_lengths = item_lengths[inverse]
+            del item_lengths
             writer = ShardWriter(n, int(row_lengths.sum(dtype=np.int64)), ids=ids is not None)
             writer.bounds[0] = 0
             np.cumsum(row_lengths, out=writer.bounds[1:], dtype=writer.bounds.dtype)
             del row_lengths
-            # The plan's rows by the round their line arrives in.
-            by_round, round_cuts = _routing.rows_by_round(order, counts, inverse)
-            item_at = np.empty(item_lengths.size, np.int64)  # where each item is in its round's lines
+            first = np.empty(got_lengths.size, np.int64)
+            first[inverse[::-1]] = np.arange(n - 1, -1, -1, dtype=np.int64)
+            dest = first[order]
+            source = first[inverse]  # the row each row's line is copied from: itself, or the first to hold it
+            del first
         del got_lengths
+        far_bytes = key_bytes * ~local.mask[:, None]
         asked_at, counts_at = _routing.starts_of(asked), _routing.starts_of(counts)
-        server = Server(self.slices, self.starts, self.lengths, self.per_round)
+        server = Server(self.slices, self.starts, self.lengths, self.per_round, local.mine)
+        ascii_, shared = True, 0
         try:
             for k in range(rounds):
-                # The owners read and serve the samples of round k, each part of what it sends headed by
-                # its status: every rank learns from the lines themselves whether every owner served
-                # them as counted, before it packs any.
+                # The owners read round k into their buffers and serve the far ranks' lines, each part
+                # of what they send headed by their status: when the all-to-all returns, every rank has
+                # read round k, checked it against the count and said so, and copied round k - 1.
                 send_bytes = send_sizes[:, k]
                 send, failure = server.serve(k, requests, send_lengths, asked_at[:, k], asked[:, k], send_bytes)
-                got_bytes = key_bytes[:, k] + HEAD
+                got_bytes = far_bytes[:, k] + HEAD
                 got = net.all_to_all(send, send_bytes, "the lines", out_splits=got_bytes)
                 sent, received = sent + send.nbytes, received + got.nbytes
                 del send
                 raise_reported(net, got[_routing.exclusive(got_bytes)], failure)
-                if inverse is None:  # each owner's lines, back to back after its header, to their rows
-                    native.place_lines(
-                        got, got_bytes, order, counts_at[:, k], counts[:, k], HEAD, writer.bounds, writer.data
-                    )
-                else:
-                    idx = order[_routing.ranges(counts_at[:, k], counts[:, k])]
-                    lengths = item_lengths[idx].astype(np.int64)
-                    item_at[idx] = _routing.line_offsets(lengths, counts[:, k], HEAD)
-                    rows = by_round[round_cuts[k] : round_cuts[k + 1]]
-                    copy_rows(
-                        got, item_at[inverse[rows]], row_lengths_of(writer, rows), writer.data, writer.bounds[rows]
-                    )
-                    del idx, lengths
+                # Each far owner's lines, back to back after its header, to their rows; the mapped
+                # owners' from their buffers.
+                native.place_lines(
+                    got, got_bytes, dest, counts_at[:, k], far_counts[:, k], HEAD, writer.bounds, writer.data
+                )
                 del got
+                copied, ascii_round = local.copy_round(
+                    k, per_round, request, dest, counts_at[:, k], counts[:, k], writer.bounds, writer.data
+                )
+                shared, ascii_ = shared + copied, ascii_ and ascii_round
         finally:
             server.close()
+        if inverse is not None:
+            repeats = np.flatnonzero(source != np.arange(n))
+            src = writer.bounds[source[repeats]].astype(np.int64)
+            dst = writer.bounds[repeats].astype(np.int64)
+            copy_rows(writer.data, src, writer.bounds[repeats + 1] - dst, writer.data, dst)
+            del source, repeats, src, dst
+        # The lines from this host's ranks in rounds that were not all ASCII: checked here, and what
+        # any rank found told to every rank (this collective also ends every copy out of the buffers).
+        failure = None
+        if not ascii_:
+            try:
+                check_utf8(lambda row: self._where(row, order, inverse, request, ask), writer.data, writer.bounds)
+            except ValueError as exc:
+                failure = failure_of(exc)
+        status = net.all_gather(np.array([OK if failure is None else failure.kind], np.int64), "the lines' check")
+        raise_reported(net, status[:, 0], failure)
         if writer.ids is not None and ids is not None:
             writer.ids[:] = ids
-        return writer.finish(), {"sent": int(sent), "received": int(received)}
+        return writer.finish(), {"sent": int(sent), "received": int(received), "shared": int(shared)}
 
-
-def row_lengths_of(writer: ShardWriter, rows: npt.NDArray[Any]) -> _Ints:
-    """The lengths of a shard's ``rows``, from its offsets."""
-    bounds = writer.bounds
-    lengths: _Ints = bounds[rows + 1].astype(np.int64) - bounds[rows]
-    return lengths
-
+    def _where(
+        self,
+        row: int,
+        order: npt.NDArray[Any],
+        inverse: npt.NDArray[Any] | None,
+        request: npt.NDArray[Any],
+        ask: npt.NDArray[np.int64],
+    ) -> str:
+        """``path:line`` of the shard's row ``row`` of a build (its routing as :meth:`build` made it)."""
+        item = row if inverse is None else int(inverse[row])
+        at = int(np.flatnonzero(order == item)[0])  # where it is among the requests, grouped by owner
+        owner = int(np.searchsorted(_routing.exclusive(ask), at, side="right")) - 1
+        return self.slices.where(int(self.slices.owned[owner]) + int(request[at]))
 
 class Server:
     """This rank's slice served round by round in one build: each round's part of it read once (a
     file's reading goes on from round to round), checked against the count, and packed for each rank."""
 
-    def __init__(self, slices: Slices, starts: npt.NDArray[Any], lengths: npt.NDArray[Any], per_round: int) -> None:
+    def __init__(
+        self, slices: Slices, starts: npt.NDArray[Any], lengths: npt.NDArray[Any], per_round: int, table: Table
+    ) -> None:
         self._slices, self._starts, self._lengths, self._per_round = slices, starts, lengths, per_round
+        self._table = table  # the round buffers it reads into, where its host's ranks copy from
         self._seen = np.zeros(len(slices.paths), np.int64)  # newlines of each file read so far
         self._readings: dict[int, Reading | RowsReading] = {}
 
@@ -175,13 +230,15 @@ class Server:
         pack = functools.partial(native.pack_requests, starts=self._starts, lengths=lengths, rows=requests, at=at)
         if k and first >= held:  # the slice has no samples in this round
             pack(np.zeros(0, np.uint8), 0, counts=counts, head=HEAD, status=OK, send=send)
+            self._table.flags[k % 2] = 1
             return send, None
         # Bytes [lo, hi) of the slice (from its start): the round's samples, the first round from the
         # slice's start and the last to its end (so that every byte is read, and checked, once).
         lo = 0 if k == 0 else int(self._starts[first])
         hi = self._slices.slice_bytes if stop >= held else int(self._starts[stop])
         try:
-            buf, parts, ascii_ = self._read(lo, hi, first, stop)
+            buf, parts, ascii_ = self._read(self._table.buffers[k % 2][: hi - lo], lo, first, stop)
+            self._table.flags[k % 2] = ascii_
             pack(buf, lo, counts=counts, head=HEAD, status=OK, send=send)
             if not ascii_:
                 # The lines without the status bytes, back to back, as the file reader checks them.
@@ -201,14 +258,14 @@ class Server:
         return send, failure
 
     def _read(
-        self, lo: int, hi: int, first: int, stop: int
+        self, buf: npt.NDArray[np.uint8], lo: int, first: int, stop: int
     ) -> tuple[npt.NDArray[np.uint8], list[tuple[int, int, int]], bool]:
-        """Bytes ``[lo, hi)`` of the slice (from its start), which hold its samples ``[first, stop)``:
-        read and checked against what the count of lines found. Also each file's part of them
-        as ``(file, start in the buffer, newlines before it in the file)``, and whether all is ASCII."""
+        """Bytes ``[lo, lo + buf.size)`` of the slice (from its start), which hold its samples ``[first,
+        stop)``: read into ``buf`` and checked against what the count of lines found. Also each file's
+        part of them as ``(file, start in the buffer, newlines before it in the file)``, and whether all
+        is ASCII."""
         slices, rank = self._slices, self._slices.rank
-        base = int(slices.cuts[rank])
-        buf = np.empty(hi - lo, np.uint8)
+        base, hi = int(slices.cuts[rank]), lo + buf.size
         parts, ascii_, done = [], True, first
         for f, a, b in slices.pieces(base + lo, base + hi):
             path = slices.paths[f]

@@ -18,13 +18,11 @@ import numpy.typing as npt
 __all__ = [
     "distinct",
     "exclusive",
-    "line_offsets",
     "offsets",
     "piece",
     "pieces",
     "ranges",
     "rounds_of",
-    "rows_by_round",
     "split_sums",
     "starts_of",
 ]
@@ -65,12 +63,6 @@ def split_sums(lengths: _Ints, splits: _Ints) -> _Ints:
     cuts = np.concatenate([[0], np.cumsum(splits)]).astype(np.int64)
     sums: _Ints = ends[cuts[1:]] - ends[cuts[:-1]]
     return sums
-
-
-def line_offsets(lengths: _Ints, splits: _Ints, head: int) -> _Ints:
-    """Where each line of ``lengths`` is in what one rank sends the others in a round: the part for
-    rank ``r`` (``splits[r]`` lines) is ``head`` bytes of status, then its lines back to back."""
-    return exclusive(lengths) + head * np.repeat(np.arange(1, splits.size + 1, dtype=np.int64), splits)
 
 
 # -- the slices -------------------------------------------------------------------------------------
@@ -117,18 +109,3 @@ def distinct(values: _Ints) -> tuple[_Ints, _Ints]:
     inverse = np.empty(values.size, np.int64)
     inverse[order] = np.cumsum(first) - 1
     return ordered[first], inverse
-
-
-def rows_by_round(
-    order: npt.NDArray[np.signedinteger[Any]], counts: _Ints, inverse: _Ints
-) -> tuple[npt.NDArray[np.intp], _Ints]:
-    """For a plan that repeats samples (asked for once each: ``inverse`` maps its rows to the items
-    that ``order`` and ``counts``, of shape (owners, rounds), grouped): the rows in order of the round
-    their line arrives in, and where each round's rows start in that order (the end last)."""
-    w, rounds = counts.shape
-    item_round = np.empty(order.size, np.uint16 if rounds < 1 << 16 else np.int64)
-    item_round[order] = np.tile(np.arange(rounds, dtype=item_round.dtype), w).repeat(counts.reshape(-1))
-    row_round = item_round[inverse]
-    del item_round
-    by_round = np.argsort(row_round, kind="stable")
-    return by_round, offsets(np.bincount(row_round, minlength=rounds))
