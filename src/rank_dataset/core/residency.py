@@ -10,7 +10,7 @@ import mmap
 import os
 from typing import Any
 
-__all__ = ["anonymous_map", "free_pages", "freeze_inherited_objects", "return_freed_memory"]
+__all__ = ["anonymous_map", "free_pages", "freeze_inherited_objects", "return_freed_memory", "settle_before_fork"]
 
 _HUGE = 2 << 20  # a transparent huge page (x86-64, arm64 with 4 KiB pages)
 
@@ -59,6 +59,22 @@ def return_freed_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def settle_before_fork() -> None:
+    """Collect all garbage (a full collection), then :func:`return_freed_memory`: what a rank does after
+    building a shard, before the DataLoader workers of the next pass fork from it.
+
+    A full collection writes to the header of every object the collector tracks: in a process with forked
+    children alive, each page holding such objects is then copied (the process writes its own copy, the
+    children keep the old one), the pages of every module imported included. CPython runs one once the
+    objects that survived since the last reach a quarter of the rest, and a build leaves many (modules
+    imported, the plan), which a pass's allocations could then tip over while its workers run. A full
+    collection now starts that count afresh, before any worker shares the pages, and frees the build's
+    reference cycles before the freed memory is handed back.
+    """
+    gc.collect()
+    return_freed_memory()
 
 
 _freezing: list[bool] = []  # whether the fork hook is registered (once per process)

@@ -10,7 +10,6 @@ from torch.utils.data import Sampler
 
 from rank_dataset.core.checks import check_int
 from rank_dataset.plan.permutation import hash_keys, permute
-from rank_dataset.plan.resume import ResumeState, find_state
 from rank_dataset.shards.channel import pass_of
 from rank_dataset.training.dataset import ShardedDataset
 
@@ -126,6 +125,8 @@ class ResumableSampler(Sampler[int]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Skip what ``state`` says was consumed, unless the dataset was resumed from it already."""
+        from rank_dataset.plan.resume import ResumeState  # on first use: a plain pass plans no resume (nor mix)
+
         saved = ResumeState.from_dict(state)
         current = ResumeState.from_dict(self.data_source.state_dict(consumed=0))
         if not saved.same_shard(current):
@@ -152,6 +153,8 @@ def find_resume_state(loader_state: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ValueError: no ResumableSampler state in it.
     """
+    from rank_dataset.plan.resume import find_state
+
     found = find_state(loader_state)
     if found is None:
         raise ValueError("no rank_dataset resume state in this loader state: was the sampler a ResumableSampler?")

@@ -25,6 +25,7 @@ __all__ = [
     "Syncer",
     "cache_paths",
     "discard",
+    "first_cache_path",
     "fsync_dir",
     "temp_beside",
     "wait_for_seal",
@@ -50,16 +51,25 @@ SYNC_EVERY = 64 << 20  # bytes of a cache written between two syncs while it is 
 SEAL_APART = 4 << 20  # bytes of entries from which a cache is sealed in a thread of its own
 
 
+def _cache_name(path: Path) -> str:
+    return f"{path.name}.{hashlib.sha256(os.fsencode(path)).hexdigest()[:32]}.rdidx"
+
+
+def first_cache_path(path: Path) -> Path:
+    """The first of :func:`cache_paths`, found without asking where the user cache directory is."""
+    override = os.environ.get(CACHE_DIR_ENV)
+    return Path(override) / _cache_name(path) if override else path.with_name(f".{path.name}.rdidx")
+
+
 def cache_paths(path: Path) -> list[Path]:
     """Where the index of ``path`` may live, in order of preference."""
-    digest = hashlib.sha256(os.fsencode(path)).hexdigest()[:32]
-    name = f"{path.name}.{digest}.rdidx"
-    override = os.environ.get(CACHE_DIR_ENV)
-    if override:
-        return [Path(override) / name]
-    from platformdirs import user_cache_dir  # on first use: a DataLoader worker looks for no index
+    first = first_cache_path(path)
+    if os.environ.get(CACHE_DIR_ENV):
+        return [first]
+    # On first use: a rank whose index lies beside its file, and a DataLoader worker, never import it.
+    from platformdirs import user_cache_dir
 
-    return [path.with_name(f".{path.name}.rdidx"), Path(user_cache_dir("rank-dataset")) / name]
+    return [first, Path(user_cache_dir("rank-dataset")) / _cache_name(path)]
 
 
 def tmp_prefix(cache: Path) -> str:

@@ -28,10 +28,9 @@ from typing import cast
 
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.formats import Checkpoints, Format, detect, refuse_cut
-from rank_dataset.files.index._build import cached_index
-from rank_dataset.files.index._cachefile import Index, Table, decode, length_bits, spans_are_sane
+from rank_dataset.files.index._cachefile import Index, Table, decode, length_bits, open_cache, spans_are_sane
 from rank_dataset.files.index._entries import MAPPED_ROWS, SpanReader, line_mark, read_checkpoints, read_entry
-from rank_dataset.files.index.cache import CACHE_DIR_ENV, cache_paths
+from rank_dataset.files.index.cache import CACHE_DIR_ENV, cache_paths, first_cache_path, wait_for_seal
 from rank_dataset.files.io import FileKey, LocalFile, SourceKey, hash_ends, open_source
 from rank_dataset.files.io.pread import ShortRead
 
@@ -124,6 +123,14 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
                     if attempt == _BUILD_TRIES - 1:
                         raise
                     continue
+            if not rebuild:  # a cache sealed at the first place is the index, the build and its modules unneeded
+                first = first_cache_path(path)
+                wait_for_seal(first)
+                index = open_cache(first, key, ends_hash)
+                if index is not None:
+                    return index
+            from rank_dataset.files.index._build import cached_index  # on first use (see above)
+
             try:
                 return cached_index(cache_paths(path), path, fd, key, ends_hash, rebuild=rebuild)
             except MetaFileChangedError:
