@@ -165,6 +165,13 @@ def test_line_fields_at_the_vector_edges(kernels: Kernels, size: int) -> None:
         assert _fields(kernels, data, 2, 1) == _fields(ref, data, 2, 1)
 
 
+@pytest.mark.parametrize("shift", range(-3, 4))
+def test_a_field_across_64_bytes_keeps_its_non_ascii_start(impl: Any, shift: int) -> None:
+    # "12\xc3\xa934" is one field (not a number): its first bytes end one 64-byte block, its last the next.
+    data = b"x" * (59 + shift) + b" 12\xc3\xa934 5\n" + b"y 1 2\n" * 20 + b"z 7 8"
+    assert _fields(impl, data, 1, 2)[:4] == (22, 1, [0] + [1] * 20 + [7], [0] + [2] * 20 + [8])
+
+
 def test_line_fields_of_a_read_only_mmap(kernels: Kernels, tmp_path: Path) -> None:
     p = tmp_path / "m.txt"
     p.write_bytes(b"".join(b"d/%d.jpg %d %d 1\n" % (i, i + 1, 3 * i + 1) for i in range(5000)))

@@ -1227,18 +1227,10 @@ static int field_little_endian(void) {
     return b == 1;
 }
 
+#if !defined(__SSE2__)
 /* Bit k: p[k] is below 33 or from 0x80 on (whitespace, a newline, a control or non-ASCII byte), for the 64
  * bytes p[0:64] (all readable). */
 static uint64_t special64(const uint8_t *p) {
-#if defined(__SSE2__)
-    const __m128i limit = _mm_set1_epi8(33); /* a signed compare: bytes from 0x80 on are below it too */
-    uint64_t out = 0;
-    for (int j = 0; j < 4; j++)
-        out |= (uint64_t)(unsigned)_mm_movemask_epi8(
-                   _mm_cmplt_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * j)), limit))
-               << (16 * j);
-    return out;
-#else
     uint64_t out = 0;
     if (field_little_endian()) {
         for (int j = 0; j < 8; j++) {
@@ -1251,6 +1243,38 @@ static uint64_t special64(const uint8_t *p) {
         for (int k = 0; k < 64; k++) out |= (uint64_t)(p[k] < 33 || p[k] >= 0x80) << k;
     }
     return out;
+}
+#endif
+
+/* Of the 64 bytes p[0:64] (all readable): bit k of *newline, p[k] is a newline; of *odd, p[k] is a special64
+ * byte that is not ASCII whitespace (9-13, 32): a control byte, 28-31, or from 0x80 on. Returns special64's. */
+static uint64_t special64_kinds(const uint8_t *p, uint64_t *newline, uint64_t *odd) {
+#if defined(__SSE2__)
+    const __m128i limit = _mm_set1_epi8(33), nine = _mm_set1_epi8(9), four = _mm_set1_epi8(4);
+    const __m128i space = _mm_set1_epi8(' '), nl = _mm_set1_epi8('\n'), zero = _mm_setzero_si128();
+    uint64_t special = 0, lines = 0, blank = 0;
+    for (int j = 0; j < 4; j++) {
+        const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * j));
+        /* 9-13: x - 9 (wrapping) at most 4 */
+        const __m128i b = _mm_or_si128(_mm_cmpeq_epi8(_mm_subs_epu8(_mm_sub_epi8(x, nine), four), zero),
+                                       _mm_cmpeq_epi8(x, space));
+        special |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmplt_epi8(x, limit)) << (16 * j);
+        lines |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, nl)) << (16 * j);
+        blank |= (uint64_t)(unsigned)_mm_movemask_epi8(b) << (16 * j);
+    }
+    *newline = lines;
+    *odd = special & ~blank;
+    return special;
+#else
+    uint64_t special = special64(p), lines = 0, blank = 0;
+    for (uint64_t m = special; m; m &= m - 1) {
+        const int k = ctz64(m);
+        lines |= (uint64_t)(p[k] == '\n') << k;
+        blank |= (uint64_t)(p[k] == ' ' || (p[k] >= 9 && p[k] <= 13)) << k;
+    }
+    *newline = lines;
+    *odd = special & ~blank;
+    return special;
 #endif
 }
 
@@ -1374,11 +1398,25 @@ RD_API int rd_line_fields(const uint8_t *buf, int64_t size, int64_t first, int64
     fields_reset(&f);
     int64_t samples = 0, flagged = 0, prev = -1;
     for (int64_t base = 0; base < size; base += 64) {
-        uint64_t m = 0;
+        uint64_t m = 0, newline = 0, odd = 1;
         if (size - base >= 64) {
-            m = special64(buf + base);
+            m = special64_kinds(buf + base, &newline, &odd);
         } else {
             for (int64_t k = 0; k < size - base; k++) m |= (uint64_t)(buf[base + k] < 33 || buf[base + k] >= 0x80) << k;
+        }
+        if (!odd) { /* every special byte ASCII whitespace: a field ends at one after bytes that are not */
+            for (; m; m &= m - 1) {
+                const int k = ctz64(m);
+                const int64_t i = base + k;
+                if (f.token >= 0 || prev + 1 < i) {
+                    f.content = 1;
+                    field_end(&f, buf, f.token >= 0 ? f.token : prev + 1, i);
+                    f.token = -1;
+                }
+                prev = i;
+                if ((newline >> k) & 1) fields_line(&f, out_first, out_second, cap, &samples, &flagged);
+            }
+            continue;
         }
         for (; m; m &= m - 1) {
             const int64_t i = base + ctz64(m);
