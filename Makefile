@@ -62,7 +62,7 @@ test-asan: $(STAMP) $(ASAN_LIB) $(ASAN_WORDS_LIB)
 	LD_PRELOAD="$$($(ASAN_CC) -print-file-name=libasan.so) $$($(ASAN_CC) -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	RANK_DATASET_NATIVE=require RANK_DATASET_NATIVE_LIB=$$lib \
-	$(BIN)/pytest -q --capture=sys -p no:cacheprovider -m "not no_library" tests/core/test_kernels.py || exit 1; done
+	$(BIN)/pytest -q --capture=sys -p no:cacheprovider -m "not no_library" tests/core/test_kernels.py tests/core/test_kernels_fields.py || exit 1; done
 
 demo: $(DEMO_STAMP) native
 	$(BIN)/rank-dataset demo $(DEMO_ARGS)

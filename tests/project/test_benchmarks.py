@@ -3,6 +3,7 @@ ranks and rounds that still fill every row the table is checked for, since they 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -250,6 +251,24 @@ def test_bench_shapes_smoke(tmp_path: Path) -> None:
         assert expected in table, expected
     assert (tmp_path / "shapes.png").stat().st_size > 0
     assert not list((tmp_path / "data").iterdir())  # the meta file is removed
+
+
+def test_bench_shapes_only_sizes_replaces_its_table_alone(tmp_path: Path) -> None:
+    kept = "# Batches by shape\n\n## Padding waste\n\nkept\n\n"
+    before = kept + "## sizes_of beside one read of the file (old)\n\nold\n\n"
+    after = "## Rank 0 of 8 from nothing to its first batch\n\nkept too\n"
+    (tmp_path / "shapes.md").write_text(before + after)
+    (tmp_path / "shapes.json").write_text('{"waste": {"random batches": 0.5}}')
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_shapes.py"), "--only", "sizes", "--lines", "3000"]
+    cmd += ["--python-lines", "1000", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "shapes.md").read_text()
+    assert table.startswith(kept) and table.endswith(after)
+    assert "\nold\n" not in table and "| sizes_of(meta, 1, 2), not cached |" in table and "--only sizes" in table
+    data = json.loads((tmp_path / "shapes.json").read_text())
+    assert data["waste"] == {"random batches": 0.5} and data["sizes"]["sizes"]["count"] == 3000
+    assert not list((tmp_path / "data").iterdir())
 
 
 def test_bench_payloads_smoke(tmp_path: Path) -> None:

@@ -1203,3 +1203,235 @@ RD_API int rd_verify_lines(const uint8_t *buf, int64_t size, int64_t offset, int
     *bad = v.bad;
     return RD_OK;
 }
+
+/* --- two numeric fields of each line (sizes_of) --------------------------------------------------- */
+
+/* The longest field decoded here: 10 digits (2**32 - 1 has 10); longer ones are left to the caller. */
+#define RD_FIELD_DIGITS 10
+
+/* What Python's str.split() takes as whitespace among ASCII bytes: 9-13 and 28-32. */
+RD_INLINE int field_space(uint8_t c) { return (c >= 9 && c <= 13) || (c >= 28 && c <= 32); }
+
+/* A byte after which str.split() may split differently than field_space says: a control byte it does not
+ * take as whitespace (0-8, 14-27), or the lead byte of a Unicode space (U+0085, U+00A0, U+1680,
+ * U+2000-U+205F, U+3000) or of a byte order mark. */
+RD_INLINE int field_unsure(uint8_t c) {
+    return c < 9 || (c >= 14 && c < 28) || c == 0xC2 || (c >= 0xE1 && c <= 0xE3) || c == 0xEF;
+}
+
+/* Whether this machine stores words little end first (the digits of a field are decoded in a word there). */
+static int field_little_endian(void) {
+    const uint16_t one = 1;
+    uint8_t b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+#if !defined(__SSE2__)
+/* Bit k: p[k] is below 33 or from 0x80 on (whitespace, a newline, a control or non-ASCII byte), for the 64
+ * bytes p[0:64] (all readable). */
+static uint64_t special64(const uint8_t *p) {
+    uint64_t out = 0;
+    if (field_little_endian()) {
+        for (int j = 0; j < 8; j++) {
+            /* Per byte, without carries between bytes: the low 7 bits + 95 reach 128 iff they are >= 33. */
+            const uint64_t w = load64(p + 8 * j);
+            const uint64_t high = (w | ~((w & LOWS) + ONES * 95)) & HIGHS;
+            out |= (((high >> 7) * UINT64_C(0x0102040810204080)) >> 56) << (8 * j);
+        }
+    } else {
+        for (int k = 0; k < 64; k++) out |= (uint64_t)(p[k] < 33 || p[k] >= 0x80) << k;
+    }
+    return out;
+}
+#endif
+
+/* Of the 64 bytes p[0:64] (all readable): bit k of *newline, p[k] is a newline; of *odd, p[k] is a special64
+ * byte that is not ASCII whitespace (9-13, 32): a control byte, 28-31, or from 0x80 on. Returns special64's. */
+static uint64_t special64_kinds(const uint8_t *p, uint64_t *newline, uint64_t *odd) {
+#if defined(__SSE2__)
+    const __m128i limit = _mm_set1_epi8(33), nine = _mm_set1_epi8(9), four = _mm_set1_epi8(4);
+    const __m128i space = _mm_set1_epi8(' '), nl = _mm_set1_epi8('\n'), zero = _mm_setzero_si128();
+    uint64_t special = 0, lines = 0, blank = 0;
+    for (int j = 0; j < 4; j++) {
+        const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * j));
+        /* 9-13: x - 9 (wrapping) at most 4 */
+        const __m128i b = _mm_or_si128(_mm_cmpeq_epi8(_mm_subs_epu8(_mm_sub_epi8(x, nine), four), zero),
+                                       _mm_cmpeq_epi8(x, space));
+        special |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmplt_epi8(x, limit)) << (16 * j);
+        lines |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, nl)) << (16 * j);
+        blank |= (uint64_t)(unsigned)_mm_movemask_epi8(b) << (16 * j);
+    }
+    *newline = lines;
+    *odd = special & ~blank;
+    return special;
+#else
+    uint64_t special = special64(p), lines = 0, blank = 0;
+    for (uint64_t m = special; m; m &= m - 1) {
+        const int k = ctz64(m);
+        lines |= (uint64_t)(p[k] == '\n') << k;
+        blank |= (uint64_t)(p[k] == ' ' || (p[k] >= 9 && p[k] <= 13)) << k;
+    }
+    *newline = lines;
+    *odd = special & ~blank;
+    return special;
+#endif
+}
+
+/* One line's progress through its fields (rd_line_fields). */
+struct fields {
+    int64_t first, second, last_field, field, token;
+    uint32_t value_first, value_second;
+    int ok, content, complete, words;
+};
+
+RD_INLINE void fields_reset(struct fields *f) {
+    f->field = 0;
+    f->token = -1;
+    f->value_first = f->value_second = 0;
+    f->ok = 1;
+    f->content = f->complete = 0;
+}
+
+/* The value of buf[t:e] as a field: 1 to RD_FIELD_DIGITS ASCII digits of a value in [1, 2**32), else 0. Up to
+ * 8 digits in one word (with `words`: little-endian words, and 8 bytes readable before e). */
+RD_INLINE uint32_t field_value(const uint8_t *buf, int64_t t, int64_t e, int words) {
+    const int64_t len = e - t;
+    if (len < 1 || len > RD_FIELD_DIGITS) return 0;
+    if (len <= 8 && e >= 8 && words) {
+        /* The word ending at the field's last byte: its bytes the high `len` ones, the first digit lowest. */
+        const uint64_t keep = ~UINT64_C(0) << (8 * (8 - len)), zeros = UINT64_C(0x3030303030303030) & keep;
+        uint64_t v = load64(buf + e - 8) & keep;
+        /* Each kept byte a digit: its high nibble 3, and adding 6 leaves it below ':' (no carry: a byte of a
+         * field is below 0x80 or fails the first test). */
+        if ((v & UINT64_C(0xF0F0F0F0F0F0F0F0)) != zeros ||
+            ((v + UINT64_C(0x0606060606060606)) & UINT64_C(0xF0F0F0F0F0F0F0F0)) != zeros)
+            return 0;
+        v -= zeros;
+        v = (v * 10 + (v >> 8)) & UINT64_C(0x00FF00FF00FF00FF);
+        v = (v * 100 + (v >> 16)) & UINT64_C(0x0000FFFF0000FFFF);
+        v = (v * 10000 + (v >> 32)) & UINT64_C(0xFFFFFFFF);
+        return (uint32_t)v; /* below 10**8 */
+    }
+    uint64_t value = 0;
+    for (int64_t k = t; k < e; k++) {
+        const unsigned d = (unsigned)buf[k] - '0';
+        if (d > 9) return 0;
+        value = value * 10 + d;
+    }
+    return value > UINT32_MAX ? 0 : (uint32_t)value;
+}
+
+/* The field buf[t:e] ended (e: a whitespace byte, a newline or the end). */
+RD_INLINE void field_end(struct fields *f, const uint8_t *buf, int64_t t, int64_t e) {
+    if (f->complete) return;
+    if (f->field == f->first || f->field == f->second) {
+        const uint32_t value = field_value(buf, t, e, f->words);
+        f->ok &= value != 0;
+        if (f->field == f->first) f->value_first = value;
+        if (f->field == f->second) f->value_second = value;
+    }
+    f->complete = f->field == f->last_field;
+    f->field++;
+}
+
+/* The byte buf[i], special64's, after ordinary bytes buf[prev + 1:i]. */
+RD_INLINE void field_event(struct fields *f, const uint8_t *buf, int64_t prev, int64_t i) {
+    if (prev + 1 < i && f->token < 0) { /* ordinary bytes after whitespace: a field starts */
+        f->token = prev + 1;
+        f->content = 1;
+    }
+    const uint8_t c = buf[i];
+    if (field_space(c)) {
+        if (f->token >= 0) {
+            field_end(f, buf, f->token, i);
+            f->token = -1;
+        }
+        f->content |= c >= 28 && c <= 31; /* not ASCII whitespace */
+    } else {                              /* a control or non-ASCII byte: part of a field */
+        if (f->token < 0) f->token = i;
+        f->content = 1;
+        if (!f->complete && field_unsure(c)) f->ok = 0;
+    }
+}
+
+/* The line just ended: its fields into the outputs if it is a sample. */
+RD_INLINE void fields_line(struct fields *f, uint32_t *out_first, uint32_t *out_second, int64_t cap,
+                           int64_t *samples, int64_t *flagged) {
+    if (!f->complete) f->ok = 0; /* a field missing */
+    if (f->content) {
+        if (*samples < cap) {
+            *flagged += !f->ok;
+            out_first[*samples] = f->ok ? f->value_first : 0;
+            out_second[*samples] = f->ok ? f->value_second : 0;
+        }
+        (*samples)++;
+    }
+    fields_reset(f);
+}
+
+/*
+ * Fields `first` and `second` (0-based) of each sample of buf[0:size], a run of whole lines: a line
+ * ends at a newline or at the end of buf; it is a sample if it holds a byte other than ASCII
+ * whitespace (space, tab, newline, CR, VT, FF), as rd_scan_lines counts them. The fields are the
+ * maximal runs of bytes other than 9-13 and 28-32 (str.split()'s ASCII whitespace).
+ *
+ * For sample i < cap, out_first[i] and out_second[i] get the two fields' values; both get 0 (the line
+ * is flagged, for the caller to judge) if the line has fewer than max(first, second) + 1 fields, holds
+ * a byte field_unsure names before the end of field max(first, second), or if either field is not 1 to
+ * RD_FIELD_DIGITS ASCII digits of a value in [1, 2**32). result[0:2]: the samples of buf (also those
+ * past cap, which are counted but not written), the flagged samples among the first cap.
+ *
+ * One pass: the bytes that may end a field (special64's) are found 64 at a time, and only they and the
+ * two fields' digits are looked at.
+ */
+RD_API int rd_line_fields(const uint8_t *buf, int64_t size, int64_t first, int64_t second, uint32_t *out_first,
+                          uint32_t *out_second, int64_t cap, int64_t *result) {
+    if (!buf_ok(buf, size) || first < 0 || second < 0 || cap < 0 || result == NULL ||
+        (cap > 0 && (out_first == NULL || out_second == NULL)))
+        return RD_EARG;
+    struct fields f;
+    f.first = first;
+    f.second = second;
+    f.last_field = first > second ? first : second;
+    f.words = field_little_endian();
+    fields_reset(&f);
+    int64_t samples = 0, flagged = 0, prev = -1;
+    for (int64_t base = 0; base < size; base += 64) {
+        uint64_t m = 0, newline = 0, odd = 1;
+        if (size - base >= 64) {
+            m = special64_kinds(buf + base, &newline, &odd);
+        } else {
+            for (int64_t k = 0; k < size - base; k++) m |= (uint64_t)(buf[base + k] < 33 || buf[base + k] >= 0x80) << k;
+        }
+        if (!odd) { /* every special byte ASCII whitespace: a field ends at one after bytes that are not */
+            for (; m; m &= m - 1) {
+                const int k = ctz64(m);
+                const int64_t i = base + k;
+                if (f.token >= 0 || prev + 1 < i) {
+                    f.content = 1;
+                    field_end(&f, buf, f.token >= 0 ? f.token : prev + 1, i);
+                    f.token = -1;
+                }
+                prev = i;
+                if ((newline >> k) & 1) fields_line(&f, out_first, out_second, cap, &samples, &flagged);
+            }
+            continue;
+        }
+        for (; m; m &= m - 1) {
+            const int64_t i = base + ctz64(m);
+            field_event(&f, buf, prev, i);
+            prev = i;
+            if (buf[i] == '\n') fields_line(&f, out_first, out_second, cap, &samples, &flagged);
+        }
+    }
+    if (prev + 1 < size) { /* the last line, without a newline */
+        if (f.token < 0) f.token = prev + 1;
+        f.content = 1;
+    }
+    if (f.token >= 0) field_end(&f, buf, f.token, size);
+    if (prev + 1 < size || f.content) fields_line(&f, out_first, out_second, cap, &samples, &flagged);
+    result[0] = samples;
+    result[1] = flagged;
+    return RD_OK;
+}

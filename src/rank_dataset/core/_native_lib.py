@@ -60,6 +60,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         _INT,
         [_P, _I64T, _P, _P, _INT, _I64T, _P, _P, _I64T, _I64T, _P, _INT, _I64T, _P, _I64T, _P],
     ),
+    "rd_line_fields": (_INT, [_P, _I64T, _I64T, _I64T, _P, _P, _I64T, _P]),
 }
 _OUT_KINDS = {np.dtype(np.uint32): _U32, np.dtype(np.int64): _I64}  # offsets and requests a kernel writes
 
@@ -431,3 +432,29 @@ class Kernels:
         )  # fmt: skip
         _check(code, "verify_lines")
         return int(bad.value), int(result[0]), bool(result[1])
+
+    def line_fields(
+        self,
+        buf: Any,
+        first: int,
+        second: int,
+        out_first: npt.NDArray[np.uint32],
+        out_second: npt.NDArray[np.uint32],
+    ) -> tuple[int, int]:
+        a = _bytes_in(buf)
+        for out in (out_first, out_second):
+            if not isinstance(out, np.ndarray) or out.dtype != np.uint32 or out.ndim != 1:
+                raise TypeError("the outputs must be 1-D uint32 arrays")
+            if not (out.flags.c_contiguous and out.flags.writeable):
+                raise ValueError("the outputs must be writeable contiguous arrays")
+        if out_first.size != out_second.size:
+            raise ValueError(f"{out_first.size} and {out_second.size} outputs")
+        if first < 0 or second < 0:
+            raise ValueError(f"field positions must be >= 0, got {first} and {second}")
+        result = np.zeros(2, np.int64)
+        code = self._lib.rd_line_fields(
+            a.ctypes.data, a.size, first, second, out_first.ctypes.data, out_second.ctypes.data, out_first.size,
+            result.ctypes.data,
+        )  # fmt: skip
+        _check(code, "line_fields")
+        return int(result[0]), int(result[1])

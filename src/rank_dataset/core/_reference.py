@@ -30,6 +30,7 @@ __all__ = [
     "count_byte",
     "find_byte",
     "gather_lines",
+    "line_fields",
     "lines_bad",
     "mix32",
     "pack_requests",
@@ -594,3 +595,79 @@ def verify_lines(
     differ = np.flatnonzero((scan.starts[:m] - offset != want_s[:m]) | (scan.lengths[:m] != want_l[:m]))
     bad = int(differ[0]) if differ.size else (-1 if want_s.size == scan.starts.size else m)
     return bad, scan.newlines, scan.ascii
+
+
+#: The longest field :func:`line_fields` decodes: 10 digits (``2**32 - 1`` has 10).
+FIELD_DIGITS = 10
+#: Byte -> whether ``str.split()`` takes it as whitespace (of the ASCII bytes: 9-13 and 28-32).
+FIELD_SPACE = np.zeros(256, dtype=bool)
+FIELD_SPACE[[*range(9, 14), *range(28, 33)]] = True
+#: Byte -> whether ``str.split()`` may split a line holding it otherwise than :data:`FIELD_SPACE` says: the
+#: control bytes it does not take as whitespace (0-8, 14-27), and the lead bytes of the Unicode spaces
+#: (U+0085, U+00A0, U+1680, U+2000-U+205F, U+3000) and of a byte order mark.
+FIELD_UNSURE = np.zeros(256, dtype=bool)
+FIELD_UNSURE[[*range(9), *range(14, 28), 0xC2, 0xE1, 0xE2, 0xE3, 0xEF]] = True
+
+
+def line_fields(
+    buf: npt.NDArray[np.uint8],
+    first: int,
+    second: int,
+    out_first: npt.NDArray[np.uint32],
+    out_second: npt.NDArray[np.uint32],
+) -> tuple[int, int]:
+    """Fields ``first`` and ``second`` (0-based) of each sample of ``buf``, a run of whole lines, as numbers.
+
+    A line ends at a newline or at the end of ``buf``; it is a sample if it holds a byte other than ASCII
+    whitespace (as :func:`scan_lines` counts them). Its fields are the maximal runs of bytes not in
+    :data:`FIELD_SPACE`. For sample ``i < out_first.size``, ``out_first[i]`` and ``out_second[i]`` get the two
+    fields' values; both get 0 (the line is flagged, for the caller to judge) if the line has fewer than
+    ``max(first, second) + 1`` fields, holds a byte of :data:`FIELD_UNSURE` before the end of field
+    ``max(first, second)``, or if either field is not 1 to :data:`FIELD_DIGITS` ASCII digits of a value in
+    ``[1, 2**32)``. Returns ``(samples, flagged)``: the samples of ``buf`` (those past ``out_first.size`` counted,
+    not written) and the flagged ones among those written."""
+    if first < 0 or second < 0:
+        raise ValueError(f"field positions must be >= 0, got {first} and {second}")
+    if out_first.shape != out_second.shape or out_first.ndim != 1:
+        raise ValueError(f"{out_first.shape} and {out_second.shape} outputs")
+    size = buf.size
+    newline_at = np.flatnonzero(buf == NEWLINE)
+    line_starts = np.concatenate(([0], newline_at + 1)).astype(np.int64)
+    line_ends = np.concatenate((newline_at, [size])).astype(np.int64)
+    content = np.zeros(size + 1, np.int64)
+    np.cumsum(~BLANK[buf], out=content[1:])
+    is_sample = content[line_ends] > content[line_starts]
+    starts, ends = line_starts[is_sample], line_ends[is_sample]
+    samples = starts.size
+    m = min(samples, out_first.size)
+    starts, ends = starts[:m], ends[:m]
+    space = FIELD_SPACE[buf]
+    solid = ~space
+    field_starts = np.flatnonzero(solid & np.concatenate(([True], space[:-1])))
+    field_ends = np.flatnonzero(solid & np.concatenate((space[1:], [True]))) + 1
+    line_first = np.searchsorted(field_starts, starts)
+    last = max(first, second)
+    ok = np.searchsorted(field_starts, ends) - line_first > last
+    values = {}
+    if field_starts.size:
+        last_end = field_ends[np.where(ok, line_first + last, 0)]
+        unsure = np.flatnonzero(FIELD_UNSURE[buf])
+        ok &= np.searchsorted(unsure, last_end) == np.searchsorted(unsure, starts)
+        padded = np.concatenate((buf, np.zeros(FIELD_DIGITS, np.uint8))).astype(np.int64)
+        for field in {first, second}:
+            at = np.where(ok, line_first + field, 0)
+            start, length = field_starts[at], field_ends[at] - field_starts[at]
+            ok &= (length >= 1) & (length <= FIELD_DIGITS)
+            value = np.zeros(m, np.int64)
+            for d in range(FIELD_DIGITS):
+                inside = d < length
+                digit = padded[start + d] - ord("0")
+                ok &= ~inside | ((digit >= 0) & (digit <= 9))
+                value = np.where(inside, value * 10 + digit, value)
+            ok &= (value >= 1) & (value <= 0xFFFF_FFFF)
+            values[field] = value
+    else:
+        ok[:] = False
+    out_first[:m] = np.where(ok, values.get(first, 0), 0)
+    out_second[:m] = np.where(ok, values.get(second, 0), 0)
+    return samples, int(m - np.count_nonzero(ok))

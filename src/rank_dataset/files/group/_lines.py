@@ -25,6 +25,7 @@ from rank_dataset.files.io.pread import ShortRead
 from rank_dataset.files.read.file import bytes_of
 
 BLOCK = 1 << 20  # lines read at a time for a function key
+CHUNK = 8 << 20  # bytes of lines a chunk of whole samples holds, about (chunks)
 STREAM_BLOCK = 4 << 20  # decompressed bytes a compressed file's decoder hands out at a time
 
 
@@ -130,6 +131,50 @@ class TextLines:
                     ):
                         raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
                     yield first, lo - PAD, buf, spans
+        except ShortRead:
+            raise MetaFileChangedError(self.path, "it shrank while being read") from None
+        except LookupError as exc:
+            raise MetaFileChangedError(self.path, f"its index cache changed while it was read ({exc})") from None
+
+    def chunks(self, size: int = CHUNK) -> Iterator[tuple[int, int, int, npt.NDArray[np.uint8], SpanReader]]:
+        """Yield ``(first, n, base, data, reader)``: ``data`` is bytes ``base ..`` of the file (decompressed), from
+        the start of sample ``first`` to the end of sample ``first + n - 1``, the blank lines between included;
+        about ``size`` bytes (at most :data:`BLOCK` samples; fewer, down to one, where lines run longer than the
+        file's mean), read into one buffer that the next chunk reuses. ``reader`` gives the samples' spans.
+
+        Checked against the index at its ends only (the byte before ``data`` ends a line, the byte after it is a
+        line's end): the caller counts the samples ``data`` holds against ``n``.
+        """
+        total, extent = self.index.count, self.index.size
+        per = max(1, min(BLOCK, size * total // max(extent, 1)))
+        buf = np.empty(0, np.uint8)
+        try:
+            with SpanReader(self.index) as reader:
+                first = 0
+                while first < total:
+                    n = min(per, total - first)
+                    lo = int(reader.take(np.array([first], np.int64))[0][0])
+                    while True:
+                        starts, lengths = reader.take(np.array([first + n - 1], np.int64))
+                        hi = int(starts[0] + lengths[0])
+                        if hi - lo <= 4 * size or n == 1:
+                            break
+                        n = max(1, n // 4)  # longer lines here than the file's mean: fewer of them
+                    # The byte before (a newline, but before the first sample) and the one after (a newline or
+                    # "\r\n"'s "\r", but at the end of the file).
+                    before = 1 if first else 0
+                    stop = min(hi + 1, extent)
+                    if not lo < hi <= extent:
+                        raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
+                    if stop - lo + before > buf.size:
+                        buf = np.empty((stop - lo + before) * 5 // 4, np.uint8)
+                    view = buf[: stop - lo + before]
+                    self.read_into(view, lo - before)
+                    if (before and view[0] != NEWLINE) or (stop > hi and view[-1] not in (NEWLINE, CR)):
+                        raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
+                    yield first, n, lo, view[before : before + hi - lo], reader
+                    per = max(1, min(BLOCK, n * size // max(hi - lo, 1)))
+                    first += n
         except ShortRead:
             raise MetaFileChangedError(self.path, "it shrank while being read") from None
         except LookupError as exc:

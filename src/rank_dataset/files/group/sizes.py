@@ -1,8 +1,9 @@
 """Each sample's width and height, read from its line once and cached beside the index as a grouping is.
 
-:func:`sizes_of` reads two numbers per sample: whitespace fields of a text line by position (parsed in numpy a
-block of lines at a time, the lines numpy cannot judge left to ``str.split`` and ``int``), fields of a JSON line
-or columns of a Parquet file by name, or functions of the line. The result is cached beside the file's index,
+:func:`sizes_of` reads two numbers per sample: whitespace fields of a text line by position (found and decoded
+in one pass over a chunk of the file's bytes by the native field kernel, or its numpy reference; the lines it
+cannot judge left to ``str.split`` and ``int``), fields of a JSON line or columns of a Parquet file by name,
+or functions of the line. The result is cached beside the file's index,
 keyed like it (a changed file is read again), built by one process of a node while the others wait
 (:func:`~rank_dataset.files.index.cachelock.load_or_build`), and memory-mapped, so the ranks of a node share one
 copy in the page cache (:mod:`rank_dataset.files.group._cache`).
@@ -22,8 +23,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import native
 from rank_dataset.core.checks import meta_path, with_storage
 from rank_dataset.core.parsers import quote
+from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.group._cache import columns_candidates, open_columns, write_columns
 from rank_dataset.files.group._lines import ParquetLines, TextLines, open_checked
 from rank_dataset.files.group.grouping import each_line
@@ -34,22 +37,7 @@ from rank_dataset.files.index.scan import PathLike
 __all__ = ["Sizes", "sizes_of"]
 
 _MAX = (1 << 32) - 1
-_WORD = 8  # digits decoded in numpy: every size below 10**8
-_KEEP = np.array(
-    [0] + [(0xFFFF_FFFF_FFFF_FFFF << (8 * (8 - k))) & 0xFFFF_FFFF_FFFF_FFFF for k in range(1, 9)], np.uint64
-)
-_HIGH_NIBBLES, _ZEROS, _SIXES = (
-    np.uint64(0xF0F0_F0F0_F0F0_F0F0),
-    np.uint64(0x3030_3030_3030_3030),
-    np.uint64(0x0606_0606_0606_0606),
-)
-_U8, _U16, _U32 = np.uint64(8), np.uint64(16), np.uint64(32)
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-# Control characters that str.split() does not take as whitespace (0-8, 14-27), and lead bytes of what it takes beyond
-# ASCII: the Unicode spaces (U+0085, U+00A0, U+1680, U+2000-U+205F, U+3000), and of a byte order mark. A line
-# holding one is split in Python.
-_UNSURE = np.zeros(256, bool)
-_UNSURE[[0xC2, 0xE1, 0xE2, 0xE3, 0xEF, *range(9), *range(14, 28)]] = True
 
 Field = int | str | Callable[[str], Any]
 
@@ -75,9 +63,9 @@ def sizes_of(
         meta_file: a meta file (text, gzip, zstd or Parquet; a local path or an object's URL), samples numbered
             as ``RankDataset(meta_file)`` numbers them.
         width, height: where the two numbers are: both ints, the 0-based positions of a text line's
-            whitespace-separated fields (field 0 is usually the path: ``"a.jpg 640 480 3"`` takes ``1, 2``), parsed
-            in numpy; both strs, the names of a JSON line's fields or of a Parquet file's columns; or both functions
-            of the line's text (a Parquet row's line is its columns joined by tabs), called in Python.
+            whitespace-separated fields (field 0 is usually the path: ``"a.jpg 640 480 3"`` takes ``1, 2``), read
+            in one native pass; both strs, the names of a JSON line's fields or of a Parquet file's columns; or
+            both functions of the line's text (a Parquet row's line is its columns joined by tabs), called in Python.
         cache_name: with functions, the name their sizes are cached under (letters, digits, ``_``, ``-``); without
             it they are read anew on each call. Keep a name for one pair of functions: a cache is matched on the
             file, not on the functions. Positions and names are cached by themselves.
@@ -234,41 +222,26 @@ def _parquet(lines: ParquetLines, width: str, height: str, out: npt.NDArray[np.u
 
 
 def _text_fields(lines: TextLines, width: int, height: int, out: npt.NDArray[np.uint32]) -> None:
-    """Fields ``width`` and ``height`` of each line, a block of lines at a time: the fields found where runs of
-    whitespace end, the digits decoded in numpy; a line numpy cannot judge (bytes that may be Unicode
-    whitespace, a field that is not plain digits) is split and read by ``str.split`` and ``int``."""
-    for first, base, buf, spans in lines.blocks():
-        # Every byte up to 32 is taken as whitespace here; the few that str.split() does not take (other control
-        # characters) and those that may start Unicode whitespace send their line to Python.
-        edge = np.diff((buf <= 32).view(np.int8))
-        token_starts = np.flatnonzero(edge == -1) + 1
-        token_ends = np.flatnonzero(edge == 1) + 1
-        line_first = np.searchsorted(token_starts, spans[:, 0])
-        tokens = np.searchsorted(token_starts, spans[:, 1]) - line_first
-        n = spans.shape[0]
-        ok = np.ones(n, bool)
-        rare = np.flatnonzero(buf - np.uint8(28) >= 0xC2 - 28)  # bytes up to 27, or from 0xC2 on (one pass)
-        unsure = rare[_UNSURE[buf[rare]]]
-        if unsure.size:  # the lines holding such a byte
-            held = np.searchsorted(spans[:, 1], unsure)
-            ok[held[held < n]] = False
-        if not token_starts.size:  # lines of control characters only: str.split() judges them
-            ok[:] = False
-        for row, field in ((0, width), (1, height)):
-            ok &= tokens > field
-            if not ok.any():
-                break
-            at = line_first + field
-            at[~ok] = 0
-            values, decoded = _digits(buf, token_starts[at], token_ends[at])
-            ok &= decoded
-            out[row, first : first + n][ok] = values[ok]
-        for k in np.flatnonzero(~ok).tolist():
-            start, stop = int(spans[k, 0]), int(spans[k, 1])
-            text = buf[start:stop].tobytes().decode("utf-8", "replace")
+    """Fields ``width`` and ``height`` of each line, a chunk of whole lines at a time: found and decoded in one pass
+    over the chunk's bytes by the field kernel (:func:`rank_dataset.core.native.line_fields`); a line it flags (a
+    field missing or not plain digits, a byte that may be Unicode whitespace) is split and read by ``str.split``
+    and ``int``, and named if its size is bad."""
+    for first, n, base, data, reader in lines.chunks():
+        widths, heights = out[0, first : first + n], out[1, first : first + n]
+        samples, flagged = native.line_fields(data, width, height, widths, heights)
+        if samples != n:
+            raise MetaFileChangedError(lines.path, "its lines no longer end where its index says")
+        if not flagged:
+            continue
+        rows = np.flatnonzero(widths == 0)  # a flagged line's fields are both 0: no size is
+        starts, lengths = reader.take(rows + first)
+        for k, start, length in zip(rows.tolist(), (starts - base).tolist(), lengths.tolist(), strict=True):
+            if not 0 <= start <= start + length <= data.size:
+                raise MetaFileChangedError(lines.path, "its lines no longer end where its index says")
+            text = data[start : start + length].tobytes().decode("utf-8", "replace")
             fields = text.split()
+            where = lines.where(base + start)
             for row, field in ((0, width), (1, height)):
-                where = lines.where(base + start)
                 if len(fields) <= field:
                     raise ValueError(f"{where}: no field {field} (the line has {len(fields)}): {quote(text)}")
                 try:
@@ -276,27 +249,3 @@ def _text_fields(lines: TextLines, width: int, height: int, out: npt.NDArray[np.
                 except ValueError:
                     raise _bad(where, f"field {field}", fields[field]) from None
                 out[row, first + k] = _checked(value, functools.partial(str, where), f"field {field}")
-
-
-def _digits(
-    buf: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.bool_]]:
-    """The number each ``buf[starts[i]:ends[i]]`` spells in 1-8 decimal digits, and whether it does and lies in
-    ``[1, 2**32)`` (longer numbers are left to Python). One 8-byte load a field: the word that ends at its last
-    byte, the bytes before the field cleared, its digits combined in pairs, fours and eights. ``buf`` must hold
-    8 bytes before the first field (the blocks' pad)."""
-    length = ends - starts
-    decoded = (length >= 1) & (length <= _WORD)
-    words: npt.NDArray[np.uint64] = np.ndarray((buf.size - (_WORD - 1),), "<u8", buffer=buf, strides=(1,))
-    value = words[ends - _WORD]
-    keep = _KEEP[np.clip(length, 0, _WORD)]  # the field's bytes: the high ones of the word
-    value &= keep
-    # Each kept byte a digit: its high nibble 3, and adding 6 leaves it below ':'.
-    decoded &= (value & _HIGH_NIBBLES) == (_ZEROS & keep)
-    decoded &= ((value + _SIXES) & _HIGH_NIBBLES) == (_ZEROS & keep)
-    value -= _ZEROS & keep
-    value = (value * np.uint64(10) + (value >> _U8)) & np.uint64(0x00FF_00FF_00FF_00FF)
-    value = (value * np.uint64(100) + (value >> _U16)) & np.uint64(0x0000_FFFF_0000_FFFF)
-    value = (value * np.uint64(10000) + (value >> _U32)) & np.uint64(0xFFFF_FFFF)
-    decoded &= value >= 1
-    return value.astype(np.uint32), decoded
