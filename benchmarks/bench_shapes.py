@@ -310,8 +310,9 @@ def _sizes_rows(steps: dict[str, Any], n: int) -> list[str]:
         f"({ratio(steps['sizes']['cpu'], read)}). sizes_of reads the file in chunks of about 8 MB of whole lines into "
         "one buffer and finds and decodes each line's two fields in one pass of the native field kernel "
         "(`line_fields`: the bytes that may end a field found 64 at a time, the digits decoded in a word), one "
-        "thread; its time also holds writing the 2 x N uint32 cache (a shared map of the cache file, synced). The "
-        "read's time is mostly its newline count (`bytes.count`), the copy from the page cache a fraction of it.",
+        "thread; its time also holds writing the 2 x N uint32 cache (each chunk's values by pwrite, the file "
+        "synced). The read's time is mostly its newline count (`bytes.count`), the copy from the page cache a "
+        "fraction of it.",
         "",
     ]
     return rows

@@ -218,12 +218,17 @@ def open_columns(cache: Path, index: Index, ncols: int) -> npt.NDArray[np.uint32
     return columns
 
 
+#: ``put(row, first, values)``: ``values`` into column ``row`` of the columns being filled, from sample ``first`` on.
+Put = Callable[[int, int, npt.NDArray[np.uint32]], None]
+
+
 def write_columns(
-    cache: Path, index: Index, ncols: int, fill: Callable[[npt.NDArray[np.uint32]], None]
+    cache: Path, index: Index, ncols: int, fill: Callable[[npt.NDArray[np.uint32], Put], None]
 ) -> npt.NDArray[np.uint32] | None:
-    """``fill`` the ``(ncols, N)`` uint32 columns of the file ``index`` describes straight into a shared map of a
-    temporary file beside ``cache``, renamed into place once whole (as a grouping is); the columns as
-    :func:`open_columns` maps them, or None if ``cache`` cannot be written."""
+    """``fill(columns, put)`` the ``(ncols, N)`` uint32 columns of the file ``index`` describes, in a temporary file
+    beside ``cache`` renamed into place once whole (as a grouping is): ``columns`` a shared map of it, ``put`` a
+    write into it (runs of values, with no page faults on the map); the columns as :func:`open_columns` maps them,
+    or None if ``cache`` cannot be written."""
     temp = temp_beside(cache)
     if temp is None:
         return None
@@ -238,7 +243,17 @@ def write_columns(
         mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         try:
             view = np.frombuffer(mapped, "<u4", count=ncols * index.count, offset=_DATA_OFFSET)
-            fill(view.reshape(ncols, index.count))
+
+            def put(row: int, first: int, values: npt.NDArray[np.uint32]) -> None:
+                data = np.ascontiguousarray(values, "<u4").data.cast("B")
+                if not (0 <= row < ncols and 0 <= first <= first + len(data) // 4 <= index.count):
+                    raise ValueError(f"{len(data) // 4} values from sample {first} of column {row} do not fit")
+                at = _DATA_OFFSET + 4 * (row * index.count + first)
+                while data:  # a regular file's write is whole but for an error; loop all the same
+                    done = os.pwrite(fd, data, at)
+                    data, at = data[done:], at + done
+
+            fill(view.reshape(ncols, index.count), put)
             del view
             mapped.flush()
         finally:

@@ -3,8 +3,8 @@
 :func:`sizes_of` reads two numbers per sample: whitespace fields of a text line by position (found and decoded
 in one pass over a chunk of the file's bytes by the native field kernel, or its numpy reference; the lines it
 cannot judge left to ``str.split`` and ``int``), fields of a JSON line or columns of a Parquet file by name,
-or functions of the line. The result is cached beside the file's index,
-keyed like it (a changed file is read again), built by one process of a node while the others wait
+or functions of the line. The result is cached beside the file's index, keyed like it (a changed file is read
+again), built by one process of a node while the others wait
 (:func:`~rank_dataset.files.index.cachelock.load_or_build`), and memory-mapped, so the ranks of a node share one
 copy in the page cache (:mod:`rank_dataset.files.group._cache`).
 """
@@ -27,11 +27,11 @@ from rank_dataset.core import native
 from rank_dataset.core.checks import meta_path, with_storage
 from rank_dataset.core.parsers import quote
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.group._cache import columns_candidates, open_columns, write_columns
+from rank_dataset.files.group._cache import Put, columns_candidates, open_columns, write_columns
 from rank_dataset.files.group._lines import ParquetLines, TextLines, open_checked
 from rank_dataset.files.group.grouping import each_line
 from rank_dataset.files.index.cachelock import load_or_build
-from rank_dataset.files.index.load import Index, load_index
+from rank_dataset.files.index.load import Index, SpanReader, load_index
 from rank_dataset.files.index.scan import PathLike
 
 __all__ = ["Sizes", "sizes_of"]
@@ -123,8 +123,8 @@ def _cache_name(width: Field, height: Field, cache_name: str | None) -> str | No
 
 
 def _load_or_read(path: Path, index: Index, width: Field, height: Field, name: str | None) -> npt.NDArray[np.uint32]:
-    def fill(out: npt.NDArray[np.uint32]) -> None:
-        _read(path, index, width, height, out)
+    def fill(out: npt.NDArray[np.uint32], put: Put) -> None:
+        _read(path, index, width, height, out, put)
 
     if name is not None:
         candidates = columns_candidates(path, index, name)
@@ -144,11 +144,15 @@ def _load_or_read(path: Path, index: Index, width: Field, height: Field, name: s
             if built is not None:
                 return built
     out = np.empty((2, index.count), np.uint32)  # not cached: no name, or no writable place
-    fill(out)
+
+    def put(row: int, first: int, values: npt.NDArray[np.uint32]) -> None:
+        out[row, first : first + values.size] = values
+
+    fill(out, put)
     return out
 
 
-def _read(path: Path, index: Index, width: Field, height: Field, out: npt.NDArray[np.uint32]) -> None:
+def _read(path: Path, index: Index, width: Field, height: Field, out: npt.NDArray[np.uint32], put: Put) -> None:
     if callable(width):
         assert callable(height)
         _by_functions(path, width, height, out)
@@ -159,7 +163,7 @@ def _read(path: Path, index: Index, width: Field, height: Field, out: npt.NDArra
                 raise TypeError(f"{path} is a Parquet file: name its columns (strs), got positions {width}, {height}")
             _parquet(lines, width, str(height), out)
         elif isinstance(width, int) and isinstance(height, int):
-            _text_fields(lines, width, height, out)
+            _text_fields(lines, width, height, put)
         else:
             _json_fields(lines, str(width), str(height), out)
 
@@ -221,31 +225,49 @@ def _parquet(lines: ParquetLines, width: str, height: str, out: npt.NDArray[np.u
             out[row, a:b] = values
 
 
-def _text_fields(lines: TextLines, width: int, height: int, out: npt.NDArray[np.uint32]) -> None:
+def _text_fields(lines: TextLines, width: int, height: int, put: Put) -> None:
     """Fields ``width`` and ``height`` of each line, a chunk of whole lines at a time: found and decoded in one pass
-    over the chunk's bytes by the field kernel (:func:`rank_dataset.core.native.line_fields`); a line it flags (a
-    field missing or not plain digits, a byte that may be Unicode whitespace) is split and read by ``str.split``
-    and ``int``, and named if its size is bad."""
+    over the chunk's bytes by the field kernel (:func:`rank_dataset.core.native.line_fields`) into two arrays reused
+    from chunk to chunk, then ``put`` in the columns; a line it flags (a field missing or not plain digits, a byte
+    that may be Unicode whitespace) is split and read by ``str.split`` and ``int``, and named if its size is bad."""
+    scratch = np.empty((2, 0), np.uint32)
     for first, n, base, data, reader in lines.chunks():
-        widths, heights = out[0, first : first + n], out[1, first : first + n]
+        if scratch.shape[1] < n:
+            scratch = np.empty((2, n), np.uint32)
+        widths, heights = scratch[0, :n], scratch[1, :n]
         samples, flagged = native.line_fields(data, width, height, widths, heights)
         if samples != n:
             raise MetaFileChangedError(lines.path, "its lines no longer end where its index says")
-        if not flagged:
-            continue
-        rows = np.flatnonzero(widths == 0)  # a flagged line's fields are both 0: no size is
-        starts, lengths = reader.take(rows + first)
-        for k, start, length in zip(rows.tolist(), (starts - base).tolist(), lengths.tolist(), strict=True):
-            if not 0 <= start <= start + length <= data.size:
-                raise MetaFileChangedError(lines.path, "its lines no longer end where its index says")
-            text = data[start : start + length].tobytes().decode("utf-8", "replace")
-            fields = text.split()
-            where = lines.where(base + start)
-            for row, field in ((0, width), (1, height)):
-                if len(fields) <= field:
-                    raise ValueError(f"{where}: no field {field} (the line has {len(fields)}): {quote(text)}")
-                try:
-                    value = int(fields[field])
-                except ValueError:
-                    raise _bad(where, f"field {field}", fields[field]) from None
-                out[row, first + k] = _checked(value, functools.partial(str, where), f"field {field}")
+        if flagged:
+            _judged(lines, width, height, first, base, data, reader, scratch[:, :n])
+        put(0, first, widths)
+        put(1, first, heights)
+
+
+def _judged(
+    lines: TextLines,
+    width: int,
+    height: int,
+    first: int,
+    base: int,
+    data: npt.NDArray[np.uint8],
+    reader: SpanReader,
+    values: npt.NDArray[np.uint32],
+) -> None:
+    """The flagged lines of a chunk (their ``values`` both 0: no size is) read by ``str.split`` and ``int``."""
+    rows = np.flatnonzero(values[0] == 0)
+    starts, lengths = reader.take(rows + first)
+    for k, start, length in zip(rows.tolist(), (starts - base).tolist(), lengths.tolist(), strict=True):
+        if not 0 <= start <= start + length <= data.size:
+            raise MetaFileChangedError(lines.path, "its lines no longer end where its index says")
+        text = data[start : start + length].tobytes().decode("utf-8", "replace")
+        fields = text.split()
+        where = lines.where(base + start)
+        for row, field in ((0, width), (1, height)):
+            if len(fields) <= field:
+                raise ValueError(f"{where}: no field {field} (the line has {len(fields)}): {quote(text)}")
+            try:
+                value = int(fields[field])
+            except ValueError:
+                raise _bad(where, f"field {field}", fields[field]) from None
+            values[row, k] = _checked(value, functools.partial(str, where), f"field {field}")
