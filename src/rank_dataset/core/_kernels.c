@@ -824,6 +824,39 @@ RD_API int rd_bucket_order(const uint16_t *keys, int64_t n, int64_t buckets, voi
     return RD_OK;
 }
 
+/* Greedy packing (rank_dataset/plan/shapes.py): each segment costs[bounds[b]:bounds[b+1]] is cut into
+ * runs of total at most limit, its first run continuing an open one of total fill[b]; starts[i] = 1 where
+ * item i does not fit the run before it, totals[b] the segment's last run's total. A cost outside
+ * [0, limit] is RD_ERANGE with its item in *bad. */
+RD_API int rd_pack_runs(const int64_t *costs, int64_t n, const int64_t *bounds, int64_t segments, int64_t limit,
+                        const int64_t *fill, uint8_t *starts, int64_t *totals, int64_t *bad) {
+    if (n < 0 || segments < 0 || limit < 0 || bounds == NULL || bad == NULL ||
+        (segments > 0 && (fill == NULL || totals == NULL)) || (n > 0 && (costs == NULL || starts == NULL)))
+        return RD_EARG;
+    *bad = -1;
+    if (bounds[0] != 0 || bounds[segments] != n) return RD_EARG;
+    for (int64_t b = 0; b < segments; b++)
+        if (bounds[b + 1] < bounds[b] || fill[b] < 0 || fill[b] > limit) return RD_EARG;
+    if (n > 0) memset(starts, 0, (size_t)n);
+    for (int64_t b = 0; b < segments; b++) {
+        int64_t t = fill[b];
+        for (int64_t i = bounds[b]; i < bounds[b + 1]; i++) {
+            const int64_t c = costs[i];
+            if (c < 0 || c > limit) {
+                *bad = i;
+                return RD_ERANGE;
+            }
+            if (t > limit - c) { /* t + c > limit, without overflow */
+                starts[i] = 1;
+                t = 0;
+            }
+            t += c;
+        }
+        totals[b] = t;
+    }
+    return RD_OK;
+}
+
 /* ---- the collective reader's exchange (rank_dataset/shards/collective/_rounds.py) ---------------- */
 
 /* Store v at a[i], a of kind RD_I64, RD_U32 or RD_I32 (the caller checked that v fits). */

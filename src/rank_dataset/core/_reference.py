@@ -34,6 +34,8 @@ __all__ = [
     "mix32",
     "pack_requests",
     "pack_rows",
+    "pack_runs",
+    "packed_args",
     "permute_cells",
     "place_lines",
     "route_items",
@@ -367,6 +369,50 @@ def bucket_order(
         raise ValueError(f"key {int(keys[item])} (item {item}) is not below buckets ({buckets})")
     order = np.argsort(keys, kind="stable").astype(dtype)  # a radix sort of 16-bit keys
     return order, np.bincount(keys, minlength=buckets).astype(np.int64)
+
+
+def packed_args(
+    costs: Any, bounds: Any, limit: int, fill: Any
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, npt.NDArray[np.int64]]:
+    """The arguments of :func:`pack_runs` as int64 arrays, checked: ``bounds`` from 0 to ``len(costs)``,
+    never decreasing; ``limit`` >= 0; one ``fill`` per segment, each in ``[0, limit]``."""
+    c = np.ascontiguousarray(costs, dtype=np.int64).reshape(-1)
+    b = np.ascontiguousarray(bounds, dtype=np.int64).reshape(-1)
+    f = np.ascontiguousarray(fill, dtype=np.int64).reshape(-1)
+    limit = int(limit)
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if b.size < 1 or b[0] != 0 or b[-1] != c.size or np.any(np.diff(b) < 0):
+        raise ValueError(f"bounds must rise from 0 to the {c.size} costs, got {b.tolist()[:8]}")
+    if f.size != b.size - 1 or (f.size and (f.min() < 0 or f.max() > limit)):
+        raise ValueError(f"fill must hold one total in [0, {limit}] per segment ({b.size - 1})")
+    return c, b, limit, f
+
+
+def pack_runs(
+    costs: Any, bounds: Any, limit: int, fill: Any
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """Greedy packing of each segment ``costs[bounds[b]:bounds[b+1]]`` into runs of total at most ``limit``,
+    its first run continuing an open run of total ``fill[b]``: ``(starts, totals)``, ``starts[i]`` 1 where
+    item ``i`` does not fit the run before it (so begins a new one), and each segment's last run's total.
+    A cost outside ``[0, limit]`` is a ValueError naming the item."""
+    c, b, limit, f = packed_args(costs, bounds, limit, fill)
+    bad = np.flatnonzero((c < 0) | (c > limit))
+    if bad.size:
+        raise ValueError(f"cost {int(c[bad[0]])} of item {int(bad[0])} is outside [0, {limit}]")
+    starts = np.zeros(c.size, np.uint8)
+    totals = f.copy()
+    cum = np.concatenate(([0], np.cumsum(c)))
+    for seg in range(f.size):
+        i, z, t = int(b[seg]), int(b[seg + 1]), int(f[seg])
+        while i < z:  # one search per run: items [i, j) fit what is left of the run
+            j = min(int(np.searchsorted(cum, int(cum[i]) + limit - t, side="right")) - 1, z)
+            if j == z:
+                t += int(cum[z] - cum[i])
+                break
+            starts[j], t, i = 1, 0, j
+        totals[seg] = t
+    return starts, totals
 
 
 def gather_lines(
