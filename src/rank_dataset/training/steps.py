@@ -348,7 +348,7 @@ class StepSampler(Sampler[list[int]]):
         ).to_dict()
         layout = self.layout
         anchor = layout.stream.anchor_of(self._skips.batch_of(step)) if isinstance(layout, ShapeLayout) else None
-        if anchor is not None:  # by budget: the batches before an epoch, so that a resume need not count them
+        if anchor is not None:  # by budget: the batches before an epoch and the runs carried into it (no replay)
             state["anchor"] = list(anchor)
         if self._skips:
             state["skip"] = self._skips.to_list()
@@ -461,7 +461,10 @@ class StepSampler(Sampler[list[int]]):
             self.layout = dataclasses.replace(layout, remix=chain if chain and len(chain.segments) > 1 else None)
         anchor = self.find_state(state).get("anchor")
         if anchor is not None and isinstance(self.layout, ShapeLayout):
-            if not (isinstance(anchor, list) and len(anchor) == 2):
-                raise ValueError(f"invalid step state: anchor must be [epoch, steps before it], got {anchor!r}")
+            if not (isinstance(anchor, list) and len(anchor) == 3 and isinstance(anchor[2], list)):
+                raise ValueError(
+                    "invalid step state: anchor must be [epoch, steps before it, [each bucket's carried samples]], "
+                    f"got {anchor!r}"
+                )
             self.layout.stream.anchor(*anchor)
         self._step, self._skips = saved.step, skips
