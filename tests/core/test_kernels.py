@@ -9,6 +9,7 @@ library that does not load fails these tests instead of skipping them.
 from __future__ import annotations
 
 import inspect
+import itertools
 import mmap
 import os
 import subprocess
@@ -736,6 +737,41 @@ def test_pack_runs_refuses_bad_arguments(kernels: Kernels) -> None:
             impl.pack_runs([1, 1], [0, 2], 5, [6])
         with pytest.raises(ValueError, match="limit must be >= 0"):
             impl.pack_runs([], [0], -1, [0])
+
+
+def _split_by_hand(costs: list[int], offsets: list[int], world: int) -> list[int]:
+    """Each batch's items by cost, highest first (ties: the earlier), dealt in rounds of ``world`` to the ranks
+    by their totals so far, lowest first (ties: the lower rank)."""
+    out = [0] * len(costs)
+    for a, z in itertools.pairwise(offsets):
+        items = sorted(range(a, z), key=lambda i: (-costs[i], i))
+        totals = [0] * world
+        for k in range(0, len(items), world):
+            ranks = sorted(range(world), key=lambda r: (totals[r], r))
+            for i, r in zip(items[k : k + world], ranks):
+                out[i] = r
+                totals[r] += costs[i]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_split_costs_deals_by_cost_in_rounds(impl: Any, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    world = int(rng.choice([1, 2, 3, 4, 8, 64]))
+    lengths = rng.integers(0, 5 * world + 3, int(rng.integers(0, 12)))
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    costs = rng.integers(0, 6 if seed % 2 else 10**9, int(offsets[-1]))  # ties, or nearly none
+    got = impl.split_costs(costs, offsets, world)
+    assert got.dtype == np.int64
+    assert got.tolist() == _split_by_hand(costs.tolist(), offsets.tolist(), world)
+
+
+def test_split_costs_refuses_bad_arguments(kernels: Kernels) -> None:
+    for impl in (kernels, ref):
+        with pytest.raises(ValueError, match="offsets must rise from 0 to the 3 costs"):
+            impl.split_costs([1, 2, 3], [0, 2], 2)
+        with pytest.raises(ValueError, match="world must be >= 1"):
+            impl.split_costs([1], [0, 1], 0)
 
 
 # --- the permutation ----------------------------------------------------------------------------------

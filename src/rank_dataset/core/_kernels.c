@@ -11,6 +11,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -853,6 +854,64 @@ RD_API int rd_pack_runs(const int64_t *costs, int64_t n, const int64_t *bounds, 
             t += c;
         }
         totals[b] = t;
+    }
+    return RD_OK;
+}
+
+/* The split of batches among ranks by cost (rank_dataset/plan/shapes.py split_by_cost). */
+typedef struct {
+    int64_t cost, item;
+} rd_costed;
+
+/* Cost high first, then the earlier item: a total order, so qsort's result is the stable sort's. */
+static int rd_costed_cmp(const void *a, const void *b) {
+    const rd_costed *x = (const rd_costed *)a, *y = (const rd_costed *)b;
+    if (x->cost != y->cost) return x->cost > y->cost ? -1 : 1;
+    return (x->item > y->item) - (x->item < y->item);
+}
+
+/* out[i] the rank of item i of the batches costs[offsets[b]:offsets[b+1]]: a batch's items by cost, highest
+ * first (ties: the earlier); round k hands its world items, highest first, to the ranks ordered by their
+ * totals so far, lowest first (ties: the lower rank). scratch holds 2 int64 per item of the longest batch;
+ * totals and order world each. */
+RD_API int rd_split_costs(const int64_t *costs, int64_t n, const int64_t *offsets, int64_t batches, int64_t world,
+                          int64_t *scratch, int64_t scratch_size, int64_t *totals, int64_t *order, int64_t *out) {
+    if (n < 0 || batches < 0 || world < 1 || offsets == NULL || totals == NULL || order == NULL ||
+        (n > 0 && (costs == NULL || out == NULL || scratch == NULL)))
+        return RD_EARG;
+    if (offsets[0] != 0 || offsets[batches] != n) return RD_EARG;
+    for (int64_t b = 0; b < batches; b++)
+        if (offsets[b + 1] < offsets[b] || 2 * (offsets[b + 1] - offsets[b]) > scratch_size) return RD_EARG;
+    rd_costed *items = (rd_costed *)scratch;
+    for (int64_t b = 0; b < batches; b++) {
+        const int64_t a = offsets[b], len = offsets[b + 1] - a;
+        for (int64_t j = 0; j < len; j++) {
+            items[j].cost = costs[a + j];
+            items[j].item = j;
+        }
+        qsort(items, (size_t)len, sizeof(rd_costed), rd_costed_cmp);
+        for (int64_t r = 0; r < world; r++) {
+            totals[r] = 0;
+            order[r] = r;
+        }
+        for (int64_t k = 0; k < len; k += world) {
+            /* the ranks by (total, rank), an insertion sort from the last round's order (nearly sorted) */
+            for (int64_t i = 1; i < world; i++) {
+                const int64_t r = order[i];
+                int64_t j = i - 1;
+                while (j >= 0 && (totals[order[j]] > totals[r] || (totals[order[j]] == totals[r] && order[j] > r))) {
+                    order[j + 1] = order[j];
+                    j--;
+                }
+                order[j + 1] = r;
+            }
+            const int64_t m = len - k < world ? len - k : world;
+            for (int64_t j = 0; j < m; j++) {
+                const int64_t r = order[j];
+                out[a + items[k + j].item] = r;
+                totals[r] += items[k + j].cost;
+            }
+        }
     }
     return RD_OK;
 }

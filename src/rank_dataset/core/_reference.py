@@ -41,6 +41,8 @@ __all__ = [
     "route_items",
     "scan_lines",
     "scatter_bounds",
+    "split_args",
+    "split_costs",
     "utf8_first_invalid",
     "verify_lines",
 ]
@@ -413,6 +415,47 @@ def pack_runs(
             starts[j], t, i = 1, 0, j
         totals[seg] = t
     return starts, totals
+
+
+def split_args(costs: Any, offsets: Any, world: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+    """The arguments of :func:`split_costs` as int64 arrays, checked: ``offsets`` from 0 to ``len(costs)``,
+    never decreasing; ``world`` >= 1."""
+    c = np.ascontiguousarray(costs, dtype=np.int64).reshape(-1)
+    off = np.ascontiguousarray(offsets, dtype=np.int64).reshape(-1)
+    world = int(world)
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    if off.size < 1 or off[0] != 0 or off[-1] != c.size or np.any(np.diff(off) < 0):
+        raise ValueError(f"offsets must rise from 0 to the {c.size} costs, got {off.tolist()[:8]}")
+    return c, off, world
+
+
+def split_costs(costs: Any, offsets: Any, world: int) -> npt.NDArray[np.int64]:
+    """The rank of each item of the batches ``costs[offsets[i]:offsets[i+1]]``, split by rounds among ``world``
+    ranks: a batch's items taken by cost, highest first (ties: the earlier); round ``k`` hands its ``world``
+    items, highest first, to the ranks in order of their total so far, lowest first (ties: the lower rank)."""
+    cost, off, world = split_args(costs, offsets, world)
+    out = np.zeros(cost.size, np.int64)
+    lengths = np.diff(off)
+    if world == 1 or not cost.size:
+        return out
+    nb = lengths.size
+    batch = np.repeat(np.arange(nb), lengths)
+    within = np.arange(cost.size) - off[:-1][batch]
+    order = np.lexsort((-cost, batch))  # by batch, then cost high first (stable: then position)
+    rounds = -(-int(lengths.max()) // world)
+    grid = np.full((nb, rounds * world), -1, np.int64)  # the item at each slot of its batch, by cost
+    grid[batch, within] = order  # sorting kept the batches in place: item i's slot in its batch is within[i]
+    totals = np.zeros((nb, world), np.int64)
+    rows = np.arange(nb)[:, None]
+    for k in range(rounds):
+        items = grid[:, k * world : (k + 1) * world]
+        ranks = np.argsort(totals, axis=1, kind="stable")
+        real = items >= 0
+        out[items[real]] = ranks[real]
+        # A row's ranks are a permutation of 0..W-1: no index repeats in a row, so += adds each once.
+        totals[rows, ranks] += np.where(real, cost[np.maximum(items, 0)], 0)
+    return out
 
 
 def gather_lines(

@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # the names each kernel object has, with its reference's sign
         route_items,
         scan_lines,
         scatter_bounds,
+        split_costs,
         utf8_first_invalid,
         verify_lines,
     )
@@ -79,6 +80,7 @@ __all__ = [
     "route_items",
     "scan_lines",
     "scatter_bounds",
+    "split_costs",
     "utf8_first_invalid",
     "verify_lines",
 ]

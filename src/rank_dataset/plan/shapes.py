@@ -163,11 +163,11 @@ def split_by_cost(costs: npt.ArrayLike, offsets: npt.ArrayLike, world_size: int)
     ``world_size`` samples): a greedy split by rounds, longest first. A batch's samples are taken by cost,
     highest first (ties: the earlier); round ``k`` hands its ``W`` samples, highest first, to the ranks in
     order of their cost so far, lowest first (ties: the lower rank). Round 0 gives each rank one sample.
-    Vectorised over the batches: ``ceil(max batch / W)`` rounds.
+    (The kernel ``split_costs``: a sort of each batch and ``ceil(batch / W)`` rounds.)
 
     Example:
         >>> split_by_cost([9, 1, 1, 1, 8], [0, 5], 2).tolist()
-        [0, 1, 1, 0, 1]
+        [0, 1, 0, 1, 1]
     """
     world = check_int("world_size", world_size, low=1)
     cost = np.asarray(costs, np.int64)
@@ -175,27 +175,7 @@ def split_by_cost(costs: npt.ArrayLike, offsets: npt.ArrayLike, world_size: int)
     lengths = np.diff(off)
     if lengths.size and lengths.min() < world:
         raise ValueError(f"a batch of {int(lengths.min())} samples cannot be split among {world} ranks")
-    out = np.empty(cost.size, np.int64)
-    if world == 1 or not cost.size:
-        out[:] = 0
-        return out
-    nb = lengths.size
-    batch = np.repeat(np.arange(nb), lengths)
-    within = np.arange(cost.size) - off[:-1][batch]
-    order = np.lexsort((within, -cost, batch))  # by batch, then cost high first, then position
-    rounds = -(-int(lengths.max()) // world)
-    grid = np.full((nb, rounds * world), -1, np.int64)  # item (sample number) at each sorted slot
-    grid[batch[order], within[order]] = order
-    totals = np.zeros((nb, world), np.int64)
-    rows = np.arange(nb)
-    for k in range(rounds):
-        items = grid[:, k * world : (k + 1) * world]
-        ranks = np.argsort(totals, axis=1, kind="stable")
-        real = items >= 0
-        out[items[real]] = ranks[real]
-        add = np.where(real, cost[np.maximum(items, 0)], 0)
-        np.add.at(totals, (np.repeat(rows, world), ranks.reshape(-1)), add.reshape(-1))
-    return out
+    return native.split_costs(cost, off, world)
 
 
 class _Table:
@@ -335,8 +315,11 @@ class ShapeStream:
         """The samples at global draws ``draws``: from a kept epoch's order, else the permutation."""
         ep, d = np.divmod(draws, self.num_samples)
         out = np.empty(draws.shape, np.int64)
-        for e in np.unique(ep).tolist():
-            where = ep == e
+        if not draws.size:
+            return out
+        lo, hi = int(ep.min()), int(ep.max())
+        for e in range(lo, hi + 1):
+            where = ep == e if lo < hi else slice(None)
             order = self._arrays.get(e, (None, None))[0]
             if order is not None:
                 out[where] = order[d[where]]
