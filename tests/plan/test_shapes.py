@@ -149,7 +149,7 @@ def check_once_in_the_stream(
     for b in range(int(buckets.max()) + 1):
         mine = np.flatnonzero(buckets[samples] == b)  # the bucket's draws in stream order
         left = missing[buckets[samples[missing]] == b]
-        assert 0 < left.size and np.array_equal(left, mine[mine.size - left.size :]), b
+        assert left.size > 0 and np.array_equal(left, mine[mine.size - left.size :]), b
         assert cost[samples[left]].sum() <= budget
         if 3 * cost[buckets == b].sum() > budget:  # the carried run cannot take 3 more epochs of its bucket
             later = np.concatenate([stream.table(e)[1] for e in range(epochs, epochs + 4)])

@@ -11,7 +11,6 @@
  */
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -863,16 +862,45 @@ typedef struct {
     int64_t cost, item;
 } rd_costed;
 
-/* Cost high first, then the earlier item: a total order, so qsort's result is the stable sort's. */
-static int rd_costed_cmp(const void *a, const void *b) {
-    const rd_costed *x = (const rd_costed *)a, *y = (const rd_costed *)b;
-    if (x->cost != y->cost) return x->cost > y->cost ? -1 : 1;
-    return (x->item > y->item) - (x->item < y->item);
+/* Whether x goes before y: cost high first, then the earlier item (a total order). */
+RD_INLINE int rd_costed_before(const rd_costed *x, const rd_costed *y) {
+    return x->cost > y->cost || (x->cost == y->cost && x->item < y->item);
+}
+
+/* Sort a[0:n] by rd_costed_before, tmp of n more: runs of 16 by insertion, then merged bottom-up. Returns
+ * the array that holds the result (a or tmp). */
+static rd_costed *rd_costed_sort(rd_costed *a, rd_costed *tmp, int64_t n) {
+    for (int64_t lo = 0; lo < n; lo += 16) {
+        const int64_t hi = lo + 16 < n ? lo + 16 : n;
+        for (int64_t i = lo + 1; i < hi; i++) {
+            const rd_costed v = a[i];
+            int64_t j = i - 1;
+            while (j >= lo && rd_costed_before(&v, &a[j])) {
+                a[j + 1] = a[j];
+                j--;
+            }
+            a[j + 1] = v;
+        }
+    }
+    rd_costed *src = a, *dst = tmp;
+    for (int64_t width = 16; width < n; width *= 2) {
+        for (int64_t lo = 0; lo < n; lo += 2 * width) {
+            const int64_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            int64_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) dst[k++] = rd_costed_before(&src[j], &src[i]) ? src[j++] : src[i++];
+            while (i < mid) dst[k++] = src[i++];
+            while (j < hi) dst[k++] = src[j++];
+        }
+        rd_costed *t = src;
+        src = dst;
+        dst = t;
+    }
+    return src;
 }
 
 /* out[i] the rank of item i of the batches costs[offsets[b]:offsets[b+1]]: a batch's items by cost, highest
  * first (ties: the earlier); round k hands its world items, highest first, to the ranks ordered by their
- * totals so far, lowest first (ties: the lower rank). scratch holds 2 int64 per item of the longest batch;
+ * totals so far, lowest first (ties: the lower rank). scratch holds 4 int64 per item of the longest batch;
  * totals and order world each. */
 RD_API int rd_split_costs(const int64_t *costs, int64_t n, const int64_t *offsets, int64_t batches, int64_t world,
                           int64_t *scratch, int64_t scratch_size, int64_t *totals, int64_t *order, int64_t *out) {
@@ -881,7 +909,7 @@ RD_API int rd_split_costs(const int64_t *costs, int64_t n, const int64_t *offset
         return RD_EARG;
     if (offsets[0] != 0 || offsets[batches] != n) return RD_EARG;
     for (int64_t b = 0; b < batches; b++)
-        if (offsets[b + 1] < offsets[b] || 2 * (offsets[b + 1] - offsets[b]) > scratch_size) return RD_EARG;
+        if (offsets[b + 1] < offsets[b] || 4 * (offsets[b + 1] - offsets[b]) > scratch_size) return RD_EARG;
     rd_costed *items = (rd_costed *)scratch;
     for (int64_t b = 0; b < batches; b++) {
         const int64_t a = offsets[b], len = offsets[b + 1] - a;
@@ -889,7 +917,7 @@ RD_API int rd_split_costs(const int64_t *costs, int64_t n, const int64_t *offset
             items[j].cost = costs[a + j];
             items[j].item = j;
         }
-        qsort(items, (size_t)len, sizeof(rd_costed), rd_costed_cmp);
+        const rd_costed *sorted = rd_costed_sort(items, items + len, len);
         for (int64_t r = 0; r < world; r++) {
             totals[r] = 0;
             order[r] = r;
@@ -908,8 +936,8 @@ RD_API int rd_split_costs(const int64_t *costs, int64_t n, const int64_t *offset
             const int64_t m = len - k < world ? len - k : world;
             for (int64_t j = 0; j < m; j++) {
                 const int64_t r = order[j];
-                out[a + items[k + j].item] = r;
-                totals[r] += items[k + j].cost;
+                out[a + sorted[k + j].item] = r;
+                totals[r] += sorted[k + j].cost;
             }
         }
     }

@@ -312,7 +312,7 @@ class Kernels:
     def split_costs(self, costs: Any, offsets: Any, world: int) -> npt.NDArray[np.int64]:
         c, off, world = _reference.split_args(costs, offsets, world)
         longest = int(np.diff(off).max()) if off.size > 1 else 0
-        scratch, totals, order = np.empty(2 * longest, np.int64), np.empty(world, np.int64), np.empty(world, np.int64)
+        scratch, totals, order = np.empty(4 * longest, np.int64), np.empty(world, np.int64), np.empty(world, np.int64)
         out = np.empty(c.size, np.int64)
         code = self._lib.rd_split_costs(
             c.ctypes.data, c.size, off.ctypes.data, off.size - 1, world, scratch.ctypes.data, scratch.size,

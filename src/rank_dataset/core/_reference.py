@@ -391,9 +391,7 @@ def packed_args(
     return c, b, limit, f
 
 
-def pack_runs(
-    costs: Any, bounds: Any, limit: int, fill: Any
-) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+def pack_runs(costs: Any, bounds: Any, limit: int, fill: Any) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
     """Greedy packing of each segment ``costs[bounds[b]:bounds[b+1]]`` into runs of total at most ``limit``,
     its first run continuing an open run of total ``fill[b]``: ``(starts, totals)``, ``starts[i]`` 1 where
     item ``i`` does not fit the run before it (so begins a new one), and each segment's last run's total.

@@ -11,13 +11,17 @@ for all when only a budget is given).
   same: a run that straddles an epoch's end holds the last samples of one epoch and the first of the next). As
   every epoch holds ``n_b`` samples of bucket ``b``, the runs completed before epoch ``e`` are
   ``sum_b floor(e * n_b / B)``: the step of any window is known without replaying the epochs before it.
-- **By budget** (``max_cost`` and an integer ``cost`` per sample): within each epoch and each bucket, the bucket's
-  samples in stream order are cut greedily into the longest runs whose total cost is at most ``max_cost``; a
-  run is emitted when its last sample is drawn. The runs start afresh each epoch (a bucket's last run of an
-  epoch is emitted at its last sample, under the budget), so each epoch is its own and holds every sample
-  once. A sample costlier than ``max_cost`` is refused. The runs before epoch ``e`` are the sum of the run
-  counts of the epochs before it: each epoch's count is one pass over it, kept by :class:`ShapeStream` and
-  carried in a resume state as an anchor ``(epoch, first step)`` so that a resume does not replay.
+- **By budget** (``max_cost`` and an integer ``cost`` per sample): the samples of each bucket, in stream order over
+  the epochs back to back, are cut greedily into runs: a run takes its bucket's next sample while its total cost
+  stays within ``max_cost``. A run is emitted at the draw of its last sample. A run still open at an epoch's end
+  (each bucket has one) carries into the next epoch, as a partial buffer does by count: it goes on there with its
+  bucket's samples, or, when the first of them does not fit it, is emitted as it is at that sample's draw (before
+  a batch that sample may close). So every batch is a full run, at an epoch's end too, and each epoch's draws are
+  read once all the same. A sample costlier than ``max_cost`` is refused, as is a bucket whose samples all cost 0
+  (its run would never end). An epoch's runs follow from its order and the runs carried into it (how many of its
+  bucket's last samples each holds), so the runs before epoch ``e`` are counted by one pass an epoch:
+  :class:`ShapeStream` keeps the counts and carries, and a resume state keeps an anchor ``(epoch, first step,
+  carried counts)`` (one count a bucket) so that a resume does not replay.
 
 A global batch's samples are listed in stream order and do not depend on the world size ``W``. By count, rank
 ``r`` takes the contiguous block ``[r*B/W, (r+1)*B/W)`` as in the plain stream. By budget, the batch is split
@@ -30,10 +34,13 @@ Windows (the shards) are cut on the epoch's draws as in :mod:`rank_dataset.plan.
 lie in earlier windows (or epochs, for a carried run); the shard reads them again by their positions, which
 are counted from the start of epoch ``e`` (negative for an earlier epoch).
 
-Cost: one epoch's table is one pass over its ``N`` draws in numpy (the permutation, a stable sort of the
-bucket ids, a cumulative sum), plus, by budget, one ``searchsorted`` per run in Python (``N / mean run``
-iterations). A window's shard is then numpy over its batches' samples, and the split ``ceil(max run / W)``
-numpy rounds over the window's batches.
+Cost: one epoch's table is one pass over its ``N`` draws: the permutation, and with several buckets a gather of
+their keys (2 bytes a draw) and a counting sort (the native ``bucket_order``); by budget, a gather of the costs
+and the greedy packing (the native ``pack_runs``). The table holds the batches alone (each a bucket and a range of
+its stream, ``N / B`` rows). A window's shard is then numpy over the rank's samples of its batches (by count), or
+over every sample of its batches (by budget: the split, the native ``split_costs``, needs each cost of a batch).
+With the epoch's order a uniform permutation of ``N``, the epoch's pass is the floor for one rank: when a batch is
+emitted depends on the buckets (by budget, the costs) of every draw before it in the epoch.
 """
 
 from __future__ import annotations
@@ -233,6 +240,7 @@ class ShapeStream:
         self.batch_size = None if batch_size is None else check_int("global_batch_size", batch_size, low=1)
         self.max_cost = None if max_cost is None else check_int("max_cost", max_cost, low=1)
         self.cost: npt.NDArray[np.int64] | None = None
+        self._costs: npt.NDArray[Any] | None = None
         if max_cost is not None:
             if cost is None:
                 raise ValueError("max_cost needs cost: an integer array of each sample's cost")
@@ -256,9 +264,11 @@ class ShapeStream:
                     "end (give its samples a cost, or put them in a bucket with others)"
                 )
             self.cost = c
+            # The costs an epoch gathers by draw: 4 bytes each where they fit.
+            self._costs = c.astype(np.uint32) if max_cost < 1 << 32 else c
         elif cost is not None:
             raise ValueError("cost is for a stream by budget: give max_cost with it")
-        self._arrays: dict[int, tuple[npt.NDArray[Any] | None, npt.NDArray[Any]]] = {}
+        self._arrays: dict[int, tuple[npt.NDArray[Any] | None, npt.NDArray[Any] | None]] = {}
         self._tables: dict[int, _Table] = {}
         self._runs: dict[int, int] = {0: 0}  # epoch -> runs before it (by budget)
         zeros = np.zeros(k, np.int64)
@@ -276,30 +286,32 @@ class ShapeStream:
 
     # -- one epoch's order, grouped by bucket ------------------------------------------------------------
 
-    def _epoch(self, epoch: int) -> tuple[npt.NDArray[Any] | None, npt.NDArray[Any]]:
-        """``(order, grouped)`` of ``epoch``: the sample at each draw (by budget; None by count) and the draws
-        grouped by bucket, in draw order within each (bucket ``b``'s at ``starts[b]:starts[b+1]``). One pass
-        over the epoch: the permutation, and for several buckets a gather of their keys and a counting sort.
-        The epochs next to the latest asked for are kept."""
+    def _epoch(self, epoch: int) -> tuple[npt.NDArray[Any] | None, npt.NDArray[Any] | None]:
+        """``(costs, grouped)`` of ``epoch``: by budget, the cost of the sample at each draw (None by count);
+        with several buckets, the draws grouped by bucket, in draw order within each (bucket ``b``'s at
+        ``starts[b]:starts[b+1]``; None for one bucket: the draws in order). One pass over the epoch: the
+        permutation, and a gather of the keys and a counting sort, a gather of the costs. The epochs next to
+        the latest asked for are kept."""
         if epoch in self._arrays:
             return self._arrays[epoch]
         n = self.num_samples
         order = permute(n, self.seed, epoch, np.arange(n, dtype=np.int64))
         k = self.sizes.size
-        if k == 1:
-            grouped: npt.NDArray[Any] = np.arange(n, dtype=self._index)
-        elif self._keys is not None:
+        grouped: npt.NDArray[Any] | None = None
+        if self._keys is not None:
             grouped = native.bucket_order(self._keys[order], k, self._index)[0]
-        else:
+        elif k > 1:
             grouped = np.argsort(self.buckets[order], kind="stable").astype(self._index)
-        kept = None if self.cost is None else order.astype(self._index)
+        costs = None if self._costs is None else self._costs[order]
         self._arrays = {e: a for e, a in self._arrays.items() if abs(e - epoch) <= 1}
-        self._arrays[epoch] = kept, grouped
-        return kept, grouped
+        self._arrays[epoch] = costs, grouped
+        return costs, grouped
 
     def _draws_of(self, b: npt.NDArray[np.int64], j: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """The global draws of the ``j``-th samples (in the stream, counting every epoch) of buckets ``b``."""
         ep, r = np.divmod(j, self.sizes[b])
+        if self.sizes.size == 1:
+            return ep * self.num_samples + r
         out = np.empty(j.shape, np.int64)
         if not j.size:
             return out
@@ -307,12 +319,13 @@ class ShapeStream:
         for e in range(lo, hi + 1):
             where = ep == e if lo < hi else slice(None)
             grouped = self._epoch(e)[1]
+            assert grouped is not None
             out[where] = grouped[self.starts[b[where]] + r[where]]
             out[where] += e * self.num_samples
         return out
 
-    def _samples_at(self, draws: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """The samples at global draws ``draws``: from a kept epoch's order, else the permutation."""
+    def _costs_at(self, draws: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The costs of the samples at global draws ``draws`` (by budget)."""
         ep, d = np.divmod(draws, self.num_samples)
         out = np.empty(draws.shape, np.int64)
         if not draws.size:
@@ -320,11 +333,9 @@ class ShapeStream:
         lo, hi = int(ep.min()), int(ep.max())
         for e in range(lo, hi + 1):
             where = ep == e if lo < hi else slice(None)
-            order = self._arrays.get(e, (None, None))[0]
-            if order is not None:
-                out[where] = order[d[where]]
-            else:
-                out[where] = permute(self.num_samples, self.seed, e, d[where])
+            costs = self._epoch(e)[0]
+            assert costs is not None
+            out[where] = costs[d[where]]
         return out
 
     # -- the batches of one epoch ----------------------------------------------------------------------
@@ -353,7 +364,9 @@ class ShapeStream:
         b = np.repeat(np.arange(sizes.size), count)
         k = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count) + before[b]
         hi = (k + 1) * size
-        ends = grouped[self.starts[b] + hi - 1 - epoch * sizes[b]].astype(np.int64)
+        ends = self.starts[b] + hi - 1 - epoch * sizes[b]  # the grouped draw completing each
+        if grouped is not None:
+            ends = grouped[ends].astype(np.int64)
         step = np.argsort(ends, kind="stable")
         return _Table(ends[step], b[step], hi[step] - size, hi[step])
 
@@ -361,9 +374,10 @@ class ShapeStream:
         assert self.cost is not None and self.max_cost is not None
         sizes, starts = self.sizes, self.starts
         carry, fill = self._carry[epoch], self._fill_of(epoch)
-        order, grouped = self._epoch(epoch)
-        assert order is not None
-        costs = self.cost[order if sizes.size == 1 else order[grouped]]
+        costs, grouped = self._epoch(epoch)
+        assert costs is not None
+        if grouped is not None:
+            costs = costs[grouped]
         new, totals = native.pack_runs(costs, starts, self.max_cost, fill)
         cuts = np.flatnonzero(new)  # each closes the run before it (of its bucket)
         b = np.searchsorted(starts, cuts, side="right") - 1
@@ -374,7 +388,9 @@ class ShapeStream:
         prev = np.concatenate(([0], cuts[:-1]))
         lo = np.where(first, base - carry[b], base + prev - starts[b])
         carried = hi == base  # a carried run that the epoch's first sample of its bucket does not fit
-        at = grouped[np.where(carried, cuts, np.maximum(cuts - 1, 0))].astype(np.int64)
+        at = np.where(carried, cuts, np.maximum(cuts - 1, 0))
+        if grouped is not None:
+            at = grouped[at].astype(np.int64)
         step = np.argsort(at * 2 + ~carried, kind="stable")  # emitted at that sample's draw, before it
         last = np.full(sizes.size, -1, np.int64)
         np.maximum.at(last, b, cuts)  # each bucket's last cut
@@ -390,7 +406,7 @@ class ShapeStream:
             carry = self._carry[epoch]
             b = np.repeat(np.arange(carry.size), carry)
             j = np.arange(b.size) - np.repeat(np.cumsum(carry) - carry, carry) + epoch * self.sizes[b] - carry[b]
-            costs = self.cost[self._samples_at(self._draws_of(b, j))]
+            costs = self._costs_at(self._draws_of(b, j))
             fill = np.zeros(carry.size, np.int64)
             np.add.at(fill, b, costs)
             if fill.size and fill.max() > (self.max_cost or 0):
@@ -516,7 +532,7 @@ class ShapeStream:
         off = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
         j = np.repeat(lo - off[:-1], lengths) + np.arange(int(off[-1]))
         draws = self._draws_of(np.repeat(b, lengths), j)
-        ranks = split_by_cost(self.cost[self._samples_at(draws)], off, world)
+        ranks = split_by_cost(self._costs_at(draws), off, world)
         mine = ranks == rank
         batch = np.repeat(np.arange(stop - first), lengths)
         return draws[mine], np.bincount(batch[mine], minlength=stop - first).astype(np.int64)

@@ -92,8 +92,9 @@ class StepSampler(Sampler[list[int]]):
     global batch (a bucket's partial buffer at an epoch's end carries into the next epoch). With ``max_cost``
     and ``cost`` (``global_batch_size=None``), each global batch is the longest run of the epoch's order (of
     its bucket, with ``bucket_by``) whose total cost fits ``max_cost``, split among the ranks by cost so that
-    each rank has one sample or more and their costs are close; the runs start afresh each epoch. Either way
-    global batch ``t`` is the same samples on any world size, and a state resumes it on any world size.
+    each rank has one sample or more and their costs are close; a run open at an epoch's end carries into the
+    next epoch (as a partial buffer does), so an epoch's last batches are full runs too. Either way global batch
+    ``t`` is the same samples on any world size, and a state resumes it on any world size.
 
     Args:
         dataset: a RankDataset (train mode; any reader, mix, subsets, ``exclude=``, ``aug_repeats``; by shape:
