@@ -225,7 +225,7 @@ class ShapeStream:
     ) -> None:
         n = self.num_samples = check_int("num_samples", num_samples, low=1)
         self.seed = seed
-        ids = np.zeros(n, np.int64) if buckets is None else np.asarray(buckets, np.int64)
+        ids = np.zeros(n, np.int64) if buckets is None else np.ascontiguousarray(buckets, np.int64)
         if ids.shape != (n,):
             raise ValueError(f"buckets must hold one id per sample ({n}), got shape {ids.shape}")
         self.buckets = ids
@@ -257,7 +257,8 @@ class ShapeStream:
                     f"sample {i} costs {int(c[i])}, more than max_cost={max_cost}: it fits no batch "
                     f"({over.size} samples are over the budget)"
                 )
-            free = np.flatnonzero(np.bincount(ids[c > 0], minlength=k) == 0)
+            priced = np.bincount(ids[c > 0], minlength=k) if k > 1 else np.array([int(c.any())])
+            free = np.flatnonzero(priced == 0)
             if free.size:
                 raise ValueError(
                     f"every sample of bucket {int(free[0])} costs 0: a run of it would never reach max_cost and "
@@ -276,12 +277,14 @@ class ShapeStream:
         self._fill: dict[int, npt.NDArray[np.int64]] = {0: zeros}  # epoch -> each bucket's open run's cost
         empty = np.empty(0, np.int64)
         self._share: tuple[tuple[int, ...], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = ((), (empty, empty))
-        digest = hashlib.sha256(ids.tobytes())
-        if self.cost is None:
+        if self._costs is None:
+            digest = hashlib.sha256(ids.data)  # the array's buffer, not a copy of it
             digest.update(repr((self.batch_size, self.max_cost)).encode())
-        else:  # runs carried across epochs' ends (a stream other than the per-epoch runs')
-            digest.update(repr((self.batch_size, self.max_cost, "carry")).encode())
-            digest.update(self.cost.tobytes())
+        else:  # runs carried across epochs' ends; the ids and costs as compact as they are kept
+            digest = hashlib.sha256(repr(("carry", n, k, self.max_cost)).encode())
+            if k > 1:
+                digest.update((ids if self._keys is None else self._keys).data)
+            digest.update(self._costs.data)
         self.digest = digest.hexdigest()[:16]
 
     # -- one epoch's order, grouped by bucket ------------------------------------------------------------
