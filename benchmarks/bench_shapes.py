@@ -176,7 +176,10 @@ def plan_rows(plan: dict[str, float], world: int, size: int, windows: int) -> li
         table = plan.get(f"{name}_tables")
         cells = ["-" if table is None else f"{table * 1e3:.1f}", f"{plan[f'{name}_built'] / (2 * windows) * 1e3:.1f}"]
         rows.append(f"| {label} | {plan[name] * 1e3:.1f} | {ratio(plan[name], plan['plain'])} | {' | '.join(cells)} |")
-    rows += ["", *PLAN_TEXT.format(world=world).split("\n")]
+    floor = (
+        max(plan.get("bucketed_tables", 0.0), plan.get("budget_tables", 0.0)) / plan["plain"] if plan["plain"] else 0
+    )
+    rows += ["", PLAN_TEXT.format(world=world, floor=floor)]
     return rows
 
 
@@ -188,9 +191,10 @@ PLAN_TEXT = (
     "own N / (M W) positions a window, whereas when a batch by bucket is emitted depends on the bucket of every "
     "earlier draw of the epoch (the buckets interleave), and a budget batch on the packing of every earlier draw "
     "and, for its split, on the cost of each of its samples. So a rank's floor is one pass over the epoch's N "
-    "draws, N / M a window: W = {world} times the plain layout's positions, each a permutation step and a gather "
-    "of its bucket or cost. What is left above that floor is the counting sort (bucketed) and the greedy packing "
-    "and the split (budget; C kernels). Below it lies only sharing the epoch's table among a node's ranks (the pass "
+    "draws, N / M a window: W = {world} times the plain layout's positions, each a permutation step and a random "
+    "gather of its bucket or cost (the tables alone: up to {floor:.0f}x the plain layout a window). What is left "
+    "above that floor is the rank's share of each window: its samples (bucketed); every sample's cost and the split "
+    "(budget, a C kernel). Below it lies only sharing the epoch's table among a node's ranks (the pass "
     "divided by them) or another definition of the epoch's order (a random bucket pattern whose prefix counts a "
     "window can draw without the draws before it): neither is built."
 )
