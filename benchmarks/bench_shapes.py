@@ -105,7 +105,7 @@ def imbalance(w: np.ndarray, h: np.ndarray, world: int, per_rank: int, steps: in
     budget = int(cost.mean() * size)
     stream = ShapeStream(n, 1, None, max_cost=budget, cost=cost)
     _, members, offsets = stream.table(0)
-    k = min(steps, offsets.size - 2)  # not the epoch's last run: it holds what is left, maybe fewer than W
+    k = min(steps, offsets.size - 1)
     off = offsets[: k + 1]
     samples = stream_samples(members[: off[-1]], n, 1)
     owner = split_by_cost(cost[samples], off, world)
@@ -117,26 +117,145 @@ def imbalance(w: np.ndarray, h: np.ndarray, world: int, per_rank: int, steps: in
 
 def plan_cpu(n: int, buckets: np.ndarray, cost: np.ndarray, world: int, size: int, windows: int) -> dict[str, float]:
     """CPU seconds per window for rank 0: positions and samples of every window of epochs 0 and 1, for a fresh
-    layout (what a rank builds once) of each kind."""
+    layout (what a rank builds once) of each kind; and the CPU of the epochs' tables alone (their pass over N),
+    per window."""
     from rank_dataset.plan.schedule import BatchSchedule
     from rank_dataset.plan.shapes import ShapeLayout, ShapeStream
     from rank_dataset.plan.steps import StepLayout
 
-    def run(make: Any, measured: int) -> float:
+    built: dict[str, float] = {}
+
+    def run(make: Any, measured: int, name: str) -> float:
         t = time.process_time()
         layout = make()
+        built[name] = time.process_time() - t
         for epoch in range(2):
             for m in range(measured):
                 pos = layout.positions(n, world, 0, windows, epoch, m)
                 layout.indices(pos, n, 1, epoch)
         return (time.process_time() - t) / (2 * measured)
 
-    plain = run(lambda: StepLayout(BatchSchedule.of(size)), windows)
-    bucketed = run(lambda: ShapeLayout(ShapeStream(n, 1, buckets, batch_size=size)), windows)
-    # By budget, an epoch's last batch (what is left of it under the budget) may hold fewer samples than W, which
-    # the stream refuses, naming the step: the epoch's last window is left out.
-    budget = run(lambda: ShapeLayout(ShapeStream(n, 1, None, max_cost=int(cost.mean() * size), cost=cost)), windows - 1)
-    return {"plain": plain, "bucketed": bucketed, "budget": budget}
+    def tables(make: Any) -> float:
+        stream = make()
+        t = time.process_time()
+        for epoch in range(2):
+            stream.steps_of(windows, epoch, 0)  # the epoch's table, nothing more
+        return (time.process_time() - t) / (2 * windows)
+
+    def bucketed_stream() -> ShapeStream:
+        return ShapeStream(n, 1, buckets, batch_size=size)
+
+    def budget_stream() -> ShapeStream:
+        return ShapeStream(n, 1, None, max_cost=int(cost.mean() * size), cost=cost)
+
+    plain = run(lambda: StepLayout(BatchSchedule.of(size)), windows, "plain")
+    bucketed = run(lambda: ShapeLayout(bucketed_stream()), windows, "bucketed")
+    budget = run(lambda: ShapeLayout(budget_stream()), windows, "budget")
+    return {
+        "plain": plain,
+        "bucketed": bucketed,
+        "budget": budget,
+        "bucketed_tables": tables(bucketed_stream),
+        "budget_tables": tables(budget_stream),
+        **{f"{k}_built": v for k, v in built.items()},
+    }
+
+
+def plan_rows(plan: dict[str, float], world: int, size: int, windows: int) -> list[str]:
+    """The plan's table and its text."""
+    rows = [
+        f"## The plan's CPU time per rank per window (W = {world}, global batch {size}, {windows} windows an epoch)",
+        "",
+        "| layout | CPU ms a window | vs plain StepSampler | of which the epochs' tables | of which building it |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, label in (
+        ("plain", "plain StepSampler"),
+        ("bucketed", "bucketed (aspect-ratio groups)"),
+        ("budget", "by budget (pixels)"),
+    ):
+        table = plan.get(f"{name}_tables")
+        cells = ["-" if table is None else f"{table * 1e3:.1f}", f"{plan[f'{name}_built'] / (2 * windows) * 1e3:.1f}"]
+        rows.append(f"| {label} | {plan[name] * 1e3:.1f} | {ratio(plan[name], plan['plain'])} | {' | '.join(cells)} |")
+    floor = (
+        max(plan.get("bucketed_tables", 0.0), plan.get("budget_tables", 0.0)) / plan["plain"] if plan["plain"] else 0
+    )
+    rows += ["", PLAN_TEXT.format(world=world, floor=floor)]
+    return rows
+
+
+PLAN_TEXT = (
+    "Rank 0's positions and samples of every window of two epochs, a fresh layout, divided by the windows; of "
+    "which the epochs' tables (one pass over N an epoch, at its first window) and building the layout (once a run: "
+    "its checks and digest). The target was at most 1.3x the plain layout. It is not met, and with the epoch's "
+    "order a uniform permutation of N a rank alone cannot meet it: a plain rank evaluates the permutation at its "
+    "own N / (M W) positions a window, whereas when a batch by bucket is emitted depends on the bucket of every "
+    "earlier draw of the epoch (the buckets interleave), and a budget batch on the packing of every earlier draw "
+    "and, for its split, on the cost of each of its samples. So a rank's floor is one pass over the epoch's N "
+    "draws, N / M a window: W = {world} times the plain layout's positions, each a permutation step and a random "
+    "gather of its bucket or cost (the tables alone: up to {floor:.0f}x the plain layout a window). What is left "
+    "above that floor is the rank's share of each window: its samples (bucketed); every sample's cost and the split "
+    "(budget, a C kernel). Below it lies only sharing the epoch's table among a node's ranks (the pass "
+    "divided by them) or another definition of the epoch's order (a random bucket pattern whose prefix counts a "
+    "window can draw without the draws before it): neither is built."
+)
+
+
+def replace_section(md: Path, rows: list[str]) -> None:
+    """Put ``rows`` (a section from its ``## `` heading) in place of the section of that heading in ``md``."""
+    lines = md.read_text().splitlines()
+    title = rows[0].split("(")[0]
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    md.write_text("\n".join([*lines[:start], *rows, "", *lines[end:]]) + "\n")
+
+
+def balance_rows(balance: dict[int, tuple[float, float, float]], b: int, steps: int) -> list[str]:
+    """The ranks' cost imbalance table and its text."""
+    rows = [
+        "## Ranks' cost imbalance (a step's largest rank cost over the ranks' mean, pixels)",
+        "",
+        "| W | equal-count batches | budget batches (greedy split) | budget batches' mean samples a step |",
+        "|---:|---:|---:|---:|",
+    ]
+    for world, (equal, budget, mean) in balance.items():
+        rows.append(f"| {world} | {equal:.3f} | {budget:.3f} | {mean:.1f} (equal count: {world * b}) |")
+    rows += [
+        "",
+        f"Equal-count: {b} images a rank of a random order. Budget: `max_cost` = the mean pixels of {b} images times "
+        f"W, each step the longest run of the stream within it, split by `split_by_cost`. Over the first "
+        f"{steps:,} steps of an epoch.",
+    ]
+    return rows
+
+
+def only(args: argparse.Namespace) -> int:
+    """``--only``: the sections named, measured again, in place of theirs in the results' markdown and JSON."""
+    import json
+
+    from rank_dataset import aspect_ratio_groups
+
+    n, b = args.lines, args.batch
+    w, h = coco_like_sizes(n)
+    md, data_path = args.out / "shapes.md", args.out / "shapes.json"
+    data = json.loads(data_path.read_text())
+    command = f"python benchmarks/bench_shapes.py --lines {n} --batch {b} --windows {args.windows}"
+    command += f" --balance-steps {args.balance_steps} --only {' --only '.join(args.only)}"
+    sections = []
+    if "balance" in args.only:
+        balance = {world: imbalance(w, h, world, b, args.balance_steps) for world in (8, 64)}
+        data["balance"] = {str(k): v for k, v in balance.items()}
+        sections.append(balance_rows(balance, b, args.balance_steps))
+    if "plan" in args.only:
+        plan = plan_cpu(n, aspect_ratio_groups(w, h), w * h, 8, 8 * b, args.windows)
+        data["plan"] = plan
+        sections.append(plan_rows(plan, 8, 8 * b, args.windows))
+    for rows in sections:
+        note = f"Measured again alone: `{command}`. Load average at the end: {load_note()}."
+        replace_section(md, [*rows, "", note])
+        print("\n".join(rows))
+    data_path.write_text(json.dumps(data, indent=2))
+    return 0
 
 
 _SIZES = """
@@ -363,13 +482,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument(
         "--only",
-        choices=["all", "sizes"],
-        default="all",
-        help="sizes: measure the sizes_of table alone and replace it in --out's shapes.md and shapes.json",
+        action="append",
+        choices=["plan", "balance", "sizes"],
+        help="measure this section alone, in place of its table in --out's results (repeatable); "
+        "sizes: the sizes_of table",
     )
     args = parser.parse_args(argv)
-    if args.only == "sizes":
-        return _only_sizes(args)
+    if args.only:
+        if "sizes" in args.only:
+            _only_sizes(args)
+        if set(args.only) - {"sizes"}:
+            args.only = [name for name in args.only if name != "sizes"]
+            return only(args)
+        return 0
 
     from rank_dataset import SDXL_RESOLUTIONS, aspect_ratio_groups, nearest_resolution
 
@@ -425,37 +550,9 @@ def main(argv: list[str] | None = None) -> int:
         "each rank's buffers, of the same buckets). Each batch is padded to its largest width and largest height: a "
         "diffusion trainer resizes each image to its bucket's resolution instead, where the waste is the crop.",
         "",
-        "## Ranks' cost imbalance (a step's largest rank cost over the ranks' mean, pixels)",
+        *balance_rows(balance, b, args.balance_steps),
         "",
-        "| W | equal-count batches | budget batches (greedy split) | budget batches' mean samples a step |",
-        "|---:|---:|---:|---:|",
-    ]
-    for world, (equal, budget, mean) in balance.items():
-        rows.append(f"| {world} | {equal:.3f} | {budget:.3f} | {mean:.1f} (equal count: {world * b}) |")
-    rows += [
-        "",
-        f"Equal-count: {b} images a rank of a random order. Budget: `max_cost` = the mean pixels of {b} images times "
-        f"W, each step the longest run of the stream within it, split by `split_by_cost`. Over the first "
-        f"{args.balance_steps:,} steps of an epoch.",
-        "",
-        f"## The plan's CPU time per rank per window (W = 8, global batch {8 * b}, {args.windows} windows an epoch)",
-        "",
-        "| layout | CPU ms a window | vs plain StepSampler |",
-        "|---|---:|---:|",
-    ]
-    for name, label in (
-        ("plain", "plain StepSampler"),
-        ("bucketed", "bucketed (aspect-ratio groups)"),
-        ("budget", "by budget (pixels)"),
-    ):
-        rows.append(f"| {label} | {plan[name] * 1e3:.1f} | {ratio(plan[name], plan['plain'])} |")
-    rows += [
-        "",
-        "Rank 0's positions and samples of every window of two epochs, a fresh layout (what a rank builds once: the "
-        "bucketed and budget layouts compute each epoch's table, a pass over N, at its first window), divided by the "
-        "windows. The target was at most 1.3x the plain layout. By budget the epoch's last window is left out: its "
-        "last batch, what is left of the epoch under the budget, may hold fewer samples than W, which the stream "
-        "refuses (a ValueError naming the step).",
+        *plan_rows(plan, 8, 8 * b, args.windows),
         "",
     ]
     rows += _sizes_rows(steps, n)

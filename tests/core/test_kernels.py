@@ -9,6 +9,7 @@ library that does not load fails these tests instead of skipping them.
 from __future__ import annotations
 
 import inspect
+import itertools
 import mmap
 import os
 import subprocess
@@ -695,6 +696,82 @@ def test_bucket_order_refuses_bad_keys(kernels: Kernels) -> None:
             impl.bucket_order(keys, 8, np.int32)
         with pytest.raises(ValueError, match="buckets"):
             impl.bucket_order(keys, 0)
+
+
+def _packed_by_hand(costs: list[int], bounds: list[int], limit: int, fill: list[int]) -> tuple[list[int], list[int]]:
+    """Greedy packing item by item: a run takes the next item while its total stays within ``limit``."""
+    starts, totals = [0] * len(costs), []
+    for b, t in enumerate(fill):
+        for i in range(bounds[b], bounds[b + 1]):
+            if t + costs[i] > limit:
+                starts[i], t = 1, 0
+            t += costs[i]
+        totals.append(t)
+    return starts, totals
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pack_runs_is_the_greedy_packing(impl: Any, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(0, 400)), int(rng.integers(1, 6))
+    limit = int(rng.integers(0, 60))
+    costs = rng.integers(0, limit + 1, n)
+    if seed % 4 == 0:  # runs of zero costs, and items of the whole limit
+        costs[rng.random(n) < 0.3] = 0
+        costs[rng.random(n) < 0.1] = limit
+    bounds = np.concatenate(([0], np.sort(rng.integers(0, n + 1, k - 1)), [n]))
+    fill = rng.integers(0, limit + 1, k)
+    starts, totals = impl.pack_runs(costs, bounds, limit, fill)
+    want = _packed_by_hand(costs.tolist(), bounds.tolist(), limit, fill.tolist())
+    assert starts.dtype == np.uint8 and totals.dtype == np.int64
+    assert (starts.tolist(), totals.tolist()) == want
+
+
+def test_pack_runs_refuses_bad_arguments(kernels: Kernels) -> None:
+    for impl in (kernels, ref):
+        with pytest.raises(ValueError, match=r"cost 9 of item 1 is outside \[0, 5\]"):
+            impl.pack_runs([1, 9], [0, 2], 5, [0])
+        with pytest.raises(ValueError, match="bounds must rise from 0 to the 2 costs"):
+            impl.pack_runs([1, 1], [0, 1], 5, [0])
+        with pytest.raises(ValueError, match="fill must hold one total"):
+            impl.pack_runs([1, 1], [0, 2], 5, [6])
+        with pytest.raises(ValueError, match="limit must be >= 0"):
+            impl.pack_runs([], [0], -1, [0])
+
+
+def _split_by_hand(costs: list[int], offsets: list[int], world: int) -> list[int]:
+    """Each batch's items by cost, highest first (ties: the earlier), dealt in rounds of ``world`` to the ranks
+    by their totals so far, lowest first (ties: the lower rank)."""
+    out = [0] * len(costs)
+    for a, z in itertools.pairwise(offsets):
+        items = sorted(range(a, z), key=lambda i: (-costs[i], i))
+        totals = [0] * world
+        for k in range(0, len(items), world):
+            ranks = sorted(range(world), key=lambda r: (totals[r], r))
+            for i, r in zip(items[k : k + world], ranks):
+                out[i] = r
+                totals[r] += costs[i]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_split_costs_deals_by_cost_in_rounds(impl: Any, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    world = int(rng.choice([1, 2, 3, 4, 8, 64]))
+    lengths = rng.integers(0, 5 * world + 3, int(rng.integers(0, 12)))
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    costs = rng.integers(0, 6 if seed % 2 else 10**9, int(offsets[-1]))  # ties, or nearly none
+    got = impl.split_costs(costs, offsets, world)
+    assert got.dtype == np.int64
+    assert got.tolist() == _split_by_hand(costs.tolist(), offsets.tolist(), world)
+
+
+def test_split_costs_refuses_bad_arguments(kernels: Kernels) -> None:
+    for impl in (kernels, ref):
+        with pytest.raises(ValueError, match="offsets must rise from 0 to the 3 costs"):
+            impl.split_costs([1, 2, 3], [0, 2], 2)
+        with pytest.raises(ValueError, match="world must be >= 1"):
+            impl.split_costs([1], [0, 1], 0)
 
 
 # --- the permutation ----------------------------------------------------------------------------------

@@ -41,23 +41,24 @@ def reference_by_count(n: int, buckets: np.ndarray, size: int, steps: int) -> li
 
 
 def reference_by_budget(n: int, buckets: np.ndarray, cost: np.ndarray, budget: int, epochs: int) -> list[list[int]]:
-    """Greedy runs per epoch and bucket, in order of their last draw."""
+    """Greedy runs per bucket over the epochs' orders back to back, sample by sample: a run takes the next sample
+    of its bucket while its cost stays within the budget. A run closed in the epoch of its last sample is emitted at
+    that sample's draw; one carried from an earlier epoch, at the draw of the sample that does not fit it (before
+    a run whose last sample is that one). The batches emitted in epochs ``[0, epochs)``."""
     out = []
+    runs: dict[int, tuple[list[int], int, int]] = {}  # bucket -> (samples, cost, epoch of the last)
+    last: dict[int, int] = {}
     for epoch in range(epochs):
-        order = permute(n, SEED, epoch, np.arange(n)).tolist()
-        runs: dict[int, tuple[list[int], int]] = {}
-        done: list[tuple[int, list[int]]] = []
-        last: dict[int, int] = {}
-        for d, s in enumerate(order):
+        done: list[tuple[int, int, list[int]]] = []
+        for d, s in enumerate(permute(n, SEED, epoch, np.arange(n)).tolist()):
             b = int(buckets[s])
-            run, total = runs.get(b, ([], 0))
+            run, total, at = runs.get(b, ([], 0, epoch))
             if run and total + cost[s] > budget:
-                done.append((last[b], run))
+                done.append((last[b], 1, run) if at == epoch else (d, 0, run))
                 run, total = [], 0
-            runs[b] = ([*run, s], total + int(cost[s]))
+            runs[b] = ([*run, s], total + int(cost[s]), epoch)
             last[b] = d
-        done += [(last[b], run) for b, (run, _) in runs.items() if run]
-        out += [run for _, run in sorted(done, key=lambda x: x[0])]
+        out += [run for _, _, run in sorted(done, key=lambda x: (x[0], x[1]))]
     return out
 
 
@@ -136,13 +137,30 @@ def test_by_budget_matches_the_greedy_runs_and_splits_among_ranks(case: int) -> 
                 read(stream, world, mini, short[0], 1)
 
 
+def check_once_in_the_stream(
+    stream: ShapeStream, n: int, buckets: np.ndarray, cost: np.ndarray, budget: int, epochs: int
+) -> None:
+    """By budget, the batches of epochs ``[0, epochs)`` hold each draw of the stream once, but each bucket's
+    open run at the end: its last draws in the stream, within the budget, which the next epoch's batches hold."""
+    draws = np.concatenate([stream.table(e)[1] for e in range(epochs)])
+    assert np.unique(draws).size == draws.size and draws.min() >= 0 and draws.max() < epochs * n
+    missing = np.setdiff1d(np.arange(epochs * n), draws)
+    samples = np.concatenate([permute(n, SEED, e, np.arange(n)) for e in range(epochs)])
+    for b in range(int(buckets.max()) + 1):
+        mine = np.flatnonzero(buckets[samples] == b)  # the bucket's draws in stream order
+        left = missing[buckets[samples[missing]] == b]
+        assert left.size > 0 and np.array_equal(left, mine[mine.size - left.size :]), b
+        assert cost[samples[left]].sum() <= budget
+        if 3 * cost[buckets == b].sum() > budget:  # the carried run cannot take 3 more epochs of its bucket
+            later = np.concatenate([stream.table(e)[1] for e in range(epochs, epochs + 4)])
+            assert np.isin(left, later).all(), b
+
+
 @pytest.mark.parametrize("case", range(4))
 def test_every_sample_once_an_epoch(case: int) -> None:
     n, buckets, cost = random_case(case)
     by_budget = ShapeStream(n, SEED, buckets, max_cost=150, cost=cost)
-    for e in range(3):  # by budget: an epoch's batches are its draws, each once
-        members = by_budget.table(e)[1]
-        assert sorted(members.tolist()) == list(range(e * n, (e + 1) * n))
+    check_once_in_the_stream(by_budget, n, buckets, cost, 150, 4)
     by_count = ShapeStream(n, SEED, buckets, batch_size=8)
     draws = np.concatenate([by_count.table(e)[1] for e in range(4)])
     assert np.unique(draws).size == draws.size
@@ -170,7 +188,8 @@ def test_resume_at_a_random_step_on_another_world_size(case: int) -> None:
     t = int(rng.integers(0, len(full)))
     fresh = ShapeStream(n, SEED, buckets, max_cost=400, cost=cost)
     e = stream.epoch_of(t)
-    fresh.anchor(e, stream.steps_before(e))  # a resume state's anchor: no replay
+    fresh.anchor(*stream.anchor_of(stream.steps_before(e)))  # a resume state's anchor: no replay
+    assert fresh.anchor_of(t)[0] == e
     assert fresh.epoch_of(t) == e and fresh.steps_before(e + 1) == stream.steps_before(e + 1)
     again = read(fresh, 1, 3, t, len(full) - t)
     assert again == full[t:]
@@ -181,6 +200,49 @@ def test_resume_at_a_random_step_on_another_world_size(case: int) -> None:
         ranks = read(ShapeStream(n, SEED, None, max_cost=400, cost=cost), w, 1, t, len(one) - t)
         assert [sorted(flat(r)) for r in ranks] == [sorted(b[0]) for b in one[t:]]
         assert all(all(r) for r in ranks)
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_budget_runs_carry_across_epoch_ends_on_any_world_size(case: int) -> None:
+    # Costs in [1, 10] and a budget of 80 or more: every run that closes holds more than 70, so 8 samples or
+    # more, at an epoch's end too (its open runs carry on into the next epoch): no step is too short for W <= 8.
+    rng = np.random.default_rng(100 + case)
+    n = int(rng.integers(30, 200))
+    buckets = rng.integers(0, int(rng.integers(1, 4)), n)
+    cost = rng.integers(1, 11, n)
+    budget = int(rng.integers(80, 200))
+    epochs = 5
+    expected = reference_by_budget(n, buckets, cost, budget, epochs)
+    stream = ShapeStream(n, SEED, buckets, max_cost=budget, cost=cost)
+    steps = stream.steps_before(epochs)
+    assert len(expected) == steps and all(len(b) >= 8 for b in expected)
+    check_once_in_the_stream(stream, n, buckets, cost, budget, epochs)
+    for world in WORLDS:
+        mini = int(rng.integers(1, 5))
+        got = read(ShapeStream(n, SEED, buckets, max_cost=budget, cost=cost), world, mini, 0, steps)
+        assert [sorted(flat(r)) for r in got] == [sorted(b) for b in expected], world
+        assert all(all(r) for r in got)
+        # a resume at a random step on another world size, from the state's anchor alone
+        t = int(rng.integers(0, steps))
+        done = ShapeStream(n, SEED, buckets, max_cost=budget, cost=cost)
+        done.epoch_of(t)
+        anchor = done.anchor_of(t)
+        assert anchor is not None and len(repr(anchor)) < 200
+        fresh = ShapeStream(n, SEED, buckets, max_cost=budget, cost=cost)
+        fresh.anchor(*anchor)
+        other = WORLDS[(WORLDS.index(world) + 1 + case) % len(WORLDS)]
+        again = read(fresh, other, 1 + case % 3, t, steps - t)
+        assert [sorted(flat(r)) for r in again] == [sorted(b) for b in expected[t:]], (world, other, t)
+
+
+def test_an_anchor_is_checked() -> None:
+    stream = ShapeStream(10, SEED, np.arange(10) % 2, max_cost=20, cost=np.full(10, 3))
+    with pytest.raises(ValueError, match="carry must hold one count for each of the 2 buckets"):
+        stream.anchor(1, 3, [1])
+    with pytest.raises(ValueError, match="carry must hold one count"):
+        stream.anchor(1, 3, [1, 6])  # more than the bucket's 5 samples before epoch 1
+    with pytest.raises(ValueError, match="every sample of bucket 1 costs 0"):
+        ShapeStream(4, SEED, np.array([0, 1, 0, 1]), max_cost=5, cost=np.array([1, 0, 1, 0]))
 
 
 def test_greedy_split_beats_equal_counts() -> None:

@@ -824,6 +824,126 @@ RD_API int rd_bucket_order(const uint16_t *keys, int64_t n, int64_t buckets, voi
     return RD_OK;
 }
 
+/* Greedy packing (rank_dataset/plan/shapes.py): each segment costs[bounds[b]:bounds[b+1]] is cut into
+ * runs of total at most limit, its first run continuing an open one of total fill[b]; starts[i] = 1 where
+ * item i does not fit the run before it, totals[b] the segment's last run's total. A cost outside
+ * [0, limit] is RD_ERANGE with its item in *bad. */
+RD_API int rd_pack_runs(const int64_t *costs, int64_t n, const int64_t *bounds, int64_t segments, int64_t limit,
+                        const int64_t *fill, uint8_t *starts, int64_t *totals, int64_t *bad) {
+    if (n < 0 || segments < 0 || limit < 0 || bounds == NULL || bad == NULL ||
+        (segments > 0 && (fill == NULL || totals == NULL)) || (n > 0 && (costs == NULL || starts == NULL)))
+        return RD_EARG;
+    *bad = -1;
+    if (bounds[0] != 0 || bounds[segments] != n) return RD_EARG;
+    for (int64_t b = 0; b < segments; b++)
+        if (bounds[b + 1] < bounds[b] || fill[b] < 0 || fill[b] > limit) return RD_EARG;
+    if (n > 0) memset(starts, 0, (size_t)n);
+    for (int64_t b = 0; b < segments; b++) {
+        int64_t t = fill[b];
+        for (int64_t i = bounds[b]; i < bounds[b + 1]; i++) {
+            const int64_t c = costs[i];
+            if (c < 0 || c > limit) {
+                *bad = i;
+                return RD_ERANGE;
+            }
+            if (t > limit - c) { /* t + c > limit, without overflow */
+                starts[i] = 1;
+                t = 0;
+            }
+            t += c;
+        }
+        totals[b] = t;
+    }
+    return RD_OK;
+}
+
+/* The split of batches among ranks by cost (rank_dataset/plan/shapes.py split_by_cost). */
+typedef struct {
+    int64_t cost, item;
+} rd_costed;
+
+/* Whether x goes before y: cost high first, then the earlier item (a total order). */
+RD_INLINE int rd_costed_before(const rd_costed *x, const rd_costed *y) {
+    return x->cost > y->cost || (x->cost == y->cost && x->item < y->item);
+}
+
+/* Sort a[0:n] by rd_costed_before, tmp of n more: runs of 16 by insertion, then merged bottom-up. Returns
+ * the array that holds the result (a or tmp). */
+static rd_costed *rd_costed_sort(rd_costed *a, rd_costed *tmp, int64_t n) {
+    for (int64_t lo = 0; lo < n; lo += 16) {
+        const int64_t hi = lo + 16 < n ? lo + 16 : n;
+        for (int64_t i = lo + 1; i < hi; i++) {
+            const rd_costed v = a[i];
+            int64_t j = i - 1;
+            while (j >= lo && rd_costed_before(&v, &a[j])) {
+                a[j + 1] = a[j];
+                j--;
+            }
+            a[j + 1] = v;
+        }
+    }
+    rd_costed *src = a, *dst = tmp;
+    for (int64_t width = 16; width < n; width *= 2) {
+        for (int64_t lo = 0; lo < n; lo += 2 * width) {
+            const int64_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            int64_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) dst[k++] = rd_costed_before(&src[j], &src[i]) ? src[j++] : src[i++];
+            while (i < mid) dst[k++] = src[i++];
+            while (j < hi) dst[k++] = src[j++];
+        }
+        rd_costed *t = src;
+        src = dst;
+        dst = t;
+    }
+    return src;
+}
+
+/* out[i] the rank of item i of the batches costs[offsets[b]:offsets[b+1]]: a batch's items by cost, highest
+ * first (ties: the earlier); round k hands its world items, highest first, to the ranks ordered by their
+ * totals so far, lowest first (ties: the lower rank). scratch holds 4 int64 per item of the longest batch;
+ * totals and order world each. */
+RD_API int rd_split_costs(const int64_t *costs, int64_t n, const int64_t *offsets, int64_t batches, int64_t world,
+                          int64_t *scratch, int64_t scratch_size, int64_t *totals, int64_t *order, int64_t *out) {
+    if (n < 0 || batches < 0 || world < 1 || offsets == NULL || totals == NULL || order == NULL ||
+        (n > 0 && (costs == NULL || out == NULL || scratch == NULL)))
+        return RD_EARG;
+    if (offsets[0] != 0 || offsets[batches] != n) return RD_EARG;
+    for (int64_t b = 0; b < batches; b++)
+        if (offsets[b + 1] < offsets[b] || 4 * (offsets[b + 1] - offsets[b]) > scratch_size) return RD_EARG;
+    rd_costed *items = (rd_costed *)scratch;
+    for (int64_t b = 0; b < batches; b++) {
+        const int64_t a = offsets[b], len = offsets[b + 1] - a;
+        for (int64_t j = 0; j < len; j++) {
+            items[j].cost = costs[a + j];
+            items[j].item = j;
+        }
+        const rd_costed *sorted = rd_costed_sort(items, items + len, len);
+        for (int64_t r = 0; r < world; r++) {
+            totals[r] = 0;
+            order[r] = r;
+        }
+        for (int64_t k = 0; k < len; k += world) {
+            /* the ranks by (total, rank), an insertion sort from the last round's order (nearly sorted) */
+            for (int64_t i = 1; i < world; i++) {
+                const int64_t r = order[i];
+                int64_t j = i - 1;
+                while (j >= 0 && (totals[order[j]] > totals[r] || (totals[order[j]] == totals[r] && order[j] > r))) {
+                    order[j + 1] = order[j];
+                    j--;
+                }
+                order[j + 1] = r;
+            }
+            const int64_t m = len - k < world ? len - k : world;
+            for (int64_t j = 0; j < m; j++) {
+                const int64_t r = order[j];
+                out[a + sorted[k + j].item] = r;
+                totals[r] += sorted[k + j].cost;
+            }
+        }
+    }
+    return RD_OK;
+}
+
 /* ---- the collective reader's exchange (rank_dataset/shards/collective/_rounds.py) ---------------- */
 
 /* Store v at a[i], a of kind RD_I64, RD_U32 or RD_I32 (the caller checked that v fits). */

@@ -45,6 +45,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rd_permute": (_INT, [_I64T, _I64T, _INT, _P, _INT, _P, _I64T, _P, _P]),
     "rd_check_lines": (_INT, [_P, _I64T, _P, _P, _P, _I64T, _I64T, _INT, _P]),
     "rd_bucket_order": (_INT, [_P, _I64T, _I64T, _P, _INT, _P, _P]),
+    "rd_pack_runs": (_INT, [_P, _I64T, _P, _I64T, _I64T, _P, _P, _P, _P]),
+    "rd_split_costs": (_INT, [_P, _I64T, _P, _I64T, _I64T, _P, _I64T, _P, _P, _P]),
     "rd_gather_lines": (
         _INT,
         [_P, _I64T, _I64T, _P, _P, _INT, _I64T, _P, _INT, _I64T, _P, _I64T, _I64T, _INT, _P],
@@ -292,6 +294,33 @@ class Kernels:
             raise ValueError(f"key {int(k[bad.value])} (item {bad.value}) is not below buckets ({buckets})")
         _check(code, "bucket_order")
         return out, counts
+
+    def pack_runs(
+        self, costs: Any, bounds: Any, limit: int, fill: Any
+    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+        c, b, limit, f = _reference.packed_args(costs, bounds, limit, fill)
+        starts, totals = np.empty(c.size, np.uint8), np.empty(f.size, np.int64)
+        bad = ctypes.c_int64(-1)
+        code = self._lib.rd_pack_runs(
+            c.ctypes.data, c.size, b.ctypes.data, f.size, limit, f.ctypes.data, starts.ctypes.data,
+            totals.ctypes.data, ctypes.byref(bad),
+        )  # fmt: skip
+        if code == _ERANGE:
+            raise ValueError(f"cost {int(c[bad.value])} of item {bad.value} is outside [0, {limit}]")
+        _check(code, "pack_runs")
+        return starts, totals
+
+    def split_costs(self, costs: Any, offsets: Any, world: int) -> npt.NDArray[np.int64]:
+        c, off, world = _reference.split_args(costs, offsets, world)
+        longest = int(np.diff(off).max()) if off.size > 1 else 0
+        scratch, totals, order = np.empty(4 * longest, np.int64), np.empty(world, np.int64), np.empty(world, np.int64)
+        out = np.empty(c.size, np.int64)
+        code = self._lib.rd_split_costs(
+            c.ctypes.data, c.size, off.ctypes.data, off.size - 1, world, scratch.ctypes.data, scratch.size,
+            totals.ctypes.data, order.ctypes.data, out.ctypes.data,
+        )  # fmt: skip
+        _check(code, "split_costs")
+        return out
 
     def gather_lines(
         self,

@@ -35,11 +35,15 @@ __all__ = [
     "mix32",
     "pack_requests",
     "pack_rows",
+    "pack_runs",
+    "packed_args",
     "permute_cells",
     "place_lines",
     "route_items",
     "scan_lines",
     "scatter_bounds",
+    "split_args",
+    "split_costs",
     "utf8_first_invalid",
     "verify_lines",
 ]
@@ -368,6 +372,89 @@ def bucket_order(
         raise ValueError(f"key {int(keys[item])} (item {item}) is not below buckets ({buckets})")
     order = np.argsort(keys, kind="stable").astype(dtype)  # a radix sort of 16-bit keys
     return order, np.bincount(keys, minlength=buckets).astype(np.int64)
+
+
+def packed_args(
+    costs: Any, bounds: Any, limit: int, fill: Any
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, npt.NDArray[np.int64]]:
+    """The arguments of :func:`pack_runs` as int64 arrays, checked: ``bounds`` from 0 to ``len(costs)``,
+    never decreasing; ``limit`` >= 0; one ``fill`` per segment, each in ``[0, limit]``."""
+    c = np.ascontiguousarray(costs, dtype=np.int64).reshape(-1)
+    b = np.ascontiguousarray(bounds, dtype=np.int64).reshape(-1)
+    f = np.ascontiguousarray(fill, dtype=np.int64).reshape(-1)
+    limit = int(limit)
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if b.size < 1 or b[0] != 0 or b[-1] != c.size or np.any(np.diff(b) < 0):
+        raise ValueError(f"bounds must rise from 0 to the {c.size} costs, got {b.tolist()[:8]}")
+    if f.size != b.size - 1 or (f.size and (f.min() < 0 or f.max() > limit)):
+        raise ValueError(f"fill must hold one total in [0, {limit}] per segment ({b.size - 1})")
+    return c, b, limit, f
+
+
+def pack_runs(costs: Any, bounds: Any, limit: int, fill: Any) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """Greedy packing of each segment ``costs[bounds[b]:bounds[b+1]]`` into runs of total at most ``limit``,
+    its first run continuing an open run of total ``fill[b]``: ``(starts, totals)``, ``starts[i]`` 1 where
+    item ``i`` does not fit the run before it (so begins a new one), and each segment's last run's total.
+    A cost outside ``[0, limit]`` is a ValueError naming the item."""
+    c, b, limit, f = packed_args(costs, bounds, limit, fill)
+    bad = np.flatnonzero((c < 0) | (c > limit))
+    if bad.size:
+        raise ValueError(f"cost {int(c[bad[0]])} of item {int(bad[0])} is outside [0, {limit}]")
+    starts = np.zeros(c.size, np.uint8)
+    totals = f.copy()
+    cum = np.concatenate(([0], np.cumsum(c)))
+    for seg in range(f.size):
+        i, z, t = int(b[seg]), int(b[seg + 1]), int(f[seg])
+        while i < z:  # one search per run: items [i, j) fit what is left of the run
+            j = min(int(np.searchsorted(cum, int(cum[i]) + limit - t, side="right")) - 1, z)
+            if j == z:
+                t += int(cum[z] - cum[i])
+                break
+            starts[j], t, i = 1, 0, j
+        totals[seg] = t
+    return starts, totals
+
+
+def split_args(costs: Any, offsets: Any, world: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+    """The arguments of :func:`split_costs` as int64 arrays, checked: ``offsets`` from 0 to ``len(costs)``,
+    never decreasing; ``world`` >= 1."""
+    c = np.ascontiguousarray(costs, dtype=np.int64).reshape(-1)
+    off = np.ascontiguousarray(offsets, dtype=np.int64).reshape(-1)
+    world = int(world)
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    if off.size < 1 or off[0] != 0 or off[-1] != c.size or np.any(np.diff(off) < 0):
+        raise ValueError(f"offsets must rise from 0 to the {c.size} costs, got {off.tolist()[:8]}")
+    return c, off, world
+
+
+def split_costs(costs: Any, offsets: Any, world: int) -> npt.NDArray[np.int64]:
+    """The rank of each item of the batches ``costs[offsets[i]:offsets[i+1]]``, split by rounds among ``world``
+    ranks: a batch's items taken by cost, highest first (ties: the earlier); round ``k`` hands its ``world``
+    items, highest first, to the ranks in order of their total so far, lowest first (ties: the lower rank)."""
+    cost, off, world = split_args(costs, offsets, world)
+    out = np.zeros(cost.size, np.int64)
+    lengths = np.diff(off)
+    if world == 1 or not cost.size:
+        return out
+    nb = lengths.size
+    batch = np.repeat(np.arange(nb), lengths)
+    within = np.arange(cost.size) - off[:-1][batch]
+    order = np.lexsort((-cost, batch))  # by batch, then cost high first (stable: then position)
+    rounds = -(-int(lengths.max()) // world)
+    grid = np.full((nb, rounds * world), -1, np.int64)  # the item at each slot of its batch, by cost
+    grid[batch, within] = order  # sorting kept the batches in place: item i's slot in its batch is within[i]
+    totals = np.zeros((nb, world), np.int64)
+    rows = np.arange(nb)[:, None]
+    for k in range(rounds):
+        items = grid[:, k * world : (k + 1) * world]
+        ranks = np.argsort(totals, axis=1, kind="stable")
+        real = items >= 0
+        out[items[real]] = ranks[real]
+        # A row's ranks are a permutation of 0..W-1: no index repeats in a row, so += adds each once.
+        totals[rows, ranks] += np.where(real, cost[np.maximum(items, 0)], 0)
+    return out
 
 
 def gather_lines(

@@ -234,7 +234,7 @@ class SourceCounter:
             elif end <= stop and e in self._shape_epochs:
                 out[e, 0] = self._shape_epochs[e]
             else:
-                offsets = stream.table(e)[2]
+                offsets = stream.batch_offsets(e)
                 out[e, 0] = int(offsets[min(end, stop) - base])
                 if end <= stop:
                     self._shape_epochs[e] = int(out[e, 0])

@@ -11,13 +11,17 @@ for all when only a budget is given).
   same: a run that straddles an epoch's end holds the last samples of one epoch and the first of the next). As
   every epoch holds ``n_b`` samples of bucket ``b``, the runs completed before epoch ``e`` are
   ``sum_b floor(e * n_b / B)``: the step of any window is known without replaying the epochs before it.
-- **By budget** (``max_cost`` and an integer ``cost`` per sample): within each epoch and each bucket, the bucket's
-  samples in stream order are cut greedily into the longest runs whose total cost is at most ``max_cost``; a
-  run is emitted when its last sample is drawn. The runs start afresh each epoch (a bucket's last run of an
-  epoch is emitted at its last sample, under the budget), so each epoch is its own and holds every sample
-  once. A sample costlier than ``max_cost`` is refused. The runs before epoch ``e`` are the sum of the run
-  counts of the epochs before it: each epoch's count is one pass over it, kept by :class:`ShapeStream` and
-  carried in a resume state as an anchor ``(epoch, first step)`` so that a resume does not replay.
+- **By budget** (``max_cost`` and an integer ``cost`` per sample): the samples of each bucket, in stream order over
+  the epochs back to back, are cut greedily into runs: a run takes its bucket's next sample while its total cost
+  stays within ``max_cost``. A run is emitted at the draw of its last sample. A run still open at an epoch's end
+  (each bucket has one) carries into the next epoch, as a partial buffer does by count: it goes on there with its
+  bucket's samples, or, when the first of them does not fit it, is emitted as it is at that sample's draw (before
+  a batch that sample may close). So every batch is a full run, at an epoch's end too, and each epoch's draws are
+  read once all the same. A sample costlier than ``max_cost`` is refused, as is a bucket whose samples all cost 0
+  (its run would never end). An epoch's runs follow from its order and the runs carried into it (how many of its
+  bucket's last samples each holds), so the runs before epoch ``e`` are counted by one pass an epoch:
+  :class:`ShapeStream` keeps the counts and carries, and a resume state keeps an anchor ``(epoch, first step,
+  carried counts)`` (one count a bucket) so that a resume does not replay.
 
 A global batch's samples are listed in stream order and do not depend on the world size ``W``. By count, rank
 ``r`` takes the contiguous block ``[r*B/W, (r+1)*B/W)`` as in the plain stream. By budget, the batch is split
@@ -30,10 +34,13 @@ Windows (the shards) are cut on the epoch's draws as in :mod:`rank_dataset.plan.
 lie in earlier windows (or epochs, for a carried run); the shard reads them again by their positions, which
 are counted from the start of epoch ``e`` (negative for an earlier epoch).
 
-Cost: one epoch's table is one pass over its ``N`` draws in numpy (the permutation, a stable sort of the
-bucket ids, a cumulative sum), plus, by budget, one ``searchsorted`` per run in Python (``N / mean run``
-iterations). A window's shard is then numpy over its batches' samples, and the split ``ceil(max run / W)``
-numpy rounds over the window's batches.
+Cost: one epoch's table is one pass over its ``N`` draws: the permutation, and with several buckets a gather of
+their keys (2 bytes a draw) and a counting sort (the native ``bucket_order``); by budget, a gather of the costs
+and the greedy packing (the native ``pack_runs``). The table holds the batches alone (each a bucket and a range of
+its stream, ``N / B`` rows). A window's shard is then numpy over the rank's samples of its batches (by count), or
+over every sample of its batches (by budget: the split, the native ``split_costs``, needs each cost of a batch).
+With the epoch's order a uniform permutation of ``N``, the epoch's pass is the floor for one rank: when a batch is
+emitted depends on the buckets (by budget, the costs) of every draw before it in the epoch.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import native
 from rank_dataset.core.checks import check_int
 from rank_dataset.plan.permutation import permute
 from rank_dataset.plan.schedule import BatchSchedule
@@ -162,11 +170,11 @@ def split_by_cost(costs: npt.ArrayLike, offsets: npt.ArrayLike, world_size: int)
     ``world_size`` samples): a greedy split by rounds, longest first. A batch's samples are taken by cost,
     highest first (ties: the earlier); round ``k`` hands its ``W`` samples, highest first, to the ranks in
     order of their cost so far, lowest first (ties: the lower rank). Round 0 gives each rank one sample.
-    Vectorised over the batches: ``ceil(max batch / W)`` rounds.
+    (The kernel ``split_costs``: a sort of each batch and ``ceil(batch / W)`` rounds.)
 
     Example:
         >>> split_by_cost([9, 1, 1, 1, 8], [0, 5], 2).tolist()
-        [0, 1, 1, 0, 1]
+        [0, 1, 0, 1, 1]
     """
     world = check_int("world_size", world_size, low=1)
     cost = np.asarray(costs, np.int64)
@@ -174,27 +182,20 @@ def split_by_cost(costs: npt.ArrayLike, offsets: npt.ArrayLike, world_size: int)
     lengths = np.diff(off)
     if lengths.size and lengths.min() < world:
         raise ValueError(f"a batch of {int(lengths.min())} samples cannot be split among {world} ranks")
-    out = np.empty(cost.size, np.int64)
-    if world == 1 or not cost.size:
-        out[:] = 0
-        return out
-    nb = lengths.size
-    batch = np.repeat(np.arange(nb), lengths)
-    within = np.arange(cost.size) - off[:-1][batch]
-    order = np.lexsort((within, -cost, batch))  # by batch, then cost high first, then position
-    rounds = -(-int(lengths.max()) // world)
-    grid = np.full((nb, rounds * world), -1, np.int64)  # item (sample number) at each sorted slot
-    grid[batch[order], within[order]] = order
-    totals = np.zeros((nb, world), np.int64)
-    rows = np.arange(nb)
-    for k in range(rounds):
-        items = grid[:, k * world : (k + 1) * world]
-        ranks = np.argsort(totals, axis=1, kind="stable")
-        real = items >= 0
-        out[items[real]] = ranks[real]
-        add = np.where(real, cost[np.maximum(items, 0)], 0)
-        np.add.at(totals, (np.repeat(rows, world), ranks.reshape(-1)), add.reshape(-1))
-    return out
+    return native.split_costs(cost, off, world)
+
+
+class _Table:
+    """One epoch's batches in step order: batch ``i`` holds the ``j``-th samples of bucket ``bucket[i]`` in the
+    stream (counting every epoch), ``j`` in ``[lo[i], hi[i])``, and is emitted at draw ``ends[i]`` of the epoch.
+    ``offsets`` are the batches' cumulative sizes."""
+
+    __slots__ = ("bucket", "ends", "hi", "lo", "offsets")
+
+    def __init__(self, ends: npt.NDArray[np.int64], bucket: npt.NDArray[np.int64], lo: npt.NDArray[np.int64],
+                 hi: npt.NDArray[np.int64]) -> None:  # fmt: skip
+        self.ends, self.bucket, self.lo, self.hi = ends, bucket, lo, hi
+        self.offsets = np.concatenate(([0], np.cumsum(hi - lo))).astype(np.int64)
 
 
 class ShapeStream:
@@ -208,7 +209,8 @@ class ShapeStream:
 
     Raises:
         ValueError: both or neither of ``batch_size`` and ``max_cost``; a cost array of another length, negative
-            or not integer; a sample costlier than ``max_cost`` (naming it).
+            or not integer; a sample costlier than ``max_cost`` (naming it); by budget, a bucket whose samples all
+            cost 0 (its run would never end).
     """
 
     def __init__(
@@ -223,17 +225,22 @@ class ShapeStream:
     ) -> None:
         n = self.num_samples = check_int("num_samples", num_samples, low=1)
         self.seed = seed
-        ids = np.zeros(n, np.int64) if buckets is None else np.asarray(buckets, np.int64)
+        ids = np.zeros(n, np.int64) if buckets is None else np.ascontiguousarray(buckets, np.int64)
         if ids.shape != (n,):
             raise ValueError(f"buckets must hold one id per sample ({n}), got shape {ids.shape}")
         self.buckets = ids
         self.sizes = np.bincount(ids)  # n_b
-        self.starts = np.concatenate(([0], np.cumsum(self.sizes)))
+        self.starts = np.concatenate(([0], np.cumsum(self.sizes))).astype(np.int64)
+        k = self.sizes.size
+        # The keys of the epochs' counting sort (a gather of 2 bytes a draw, not 8); none for one bucket.
+        self._keys = ids.astype(np.uint16) if 1 < k <= 1 << 16 else None
+        self._index = np.uint32 if n <= 1 << 32 else np.int64  # the dtype of an epoch's draws
         if (batch_size is None) == (max_cost is None):
             raise ValueError("give a global batch size or a max_cost (with cost), not both nor neither")
         self.batch_size = None if batch_size is None else check_int("global_batch_size", batch_size, low=1)
         self.max_cost = None if max_cost is None else check_int("max_cost", max_cost, low=1)
         self.cost: npt.NDArray[np.int64] | None = None
+        self._costs: npt.NDArray[Any] | None = None
         if max_cost is not None:
             if cost is None:
                 raise ValueError("max_cost needs cost: an integer array of each sample's cost")
@@ -250,94 +257,179 @@ class ShapeStream:
                     f"sample {i} costs {int(c[i])}, more than max_cost={max_cost}: it fits no batch "
                     f"({over.size} samples are over the budget)"
                 )
+            priced = np.bincount(ids[c > 0], minlength=k) if k > 1 else np.array([int(c.any())])
+            free = np.flatnonzero(priced == 0)
+            if free.size:
+                raise ValueError(
+                    f"every sample of bucket {int(free[0])} costs 0: a run of it would never reach max_cost and "
+                    "end (give its samples a cost, or put them in a bucket with others)"
+                )
             self.cost = c
+            # The costs an epoch gathers by draw: 4 bytes each where they fit.
+            self._costs = c.astype(np.uint32) if max_cost < 1 << 32 else c
         elif cost is not None:
             raise ValueError("cost is for a stream by budget: give max_cost with it")
-        self._tables: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+        self._arrays: dict[int, tuple[npt.NDArray[Any] | None, npt.NDArray[Any] | None]] = {}
+        self._tables: dict[int, _Table] = {}
         self._runs: dict[int, int] = {0: 0}  # epoch -> runs before it (by budget)
+        zeros = np.zeros(k, np.int64)
+        self._carry: dict[int, npt.NDArray[np.int64]] = {0: zeros}  # epoch -> each bucket's open run's samples
+        self._fill: dict[int, npt.NDArray[np.int64]] = {0: zeros}  # epoch -> each bucket's open run's cost
         empty = np.empty(0, np.int64)
         self._share: tuple[tuple[int, ...], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = ((), (empty, empty))
-        digest = hashlib.sha256(ids.tobytes())
-        digest.update(repr((self.batch_size, self.max_cost)).encode())
-        if self.cost is not None:
-            digest.update(self.cost.tobytes())
+        if self._costs is None:
+            digest = hashlib.sha256(ids.data)  # the array's buffer, not a copy of it
+            digest.update(repr((self.batch_size, self.max_cost)).encode())
+        else:  # runs carried across epochs' ends; the ids and costs as compact as they are kept
+            digest = hashlib.sha256(repr(("carry", n, k, self.max_cost)).encode())
+            if k > 1:
+                digest.update((ids if self._keys is None else self._keys).data)
+            digest.update(self._costs.data)
         self.digest = digest.hexdigest()[:16]
 
-    def _by_bucket(self, epoch: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """Epoch ``epoch``'s order (the sample at each draw) and its draws grouped by bucket, in draw order
-        within each."""
-        order = permute(self.num_samples, self.seed, epoch, np.arange(self.num_samples, dtype=np.int64))
-        return order, np.argsort(self.buckets[order], kind="stable").astype(np.int64)
+    # -- one epoch's order, grouped by bucket ------------------------------------------------------------
 
-    def table(self, epoch: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """The batches completed in ``epoch``, in step order: ``(ends, members, offsets)``, the draw (within
-        the epoch) of each batch's last sample, and the batches' samples as global draws, batch ``i`` being
-        ``members[offsets[i]:offsets[i+1]]``. The last two epochs' tables are kept."""
+    def _epoch(self, epoch: int) -> tuple[npt.NDArray[Any] | None, npt.NDArray[Any] | None]:
+        """``(costs, grouped)`` of ``epoch``: by budget, the cost of the sample at each draw (None by count);
+        with several buckets, the draws grouped by bucket, in draw order within each (bucket ``b``'s at
+        ``starts[b]:starts[b+1]``; None for one bucket: the draws in order). One pass over the epoch: the
+        permutation, and a gather of the keys and a counting sort, a gather of the costs. The epochs next to
+        the latest asked for are kept."""
+        if epoch in self._arrays:
+            return self._arrays[epoch]
+        n = self.num_samples
+        order = permute(n, self.seed, epoch, np.arange(n, dtype=np.int64))
+        k = self.sizes.size
+        grouped: npt.NDArray[Any] | None = None
+        if self._keys is not None:
+            grouped = native.bucket_order(self._keys[order], k, self._index)[0]
+        elif k > 1:
+            grouped = np.argsort(self.buckets[order], kind="stable").astype(self._index)
+        costs = None if self._costs is None else self._costs[order]
+        self._arrays = {e: a for e, a in self._arrays.items() if abs(e - epoch) <= 1}
+        self._arrays[epoch] = costs, grouped
+        return costs, grouped
+
+    def _draws_of(self, b: npt.NDArray[np.int64], j: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The global draws of the ``j``-th samples (in the stream, counting every epoch) of buckets ``b``."""
+        ep, r = np.divmod(j, self.sizes[b])
+        if self.sizes.size == 1:
+            return ep * self.num_samples + r
+        out = np.empty(j.shape, np.int64)
+        if not j.size:
+            return out
+        lo, hi = int(ep.min()), int(ep.max())
+        for e in range(lo, hi + 1):
+            where = ep == e if lo < hi else slice(None)
+            grouped = self._epoch(e)[1]
+            assert grouped is not None
+            out[where] = grouped[self.starts[b[where]] + r[where]]
+            out[where] += e * self.num_samples
+        return out
+
+    def _costs_at(self, draws: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The costs of the samples at global draws ``draws`` (by budget)."""
+        ep, d = np.divmod(draws, self.num_samples)
+        out = np.empty(draws.shape, np.int64)
+        if not draws.size:
+            return out
+        lo, hi = int(ep.min()), int(ep.max())
+        for e in range(lo, hi + 1):
+            where = ep == e if lo < hi else slice(None)
+            costs = self._epoch(e)[0]
+            assert costs is not None
+            out[where] = costs[d[where]]
+        return out
+
+    # -- the batches of one epoch ----------------------------------------------------------------------
+
+    def _table(self, epoch: int) -> _Table:
+        """The batches emitted in ``epoch``, in step order (see :class:`_Table`). The last two are kept."""
         if epoch in self._tables:
             return self._tables[epoch]
-        n, base = self.num_samples, epoch * self.num_samples
-        order, grouped = self._by_bucket(epoch)
-        bucket = np.repeat(np.arange(self.sizes.size), self.sizes)  # bucket of each grouped entry
         if self.batch_size is not None:
-            size = self.batch_size
-            j = epoch * self.sizes[bucket] + (np.arange(n) - self.starts[bucket])  # index of the sample in its bucket
-            done = np.flatnonzero(j % size == size - 1)
-            ends = grouped[done]
-            step_order = np.argsort(ends, kind="stable")
-            ends, done = ends[step_order], done[step_order]
-            first = (j[done] - (size - 1))[:, None] + np.arange(size)[None, :]  # members' indices in their bucket
-            b = bucket[done][:, None]
-            members = self._draws_of(b, first, epoch, grouped).reshape(-1)
-            offsets = np.arange(ends.size + 1, dtype=np.int64) * size
+            table = self._count_table(epoch)
         else:
-            ends, members, offsets = self._budget_runs(grouped, bucket, order)
-            members += base
-            if epoch in self._runs:
-                self._runs[epoch + 1] = self._runs[epoch] + ends.size
-        table = ends, members, offsets
+            known = max(e for e in self._carry if e <= epoch)
+            for e in range(known, epoch):  # the runs carried into ``epoch`` follow from the epochs before it
+                self._table(e)
+            table = self._budget_table(epoch)
         self._tables = {e: t for e, t in self._tables.items() if e == epoch - 1}
         self._tables[epoch] = table
         return table
 
-    def _draws_of(
-        self, b: npt.NDArray[np.int64], j: npt.NDArray[np.int64], epoch: int, grouped: npt.NDArray[np.int64]
-    ) -> npt.NDArray[np.int64]:
-        """The global draws of the ``j``-th samples (in the stream) of buckets ``b`` (runs ending in ``epoch``)."""
-        sizes = self.sizes[b]
-        ep, r = np.divmod(j, sizes)
-        out = np.empty(j.shape, np.int64)
-        for e in np.unique(ep).tolist():
-            where = ep == e
-            rows = grouped if e == epoch else self._by_bucket(e)[1]
-            bb = np.broadcast_to(b, j.shape)[where]
-            out[where] = rows[self.starts[bb] + r[where]] + e * self.num_samples
-        return out
+    def _count_table(self, epoch: int) -> _Table:
+        size, sizes = self.batch_size, self.sizes
+        assert size is not None
+        grouped = self._epoch(epoch)[1]
+        before, after = epoch * sizes // size, (epoch + 1) * sizes // size  # runs of each bucket completed
+        count = after - before
+        b = np.repeat(np.arange(sizes.size), count)
+        k = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count) + before[b]
+        hi = (k + 1) * size
+        ends = self.starts[b] + hi - 1 - epoch * sizes[b]  # the grouped draw completing each
+        if grouped is not None:
+            ends = grouped[ends].astype(np.int64)
+        step = np.argsort(ends, kind="stable")
+        return _Table(ends[step], b[step], hi[step] - size, hi[step])
 
-    def _budget_runs(
-        self, grouped: npt.NDArray[np.int64], bucket: npt.NDArray[np.int64], order: npt.NDArray[np.int64]
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """The greedy runs of one epoch (see the module): ``(ends, members, offsets)`` as :meth:`table`, the
-        members as draws within the epoch. One ``searchsorted`` per run."""
+    def _budget_table(self, epoch: int) -> _Table:
         assert self.cost is not None and self.max_cost is not None
-        n = self.num_samples
-        cum = np.concatenate(([0], np.cumsum(self.cost[order[grouped]])))
-        limit = self.max_cost
-        cuts = []
-        ends_of_bucket = self.starts[1:]
-        i = 0
-        while i < n:
-            stop = int(ends_of_bucket[bucket[i]])
-            j = int(np.searchsorted(cum, cum[i] + limit, side="right")) - 1
-            i = min(j, stop)
-            cuts.append(i)
-        bounds = np.concatenate(([0], np.asarray(cuts, np.int64)))
-        ends = grouped[bounds[1:] - 1]
-        step_order = np.argsort(ends, kind="stable")
-        lengths = np.diff(bounds)[step_order]
-        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-        firsts = bounds[:-1][step_order]
-        idx = np.repeat(firsts - offsets[:-1], lengths) + np.arange(int(offsets[-1]))
-        return ends[step_order], grouped[idx], offsets
+        sizes, starts = self.sizes, self.starts
+        carry, fill = self._carry[epoch], self._fill_of(epoch)
+        costs, grouped = self._epoch(epoch)
+        assert costs is not None
+        if grouped is not None:
+            costs = costs[grouped]
+        new, totals = native.pack_runs(costs, starts, self.max_cost, fill)
+        cuts = np.flatnonzero(new)  # each closes the run before it (of its bucket)
+        b = np.searchsorted(starts, cuts, side="right") - 1
+        first = np.ones(cuts.size, bool)
+        first[1:] = b[1:] != b[:-1]
+        base = epoch * sizes[b]  # the stream index of the bucket's first sample of the epoch
+        hi = base + cuts - starts[b]
+        prev = np.concatenate(([0], cuts[:-1]))
+        lo = np.where(first, base - carry[b], base + prev - starts[b])
+        carried = hi == base  # a carried run that the epoch's first sample of its bucket does not fit
+        at = np.where(carried, cuts, np.maximum(cuts - 1, 0))
+        if grouped is not None:
+            at = grouped[at].astype(np.int64)
+        step = np.argsort(at * 2 + ~carried, kind="stable")  # emitted at that sample's draw, before it
+        last = np.full(sizes.size, -1, np.int64)
+        np.maximum.at(last, b, cuts)  # each bucket's last cut
+        out = np.where(last >= 0, starts[1:] - last, carry + sizes)
+        self._carry[epoch + 1], self._fill[epoch + 1] = out, totals
+        self._runs[epoch + 1] = self._runs[epoch] + cuts.size
+        return _Table(at[step], b[step], lo[step], hi[step])
+
+    def _fill_of(self, epoch: int) -> npt.NDArray[np.int64]:
+        """Each bucket's open run's cost at ``epoch``'s start (from its samples, after a resume's anchor)."""
+        if epoch not in self._fill:
+            assert self.cost is not None
+            carry = self._carry[epoch]
+            b = np.repeat(np.arange(carry.size), carry)
+            j = np.arange(b.size) - np.repeat(np.cumsum(carry) - carry, carry) + epoch * self.sizes[b] - carry[b]
+            costs = self._costs_at(self._draws_of(b, j))
+            fill = np.zeros(carry.size, np.int64)
+            np.add.at(fill, b, costs)
+            if fill.size and fill.max() > (self.max_cost or 0):
+                raise ValueError(f"invalid anchor: the runs carried into epoch {epoch} cost more than max_cost")
+            self._fill[epoch] = fill
+        return self._fill[epoch]
+
+    def table(self, epoch: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The batches emitted in ``epoch``, in step order: ``(ends, members, offsets)``, the draw (within the
+        epoch) at which each is emitted, and the batches' samples as global draws, batch ``i`` being
+        ``members[offsets[i]:offsets[i+1]]`` (all of them: a pass over the epoch's batches)."""
+        t = self._table(epoch)
+        lengths = t.hi - t.lo
+        b = np.repeat(t.bucket, lengths)
+        j = np.repeat(t.lo - t.offsets[:-1], lengths) + np.arange(int(t.offsets[-1]))
+        return t.ends, self._draws_of(b, j), t.offsets
+
+    def batch_offsets(self, epoch: int) -> npt.NDArray[np.int64]:
+        """The cumulative sizes of the batches emitted in ``epoch``, in step order."""
+        return self._table(epoch).offsets
 
     def steps_before(self, epoch: int) -> int:
         """The global batches completed before ``epoch`` (by budget: the run counts of the epochs before it,
@@ -346,20 +438,41 @@ class ShapeStream:
             return int(np.sum(epoch * self.sizes // self.batch_size))
         known = max(e for e in self._runs if e <= epoch)
         for e in range(known, epoch):
-            self._runs[e + 1] = self._runs[e] + self.table(e)[0].size
+            self._table(e)
         return self._runs[epoch]
 
-    def anchor(self, epoch: int, steps_before: int) -> None:
-        """Record that ``steps_before`` batches precede ``epoch`` (from a resume state)."""
-        self._runs[check_int("epoch", epoch, low=0)] = check_int("steps", steps_before, low=0)
+    def anchor(self, epoch: int, steps_before: int, carry: Sequence[int]) -> None:
+        """Record that ``steps_before`` batches precede ``epoch`` and each bucket's open run holds its last
+        ``carry[b]`` samples of the stream before it (from a resume state).
 
-    def anchor_of(self, step: int) -> tuple[int, int] | None:
-        """By budget, the latest epoch known to start at or before ``step`` and the batches before it: what a
-        resume state keeps so that a resume does not replay the epochs (None by count: not needed)."""
+        Raises:
+            ValueError: ``carry`` not one count >= 0 per bucket.
+        """
+        counts = np.asarray(carry)
+        e = check_int("epoch", epoch, low=0)
+        if (
+            counts.shape != self.sizes.shape
+            or not np.issubdtype(counts.dtype, np.integer)
+            or counts.min() < 0
+            or np.any(counts > e * self.sizes)
+        ):
+            raise ValueError(
+                f"invalid anchor: carry must hold one count for each of the {self.sizes.size} buckets, each at "
+                f"most the bucket's samples of the epochs before {e}, got {list(carry)[:8]!r}"
+            )
+        self._runs[e] = check_int("steps", steps_before, low=0)
+        self._carry[e] = counts.astype(np.int64)
+        self._fill.pop(e, None)
+        self._tables = {}
+
+    def anchor_of(self, step: int) -> tuple[int, int, list[int]] | None:
+        """By budget, the latest epoch known to start at or before ``step``, the batches before it and the
+        runs carried into it: what a resume state keeps so that a resume does not replay the epochs (None by
+        count: not needed)."""
         if self.batch_size is not None:
             return None
         epoch = max(e for e, s in self._runs.items() if s <= step)
-        return epoch, self._runs[epoch]
+        return epoch, self._runs[epoch], self._carry[epoch].tolist()
 
     def epoch_of(self, step: int) -> int:
         """The epoch in which global batch ``step`` is completed."""
@@ -400,27 +513,29 @@ class ShapeStream:
             return np.empty(0, np.int64), np.empty(0, np.int64)
         epoch = self.epoch_of(first)
         base = self.steps_before(epoch)
-        _, members, offsets = self.table(epoch)
-        lo, hi = int(offsets[first - base]), int(offsets[stop - base])
-        draws, off = members[lo:hi], offsets[first - base : stop - base + 1] - lo
+        t = self._table(epoch)
+        rows = slice(first - base, stop - base)
+        b, lo, hi = t.bucket[rows], t.lo[rows], t.hi[rows]
         if self.batch_size is not None:
             self.check(world)
             block = self.batch_size // world
-            steps = draws.reshape(stop - first, self.batch_size)
-            mine = steps[:, rank * block : (rank + 1) * block].reshape(-1)
+            j = (lo + rank * block)[:, None] + np.arange(block)[None, :]
+            mine = self._draws_of(np.broadcast_to(b[:, None], j.shape), j).reshape(-1)
             return mine, np.full(stop - first, block, np.int64)
         assert self.cost is not None
-        lengths = np.diff(off)
+        lengths = hi - lo
         short = np.flatnonzero(lengths < world)
         if short.size:
-            t = first + int(short[0])
+            u = first + int(short[0])
             raise ValueError(
-                f"global batch {t} holds {int(lengths[short[0]])} samples within max_cost={self.max_cost}, fewer "
+                f"global batch {u} holds {int(lengths[short[0]])} samples within max_cost={self.max_cost}, fewer "
                 f"than the {world} ranks: each rank needs one (a smaller world size, a larger max_cost or "
                 "coarser buckets)"
             )
-        samples = _samples(draws, self.num_samples, self.seed)
-        ranks = split_by_cost(self.cost[samples], off, world)
+        off = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        j = np.repeat(lo - off[:-1], lengths) + np.arange(int(off[-1]))
+        draws = self._draws_of(np.repeat(b, lengths), j)
+        ranks = split_by_cost(self._costs_at(draws), off, world)
         mine = ranks == rank
         batch = np.repeat(np.arange(stop - first), lengths)
         return draws[mine], np.bincount(batch[mine], minlength=stop - first).astype(np.int64)
@@ -433,17 +548,17 @@ class ShapeStream:
             BatchSchedule.of(self.batch_size).check(world_size)
 
     def window_of(self, step: int, mini_epoch: int) -> tuple[int, int]:
-        """``(epoch, m)``: the window holding the last draw of global batch ``step``."""
+        """``(epoch, m)``: the window holding the draw at which global batch ``step`` is emitted."""
         epoch = self.epoch_of(step)
-        ends = self.table(epoch)[0]
+        ends = self._table(epoch).ends
         width = -(-self.num_samples // mini_epoch)
         return epoch, int(ends[step - self.steps_before(epoch)]) // width
 
     def steps_of(self, mini_epoch: int, epoch: int, mini_epoch_idx: int) -> tuple[int, int]:
-        """The steps ``[first, stop)`` whose last draw lies in window ``(epoch, mini_epoch_idx)``."""
+        """The steps ``[first, stop)`` emitted at a draw of window ``(epoch, mini_epoch_idx)``."""
         width = -(-self.num_samples // mini_epoch)
         lo, hi = min(mini_epoch_idx * width, self.num_samples), min((mini_epoch_idx + 1) * width, self.num_samples)
-        ends = self.table(epoch)[0]
+        ends = self._table(epoch).ends
         base = self.steps_before(epoch)
         return base + int(np.searchsorted(ends, lo)), base + int(np.searchsorted(ends, hi))
 

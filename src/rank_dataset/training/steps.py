@@ -92,8 +92,9 @@ class StepSampler(Sampler[list[int]]):
     global batch (a bucket's partial buffer at an epoch's end carries into the next epoch). With ``max_cost``
     and ``cost`` (``global_batch_size=None``), each global batch is the longest run of the epoch's order (of
     its bucket, with ``bucket_by``) whose total cost fits ``max_cost``, split among the ranks by cost so that
-    each rank has one sample or more and their costs are close; the runs start afresh each epoch. Either way
-    global batch ``t`` is the same samples on any world size, and a state resumes it on any world size.
+    each rank has one sample or more and their costs are close; a run open at an epoch's end carries into the
+    next epoch (as a partial buffer does), so an epoch's last batches are full runs too. Either way global batch
+    ``t`` is the same samples on any world size, and a state resumes it on any world size.
 
     Args:
         dataset: a RankDataset (train mode; any reader, mix, subsets, ``exclude=``, ``aug_repeats``; by shape:
@@ -348,7 +349,7 @@ class StepSampler(Sampler[list[int]]):
         ).to_dict()
         layout = self.layout
         anchor = layout.stream.anchor_of(self._skips.batch_of(step)) if isinstance(layout, ShapeLayout) else None
-        if anchor is not None:  # by budget: the batches before an epoch, so that a resume need not count them
+        if anchor is not None:  # by budget: the batches before an epoch and the runs carried into it (no replay)
             state["anchor"] = list(anchor)
         if self._skips:
             state["skip"] = self._skips.to_list()
@@ -485,8 +486,11 @@ class StepSampler(Sampler[list[int]]):
             self.layout = dataclasses.replace(layout, remix=chain if chain and len(chain.segments) > 1 else None)
         anchor = self.find_state(state).get("anchor")
         if anchor is not None and isinstance(self.layout, ShapeLayout):
-            if not (isinstance(anchor, list) and len(anchor) == 2):
-                raise ValueError(f"invalid step state: anchor must be [epoch, steps before it], got {anchor!r}")
+            if not (isinstance(anchor, list) and len(anchor) == 3 and isinstance(anchor[2], list)):
+                raise ValueError(
+                    "invalid step state: anchor must be [epoch, steps before it, [each bucket's carried samples]], "
+                    f"got {anchor!r}"
+                )
             self.layout.stream.anchor(*anchor)
         self._step, self._skips = saved.step, skips
         self._counter, self._anchor = None, counted
