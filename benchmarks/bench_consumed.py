@@ -86,7 +86,7 @@ def main() -> None:
         f"# consumed() after a mid-epoch resume, T0 = {m['samples']:,}, B = {m['batch']:,}",
         "",
         f"A mix of 3 sources by epochs, the state saved {m['draws before the state in its epoch']:,} draws into "
-        "epoch 1. CPU seconds of the resumed process (the plan alone, one thread; the counts are the same).",
+        "epoch 1. CPU seconds of the resumed process (the plan alone, its threads together; the counts are the same).",
         "",
         "| call | from the epoch's start (s) | from the state's counts (s) | ratio |",
         "|---|---|---|---|",

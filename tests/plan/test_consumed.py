@@ -163,3 +163,27 @@ def test_a_long_run_costs_its_epochs_not_its_steps() -> None:
     got = SourceCounter(StepLayout(BatchSchedule.of(1024), step_mix), 10**9, SEED, 1, mix).counts(10_000_000)
     assert got.sum() == 1024 * 10_000_000
     assert got.tolist() == [5_000_000 * 512 + 5_000_000 * 768, 5_000_000 * 512 + 5_000_000 * 256]
+
+
+def test_a_count_starts_from_the_nearest_known_prefix() -> None:
+    """The epoch in progress of a mix by epochs is counted from the nearest prefix known (its start or end, an
+    anchor, an earlier count), forwards or backwards, evaluating only the draws between: the same counts."""
+    mix = MixPlan((50, 30, 7), (40, 30, 10), 80)  # 80 draws an epoch: global batches of 4, epoch 1 = steps 20-39
+    layout = StepLayout(BatchSchedule.of(4))
+
+    def counter() -> SourceCounter:
+        return SourceCounter(layout, 80, SEED, 1, mix)
+
+    truth = {t: counter().per_epoch(t).tolist() for t in (27, 30, 31, 38, 39)}
+    near_end = counter()
+    assert near_end.per_epoch(39).tolist() == truth[39] and near_end.evaluated == 4  # from the epoch's end
+    anchored = counter()
+    epoch, at, draws = counter().prefix(30 * 4)  # what a state saved at step 30 carries
+    assert (epoch, at) == (1, 40)
+    anchored.anchor(epoch, at, draws.tolist())
+    assert anchored.per_epoch(30).tolist() == truth[30] and anchored.evaluated == 0
+    assert anchored.per_epoch(31).tolist() == truth[31] and anchored.evaluated == 4
+    assert anchored.per_epoch(27).tolist() == truth[27] and anchored.evaluated == 4 + 12  # backwards from 30
+    assert anchored.per_epoch(38).tolist() == truth[38] and anchored.evaluated == 4 + 12 + 8  # from the end
+    with pytest.raises(ValueError, match="an anchor counts 3 sources, got 2"):
+        anchored.anchor(1, 4, [1, 3])
