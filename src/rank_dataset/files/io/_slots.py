@@ -68,7 +68,7 @@ class ByteBudget:
 
     def _grant(self) -> list[Callable[[], None]]:
         """Reserve for the waiting tickets whose turn and room have come; their wake-ups, to call unlocked."""
-        woken = []
+        woken: list[Callable[[], None]] = []
         while True:
             waiting = self._waiting.get(self._next)
             if waiting is None or not self._fits(self._next, waiting[0]):
