@@ -20,6 +20,14 @@ Usage:
 
 With ``--native-compare``, each W runs twice, on numpy (``RANK_DATASET_NATIVE=0``) and on the native kernels
 (``require``), and ``<name>_native.md`` sets the two side by side.
+
+With ``--baseline SRC`` (another checkout's ``src``, its kernels built), each W runs ``--repeat`` times on that
+code and on this, alternating, and ``<name>_local.md`` sets the busiest rank's CPU of the two side by side
+against one read's CPU (the node-local exchange against the gloo-only one it replaced, on one host)::
+
+    git -C . archive main src | tar -x -C /tmp/base && gcc -O2 -fPIC -shared -std=c99 \
+        -o /tmp/base/src/rank_dataset/core/_kernels.so /tmp/base/src/rank_dataset/core/_kernels.c
+    python benchmarks/bench_collective.py --worlds 8 --baseline /tmp/base/src --repeat 2
 """
 
 from __future__ import annotations
@@ -96,10 +104,15 @@ def one_read(path: Path, field: str = "seconds") -> float:
     return float(json.loads(out.stdout)[field])
 
 
-def run_world(path: Path, w: int, cache: Path, native: str | None = None) -> list[dict[str, Any]]:
+def run_world(
+    path: Path, w: int, cache: Path, native: str | None = None, src: Path | None = None
+) -> list[dict[str, Any]]:
     """W ranks on ``path``, the index cache under ``cache`` (empty: the file reader starts cold); ``native``:
-    the kernels' path (``RANK_DATASET_NATIVE``), or the environment's."""
+    the kernels' path (``RANK_DATASET_NATIVE``), or the environment's; ``src``: the package's code from
+    there (first on ``PYTHONPATH``)."""
     env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(cache), "MASTER_ADDR": "127.0.0.1"}
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])
     if native is not None:
         env = native_env(env, native)
     env["MASTER_PORT"], env["WORLD_SIZE"] = str(free_port()), str(w)
@@ -176,9 +189,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--name", default="collective", help="results file name (e.g. collective_100m)")
     parser.add_argument("--native-compare", action="store_true", help="each W on numpy and on native")
+    parser.add_argument("--baseline", type=Path, default=None, help="another checkout's src: each W on it and on this")
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each code with --baseline")
     args = parser.parse_args()
     if args.native_compare:
         compare_native(args)
+        return
+    if args.baseline is not None:
+        compare_baseline(args)
         return
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="rank-dataset-collective-"))
     rows_data: dict[int, dict[str, float]] = {}
@@ -293,6 +311,59 @@ def compare_native(args: argparse.Namespace) -> None:
     ]
     data = {"lines": args.lines, "one_read": base, "one_read_cpu": base_cpu, "worlds": got}
     save_results(args.out, f"{args.name}_native", rows, data, lambda png: None)
+
+
+def compare_baseline(args: argparse.Namespace) -> None:
+    """Each W on the code under ``args.baseline`` and on this, alternating, beside one read's CPU."""
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="rank-dataset-collective-"))
+    got: dict[int, dict[str, list[dict[str, float]]]] = {}
+    load_before = load_note()
+    this = HERE.parent / "src"
+    with scratch_dir(data_dir, keep=args.keep and args.data_dir is not None) as d:
+        path = meta_file(d, args.lines)
+        size = path.stat().st_size
+        one_read(path)  # into the page cache
+        base_cpu = min(one_read(path, "cpu") for _ in range(3))
+        for w in args.worlds:
+            for i in range(args.repeat):
+                for label, src in (("baseline", args.baseline), ("this", this)):
+                    with scratch_dir(d / f"cache_{w}_{label}_{i}") as cache:
+                        s = summary(run_world(path, w, cache, src=src), size)
+                    got.setdefault(w, {}).setdefault(label, []).append(s)
+                    print(w, label, s, flush=True)
+    rows = [
+        f"# The collective reader's node-local exchange beside the gloo-only one, N = {args.lines:,} lines "
+        f"({size / 1e6:,.0f} MB)",
+        "",
+        f"One read of the file counting newlines 16 MiB at a time: {base_cpu:.2f} s of CPU (the 1.00x of the ratios).",
+        "",
+        "| W | run | code | cold start, busiest rank's CPU (s) | its ratio to one read's CPU | set_epoch, busiest "
+        "rank's CPU (s) | sent per rank over gloo, set_epoch (MB) | cold start, slowest rank (s) |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for w, by_code in got.items():
+        for i in range(args.repeat):
+            for label in ("baseline", "this"):
+                s = by_code[label][i]
+                rows.append(
+                    f"| {w} | {i + 1} | {label} | {s['collective_cold_cpu']:.2f} | "
+                    f"{ratio(s['collective_cold_cpu'], base_cpu)} | {s['collective_epoch_cpu']:.2f} | "
+                    f"{s['sent_mb']:,.2f} | {s['collective_cold']:.2f} |"
+                )
+    rows += [
+        "",
+        f"`baseline`: the code under `{args.baseline}`; `this`: this checkout's. Runs alternate, each a fresh "
+        "W-rank gloo job on loopback (CPU: the busiest rank's process over the cold start, its threads "
+        f"included; see collective.md). Load average (1, 5, 15 min) before: {load_before}; after: {load_note()} "
+        "(the machine's 2 cores are shared with other work).",
+        "",
+        f"Command: `python benchmarks/bench_collective.py --lines {args.lines} --worlds "
+        f"{' '.join(map(str, args.worlds))} --baseline {args.baseline} --repeat {args.repeat}`",
+        "",
+        machine_info(),
+    ]
+    data = {"lines": args.lines, "one_read_cpu": base_cpu, "worlds": got}
+    save_results(args.out, f"{args.name}_local", rows, data, lambda png: None)
 
 
 if __name__ == "__main__":

@@ -1023,6 +1023,58 @@ def test_place_lines_refuses_hostile_arguments(kernels: Kernels) -> None:
     assert data.tolist() == [3, 4, 5, 1, 2]
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_copy_lines_matches_numpy(impl: Any, seed: int) -> None:
+    # An owner's round (its samples [first, stop) read into a buffer from byte lo of its slice) copied
+    # into a requester's shard: the requests in any order, to rows in any order, some rows not this
+    # round's (left as they are).
+    rng = np.random.default_rng(seed)
+    held, n = int(rng.integers(1, 3000)), int(rng.integers(0, 2000))
+    lengths = rng.integers(0, 60, held)
+    starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]]).astype(rng.choice([np.uint32, np.int64]))
+    first = int(rng.integers(0, held))
+    stop = int(rng.integers(first, held + 1))
+    lo, hi = int(starts[first]), (int(starts[stop]) if stop < held else int(starts[-1] + lengths[-1] + 1))
+    src = rng.integers(0, 256, hi - lo).astype(np.uint8)
+    take = min(n, stop - first)
+    request = (first + rng.permutation(stop - first)[:take]).astype(rng.choice([np.uint32, np.int64]))
+    rows = rng.permutation(n)[:take].astype(rng.choice([np.int32, np.int64]))
+    row_lengths = rng.integers(0, 60, n)
+    row_lengths[rows] = lengths[request]
+    bounds = np.concatenate([[0], np.cumsum(row_lengths)]).astype(rng.choice([np.uint32, np.int64]))
+    want, got = np.full(int(bounds[-1]) + 2, 3, np.uint8), np.full(int(bounds[-1]) + 2, 3, np.uint8)
+    ref.copy_lines(src, lo, starts, request, rows, bounds, want)
+    impl.copy_lines(src, lo, starts, request, rows, bounds, got)
+    assert got.tobytes() == want.tobytes()
+    for q, r in zip(request.tolist(), rows.tolist()):  # and each is the line the request names
+        line = src[int(starts[q]) - lo :][: int(lengths[q])]
+        assert got[int(bounds[r]) : int(bounds[r + 1])].tobytes() == line.tobytes()
+
+
+def test_copy_lines_refuses_hostile_arguments(impl: Any) -> None:
+    src, starts = np.arange(10, dtype=np.uint8), np.array([0, 4, 7], np.uint32)
+    bounds = np.array([0, 3, 5], np.uint32)
+    cases = [
+        dict(request=[0], rows=[2]),  # a row outside the shard
+        dict(request=[3], rows=[0]),  # a request outside the table
+        dict(request=[-1], rows=[0]),
+        dict(request=[2, 0], rows=[0]),  # more requests than rows
+        dict(request=[2], rows=[0], lo=8),  # a start before lo
+        dict(request=[2], rows=[0], src=src[:9]),  # a line past the buffer
+        dict(request=[0], rows=[1], bounds=np.array([0, 3, 9], np.uint32)),  # a line past the data
+    ]
+    for case in cases:
+        kw: dict[str, Any] = {"src": src, "lo": 0, "starts": starts, "bounds": bounds, **case}
+        with pytest.raises(ValueError):
+            impl.copy_lines(
+                kw["src"], kw["lo"], kw["starts"], np.array(kw["request"]), np.array(kw["rows"]), kw["bounds"],
+                np.zeros(5, np.uint8),
+            )  # fmt: skip
+    data = np.zeros(5, np.uint8)
+    impl.copy_lines(src, 2, starts, np.array([2, 1]), np.array([0, 1], np.int32), bounds, data)
+    assert data.tolist() == [5, 6, 7, 2, 3]
+
+
 # --- the check of a slice against its count -------------------------------------------------------------
 
 

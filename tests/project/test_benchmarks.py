@@ -121,6 +121,13 @@ CASES = [
         None,
     ),
     (
+        "collective",
+        ["--baseline", str(ROOT / "src"), "--repeat", "1", "--lines", "3000", "--worlds", "2"],
+        "collective_local.md",
+        ["| 2 | 1 | baseline |", "| 2 | 1 | this |", "Load average"],
+        None,
+    ),
+    (
         "formats",
         ["--lines", "3000", "--world-size", "1", "--far-worlds", "16", "--items", "200", "--repeat", "1"],
         "formats.md",

@@ -1244,6 +1244,64 @@ RD_API int rd_place_lines(const uint8_t *got, int64_t got_size, const int64_t *p
     return RD_OK;
 }
 
+/*
+ * A round's lines copied from an owner's buffer straight into a shard (rank_dataset.core._reference.copy_lines):
+ * the line of request[i] (one of the owner's samples: src[starts[request[i]] - lo:], starts[0:held] of
+ * kind start_kind) goes to row rows[i] of the shard, data[bounds[row]:bounds[row+1]] (bounds[0:n+1] of
+ * kind bounds_kind), for each i < m. Each line is checked as it is copied (its request below held, its
+ * row below n, its span within src and within data): RD_ERANGE (*bad its i), what was copied before it
+ * left as it is (the caller discards the shard). Nothing is read or written outside the buffers.
+ */
+RD_API int rd_copy_lines(const uint8_t *src, int64_t src_size, int64_t lo, const void *starts, int start_kind,
+                         int64_t held, const void *request, int req_kind, const void *rows, int rows_kind, int64_t m,
+                         const void *bounds, int bounds_kind, int64_t n, uint8_t *data, int64_t data_size,
+                         int64_t *bad) {
+    if (!buf_ok(src, src_size) || !buf_ok(data, data_size) || held < 0 || m < 0 || n < 0 || bad == NULL ||
+        bounds == NULL || !kind_ok(start_kind) || !kind_ok(req_kind) || !kind_ok(rows_kind) ||
+        !kind_ok(bounds_kind) || (held > 0 && !starts) || (m > 0 && (!request || !rows)))
+        return RD_EARG;
+    *bad = -1;
+    /* The requests are random within the owner's slice and the rows within the shard: their table
+     * entries are fetched two strides ahead, then the bytes they point at one stride ahead. */
+    for (int64_t i = 0; i < m; i++) {
+        if (i + 2 * RD_PREFETCH_AHEAD < m) {
+            const int64_t q = get_index(request, req_kind, i + 2 * RD_PREFETCH_AHEAD);
+            const int64_t r = get_index(rows, rows_kind, i + 2 * RD_PREFETCH_AHEAD);
+            if (q >= 0 && q < held)
+                RD_PREFETCH(start_kind == RD_I64 ? (const void *)((const int64_t *)starts + q)
+                                                 : (const void *)((const uint32_t *)starts + q));
+            if (r >= 0 && r < n)
+                RD_PREFETCH(bounds_kind == RD_I64 ? (const void *)((const int64_t *)bounds + r)
+                                                  : (const void *)((const uint32_t *)bounds + r));
+        }
+        if (i + RD_PREFETCH_AHEAD < m) {
+            const int64_t q = get_index(request, req_kind, i + RD_PREFETCH_AHEAD);
+            const int64_t r = get_index(rows, rows_kind, i + RD_PREFETCH_AHEAD);
+            if (q >= 0 && q < held) {
+                const int64_t s = get_index(starts, start_kind, q) - lo;
+                if (s >= 0 && s < src_size) RD_PREFETCH(src + s);
+            }
+            if (r >= 0 && r < n) {
+                const int64_t d = get_index(bounds, bounds_kind, r);
+                if (d >= 0 && d < data_size) RD_PREFETCH_WRITE(data + d);
+            }
+        }
+        const int64_t q = get_index(request, req_kind, i), r = get_index(rows, rows_kind, i);
+        if (q < 0 || q >= held || r < 0 || r >= n) {
+            *bad = i;
+            return RD_ERANGE;
+        }
+        const int64_t s = get_index(starts, start_kind, q) - lo, d = get_index(bounds, bounds_kind, r);
+        const int64_t len = get_index(bounds, bounds_kind, r + 1) - d;
+        if (s < 0 || d < 0 || len < 0 || s > src_size - len || d > data_size - len) {
+            *bad = i;
+            return RD_ERANGE;
+        }
+        copy_row(data + d, src + s, len);
+    }
+    return RD_OK;
+}
+
 /* A verification's expected samples and progress (see rd_verify_lines). */
 struct verify {
     const uint8_t *buf;

@@ -63,6 +63,10 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         [_P, _I64T, _P, _P, _INT, _I64T, _P, _P, _I64T, _I64T, _P, _INT, _I64T, _P, _I64T, _P],
     ),
     "rd_line_fields": (_INT, [_P, _I64T, _I64T, _I64T, _P, _P, _I64T, _P]),
+    "rd_copy_lines": (
+        _INT,
+        [_P, _I64T, _I64T, _P, _INT, _I64T, _P, _INT, _P, _INT, _I64T, _P, _INT, _I64T, _P, _I64T, _P],
+    ),
 }
 _OUT_KINDS = {np.dtype(np.uint32): _U32, np.dtype(np.int64): _I64}  # offsets and requests a kernel writes
 
@@ -446,6 +450,20 @@ class Kernels:
             head, b.ctypes.data, bk, b.size - 1, d.ctypes.data, d.size, ctypes.byref(bad),
         )  # fmt: skip
         _check(code, "place_lines", bad.value)
+
+    def copy_lines(
+        self, src: Any, lo: int, starts: Any, request: Any, rows: Any, bounds: Any, data: npt.NDArray[np.uint8]
+    ) -> None:
+        s, d = _bytes_in(src), _bytes_out(data)
+        (st, sk), (rq, qk), (rw, rk), (b, bk) = _index(starts), _index(request), _index(rows), _index(bounds)
+        if rq.size != rw.size or not b.size:
+            raise ValueError(f"{rq.size} requests and {rw.size} rows; {b.size} bounds")
+        bad = ctypes.c_int64(-1)
+        code = self._lib.rd_copy_lines(
+            s.ctypes.data, s.size, lo, st.ctypes.data, sk, st.size, rq.ctypes.data, qk, rw.ctypes.data, rk, rw.size,
+            b.ctypes.data, bk, b.size - 1, d.ctypes.data, d.size, ctypes.byref(bad),
+        )  # fmt: skip
+        _check(code, "copy_lines", bad.value)
 
     def verify_lines(
         self, buf: Any, offset: int, last: bool, starts: Any, base: int, lengths: Any

@@ -26,6 +26,7 @@ __all__ = [
     "bucket_order",
     "check_lines",
     "checked_keys",
+    "copy_lines",
     "copy_rows",
     "count_byte",
     "find_byte",
@@ -665,6 +666,38 @@ def place_lines(
     ):
         raise ValueError("the lines received do not fill their owners' parts, or do not fit the shard")
     copy_rows(got, _part_places(ln, counts, head), ln, data, dst)
+
+
+def copy_lines(
+    src: npt.NDArray[np.uint8],
+    lo: int,
+    starts: _IntArray,
+    request: _IntArray,
+    rows: _IntArray,
+    bounds: _IntArray,
+    data: npt.NDArray[np.uint8],
+) -> None:
+    """A round's lines from an owner's buffer straight into a shard: the line of ``request[i]`` (one of
+    the owner's samples, ``src[starts[request[i]] - lo:]``) goes to row ``rows[i]`` of the shard
+    (``data[bounds[row]:bounds[row + 1]]``, its length the row's). A request or row outside its table, or a
+    span outside its buffer, is a ValueError."""
+    q, r, b = np.asarray(request, np.int64), np.asarray(rows, np.int64), np.asarray(bounds, np.int64)
+    if q.shape != r.shape or not b.size:
+        raise ValueError(f"{q.size} requests and {r.size} rows; {b.size} bounds")
+    if r.size and (int(r.min()) < 0 or int(r.max()) >= b.size - 1 or int(q.min()) < 0 or int(q.max()) >= len(starts)):
+        raise ValueError("copy_lines: a request or a row outside its table")
+    at = np.asarray(starts, np.int64)[q] - lo
+    dst = b[r]
+    lengths = b[r + 1] - dst
+    if lengths.size and (
+        int(lengths.min()) < 0
+        or int(at.min()) < 0
+        or int((at + lengths).max()) > src.size
+        or int(dst.min()) < 0
+        or int((dst + lengths).max()) > data.size
+    ):
+        raise ValueError("copy_lines: a span lies outside its buffer")
+    copy_rows(src, at, lengths, data, dst)
 
 
 def verify_lines(

@@ -209,9 +209,8 @@ def host_key() -> str:
     if forced:
         return f"test:{forced}"
     parts = [socket.gethostname(), str(os.getuid()) if hasattr(os, "getuid") else "?"]
-    with contextlib.suppress(OSError):
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            parts.append(f.read().strip())
+    with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as f:
+        parts.append(f.read().strip())
     for ns in ("net", "mnt", "pid"):
         try:
             parts.append(f"{ns}:{os.stat(f'/proc/self/ns/{ns}').st_ino}")

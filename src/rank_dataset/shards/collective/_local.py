@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core import shm
-from rank_dataset.core.shard import copy_rows
+from rank_dataset.core import native, shm
 from rank_dataset.shards.collective._dist import Collectives
 
 __all__ = ["Local", "Table"]
@@ -158,24 +157,18 @@ class Local:
         counts: npt.NDArray[np.int64],
         bounds: npt.NDArray[Any],
         data: npt.NDArray[np.uint8],
-    ) -> tuple[int, bool]:
+    ) -> bool:
         """Round ``k``'s lines of the mapped owners into the shard: owner ``o``'s samples
         ``request[at[o]:at[o] + counts[o]]`` (numbers within its slice), read into its buffer ``k % 2``,
-        go to the rows ``dest[...]`` of the shard's ``bounds`` in ``data``. Returns the bytes copied and
-        whether every round they came from was ASCII."""
-        copied, ascii_ = 0, True
+        go to the rows ``dest[...]`` of the shard (``bounds`` into ``data``), one native pass an owner.
+        Returns whether every round they came from was ASCII."""
+        ascii_ = True
         for o in self.mapped:
             c = int(counts[o])
             if not c:
                 continue
             table, a = self._tables[o], int(at[o])
             lo = int(table.starts[k * per_round]) if k else 0  # where the owner's round starts in its slice
-            src = table.starts[request[a : a + c]].astype(np.int64)
-            src -= lo
-            rows = dest[a : a + c]
-            dst = bounds[rows].astype(np.int64)
-            lengths = bounds[rows + 1] - dst
-            copy_rows(table.buffers[k % 2], src, lengths, data, dst)
-            copied += int(lengths.sum())
+            native.copy_lines(table.buffers[k % 2], lo, table.starts, request[a : a + c], dest[a : a + c], bounds, data)
             ascii_ = ascii_ and bool(table.flags[k % 2])
-        return copied, ascii_
+        return ascii_

@@ -66,9 +66,10 @@ class CollectiveReader(SampledReader):
         chosen = [None if c is None else tuple(c) for c in (columns or [None] * len(self.paths))]
         if len(chosen) != len(self.paths):
             raise ValueError(f"give one columns entry a file: {len(self.paths)} paths, {len(chosen)} entries")
-        #: What the last build (or the making, before one) cost this rank: bytes of the files read, and
-        #: bytes sent and received in its exchange (requests, lengths, lines).
-        self.stats = {"read": 0, "sent": 0, "received": 0}
+        #: What the last build (or the making, before one) cost this rank: bytes of the files read, bytes
+        #: sent and received over gloo in its exchange (requests, lengths, lines, status bytes), and bytes
+        #: of lines copied from its host's ranks' shared memory.
+        self.stats = {"read": 0, "sent": 0, "received": 0, "shared": 0}
         self._exchange: Exchange | None = None
         self._net = Collectives(group, timeout)
         self.rank, self.world_size = self._net.rank, self._net.world_size

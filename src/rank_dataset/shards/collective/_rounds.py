@@ -1,11 +1,14 @@
 """A build of the collective reader: the exchange of requests and lengths, then of the lines in rounds.
 
-Every rank routes its plan's samples to their owners (``_routing``) and sends each owner the
-numbers it asks for, then learns their lengths (which lay out its shard before any line moves). In
+Every rank routes its plan's samples to their owners (``_routing``). It finds the lengths of its own
+host's samples in their owners' shared tables (``_local``), and sends each owner on another host the
+numbers it asks for, then learns their lengths: the lengths lay out its shard before any line moves. In
 round ``k`` each owner reads the ``k``-th part of its slice (about :data:`ROUND` bytes of lines) in one
-sequential read, checks it against the count, and sends each rank the lines it asked for headed by a
-status byte (:class:`Server`); each rank checks every owner's status, then copies what it received
-straight into its shard (:meth:`Exchange.build`).
+sequential read into its shared round buffer, checks it against the count, and sends each rank of
+another host the lines it asked for, and every rank a status byte (:class:`Server`); each rank checks
+every owner's status, then copies what it received, and what its host's owners read, straight into its
+shard (:meth:`Exchange.build`). A line that is not UTF-8 is found by the rank that sends it over gloo,
+or by the rank that copied it from its host's memory (then every rank learns it at the build's end).
 """
 
 from __future__ import annotations
@@ -142,7 +145,7 @@ class Exchange:
         far_bytes = key_bytes * ~local.mask[:, None]
         asked_at, counts_at = _routing.starts_of(asked), _routing.starts_of(counts)
         server = Server(self.slices, self.starts, self.lengths, self.per_round, local.mine)
-        ascii_, shared = True, 0
+        ascii_ = True
         try:
             for k in range(rounds):
                 # The owners read round k into their buffers and serve the far ranks' lines, each part
@@ -161,10 +164,9 @@ class Exchange:
                     got, got_bytes, dest, counts_at[:, k], far_counts[:, k], HEAD, writer.bounds, writer.data
                 )
                 del got
-                copied, ascii_round = local.copy_round(
+                ascii_ &= local.copy_round(
                     k, per_round, request, dest, counts_at[:, k], counts[:, k], writer.bounds, writer.data
                 )
-                shared, ascii_ = shared + copied, ascii_ and ascii_round
         finally:
             server.close()
         if inverse is not None:
@@ -185,7 +187,8 @@ class Exchange:
         raise_reported(net, status[:, 0], failure)
         if writer.ids is not None and ids is not None:
             writer.ids[:] = ids
-        return writer.finish(), {"sent": int(sent), "received": int(received), "shared": int(shared)}
+        shared = int(key_bytes[local.mask].sum())  # the bytes of lines copied from this host's ranks
+        return writer.finish(), {"sent": int(sent), "received": int(received), "shared": shared}
 
     def _where(
         self,
@@ -200,6 +203,7 @@ class Exchange:
         at = int(np.flatnonzero(order == item)[0])  # where it is among the requests, grouped by owner
         owner = int(np.searchsorted(_routing.exclusive(ask), at, side="right")) - 1
         return self.slices.where(int(self.slices.owned[owner]) + int(request[at]))
+
 
 class Server:
     """This rank's slice served round by round in one build: each round's part of it read once (a
