@@ -195,7 +195,8 @@ def detect_path(path: str | os.PathLike[str]) -> Format:
         os.close(fd)
 
 
-copyreg.pickle(type(TEXT), _by_name)
+_text: Format = TEXT
+copyreg.pickle(type(_text), _by_name)
 
 _LAZY = {name: module for module, name, _ in _BUILT_IN}
 
