@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rank_dataset.core.residency import anonymous_map, free_pages
+from rank_dataset.core.residency import anonymous_map, free_pages, settle_before_fork
 
 PAGE = mmap.PAGESIZE
 
@@ -83,3 +83,30 @@ def test_a_forked_child_freezes_what_it_inherits_and_the_parent_does_not() -> No
         os.waitpid(pid, 0)
     assert frozen > 1000  # every object the child inherited (a test process holds tens of thousands)
     assert gc.get_freeze_count() == 0
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_settle_before_fork_collects_every_generation_and_frees_cycles() -> None:
+    import gc
+    import weakref
+
+    full: list[int] = []
+
+    def record(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:  # the oldest
+            full.append(info["collected"])
+
+    node = _Node()
+    gone = weakref.ref(node)
+    del node  # a reference cycle: only a collection frees it
+    gc.callbacks.append(record)
+    try:
+        settle_before_fork()
+    finally:
+        gc.callbacks.remove(record)
+    assert gone() is None
+    assert len(full) == 1 and full[0] >= 1  # one full collection, which freed the cycle

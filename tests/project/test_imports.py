@@ -103,13 +103,21 @@ _NOT_FOR_TEXT = (
         "rank_dataset.plan.exclude",
         "rank_dataset.plan.sources",
         "rank_dataset.plan.counts",
+        # The other formats (a text file starts with none of their magics), the index build (the index is
+        # cached) and the user cache directory (the cache is at its first place): a fork worker shares these pages.
+        "rank_dataset.files.formats.gzip",
+        "rank_dataset.files.formats.zstd",
+        "rank_dataset.files.formats.parquet",
+        "rank_dataset.files.formats.spans",
+        "rank_dataset.files.formats.checkpoints",
+        "rank_dataset.files.index._build",
+        "platformdirs",
     ),
 )
 #: A worker looks for no index either; it unpickles a shard's handle, its channel and the item code, not the readers
 #: of meta files (their formats, index and byte sources) nor what the rank plans with (issue 44, item 6).
 _NOT_IN_A_WORKER = (
     *_NOT_FOR_TEXT,
-    "platformdirs",
     "rank_dataset.files",
     "rank_dataset.shards.reader",
     "rank_dataset.plan.mix",

@@ -288,3 +288,23 @@ def test_indices_contract(meta: Path) -> None:
     assert [ds[i] for i in range(5)] == [imagenet_line(int(j)) for j in idx[:5]]
     ds.set_epoch(1)
     assert ds.indices is not idx and not np.array_equal(ds.indices, idx)
+
+
+def test_each_build_ends_with_a_full_collection(meta: Path) -> None:
+    # So that the rank's next full collection, which writes to every tracked object's header (copying the pages
+    # its fork workers share), waits for many new survivors instead of falling in the next pass.
+    full: list[int] = []
+
+    def record(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append(1)
+
+    gc.callbacks.append(record)
+    try:
+        ds = RankDataset(meta, reload_cfg={"mini_epoch": 2}, rank=0, world_size=2)
+        built = len(full)
+        ds.set_epoch(0, 1)
+        rebuilt = len(full)
+    finally:
+        gc.callbacks.remove(record)
+    assert built >= 1 and rebuilt > built

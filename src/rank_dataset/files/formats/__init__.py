@@ -11,14 +11,12 @@ its :class:`Checkpoints` (:mod:`~.checkpoints`), and a gather reads it through t
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from rank_dataset.files.formats.base import BLOCK, SPACING, Decoder, Format
-from rank_dataset.files.formats.checkpoints import Checkpoints, DecompressedView, Decompression, decompress
-from rank_dataset.files.formats.parquet import ParquetLayout, ParquetRows, object_rows
 from rank_dataset.files.formats.registry import (
-    GZIP,
-    PARQUET,
     TEXT,
-    ZSTD,
     by_code,
     by_name,
     detect,
@@ -30,8 +28,13 @@ from rank_dataset.files.formats.registry import (
     register,
     unregister,
 )
-from rank_dataset.files.formats.spans import SPAN, SpanSource
-from rank_dataset.files.formats.zstd import ADVISED_ABOVE, MANY_FRAMES, many_frames, one_frame_advice
+
+if TYPE_CHECKING:
+    from rank_dataset.files.formats.checkpoints import Checkpoints, DecompressedView, Decompression, decompress
+    from rank_dataset.files.formats.parquet import ParquetLayout, ParquetRows, object_rows
+    from rank_dataset.files.formats.registry import GZIP, PARQUET, ZSTD
+    from rank_dataset.files.formats.spans import SPAN, SpanSource
+    from rank_dataset.files.formats.zstd import ADVISED_ABOVE, MANY_FRAMES, many_frames, one_frame_advice
 
 __all__ = [
     "ADVISED_ABOVE",
@@ -66,3 +69,22 @@ __all__ = [
     "register",
     "unregister",
 ]
+
+# The names of the compressed and columnar formats, their modules imported on first use: a job over text
+# files imports none of them (see the registry).
+_LAZY = {
+    **dict.fromkeys(("Checkpoints", "DecompressedView", "Decompression", "decompress"), "checkpoints"),
+    **dict.fromkeys(("ParquetLayout", "ParquetRows", "object_rows"), "parquet"),
+    **dict.fromkeys(("GZIP", "PARQUET", "ZSTD"), "registry"),
+    **dict.fromkeys(("SPAN", "SpanSource"), "spans"),
+    **dict.fromkeys(("ADVISED_ABOVE", "MANY_FRAMES", "many_frames", "one_frame_advice"), "zstd"),
+}
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = globals()[name] = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        return value

@@ -3,23 +3,31 @@ bytes, and for Parquet its last four), never by its name.
 
 A new format is a module with a :class:`~rank_dataset.files.formats.base.Format` and a line in
 :data:`_BUILT_IN`; :func:`register` adds one at run time. A format pickles as its name, looked up here.
+
+A built-in format's module is imported on first use: where a file's first bytes start with one of its magics
+(the table's), or where it is asked for by name or code. A built-in format recognises, and refuses as cut
+short, only a file that starts with one of its magics: a text file imports none of their codecs.
 """
 
 from __future__ import annotations
 
 import copyreg
 import functools
+import importlib
+import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rank_dataset.files.formats.base import Format
-from rank_dataset.files.formats.gzip import GZIP
-from rank_dataset.files.formats.parquet import PARQUET
 from rank_dataset.files.formats.text import TEXT
-from rank_dataset.files.formats.zstd import ZSTD
+
+if TYPE_CHECKING:
+    from rank_dataset.files.formats.gzip import GZIP
+    from rank_dataset.files.formats.parquet import PARQUET
+    from rank_dataset.files.formats.zstd import ZSTD
 
 __all__ = [
     "GZIP",
@@ -40,17 +48,41 @@ __all__ = [
 
 _HEAD = 8  # first bytes read to tell a format
 _CUT_HEAD = 1 << 16  # first bytes read to tell a file cut short
-_BUILT_IN: tuple[Format, ...] = (GZIP, ZSTD, PARQUET)
-_formats: list[Format] = [*_BUILT_IN]  # asked in order; text, which recognises anything, after them
+#: The built-in formats but text, in the order detection asks them: (module, its format's name there, the
+#: first bytes of every file of it). zstd's: a frame's magic, or a skippable frame's (0x184D2A50-5F).
+_ZSTD_MAGICS = (b"\x28\xb5\x2f\xfd", *(bytes([k]) + b"\x2a\x4d\x18" for k in range(0x50, 0x60)))
+_BUILT_IN: tuple[tuple[str, str, tuple[bytes, ...]], ...] = (
+    ("rank_dataset.files.formats.gzip", "GZIP", (b"\x1f\x8b",)),
+    ("rank_dataset.files.formats.zstd", "ZSTD", _ZSTD_MAGICS),
+    ("rank_dataset.files.formats.parquet", "PARQUET", (b"PAR1",)),
+)
+_registered: list[Format] = []  # asked first, the last registered first; text, which recognises anything, last
 
 
 def _by_name(fmt: Format) -> tuple[Callable[[str], Format], tuple[str]]:
     return by_name, (fmt.value,)
 
 
+@functools.cache
+def _built_in(module: str, name: str) -> Format:
+    """The built-in format ``name`` of ``module``, imported now (pickled by its name from then on)."""
+    fmt: Format = getattr(importlib.import_module(module), name)
+    copyreg.pickle(type(fmt), _by_name)
+    return fmt
+
+
+def _asked(head: bytes | None) -> Iterator[Format]:
+    """The formats but text in the order detection asks them: the registered ones, then the built-ins (with
+    ``head``, only those whose magic it starts with)."""
+    yield from list(_registered)
+    for module, name, magics in _BUILT_IN:
+        if head is None or head.startswith(magics):
+            yield _built_in(module, name)
+
+
 def formats() -> tuple[Format, ...]:
     """Every format, in the order detection asks them (text last)."""
-    return (*_formats, TEXT)
+    return (*_asked(None), TEXT)
 
 
 def by_name(name: str) -> Format:
@@ -59,7 +91,7 @@ def by_name(name: str) -> Format:
     Raises:
         ValueError: no format has that name.
     """
-    for fmt in formats():
+    for fmt in itertools.chain((TEXT,), _asked(None)):  # text first: a text file's imports no other format
         if fmt.value == name:
             return fmt
     raise ValueError(f"no meta file format is named {name!r}")
@@ -67,7 +99,7 @@ def by_name(name: str) -> Format:
 
 def by_code(code: int) -> Format | None:
     """The format numbered ``code`` in an index cache's header; None if none is."""
-    return next((fmt for fmt in formats() if fmt.code == code), None)
+    return next((fmt for fmt in itertools.chain((TEXT,), _asked(None)) if fmt.code == code), None)
 
 
 def register(fmt: Format) -> None:
@@ -81,14 +113,14 @@ def register(fmt: Format) -> None:
     for other in formats():
         if other.value == fmt.value or other.code == fmt.code:
             raise ValueError(f"format {fmt.value!r} (code {fmt.code}) clashes with {other.value!r} (code {other.code})")
-    _formats.insert(0, fmt)
+    _registered.insert(0, fmt)
     copyreg.pickle(type(fmt), _by_name)
 
 
 def unregister(fmt: Format) -> None:
     """Undo :func:`register` of ``fmt`` (a built-in format stays)."""
-    if fmt not in _BUILT_IN and fmt in _formats:
-        _formats.remove(fmt)
+    if fmt in _registered:
+        _registered.remove(fmt)
 
 
 @dataclass(frozen=True)
@@ -109,7 +141,7 @@ class _Found:
 def detect(fd: int) -> Format:
     """The format of the file open at ``fd``, from its first bytes (and, for Parquet, its last four)."""
     found = _Found(fd, os.pread(fd, _HEAD, 0))
-    return next((fmt for fmt in _formats if fmt.recognise(found)), TEXT)
+    return next((fmt for fmt in _asked(found.head) if fmt.recognise(found)), TEXT)
 
 
 @dataclass(frozen=True)
@@ -132,7 +164,7 @@ class _FoundIn:
 def detect_source(source: Any) -> Format:
     """The format of the bytes of ``source`` (a ByteSource: a local file or an object), as :func:`detect`."""
     found = _FoundIn(source, bytes(source.read(0, min(_HEAD, source.size))))
-    return next((fmt for fmt in _formats if fmt.recognise(found)), TEXT)
+    return next((fmt for fmt in _asked(found.head) if fmt.recognise(found)), TEXT)
 
 
 def refuse_cut_source(path: Path, source: Any, fmt: Format) -> None:
@@ -140,7 +172,7 @@ def refuse_cut_source(path: Path, source: Any, fmt: Format) -> None:
     if fmt is not TEXT:
         return
     head = bytes(source.read(0, min(_CUT_HEAD, source.size)))
-    for other in _formats:
+    for other in _asked(head):
         other.refuse_cut(path, head, source.size)
 
 
@@ -150,7 +182,7 @@ def refuse_cut(path: Path, fd: int, fmt: Format) -> None:
     if fmt is not TEXT:
         return
     head, size = os.pread(fd, _CUT_HEAD, 0), os.fstat(fd).st_size
-    for other in _formats:
+    for other in _asked(head):
         other.refuse_cut(path, head, size)
 
 
@@ -163,5 +195,16 @@ def detect_path(path: str | os.PathLike[str]) -> Format:
         os.close(fd)
 
 
-for _fmt in (*_BUILT_IN, TEXT):
-    copyreg.pickle(type(_fmt), _by_name)
+_text: Format = TEXT
+copyreg.pickle(type(_text), _by_name)
+
+_LAZY = {name: module for module, name, _ in _BUILT_IN}
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Format:
+        """``GZIP``, ``ZSTD``, ``PARQUET``: a built-in format, its module imported on first use."""
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return _built_in(module, name)

@@ -13,15 +13,18 @@ import os
 import struct
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.files.formats import TEXT, Format, ParquetLayout, by_code
+from rank_dataset.files.formats import TEXT, Format, by_code
 from rank_dataset.files.index.cache import SEAL
 from rank_dataset.files.io import SourceKey
 from rank_dataset.files.io.pread import ShortRead, pread_exact
+
+if TYPE_CHECKING:
+    from rank_dataset.files.formats import ParquetLayout
 
 _MAGIC = b"RDIDX\x00\x00\x06"
 # magic, file size, the key's digest (SourceKey.digest), device (a local file's), samples, flags, hash of the

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import mmap
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.files.formats import Checkpoints
 from rank_dataset.files.index._cachefile import (
     DATA_OFFSET,
     ENTRY,
@@ -21,6 +21,9 @@ from rank_dataset.files.index._cachefile import (
     read_pairs,
 )
 from rank_dataset.files.io.pread import ShortRead, Window
+
+if TYPE_CHECKING:
+    from rank_dataset.files.formats import Checkpoints
 
 MAPPED_ROWS = 1 << 12  # a read of fewer samples may take their entries from a map of the cache (see _entries_map)
 _MAPPED_MIN = 1 << 16  # entries (512 KiB) a cache holds at least to be mapped; smaller ones are a few reads
@@ -155,6 +158,8 @@ class SpanReader:
             assert self._fd is not None
             at = self._header.extra_at
             raw = os.pread(self._fd, os.fstat(self._fd).st_size - at, at)
+        from rank_dataset.files.formats import Checkpoints  # on first use: a compressed file's
+
         try:
             return Checkpoints.from_bytes(raw)
         except ValueError as exc:

@@ -24,15 +24,18 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.formats import Checkpoints, Format, detect, refuse_cut
+from rank_dataset.files.formats import Format, detect, refuse_cut
 from rank_dataset.files.index._cachefile import Index, Table, decode, length_bits, open_cache, spans_are_sane
 from rank_dataset.files.index._entries import MAPPED_ROWS, SpanReader, line_mark, read_checkpoints, read_entry
 from rank_dataset.files.index.cache import CACHE_DIR_ENV, cache_paths, first_cache_path, wait_for_seal
 from rank_dataset.files.io import FileKey, LocalFile, SourceKey, hash_ends, open_source
 from rank_dataset.files.io.pread import ShortRead
+
+if TYPE_CHECKING:
+    from rank_dataset.files.formats import Checkpoints
 
 __all__ = [
     "CACHE_DIR_ENV",

@@ -27,7 +27,6 @@ import numpy.typing as npt
 from rank_dataset.core import native
 from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import in_threads
-from rank_dataset.files.formats import SpanSource
 from rank_dataset.files.index.load import (
     MAPPED_ROWS,
     SpanReader,
@@ -50,6 +49,7 @@ from rank_dataset.files.read.lines import check_from, check_utf8, window_ok
 from rank_dataset.plan.bounds import Bounds
 
 if TYPE_CHECKING:
+    from rank_dataset.files.formats import SpanSource
     from rank_dataset.files.read._parquet_gather import ParquetKept
     from rank_dataset.files.read.file import IndexedFile
 
@@ -272,6 +272,8 @@ def _open_ahead(file: IndexedFile, rows: int, ahead: contextlib.ExitStack) -> Sp
     None elsewhere (the second pass opens the file)."""
     if not file.index.format.compressed or file.index.format.rows or not _dense(rows, file.index.size):
         return None
+    from rank_dataset.files.formats import SpanSource  # a compressed file's: its module on first use
+
     source = ahead.enter_context(file.bytes.open(file.index))
     assert isinstance(source, SpanSource)
     source.read_ahead()
@@ -307,7 +309,11 @@ def _second_pass(
 ) -> None:
     """The second pass over ``visit``'s file, open at ``fd``: its rows copied into ``writer``."""
     work = functools.partial(_copy_part, visit, fd=fd, writer=writer)
-    serial = fd if isinstance(fd, SpanSource) and fd.serial else None
+    serial = None
+    if not isinstance(fd, int):  # a text file's is a descriptor: the spans' module is a compressed file's
+        from rank_dataset.files.formats import SpanSource
+
+        serial = fd if isinstance(fd, SpanSource) and fd.serial else None
     if serial is not None and _dense(visit.rows.size, serial.checkpoints.size):
         # One decoder thread makes the spans in order: the threads take the next batch each as
         # they finish one, its spans pinned meanwhile (with a part each, one would fall behind

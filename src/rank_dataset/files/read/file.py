@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING, cast
 
 from rank_dataset.core.checks import UrlPath
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files.formats import SpanSource
 from rank_dataset.files.index.load import Index, load_index, read_checkpoints
 from rank_dataset.files.io import LocalFile, SourceKey, raise_if_changed
 from rank_dataset.files.io.pread import RangeLoader, ShortRead, count_newlines
 
 if TYPE_CHECKING:
-    from rank_dataset.files.formats import ParquetRows
+    from rank_dataset.files.formats import ParquetRows, SpanSource
 
 __all__ = ["FileBytes", "IndexedFile", "bytes_of"]
 
@@ -102,6 +101,8 @@ class FileBytes:
             local.close()
 
     def _source(self, fd: int, index: Index) -> SpanSource:
+        from rank_dataset.files.formats import SpanSource  # on first use: a compressed file's
+
         try:
             checkpoints = read_checkpoints(index)
         except LookupError:  # the cache was removed or replaced: the file's index as it is now
@@ -126,7 +127,7 @@ class FileBytes:
         """
         if index.format.compressed:
             with self.open(index) as source:
-                assert isinstance(source, SpanSource)
+                assert not isinstance(source, int)
                 raw = source.read(offset, offset + count)
         else:
             with LocalFile(self.path, index.key, checked=False) as local:
@@ -140,7 +141,7 @@ class FileBytes:
         """The newlines in bytes ``[start, stop)`` (decompressed ones, of a compressed file)."""
         if index.format.compressed:
             with self.open(index) as source:
-                assert isinstance(source, SpanSource)
+                assert not isinstance(source, int)
                 return source.read(start, stop).count(b"\n")
         with LocalFile(self.path) as local:
             return count_newlines(local.fd, stop, start)
@@ -148,6 +149,8 @@ class FileBytes:
     def check(self, fd: int | RangeLoader, key: SourceKey) -> None:
         """Raise MetaFileChangedError if the file open at ``fd`` is not the one ``key`` describes."""
         if not isinstance(fd, int):
+            from rank_dataset.files.formats import SpanSource  # a compressed file's
+
             if not isinstance(fd, SpanSource):
                 raise TypeError(f"a file's bytes are read from a descriptor or a SpanSource, not {fd!r}")
             fd = cast(int, fd.fd)  # a local file's SpanSource reads a descriptor
