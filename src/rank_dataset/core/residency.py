@@ -63,7 +63,7 @@ def return_freed_memory() -> None:
 
 def settle_before_fork() -> None:
     """Collect all garbage (a full collection), then :func:`return_freed_memory`: what a rank does after
-    building a shard, before the DataLoader workers of the next pass fork from it.
+    building its first shard, before the DataLoader workers of the first pass fork from it.
 
     A full collection writes to the header of every object the collector tracks: in a process with forked
     children alive, each page holding such objects is then copied (the process writes its own copy, the

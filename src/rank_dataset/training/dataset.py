@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from rank_dataset.core.checks import check_int
 from rank_dataset.core.parsers import Parser, resolve_parser
-from rank_dataset.core.residency import freeze_inherited_objects, settle_before_fork
+from rank_dataset.core.residency import freeze_inherited_objects, return_freed_memory, settle_before_fork
 from rank_dataset.core.stages import StageTable, timed
 from rank_dataset.plan.config import ReloadConfig
 from rank_dataset.plan.spec import ShardSpec
@@ -139,6 +139,9 @@ class ShardedDataset(Dataset[Any]):
             aug_repeats=cfg.aug_repeats,
         )
         self._load(spec)
+        # One full collection, after the first build (its imports and plan are most of the rank's long-lived
+        # objects), not after every build: in a large process each one costs a scan of every object.
+        settle_before_fork()
         freeze_inherited_objects()  # fork workers leave the rank's objects alone (see its docstring)
 
     # -- item access (the view's) -----------------------------------------------------------------
@@ -265,7 +268,7 @@ class ShardedDataset(Dataset[Any]):
             view.channel.publish(shard, spec)
             view.serve(shard, spec)  # the old shard is unmapped here, once the new one exists
         view.seen = view.channel.seen
-        settle_before_fork()
+        return_freed_memory()
 
     def _hold(self, spec: ShardSpec) -> None:
         """:meth:`_load` for the shard already held, without building it again (the audit and the agreement stay)."""
