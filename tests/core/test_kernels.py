@@ -23,32 +23,11 @@ import pytest
 
 from rank_dataset.core import _reference as ref
 from rank_dataset.core import native
-from rank_dataset.core._native_lib import Kernels, load
+from rank_dataset.core._native_lib import Kernels
 from rank_dataset.files.index.scan import scan_buffer
 from rank_dataset.files.read.lines import _line_ok, check_utf8
 from rank_dataset.files.read.lines import bounds_ok as _bounds_ok
 from rank_dataset.files.read.lines import rows_ok as _rows_ok
-
-
-def _native() -> Kernels:
-    try:
-        return load()
-    except (OSError, RuntimeError) as exc:
-        if os.environ.get("RANK_DATASET_NATIVE") == "require":
-            raise
-        pytest.skip(f"the native kernels are not built: {exc}")
-
-
-@pytest.fixture(scope="module")
-def kernels() -> Kernels:
-    return _native()
-
-
-@pytest.fixture(params=[pytest.param("numpy", marks=pytest.mark.no_library), "native"])
-def impl(request: pytest.FixtureRequest) -> Any:
-    """Either path, called the same way: the reference module or the library's kernels (the sanitizer run,
-    make test-asan, takes the library's side only)."""
-    return ref if request.param == "numpy" else _native()
 
 
 def _u8(b: bytes) -> np.ndarray:

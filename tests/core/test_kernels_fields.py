@@ -9,7 +9,6 @@ does not load fails these tests instead of skipping them.
 from __future__ import annotations
 
 import mmap
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,27 +16,7 @@ import numpy as np
 import pytest
 
 from rank_dataset.core import _reference as ref
-from rank_dataset.core._native_lib import Kernels, load
-
-
-def _native() -> Kernels:
-    try:
-        return load()
-    except (OSError, RuntimeError) as exc:
-        if os.environ.get("RANK_DATASET_NATIVE") == "require":
-            raise
-        pytest.skip(f"the native kernels are not built: {exc}")
-
-
-@pytest.fixture(scope="module")
-def kernels() -> Kernels:
-    return _native()
-
-
-@pytest.fixture(params=[pytest.param("numpy", marks=pytest.mark.no_library), "native"])
-def impl(request: pytest.FixtureRequest) -> Any:
-    """Either path, called the same way (the sanitizer run takes the library's side only)."""
-    return ref if request.param == "numpy" else _native()
+from rank_dataset.core._native_lib import Kernels
 
 
 def _u8(b: bytes) -> np.ndarray:

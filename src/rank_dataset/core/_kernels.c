@@ -824,6 +824,14 @@ RD_API int rd_bucket_order(const uint16_t *keys, int64_t n, int64_t buckets, voi
     return RD_OK;
 }
 
+/* 1 when bounds[0..segments] rises from 0 to n, never decreasing. */
+static int rd_bounds_ok(const int64_t *bounds, int64_t segments, int64_t n) {
+    if (bounds[0] != 0 || bounds[segments] != n) return 0;
+    for (int64_t b = 0; b < segments; b++)
+        if (bounds[b + 1] < bounds[b]) return 0;
+    return 1;
+}
+
 /* Greedy packing (rank_dataset/plan/shapes.py): each segment costs[bounds[b]:bounds[b+1]] is cut into
  * runs of total at most limit, its first run continuing an open one of total fill[b]; starts[i] = 1 where
  * item i does not fit the run before it, totals[b] the segment's last run's total. A cost outside
@@ -834,9 +842,9 @@ RD_API int rd_pack_runs(const int64_t *costs, int64_t n, const int64_t *bounds, 
         (segments > 0 && (fill == NULL || totals == NULL)) || (n > 0 && (costs == NULL || starts == NULL)))
         return RD_EARG;
     *bad = -1;
-    if (bounds[0] != 0 || bounds[segments] != n) return RD_EARG;
+    if (!rd_bounds_ok(bounds, segments, n)) return RD_EARG;
     for (int64_t b = 0; b < segments; b++)
-        if (bounds[b + 1] < bounds[b] || fill[b] < 0 || fill[b] > limit) return RD_EARG;
+        if (fill[b] < 0 || fill[b] > limit) return RD_EARG;
     if (n > 0) memset(starts, 0, (size_t)n);
     for (int64_t b = 0; b < segments; b++) {
         int64_t t = fill[b];
@@ -907,9 +915,9 @@ RD_API int rd_split_costs(const int64_t *costs, int64_t n, const int64_t *offset
     if (n < 0 || batches < 0 || world < 1 || offsets == NULL || totals == NULL || order == NULL ||
         (n > 0 && (costs == NULL || out == NULL || scratch == NULL)))
         return RD_EARG;
-    if (offsets[0] != 0 || offsets[batches] != n) return RD_EARG;
+    if (!rd_bounds_ok(offsets, batches, n)) return RD_EARG;
     for (int64_t b = 0; b < batches; b++)
-        if (offsets[b + 1] < offsets[b] || 4 * (offsets[b + 1] - offsets[b]) > scratch_size) return RD_EARG;
+        if (4 * (offsets[b + 1] - offsets[b]) > scratch_size) return RD_EARG;
     rd_costed *items = (rd_costed *)scratch;
     for (int64_t b = 0; b < batches; b++) {
         const int64_t a = offsets[b], len = offsets[b + 1] - a;

@@ -375,6 +375,12 @@ def bucket_order(
     return order, np.bincount(keys, minlength=buckets).astype(np.int64)
 
 
+def _check_bounds(name: str, bounds: npt.NDArray[np.int64], n: int) -> None:
+    """ValueError naming ``name`` unless ``bounds`` rises from 0 to ``n``, never decreasing."""
+    if bounds.size < 1 or bounds[0] != 0 or bounds[-1] != n or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"{name} must rise from 0 to the {n} costs, got {bounds.tolist()[:8]}")
+
+
 def packed_args(
     costs: Any, bounds: Any, limit: int, fill: Any
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, npt.NDArray[np.int64]]:
@@ -386,8 +392,7 @@ def packed_args(
     limit = int(limit)
     if limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    if b.size < 1 or b[0] != 0 or b[-1] != c.size or np.any(np.diff(b) < 0):
-        raise ValueError(f"bounds must rise from 0 to the {c.size} costs, got {b.tolist()[:8]}")
+    _check_bounds("bounds", b, c.size)
     if f.size != b.size - 1 or (f.size and (f.min() < 0 or f.max() > limit)):
         raise ValueError(f"fill must hold one total in [0, {limit}] per segment ({b.size - 1})")
     return c, b, limit, f
@@ -425,8 +430,7 @@ def split_args(costs: Any, offsets: Any, world: int) -> tuple[npt.NDArray[np.int
     world = int(world)
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
-    if off.size < 1 or off[0] != 0 or off[-1] != c.size or np.any(np.diff(off) < 0):
-        raise ValueError(f"offsets must rise from 0 to the {c.size} costs, got {off.tolist()[:8]}")
+    _check_bounds("offsets", off, c.size)
     return c, off, world
 
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -185,6 +185,17 @@ def split_by_cost(costs: npt.ArrayLike, offsets: npt.ArrayLike, world_size: int)
     return native.split_costs(cost, off, world)
 
 
+_COSTS: Literal[0] = 0  # the columns of ShapeStream._epoch
+_GROUPED: Literal[1] = 1
+
+
+def _kept(column: npt.NDArray[Any] | None) -> npt.NDArray[Any]:
+    """``column`` of an epoch, which its caller knows the stream keeps (see ``ShapeStream._epoch``)."""
+    if column is None:
+        raise RuntimeError("an epoch column this stream does not keep was asked for")
+    return column
+
+
 class _Table:
     """One epoch's batches in step order: batch ``i`` holds the ``j``-th samples of bucket ``bucket[i]`` in the
     stream (counting every epoch), ``j`` in ``[lo[i], hi[i])``, and is emitted at draw ``ends[i]`` of the epoch.
@@ -315,30 +326,27 @@ class ShapeStream:
         ep, r = np.divmod(j, self.sizes[b])
         if self.sizes.size == 1:
             return ep * self.num_samples + r
-        out = np.empty(j.shape, np.int64)
-        if not j.size:
-            return out
-        lo, hi = int(ep.min()), int(ep.max())
-        for e in range(lo, hi + 1):
-            where = ep == e if lo < hi else slice(None)
-            grouped = self._epoch(e)[1]
-            assert grouped is not None
-            out[where] = grouped[self.starts[b[where]] + r[where]]
-            out[where] += e * self.num_samples
+        out = self._gather(_GROUPED, ep, self.starts[b] + r)
+        out += ep * self.num_samples
         return out
 
     def _costs_at(self, draws: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """The costs of the samples at global draws ``draws`` (by budget)."""
         ep, d = np.divmod(draws, self.num_samples)
-        out = np.empty(draws.shape, np.int64)
-        if not draws.size:
+        return self._gather(_COSTS, ep, d)
+
+    def _gather(
+        self, column: Literal[0, 1], epochs: npt.NDArray[np.int64], at: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.int64]:
+        """``_epoch(e)[column][at]`` element by element, ``e`` the element's epoch in ``epochs``; the column
+        must be one the stream keeps (costs by budget, the grouping with several buckets)."""
+        out = np.empty(at.shape, np.int64)
+        if not at.size:
             return out
-        lo, hi = int(ep.min()), int(ep.max())
+        lo, hi = int(epochs.min()), int(epochs.max())
         for e in range(lo, hi + 1):
-            where = ep == e if lo < hi else slice(None)
-            costs = self._epoch(e)[0]
-            assert costs is not None
-            out[where] = costs[d[where]]
+            where = epochs == e if lo < hi else slice(None)
+            out[where] = _kept(self._epoch(e)[column])[at[where]]
         return out
 
     # -- the batches of one epoch ----------------------------------------------------------------------
@@ -378,7 +386,7 @@ class ShapeStream:
         sizes, starts = self.sizes, self.starts
         carry, fill = self._carry[epoch], self._fill_of(epoch)
         costs, grouped = self._epoch(epoch)
-        assert costs is not None
+        costs = _kept(costs)
         if grouped is not None:
             costs = costs[grouped]
         new, totals = native.pack_runs(costs, starts, self.max_cost, fill)
