@@ -10,7 +10,8 @@ import sys
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from rank_dataset import RankDataset, Source, StepSampler
+from rank_dataset import StepSampler
+from remix_mixes import edited_dataset
 from tests_helpers import write_rank_result
 
 BATCH = 8
@@ -18,18 +19,9 @@ CFG = {"mini_epoch": 2, "seed": 7}
 LIVE = (7, 15, 17)  # in the resumed part, at loop step 7 skip data batches [15, 17): past the loader's prefetch
 
 
-def dataset(mix: str, folder: str) -> RankDataset:
-    """``before``: two sources by epochs; ``after``: one kept and reweighted, one removed, one added by step."""
-    if mix == "before":
-        sources = [Source(f"{folder}/a.txt", repeat=1), Source(f"{folder}/b.txt", weight=2)]
-        return RankDataset(sources, reload_cfg={**CFG, "epoch_size": 40})
-    sources = [Source(f"{folder}/c.txt", weight={0: 1, 9: 3}, by="step"), Source(f"{folder}/a.txt", weight=2)]
-    return RankDataset(sources, reload_cfg={**CFG, "epoch_size": 30})
-
-
 def main(mix: str, folder: str, out: str, state_path: str, last: int) -> None:
     dist.init_process_group("gloo")
-    ds = dataset(mix, folder)
+    ds = edited_dataset(mix, folder, CFG)
     sampler = StepSampler(ds, BATCH, skip=[(2, 3)] if mix == "before" else None)
     if mix == "after":
         with open(state_path) as f:

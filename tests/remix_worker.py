@@ -9,26 +9,17 @@ import sys
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from rank_dataset import RankDataset, Source, StepSampler
+from rank_dataset import StepSampler
+from remix_mixes import edited_dataset
 from tests_helpers import write_rank_result
 
 BATCH = 12
 CFG = {"mini_epoch": 2, "seed": 3}
 
 
-def dataset(mix: str, folder: str) -> RankDataset:
-    """``before``: two sources by epochs; ``after``: one kept and reweighted, one removed, one added, rules by
-    step (the same as the test's reference)."""
-    if mix == "before":
-        sources = [Source(f"{folder}/a.txt", repeat=1), Source(f"{folder}/b.txt", weight=2)]
-        return RankDataset(sources, reload_cfg={**CFG, "epoch_size": 40})
-    sources = [Source(f"{folder}/c.txt", weight={0: 1, 9: 3}, by="step"), Source(f"{folder}/a.txt", weight=2)]
-    return RankDataset(sources, reload_cfg={**CFG, "epoch_size": 30})
-
-
 def main(mix: str, folder: str, out: str, state_path: str, last: int) -> None:
     dist.init_process_group("gloo")
-    ds = dataset(mix, folder)
+    ds = edited_dataset(mix, folder, CFG)
     sampler = StepSampler(ds, BATCH)
     if mix == "after":
         with open(state_path) as f:

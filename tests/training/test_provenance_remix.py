@@ -18,12 +18,12 @@ from torch.utils.data import DataLoader
 from rank_dataset import RankDataset, Source, StepSampler, samples_of
 from rank_dataset.plan.mix import MixPlan
 from rank_dataset.shards.provenance import RunPlan
+from remix_mixes import SIZES, Mix, dataset, random_mix, write_files
 
 pytestmark = pytest.mark.filterwarnings("error::rank_dataset.PassAuditWarning")  # skips keep the audit exact
 
-SIZES = {"a": 7, "b": 12, "c": 5, "d": 20, "e": 9}
-SEED = 5
 BATCH = 24  # a multiple of every world size tried
+REPEATED_RULES, WHOLE_REPEATS = ("weight", "repeat", "repeat", "choose"), (1, 1, 2)
 
 
 def as_list(batch: list[Any]) -> list[Any]:
@@ -32,38 +32,7 @@ def as_list(batch: list[Any]) -> list[Any]:
 
 @pytest.fixture
 def files(tmp_path: Path) -> Path:
-    for name, n in SIZES.items():
-        (tmp_path / f"{name}.txt").write_text("".join(f"{name}_{i}\n" for i in range(n)))
-    return tmp_path
-
-
-Mix = tuple[str, list[Source], int | None]  # kind, sources (plain: one), epoch size
-
-
-def random_mix(rng: random.Random, files: Path) -> Mix:
-    kind = rng.choice(["plain", "epochs", "epochs", "steps"])
-    if kind == "plain":
-        return kind, [Source(str(files / f"{rng.choice(sorted(SIZES))}.txt"))], None
-    sources = []
-    for name in rng.sample(sorted(SIZES), rng.randint(1, 3)):
-        rule = rng.choice(["weight", "repeat", "repeat", "choose"])
-        value: Any = rng.choice({"weight": [1, 2, 3], "repeat": [1, 1, 2], "choose": [3, 6, 15]}[rule])
-        if kind == "steps":
-            value = {0: value, rng.randrange(1, 30): rng.choice([1, 2, 3])} if rule != "repeat" else {0: value}
-            sources.append(Source(str(files / f"{name}.txt"), by="step", **{rule: value}))
-        else:
-            sources.append(Source(str(files / f"{name}.txt"), **{rule: value}))
-    weighted = any(s.kind == "weight" for s in sources)
-    return kind, sources, (100 if kind == "steps" else 60) if weighted else None
-
-
-def dataset(mix: Mix, rank: int, world: int, mini_epoch: int) -> RankDataset:
-    kind, sources, epoch_size = mix
-    cfg: dict[str, Any] = {"mini_epoch": mini_epoch, "seed": SEED}
-    if epoch_size is not None:
-        cfg["epoch_size"] = epoch_size
-    meta: Any = sources[0].paths[0] if kind == "plain" else sources
-    return RankDataset(meta, reload_cfg=cfg, rank=rank, world_size=world)
+    return write_files(tmp_path)
 
 
 def run_part(
@@ -137,9 +106,9 @@ def test_samples_of_and_consumed_across_random_edits_skips_and_world_sizes(
     worlds = [rng.choice([1, 2, 3, 4, 8]) for _ in range(4)]
     t1, t2 = sorted(rng.sample(range(2, 9), 2))
     t3, end = t2 + rng.randint(1, 3), t2 + 7
-    mixes = [random_mix(rng, files)]
+    mixes = [random_mix(rng, files, REPEATED_RULES, WHOLE_REPEATS)]
     while len(mixes) < 3:
-        mixes.append(random_mix(rng, files))
+        mixes.append(random_mix(rng, files, REPEATED_RULES, WHOLE_REPEATS))
     # Skipped data batches: one range before the first edit, one given at the second resume (ahead of it).
     a = rng.randrange(0, t1)
     first_skip = [(a, a + rng.randint(1, 2))]

@@ -18,47 +18,15 @@ from rank_dataset.plan.mix import MixPlan
 from rank_dataset.plan.remix import MixSegment, SourceEntry
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.step_mix import StepMix
+from remix_mixes import SEED, SIZES, Mix, dataset, edited_dataset, random_mix, write_files
 from remix_reference import Reference
 
-SIZES = {"a": 7, "b": 12, "c": 5, "d": 20, "e": 9}
-SEED = 5
 BATCH = 24  # a multiple of every world size tried
 
 
 @pytest.fixture
 def files(tmp_path: Path) -> Path:
-    for name, n in SIZES.items():
-        (tmp_path / f"{name}.txt").write_text("".join(f"{name}_{i}\n" for i in range(n)))
-    return tmp_path
-
-
-Mix = tuple[str, list[Source], int | None]  # kind, sources (plain: one), epoch size
-
-
-def random_mix(rng: random.Random, files: Path) -> Mix:
-    kind = rng.choice(["plain", "epochs", "epochs", "steps"])
-    if kind == "plain":
-        return kind, [Source(str(files / f"{rng.choice(sorted(SIZES))}.txt"))], None
-    sources = []
-    for name in rng.sample(sorted(SIZES), rng.randint(1, 3)):
-        rule = rng.choice(["weight", "repeat", "choose"])
-        value: Any = rng.choice({"weight": [1, 2, 3], "repeat": [0.5, 1, 2], "choose": [3, 6, 15]}[rule])
-        if kind == "steps":
-            value = {0: value, rng.randrange(1, 30): rng.choice([1, 2, 3])} if rule != "repeat" else {0: value}
-            sources.append(Source(str(files / f"{name}.txt"), by="step", **{rule: value}))
-        else:
-            sources.append(Source(str(files / f"{name}.txt"), **{rule: value}))
-    weighted = any(s.kind == "weight" for s in sources)
-    return kind, sources, (100 if kind == "steps" else 60) if weighted else None
-
-
-def dataset(mix: Mix, rank: int, world: int, mini_epoch: int) -> RankDataset:
-    kind, sources, epoch_size = mix
-    cfg: dict[str, Any] = {"mini_epoch": mini_epoch, "seed": SEED}
-    if epoch_size is not None:
-        cfg["epoch_size"] = epoch_size
-    meta: Any = sources[0].paths[0] if kind == "plain" else sources
-    return RankDataset(meta, reload_cfg=cfg, rank=rank, world_size=world)
+    return write_files(tmp_path)
 
 
 def segment(mix: Mix, step: int) -> MixSegment:
@@ -182,7 +150,6 @@ def test_what_an_edit_cannot_do_is_refused_by_name(files: Path) -> None:
 def test_a_two_rank_gloo_job_with_workers_edits_its_mix_at_a_resume(files: Path, tmp_path: Path) -> None:
     from remix_worker import BATCH as JOB_BATCH
     from remix_worker import CFG as JOB_CFG
-    from remix_worker import dataset as job_dataset
     from tests_helpers import rank_results, run_ranks, worker_env
 
     def job(mix: str, stop: int) -> tuple[list[list[str]], list[dict[str, Any]]]:
@@ -199,8 +166,8 @@ def test_a_two_rank_gloo_job_with_workers_edits_its_mix_at_a_resume(files: Path,
     tail, results = job("after", stop)
     assert [r["start"] for r in results] == [edit, edit]
     # The reference: the two mixes as the plan reads them, walked draw by draw.
-    before = job_dataset("before", str(files))._book.mixture
-    after = job_dataset("after", str(files))._book.mixture
+    before = edited_dataset("before", str(files), JOB_CFG)._book.mixture
+    after = edited_dataset("after", str(files), JOB_CFG)._book.mixture
     assert before is not None and after is not None
     entries = [tuple(SourceEntry(s.name, n, None) for s, n in zip(m.sources, m.plan.sizes)) for m in (before, after)]
     step_mix = StepMix.from_sources(after.plan.sizes, after.sources, after.plan.epoch_size)
