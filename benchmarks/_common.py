@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -157,6 +157,17 @@ def barh(path: Path, bars: dict[str, float], xlabel: str, height: float) -> None
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def md_table(columns: Sequence[str], rows: Iterable[Sequence[object]], align: str = "") -> list[str]:
+    """The lines of a markdown table: the header of ``columns``, its rule, then one line a row (cells as ``str``).
+    ``align`` has one letter a column, ``r`` for right (``---:``), any other for left; empty: all left."""
+    rule = "".join("---:|" if a == "r" else "---|" for a in align or "l" * len(columns))
+    return [_md_row(columns), "|" + rule, *(_md_row(r) for r in rows)]
+
+
+def _md_row(cells: Iterable[object]) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
 
 
 def save_results(out: Path, name: str, rows: list[str], data: Any, plot: Callable[[Path], None]) -> None:

@@ -454,7 +454,7 @@ def summary(
 
 
 def report(jobs: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    from _common import load_note, machine_info, plotting, save_results
+    from _common import load_note, machine_info, md_table, plotting, save_results
 
     cores = os.cpu_count() or 1
     cpu, fit, small = cpu_model(jobs), time_model(jobs, cores), small_requests(jobs)
@@ -498,21 +498,23 @@ def report(jobs: list[dict[str, Any]], args: argparse.Namespace) -> None:
         + ", ".join(f"{r} {small[r][0]:.1f}" for r in sorted(small) if r.startswith("object-"))
         + " a rank, counted here).",
         "",
-        "| reader | hosts x ranks | N | first batch (s) | fitted (s) | of which CPU / cores | network | requests "
-        "| CPU, all (s) | slowest rank's CPU (s) | agent's CPU (s) | store's CPU (s) | busiest link (MB) "
-        "| store requests | by mechanism | store MB | by mechanism |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    measured = []
     for j, fitted, terms in zip(jobs, fit["fitted"], fit["terms"]):
         t = traffic(j["reader"], j["hosts"], j["ranks"], j["lines"], j["size"])
         mech = t["gets"] + small[j["reader"]][0] * j["world"]
-        rows.append(
-            f"| {j['reader']} | {j['hosts']} x {j['ranks']} | {j['lines']:,} | {j['first_batch_s']:.1f} | "
-            f"{fitted:.1f} | {terms[1]:.1f} | {terms[2]:.1f} | {terms[3]:.1f} | {j['cpu_total']:.1f} | "
-            f"{max(j['ranks_cpu']):.1f} | {max(j['agents_cpu']):.1f} | {j['store_cpu']:.1f} | "
-            f"{_busiest_link(j) / 1e6:.1f} | {j['store_requests']} | {mech:.0f} | {j['store_bytes'] / 1e6:.1f} | "
-            f"{t['bytes'] / 1e6:.1f} |"
-        )
+        measured.append(
+            (j["reader"], f"{j['hosts']} x {j['ranks']}", f"{j['lines']:,}", f"{j['first_batch_s']:.1f}",
+             f"{fitted:.1f}", *(f"{x:.1f}" for x in (*terms[1:4], j["cpu_total"], max(j["ranks_cpu"]),
+             max(j["agents_cpu"]), j["store_cpu"], _busiest_link(j) / 1e6)), j["store_requests"], f"{mech:.0f}",
+             f"{j['store_bytes'] / 1e6:.1f}", f"{t['bytes'] / 1e6:.1f}")
+        )  # fmt: skip
+    rows += md_table(
+        ["reader", "hosts x ranks", "N", "first batch (s)", "fitted (s)", "of which CPU / cores", "network",
+         "requests", "CPU, all (s)", "slowest rank's CPU (s)", "agent's CPU (s)", "store's CPU (s)",
+         "busiest link (MB)", "store requests", "by mechanism", "store MB", "by mechanism"],
+        measured,
+    )  # fmt: skip
     rows += [
         "",
         f"The fit, over the {len(jobs)} jobs (least squares, coefficients 0 or more; rms {fit['rms']:.1f} s):",
@@ -536,37 +538,32 @@ def report(jobs: list[dict[str, Any]], args: argparse.Namespace) -> None:
         "(each build counted by the library's record, logger `rank_dataset.index`; N in millions of lines), fitted on "
         "every rank of every job (two N, so that the part that grows with N is told from the part that does not):",
         "",
-        "| reader | ranks | base (s) | e (s) | p (s / M lines) | q (s / M lines, / W) | r, index (s / M lines) "
-        "| agent (s) | rms (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for reader, m in cpu.items():
-        rows.append(
-            f"| {reader} | {m['ranks']} | {m['base']:.2f} | {m['e']:.2f} | {m['p']:.4f} | {m['q']:.4f} | "
-            f"{m['r']:.4f} | {m['agent']:.2f} | {m['rms']:.2f} |"
-        )
-    rows += [
-        "",
-        "## Predicted: 64 nodes x 8 ranks, N = 1B lines from a bucket",
-        "",
-        "| reader | node link | first batch (s) | CPU, critical path (s) | network (s) | requests, the busiest rank's "
-        "in turn (s) | S3's floor, 5,500 GETs/s (s) | requests | store GB | requests / s while reading | requests / "
-        "s over the start |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    predictions = {}
+    rows += md_table(
+        ["reader", "ranks", "base (s)", "e (s)", "p (s / M lines)", "q (s / M lines, / W)", "r, index (s / M lines)",
+         "agent (s)", "rms (s)"],
+        [(reader, m["ranks"], *(f"{m[k]:.2f}" for k in ("base", "e")), *(f"{m[k]:.4f}" for k in "pqr"),
+          f"{m['agent']:.2f}", f"{m['rms']:.2f}") for reader, m in cpu.items()],
+    )  # fmt: skip
+    rows += ["", "## Predicted: 64 nodes x 8 ranks, N = 1B lines from a bucket", ""]
+    predictions, predicted = {}, []
     for reader in ("object-collective", "object-file"):
         if reader not in cpu:
             continue
         for name, link in ((args.rate, rate), ("100gbit", _rate_bytes("100gbit"))):
             p = predict(cpu, fit, small, reader, line_bytes, link, 2 * args.store_delay_ms / 1000)
             predictions[f"{reader}/{name}"] = p
-            rows.append(
-                f"| {reader} | {name} | {p['first_batch_s']:,.0f} | {p['cpu_critical_s']:,.1f} | "
-                f"{p['network_s']:,.1f} | {p['requests_sequential_s']:,.1f} | {p['requests_floor_s']:,.1f} | "
-                f"{p['requests']:,.0f} | {p['store_bytes'] / 1e9:,.0f} | {p['requests_per_s_reading']:,.0f} | "
-                f"{p['requests_per_s']:,.1f} |"
-            )
+            predicted.append(
+                (reader, name, f"{p['first_batch_s']:,.0f}", *(f"{p[k]:,.1f}" for k in ("cpu_critical_s",
+                 "network_s", "requests_sequential_s", "requests_floor_s")), f"{p['requests']:,.0f}",
+                 f"{p['store_bytes'] / 1e9:,.0f}", f"{p['requests_per_s_reading']:,.0f}", f"{p['requests_per_s']:,.1f}")
+            )  # fmt: skip
+    rows += md_table(
+        ["reader", "node link", "first batch (s)", "CPU, critical path (s)", "network (s)",
+         "requests, the busiest rank's in turn (s)", "S3's floor, 5,500 GETs/s (s)", "requests", "store GB",
+         "requests / s while reading", "requests / s over the start"],
+        predicted,
+    )  # fmt: skip
     rows += [
         "",
         "How: T_first = a + the critical path's CPU + a node link's bytes / its rate + the longer of the busiest "

@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from _common import load_note, machine_info, plotting, save_results, scratch_dir  # noqa: E402
+from _common import load_note, machine_info, md_table, plotting, save_results, scratch_dir  # noqa: E402
 
 KiB = 1 << 10
 BUCKET_PREFIX = "payloads"
@@ -341,29 +341,33 @@ def write_page(args: argparse.Namespace, results: dict[str, Any]) -> None:
         machine_info(),
         f"Load average at the end: {load_note()} (2 cores shared with other work: the figures are noisy).",
         "",
-        "| loader | latency | samples/s | / Payloads at 0 ms | client CPU a payload | client CPU | proxy CPU | "
-        "SeaweedFS CPU | GETs a sample | peak held / max_bytes |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    table = []
     for r in rows:
         latency = "local" if r["latency_ms"] is None else f"{r['latency_ms']:g} ms"
         held = f"{r['peak_held'] / 2**20:.1f} / {r['max_bytes'] / 2**20:.0f} MiB" if r["peak_held"] >= 0 else "-"
         versus = f"{r['rate'] / zero['rate']:.2f}x" if zero and r["latency_ms"] is not None else "-"
-        lines.append(
-            f"| {names[r['mode']]} | {latency} | {r['rate']:,.0f} | {versus} | "
-            f"{r['client_cpu_per_payload_us']:,.0f} µs | {r['client_cpu_share']:.2f} | {r['proxy_cpu_share']:.2f} | "
-            f"{r['weed_cpu_share']:.2f} | "
-            f"{r['gets_per_sample']:.2f} | {held} |"
-        )
+        table.append(
+            (names[r["mode"]], latency, f"{r['rate']:,.0f}", versus, f"{r['client_cpu_per_payload_us']:,.0f} µs",
+             *(f"{r[k]:.2f}" for k in ("client_cpu_share", "proxy_cpu_share", "weed_cpu_share", "gets_per_sample")),
+             held)
+        )  # fmt: skip
+    lines += md_table(
+        ["loader", "latency", "samples/s", "/ Payloads at 0 ms", "client CPU a payload", "client CPU", "proxy CPU",
+         "SeaweedFS CPU", "GETs a sample", "peak held / max_bytes"],
+        table,
+    )  # fmt: skip
     lines += ["", "Every payload's length was checked against its size in the meta file: "]
     bad = sum(r["bad_lengths"] for r in rows)
     lines[-1] += "all equal." if bad == 0 else f"**{bad} differed**."
-    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
-    for what, value, goal in _targets(args, rows):
-        lines.append(
-            f"| {what} | {'n/a' if value is None else f'{value:.2f}x'} | "
-            f"{'n/a' if value is None else ('yes' if value >= goal else '**no**')} |"
-        )
+    lines += ["", "## Targets", ""]
+    lines += md_table(
+        ["target", "measured", "met"],
+        [
+            (what, "n/a", "n/a") if value is None else (what, f"{value:.2f}x", "yes" if value >= goal else "**no**")
+            for what, value, goal in _targets(args, rows)
+        ],
+    )
     held = [r for r in rows if r["peak_held"] >= 0]
     if held:
         ok = all(r["peak_held"] <= r["max_bytes"] for r in held)

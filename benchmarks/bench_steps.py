@@ -25,7 +25,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
+from _common import machine_info, md_table, plotting, save_results, write_imagenet_meta  # noqa: E402
 
 
 def as_list(batch: list[Any]) -> list[Any]:
@@ -111,15 +111,21 @@ def main(argv: list[str] | None = None) -> int:
         f"# Training by steps beside the epoch loop: N = {args.lines:,}, rank 0 of {w}, {m} mini-epochs, "
         f"global batch {big_b} ({b} a rank), {args.workers} persistent workers",
         "",
-        "| loop | batches (steps) / s | seconds | shard changes | wait at a change, median (s) | max (s) |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for name, r in results.items():
-        rows.append(
-            f"| {name} | {r['batches_per_s']:,.1f} | {r['seconds']:.2f} | {r['changes']} | "
-            f"{r['wait_median_s']:.3f} | {r['wait_max_s']:.3f} |"
-        )
-    rows += [
+        *md_table(
+            ["loop", "batches (steps) / s", "seconds", "shard changes", "wait at a change, median (s)", "max (s)"],
+            [
+                (
+                    name,
+                    f"{r['batches_per_s']:,.1f}",
+                    f"{r['seconds']:.2f}",
+                    r["changes"],
+                    f"{r['wait_median_s']:.3f}",
+                    f"{r['wait_max_s']:.3f}",
+                )
+                for name, r in results.items()
+            ],
+            "lrrrrr",
+        ),
         "",
         "Both loops read the same number of items. The epoch loop's wait is `set_epoch` plus the new pass's first "
         "batch (its first change is the first shard's load); the step loop's is the longest gap between batches "

@@ -1,5 +1,5 @@
 """What a run trained on: a manifest (:mod:`rank_dataset.plan.manifest`) opened, and the samples of any global
-batch, loop step or shard of it, with their lines. No torch.
+batch, loop step or shard of it, with their lines.
 
 The plan is run for the one window asked (:meth:`StepLayout.batch`, or one shard's
 :meth:`~rank_dataset.plan.spec.ShardSpec.indices`), its numbers are mapped to the files' sample numbers as the

@@ -8,11 +8,10 @@ a later collective while another has failed).
 
 The collective: each rank hashes its fields into a fixed-size int64 tensor (32 slots, 256 bytes)
 and one ``all_gather`` collects them. A fixed-size tensor of hashes, not ``all_gather_object``:
-``all_gather_object`` costs two collectives (sizes, then bytes) and pickling (about 2x the time
-with 4 gloo ranks), and a fixed size means ranks running different code still meet in the same
-collective. Not an ``all_reduce`` (MAX of each hash and its complement, a payload independent of
-the world size): with gloo it took about twice as long as the ``all_gather`` at 4 ranks, and the
-gathered hashes say which ranks differ. The tensor lives on the CPU
+``all_gather_object`` costs two collectives (sizes, then bytes) and pickling, and a fixed size means
+ranks running different code still meet in the same collective. Not an ``all_reduce`` (MAX of each hash
+and its complement, a payload independent of the world size): the gathered hashes say which ranks
+differ. The tensor lives on the CPU
 whenever the group has a CPU backend (gloo, or ``"cpu:gloo,cuda:nccl"``, torch's default when CUDA
 is available), so no device copy; for a group without one (NCCL alone) it goes on the current
 device of the group's first backend (``torch.cuda.current_device()``), as torch's own object

@@ -71,15 +71,7 @@ class Collectives:
 
     def all_gather(self, values: npt.NDArray[np.int64], name: str) -> npt.NDArray[np.int64]:
         """``(world_size, len(values))``: every rank's ``values`` (of one length on every rank)."""
-        import torch
-        import torch.distributed as dist
-
-        mine = torch.from_numpy(np.ascontiguousarray(values, np.int64))
-        out = [torch.empty_like(mine) for _ in range(self.world_size)]
-        with self.named(name):
-            dist.all_gather(out, mine, group=self.group)
-        self._settle([mine, *out])
-        return torch.stack(out).numpy()
+        return self._all_gather(np.ascontiguousarray(values, np.int64), name)
 
     def all_to_all(
         self,
@@ -114,7 +106,7 @@ class Collectives:
         sizes = self.all_gather(np.array([data.size], np.int64), name)[:, 0]
         padded = np.zeros(int(sizes.max()), np.uint8)
         padded[: data.size] = data
-        every = self._all_gather_bytes(padded, name)
+        every = self._all_gather(padded, name)
         return [pickle.loads(every[r, : int(sizes[r])].tobytes()) for r in range(self.world_size)]
 
     def broadcast(self, objects: list[Any], name: str) -> None:
@@ -137,8 +129,8 @@ class Collectives:
             dist.broadcast(tensor, group_src=0, group=self.group)
         self._settle([tensor])
 
-    def _all_gather_bytes(self, values: npt.NDArray[np.uint8], name: str) -> npt.NDArray[np.uint8]:
-        """``(world_size, len(values))``: every rank's bytes (as many on every rank)."""
+    def _all_gather(self, values: npt.NDArray[Any], name: str) -> npt.NDArray[Any]:
+        """``(world_size, len(values))``: every rank's contiguous ``values`` (one dtype and length on every rank)."""
         import torch
         import torch.distributed as dist
 

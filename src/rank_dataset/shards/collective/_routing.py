@@ -100,8 +100,8 @@ def rounds_of(held: _Ints, text_bytes: int, round_bytes: int) -> tuple[int, int]
 
 
 def distinct(values: _Ints) -> tuple[_Ints, _Ints]:
-    """``np.unique(values, return_inverse=True)`` by one sort (numpy's own takes a hash path several
-    times slower on a plan's numbers)."""
+    """``np.unique(values, return_inverse=True)`` by one sort (numpy's own takes a slower hash path on a
+    plan's numbers)."""
     order = np.argsort(values)
     ordered = values[order]
     first = np.ones(ordered.size, bool)
