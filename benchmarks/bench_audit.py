@@ -23,7 +23,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
+from _common import machine_info, md_table, plotting, save_results, write_imagenet_meta  # noqa: E402
 
 BATCHES = (1, 32, 256)
 
@@ -83,14 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         f"# The pass audit's cost, N = {n:,} (random indices, {len(order):,} reads per measurement)",
         "",
-        "| access | ns per call, audit counting | ns per call, audit off | added ns per call | ratio |",
-        "|---|---:|---:|---:|---:|",
     ]
     results: dict[str, dict[str, float]] = {}
+    table = []
     for case, times in per_call.items():
         on, off = statistics.median(times["warn"]), statistics.median(times["off"])
         results[case] = {"on_ns": on, "off_ns": off, "added_ns": on - off, "ratio": on / off}
-        rows.append(f"| {case} | {on:,.0f} | {off:,.0f} | {on - off:,.0f} | {on / off:.3f} |")
+        table.append((case, f"{on:,.0f}", f"{off:,.0f}", f"{on - off:,.0f}", f"{on / off:.3f}"))
+    header = ["access", "ns per call, audit counting", "ns per call, audit off", "added ns per call", "ratio"]
+    rows += md_table(header, table, "lrrrr")
     whole = {mode: statistics.median(v) for mode, v in tally_ns.items()}
     results["the count alone: channel.tally(256)"] = {
         "on_ns": whole["warn"],

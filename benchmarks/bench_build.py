@@ -47,6 +47,7 @@ from _common import (  # noqa: E402
     cache_env,
     load_note,
     machine_info,
+    md_table,
     native_env,
     plotting,
     ratio,
@@ -207,13 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# Shard build, N = {args.lines:,} lines, W = {w}, one rank",
         "",
-        "| build | seconds | vs whole-file scan | peak memory above start (MiB) | peak / rank's own bytes |",
-        "|---|---:|---:|---:|---:|",
     ]
+    table = []
     for k in ["scan", "cold", "warm", "original"]:
         ratio = med["scan"] / med[k]
         speed = f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
-        lines.append(f"| {labels[k]} | {med[k]:.3f} | {speed} | {peak[k] / mib:.0f} | {peak[k] / own:.2f} |")
+        table.append((labels[k], f"{med[k]:.3f}", speed, f"{peak[k] / mib:.0f}", f"{peak[k] / own:.2f}"))
+    header = ["build", "seconds", "vs whole-file scan", "peak memory above start (MiB)", "peak / rank's own bytes"]
+    lines += md_table(header, table, "lrrrr")
     lines += [
         "",
         f"The rank's own lines plus one 4-byte offset each: {own / mib:.1f} MiB; its shard holds {held / mib:.1f} MiB.",

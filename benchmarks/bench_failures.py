@@ -24,7 +24,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import barh, machine_info, save_results, write_imagenet_meta  # noqa: E402
+from _common import barh, machine_info, md_table, save_results, write_imagenet_meta  # noqa: E402
 
 BATCH = 256
 EVERY = 1000  # 1 failure in this many items
@@ -106,11 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         f"# The cost of replacing failed items, N = {args.lines:,}, DataLoader with {args.workers} workers, "
         f"batch {BATCH}",
         "",
-        "| dataset | items/s (median) | items/s (best) | best vs transform alone | CPU s per 1M items, "
-        "one process (min) | vs transform alone | failed samples recorded |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     results: dict[str, dict[str, float]] = {}
+    table = []
     for case, values in rates.items():
         median, best, c = statistics.median(values), max(values), min(cpu[case])
         results[case] = {
@@ -122,10 +120,13 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_ratio": c / cpu_base,
             "failures": failures[case],
         }
-        rows.append(
-            f"| {case} | {median:,.0f} | {best:,.0f} | {best_base / best:.3f}x | {c:.2f} | {c / cpu_base:.3f}x "
-            f"| {failures[case]:,} |"
-        )
+        table.append(
+            (case, f"{median:,.0f}", f"{best:,.0f}", f"{best_base / best:.3f}x", f"{c:.2f}", f"{c / cpu_base:.3f}x",
+             f"{failures[case]:,}")
+        )  # fmt: skip
+    header = ["dataset", "items/s (median)", "items/s (best)", "best vs transform alone",
+              "CPU s per 1M items, one process (min)", "vs transform alone", "failed samples recorded"]  # fmt: skip
+    rows += md_table(header, table, "lrrrrrr")
     rows += [
         "",
         f"{args.rounds} passes each through the DataLoader and {args.rounds} in one process without workers, the "

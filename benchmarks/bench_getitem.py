@@ -22,7 +22,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
+from _common import machine_info, md_table, plotting, save_results, write_imagenet_meta  # noqa: E402
 
 
 class ListDataset:
@@ -111,11 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         f"# Item access in one process, N = {n:,}",
         "",
-        "| access | items/s | ns/item | vs plain list | vs list-backed Dataset |",
-        "|---|---:|---:|---:|---:|",
+        *md_table(
+            ["access", "items/s", "ns/item", "vs plain list", "vs list-backed Dataset"],
+            [
+                (name, f"{r:,.0f}", f"{1e9 / r:,.0f}", f"{r / base_list:.2f}", f"{r / base_ds:.2f}")
+                for name, r in rates.items()
+            ],
+            "lrrrr",
+        ),
     ]
-    for name, r in rates.items():
-        rows.append(f"| {name} | {r:,.0f} | {1e9 / r:,.0f} | {r / base_list:.2f} | {r / base_ds:.2f} |")
     label_cost = 1e9 / rates['RankDataset, parser="label": ds[i]'] - 1e9 / ours
     json_cost = 1e9 / rates['RankDataset, parser="json": ds[i]'] - 1e9 / ours
     rows += [

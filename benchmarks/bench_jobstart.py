@@ -59,6 +59,7 @@ from _common import (  # noqa: E402
     cache_env,
     load_note,
     machine_info,
+    md_table,
     native_env,
     plotting,
     ratio,
@@ -329,13 +330,14 @@ def compare_native(args: argparse.Namespace) -> int:
         "",
         f"One read of the file counting newlines: {read:.2f} s (the 1.00x of every ratio).",
         "",
-        "| W | figure | numpy | native | native speed-up | numpy / one read | native / one read |",
-        "|---:|---|---:|---:|---:|---:|---:|",
     ]
+    table = []
     for w in args.worlds:
         for key, label in labels.items():
             a, b = med["0"][w][key], med["require"][w][key]
-            rows.append(f"| {w} | {label} | {a:.2f} | {b:.2f} | {ratio(a, b)} | {ratio(a, read)} | {ratio(b, read)} |")
+            table.append((w, label, f"{a:.2f}", f"{b:.2f}", ratio(a, b), ratio(a, read), ratio(b, read)))
+    header = ["W", "figure", "numpy", "native", "native speed-up", "numpy / one read", "native / one read"]
+    rows += md_table(header, table, "rlrrrrr")
     rows += [
         "",
         "As `bench_jobstart.py` measures them (its notes apply), the server, its clients and the pass each on numpy",

@@ -44,7 +44,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import barh, machine_info, save_results, write_imagenet_meta  # noqa: E402
+from _common import barh, machine_info, md_table, save_results, write_imagenet_meta  # noqa: E402
 from rank_dataset.core import _reference as ref  # noqa: E402
 from rank_dataset.core._native_lib import load  # noqa: E402
 from rank_dataset.files.index.scan import CHUNK, chunk_bounds  # noqa: E402
@@ -253,15 +253,14 @@ def main() -> None:
         f"newlines (page cache): {read_s:.3f} s. Load average "
         f"(1 min) before and after: {load_before:.1f}, {load_after:.1f} (other processes share the cores).",
         "",
-        "| kernel | numpy (s) | native (s) | numpy (ns/item) | native (ns/item) | native speed-up | "
-        "native / one read |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for what, a, b, items, unit in rows:
-        table.append(
-            f"| {what} | {a:.4f} | {b:.4f} | {a / items * 1e9:.1f} / {unit} | {b / items * 1e9:.1f} / {unit} | "
-            f"{a / b:.1f}x | {b / read_s:.2f}x |"
-        )
+        *md_table(
+            ["kernel", "numpy (s)", "native (s)", "numpy (ns/item)", "native (ns/item)", "native speed-up",
+             "native / one read"],
+            [(what, f"{a:.4f}", f"{b:.4f}", f"{a / items * 1e9:.1f} / {unit}", f"{b / items * 1e9:.1f} / {unit}",
+              f"{a / b:.1f}x", f"{b / read_s:.2f}x") for what, a, b, items, unit in rows],
+            "lrrrrrr",
+        ),
+    ]  # fmt: skip
     data_json = {
         "lines": args.lines,
         "bytes": size,

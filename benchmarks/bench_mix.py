@@ -28,7 +28,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import cache_env, machine_info, plotting, run_child, save_results, write_imagenet_meta  # noqa: E402
+from _common import cache_env, machine_info, md_table, plotting, run_child, save_results, write_imagenet_meta  # noqa: E402
 
 _BUILD = """
 import numpy as np
@@ -102,15 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# Shard build of a three-source mix, N = {n:,} lines, W = {w}, R = {r_:,}, one rank",
         "",
-        "| build | seconds (median) | vs one file | seconds (fastest) | vs one file | plan alone (s) | peak memory "
-        "above start (MiB) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for k in ["one", "mix"]:
-        lines.append(
-            f"| {labels[k]} | {med[k]:.3f} | {med[k] / med['one']:.2f}x | {best[k]:.3f} | {best[k] / best['one']:.2f}x "
-            f"| {plan[k]:.3f} | {peak[k] / mib:.0f} |"
-        )
+    header = ["build", "seconds (median)", "vs one file", "seconds (fastest)", "vs one file", "plan alone (s)",
+              "peak memory above start (MiB)"]  # fmt: skip
+    lines += md_table(
+        header,
+        [(labels[k], f"{med[k]:.3f}", f"{med[k] / med['one']:.2f}x", f"{best[k]:.3f}", f"{best[k] / best['one']:.2f}x",
+          f"{plan[k]:.3f}", f"{peak[k] / mib:.0f}") for k in ["one", "mix"]],
+        "lrrrrrr",
+    )  # fmt: skip
     lines += [
         "",
         f"The mix's build takes {ratio:.2f}x the one file's, median against median ({best['mix'] / best['one']:.2f}x "

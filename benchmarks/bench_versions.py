@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from _common import barh, cache_env, machine_info, run_child, save_results, scratch_dir, write_imagenet_meta  # noqa: E402
+from _common import barh, cache_env, machine_info, md_table, run_child, save_results, scratch_dir, write_imagenet_meta  # noqa: E402
 from bench_formats import compress  # noqa: E402
 
 _MEASURE = """
@@ -117,16 +117,17 @@ def main() -> None:
         f"then new; round k builds rank k mod {args.world_size}), each measurement in a fresh process. Files as "
         "`bench_formats.py` writes them (`.gz`: gzip -6; `.zst`: one frame, level 3; frames: a frame per 4 MiB).",
         "",
-        "| file | build, old (s) | build, new (s) | new / old | ds[i], old (µs) | ds[i], new (µs) | new / old |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    ratios = {}
+    ratios, table = {}, []
     for f, m in med.items():
         ratios[f] = {k: m["new"][k] / m["old"][k] for k in ("build", "item_us")}
-        rows.append(
-            f"| {files[f].name} | {m['old']['build']:.3f} | {m['new']['build']:.3f} | {ratios[f]['build']:.3f}x | "
-            f"{m['old']['item_us']:.2f} | {m['new']['item_us']:.2f} | {ratios[f]['item_us']:.3f}x |"
-        )
+        table.append(
+            (files[f].name, f"{m['old']['build']:.3f}", f"{m['new']['build']:.3f}", f"{ratios[f]['build']:.3f}x",
+             f"{m['old']['item_us']:.2f}", f"{m['new']['item_us']:.2f}", f"{ratios[f]['item_us']:.3f}x")
+        )  # fmt: skip
+    header = ["file", "build, old (s)", "build, new (s)", "new / old", "ds[i], old (µs)", "ds[i], new (µs)",
+              "new / old"]  # fmt: skip
+    rows += md_table(header, table, "lrrrrrr")
     data = {"old": args.old, "lines": args.lines, "formats": args.formats, "runs": got, "medians": med}
     data["ratios"] = ratios
     bars = {f"build {f}, new / old": r["build"] for f, r in ratios.items()}

@@ -32,7 +32,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine_info, plotting, save_results, write_imagenet_meta  # noqa: E402
+from _common import machine_info, md_table, plotting, save_results, write_imagenet_meta  # noqa: E402
 
 MODES = ["new DataLoader", "persistent workers"]
 
@@ -105,12 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         f"# From set_epoch to the first batch, N = {args.lines:,}, W = {args.world_size}, "
         f"{args.workers} DataLoader workers",
         "",
-        "| start method | new DataLoader per mini-epoch (s) | one DataLoader, persistent workers (s) | speed-up |",
-        "|---|---:|---:|---:|",
     ]
+    table = []
     for method, by_mode in results.items():
         new, kept = (statistics.median(by_mode[m]) for m in MODES)
-        rows.append(f"| {method} | {new:.3f} | {kept:.3f} | {new / kept:.1f}x |")
+        table.append((method, f"{new:.3f}", f"{kept:.3f}", f"{new / kept:.1f}x"))
+    header = ["start method", "new DataLoader per mini-epoch (s)", "one DataLoader, persistent workers (s)", "speed-up"]
+    rows += md_table(header, table, "lrrr")
     rows += [
         "",
         f"Median over {args.passes} mini-epochs of {per_rank:,} samples each (the first mini-epoch, which starts the",
