@@ -197,7 +197,11 @@ PLAN_TEXT = (
     "above that floor is the rank's share of each window: its samples (bucketed); every sample's cost and the split "
     "(budget, a C kernel). Below it lies only sharing the epoch's table among a node's ranks (the pass "
     "divided by them) or another definition of the epoch's order (a random bucket pattern whose prefix counts a "
-    "window can draw without the draws before it): neither is built."
+    "window can draw without the draws before it): neither is built. The second is measured as a design study "
+    "beside the plain layout in [bucket_tree.md](bucket_tree.md) (`benchmarks/bench_bucket_tree.py`, a C "
+    "prototype of a keyed split tree, not the library's order); it does not help a budget stream, whose runs "
+    "are a greedy packing of each bucket's costs in stream order: run k's end follows from the ends before it, "
+    "one pass over the epoch's costs whatever the order."
 )
 
 

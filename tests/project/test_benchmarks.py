@@ -4,6 +4,8 @@ ranks and rounds that still fill every row the table is checked for, since they 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -258,6 +260,18 @@ def test_bench_shapes_smoke(tmp_path: Path) -> None:
         assert expected in table, expected
     assert (tmp_path / "shapes.png").stat().st_size > 0
     assert not list((tmp_path / "data").iterdir())  # the meta file is removed
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="the study compiles its prototype with cc")
+def test_bench_bucket_tree_smoke(tmp_path: Path) -> None:
+    script = str(ROOT / "benchmarks" / "bench_bucket_tree.py")
+    cmd = [sys.executable, script, "--lines", "20000", "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "bucket_tree.md").read_text()
+    for expected in ("| aspect-ratio groups (2) | walk (basic ops) |", "| from the mode (libm) |", "today's bucketed"):
+        assert expected in table, expected
+    assert (tmp_path / "bucket_tree.png").stat().st_size > 0
 
 
 def test_bench_shapes_only_sizes_replaces_its_table_alone(tmp_path: Path) -> None:
