@@ -266,6 +266,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=30.0, help="seconds a window")
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before the first window")
+    parser.add_argument("--max-in-flight", type=int, default=0, help="Payloads' max_in_flight (0: its default)")
     parser.add_argument("--litdata-path", default=None, help="a directory holding litdata (pip install --target)")
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/rank-dataset-bench-payloads"))
     parser.add_argument("--out", type=Path, default=HERE / "results")
@@ -289,6 +290,7 @@ def main() -> None:
         results["total_bytes"] = sum(size for _, size in names)
         base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(data), os.environ.get("PYTHONPATH", "")])}
         base["BENCH_WEED_PID"] = str(server.proc.pid)
+        base["BENCH_MAX_IN_FLIGHT"] = str(args.max_in_flight)
         with running_proxy(("127.0.0.1", server.port)) as proxy:
             env = {**base, **server.env(proxy.endpoint), "BENCH_PROXY": proxy.endpoint}
             env["BENCH_CACHE"] = str(data / "litdata-cache")
