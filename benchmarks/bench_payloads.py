@@ -49,6 +49,7 @@ MODE, META, ROOT, WORKERS, BATCH, WINDOW, WINDOWS, WARMUP = sys.argv[1:9]
 WORKERS, BATCH, WINDOW, WINDOWS, WARMUP = int(WORKERS), int(BATCH), float(WINDOW), int(WINDOWS), float(WARMUP)
 PROXY, WEED, LITDATA = os.environ.get("BENCH_PROXY"), os.environ.get("BENCH_WEED_PID"), os.environ.get("BENCH_LITDATA")
 MAX_BYTES = 256 << 20
+MAX_IN_FLIGHT = int(os.environ.get("BENCH_MAX_IN_FLIGHT", "0"))  # 0: Payloads' default
 sizes = {}
 with open(META) as f:
     for line in f:
@@ -68,6 +69,11 @@ def weed_cpu():
         return 0.0
     fields = open(f"/proc/{WEED}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_idle():  # the machine's idle (and iowait) CPU seconds so far, all cores
+    fields = open("/proc/stat").readline().split()[1:]
+    return (int(fields[3]) + int(fields[4])) / os.sysconf("SC_CLK_TCK")
 
 
 def client_cpu():  # this process and every process under it (workers, a helper)
@@ -121,7 +127,8 @@ else:
     from rank_dataset import Payloads, RandomSampler, RankDataset
 
     if MODE in ("payloads", "payloads-local"):
-        dataset = RankDataset(META, payloads=Payloads(ROOT, max_bytes=MAX_BYTES), reload_cfg={"seed": 0})
+        more = {"max_in_flight": MAX_IN_FLIGHT} if MAX_IN_FLIGHT else {}
+        dataset = RankDataset(META, payloads=Payloads(ROOT, max_bytes=MAX_BYTES, **more), reload_cfg={"seed": 0})
     else:
         import naive_read
         dataset = RankDataset(META, transform=naive_read.Reader(ROOT, MODE), reload_cfg={"seed": 0})
@@ -147,13 +154,13 @@ for n, nbytes, b, p in it:  # warm-up: workers started, clients made, the pipeli
     bad, peak = bad + b, max(peak, p)
     if time.perf_counter() - t0 >= WARMUP:
         break
-marks = [(time.perf_counter(), client_cpu(), weed_cpu(), proxy())]
+marks = [(time.perf_counter(), client_cpu(), weed_cpu(), proxy(), machine_idle(), os.getloadavg()[0])]
 windows, samples, nbytes_total = [], 0, 0
 for n, nbytes, b, p in it:
     samples, nbytes_total, bad, peak = samples + n, nbytes_total + nbytes, bad + b, max(peak, p)
     now = time.perf_counter()
     if now - marks[-1][0] >= WINDOW:
-        marks.append((now, client_cpu(), weed_cpu(), proxy()))
+        marks.append((now, client_cpu(), weed_cpu(), proxy(), machine_idle(), os.getloadavg()[0]))
         windows.append({"samples": samples, "seconds": now - marks[-2][0], "bytes": nbytes_total})
         samples = nbytes_total = 0
         if len(windows) == WINDOWS:
@@ -170,6 +177,7 @@ print(json.dumps({
     "weed_cpu_share": (b[2] - a[2]) / seconds,
     "proxy_cpu_share": (b[3]["cpu_s"] - a[3]["cpu_s"]) / seconds,
     "gets_per_sample": (b[3]["gets"] - a[3]["gets"]) / max(total, 1),
+    "machine_idle_share": (b[4] - a[4]) / seconds, "load": statistics.mean(m[5] for m in marks),
     "bad_lengths": bad, "peak_held": peak, "max_bytes": MAX_BYTES, "listing_s": listing,
 }))
 os._exit(0)  # the workers and clients end with the process
@@ -258,6 +266,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=30.0, help="seconds a window")
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before the first window")
+    parser.add_argument("--max-in-flight", type=int, default=0, help="Payloads' max_in_flight (0: its default)")
     parser.add_argument("--litdata-path", default=None, help="a directory holding litdata (pip install --target)")
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/rank-dataset-bench-payloads"))
     parser.add_argument("--out", type=Path, default=HERE / "results")
@@ -268,7 +277,10 @@ def main() -> None:
 
     litdata_note = _litdata_status(args.litdata_path)
     results: dict[str, Any] = {"rows": [], "args": {k: str(v) for k, v in vars(args).items()}}
-    with scratch_dir(args.data_dir) as data, s3_helpers.s3_server() as server:
+    # Volumes of 4 GiB (the tests' server makes them of 512 MiB): the payloads fit in the volumes made with the
+    # bucket, with none to grow under load (a loaded server answered PUTs with 500 once its first were full).
+    store_flags = ["-master.volumeSizeLimitMB=4096"]
+    with scratch_dir(args.data_dir) as data, s3_helpers.s3_server(store_flags) as server:
         (data / "naive_read.py").write_text(_NAIVE)
         root = data / "root"
         t = time.perf_counter()
@@ -278,6 +290,7 @@ def main() -> None:
         results["total_bytes"] = sum(size for _, size in names)
         base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(data), os.environ.get("PYTHONPATH", "")])}
         base["BENCH_WEED_PID"] = str(server.proc.pid)
+        base["BENCH_MAX_IN_FLIGHT"] = str(args.max_in_flight)
         with running_proxy(("127.0.0.1", server.port)) as proxy:
             env = {**base, **server.env(proxy.endpoint), "BENCH_PROXY": proxy.endpoint}
             env["BENCH_CACHE"] = str(data / "litdata-cache")
@@ -313,6 +326,13 @@ def _litdata_status(path: str | None) -> str | None:
     return None
 
 
+def _all_cpu(row: dict[str, Any]) -> float:
+    """The CPU time a sample cost the client, the proxy and the store together, in µs (on a machine whose
+    cores are all busy, samples/s is the CPU share it got over this)."""
+    share = row["client_cpu_share"] + row["proxy_cpu_share"] + row["weed_cpu_share"]
+    return float(share * row["seconds"] / max(row["samples"], 1) * 1e6)
+
+
 def _row(rows: list[dict[str, Any]], mode: str, latency: float | None) -> dict[str, Any] | None:
     return next((r for r in rows if r["mode"] == mode and r["latency_ms"] == latency), None)
 
@@ -334,7 +354,8 @@ def write_page(args: argparse.Namespace, results: dict[str, Any]) -> None:
         f"in a local S3 server (SeaweedFS), read by one rank with {args.workers} DataLoader workers and batches of "
         f"{args.batch}, through a proxy on loopback that adds a fixed latency to every request. Each figure is the "
         f"median of {args.windows} windows of {args.window:g} s (after {args.warmup:g} s of warm-up), each "
-        "configuration a fresh process, all in one run; CPU shares are of one core over the windows.",
+        "configuration a fresh process, all in one run; CPU shares are of one core over the windows, the machine's "
+        "idle share of its cores (2 = all idle) and the load average over the windows beside them.",
         "",
         f"Command: `python benchmarks/bench_payloads.py {' '.join(sys.argv[1:])}`",
         "",
@@ -349,12 +370,14 @@ def write_page(args: argparse.Namespace, results: dict[str, Any]) -> None:
         versus = f"{r['rate'] / zero['rate']:.2f}x" if zero and r["latency_ms"] is not None else "-"
         table.append(
             (names[r["mode"]], latency, f"{r['rate']:,.0f}", versus, f"{r['client_cpu_per_payload_us']:,.0f} µs",
-             *(f"{r[k]:.2f}" for k in ("client_cpu_share", "proxy_cpu_share", "weed_cpu_share", "gets_per_sample")),
-             held)
+             *(f"{r[k]:.2f}" for k in ("client_cpu_share", "proxy_cpu_share", "weed_cpu_share")),
+             f"{_all_cpu(r):,.0f} µs", f"{r['machine_idle_share']:.2f}", f"{r['load']:.0f}",
+             f"{r['gets_per_sample']:.2f}", held)
         )  # fmt: skip
     lines += md_table(
         ["loader", "latency", "samples/s", "/ Payloads at 0 ms", "client CPU a payload", "client CPU", "proxy CPU",
-         "SeaweedFS CPU", "GETs a sample", "peak held / max_bytes"],
+         "SeaweedFS CPU", "all three's CPU a sample", "machine idle", "load", "GETs a sample",
+         "peak held / max_bytes"],
         table,
     )  # fmt: skip
     lines += ["", "Every payload's length was checked against its size in the meta file: "]
