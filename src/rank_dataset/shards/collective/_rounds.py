@@ -72,6 +72,10 @@ class Exchange:
         self.local = Local(net, starts, lengths.astype(self.len_dtype, copy=False), int(np.diff(edges).max()), hosts)
         # The table lives in the shared segment (its host's ranks look lengths up there), not twice.
         self.starts, self.lengths = self.local.mine.starts, self.local.mine.lengths
+        # Lengths cross gloo in the narrowest width the longest line allows: a byte each for lines under
+        # 256 bytes (most meta files), so that a host's link carries little beyond the lines themselves.
+        longest = self.local.longest
+        self.wire_dtype = np.dtype(np.uint8 if longest < 256 else np.uint16 if longest < 65536 else self.len_dtype)
 
     def build(self, plan_of: Callable[[], _Ints], keep_ids: bool) -> tuple[Shard, dict[str, int]]:
         """The shard of the global sample numbers ``plan_of()`` gives (in their order; kept in it as its
@@ -108,8 +112,10 @@ class Exchange:
             del far_request
             # Lengths (from what the count of lines found): the shard's offsets, before any line moves.
             send_lengths = self.lengths[requests]
-            far_lengths = net.all_to_all(send_lengths, asks, "the line lengths", out_splits=far_ask)
-            sent = far_counts.nbytes + int(far_ask.sum()) * request.itemsize + send_lengths.nbytes
+            wire = send_lengths.astype(self.wire_dtype)
+            far_lengths = net.all_to_all(wire, asks, "the line lengths", out_splits=far_ask)
+            sent = far_counts.nbytes + int(far_ask.sum()) * request.itemsize + wire.nbytes
+            del wire
             received = asked.nbytes + requests.nbytes + far_lengths.nbytes
         else:
             asked, asks = np.zeros((w, rounds), np.int64), np.zeros(w, np.int64)
