@@ -152,10 +152,10 @@ def test_shards_across_hosts_are_the_file_readers_and_only_far_lines_cross(
             bitmap = -(-int(owned[o + 1] - owned[o]) // 8)
             request_bytes += bitmap if bitmap < 4 * asked else 4 * asked
     # All ranks together received their far lines, the requests for them and their lengths (a byte each
-    # where every line is under 256 bytes, else 2), a status byte from each rank in each round, and on
+    # where every line is under 256 bytes, else 4 here), a status byte from each rank in each round, and on
     # more than one host the request sizes (8 bytes a rank and round); nothing else.
     heads = w * w * rounds
-    width = 1 if longest < 256 else 2
+    width = 1 if longest < 256 else 4
     want_received = far_lines + request_bytes + width * far_items + heads + (8 * heads if len(set(hosts)) > 1 else 0)
     assert sum(stats["received"] for _, _, stats in results) == want_received
     assert sum(stats["sent"] for _, _, stats in results) == want_received

@@ -72,10 +72,10 @@ class Exchange:
         self.local = Local(net, starts, lengths.astype(self.len_dtype, copy=False), int(np.diff(edges).max()), hosts)
         # The table lives in the shared segment (its host's ranks look lengths up there), not twice.
         self.starts, self.lengths = self.local.mine.starts, self.local.mine.lengths
-        # Lengths cross gloo in the narrowest width the longest line allows: a byte each for lines under
-        # 256 bytes (most meta files), so that a host's link carries little beyond the lines themselves.
-        longest = self.local.longest
-        self.wire_dtype = np.dtype(np.uint8 if longest < 256 else np.uint16 if longest < 65536 else self.len_dtype)
+        # Lengths cross gloo a byte each where every line is under 256 bytes (most meta files), so that a
+        # host's link carries little beyond the lines themselves; else in the table's width (gloo carries
+        # no 2-byte integers).
+        self.wire_dtype = np.dtype(np.uint8 if self.local.longest < 256 else self.len_dtype)
 
     def build(self, plan_of: Callable[[], _Ints], keep_ids: bool) -> tuple[Shard, dict[str, int]]:
         """The shard of the global sample numbers ``plan_of()`` gives (in their order; kept in it as its
