@@ -99,6 +99,9 @@ def worker(out: str, reader: str, meta: str, url: str) -> None:
         "store": dict(COUNTS),
         "batch": len(first),
         "builds": builds,
+        # The shard's bytes of lines, and what its build moved (the collective reader's): for the link check.
+        "shard_line_bytes": int(ds.shard.bounds[-1]),
+        "exchange": dict(getattr(ds.reader, "stats", {})),
     }
     with open(f"{out}.{dist.get_rank()}.json", "w") as f:
         json.dump(result, f)
@@ -203,7 +206,9 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     for (hosts, ranks), lines in plan:
         with Bed(hosts, rate=args.rate, store_delay_ms=args.store_delay_ms) as bed:
             meta = write_imagenet_meta(bed.shared / "meta.txt", lines)
-            url = bed.put("meta.txt", meta.read_bytes())
+            # The bucket's copy only for the object readers (the store is slow to take it on a loaded machine).
+            needed = any(r.startswith("object-") for r in args.readers)
+            url = bed.put("meta.txt", meta.read_bytes()) if needed else ""
             for reader in args.readers:
                 name = f"{reader}-{hosts}x{ranks}-{lines}"
                 job = run_job(bed, hosts, ranks, reader, meta, url, name)
@@ -638,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store-delay-ms", type=float, default=10.0, help="the store's delay line, each way")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--from-json", type=Path, help="write the page from a run's multinode.json, measuring nothing")
+    parser.add_argument("--links", action="store_true", help="the collective reader's link bytes only (--sizes)")
     args = parser.parse_args(argv)
     args.argv = argv
     _rate_bytes(args.rate)
@@ -653,8 +659,56 @@ def main(argv: list[str] | None = None) -> int:
     except Unavailable as exc:
         print(f"bench_multinode: {exc}", file=sys.stderr)
         return 2
+    if args.links:
+        args.readers, args.small_sizes = ["collective"], []
+        link_report(measure(args), args)
+        return 0
     report(measure(args), args)
     return 0
+
+
+def host_links(job: dict[str, Any]) -> list[tuple[str, int, int, int]]:
+    """Each host of a collective job: ``(host, bytes its link delivered to it, bytes of lines its ranks had to receive
+    from other hosts, bytes its ranks received over gloo)``. A rank's far lines are its shard's lines less those it
+    copied from its host's ranks (``stats["shared"]``; a permutation's shard repeats no line)."""
+    out = []
+    for name, (delivered, _) in sorted(job["links"].items()):
+        ranks = [r for r in job["rank_results"] if r["host"] == name and r["exchange"]]
+        if not ranks:
+            continue
+        must = sum(r["shard_line_bytes"] - r["exchange"]["shared"] for r in ranks)
+        out.append((name, delivered, must, sum(r["exchange"]["received"] for r in ranks)))
+    return out
+
+
+def link_report(jobs: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """``multinode_links.md``: each host's link bytes against the lines its ranks had to receive."""
+    from _common import load_note, machine_info, save_results
+
+    rows = [
+        "# The collective reader across hosts: each host's link against the lines it must receive",
+        "",
+        machine_info(),
+        f"When this page was written {load_note()}.",
+        "",
+        "Each job is a cold start of the collective reader from the shared directory on a fresh bed (the dataset, "
+        "`set_epoch(0)`, a first batch): one count of the lines, one exchange. `delivered`: the bytes the host's veth "
+        "delivered to it over the whole job (the rendezvous, gloo's connections and collectives, TCP/IP's headers and "
+        "ACKs included); `lines`: the bytes of the lines its ranks' shards hold from other hosts' slices; `gloo`: "
+        "what its ranks received over gloo (those lines, the requests other hosts' ranks made of them, the lengths, "
+        "the status bytes), as `reader.stats` counts it.",
+        "",
+        "| job | host | delivered (MB) | lines (MB) | delivered / lines | gloo (MB) | gloo / lines |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for j in jobs:
+        for host, delivered, must, gloo in host_links(j):
+            rows.append(
+                f"| {j['hosts']}x{j['ranks']}, N = {j['lines']:,} | {host} | {delivered / 1e6:.2f} | {must / 1e6:.2f} "
+                f"| {delivered / max(must, 1):.3f}x | {gloo / 1e6:.2f} | {gloo / max(must, 1):.3f}x |"
+            )
+    rows += ["", f"Command: `python benchmarks/bench_multinode.py {' '.join(args.argv)}`", ""]
+    save_results(args.out, "multinode_links", rows, {"argv": args.argv, "jobs": jobs}, lambda png: None)
 
 
 if __name__ == "__main__":

@@ -109,23 +109,33 @@ def test_a_bad_line_in_one_slice_is_named_on_every_rank(
     ("hosts", "round_bytes"),
     [([0, 0, 1, 1], 4 << 20), ([0, 0, 1, 1], 300), ([0, 1, 2], 1 << 10), ([1, 0, 0, 1, 1], 200), ([0] * 4, 200)],
 )
-@pytest.mark.parametrize("repeat", [False, True])
+@pytest.mark.parametrize("plan", ["permutation", "repeat", "sparse"])
+@pytest.mark.parametrize("long_lines", [True, False])
 def test_shards_across_hosts_are_the_file_readers_and_only_far_lines_cross(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hosts: list[int], round_bytes: int, repeat: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hosts: list[int], round_bytes: int, plan: str, long_lines: bool
 ) -> None:
     # Ranks of several hosts: each rank's shard is the file reader's, and what it received through the
     # collectives is its far lines (those of other hosts' slices), each headed by a status byte a
     # round, with their requests and lengths; the lines of its own host's slices came through memory.
     monkeypatch.setattr(_rounds, "ROUND", round_bytes)
     paths = write_files(tmp_path)
+    if not long_lines:  # every line under 256 bytes (up to 255): lengths cross gloo a byte each
+        paths[0].write_text("".join(f"img_{i}{'x' * (235 if i % 97 == 0 else 0)}.jpg {i % 5}\n" for i in range(2000)))
     meta = MetaFile(paths)
     w, n = len(hosts), len(meta)
+    longest = int(np.diff(meta.read(np.arange(n), ids=False).bounds.astype(np.int64)).max())
+    assert (longest < 256) != long_lines, longest
     rng = np.random.default_rng(len(hosts) + round_bytes)
-    plans = [rng.integers(0, n, n // w) if repeat else rng.permutation(n)[r::w] for r in range(w)]
+    # A permutation's share (and a plan repeating samples) asks for a bitmap's worth of each slice: its
+    # requests go as bitmaps; a sparse plan's as numbers.
+    share = {"permutation": None, "sparse": n // (64 * w)}
+    plans = [
+        rng.integers(0, n, n // w) if plan == "repeat" else rng.permutation(n)[r::w][: share[plan]] for r in range(w)
+    ]
     results = count_and_build(paths, plans, hosts=hosts)
     owned, rounds = count_only(paths, w)
     owner_of = np.searchsorted(owned[1:], np.arange(n), side="right")
-    far_lines = far_items = 0
+    far_lines = far_items = request_bytes = 0
     for r, (shard, _, stats) in enumerate(results):
         want = meta.read(plans[r], ids=False)
         assert shard.bounds.tolist() == want.bounds.tolist()
@@ -135,11 +145,18 @@ def test_shards_across_hosts_are_the_file_readers_and_only_far_lines_cross(
         far = np.array([hosts[o] != hosts[r] for o in owner_of[distinct]], bool)
         assert stats["shared"] == int(lengths[~far].sum()), (r, stats)
         far_lines, far_items = far_lines + int(lengths[far].sum()), far_items + int(far.sum())
-    # All ranks together received their far lines, the requests for them and their lengths (4 bytes
-    # each here), a status byte from each rank in each round, and on more than one host the request
-    # sizes (8 bytes a rank and round); nothing else.
+        # Its requests to each owner of another host: their numbers (4 bytes each), or a bitmap of the
+        # owner's slice where that is smaller.
+        for o in range(w):
+            asked = int(np.count_nonzero(owner_of[distinct] == o)) if hosts[o] != hosts[r] else 0
+            bitmap = -(-int(owned[o + 1] - owned[o]) // 8)
+            request_bytes += bitmap if bitmap < 4 * asked else 4 * asked
+    # All ranks together received their far lines, the requests for them and their lengths (a byte each
+    # where every line is under 256 bytes, else 4 here), a status byte from each rank in each round, and on
+    # more than one host the request sizes (8 bytes a rank and round); nothing else.
     heads = w * w * rounds
-    want_received = far_lines + 8 * far_items + heads + (8 * heads if len(set(hosts)) > 1 else 0)
+    width = 1 if longest < 256 else 4
+    want_received = far_lines + request_bytes + width * far_items + heads + (8 * heads if len(set(hosts)) > 1 else 0)
     assert sum(stats["received"] for _, _, stats in results) == want_received
     assert sum(stats["sent"] for _, _, stats in results) == want_received
 

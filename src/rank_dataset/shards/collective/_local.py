@@ -107,8 +107,11 @@ class Local:
                         tables[r] = _view(shm.attach(every[r][1]), every[r][2])
                     except OSError as exc:
                         failed = exc
-            # Once every rank has mapped what it maps, the mappings alone hold the memory.
-            oks = net.all_gather(np.array([failed is None], np.int64), "the hosts' shared segments")[:, 0]
+            # Once every rank has mapped what it maps, the mappings alone hold the memory. The same
+            # all-gather tells every rank the longest line of all (the lengths' width on the wire).
+            longest = int(lengths.max()) if lengths.size else 0
+            told = net.all_gather(np.array([failed is None, longest], np.int64), "the hosts' shared segments")
+            oks = told[:, 0]
         finally:
             segment.close()
         down = {keys[r] for r in range(w) if not oks[r]}
@@ -129,6 +132,8 @@ class Local:
         self.mask = np.array([groups[r] == groups[rank] for r in range(w)], bool)
         #: Whether the lines of some rank travel over gloo (the ranks are on more than one host).
         self.remote = len(set(groups)) > 1
+        #: The longest line of every rank's slice, in bytes.
+        self.longest = int(told[:, 1].max())
 
     def lengths_of(
         self, request: npt.NDArray[Any], ask: npt.NDArray[np.int64], far: npt.NDArray[Any]

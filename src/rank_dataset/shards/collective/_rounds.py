@@ -72,6 +72,10 @@ class Exchange:
         self.local = Local(net, starts, lengths.astype(self.len_dtype, copy=False), int(np.diff(edges).max()), hosts)
         # The table lives in the shared segment (its host's ranks look lengths up there), not twice.
         self.starts, self.lengths = self.local.mine.starts, self.local.mine.lengths
+        # Lengths cross gloo a byte each where every line is under 256 bytes (most meta files), so that a
+        # host's link carries little beyond the lines themselves; else in the table's width (gloo carries
+        # no 2-byte integers).
+        self.wire_dtype = np.dtype(np.uint8 if self.local.longest < 256 else self.len_dtype)
 
     def build(self, plan_of: Callable[[], _Ints], keep_ids: bool) -> tuple[Shard, dict[str, int]]:
         """The shard of the global sample numbers ``plan_of()`` gives (in their order; kept in it as its
@@ -103,14 +107,24 @@ class Exchange:
             asked = net.all_to_all(far_counts.reshape(-1), np.full(w, rounds, np.int64), "the request sizes")
             asked = asked.reshape(w, rounds)
             asks = asked.sum(axis=1)
-            far_request = request[np.repeat(~local.mask, ask)]
-            requests = net.all_to_all(far_request, far_ask, "the requests", out_splits=asks)
+            # The requests to an owner go as a bitmap of its slice where that is smaller than their numbers
+            # (a rank asking for more than 1/32 of a slice, as in a permutation over a few hosts' ranks);
+            # then they are asked for, served and placed in the slice's order.
+            held = self.slices.held
+            far_request, send_req = self._far_requests(request, order, ask, far_ask)
+            got_req = _routing.request_bytes(np.full(w, held[net.rank]), asks, request.itemsize)
+            raw = net.all_to_all(far_request, send_req, "the requests", out_splits=got_req)
             del far_request
+            requests = self._requests_of(raw, got_req, asks, int(held[net.rank]), request.dtype)
+            req_sent, req_received = int(send_req.sum()), raw.nbytes
+            del raw
             # Lengths (from what the count of lines found): the shard's offsets, before any line moves.
             send_lengths = self.lengths[requests]
-            far_lengths = net.all_to_all(send_lengths, asks, "the line lengths", out_splits=far_ask)
-            sent = far_counts.nbytes + int(far_ask.sum()) * request.itemsize + send_lengths.nbytes
-            received = asked.nbytes + requests.nbytes + far_lengths.nbytes
+            wire = send_lengths.astype(self.wire_dtype)
+            far_lengths = net.all_to_all(wire, asks, "the line lengths", out_splits=far_ask)
+            sent = far_counts.nbytes + req_sent + wire.nbytes
+            del wire
+            received = asked.nbytes + req_received + far_lengths.nbytes
         else:
             asked, asks = np.zeros((w, rounds), np.int64), np.zeros(w, np.int64)
             requests, send_lengths = np.zeros(0, self.req_dtype), np.zeros(0, self.len_dtype)
@@ -189,6 +203,51 @@ class Exchange:
             writer.ids[:] = ids
         shared = int(key_bytes[local.mask].sum())  # the bytes of lines copied from this host's ranks
         return writer.finish(), {"sent": int(sent), "received": int(received), "shared": shared}
+
+    def _far_requests(
+        self, request: npt.NDArray[Any], order: npt.NDArray[Any], ask: _Ints, far_ask: _Ints
+    ) -> tuple[npt.NDArray[np.uint8], _Ints]:
+        """What this rank sends each owner of another host, back to back as bytes, and how many bytes each:
+        the numbers of its requests (grouped by round), or a bitmap of the owner's slice
+        (:func:`~rank_dataset.shards.collective._routing.bitmapped`). For a bitmap, its part of ``request``
+        and of ``order`` is put in the slice's order here (in place), as the owner serves it."""
+        held, itemsize = self.slices.held, request.itemsize
+        sizes = _routing.request_bytes(held, far_ask, itemsize)
+        bitmap = _routing.bitmapped(held, far_ask, itemsize)
+        out = np.empty(int(sizes.sum()), np.uint8)
+        starts, at = _routing.exclusive(ask), 0
+        for o in np.flatnonzero(far_ask).tolist():
+            a, m = int(starts[o]), int(ask[o])
+            part = request[a : a + m]
+            if bitmap[o]:
+                bits = np.zeros(int(held[o]), bool)
+                bits[part] = True
+                where = np.empty(int(held[o]), np.int64)
+                where[part] = np.arange(m)
+                ordered = np.flatnonzero(bits)  # the requests in the slice's order (each sample once)
+                order[a : a + m] = order[a : a + m][where[ordered]]
+                request[a : a + m] = ordered
+                out[at : at + int(sizes[o])] = np.packbits(bits, bitorder="little")
+            else:
+                out[at : at + int(sizes[o])] = part.view(np.uint8)
+            at += int(sizes[o])
+        return out, sizes
+
+    @staticmethod
+    def _requests_of(raw: npt.NDArray[np.uint8], sizes: _Ints, asks: _Ints, held: int, dtype: Any) -> npt.NDArray[Any]:
+        """The numbers each rank asked this one for (in rank order, each rank's grouped by round), from what
+        they sent (``sizes`` bytes each: a bitmap of this slice, or ``asks`` numbers of ``dtype``)."""
+        itemsize = np.dtype(dtype).itemsize
+        bitmap = _routing.bitmapped(np.full(sizes.size, held), asks, itemsize)
+        parts, at = [np.zeros(0, dtype)], 0
+        for r, size in enumerate(sizes.tolist()):
+            piece = raw[at : at + size]
+            at += size
+            if bitmap[r]:
+                parts.append(np.flatnonzero(np.unpackbits(piece, count=held, bitorder="little")).astype(dtype))
+            elif size:
+                parts.append(piece.view(dtype))
+        return np.concatenate(parts)
 
     def _where(
         self,

@@ -16,12 +16,14 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "bitmapped",
     "distinct",
     "exclusive",
     "offsets",
     "piece",
     "pieces",
     "ranges",
+    "request_bytes",
     "rounds_of",
     "split_sums",
     "starts_of",
@@ -109,3 +111,17 @@ def distinct(values: _Ints) -> tuple[_Ints, _Ints]:
     inverse = np.empty(values.size, np.int64)
     inverse[order] = np.cumsum(first) - 1
     return ordered[first], inverse
+
+
+def bitmapped(held: _Ints, asks: _Ints, itemsize: int) -> npt.NDArray[np.bool_]:
+    """For each owner (of ``held`` samples) asked for ``asks`` of them: whether the requests go as a bitmap of
+    its slice (a bit a sample, ``ceil(held / 8)`` bytes), which is the case where it is smaller than their
+    numbers (``itemsize`` bytes each). Asked for none: no bitmap."""
+    return (np.asarray(held, np.int64) + 7) // 8 < np.asarray(asks, np.int64) * itemsize
+
+
+def request_bytes(held: _Ints, asks: _Ints, itemsize: int) -> _Ints:
+    """The bytes of the requests to each owner, as :func:`bitmapped` sends them."""
+    held, asks = np.asarray(held, np.int64), np.asarray(asks, np.int64)
+    out: _Ints = np.where(bitmapped(held, asks, itemsize), (held + 7) // 8, asks * itemsize)
+    return out
