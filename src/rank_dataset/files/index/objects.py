@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rank_dataset.core.checks import UrlPath
-from rank_dataset.files.formats import detect_source, object_rows, refuse_cut_source
+from rank_dataset.files.formats import detect_source, refuse_cut_source, source_rows
 from rank_dataset.files.index._build import cached_index, index_in_memory
 from rank_dataset.files.index._cachefile import Index
 from rank_dataset.files.index.cache import CACHE_DIR_ENV
@@ -50,7 +50,7 @@ def load_object_index(source: ByteSource, *, rebuild: bool = False, columns: Seq
     fmt = detect_source(source)
     if fmt.rows:  # its index is its footer's (a GET or two, not cached: as a local Parquet file's)
         ends_hash = hash_ends(source)
-        rows = object_rows(source, columns)
+        rows = source_rows(source, columns)
         return Index(source.key, ends_hash, len(rows), False, None, None, fmt, parquet=rows.layout)
     if columns is not None:
         raise ValueError(f"columns= picks the columns of a Parquet meta file, and {path} is {fmt.value}")

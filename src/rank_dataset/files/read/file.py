@@ -250,10 +250,10 @@ class ObjectBytes(FileBytes):
             # the footer cannot have changed (a replaced object fails the next GET).
             yield held[1]
             return
-        from rank_dataset.files.formats import object_rows
+        from rank_dataset.files.formats import source_rows
 
         try:
-            rows = object_rows(source, layout.columns)
+            rows = source_rows(source, layout.columns)
         except ValueError as exc:  # a chosen column gone, or nested now (the ETag held: never so)
             raise MetaFileChangedError(self.path, f"its schema changed since it was indexed ({exc})") from None
         if rows.schema_hash != layout.schema_hash or rows.layout.bounds != layout.bounds:
