@@ -14,7 +14,6 @@ in the file's text, which the exchange reads (:meth:`RowsReading.lines`).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -22,18 +21,18 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
-from rank_dataset.files.formats import ParquetRows, object_rows
+from rank_dataset.files.formats import ParquetRows, source_rows
 from rank_dataset.files.index.scan import NEWLINE
-from rank_dataset.files.io import ByteSource, FileKey, SourceKey, open_source
+from rank_dataset.files.io import ByteSource, SourceKey, open_source
 from rank_dataset.files.io.object import REQUEST
-from rank_dataset.shards._text import Lines
+from rank_dataset.shards._text import Lines, SourceReading, SourceText
 
 __all__ = ["RowsReading", "RowsText"]
 
 _IntArray = npt.NDArray[np.int64]
 
 
-class RowsText:
+class RowsText(SourceText["RowsReading"]):
     """The rows of the Parquet file at ``path`` (which ``key`` describes) as text, ``columns`` chosen.
 
     Raises:
@@ -45,7 +44,7 @@ class RowsText:
     def __init__(self, path: Path, key: SourceKey, columns: Sequence[str] | None) -> None:
         self.path, self.key = path, key
         with open_source(path, key=key, checked=False) as source:  # an object's GETs pinned to its ETag
-            rows = ParquetRows(path, columns) if source.local else object_rows(source, columns)
+            rows = source_rows(source, columns)
             if source.local:
                 source.check()  # the footer read was this file's
         self.columns, self.schema_hash, self.bounds = rows.columns, rows.schema_hash, rows.bounds
@@ -95,40 +94,21 @@ class RowsText:
         last = int(np.searchsorted(self.group_starts, hi, side="left"))
         return int(self._read_bytes[g0 + max(first, 0) : g0 + last].sum()) if lo < hi else 0
 
-    def reading(self) -> RowsReading:
-        """A :class:`RowsReading` of the file (the caller closes it), checked against the key."""
-        source = open_source(self.path, key=self.key, checked=isinstance(self.key, FileKey))
-        try:
-            return RowsReading(self, source)
-        except BaseException:
-            source.close()
-            raise
-
-    @contextlib.contextmanager
-    def open(self) -> Iterator[RowsReading]:
-        """A :class:`RowsReading` of the file, checked against the key on entry and once it is done."""
-        reading = self.reading()
-        try:
-            yield reading
-            reading.check()
-        finally:
-            reading.close()
+    def _reading_of(self, source: ByteSource) -> RowsReading:
+        return RowsReading(self, source)
 
 
-class RowsReading:
+class RowsReading(SourceReading):
     """Reads of a :class:`RowsText` through one descriptor, checked against its key, the footer read
     again and checked against the one the text was made from. Keeps the last row group it rendered
     (the rounds of an exchange read on from where the one before stopped)."""
 
     def __init__(self, text: RowsText, source: ByteSource) -> None:
-        self.text, self.source, self.fd = text, source, getattr(source, "fd", -1)
+        self.text, self.source = text, source
         schema = f"its schema changed since the dataset was made: the columns {list(text.columns)} are not those read"
         try:
-            if not source.local:
-                # Row groups in order, this rank's: their chunks in GETs of about 32 MiB.
-                rows = object_rows(source, text.columns, ahead=REQUEST)
-            else:
-                rows = ParquetRows(text.path, text.columns)
+            # Row groups in order, this rank's: an object's chunks in GETs of about 32 MiB.
+            rows = source_rows(source, text.columns, ahead=REQUEST)
         except ValueError as exc:  # a chosen column gone or nested now (or a CorruptMetaFileError)
             self.check()  # a file rewritten meanwhile is that
             if isinstance(exc, CorruptMetaFileError):
@@ -172,12 +152,6 @@ class RowsReading:
             done, k = done + b - a, k + 1
         found = np.concatenate(starts)
         return Lines(found, np.concatenate(lengths), found.size, buf.size, _ascii(buf))
-
-    def check(self) -> None:
-        """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key.
-        (An object's reads were each pinned to its ETag: nothing more to ask.)"""
-        if self.source.local:
-            self.source.check()
 
     def close(self) -> None:
         """Let go of the row group kept, the footer and the descriptor."""

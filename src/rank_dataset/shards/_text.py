@@ -14,10 +14,10 @@ What the collective reader asks of a text (this module's :class:`Text`, or a Par
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -25,17 +25,16 @@ import numpy.typing as npt
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import Checkpoints, DecompressedView
 from rank_dataset.files.index.scan import NEWLINE, scan_buffer
-from rank_dataset.files.io import ByteSource, FileKey, LocalFile, ShortRead, SourceKey, open_source, raise_if_changed
+from rank_dataset.files.io import ByteSource, FileKey, ShortRead, SourceKey, open_source
 
 __all__ = [
     "READ",
     "Lines",
     "Reading",
+    "SourceReading",
+    "SourceText",
     "Text",
-    "check_open",
     "chunks",
-    "open_checked",
-    "open_fd",
 ]
 
 READ = 16 << 20  # bytes per sequential read of a slice, counting its lines
@@ -55,7 +54,57 @@ class Lines:
     ascii: bool
 
 
-class Text:
+class SourceReading:
+    """Reads of a meta file through one source (:attr:`source`), checked against the file's key."""
+
+    source: ByteSource
+
+    def check(self) -> None:
+        """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key.
+        (An object's reads were each pinned to its ETag: nothing more to ask.)"""
+        if self.source.local:
+            self.source.check()
+
+    def close(self) -> None:
+        """Free what the reading holds, its source too."""
+        self.source.close()
+
+
+R = TypeVar("R", bound=SourceReading)
+
+
+class SourceText(Generic[R]):
+    """A meta file at ``path``, which ``key`` describes, as the collective reader reads it: through
+    readings (``R``), each of one source opened against the key."""
+
+    path: Path
+    key: SourceKey
+
+    def _reading_of(self, source: ByteSource) -> R:
+        raise NotImplementedError
+
+    def reading(self) -> R:
+        """A reading of the file (the caller closes it), checked against the key (an object's reads
+        each pinned to it)."""
+        source = open_source(self.path, key=self.key, checked=isinstance(self.key, FileKey))
+        try:
+            return self._reading_of(source)
+        except BaseException:
+            source.close()
+            raise
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[R]:
+        """A reading of the file, checked against the key on entry and once the reading is done."""
+        reading = self.reading()
+        try:
+            yield reading
+            reading.check()
+        finally:
+            reading.close()
+
+
+class Text(SourceText["Reading"]):
     """The text of the meta file at ``path``, which ``key`` describes: its own bytes, or for a gzip or
     zstd file (``checkpoints`` given) its decompressed ones.
 
@@ -121,36 +170,18 @@ class Text:
         a, b = self.checkpoints.compressed_span(lo, hi, self.key.size)
         return b - a
 
-    def reading(self) -> Reading:
-        """A :class:`Reading` of the text (the caller closes it), the file checked against the key (an
-        object's reads each pinned to it)."""
-        source = open_source(self.path, key=self.key, checked=isinstance(self.key, FileKey))
-        try:
-            return Reading(self, source)
-        except BaseException:
-            source.close()
-            raise
-
-    @contextlib.contextmanager
-    def open(self) -> Iterator[Reading]:
-        """A :class:`Reading` of the text, the file checked against the key on entry and once the
-        reading is done."""
-        reading = self.reading()
-        try:
-            yield reading
-            reading.check()
-        finally:
-            reading.close()
+    def _reading_of(self, source: ByteSource) -> Reading:
+        return Reading(self, source)
 
 
-class Reading:
+class Reading(SourceReading):
     """Reads of a :class:`Text` through one source (an object's read in order in large GETs) and, for a
     compressed file, one decoder, which goes on from where the read before stopped: reads in order
     decompress each span once."""
 
     def __init__(self, text: Text, source: ByteSource) -> None:
-        self.text, self.source, self.fd = text, source, getattr(source, "fd", -1)
-        raw = self.fd if source.local else source
+        self.text, self.source = text, source
+        raw = getattr(source, "fd", -1) if source.local else source
         self._view = None if text.checkpoints is None else DecompressedView(text.path, raw, text.checkpoints)
         self._closed = False
 
@@ -174,11 +205,8 @@ class Reading:
                 raise MetaFileChangedError(path, "it shrank while being read")
             buf[:] = np.frombuffer(self._decompressed(offset, offset + buf.size, until), np.uint8)
             return
-        try:
-            if not self.source.local:  # a slice read in order: GETs of many reads' bytes
-                self.source.read_into(buf, offset, until=self.text.size if until is None else until)  # type: ignore[call-arg]
-            else:
-                self.source.read_into(buf, offset)
+        try:  # a slice read in order (an object's: GETs of many reads' bytes)
+            self.source.read_into(buf, offset, until=self.text.size if until is None else until)
         except ShortRead:
             raise MetaFileChangedError(path, "it shrank while being read") from None
 
@@ -188,12 +216,6 @@ class Reading:
         self.read_into(buf, offset, until)
         chunk = scan_buffer(buf, offset, offset + buf.size == self.text.size)
         return Lines(chunk.starts - offset, chunk.lengths, chunk.newlines, buf.size, chunk.ascii)
-
-    def check(self) -> None:
-        """Raise MetaFileChangedError if the file (by descriptor or by path) is not the one of the key.
-        (An object's reads were each pinned to its ETag: nothing more to ask.)"""
-        if self.source.local:
-            self.source.check()
 
     def _decompressed(self, a: int, b: int, until: int | None = None) -> bytes:
         assert self._view is not None
@@ -213,29 +235,6 @@ class Reading:
                 self._view.close()
         finally:
             self.source.close()
-
-
-@contextlib.contextmanager
-def open_checked(path: Path, key: SourceKey) -> Iterator[int]:
-    """A descriptor of ``path``, checked against ``key`` on entry and once the reading is done."""
-    with LocalFile(path, key) as source:
-        yield source.fd
-        source.check()
-
-
-def open_fd(path: Path, key: SourceKey) -> int:
-    """A descriptor of ``path``, which must be the file ``key`` describes (the caller closes it)."""
-    return LocalFile(path, key).detach()
-
-
-def check_open(path: Path, key: SourceKey, fd: int) -> None:
-    """Raise MetaFileChangedError unless both ``fd`` and ``path`` are still the file of ``key``."""
-    raise_if_changed(path, key, os.fstat(fd))
-    try:
-        now = os.stat(path)
-    except FileNotFoundError:
-        raise MetaFileChangedError(path, "it was deleted or moved") from None
-    raise_if_changed(path, key, now)
 
 
 def chunks(reading: Reading, lo: int, hi: int) -> Iterator[tuple[npt.NDArray[np.uint8], int, bool]]:

@@ -31,7 +31,7 @@ from rank_dataset.files.formats.registry import (
 
 if TYPE_CHECKING:
     from rank_dataset.files.formats.checkpoints import Checkpoints, DecompressedView, Decompression, decompress
-    from rank_dataset.files.formats.parquet import ParquetLayout, ParquetRows, object_rows
+    from rank_dataset.files.formats.parquet import ParquetLayout, ParquetRows, source_rows
     from rank_dataset.files.formats.registry import GZIP, PARQUET, ZSTD
     from rank_dataset.files.formats.spans import SPAN, SpanSource
     from rank_dataset.files.formats.zstd import ADVISED_ABOVE, MANY_FRAMES, many_frames, one_frame_advice
@@ -62,11 +62,11 @@ __all__ = [
     "detect_source",
     "formats",
     "many_frames",
-    "object_rows",
     "one_frame_advice",
     "refuse_cut",
     "refuse_cut_source",
     "register",
+    "source_rows",
     "unregister",
 ]
 
@@ -74,7 +74,7 @@ __all__ = [
 # files imports none of them (see the registry).
 _LAZY = {
     **dict.fromkeys(("Checkpoints", "DecompressedView", "Decompression", "decompress"), "checkpoints"),
-    **dict.fromkeys(("ParquetLayout", "ParquetRows", "object_rows"), "parquet"),
+    **dict.fromkeys(("ParquetLayout", "ParquetRows", "source_rows"), "parquet"),
     **dict.fromkeys(("GZIP", "PARQUET", "ZSTD"), "registry"),
     **dict.fromkeys(("SPAN", "SpanSource"), "spans"),
     **dict.fromkeys(("ADVISED_ABOVE", "MANY_FRAMES", "many_frames", "one_frame_advice"), "zstd"),

@@ -29,7 +29,7 @@ from rank_dataset.files.formats.base import Format, Recognised
 if TYPE_CHECKING:
     from rank_dataset.files.io import ByteSource
 
-__all__ = ["PARQUET", "ParquetFormat", "ParquetLayout", "ParquetRows", "object_rows"]
+__all__ = ["PARQUET", "ParquetFormat", "ParquetLayout", "ParquetRows", "source_rows"]
 
 
 @dataclass(frozen=True)
@@ -321,11 +321,13 @@ class ParquetFormat(Format):
 PARQUET = ParquetFormat()
 
 
-def object_rows(source: ByteSource, columns: Sequence[str] | None, *, ahead: int = 0) -> ParquetRows:
-    """The rows of the Parquet object ``source``, read by pyarrow through ranged GETs pinned to its
-    ETag (:class:`~rank_dataset.files.io.object.ObjectIO`; one client, obstore's): a row group's
-    chosen column chunks in one GET where they lie close, with the next row groups' up to ``ahead``
-    bytes (for a reader that goes through them in order)."""
+def source_rows(source: ByteSource, columns: Sequence[str] | None, *, ahead: int = 0) -> ParquetRows:
+    """The rows of the Parquet file ``source``: a local file's read by pyarrow from its path; an
+    object's through ranged GETs pinned to its ETag (:class:`~rank_dataset.files.io.object.ObjectIO`;
+    one client, obstore's), a row group's chosen column chunks in one GET where they lie close, with
+    the next row groups' up to ``ahead`` bytes (for a reader that goes through them in order)."""
+    if source.local:
+        return ParquetRows(source.path, columns)
     from rank_dataset.files.io import open_source
     from rank_dataset.files.io.object import ObjectIO  # the format is above its sources
 

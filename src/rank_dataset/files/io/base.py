@@ -147,8 +147,9 @@ class ByteSource(Protocol):
         """
         ...
 
-    def read_into(self, out: npt.NDArray[np.uint8], offset: int) -> None:
-        """Fill ``out`` from ``offset``, exactly.
+    def read_into(self, out: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> None:
+        """Fill ``out`` from ``offset``, exactly. ``until``: reads go on in order and none asks past
+        ``until`` (a hint, which a source may use to read ahead).
 
         Raises:
             ShortRead: the file ends first (the caller says what that means).

@@ -77,7 +77,7 @@ class LocalFile:
     def read(self, offset: int, count: int) -> bytes:
         return read_exact(self.fd, self.path, offset, count)
 
-    def read_into(self, out: npt.NDArray[np.uint8], offset: int) -> None:
+    def read_into(self, out: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> None:
         pread_exact(self.fd, out, offset)
 
     def pread(self, count: int, offset: int) -> bytes:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,7 +40,7 @@ from rank_dataset.files.io._stores import (
 from rank_dataset.files.io.base import STREAM_BLOCK, ByteSource, ObjectKey, PositionalIO
 from rank_dataset.files.io.pread import ShortRead
 
-__all__ = ["COUNTS", "REQUEST", "ObjectFile", "ObjectIO"]
+__all__ = ["COUNTS", "REQUEST", "ObjectFile", "ObjectIO", "ObjectSpans"]
 
 #: This process's requests to object stores so far: HEADs, GETs and bytes received (for the tests
 #: and the benchmark; a forked child starts from its parent's).
@@ -308,6 +308,47 @@ class ObjectIO(PositionalIO):
                 self._source.read_into(out, self._pos)
         self._pos += count
         return count
+
+
+class ObjectSpans:
+    """The bytes of an object as :class:`~rank_dataset.files.io.pread.Window` asks them (a RangeLoader):
+    the ranges of a batch merged where less than ``COALESCE`` bytes lie between them, one GET each."""
+
+    def __init__(self, source: ByteSource) -> None:
+        self.source = source
+
+    def load(
+        self,
+        starts: npt.NDArray[np.int64],
+        stops: npt.NDArray[np.int64],
+        end: int,
+        pad: int = 0,
+        buffer: Callable[[int], npt.NDArray[np.uint8]] | None = None,
+    ) -> tuple[npt.NDArray[np.uint8], int | npt.NDArray[np.int64]]:
+        hi = np.minimum(stops, min(end, self.source.size)).astype(np.int64)
+        lo = np.minimum(starts, hi).astype(np.int64)
+        shift = np.zeros(lo.size, np.int64)
+        if not lo.size:
+            return np.zeros(pad, np.uint8), 0
+        order = np.argsort(lo, kind="stable")
+        reach = np.maximum.accumulate(hi[order])
+        # A new group where a range starts more than COALESCE past all before it reach.
+        cut = np.flatnonzero(lo[order][1:] > reach[:-1] + COALESCE) + 1
+        groups = np.split(order, cut)
+        spans = [(int(lo[g].min()), int(hi[g].max())) for g in groups]
+        total = sum(b - a for a, b in spans)
+        buf = buffer(total + pad) if buffer is not None else np.empty(total + pad, np.uint8)
+        at = 0
+        for g, (a, b) in zip(groups, spans):
+            if b > a:
+                self.source.read_into(buf[at : at + b - a], a)
+            shift[g] = a - at
+            at += b - a
+        buf[at : at + pad] = 0
+        return buf, shift
+
+    def close(self) -> None:
+        """Nothing: the source holds no descriptor."""
 
 
 def _coalesced(starts: Sequence[int], stops: Sequence[int]) -> list[tuple[int, int, list[int]]]:

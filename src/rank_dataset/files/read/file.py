@@ -1,16 +1,21 @@
-"""One meta file as the readers take it: its bytes (:class:`FileBytes`: a local file's, or an object's
-through :class:`~rank_dataset.files.index.objects.ObjectBytes`) and its index (:class:`IndexedFile`).
+"""One meta file as the readers take it: its bytes (:class:`FileBytes`: a local file's,
+:class:`LocalBytes`, or an object's, :class:`ObjectBytes`; :func:`bytes_of` picks) and its index
+(:class:`IndexedFile`).
 
-:class:`FileBytes` opens a file only while reading it and reads it with positional reads (a shared map
+:class:`LocalBytes` opens a file only while reading it and reads it with positional reads (a shared map
 of a file that shrinks kills the process with SIGBUS; a positional read comes back short), checking when
-it opens the file and again when it is done that it is still the file the index describes. A Parquet
-file's rows are read by row group through :meth:`FileBytes.rows`, checked as a text file is.
+it opens the file and again when it is done that it is still the file the index describes.
+:class:`ObjectBytes` opens an object (one HEAD) on its first read in a process and pins every read to
+its ETag. The bytes of a gzip or zstd file are its decompressed ones, read through its checkpoints
+(:class:`~rank_dataset.files.formats.SpanSource`); a Parquet file's rows are read by row group through
+:meth:`FileBytes.rows`, checked against its index.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,23 +24,70 @@ from typing import TYPE_CHECKING, cast
 from rank_dataset.core.checks import UrlPath
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.index.load import Index, load_index, read_checkpoints
-from rank_dataset.files.io import LocalFile, SourceKey, raise_if_changed
+from rank_dataset.files.io import ByteSource, LocalFile, SourceKey, open_source, raise_if_changed
 from rank_dataset.files.io.pread import RangeLoader, ShortRead, count_newlines
 
 if TYPE_CHECKING:
     from rank_dataset.files.formats import ParquetRows, SpanSource
 
-__all__ = ["FileBytes", "IndexedFile", "bytes_of"]
+__all__ = ["FileBytes", "IndexedFile", "LocalBytes", "ObjectBytes", "bytes_of"]
 
 
 class FileBytes:
-    """The bytes of one meta file: no descriptor is kept between reads (a job with thousands of meta
-    files stays far below the descriptor limit, and a DataLoader worker never needs the file). The
-    bytes of a gzip or zstd file are its decompressed ones, read through its checkpoints
-    (:class:`~rank_dataset.files.formats.SpanSource`)."""
+    """The bytes of one meta file, as the gather, ``mf[i]`` and grouping read them: :meth:`open` for
+    ranges (a descriptor, or a :class:`~rank_dataset.files.io.pread.RangeLoader`), :meth:`rows` for a
+    Parquet file's row groups, :meth:`read_once` and :meth:`count_newlines` for a few bytes, each read
+    checked to be of the file its index describes."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+
+    def open(self, index: Index) -> contextlib.AbstractContextManager[int | RangeLoader]:
+        """The file's bytes (a compressed file's decompressed ones), checked against ``index.key``."""
+        raise NotImplementedError
+
+    def rows(self, index: Index) -> contextlib.AbstractContextManager[ParquetRows]:
+        """The rows of a Parquet file, its footer checked against ``index`` (its row groups and schema)."""
+        raise NotImplementedError
+
+    def check(self, fd: int | RangeLoader, key: SourceKey) -> None:
+        """Raise MetaFileChangedError if the file read through ``fd`` is not the one ``key`` describes."""
+        raise NotImplementedError
+
+    def _read_plain(self, index: Index, offset: int, count: int) -> bytes:
+        raise NotImplementedError
+
+    def _count_plain(self, index: Index, start: int, stop: int) -> int:
+        raise NotImplementedError
+
+    def read_once(self, index: Index, offset: int, count: int) -> bytes:
+        """``count`` bytes at ``offset`` (decompressed ones, of a compressed file), checked once, after
+        the read (a local file's descriptor against ``index.key``: enough for one read, as the key holds
+        the ctime and the path named the file when it was opened; an object's read pinned to its ETag).
+
+        Raises:
+            MetaFileChangedError: the file is not the one indexed, or ends before the bytes do.
+        """
+        if index.format.compressed:
+            with self.open(index) as spans:
+                raw = cast("SpanSource", spans).read(offset, offset + count)
+        else:
+            raw = self._read_plain(index, offset, count)
+        if len(raw) < count:
+            raise MetaFileChangedError(self.path, "it shrank while being read")
+        return raw
+
+    def count_newlines(self, index: Index, start: int, stop: int) -> int:
+        """The newlines in bytes ``[start, stop)`` (decompressed ones, of a compressed file)."""
+        if index.format.compressed:
+            with self.open(index) as spans:
+                return cast("SpanSource", spans).read(start, stop).count(b"\n")
+        return self._count_plain(index, start, stop)
+
+
+class LocalBytes(FileBytes):
+    """The bytes of a local meta file: no descriptor is kept between reads (a job with thousands of
+    meta files stays far below the descriptor limit, and a DataLoader worker never needs the file)."""
 
     @contextlib.contextmanager
     def open(self, index: Index) -> Iterator[int | SpanSource]:
@@ -117,32 +169,13 @@ class FileBytes:
 
         return SpanSource(self.path, fd, checkpoints, open_fd)
 
-    def read_once(self, index: Index, offset: int, count: int) -> bytes:
-        """``count`` bytes at ``offset``, the descriptor checked against ``index.key`` once, after the
-        read: enough for one read, as the key holds the ctime (any change since indexing is seen), and
-        the path named the file when it was opened.
-
-        Raises:
-            MetaFileChangedError: the file is not the one indexed, or ends before the bytes do.
-        """
-        if index.format.compressed:
-            with self.open(index) as source:
-                assert not isinstance(source, int)
-                raw = source.read(offset, offset + count)
-        else:
-            with LocalFile(self.path, index.key, checked=False) as local:
-                raw = os.pread(local.fd, count, offset)
-                local.check_open()
-        if len(raw) < count:
-            raise MetaFileChangedError(self.path, "it shrank while being read")
+    def _read_plain(self, index: Index, offset: int, count: int) -> bytes:
+        with LocalFile(self.path, index.key, checked=False) as local:
+            raw = os.pread(local.fd, count, offset)
+            local.check_open()
         return raw
 
-    def count_newlines(self, index: Index, start: int, stop: int) -> int:
-        """The newlines in bytes ``[start, stop)`` (decompressed ones, of a compressed file)."""
-        if index.format.compressed:
-            with self.open(index) as source:
-                assert not isinstance(source, int)
-                return source.read(start, stop).count(b"\n")
+    def _count_plain(self, index: Index, start: int, stop: int) -> int:
         with LocalFile(self.path) as local:
             return count_newlines(local.fd, stop, start)
 
@@ -157,13 +190,93 @@ class FileBytes:
         raise_if_changed(self.path, key, os.fstat(fd))
 
 
+class ObjectBytes(FileBytes):
+    """The bytes of a meta file that is an object: the object opened (one HEAD) on the first read in a
+    process and checked against the index's key, then every read pinned to its ETag."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self._source: ByteSource | None = None
+        self._rows: tuple[tuple[int, object], ParquetRows] | None = None  # a Parquet object's footer, read
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"path": self.path}  # a UrlPath: its settings go with it (a client does not)
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(UrlPath(state["path"]))  # type: ignore[misc, arg-type]
+
+    def source(self, key: SourceKey) -> ByteSource:
+        """The object, checked to be the one indexed (``key``)."""
+        with self._lock:
+            if self._source is None or self._pid != os.getpid():
+                try:
+                    self._source = open_source(self.path, key=key)
+                except FileNotFoundError:
+                    raise MetaFileChangedError(self.path, "it was deleted") from None
+                self._pid = os.getpid()
+            return self._source
+
+    @contextlib.contextmanager
+    def open(self, index: Index) -> Iterator[RangeLoader]:
+        """The object's bytes (a compressed one's decompressed bytes, from its checkpoints)."""
+        from rank_dataset.files.formats import SpanSource
+        from rank_dataset.files.io.object import ObjectSpans
+
+        source = self.source(index.key)
+        if not index.format.compressed:
+            yield ObjectSpans(source)
+            return
+        spans = SpanSource(
+            self.path, source, read_checkpoints(index), lambda: open_source(self.path, key=source.key, checked=False)
+        )
+        try:
+            yield spans
+        finally:
+            spans.close()
+
+    @contextlib.contextmanager
+    def rows(self, index: Index) -> Iterator[ParquetRows]:
+        """The rows of a Parquet object, its footer read again (pinned to the ETag indexed) and checked
+        against ``index`` (the same row groups and schema of the chosen columns), as a local file's."""
+        layout = index.parquet
+        if layout is None:
+            raise ValueError(f"{self.path} was not indexed as a Parquet file")
+        source = self.source(index.key)
+        held = self._rows
+        if held is not None and held[0] == (os.getpid(), layout):
+            # Its footer, read once in this process: every GET is pinned to the ETag indexed, so
+            # the footer cannot have changed (a replaced object fails the next GET).
+            yield held[1]
+            return
+        from rank_dataset.files.formats import source_rows
+
+        try:
+            rows = source_rows(source, layout.columns)
+        except ValueError as exc:  # a chosen column gone, or nested now (the ETag held: never so)
+            raise MetaFileChangedError(self.path, f"its schema changed since it was indexed ({exc})") from None
+        if rows.schema_hash != layout.schema_hash or rows.layout.bounds != layout.bounds:
+            raise MetaFileChangedError(self.path, "its schema or row groups changed since it was indexed")
+        self._rows = ((os.getpid(), layout), rows)
+        yield rows
+
+    def _read_plain(self, index: Index, offset: int, count: int) -> bytes:
+        return self.source(index.key).read(offset, count)
+
+    def _count_plain(self, index: Index, start: int, stop: int) -> int:
+        return sum(block.count(b"\n") for block in self.source(index.key).stream(start, stop))
+
+    def check(self, fd: int | RangeLoader, key: SourceKey) -> None:
+        """Raise MetaFileChangedError if the object is no longer the one indexed (one HEAD)."""
+        self.source(key).check()
+
+
 def bytes_of(path: Path) -> FileBytes:
     """The bytes of the meta file ``path``: a local file's, or an object's (ranged GETs)."""
     if not isinstance(path, UrlPath):  # as meta_path makes it
-        return FileBytes(path)
-    from rank_dataset.files.index.objects import ObjectBytes  # on first use: a job over local files reads no object
-
-    return cast(FileBytes, ObjectBytes(path))
+        return LocalBytes(path)
+    return ObjectBytes(path)
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,9 @@ from rank_dataset.core.checks import meta_path, timeout_timedelta
 from rank_dataset.core.shard import Shard
 from rank_dataset.files.formats import TEXT, detect_path
 from rank_dataset.files.index.load import check_columns, refuse_cut_parquet
-from rank_dataset.files.io import FileKey, SourceKey
+from rank_dataset.files.io import FileKey, LocalFile, SourceKey
 from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
-from rank_dataset.shards._text import open_checked
 from rank_dataset.shards.collective._dist import Collectives, require_process_group
 from rank_dataset.shards.collective._objects import shared_objects
 from rank_dataset.shards.collective._rounds import Exchange
@@ -94,8 +93,9 @@ class CollectiveReader(SampledReader):
         for i, (path, key, fmt, cols) in enumerate(zip(self.paths, keys, formats, columns)):
             check_columns(path, fmt, cols)
             if fmt is TEXT and i not in objects:  # a Parquet file cut short is not text: no lines
-                with open_checked(path, key) as fd:
-                    refuse_cut_parquet(path, fd, fmt)
+                with LocalFile(path, key) as source:
+                    refuse_cut_parquet(path, source.fd, fmt)
+                    source.check()
         if agree is not None:
             with net.named("the agreement check"):
                 fields = {"reader": "collective", "files": len(keys), "sizes": tuple(k.size for k in keys)}
