@@ -1,4 +1,5 @@
-"""Run by test_resume_distributed.py under torchrun: train until killed, or resume and finish."""
+"""Run by test_resume_distributed.py as gloo ranks: train until killed (under torchrun), or resume and finish
+(as forks of one process, tests/ranks.py)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rank_dataset.core.residency import anonymous_map, free_pages, settle_before_fork
+from rank_dataset.core.residency import anonymous_map, free_pages, settle_before_each_fork, settle_before_fork
 
 PAGE = mmap.PAGESIZE
 
@@ -110,3 +110,50 @@ def test_settle_before_fork_collects_every_generation_and_frees_cycles() -> None
         gc.callbacks.remove(record)
     assert gone() is None
     assert len(full) == 1 and full[0] >= 1  # one full collection, which freed the cycle
+
+
+def _full_collections_in_a_fork() -> int:
+    """Fork a child that exits at once; the full collections the parent ran for it."""
+    import gc
+
+    full: list[int] = []
+
+    def record(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append(1)
+
+    gc.callbacks.append(record)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+    finally:
+        gc.callbacks.remove(record)
+    os.waitpid(pid, 0)
+    return len(full)
+
+
+@pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="fork hooks are POSIX")
+def test_a_fork_collects_first_when_the_oldest_generation_grew_since_the_last_full_collection() -> None:
+    import gc
+    import weakref
+
+    settle_before_each_fork()
+    settle_before_each_fork()  # once per process: a second call registers nothing more
+    enabled = gc.isenabled()
+    gc.disable()  # only what the hook asks for runs
+    try:
+        node = _Node()
+        gone = weakref.ref(node)
+        gc.collect(1)  # the survivors (the node among them) move into the oldest generation
+        del node  # a reference cycle in the oldest generation: only a full collection frees it
+        assert gone() is not None
+        first = _full_collections_in_a_fork()
+        assert gone() is None  # the hook's full collection freed it before the fork
+        second = _full_collections_in_a_fork()  # nothing moved since: no scan of the whole heap
+        gc.collect(1)
+        third = _full_collections_in_a_fork()
+    finally:
+        if enabled:
+            gc.enable()
+    assert (first, second, third) == (1, 0, 1)

@@ -42,8 +42,10 @@ def brute_force(
                     block = layout.schedule.size(t) // world
                     if t < stop:
                         source = np.searchsorted(offsets, samples[at : at + block], side="right") - 1
-                        for e, s in zip((draws[at : at + block] // per).tolist(), source.tolist()):
-                            counts.setdefault(e, np.zeros(sources, np.int64))[s] += 1
+                        epochs = draws[at : at + block] // per
+                        for e in np.unique(epochs).tolist():  # each item counted once, by its epoch and source
+                            row = counts.setdefault(e, np.zeros(sources, np.int64))
+                            row += np.bincount(source[epochs == e], minlength=sources)
                     at += block
             seen = max(seen, end)
         epoch += 1

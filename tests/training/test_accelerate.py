@@ -1,18 +1,17 @@
-"""The Accelerate recipe trains for real: 2 processes under torchrun, CPU and gloo; every sample of each
+"""The Accelerate recipe trains for real: 2 gloo ranks on CPU with torchrun's environment; every sample of each
 epoch is read once across the ranks. The mistake the README warns of (prepare(loader)) is shown too."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from rank_dataset import RankDataset
-from tests_helpers import free_port
+from tests_helpers import run_ranks, worker_env
 
 pytestmark = pytest.mark.slow  # Accelerate launches processes: not in make test-quick
 
@@ -21,13 +20,13 @@ N, W, MINI, EPOCHS, BATCH = 96, 2, 2, 2, 4
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # The ranks have torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), as forks of one process that
+    # imported torch (tests/ranks.py): what Accelerate reads to join them is the same, without an interpreter and
+    # an import of torch a rank. torchrun's agent itself is run by the torchrun tests (test_resume_distributed).
     meta = tmp_path / "meta.txt"
     meta.write_text("".join(f"img_{i}.jpg {i % 10}\n" for i in range(N)))
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={W}", "--master-port", str(free_port())]
-    cmd += ["--log-dir", str(tmp_path / "logs")]  # else torchrun leaves a /tmp/torchelastic_* directory
-    cmd += [str(EXAMPLE), str(meta), "--epochs", str(EPOCHS), "--mini-epochs", str(MINI)]
-    cmd += ["--batch-size", str(BATCH), "--reads", "reads", *args]
-    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    options = ["--epochs", EPOCHS, "--mini-epochs", MINI, "--batch-size", BATCH, "--reads", tmp_path / "reads"]
+    out = run_ranks(str(EXAMPLE), W, meta, *options, *args, env=worker_env(), timeout=400)
     assert out.returncode == 0, out.stderr[-4000:]
     return out
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rank_dataset.plan.spec import mini_epoch_width
-from tests_helpers import kill_tree, torchrun_cmd, worker_env
+from tests_helpers import kill_tree, run_ranks, torchrun_cmd, worker_env
 
 pytestmark = pytest.mark.slow  # torchrun jobs: not in make test-quick
 
@@ -59,12 +59,10 @@ def test_resume_after_kill(killed_run: tuple[Path, Path], world: int) -> None:
             entry = json.loads(line)
             if entry["step"] * 10 < consumed:  # consumed before the checkpoint; later work is redone
                 before += entry["samples"]
-    job = torchrun(world, meta, work, "resume")
-    try:
-        _, err = job.communicate(timeout=180)
-    finally:
-        kill_tree(job)  # nothing is left if it failed or hung; a no-op once it has exited
-    assert job.returncode == 0, err.decode()[-3000:]
+    # The resume as forks of one process that imported torch (torchrun's environment): the killed run above is
+    # the one that needs torchrun (its agent and the ranks' sessions, killed as a preemption kills them).
+    job = run_ranks("resume_worker.py", world, meta, work, "resume", env=worker_env(), timeout=180)
+    assert job.returncode == 0, job.stderr[-3000:]
     gathered = json.loads((work / f"after.{world}.json").read_text())
     after = [i for g in gathered for i in g["samples"]]
     lengths = [g["lengths"] for g in gathered]

@@ -290,21 +290,36 @@ def test_indices_contract(meta: Path) -> None:
     assert ds.indices is not idx and not np.array_equal(ds.indices, idx)
 
 
-def test_the_first_build_ends_with_a_full_collection_and_rebuilds_add_none(meta: Path) -> None:
+def test_a_fork_loader_starts_with_one_full_collection_and_building_runs_none(meta: Path) -> None:
     # So that the rank's next full collection, which writes to every tracked object's header (copying the pages
-    # its fork workers share), waits for many new survivors instead of falling in the next pass.
+    # its fork workers share), waits for many new survivors instead of falling in the pass; and so that a
+    # process that builds datasets without forking (a long test process, a rank without workers) never scans
+    # its whole heap for them.
     full: list[int] = []
 
     def record(phase: str, info: dict[str, int]) -> None:
         if phase == "stop" and info["generation"] == 2:
             full.append(1)
 
+    # Automatic collections off: what is counted is what the dataset and its hook ask for.
+    enabled = gc.isenabled()
+    gc.disable()
     gc.callbacks.append(record)
     try:
         ds = RankDataset(meta, reload_cfg={"mini_epoch": 2}, rank=0, world_size=2)
-        built = len(full)
         ds.set_epoch(0, 1)
-        rebuilt = len(full)
+        built = len(full)
+        gc.collect(1)  # survivors moved into the oldest generation since its last collection, as a pass leaves
+        loader = DataLoader(ds, batch_size=100, num_workers=2, multiprocessing_context="fork")
+        assert sorted(_read(loader)) == sorted(_expect(ds))
+        forked = len(full) - built
+        again = len(full)
+        assert sorted(_read(loader)) == sorted(_expect(ds))  # new workers, nothing new in the oldest generation
+        forked_again = len(full) - again
     finally:
         gc.callbacks.remove(record)
-    assert built >= 1 and rebuilt == built  # a rebuild's full collection would scan the whole heap again
+        if enabled:
+            gc.enable()
+    assert built == 0  # neither the first build nor a rebuild scans the heap
+    assert forked == 1  # the first worker's fork collects; the second finds nothing new
+    assert forked_again == 0

@@ -10,7 +10,14 @@ import mmap
 import os
 from typing import Any
 
-__all__ = ["anonymous_map", "free_pages", "freeze_inherited_objects", "return_freed_memory", "settle_before_fork"]
+__all__ = [
+    "anonymous_map",
+    "free_pages",
+    "freeze_inherited_objects",
+    "return_freed_memory",
+    "settle_before_each_fork",
+    "settle_before_fork",
+]
 
 _HUGE = 2 << 20  # a transparent huge page (x86-64, arm64 with 4 KiB pages)
 
@@ -62,8 +69,8 @@ def return_freed_memory() -> None:
 
 
 def settle_before_fork() -> None:
-    """Collect all garbage (a full collection), then :func:`return_freed_memory`: what a rank does after
-    building its first shard, before the DataLoader workers of the first pass fork from it.
+    """Collect all garbage (a full collection), then :func:`return_freed_memory`: what a process about to fork
+    workers that share its pages does first.
 
     A full collection writes to the header of every object the collector tracks: in a process with forked
     children alive, each page holding such objects is then copied (the process writes its own copy, the
@@ -75,6 +82,30 @@ def settle_before_fork() -> None:
     """
     gc.collect()
     return_freed_memory()
+
+
+def _settle_if_grown() -> None:
+    # The oldest generation's count is the number of middle-generation collections since the last full one:
+    # zero means nothing has moved into the oldest generation since (no survivors pending), so a collection
+    # now would scan the whole heap for nothing. The second and later workers of one DataLoader find it so.
+    if gc.get_count()[2]:
+        settle_before_fork()
+
+
+_settling: list[bool] = []  # whether the before-fork hook is registered (once per process)
+
+
+def settle_before_each_fork() -> None:
+    """From now on, ``os.fork`` in this process (a fork DataLoader worker starting, whichever framework starts
+    it) first runs :func:`settle_before_fork` if objects moved into the collector's oldest generation since its
+    last full collection; once per process.
+
+    A process that never forks pays nothing, and one that forks several workers in a row collects once. A child
+    that execs (``subprocess`` without ``preexec_fn``, spawn and forkserver workers) does not run the hook.
+    """
+    if not _settling and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_settle_if_grown)
+        _settling.append(True)
 
 
 _freezing: list[bool] = []  # whether the fork hook is registered (once per process)

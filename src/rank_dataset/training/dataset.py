@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from rank_dataset.core.checks import check_int
 from rank_dataset.core.parsers import Parser, resolve_parser
-from rank_dataset.core.residency import freeze_inherited_objects, return_freed_memory, settle_before_fork
+from rank_dataset.core.residency import freeze_inherited_objects, return_freed_memory, settle_before_each_fork
 from rank_dataset.core.stages import StageTable, timed
 from rank_dataset.plan.config import ReloadConfig
 from rank_dataset.plan.spec import ShardSpec
@@ -139,9 +139,9 @@ class ShardedDataset(Dataset[Any]):
             aug_repeats=cfg.aug_repeats,
         )
         self._load(spec)
-        # One full collection, after the first build (its imports and plan are most of the rank's long-lived
-        # objects), not after every build: in a large process each one costs a scan of every object.
-        settle_before_fork()
+        # A full collection where fork workers are about to share the rank's pages, not in every constructor:
+        # in a large process each one scans every object (see settle_before_each_fork).
+        settle_before_each_fork()
         freeze_inherited_objects()  # fork workers leave the rank's objects alone (see its docstring)
 
     # -- item access (the view's) -----------------------------------------------------------------
