@@ -93,8 +93,13 @@ class _IndexBody:
             key, ends_hash, self.count, self.ascii, len(self.longs), len(self.marks), extent, bound, self.format
         )
 
-    def index(self, key: SourceKey, ends_hash: bytes, cache: Path | None, memory: Table | None = None) -> Index:
-        return Index(key, ends_hash, self.count, self.ascii, cache, memory, self.format, self.extent, self.bound)
+    def index(
+        self, key: SourceKey, ends_hash: bytes, cache: Path | None, memory: Table | None = None, inode: int = -1
+    ) -> Index:
+        return Index(
+            key, ends_hash, self.count, self.ascii, cache, memory, self.format, self.extent, self.bound,
+            cache_inode=inode,
+        )  # fmt: skip
 
 
 def _scan_file(path: Path, fd: Any, key: SourceKey, write: Callable[[npt.NDArray[np.uint64]], object]) -> _IndexBody:
@@ -213,7 +218,8 @@ def write_cache(cache: Path, path: Path, fd: Any, key: SourceKey, ends_hash: byt
         if isinstance(exc, OSError):  # a full disk; a directory where the cache would go
             return None
         raise
-    return built.index(key, ends_hash, cache), Seal(cache, f, syncer, built.count * ENTRY, SEAL_AT)
+    index = built.index(key, ends_hash, cache, inode=os.fstat(tmp_fd).st_ino)
+    return index, Seal(cache, f, syncer, built.count * ENTRY, SEAL_AT)
 
 
 def index_in_memory(path: Path, fd: Any, key: SourceKey, ends_hash: bytes) -> Index:
@@ -228,43 +234,32 @@ def _none() -> None:
     return None
 
 
-def _stamp(cache: Path) -> int | None:
-    """What tells one write of ``cache`` from another: each is a new file renamed into place, so its
-    inode (not its mtime, which the seal changes)."""
-    try:
-        return os.stat(cache).st_ino
-    except OSError:
-        return None
-
-
 def cached_index(
-    candidates: list[Path], path: Path, fd: Any, key: SourceKey, ends_hash: bytes, *, rebuild: bool
+    candidates: list[Path], path: Path, fd: Any, key: SourceKey, ends_hash: bytes, *, distrust: Index | None
 ) -> Index:
     """The index of the file open at ``fd`` (a descriptor, or an object's source), ``key`` and
     ``ends_hash`` its identity: from the first of the ``candidates`` caches that holds it, else built
     into the first writable one (one process builds while the others wait, the lock held until the
-    cache is sealed), else in memory. With ``rebuild``, an existing cache is not trusted unless another
-    process wrote it anew since.
+    cache is sealed), else in memory. The cache ``distrust`` was read from (found inconsistent with
+    the file) is not loaded again; one written anew since, by any process, is.
 
     Raises:
         MetaFileChangedError: the file changed while it was being indexed.
     """
-    for cache in candidates:
-        wait_for_seal(cache)
-    for cache in [] if rebuild else candidates:
-        index = open_cache(cache, key, ends_hash)
-        if index is not None:
-            return index
-    distrusted = {cache: _stamp(cache) for cache in candidates} if rebuild else {}
 
     def load(cache: Path) -> Index | None:
-        trusted = not rebuild or _stamp(cache) != distrusted[cache]
-        return open_cache(cache, key, ends_hash) if trusted else None
+        return open_cache(cache, key, ends_hash, distrust)
 
     def build(held: contextlib.ExitStack, cache: Path) -> Index | None:
         written = write_cache(cache, path, fd, key, ends_hash)
         return written[0] if written is not None and written[1].after(held.pop_all()) else None
 
+    for cache in candidates:
+        wait_for_seal(cache)
+    for cache in candidates:
+        index = load(cache)
+        if index is not None:
+            return index
     for cache in candidates:
         index = load_or_build(cache, functools.partial(load, cache), functools.partial(build, cache=cache), first=_none)
         if index is not None:

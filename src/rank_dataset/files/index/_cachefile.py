@@ -67,6 +67,9 @@ class Index:
     The entries live in ``cache``, or in ``memory`` where no cache location was writable (not
     pickled: a process that receives the index rescans the file if it ever reads it). A Parquet
     file's index is its ``parquet`` layout (``count`` rows), held in the Index itself.
+    ``cache_inode`` tells this write of ``cache`` from those beside it in time (each is a new file
+    renamed into place, made while the one it replaces is there), -1 without a cache. A later write
+    may reuse a freed inode: taken for the old one, it is rebuilt needlessly, never trusted wrongly.
     """
 
     key: SourceKey
@@ -79,6 +82,7 @@ class Index:
     extent: int = -1
     bound: int = -1
     parquet: ParquetLayout | None = None
+    cache_inode: int = field(default=-1, compare=False)
 
     @property
     def size(self) -> int:
@@ -226,20 +230,23 @@ def _cache_is_sane(fd: int, header: Header) -> bool:
     return bool(longs.size == 0 or (np.diff(longs[:, 0]) > 0).all())
 
 
-def open_cache(cache: Path, key: SourceKey, ends_hash: bytes) -> Index | None:
+def open_cache(cache: Path, key: SourceKey, ends_hash: bytes, distrust: Index | None = None) -> Index | None:
     """The index in ``cache`` if it describes the file ``key`` and ``ends_hash`` identify, is sealed
-    (whole on disk) and is sane."""
+    (whole on disk), is sane, and is not the write of it ``distrust`` was read from."""
     try:
         fd = os.open(cache, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
+        inode = os.fstat(fd).st_ino
+        if distrust is not None and (distrust.cache, distrust.cache_inode) == (cache, inode):
+            return None
         header = read_header(fd)
         if header is None or not header.describes(key, ends_hash) or os.pread(fd, len(SEAL), SEAL_AT) != SEAL:
             return None
         if not _cache_is_sane(fd, header):
             return None
-        return Index(key, ends_hash, header.count, header.ascii, cache, None, *_layout(header))
+        return Index(key, ends_hash, header.count, header.ascii, cache, None, *_layout(header), cache_inode=inode)
     finally:
         os.close(fd)
 

@@ -90,12 +90,12 @@ def check_columns(path: Path, fmt: Format, columns: Sequence[str] | None) -> Non
         )
 
 
-def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | None = None) -> Index:
+def load_index(path: Path, *, distrust: Index | None = None, columns: Sequence[str] | None = None) -> Index:
     """The index of ``path``: from its cache, else built (and cached where a location is writable).
 
     One process builds a missing cache while others that want it at the same time wait for it
-    (:mod:`rank_dataset.files.index.cachelock`), then load it. With ``rebuild``, an existing cache is not
-    trusted (it was found inconsistent with the file), unless another process wrote it anew since.
+    (:mod:`rank_dataset.files.index.cachelock`), then load it. ``distrust`` is an index of ``path`` found
+    inconsistent with it: the cache it was read from is rebuilt, unless another process wrote it anew since.
     A Parquet file's index is read from its footer (``columns``: its chosen columns, None for all).
 
     Raises:
@@ -112,7 +112,7 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
                 load_object_index,
             )  # on first use: a local file's reads no object
 
-            return load_object_index(source, rebuild=rebuild, columns=columns)
+            return load_object_index(source, distrust=distrust, columns=columns)
         fd, key = cast(LocalFile, source).fd, source.key
         try:
             fmt = detect(fd)
@@ -126,16 +126,16 @@ def load_index(path: Path, *, rebuild: bool = False, columns: Sequence[str] | No
                     if attempt == _BUILD_TRIES - 1:
                         raise
                     continue
-            if not rebuild:  # a cache sealed at the first place is the index, the build and its modules unneeded
-                first = first_cache_path(path)
-                wait_for_seal(first)
-                index = open_cache(first, key, ends_hash)
-                if index is not None:
-                    return index
+            # A cache sealed at the first place is the index, the build and its modules unneeded.
+            first = first_cache_path(path)
+            wait_for_seal(first)
+            index = open_cache(first, key, ends_hash, distrust)
+            if index is not None:
+                return index
             from rank_dataset.files.index._build import cached_index  # on first use (see above)
 
             try:
-                return cached_index(cache_paths(path), path, fd, key, ends_hash, rebuild=rebuild)
+                return cached_index(cache_paths(path), path, fd, key, ends_hash, distrust=distrust)
             except MetaFileChangedError:
                 if attempt == _BUILD_TRIES - 1:
                     raise
@@ -158,7 +158,7 @@ def checkpoints_of(path: Path, key: SourceKey) -> Checkpoints:
     try:
         checkpoints = read_checkpoints(index)
     except LookupError:  # the cache was removed or replaced meanwhile: the file's index as it is now
-        index = load_index(path, rebuild=True)
+        index = load_index(path, distrust=index)
         checkpoints = read_checkpoints(index)
     what = key.change(index.key)
     if what is not None:

@@ -35,9 +35,12 @@ def object_cache_path(url: str, key: SourceKey) -> Path:
     return Path(user_cache_dir("rank-dataset")) / "objects" / name
 
 
-def load_object_index(source: ByteSource, *, rebuild: bool = False, columns: Sequence[str] | None = None) -> Index:
+def load_object_index(
+    source: ByteSource, *, distrust: Index | None = None, columns: Sequence[str] | None = None
+) -> Index:
     """The index of the object ``source``: from this node's cache, else built by one streaming pass (one
-    process builds while the others wait) and cached (in memory where no cache is writable).
+    process builds while the others wait) and cached (in memory where no cache is writable). ``distrust``:
+    as for :func:`~rank_dataset.files.index.load.load_index`.
 
     Raises:
         FileNotFoundError, PermissionError, OSError: the object cannot be had (naming URL and status).
@@ -61,6 +64,6 @@ def load_object_index(source: ByteSource, *, rebuild: bool = False, columns: Seq
     with contextlib.suppress(OSError):
         cache.parent.mkdir(parents=True, exist_ok=True)
     try:
-        return cached_index([cache], path, source, key, ends_hash, rebuild=rebuild)  # type: ignore[arg-type]
+        return cached_index([cache], path, source, key, ends_hash, distrust=distrust)  # type: ignore[arg-type]
     except OSError:  # no writable cache directory: the lock cannot be taken either
         return index_in_memory(path, source, key, ends_hash)  # type: ignore[arg-type]

@@ -158,7 +158,7 @@ class LocalBytes(FileBytes):
         try:
             checkpoints = read_checkpoints(index)
         except LookupError:  # the cache was removed or replaced: the file's index as it is now
-            again = load_index(self.path, rebuild=True)
+            again = load_index(self.path, distrust=index)
             what = index.key.change(again.key)
             if what is not None:
                 raise MetaFileChangedError(self.path, what) from None

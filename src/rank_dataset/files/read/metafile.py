@@ -298,13 +298,14 @@ class MetaFile:
                 if tries == _TRIES:
                     what = "its lines still disagree with its index after the index was rebuilt"
                     raise MetaFileChangedError(self._files[exc.file].path, what) from None
-                self._reindex(exc.file, rebuild=exc.corrupt)
+                self._reindex(exc.file, distrust=exc.corrupt)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _reindex(self, file: int, *, rebuild: bool) -> None:
+    def _reindex(self, file: int, *, distrust: bool) -> None:
         old = self._files[file]
         layout = old.index.parquet
-        index = load_index(old.path, rebuild=rebuild, columns=None if layout is None else layout.columns)
+        columns = None if layout is None else layout.columns
+        index = load_index(old.path, distrust=old.index if distrust else None, columns=columns)
         what = old.index.key.change(index.key)
         if what is None and index.count != old.index.count:
             what = f"it holds {index.count:,} samples now, not {old.index.count:,}"
