@@ -189,6 +189,8 @@ class NodeSlots:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # RANK_DATASET_PAYLOAD_SLOTS_DIR: made when used
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._pid = os.getpid()
+        st = os.fstat(self._fd)
+        self._claimed = _claimed.setdefault((st.st_dev, st.st_ino), set())  # this process's records in the file
         self._lock = threading.Lock()  # this process's threads: fcntl locks do not exclude them from each other
         self._mine: set[int] = set()  # the slots this process holds (in use, or spare), by number
         self._numbers: list[int] = []  # numbers given back, below self._count: the lowest is used first
@@ -196,6 +198,7 @@ class NodeSlots:
         self._spare: list[int] = []
         self._waiting: collections.deque[_Waiter] = collections.deque()  # this process's, in ticket order
         self._watcher: _Waiter | None = None  # the one waiter that looks at the queue every `recheck`
+        self._seen: dict[tuple[int, int], float] = {}  # (record, generation) -> alive until (monotonic)
         self._index, self._gen = self._register()
 
     # -- the shared file -----------------------------------------------------------------------------------
@@ -226,7 +229,7 @@ class NodeSlots:
                 fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, 0)
             with self._queue() as queue:
                 for index in range(_RECORDS):
-                    if index < len(queue.records) and queue.records[index][0] == self._pid:
+                    if index in self._claimed:
                         continue  # another handle of this process (its lock does not stop this one's)
                     try:
                         fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 1 + index)
@@ -236,28 +239,32 @@ class NodeSlots:
                         queue.records.append([0, 0, 0, 0])
                     gen = (queue.records[index][1] + 1) & 0xFFFFFFFF or 1
                     queue.records[index] = [self._pid, gen, 0, 0]
+                    self._claimed.add(index)
                     return index, gen
         raise OSError(f"{self.path}: more than {_RECORDS} processes use these payload slots")
 
-    def _alive(self, queue: _Queue, index: int, gen: int) -> bool:
-        """Whether record ``index`` is still that of generation ``gen`` and its process is alive; a dead
-        process's record is cleared (its slots are free again)."""
+    def _alive(self, queue: _Queue, index: int, gen: int, fresh: bool = False) -> bool:
+        """Whether record ``index`` is still that of generation ``gen`` and its process is alive (seen
+        alive a moment ago is enough unless ``fresh``); a dead process's record is cleared (its slots are
+        free again)."""
         if index >= len(queue.records) or queue.records[index][1] != gen or not queue.records[index][0]:
             return False
-        if index == self._index or queue.records[index][0] == self._pid:
+        if index in self._claimed:  # this process's (probing its byte would drop the lock)
             return True
-        known = queue.alive.get(index)
-        if known is None:
-            try:
-                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 1 + index)
-            except OSError:  # held: its process is alive
-                known = True
-            else:  # no one holds it: its process died (the kernel dropped its locks)
-                fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, 1 + index)
-                queue.records[index] = [0, gen, 0, 0]
-                known = False
-            queue.alive[index] = known
-        return known
+        now = time.monotonic()
+        if not fresh and self._seen.get((index, gen), -1.0) > now:
+            return True
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 1 + index)
+        except OSError:  # held: its process is alive
+            # Believed for a while: slots granted to a process that died meanwhile come back when a look
+            # that needs them finds it dead (a system call a grant is most of a look's cost).
+            self._seen[(index, gen)] = now + 10 * self.recheck
+            return True
+        fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, 1 + index)  # no one holds it: its process died
+        queue.records[index] = [0, gen, 0, 0]
+        self._seen.pop((index, gen), None)
+        return False
 
     def _sync(self, *, give: int = 0, take: bool = False, cancel: _Waiter | None = None) -> bool:
         """One look at the node's queue (under ``_lock``): give back ``give`` slots, give this process's
@@ -315,7 +322,7 @@ class NodeSlots:
         """Free slots once the records of dead processes that held some are cleared."""
         for index, record in enumerate(queue.records):
             if record[2] and record[0]:
-                self._alive(queue, index, record[1])
+                self._alive(queue, index, record[1], fresh=True)
         return self.n - sum(record[2] for record in queue.records)
 
     def _others_wait(self) -> bool:
@@ -396,6 +403,8 @@ class NodeSlots:
         locks the queue once a slot and batch, not once a request, and holds no more slots than it has had
         requests in flight at once."""
         with self._lock:
+            if slot not in self._mine or slot in self._spare:
+                raise ValueError(f"slot={slot!r} is not one this process holds in {self.path}")
             if keep and not self._waiting and not self._others_wait():
                 self._spare.append(slot)
                 return
@@ -419,7 +428,7 @@ class NodeSlots:
         """The requests of the node's live processes waiting for a slot now."""
         with self._lock, self._queue() as queue:
             tickets = (queue.get(ticket) for ticket in range(queue.served, queue.issued))
-            return sum(1 for index, gen in tickets if index and self._alive(queue, index - 1, gen))
+            return sum(1 for index, gen in tickets if index and self._alive(queue, index - 1, gen, fresh=True))
 
 
 class _Waiter:
@@ -438,18 +447,28 @@ class _Waiter:
 
 class _Queue:
     """The node's queue as read under its lock: tickets issued and served (granted, or skipped as given
-    up or dead), the processes' records, and the processes' liveness seen during this look."""
+    up or dead), and the processes' records."""
 
     def __init__(self, owner: NodeSlots, issued: int, served: int, records: list[list[int]]) -> None:
         self.fd = owner._fd
         self.issued, self.served, self.records = issued, served, records
-        self.alive: dict[int, bool] = {}
+        self._first, self._block = 0, b""  # the tickets read last, from self._first on
 
     def get(self, ticket: int) -> tuple[int, int]:
-        got = os.pread(self.fd, _ENTRY.size, _RING_AT + (ticket % _RING) * _ENTRY.size)
-        return _ENTRY.unpack(got) if len(got) == _ENTRY.size else (0, 0)
+        """The process (record index + 1, generation) of ``ticket``, read with the tickets after it."""
+        at = (ticket - self._first) * _ENTRY.size
+        if not 0 <= at < len(self._block):
+            first = ticket % _RING
+            count = max(1, min(self.issued - ticket, _RING - first, 16))
+            self._first, self._block = ticket, os.pread(self.fd, count * _ENTRY.size, _RING_AT + first * _ENTRY.size)
+            at = 0
+        if at + _ENTRY.size > len(self._block):
+            return 0, 0
+        index, gen = _ENTRY.unpack_from(self._block, at)
+        return index, gen
 
     def put(self, ticket: int, index: int, gen: int) -> None:
+        self._block = b""
         os.pwrite(self.fd, _ENTRY.pack(index, gen), _RING_AT + (ticket % _RING) * _ENTRY.size)
 
     def pack(self) -> bytes:
@@ -460,6 +479,10 @@ class _Queue:
 
 _pid = os.getpid()
 _files: dict[tuple[str, int], NodeSlots] = {}
+# The records this process's handles hold, by slot file (device, inode): a record of another process with
+# the same pid (a dead one's pid reused) is not this one's. A forked child holds none.
+_claimed: dict[tuple[int, int], set[int]] = {}
+os.register_at_fork(after_in_child=_claimed.clear)
 _files_lock = threading.Lock()
 
 
