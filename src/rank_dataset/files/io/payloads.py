@@ -13,8 +13,9 @@ batch's order.
   through obstore's blocking API (``obstore.get``, which runs on obstore's runtime without the GIL), with the
   same clients and settings as meta files (:mod:`._stores`), looked up once a batch; a request holds one of the
   node's slots (:mod:`._slots`) while it runs, then kept as a spare for the process's next request until its
-  requests have all ended (a slot locked once a batch, not once a request). (obstore's async API costs about
-  twice the CPU a payload: each request crosses from its runtime into an asyncio loop twice.) A body is copied
+  requests have all ended, unless requests of the node wait for one (a slot locked once a batch, not once a
+  request). (obstore's async API costs about twice the CPU a payload: each request crosses from its runtime
+  into an asyncio loop twice.) A body is copied
   once, from the client's buffer into the ``bytes``, in the thread that takes the payloads (its freed memory
   is reused there, where a copy in each pool thread takes fresh pages).
 - The bytes read and not yet handed out stay under ``max_bytes`` (:class:`~._slots.ByteBudget`).
