@@ -8,16 +8,16 @@ on its first byte (``F_SETLKW``, held for a few system calls). Each process that
 it (the slots it holds) and holds a record lock on the byte of its record for its whole life. The kernel drops
 a process's record locks when it exits, however it exits (SIGKILL included), so a record whose byte no one
 holds is a dead process's: its slots count as free again, and its requests waiting in the queue are skipped,
-at the next look at the queue that meets them. A request that finds no free slot, or requests of the node
-already waiting, takes a ticket at the end of the queue (a ring of tickets in the file, each naming its
-process); a slot given back goes to the oldest live ticket (counted in its process's record as granted), so a
-process that gives a slot back does not take it again while an older request of another process waits, and
-keeps no spare slot then. A process's own waiting request gets a slot granted to it at once; one granted by
-another process is seen by the one waiting thread of the process that looks at the queue every
-:attr:`NodeSlots.recheck` seconds (a record lock tells no one when it is freed; a blocking lock would wait for
-one byte, not for a turn). Record locks belong to the process, not to a thread or a descriptor: one descriptor
-per file and process (:func:`node_slots`), the queue read and written by one thread of a process at a time, and
-a process forked from one holding slots holds none (the kernel does not copy its locks; it takes its own record).
+at the next look at the queue that meets them. A request not served from a spare slot takes a ticket at the
+end of the queue (a ring of tickets in the file, each naming its process), and the free slots go to the oldest
+live tickets (counted in their processes' records as granted): a process that gives a slot back does not take
+it again while an older request of another process waits, and keeps no spare slot then. A slot granted to this
+process's waiting request is handed to it at once; one granted by another process is seen by the one waiting
+thread of this process that looks at the queue every :attr:`NodeSlots.recheck` seconds (a record lock tells no
+one when it is freed; a blocking lock would wait for one byte, not for a turn). Record locks belong to the
+process, not to a thread or a descriptor: one descriptor per file and process (:func:`node_slots`), the queue
+looked at by one thread of a process at a time, and a process forked from one holding slots holds none (the
+kernel does not copy its locks; it takes its own record).
 Needs ``fcntl`` record locks that work between the processes on the file's file system (tmpfs and local file
 systems do; some network file systems do not).
 """
