@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rank_dataset.files.io._slots import NodeSlots
 
 CONTEXT = multiprocessing.get_context("spawn")
@@ -207,3 +209,13 @@ def test_killed_waiters_and_holders_wedge_no_one(tmp_path: Path) -> None:
         assert mine.acquire(time.monotonic() + FAR) == 0
     finally:
         _stop([waiter])
+
+
+def test_giving_back_a_slot_not_held_is_refused(tmp_path: Path) -> None:
+    slots = NodeSlots(str(tmp_path / "slots" / "once"), 2)
+    slot = slots.acquire(time.monotonic() + FAR)
+    assert slot is not None
+    slots.release(slot)
+    with pytest.raises(ValueError, match=rf"slot={slot} is not one this process holds"):
+        slots.release(slot)  # the node's count stays right: a second give-back would free a slot another holds
+    assert slots.held() == 0 and [slots.try_acquire() for _ in range(3)][2] is None
