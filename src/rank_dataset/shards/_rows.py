@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import ParquetRows, source_rows
 from rank_dataset.files.index.scan import NEWLINE
 from rank_dataset.files.io import ByteSource, SourceKey, open_source
 from rank_dataset.files.io.object import REQUEST
+from rank_dataset.files.read.file import checked_rows
 from rank_dataset.shards._text import Lines, SourceReading, SourceText
 
 __all__ = ["RowsReading", "RowsText"]
@@ -47,7 +47,7 @@ class RowsText(SourceText["RowsReading"]):
             rows = source_rows(source, columns)
             if source.local:
                 source.check()  # the footer read was this file's
-        self.columns, self.schema_hash, self.bounds = rows.columns, rows.schema_hash, rows.bounds
+        self.columns, self.layout = rows.columns, rows.layout
         self._read_bytes, uncompressed = rows.group_bytes()
         #: Row group ``g`` is bytes ``[edges[g], edges[g + 1])`` of the planned coordinates.
         self.edges: _IntArray = np.concatenate([[0], np.cumsum(uncompressed + 1)]).astype(np.int64)
@@ -105,20 +105,8 @@ class RowsReading(SourceReading):
 
     def __init__(self, text: RowsText, source: ByteSource) -> None:
         self.text, self.source = text, source
-        schema = f"its schema changed since the dataset was made: the columns {list(text.columns)} are not those read"
-        try:
-            # Row groups in order, this rank's: an object's chunks in GETs of about 32 MiB.
-            rows = source_rows(source, text.columns, ahead=REQUEST)
-        except ValueError as exc:  # a chosen column gone or nested now (or a CorruptMetaFileError)
-            self.check()  # a file rewritten meanwhile is that
-            if isinstance(exc, CorruptMetaFileError):
-                raise
-            raise MetaFileChangedError(text.path, f"{schema} ({exc})") from None
-        self.check()
-        if rows.schema_hash != text.schema_hash:
-            raise MetaFileChangedError(text.path, f"{schema} (another type, or another column)")
-        if not np.array_equal(rows.bounds, text.bounds):
-            raise MetaFileChangedError(text.path, "its row groups changed since the dataset was made")
+        # Row groups in order, this rank's: an object's chunks in GETs of about 32 MiB.
+        rows = checked_rows(source, text.layout, "the dataset was made", ahead=REQUEST)
         self._rows: ParquetRows | None = rows
         self._kept: tuple[int, npt.NDArray[np.uint8], _IntArray, _IntArray] | None = None
 
