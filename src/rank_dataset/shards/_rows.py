@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums
 from rank_dataset.files.formats import ParquetRows, source_rows
 from rank_dataset.files.index.scan import NEWLINE
 from rank_dataset.files.io import ByteSource, SourceKey, open_source
@@ -50,7 +51,7 @@ class RowsText(SourceText["RowsReading"]):
         self.columns, self.layout = rows.columns, rows.layout
         self._read_bytes, uncompressed = rows.group_bytes()
         #: Row group ``g`` is bytes ``[edges[g], edges[g + 1])`` of the planned coordinates.
-        self.edges: _IntArray = np.concatenate([[0], np.cumsum(uncompressed + 1)]).astype(np.int64)
+        self.edges: _IntArray = prefix_sums(uncompressed + 1)
         #: Bytes of text: known once :meth:`place` is called.
         self.size = -1
         #: This rank's row groups ``[g0, g1)``: those :meth:`count` rendered.
@@ -84,7 +85,7 @@ class RowsText(SourceText["RowsReading"]):
         """Put this rank's row groups (those :meth:`count` rendered) at byte ``start`` of the file's
         text, which is ``size`` bytes long."""
         self.size = size
-        self.group_starts = start + np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
+        self.group_starts = start + prefix_sums(self._sizes)
 
     def compressed(self, lo: int, hi: int) -> int:
         """Bytes of the file that reading text ``[lo, hi)`` (of this rank's row groups) takes: its row

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats.base import Format, Recognised
 
@@ -123,7 +124,7 @@ class ParquetRows:
         meta = self._file.metadata
         rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
         #: Row ``bounds[g]`` is the first of row group ``g``; ``bounds[-1]`` the number of rows.
-        self.bounds: _IntArray = np.concatenate(([0], np.cumsum(rows, dtype=np.int64))).astype(np.int64)
+        self.bounds: _IntArray = prefix_sums(rows)
         self.schema_hash = self.hash_schema(schema, self.columns)
         self._cached: tuple[int, bytes, _IntArray] | None = None
         # A ParquetFile is not safe to read from two threads at once (its read cache mixes up their

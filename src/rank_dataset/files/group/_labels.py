@@ -15,6 +15,7 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums, ranges
 from rank_dataset.core.parsers import LineError, parse_label, quote
 from rank_dataset.core.shard import copy_rows
 from rank_dataset.core.threads import THREADS
@@ -48,10 +49,6 @@ Place = Callable[[list[Any], npt.NDArray[np.int64]], npt.NDArray[np.int64]]
 
 def in_memory(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     return np.empty(int(bounds[-1]), np.int64)
-
-
-def prefix_sums(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
 
 
 def label_grouping(lines: TextLines, place: Place) -> Grouping:
@@ -223,7 +220,4 @@ class _SortedBlock:
 
     def place(self, order: npt.NDArray[np.int64], at: npt.NDArray[np.int64], base: int) -> None:
         """Write samples ``base + perm`` into ``order``, those of key ``keys[k]`` from ``at[k]`` on."""
-        firsts = np.cumsum(self.sizes) - self.sizes
-        where = np.repeat(at - firsts, self.sizes)
-        where += np.arange(self.perm.size)
-        order[where] = self.perm.astype(np.int64) + base
+        order[ranges(at, self.sizes)] = self.perm.astype(np.int64) + base
