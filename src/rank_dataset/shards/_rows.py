@@ -22,7 +22,6 @@ import numpy.typing as npt
 
 from rank_dataset.core.arrays import prefix_sums
 from rank_dataset.files.formats import ParquetRows, source_rows
-from rank_dataset.files.index.scan import NEWLINE
 from rank_dataset.files.io import ByteSource, SourceKey, open_source
 from rank_dataset.files.io.object import REQUEST
 from rank_dataset.files.read.file import checked_rows
@@ -115,11 +114,7 @@ class RowsReading(SourceReading):
         """Row group ``g`` as text: its bytes, and where each row starts in them and its length."""
         if self._kept is None or self._kept[0] != g:
             assert self._rows is not None, "the reading was closed"
-            data, offsets = self._rows.group_array(g)
-            data, rel = data[offsets[0] : offsets[-1]], offsets - offsets[0]
-            text = np.insert(data, rel[1:], NEWLINE)  # each row's line, then a newline
-            starts = rel[:-1] + np.arange(rel.size - 1, dtype=np.int64)
-            self._kept = (g, text, starts, np.diff(rel))
+            self._kept = (g, *self._rows.group_text(g))
         return self._kept[1], self._kept[2], self._kept[3]
 
     def lines(self, buf: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> Lines:

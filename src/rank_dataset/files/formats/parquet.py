@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.arrays import prefix_sums
+from rank_dataset.core.shard import copy_rows
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats.base import Format, Recognised
 
@@ -177,6 +178,16 @@ class ParquetRows:
         _, data_buf, offsets = self._decode(g, rows)
         data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
         return data, offsets
+
+    def group_text(self, g: int, pad: int = 0) -> tuple[npt.NDArray[np.uint8], _IntArray, _IntArray]:
+        """Row group ``g`` as text: ``pad`` newlines, then each row's line followed by a newline; and where
+        each line starts in it, and its length."""
+        data, offsets = self.group_array(g)
+        lengths = np.diff(offsets)
+        starts = pad + offsets[:-1] - offsets[0] + np.arange(lengths.size, dtype=np.int64)
+        text = np.full(pad + int(lengths.sum()) + lengths.size, ord("\n"), np.uint8)
+        copy_rows(data, offsets[:-1], lengths, text, starts)
+        return text, starts, lengths
 
     def last_integers(self, g: int) -> _IntArray | None:
         """Row group ``g``'s values of the last chosen column, when they are every row's label: the
