@@ -46,8 +46,6 @@ def test_reads_are_exact(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     out = np.empty(100_000, np.uint8)
     source.read_into(out, 999)
     assert out.tobytes() == data[999 : 999 + 100_000]
-    starts, stops = [9 << 20, 0, 100, 5 << 20], [(9 << 20) + 5, 10, 300, (5 << 20) + 1]
-    assert source.read_ranges(starts, stops) == [data[a:b] for a, b in zip(starts, stops)]
     with pytest.raises(MetaFileChangedError, match="shrank"):
         source.read(len(data) - 2, 3)
     # The key travels, the client does not: the copy makes its own and reads the same object.

@@ -98,12 +98,13 @@ def test_permute_stream_is_the_concatenated_passes(n: int) -> None:
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 1000, 2**40 + 7, 2**53 + 1, 2**55, 2**62])
-def test_permute_each_is_permute_elementwise(n: int) -> None:
-    from rank_dataset.plan.permutation import permute_each
+def test_permute_keyed_is_permute_elementwise(n: int) -> None:
+    from rank_dataset.plan.permutation import grid_each, permute_keyed, round_keys_each
 
     rng = np.random.default_rng(n % 1000)
     pos = rng.integers(0, n, 64) if n > 1 else np.zeros(64, np.int64)
     seeds = rng.integers(0, 2**63, 64).astype(np.uint64)
     epochs = rng.integers(0, 50, 64)
-    got = permute_each(np.full(64, n), seeds, epochs, pos)
+    sizes = np.full(64, n, np.int64)
+    got = permute_keyed(sizes, *grid_each(sizes), round_keys_each(seeds, epochs), pos)
     assert got.tolist() == [int(permute(n, int(s), int(e), int(p))) for s, e, p in zip(seeds, epochs, pos)]

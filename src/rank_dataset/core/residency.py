@@ -8,6 +8,7 @@ import functools
 import gc
 import mmap
 import os
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -92,7 +93,14 @@ def _settle_if_grown() -> None:
         settle_before_fork()
 
 
-_settling: list[bool] = []  # whether the before-fork hook is registered (once per process)
+_registered: set[str] = set()  # the fork hooks registered in this process, by name
+
+
+def _at_fork_once(name: str, **hooks: Callable[[], object]) -> None:
+    """``os.register_at_fork(**hooks)`` once per process for ``name`` (where processes fork)."""
+    if name not in _registered and hasattr(os, "register_at_fork"):
+        os.register_at_fork(**hooks)
+        _registered.add(name)
 
 
 def settle_before_each_fork() -> None:
@@ -103,12 +111,7 @@ def settle_before_each_fork() -> None:
     A process that never forks pays nothing, and one that forks several workers in a row collects once. A child
     that execs (``subprocess`` without ``preexec_fn``, spawn and forkserver workers) does not run the hook.
     """
-    if not _settling and hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=_settle_if_grown)
-        _settling.append(True)
-
-
-_freezing: list[bool] = []  # whether the fork hook is registered (once per process)
+    _at_fork_once("settle", before=_settle_if_grown)
 
 
 def freeze_inherited_objects() -> None:
@@ -122,6 +125,4 @@ def freeze_inherited_objects() -> None:
     the child exits (its new objects are collected as before). The parent is untouched: nothing is frozen there,
     and a child that execs (subprocess) starts afresh.
     """
-    if not _freezing and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=gc.freeze)
-        _freezing.append(True)
+    _at_fork_once("freeze", after_in_child=gc.freeze)

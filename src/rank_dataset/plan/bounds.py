@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums
+
 __all__ = ["Bounds"]
 
 _FEW = 16  # up to this many parts, find a number's part by comparisons, not a binary search
@@ -30,8 +32,7 @@ class Bounds:
     """
 
     def __init__(self, sizes: Sequence[int] | npt.NDArray[np.int64]) -> None:
-        self.starts = np.zeros(len(sizes) + 1, np.int64)
-        np.cumsum(np.asarray(sizes, np.int64), out=self.starts[1:])
+        self.starts = prefix_sums(sizes)
         self._inner = self.starts[1:-1]
         self._few = self._inner.tolist() if self._inner.size <= _FEW else None
         self._table: tuple[int, npt.NDArray[np.int64]] | None = None

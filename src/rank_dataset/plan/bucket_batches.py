@@ -21,6 +21,7 @@ import dataclasses
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums, ranges
 from rank_dataset.core.checks import check_int
 from rank_dataset.plan.spec import ShardSpec
 
@@ -84,11 +85,11 @@ def bucket_batches(item_buckets: npt.ArrayLike, batch_size: int, num_batches: in
     ids = np.asarray(item_buckets, np.int64).reshape(-1)
     grouped = np.argsort(ids, kind="stable")  # items by bucket, in shard order within each
     sizes = np.bincount(ids) if ids.size else np.zeros(0, np.int64)
-    starts = np.concatenate(([0], np.cumsum(sizes)))[:-1]
+    starts = prefix_sums(sizes)[:-1]
     full = sizes // size
     # Full batch k of bucket b: grouped[starts[b] + k*B : starts[b] + (k+1)*B], complete at its last item.
     bucket_of = np.repeat(np.arange(sizes.size), full)
-    k = np.arange(int(full.sum())) - np.repeat(np.cumsum(full) - full, full)
+    k = ranges(0, full)
     firsts = starts[bucket_of] + k * size
     firsts = firsts[np.argsort(grouped[firsts + size - 1], kind="stable")]
     lengths = np.full(firsts.size, size, np.int64)
@@ -101,6 +102,4 @@ def bucket_batches(item_buckets: npt.ArrayLike, batch_size: int, num_batches: in
         raise ValueError(f"a shard of no batches cannot yield {wanted}")
     take = np.arange(wanted) % max(firsts.size, 1)  # cut, or repeat from the first
     firsts, lengths = firsts[take], lengths[take]
-    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-    idx = np.repeat(firsts - offsets[:-1], lengths) + np.arange(int(offsets[-1]))
-    return BucketBatches(grouped[idx].astype(np.int64), offsets)
+    return BucketBatches(grouped[ranges(firsts, lengths)].astype(np.int64), prefix_sums(lengths))

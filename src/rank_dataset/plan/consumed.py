@@ -144,16 +144,6 @@ class SourceCounter:
                 out[whole] = self._epoch_prefix(whole, part)
         return out * k
 
-    def per_epoch_of(self, ranges: list[tuple[int, int]]) -> npt.NDArray[np.int64]:
-        """:meth:`per_epoch` of the global batches of half-open step ranges ``[(a, b), ...]`` (disjoint,
-        ascending: those trained on, when others are skipped), rows up to the last epoch any of them reaches."""
-        out = np.zeros((0, self.sources), np.int64)
-        for a, b in ranges:
-            if check_int("a range's end", b, low=0) <= check_int("a range's start", a, low=0):
-                continue
-            out = _plus(out, _plus(self.per_epoch(b), self.per_epoch(a), -1))
-        return out
-
     def counts(self, stop: int) -> npt.NDArray[np.int64]:
         """The items of each source in global batches ``[0, stop)`` (a length-``sources`` int64 array)."""
         table = self.per_epoch(stop)

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums
 from rank_dataset.core.checks import MAX_EXACT, check_int, check_ints
 from rank_dataset.core.parsers import Parser, resolve_parser
 from rank_dataset.plan.bounds import Bounds
@@ -305,7 +306,7 @@ class MixPlan:
         head = np.array([h for _, h in heads], np.int64)
         seeds = source_seeds(seed, len(self.sizes))
         rows, col_bits = grid_each(sizes)
-        offsets = np.concatenate(([0], np.cumsum(sizes[:-1])))
+        offsets = prefix_sums(sizes)[:-1]
         # Slot j of source s is pass (head + j) // n of its stream, after its first pass: at most
         # `span` passes a source in this epoch. The round keys of each (source, pass) are computed
         # once, not once a position: all of them in one table where that is small, else those met.

@@ -24,7 +24,6 @@ __all__ = [
     "grid_each",
     "hash_keys",
     "permute",
-    "permute_each",
     "permute_keyed",
     "permute_stream",
     "round_keys_each",
@@ -206,26 +205,6 @@ def grid_each(n: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDAr
     return -(-n // (np.int64(1) << col_bits)), col_bits
 
 
-def permute_each(
-    n: npt.NDArray[np.int64],
-    seed: npt.NDArray[np.uint64],
-    epoch: npt.NDArray[np.int64],
-    positions: npt.NDArray[np.int64],
-) -> npt.NDArray[np.int64]:
-    """``permute(n[i], seed[i], epoch[i], positions[i])`` for every ``i`` at once (1-D arrays of one
-    length; ``seed`` as uint64, i.e. the seed modulo 2**64): many small permutations (the sources of a
-    large mix) in a fixed number of numpy passes instead of a call each. Arguments are not checked.
-
-    Examples:
-        >>> n, pos = np.array([10, 7, 10]), np.array([3, 6, 3])
-        >>> got = permute_each(n, np.array([1, 2, 1], np.uint64), np.array([0, 5, 1]), pos)
-        >>> got.tolist() == [int(permute(10, 1, 0, 3)), int(permute(7, 2, 5, 6)), int(permute(10, 1, 1, 3))]
-        True
-    """
-    rows, col_bits = grid_each(n)
-    return permute_keyed(np.asarray(n, np.int64), rows, col_bits, round_keys_each(seed, epoch), positions)
-
-
 def permute_keyed(
     n: npt.NDArray[np.int64],
     rows: npt.NDArray[np.int64],
@@ -233,8 +212,9 @@ def permute_keyed(
     keys: list[npt.NDArray[np.uint32]],
     positions: npt.NDArray[np.int64],
 ) -> npt.NDArray[np.int64]:
-    """:func:`permute_each` given each element's grid (:func:`grid_each`) and round keys
-    (:func:`round_keys_each`), which a caller with few distinct permutations computes once each."""
+    """``permute(n[i], seed[i], epoch[i], positions[i])`` for every ``i`` at once (1-D arrays of one length), each
+    element's grid (:func:`grid_each`) and round keys (:func:`round_keys_each` of its seed and epoch) given: many
+    small permutations (the sources of a large mix) in a fixed number of numpy passes. Arguments are not checked."""
     out = np.empty(n.shape, np.int64)
     todo = np.arange(n.size)
     cells = positions.astype(np.int64)

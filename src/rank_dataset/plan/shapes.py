@@ -53,6 +53,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import native
+from rank_dataset.core.arrays import prefix_sums, ranges
 from rank_dataset.core.checks import check_int
 from rank_dataset.plan.permutation import permute
 from rank_dataset.plan.schedule import BatchSchedule
@@ -206,7 +207,7 @@ class _Table:
     def __init__(self, ends: npt.NDArray[np.int64], bucket: npt.NDArray[np.int64], lo: npt.NDArray[np.int64],
                  hi: npt.NDArray[np.int64]) -> None:  # fmt: skip
         self.ends, self.bucket, self.lo, self.hi = ends, bucket, lo, hi
-        self.offsets = np.concatenate(([0], np.cumsum(hi - lo))).astype(np.int64)
+        self.offsets = prefix_sums(hi - lo)
 
 
 class ShapeStream:
@@ -241,7 +242,7 @@ class ShapeStream:
             raise ValueError(f"buckets must hold one id per sample ({n}), got shape {ids.shape}")
         self.buckets = ids
         self.sizes = np.bincount(ids)  # n_b
-        self.starts = np.concatenate(([0], np.cumsum(self.sizes))).astype(np.int64)
+        self.starts = prefix_sums(self.sizes)
         k = self.sizes.size
         # The keys of the epochs' counting sort (a gather of 2 bytes a draw, not 8); none for one bucket.
         self._keys = ids.astype(np.uint16) if 1 < k <= 1 << 16 else None
@@ -373,7 +374,7 @@ class ShapeStream:
         before, after = epoch * sizes // size, (epoch + 1) * sizes // size  # runs of each bucket completed
         count = after - before
         b = np.repeat(np.arange(sizes.size), count)
-        k = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count) + before[b]
+        k = ranges(before, count)
         hi = (k + 1) * size
         ends = self.starts[b] + hi - 1 - epoch * sizes[b]  # the grouped draw completing each
         if grouped is not None:
@@ -416,7 +417,7 @@ class ShapeStream:
             assert self.cost is not None
             carry = self._carry[epoch]
             b = np.repeat(np.arange(carry.size), carry)
-            j = np.arange(b.size) - np.repeat(np.cumsum(carry) - carry, carry) + epoch * self.sizes[b] - carry[b]
+            j = ranges(epoch * self.sizes - carry, carry)
             costs = self._costs_at(self._draws_of(b, j))
             fill = np.zeros(carry.size, np.int64)
             np.add.at(fill, b, costs)
@@ -432,7 +433,7 @@ class ShapeStream:
         t = self._table(epoch)
         lengths = t.hi - t.lo
         b = np.repeat(t.bucket, lengths)
-        j = np.repeat(t.lo - t.offsets[:-1], lengths) + np.arange(int(t.offsets[-1]))
+        j = ranges(t.lo, lengths)
         return t.ends, self._draws_of(b, j), t.offsets
 
     def batch_offsets(self, epoch: int) -> npt.NDArray[np.int64]:
@@ -540,9 +541,8 @@ class ShapeStream:
                 f"than the {world} ranks: each rank needs one (a smaller world size, a larger max_cost or "
                 "coarser buckets)"
             )
-        off = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-        j = np.repeat(lo - off[:-1], lengths) + np.arange(int(off[-1]))
-        draws = self._draws_of(np.repeat(b, lengths), j)
+        off = prefix_sums(lengths)
+        draws = self._draws_of(np.repeat(b, lengths), ranges(lo, lengths))
         ranks = split_by_cost(self._costs_at(draws), off, world)
         mine = ranks == rank
         batch = np.repeat(np.arange(stop - first), lengths)
@@ -613,7 +613,7 @@ class ShapeLayout(StepLayout):
         (as :meth:`StepLayout.batch`). By count and on one rank, the batch in stream order; by budget, each
         rank's share (:func:`split_by_cost`), which depends on ``world_size``."""
         parts = [self.stream.share(step, step + 1, world_size, r)[0] for r in range(world_size)]
-        bounds = np.concatenate(([0], np.cumsum([p.size for p in parts]))).astype(np.int64)
+        bounds = prefix_sums([p.size for p in parts])
         return _samples(np.concatenate(parts), num_samples, seed), bounds
 
     def counts(self, world_size: int, rank: int, first: int, stop: int) -> npt.NDArray[np.int64]:

@@ -12,8 +12,8 @@ Ranges are kept sorted. The same range given twice counts once; two different ra
 
 Example:
     >>> s = Skips.of([(3, 5)])
-    >>> [s.batch_of(t) for t in range(6)], s.step_of(4), s.step_of(5)
-    ([0, 1, 2, 5, 6, 7], None, 3)
+    >>> [s.batch_of(t) for t in range(6)], s.skipped(4), s.skipped(5)
+    ([0, 1, 2, 5, 6, 7], True, False)
 """
 
 from __future__ import annotations
@@ -104,17 +104,6 @@ class Skips:
             d += b - a
         return d
 
-    def step_of(self, batch: int) -> int | None:
-        """The loop step that receives data batch ``batch``; None if it is skipped."""
-        before = 0
-        for a, b in self.ranges:
-            if batch < a:
-                break
-            if batch < b:
-                return None
-            before += b - a
-        return batch - before
-
     def trained(self, stop: int) -> list[tuple[int, int]]:
         """The half-open ranges of data batches before ``stop`` that are trained on (not skipped), ascending.
 
@@ -137,13 +126,6 @@ class Skips:
         """Whether data batch ``batch`` lies in a skipped range."""
         i = bisect.bisect_right(self.ranges, (batch, MAX_EXACT)) - 1
         return i >= 0 and batch < self.ranges[i][1]
-
-    def next_kept(self, batch: int) -> int:
-        """The first data batch at or after ``batch`` that is not skipped."""
-        for a, b in self.ranges:  # sorted: a range that ends where the next starts moves on to its end too
-            if a <= batch < b:
-                batch = b
-        return batch
 
     def kept_items(self, bounds: Sequence[int] | npt.NDArray[np.int64], first: int, batch: int) -> int:
         """The items of the batches from ``batch`` to the end of a window that are not skipped, ``bounds`` being

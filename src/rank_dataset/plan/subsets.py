@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums
 from rank_dataset.plan._arrays import integer_array
 
 __all__ = ["SampleIds", "SampleMap"]
@@ -225,7 +226,7 @@ class SampleMap:
             return None
         if any(files != self.files[0] or len(files) != 1 for files in self.files):
             return None
-        plan_starts = np.concatenate(([0], np.cumsum(self.sizes[:-1], dtype=np.int64)))
+        plan_starts = prefix_sums(self.sizes)[:-1]
         shifts = np.array([i.start for i in ids], np.int64) - plan_starts
         if (shifts != shifts[0]).any():
             return None
@@ -247,7 +248,7 @@ class SampleMap:
             direct += first
             return direct
         src = np.asarray(source_of(plan), np.int64)
-        offsets = np.concatenate(([0], np.cumsum(self.sizes[:-1], dtype=np.int64)))
+        offsets = prefix_sums(self.sizes)[:-1]
         out: npt.NDArray[np.int64] = plan - offsets[src]  # the position within the source
         for s, ids in enumerate(self.ids):
             if ids is not None and not isinstance(ids, SampleIds):  # a listing of its own (what an exclusion keeps)
@@ -281,7 +282,7 @@ class SampleMap:
             if len(files) == 1:
                 out[rows] += single[s]
                 continue
-            own = np.concatenate(([0], np.cumsum(counts[list(files)])))
+            own = prefix_sums(counts[list(files)])
             j = np.searchsorted(own, out[rows], side="right") - 1
             out[rows] += self.file_bounds[np.asarray(files)[j]] - own[j]
         return out

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
+from rank_dataset.core.arrays import prefix_sums
 from rank_dataset.files.formats import ParquetRows, source_rows
-from rank_dataset.files.index.scan import NEWLINE
 from rank_dataset.files.io import ByteSource, SourceKey, open_source
 from rank_dataset.files.io.object import REQUEST
+from rank_dataset.files.read.file import checked_rows
 from rank_dataset.shards._text import Lines, SourceReading, SourceText
 
 __all__ = ["RowsReading", "RowsText"]
@@ -47,10 +47,10 @@ class RowsText(SourceText["RowsReading"]):
             rows = source_rows(source, columns)
             if source.local:
                 source.check()  # the footer read was this file's
-        self.columns, self.schema_hash, self.bounds = rows.columns, rows.schema_hash, rows.bounds
+        self.columns, self.layout = rows.columns, rows.layout
         self._read_bytes, uncompressed = rows.group_bytes()
         #: Row group ``g`` is bytes ``[edges[g], edges[g + 1])`` of the planned coordinates.
-        self.edges: _IntArray = np.concatenate([[0], np.cumsum(uncompressed + 1)]).astype(np.int64)
+        self.edges: _IntArray = prefix_sums(uncompressed + 1)
         #: Bytes of text: known once :meth:`place` is called.
         self.size = -1
         #: This rank's row groups ``[g0, g1)``: those :meth:`count` rendered.
@@ -84,7 +84,7 @@ class RowsText(SourceText["RowsReading"]):
         """Put this rank's row groups (those :meth:`count` rendered) at byte ``start`` of the file's
         text, which is ``size`` bytes long."""
         self.size = size
-        self.group_starts = start + np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
+        self.group_starts = start + prefix_sums(self._sizes)
 
     def compressed(self, lo: int, hi: int) -> int:
         """Bytes of the file that reading text ``[lo, hi)`` (of this rank's row groups) takes: its row
@@ -105,20 +105,8 @@ class RowsReading(SourceReading):
 
     def __init__(self, text: RowsText, source: ByteSource) -> None:
         self.text, self.source = text, source
-        schema = f"its schema changed since the dataset was made: the columns {list(text.columns)} are not those read"
-        try:
-            # Row groups in order, this rank's: an object's chunks in GETs of about 32 MiB.
-            rows = source_rows(source, text.columns, ahead=REQUEST)
-        except ValueError as exc:  # a chosen column gone or nested now (or a CorruptMetaFileError)
-            self.check()  # a file rewritten meanwhile is that
-            if isinstance(exc, CorruptMetaFileError):
-                raise
-            raise MetaFileChangedError(text.path, f"{schema} ({exc})") from None
-        self.check()
-        if rows.schema_hash != text.schema_hash:
-            raise MetaFileChangedError(text.path, f"{schema} (another type, or another column)")
-        if not np.array_equal(rows.bounds, text.bounds):
-            raise MetaFileChangedError(text.path, "its row groups changed since the dataset was made")
+        # Row groups in order, this rank's: an object's chunks in GETs of about 32 MiB.
+        rows = checked_rows(source, text.layout, "the dataset was made", ahead=REQUEST)
         self._rows: ParquetRows | None = rows
         self._kept: tuple[int, npt.NDArray[np.uint8], _IntArray, _IntArray] | None = None
 
@@ -126,11 +114,7 @@ class RowsReading(SourceReading):
         """Row group ``g`` as text: its bytes, and where each row starts in them and its length."""
         if self._kept is None or self._kept[0] != g:
             assert self._rows is not None, "the reading was closed"
-            data, offsets = self._rows.group_array(g)
-            data, rel = data[offsets[0] : offsets[-1]], offsets - offsets[0]
-            text = np.insert(data, rel[1:], NEWLINE)  # each row's line, then a newline
-            starts = rel[:-1] + np.arange(rel.size - 1, dtype=np.int64)
-            self._kept = (g, text, starts, np.diff(rel))
+            self._kept = (g, *self._rows.group_text(g))
         return self._kept[1], self._kept[2], self._kept[3]
 
     def lines(self, buf: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> Lines:

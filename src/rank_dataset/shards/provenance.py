@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums
 from rank_dataset.core.checks import check_int, is_url, with_storage
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.read.metafile import MetaFile
@@ -260,7 +261,7 @@ class RunPlan:
         for i in np.unique(seg).tolist():
             where = np.flatnonzero(seg == i)
             segment = self.chain.segments[i]
-            offsets = np.cumsum([0, *(s.size for s in segment.sources)])[:-1].astype(np.int64)
+            offsets = prefix_sums([s.size for s in segment.sources])[:-1]
             numbers = offsets[src[where]] + local[where]
             rows = (self._top if i == last else self._view(i)).rows(numbers)
             if i == last and segment.kind == "plain":

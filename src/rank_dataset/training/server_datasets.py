@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from rank_dataset.core.arrays import prefix_sums
 from rank_dataset.core.checks import check_index
 from rank_dataset.core.parsers import Parser, parse_line, resolve_parser
 from rank_dataset.core.shard import Shard
@@ -253,7 +254,7 @@ class ServerReader:
         if not parts:
             return Shard(np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64), ids=samples)
         first = [int(p.bounds[0]) for p in parts]
-        shift = np.concatenate(([0], np.cumsum([p.text_bytes for p in parts])[:-1])).tolist()
+        shift = prefix_sums([p.text_bytes for p in parts])[:-1].tolist()
         data = np.concatenate([p.data[a : a + p.text_bytes] for p, a in zip(parts, first)])
         starts = np.concatenate([p.starts.astype(np.int64) - a + d for p, a, d in zip(parts, first, shift)])
         ends = np.concatenate([p.ends.astype(np.int64) - a + d for p, a, d in zip(parts, first, shift)])

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Sampler
 
+from rank_dataset.core.arrays import prefix_sums
 from rank_dataset.core.checks import check_int
 from rank_dataset.plan.consumed import ANCHOR_KEY, RunCounter, check_anchor
 from rank_dataset.plan.remix import Edit, RemixChain
@@ -307,7 +308,7 @@ class StepSampler(Sampler[list[int]]):
             counts = np.empty(stop - first, np.int64)
             for a, z, size, _ in self.schedule.segments(first, stop):
                 counts[a - first : z - first] = size // spec.world_size
-        return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        return prefix_sums(counts)
 
     def _drain(self, token: int, drawn: int) -> None:
         """Wait until the items of pass ``token`` (``drawn`` of them) have all been read, by the DataLoader's

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums
+from rank_dataset.core.shard import copy_rows
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats.base import Format, Recognised
 
@@ -123,7 +125,7 @@ class ParquetRows:
         meta = self._file.metadata
         rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
         #: Row ``bounds[g]`` is the first of row group ``g``; ``bounds[-1]`` the number of rows.
-        self.bounds: _IntArray = np.concatenate(([0], np.cumsum(rows, dtype=np.int64))).astype(np.int64)
+        self.bounds: _IntArray = prefix_sums(rows)
         self.schema_hash = self.hash_schema(schema, self.columns)
         self._cached: tuple[int, bytes, _IntArray] | None = None
         # A ParquetFile is not safe to read from two threads at once (its read cache mixes up their
@@ -176,6 +178,16 @@ class ParquetRows:
         _, data_buf, offsets = self._decode(g, rows)
         data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
         return data, offsets
+
+    def group_text(self, g: int, pad: int = 0) -> tuple[npt.NDArray[np.uint8], _IntArray, _IntArray]:
+        """Row group ``g`` as text: ``pad`` newlines, then each row's line followed by a newline; and where
+        each line starts in it, and its length."""
+        data, offsets = self.group_array(g)
+        lengths = np.diff(offsets)
+        starts = pad + offsets[:-1] - offsets[0] + np.arange(lengths.size, dtype=np.int64)
+        text = np.full(pad + int(lengths.sum()) + lengths.size, ord("\n"), np.uint8)
+        copy_rows(data, offsets[:-1], lengths, text, starts)
+        return text, starts, lengths
 
     def last_integers(self, g: int) -> _IntArray | None:
         """Row group ``g``'s values of the last chosen column, when they are every row's label: the

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums
 from rank_dataset.core.threads import THREADS
 from rank_dataset.files.formats._raw import RawFile
 from rank_dataset.files.formats.checkpoints import Checkpoints, DecompressedView
@@ -253,7 +254,7 @@ class SpanSource:
         wanted = np.flatnonzero(last >= first)
         sizes = last[wanted] - first[wanted]
         place = np.zeros(spans, np.int64)  # where a wanted span's part starts in the buffer
-        place[wanted] = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        place[wanted] = prefix_sums(sizes)[:-1]
         size = int(sizes.sum()) + pad
         buf = np.empty(size, np.uint8) if buffer is None else buffer(size)
         buf[buf.size - pad :] = 0

@@ -15,8 +15,8 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums, ranges
 from rank_dataset.core.parsers import LineError, parse_label, quote
-from rank_dataset.core.shard import copy_rows
 from rank_dataset.core.threads import THREADS
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.group._block_labels import PAD, BlockLabels, block_labels
@@ -48,10 +48,6 @@ Place = Callable[[list[Any], npt.NDArray[np.int64]], npt.NDArray[np.int64]]
 
 def in_memory(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     return np.empty(int(bounds[-1]), np.int64)
-
-
-def prefix_sums(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
 
 
 def label_grouping(lines: TextLines, place: Place) -> Grouping:
@@ -155,21 +151,15 @@ def _parquet_labels(self: ParquetLines, g: int) -> npt.NDArray[np.int64]:
     labels = self.rows.last_integers(g)
     if labels is not None:
         return labels
-    data, offsets = self.rows.group_array(g)
-    first, n = int(self.rows.bounds[g]), offsets.size - 1
-    step = np.arange(n, dtype=np.int64)
-    if n and not bool(((data == NEWLINE) | (data == CR)).any()):
-        buf = np.empty(PAD + data.size + n, np.uint8)
-        buf[:PAD] = NEWLINE
-        lengths = np.diff(offsets)
-        copy_rows(data, offsets[:-1], lengths, buf, PAD + offsets[:-1] + step)
-        buf[PAD + offsets[1:] + step] = NEWLINE
+    buf, starts, lengths = self.rows.group_text(g, PAD)
+    first, n = int(self.rows.bounds[g]), starts.size
+    if n and int(np.count_nonzero(buf == NEWLINE)) == PAD + n and not bool((buf == CR).any()):
         found = block_labels(buf, buf.size, file_start=False)
         if found.labels.size == n:  # no blank row (a text file would skip it; here it is a sample)
             _parse_others(buf, found, lambda row, start: self.where(first + row))
             return found.labels
-    rows = BlockLabels(np.empty(n, np.int64), step, offsets[:-1], offsets[1:])
-    _parse_others(data, rows, lambda row, start: self.where(first + row))
+    rows = BlockLabels(np.empty(n, np.int64), np.arange(n, dtype=np.int64), starts, starts + lengths)
+    _parse_others(buf, rows, lambda row, start: self.where(first + row))
     return rows.labels
 
 
@@ -223,7 +213,4 @@ class _SortedBlock:
 
     def place(self, order: npt.NDArray[np.int64], at: npt.NDArray[np.int64], base: int) -> None:
         """Write samples ``base + perm`` into ``order``, those of key ``keys[k]`` from ``at[k]`` on."""
-        firsts = np.cumsum(self.sizes) - self.sizes
-        where = np.repeat(at - firsts, self.sizes)
-        where += np.arange(self.perm.size)
-        order[where] = self.perm.astype(np.int64) + base
+        order[ranges(at, self.sizes)] = self.perm.astype(np.int64) + base

@@ -20,18 +20,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums
 from rank_dataset.core.checks import meta_path, with_storage
 from rank_dataset.core.progress import progress_bar
 from rank_dataset.files.group import _lines as _group_lines
 from rank_dataset.files.group._cache import cache_candidates, open_cache, write_cache
-from rank_dataset.files.group._labels import (
-    Grouping,
-    Place,
-    in_memory,
-    label_grouping,
-    parquet_label_grouping,
-    prefix_sums,
-)
+from rank_dataset.files.group._labels import Grouping, Place, in_memory, label_grouping, parquet_label_grouping
 from rank_dataset.files.group._lines import ParquetLines, TextLines, open_checked
 from rank_dataset.files.index.cachelock import load_or_build
 from rank_dataset.files.index.load import Index, load_index

@@ -243,16 +243,6 @@ class ObjectFile:
         self._ahead = (offset, data)
         return data[:count]
 
-    def read_ranges(self, starts: Sequence[int], stops: Sequence[int]) -> list[bytes]:
-        """Each range ``[starts[i], stops[i])``, from GETs of the ranges merged where less than
-        :data:`COALESCE` bytes lie between them (each GET pinned, as every read)."""
-        out: list[bytes] = [b""] * len(starts)
-        for lo, hi, members in _coalesced(starts, stops):
-            data = self.read(lo, hi - lo)
-            for j in members:
-                out[j] = data[starts[j] - lo : stops[j] - lo]
-        return out
-
     def check(self) -> None:
         """Raise MetaFileChangedError if the object is no longer the one of the key (one HEAD)."""
         try:

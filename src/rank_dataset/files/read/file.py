@@ -13,6 +13,7 @@ its ETag. The bytes of a gzip or zstd file are its decompressed ones, read throu
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import threading
@@ -28,12 +29,12 @@ from rank_dataset.files.io import ByteSource, LocalFile, SourceKey, open_source,
 from rank_dataset.files.io.pread import RangeLoader, ShortRead, count_newlines
 
 if TYPE_CHECKING:
-    from rank_dataset.files.formats import ParquetRows, SpanSource
+    from rank_dataset.files.formats import ParquetLayout, ParquetRows, SpanSource
 
-__all__ = ["FileBytes", "IndexedFile", "LocalBytes", "ObjectBytes", "bytes_of"]
+__all__ = ["FileBytes", "IndexedFile", "LocalBytes", "ObjectBytes", "bytes_of", "checked_rows"]
 
 
-class FileBytes:
+class FileBytes(abc.ABC):
     """The bytes of one meta file, as the gather, ``mf[i]`` and grouping read them: :meth:`open` for
     ranges (a descriptor, or a :class:`~rank_dataset.files.io.pread.RangeLoader`), :meth:`rows` for a
     Parquet file's row groups, :meth:`read_once` and :meth:`count_newlines` for a few bytes, each read
@@ -42,23 +43,25 @@ class FileBytes:
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    @abc.abstractmethod
     def open(self, index: Index) -> contextlib.AbstractContextManager[int | RangeLoader]:
         """The file's bytes (a compressed file's decompressed ones), checked against ``index.key``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def rows(self, index: Index) -> contextlib.AbstractContextManager[ParquetRows]:
         """The rows of a Parquet file, its footer checked against ``index`` (its row groups and schema)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def check(self, fd: int | RangeLoader, key: SourceKey) -> None:
         """Raise MetaFileChangedError if the file read through ``fd`` is not the one ``key`` describes."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _read_plain(self, index: Index, offset: int, count: int) -> bytes:
-        raise NotImplementedError
+        """``count`` bytes at ``offset`` of a plain file, checked."""
 
+    @abc.abstractmethod
     def _count_plain(self, index: Index, start: int, stop: int) -> int:
-        raise NotImplementedError
+        """The newlines in bytes ``[start, stop)`` of a plain file."""
 
     def read_once(self, index: Index, offset: int, count: int) -> bytes:
         """``count`` bytes at ``offset`` (decompressed ones, of a compressed file), checked once, after
@@ -126,28 +129,9 @@ class LocalBytes(FileBytes):
                 schema or its row groups are not those indexed.
             CorruptMetaFileError: a row group cannot be decoded.
         """
-        layout = index.parquet
-        if layout is None:
-            raise ValueError(f"{self.path} was not indexed as a Parquet file")
         local = LocalFile(self.path, index.key, checked=False)
         try:
-            # The schema first: a file rewritten with another schema is told as that, not as "modified".
-            schema = (
-                f"its schema changed since it was indexed: the columns {list(layout.columns)} are not those indexed"
-            )
-            try:
-                rows = index.format.open_rows(self.path, layout.columns)
-            except CorruptMetaFileError:
-                local.check_open()  # a file rewritten while its footer was read is that error
-                raise
-            except ValueError as exc:  # a chosen column gone, or nested now
-                raise MetaFileChangedError(self.path, f"{schema} ({exc})") from None
-            if rows.schema_hash != layout.schema_hash:
-                raise MetaFileChangedError(self.path, f"{schema} (another type, or another column)")
-            local.check_open()
-            if rows.layout.bounds != layout.bounds:
-                raise MetaFileChangedError(self.path, "its row groups changed since it was indexed")
-            yield rows
+            yield checked_rows(local, _layout(self.path, index), "it was indexed")
             local.check()
         finally:
             local.close()
@@ -240,24 +224,14 @@ class ObjectBytes(FileBytes):
     def rows(self, index: Index) -> Iterator[ParquetRows]:
         """The rows of a Parquet object, its footer read again (pinned to the ETag indexed) and checked
         against ``index`` (the same row groups and schema of the chosen columns), as a local file's."""
-        layout = index.parquet
-        if layout is None:
-            raise ValueError(f"{self.path} was not indexed as a Parquet file")
-        source = self.source(index.key)
+        layout = _layout(self.path, index)
         held = self._rows
         if held is not None and held[0] == (os.getpid(), layout):
             # Its footer, read once in this process: every GET is pinned to the ETag indexed, so
             # the footer cannot have changed (a replaced object fails the next GET).
             yield held[1]
             return
-        from rank_dataset.files.formats import source_rows
-
-        try:
-            rows = source_rows(source, layout.columns)
-        except ValueError as exc:  # a chosen column gone, or nested now (the ETag held: never so)
-            raise MetaFileChangedError(self.path, f"its schema changed since it was indexed ({exc})") from None
-        if rows.schema_hash != layout.schema_hash or rows.layout.bounds != layout.bounds:
-            raise MetaFileChangedError(self.path, "its schema or row groups changed since it was indexed")
+        rows = checked_rows(self.source(index.key), layout, "it was indexed")
         self._rows = ((os.getpid(), layout), rows)
         yield rows
 
@@ -270,6 +244,43 @@ class ObjectBytes(FileBytes):
     def check(self, fd: int | RangeLoader, key: SourceKey) -> None:
         """Raise MetaFileChangedError if the object is no longer the one indexed (one HEAD)."""
         self.source(key).check()
+
+
+def _layout(path: Path, index: Index) -> ParquetLayout:
+    if index.parquet is None:
+        raise ValueError(f"{path} was not indexed as a Parquet file")
+    return index.parquet
+
+
+def checked_rows(source: ByteSource, layout: ParquetLayout, since: str, *, ahead: int = 0) -> ParquetRows:
+    """The rows of the Parquet file ``source`` (:func:`~rank_dataset.files.formats.source_rows`, ``ahead``
+    as it takes it), its footer read again and checked against ``layout``: the same schema of the chosen
+    columns, the same row groups, and a local file still the one of its key.
+
+    Raises:
+        MetaFileChangedError: the file's schema (checked first: a file rewritten with another schema is
+            told as that) or row groups are not those of ``layout``, taken when ``since`` says; or a
+            local file is not the one of its key.
+        CorruptMetaFileError: the footer cannot be read (and the file has not changed).
+    """
+    from rank_dataset.files.formats import source_rows
+
+    schema = f"its schema changed since {since}: the columns {list(layout.columns)} are not those it had"
+    try:
+        rows = source_rows(source, layout.columns, ahead=ahead)
+    except CorruptMetaFileError:
+        if source.local:
+            source.check()  # a file rewritten while its footer was read is that error
+        raise
+    except ValueError as exc:  # a chosen column gone, or nested now
+        raise MetaFileChangedError(source.path, f"{schema} ({exc})") from None
+    if rows.schema_hash != layout.schema_hash:
+        raise MetaFileChangedError(source.path, f"{schema} (another type, or another column)")
+    if source.local:
+        source.check()  # an object's GETs are each pinned to its ETag
+    if rows.layout.bounds != layout.bounds:
+        raise MetaFileChangedError(source.path, f"its row groups changed since {since}")
+    return rows
 
 
 def bytes_of(path: Path) -> FileBytes:
