@@ -111,10 +111,12 @@ def test_line_fields_match_numpy_on_lines_of_every_length(kernels: Kernels, seed
     # at every alignment of the buffer.
     rng = np.random.default_rng([seed, 2])
     data = _varied_lines(rng, int(rng.integers(50, 400)))
-    first, second = (int(x) for x in rng.choice([0, 1, 2, 3, 5], 2))
-    for skip in range(4):
-        for cap in (None, int(rng.integers(0, 300))):
-            assert _fields(kernels, data[skip:], first, second, cap) == _fields(ref, data[skip:], first, second, cap)
+    a, b = (int(x) for x in rng.choice([0, 1, 2, 3, 5], 2))
+    for first, second in ((1, 2), (a, b)):  # sizes_of's default, which the kernel reads with constant loops
+        for skip in range(4):
+            for cap in (None, int(rng.integers(0, 300))):
+                got = _fields(kernels, data[skip:], first, second, cap)
+                assert got == _fields(ref, data[skip:], first, second, cap)
 
 
 @pytest.mark.parametrize("seed", range(30))

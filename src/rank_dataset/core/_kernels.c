@@ -1710,11 +1710,13 @@ RD_INLINE int64_t line_end(struct window *w, const uint8_t *buf, int64_t size, i
  * RD_FIELD_DIGITS ASCII digits of a value in [1, 2**32). result[0:2]: the samples of buf (also those
  * past cap, which are counted but not written), the flagged samples among the first cap.
  *
- * A line at a time: the bytes that may start or end a field are found with the masks of a 64-byte window
- * (each byte's made once), so an ordinary field (ASCII bytes from 33 to 127) costs one lookup whatever its
- * length; the two fields' digits are decoded in a word; once field max(first, second) has ended, or the line
- * is known to be flagged, the rest of the line is skipped to its newline. A field or gap holding an odd byte
- * (a control byte, 28-31, or one from 0x80 on) is read a byte at a time up to its end.
+ * A line at a time, each byte's masks made once (special64_kinds, 64 bytes at a time). A line of up to 64
+ * bytes with no odd byte (a control byte, 28-31, or one from 0x80 on) is read from the masks alone, with no
+ * branch on its bytes (pair_lines: its fields' starts and ends as bits, the two numbers decoded side by side).
+ * Any other line (longer, odd, or in the last 128 bytes of buf) a field at a time: the bytes that may start or
+ * end a field found with the masks of a 64-byte window, so an ordinary field costs one lookup whatever its
+ * length; once field max(first, second) has ended, or the line is known to be flagged, the rest of the line is
+ * skipped to its newline; a field or gap holding an odd byte is read a byte at a time up to its end.
  */
 RD_API int rd_line_fields(const uint8_t *buf, int64_t size, int64_t first, int64_t second, uint32_t *out_first,
                           uint32_t *out_second, int64_t cap, int64_t *result) {
@@ -1733,10 +1735,9 @@ RD_API int rd_line_fields(const uint8_t *buf, int64_t size, int64_t first, int64
     while (p < size) { /* a line from p */
         if (f.words && pair_at(&q, buf, size, p)) {
             int stuck = 0;
-            /* sizes_of's usual fields, 1 and 2, with constant loops */
-            if (low == 1 && f.last_field == 2)
-                p = pair_lines(&q, buf, p, 1, 2, first > second, out_first, out_second, cap, &samples, &flagged,
-                               &stuck);
+            /* sizes_of's usual fields, 1 and 2, with constant loops and no swap */
+            if (first == 1 && second == 2)
+                p = pair_lines(&q, buf, p, 1, 2, 0, out_first, out_second, cap, &samples, &flagged, &stuck);
             else
                 p = pair_lines(&q, buf, p, low, f.last_field, first > second, out_first, out_second, cap, &samples,
                                &flagged, &stuck);
