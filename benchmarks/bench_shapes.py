@@ -437,8 +437,8 @@ def _sizes_rows(steps: dict[str, Any], n: int) -> list[str]:
         "thread; its time also holds the copy of the file from the page cache into that buffer (positional reads: "
         "a memory map of a meta file that shrinks kills the process), writing the 2 x N uint32 cache (each "
         "chunk's values by pwrite, the file synced) and the modules it imports on first use (the cache's file "
-        "lock, the native library). The read's time is mostly its newline count (`bytes.count`) and the pages of "
-        "each new 8 MB bytes object, the copy from the page cache a fraction of it.",
+        "lock, the native library). The read's time is mostly its newline count (`bytes.count`), the copy from "
+        "the page cache a fraction of it.",
         "",
     ]
     return rows
