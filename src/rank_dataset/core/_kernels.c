@@ -1503,56 +1503,117 @@ RD_INLINE uint32_t field_value(const uint8_t *buf, int64_t t, int64_t e, int wor
     return value > UINT32_MAX ? 0 : (uint32_t)value;
 }
 
-/* The masks of the bytes buf[base:base + 64] (rd_line_fields): special64_kinds' special, newline and odd bits. At
- * the end of buf the window holds fewer bytes, and the bit just past the last one is set in special and newline:
- * the end of buf ends a field and a line as a newline does, and no search runs past it. */
-struct window {
-    int64_t base;
-    uint64_t special, newline, odd;
+/* One line's progress through its fields (fields_run). */
+struct fields {
+    int64_t first, second, last_field, field, token;
+    uint32_t value_first, value_second;
+    int ok, content, complete, words;
 };
 
-static void window_at(struct window *w, const uint8_t *buf, int64_t size, int64_t p) {
-    w->base = p;
-    if (size - p >= 64) {
-        w->special = special64_kinds(buf + p, &w->newline, &w->odd);
-        return;
-    }
-    const int64_t left = size - p; /* 0 to 63 */
-    uint64_t special = 0, newline = 0, odd = 0;
-    for (int64_t k = 0; k < left; k++) {
-        const uint8_t c = buf[p + k];
-        if (c < 33 || c >= 0x80) {
-            special |= (uint64_t)1 << k;
-            newline |= (uint64_t)(c == '\n') << k;
-            odd |= (uint64_t)!(c == ' ' || (c >= 9 && c <= 13)) << k;
-        }
-    }
-    w->special = special | (uint64_t)1 << left;
-    w->newline = newline | (uint64_t)1 << left;
-    w->odd = odd;
+RD_INLINE void fields_reset(struct fields *f) {
+    f->field = 0;
+    f->token = -1;
+    f->value_first = f->value_second = 0;
+    f->ok = 1;
+    f->content = f->complete = 0;
 }
 
-/* What find() looks for: a byte that may end a field (special64's), one that may start a field (not ASCII
- * whitespace 9-13 and 32: an ordinary byte, or an odd one) or ends the line, a newline. */
-enum { FIND_SPECIAL, FIND_START, FIND_NEWLINE };
-
-/* The first position q >= p (p <= size) of a byte of kind `kind`, or size; w then holds q. The windows move
- * forward 64 bytes at a time, so each byte's masks are made once. */
-RD_INLINE int64_t find(struct window *w, const uint8_t *buf, int64_t size, int64_t p, int kind) {
-    for (;;) {
-        int64_t off = p - w->base;
-        if (off < 0 || off >= 64) {
-            window_at(w, buf, size, p);
-            off = 0;
-        }
-        /* FIND_START's bits past the end of buf are not bytes, but the end's newline bit comes first. */
-        uint64_t m = kind == FIND_SPECIAL   ? w->special
-                     : kind == FIND_NEWLINE ? w->newline
-                                            : ~w->special | w->odd | w->newline;
-        m >>= off;
-        if (m) return p + ctz64(m);
-        p = w->base + 64;
+/* The field buf[t:e] ended (e: a whitespace byte, a newline or the end). */
+RD_INLINE void field_end(struct fields *f, const uint8_t *buf, int64_t t, int64_t e) {
+    if (f->complete) return;
+    if (f->field == f->first || f->field == f->second) {
+        const uint32_t value = field_value(buf, t, e, f->words);
+        f->ok &= value != 0;
+        if (f->field == f->first) f->value_first = value;
+        if (f->field == f->second) f->value_second = value;
     }
+    f->complete = f->field == f->last_field;
+    f->field++;
+}
+
+/* The byte buf[i], special64's, after ordinary bytes buf[prev + 1:i]. */
+RD_INLINE void field_event(struct fields *f, const uint8_t *buf, int64_t prev, int64_t i) {
+    if (prev + 1 < i && f->token < 0) { /* ordinary bytes after whitespace: a field starts */
+        f->token = prev + 1;
+        f->content = 1;
+    }
+    const uint8_t c = buf[i];
+    if (field_space(c)) {
+        if (f->token >= 0) {
+            field_end(f, buf, f->token, i);
+            f->token = -1;
+        }
+        f->content |= c >= 28 && c <= 31; /* not ASCII whitespace */
+    } else {                              /* a control or non-ASCII byte: part of a field */
+        if (f->token < 0) f->token = i;
+        f->content = 1;
+        if (!f->complete && field_unsure(c)) f->ok = 0;
+    }
+}
+
+/* The line just ended: its fields into the outputs if it is a sample. */
+RD_INLINE void fields_line(struct fields *f, uint32_t *out_first, uint32_t *out_second, int64_t cap,
+                           int64_t *samples, int64_t *flagged) {
+    if (!f->complete) f->ok = 0; /* a field missing */
+    if (f->content) {
+        if (*samples < cap) {
+            *flagged += !f->ok;
+            out_first[*samples] = f->ok ? f->value_first : 0;
+            out_second[*samples] = f->ok ? f->value_second : 0;
+        }
+        (*samples)++;
+    }
+    fields_reset(f);
+}
+
+/* rd_line_fields on buf[0:size], a run of whole lines, an event at a time: the bytes that may end a field
+ * (special64's) found 64 at a time, and only they and the two fields' digits looked at. Any line (long, odd) and
+ * the end of buf; result[0:2] as rd_line_fields'. */
+static void fields_run(const uint8_t *buf, int64_t size, int64_t first, int64_t second, uint32_t *out_first,
+                       uint32_t *out_second, int64_t cap, int64_t *result) {
+    struct fields f;
+    f.first = first;
+    f.second = second;
+    f.last_field = first > second ? first : second;
+    f.words = field_little_endian();
+    fields_reset(&f);
+    int64_t samples = 0, flagged = 0, prev = -1;
+    for (int64_t base = 0; base < size; base += 64) {
+        uint64_t m = 0, newline = 0, odd = 1;
+        if (size - base >= 64) {
+            m = special64_kinds(buf + base, &newline, &odd);
+        } else {
+            for (int64_t k = 0; k < size - base; k++) m |= (uint64_t)(buf[base + k] < 33 || buf[base + k] >= 0x80) << k;
+        }
+        if (!odd) { /* every special byte ASCII whitespace: a field ends at one after bytes that are not */
+            for (; m; m &= m - 1) {
+                const int k = ctz64(m);
+                const int64_t i = base + k;
+                if (f.token >= 0 || prev + 1 < i) {
+                    f.content = 1;
+                    field_end(&f, buf, f.token >= 0 ? f.token : prev + 1, i);
+                    f.token = -1;
+                }
+                prev = i;
+                if ((newline >> k) & 1) fields_line(&f, out_first, out_second, cap, &samples, &flagged);
+            }
+            continue;
+        }
+        for (; m; m &= m - 1) {
+            const int64_t i = base + ctz64(m);
+            field_event(&f, buf, prev, i);
+            prev = i;
+            if (buf[i] == '\n') fields_line(&f, out_first, out_second, cap, &samples, &flagged);
+        }
+    }
+    if (prev + 1 < size) { /* the last line, without a newline */
+        if (f.token < 0) f.token = prev + 1;
+        f.content = 1;
+    }
+    if (f.token >= 0) field_end(&f, buf, f.token, size);
+    if (prev + 1 < size || f.content) fields_line(&f, out_first, out_second, cap, &samples, &flagged);
+    result[0] = samples;
+    result[1] = flagged;
 }
 
 /* The masks of buf[base:base + 128], two windows (rd_line_fields' lines of up to 64 bytes): special, newline and
@@ -1673,31 +1734,6 @@ RD_INLINE int64_t pair_lines(const struct pair *q, const uint8_t *buf, int64_t p
     return p;
 }
 
-/* One line's fields as rd_line_fields reads them. */
-struct fields {
-    int64_t first, second, last_field, field;
-    uint32_t value_first, value_second;
-    int ok, content, complete, words;
-};
-
-/* The field buf[t:e] ended (e: a byte of field_space, a newline or the end of buf). */
-RD_INLINE void field_end(struct fields *f, const uint8_t *buf, int64_t t, int64_t e) {
-    if (f->field == f->first || f->field == f->second) {
-        const uint32_t value = field_value(buf, t, e, f->words);
-        f->ok &= value != 0;
-        if (f->field == f->first) f->value_first = value;
-        if (f->field == f->second) f->value_second = value;
-    }
-    f->complete = f->field == f->last_field;
-    f->field++;
-}
-
-/* The end of the line whose byte e (< size) is not a newline, or size: the next newline after e, or size. */
-RD_INLINE int64_t line_end(struct window *w, const uint8_t *buf, int64_t size, int64_t e) {
-    if (e >= size || buf[e] == '\n') return e;
-    return find(w, buf, size, e + 1, FIND_NEWLINE);
-}
-
 /*
  * Fields `first` and `second` (0-based) of each sample of buf[0:size], a run of whole lines: a line
  * ends at a newline or at the end of buf; it is a sample if it holds a byte other than ASCII
@@ -1710,110 +1746,46 @@ RD_INLINE int64_t line_end(struct window *w, const uint8_t *buf, int64_t size, i
  * RD_FIELD_DIGITS ASCII digits of a value in [1, 2**32). result[0:2]: the samples of buf (also those
  * past cap, which are counted but not written), the flagged samples among the first cap.
  *
- * A line at a time, each byte's masks made once (special64_kinds, 64 bytes at a time). A line of up to 64
- * bytes with no odd byte (a control byte, 28-31, or one from 0x80 on) is read from the masks alone, with no
- * branch on its bytes (pair_lines: its fields' starts and ends as bits, the two numbers decoded side by side).
- * Any other line (longer, odd, or in the last 128 bytes of buf) a field at a time: the bytes that may start or
- * end a field found with the masks of a 64-byte window, so an ordinary field costs one lookup whatever its
- * length; once field max(first, second) has ended, or the line is known to be flagged, the rest of the line is
- * skipped to its newline; a field or gap holding an odd byte is read a byte at a time up to its end.
+ * Each byte's masks are made once, 64 bytes at a time (special64_kinds). A line of up to 64 bytes with no odd
+ * byte (a control byte, 28-31, or one from 0x80 on) is read from the masks alone, with no branch on its bytes
+ * (pair_lines: its fields' starts and ends as bits, the two numbers decoded side by side). From a line it
+ * cannot read (longer, odd, or in the last 128 bytes of buf), the lines of the next FIELDS_RUN bytes are read an
+ * event at a time (fields_run), then the masks take over again.
  */
+#define FIELDS_RUN 4096
 RD_API int rd_line_fields(const uint8_t *buf, int64_t size, int64_t first, int64_t second, uint32_t *out_first,
                           uint32_t *out_second, int64_t cap, int64_t *result) {
     if (!buf_ok(buf, size) || first < 0 || second < 0 || cap < 0 || result == NULL ||
         (cap > 0 && (out_first == NULL || out_second == NULL)))
         return RD_EARG;
-    struct fields f;
-    f.first = first;
-    f.second = second;
-    f.last_field = first > second ? first : second;
-    f.words = field_little_endian();
-    const int64_t low = first < second ? first : second;
-    struct window w = {-64, 0, 0, 0};                /* no window yet: the first find makes one */
-    struct pair q = {-((int64_t)1 << 40), 0, 0, 0, 0, 0, 0}; /* nor a pair */
+    const int64_t low = first < second ? first : second, last = first > second ? first : second;
+    const int words = field_little_endian();
+    struct pair q = {-((int64_t)1 << 40), 0, 0, 0, 0, 0, 0}; /* no pair yet: the first pair_at makes one */
     int64_t samples = 0, flagged = 0, p = 0;
-    while (p < size) { /* a line from p */
-        if (f.words && pair_at(&q, buf, size, p)) {
+    while (p < size) { /* p: a line's start */
+        if (words && pair_at(&q, buf, size, p)) {
             int stuck = 0;
             /* sizes_of's usual fields, 1 and 2, with constant loops and no swap */
             if (first == 1 && second == 2)
                 p = pair_lines(&q, buf, p, 1, 2, 0, out_first, out_second, cap, &samples, &flagged, &stuck);
             else
-                p = pair_lines(&q, buf, p, low, f.last_field, first > second, out_first, out_second, cap, &samples,
+                p = pair_lines(&q, buf, p, low, last, first > second, out_first, out_second, cap, &samples,
                                &flagged, &stuck);
             if (!stuck) continue;
         }
-        f.field = 0;
-        f.value_first = f.value_second = 0;
-        f.ok = 1;
-        f.content = f.complete = 0;
-        int64_t end, i, token;
-    fields:
-        for (;;) { /* p: the line's start, or just past a field's end (not a newline) */
-            const int64_t t = find(&w, buf, size, p, FIND_START);
-            if (t == size || buf[t] == '\n') {
-                end = t;
-                goto line_done;
-            }
-            if ((w.odd >> (t - w.base)) & 1) {
-                i = t;
-                token = -1;
-                goto odd;
-            }
-            f.content = 1;
-            const int64_t e = find(&w, buf, size, t + 1, FIND_SPECIAL);
-            if (e < size && ((w.odd >> (e - w.base)) & 1)) {
-                i = e;
-                token = t;
-                goto odd;
-            }
-            field_end(&f, buf, t, e);
-            if (f.complete || !f.ok || e == size || buf[e] == '\n') {
-                end = line_end(&w, buf, size, e);
-                goto line_done;
-            }
-            p = e + 1;
+        /* the lines from p to the first newline from FIELDS_RUN bytes on (or to the end) */
+        int64_t stop = size;
+        if (size - p > FIELDS_RUN) {
+            const uint8_t *nl = memchr(buf + p + FIELDS_RUN, '\n', (size_t)(size - p - FIELDS_RUN));
+            if (nl != NULL) stop = (int64_t)(nl - buf) + 1;
         }
-    odd: /* byte i and on a byte at a time, in a field from token (or between fields: token < 0), to its end */
-        for (;; i++) {
-            if (i == size || buf[i] == '\n') {
-                if (token >= 0) field_end(&f, buf, token, i);
-                end = i;
-                goto line_done;
-            }
-            const uint8_t c = buf[i];
-            if (field_space(c)) {
-                f.content |= c >= 28 && c <= 31; /* not ASCII whitespace */
-                if (token >= 0) {
-                    field_end(&f, buf, token, i);
-                    if (f.complete || !f.ok) {
-                        end = line_end(&w, buf, size, i + 1);
-                        goto line_done;
-                    }
-                    p = i + 1; /* back to the windows */
-                    goto fields;
-                }
-            } else { /* a control or non-ASCII byte: part of a field, before field last_field's end */
-                if (token < 0) token = i;
-                f.content = 1;
-                if (field_unsure(c)) {
-                    f.ok = 0;
-                    end = line_end(&w, buf, size, i + 1);
-                    goto line_done;
-                }
-            }
-        }
-    line_done:
-        if (!f.complete) f.ok = 0; /* a field missing */
-        if (f.content) {
-            if (samples < cap) {
-                flagged += !f.ok;
-                out_first[samples] = f.ok ? f.value_first : 0;
-                out_second[samples] = f.ok ? f.value_second : 0;
-            }
-            samples++;
-        }
-        p = end + 1;
+        const int64_t room = samples < cap ? cap - samples : 0;
+        int64_t run[2];
+        fields_run(buf + p, stop - p, first, second, room ? out_first + samples : NULL,
+                   room ? out_second + samples : NULL, room, run);
+        samples += run[0];
+        flagged += run[1];
+        p = stop;
     }
     result[0] = samples;
     result[1] = flagged;
