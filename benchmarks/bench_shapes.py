@@ -432,10 +432,14 @@ def _sizes_rows(steps: dict[str, Any], n: int) -> list[str]:
         f"The target was at most 1.5x one read of the file for numeric fields: {'met' if met else 'not met'} here "
         f"({ratio(steps['sizes']['cpu'], read)}). sizes_of reads the file in chunks of about 8 MB of whole lines into "
         "one buffer and finds and decodes each line's two fields in one pass of the native field kernel "
-        "(`line_fields`: the bytes that may end a field found 64 at a time, the digits decoded in a word), one "
-        "thread; its time also holds writing the 2 x N uint32 cache (each chunk's values by pwrite, the file "
-        "synced). The read's time is mostly its newline count (`bytes.count`), the copy from the page cache a "
-        "fraction of it.",
+        "(`line_fields`: the whitespace and newlines of 64 bytes at a time as bit masks, a line of up to 64 bytes "
+        "read from them, its fields' starts and ends as bits and both numbers decoded in one SSE2 vector; longer "
+        "lines a whitespace byte at a time), one "
+        "thread; its time also holds the copy of the file from the page cache into that buffer (positional reads: "
+        "a memory map of a meta file that shrinks kills the process), writing the 2 x N uint32 cache (each "
+        "chunk's values by pwrite, the file synced) and the modules it imports on first use (the cache's file "
+        "lock, the native library). The read's time is mostly its newline count (`bytes.count`), the copy from "
+        "the page cache a fraction of it.",
         "",
     ]
     return rows

@@ -82,6 +82,43 @@ def test_line_fields_match_numpy_on_random_lines(kernels: Kernels, seed: int) ->
         assert _fields(kernels, data, first, second, cap) == _fields(ref, data, first, second, cap)
 
 
+def _varied_lines(rng: np.random.Generator, lines: int) -> bytes:
+    """Lines of every length (a path of 1 to 150 bytes, so that a line may fit a 64-byte window, cross it or outrun
+    two of them), 0-6 fields of 1-12 digits after it, now and then an odd piece anywhere (before, in or after the
+    fields read) or a non-ASCII path; blank lines between; CRLF or LF."""
+    out = []
+    for _ in range(lines):
+        size = int(rng.choice([1, 8, 20, 40, 60, 70, 100, 150]))
+        path = bytes(rng.integers(33, 127, int(rng.integers(1, size + 1)), dtype=np.uint8))
+        if rng.random() < 0.05:
+            path = "é/画像".encode() + path
+        fields = [path] + [
+            b"%0*d" % (int(rng.integers(1, 13)), int(rng.integers(0, 10 ** int(rng.integers(1, 11)))))
+            for _ in range(int(rng.integers(0, 7)))
+        ]
+        if rng.random() < 0.1:
+            k = int(rng.integers(0, len(fields)))
+            fields[k] += _ODD[int(rng.integers(0, len(_ODD)))]
+        seps = [_SEPARATORS[int(rng.integers(0, len(_SEPARATORS)))] if rng.random() < 0.2 else b" " for _ in fields]
+        line = b"".join(f + s for f, s in zip(fields, seps))[: None if rng.random() < 0.5 else -1]
+        out.append(line + (b"\r\n" if rng.random() < 0.2 else b"\n") + (b"\n" if rng.random() < 0.03 else b""))
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_line_fields_match_numpy_on_lines_of_every_length(kernels: Kernels, seed: int) -> None:
+    # Many lines, so that the 64-byte windows read most of them and hand the others (long, odd) to the byte loop,
+    # at every alignment of the buffer.
+    rng = np.random.default_rng([seed, 2])
+    data = _varied_lines(rng, int(rng.integers(50, 400)))
+    a, b = (int(x) for x in rng.choice([0, 1, 2, 3, 5], 2))
+    for first, second in ((1, 2), (a, b)):  # sizes_of's default, which the kernel reads with constant loops
+        for skip in range(4):
+            for cap in (None, int(rng.integers(0, 300))):
+                got = _fields(kernels, data[skip:], first, second, cap)
+                assert got == _fields(ref, data[skip:], first, second, cap)
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_line_fields_agree_with_str_split_and_number_samples_as_the_scan(impl: Any, seed: int) -> None:
     rng = np.random.default_rng([seed, 1])

@@ -1432,24 +1432,37 @@ static uint64_t special64(const uint8_t *p) {
 }
 #endif
 
+#if defined(__SSE2__)
+/* special64_kinds for the 16 bytes p[16 j:16 j + 16]: their special and newline bits into *special and *newline
+ * at bit 16 j; returns the odd bytes as a vector (0xFF where odd). */
+RD_INLINE __m128i kinds16(const uint8_t *p, int j, uint64_t *special, uint64_t *newline) {
+    const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * j));
+    const __m128i s = _mm_cmplt_epi8(x, _mm_set1_epi8(33)); /* signed: below 33, or from 0x80 on */
+    /* ASCII whitespace: 9-13 (x - 9, wrapping, at most 4) or a space */
+    const __m128i blank = _mm_or_si128(
+        _mm_cmpeq_epi8(_mm_subs_epu8(_mm_sub_epi8(x, _mm_set1_epi8(9)), _mm_set1_epi8(4)), _mm_setzero_si128()),
+        _mm_cmpeq_epi8(x, _mm_set1_epi8(' ')));
+    *special |= (uint64_t)(unsigned)_mm_movemask_epi8(s) << (16 * j);
+    *newline |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8('\n'))) << (16 * j);
+    return _mm_andnot_si128(blank, s);
+}
+#endif
+
 /* Of the 64 bytes p[0:64] (all readable): bit k of *newline, p[k] is a newline; of *odd, p[k] is a special64
  * byte that is not ASCII whitespace (9-13, 32): a control byte, 28-31, or from 0x80 on. Returns special64's. */
-static uint64_t special64_kinds(const uint8_t *p, uint64_t *newline, uint64_t *odd) {
+RD_INLINE uint64_t special64_kinds(const uint8_t *p, uint64_t *newline, uint64_t *odd) {
 #if defined(__SSE2__)
-    const __m128i limit = _mm_set1_epi8(33), nine = _mm_set1_epi8(9), four = _mm_set1_epi8(4);
-    const __m128i space = _mm_set1_epi8(' '), nl = _mm_set1_epi8('\n'), zero = _mm_setzero_si128();
-    uint64_t special = 0, lines = 0, blank = 0;
-    for (int j = 0; j < 4; j++) {
-        const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * j));
-        /* 9-13: x - 9 (wrapping) at most 4 */
-        const __m128i b = _mm_or_si128(_mm_cmpeq_epi8(_mm_subs_epu8(_mm_sub_epi8(x, nine), four), zero),
-                                       _mm_cmpeq_epi8(x, space));
-        special |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmplt_epi8(x, limit)) << (16 * j);
-        lines |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, nl)) << (16 * j);
-        blank |= (uint64_t)(unsigned)_mm_movemask_epi8(b) << (16 * j);
-    }
+    uint64_t special = 0, lines = 0;
+    const __m128i o0 = kinds16(p, 0, &special, &lines), o1 = kinds16(p, 1, &special, &lines);
+    const __m128i o2 = kinds16(p, 2, &special, &lines), o3 = kinds16(p, 3, &special, &lines);
     *newline = lines;
-    *odd = special & ~blank;
+    /* odd bytes are rare: their bits are gathered only where there are some */
+    if (_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(o0, o1), _mm_or_si128(o2, o3)))) {
+        *odd = (uint64_t)(unsigned)_mm_movemask_epi8(o0) | (uint64_t)(unsigned)_mm_movemask_epi8(o1) << 16 |
+               (uint64_t)(unsigned)_mm_movemask_epi8(o2) << 32 | (uint64_t)(unsigned)_mm_movemask_epi8(o3) << 48;
+    } else {
+        *odd = 0;
+    }
     return special;
 #else
     uint64_t special = special64(p), lines = 0, blank = 0;
@@ -1464,36 +1477,18 @@ static uint64_t special64_kinds(const uint8_t *p, uint64_t *newline, uint64_t *o
 #endif
 }
 
-/* One line's progress through its fields (rd_line_fields). */
-struct fields {
-    int64_t first, second, last_field, field, token;
-    uint32_t value_first, value_second;
-    int ok, content, complete, words;
-};
-
-RD_INLINE void fields_reset(struct fields *f) {
-    f->field = 0;
-    f->token = -1;
-    f->value_first = f->value_second = 0;
-    f->ok = 1;
-    f->content = f->complete = 0;
-}
-
 /* The value of buf[t:e] as a field: 1 to RD_FIELD_DIGITS ASCII digits of a value in [1, 2**32), else 0. Up to
  * 8 digits in one word (with `words`: little-endian words, and 8 bytes readable before e). */
 RD_INLINE uint32_t field_value(const uint8_t *buf, int64_t t, int64_t e, int words) {
     const int64_t len = e - t;
     if (len < 1 || len > RD_FIELD_DIGITS) return 0;
     if (len <= 8 && e >= 8 && words) {
-        /* The word ending at the field's last byte: its bytes the high `len` ones, the first digit lowest. */
-        const uint64_t keep = ~UINT64_C(0) << (8 * (8 - len)), zeros = UINT64_C(0x3030303030303030) & keep;
-        uint64_t v = load64(buf + e - 8) & keep;
-        /* Each kept byte a digit: its high nibble 3, and adding 6 leaves it below ':' (no carry: a byte of a
-         * field is below 0x80 or fails the first test). */
-        if ((v & UINT64_C(0xF0F0F0F0F0F0F0F0)) != zeros ||
-            ((v + UINT64_C(0x0606060606060606)) & UINT64_C(0xF0F0F0F0F0F0F0F0)) != zeros)
-            return 0;
-        v -= zeros;
+        /* The word ending at the field's last byte: its bytes the high `len` ones, the first digit lowest, the
+         * others 0 (leading zeros). A byte is a digit iff its xor with '0' is at most 9: below 0x80, and adding
+         * 0x76 leaves it below 0x80 (a carry out of a byte follows only from a byte already found wrong). */
+        const uint64_t keep = ~UINT64_C(0) << (8 * (8 - len));
+        uint64_t v = (load64(buf + e - 8) ^ UINT64_C(0x3030303030303030)) & keep;
+        if ((v | (v + UINT64_C(0x7676767676767676))) & HIGHS) return 0;
         v = (v * 10 + (v >> 8)) & UINT64_C(0x00FF00FF00FF00FF);
         v = (v * 100 + (v >> 16)) & UINT64_C(0x0000FFFF0000FFFF);
         v = (v * 10000 + (v >> 32)) & UINT64_C(0xFFFFFFFF);
@@ -1506,6 +1501,21 @@ RD_INLINE uint32_t field_value(const uint8_t *buf, int64_t t, int64_t e, int wor
         value = value * 10 + d;
     }
     return value > UINT32_MAX ? 0 : (uint32_t)value;
+}
+
+/* One line's progress through its fields (fields_run). */
+struct fields {
+    int64_t first, second, last_field, field, token;
+    uint32_t value_first, value_second;
+    int ok, content, complete, words;
+};
+
+RD_INLINE void fields_reset(struct fields *f) {
+    f->field = 0;
+    f->token = -1;
+    f->value_first = f->value_second = 0;
+    f->ok = 1;
+    f->content = f->complete = 0;
 }
 
 /* The field buf[t:e] ended (e: a whitespace byte, a newline or the end). */
@@ -1556,26 +1566,11 @@ RD_INLINE void fields_line(struct fields *f, uint32_t *out_first, uint32_t *out_
     fields_reset(f);
 }
 
-/*
- * Fields `first` and `second` (0-based) of each sample of buf[0:size], a run of whole lines: a line
- * ends at a newline or at the end of buf; it is a sample if it holds a byte other than ASCII
- * whitespace (space, tab, newline, CR, VT, FF), as rd_scan_lines counts them. The fields are the
- * maximal runs of bytes other than 9-13 and 28-32 (str.split()'s ASCII whitespace).
- *
- * For sample i < cap, out_first[i] and out_second[i] get the two fields' values; both get 0 (the line
- * is flagged, for the caller to judge) if the line has fewer than max(first, second) + 1 fields, holds
- * a byte field_unsure names before the end of field max(first, second), or if either field is not 1 to
- * RD_FIELD_DIGITS ASCII digits of a value in [1, 2**32). result[0:2]: the samples of buf (also those
- * past cap, which are counted but not written), the flagged samples among the first cap.
- *
- * One pass: the bytes that may end a field (special64's) are found 64 at a time, and only they and the
- * two fields' digits are looked at.
- */
-RD_API int rd_line_fields(const uint8_t *buf, int64_t size, int64_t first, int64_t second, uint32_t *out_first,
-                          uint32_t *out_second, int64_t cap, int64_t *result) {
-    if (!buf_ok(buf, size) || first < 0 || second < 0 || cap < 0 || result == NULL ||
-        (cap > 0 && (out_first == NULL || out_second == NULL)))
-        return RD_EARG;
+/* rd_line_fields on buf[0:size], a run of whole lines, an event at a time: the bytes that may end a field
+ * (special64's) found 64 at a time, and only they and the two fields' digits looked at. Any line (long, odd) and
+ * the end of buf; result[0:2] as rd_line_fields'. */
+static void fields_run(const uint8_t *buf, int64_t size, int64_t first, int64_t second, uint32_t *out_first,
+                       uint32_t *out_second, int64_t cap, int64_t *result) {
     struct fields f;
     f.first = first;
     f.second = second;
@@ -1617,6 +1612,181 @@ RD_API int rd_line_fields(const uint8_t *buf, int64_t size, int64_t first, int64
     }
     if (f.token >= 0) field_end(&f, buf, f.token, size);
     if (prev + 1 < size || f.content) fields_line(&f, out_first, out_second, cap, &samples, &flagged);
+    result[0] = samples;
+    result[1] = flagged;
+}
+
+/* The masks of buf[base:base + 128], two windows (rd_line_fields' lines of up to 64 bytes): special, newline and
+ * odd bits of the first 64 bytes (s0, n0, o0) and of the next 64 (s1, n1, o1). */
+struct pair {
+    int64_t base;
+    uint64_t s0, n0, o0, s1, n1, o1;
+};
+
+/* Make q hold position p in its first 64 bytes; 0 (q unchanged) where buf ends before its 128 bytes. The
+ * windows move forward 64 bytes at a time while the lines run on, so each byte's masks are made once. */
+RD_INLINE int pair_at(struct pair *q, const uint8_t *buf, int64_t size, int64_t p) {
+    const int64_t off = p - q->base;
+    if (off >= 0 && off < 64) return 1;
+    if (off >= 64 && off < 128) {
+        if (size - q->base < 192) return 0;
+        q->s0 = q->s1;
+        q->n0 = q->n1;
+        q->o0 = q->o1;
+        q->base += 64;
+    } else {
+        if (size - p < 128) return 0;
+        q->base = p;
+        q->s0 = special64_kinds(buf + p, &q->n0, &q->o0);
+    }
+    q->s1 = special64_kinds(buf + q->base + 64, &q->n1, &q->o1);
+    return 1;
+}
+
+/* The value of the field buf[t:e] of ordinary bytes (1 or more, ASCII from 33), as field_value gives it: a field
+ * of up to 8 bytes ending at or after byte 8 in one little-endian word. */
+RD_INLINE uint32_t plain_value(const uint8_t *buf, int64_t t, int64_t e) {
+    const int64_t len = e - t;
+    if (len < 1 || len > 8 || e < 8) return field_value(buf, t, e, 1);
+    /* as field_value's word */
+    uint64_t v = (load64(buf + e - 8) ^ UINT64_C(0x3030303030303030)) & ~UINT64_C(0) << (8 * (8 - len));
+    if ((v | (v + UINT64_C(0x7676767676767676))) & HIGHS) return 0;
+    v = (v * 10 + (v >> 8)) & UINT64_C(0x00FF00FF00FF00FF);
+    v = (v * 100 + (v >> 16)) & UINT64_C(0x0000FFFF0000FFFF);
+    return (uint32_t)((v * 10000 + (v >> 32)) & UINT64_C(0xFFFFFFFF));
+}
+
+/* plain_value of the fields buf[t1:e1] and buf[t2:e2] (a missing one: t = e = 0, value 0), into *v1 and *v2: the
+ * two decoded side by side in one vector where SSE2 has them. */
+RD_INLINE void plain_values(const uint8_t *buf, int64_t t1, int64_t e1, int64_t t2, int64_t e2, uint32_t *v1,
+                            uint32_t *v2) {
+#if defined(__SSE2__)
+    const int64_t len1 = e1 - t1, len2 = e2 - t2;
+    if (len1 >= 1 && len1 <= 8 && e1 >= 8 && len2 >= 1 && len2 <= 8 && e2 >= 8) {
+        /* As plain_value's words, a word a lane: their bytes digits or 0 (leading zeros), the first digit lowest. */
+        const uint64_t w1 = (load64(buf + e1 - 8) ^ UINT64_C(0x3030303030303030)) & ~UINT64_C(0) << (8 * (8 - len1));
+        const uint64_t w2 = (load64(buf + e2 - 8) ^ UINT64_C(0x3030303030303030)) & ~UINT64_C(0) << (8 * (8 - len2));
+        __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(const void *)&w1),
+                                       _mm_loadl_epi64((const __m128i *)(const void *)&w2));
+        /* a byte is a digit iff it is at most 9: below 0x80, and below 0x80 with 0x76 added (bytewise) */
+        if (_mm_movemask_epi8(_mm_or_si128(v, _mm_add_epi8(v, _mm_set1_epi8(0x76))))) {
+            *v1 = *v2 = 0;
+            return;
+        }
+        /* pairs of digits (the first times 10), pairs of those (times 100), of those (times 10000) */
+        v = _mm_add_epi16(_mm_mullo_epi16(_mm_and_si128(v, _mm_set1_epi16(0xFF)), _mm_set1_epi16(10)),
+                          _mm_srli_epi16(v, 8));
+        v = _mm_madd_epi16(v, _mm_set1_epi32(0x00010064));
+        v = _mm_add_epi64(_mm_mul_epu32(v, _mm_set1_epi32(10000)), _mm_srli_epi64(v, 32));
+        *v1 = (uint32_t)_mm_cvtsi128_si32(v); /* below 10**8 */
+        *v2 = (uint32_t)_mm_cvtsi128_si32(_mm_unpackhi_epi64(v, v));
+        return;
+    }
+#endif
+    *v1 = plain_value(buf, t1, e1);
+    *v2 = plain_value(buf, t2, e2);
+}
+
+/* rd_line_fields' lines from p on while they start in the first 64 bytes of the pair q and end in it (at most 64
+ * bytes, newline included) with no odd byte: read from the masks alone (every special byte is ASCII whitespace,
+ * so a field starts at an ordinary byte after a special one, or at the line's start, and ends at the next special
+ * one: the k-th start and the k-th end are field k's). Fields `low` and `last` (low <= last) are decoded, and
+ * written as (first, second), or swapped with `swap`. Returns the position of the first line left: past the
+ * first 64 bytes, or a line to be read otherwise (*stuck set). Little-endian machines only (plain_value). */
+RD_INLINE int64_t pair_lines(const struct pair *q, const uint8_t *buf, int64_t p, int64_t low, int64_t last, int swap,
+                             uint32_t *out_first, uint32_t *out_second, int64_t cap, int64_t *samples,
+                             int64_t *flagged, int *stuck) {
+    const int any_odd = (q->o0 | q->o1) != 0;
+    int64_t n = *samples, bad = *flagged;
+    for (int64_t off; (off = p - q->base) < 64;) {
+        const int sh = (int)off;
+        const uint64_t newline = q->n0 >> sh | (q->n1 << 1) << (63 - sh);
+        const int nl = ctz64(newline | (UINT64_C(1) << 63));
+        const uint64_t line = ~UINT64_C(0) >> (63 - nl); /* the line's bytes, newline included */
+        if (!((newline >> nl) & 1) || (any_odd && ((q->o0 >> sh | (q->o1 << 1) << (63 - sh)) & line))) {
+            *stuck = 1;
+            break;
+        }
+        const uint64_t special = q->s0 >> sh | (q->s1 << 1) << (63 - sh), after = (special << 1) | 1;
+        uint64_t starts = ~special & after & line, ends = special & ~after & line;
+        if (starts) { /* a sample */
+            int64_t k = 0;
+            for (; k < low; k++) starts &= starts - 1, ends &= ends - 1;
+            const int have_low = starts != 0;
+            const int64_t t1 = have_low ? p + ctz64(starts) : 0, e1 = have_low ? p + ctz64(ends) : 0;
+            for (; k < last; k++) starts &= starts - 1, ends &= ends - 1;
+            const int have_high = have_low && starts;
+            const int64_t t2 = have_high ? p + ctz64(starts) : 0, e2 = have_high ? p + ctz64(ends) : 0;
+            uint32_t value_low, value_high;
+            plain_values(buf, t1, e1, t2, e2, &value_low, &value_high);
+            const int good = value_low && value_high; /* each 0 if its field is missing or no number */
+            if (n < cap) {
+                bad += !good;
+                out_first[n] = good ? (swap ? value_high : value_low) : 0;
+                out_second[n] = good ? (swap ? value_low : value_high) : 0;
+            }
+            n++;
+        }
+        p += nl + 1;
+    }
+    *samples = n;
+    *flagged = bad;
+    return p;
+}
+
+/*
+ * Fields `first` and `second` (0-based) of each sample of buf[0:size], a run of whole lines: a line
+ * ends at a newline or at the end of buf; it is a sample if it holds a byte other than ASCII
+ * whitespace (space, tab, newline, CR, VT, FF), as rd_scan_lines counts them. The fields are the
+ * maximal runs of bytes other than 9-13 and 28-32 (str.split()'s ASCII whitespace).
+ *
+ * For sample i < cap, out_first[i] and out_second[i] get the two fields' values; both get 0 (the line
+ * is flagged, for the caller to judge) if the line has fewer than max(first, second) + 1 fields, holds
+ * a byte field_unsure names before the end of field max(first, second), or if either field is not 1 to
+ * RD_FIELD_DIGITS ASCII digits of a value in [1, 2**32). result[0:2]: the samples of buf (also those
+ * past cap, which are counted but not written), the flagged samples among the first cap.
+ *
+ * Each byte's masks are made once, 64 bytes at a time (special64_kinds). A line of up to 64 bytes with no odd
+ * byte (a control byte, 28-31, or one from 0x80 on) is read from the masks alone, with no branch on its bytes
+ * (pair_lines: its fields' starts and ends as bits, the two numbers decoded side by side). From a line it
+ * cannot read (longer, odd, or in the last 128 bytes of buf), the lines of the next FIELDS_RUN bytes are read an
+ * event at a time (fields_run), then the masks take over again.
+ */
+#define FIELDS_RUN 4096
+RD_API int rd_line_fields(const uint8_t *buf, int64_t size, int64_t first, int64_t second, uint32_t *out_first,
+                          uint32_t *out_second, int64_t cap, int64_t *result) {
+    if (!buf_ok(buf, size) || first < 0 || second < 0 || cap < 0 || result == NULL ||
+        (cap > 0 && (out_first == NULL || out_second == NULL)))
+        return RD_EARG;
+    const int64_t low = first < second ? first : second, last = first > second ? first : second;
+    const int words = field_little_endian();
+    struct pair q = {-((int64_t)1 << 40), 0, 0, 0, 0, 0, 0}; /* no pair yet: the first pair_at makes one */
+    int64_t samples = 0, flagged = 0, p = 0;
+    while (p < size) { /* p: a line's start */
+        if (words && pair_at(&q, buf, size, p)) {
+            int stuck = 0;
+            /* sizes_of's usual fields, 1 and 2, with constant loops and no swap */
+            if (first == 1 && second == 2)
+                p = pair_lines(&q, buf, p, 1, 2, 0, out_first, out_second, cap, &samples, &flagged, &stuck);
+            else
+                p = pair_lines(&q, buf, p, low, last, first > second, out_first, out_second, cap, &samples,
+                               &flagged, &stuck);
+            if (!stuck) continue;
+        }
+        /* the lines from p to the first newline from FIELDS_RUN bytes on (or to the end) */
+        int64_t stop = size;
+        if (size - p > FIELDS_RUN) {
+            const uint8_t *nl = memchr(buf + p + FIELDS_RUN, '\n', (size_t)(size - p - FIELDS_RUN));
+            if (nl != NULL) stop = (int64_t)(nl - buf) + 1;
+        }
+        const int64_t room = samples < cap ? cap - samples : 0;
+        int64_t run[2];
+        fields_run(buf + p, stop - p, first, second, room ? out_first + samples : NULL,
+                   room ? out_second + samples : NULL, room, run);
+        samples += run[0];
+        flagged += run[1];
+        p = stop;
+    }
     result[0] = samples;
     result[1] = flagged;
     return RD_OK;
