@@ -8,6 +8,10 @@ QUICK_WORKERS ?= 2
 # make test runs the whole suite in TEST_WORKERS processes.
 TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
+# pytest's assertion rewriting of each test module is cached beside its bytecode, but only where Python may
+# write bytecode: with PYTHONDONTWRITEBYTECODE set, every pytest process (each xdist worker, the alone tier,
+# the sanitizer runs) rewrote all of them again (about 5 s of CPU each). The suite's pytest runs write it.
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/pytest
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 # What `make demo` installs (the package and its server extra), and what the checks install on top of it.
 DEMO_STAMP := $(VENV)/.installed-demo
@@ -62,7 +66,7 @@ test-asan: $(STAMP) $(ASAN_LIB) $(ASAN_WORDS_LIB)
 	LD_PRELOAD="$$($(ASAN_CC) -print-file-name=libasan.so) $$($(ASAN_CC) -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	RANK_DATASET_NATIVE=require RANK_DATASET_NATIVE_LIB=$$lib \
-	$(BIN)/pytest -q --capture=sys -p no:cacheprovider -m "not no_library" tests/core/test_kernels.py tests/core/test_kernels_fields.py || exit 1; done
+	$(PYTEST) -q --capture=sys -p no:cacheprovider -m "not no_library" tests/core/test_kernels.py tests/core/test_kernels_fields.py || exit 1; done
 
 demo: $(DEMO_STAMP) native
 	$(BIN)/rank-dataset demo $(DEMO_ARGS)
@@ -84,10 +88,10 @@ bytecode: $(STAMP)
 # each other), then the few tests marked `alone`, which measure threads or timing and need the machine to
 # themselves.
 pytest: pytest-shared
-	$(BIN)/pytest -m alone
+	$(PYTEST) -m alone
 
 pytest-shared: $(STAMP) native bytecode
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal -m "not alone" --durations=20
+	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not alone" --durations=20
 
 # The documentation site, into site/ (open site/index.html). Strict: a broken link, anchor or API
 # reference fails the build. NO_MKDOCS_2_WARNING quiets Material's banner about its end of life.
@@ -99,17 +103,17 @@ docs: $(STAMP)
 # last (`make pytest` alone shows its progress).
 test:
 	$(MAKE) --no-print-directory -j5 --output-sync=target lint typecheck docs test-asan pytest-shared
-	$(BIN)/pytest -m alone
+	$(PYTEST) -m alone
 
 # Everything but the tests marked slow (torchrun jobs, Lightning, Accelerate, the demo, benchmark smoke
 # runs, doc and README examples) and the docs build: a couple of minutes. `make test` runs them all. As
 # there, the tests marked `alone` run after the others, by themselves (beside them, a loaded machine fails them).
 test-quick:
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint typecheck pytest-quick
-	$(BIN)/pytest -m "alone and not slow"
+	$(PYTEST) -m "alone and not slow"
 
 pytest-quick: $(STAMP) native bytecode
-	$(BIN)/pytest -m "not slow and not alone" -n $(QUICK_WORKERS)
+	$(PYTEST) -m "not slow and not alone" -n $(QUICK_WORKERS)
 
 bench: $(STAMP) native
 	for b in build getitem server workers mix audit group balanced jobstart scale failures collective kernels; do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
