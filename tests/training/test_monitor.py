@@ -183,15 +183,25 @@ def test_timed_stages_are_exclusive() -> None:
 
     from rank_dataset.core.stages import STAGES, rank_totals, timed
 
+    now = time.monotonic_ns  # the stages' clock: each stage's bounds are read around its own reads of it
     before = rank_totals()
+    t0 = now()
     with timed("set_epoch"):
+        t1 = now()
         time.sleep(0.02)
+        t2 = now()
         with timed("read"):
+            t3 = now()
             time.sleep(0.05)
+            t4 = now()
+        t5 = now()
+    t6 = now()
     after = rank_totals()
-    delta = {s: (after[2 * k] - before[2 * k]) / 1e6 for k, s in enumerate(STAGES)}
-    assert 45 < delta["read"] < 200
-    assert 15 < delta["set_epoch"] < 45  # the read inside it is not counted twice
+    delta = {s: after[2 * k] - before[2 * k] for k, s in enumerate(STAGES)}
+    assert t4 - t3 <= delta["read"] <= t5 - t2
+    # The read inside it is not counted twice: counted, it would add at least t4 - t3 (50 ms) to the
+    # 20 ms, beyond the bound (unless the machine stalled the test longer than the 50 ms sleep).
+    assert t2 - t1 <= delta["set_epoch"] <= (t3 - t0) + (t6 - t4)
 
 
 def test_slowest_rank_threshold() -> None:
