@@ -48,7 +48,7 @@ class Exchange:
         net: the reader's collectives.
         slices: the slices, as counted.
         starts: where each sample of this rank's slice starts (from the slice's start) and...
-        lengths: ...its length, as the count found them.
+        lengths: ...its length, as the count found them: each in parts, back to back.
         hosts: each rank's host (None: found, see :func:`~rank_dataset.core.shm.host_key`).
     """
 
@@ -56,8 +56,8 @@ class Exchange:
         self,
         net: Collectives,
         slices: Slices,
-        starts: npt.NDArray[Any],
-        lengths: npt.NDArray[Any],
+        starts: Sequence[npt.NDArray[Any]],
+        lengths: Sequence[npt.NDArray[Any]],
         hosts: Sequence[Hashable] | None = None,
     ) -> None:
         self.net, self.slices = net, slices
@@ -68,8 +68,11 @@ class Exchange:
         # The exchange runs in rounds: in round k each owner reads and serves its samples
         # [k * per_round, (k + 1) * per_round), about ROUND bytes of lines.
         self.per_round, self.rounds = _routing.rounds_of(slices.held, slices.text_bytes, ROUND)
-        edges = np.concatenate(([0], starts[self.per_round :: self.per_round], [slices.slice_bytes]))
-        self.local = Local(net, starts, lengths.astype(self.len_dtype, copy=False), int(np.diff(edges).max()), hosts)
+        held = int(slices.held[net.rank])
+        firsts = _routing.take_parts(starts, np.arange(self.per_round, held, self.per_round, dtype=np.int64))
+        edges = np.concatenate(([0], firsts, [slices.slice_bytes]))
+        dtypes = (offset_dtype(slices.slice_bytes), self.len_dtype)
+        self.local = Local(net, starts, lengths, dtypes, int(np.diff(edges).max()), hosts)
         # The table lives in the shared segment (its host's ranks look lengths up there), not twice.
         self.starts, self.lengths = self.local.mine.starts, self.local.mine.lengths
         # Lengths cross gloo a byte each where every line is under 256 bytes (most meta files), so that a
