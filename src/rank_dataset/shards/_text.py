@@ -14,7 +14,6 @@ What the collective reader asks of a text (this module's :class:`Text`, or a Par
 from __future__ import annotations
 
 import contextlib
-import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ __all__ = [
     "chunks",
 ]
 
-READ = 4 << 20  # bytes per sequential read of a slice, counting its lines (a scan finds them in cache)
+READ = 4 << 20  # bytes per sequential read of a slice, counting its lines (the scan finds them in cache)
 _PROBE = 4096  # bytes first looked at to find where a slice starts (doubled until a newline is found)
 
 
@@ -245,12 +244,12 @@ def chunks(reading: Reading, lo: int, hi: int) -> Iterator[tuple[npt.NDArray[np.
     one buffer, read into again for the next piece: it is valid until the next is asked for."""
     # One buffer for every read: fresh memory is paid for page by page (zeroed by the kernel), and
     # a new buffer a read would cost that for the whole slice; it grows only for a line longer than a read.
-    space = _buffer(min(READ, max(hi - lo, 0)))
+    space: npt.NDArray[np.uint8] = np.empty(min(READ, max(hi - lo, 0)), np.uint8)
     kept, pos = 0, lo  # bytes of an unfinished line at the start of space
     while pos < hi:
         n = min(READ, hi - pos)
         if kept + n > space.size:
-            grown = _buffer(kept + n)
+            grown = np.empty(kept + n, np.uint8)
             grown[:kept] = space[:kept]
             space = grown
         buf = space[: kept + n]
@@ -266,15 +265,6 @@ def chunks(reading: Reading, lo: int, hi: int) -> Iterator[tuple[npt.NDArray[np.
         yield buf[: cut + 1], start, False
         kept = buf.size - cut - 1
         space[:kept] = buf[cut + 1 :]  # (numpy copies overlapping ranges as if through a temporary)
-
-
-def _buffer(size: int) -> npt.NDArray[np.uint8]:
-    """``size`` bytes of new private memory in small pages: numpy asks huge pages for a large array,
-    which a kernel that defragments for them on demand may compact memory to find, at many times
-    the cost of the pages themselves."""
-    if size < mmap.PAGESIZE:
-        return np.empty(size, np.uint8)
-    return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), np.uint8)
 
 
 def _last_newline(buf: npt.NDArray[np.uint8]) -> int:

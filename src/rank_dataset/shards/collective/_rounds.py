@@ -115,10 +115,12 @@ class Exchange:
             # then they are asked for, served and placed in the slice's order.
             held = self.slices.held
             far_request, send_req = self._far_requests(request, order, ask, far_ask)
-            got_req = _routing.request_bytes(np.full(w, held[net.rank]), asks, request.itemsize)
+            mine = np.full(w, held[net.rank])
+            bitmap = _routing.bitmapped(mine, asks, request.itemsize)
+            got_req = _routing.request_bytes(mine, asks, request.itemsize, bitmap)
             raw = net.all_to_all(far_request, send_req, "the requests", out_splits=got_req)
             del far_request
-            requests = self._requests_of(raw, got_req, asks, int(held[net.rank]), request.dtype)
+            requests = self._requests_of(raw, got_req, bitmap, int(held[net.rank]), request.dtype)
             req_sent, req_received = int(send_req.sum()), raw.nbytes
             del raw
             # Lengths (from what the count of lines found): the shard's offsets, before any line moves.
@@ -215,8 +217,8 @@ class Exchange:
         (:func:`~rank_dataset.shards.collective._routing.bitmapped`). For a bitmap, its part of ``request``
         and of ``order`` is put in the slice's order here (in place), as the owner serves it."""
         held, itemsize = self.slices.held, request.itemsize
-        sizes = _routing.request_bytes(held, far_ask, itemsize)
         bitmap = _routing.bitmapped(held, far_ask, itemsize)
+        sizes = _routing.request_bytes(held, far_ask, itemsize, bitmap)
         out = np.empty(int(sizes.sum()), np.uint8)
         starts, at = _routing.exclusive(ask), 0
         for o in np.flatnonzero(far_ask).tolist():
@@ -237,11 +239,11 @@ class Exchange:
         return out, sizes
 
     @staticmethod
-    def _requests_of(raw: npt.NDArray[np.uint8], sizes: _Ints, asks: _Ints, held: int, dtype: Any) -> npt.NDArray[Any]:
+    def _requests_of(
+        raw: npt.NDArray[np.uint8], sizes: _Ints, bitmap: npt.NDArray[np.bool_], held: int, dtype: Any
+    ) -> npt.NDArray[Any]:
         """The numbers each rank asked this one for (in rank order, each rank's grouped by round), from what
-        they sent (``sizes`` bytes each: a bitmap of this slice, or ``asks`` numbers of ``dtype``)."""
-        itemsize = np.dtype(dtype).itemsize
-        bitmap = _routing.bitmapped(np.full(sizes.size, held), asks, itemsize)
+        they sent (``sizes`` bytes each: where ``bitmap``, a bitmap of this slice; else numbers of ``dtype``)."""
         parts, at = [np.zeros(0, dtype)], 0
         for r, size in enumerate(sizes.tolist()):
             piece = raw[at : at + size]

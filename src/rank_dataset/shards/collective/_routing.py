@@ -128,8 +128,10 @@ def bitmapped(held: _Ints, asks: _Ints, itemsize: int) -> npt.NDArray[np.bool_]:
     return (np.asarray(held, np.int64) + 7) // 8 < np.asarray(asks, np.int64) * itemsize
 
 
-def request_bytes(held: _Ints, asks: _Ints, itemsize: int) -> _Ints:
-    """The bytes of the requests to each owner, as :func:`bitmapped` sends them."""
+def request_bytes(held: _Ints, asks: _Ints, itemsize: int, bitmap: npt.NDArray[np.bool_] | None = None) -> _Ints:
+    """The bytes of the requests to each owner, as :func:`bitmapped` sends them (``bitmap``: what it gives
+    for these arguments, where the caller has it)."""
     held, asks = np.asarray(held, np.int64), np.asarray(asks, np.int64)
-    out: _Ints = np.where(bitmapped(held, asks, itemsize), (held + 7) // 8, asks * itemsize)
+    bitmap = bitmapped(held, asks, itemsize) if bitmap is None else bitmap
+    out: _Ints = np.where(bitmap, (held + 7) // 8, asks * itemsize)
     return out
