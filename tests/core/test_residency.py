@@ -10,7 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rank_dataset.core.residency import anonymous_map, free_pages, settle_before_each_fork, settle_before_fork
+from rank_dataset.core.residency import (
+    anonymous_map,
+    free_pages,
+    settle_before_each_fork,
+    settle_before_fork,
+    small_pages,
+)
 
 PAGE = mmap.PAGESIZE
 
@@ -57,6 +63,34 @@ def test_a_large_anonymous_map_is_filled_with_huge_pages_where_the_system_gives_
     # 16 MiB holds at least 7 aligned 2 MiB pages; the kernel may fall back to small pages when
     # memory is fragmented, so ask for some, not all.
     assert _anon_huge_kib() - before >= 2048, "no huge page backs a 16 MiB map that asked for them"
+
+
+def _numpy_advice() -> bool | None:
+    """Whether numpy asks huge pages for its large arrays now (None: a numpy without the switch)."""
+    setter = getattr(getattr(getattr(np, "_core", None), "multiarray", None), "_set_madvise_hugepage", None)
+    if setter is None:
+        return None
+    now = bool(setter(True))
+    setter(now)
+    return now
+
+
+def test_small_pages_puts_numpys_large_arrays_in_small_pages_and_restores_its_setting_after_the_last_block() -> None:
+    setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not setting.exists() or "[madvise]" not in setting.read_text() or not Path("/proc/self/smaps_rollup").exists():
+        pytest.skip("huge pages are not given on request here (only then does numpy's advice decide)")
+    before = _numpy_advice()
+    if before is None:
+        pytest.skip("this numpy has no huge-page switch")
+    huge = _anon_huge_kib()
+    with small_pages():
+        with small_pages():  # nested: the outer block still holds after the inner one exits
+            pass
+        assert _numpy_advice() is False
+        a = np.ones(32 << 20, np.uint8)  # numpy would ask huge pages for it
+        assert _anon_huge_kib() - huge < 2048, "an array made inside small_pages() took huge pages"
+    assert _numpy_advice() is before
+    del a
 
 
 @pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="fork hooks are POSIX")

@@ -65,6 +65,16 @@ def test_offsets_exclusive_and_starts_are_the_running_sums(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_take_parts_is_the_joined_parts_taken(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    parts = [rng.integers(0, 1000, int(rng.integers(0, 5))).astype(np.uint32) for _ in range(int(rng.integers(1, 8)))]
+    joined = np.concatenate(parts)
+    rows = rng.integers(0, max(joined.size, 1), int(rng.integers(0, 20))) if joined.size else np.zeros(0, np.int64)
+    got = routing.take_parts(parts, rows)
+    assert got.dtype == np.int64 and got.tolist() == joined[rows].tolist()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_ranges_are_the_ranges_back_to_back(seed: int) -> None:
     rng = np.random.default_rng(seed)
     for parts in [0, 1, 5, 40]:

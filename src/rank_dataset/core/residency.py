@@ -8,8 +8,11 @@ import functools
 import gc
 import mmap
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import numpy as np
 
 __all__ = [
     "anonymous_map",
@@ -18,6 +21,7 @@ __all__ = [
     "return_freed_memory",
     "settle_before_each_fork",
     "settle_before_fork",
+    "small_pages",
 ]
 
 _HUGE = 2 << 20  # a transparent huge page (x86-64, arm64 with 4 KiB pages)
@@ -47,6 +51,45 @@ def free_pages(mm: mmap.mmap, start: int, stop: int) -> None:
     start, stop = -(-start // page) * page, min(stop, len(mm)) // page * page
     if stop > start:
         mm.madvise(advice, start, stop - start)
+
+
+@functools.cache
+def _numpy_huge_pages() -> Any:
+    # numpy's switch for the huge-page advice it gives each new array of 4 MiB or more (None: a numpy without it).
+    for module in ("_core", "core"):
+        setter = getattr(getattr(getattr(np, module, None), "multiarray", None), "_set_madvise_hugepage", None)
+        if setter is not None:
+            return setter
+    return None
+
+
+_small: list[int] = [0]  # how many small_pages() blocks are open
+_small_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def small_pages() -> Iterator[None]:
+    """While inside, numpy's new large arrays (in any thread) take small pages: numpy asks huge pages for
+    each array of 4 MiB or more, and where the kernel defragments memory for them on demand (Linux's
+    ``defrag=madvise``, a common default) a busy host may compact memory at each such fault, many
+    times the cost of the pages themselves; a small page costs a bounded fault. For work that fills
+    many new arrays once (a shard's build). Nested and concurrent blocks restore numpy's setting when
+    the last one exits."""
+    setter = _numpy_huge_pages()
+    if setter is None:
+        yield
+        return
+    with _small_lock:
+        if not _small[0]:
+            _small.append(bool(setter(False)))  # numpy's own setting, restored by the last to exit
+        _small[0] += 1
+    try:
+        yield
+    finally:
+        with _small_lock:
+            _small[0] -= 1
+            if not _small[0]:
+                setter(_small.pop())
 
 
 @functools.cache

@@ -37,7 +37,7 @@ __all__ = [
     "chunks",
 ]
 
-READ = 16 << 20  # bytes per sequential read of a slice, counting its lines
+READ = 4 << 20  # bytes per sequential read of a slice, counting its lines (the scan finds them in cache)
 _PROBE = 4096  # bytes first looked at to find where a slice starts (doubled until a newline is found)
 
 
@@ -240,24 +240,31 @@ class Reading(SourceReading):
 def chunks(reading: Reading, lo: int, hi: int) -> Iterator[tuple[npt.NDArray[np.uint8], int, bool]]:
     """``(buf, offset, last)``: bytes ``[lo, hi)`` of the text, :data:`READ` bytes a read, in pieces
     that each end at a line boundary (``last``: the piece ends the text, so bytes after its final
-    newline form a line). ``lo`` starts a line; ``hi`` ends one or the text."""
-    carry: npt.NDArray[np.uint8] = np.zeros(0, np.uint8)
-    pos = lo
+    newline form a line). ``lo`` starts a line; ``hi`` ends one or the text. Every piece is a view of
+    one buffer, read into again for the next piece: it is valid until the next is asked for."""
+    # One buffer for every read: fresh memory is paid for page by page (zeroed by the kernel), and
+    # a new buffer a read would cost that for the whole slice; it grows only for a line longer than a read.
+    space: npt.NDArray[np.uint8] = np.empty(min(READ, max(hi - lo, 0)), np.uint8)
+    kept, pos = 0, lo  # bytes of an unfinished line at the start of space
     while pos < hi:
         n = min(READ, hi - pos)
-        buf = np.empty(carry.size + n, np.uint8)
-        buf[: carry.size] = carry
-        reading.read_into(buf[carry.size :], pos, until=hi)
-        start, pos = pos - carry.size, pos + n
+        if kept + n > space.size:
+            grown = np.empty(kept + n, np.uint8)
+            grown[:kept] = space[:kept]
+            space = grown
+        buf = space[: kept + n]
+        reading.read_into(buf[kept:], pos, until=hi)
+        start, pos = pos - kept, pos + n
         if pos >= hi:
             yield buf, start, hi == reading.text.size
             return
         cut = _last_newline(buf)
         if cut < 0:  # a line longer than a read: read on
-            carry = buf
+            kept = buf.size
             continue
         yield buf[: cut + 1], start, False
-        carry = buf[cut + 1 :].copy()
+        kept = buf.size - cut - 1
+        space[:kept] = buf[cut + 1 :]  # (numpy copies overlapping ranges as if through a temporary)
 
 
 def _last_newline(buf: npt.NDArray[np.uint8]) -> int:

@@ -73,7 +73,8 @@ class Local:
     Args:
         net: the reader's collectives.
         starts: where each sample of this rank's slice starts (from the slice's start) and...
-        lengths: ...its length (the dtype every rank's lengths have).
+        lengths: ...its length, each in parts, back to back.
+        dtypes: the table's widths: of the starts, and of the lengths (every rank's lengths have one).
         round_bytes: the most bytes of the slice a round reads.
         hosts: each rank's host (None: each rank's :func:`~rank_dataset.core.shm.host_key`, gathered).
     """
@@ -81,21 +82,24 @@ class Local:
     def __init__(
         self,
         net: Collectives,
-        starts: npt.NDArray[Any],
-        lengths: npt.NDArray[Any],
+        starts: Sequence[npt.NDArray[Any]],
+        lengths: Sequence[npt.NDArray[Any]],
+        dtypes: tuple[np.dtype[Any], np.dtype[Any]],
         round_bytes: int,
         hosts: Sequence[Hashable] | None = None,
     ) -> None:
         w, rank = net.world_size, net.rank
+        n = sum(p.size for p in starts)
         starts_at = _align(_HEAD + 2 * round_bytes)
-        lengths_at = _align(starts_at + starts.nbytes)
-        layout: _Layout = (round_bytes, starts_at, starts.dtype.str, lengths_at, lengths.dtype.str, starts.size)
-        segment = shm.Segment(lengths_at + lengths.nbytes + 8, name="rank_dataset_exchange")
+        lengths_at = _align(starts_at + n * dtypes[0].itemsize)
+        layout: _Layout = (round_bytes, starts_at, dtypes[0].str, lengths_at, dtypes[1].str, n)
+        segment = shm.Segment(lengths_at + n * dtypes[1].itemsize + 8, name="rank_dataset_exchange")
         try:
             #: This rank's own segment, writable.
             self.mine = _view(segment.map(), layout)
-            self.mine.starts[:] = starts
-            self.mine.lengths[:] = lengths
+            if n:  # the count's parts written once, into the table (every value fits its width)
+                np.concatenate(starts, out=self.mine.starts, casting="unsafe")
+                np.concatenate(lengths, out=self.mine.lengths, casting="unsafe")
             key = shm.host_key() if hosts is None else None
             every = net.all_gather_object((key, segment.handle, layout), "the hosts' shared segments")
             keys = [e[0] for e in every] if hosts is None else list(hosts)
@@ -109,7 +113,7 @@ class Local:
                         failed = exc
             # Once every rank has mapped what it maps, the mappings alone hold the memory. The same
             # all-gather tells every rank the longest line of all (the lengths' width on the wire).
-            longest = int(lengths.max()) if lengths.size else 0
+            longest = int(self.mine.lengths.max()) if n else 0
             told = net.all_gather(np.array([failed is None, longest], np.int64), "the hosts' shared segments")
             oks = told[:, 0]
         finally:

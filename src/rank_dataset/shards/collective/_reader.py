@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rank_dataset.core.checks import meta_path, timeout_timedelta
+from rank_dataset.core.residency import small_pages
 from rank_dataset.core.shard import Shard
 from rank_dataset.files.formats import TEXT, detect_path
 from rank_dataset.files.index.load import check_columns, refuse_cut_parquet
@@ -73,7 +74,8 @@ class CollectiveReader(SampledReader):
         self._net = Collectives(group, timeout)
         self.rank, self.world_size = self._net.rank, self._net.world_size
         try:
-            self._setup(self._net, sources, agree, chosen)
+            with small_pages():  # the count's and the tables' new arrays (see small_pages)
+                self._setup(self._net, sources, agree, chosen)
         except BaseException:
             self.close()
             raise
@@ -138,7 +140,8 @@ class CollectiveReader(SampledReader):
             raise ValueError("this collective reader was closed (or is a copy in a DataLoader worker): it cannot build")
         self._net.epoch = spec.epoch
         assert self._sampling is not None
-        shard, exchanged = self._exchange.build(self._sampling.samples_of(spec), self.keeps_ids)
+        with small_pages():  # the plan's, the routing's and the offsets' new arrays, each filled once
+            shard, exchanged = self._exchange.build(self._sampling.samples_of(spec), self.keeps_ids)
         self.stats = {"read": self._slices.read_bytes(), **exchanged}
         return shard
 

@@ -48,7 +48,7 @@ class Exchange:
         net: the reader's collectives.
         slices: the slices, as counted.
         starts: where each sample of this rank's slice starts (from the slice's start) and...
-        lengths: ...its length, as the count found them.
+        lengths: ...its length, as the count found them: each in parts, back to back.
         hosts: each rank's host (None: found, see :func:`~rank_dataset.core.shm.host_key`).
     """
 
@@ -56,8 +56,8 @@ class Exchange:
         self,
         net: Collectives,
         slices: Slices,
-        starts: npt.NDArray[Any],
-        lengths: npt.NDArray[Any],
+        starts: Sequence[npt.NDArray[Any]],
+        lengths: Sequence[npt.NDArray[Any]],
         hosts: Sequence[Hashable] | None = None,
     ) -> None:
         self.net, self.slices = net, slices
@@ -68,8 +68,11 @@ class Exchange:
         # The exchange runs in rounds: in round k each owner reads and serves its samples
         # [k * per_round, (k + 1) * per_round), about ROUND bytes of lines.
         self.per_round, self.rounds = _routing.rounds_of(slices.held, slices.text_bytes, ROUND)
-        edges = np.concatenate(([0], starts[self.per_round :: self.per_round], [slices.slice_bytes]))
-        self.local = Local(net, starts, lengths.astype(self.len_dtype, copy=False), int(np.diff(edges).max()), hosts)
+        held = int(slices.held[net.rank])
+        firsts = _routing.take_parts(starts, np.arange(self.per_round, held, self.per_round, dtype=np.int64))
+        edges = np.concatenate(([0], firsts, [slices.slice_bytes]))
+        dtypes = (offset_dtype(slices.slice_bytes), self.len_dtype)
+        self.local = Local(net, starts, lengths, dtypes, int(np.diff(edges).max()), hosts)
         # The table lives in the shared segment (its host's ranks look lengths up there), not twice.
         self.starts, self.lengths = self.local.mine.starts, self.local.mine.lengths
         # Lengths cross gloo a byte each where every line is under 256 bytes (most meta files), so that a
@@ -112,10 +115,12 @@ class Exchange:
             # then they are asked for, served and placed in the slice's order.
             held = self.slices.held
             far_request, send_req = self._far_requests(request, order, ask, far_ask)
-            got_req = _routing.request_bytes(np.full(w, held[net.rank]), asks, request.itemsize)
+            mine = np.full(w, held[net.rank])
+            bitmap = _routing.bitmapped(mine, asks, request.itemsize)
+            got_req = _routing.request_bytes(mine, asks, request.itemsize, bitmap)
             raw = net.all_to_all(far_request, send_req, "the requests", out_splits=got_req)
             del far_request
-            requests = self._requests_of(raw, got_req, asks, int(held[net.rank]), request.dtype)
+            requests = self._requests_of(raw, got_req, bitmap, int(held[net.rank]), request.dtype)
             req_sent, req_received = int(send_req.sum()), raw.nbytes
             del raw
             # Lengths (from what the count of lines found): the shard's offsets, before any line moves.
@@ -212,8 +217,8 @@ class Exchange:
         (:func:`~rank_dataset.shards.collective._routing.bitmapped`). For a bitmap, its part of ``request``
         and of ``order`` is put in the slice's order here (in place), as the owner serves it."""
         held, itemsize = self.slices.held, request.itemsize
-        sizes = _routing.request_bytes(held, far_ask, itemsize)
         bitmap = _routing.bitmapped(held, far_ask, itemsize)
+        sizes = _routing.request_bytes(held, far_ask, itemsize, bitmap)
         out = np.empty(int(sizes.sum()), np.uint8)
         starts, at = _routing.exclusive(ask), 0
         for o in np.flatnonzero(far_ask).tolist():
@@ -234,11 +239,11 @@ class Exchange:
         return out, sizes
 
     @staticmethod
-    def _requests_of(raw: npt.NDArray[np.uint8], sizes: _Ints, asks: _Ints, held: int, dtype: Any) -> npt.NDArray[Any]:
+    def _requests_of(
+        raw: npt.NDArray[np.uint8], sizes: _Ints, bitmap: npt.NDArray[np.bool_], held: int, dtype: Any
+    ) -> npt.NDArray[Any]:
         """The numbers each rank asked this one for (in rank order, each rank's grouped by round), from what
-        they sent (``sizes`` bytes each: a bitmap of this slice, or ``asks`` numbers of ``dtype``)."""
-        itemsize = np.dtype(dtype).itemsize
-        bitmap = _routing.bitmapped(np.full(sizes.size, held), asks, itemsize)
+        they sent (``sizes`` bytes each: where ``bitmap``, a bitmap of this slice; else numbers of ``dtype``)."""
         parts, at = [np.zeros(0, dtype)], 0
         for r, size in enumerate(sizes.tolist()):
             piece = raw[at : at + size]

@@ -27,6 +27,7 @@ __all__ = [
     "rounds_of",
     "split_sums",
     "starts_of",
+    "take_parts",
 ]
 
 _Ints = npt.NDArray[np.int64]
@@ -57,6 +58,13 @@ def ranges(starts: _Ints, counts: _Ints) -> _Ints:
     out = np.repeat(starts - exclusive(counts), counts)
     out += np.arange(total, dtype=np.int64)
     return out
+
+
+def take_parts(parts: Sequence[npt.NDArray[Any]], rows: _Ints) -> _Ints:
+    """``np.concatenate(parts)[rows]``, without joining the parts (each of ``rows`` below their total)."""
+    at = offsets([p.size for p in parts])
+    which = np.searchsorted(at, rows, side="right") - 1
+    return np.array([int(parts[i][r - at[i]]) for i, r in zip(which.tolist(), np.asarray(rows).tolist())], np.int64)
 
 
 def split_sums(lengths: _Ints, splits: _Ints) -> _Ints:
@@ -120,8 +128,10 @@ def bitmapped(held: _Ints, asks: _Ints, itemsize: int) -> npt.NDArray[np.bool_]:
     return (np.asarray(held, np.int64) + 7) // 8 < np.asarray(asks, np.int64) * itemsize
 
 
-def request_bytes(held: _Ints, asks: _Ints, itemsize: int) -> _Ints:
-    """The bytes of the requests to each owner, as :func:`bitmapped` sends them."""
+def request_bytes(held: _Ints, asks: _Ints, itemsize: int, bitmap: npt.NDArray[np.bool_] | None = None) -> _Ints:
+    """The bytes of the requests to each owner, as :func:`bitmapped` sends them (``bitmap``: what it gives
+    for these arguments, where the caller has it)."""
     held, asks = np.asarray(held, np.int64), np.asarray(asks, np.int64)
-    out: _Ints = np.where(bitmapped(held, asks, itemsize), (held + 7) // 8, asks * itemsize)
+    bitmap = bitmapped(held, asks, itemsize) if bitmap is None else bitmap
+    out: _Ints = np.where(bitmap, (held + 7) // 8, asks * itemsize)
     return out

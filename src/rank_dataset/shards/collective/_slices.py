@@ -113,11 +113,12 @@ def count_slices(
     formats: Sequence[Format],
     columns: Sequence[tuple[str, ...] | None],
     checkpoints: Sequence[Checkpoints | None],
-) -> tuple[Slices, npt.NDArray[Any], npt.NDArray[Any]]:
+) -> tuple[Slices, list[npt.NDArray[Any]], list[npt.NDArray[Any]]]:
     """Cut the files into slices, count this rank's lines, and place every slice by one all-gather of
     each rank's samples, newlines and bytes of text in each file (and whether it could count them: an
     error met by any rank is raised on every rank). Also where each sample of this rank's slice starts
-    (from the slice's start, in bytes of text) and its length."""
+    (from the slice's start, in bytes of text) and its length, in parts (one a read, in order: the
+    exchange writes them once, into its shared table)."""
     w, files = net.world_size, len(paths)
     failure = None
     try:
@@ -136,7 +137,7 @@ def count_slices(
         if failure is None:
             raise
         counts = np.zeros((3, files), np.int64)
-        starts = lengths = np.zeros(0, np.int64)
+        starts, lengths = [], []
     mine = np.concatenate([counts.reshape(-1), [failure is not None]])
     table = net.all_gather(mine, "the count of lines")
     raise_reported(net, table[:, -1], failure)
@@ -155,31 +156,27 @@ def _cut(texts: Sequence[Text | RowsText], offsets: _Ints, x: int) -> int:
 
 def _count(
     texts: Sequence[Text | RowsText], offsets: _Ints, lo: int, hi: int
-) -> tuple[_Ints, npt.NDArray[Any], npt.NDArray[Any]]:
+) -> tuple[_Ints, list[npt.NDArray[Any]], list[npt.NDArray[Any]]]:
     """``(3, files)``: the samples, the newlines and the bytes of text of each file in the planned
     range ``[lo, hi)``; and where each sample starts (from the slice's start, in bytes of text)
-    and its length."""
+    and its length, in parts."""
     counts = np.zeros((3, len(texts)), np.int64)
     pieces = list(_routing.pieces(offsets, lo, hi))
     # A Parquet file's text may be longer than planned: its starts in 8 bytes until the end.
     rows = any(isinstance(texts[f], RowsText) for f, _, _ in pieces)
     dtype = np.dtype(np.int64) if rows else offset_dtype(hi - lo)
-    starts: list[npt.NDArray[Any]] = [np.zeros(0, dtype)]
-    lengths: list[npt.NDArray[Any]] = [np.zeros(0, dtype)]
+    starts: list[npt.NDArray[Any]] = []
+    lengths: list[npt.NDArray[Any]] = []
     done = 0  # bytes of text of the slice before the piece's
     for f, a, b in pieces:
         for lines in texts[f].count(a, b):
             counts[:, f] += (lines.starts.size, lines.newlines, lines.nbytes)
-            # From the slice's start, straight into the table's width (no 8-byte copy on the way).
+            # From the slice's start, in the table's width; kept in parts, never joined here (a joined
+            # copy would be new memory the size of the table, written once more).
             starts.append(np.add(lines.starts, done, out=np.empty(lines.starts.size, dtype), casting="unsafe"))
             lengths.append(lines.lengths.astype(dtype))
         done += int(counts[2, f])
-    dtype = offset_dtype(done)
-    return (
-        counts,
-        np.concatenate(starts).astype(dtype, copy=False),
-        np.concatenate(lengths).astype(dtype, copy=False),
-    )
+    return counts, starts, lengths
 
 
 def shared_checkpoints(
