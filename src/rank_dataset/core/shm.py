@@ -31,10 +31,11 @@ import tempfile
 import threading
 import weakref
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["HOST_ENV", "Handle", "Segment", "SegmentGone", "attach", "host_key"]
+__all__ = ["HOST_ENV", "Handle", "Segment", "SegmentGone", "Table", "attach", "host_key"]
 
+_T = TypeVar("_T", bound="Table")
 _SHM_DIR = "/dev/shm"
 TAG_ENV = "RANK_DATASET_SHM_TAG"
 #: For tests only: a host name that replaces :func:`host_key`'s, so that the ranks of one machine stand
@@ -181,6 +182,29 @@ def attach(handle: Handle, *, writable: bool = False) -> mmap.mmap:
         return mmap.mmap(fd, handle.size, access=access)
     finally:
         os.close(fd)
+
+
+class Table:
+    """A fixed-size shared table of ``SIZE`` bytes: :meth:`create` in the rank (which holds its segment),
+    :meth:`attach` to its handle elsewhere; it pickles to that handle."""
+
+    SIZE: int
+    NAME: str
+
+    def __init__(self, mm: mmap.mmap, handle: Handle, segment: Segment | None) -> None:
+        self._mm, self.handle, self.segment = mm, handle, segment
+
+    @classmethod
+    def create(cls: type[_T]) -> _T:
+        segment = Segment(cls.SIZE, name=cls.NAME)
+        return cls(segment.map(), segment.handle, segment)
+
+    @classmethod
+    def attach(cls: type[_T], handle: Handle) -> _T:
+        return cls(attach(handle, writable=True), handle, None)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self).attach, (self.handle,))
 
 
 def _release(fd: int, path: str, creator: int) -> None:

@@ -50,6 +50,7 @@ __all__ = [
     "stage_of_thread",
     "timed",
     "timed_result",
+    "worker_id",
 ]
 
 _T = TypeVar("_T")
@@ -161,34 +162,23 @@ os.register_at_fork(after_in_child=_after_fork)
 _dump_files: list[IO[bytes]] = []  # kept open for faulthandler (it writes to their descriptors)
 
 
-def _worker_id() -> int | None:
+def worker_id() -> int | None:
     """This process's DataLoader worker id, or None outside a worker (torch is there in a worker)."""
     data = sys.modules.get("torch.utils.data")
     info = data.get_worker_info() if data is not None else None
     return None if info is None else int(info.id)
 
 
-class StageTable:
+class StageTable(_shm.Table):
     """A dataset's item-stage table: :meth:`create` in the rank; pickles to a handle for spawned workers."""
 
+    SIZE, NAME = SIZE, "rank_dataset_stages"
+
     def __init__(self, mm: mmap.mmap, handle: _shm.Handle, segment: _shm.Segment | None) -> None:
-        self._mm = mm
-        self.handle, self._segment = handle, segment
+        super().__init__(mm, handle, segment)
         self.words = memoryview(mm).cast("q")  # word ON: read per item by the dataset
         self._claimed: tuple[int, int] | None = None  # (forks, dump generation) when this process claimed
         self.row = 0  # the first word of this process's row
-
-    @classmethod
-    def create(cls) -> StageTable:
-        segment = _shm.Segment(SIZE, name="rank_dataset_stages")
-        return cls(segment.map(), segment.handle, segment)
-
-    @classmethod
-    def attach(cls, handle: _shm.Handle) -> StageTable:
-        return cls(_shm.attach(handle, writable=True), handle, None)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (StageTable.attach, (self.handle,))
 
     # -- the rank's side ---------------------------------------------------------------------------
 
@@ -224,7 +214,7 @@ class StageTable:
         state = (_forks, int(self.words[DUMP_GEN]))
         if self._claimed == state:
             return self.row
-        worker = _worker_id()
+        worker = worker_id()
         reader = 0 if worker is None else worker + 1
         if reader >= ROWS:
             reader = ROWS - 1  # workers past the table share its last row (their times still count)

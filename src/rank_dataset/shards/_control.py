@@ -63,24 +63,15 @@ class Snapshot:
         return None
 
 
-class ControlBlock:
+class ControlBlock(_shm.Table):
     """A control block: :meth:`create` in the rank, :meth:`attach` in a worker."""
 
+    SIZE, NAME = SIZE, "rank_dataset_control"
+
     def __init__(self, mm: mmap.mmap, handle: _shm.Handle, segment: _shm.Segment | None) -> None:
-        self._mm = mm
+        super().__init__(mm, handle, segment)
         self.words = memoryview(mm).cast("Q")
-        self.handle = handle
-        self.segment = segment  # the creator's hold on it
         self._lock = threading.Lock()
-
-    @classmethod
-    def create(cls) -> ControlBlock:
-        segment = _shm.Segment(SIZE, name="rank_dataset_control")
-        return cls(segment.map(), segment.handle, segment)
-
-    @classmethod
-    def attach(cls, handle: _shm.Handle) -> ControlBlock:
-        return cls(_shm.attach(handle, writable=True), handle, None)
 
     # -- the rank's writes ------------------------------------------------------------------------
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 from rank_dataset.core import shm as _shm
 from rank_dataset.core.shard import Shard
+from rank_dataset.core.stages import worker_id
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.shards._control import ControlBlock
 from rank_dataset.shards.audit import AuditMode, PassAudit, PassCount
@@ -39,13 +39,6 @@ __all__ = ["ShardChannel", "pass_of"]
 # segment of its own, which the control block's record names: the control block stays small whatever
 # the number of sources.
 _INLINE = 4 << 10
-
-
-def _worker_id() -> int | None:
-    """This process's DataLoader worker id, or None outside a worker (torch is there in a worker)."""
-    data = sys.modules.get("torch.utils.data")
-    info = data.get_worker_info() if data is not None else None
-    return None if info is None else int(info.id)
 
 
 class ShardChannel:
@@ -183,7 +176,7 @@ class ShardChannel:
             raise RuntimeError("this dataset's channel keeps no failure records (on_error is not 'replace')")
         reader = self._reader
         if not self.is_owner and reader == 0:  # a worker not yet told its pass: its id, else a copy
-            worker = _worker_id()
+            worker = worker_id()
             reader = self._reader = -1 if worker is None else worker + 1
         return self.failure_log.add(reader, self._passes, failure)
 
@@ -262,7 +255,7 @@ class ShardChannel:
         if managed and snap.passes != self._passes:
             self._ctl.join(snap.passes)
             self._passes = snap.passes
-            reader = _worker_id()
+            reader = worker_id()
             if reader is None:  # a copy of the dataset outside a DataLoader worker: not audited
                 self.pass_audit.stop()
                 self._reader = -1

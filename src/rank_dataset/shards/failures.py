@@ -94,27 +94,16 @@ def _decode(raw: bytes) -> Failure:
     return Failure(sample, where, error, epoch, mini, position)
 
 
-class FailureLog:
+class FailureLog(_shm.Table):
     """A dataset's failure records in shared memory: :meth:`create` in the rank, a handle to workers."""
 
+    SIZE, NAME = SIZE, "rank_dataset_failures"
+
     def __init__(self, mm: mmap.mmap, handle: _shm.Handle, segment: _shm.Segment | None) -> None:
-        self._mm = mm
+        super().__init__(mm, handle, segment)
         self._words = memoryview(mm).cast("q")
-        self.handle, self._segment = handle, segment
         self._collected = [0] * READERS  # (rank) records of each reader collected so far
         self._own: dict[int, int] = {}  # failures counted by readers past the table, by pass
-
-    @classmethod
-    def create(cls) -> FailureLog:
-        segment = _shm.Segment(SIZE, name="rank_dataset_failures")
-        return cls(segment.map(), segment.handle, segment)
-
-    @classmethod
-    def attach(cls, handle: _shm.Handle) -> FailureLog:
-        return cls(_shm.attach(handle, writable=True), handle, None)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (FailureLog.attach, (self.handle,))
 
     def add(self, reader: int, passes: int, failure: Failure) -> int:
         """(Reader ``reader``) record ``failure`` in pass ``passes``; return the failures this rank has
