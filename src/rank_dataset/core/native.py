@@ -1,18 +1,11 @@
-"""The per-line kernels: one object with the functions, arguments and results of their numpy reference
-(:mod:`rank_dataset.core._reference`), the native library (``_kernels.c``, loaded with ctypes) where it
-loads, else that reference. This module's kernel names are the chosen object's.
+"""The per-line kernels: the native library (``_kernels.c``, loaded with ctypes) where it loads, else its
+numpy reference (:mod:`rank_dataset.core._reference`), with the same functions, arguments and results.
 
-``RANK_DATASET_NATIVE`` picks it, once, at the first use of a kernel:
-
-- ``auto`` (the default): the native library if it loads; else numpy, saying so once (a
-  :class:`RuntimeWarning` naming why: no compiler at install, a library that does not load);
-- ``0``: numpy;
-- ``require``: the native library, or an :class:`ImportError` saying why it cannot load.
-
-``RANK_DATASET_NATIVE_LIB`` names another build of the library (the sanitizer build of ``make test-asan``);
-its kernels check every span against its buffer (a ValueError, never a read outside it). ``FUSED``: whether
-:func:`check_lines` and :func:`gather_lines` check a window's rows in one pass, newlines inside rows
-included. :func:`describe` says which kernels run (``rank-dataset --version`` prints it).
+``RANK_DATASET_NATIVE`` picks them, once, at the first use of a kernel: ``auto`` (the default: the library,
+else numpy with a :class:`RuntimeWarning` saying why), ``0`` (numpy) or ``require`` (the library, or an
+:class:`ImportError` saying why it cannot load). ``RANK_DATASET_NATIVE_LIB`` names another build of the
+library (the sanitizer build). ``FUSED``: whether :func:`check_lines` and :func:`gather_lines` check a
+window's rows in one pass, newlines inside rows included. :func:`describe` says which kernels run.
 
 Examples:
     >>> import numpy as np
