@@ -7,16 +7,8 @@ copies). Items are split by *epoch of the stream* (epoch ``e`` holds draws ``[e 
 ceil(N / k)``; for batches by shape, the epoch in which a batch is completed), and by source (the sources of a
 mix in order; one source without a mix).
 
-The cost, for ``t`` steps over ``E`` epochs of ``S`` sources:
-
-- without a mix: O(E), closed form;
-- a mix by epochs: O(E x S) for the whole epochs; the epoch in progress is split by evaluating its slot
-  permutation (:meth:`MixPlan.locate`'s) over the draws taken of it, vectorised, and the counter keeps that
-  prefix so that a later call adds only the draws since (a monitor's summary every ``every`` steps evaluates
-  ``every`` global batches' slots, a small part of what the loader itself computes);
-- a mix by steps (:mod:`rank_dataset.plan.step_mix`): O(runs x S) over the runs of one batch size and one set
-  of rules, plus the one global batch that straddles each epoch's start (its slot shuffle, O(B));
-- batches by shape: by count, O(E); by budget, each epoch's batch table once (O(N) an epoch, kept).
+Whole epochs are counted in closed form; an epoch in progress of a mix evaluates its slot permutation over the
+draws taken of it once (kept: a later call adds only the draws since).
 """
 
 from __future__ import annotations

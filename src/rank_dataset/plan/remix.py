@@ -24,8 +24,7 @@ The new segment's own epochs (of a mix by epochs: its interleaving and its sched
 edit; a mix by steps reads its rules at the run's steps. What the chain of segments needs is its mixes (sizes,
 counts, rules, each source's identity and fingerprint) and the edits' steps: a state of a few hundred bytes a
 source and edit, never of the samples. Building a chain walks the rest of the old epoch in progress and the new
-mix's draws until the pending items are read, once a process (O(T0) work for comparable shares; the pending items
-held in memory, 8 bytes each, with their positions).
+mix's draws until the pending items are read, once a process.
 """
 
 from __future__ import annotations

@@ -34,13 +34,7 @@ Windows (the shards) are cut on the epoch's draws as in :mod:`rank_dataset.plan.
 lie in earlier windows (or epochs, for a carried run); the shard reads them again by their positions, which
 are counted from the start of epoch ``e`` (negative for an earlier epoch).
 
-Cost: one epoch's table is one pass over its ``N`` draws: the permutation, and with several buckets a gather of
-their keys (2 bytes a draw) and a counting sort (the native ``bucket_order``); by budget, a gather of the costs
-and the greedy packing (the native ``pack_runs``). The table holds the batches alone (each a bucket and a range of
-its stream, ``N / B`` rows). A window's shard is then numpy over the rank's samples of its batches (by count), or
-over every sample of its batches (by budget: the split, the native ``split_costs``, needs each cost of a batch).
-With the epoch's order a uniform permutation of ``N``, the epoch's pass is the floor for one rank: when a batch is
-emitted depends on the buckets (by budget, the costs) of every draw before it in the epoch.
+An epoch's table of batches (each a bucket and a range of its stream) is one pass over its ``N`` draws.
 """
 
 from __future__ import annotations

@@ -6,18 +6,11 @@ epochs: samples lost, others duplicated. :func:`check_ranks_agree` catches that 
 is initialised, and raises the same :class:`RanksDisagreeError` on every rank (so no rank hangs in
 a later collective while another has failed).
 
-The collective: each rank hashes its fields into a fixed-size int64 tensor (32 slots, 256 bytes)
-and one ``all_gather`` collects them. A fixed-size tensor of hashes, not ``all_gather_object``:
-``all_gather_object`` costs two collectives (sizes, then bytes) and pickling, and a fixed size means
-ranks running different code still meet in the same collective. Not an ``all_reduce`` (MAX of each hash
-and its complement, a payload independent of the world size): the gathered hashes say which ranks
-differ. The tensor lives on the CPU
-whenever the group has a CPU backend (gloo, or ``"cpu:gloo,cuda:nccl"``, torch's default when CUDA
-is available), so no device copy; for a group without one (NCCL alone) it goes on the current
-device of the group's first backend (``torch.cuda.current_device()``), as torch's own object
-collectives do. Only when the hashes differ (every rank sees the same gathered hashes, so every
-rank takes that path together) does a second collective (``all_gather_object``) fetch the values
-themselves, to name them in the error.
+The collective: each rank hashes its fields into a fixed-size int64 tensor (32 slots) and one ``all_gather``
+collects them (a fixed size, so that ranks running different code still meet in the same collective; gathered,
+so that the error names the ranks that differ). The tensor is on the CPU where the group has a CPU backend, else
+on the current device of its first backend, as torch's object collectives do. Only when the hashes differ (on
+every rank together) does an ``all_gather_object`` fetch the values themselves, to name them in the error.
 
 torch is imported lazily: this module imports without it, and without torch there is no process
 group, hence nothing to check.
