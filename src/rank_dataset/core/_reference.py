@@ -15,6 +15,8 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums, ranges
+
 __all__ = [
     "BLANK",
     "BOM",
@@ -81,13 +83,6 @@ class LineScan(NamedTuple):
     ascii: bool
     newlines: int
     marks: npt.NDArray[np.int64]
-
-
-def _offsets(lengths: Any) -> npt.NDArray[np.int64]:
-    """``n + 1`` offsets of ``lengths`` laid back to back from 0: where each starts, then where the last ends."""
-    out = np.zeros(np.size(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return out
 
 
 def count_byte(buf: npt.NDArray[np.uint8], byte: int = NEWLINE) -> int:
@@ -172,7 +167,7 @@ def copy_rows(
     total = int(lengths.sum())
     if total <= _BYTEWISE_MAX:
         # Few bytes: one gather of every byte, from where each row's bytes are to where they go.
-        step = np.arange(total, dtype=np.int64) - np.repeat(_offsets(lengths)[:-1], lengths)
+        step = np.arange(total, dtype=np.int64) - np.repeat(prefix_sums(lengths)[:-1], lengths)
         dst[np.repeat(np.asarray(dst_starts, np.int64), lengths) + step] = src[
             np.repeat(np.asarray(src_starts, np.int64), lengths) + step
         ]
@@ -409,7 +404,7 @@ def pack_runs(costs: Any, bounds: Any, limit: int, fill: Any) -> tuple[npt.NDArr
         raise ValueError(f"cost {int(c[bad[0]])} of item {int(bad[0])} is outside [0, {limit}]")
     starts = np.zeros(c.size, np.uint8)
     totals = f.copy()
-    cum = np.concatenate(([0], np.cumsum(c)))
+    cum = prefix_sums(c)
     for seg in range(f.size):
         i, z, t = int(b[seg]), int(b[seg + 1]), int(f[seg])
         while i < z:  # one search per run: items [i, j) fit what is left of the run
@@ -520,21 +515,16 @@ def gather_lines(
 # -- the collective reader's exchange (rank_dataset.shards.collective) ---------------------------------
 
 
-def _ranges(at: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """``[at[0], at[0] + counts[0]), [at[1], ...), ...`` one after the other."""
-    return np.repeat(at - _offsets(counts)[:-1], counts) + np.arange(int(counts.sum()), dtype=np.int64)
-
-
 def _split_sums(values: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """The sum of each consecutive group of ``values``, ``counts[k]`` of them in group ``k``."""
-    ends, cuts = _offsets(values), _offsets(counts)
+    ends, cuts = prefix_sums(values), prefix_sums(counts)
     return ends[cuts[1:]] - ends[cuts[:-1]]
 
 
 def _part_places(ln: npt.NDArray[np.int64], counts: npt.NDArray[np.int64], head: int) -> npt.NDArray[np.int64]:
     """Where each line goes in parts laid back to back, part ``k`` being ``head`` bytes, then its
     ``counts[k]`` lines of ``ln`` bytes back to back."""
-    return _offsets(ln)[:-1] + head * np.repeat(np.arange(1, counts.size + 1, dtype=np.int64), counts)
+    return prefix_sums(ln)[:-1] + head * np.repeat(np.arange(1, counts.size + 1, dtype=np.int64), counts)
 
 
 def _checked_parts(at: Any, counts: Any, size: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -619,7 +609,7 @@ def pack_requests(
     if np.shape(lengths) != np.shape(rows):
         raise ValueError(f"{np.size(rows)} rows and {np.size(lengths)} lengths")
     at, counts = _checked_parts(at, counts, rows.size)
-    i = _ranges(at, counts)
+    i = ranges(at, counts)
     r = np.asarray(rows, np.int64)[i]
     if r.size and (int(r.min()) < 0 or int(r.max()) >= starts.size):
         raise ValueError(f"a row outside [0, {starts.size})")
@@ -629,7 +619,7 @@ def pack_requests(
         return sizes
     if send.size != int(sizes.sum()):
         raise ValueError(f"{send.size} bytes to send, not {int(sizes.sum())}")
-    heads = (_offsets(sizes)[:-1, None] + np.arange(head)).reshape(-1)
+    heads = (prefix_sums(sizes)[:-1, None] + np.arange(head)).reshape(-1)
     if status:
         send[:] = 0
         send[heads] = status
@@ -656,7 +646,7 @@ def place_lines(
     back to back: ``head`` bytes, then the lines of the items ``order[at[o]:at[o] + counts[o]]`` back
     to back; item ``row``'s line goes to ``data[bounds[row]:bounds[row + 1]]``."""
     at, counts = _checked_parts(at, counts, order.size)
-    idx = np.asarray(order, np.int64)[_ranges(at, counts)]
+    idx = np.asarray(order, np.int64)[ranges(at, counts)]
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= bounds.size - 1):
         raise ValueError(f"an item outside [0, {bounds.size - 1})")
     dst = np.asarray(bounds, np.int64)[idx]
