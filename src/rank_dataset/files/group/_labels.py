@@ -23,6 +23,7 @@ from rank_dataset.files.group._block_labels import PAD, BlockLabels, block_label
 from rank_dataset.files.group._lines import ParquetLines, TextLines
 from rank_dataset.files.index.scan import CR, NEWLINE, chunk_bounds
 from rank_dataset.files.io.pread import ShortRead
+from rank_dataset.files.read.lines import line_pieces
 
 _CHUNK = 8 << 20  # bytes of the file parsed at a time for key="label": a block's temporaries stay in cache
 
@@ -59,14 +60,14 @@ def label_grouping(lines: TextLines, place: Place) -> Grouping:
     fd, size = lines.fd, lines.index.size
     scratch = threading.local()
 
-    def part(lo: int, hi: int, data: memoryview | None = None) -> _SortedBlock:
+    def part(lo: int, hi: int, data: npt.NDArray[np.uint8] | None = None) -> _SortedBlock:
         buf = getattr(scratch, "buf", None)
         if buf is None or buf.size < PAD + hi - lo + 1:
             buf = scratch.buf = np.empty(max(PAD + _CHUNK + 1, PAD + hi - lo + 1), np.uint8)
         end = PAD + hi - lo
         buf[:PAD] = NEWLINE
         if data is not None:
-            buf[PAD:end] = np.frombuffer(data, np.uint8)
+            buf[PAD:end] = data
         else:
             try:
                 lines.source.read_into(buf[PAD:end], lo)
@@ -89,12 +90,14 @@ def label_grouping(lines: TextLines, place: Place) -> Grouping:
                     bounds = chunk_bounds(cast(BinaryIO, f), size, _CHUNK)
                 parsing = [pool.submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
             else:
-                read = 0
-                for lo, data in lines.stream.chunks(_CHUNK):
-                    parsing.append(pool.submit(part, lo, lo + len(data), data))
-                    read = lo + len(data)
-                    if len(parsing) > THREADS:  # hold the bytes of a few blocks only
-                        parsing[-THREADS - 1].result()
+                try:
+                    for data, lo in line_pieces(lines.stream.read_into, 0, size, _CHUNK, reuse=False):
+                        parsing.append(pool.submit(part, lo, lo + data.size, data))
+                        if len(parsing) > THREADS:  # hold the bytes of a few blocks only
+                            parsing[-THREADS - 1].result()
+                except ShortRead:
+                    pass  # told below, with the length the bytes have
+                read = lines.stream.total()
                 if read != size:
                     raise MetaFileChangedError(lines.path, f"it decompresses to {read:,} bytes, its index {size:,}")
             parts = [job.result() for job in parsing]  # the first bad line of the file is the one named

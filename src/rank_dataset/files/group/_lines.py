@@ -40,7 +40,7 @@ class _Stream:
         self._held = bytearray()
         self._base = 0  # the offset of _held[0]
 
-    def read_into(self, out: npt.NDArray[np.uint8], lo: int) -> None:
+    def read_into(self, out: npt.NDArray[np.uint8], lo: int, until: int | None = None) -> None:
         """Fill ``out`` with bytes ``[lo, lo + out.size)``; ``lo`` never below an earlier read's.
 
         Raises:
@@ -58,26 +58,9 @@ class _Stream:
         self._base = lo
         out[:] = np.frombuffer(self._held, np.uint8, out.size)
 
-    def chunks(self, size: int) -> Iterator[tuple[int, memoryview]]:
-        """``(offset, bytes)`` of the decompressed bytes in consecutive pieces of about ``size``, each
-        ending just past a newline (the last at the end of the file)."""
-        offset, parts, held = 0, [bytes(self._held)] if self._held else [], len(self._held)
-        self._held.clear()
-        for block in self._blocks:
-            parts.append(block)
-            held += len(block)
-            if held < size:
-                continue
-            data = b"".join(parts)
-            cut = data.rfind(b"\n") + 1
-            if not cut:  # one line longer than size: read on
-                parts = [data]
-                continue
-            yield offset, memoryview(data)[:cut]
-            offset += cut
-            parts, held = [data[cut:]], len(data) - cut
-        if held:
-            yield offset, memoryview(b"".join(parts))
+    def total(self) -> int:
+        """The length of the bytes: what is left of them read (and counted only)."""
+        return self._base + len(self._held) + sum(map(len, self._blocks))
 
 
 class TextLines:
