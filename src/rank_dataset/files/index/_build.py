@@ -235,13 +235,21 @@ def _none() -> None:
 
 
 def cached_index(
-    candidates: list[Path], path: Path, fd: Any, key: SourceKey, ends_hash: bytes, *, distrust: Index | None
+    candidates: list[Path],
+    path: Path,
+    fd: Any,
+    key: SourceKey,
+    ends_hash: bytes,
+    *,
+    distrust: Index | None,
+    tried: Path | None = None,
 ) -> Index:
     """The index of the file open at ``fd`` (a descriptor, or an object's source), ``key`` and
     ``ends_hash`` its identity: from the first of the ``candidates`` caches that holds it, else built
     into the first writable one (one process builds while the others wait, the lock held until the
     cache is sealed), else in memory. The cache ``distrust`` was read from (found inconsistent with
-    the file) is not loaded again; one written anew since, by any process, is.
+    the file) is not loaded again; one written anew since, by any process, is. ``tried``: a candidate
+    the caller has waited for and found without the index, not opened again before its lock is held.
 
     Raises:
         MetaFileChangedError: the file changed while it was being indexed.
@@ -254,9 +262,10 @@ def cached_index(
         written = write_cache(cache, path, fd, key, ends_hash)
         return written[0] if written is not None and written[1].after(held.pop_all()) else None
 
-    for cache in candidates:
+    untried = [cache for cache in candidates if cache != tried]
+    for cache in untried:
         wait_for_seal(cache)
-    for cache in candidates:
+    for cache in untried:
         index = load(cache)
         if index is not None:
             return index
