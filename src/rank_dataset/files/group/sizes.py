@@ -5,7 +5,7 @@ in one pass over a chunk of the file's bytes by the native field kernel, or its 
 cannot judge left to ``str.split`` and ``int``), fields of a JSON line or columns of a Parquet file by name,
 or functions of the line. The result is cached beside the file's index, keyed like it (a changed file is read
 again), built by one process of a node while the others wait
-(:func:`~rank_dataset.files.index.cachelock.load_or_build`), and memory-mapped, so the ranks of a node share one
+(:func:`~rank_dataset.files.index.cachelock.load_or_build_any`), and memory-mapped, so the ranks of a node share one
 copy in the page cache (:mod:`rank_dataset.files.group._cache`).
 """
 
@@ -30,7 +30,7 @@ from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.group._cache import Put, columns_candidates, open_columns, write_columns
 from rank_dataset.files.group._lines import ParquetLines, TextLines, open_checked
 from rank_dataset.files.group.grouping import each_line
-from rank_dataset.files.index.cachelock import load_or_build
+from rank_dataset.files.index.cachelock import load_or_build_any
 from rank_dataset.files.index.load import Index, SpanReader, load_index
 from rank_dataset.files.index.scan import PathLike
 
@@ -127,22 +127,13 @@ def _load_or_read(path: Path, index: Index, width: Field, height: Field, name: s
         _read(path, index, width, height, out, put)
 
     if name is not None:
-        candidates = columns_candidates(path, index, name)
-        for cache in candidates:
-            found = open_columns(cache, index, 2)
-            if found is not None:
-                return found
-        for cache in candidates:
-
-            def load(cache: Path = cache) -> npt.NDArray[np.uint32] | None:
-                return open_columns(cache, index, 2)
-
-            def build(_held: object, cache: Path = cache) -> npt.NDArray[np.uint32] | None:
-                return write_columns(cache, index, 2, fill)
-
-            built = load_or_build(cache, load, build)
-            if built is not None:
-                return built
+        built = load_or_build_any(
+            columns_candidates(path, index, name),
+            lambda cache: open_columns(cache, index, 2),
+            lambda _held, cache: write_columns(cache, index, 2, fill),
+        )
+        if built is not None:
+            return built
     out = np.empty((2, index.count), np.uint32)  # not cached: no name, or no writable place
 
     def put(row: int, first: int, values: npt.NDArray[np.uint32]) -> None:

@@ -4,7 +4,6 @@ compressed file), straight into a cache file, or into memory."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -28,7 +27,7 @@ from rank_dataset.files.index._cachefile import (
     open_cache,
 )
 from rank_dataset.files.index.cache import Seal, Syncer, discard, temp_beside, wait_for_seal
-from rank_dataset.files.index.cachelock import load_or_build
+from rank_dataset.files.index.cachelock import load_or_build_any
 from rank_dataset.files.index.scan import Chunk, scan_blocks, scan_map
 from rank_dataset.files.io import FileKey, SourceKey
 from rank_dataset.files.io.pread import ShortRead
@@ -230,10 +229,6 @@ def index_in_memory(path: Path, fd: Any, key: SourceKey, ends_hash: bytes) -> In
     return built.index(key, ends_hash, None, Table(entries, built.longs, built.marks, built.extra))
 
 
-def _none() -> None:
-    return None
-
-
 def cached_index(
     candidates: list[Path],
     path: Path,
@@ -262,15 +257,10 @@ def cached_index(
         written = write_cache(cache, path, fd, key, ends_hash)
         return written[0] if written is not None and written[1].after(held.pop_all()) else None
 
-    untried = [cache for cache in candidates if cache != tried]
-    for cache in untried:
-        wait_for_seal(cache)
-    for cache in untried:
-        index = load(cache)
-        if index is not None:
-            return index
     for cache in candidates:
-        index = load_or_build(cache, functools.partial(load, cache), functools.partial(build, cache=cache), first=_none)
-        if index is not None:
-            return index
+        if cache != tried:
+            wait_for_seal(cache)
+    index = load_or_build_any(candidates, load, build, tried=tried)
+    if index is not None:
+        return index
     return index_in_memory(path, fd, key, ends_hash)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
-__all__ = ["load_or_build", "lock_path", "one_builder"]
+__all__ = ["load_or_build", "load_or_build_any", "lock_path", "one_builder"]
 
 _T = TypeVar("_T")
 _POLL = 0.05  # seconds between attempts while another process holds the lock
@@ -71,17 +71,10 @@ def one_builder(cache: Path, *, timeout: float | None = None) -> Iterator[bool]:
                 lock.release()
 
 
-def load_or_build(
-    cache: Path,
-    load: Callable[[], _T | None],
-    build: Callable[[contextlib.ExitStack], _T],
-    *,
-    first: Callable[[], _T | None] | None = None,
-) -> _T:
-    """``load()`` if it finds a valid cache (``first()`` instead, before the lock, where given), else
-    ``build(held)`` it with :func:`one_builder`'s lock held, loading first what another process may
-    have built while this one waited. ``held`` holds the lock: a build that goes on after it returns
-    (a cache sealed in the background) takes it with ``held.pop_all()`` and releases it when done.
+def load_or_build(cache: Path, load: Callable[[], _T | None], build: Callable[[contextlib.ExitStack], _T]) -> _T:
+    """``load()`` if it finds a valid cache, else ``build(held)`` it with :func:`one_builder`'s lock held,
+    loading first what another process may have built while this one waited (:func:`load_or_build_any`
+    with one place).
 
     Example:
         >>> import tempfile
@@ -93,10 +86,33 @@ def load_or_build(
         >>> load_or_build(cache, load, build), load_or_build(cache, load, lambda held: 0)
         (42, 42)
     """
-    found = (load if first is None else first)()
-    if found is not None:
-        return found
-    with contextlib.ExitStack() as held:
-        held.enter_context(one_builder(cache))
-        found = load()
-        return found if found is not None else build(held)
+    return cast(_T, load_or_build_any([cache], lambda _: load(), lambda held, _: build(held)))
+
+
+def load_or_build_any(
+    candidates: Sequence[Path],
+    load: Callable[[Path], _T | None],
+    build: Callable[[contextlib.ExitStack, Path], _T | None],
+    *,
+    tried: Path | None = None,
+) -> _T | None:
+    """What ``load(cache)`` finds in the first of ``candidates`` that holds it, else what ``build(held,
+    cache)`` builds into the first place it can (None: it cannot), with :func:`one_builder`'s lock of that
+    place held and loading first what another process may have built while this one waited; None if no
+    place takes it. ``held`` holds the lock: a build that goes on after it returns (a cache sealed in
+    the background) takes it with ``held.pop_all()`` and releases it when done. ``tried``: a candidate
+    the caller has loaded from without result, not loaded again before its lock is held.
+    """
+    for cache in candidates:
+        found = None if cache == tried else load(cache)
+        if found is not None:
+            return found
+    for cache in candidates:
+        with contextlib.ExitStack() as held:
+            held.enter_context(one_builder(cache))
+            found = load(cache)
+            if found is None:
+                found = build(held, cache)
+        if found is not None:
+            return found
+    return None
