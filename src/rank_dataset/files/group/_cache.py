@@ -195,11 +195,6 @@ _COLUMNS_MAGIC = b"RDCOL\x00\x00\x01"
 _UINT32_COLUMNS = 2
 
 
-def columns_candidates(path: Path, index: Index, name: str) -> list[Path]:
-    """Where the columns ``name`` of ``path`` may be cached (:func:`cache_candidates`)."""
-    return cache_candidates(path, index, name, "rdcol")
-
-
 def open_columns(cache: Path, index: Index, ncols: int) -> npt.NDArray[np.uint32] | None:
     """The ``(ncols, N)`` read-only uint32 columns in ``cache``, memory-mapped, if they are of the file ``index``
     describes and whole; else None."""

@@ -27,7 +27,7 @@ from rank_dataset.files.group import _lines as _group_lines
 from rank_dataset.files.group._cache import cache_candidates, open_cache, write_cache
 from rank_dataset.files.group._labels import Grouping, Place, in_memory, label_grouping, parquet_label_grouping
 from rank_dataset.files.group._lines import ParquetLines, TextLines, open_checked
-from rank_dataset.files.index.cachelock import load_or_build_any
+from rank_dataset.files.index.cachelock import load_or_build
 from rank_dataset.files.index.load import Index, load_index
 from rank_dataset.files.index.scan import PathLike
 
@@ -116,7 +116,7 @@ def grouping_of(meta_file: PathLike, key: str | Key = "label", cache_name: str |
 def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -> Grouping:
     if name is None:
         return _group(path, index, key)
-    built = load_or_build_any(
+    built = load_or_build(
         cache_candidates(path, index, name),
         lambda cache: open_cache(cache, index),
         lambda _held, cache: write_cache(cache, index, lambda place: _group(path, index, key, place)),

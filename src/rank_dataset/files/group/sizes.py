@@ -5,7 +5,7 @@ in one pass over a chunk of the file's bytes by the native field kernel, or its 
 cannot judge left to ``str.split`` and ``int``), fields of a JSON line or columns of a Parquet file by name,
 or functions of the line. The result is cached beside the file's index, keyed like it (a changed file is read
 again), built by one process of a node while the others wait
-(:func:`~rank_dataset.files.index.cachelock.load_or_build_any`), and memory-mapped, so the ranks of a node share one
+(:func:`~rank_dataset.files.index.cachelock.load_or_build`), and memory-mapped, so the ranks of a node share one
 copy in the page cache (:mod:`rank_dataset.files.group._cache`).
 """
 
@@ -27,10 +27,10 @@ from rank_dataset.core import native
 from rank_dataset.core.checks import meta_path, with_storage
 from rank_dataset.core.parsers import quote
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.group._cache import Put, columns_candidates, open_columns, write_columns
+from rank_dataset.files.group._cache import Put, cache_candidates, open_columns, write_columns
 from rank_dataset.files.group._lines import ParquetLines, TextLines, open_checked
 from rank_dataset.files.group.grouping import each_line
-from rank_dataset.files.index.cachelock import load_or_build_any
+from rank_dataset.files.index.cachelock import load_or_build
 from rank_dataset.files.index.load import Index, SpanReader, load_index
 from rank_dataset.files.index.scan import PathLike
 
@@ -127,8 +127,8 @@ def _load_or_read(path: Path, index: Index, width: Field, height: Field, name: s
         _read(path, index, width, height, out, put)
 
     if name is not None:
-        built = load_or_build_any(
-            columns_candidates(path, index, name),
+        built = load_or_build(
+            cache_candidates(path, index, name, "rdcol"),
             lambda cache: open_columns(cache, index, 2),
             lambda _held, cache: write_columns(cache, index, 2, fill),
         )

@@ -27,7 +27,7 @@ from rank_dataset.files.index._cachefile import (
     open_cache,
 )
 from rank_dataset.files.index.cache import Seal, Syncer, discard, temp_beside, wait_for_seal
-from rank_dataset.files.index.cachelock import load_or_build_any
+from rank_dataset.files.index.cachelock import load_or_build
 from rank_dataset.files.index.scan import Chunk, scan_blocks, scan_map
 from rank_dataset.files.io import FileKey, SourceKey
 from rank_dataset.files.io.pread import ShortRead
@@ -260,7 +260,7 @@ def cached_index(
     for cache in candidates:
         if cache != tried:
             wait_for_seal(cache)
-    index = load_or_build_any(candidates, load, build, tried=tried)
+    index = load_or_build(candidates, load, build, tried=tried)
     if index is not None:
         return index
     return index_in_memory(path, fd, key, ends_hash)

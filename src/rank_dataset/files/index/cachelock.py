@@ -14,9 +14,9 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import TypeVar
 
-__all__ = ["load_or_build", "load_or_build_any", "lock_path", "one_builder"]
+__all__ = ["load_or_build", "lock_path", "one_builder"]
 
 _T = TypeVar("_T")
 _POLL = 0.05  # seconds between attempts while another process holds the lock
@@ -71,25 +71,7 @@ def one_builder(cache: Path, *, timeout: float | None = None) -> Iterator[bool]:
                 lock.release()
 
 
-def load_or_build(cache: Path, load: Callable[[], _T | None], build: Callable[[contextlib.ExitStack], _T]) -> _T:
-    """``load()`` if it finds a valid cache, else ``build(held)`` it with :func:`one_builder`'s lock held,
-    loading first what another process may have built while this one waited (:func:`load_or_build_any`
-    with one place).
-
-    Example:
-        >>> import tempfile
-        >>> cache = Path(tempfile.mkdtemp()) / "answer.txt"
-        >>> load = lambda: int(cache.read_text()) if cache.exists() else None
-        >>> def build(held) -> int:
-        ...     _ = cache.write_text("42")
-        ...     return 42
-        >>> load_or_build(cache, load, build), load_or_build(cache, load, lambda held: 0)
-        (42, 42)
-    """
-    return cast(_T, load_or_build_any([cache], lambda _: load(), lambda held, _: build(held)))
-
-
-def load_or_build_any(
+def load_or_build(
     candidates: Sequence[Path],
     load: Callable[[Path], _T | None],
     build: Callable[[contextlib.ExitStack, Path], _T | None],
@@ -102,6 +84,16 @@ def load_or_build_any(
     place takes it. ``held`` holds the lock: a build that goes on after it returns (a cache sealed in
     the background) takes it with ``held.pop_all()`` and releases it when done. ``tried``: a candidate
     the caller has loaded from without result, not loaded again before its lock is held.
+
+    Example:
+        >>> import tempfile
+        >>> cache = Path(tempfile.mkdtemp()) / "answer.txt"
+        >>> load = lambda place: int(place.read_text()) if place.exists() else None
+        >>> def build(held, place) -> int:
+        ...     _ = place.write_text("42")
+        ...     return 42
+        >>> load_or_build([cache], load, build), load_or_build([cache], load, lambda held, place: 0)
+        (42, 42)
     """
     for cache in candidates:
         found = None if cache == tried else load(cache)
