@@ -2,7 +2,9 @@
 on the same lines as plain text or, with ``--formats``, compressed as ``bench_formats.py`` writes them.
 
 Each measurement runs in a fresh Python process whose ``PYTHONPATH`` puts one version's ``src/`` first:
-the current tree, and ``--old`` (a git revision, exported with ``git archive``). The versions alternate,
+the current tree, and ``--old`` (a git revision, exported with ``git archive``). Each figure is the CPU time
+of the measured work (``time.process_time``: every thread of the process), not its wall time, so that a
+busy machine slows neither version's figure. The versions alternate,
 round after round, so that a slower or busier stretch of the machine falls on both alike; the table gives
 each one's median and the ratio new / old. Both read the same file with the same warm index cache (the
 index format is the same in both; a version that differs rebuilds it in its warm-up).
@@ -10,7 +12,7 @@ index format is the same in both; a version that differs rebuilds it in its warm
 - ``build``: ``RankDataset(META, rank=r, world_size=8)`` with the index cached: what each rank does
   at every job start and ``set_epoch``.
 - ``ds[i]``: ``--items`` random items of that dataset (the parsed line, as a DataLoader worker takes
-  them from a sampler's random indices), in microseconds an item.
+  them from a sampler's random indices), in microseconds of CPU an item.
 
 Usage:
     python benchmarks/bench_versions.py --old 81574b3           # N = 10M lines
@@ -42,13 +44,15 @@ import numpy as np
 import rank_dataset
 assert rank_dataset.__file__.startswith(SRC), rank_dataset.__file__
 from rank_dataset import RankDataset
-ds, build, peak = measured(lambda: RankDataset(META, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD))
+cpu = time.process_time()
+ds = RankDataset(META, reload_cfg={"seed": 0}, rank=RANK, world_size=WORLD)
+build = time.process_time() - cpu
 order = np.random.default_rng(1).integers(0, len(ds), ITEMS).tolist()
 ds[order[0]]
-t = time.perf_counter()
+cpu = time.process_time()
 for i in order:
     ds[i]
-item = (time.perf_counter() - t) / ITEMS
+item = (time.process_time() - cpu) / ITEMS
 print(json.dumps({"build": build, "item_us": item * 1e6, "count": len(ds)}))
 """
 
@@ -114,7 +118,8 @@ def main() -> None:
         "",
         machine_info(),
         f"Old: `{old_rev.stdout.strip()}`; new: the working tree. Medians of {args.repeat} alternating rounds (old, "
-        f"then new; round k builds rank k mod {args.world_size}), each measurement in a fresh process. Files as "
+        f"then new; round k builds rank k mod {args.world_size}), each measurement in a fresh process; CPU "
+        "times (the process's, all threads). Files as "
         "`bench_formats.py` writes them (`.gz`: gzip -6; `.zst`: one frame, level 3; frames: a frame per 4 MiB).",
         "",
     ]

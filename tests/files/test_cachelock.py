@@ -66,7 +66,7 @@ def test_without_a_lock_everyone_builds(tmp_path: Path) -> None:
     built = []
     with one_builder(cache) as locked:
         assert not locked
-    assert load_or_build(cache, lambda: None, lambda _held: built.append(1) or 7) == 7
+    assert load_or_build([cache], lambda _: None, lambda _held, _: built.append(1) or 7) == 7
     assert built == [1]
 
 
@@ -75,11 +75,11 @@ def test_load_or_build_loads_what_another_builder_wrote_while_it_waited(tmp_path
     holder = _holder(cache)
     loads: list[int | None] = []
 
-    def load() -> int | None:
+    def load(_: Path) -> int | None:
         loads.append(int(cache.read_text()) if cache.exists() else None)
         return loads[-1]
 
-    def build(_held: object) -> int:
+    def build(_held: object, _: Path) -> int:
         raise AssertionError("built although another process built it meanwhile")
 
     def finish() -> None:  # the holder's build: it writes the cache, then goes (here: is killed)
@@ -92,7 +92,7 @@ def test_load_or_build_loads_what_another_builder_wrote_while_it_waited(tmp_path
     thread = threading.Thread(target=finish)
     thread.start()
     try:
-        assert load_or_build(cache, load, build) == 9
+        assert load_or_build([cache], load, build) == 9
     finally:
         thread.join()
         holder.wait(timeout=30)

@@ -38,6 +38,16 @@ def _stop(processes: list[Any]) -> None:
         process.join(30)
 
 
+def _run_threads(run: Callable[[], None], threads: int, slots: NodeSlots) -> None:
+    """Run ``run`` in ``threads`` threads, wait for them all, then drop the process's spare slots."""
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    slots.trim()
+
+
 def _take_turns(path: str, name: int, threads: int, go: Any, counter: Any, order: Any) -> None:
     """``threads`` threads ask for a slot once ``go`` is set, note their turn (the slot held, so the node's
     one slot orders the notes), give it back as a spare (as the payload reader does) and ask again."""
@@ -54,12 +64,7 @@ def _take_turns(path: str, name: int, threads: int, go: Any, counter: Any, order
                 counter.value += 1
             slots.release(slot, keep=True)
 
-    workers = [threading.Thread(target=run) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    slots.trim()
+    _run_threads(run, threads, slots)
 
 
 def test_slots_go_to_the_processes_waiting_in_turn(tmp_path: Path) -> None:
@@ -118,12 +123,7 @@ def _busy(path: str, n: int, threads: int, rounds: int, start: Any, counter: Any
                 time.sleep(0.003)  # a request in flight
                 slots.release(slot, keep=True)
 
-    workers = [threading.Thread(target=run) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    slots.trim()
+    _run_threads(run, threads, slots)
     conn.send(notes)
 
 

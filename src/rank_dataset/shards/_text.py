@@ -24,8 +24,9 @@ import numpy.typing as npt
 
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import Checkpoints, DecompressedView
-from rank_dataset.files.index.scan import NEWLINE, scan_buffer
+from rank_dataset.files.index.scan import scan_buffer
 from rank_dataset.files.io import ByteSource, FileKey, ShortRead, SourceKey, open_source
+from rank_dataset.files.read.lines import line_pieces
 
 __all__ = [
     "READ",
@@ -238,38 +239,9 @@ class Reading(SourceReading):
 
 
 def chunks(reading: Reading, lo: int, hi: int) -> Iterator[tuple[npt.NDArray[np.uint8], int, bool]]:
-    """``(buf, offset, last)``: bytes ``[lo, hi)`` of the text, :data:`READ` bytes a read, in pieces
-    that each end at a line boundary (``last``: the piece ends the text, so bytes after its final
-    newline form a line). ``lo`` starts a line; ``hi`` ends one or the text. Every piece is a view of
-    one buffer, read into again for the next piece: it is valid until the next is asked for."""
-    # One buffer for every read: fresh memory is paid for page by page (zeroed by the kernel), and
-    # a new buffer a read would cost that for the whole slice; it grows only for a line longer than a read.
-    space: npt.NDArray[np.uint8] = np.empty(min(READ, max(hi - lo, 0)), np.uint8)
-    kept, pos = 0, lo  # bytes of an unfinished line at the start of space
-    while pos < hi:
-        n = min(READ, hi - pos)
-        if kept + n > space.size:
-            grown = np.empty(kept + n, np.uint8)
-            grown[:kept] = space[:kept]
-            space = grown
-        buf = space[: kept + n]
-        reading.read_into(buf[kept:], pos, until=hi)
-        start, pos = pos - kept, pos + n
-        if pos >= hi:
-            yield buf, start, hi == reading.text.size
-            return
-        cut = _last_newline(buf)
-        if cut < 0:  # a line longer than a read: read on
-            kept = buf.size
-            continue
-        yield buf[: cut + 1], start, False
-        kept = buf.size - cut - 1
-        space[:kept] = buf[cut + 1 :]  # (numpy copies overlapping ranges as if through a temporary)
-
-
-def _last_newline(buf: npt.NDArray[np.uint8]) -> int:
-    for tail in (1 << 16, buf.size):
-        hits = np.flatnonzero(buf[-tail:] == NEWLINE)
-        if hits.size:
-            return int(buf.size - min(tail, buf.size) + hits[-1])
-    return -1
+    """``(buf, offset, last)``: bytes ``[lo, hi)`` of the text in pieces of whole lines,
+    :data:`READ` bytes a read, as :func:`~rank_dataset.files.read.lines.line_pieces` cuts them
+    (``last``: the piece ends the text, so bytes after its final newline form a line). ``lo`` starts
+    a line; ``hi`` ends one or the text. Each piece is valid until the next is asked for."""
+    for buf, offset in line_pieces(reading.read_into, lo, hi, READ):
+        yield buf, offset, offset + buf.size == reading.text.size

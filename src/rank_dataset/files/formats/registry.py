@@ -125,65 +125,58 @@ def unregister(fmt: Format) -> None:
 
 @dataclass(frozen=True)
 class _Found:
-    """The bytes of the file open at ``fd`` that tell its format (a :class:`~.base.Recognised`)."""
+    """The bytes of a file that tell its format (a :class:`~.base.Recognised`), ``read(offset, count)``
+    read (an object's: a few ranged reads, not the whole object)."""
 
-    fd: int
+    read: Callable[[int, int], bytes]
+    size: int
     head: bytes
 
-    @functools.cached_property
-    def size(self) -> int:
-        return os.fstat(self.fd).st_size
-
     def tail(self, n: int) -> bytes:
-        return os.pread(self.fd, n, max(self.size - n, 0))
+        n = min(n, self.size)
+        return self.read(self.size - n, n)
+
+
+def _of_fd(fd: int) -> tuple[Callable[[int, int], bytes], int]:
+    return (lambda offset, count: os.pread(fd, count, offset)), os.fstat(fd).st_size
+
+
+def _of_source(source: Any) -> tuple[Callable[[int, int], bytes], int]:
+    return (lambda offset, count: bytes(source.read(offset, count))), int(source.size)
+
+
+def _detect(read: Callable[[int, int], bytes], size: int) -> Format:
+    found = _Found(read, size, read(0, min(_HEAD, size)))
+    return next((fmt for fmt in _asked(found.head) if fmt.recognise(found)), TEXT)
+
+
+def _refuse_cut(path: Path, fmt: Format, read: Callable[[int, int], bytes], size: int) -> None:
+    if fmt is not TEXT:
+        return
+    head = read(0, min(_CUT_HEAD, size))
+    for other in _asked(head):
+        other.refuse_cut(path, head, size)
 
 
 def detect(fd: int) -> Format:
     """The format of the file open at ``fd``, from its first bytes (and, for Parquet, its last four)."""
-    found = _Found(fd, os.pread(fd, _HEAD, 0))
-    return next((fmt for fmt in _asked(found.head) if fmt.recognise(found)), TEXT)
-
-
-@dataclass(frozen=True)
-class _FoundIn:
-    """The bytes of a :class:`~rank_dataset.files.io.base.ByteSource` that tell its format (an
-    object's: a few ranged reads, not the whole object)."""
-
-    source: Any
-    head: bytes
-
-    @property
-    def size(self) -> int:
-        return int(self.source.size)
-
-    def tail(self, n: int) -> bytes:
-        n = min(n, self.size)
-        return bytes(self.source.read(self.size - n, n))
+    return _detect(*_of_fd(fd))
 
 
 def detect_source(source: Any) -> Format:
     """The format of the bytes of ``source`` (a ByteSource: a local file or an object), as :func:`detect`."""
-    found = _FoundIn(source, bytes(source.read(0, min(_HEAD, source.size))))
-    return next((fmt for fmt in _asked(found.head) if fmt.recognise(found)), TEXT)
+    return _detect(*_of_source(source))
 
 
 def refuse_cut_source(path: Path, source: Any, fmt: Format) -> None:
     """As :func:`refuse_cut`, for the bytes of ``source``."""
-    if fmt is not TEXT:
-        return
-    head = bytes(source.read(0, min(_CUT_HEAD, source.size)))
-    for other in _asked(head):
-        other.refuse_cut(path, head, source.size)
+    _refuse_cut(path, fmt, *_of_source(source))
 
 
 def refuse_cut(path: Path, fd: int, fmt: Format) -> None:
     """Raise CorruptMetaFileError if the file open at ``fd``, told as ``fmt``, is text only because it is
     a file of another format cut short (see :meth:`~rank_dataset.files.formats.base.Format.refuse_cut`)."""
-    if fmt is not TEXT:
-        return
-    head, size = os.pread(fd, _CUT_HEAD, 0), os.fstat(fd).st_size
-    for other in _asked(head):
-        other.refuse_cut(path, head, size)
+    _refuse_cut(path, fmt, *_of_fd(fd))
 
 
 def detect_path(path: str | os.PathLike[str]) -> Format:

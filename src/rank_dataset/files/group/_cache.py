@@ -54,15 +54,9 @@ def open_cache(cache: Path, index: Index) -> Grouping | None:
     try:
         raw = np.empty(_HEADER.size, np.uint8)
         pread_exact(fd, raw, 0)
-        magic, size, digest, count, nkeys, key_bytes, form, sample = _HEADER.unpack(raw.tobytes())
-        if (
-            magic != _MAGIC
-            or (size, digest) != (index.key.size, index.key.digest())
-            or sample != index.ends_hash
-            or count != index.count
-            or not 1 <= nkeys <= count
-            or form not in (_INT_KEYS, _JSON_KEYS)
-        ):
+        nkeys, key_bytes, form = _fields(raw.tobytes(), _MAGIC, index)
+        count = index.count
+        if not 1 <= nkeys <= count or form not in (_INT_KEYS, _JSON_KEYS):
             return None
         order_at = _order_offset(nkeys, key_bytes)
         if os.fstat(fd).st_size != order_at + 8 * count:
@@ -84,6 +78,16 @@ def open_cache(cache: Path, index: Index) -> Grouping | None:
     if not (0 <= int(order[0]) < count and 0 <= int(order[-1]) < count):
         return None
     return Grouping(keys, bounds, order)
+
+
+def _fields(raw: bytes, magic: bytes, index: Index) -> tuple[int, int, int]:
+    """The three fields of a cache's header after the file's (its keys' or columns' number, its key
+    bytes, its form), if it is ``magic``'s of the file ``index`` describes; else ValueError."""
+    found, size, digest, count, *fields, sample = _HEADER.unpack(raw)
+    key = index.key
+    if (found, size, digest, count, sample) != (magic, key.size, key.digest(), index.count, index.ends_hash):
+        raise ValueError("a cache of another file")
+    return fields[0], fields[1], fields[2]
 
 
 def _order_offset(nkeys: int, key_bytes: int) -> int:
@@ -191,28 +195,17 @@ _COLUMNS_MAGIC = b"RDCOL\x00\x00\x01"
 _UINT32_COLUMNS = 2
 
 
-def columns_candidates(path: Path, index: Index, name: str) -> list[Path]:
-    """Where the columns ``name`` of ``path`` may be cached (:func:`cache_candidates`)."""
-    return cache_candidates(path, index, name, "rdcol")
-
-
 def open_columns(cache: Path, index: Index, ncols: int) -> npt.NDArray[np.uint32] | None:
     """The ``(ncols, N)`` read-only uint32 columns in ``cache``, memory-mapped, if they are of the file ``index``
     describes and whole; else None."""
+    count = index.count
     try:
         with open(cache, "rb") as f:
-            raw = f.read(_HEADER.size)
-            magic, size, digest, count, cols, _, form, sample = _HEADER.unpack(raw)
+            cols, _, form = _fields(f.read(_HEADER.size), _COLUMNS_MAGIC, index)
             whole = os.fstat(f.fileno()).st_size == _DATA_OFFSET + 4 * ncols * count
-    except (OSError, struct.error):
+    except (OSError, ValueError, struct.error):
         return None
-    if (
-        magic != _COLUMNS_MAGIC
-        or (size, digest) != (index.key.size, index.key.digest())
-        or sample != index.ends_hash
-        or (count, cols, form) != (index.count, ncols, _UINT32_COLUMNS)
-        or not whole
-    ):
+    if (cols, form) != (ncols, _UINT32_COLUMNS) or not whole:
         return None
     columns: npt.NDArray[np.uint32] = np.memmap(cache, "<u4", mode="r", offset=_DATA_OFFSET, shape=(ncols, count))
     return columns

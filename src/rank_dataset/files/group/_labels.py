@@ -4,9 +4,10 @@ stable counting sort."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from rank_dataset.files.group._block_labels import PAD, BlockLabels, block_label
 from rank_dataset.files.group._lines import ParquetLines, TextLines
 from rank_dataset.files.index.scan import CR, NEWLINE, chunk_bounds
 from rank_dataset.files.io.pread import ShortRead
+from rank_dataset.files.read.lines import line_pieces
 
 _CHUNK = 8 << 20  # bytes of the file parsed at a time for key="label": a block's temporaries stay in cache
 
@@ -59,14 +61,14 @@ def label_grouping(lines: TextLines, place: Place) -> Grouping:
     fd, size = lines.fd, lines.index.size
     scratch = threading.local()
 
-    def part(lo: int, hi: int, data: memoryview | None = None) -> _SortedBlock:
+    def part(lo: int, hi: int, data: npt.NDArray[np.uint8] | None = None) -> _SortedBlock:
         buf = getattr(scratch, "buf", None)
         if buf is None or buf.size < PAD + hi - lo + 1:
             buf = scratch.buf = np.empty(max(PAD + _CHUNK + 1, PAD + hi - lo + 1), np.uint8)
         end = PAD + hi - lo
         buf[:PAD] = NEWLINE
         if data is not None:
-            buf[PAD:end] = np.frombuffer(data, np.uint8)
+            buf[PAD:end] = data
         else:
             try:
                 lines.source.read_into(buf[PAD:end], lo)
@@ -81,28 +83,41 @@ def label_grouping(lines: TextLines, place: Place) -> Grouping:
         _parse_others(buf, found, lambda row, start: lines.where(lo + start - PAD))
         return _SortedBlock.of(found.labels)
 
+    def blocks() -> Iterator[Callable[[], _SortedBlock]]:
+        if lines.stream is None:  # a local text file: its blocks read in the threads
+            with open(cast(int, fd), "rb", closefd=False) as f:
+                bounds = chunk_bounds(cast(BinaryIO, f), size, _CHUNK)
+            yield from (functools.partial(part, lo, hi) for lo, hi in itertools.pairwise(bounds))
+            return
+        try:
+            for data, lo in line_pieces(lines.stream.read_into, 0, size, _CHUNK, reuse=False):
+                yield functools.partial(part, lo, lo + data.size, data)
+        except ShortRead:
+            pass  # told below, with the length the bytes have
+        read = lines.stream.total()
+        if read != size:
+            raise MetaFileChangedError(lines.path, f"it decompresses to {read:,} bytes, its index {size:,}")
+
+    return _sorted_blocks(blocks(), lines.path, lines.index.count, place)
+
+
+def _sorted_blocks(blocks: Iterable[Callable[[], _SortedBlock]], path: Path, count: int, place: Place) -> Grouping:
+    """The grouping of the file whose blocks, in order, ``blocks`` sort: each run in a pool of
+    :data:`~rank_dataset.core.threads.THREADS` threads, a few ahead of the one merged next (so that
+    only their bytes are held; the first bad line of the file is the one named), then merged."""
     with ThreadPoolExecutor(THREADS) as pool:
         parsing: list[Future[_SortedBlock]] = []
         try:
-            if lines.stream is None:  # a local text file: its blocks read in the threads
-                with open(cast(int, fd), "rb", closefd=False) as f:
-                    bounds = chunk_bounds(cast(BinaryIO, f), size, _CHUNK)
-                parsing = [pool.submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
-            else:
-                read = 0
-                for lo, data in lines.stream.chunks(_CHUNK):
-                    parsing.append(pool.submit(part, lo, lo + len(data), data))
-                    read = lo + len(data)
-                    if len(parsing) > THREADS:  # hold the bytes of a few blocks only
-                        parsing[-THREADS - 1].result()
-                if read != size:
-                    raise MetaFileChangedError(lines.path, f"it decompresses to {read:,} bytes, its index {size:,}")
-            parts = [job.result() for job in parsing]  # the first bad line of the file is the one named
+            for block in blocks:
+                parsing.append(pool.submit(block))
+                if len(parsing) > THREADS:
+                    parsing[-THREADS - 1].result()
+            parts = [job.result() for job in parsing]
         except BaseException:
             for job in parsing:
                 job.cancel()
             raise
-        return _merge(parts, lines.path, lines.index.count, place, pool)
+        return _merge(parts, path, count, place, pool)
 
 
 def _merge(parts: list[_SortedBlock], path: Path, count: int, place: Place, pool: ThreadPoolExecutor) -> Grouping:
@@ -165,19 +180,9 @@ def _parquet_labels(self: ParquetLines, g: int) -> npt.NDArray[np.int64]:
 
 def parquet_label_grouping(lines: ParquetLines, place: Place) -> Grouping:
     """Group a Parquet file's rows by label, a row group a block (decoded and sorted by label in the pool)."""
-    with ThreadPoolExecutor(THREADS) as pool:
-        parsing: list[Future[_SortedBlock]] = []
-        try:
-            for g in range(len(lines.rows.bounds) - 1):  # pyarrow releases the GIL: two row groups at once
-                parsing.append(pool.submit(lambda g: _SortedBlock.of(_parquet_labels(lines, g)), g))
-                if len(parsing) > THREADS:
-                    parsing[-THREADS - 1].result()
-            parts = [job.result() for job in parsing]
-        except BaseException:
-            for job in parsing:
-                job.cancel()
-            raise
-        return _merge(parts, lines.path, lines.index.count, place, pool)
+    groups = range(len(lines.rows.bounds) - 1)  # pyarrow releases the GIL: two row groups at once
+    blocks = (lambda g=g: _SortedBlock.of(_parquet_labels(lines, g)) for g in groups)
+    return _sorted_blocks(blocks, lines.path, lines.index.count, place)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ class _Stream:
         self._held = bytearray()
         self._base = 0  # the offset of _held[0]
 
-    def read_into(self, out: npt.NDArray[np.uint8], lo: int) -> None:
+    def read_into(self, out: npt.NDArray[np.uint8], lo: int, until: int | None = None) -> None:
         """Fill ``out`` with bytes ``[lo, lo + out.size)``; ``lo`` never below an earlier read's.
 
         Raises:
@@ -58,26 +58,9 @@ class _Stream:
         self._base = lo
         out[:] = np.frombuffer(self._held, np.uint8, out.size)
 
-    def chunks(self, size: int) -> Iterator[tuple[int, memoryview]]:
-        """``(offset, bytes)`` of the decompressed bytes in consecutive pieces of about ``size``, each
-        ending just past a newline (the last at the end of the file)."""
-        offset, parts, held = 0, [bytes(self._held)] if self._held else [], len(self._held)
-        self._held.clear()
-        for block in self._blocks:
-            parts.append(block)
-            held += len(block)
-            if held < size:
-                continue
-            data = b"".join(parts)
-            cut = data.rfind(b"\n") + 1
-            if not cut:  # one line longer than size: read on
-                parts = [data]
-                continue
-            yield offset, memoryview(data)[:cut]
-            offset += cut
-            parts, held = [data[cut:]], len(data) - cut
-        if held:
-            yield offset, memoryview(b"".join(parts))
+    def total(self) -> int:
+        """The length of the bytes: what is left of them read (and counted only)."""
+        return self._base + len(self._held) + sum(map(len, self._blocks))
 
 
 class TextLines:
@@ -105,36 +88,41 @@ class TextLines:
         else:
             self.stream.read_into(out, lo)
 
+    @contextlib.contextmanager
+    def _entries(self) -> Iterator[SpanReader]:
+        """The index's entries while the file is read: the file ending early, or the index's cache
+        changing, told as the change of the file it is."""
+        try:
+            with SpanReader(self.index) as reader:
+                yield reader
+        except ShortRead:
+            raise MetaFileChangedError(self.path, "it shrank while being read") from None
+        except LookupError as exc:
+            raise MetaFileChangedError(self.path, f"its index cache changed while it was read ({exc})") from None
+
     def blocks(self) -> Iterator[tuple[int, int, npt.NDArray[np.uint8], npt.NDArray[np.int64]]]:
         """Yield ``(first, base, buf, spans)``: samples ``first ..`` are ``buf[spans[i, 0]:spans[i, 1]]``,
         and ``buf[j]`` is byte ``base + j`` of the file; ``buf`` has :data:`~rank_dataset.files.group._block_labels.PAD`
         bytes before the first sample."""
         n, size = self.index.count, self.index.size
-        try:
-            with SpanReader(self.index) as reader:
-                for first in range(0, n, BLOCK):
-                    starts, lengths = reader.take(np.arange(first, min(first + BLOCK, n), dtype=np.int64))
-                    spans = np.stack([starts, starts + lengths], axis=1).astype(np.int64, copy=False)
-                    lo, hi = int(spans[0, 0]), int(spans[-1, 1])
-                    # The byte after the last line too (its newline, if any), so every line's end is checked.
-                    stop = min(hi + 1, size)
-                    buf = np.empty(PAD + stop - lo + 1, np.uint8)
-                    buf[:PAD] = NEWLINE
-                    buf[-1] = NEWLINE
-                    self.read_into(buf[PAD : PAD + stop - lo], lo)
-                    spans += PAD - lo
-                    # A line ends at a newline, a "\r\n" or the end of the file: anything else is an index
-                    # that no longer describes the bytes.
-                    after = buf[spans[:, 1]]
-                    if not (
-                        bool(((after == NEWLINE) | (after == CR)).all()) and bool((spans[:, 1] > spans[:, 0]).all())
-                    ):
-                        raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
-                    yield first, lo - PAD, buf, spans
-        except ShortRead:
-            raise MetaFileChangedError(self.path, "it shrank while being read") from None
-        except LookupError as exc:
-            raise MetaFileChangedError(self.path, f"its index cache changed while it was read ({exc})") from None
+        with self._entries() as reader:
+            for first in range(0, n, BLOCK):
+                starts, lengths = reader.take(np.arange(first, min(first + BLOCK, n), dtype=np.int64))
+                spans = np.stack([starts, starts + lengths], axis=1).astype(np.int64, copy=False)
+                lo, hi = int(spans[0, 0]), int(spans[-1, 1])
+                # The byte after the last line too (its newline, if any), so every line's end is checked.
+                stop = min(hi + 1, size)
+                buf = np.empty(PAD + stop - lo + 1, np.uint8)
+                buf[:PAD] = NEWLINE
+                buf[-1] = NEWLINE
+                self.read_into(buf[PAD : PAD + stop - lo], lo)
+                spans += PAD - lo
+                # A line ends at a newline, a "\r\n" or the end of the file: anything else is an index
+                # that no longer describes the bytes.
+                after = buf[spans[:, 1]]
+                if not (bool(((after == NEWLINE) | (after == CR)).all()) and bool((spans[:, 1] > spans[:, 0]).all())):
+                    raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
+                yield first, lo - PAD, buf, spans
 
     def chunks(self, size: int = CHUNK) -> Iterator[tuple[int, int, int, npt.NDArray[np.uint8], SpanReader]]:
         """Yield ``(first, n, base, data, reader)``: ``data`` is bytes ``base ..`` of the file (decompressed), from
@@ -148,37 +136,32 @@ class TextLines:
         total, extent = self.index.count, self.index.size
         per = max(1, min(BLOCK, size * total // max(extent, 1)))
         buf = np.empty(0, np.uint8)
-        try:
-            with SpanReader(self.index) as reader:
-                first = 0
-                while first < total:
-                    n = min(per, total - first)
-                    lo = int(reader.take(np.array([first], np.int64))[0][0])
-                    while True:
-                        starts, lengths = reader.take(np.array([first + n - 1], np.int64))
-                        hi = int(starts[0] + lengths[0])
-                        if hi - lo <= 4 * size or n == 1:
-                            break
-                        n = max(1, n // 4)  # longer lines here than the file's mean: fewer of them
-                    # The byte before (a newline, but before the first sample) and the one after (a newline or
-                    # "\r\n"'s "\r", but at the end of the file).
-                    before = 1 if first else 0
-                    stop = min(hi + 1, extent)
-                    if not lo < hi <= extent:
-                        raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
-                    if stop - lo + before > buf.size:
-                        buf = np.empty((stop - lo + before) * 5 // 4, np.uint8)
-                    view = buf[: stop - lo + before]
-                    self.read_into(view, lo - before)
-                    if (before and view[0] != NEWLINE) or (stop > hi and view[-1] not in (NEWLINE, CR)):
-                        raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
-                    yield first, n, lo, view[before : before + hi - lo], reader
-                    per = max(1, min(BLOCK, n * size // max(hi - lo, 1)))
-                    first += n
-        except ShortRead:
-            raise MetaFileChangedError(self.path, "it shrank while being read") from None
-        except LookupError as exc:
-            raise MetaFileChangedError(self.path, f"its index cache changed while it was read ({exc})") from None
+        with self._entries() as reader:
+            first = 0
+            while first < total:
+                n = min(per, total - first)
+                lo = int(reader.take(np.array([first], np.int64))[0][0])
+                while True:
+                    starts, lengths = reader.take(np.array([first + n - 1], np.int64))
+                    hi = int(starts[0] + lengths[0])
+                    if hi - lo <= 4 * size or n == 1:
+                        break
+                    n = max(1, n // 4)  # longer lines here than the file's mean: fewer of them
+                # The byte before (a newline, but before the first sample) and the one after (a newline or
+                # "\r\n"'s "\r", but at the end of the file).
+                before = 1 if first else 0
+                stop = min(hi + 1, extent)
+                if not lo < hi <= extent:
+                    raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
+                if stop - lo + before > buf.size:
+                    buf = np.empty((stop - lo + before) * 5 // 4, np.uint8)
+                view = buf[: stop - lo + before]
+                self.read_into(view, lo - before)
+                if (before and view[0] != NEWLINE) or (stop > hi and view[-1] not in (NEWLINE, CR)):
+                    raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
+                yield first, n, lo, view[before : before + hi - lo], reader
+                per = max(1, min(BLOCK, n * size // max(hi - lo, 1)))
+                first += n
 
     def text_blocks(self) -> Iterator[list[tuple[str, Callable[[], str]]]]:
         """Each block's samples as ``(text, where)``."""

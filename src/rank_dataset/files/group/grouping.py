@@ -116,23 +116,12 @@ def grouping_of(meta_file: PathLike, key: str | Key = "label", cache_name: str |
 def _load_or_group(path: Path, index: Index, key: str | Key, name: str | None) -> Grouping:
     if name is None:
         return _group(path, index, key)
-    candidates = cache_candidates(path, index, name)
-    for cache in candidates:
-        found = open_cache(cache, index)
-        if found is not None:
-            return found
-    for cache in candidates:
-
-        def load(cache: Path = cache) -> Grouping | None:
-            return open_cache(cache, index)
-
-        def build(_held: object, cache: Path = cache) -> Grouping | None:
-            return write_cache(cache, index, lambda place: _group(path, index, key, place))
-
-        built = load_or_build(cache, load, build)
-        if built is not None:
-            return built
-    return _group(path, index, key)  # no writable cache location
+    built = load_or_build(
+        cache_candidates(path, index, name),
+        lambda cache: open_cache(cache, index),
+        lambda _held, cache: write_cache(cache, index, lambda place: _group(path, index, key, place)),
+    )
+    return _group(path, index, key) if built is None else built  # None: no writable cache location
 
 
 def _group(path: Path, index: Index, key: str | Key, place: Place = in_memory) -> Grouping:

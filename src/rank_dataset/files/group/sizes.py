@@ -27,7 +27,7 @@ from rank_dataset.core import native
 from rank_dataset.core.checks import meta_path, with_storage
 from rank_dataset.core.parsers import quote
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.group._cache import Put, columns_candidates, open_columns, write_columns
+from rank_dataset.files.group._cache import Put, cache_candidates, open_columns, write_columns
 from rank_dataset.files.group._lines import ParquetLines, TextLines, open_checked
 from rank_dataset.files.group.grouping import each_line
 from rank_dataset.files.index.cachelock import load_or_build
@@ -127,22 +127,13 @@ def _load_or_read(path: Path, index: Index, width: Field, height: Field, name: s
         _read(path, index, width, height, out, put)
 
     if name is not None:
-        candidates = columns_candidates(path, index, name)
-        for cache in candidates:
-            found = open_columns(cache, index, 2)
-            if found is not None:
-                return found
-        for cache in candidates:
-
-            def load(cache: Path = cache) -> npt.NDArray[np.uint32] | None:
-                return open_columns(cache, index, 2)
-
-            def build(_held: object, cache: Path = cache) -> npt.NDArray[np.uint32] | None:
-                return write_columns(cache, index, 2, fill)
-
-            built = load_or_build(cache, load, build)
-            if built is not None:
-                return built
+        built = load_or_build(
+            cache_candidates(path, index, name, "rdcol"),
+            lambda cache: open_columns(cache, index, 2),
+            lambda _held, cache: write_columns(cache, index, 2, fill),
+        )
+        if built is not None:
+            return built
     out = np.empty((2, index.count), np.uint32)  # not cached: no name, or no writable place
 
     def put(row: int, first: int, values: npt.NDArray[np.uint32]) -> None:

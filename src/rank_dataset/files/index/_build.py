@@ -4,7 +4,6 @@ compressed file), straight into a cache file, or into memory."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -230,18 +229,22 @@ def index_in_memory(path: Path, fd: Any, key: SourceKey, ends_hash: bytes) -> In
     return built.index(key, ends_hash, None, Table(entries, built.longs, built.marks, built.extra))
 
 
-def _none() -> None:
-    return None
-
-
 def cached_index(
-    candidates: list[Path], path: Path, fd: Any, key: SourceKey, ends_hash: bytes, *, distrust: Index | None
+    candidates: list[Path],
+    path: Path,
+    fd: Any,
+    key: SourceKey,
+    ends_hash: bytes,
+    *,
+    distrust: Index | None,
+    tried: Path | None = None,
 ) -> Index:
     """The index of the file open at ``fd`` (a descriptor, or an object's source), ``key`` and
     ``ends_hash`` its identity: from the first of the ``candidates`` caches that holds it, else built
     into the first writable one (one process builds while the others wait, the lock held until the
     cache is sealed), else in memory. The cache ``distrust`` was read from (found inconsistent with
-    the file) is not loaded again; one written anew since, by any process, is.
+    the file) is not loaded again; one written anew since, by any process, is. ``tried``: a candidate
+    the caller has waited for and found without the index, not opened again before its lock is held.
 
     Raises:
         MetaFileChangedError: the file changed while it was being indexed.
@@ -255,13 +258,9 @@ def cached_index(
         return written[0] if written is not None and written[1].after(held.pop_all()) else None
 
     for cache in candidates:
-        wait_for_seal(cache)
-    for cache in candidates:
-        index = load(cache)
-        if index is not None:
-            return index
-    for cache in candidates:
-        index = load_or_build(cache, functools.partial(load, cache), functools.partial(build, cache=cache), first=_none)
-        if index is not None:
-            return index
+        if cache != tried:
+            wait_for_seal(cache)
+    index = load_or_build(candidates, load, build, tried=tried)
+    if index is not None:
+        return index
     return index_in_memory(path, fd, key, ends_hash)

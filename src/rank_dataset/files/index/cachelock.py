@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -72,31 +72,39 @@ def one_builder(cache: Path, *, timeout: float | None = None) -> Iterator[bool]:
 
 
 def load_or_build(
-    cache: Path,
-    load: Callable[[], _T | None],
-    build: Callable[[contextlib.ExitStack], _T],
+    candidates: Sequence[Path],
+    load: Callable[[Path], _T | None],
+    build: Callable[[contextlib.ExitStack, Path], _T | None],
     *,
-    first: Callable[[], _T | None] | None = None,
-) -> _T:
-    """``load()`` if it finds a valid cache (``first()`` instead, before the lock, where given), else
-    ``build(held)`` it with :func:`one_builder`'s lock held, loading first what another process may
-    have built while this one waited. ``held`` holds the lock: a build that goes on after it returns
-    (a cache sealed in the background) takes it with ``held.pop_all()`` and releases it when done.
+    tried: Path | None = None,
+) -> _T | None:
+    """What ``load(cache)`` finds in the first of ``candidates`` that holds it, else what ``build(held,
+    cache)`` builds into the first place it can (None: it cannot), with :func:`one_builder`'s lock of that
+    place held and loading first what another process may have built while this one waited; None if no
+    place takes it. ``held`` holds the lock: a build that goes on after it returns (a cache sealed in
+    the background) takes it with ``held.pop_all()`` and releases it when done. ``tried``: a candidate
+    the caller has loaded from without result, not loaded again before its lock is held.
 
     Example:
         >>> import tempfile
         >>> cache = Path(tempfile.mkdtemp()) / "answer.txt"
-        >>> load = lambda: int(cache.read_text()) if cache.exists() else None
-        >>> def build(held) -> int:
-        ...     _ = cache.write_text("42")
+        >>> load = lambda place: int(place.read_text()) if place.exists() else None
+        >>> def build(held, place) -> int:
+        ...     _ = place.write_text("42")
         ...     return 42
-        >>> load_or_build(cache, load, build), load_or_build(cache, load, lambda held: 0)
+        >>> load_or_build([cache], load, build), load_or_build([cache], load, lambda held, place: 0)
         (42, 42)
     """
-    found = (load if first is None else first)()
-    if found is not None:
-        return found
-    with contextlib.ExitStack() as held:
-        held.enter_context(one_builder(cache))
-        found = load()
-        return found if found is not None else build(held)
+    for cache in candidates:
+        found = None if cache == tried else load(cache)
+        if found is not None:
+            return found
+    for cache in candidates:
+        with contextlib.ExitStack() as held:
+            held.enter_context(one_builder(cache))
+            found = load(cache)
+            if found is None:
+                found = build(held, cache)
+        if found is not None:
+            return found
+    return None

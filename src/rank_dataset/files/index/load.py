@@ -135,7 +135,7 @@ def load_index(path: Path, *, distrust: Index | None = None, columns: Sequence[s
             from rank_dataset.files.index._build import cached_index  # on first use (see above)
 
             try:
-                return cached_index(cache_paths(path), path, fd, key, ends_hash, distrust=distrust)
+                return cached_index(cache_paths(path), path, fd, key, ends_hash, distrust=distrust, tried=first)
             except MetaFileChangedError:
                 if attempt == _BUILD_TRIES - 1:
                     raise

@@ -17,16 +17,19 @@ import abc
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+import numpy as np
+
+from rank_dataset.core import native
 from rank_dataset.core.checks import UrlPath
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.index.load import Index, load_index, read_checkpoints
 from rank_dataset.files.io import ByteSource, LocalFile, SourceKey, open_source, raise_if_changed
-from rank_dataset.files.io.pread import RangeLoader, ShortRead, count_newlines
+from rank_dataset.files.io.pread import RangeLoader, ShortRead
 
 if TYPE_CHECKING:
     from rank_dataset.files.formats import ParquetLayout, ParquetRows, SpanSource
@@ -56,12 +59,18 @@ class FileBytes(abc.ABC):
         """Raise MetaFileChangedError if the file read through ``fd`` is not the one ``key`` describes."""
 
     @abc.abstractmethod
-    def _read_plain(self, index: Index, offset: int, count: int) -> bytes:
-        """``count`` bytes at ``offset`` of a plain file, checked."""
+    def _plain(self, index: Index) -> contextlib.AbstractContextManager[ByteSource]:
+        """A plain file's source, checked against ``index.key`` (a local file's after its reads)."""
 
-    @abc.abstractmethod
-    def _count_plain(self, index: Index, start: int, stop: int) -> int:
-        """The newlines in bytes ``[start, stop)`` of a plain file."""
+    @contextlib.contextmanager
+    def _reading(self, index: Index) -> Iterator[Callable[[int, int], bytes]]:
+        """``read(a, b)``: bytes ``[a, b)`` (decompressed ones, of a compressed file; fewer past its end)."""
+        if index.format.compressed:
+            with self.open(index) as spans:
+                yield cast("SpanSource", spans).read
+        else:
+            with self._plain(index) as source:
+                yield lambda a, b: source.pread(b - a, a)
 
     def read_once(self, index: Index, offset: int, count: int) -> bytes:
         """``count`` bytes at ``offset`` (decompressed ones, of a compressed file), checked once, after
@@ -71,21 +80,16 @@ class FileBytes(abc.ABC):
         Raises:
             MetaFileChangedError: the file is not the one indexed, or ends before the bytes do.
         """
-        if index.format.compressed:
-            with self.open(index) as spans:
-                raw = cast("SpanSource", spans).read(offset, offset + count)
-        else:
-            raw = self._read_plain(index, offset, count)
+        with self._reading(index) as read:
+            raw = read(offset, offset + count)
         if len(raw) < count:
             raise MetaFileChangedError(self.path, "it shrank while being read")
         return raw
 
     def count_newlines(self, index: Index, start: int, stop: int) -> int:
         """The newlines in bytes ``[start, stop)`` (decompressed ones, of a compressed file)."""
-        if index.format.compressed:
-            with self.open(index) as spans:
-                return cast("SpanSource", spans).read(start, stop).count(b"\n")
-        return self._count_plain(index, start, stop)
+        with self._reading(index) as read:
+            return native.count_newlines(np.frombuffer(read(start, stop), np.uint8))
 
 
 class LocalBytes(FileBytes):
@@ -153,15 +157,11 @@ class LocalBytes(FileBytes):
 
         return SpanSource(self.path, fd, checkpoints, open_fd)
 
-    def _read_plain(self, index: Index, offset: int, count: int) -> bytes:
+    @contextlib.contextmanager
+    def _plain(self, index: Index) -> Iterator[ByteSource]:
         with LocalFile(self.path, index.key, checked=False) as local:
-            raw = os.pread(local.fd, count, offset)
+            yield local
             local.check_open()
-        return raw
-
-    def _count_plain(self, index: Index, start: int, stop: int) -> int:
-        with LocalFile(self.path) as local:
-            return count_newlines(local.fd, stop, start)
 
     def check(self, fd: int | RangeLoader, key: SourceKey) -> None:
         """Raise MetaFileChangedError if the file open at ``fd`` is not the one ``key`` describes."""
@@ -235,11 +235,8 @@ class ObjectBytes(FileBytes):
         self._rows = ((os.getpid(), layout), rows)
         yield rows
 
-    def _read_plain(self, index: Index, offset: int, count: int) -> bytes:
-        return self.source(index.key).read(offset, count)
-
-    def _count_plain(self, index: Index, start: int, stop: int) -> int:
-        return sum(block.count(b"\n") for block in self.source(index.key).stream(start, stop))
+    def _plain(self, index: Index) -> contextlib.AbstractContextManager[ByteSource]:
+        return contextlib.nullcontext(self.source(index.key))
 
     def check(self, fd: int | RangeLoader, key: SourceKey) -> None:
         """Raise MetaFileChangedError if the object is no longer the one indexed (one HEAD)."""

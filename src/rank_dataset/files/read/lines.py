@@ -1,12 +1,13 @@
 """Checks of meta lines against the bytes they were copied from, and of their text: where a sample
-may start and end, that it is not blank, and that it is UTF-8.
+may start and end, that it is not blank, and that it is UTF-8; and a file's bytes cut into pieces of
+whole lines (:func:`line_pieces`), as grouping and the collective reader read them.
 
 Public: the collective reader checks its rows with the same functions the file reader does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy.typing as npt
 from rank_dataset.core import native
 from rank_dataset.files.index.scan import BLANK, BOM, CR, NEWLINE
 
-__all__ = ["bounds_ok", "check_from", "check_utf8", "rows_ok", "window_ok"]
+__all__ = ["bounds_ok", "check_from", "check_utf8", "line_pieces", "rows_ok", "window_ok"]
 
 
 def check_from(s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -119,3 +120,46 @@ def check_utf8(
     bad = native.utf8_first_invalid(data, bounds)  # one pass (C, or numpy's decoder over runs of rows)
     if bad >= 0:
         fail(bad)
+
+
+def line_pieces(
+    read_into: Callable[[npt.NDArray[np.uint8], int, int], None], lo: int, hi: int, step: int, *, reuse: bool = True
+) -> Iterator[tuple[npt.NDArray[np.uint8], int]]:
+    """``(buf, offset)``: bytes ``[lo, hi)`` of a file, read ``step`` bytes at a time by ``read_into(out,
+    offset, hi)`` (which fills ``out``; reads go on in order), in pieces that each end just past a
+    newline, the last at ``hi``. ``lo`` starts a line. With ``reuse``, every piece is a view of one
+    buffer, read into again for the next piece (valid until the next is asked for); without, each piece
+    is an array of its own."""
+    # One buffer for every read: fresh memory is paid for page by page (zeroed by the kernel), and
+    # a new buffer a read would cost that for the whole range; it grows only for a line longer than a read.
+    space: npt.NDArray[np.uint8] = np.empty(min(step, max(hi - lo, 0)), np.uint8)
+    kept, pos = 0, lo  # bytes of an unfinished line at the start of space
+    while pos < hi:
+        n = min(step, hi - pos)
+        if kept + n > space.size:
+            grown = np.empty(kept + n, np.uint8)
+            grown[:kept] = space[:kept]
+            space = grown
+        buf = space[: kept + n]
+        read_into(buf[kept:], pos, hi)
+        start, pos = pos - kept, pos + n
+        if pos >= hi:
+            yield buf, start
+            return
+        cut = _last_newline(buf)
+        if cut < 0:  # a line longer than a read: read on
+            kept = buf.size
+            continue
+        yield buf[: cut + 1], start
+        kept = buf.size - cut - 1
+        if not reuse:
+            space = np.empty(kept + min(step, hi - pos), np.uint8)
+        space[:kept] = buf[cut + 1 :]  # (numpy copies overlapping ranges as if through a temporary)
+
+
+def _last_newline(buf: npt.NDArray[np.uint8]) -> int:
+    for tail in (1 << 16, buf.size):
+        hits = np.flatnonzero(buf[-tail:] == NEWLINE)
+        if hits.size:
+            return int(buf.size - min(tail, buf.size) + hits[-1])
+    return -1

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -38,9 +38,6 @@ from rank_dataset.files.read._gather import (
 )
 from rank_dataset.files.read.file import IndexedFile, bytes_of
 from rank_dataset.plan.bounds import Bounds
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["MetaFile", "MetaFileChangedError", "bucket_order"]
 

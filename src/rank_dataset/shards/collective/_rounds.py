@@ -23,7 +23,6 @@ import numpy.typing as npt
 from rank_dataset.core import native
 from rank_dataset.core.shard import Shard, ShardWriter, copy_rows, offset_dtype
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.index.scan import NEWLINE
 from rank_dataset.files.read.lines import check_utf8
 from rank_dataset.shards._rows import RowsReading, RowsText
 from rank_dataset.shards._text import Reading
@@ -383,7 +382,7 @@ class Server:
         f, start, before = next(p for p in reversed(parts) if p[1] <= at)
         if isinstance(slices.texts[f], RowsText):  # a row may hold newlines: named by its number
             return slices.where(int(slices.owned[slices.rank]) + row)
-        return f"{slices.paths[f]}:{before + int(np.count_nonzero(buf[start:at] == NEWLINE)) + 1}"
+        return f"{slices.paths[f]}:{before + native.count_newlines(buf[start:at]) + 1}"
 
     def _reading(self, f: int) -> Reading | RowsReading:
         """File ``f``'s reading for this build: opened at its first use, closed as the build ends (a

@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import native
 from rank_dataset.core.shard import offset_dtype
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import PARQUET, Checkpoints, Format
 from rank_dataset.files.index.fingerprints import fingerprints
 from rank_dataset.files.index.load import checkpoints_of
-from rank_dataset.files.index.scan import NEWLINE, scan_buffer
+from rank_dataset.files.index.scan import scan_buffer
 from rank_dataset.files.io import SourceKey
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.shards._rows import RowsText
@@ -98,7 +99,7 @@ class Slices:
                     chunk = scan_buffer(buf, offset, last)
                     if k < chunk.starts.size:
                         start = int(chunk.starts[k]) - offset
-                        return f"{path}:{line + int(np.count_nonzero(buf[:start] == NEWLINE)) + 1}"
+                        return f"{path}:{line + native.count_newlines(buf[:start]) + 1}"
                     k -= chunk.starts.size
                     line += chunk.newlines
         except (OSError, MetaFileChangedError, CorruptMetaFileError):
