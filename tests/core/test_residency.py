@@ -13,6 +13,7 @@ import pytest
 from rank_dataset.core.residency import (
     anonymous_map,
     free_pages,
+    populate_map,
     settle_before_each_fork,
     settle_before_fork,
     small_pages,
@@ -38,6 +39,37 @@ def test_free_pages_of_a_range_within_one_page_frees_nothing() -> None:
     free_pages(mm, 10, PAGE - 10)
     free_pages(mm, PAGE + 1, 3 * PAGE)  # past the end of the map: cut at it, and page 1 is partial
     assert (a == 7).all()
+
+
+def _rss_kib() -> int:
+    return int(re.search(r"^Rss:\s+(\d+)", Path("/proc/self/smaps_rollup").read_text(), re.M).group(1))
+
+
+def _populates() -> bool:
+    """Whether this kernel has madvise's MADV_POPULATE_WRITE (Linux 5.14)."""
+    release = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return bool(release) and (int(release.group(1)), int(release.group(2))) >= (5, 14)
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="no /proc/self/smaps_rollup here")
+def test_populate_map_maps_a_shared_maps_pages_in_before_any_write_and_keeps_its_bytes() -> None:
+    if not _populates():
+        pytest.skip("no MADV_POPULATE_WRITE before Linux 5.14 (populate_map then does nothing)")
+    fd = os.memfd_create("populate_test")
+    try:
+        os.ftruncate(fd, 16 << 20)
+        mm = mmap.mmap(fd, 16 << 20)
+    finally:
+        os.close(fd)
+    mm[5 * PAGE : 5 * PAGE + 3] = b"abc"  # one page written before
+    before = _rss_kib()
+    populate_map(mm, PAGE + 1, 12 << 20)  # from inside page 1: that page too
+    grown = _rss_kib() - before
+    assert (12 << 10) - 12 <= grown <= (12 << 10) + 256, f"{grown} KiB mapped in for 12 MiB less a page"
+    assert mm[5 * PAGE : 5 * PAGE + 3] == b"abc" and mm[:PAGE] == bytes(PAGE) and mm[-PAGE:] == bytes(PAGE)
+    populate_map(mm, 0, 64 << 20)  # past the end: cut at it
+    assert _rss_kib() - before >= (16 << 10) - 8 - 64
+    mm.close()
 
 
 def _anon_huge_kib() -> int:

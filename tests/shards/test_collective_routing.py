@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from rank_dataset.core.arrays import prefix_sums, ranges
 from rank_dataset.shards.collective import _routing as routing
 from tests_helpers import BLOCK_TORCH
 
@@ -23,7 +24,7 @@ def line_offsets(lengths: Ints, splits: Ints, head: int) -> Ints:
     """Where each line of ``lengths`` is in what one rank sends the others in a round (the layout the
     native ``pack_requests`` and ``place_lines`` keep): the part for rank ``r`` (``splits[r]`` lines) is
     ``head`` bytes of status, then its lines back to back."""
-    return routing.exclusive(lengths) + head * np.repeat(np.arange(1, splits.size + 1, dtype=np.int64), splits)
+    return prefix_sums(lengths)[:-1] + head * np.repeat(np.arange(1, splits.size + 1, dtype=np.int64), splits)
 
 
 WORLDS = [1, 2, 3, 4, 7, 16]
@@ -49,19 +50,19 @@ def random_plan(rng: np.random.Generator, total: int, *, repeat: bool) -> Ints:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_offsets_exclusive_and_starts_are_the_running_sums(seed: int) -> None:
+def test_starts_of_are_the_running_sums(seed: int) -> None:
     rng = np.random.default_rng(seed)
     for size in [0, 1, 2, 17, 300]:
         lengths = rng.integers(0, 50, size).astype(np.int64)
-        at = routing.exclusive(lengths)
+        at = prefix_sums(lengths)[:-1]
         assert at.dtype == np.int64 and at.tolist() == (np.cumsum(lengths) - lengths).tolist()
-        ends = routing.offsets(lengths)
+        ends = prefix_sums(lengths)
         assert ends.dtype == np.int64 and ends.tolist() == [0, *np.cumsum(lengths).tolist()]
         counts = lengths[: size - size % 3].reshape(-1, 3) if size >= 3 else lengths.reshape(-1, 1)
         starts = routing.starts_of(counts)
         assert starts.shape == counts.shape
-        assert starts.reshape(-1).tolist() == routing.exclusive(counts.reshape(-1)).tolist()
-    assert routing.offsets([]).tolist() == [0]
+        assert starts.reshape(-1).tolist() == prefix_sums(counts.reshape(-1))[:-1].tolist()
+    assert prefix_sums([]).tolist() == [0]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -81,7 +82,7 @@ def test_ranges_are_the_ranges_back_to_back(seed: int) -> None:
         starts = rng.integers(0, 1000, parts).astype(np.int64)
         counts = rng.integers(0, 9, parts).astype(np.int64)
         want = [i for s, c in zip(starts.tolist(), counts.tolist()) for i in range(s, s + c)]
-        assert routing.ranges(starts, counts).tolist() == want
+        assert ranges(starts, counts).tolist() == want
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -95,7 +96,7 @@ def test_split_sums_and_line_offsets_lay_out_what_a_rank_sends(seed: int, w: int
     assert int(sums.sum()) == int(lengths.sum())  # the split sums equal the total
     for head in (0, 1, 3):
         sizes = sums + head
-        heads = routing.exclusive(sizes)
+        heads = prefix_sums(sizes)[:-1]
         at = line_offsets(lengths, splits, head)
         # Each rank's part: its head, then its lines back to back; every byte once.
         owner = np.repeat(np.arange(w), splits)
@@ -119,7 +120,7 @@ def test_the_slices_pieces_partition_every_file(seed: int, w: int) -> None:
     rng = np.random.default_rng(seed)
     sizes = rng.integers(0, 500, int(rng.integers(1, 6)))
     sizes[rng.random(sizes.size) < 0.2] = 0  # empty files
-    offsets = routing.offsets(sizes)
+    offsets = prefix_sums(sizes)
     total = int(offsets[-1])
     cuts = np.concatenate([[0], np.sort(rng.integers(0, total + 1, w - 1)), [total]]).astype(np.int64)
     for f, size in enumerate(sizes.tolist()):
@@ -220,7 +221,7 @@ def test_every_requested_sample_goes_to_exactly_its_owner_in_its_round(seed: int
     held = random_held(rng, w)
     if held.sum() == 0:
         held[-1] = 1
-    owned = routing.offsets(held)
+    owned = prefix_sums(held)
     total = int(owned[-1])
     per_round, rounds = routing.rounds_of(held, total * int(rng.integers(1, 80)), int(rng.integers(1, 4000)))
     plan = random_plan(rng, total, repeat=repeat)
@@ -246,7 +247,7 @@ def test_every_requested_sample_goes_to_exactly_its_owner_in_its_round(seed: int
     at = routing.starts_of(counts)
     seen = []
     for k in range(rounds):
-        idx = order[routing.ranges(at[:, k], counts[:, k])]
+        idx = order[ranges(at[:, k], counts[:, k])]
         assert (local[idx] // per_round == k).all()
         assert (owner[idx] == np.repeat(np.arange(w), counts[:, k])).all()
         seen.append(idx)
@@ -273,13 +274,13 @@ def test_a_simulated_exchange_gives_every_rank_its_plans_lines(seed: int, w: int
     held = random_held(rng, w)
     if held.sum() == 0:
         held[0] = 1
-    owned = routing.offsets(held)
+    owned = prefix_sums(held)
     total = int(owned[-1])
     lines = [bytes(rng.integers(97, 123, int(n)).astype(np.uint8)) for n in rng.integers(0, 30, total)]
     length_of = np.array([len(x) for x in lines], np.int64)
     # What each owner holds: its slice's bytes, where each of its samples starts and its length.
     slices = [b"".join(lines[owned[r] : owned[r + 1]]) for r in range(w)]
-    starts = [routing.exclusive(length_of[owned[r] : owned[r + 1]]) for r in range(w)]
+    starts = [prefix_sums(length_of[owned[r] : owned[r + 1]])[:-1] for r in range(w)]
     lengths = [length_of[owned[r] : owned[r + 1]] for r in range(w)]
     per_round, rounds = routing.rounds_of(held, int(length_of.sum()), int(rng.integers(1, 200)))
     plans = [random_plan(rng, total, repeat=repeat) for _ in range(w)]
@@ -301,7 +302,7 @@ def test_a_simulated_exchange_gives_every_rank_its_plans_lines(seed: int, w: int
         assert il.tolist() == length_of[s["items"]].tolist()  # each item's length came back to it
         item_lengths.append(il)
     row_lengths = [il if s["inverse"] is None else il[s["inverse"]] for il, s in zip(item_lengths, state)]
-    bounds = [routing.offsets(rl) for rl in row_lengths]
+    bounds = [prefix_sums(rl) for rl in row_lengths]
     shards = [np.zeros(int(b[-1]), np.uint8) for b in bounds]
     asked_at, counts_at = [routing.starts_of(a) for a in asked], [routing.starts_of(c) for c in counts]
     rows_of: list[list[list[int]]] = []  # each rank's rows of each item
@@ -312,13 +313,13 @@ def test_a_simulated_exchange_gives_every_rank_its_plans_lines(seed: int, w: int
     for k in range(rounds):
         sends, send_sizes = [], []
         for r in range(w):  # owner r serves round k
-            rows = requests[r][routing.ranges(asked_at[r][:, k], asked[r][:, k])]
+            rows = requests[r][ranges(asked_at[r][:, k], asked[r][:, k])]
             first, stop = k * per_round, min((k + 1) * per_round, int(held[r]))
             assert ((first <= rows) & (rows < max(stop, first))).all()  # only the round's samples
             ls = lengths[r][rows]
             sizes = routing.split_sums(ls, asked[r][:, k]) + head
             send = np.full(int(sizes.sum()), 255, np.uint8)
-            send[routing.exclusive(sizes)] = 0  # the status byte: OK
+            send[prefix_sums(sizes)[:-1]] = 0  # the status byte: OK
             data = np.frombuffer(slices[r], np.uint8)
             for a, s_, n in zip(line_offsets(ls, asked[r][:, k], head).tolist(), starts[r][rows], ls):
                 send[a : a + n] = data[s_ : s_ + n]
@@ -326,12 +327,12 @@ def test_a_simulated_exchange_gives_every_rank_its_plans_lines(seed: int, w: int
             send_sizes.append(sizes)
         received = all_to_all(sends, send_sizes)
         for r, s in enumerate(state):
-            idx = s["order"][routing.ranges(counts_at[r][:, k], counts[r][:, k])]
+            idx = s["order"][ranges(counts_at[r][:, k], counts[r][:, k])]
             ls = item_lengths[r][idx]
             got_bytes = routing.split_sums(ls, counts[r][:, k]) + head
             got = received[r]
             assert got.size == int(got_bytes.sum())
-            assert (got[routing.exclusive(got_bytes)] == 0).all()  # every owner's status, read where it is
+            assert (got[prefix_sums(got_bytes)[:-1]] == 0).all()  # every owner's status, read where it is
             at = line_offsets(ls, counts[r][:, k], head)
             for i, a, n in zip(idx.tolist(), at.tolist(), ls.tolist()):
                 for row in rows_of[r][i]:

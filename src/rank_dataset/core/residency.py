@@ -8,6 +8,7 @@ import functools
 import gc
 import mmap
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +19,7 @@ __all__ = [
     "anonymous_map",
     "free_pages",
     "freeze_inherited_objects",
+    "populate_map",
     "return_freed_memory",
     "settle_before_each_fork",
     "settle_before_fork",
@@ -51,6 +53,23 @@ def free_pages(mm: mmap.mmap, start: int, stop: int) -> None:
     start, stop = -(-start // page) * page, min(stop, len(mm)) // page * page
     if stop > start:
         mm.madvise(advice, start, stop - start)
+
+
+# madvise's MADV_POPULATE_WRITE (Linux 5.14; Python's mmap names it from 3.13 on)
+_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
+
+
+def populate_map(mm: mmap.mmap, start: int, stop: int) -> None:
+    """Fault in the pages of a writable shared or private map that hold bytes ``[start, stop)``, in one
+    system call instead of one fault a 4 KiB page as they are first written (nothing where the kernel
+    cannot: they fault in as they are written then). Their bytes are unchanged."""
+    if _POPULATE_WRITE is None:
+        return
+    page = mmap.PAGESIZE
+    start, stop = start // page * page, min(stop, len(mm))
+    if stop > start:
+        with contextlib.suppress(OSError):  # EINVAL before Linux 5.14; ENOMEM, EFAULT: left to the faults
+            mm.madvise(_POPULATE_WRITE, start, stop - start)
 
 
 @functools.cache

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from rank_dataset.core import native
 from rank_dataset.core import shm as _shm
-from rank_dataset.core.residency import anonymous_map
+from rank_dataset.core.residency import anonymous_map, populate_map
 
 __all__ = ["Shard", "ShardWriter", "copy_rows", "offset_dtype"]
 
@@ -76,10 +76,11 @@ class ShardWriter:
     <rank_dataset.files.read.metafile.MetaFile.read>`).
 
     Fill ``bounds`` (``n + 1`` offsets into ``data``, ascending, ``bounds[n] == nbytes``) and
-    ``ids`` if asked for, write the lines into ``data``, then call :meth:`finish`.
+    ``ids`` if asked for, write the lines into ``data``, then call :meth:`finish`. With ``populate``, its
+    pages are faulted in here, at once (for a writer that fills every byte).
     """
 
-    def __init__(self, n: int, nbytes: int, *, ids: bool = False, shared: bool = True) -> None:
+    def __init__(self, n: int, nbytes: int, *, ids: bool = False, shared: bool = True, populate: bool = False) -> None:
         dtype = offset_dtype(nbytes)
         bounds_off = _ALIGN
         ids_off = _align(bounds_off + (n + 1) * dtype.itemsize) if ids else 0
@@ -89,6 +90,8 @@ class ShardWriter:
         self.segment: _shm.Segment | None = _shm.Segment(data_off + nbytes) if shared else None
         self._map = anonymous_map(data_off + nbytes) if self.segment is None else self.segment.map()
         _HEADER.pack_into(self._map, 0, _MAGIC, dtype.itemsize, n, bounds_off, ids_off, data_off, nbytes)
+        if populate:  # every page is written once: faulted in at once, not a page a write
+            populate_map(self._map, 0, data_off + nbytes)
         self.bounds: _IntArray = np.frombuffer(self._map, dtype, n + 1, bounds_off)
         self.ids: npt.NDArray[np.int64] | None = np.frombuffer(self._map, np.int64, n, ids_off) if ids else None
         self.data: npt.NDArray[np.uint8] = np.frombuffer(self._map, np.uint8, nbytes, data_off)

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import native, shm
+from rank_dataset.core.residency import populate_map
 from rank_dataset.shards.collective._dist import Collectives
 
 __all__ = ["Local", "Table"]
@@ -96,7 +97,9 @@ class Local:
         segment = shm.Segment(lengths_at + n * dtypes[1].itemsize + 8, name="rank_dataset_exchange")
         try:
             #: This rank's own segment, writable.
-            self.mine = _view(segment.map(), layout)
+            mapping = segment.map()
+            populate_map(mapping, 0, len(mapping))  # all of it is written: at once, not a fault a page
+            self.mine = _view(mapping, layout)
             if n:  # the count's parts written once, into the table (every value fits its width)
                 np.concatenate(starts, out=self.mine.starts, casting="unsafe")
                 np.concatenate(lengths, out=self.mine.lengths, casting="unsafe")

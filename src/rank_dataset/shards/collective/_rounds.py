@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import native
+from rank_dataset.core.arrays import prefix_sums, ranges
 from rank_dataset.core.shard import Shard, ShardWriter, copy_rows, offset_dtype
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.read.lines import check_utf8
@@ -139,7 +140,7 @@ class Exchange:
         send_sizes = _routing.split_sums(send_lengths.astype(np.int64), asked.reshape(-1)).reshape(w, rounds) + HEAD
         total = int(got_lengths.sum(dtype=np.int64))
         if inverse is None:  # item i is row i: the offsets straight from the lengths, in one pass
-            writer = ShardWriter(n, total, ids=ids is not None)
+            writer = ShardWriter(n, total, ids=ids is not None, populate=True)
             key_bytes = native.scatter_bounds(got_lengths, order, flat_counts, writer.bounds).reshape(w, rounds)
             dest: npt.NDArray[Any] = order
         else:
@@ -150,7 +151,7 @@ class Exchange:
             key_bytes = _routing.split_sums(got_lengths.astype(np.int64), flat_counts).reshape(w, rounds)
             row_lengths = item_lengths[inverse]
             del item_lengths
-            writer = ShardWriter(n, int(row_lengths.sum(dtype=np.int64)), ids=ids is not None)
+            writer = ShardWriter(n, int(row_lengths.sum(dtype=np.int64)), ids=ids is not None, populate=True)
             writer.bounds[0] = 0
             np.cumsum(row_lengths, out=writer.bounds[1:], dtype=writer.bounds.dtype)
             del row_lengths
@@ -175,7 +176,7 @@ class Exchange:
                 got = net.all_to_all(send, send_bytes, "the lines", out_splits=got_bytes)
                 sent, received = sent + send.nbytes, received + got.nbytes
                 del send
-                raise_reported(net, got[_routing.exclusive(got_bytes)], failure)
+                raise_reported(net, got[prefix_sums(got_bytes)[:-1]], failure)
                 # Each far owner's lines, back to back after its header, to their rows; the mapped
                 # owners' from their buffers.
                 native.place_lines(
@@ -219,7 +220,7 @@ class Exchange:
         bitmap = _routing.bitmapped(held, far_ask, itemsize)
         sizes = _routing.request_bytes(held, far_ask, itemsize, bitmap)
         out = np.empty(int(sizes.sum()), np.uint8)
-        starts, at = _routing.exclusive(ask), 0
+        starts, at = prefix_sums(ask), 0
         for o in np.flatnonzero(far_ask).tolist():
             a, m = int(starts[o]), int(ask[o])
             part = request[a : a + m]
@@ -264,7 +265,7 @@ class Exchange:
         """``path:line`` of the shard's row ``row`` of a build (its routing as :meth:`build` made it)."""
         item = row if inverse is None else int(inverse[row])
         at = int(np.flatnonzero(order == item)[0])  # where it is among the requests, grouped by owner
-        owner = int(np.searchsorted(_routing.exclusive(ask), at, side="right")) - 1
+        owner = int(np.searchsorted(prefix_sums(ask), at, side="right")) - 1
         return self.slices.where(int(self.slices.owned[owner]) + int(request[at]))
 
 
@@ -309,11 +310,11 @@ class Server:
             pack(buf, lo, counts=counts, head=HEAD, status=OK, send=send)
             if not ascii_:
                 # The lines without the status bytes, back to back, as the file reader checks them.
-                which = _routing.ranges(at, counts)
+                which = ranges(at, counts)
                 rows = requests[which]
                 keep = np.ones(send.size, bool)
-                keep[(_routing.exclusive(sizes)[:, None] + np.arange(HEAD)).ravel()] = False
-                bounds = np.concatenate(([0], np.cumsum(lengths[which].astype(np.int64))))
+                keep[(prefix_sums(sizes)[:-1, None] + np.arange(HEAD)).ravel()] = False
+                bounds = prefix_sums(lengths[which])
                 line_at = self._starts[rows].astype(np.int64) - lo
                 check_utf8(lambda r: self._line_of(buf, parts, int(line_at[r]), int(rows[r])), send[keep], bounds)
         except (MetaFileChangedError, ValueError) as exc:  # a CorruptMetaFileError is a ValueError

@@ -4,7 +4,8 @@ which round it serves it, and how requests, lengths and lines are laid out in ea
 Pure numpy functions of arrays: no torch, no I/O, so that every rule here is tested without processes
 (tests/shards/test_collective_routing.py). The numbers: the files are taken as one text, cut into one slice a
 rank (``cuts``, in bytes; ``offsets`` where each file starts); rank ``r`` owns the global samples
-``[owned[r], owned[r + 1])``, and serves its ``local`` sample ``j`` in round ``j // per_round``.
+``[owned[r], owned[r + 1])``, and serves its ``local`` sample ``j`` in round ``j // per_round``. Running
+sums are :mod:`rank_dataset.core.arrays`'s.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import prefix_sums
+
 __all__ = [
     "bitmapped",
     "distinct",
-    "exclusive",
-    "offsets",
     "piece",
     "pieces",
-    "ranges",
     "request_bytes",
     "rounds_of",
     "split_sums",
@@ -33,44 +33,21 @@ __all__ = [
 _Ints = npt.NDArray[np.int64]
 
 
-def offsets(sizes: Sequence[int] | npt.NDArray[Any]) -> _Ints:
-    """``[0, sizes[0], sizes[0] + sizes[1], ...]``: where each part starts, back to back, then the end."""
-    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-
-
-def exclusive(lengths: _Ints) -> _Ints:
-    """Where each of ``lengths`` starts, back to back from 0."""
-    at = np.empty(lengths.size, np.int64)
-    if lengths.size:
-        at[0] = 0
-        np.cumsum(lengths[:-1], out=at[1:])
-    return at
-
-
 def starts_of(counts: _Ints) -> _Ints:
     """Where each part of ``counts`` (in row-major order) starts, back to back, in its shape."""
-    return exclusive(counts.reshape(-1)).reshape(counts.shape)
-
-
-def ranges(starts: _Ints, counts: _Ints) -> _Ints:
-    """``[starts[0], starts[0] + counts[0]), [starts[1], ...), ...`` one after the other, without a loop."""
-    total = int(counts.sum())
-    out = np.repeat(starts - exclusive(counts), counts)
-    out += np.arange(total, dtype=np.int64)
-    return out
+    return prefix_sums(counts.reshape(-1))[:-1].reshape(counts.shape)
 
 
 def take_parts(parts: Sequence[npt.NDArray[Any]], rows: _Ints) -> _Ints:
     """``np.concatenate(parts)[rows]``, without joining the parts (each of ``rows`` below their total)."""
-    at = offsets([p.size for p in parts])
+    at = prefix_sums([p.size for p in parts])
     which = np.searchsorted(at, rows, side="right") - 1
     return np.array([int(parts[i][r - at[i]]) for i, r in zip(which.tolist(), np.asarray(rows).tolist())], np.int64)
 
 
 def split_sums(lengths: _Ints, splits: _Ints) -> _Ints:
     """The sum of each consecutive part of ``lengths`` cut by ``splits``."""
-    ends = np.cumsum(np.concatenate([[0], lengths])).astype(np.int64)
-    cuts = np.concatenate([[0], np.cumsum(splits)]).astype(np.int64)
+    ends, cuts = prefix_sums(lengths), prefix_sums(splits)
     sums: _Ints = ends[cuts[1:]] - ends[cuts[:-1]]
     return sums
 

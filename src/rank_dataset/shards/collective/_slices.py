@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import native
+from rank_dataset.core.arrays import prefix_sums
 from rank_dataset.core.shard import offset_dtype
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import PARQUET, Checkpoints, Format
@@ -49,15 +50,15 @@ class Slices:
         self.paths, self.texts, self.rank = paths, texts, rank
         per = table.reshape(w, 3, files)
         self.samples, self.newlines, text = per[:, 0, :], per[:, 1, :], per[:, 2, :]  # (rank, file)
-        self.offsets = _routing.offsets(text.sum(axis=0))
-        self.cuts = _routing.offsets(text.sum(axis=1))
+        self.offsets = prefix_sums(text.sum(axis=0))
+        self.cuts = prefix_sums(text.sum(axis=1))
         for f, t in enumerate(texts):
             if isinstance(t, RowsText):
                 t.place(int(text[:rank, f].sum()), int(text[:, f].sum()))
         self.bounds = Bounds(self.samples.sum(axis=0))
         #: The samples each rank's slice holds; slices are in file order.
         self.held: _Ints = self.samples.sum(axis=1)
-        self.owned = _routing.offsets(self.held)
+        self.owned = prefix_sums(self.held)
 
     @property
     def text_bytes(self) -> int:
@@ -130,7 +131,7 @@ def count_slices(
         ]
         # The slices are cut in planned bytes (a Parquet file's are its row groups' sizes in the
         # footer: its text is known once rendered), then placed in bytes of text by the count.
-        planned = _routing.offsets([t.planned for t in texts])
+        planned = prefix_sums([t.planned for t in texts])
         lo, hi = (_cut(texts, planned, int(planned[-1]) * r // w) for r in (net.rank, net.rank + 1))
         counts, starts, lengths = _count(texts, planned, lo, hi)
     except Exception as exc:  # told to every rank by the all-gather, then raised on each
