@@ -27,7 +27,6 @@ from rank_dataset.training._agree import agreement_fields, agreement_needed, che
 from rank_dataset.training._failures import FailureBook, FailurePolicy, OnError
 from rank_dataset.training._items import ItemView, RankSide
 from rank_dataset.training._options import is_shard_reader, timeout_timedelta
-from rank_dataset.training._state import FAILURES_ONLY, read_state, resumed, state_at
 from rank_dataset.training.topology import get_rank_world_size
 
 # A spawn or forkserver DataLoader worker imports this module to unpickle its dataset: what only the rank plans
@@ -385,6 +384,8 @@ class ShardedDataset(Dataset[Any]):
             >>> new.indices.tolist() == old.indices[2:].tolist()
             True
         """
+        from rank_dataset.training._state import FAILURES_ONLY, state_at  # on first use: building a shard needs neither
+
         book = self._book
         if consumed is None:  # no resume point: the failure records alone (what a user saving it expects kept)
             if book.policy.on_error != "replace":
@@ -413,6 +414,8 @@ class ShardedDataset(Dataset[Any]):
                 message names the first source that differs), of another format version, with
                 missing keys or a value out of range (the message names it), or an eval dataset.
         """
+        from rank_dataset.training._state import read_state, resumed
+
         read = read_state(state, self.spec.is_test)
         if read is None:
             return

@@ -15,7 +15,7 @@ from rank_dataset.training.dataset import ShardedDataset
 
 __all__ = ["RandomSampler", "ResumableSampler", "find_resume_state"]
 
-_CHUNK = 1 << 12  # indices turned into Python ints at a time (a few hundred KiB of them)
+_CHUNK = 1 << 10  # indices turned into Python ints at a time (about 40 KiB of them: pages the rank touches)
 
 
 class RandomSampler(Sampler[int]):
@@ -27,7 +27,7 @@ class RandomSampler(Sampler[int]):
     persistent workers or not, serves every shard ``set_epoch`` loads, each pass reading the shard
     that was current when it started.
 
-    The order is a keyed permutation computed position by position (the plan's), drawn a few thousand indices at a
+    The order is a keyed permutation computed position by position (the plan's), drawn a thousand indices at a
     time: the training process never holds the whole shard's order.
 
     Args:

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import native
+from rank_dataset.core.native import BOM, NEWLINE
 from rank_dataset.core.shard import ShardWriter, copy_rows
 from rank_dataset.core.threads import in_threads
 from rank_dataset.files.index.load import (
@@ -34,7 +35,6 @@ from rank_dataset.files.index.load import (
     read_entry,
     spans_are_sane,
 )
-from rank_dataset.files.index.scan import BOM, NEWLINE
 from rank_dataset.files.io.pread import GAP, RangeLoader, Window, dense
 from rank_dataset.files.read import _visits
 from rank_dataset.files.read._visits import (

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import native
-from rank_dataset.files.index.scan import BLANK, BOM, CR, NEWLINE
+from rank_dataset.core.native import BLANK, BOM, CR, NEWLINE
 
 __all__ = ["bounds_ok", "check_from", "check_utf8", "line_pieces", "rows_ok", "window_ok"]
 

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -25,7 +25,6 @@ from rank_dataset.core.shard import Shard
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.index.fingerprints import fingerprints
 from rank_dataset.files.index.load import load_index
-from rank_dataset.files.index.scan import PathLike
 from rank_dataset.files.read._gather import (
     THREADED_ROWS,
     IndexMismatch,
@@ -38,6 +37,9 @@ from rank_dataset.files.read._gather import (
 )
 from rank_dataset.files.read.file import IndexedFile, bytes_of
 from rank_dataset.plan.bounds import Bounds
+
+if TYPE_CHECKING:  # the scanner is the index build's: a cached index is read without it
+    from rank_dataset.files.index.scan import PathLike
 
 __all__ = ["MetaFile", "MetaFileChangedError", "bucket_order"]
 
