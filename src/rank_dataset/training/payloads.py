@@ -200,11 +200,16 @@ class Payloads:
                 what = getattr(key, "__name__", key)
                 raise PayloadError(repr(name), f"key {what!r} returned {type(name).__name__}, not a str")
             return name
+        if type(key) is int:  # the common case, a field of a text line, without a _Fields
+            split = text.split()
+            if key < len(split):
+                return split[key]
         return _Fields(text, self.columns).get(key)
 
     def targets(self, name: str | tuple[str, ...]) -> list[Target | PayloadError]:
-        names = name if isinstance(name, tuple) else (name,)
-        return [resolve(n, self.root, self.allow) for n in names]
+        if isinstance(name, tuple):
+            return [resolve(n, self.root, self.allow) for n in name]
+        return [resolve(name, self.root, self.allow)]
 
     def where(self, text: str, meta: Any) -> str:
         """The path(s) or URL(s) the payload of sample ``text`` is read from (nothing is read)."""
@@ -315,9 +320,10 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
             metas.append(None)
             counts.append(0)
             continue
-        metas.append((meta, len(found) > 1 or isinstance(payloads.key, tuple)))
+        metas.append(meta)
         counts.append(len(found))
         targets.extend(found)
+    many = isinstance(payloads.key, tuple)  # data is a tuple of bytes, one per key
     stream = payloads.reader().read(targets)  # a generator: closed below
     if words is not None:
         t1 = _clock()
@@ -333,17 +339,22 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
                 words[row + CURRENT] = i  # a stall dump names this item (and its payload)
                 words[row + STAGE] = _FETCHING
                 a = _clock()
-            got = [next(stream) for _ in range(counts[k])]
+            if many:
+                got: Any = tuple(next(stream) for _ in range(counts[k]))
+                error = failed.get(k) or next((d for d in got if isinstance(d, PayloadError)), None)
+            elif counts[k]:
+                got = next(stream)
+                error = got if isinstance(got, PayloadError) else None
+            else:
+                got, error = None, failed[k]
             if words is not None:
                 b = _clock()
                 fetch += b - a
                 words[row + STAGE] = _TRANSFORMING
-            error = failed.get(k) or next((d for d in got if isinstance(d, PayloadError)), None)
             try:
                 if error is not None:
                     raise error
-                meta, many = metas[k]
-                item = (meta, tuple(got) if many else got[0])
+                item = (metas[k], got)
                 out.append(item if view.transform is None else view.transform(item))
             except Exception as exc:
                 if not view.replace:

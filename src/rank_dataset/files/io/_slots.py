@@ -83,11 +83,14 @@ class ByteBudget:
 
     def _take(self, n: int) -> None:
         self.held += n
-        self.peak = max(self.peak, self.held)
-        self._advance()
-
-    def _advance(self) -> None:
+        if self.held > self.peak:
+            self.peak = self.held
         self._next += 1
+        if self._skipped:
+            self._advance(0)
+
+    def _advance(self, by: int = 1) -> None:
+        self._next += by
         while self._next in self._skipped:
             self._skipped.discard(self._next)
             self._next += 1
@@ -109,6 +112,8 @@ class ByteBudget:
             if not self._fits(ticket, n):
                 return False
             self._take(n)
+            if not self._waiting:  # the common case: no one to wake
+                return True
             woken = self._grant()
         _call(woken)
         return True
@@ -166,6 +171,8 @@ class ByteBudget:
         if n:
             with self._lock:
                 self.held -= n
+                if not self._waiting:
+                    return
                 woken = self._grant()
             _call(woken)
 

@@ -35,6 +35,7 @@ payload back through a pipe in order; it exits when its pipe closes.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import os
 import pickle
 import random
@@ -46,7 +47,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import PayloadError
@@ -66,17 +67,20 @@ __all__ = [
     "target_root",
 ]
 
-#: This process's payload reads so far (for the tests and the benchmark): files, objects, GETs asked again.
-COUNTS = {"files": 0, "objects": 0, "again": 0}
+#: This process's payload reads so far (for the tests and the benchmark): files (of which read by the pool, not
+#: found in the page cache), objects, GETs asked again.
+COUNTS = {"files": 0, "pooled": 0, "objects": 0, "again": 0}
 _LOCAL_THREADS = 8  # local reads at once: a disk or page cache needs few
 _BACKOFF = (0.05, 2.0)  # first and longest wait before a request is asked again
 
 
-@dataclass(frozen=True)
-class LocalTarget:
-    """A local file to read: ``path`` is its real path (under its root, checked)."""
+class LocalTarget(NamedTuple):  # a tuple: made once a sample, cheaply
+    """A local file to read: ``rel`` under the directory ``root`` (a real path); ``path`` names it in messages.
+    ``rel`` has passed the lexical checks (no ``..``, not absolute); symlinks are checked as it is opened."""
 
     path: str
+    root: str
+    rel: str
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,27 @@ class ObjectTarget:
 
 
 Target = LocalTarget | ObjectTarget
+
+
+class _Local:
+    """A local file of a batch: its target, its ticket in the byte budget, and once open its descriptor and size."""
+
+    __slots__ = ("fd", "size", "target", "ticket")
+
+    def __init__(self, target: LocalTarget, ticket: int) -> None:
+        self.target, self.ticket = target, ticket
+        self.fd = self.size = -1
+
+
+# Opening a file under its root: walked with openat where the system has it (Windows has not).
+_WALK = os.open in os.supports_dir_fd
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
+_FILE_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | _NOFOLLOW
+# A read that fails rather than waits for a disk (Linux preadv2): how a page-cache hit is told from a miss.
+_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
+_HERE_MAX = 4 << 20  # larger files go to the pool (a probe of one page says less of them)
+_probe = bytearray(1)  # what a probe reads (thrown away: threads may share it)
 
 
 def target_root(root: str | os.PathLike[str]) -> str:
@@ -108,6 +133,8 @@ def target_root(root: str | os.PathLike[str]) -> str:
 
 def _relative_problem(name: str) -> str | None:
     """Why the relative name ``name`` must not be read under a root (None: it may)."""
+    if name and name[0] not in "/\\" and ".." not in name and ":" not in name and "\0" not in name:
+        return None  # the common case, at a glance: none of the checks below can fail without one of these
     if not name:
         return "an empty path"
     if "\0" in name:
@@ -146,13 +173,10 @@ def _under(rel: str, root: str, shown: str | None) -> Target | PayloadError:
         if problem is not None:
             return PayloadError(url.replace("\0", "\\0"), problem)
         return ObjectTarget(root, rel, url)
-    path = shown or os.path.join(root, rel)
+    path = shown or (root + rel if root.endswith(os.sep) else f"{root}{os.sep}{rel}")
     if problem is not None:
         return PayloadError(path.replace("\0", "\\0"), problem)
-    real = os.path.realpath(path)
-    if not real.startswith(root + os.sep):
-        return PayloadError(path, "it resolves outside the root (a symlink out of it)")
-    return LocalTarget(real)
+    return LocalTarget(path, root, rel)  # symlinks: checked as it is opened (_open_under)
 
 
 @dataclass(frozen=True)
@@ -183,6 +207,7 @@ class PayloadReader:
         self._objects: concurrent.futures.ThreadPoolExecutor | None = None  # objects: max_in_flight threads
         self._active = 0  # object requests asked for and not ended (at 0, the spare node slots are given back)
         self._helper: _Helper | None = None
+        self._roots: dict[str, int] = {}  # each local root's directory, opened once (see _open_under)
         self._lock = threading.Lock()
 
     def read(self, targets: Sequence[Target | PayloadError]) -> Iterator[bytes | PayloadError]:
@@ -192,7 +217,7 @@ class PayloadReader:
             raise RuntimeError("a PayloadReader serves the process that made it")  # the caller makes one per pid
         tickets = self.budget.tickets(len(targets))
         helper = self._helper_if_forked() if any(isinstance(t, ObjectTarget) for t in targets) else None
-        pending: list[concurrent.futures.Future[Result] | PayloadError | None] = []  # None: the helper's next
+        pending: list[concurrent.futures.Future[Result] | PayloadError | _Local | None] = []  # None: the helper's next
         remote: list[ObjectTarget] = []
         stores: dict[str, Any] = {}  # each directory's client, looked up once a batch
         for target, ticket in zip(targets, tickets):
@@ -200,7 +225,7 @@ class PayloadReader:
                 self.budget.skip(ticket)
                 pending.append(target)
             elif isinstance(target, LocalTarget):
-                pending.append(self._pool_of().submit(self._read_file, target, ticket))
+                pending.append(_Local(target, ticket))  # read as it is taken, or by the pool (see below)
             elif helper is not None:
                 self.budget.skip(ticket)  # the helper holds its own budget
                 remote.append(target)
@@ -215,7 +240,14 @@ class PayloadReader:
         from_helper = helper.read(remote) if helper is not None else iter(())
         k = 0
         try:
-            for k, item in enumerate(pending):  # noqa: B007 - k is read in finally
+            for k, item in enumerate(pending):
+                if isinstance(item, _Local):  # (the batch's files before it were all in the page cache)
+                    here = self._read_here(item)
+                    if here is None:  # not in the page cache: it and the batch's next files go to the pool
+                        here = self._to_pool(pending, k).result()
+                    self.budget.release(here[1])  # handed out: the caller's now
+                    yield here[0]
+                    continue
                 if isinstance(item, PayloadError):
                     yield item
                 elif item is None:
@@ -234,6 +266,8 @@ class PayloadReader:
             for item in pending[k + 1 :]:
                 if isinstance(item, concurrent.futures.Future):
                     item.add_done_callback(self._drop)
+                elif isinstance(item, _Local):
+                    self.budget.skip(item.ticket)  # not opened: only the file of a miss is, and it went to the pool
             if isinstance(from_helper, Iterator):
                 for _ in from_helper:  # the helper's answers are read to the end: the pipe stays in step
                     pass
@@ -266,29 +300,125 @@ class PayloadReader:
 
     # -- local files ------------------------------------------------------------------------------
 
-    def _read_file(self, target: LocalTarget, ticket: int) -> Result:
-        """The file's bytes, one ``pread`` of its size into the ``bytes`` handed out."""
-        deadline = time.monotonic() + self.settings.timeout
+    def _read_here(self, local: _Local) -> Result | None:
+        """The file's bytes (or its error), read in this thread if its pages are in the page cache (a read
+        that cannot wait for a disk); None if they are not (the file left open in ``local``, for the pool)."""
+        error = self._open_local(local)
+        if error is not None:
+            return error, 0
+        size = local.size
+        if _NOWAIT is None or size > _HERE_MAX:
+            return None
+        if size:
+            # The last byte read without waiting for a disk says the file is in the page cache (a file is read,
+            # and evicted, whole); EAGAIN says it is not, EOPNOTSUPP that its file system cannot tell.
+            try:
+                os.preadv(local.fd, [_probe], size - 1, _NOWAIT)
+            except OSError:
+                return None
+        return self._read_open(local)
+
+    def _to_pool(self, pending: list[Any], k: int) -> concurrent.futures.Future[Result]:
+        """Give the pool the batch's local files from ``pending[k]`` on (their reads then overlap); ``pending[k]``'s."""
+        pool = self._pool_of()
+        for j in range(k, len(pending)):
+            if isinstance(pending[j], _Local):
+                pending[j] = pool.submit(self._read_file, pending[j])
+        future: concurrent.futures.Future[Result] = pending[k]
+        return future
+
+    def _read_file(self, local: _Local) -> Result:
+        """The file's bytes or its error (never raises), in a thread of the pool."""
+        COUNTS["pooled"] += 1
+        if local.fd < 0:
+            error = self._open_local(local)
+            if error is not None:
+                return error, 0
+        return self._read_open(local)
+
+    def _open_local(self, local: _Local) -> PayloadError | None:
+        """Open the file (``local.fd``, ``local.size``), or its error (its ticket then ended)."""
+        target = local.target
+        fd = -1
+        try:
+            fd = self._open_under(target)
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                local.fd, local.size = fd, st.st_size
+                return None
+            error = PayloadError(target.path, "not a regular file")
+        except PayloadError as exc:
+            error = exc
+        except OSError as exc:
+            error = _file_error(target.path, exc)
+        finally:
+            if local.fd < 0:  # failed (or interrupted): the ticket ends here
+                if fd >= 0:
+                    os.close(fd)
+                self.budget.skip(local.ticket)
+        return error
+
+    def _open_under(self, target: LocalTarget) -> int:
+        """A descriptor of ``target`` opened for reading, never through a symlink that leaves its root.
+
+        Walked from the root's directory (opened once a process) one component at a time with ``O_NOFOLLOW``:
+        no symlink followed, no path looked up twice. Where that meets a symlink, the real path is checked to
+        be under the root and opened with ``O_NOFOLLOW`` (its last component cannot be swapped for a link after
+        the check). ``O_NONBLOCK``: a FIFO named by a line does not block.
+
+        Raises:
+            PayloadError: the path resolves outside the root.
+            OSError: it cannot be opened.
+        """
+        if _WALK:
+            fd = self._roots.get(target.root)
+            if fd is None:
+                fd = self._root_fd(target.root)
+            parts = target.rel.split(os.sep)
+            if "" in parts or "." in parts:  # "a//b", "./a": the same file
+                parts = [part for part in parts if part and part != "."] or ["."]
+            opened = -1
+            try:
+                for part in parts[:-1]:
+                    fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    if opened >= 0:
+                        os.close(opened)
+                    opened = fd
+                return os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):  # not a symlink met on the way
+                    raise
+            finally:
+                if opened >= 0:
+                    os.close(opened)
+        real = os.path.realpath(target.path)
+        if not real.startswith(target.root + os.sep):
+            raise PayloadError(target.path, "it resolves outside the root (a symlink out of it)")
+        return os.open(real, _FILE_FLAGS)
+
+    def _root_fd(self, root: str) -> int:
+        """A descriptor of the directory ``root``, opened on this process's first read under it."""
+        with self._lock:
+            fd = self._roots.get(root)
+            if fd is None:
+                fd = self._roots[root] = os.open(root, _DIR_FLAGS)
+            return fd
+
+    def _read_open(self, local: _Local) -> Result:
+        """The open file's bytes, one ``pread`` of its size into the ``bytes`` handed out; the file closed."""
+        target, fd, size = local.target, local.fd, local.size
         reserved = 0
         try:
-            # O_NOFOLLOW: no link swapped in after the check; O_NONBLOCK: a FIFO named by a line does not block
-            flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
-            fd = os.open(target.path, flags)
-        except OSError as exc:
-            self.budget.skip(ticket)
-            return _file_error(target.path, exc), 0
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                self.budget.skip(ticket)
-                return PayloadError(target.path, "not a regular file"), 0
-            if not self.budget.reserve(ticket, st.st_size, deadline):
+            budget, ticket = self.budget, local.ticket
+            if not budget.try_reserve(ticket, size) and not budget.reserve(
+                ticket, size, time.monotonic() + self.settings.timeout
+            ):
                 return PayloadError(target.path, _budget_timeout(self.settings)), 0
-            reserved = st.st_size
+            reserved = size
             COUNTS["files"] += 1
-            data = os.pread(fd, st.st_size, 0) if st.st_size < (1 << 31) else _read_all(fd, st.st_size)
-            if len(data) != st.st_size:
-                return PayloadError(target.path, f"read {len(data):,} of its {st.st_size:,} bytes"), reserved
+            data = os.pread(fd, size, 0) if size < (1 << 31) else _read_all(fd, size)
+            if len(data) != size:
+                return PayloadError(target.path, f"read {len(data):,} of its {size:,} bytes"), reserved
             return data, reserved
         except OSError as exc:
             return _file_error(target.path, exc), reserved
@@ -384,11 +514,15 @@ class PayloadReader:
         """End the pools and the helper of this process (each ends with it anyway)."""
         if os.getpid() != self.pid:
             return
-        for pool in (self._pool, self._objects):
-            if pool is not None:
-                pool.shutdown(wait=False)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)  # its reads use the roots' descriptors, closed below
+        if self._objects is not None:
+            self._objects.shutdown(wait=False)
         if self._helper is not None:
             self._helper.close()
+        for fd in self._roots.values():
+            os.close(fd)
+        self._roots.clear()
         self._pool = self._objects = self._helper = None
 
 
@@ -430,7 +564,7 @@ def _file_error(path: str, exc: OSError) -> PayloadError:
         return PayloadError(path, "no such file")
     if isinstance(exc, PermissionError):
         return PayloadError(path, "permission denied")
-    if getattr(exc, "errno", None) == getattr(__import__("errno"), "ELOOP", -1):
+    if exc.errno == errno.ELOOP:
         return PayloadError(path, "a symlink (its target was swapped after the check)")
     return PayloadError(path, f"{type(exc).__name__}: {exc.strerror or exc}")
 
