@@ -109,9 +109,15 @@ class ByteBudget:
     def try_reserve(self, ticket: int, n: int) -> bool:
         """Reserve ``n`` bytes for ``ticket`` if it is its turn and they fit, without waiting."""
         with self._lock:
-            if not self._fits(ticket, n):
+            held = self.held
+            if ticket != self._next or (held + n > self.limit and held):  # (_fits and _take inline: once a payload)
                 return False
-            self._take(n)
+            self.held = held = held + n
+            if held > self.peak:
+                self.peak = held
+            self._next += 1
+            if self._skipped:
+                self._advance(0)
             if not self._waiting:  # the common case: no one to wake
                 return True
             woken = self._grant()

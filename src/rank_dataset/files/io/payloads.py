@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import errno
+import functools
 import os
 import pickle
 import random
@@ -44,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
@@ -63,6 +64,7 @@ __all__ = [
     "ReadSettings",
     "require_client",
     "resolve",
+    "resolver",
     "slots_dir",
     "target_root",
 ]
@@ -93,16 +95,16 @@ class ObjectTarget:
 
 
 Target = LocalTarget | ObjectTarget
+_new_local = tuple.__new__
 
 
-class _Local:
-    """A local file of a batch: its target, its ticket in the byte budget, and once open its descriptor and size."""
+class _Miss:
+    """A local file found open but not in the page cache: its descriptor and size, for the pool."""
 
-    __slots__ = ("fd", "size", "target", "ticket")
+    __slots__ = ("fd", "size")
 
-    def __init__(self, target: LocalTarget, ticket: int) -> None:
-        self.target, self.ticket = target, ticket
-        self.fd = self.size = -1
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.size = fd, size
 
 
 # Opening a file under its root: walked with openat where the system has it (Windows has not).
@@ -166,6 +168,22 @@ def resolve(name: str, root: str | None, allow: Sequence[str] = ()) -> Target | 
     return _under(name, root, None)
 
 
+def resolver(root: str | None, allow: Sequence[str] = ()) -> Callable[[str], Target | PayloadError]:
+    """:func:`resolve` with ``root`` and ``allow`` bound (what it answers, the same), the root looked at once:
+    under a local root, a name that passes the checks at a glance is a :class:`LocalTarget` at once."""
+    if root is None or is_url(root):
+        return functools.partial(resolve, root=root, allow=allow)
+    prefix = root if root.endswith(os.sep) else root + os.sep
+
+    def local(name: str) -> Target | PayloadError:
+        # _relative_problem's glance, inline (once a sample); the tuple made without the class's Python __new__
+        if type(name) is str and name and name[0] not in "/\\" and not (".." in name or ":" in name or "\0" in name):
+            return _new_local(LocalTarget, (prefix + name, root, name))
+        return resolve(name, root)
+
+    return local
+
+
 def _under(rel: str, root: str, shown: str | None) -> Target | PayloadError:
     problem = _relative_problem(rel)
     if is_url(root):
@@ -176,7 +194,7 @@ def _under(rel: str, root: str, shown: str | None) -> Target | PayloadError:
     path = shown or (root + rel if root.endswith(os.sep) else f"{root}{os.sep}{rel}")
     if problem is not None:
         return PayloadError(path.replace("\0", "\\0"), problem)
-    return LocalTarget(path, root, rel)  # symlinks: checked as it is opened (_open_under)
+    return LocalTarget(path, root, rel)  # symlinks: checked as it is opened (_open_checked)
 
 
 @dataclass(frozen=True)
@@ -207,7 +225,7 @@ class PayloadReader:
         self._objects: concurrent.futures.ThreadPoolExecutor | None = None  # objects: max_in_flight threads
         self._active = 0  # object requests asked for and not ended (at 0, the spare node slots are given back)
         self._helper: _Helper | None = None
-        self._roots: dict[str, int] = {}  # each local root's directory, opened once (see _open_under)
+        self._roots: dict[str, int] = {}  # each local root's directory, opened once (see _open_checked)
         self._lock = threading.Lock()
 
     def read(self, targets: Sequence[Target | PayloadError]) -> Iterator[bytes | PayloadError]:
@@ -217,7 +235,7 @@ class PayloadReader:
             raise RuntimeError("a PayloadReader serves the process that made it")  # the caller makes one per pid
         tickets = self.budget.tickets(len(targets))
         helper = self._helper_if_forked() if any(isinstance(t, ObjectTarget) for t in targets) else None
-        pending: list[concurrent.futures.Future[Result] | PayloadError | _Local | None] = []  # None: the helper's next
+        pending: list[concurrent.futures.Future[Result] | PayloadError | LocalTarget | None] = []  # None: the helper's
         remote: list[ObjectTarget] = []
         stores: dict[str, Any] = {}  # each directory's client, looked up once a batch
         for target, ticket in zip(targets, tickets):
@@ -225,7 +243,7 @@ class PayloadReader:
                 self.budget.skip(ticket)
                 pending.append(target)
             elif isinstance(target, LocalTarget):
-                pending.append(_Local(target, ticket))  # read as it is taken, or by the pool (see below)
+                pending.append(target)  # read as it is taken, or by the pool (see below)
             elif helper is not None:
                 self.budget.skip(ticket)  # the helper holds its own budget
                 remote.append(target)
@@ -241,10 +259,10 @@ class PayloadReader:
         k = 0
         try:
             for k, item in enumerate(pending):
-                if isinstance(item, _Local):  # (the batch's files before it were all in the page cache)
-                    here = self._read_here(item)
-                    if here is None:  # not in the page cache: it and the batch's next files go to the pool
-                        here = self._to_pool(pending, k).result()
+                if isinstance(item, LocalTarget):  # (the batch's files before it were all in the page cache)
+                    here = self._read_here(item, tickets[k])
+                    if isinstance(here, _Miss):  # not in the page cache: it and the batch's next files go to the pool
+                        here = self._to_pool(pending, tickets, k, here).result()
                     self.budget.release(here[1])  # handed out: the caller's now
                     yield here[0]
                     continue
@@ -263,11 +281,12 @@ class PayloadReader:
                     yield data
             k = len(pending)
         finally:
-            for item in pending[k + 1 :]:
-                if isinstance(item, concurrent.futures.Future):
-                    item.add_done_callback(self._drop)
-                elif isinstance(item, _Local):
-                    self.budget.skip(item.ticket)  # not opened: only the file of a miss is, and it went to the pool
+            for j in range(k + 1, len(pending)):
+                left = pending[j]
+                if isinstance(left, concurrent.futures.Future):
+                    left.add_done_callback(self._drop)
+                elif isinstance(left, LocalTarget):  # not opened (only a miss is, and it went to the pool)
+                    self.budget.skip(tickets[j])
             if isinstance(from_helper, Iterator):
                 for _ in from_helper:  # the helper's answers are read to the end: the pipe stays in step
                     pass
@@ -300,101 +319,105 @@ class PayloadReader:
 
     # -- local files ------------------------------------------------------------------------------
 
-    def _read_here(self, local: _Local) -> Result | None:
+    def _read_here(self, target: LocalTarget, ticket: int) -> Result | _Miss:
         """The file's bytes (or its error), read in this thread if its pages are in the page cache (a read
-        that cannot wait for a disk); None if they are not (the file left open in ``local``, for the pool)."""
-        error = self._open_local(local)
-        if error is not None:
-            return error, 0
-        size = local.size
+        that cannot wait for a disk); else the open file, for the pool."""
+        opened = self._open_checked(target, ticket)
+        if isinstance(opened, PayloadError):
+            return opened, 0
+        fd, size = opened
         if _NOWAIT is None or size > _HERE_MAX:
-            return None
+            return _Miss(fd, size)
         if size:
             # The last byte read without waiting for a disk says the file is in the page cache (a file is read,
             # and evicted, whole); EAGAIN says it is not, EOPNOTSUPP that its file system cannot tell.
             try:
-                os.preadv(local.fd, [_probe], size - 1, _NOWAIT)
+                os.preadv(fd, [_probe], size - 1, _NOWAIT)
             except OSError:
-                return None
-        return self._read_open(local)
+                return _Miss(fd, size)
+        if not self.budget.try_reserve(ticket, size):
+            return self._read_open(target, ticket, fd, size)  # waits for its turn and room
+        try:
+            COUNTS["files"] += 1
+            data = os.pread(fd, size, 0)
+        except OSError as exc:
+            return _file_error(target.path, exc), size
+        finally:
+            os.close(fd)
+        if len(data) != size:
+            return PayloadError(target.path, f"read {len(data):,} of its {size:,} bytes"), size
+        return data, size
 
-    def _to_pool(self, pending: list[Any], k: int) -> concurrent.futures.Future[Result]:
-        """Give the pool the batch's local files from ``pending[k]`` on (their reads then overlap); ``pending[k]``'s."""
+    def _to_pool(self, pending: list[Any], tickets: range, k: int, miss: _Miss) -> concurrent.futures.Future[Result]:
+        """Give the pool ``pending[k]`` (open: ``miss``) and the batch's local files after it (their reads
+        then overlap); ``pending[k]``'s future."""
         pool = self._pool_of()
-        for j in range(k, len(pending)):
-            if isinstance(pending[j], _Local):
-                pending[j] = pool.submit(self._read_file, pending[j])
-        future: concurrent.futures.Future[Result] = pending[k]
-        return future
+        first = pending[k] = pool.submit(self._read_file, pending[k], tickets[k], miss.fd, miss.size)
+        for j in range(k + 1, len(pending)):
+            if isinstance(pending[j], LocalTarget):
+                pending[j] = pool.submit(self._read_file, pending[j], tickets[j])
+        return first
 
-    def _read_file(self, local: _Local) -> Result:
+    def _read_file(self, target: LocalTarget, ticket: int, fd: int = -1, size: int = 0) -> Result:
         """The file's bytes or its error (never raises), in a thread of the pool."""
         COUNTS["pooled"] += 1
-        if local.fd < 0:
-            error = self._open_local(local)
-            if error is not None:
-                return error, 0
-        return self._read_open(local)
+        if fd < 0:
+            opened = self._open_checked(target, ticket)
+            if isinstance(opened, PayloadError):
+                return opened, 0
+            fd, size = opened
+        return self._read_open(target, ticket, fd, size)
 
-    def _open_local(self, local: _Local) -> PayloadError | None:
-        """Open the file (``local.fd``, ``local.size``), or its error (its ticket then ended)."""
-        target = local.target
-        fd = -1
+    def _open_checked(self, target: LocalTarget, ticket: int) -> tuple[int, int] | PayloadError:
+        """The file's descriptor, open for reading, and its size; or its error (the file closed, its ticket
+        ended). Never through a symlink that leaves its root: walked from the root's directory (opened once a
+        process) one component at a time with ``O_NOFOLLOW`` (no symlink followed, no path looked up twice);
+        where that meets a symlink, the real path is checked to be under the root and opened with
+        ``O_NOFOLLOW`` (its last component cannot be swapped for a link after the check). ``O_NONBLOCK``: a
+        FIFO named by a line does not block. Must be a regular file."""
+        fd, ok = -1, False
         try:
-            fd = self._open_under(target)
+            if _WALK:
+                at = self._roots.get(target.root)
+                if at is None:
+                    at = self._root_fd(target.root)
+                parts = target.rel.split(os.sep)
+                if "" in parts or "." in parts:  # "a//b", "./a": the same file
+                    parts = [part for part in parts if part and part != "."] or ["."]
+                opened = -1
+                try:
+                    for part in parts[:-1]:
+                        at = os.open(part, _DIR_FLAGS, dir_fd=at)
+                        if opened >= 0:
+                            os.close(opened)
+                        opened = at
+                    fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=at)
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):  # not a symlink met on the way
+                        raise
+                finally:
+                    if opened >= 0:
+                        os.close(opened)
+            if fd < 0:
+                real = os.path.realpath(target.path)
+                if not real.startswith(target.root + os.sep):
+                    raise PayloadError(target.path, "it resolves outside the root (a symlink out of it)")
+                fd = os.open(real, _FILE_FLAGS)
             st = os.fstat(fd)
             if stat.S_ISREG(st.st_mode):
-                local.fd, local.size = fd, st.st_size
-                return None
+                ok = True  # the descriptor is the caller's now
+                return fd, st.st_size
             error = PayloadError(target.path, "not a regular file")
         except PayloadError as exc:
             error = exc
         except OSError as exc:
             error = _file_error(target.path, exc)
         finally:
-            if local.fd < 0:  # failed (or interrupted): the ticket ends here
+            if not ok:  # failed, or interrupted: the file closed, the ticket ended
                 if fd >= 0:
                     os.close(fd)
-                self.budget.skip(local.ticket)
+                self.budget.skip(ticket)
         return error
-
-    def _open_under(self, target: LocalTarget) -> int:
-        """A descriptor of ``target`` opened for reading, never through a symlink that leaves its root.
-
-        Walked from the root's directory (opened once a process) one component at a time with ``O_NOFOLLOW``:
-        no symlink followed, no path looked up twice. Where that meets a symlink, the real path is checked to
-        be under the root and opened with ``O_NOFOLLOW`` (its last component cannot be swapped for a link after
-        the check). ``O_NONBLOCK``: a FIFO named by a line does not block.
-
-        Raises:
-            PayloadError: the path resolves outside the root.
-            OSError: it cannot be opened.
-        """
-        if _WALK:
-            fd = self._roots.get(target.root)
-            if fd is None:
-                fd = self._root_fd(target.root)
-            parts = target.rel.split(os.sep)
-            if "" in parts or "." in parts:  # "a//b", "./a": the same file
-                parts = [part for part in parts if part and part != "."] or ["."]
-            opened = -1
-            try:
-                for part in parts[:-1]:
-                    fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                    if opened >= 0:
-                        os.close(opened)
-                    opened = fd
-                return os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):  # not a symlink met on the way
-                    raise
-            finally:
-                if opened >= 0:
-                    os.close(opened)
-        real = os.path.realpath(target.path)
-        if not real.startswith(target.root + os.sep):
-            raise PayloadError(target.path, "it resolves outside the root (a symlink out of it)")
-        return os.open(real, _FILE_FLAGS)
 
     def _root_fd(self, root: str) -> int:
         """A descriptor of the directory ``root``, opened on this process's first read under it."""
@@ -404,12 +427,12 @@ class PayloadReader:
                 fd = self._roots[root] = os.open(root, _DIR_FLAGS)
             return fd
 
-    def _read_open(self, local: _Local) -> Result:
-        """The open file's bytes, one ``pread`` of its size into the ``bytes`` handed out; the file closed."""
-        target, fd, size = local.target, local.fd, local.size
+    def _read_open(self, target: LocalTarget, ticket: int, fd: int, size: int) -> Result:
+        """The open file's bytes once its turn and room under ``max_bytes`` come, one ``pread`` of its size
+        into the ``bytes`` handed out; the file closed."""
         reserved = 0
         try:
-            budget, ticket = self.budget, local.ticket
+            budget = self.budget
             if not budget.try_reserve(ticket, size) and not budget.reserve(
                 ticket, size, time.monotonic() + self.settings.timeout
             ):
