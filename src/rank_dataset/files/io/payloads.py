@@ -3,13 +3,19 @@
 :class:`PayloadReader` reads a batch of them at once, handing out each one's ``bytes`` (or its error) in the
 batch's order.
 
-- Names are checked before anything is read: a NUL byte, an absolute path, a ``..`` component, a URL where a
-  root is a directory, or a path whose real path (symlinks followed) leaves a local root is refused; a
-  local file is opened by its real path with ``O_NOFOLLOW`` (the last component cannot be swapped for a
-  link after the check) and must be a regular file. With no root, a name must be a URL (or an absolute path)
+- Names are checked before anything is read: a NUL byte, an absolute path, a ``..`` component or a URL where a
+  root is a directory is refused. A local file is opened from its root's directory one component at a time
+  with ``O_NOFOLLOW``; where that meets a symlink, the real path (symlinks followed) must be under the root
+  and is opened with ``O_NOFOLLOW`` (the last component cannot be swapped for a link after the check), else
+  it is refused unread. It must be a regular file. With no root, a name must be a URL (or an absolute path)
   under one of the ``allow`` prefixes.
-- Local files are read by a small thread pool, each with one ``os.pread`` of its size straight into the
-  ``bytes`` handed out. Objects are read by a pool of ``max_in_flight`` threads of this process, each request
+- A local file whose pages are in the page cache (a read of its last byte with ``RWF_NOWAIT`` succeeds) is
+  read as it is taken, in the taking thread: a page-cache hit is a copy, which a hand-off to a thread costs
+  more than. From the first file of a batch that is not (or where the system cannot tell), the batch's local
+  files are read by a small thread pool, their reads overlapping. Either way one ``os.pread`` of its size
+  reads a file straight into the ``bytes``
+  handed out.
+- Objects are read by a pool of ``max_in_flight`` threads of this process, each request
   through obstore's blocking API (``obstore.get``, which runs on obstore's runtime without the GIL), with the
   same clients and settings as meta files (:mod:`._stores`), looked up once a batch; a request holds one of the
   node's slots (:mod:`._slots`) while it runs, then kept as a spare for the process's next request until its
@@ -229,7 +235,8 @@ class PayloadReader:
         self._lock = threading.Lock()
 
     def read(self, targets: Sequence[Target | PayloadError]) -> Iterator[bytes | PayloadError]:
-        """Each target's bytes (or its error), in order; all are asked for at once. A payload is the
+        """Each target's bytes (or its error), in order; all are asked for at once (local files in the page
+        cache: read as they are taken, see the module). A payload is the
         caller's when it is yielded; one the caller leaves unread (it stops early) is dropped when it arrives."""
         if os.getpid() != self.pid:
             raise RuntimeError("a PayloadReader serves the process that made it")  # the caller makes one per pid
