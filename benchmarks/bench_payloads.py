@@ -15,12 +15,14 @@ the loader share this machine's cores: the store's rate is the ceiling.
 Usage:
     python benchmarks/bench_payloads.py --litdata-path /work/bench-deps   # 20,000 payloads, windows of 30 s
     python benchmarks/bench_payloads.py --payloads 300 --window 1 --windows 1 --workers 2 --batch 32 --out /tmp/r
+    python benchmarks/bench_payloads.py --only local --out /tmp/r   # the page-cache configurations alone (no store)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -268,51 +270,69 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before the first window")
     parser.add_argument("--max-in-flight", type=int, default=0, help="Payloads' max_in_flight (0: its default)")
     parser.add_argument("--litdata-path", default=None, help="a directory holding litdata (pip install --target)")
+    parser.add_argument(
+        "--only", choices=("objects", "local"), default=None, help="run only the store's or the local configurations"
+    )
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/rank-dataset-bench-payloads"))
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
 
     import s3_helpers
-    from fault_proxy import running_proxy
 
     litdata_note = _litdata_status(args.litdata_path)
     results: dict[str, Any] = {"rows": [], "args": {k: str(v) for k, v in vars(args).items()}}
     # Volumes of 4 GiB (the tests' server makes them of 512 MiB): the payloads fit in the volumes made with the
     # bucket, with none to grow under load (a loaded server answered PUTs with 500 once its first were full).
     store_flags = ["-master.volumeSizeLimitMB=4096"]
-    with scratch_dir(args.data_dir) as data, s3_helpers.s3_server(store_flags) as server:
+    objects, local = args.only in (None, "objects"), args.only in (None, "local")
+    with contextlib.ExitStack() as stack:
+        data = stack.enter_context(scratch_dir(args.data_dir))
+        server = stack.enter_context(s3_helpers.s3_server(store_flags)) if objects else None
         (data / "naive_read.py").write_text(_NAIVE)
         root = data / "root"
         t = time.perf_counter()
         meta, names = make_payloads(root, args.payloads, args.min_kib * KiB, args.max_kib * KiB)
         results["write_s"] = time.perf_counter() - t
-        results["upload_s"] = upload(server, root, names)
         results["total_bytes"] = sum(size for _, size in names)
         base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(data), os.environ.get("PYTHONPATH", "")])}
-        base["BENCH_WEED_PID"] = str(server.proc.pid)
         base["BENCH_MAX_IN_FLIGHT"] = str(args.max_in_flight)
-        with running_proxy(("127.0.0.1", server.port)) as proxy:
-            env = {**base, **server.env(proxy.endpoint), "BENCH_PROXY": proxy.endpoint}
-            env["BENCH_CACHE"] = str(data / "litdata-cache")
-            if args.litdata_path:
-                env["BENCH_LITDATA"] = args.litdata_path
-            url = f"s3://{s3_helpers.BUCKET}/{BUCKET_PREFIX}"
-            for latency in args.latencies:
-                proxy.set(latency=latency / 1000)
-                modes = ["payloads", "naive"] + (["litdata"] if litdata_note is None else [])
-                for mode in modes:
-                    where = url + "/" if mode == "litdata" else url
-                    got = run(mode, meta, where, args, env)
-                    results["rows"].append({"mode": mode, "latency_ms": latency, **got})
-                    print(f"{mode:>9} {latency:>4g} ms: {got['rate']:8.0f} samples/s", flush=True)
-        for path in root.rglob("*.bin"):  # into the page cache
-            path.read_bytes()
-        for mode in ("payloads-local", "open-read"):
-            got = run(mode, meta, str(root), args, base)
-            results["rows"].append({"mode": mode, "latency_ms": None, **got})
-            print(f"{mode:>9}: {got['rate']:8.0f} samples/s", flush=True)
+        if server is not None:
+            results["upload_s"] = upload(server, root, names)
+            base["BENCH_WEED_PID"] = str(server.proc.pid)
+            run_objects(args, server, meta, base, litdata_note, results)
+        if local:
+            for path in root.rglob("*.bin"):  # into the page cache
+                path.read_bytes()
+            for mode in ("payloads-local", "open-read"):
+                got = run(mode, meta, str(root), args, base)
+                results["rows"].append({"mode": mode, "latency_ms": None, **got})
+                print(f"{mode:>9}: {got['rate']:8.0f} samples/s", flush=True)
     results["litdata"] = litdata_note
     write_page(args, results)
+
+
+def run_objects(
+    args: argparse.Namespace, server: Any, meta: Path, base: dict[str, str], litdata_note: str | None,
+    results: dict[str, Any],
+) -> None:  # fmt: skip
+    """The store's configurations: every latency, Payloads beside the naive loader and litdata."""
+    import s3_helpers
+    from fault_proxy import running_proxy
+
+    with running_proxy(("127.0.0.1", server.port)) as proxy:
+        env = {**base, **server.env(proxy.endpoint), "BENCH_PROXY": proxy.endpoint}
+        env["BENCH_CACHE"] = str(meta.parent / "litdata-cache")
+        if args.litdata_path:
+            env["BENCH_LITDATA"] = args.litdata_path
+        url = f"s3://{s3_helpers.BUCKET}/{BUCKET_PREFIX}"
+        for latency in args.latencies:
+            proxy.set(latency=latency / 1000)
+            modes = ["payloads", "naive"] + (["litdata"] if litdata_note is None else [])
+            for mode in modes:
+                where = url + "/" if mode == "litdata" else url
+                got = run(mode, meta, where, args, env)
+                results["rows"].append({"mode": mode, "latency_ms": latency, **got})
+                print(f"{mode:>9} {latency:>4g} ms: {got['rate']:8.0f} samples/s", flush=True)
 
 
 def _litdata_status(path: str | None) -> str | None:
@@ -400,7 +420,9 @@ def write_page(args: argparse.Namespace, results: dict[str, Any]) -> None:
         )
     listing = [r for r in rows if r["mode"] == "litdata"]
     lines += ["", "## litdata", ""]
-    if results["litdata"] is not None:
+    if args.only == "local":
+        lines.append("Not measured: this run measured the local configurations alone (`--only local`).")
+    elif results["litdata"] is not None:
         lines.append(f"litdata's StreamingRawDataset was {results['litdata']}.")
     else:
         lines.append(
@@ -410,7 +432,8 @@ def write_page(args: argparse.Namespace, results: dict[str, Any]) -> None:
             "(fsspec's s3fs, and the index it writes back to the bucket), at the start of each run, apart from "
             "the windows: " + ", ".join(f"{r['listing_s']:.2f} s at {r['latency_ms']:g} ms" for r in listing) + "."
         )
-    lines += ["", f"Setup: {results['write_s']:.1f} s to write the files, {results['upload_s']:.1f} s to upload them."]
+    upload = f", {results['upload_s']:.1f} s to upload them" if "upload_s" in results else ""
+    lines += ["", f"Setup: {results['write_s']:.1f} s to write the files{upload}."]
     data = results
 
     def plot(path: Path) -> None:

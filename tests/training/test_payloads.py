@@ -81,6 +81,38 @@ def test_items_are_meta_and_bytes(tree: Path) -> None:
     assert lines[7] == (f"{name_of(7)} 0", len(payload(7)))
 
 
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT") or not hasattr(os, "posix_fadvise"), reason="Linux preadv2")
+def test_page_cache_hits_are_read_here_and_misses_by_the_pool(tmp_path: Path) -> None:
+    """Files in the page cache are read in the thread that takes them; from a file that is not (evicted), the
+    batch's files go to the pool: the same bytes in the same order, and held under max_bytes either way."""
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    names = [f"d/{i}.bin" for i in range(40)]
+    for i, name in enumerate(names):
+        (root / name).write_bytes(payload(i) * 8)
+    (tmp_path / "meta.txt").write_text("".join(f"{name} {i}\n" for i, name in enumerate(names)))
+    for name in names:  # into the page cache (written pages may still be dirty: read back, synced)
+        (root / name).read_bytes()
+    os.sync()
+    ds = RankDataset(tmp_path / "meta.txt", is_test=True, payloads=Payloads(root, max_bytes=4096))
+    before = dict(payload_io.COUNTS)
+    items = ds.__getitems__(list(range(40)))
+    assert [data for _, data in items] == [payload(i) * 8 for i in range(40)]
+    if payload_io.COUNTS["pooled"] != before["pooled"]:
+        pytest.skip("this file system cannot read without waiting (RWF_NOWAIT): every file goes to the pool")
+    assert payload_io.COUNTS["files"] - before["files"] == 40
+    for name in names[10:]:  # evicted: not in the page cache
+        fd = os.open(root / name, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    before = dict(payload_io.COUNTS)
+    items = ds.__getitems__(list(range(40)))
+    assert [data for _, data in items] == [payload(i) * 8 for i in range(40)]
+    assert payload_io.COUNTS["pooled"] - before["pooled"] == 30  # the first miss (item 10) and every file after it
+    # Each payload is larger than max_bytes: held alone, by the pool's reads as by this thread's.
+    assert ds.payloads.reader().budget.peak <= max(len(payload(i) * 8) for i in range(40))
+
+
 @pytest.mark.parametrize("method", start_methods("fork", "spawn", "forkserver"))
 def test_workers_read_payloads(tree: Path, method: str) -> None:
     ds = RankDataset(tree / "meta.txt", rank=0, world_size=2, reload_cfg={"seed": 1}, parser="label",

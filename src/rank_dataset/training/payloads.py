@@ -27,7 +27,7 @@ from rank_dataset.files.io.payloads import (
     ReadSettings,
     Target,
     require_client,
-    resolve,
+    resolver,
     slots_dir,
     target_root,
 )
@@ -158,9 +158,11 @@ class Payloads:
         )
         self.columns: tuple[str, ...] | None = None  # a Parquet meta file's columns (set by the dataset)
         self._reader: PayloadReader | None = None
+        self._resolve: Callable[[str], Target | PayloadError] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_reader": None}  # a reader (its pool, loop, clients) is the process's own
+        # a reader (its pool, loop, clients) is the process's own; the resolver a closure, made again
+        return {**self.__dict__, "_reader": None, "_resolve": None}
 
     def __repr__(self) -> str:
         where = f"{self.root!r}" if self.root is not None else f"None, allow={list(self.allow)}"
@@ -191,6 +193,11 @@ class Payloads:
             PayloadError: the line has no such field.
         """
         key = self.key
+        if type(key) is int:  # the common case, a field of a text line, without a _Fields
+            split = text.split()
+            if key < len(split):
+                return split[key]
+            return _Fields(text, self.columns).get(key)  # its error
         if isinstance(key, tuple):
             fields = _Fields(text, self.columns)
             return tuple(fields.get(k) for k in key)
@@ -203,8 +210,26 @@ class Payloads:
         return _Fields(text, self.columns).get(key)
 
     def targets(self, name: str | tuple[str, ...]) -> list[Target | PayloadError]:
-        names = name if isinstance(name, tuple) else (name,)
-        return [resolve(n, self.root, self.allow) for n in names]
+        """What to read for ``name`` (from :meth:`names`): one target or error per path."""
+        resolve = self._resolve
+        if resolve is None:
+            resolve = self._resolve = resolver(self.root, self.allow)
+        if isinstance(name, tuple):
+            return [resolve(n) for n in name]
+        return [resolve(name)]
+
+    def found(self, text: str, meta: Any) -> list[Target | PayloadError]:
+        """``targets(names(text, meta))``: what to read for sample ``text``; an int key's in one step.
+
+        Raises:
+            PayloadError: the line has no such field.
+        """
+        key, resolve = self.key, self._resolve
+        if type(key) is int and resolve is not None:
+            split = text.split()
+            if key < len(split):
+                return [resolve(split[key])]
+        return self.targets(self.names(text, meta))
 
     def where(self, text: str, meta: Any) -> str:
         """The path(s) or URL(s) the payload of sample ``text`` is read from (nothing is read)."""
@@ -304,10 +329,11 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
     counts: list[int] = []  # the targets of each item (0: it failed before any)
     targets: list[Target | PayloadError] = []
     failed: dict[int, Exception] = {}
+    plain, found_of = view.plain, payloads.found  # looked up once a batch
     for k, (text, i) in enumerate(zip(texts, indices)):
         try:
-            meta = text if view.plain else view.parse(text, i)
-            found = payloads.targets(payloads.names(text, meta))
+            meta = text if plain else view.parse(text, i)
+            found = found_of(text, meta)
         except Exception as exc:
             if not view.replace:
                 _reraise(view, i, exc)
@@ -315,9 +341,10 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
             metas.append(None)
             counts.append(0)
             continue
-        metas.append((meta, len(found) > 1 or isinstance(payloads.key, tuple)))
+        metas.append(meta)
         counts.append(len(found))
         targets.extend(found)
+    many = isinstance(payloads.key, tuple)  # data is a tuple of bytes, one per key
     stream = payloads.reader().read(targets)  # a generator: closed below
     if words is not None:
         t1 = _clock()
@@ -327,24 +354,30 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
     out: list[Any] = []
     failing: list[tuple[int, int, Exception]] = []  # (place in out, item, error): substituted after the batch
     fetch = transform = replaced_ns = 0
+    make = view.transform
     try:
         for k, i in enumerate(indices):
             if words is not None:
                 words[row + CURRENT] = i  # a stall dump names this item (and its payload)
                 words[row + STAGE] = _FETCHING
                 a = _clock()
-            got = [next(stream) for _ in range(counts[k])]
+            if many:
+                got: Any = tuple(next(stream) for _ in range(counts[k]))
+                error = failed.get(k) or next((d for d in got if isinstance(d, PayloadError)), None)
+            elif counts[k]:
+                got = next(stream)
+                error = got if isinstance(got, PayloadError) else None
+            else:
+                got, error = None, failed[k]
             if words is not None:
                 b = _clock()
                 fetch += b - a
                 words[row + STAGE] = _TRANSFORMING
-            error = failed.get(k) or next((d for d in got if isinstance(d, PayloadError)), None)
             try:
                 if error is not None:
                     raise error
-                meta, many = metas[k]
-                item = (meta, tuple(got) if many else got[0])
-                out.append(item if view.transform is None else view.transform(item))
+                item = (metas[k], got)
+                out.append(item if make is None else make(item))
             except Exception as exc:
                 if not view.replace:
                     _reraise(view, i, exc)

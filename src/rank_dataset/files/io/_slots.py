@@ -83,11 +83,14 @@ class ByteBudget:
 
     def _take(self, n: int) -> None:
         self.held += n
-        self.peak = max(self.peak, self.held)
-        self._advance()
-
-    def _advance(self) -> None:
+        if self.held > self.peak:
+            self.peak = self.held
         self._next += 1
+        if self._skipped:
+            self._advance(0)
+
+    def _advance(self, by: int = 1) -> None:
+        self._next += by
         while self._next in self._skipped:
             self._skipped.discard(self._next)
             self._next += 1
@@ -106,9 +109,17 @@ class ByteBudget:
     def try_reserve(self, ticket: int, n: int) -> bool:
         """Reserve ``n`` bytes for ``ticket`` if it is its turn and they fit, without waiting."""
         with self._lock:
-            if not self._fits(ticket, n):
+            held = self.held
+            if ticket != self._next or (held + n > self.limit and held):  # (_fits and _take inline: once a payload)
                 return False
-            self._take(n)
+            self.held = held = held + n
+            if held > self.peak:
+                self.peak = held
+            self._next += 1
+            if self._skipped:
+                self._advance(0)
+            if not self._waiting:  # the common case: no one to wake
+                return True
             woken = self._grant()
         _call(woken)
         return True
@@ -166,6 +177,8 @@ class ByteBudget:
         if n:
             with self._lock:
                 self.held -= n
+                if not self._waiting:
+                    return
                 woken = self._grant()
             _call(woken)
 

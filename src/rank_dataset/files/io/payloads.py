@@ -3,13 +3,19 @@
 :class:`PayloadReader` reads a batch of them at once, handing out each one's ``bytes`` (or its error) in the
 batch's order.
 
-- Names are checked before anything is read: a NUL byte, an absolute path, a ``..`` component, a URL where a
-  root is a directory, or a path whose real path (symlinks followed) leaves a local root is refused; a
-  local file is opened by its real path with ``O_NOFOLLOW`` (the last component cannot be swapped for a
-  link after the check) and must be a regular file. With no root, a name must be a URL (or an absolute path)
+- Names are checked before anything is read: a NUL byte, an absolute path, a ``..`` component or a URL where a
+  root is a directory is refused. A local file is opened from its root's directory one component at a time
+  with ``O_NOFOLLOW``; where that meets a symlink, the real path (symlinks followed) must be under the root
+  and is opened with ``O_NOFOLLOW`` (the last component cannot be swapped for a link after the check), else
+  it is refused unread. It must be a regular file. With no root, a name must be a URL (or an absolute path)
   under one of the ``allow`` prefixes.
-- Local files are read by a small thread pool, each with one ``os.pread`` of its size straight into the
-  ``bytes`` handed out. Objects are read by a pool of ``max_in_flight`` threads of this process, each request
+- A local file whose pages are in the page cache (a read of its last byte with ``RWF_NOWAIT`` succeeds) is
+  read as it is taken, in the taking thread: a page-cache hit is a copy, which a hand-off to a thread costs
+  more than. From the first file of a batch that is not (or where the system cannot tell), the batch's local
+  files are read by a small thread pool, their reads overlapping. Either way one ``os.pread`` of its size
+  reads a file straight into the ``bytes``
+  handed out.
+- Objects are read by a pool of ``max_in_flight`` threads of this process, each request
   through obstore's blocking API (``obstore.get``, which runs on obstore's runtime without the GIL), with the
   same clients and settings as meta files (:mod:`._stores`), looked up once a batch; a request holds one of the
   node's slots (:mod:`._slots`) while it runs, then kept as a spare for the process's next request until its
@@ -35,6 +41,8 @@ payload back through a pipe in order; it exits when its pipe closes.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
+import functools
 import os
 import pickle
 import random
@@ -43,10 +51,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import PayloadError
@@ -62,21 +70,25 @@ __all__ = [
     "ReadSettings",
     "require_client",
     "resolve",
+    "resolver",
     "slots_dir",
     "target_root",
 ]
 
-#: This process's payload reads so far (for the tests and the benchmark): files, objects, GETs asked again.
-COUNTS = {"files": 0, "objects": 0, "again": 0}
+#: This process's payload reads so far (for the tests and the benchmark): files (of which read by the pool, not
+#: found in the page cache), objects, GETs asked again.
+COUNTS = {"files": 0, "pooled": 0, "objects": 0, "again": 0}
 _LOCAL_THREADS = 8  # local reads at once: a disk or page cache needs few
 _BACKOFF = (0.05, 2.0)  # first and longest wait before a request is asked again
 
 
-@dataclass(frozen=True)
-class LocalTarget:
-    """A local file to read: ``path`` is its real path (under its root, checked)."""
+class LocalTarget(NamedTuple):  # a tuple: made once a sample, cheaply
+    """A local file to read: ``rel`` under the directory ``root`` (a real path); ``path`` names it in messages.
+    ``rel`` has passed the lexical checks (no ``..``, not absolute); symlinks are checked as it is opened."""
 
     path: str
+    root: str
+    rel: str
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,27 @@ class ObjectTarget:
 
 
 Target = LocalTarget | ObjectTarget
+_new_local = tuple.__new__
+
+
+class _Miss:
+    """A local file found open but not in the page cache: its descriptor and size, for the pool."""
+
+    __slots__ = ("fd", "size")
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.size = fd, size
+
+
+# Opening a file under its root: walked with openat where the system has it (Windows has not).
+_WALK = os.open in os.supports_dir_fd
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
+_FILE_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | _NOFOLLOW
+# A read that fails rather than waits for a disk (Linux preadv2): how a page-cache hit is told from a miss.
+_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
+_HERE_MAX = 4 << 20  # larger files go to the pool (a probe of one page says less of them)
+_probe = bytearray(1)  # what a probe reads (thrown away: threads may share it)
 
 
 def target_root(root: str | os.PathLike[str]) -> str:
@@ -108,6 +141,8 @@ def target_root(root: str | os.PathLike[str]) -> str:
 
 def _relative_problem(name: str) -> str | None:
     """Why the relative name ``name`` must not be read under a root (None: it may)."""
+    if name and name[0] not in "/\\" and ".." not in name and ":" not in name and "\0" not in name:
+        return None  # the common case, at a glance: none of the checks below can fail without one of these
     if not name:
         return "an empty path"
     if "\0" in name:
@@ -139,6 +174,22 @@ def resolve(name: str, root: str | None, allow: Sequence[str] = ()) -> Target | 
     return _under(name, root, None)
 
 
+def resolver(root: str | None, allow: Sequence[str] = ()) -> Callable[[str], Target | PayloadError]:
+    """:func:`resolve` with ``root`` and ``allow`` bound (what it answers, the same), the root looked at once:
+    under a local root, a name that passes the checks at a glance is a :class:`LocalTarget` at once."""
+    if root is None or is_url(root):
+        return functools.partial(resolve, root=root, allow=allow)
+    prefix = root if root.endswith(os.sep) else root + os.sep
+
+    def local(name: str) -> Target | PayloadError:
+        # _relative_problem's glance, inline (once a sample); the tuple made without the class's Python __new__
+        if type(name) is str and name and name[0] not in "/\\" and not (".." in name or ":" in name or "\0" in name):
+            return _new_local(LocalTarget, (prefix + name, root, name))
+        return resolve(name, root)
+
+    return local
+
+
 def _under(rel: str, root: str, shown: str | None) -> Target | PayloadError:
     problem = _relative_problem(rel)
     if is_url(root):
@@ -146,13 +197,10 @@ def _under(rel: str, root: str, shown: str | None) -> Target | PayloadError:
         if problem is not None:
             return PayloadError(url.replace("\0", "\\0"), problem)
         return ObjectTarget(root, rel, url)
-    path = shown or os.path.join(root, rel)
+    path = shown or (root + rel if root.endswith(os.sep) else f"{root}{os.sep}{rel}")
     if problem is not None:
         return PayloadError(path.replace("\0", "\\0"), problem)
-    real = os.path.realpath(path)
-    if not real.startswith(root + os.sep):
-        return PayloadError(path, "it resolves outside the root (a symlink out of it)")
-    return LocalTarget(real)
+    return LocalTarget(path, root, rel)  # symlinks: checked as it is opened (_open_checked)
 
 
 @dataclass(frozen=True)
@@ -183,16 +231,18 @@ class PayloadReader:
         self._objects: concurrent.futures.ThreadPoolExecutor | None = None  # objects: max_in_flight threads
         self._active = 0  # object requests asked for and not ended (at 0, the spare node slots are given back)
         self._helper: _Helper | None = None
+        self._roots: dict[str, int] = {}  # each local root's directory, opened once (see _open_checked)
         self._lock = threading.Lock()
 
     def read(self, targets: Sequence[Target | PayloadError]) -> Iterator[bytes | PayloadError]:
-        """Each target's bytes (or its error), in order; all are asked for at once. A payload is the
+        """Each target's bytes (or its error), in order; all are asked for at once (local files in the page
+        cache: read as they are taken, see the module). A payload is the
         caller's when it is yielded; one the caller leaves unread (it stops early) is dropped when it arrives."""
         if os.getpid() != self.pid:
             raise RuntimeError("a PayloadReader serves the process that made it")  # the caller makes one per pid
         tickets = self.budget.tickets(len(targets))
         helper = self._helper_if_forked() if any(isinstance(t, ObjectTarget) for t in targets) else None
-        pending: list[concurrent.futures.Future[Result] | PayloadError | None] = []  # None: the helper's next
+        pending: list[concurrent.futures.Future[Result] | PayloadError | LocalTarget | None] = []  # None: the helper's
         remote: list[ObjectTarget] = []
         stores: dict[str, Any] = {}  # each directory's client, looked up once a batch
         for target, ticket in zip(targets, tickets):
@@ -200,7 +250,7 @@ class PayloadReader:
                 self.budget.skip(ticket)
                 pending.append(target)
             elif isinstance(target, LocalTarget):
-                pending.append(self._pool_of().submit(self._read_file, target, ticket))
+                pending.append(target)  # read as it is taken, or by the pool (see below)
             elif helper is not None:
                 self.budget.skip(ticket)  # the helper holds its own budget
                 remote.append(target)
@@ -215,7 +265,14 @@ class PayloadReader:
         from_helper = helper.read(remote) if helper is not None else iter(())
         k = 0
         try:
-            for k, item in enumerate(pending):  # noqa: B007 - k is read in finally
+            for k, item in enumerate(pending):
+                if isinstance(item, LocalTarget):  # (the batch's files before it were all in the page cache)
+                    here = self._read_here(item, tickets[k])
+                    if isinstance(here, _Miss):  # not in the page cache: it and the batch's next files go to the pool
+                        here = self._to_pool(pending, tickets, k, here).result()
+                    self.budget.release(here[1])  # handed out: the caller's now
+                    yield here[0]
+                    continue
                 if isinstance(item, PayloadError):
                     yield item
                 elif item is None:
@@ -231,9 +288,12 @@ class PayloadReader:
                     yield data
             k = len(pending)
         finally:
-            for item in pending[k + 1 :]:
-                if isinstance(item, concurrent.futures.Future):
-                    item.add_done_callback(self._drop)
+            for j in range(k + 1, len(pending)):
+                left = pending[j]
+                if isinstance(left, concurrent.futures.Future):
+                    left.add_done_callback(self._drop)
+                elif isinstance(left, LocalTarget):  # not opened (only a miss is, and it went to the pool)
+                    self.budget.skip(tickets[j])
             if isinstance(from_helper, Iterator):
                 for _ in from_helper:  # the helper's answers are read to the end: the pipe stays in step
                     pass
@@ -266,29 +326,129 @@ class PayloadReader:
 
     # -- local files ------------------------------------------------------------------------------
 
-    def _read_file(self, target: LocalTarget, ticket: int) -> Result:
-        """The file's bytes, one ``pread`` of its size into the ``bytes`` handed out."""
-        deadline = time.monotonic() + self.settings.timeout
+    def _read_here(self, target: LocalTarget, ticket: int) -> Result | _Miss:
+        """The file's bytes (or its error), read in this thread if its pages are in the page cache (a read
+        that cannot wait for a disk); else the open file, for the pool."""
+        opened = self._open_checked(target, ticket)
+        if isinstance(opened, PayloadError):
+            return opened, 0
+        fd, size = opened
+        if _NOWAIT is None or size > _HERE_MAX:
+            return _Miss(fd, size)
+        if size:
+            # The last byte read without waiting for a disk says the file is in the page cache (a file is read,
+            # and evicted, whole); EAGAIN says it is not, EOPNOTSUPP that its file system cannot tell.
+            try:
+                os.preadv(fd, [_probe], size - 1, _NOWAIT)
+            except OSError:
+                return _Miss(fd, size)
+        if not self.budget.try_reserve(ticket, size):
+            return self._read_open(target, ticket, fd, size)  # waits for its turn and room
+        try:
+            COUNTS["files"] += 1
+            data = os.pread(fd, size, 0)
+        except OSError as exc:
+            return _file_error(target.path, exc), size
+        finally:
+            os.close(fd)
+        if len(data) != size:
+            return PayloadError(target.path, f"read {len(data):,} of its {size:,} bytes"), size
+        return data, size
+
+    def _to_pool(self, pending: list[Any], tickets: range, k: int, miss: _Miss) -> concurrent.futures.Future[Result]:
+        """Give the pool ``pending[k]`` (open: ``miss``) and the batch's local files after it (their reads
+        then overlap); ``pending[k]``'s future."""
+        pool = self._pool_of()
+        first = pending[k] = pool.submit(self._read_file, pending[k], tickets[k], miss.fd, miss.size)
+        for j in range(k + 1, len(pending)):
+            if isinstance(pending[j], LocalTarget):
+                pending[j] = pool.submit(self._read_file, pending[j], tickets[j])
+        return first
+
+    def _read_file(self, target: LocalTarget, ticket: int, fd: int = -1, size: int = 0) -> Result:
+        """The file's bytes or its error (never raises), in a thread of the pool."""
+        COUNTS["pooled"] += 1
+        if fd < 0:
+            opened = self._open_checked(target, ticket)
+            if isinstance(opened, PayloadError):
+                return opened, 0
+            fd, size = opened
+        return self._read_open(target, ticket, fd, size)
+
+    def _open_checked(self, target: LocalTarget, ticket: int) -> tuple[int, int] | PayloadError:
+        """The file's descriptor, open for reading, and its size; or its error (the file closed, its ticket
+        ended). Never through a symlink that leaves its root: walked from the root's directory (opened once a
+        process) one component at a time with ``O_NOFOLLOW`` (no symlink followed, no path looked up twice);
+        where that meets a symlink, the real path is checked to be under the root and opened with
+        ``O_NOFOLLOW`` (its last component cannot be swapped for a link after the check). ``O_NONBLOCK``: a
+        FIFO named by a line does not block. Must be a regular file."""
+        fd, ok = -1, False
+        try:
+            if _WALK:
+                at = self._roots.get(target.root)
+                if at is None:
+                    at = self._root_fd(target.root)
+                parts = target.rel.split(os.sep)
+                if "" in parts or "." in parts:  # "a//b", "./a": the same file
+                    parts = [part for part in parts if part and part != "."] or ["."]
+                opened = -1
+                try:
+                    for part in parts[:-1]:
+                        at = os.open(part, _DIR_FLAGS, dir_fd=at)
+                        if opened >= 0:
+                            os.close(opened)
+                        opened = at
+                    fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=at)
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):  # not a symlink met on the way
+                        raise
+                finally:
+                    if opened >= 0:
+                        os.close(opened)
+            if fd < 0:
+                real = os.path.realpath(target.path)
+                if not real.startswith(target.root + os.sep):
+                    raise PayloadError(target.path, "it resolves outside the root (a symlink out of it)")
+                fd = os.open(real, _FILE_FLAGS)
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                ok = True  # the descriptor is the caller's now
+                return fd, st.st_size
+            error = PayloadError(target.path, "not a regular file")
+        except PayloadError as exc:
+            error = exc
+        except OSError as exc:
+            error = _file_error(target.path, exc)
+        finally:
+            if not ok:  # failed, or interrupted: the file closed, the ticket ended
+                if fd >= 0:
+                    os.close(fd)
+                self.budget.skip(ticket)
+        return error
+
+    def _root_fd(self, root: str) -> int:
+        """A descriptor of the directory ``root``, opened on this process's first read under it."""
+        with self._lock:
+            fd = self._roots.get(root)
+            if fd is None:
+                fd = self._roots[root] = os.open(root, _DIR_FLAGS)
+            return fd
+
+    def _read_open(self, target: LocalTarget, ticket: int, fd: int, size: int) -> Result:
+        """The open file's bytes once its turn and room under ``max_bytes`` come, one ``pread`` of its size
+        into the ``bytes`` handed out; the file closed."""
         reserved = 0
         try:
-            # O_NOFOLLOW: no link swapped in after the check; O_NONBLOCK: a FIFO named by a line does not block
-            flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
-            fd = os.open(target.path, flags)
-        except OSError as exc:
-            self.budget.skip(ticket)
-            return _file_error(target.path, exc), 0
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                self.budget.skip(ticket)
-                return PayloadError(target.path, "not a regular file"), 0
-            if not self.budget.reserve(ticket, st.st_size, deadline):
+            budget = self.budget
+            if not budget.try_reserve(ticket, size) and not budget.reserve(
+                ticket, size, time.monotonic() + self.settings.timeout
+            ):
                 return PayloadError(target.path, _budget_timeout(self.settings)), 0
-            reserved = st.st_size
+            reserved = size
             COUNTS["files"] += 1
-            data = os.pread(fd, st.st_size, 0) if st.st_size < (1 << 31) else _read_all(fd, st.st_size)
-            if len(data) != st.st_size:
-                return PayloadError(target.path, f"read {len(data):,} of its {st.st_size:,} bytes"), reserved
+            data = os.pread(fd, size, 0) if size < (1 << 31) else _read_all(fd, size)
+            if len(data) != size:
+                return PayloadError(target.path, f"read {len(data):,} of its {size:,} bytes"), reserved
             return data, reserved
         except OSError as exc:
             return _file_error(target.path, exc), reserved
@@ -384,11 +544,15 @@ class PayloadReader:
         """End the pools and the helper of this process (each ends with it anyway)."""
         if os.getpid() != self.pid:
             return
-        for pool in (self._pool, self._objects):
-            if pool is not None:
-                pool.shutdown(wait=False)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)  # its reads use the roots' descriptors, closed below
+        if self._objects is not None:
+            self._objects.shutdown(wait=False)
         if self._helper is not None:
             self._helper.close()
+        for fd in self._roots.values():
+            os.close(fd)
+        self._roots.clear()
         self._pool = self._objects = self._helper = None
 
 
@@ -430,7 +594,7 @@ def _file_error(path: str, exc: OSError) -> PayloadError:
         return PayloadError(path, "no such file")
     if isinstance(exc, PermissionError):
         return PayloadError(path, "permission denied")
-    if getattr(exc, "errno", None) == getattr(__import__("errno"), "ELOOP", -1):
+    if exc.errno == errno.ELOOP:
         return PayloadError(path, "a symlink (its target was swapped after the check)")
     return PayloadError(path, f"{type(exc).__name__}: {exc.strerror or exc}")
 
