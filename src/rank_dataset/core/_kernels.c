@@ -11,6 +11,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -1031,14 +1032,25 @@ RD_API int rd_route(const int64_t *items, int64_t n, const int64_t *owned, int64
     if (seen != NULL && seen_size < span / 8 + (span % 8 != 0)) return RD_EARG;
     struct router rt = {owned, w, rounds, per_round, 1.0 / (double)per_round};
     const int64_t parts = w * rounds;
+    /* Each item's key, kept from the first pass for the second where it fits 2 bytes (else found
+     * again): the scratch is freed before returning. */
+    uint16_t *keys = parts <= 65536 && n > 0 ? (uint16_t *)malloc((size_t)n * sizeof(uint16_t)) : NULL;
+    int64_t *firsts = keys ? (int64_t *)malloc((size_t)parts * sizeof(int64_t)) : NULL; /* a key's owned[o] */
+    if (keys && !firsts) {
+        free(keys);
+        keys = NULL;
+    }
     for (int64_t k = 0; k < parts; k++) counts[k] = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t x = items[i];
         int64_t local, key;
         if (x < 0 || x >= total || (key = route_one(&rt, x, &local)) < 0) {
             *bad = i;
+            free(keys);
+            free(firsts);
             return RD_ERANGE;
         }
+        if (keys) keys[i] = (uint16_t)key;
         counts[key]++;
     }
     /* counts become each key's next place (then back to counts): a stable counting sort. */
@@ -1048,11 +1060,22 @@ RD_API int rd_route(const int64_t *items, int64_t n, const int64_t *owned, int64
         counts[k] = at;
         at += c;
     }
-    for (int64_t i = 0; i < n; i++) {
-        int64_t local;
-        const int64_t key = route_one(&rt, items[i], &local), place = counts[key]++;
-        set_index(order, order_kind, place, i);
-        set_index(request, req_kind, place, local);
+    if (keys) {
+        for (int64_t k = 0; k < parts; k++) firsts[k] = owned[k / rounds];
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t key = keys[i], place = counts[key]++;
+            set_index(order, order_kind, place, i);
+            set_index(request, req_kind, place, items[i] - firsts[key]);
+        }
+        free(keys);
+        free(firsts);
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            int64_t local;
+            const int64_t key = route_one(&rt, items[i], &local), place = counts[key]++;
+            set_index(order, order_kind, place, i);
+            set_index(request, req_kind, place, local);
+        }
     }
     for (int64_t k = parts - 1; k > 0; k--) counts[k] = counts[k] - counts[k - 1];
     /* counts[0] is now its end, which is its count. */
