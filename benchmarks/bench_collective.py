@@ -21,6 +21,10 @@ Usage:
 With ``--native-compare``, each W runs twice, on numpy (``RANK_DATASET_NATIVE=0``) and on the native kernels
 (``require``), and ``<name>_native.md`` sets the two side by side.
 
+With ``--phases`` (and ``--baseline SRC`` or not), ``<name>_phases.md`` gives the collective reader's cold start
+by phase instead: each rank wraps the reader's functions with ``time.process_time()`` (the process's CPU, gloo's
+threads included; each phase without the phases inside it), ``--repeat`` runs of each code, alternating.
+
 With ``--baseline SRC`` (another checkout's ``src``, its kernels built), each W runs ``--repeat`` times on that
 code and on this, alternating, and ``<name>_local.md`` sets the busiest rank's CPU of the two side by side
 against one read's CPU (the node-local exchange against the gloo-only one it replaced, on one host)::
@@ -115,6 +119,80 @@ dist.destroy_process_group()
 )
 
 
+# The cold start of a rank with the reader's functions timed: what each spent (its own CPU, the functions it
+# calls that are timed too left out), printed as JSON. It wraps names of the reader's modules (private ones),
+# so it runs only on code that has them; a name a version lacks is left out.
+_PHASES_RANK = """
+import functools, importlib, json, sys, time
+import torch.distributed as dist
+from rank_dataset import RankDataset
+for name in ("rank_dataset.training.dataset", "rank_dataset.training._readers", "rank_dataset.shards.collective",
+             "rank_dataset.shards.reader", "rank_dataset.files.read.metafile", "rank_dataset.core._native_lib"):
+    importlib.import_module(name)
+spent, inside = {}, []
+def timed(name, f):
+    @functools.wraps(f)
+    def g(*a, **k):
+        t = time.process_time()
+        inside.append(0.0)
+        try:
+            return f(*a, **k)
+        finally:
+            within, d = inside.pop(), time.process_time() - t
+            spent[name] = spent.get(name, 0.0) + d - within
+            if inside:
+                inside[-1] += d
+    return g
+def wrap(module, owner, names, prefix=""):
+    target = importlib.import_module(module) if owner is None else getattr(importlib.import_module(module), owner)
+    for n in names:
+        if hasattr(target, n):
+            setattr(target, n, timed(prefix + n, getattr(target, n)))
+from rank_dataset.core import native
+for n in ("route_items", "scatter_bounds", "place_lines", "copy_lines", "pack_requests", "verify_lines",
+          "permute_cells", "scan_lines"):
+    setattr(native, n, timed(n, getattr(native, n)))
+C = "rank_dataset.shards.collective."
+wrap(C + "_reader", None, ["count_slices", "shared_fingerprints", "shared_checkpoints", "shared_objects"])
+wrap(C + "_slices", None, ["_count"])
+wrap(C + "_rounds", "Server", ["serve", "_read"], "Server.")
+wrap(C + "_local", "Local", ["__init__", "copy_round", "lengths_of"], "Local.")
+wrap(C + "_dist", "Collectives", ["all_to_all", "all_gather", "all_gather_object", "broadcast"], "Collectives.")
+wrap("rank_dataset.core.shard", "ShardWriter", ["__init__", "finish"], "ShardWriter.")
+Exchange = importlib.import_module(C + "_rounds").Exchange
+_build = Exchange.build
+Exchange.build = lambda self, plan_of, keep: _build(self, timed("plan", plan_of), keep)
+dist.init_process_group("gloo")
+dist.barrier()
+cpu = time.process_time()
+ds = RankDataset(sys.argv[1], reader="collective", reload_cfg={"seed": 1})
+cpu = time.process_time() - cpu
+dist.barrier()
+print(json.dumps({"total": cpu, **spent}), flush=True)
+ds.close()
+dist.destroy_process_group()
+"""
+
+# The phases of the table: what each groups of the timed functions.
+PHASES = [
+    ("copying the lines into the shard (`copy_lines`)", ["copy_lines", "Local.copy_round"]),
+    ("the shard's new shared pages (`ShardWriter`, populated)", ["ShardWriter.__init__", "ShardWriter.finish"]),
+    ("the count: reading and scanning the slice", ["_count", "scan_lines", "count_slices"]),
+    ("the shared table and round buffers (`Local`)", ["Local.__init__"]),
+    ("the plan (its permutation included; the file reader's too)", ["plan", "permute_cells"]),
+    ("routing (`route_items`)", ["route_items"]),
+    ("the lengths and the offsets (`lengths_of`, `scatter_bounds`)", ["Local.lengths_of", "scatter_bounds"]),
+    (
+        "the rounds' second read of the slice and its check",
+        ["Server._read", "verify_lines", "Server.serve", "pack_requests", "place_lines"],
+    ),
+    (
+        "gloo's collectives (their threads included)",
+        ["Collectives.all_to_all", "Collectives.all_gather", "Collectives.all_gather_object", "Collectives.broadcast"],
+    ),
+]
+
+
 def one_read(path: Path, field: str = "seconds") -> float:
     """One read of ``path`` in a fresh process: its wall seconds, or (``field="cpu"``) its CPU seconds."""
     out = subprocess.run([sys.executable, "-c", _ONE_READ, str(path)], capture_output=True, text=True, check=True)
@@ -122,11 +200,11 @@ def one_read(path: Path, field: str = "seconds") -> float:
 
 
 def run_world(
-    path: Path, w: int, cache: Path, native: str | None = None, src: Path | None = None
+    path: Path, w: int, cache: Path, native: str | None = None, src: Path | None = None, code: str = _RANK
 ) -> list[dict[str, Any]]:
     """W ranks on ``path``, the index cache under ``cache`` (empty: the file reader starts cold); ``native``:
     the kernels' path (``RANK_DATASET_NATIVE``), or the environment's; ``src``: the package's code from
-    there (first on ``PYTHONPATH``)."""
+    there (first on ``PYTHONPATH``); ``code``: what each rank runs."""
     env = {**os.environ, "RANK_DATASET_CACHE_DIR": str(cache), "MASTER_ADDR": "127.0.0.1"}
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -135,7 +213,7 @@ def run_world(
     env["MASTER_PORT"], env["WORLD_SIZE"] = str(free_port()), str(w)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _RANK, str(path)],
+            [sys.executable, "-c", code, str(path)],
             env={**env, "RANK": str(r)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -210,7 +288,11 @@ def main() -> None:
     parser.add_argument("--native-compare", action="store_true", help="each W on numpy and on native")
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout's src: each W on it and on this")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each code with --baseline")
+    parser.add_argument("--phases", action="store_true", help="the cold start's CPU by phase: <name>_phases.md")
     args = parser.parse_args()
+    if args.phases:
+        compare_phases(args)
+        return
     if args.native_compare:
         compare_native(args)
         return
@@ -386,6 +468,62 @@ def compare_baseline(args: argparse.Namespace) -> None:
     ]
     data = {"lines": args.lines, "one_read_cpu": base_cpu, "worlds": got}
     save_results(args.out, f"{args.name}_local", rows, data, lambda png: None)
+
+
+def compare_phases(args: argparse.Namespace) -> None:
+    """Each W's cold start by phase: ``--repeat`` runs of the code under ``args.baseline`` (if given) and of
+    this, alternating; per phase the mean over the ranks of their CPU, then the busiest rank's in all."""
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="rank-dataset-collective-"))
+    codes = ([("baseline", args.baseline)] if args.baseline is not None else []) + [("this", HERE.parent / "src")]
+    runs: list[tuple[int, str, int, list[dict[str, float]]]] = []
+    load_before = load_note()
+    with scratch_dir(data_dir, keep=args.keep and args.data_dir is not None) as d:
+        path = meta_file(d, args.lines)
+        one_read(path)  # into the page cache
+        base_cpu = min(one_read(path, "cpu") for _ in range(3))
+        for w in args.worlds:
+            for i in range(args.repeat):
+                for label, src in codes:
+                    with scratch_dir(d / f"cache_{w}_{label}_{i}") as cache:
+                        got = run_world(path, w, cache, src=src, code=_PHASES_RANK)
+                    runs.append((w, label, i + 1, got))
+                    print(w, label, max(r["total"] for r in got), flush=True)
+    heads = [f"W = {w}, {label}, run {i}" for w, label, i, _ in runs]
+    rows = [
+        f"# The collective reader's cold start by phase, N = {args.lines:,} lines",
+        "",
+        f"One read of the file counting newlines 16 MiB at a time: {base_cpu:.2f} s of CPU.",
+        "",
+        "| phase (CPU s, the mean of the ranks) | " + " | ".join(heads) + " |",
+        "|---|" + "---:|" * len(runs),
+    ]
+    done = [0.0] * len(runs)
+    for name, keys in PHASES:
+        cells = []
+        for j, (*_, got) in enumerate(runs):
+            v = sum(r.get(k, 0.0) for r in got for k in keys) / len(got)
+            done[j] += v
+            cells.append(f"{v:.3f}")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    means = [sum(r["total"] for r in got) / len(got) for *_, got in runs]
+    rows.append(
+        "| the rest (Python, small arrays, the reader's checks) | "
+        + " | ".join(f"{m - x:.3f}" for m, x in zip(means, done))
+        + " |"
+    )
+    rows.append("| **all, the mean rank** | " + " | ".join(f"**{m:.3f}**" for m in means) + " |")
+    busiest = [max(r["total"] for r in got) for *_, got in runs]
+    rows.append("| the busiest rank, all | " + " | ".join(f"{b:.3f}" for b in busiest) + " |")
+    rows.append("| its ratio to one read's CPU | " + " | ".join(ratio(b, base_cpu) for b in busiest) + " |")
+    rows += [
+        "",
+        f"`baseline`: the code under `{args.baseline}`; `this`: this checkout's. Each run a fresh W-rank gloo job "
+        f"on loopback. Load average (1, 5, 15 min) before: {load_before}; after: {load_note()}.",
+        "",
+        machine_info(),
+    ]
+    data = {"lines": args.lines, "one_read_cpu": base_cpu, "runs": [[w, label, i, got] for w, label, i, got in runs]}
+    save_results(args.out, f"{args.name}_phases", rows, data, lambda png: None)
 
 
 if __name__ == "__main__":

@@ -844,6 +844,26 @@ def test_route_items_finds_a_repeat_or_lets_it_be(impl: Any, total: int) -> None
         assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_route_items_finds_a_repeat_in_any_round_of_any_slice(impl: Any, seed: int) -> None:
+    """Over several owners and rounds (the kernel checks a group of requests at a time, in a bitmap of a
+    round): a plan that repeats one sample anywhere is None, the same plan without the repeat is routed
+    as numpy routes it, and a check that found a repeat leaves no trace on the next call."""
+    rng = np.random.default_rng(seed)
+    w, total = int(rng.integers(2, 9)), int(rng.integers(500, 5000))
+    owned = _owned(rng, w, total)
+    per_round = int(rng.integers(1, 100))
+    rounds = max(1, -(-int(np.diff(owned).max()) // per_round))
+    for _ in range(10):
+        items = rng.permutation(total)[: int(rng.integers(2, total + 1))].astype(np.int64)
+        repeated = np.insert(items, int(rng.integers(0, items.size + 1)), items[int(rng.integers(0, items.size))])
+        assert impl.route_items(repeated, owned, rounds, per_round, True, np.uint32) is None
+        want = ref.route_items(items, owned, rounds, per_round, True, np.uint32)
+        got = impl.route_items(items, owned, rounds, per_round, True, np.uint32)
+        assert got is not None and want is not None
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want))
+
+
 def test_route_items_refuses_hostile_arguments(kernels: Kernels) -> None:
     owned = np.array([0, 5, 10], np.int64)
     for items in ([-1], [10], [0, 1 << 62], [3, -(1 << 63)]):

@@ -130,6 +130,13 @@ CASES = [
         None,
     ),
     (
+        "collective",
+        ["--phases", "--baseline", str(ROOT / "src"), "--repeat", "1", "--lines", "3000", "--worlds", "2"],
+        "collective_phases.md",
+        ["| routing (`route_items`) |", "| the busiest rank, all |", "W = 2, baseline, run 1"],
+        None,
+    ),
+    (
         "formats",
         ["--lines", "3000", "--world-size", "1", "--far-worlds", "16", "--items", "200", "--repeat", "1"],
         "formats.md",

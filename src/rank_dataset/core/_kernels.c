@@ -11,6 +11,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -1001,9 +1002,11 @@ RD_INLINE int64_t route_one(const struct router *rt, int64_t x, int64_t *local) 
  * (x - owned[o]) / per_round; its key is o * rounds + round. counts[0:w*rounds]: the items of each
  * key; order[0:n] (kind order_kind: RD_I32 or RD_I64): the items' indices grouped by key, stably;
  * request[0:n] (kind req_kind: RD_U32 or RD_I64): each grouped item's number within its owner's slice.
- * With seen (a bitmap of seen_size >= (owned[w] + 7) / 8 bytes, all zero), a sample that occurs twice
- * is RD_EREPEAT (*bad the second one) and nothing is grouped. An item outside [0, owned[w]), or whose
- * round is not below rounds, is RD_ERANGE (*bad its index); owned not ascending from 0 is RD_EARG.
+ * With seen (a bitmap of seen_size >= (span + 7) / 8 bytes, all zero, span the smaller of per_round
+ * and the largest slice), a sample that occurs twice is RD_EREPEAT (*bad an item that repeats an
+ * earlier one; the grouping is then of no use); seen is left all zero. An item outside [0, owned[w]),
+ * or whose round is not below rounds, is RD_ERANGE (*bad its index); owned not ascending from 0 is
+ * RD_EARG.
  */
 RD_API int rd_route(const int64_t *items, int64_t n, const int64_t *owned, int64_t w, int64_t rounds, int64_t per_round,
                     uint8_t *seen, int64_t seen_size, int64_t *counts, void *order, int order_kind, void *request,
@@ -1019,28 +1022,35 @@ RD_API int rd_route(const int64_t *items, int64_t n, const int64_t *owned, int64
         if (owned[o + 1] < owned[o]) return RD_EARG;
     const int64_t total = owned[w];
     if (total > INT64_MAX / 4 || per_round > INT64_MAX / 4) return RD_EARG; /* no product below overflows */
-    if (seen != NULL && seen_size < total / 8 + (total % 8 != 0)) return RD_EARG;
     /* A slice's numbers fit the requests' kind (below its largest slice's size). */
-    for (int64_t o = 0; o < w; o++)
+    int64_t largest = 0;
+    for (int64_t o = 0; o < w; o++) {
         if (owned[o + 1] - owned[o] - 1 > kind_max(req_kind)) return RD_EARG;
+        if (owned[o + 1] - owned[o] > largest) largest = owned[o + 1] - owned[o];
+    }
+    const int64_t span = per_round < largest ? per_round : largest;
+    if (seen != NULL && seen_size < span / 8 + (span % 8 != 0)) return RD_EARG;
     struct router rt = {owned, w, rounds, per_round, 1.0 / (double)per_round};
     const int64_t parts = w * rounds;
+    /* Each item's key, kept from the first pass for the second where it fits 2 bytes (else found
+     * again): the scratch is freed before returning. */
+    uint16_t *keys = parts <= 65536 && n > 0 ? (uint16_t *)malloc((size_t)n * sizeof(uint16_t)) : NULL;
+    int64_t *firsts = keys ? (int64_t *)malloc((size_t)parts * sizeof(int64_t)) : NULL; /* a key's owned[o] */
+    if (keys && !firsts) {
+        free(keys);
+        keys = NULL;
+    }
     for (int64_t k = 0; k < parts; k++) counts[k] = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t x = items[i];
         int64_t local, key;
         if (x < 0 || x >= total || (key = route_one(&rt, x, &local)) < 0) {
             *bad = i;
+            free(keys);
+            free(firsts);
             return RD_ERANGE;
         }
-        if (seen != NULL) {
-            const uint8_t bit = (uint8_t)(1u << (x & 7));
-            if (seen[x >> 3] & bit) {
-                *bad = i;
-                return RD_EREPEAT;
-            }
-            seen[x >> 3] |= bit;
-        }
+        if (keys) keys[i] = (uint16_t)key;
         counts[key]++;
     }
     /* counts become each key's next place (then back to counts): a stable counting sort. */
@@ -1050,14 +1060,52 @@ RD_API int rd_route(const int64_t *items, int64_t n, const int64_t *owned, int64
         counts[k] = at;
         at += c;
     }
-    for (int64_t i = 0; i < n; i++) {
-        int64_t local;
-        const int64_t key = route_one(&rt, items[i], &local), place = counts[key]++;
-        set_index(order, order_kind, place, i);
-        set_index(request, req_kind, place, local);
+    if (keys) {
+        for (int64_t k = 0; k < parts; k++) firsts[k] = owned[k / rounds];
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t key = keys[i], place = counts[key]++;
+            set_index(order, order_kind, place, i);
+            set_index(request, req_kind, place, items[i] - firsts[key]);
+        }
+        free(keys);
+        free(firsts);
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            int64_t local;
+            const int64_t key = route_one(&rt, items[i], &local), place = counts[key]++;
+            set_index(order, order_kind, place, i);
+            set_index(request, req_kind, place, local);
+        }
     }
     for (int64_t k = parts - 1; k > 0; k--) counts[k] = counts[k] - counts[k - 1];
     /* counts[0] is now its end, which is its count. */
+    if (seen == NULL) return RD_OK;
+    /* Repeats, found a group at a time: a sample's group holds every occurrence of it, and the group's
+     * samples lie within one round of one slice, so the bitmap is of a round (small enough to stay in
+     * the cache), not of every sample; its bits are cleared again after each group. */
+    int64_t first = 0;
+    for (int64_t k = 0; k < parts; k++) {
+        const int64_t end = first + counts[k], base = (k % rounds) * per_round;
+        int64_t j = first, found = -1;
+        for (; j < end; j++) {
+            const int64_t b = get_index(request, req_kind, j) - base; /* in [0, span): routed so */
+            const uint8_t bit = (uint8_t)(1u << (b & 7));
+            if (seen[b >> 3] & bit) {
+                found = get_index(order, order_kind, j);
+                break;
+            }
+            seen[b >> 3] |= bit;
+        }
+        for (int64_t c = first; c < j; c++) {
+            const int64_t b = get_index(request, req_kind, c) - base;
+            seen[b >> 3] = 0;
+        }
+        if (found >= 0) {
+            *bad = found;
+            return RD_EREPEAT;
+        }
+        first = end;
+    }
     return RD_OK;
 }
 

@@ -359,11 +359,13 @@ class Kernels:
         if w < 1:
             raise ValueError("owned must hold at least two offsets")
         total = int(own[-1])
-        # A bit a sample, where that is no more than 8 bytes an item; else numpy's sort finds a repeat.
+        # A bit a sample of a round of a slice (the kernel checks a group of requests at a time), where
+        # that is no more than 8 bytes an item; else numpy's sort finds a repeat.
         seen = np.zeros(0, np.uint8)
         if check and n > 1:
-            if total <= 64 * n:
-                seen = np.zeros(-(-total // 8), np.uint8)
+            span = min(per_round, int(np.diff(own).max()))
+            if span <= 64 * n:
+                seen = np.zeros(-(-span // 8), np.uint8)
             elif np.unique(it).size < n:
                 return None
         counts = np.empty(w * rounds, np.int64)
