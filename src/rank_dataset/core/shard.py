@@ -25,7 +25,7 @@ from rank_dataset.core import native
 from rank_dataset.core import shm as _shm
 from rank_dataset.core.residency import anonymous_map, populate_map
 
-__all__ = ["Shard", "ShardWriter", "copy_rows", "offset_dtype"]
+__all__ = ["Shard", "ShardWriter", "offset_dtype"]
 
 _IntArray = npt.NDArray[np.integer[Any]]
 
@@ -42,19 +42,6 @@ def offset_dtype(total: int) -> np.dtype[Any]:
 
 def _align(x: int) -> int:
     return -(-x // _ALIGN) * _ALIGN
-
-
-def copy_rows(
-    src: npt.NDArray[np.uint8],
-    src_starts: _IntArray,
-    lengths: _IntArray,
-    dst: npt.NDArray[np.uint8],
-    dst_starts: _IntArray,
-) -> None:
-    """``dst[dst_starts[k]:][:lengths[k]] = src[src_starts[k]:][:lengths[k]]`` for every ``k``, exactly: the
-    kernel :func:`rank_dataset.core.native.copy_rows`. Nothing is written outside the rows, so rows may be
-    copied in any order and in as many calls as convenient."""
-    native.copy_rows(src, src_starts, lengths, dst, dst_starts)
 
 
 def _checked(data: Any, starts: _IntArray, ends: _IntArray) -> tuple[npt.NDArray[np.uint8], _IntArray, _IntArray]:

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core import native
 from rank_dataset.core.arrays import prefix_sums
-from rank_dataset.core.shard import copy_rows
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats.base import Format, Recognised
 
@@ -186,7 +186,7 @@ class ParquetRows:
         lengths = np.diff(offsets)
         starts = pad + offsets[:-1] - offsets[0] + np.arange(lengths.size, dtype=np.int64)
         text = np.full(pad + int(lengths.sum()) + lengths.size, ord("\n"), np.uint8)
-        copy_rows(data, offsets[:-1], lengths, text, starts)
+        native.copy_rows(data, offsets[:-1], lengths, text, starts)
         return text, starts, lengths
 
     def last_integers(self, g: int) -> _IntArray | None:

@@ -1,4 +1,4 @@
-"""Positional reads of a file into a reusable buffer, page-granular, and newline counting.
+"""Positional reads of a file into a reusable buffer, page-granular.
 
 Reading a file through a shared map kills the process with SIGBUS when the file shrinks under the
 map; a positional read returns short instead, which the caller turns into an error. The buffer is
@@ -18,14 +18,12 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core import native
 from rank_dataset.core.residency import anonymous_map
 
-__all__ = ["RangeLoader", "ShortRead", "Window", "count_newlines", "dense", "pread_exact"]
+__all__ = ["RangeLoader", "ShortRead", "Window", "dense", "pread_exact"]
 
 _PAGE = mmap.PAGESIZE
 GAP = 2 * _PAGE  # bytes between two wanted ranges that are read rather than skipped
-_COUNT_CHUNK = 16 << 20
 _SMALL = 1 << 20  # window buffers up to this size are heap arrays (a map costs syscalls and faults)...
 _ROOM = 1 << 20  # a window's map is a whole number of these, with an eighth to spare
 _MAIN = threading.main_thread()  # ...in the main thread only: see _small
@@ -206,18 +204,3 @@ def _read_runs(
                 parts[i] = part + rest.tobytes()
         joined = b"".join(parts)
     return np.frombuffer(joined, np.uint8)
-
-
-def count_newlines(fd: int, stop: int, start: int = 0) -> int:
-    """The number of ``\\n`` in bytes ``[start, stop)`` of ``fd`` (or up to its end, if shorter), read
-    16 MiB at a time, so locating a line of a 50 GB file costs 16 MiB of memory, not 50 GB."""
-    buf = np.empty(max(0, min(stop - start, _COUNT_CHUNK)), np.uint8)
-    count, offset = 0, start
-    while offset < stop:
-        part = buf[: min(buf.size, stop - offset)]
-        got = os.preadv(fd, [part.data], offset)
-        if got == 0:
-            break
-        count += native.count_newlines(part[:got])
-        offset += got
-    return count

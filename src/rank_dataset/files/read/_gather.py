@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from rank_dataset.core import native
 from rank_dataset.core.native import BOM, NEWLINE
-from rank_dataset.core.shard import ShardWriter, copy_rows
+from rank_dataset.core.shard import ShardWriter
 from rank_dataset.core.threads import in_threads
 from rank_dataset.files.index.load import (
     MAPPED_ROWS,
@@ -493,5 +493,5 @@ def _copy_file_rows(
         buf, shift = window.load(fd, check_from(s), e + 2, size, pad=8)
         if not window_ok(buf, shift, s, e, size)[0]:
             return False
-        copy_rows(buf, s - shift, lengths[a:b], data, dst[a:b])
+        native.copy_rows(buf, s - shift, lengths[a:b], data, dst[a:b])
     return True

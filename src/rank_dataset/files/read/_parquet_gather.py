@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import native
-from rank_dataset.core.shard import ShardWriter, copy_rows
+from rank_dataset.core.shard import ShardWriter
 from rank_dataset.core.threads import in_threads
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.read._visits import FileRows, threads_for
@@ -106,7 +106,7 @@ def parquet_copy(visit: FileRows, indices: npt.NDArray[np.int64], writer: ShardW
                 packed = kept.rows.pop(g, None)
                 if packed is not None:
                     lengths = (writer.bounds[rows[a:b] + 1] - dst).astype(np.int64)
-                    copy_rows(packed, np.cumsum(lengths) - lengths, lengths, writer.data, dst)
+                    native.copy_rows(packed, np.cumsum(lengths) - lengths, lengths, writer.data, dst)
                     continue
                 if reader is None:
                     reader = stack.enter_context(visit.file.bytes.rows(visit.file.index))
@@ -114,6 +114,6 @@ def parquet_copy(visit: FileRows, indices: npt.NDArray[np.int64], writer: ShardW
                 src, lengths = offsets[:-1], np.diff(offsets)
                 if not np.array_equal(writer.bounds[rows[a:b] + 1] - dst, lengths):
                     raise MetaFileChangedError(visit.file.path, f"its row group {g} changed while it was read")
-                copy_rows(data, src, lengths, writer.data, dst)
+                native.copy_rows(data, src, lengths, writer.data, dst)
 
     in_threads(work, min(threads_for(visit), max(len(groups), 1)))
