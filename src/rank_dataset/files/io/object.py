@@ -55,8 +55,8 @@ _ATTEMPTS = 4  # asks of a range whose body came back short, before it is called
 _TIMEOUT = 1800.0
 
 
-class ObjectFile:
-    """The object at ``url`` (a :class:`~rank_dataset.files.io.base.ByteSource`).
+class ObjectFile(ByteSource):
+    """The object at ``url``.
 
     With ``key``, reads are pinned to the object ``key`` describes (no request at construction; with
     ``checked``, one HEAD, MetaFileChangedError if it is not that object); without, one HEAD learns its
@@ -65,6 +65,8 @@ class ObjectFile:
     ``timeout`` default to those ``url`` carries (a :class:`~rank_dataset.core.checks.UrlPath`'s), else
     the environment's and :data:`_TIMEOUT`.
     """
+
+    key: ObjectKey
 
     def __init__(
         self,
@@ -89,12 +91,6 @@ class ObjectFile:
             raise MetaFileChangedError(self.path, what)
         self._ahead: tuple[int, bytes] | None = None  # the block of a read in order (read_into's until)
         self._next = 0  # where a read in order (pread) would start next
-
-    @property
-    def size(self) -> int:
-        return self.key.size
-
-    local = False
 
     def _store(self) -> Any:
         return object_store(self._directory, self.storage_options, self.timeout)
@@ -252,15 +248,6 @@ class ObjectFile:
         what = self.key.change(now)
         if what is not None:
             raise MetaFileChangedError(self.path, what)
-
-    def close(self) -> None:
-        """Nothing to release: the client is the process's, shared by its objects."""
-
-    def __enter__(self) -> ObjectFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_ahead": None}
