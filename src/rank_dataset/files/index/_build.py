@@ -14,6 +14,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array, UInt64Array
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.formats import TEXT, Decompression, Format, detect_source
 from rank_dataset.files.index._cachefile import (
@@ -35,7 +36,6 @@ from rank_dataset.files.io.pread import ShortRead
 # A compressed file's entries are laid out as a file of this size's (its decompressed size is not
 # known until its index is made): starts up to 1 TiB, lengths up to 8 MiB (longer ones in the table).
 _COMPRESSED_BOUND = 1 << 40
-_IntArray = npt.NDArray[np.int64]
 #: One INFO record a build of an index (``args``: the meta file, its lines, the cache file or None for one in
 #: memory): what a node spent its start on, and what the multi-host bed counts builds by.
 logger = logging.getLogger("rank_dataset.index")
@@ -46,11 +46,11 @@ class _EncodedChunk:
     """One chunk of a scan, encoded: its entries, its long lines (row in the chunk, length), what
     else the index keeps."""
 
-    entries: npt.NDArray[np.uint64]
-    longs: _IntArray
+    entries: UInt64Array
+    longs: Int64Array
     ascii: bool
     newlines: int
-    marks: _IntArray
+    marks: Int64Array
 
 
 def _encoder(size: int) -> Callable[[Chunk], _EncodedChunk]:
@@ -78,8 +78,8 @@ def _encoder(size: int) -> Callable[[Chunk], _EncodedChunk]:
 class _IndexBody:
     count: int
     ascii: bool
-    longs: _IntArray
-    marks: _IntArray
+    longs: Int64Array
+    marks: Int64Array
     format: Format = TEXT
     extent: int = -1
     bound: int = -1
@@ -101,7 +101,7 @@ class _IndexBody:
         )  # fmt: skip
 
 
-def _scan(source: ByteSource, write: Callable[[npt.NDArray[np.uint64]], object]) -> _IndexBody:
+def _scan(source: ByteSource, write: Callable[[UInt64Array], object]) -> _IndexBody:
     """Scan the lines of ``source`` (a compressed file's decompressed ones), which must stay the file its
     key describes to the end, passing its entries to ``write`` in order; what else its index holds.
     A local file's chunks are read by the scanning threads; an object's bytes are streamed once, in
@@ -139,15 +139,15 @@ def _scan(source: ByteSource, write: Callable[[npt.NDArray[np.uint64]], object])
 def _collect(
     path: Path,
     parts: Iterable[Any],
-    write: Callable[[npt.NDArray[np.uint64]], object],
+    write: Callable[[UInt64Array], object],
     fmt: Format,
     decompression: Decompression | None,
 ) -> _IndexBody:
     """Pass the scanned ``parts``' entries to ``write`` in order; what else the index holds (for a
     compressed file, its checkpoints once the decompression has ended)."""
     count, lines, ascii_only = 0, 0, True
-    longs: list[_IntArray] = []
-    marks: list[_IntArray] = []
+    longs: list[Int64Array] = []
+    marks: list[Int64Array] = []
     for part in parts:
         write(part.entries)
         longs.append(part.longs + np.array([count, 0]))
@@ -166,7 +166,7 @@ def _collect(
     )  # fmt: skip
 
 
-def _stack(parts: list[_IntArray]) -> _IntArray:
+def _stack(parts: list[Int64Array]) -> Int64Array:
     return np.concatenate(parts).astype(np.int64) if parts else np.empty((0, 2), np.int64)
 
 
@@ -213,7 +213,7 @@ def write_cache(cache: Path, source: ByteSource, ends_hash: bytes) -> tuple[Inde
 
 
 def index_in_memory(source: ByteSource, ends_hash: bytes) -> Index:
-    parts: list[npt.NDArray[np.uint64]] = []
+    parts: list[UInt64Array] = []
     built = _scan(source, parts.append)
     entries = np.concatenate(parts) if parts else np.empty(0, "<u8")
     logger.info("built the index of %s (%d lines) into %s", source.path, built.count, None)

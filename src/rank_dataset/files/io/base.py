@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import numpy as np
-import numpy.typing as npt
+
+from rank_dataset.core.arrays import UInt8Array
 
 __all__ = [
     "ENDS",
@@ -145,7 +146,7 @@ class ByteSource(abc.ABC):
         """
 
     @abc.abstractmethod
-    def read_into(self, out: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> None:
+    def read_into(self, out: UInt8Array, offset: int, until: int | None = None) -> None:
         """Fill ``out`` from ``offset``, exactly. ``until``: reads go on in order and none asks past
         ``until`` (a hint, which a source may use to read ahead).
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
-import numpy.typing as npt
-
+from rank_dataset.core.arrays import UInt8Array
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.io.base import ByteSource, FileKey, SourceKey
 from rank_dataset.files.io.pread import pread_exact
@@ -72,7 +70,7 @@ class LocalFile(ByteSource):
     def read(self, offset: int, count: int) -> bytes:
         return read_exact(self.fd, self.path, offset, count)
 
-    def read_into(self, out: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> None:
+    def read_into(self, out: UInt8Array, offset: int, until: int | None = None) -> None:
         pread_exact(self.fd, out, offset)
 
     def pread(self, count: int, offset: int) -> bytes:

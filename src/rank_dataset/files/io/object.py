@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array, UInt8Array
 from rank_dataset.core.checks import UrlPath, is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.io._stores import (
@@ -190,7 +190,7 @@ class ObjectFile(ByteSource):
             return b""
         return b"".join(self._pieces(offset, offset + count))
 
-    def read_into(self, out: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> None:
+    def read_into(self, out: UInt8Array, offset: int, until: int | None = None) -> None:
         """Fill ``out`` from ``offset``. With ``until`` (reads go on in order, none past ``until``: a
         slice read front to back), from GETs of up to :data:`REQUEST` bytes held one at a time, so
         that a slice read in small pieces still costs one GET per :data:`REQUEST` bytes."""
@@ -204,7 +204,7 @@ class ObjectFile(ByteSource):
             out[at : at + len(piece)] = np.frombuffer(piece, np.uint8)
             at += len(piece)
 
-    def _read_ahead(self, out: npt.NDArray[np.uint8], offset: int, until: int) -> None:
+    def _read_ahead(self, out: UInt8Array, offset: int, until: int) -> None:
         n, at = out.size, 0
         while at < n:
             pos = offset + at
@@ -296,12 +296,12 @@ class ObjectSpans:
 
     def load(
         self,
-        starts: npt.NDArray[np.int64],
-        stops: npt.NDArray[np.int64],
+        starts: Int64Array,
+        stops: Int64Array,
         end: int,
         pad: int = 0,
-        buffer: Callable[[int], npt.NDArray[np.uint8]] | None = None,
-    ) -> tuple[npt.NDArray[np.uint8], int | npt.NDArray[np.int64]]:
+        buffer: Callable[[int], UInt8Array] | None = None,
+    ) -> tuple[UInt8Array, int | Int64Array]:
         hi = np.minimum(stops, min(end, self.source.size)).astype(np.int64)
         lo = np.minimum(starts, hi).astype(np.int64)
         shift = np.zeros(lo.size, np.int64)

@@ -7,12 +7,11 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from rank_dataset.core import native
+from rank_dataset.core.arrays import Int64Array, UInt8Array
 from rank_dataset.core.shard import ShardWriter
 from rank_dataset.core.threads import in_threads
 from rank_dataset.errors import MetaFileChangedError
@@ -21,9 +20,7 @@ from rank_dataset.files.read._visits import FileRows, threads_for
 __all__ = ["ParquetKept", "parquet_copy", "parquet_lengths"]
 
 
-def _parquet_groups(
-    visit: FileRows, indices: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[tuple[int, int, int]]]:
+def _parquet_groups(visit: FileRows, indices: Int64Array) -> tuple[Int64Array, Int64Array, list[tuple[int, int, int]]]:
     """``(rows, local, groups)`` of a Parquet file's visit: its item numbers and their row numbers in
     the file, both ordered by row group, and ``(g, a, b)`` for each row group ``g`` they touch
     (``rows[a:b]`` lie in it)."""
@@ -51,13 +48,11 @@ class ParquetKept:
     """The rows of each row group the first pass decoded, packed back to back (row group -> bytes),
     while they total at most ``_PARQUET_KEPT`` bytes."""
 
-    rows: dict[int, npt.NDArray[np.uint8]]
+    rows: dict[int, UInt8Array]
     lock: threading.Lock
     nbytes: int = 0
 
-    def keep(
-        self, g: int, data: npt.NDArray[np.uint8], src: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
-    ) -> None:
+    def keep(self, g: int, data: UInt8Array, src: Int64Array, lengths: Int64Array) -> None:
         total = int(lengths.sum())
         with self.lock:
             if self.nbytes + total > _PARQUET_KEPT:
@@ -68,7 +63,7 @@ class ParquetKept:
         self.rows[g] = packed
 
 
-def parquet_lengths(visit: FileRows, indices: npt.NDArray[np.int64], out: npt.NDArray[Any]) -> ParquetKept:
+def parquet_lengths(visit: FileRows, indices: Int64Array, out: np.ndarray) -> ParquetKept:
     """Set ``out[row]`` to the length of each row of a Parquet file's ``visit``: its row groups
     decoded (those that hold its rows; in threads, each with a reader of its own). What it kept of
     the rows for the second pass."""
@@ -88,7 +83,7 @@ def parquet_lengths(visit: FileRows, indices: npt.NDArray[np.int64], out: npt.ND
     return kept
 
 
-def parquet_copy(visit: FileRows, indices: npt.NDArray[np.int64], writer: ShardWriter, kept: ParquetKept) -> None:
+def parquet_copy(visit: FileRows, indices: Int64Array, writer: ShardWriter, kept: ParquetKept) -> None:
     """Copy the rows of a Parquet file's ``visit`` into ``writer``: those the first pass kept, and
     those of the other row groups decoded again.
 
