@@ -41,7 +41,6 @@ __all__ = [
     "scan",
     "scan_blocks",
     "scan_buffer",
-    "scan_chunks",
     "scan_map",
 ]
 
@@ -95,25 +94,19 @@ class _Scratch:
         return made[:size]
 
 
-def _scan_chunk(buf: UInt8Array, offset: int, last: bool) -> Chunk:
-    """The samples of the complete lines in ``buf`` (byte ``offset`` of the file onwards; with
-    ``last``, bytes after the final newline form a line too). At offset 0 a leading byte order mark
-    is skipped. One kernel call (:func:`rank_dataset.core.native.scan_lines`: C, or its numpy reference)."""
-    found = native.scan_lines(buf, offset, last, MARK)
-    return Chunk(offset, buf.size, found.starts, found.lengths, found.ascii, found.newlines, found.marks)
-
-
 def scan_buffer(buf: UInt8Array, offset: int, last: bool) -> Chunk:
     """The samples of the complete lines in ``buf``, which holds bytes ``offset`` onwards of a file and
     starts a line (with ``last``, bytes after its final newline form a line too; at offset 0 a byte
     order mark is skipped): what a scan finds in one chunk, for readers that read a file their own way.
+    One kernel call (:func:`rank_dataset.core.native.scan_lines`: C, or its numpy reference).
 
     Examples:
         >>> c = scan_buffer(np.frombuffer(b"a 1\\n\\nbb 2\\n", np.uint8), 100, False)
         >>> c.starts.tolist(), c.lengths.tolist(), c.newlines
         ([100, 105], [3, 4], 3)
     """
-    return _scan_chunk(buf, offset, last)
+    found = native.scan_lines(buf, offset, last, MARK)
+    return Chunk(offset, buf.size, found.starts, found.lengths, found.ascii, found.newlines, found.marks)
 
 
 def chunk_bounds(f: BinaryIO, size: int, chunk_size: int) -> list[int]:
@@ -167,7 +160,7 @@ class _Reader:
         scratch = self._scratches.get()
         buf = scratch.array("buf", hi - lo, np.uint8)
         pread_exact(self._fd, buf, lo)
-        return _scan_chunk(buf, lo, last)
+        return scan_buffer(buf, lo, last)
 
 
 def scan_map(
@@ -289,7 +282,7 @@ def scan_blocks(blocks: Iterable[bytes], then: Callable[[Chunk], _T]) -> Iterato
     for meta lines)."""
 
     def work(buf: UInt8Array, offset: int, last: bool) -> _T:
-        return then(_scan_chunk(buf, offset, last))
+        return then(scan_buffer(buf, offset, last))
 
     with ThreadPoolExecutor(max_workers=THREADS) as pool:
         pending: deque[Future[_T]] = deque()
@@ -309,16 +302,11 @@ def _spans(chunk: Chunk) -> tuple[Int64Array, bool]:
     return np.column_stack((chunk.starts, chunk.starts + chunk.lengths)), chunk.ascii
 
 
-def scan_chunks(path: PathLike, chunk_size: int = CHUNK, *, fd: int | None = None) -> Iterator[tuple[Int64Array, bool]]:
-    """Yield ``(spans, ascii)`` for each chunk of ``path`` in file order: the ``(k, 2)`` spans of its
-    samples and whether the chunk is pure ASCII (which spares UTF-8 checks later); see :func:`scan_map`."""
-    return scan_map(path, _spans, chunk_size, fd=fd)
-
-
 def scan(path: PathLike, chunk_size: int = CHUNK) -> tuple[Int64Array, bool]:
-    """The ``(n, 2)`` spans of the samples of ``path``, and whether the file is pure ASCII."""
+    """The ``(n, 2)`` spans of the samples of ``path``, and whether the file is pure ASCII (which spares
+    UTF-8 checks later); see :func:`scan_map`."""
     parts, ascii_only = [], True
-    for spans, ascii_chunk in scan_chunks(path, chunk_size):
+    for spans, ascii_chunk in scan_map(path, _spans, chunk_size):
         parts.append(spans)
         ascii_only = ascii_only and ascii_chunk
     return (np.concatenate(parts) if parts else np.empty((0, 2), np.int64)), ascii_only
