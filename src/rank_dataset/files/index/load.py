@@ -98,14 +98,19 @@ def load_index(path: Path, *, distrust: Index | None = None, columns: Sequence[s
     One process builds a missing cache while others that want it at the same time wait for it
     (:mod:`rank_dataset.files.index.cachelock`), then load it. ``distrust`` is an index of ``path`` found
     inconsistent with it: the cache it was read from is rebuilt, unless another process wrote it anew since.
-    A Parquet file's index is read from its footer (``columns``: its chosen columns, None for all).
+    A Parquet file's index is read from its footer (``columns``: its chosen columns, None for all). An
+    object's is built by one streaming pass and cached on this node, never in the bucket (in memory
+    where no cache directory is writable).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        MetaFileChangedError: the file kept changing while it was being indexed.
+        PermissionError, OSError: an object cannot be had (naming its URL and the HTTP status).
+        MetaFileChangedError: the file kept changing while it was being indexed (an object: it was
+            replaced while it was being indexed).
         ValueError: ``columns`` for a file that is not Parquet; a Parquet column that is missing,
             nested or binary.
         CorruptMetaFileError: a Parquet footer cannot be read.
+        ImportError: a Parquet object without pyarrow.
     """
     for attempt in range(_BUILD_TRIES):
         source = open_source(path)
