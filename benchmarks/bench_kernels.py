@@ -12,7 +12,7 @@ run in it; ``--clock wall`` for wall time). One read of the file counting newlin
   temporaries, against ``rd_scan_lines``) over 4 MiB chunks cut at newlines, as ``scan_map`` cuts them;
 - newline count: ``count_nonzero(buf == 10)`` against ``rd_count_byte``, over the same chunks;
 - row gather: ``--rows`` random lines of the file (a sampler's order) copied back to back
-  (``core.shard.copy_rows``' numpy gather against ``rd_copy_rows``, uint32 destinations as a shard's):
+  (``core.native.copy_rows``' numpy reference against ``rd_copy_rows``, uint32 destinations as a shard's):
   in one call from the whole file, and as a build copies them (file order, a 2 MiB window at a time,
   each row to its random place in item order);
 - UTF-8 check of the gathered rows (``files.read._gather.check_utf8``'s decoding against ``rd_utf8_first_invalid``);

@@ -121,7 +121,7 @@ def test_a_shard_does_not_copy_its_lines(write_meta) -> None:
 @pytest.mark.parametrize("rows, longest", [(3000, 70_000), (300, 100)])  # many bytes (by length), few (bytewise)
 def test_copy_rows_copies_exactly_and_nothing_else(rows: int, longest: int) -> None:
     from rank_dataset.core._reference import _BYTEWISE_MAX
-    from rank_dataset.core.shard import copy_rows
+    from rank_dataset.core.native import copy_rows
 
     rng = np.random.default_rng(3)
     src = rng.integers(0, 256, 200_000, dtype=np.uint8)

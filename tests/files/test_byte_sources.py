@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +16,15 @@ from torch.utils.data import DataLoader
 
 from rank_dataset import MetaFile, RankDataset, group_by
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.io import STREAM_BLOCK, ObjectKey, ShortRead, UrlPath, register_scheme
+from rank_dataset.files.io import ByteSource, ObjectKey, ShortRead, UrlPath, register_scheme
 
 #: The objects of the ``mem://`` store: URL -> bytes.
 STORE: dict[str, bytes] = {}
 
 
-class MemFile:
+class MemFile(ByteSource):
     """An object of :data:`STORE`, identified by its URL, size and the hash of its bytes (its ETag);
     every read pinned to that ETag, as an object store's."""
-
-    local = False
 
     def __init__(self, url: UrlPath, key: ObjectKey | None, checked: bool) -> None:
         self.path = url
@@ -48,10 +45,6 @@ class MemFile:
             raise MetaFileChangedError(self.path, "it was replaced")
         return STORE[str(self.path)]
 
-    @property
-    def size(self) -> int:
-        return self.key.size
-
     def read(self, offset: int, count: int) -> bytes:
         if offset + count > self.size:
             raise MetaFileChangedError(self.path, "it shrank while being read")
@@ -65,22 +58,8 @@ class MemFile:
     def pread(self, count: int, offset: int) -> bytes:
         return self._data()[offset : offset + max(count, 0)]
 
-    def stream(self, start: int = 0, stop: int | None = None, block: int = STREAM_BLOCK) -> Iterator[bytes]:
-        stop = self.size if stop is None else min(stop, self.size)
-        for at in range(start, stop, block):
-            yield self.read(at, min(block, stop - at))
-
     def check(self) -> None:
         self._data()
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> MemFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
 
 LINES = [f"img/{i}.jpg {i % 7}" for i in range(500)]

@@ -174,7 +174,7 @@ def test_span_source_loads_each_range_exactly(tmp_path: Path, name: str) -> None
         opened.append(os.open(path, os.O_RDONLY))
         return opened[-1]
 
-    decompression = formats.Decompression(path, fd, formats.detect(fd), spacing=50_000)
+    decompression = formats.Decompression(path, fd, formats.detect_path(path), spacing=50_000)
     assert b"".join(decompression) == raw
     source = formats.SpanSource(path, fd, decompression.checkpoints, open_fd)
     errors: list[BaseException] = []
@@ -273,7 +273,7 @@ def test_read_ahead_keeps_a_one_frame_files_first_spans_until_a_batch_pins_them(
     path = tmp_path / name
     path.write_bytes(COMPRESSORS[name](raw))
     fd = os.open(path, os.O_RDONLY)
-    decompression = formats.Decompression(path, fd, formats.detect(fd), spacing=50_000)
+    decompression = formats.Decompression(path, fd, formats.detect_path(path), spacing=50_000)
     assert b"".join(decompression) == raw
     source = formats.SpanSource(path, fd, decompression.checkpoints, lambda: os.open(path, os.O_RDONLY))
     try:

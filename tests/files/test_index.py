@@ -508,14 +508,8 @@ def test_a_seal_refused_by_the_kernel_is_logged(write_meta, tmp_path: Path, capl
     # from the module's logger names it and the error.
     p = write_meta(LINES)
     cache = tmp_path / "cache" / "refused.rdidx"
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        key = index_mod.FileKey.of(os.fstat(fd))
-        with LocalFile(p, key) as source:
-            ends = hash_ends(source)
-        written = build_mod.write_cache(cache, p, fd, key, ends)
-    finally:
-        os.close(fd)
+    with LocalFile(p) as source:
+        written = build_mod.write_cache(cache, source, hash_ends(source))
     assert written is not None
     seal = written[1]
     r, w = os.pipe()

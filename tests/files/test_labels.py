@@ -5,7 +5,7 @@ import pytest
 
 from rank_dataset.core.parsers import LineError, parse_label
 from rank_dataset.files.group._block_labels import PAD, block_labels, tail_labels
-from rank_dataset.files.index.scan import _scan_chunk, _spans
+from rank_dataset.files.index.scan import _spans, scan_buffer
 
 _PIECES = ["a", "b", " ", "\t", "-", "+", "0", "1", "9", "5", "\u3000", "\xa0", "é", "x/", "\x1c", "_", "12345678"]
 _PIECES.append("9" * 11)
@@ -17,7 +17,7 @@ def test_what_is_decoded_is_what_the_parser_reads(seed: int) -> None:
     lines = ["".join(rng.choice(_PIECES, rng.integers(1, 9))) for _ in range(40_000)]
     lines = [line for line in lines if line.strip(" \t\r\x0b\x0c")]
     data = ("\n".join(lines) + "\n").encode()
-    spans, _ = _spans(_scan_chunk(np.frombuffer(data, np.uint8), 0, last=True))
+    spans, _ = _spans(scan_buffer(np.frombuffer(data, np.uint8), 0, last=True))
     assert len(spans) == len(lines)
     buf = np.frombuffer(b"\n" * PAD + data, np.uint8)
     labels, decoded = tail_labels(buf, spans[:, 0] + PAD, spans[:, 1] + PAD)
@@ -37,7 +37,7 @@ def test_the_common_lines_are_all_decoded() -> None:
     seps = rng.choice([" ", "\t", "  "], 5000)
     lines = [f"dir/{i} é{sep}{v:+d}" if i % 3 else f"图{i}{sep}{v}  " for i, (sep, v) in enumerate(zip(seps, values))]
     data = ("\n".join(lines) + "\n").encode()
-    spans, _ = _spans(_scan_chunk(np.frombuffer(data, np.uint8), 0, last=True))
+    spans, _ = _spans(scan_buffer(np.frombuffer(data, np.uint8), 0, last=True))
     labels, decoded = tail_labels(np.frombuffer(b"\n" * PAD + data, np.uint8), spans[:, 0] + PAD, spans[:, 1] + PAD)
     assert decoded.all()
     assert labels.tolist() == values.tolist()

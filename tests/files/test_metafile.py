@@ -24,11 +24,13 @@ from torch.utils.data import DataLoader
 
 import rank_dataset
 from rank_dataset import MetaFile, MetaFileChangedError, RankDataset
+from rank_dataset.core.native import MARK
 from rank_dataset.files.index import _entries as readers_mod
 from rank_dataset.files.index import load as index_mod
 from rank_dataset.files.io import pread as pread_mod
 from rank_dataset.files.read import _gather as gather_mod
 from rank_dataset.files.read import _visits as visits_mod
+from rank_dataset.files.read.file import FileBytes
 from tests_helpers import imagenet_line, rewrite
 
 LINES = [f"{i}.jpg {i}" for i in range(1000)]
@@ -227,18 +229,28 @@ def test_damaged_cache_found_when_read_is_rebuilt(write_meta, tmp_path: Path, da
     assert mf.read(idx).texts(range(idx.size)) == lines[14_000:16_000]
 
 
-def test_where_counts_lines_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pread_mod, "_COUNT_CHUNK", 7)
+def test_where_counts_one_marks_span(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ``where`` counts the newlines from the index's mark before the sample to the sample: at most
+    # MARK bytes and a line, wherever the sample lies in a file of several marks.
+    block = b"a\n\n  \nb\r\nc\n"  # 5 lines, 3 samples (lines 1, 4 and 5 of each block)
+    blocks = 3 * MARK // len(block)
     p = tmp_path / "m.txt"
-    p.write_bytes(b"a\n\n  \nb\r\nc\n" * 50 + b"last")
+    p.write_bytes(block * blocks + b"last")
     mf = MetaFile(p)
-    assert [mf.where(i) for i in (0, 1, 2, 3, len(mf) - 1)] == [
-        f"{p}:1",
-        f"{p}:4",
-        f"{p}:5",
-        f"{p}:6",
-        f"{p}:251",
-    ]
+    counted: list[int] = []
+    real = FileBytes.count_newlines
+
+    def count(self: FileBytes, index: Any, start: int, stop: int) -> int:
+        counted.append(stop - start)
+        return real(self, index, start, stop)
+
+    monkeypatch.setattr(FileBytes, "count_newlines", count)
+    at_mark = 2 * MARK // len(block)  # the blocks either side of the second mark
+    samples = [0, 1, 2, 3, *range(3 * at_mark - 6, 3 * at_mark + 6), len(mf) - 2]
+    assert [mf.where(i) for i in samples] == [f"{p}:{5 * (i // 3) + (1, 4, 5)[i % 3]}" for i in samples]
+    assert mf.where(len(mf) - 1) == f"{p}:{5 * blocks + 1}"
+    assert len(counted) == len(samples) + 1
+    assert MARK - len(block) <= max(counted) <= MARK + len(block)
     p.unlink()
     assert mf.where(3) == f"{p}, sample 3 of the file"  # a message, even for a file that is gone
 

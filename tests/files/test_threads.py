@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from rank_dataset import MetaFile
+from rank_dataset.core import native
 from rank_dataset.core import threads as _threads
 from rank_dataset.files import formats
 from rank_dataset.files.formats import base as formats_base
@@ -136,14 +137,14 @@ def _decompressed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def _lagging_helper(monkeypatch: pytest.MonkeyPatch) -> None:
     """The gather's helper thread copies each batch late, as a descheduled thread does."""
-    main, copy_rows = threading.get_ident(), gather_mod.copy_rows
+    main, copy_rows = threading.get_ident(), native.copy_rows
 
     def lagging(*args: Any) -> None:
         if threading.get_ident() != main:
             time.sleep(0.002)
         copy_rows(*args)
 
-    monkeypatch.setattr(gather_mod, "copy_rows", lagging)
+    monkeypatch.setattr(native, "copy_rows", lagging)
 
 
 def _one_frame_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[MetaFile, list[str], bytes]:

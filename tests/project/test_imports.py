@@ -95,7 +95,6 @@ _NOT_FOR_TEXT = (
         # of mixes, subsets and exclusions (imported where one is given): a rank's share of a job's memory is
         # mostly the modules it imports (issue 44, item 6).
         "rank_dataset.files.read._parquet_gather",
-        "rank_dataset.files.index.objects",
         "rank_dataset.files.io.object",
         "rank_dataset.files.io._stores",
         "rank_dataset.plan.mix",

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from rank_dataset.core import _reference
 from rank_dataset.core._reference import MARK, NEWLINE, LineScan
+from rank_dataset.core.arrays import Int64Array, UInt8Array, UInt32Array
 
 __all__ = ["ABI", "LIB_ENV", "Kernels", "library_path", "load"]
 
@@ -106,7 +106,7 @@ def load() -> Kernels:
     return Kernels(lib, path)
 
 
-def _bytes_in(buf: Any) -> npt.NDArray[np.uint8]:
+def _bytes_in(buf: Any) -> UInt8Array:
     """``buf`` as a C-contiguous 1-D uint8 array (read-only buffers too; copied only if strided)."""
     a = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8)
     if a.dtype != np.uint8 or a.ndim != 1:
@@ -114,7 +114,7 @@ def _bytes_in(buf: Any) -> npt.NDArray[np.uint8]:
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
-def _bytes_out(buf: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+def _bytes_out(buf: UInt8Array) -> UInt8Array:
     if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or buf.ndim != 1:
         raise TypeError("the destination must be a 1-D uint8 array")
     if not (buf.flags.c_contiguous and buf.flags.writeable):
@@ -122,7 +122,7 @@ def _bytes_out(buf: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     return buf
 
 
-def _index(a: Any) -> tuple[npt.NDArray[Any], int]:
+def _index(a: Any) -> tuple[np.ndarray, int]:
     """``a`` as a contiguous 1-D index array a kernel takes, and its kind."""
     arr = np.asarray(a)
     if arr.ndim != 1:
@@ -135,7 +135,7 @@ def _index(a: Any) -> tuple[npt.NDArray[Any], int]:
     return (arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)), kind
 
 
-def _i64(a: Any) -> npt.NDArray[np.int64]:
+def _i64(a: Any) -> Int64Array:
     return np.ascontiguousarray(a, dtype=np.int64).reshape(-1)
 
 
@@ -169,7 +169,7 @@ class Kernels:
         _check(min(got, 0), "count_byte")
         return got
 
-    def find_byte(self, buf: Any, byte: int = NEWLINE) -> npt.NDArray[np.int64]:
+    def find_byte(self, buf: Any, byte: int = NEWLINE) -> Int64Array:
         a = _bytes_in(buf)
         cap = self.count_byte(a, byte)
         out = np.empty(cap, np.int64)
@@ -205,7 +205,7 @@ class Kernels:
         lengths.resize(n, refcheck=False)
         return LineScan(starts, lengths, bool(ascii_), newlines, marks[:n_marks].copy())
 
-    def copy_rows(self, src: Any, src_starts: Any, lengths: Any, dst: npt.NDArray[np.uint8], dst_starts: Any) -> None:
+    def copy_rows(self, src: Any, src_starts: Any, lengths: Any, dst: UInt8Array, dst_starts: Any) -> None:
         if not (dst.flags.c_contiguous and dst.flags.writeable):  # a strided destination: numpy's scatter
             _reference.copy_rows(src, src_starts, lengths, dst, dst_starts)
             return
@@ -220,9 +220,7 @@ class Kernels:
         )  # fmt: skip
         _check(code, "copy_rows", bad.value)
 
-    def pack_rows(
-        self, src: Any, starts: Any, lengths: Any, dst: npt.NDArray[np.uint8], offsets: npt.NDArray[Any]
-    ) -> None:
+    def pack_rows(self, src: Any, starts: Any, lengths: Any, dst: UInt8Array, offsets: np.ndarray) -> None:
         s, d = _bytes_in(src), _bytes_out(dst)
         (ss, sk), (ln, lk) = _index(starts), _index(lengths)
         if ss.size != ln.size or offsets.shape != (ln.size + 1,):
@@ -257,9 +255,7 @@ class Kernels:
         _check(code, "lines_bad", row.value)
         return int(row.value)
 
-    def permute_cells(
-        self, n: int, rows: int, col_bits: int, keys: Sequence[int], positions: Any
-    ) -> npt.NDArray[np.int64]:
+    def permute_cells(self, n: int, rows: int, col_bits: int, keys: Sequence[int], positions: Any) -> Int64Array:
         pos = _i64(positions)
         k = np.asarray(keys, np.uint32)
         out = np.empty(pos.size, np.int64)
@@ -284,9 +280,7 @@ class Kernels:
         _check(code, "check_lines", row.value)
         return int(row.value)
 
-    def bucket_order(
-        self, keys: Any, buckets: int, dtype: Any = np.int64
-    ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+    def bucket_order(self, keys: Any, buckets: int, dtype: Any = np.int64) -> tuple[np.ndarray, Int64Array]:
         k = np.ascontiguousarray(_reference.checked_keys(keys, buckets, dtype))
         kind = _OUT_KINDS[np.dtype(dtype)]
         out, counts = np.empty(k.size, dtype), np.empty(buckets, np.int64)
@@ -299,9 +293,7 @@ class Kernels:
         _check(code, "bucket_order")
         return out, counts
 
-    def pack_runs(
-        self, costs: Any, bounds: Any, limit: int, fill: Any
-    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    def pack_runs(self, costs: Any, bounds: Any, limit: int, fill: Any) -> tuple[UInt8Array, Int64Array]:
         c, b, limit, f = _reference.packed_args(costs, bounds, limit, fill)
         starts, totals = np.empty(c.size, np.uint8), np.empty(f.size, np.int64)
         bad = ctypes.c_int64(-1)
@@ -314,7 +306,7 @@ class Kernels:
         _check(code, "pack_runs")
         return starts, totals
 
-    def split_costs(self, costs: Any, offsets: Any, world: int) -> npt.NDArray[np.int64]:
+    def split_costs(self, costs: Any, offsets: Any, world: int) -> Int64Array:
         c, off, world = _reference.split_args(costs, offsets, world)
         longest = int(np.diff(off).max()) if off.size > 1 else 0
         scratch, totals, order = np.empty(4 * longest, np.int64), np.empty(world, np.int64), np.empty(world, np.int64)
@@ -333,7 +325,7 @@ class Kernels:
         starts: Any,
         rows: Any,
         bounds: Any,
-        dst: npt.NDArray[np.uint8],
+        dst: UInt8Array,
         file_size: int,
         bom: bool,
     ) -> int:
@@ -353,7 +345,7 @@ class Kernels:
 
     def route_items(
         self, items: Any, owned: Any, rounds: int, per_round: int, check: bool, req: Any
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any], npt.NDArray[Any]] | None:
+    ) -> tuple[Int64Array, np.ndarray, np.ndarray] | None:
         it, own = _i64(items), _i64(owned)
         w, n = own.size - 1, it.size
         if w < 1:
@@ -387,7 +379,7 @@ class Kernels:
         _check(code, "route_items")
         return counts, order, request
 
-    def scatter_bounds(self, lengths: Any, order: Any, counts: Any, bounds: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    def scatter_bounds(self, lengths: Any, order: Any, counts: Any, bounds: np.ndarray) -> Int64Array:
         (ln, lk), (od, ok), c = _index(lengths), _index(order), _i64(counts)
         kind = _OUT_KINDS.get(bounds.dtype)
         if kind is None or bounds.ndim != 1 or not (bounds.flags.c_contiguous and bounds.flags.writeable):
@@ -414,8 +406,8 @@ class Kernels:
         counts: Any,
         head: int,
         status: int,
-        send: npt.NDArray[np.uint8] | None = None,
-    ) -> npt.NDArray[np.int64]:
+        send: UInt8Array | None = None,
+    ) -> Int64Array:
         s = _bytes_in(src)
         (st, sk), (ln, lk), (rw, rk), a, c = _index(starts), _index(lengths), _index(rows), _i64(at), _i64(counts)
         if rw.size != ln.size or a.size != c.size:
@@ -440,7 +432,7 @@ class Kernels:
         counts: Any,
         head: int,
         bounds: Any,
-        data: npt.NDArray[np.uint8],
+        data: UInt8Array,
     ) -> None:
         g, d = _bytes_in(got), _bytes_out(data)
         p, (od, ok), a, c, (b, bk) = _i64(parts), _index(order), _i64(at), _i64(counts), _index(bounds)
@@ -454,7 +446,7 @@ class Kernels:
         _check(code, "place_lines", bad.value)
 
     def copy_lines(
-        self, src: Any, lo: int, starts: Any, request: Any, rows: Any, bounds: Any, data: npt.NDArray[np.uint8]
+        self, src: Any, lo: int, starts: Any, request: Any, rows: Any, bounds: Any, data: UInt8Array
     ) -> None:
         s, d = _bytes_in(src), _bytes_out(data)
         (st, sk), (rq, qk), (rw, rk), (b, bk) = _index(starts), _index(request), _index(rows), _index(bounds)
@@ -487,8 +479,8 @@ class Kernels:
         buf: Any,
         first: int,
         second: int,
-        out_first: npt.NDArray[np.uint32],
-        out_second: npt.NDArray[np.uint32],
+        out_first: UInt32Array,
+        out_second: UInt32Array,
     ) -> tuple[int, int]:
         a = _bytes_in(buf)
         for out in (out_first, out_second):

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.core.arrays import prefix_sums, ranges
+from rank_dataset.core.arrays import Int64Array, IntegerArray, UInt8Array, UInt32Array, prefix_sums, ranges
 
 __all__ = [
     "BLANK",
@@ -51,7 +51,6 @@ __all__ = [
     "verify_lines",
 ]
 
-_IntArray = npt.NDArray[np.integer[Any]]
 
 NEWLINE, CR = 10, 13
 #: The UTF-8 byte order mark, skipped at the start of a file.
@@ -78,29 +77,29 @@ FUSED = False
 class LineScan(NamedTuple):
     """What a scan finds in a buffer of whole lines (see :func:`scan_lines`)."""
 
-    starts: npt.NDArray[np.int64]
-    lengths: npt.NDArray[np.int64]
+    starts: Int64Array
+    lengths: Int64Array
     ascii: bool
     newlines: int
-    marks: npt.NDArray[np.int64]
+    marks: Int64Array
 
 
-def count_byte(buf: npt.NDArray[np.uint8], byte: int = NEWLINE) -> int:
+def count_byte(buf: UInt8Array, byte: int = NEWLINE) -> int:
     """How many bytes of ``buf`` are ``byte``."""
     return int(np.count_nonzero(buf == byte))
 
 
-def find_byte(buf: npt.NDArray[np.uint8], byte: int = NEWLINE) -> npt.NDArray[np.int64]:
+def find_byte(buf: UInt8Array, byte: int = NEWLINE) -> Int64Array:
     """Where the bytes of ``buf`` equal to ``byte`` are, ascending (int64)."""
     return np.flatnonzero(buf == byte).astype(np.int64, copy=False)
 
 
-def _is_ascii(buf: npt.NDArray[np.uint8]) -> bool:
+def _is_ascii(buf: UInt8Array) -> bool:
     whole = buf.size - buf.size % 8
     return not (np.bitwise_or.reduce(buf[:whole].view(np.uint64)) & _HIGH_BITS) and not (buf[whole:] >= 0x80).any()
 
 
-def scan_lines(buf: npt.NDArray[np.uint8], offset: int, last: bool, mark: int = MARK) -> LineScan:
+def scan_lines(buf: UInt8Array, offset: int, last: bool, mark: int = MARK) -> LineScan:
     """The samples of the complete lines of ``buf``, which holds bytes ``offset`` onwards of a file and
     starts a line: the chunk scan of :func:`rank_dataset.files.index.scan.scan_buffer` (its numpy passes, the
     same results). With ``last``, bytes after the final newline form a line too; at offset 0 a byte
@@ -138,7 +137,7 @@ def scan_lines(buf: npt.NDArray[np.uint8], offset: int, last: bool, mark: int = 
         sized = rows[lengths[rows] > 0]
         if sized.size:
             content = ~BLANK[buf]
-            bounds: npt.NDArray[np.int64] = np.column_stack((starts[sized], starts[sized] + lengths[sized])).reshape(-1)
+            bounds: Int64Array = np.column_stack((starts[sized], starts[sized] + lengths[sized])).reshape(-1)
             if bounds[-1] == buf.size:
                 bounds = bounds[:-1]
             keep[sized] = np.logical_or.reduceat(content, bounds)[::2]
@@ -147,11 +146,11 @@ def scan_lines(buf: npt.NDArray[np.uint8], offset: int, last: bool, mark: int = 
 
 
 def copy_rows(
-    src: npt.NDArray[np.uint8],
-    src_starts: _IntArray,
-    lengths: _IntArray,
-    dst: npt.NDArray[np.uint8],
-    dst_starts: _IntArray,
+    src: UInt8Array,
+    src_starts: IntegerArray,
+    lengths: IntegerArray,
+    dst: UInt8Array,
+    dst_starts: IntegerArray,
 ) -> None:
     """``dst[dst_starts[k]:][:lengths[k]] = src[src_starts[k]:][:lengths[k]]`` for every ``k``, exactly.
 
@@ -195,7 +194,7 @@ def copy_rows(
 
 
 def pack_rows(
-    src: npt.NDArray[np.uint8], starts: _IntArray, lengths: _IntArray, dst: npt.NDArray[np.uint8], offsets: _IntArray
+    src: UInt8Array, starts: IntegerArray, lengths: IntegerArray, dst: UInt8Array, offsets: IntegerArray
 ) -> None:
     """Rows ``src[starts[k]:][:lengths[k]]`` back to back into ``dst`` from its first byte, and
     ``offsets`` (``n + 1`` of them, uint32 or int64) where each begins, the last where they end."""
@@ -207,7 +206,7 @@ def pack_rows(
     copy_rows(src, starts, lengths, dst, offsets[:-1])
 
 
-def utf8_first_invalid(data: npt.NDArray[np.uint8], bounds: _IntArray) -> int:
+def utf8_first_invalid(data: UInt8Array, bounds: IntegerArray) -> int:
     """The first row ``data[bounds[i]:bounds[i + 1]]`` that is not valid UTF-8 (as Python's strict
     decoder judges it), or -1."""
     starts, ends = bounds[:-1], bounds[1:]
@@ -227,7 +226,7 @@ def utf8_first_invalid(data: npt.NDArray[np.uint8], bounds: _IntArray) -> int:
     return limit if cont.size else -1
 
 
-def lines_bad(buf: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]) -> int:
+def lines_bad(buf: UInt8Array, starts: Int64Array, ends: Int64Array) -> int:
     """The first row ``buf[starts[k]:ends[k]]`` that is not a sample's text: one that holds a newline,
     or nothing but ASCII whitespace (an empty row too); -1 if none."""
     if not starts.size:
@@ -251,7 +250,7 @@ _FMIX1, _FMIX2 = np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35)
 _S16, _S13 = np.uint32(16), np.uint32(13)
 
 
-def mix32(x: npt.NDArray[np.uint32], key: np.uint32) -> npt.NDArray[np.uint32]:
+def mix32(x: UInt32Array, key: np.uint32) -> UInt32Array:
     """A keyed 32-bit mix of ``x`` (murmur3's finaliser); all arithmetic wraps modulo 2**32."""
     h = x ^ key
     h ^= h >> _S16
@@ -262,9 +261,7 @@ def mix32(x: npt.NDArray[np.uint32], key: np.uint32) -> npt.NDArray[np.uint32]:
     return h
 
 
-def _feistel(
-    hi: npt.NDArray[np.uint32], lo: npt.NDArray[np.uint32], keys: Sequence[int], rows: int, col_bits: int
-) -> None:
+def _feistel(hi: UInt32Array, lo: UInt32Array, keys: Sequence[int], rows: int, col_bits: int) -> None:
     """Apply the rounds in place to the grid coordinates ``hi`` in [0, rows) and ``lo`` in [0, 2**col_bits)."""
     col_mask, r = np.uint32((1 << col_bits) - 1), np.uint32(rows)
     for i, key in enumerate(keys):
@@ -279,9 +276,7 @@ def _feistel(
             np.minimum(hi, hi - r, out=hi)
 
 
-def permute_cells(
-    n: int, rows: int, col_bits: int, keys: Sequence[int], positions: npt.NDArray[np.int64]
-) -> npt.NDArray[np.int64]:
+def permute_cells(n: int, rows: int, col_bits: int, keys: Sequence[int], positions: Int64Array) -> Int64Array:
     """The keyed permutation of ``[0, n)`` at ``positions`` (``plan.permutation.permute`` given its grid
     and round keys): each position a cell ``(hi, lo)`` of ``rows x 2**col_bits``, mixed by a Feistel
     round per key, walked again while it lands at ``n`` or past it (cycle walking)."""
@@ -308,10 +303,10 @@ def permute_cells(
 
 
 def check_lines(
-    buf: npt.NDArray[np.uint8],
-    at: npt.NDArray[np.int64],
-    starts: npt.NDArray[np.int64],
-    lengths: npt.NDArray[np.int64],
+    buf: UInt8Array,
+    at: Int64Array,
+    starts: Int64Array,
+    lengths: Int64Array,
     file_size: int,
     bom: bool,
 ) -> int:
@@ -357,9 +352,7 @@ def checked_keys(keys: Any, buckets: int, dtype: Any) -> npt.NDArray[np.uint16]:
     return cast("npt.NDArray[np.uint16]", keys)
 
 
-def bucket_order(
-    keys: npt.NDArray[np.uint16], buckets: int, dtype: Any = np.int64
-) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+def bucket_order(keys: npt.NDArray[np.uint16], buckets: int, dtype: Any = np.int64) -> tuple[np.ndarray, Int64Array]:
     """``(order, counts)``: the items of ``keys`` (each below ``buckets``) in ascending key order,
     stably, as ``dtype`` (uint32 or int64), and how many items hold each key."""
     keys = checked_keys(keys, buckets, dtype)
@@ -370,15 +363,13 @@ def bucket_order(
     return order, np.bincount(keys, minlength=buckets).astype(np.int64)
 
 
-def _check_bounds(name: str, bounds: npt.NDArray[np.int64], n: int) -> None:
+def _check_bounds(name: str, bounds: Int64Array, n: int) -> None:
     """ValueError naming ``name`` unless ``bounds`` rises from 0 to ``n``, never decreasing."""
     if bounds.size < 1 or bounds[0] != 0 or bounds[-1] != n or np.any(np.diff(bounds) < 0):
         raise ValueError(f"{name} must rise from 0 to the {n} costs, got {bounds.tolist()[:8]}")
 
 
-def packed_args(
-    costs: Any, bounds: Any, limit: int, fill: Any
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, npt.NDArray[np.int64]]:
+def packed_args(costs: Any, bounds: Any, limit: int, fill: Any) -> tuple[Int64Array, Int64Array, int, Int64Array]:
     """The arguments of :func:`pack_runs` as int64 arrays, checked: ``bounds`` from 0 to ``len(costs)``,
     never decreasing; ``limit`` >= 0; one ``fill`` per segment, each in ``[0, limit]``."""
     c = np.ascontiguousarray(costs, dtype=np.int64).reshape(-1)
@@ -393,7 +384,7 @@ def packed_args(
     return c, b, limit, f
 
 
-def pack_runs(costs: Any, bounds: Any, limit: int, fill: Any) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+def pack_runs(costs: Any, bounds: Any, limit: int, fill: Any) -> tuple[UInt8Array, Int64Array]:
     """Greedy packing of each segment ``costs[bounds[b]:bounds[b+1]]`` into runs of total at most ``limit``,
     its first run continuing an open run of total ``fill[b]``: ``(starts, totals)``, ``starts[i]`` 1 where
     item ``i`` does not fit the run before it (so begins a new one), and each segment's last run's total.
@@ -417,7 +408,7 @@ def pack_runs(costs: Any, bounds: Any, limit: int, fill: Any) -> tuple[npt.NDArr
     return starts, totals
 
 
-def split_args(costs: Any, offsets: Any, world: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+def split_args(costs: Any, offsets: Any, world: int) -> tuple[Int64Array, Int64Array, int]:
     """The arguments of :func:`split_costs` as int64 arrays, checked: ``offsets`` from 0 to ``len(costs)``,
     never decreasing; ``world`` >= 1."""
     c = np.ascontiguousarray(costs, dtype=np.int64).reshape(-1)
@@ -429,7 +420,7 @@ def split_args(costs: Any, offsets: Any, world: int) -> tuple[npt.NDArray[np.int
     return c, off, world
 
 
-def split_costs(costs: Any, offsets: Any, world: int) -> npt.NDArray[np.int64]:
+def split_costs(costs: Any, offsets: Any, world: int) -> Int64Array:
     """The rank of each item of the batches ``costs[offsets[i]:offsets[i+1]]``, split by rounds among ``world``
     ranks: a batch's items taken by cost, highest first (ties: the earlier); round ``k`` hands its ``world``
     items, highest first, to the ranks in order of their total so far, lowest first (ties: the lower rank)."""
@@ -458,12 +449,12 @@ def split_costs(costs: Any, offsets: Any, world: int) -> npt.NDArray[np.int64]:
 
 
 def gather_lines(
-    buf: npt.NDArray[np.uint8],
+    buf: UInt8Array,
     shift: int,
-    starts: npt.NDArray[np.int64],
-    rows: _IntArray,
-    bounds: _IntArray,
-    dst: npt.NDArray[np.uint8],
+    starts: Int64Array,
+    rows: IntegerArray,
+    bounds: IntegerArray,
+    dst: UInt8Array,
     file_size: int,
     bom: bool,
 ) -> int:
@@ -515,19 +506,19 @@ def gather_lines(
 # -- the collective reader's exchange (rank_dataset.shards.collective) ---------------------------------
 
 
-def _split_sums(values: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def _split_sums(values: Int64Array, counts: Int64Array) -> Int64Array:
     """The sum of each consecutive group of ``values``, ``counts[k]`` of them in group ``k``."""
     ends, cuts = prefix_sums(values), prefix_sums(counts)
     return ends[cuts[1:]] - ends[cuts[:-1]]
 
 
-def _part_places(ln: npt.NDArray[np.int64], counts: npt.NDArray[np.int64], head: int) -> npt.NDArray[np.int64]:
+def _part_places(ln: Int64Array, counts: Int64Array, head: int) -> Int64Array:
     """Where each line goes in parts laid back to back, part ``k`` being ``head`` bytes, then its
     ``counts[k]`` lines of ``ln`` bytes back to back."""
     return prefix_sums(ln)[:-1] + head * np.repeat(np.arange(1, counts.size + 1, dtype=np.int64), counts)
 
 
-def _checked_parts(at: Any, counts: Any, size: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+def _checked_parts(at: Any, counts: Any, size: int) -> tuple[Int64Array, Int64Array]:
     at, counts = np.asarray(at, np.int64), np.asarray(counts, np.int64)
     if at.shape != counts.shape or ((at < 0) | (counts < 0) | (at + counts > size)).any():
         raise ValueError(f"ranges at {at.tolist()} of {counts.tolist()} items are not within {size} items")
@@ -535,8 +526,8 @@ def _checked_parts(at: Any, counts: Any, size: int) -> tuple[npt.NDArray[np.int6
 
 
 def route_items(
-    items: npt.NDArray[np.int64], owned: npt.NDArray[np.int64], rounds: int, per_round: int, check: bool, req: Any
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any], npt.NDArray[Any]] | None:
+    items: Int64Array, owned: Int64Array, rounds: int, per_round: int, check: bool, req: Any
+) -> tuple[Int64Array, np.ndarray, np.ndarray] | None:
     """A build's requests grouped: ``(counts, order, request)``, or None where ``check`` and a sample
     occurs twice in ``items``. Rank ``o`` owns the global samples ``[owned[o], owned[o + 1])`` and
     serves its ``j``-th in round ``j // per_round``; an item's key is ``o * rounds + round``.
@@ -568,9 +559,7 @@ def route_items(
     return counts, order, local[order].astype(req)
 
 
-def scatter_bounds(
-    lengths: _IntArray, order: _IntArray, counts: npt.NDArray[np.int64], bounds: _IntArray
-) -> npt.NDArray[np.int64]:
+def scatter_bounds(lengths: IntegerArray, order: IntegerArray, counts: Int64Array, bounds: IntegerArray) -> Int64Array:
     """A requester's shard offsets from its owners' lengths: ``bounds[1 + order[j]] = lengths[j]``, then
     ``bounds[0] = 0`` and the running sums in place (``bounds``: ``n + 1`` offsets, uint32 or int64).
     Returns the bytes of each consecutive group of ``counts[k]`` of the lengths."""
@@ -590,17 +579,17 @@ def scatter_bounds(
 
 
 def pack_requests(
-    src: npt.NDArray[np.uint8],
+    src: UInt8Array,
     lo: int,
-    starts: _IntArray,
-    lengths: _IntArray,
-    rows: _IntArray,
+    starts: IntegerArray,
+    lengths: IntegerArray,
+    rows: IntegerArray,
     at: Any,
     counts: Any,
     head: int,
     status: int,
-    send: npt.NDArray[np.uint8] | None = None,
-) -> npt.NDArray[np.int64]:
+    send: UInt8Array | None = None,
+) -> Int64Array:
     """What an owner sends in a round: for each requester ``r``, ``head`` bytes of ``status``, then the
     lines of its rows ``rows[at[r]:at[r] + counts[r]]``, back to back, into ``send`` (with a nonzero
     ``status``, the heads alone: the lines' bytes zeros): the line of ``rows[i]`` is
@@ -633,14 +622,14 @@ def pack_requests(
 
 
 def place_lines(
-    got: npt.NDArray[np.uint8],
+    got: UInt8Array,
     parts: Any,
-    order: _IntArray,
+    order: IntegerArray,
     at: Any,
     counts: Any,
     head: int,
-    bounds: _IntArray,
-    data: npt.NDArray[np.uint8],
+    bounds: IntegerArray,
+    data: UInt8Array,
 ) -> None:
     """A requester's round into its shard: ``got`` holds each owner ``o``'s part of ``parts[o]`` bytes,
     back to back: ``head`` bytes, then the lines of the items ``order[at[o]:at[o] + counts[o]]`` back
@@ -663,13 +652,13 @@ def place_lines(
 
 
 def copy_lines(
-    src: npt.NDArray[np.uint8],
+    src: UInt8Array,
     lo: int,
-    starts: _IntArray,
-    request: _IntArray,
-    rows: _IntArray,
-    bounds: _IntArray,
-    data: npt.NDArray[np.uint8],
+    starts: IntegerArray,
+    request: IntegerArray,
+    rows: IntegerArray,
+    bounds: IntegerArray,
+    data: UInt8Array,
 ) -> None:
     """A round's lines from an owner's buffer straight into a shard: the line of ``request[i]`` (one of
     the owner's samples, ``src[starts[request[i]] - lo:]``) goes to row ``rows[i]`` of the shard
@@ -695,7 +684,7 @@ def copy_lines(
 
 
 def verify_lines(
-    buf: npt.NDArray[np.uint8], offset: int, last: bool, starts: _IntArray, base: int, lengths: _IntArray
+    buf: UInt8Array, offset: int, last: bool, starts: IntegerArray, base: int, lengths: IntegerArray
 ) -> tuple[int, int, bool]:
     """``(bad, newlines, ascii)``: whether ``buf`` (bytes ``offset`` onwards of a file, starting a line;
     with ``last``, bytes after its final newline form a line too) holds exactly the samples at
@@ -724,11 +713,11 @@ FIELD_UNSURE[[*range(9), *range(14, 28), 0xC2, 0xE1, 0xE2, 0xE3, 0xEF]] = True
 
 
 def line_fields(
-    buf: npt.NDArray[np.uint8],
+    buf: UInt8Array,
     first: int,
     second: int,
-    out_first: npt.NDArray[np.uint32],
-    out_second: npt.NDArray[np.uint32],
+    out_first: UInt32Array,
+    out_second: UInt32Array,
 ) -> tuple[int, int]:
     """Fields ``first`` and ``second`` (0-based) of each sample of ``buf``, a run of whole lines, as numbers.
 

@@ -1,18 +1,25 @@
-"""Parts laid back to back, as numpy arrays: where each part starts, and the numbers each part covers."""
+"""Parts laid back to back, as numpy arrays: where each part starts, and the numbers each part covers;
+and the array types the signatures name."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["prefix_sums", "ranges"]
+__all__ = ["Int64Array", "IntegerArray", "UInt8Array", "UInt32Array", "UInt64Array", "prefix_sums", "ranges"]
 
-_Ints = npt.NDArray[np.int64]
+#: The array types most signatures name: where they need another dtype, ``numpy.typing`` is imported.
+Int64Array = npt.NDArray[np.int64]
+UInt8Array = npt.NDArray[np.uint8]
+UInt32Array = npt.NDArray[np.uint32]
+UInt64Array = npt.NDArray[np.uint64]
+IntegerArray = npt.NDArray[np.integer[Any]]  # of any integer dtype
 
 
-def prefix_sums(sizes: Sequence[int] | npt.NDArray[np.integer]) -> _Ints:
+def prefix_sums(sizes: Sequence[int] | IntegerArray) -> Int64Array:
     """``[0, sizes[0], sizes[0] + sizes[1], ...]`` (int64): where each part starts, back to back, then their end.
 
     Examples:
@@ -24,7 +31,7 @@ def prefix_sums(sizes: Sequence[int] | npt.NDArray[np.integer]) -> _Ints:
     return out
 
 
-def ranges(starts: int | _Ints, counts: _Ints) -> _Ints:
+def ranges(starts: int | Int64Array, counts: Int64Array) -> Int64Array:
     """The runs ``[starts[i], starts[i] + counts[i])`` one after the other (int64), without a loop.
 
     Examples:
@@ -32,6 +39,6 @@ def ranges(starts: int | _Ints, counts: _Ints) -> _Ints:
         ([5, 6, 0, 1, 2], [0, 1, 0])
     """
     ends = prefix_sums(counts)
-    out: _Ints = np.repeat(np.asarray(starts, np.int64) - ends[:-1], counts)
+    out: Int64Array = np.repeat(np.asarray(starts, np.int64) - ends[:-1], counts)
     out += np.arange(int(ends[-1]), dtype=np.int64)
     return out

@@ -19,15 +19,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from rank_dataset.core import native
 from rank_dataset.core import shm as _shm
+from rank_dataset.core.arrays import Int64Array, IntegerArray, UInt8Array
 from rank_dataset.core.residency import anonymous_map, populate_map
 
-__all__ = ["Shard", "ShardWriter", "copy_rows", "offset_dtype"]
+__all__ = ["Shard", "ShardWriter", "offset_dtype"]
 
-_IntArray = npt.NDArray[np.integer[Any]]
 
 # magic, offset itemsize, lines, offset of bounds, offset of ids (0: none), offset of data, data bytes
 _HEADER = struct.Struct("<4sIQQQQQ")
@@ -44,20 +43,7 @@ def _align(x: int) -> int:
     return -(-x // _ALIGN) * _ALIGN
 
 
-def copy_rows(
-    src: npt.NDArray[np.uint8],
-    src_starts: _IntArray,
-    lengths: _IntArray,
-    dst: npt.NDArray[np.uint8],
-    dst_starts: _IntArray,
-) -> None:
-    """``dst[dst_starts[k]:][:lengths[k]] = src[src_starts[k]:][:lengths[k]]`` for every ``k``, exactly: the
-    kernel :func:`rank_dataset.core.native.copy_rows`. Nothing is written outside the rows, so rows may be
-    copied in any order and in as many calls as convenient."""
-    native.copy_rows(src, src_starts, lengths, dst, dst_starts)
-
-
-def _checked(data: Any, starts: _IntArray, ends: _IntArray) -> tuple[npt.NDArray[np.uint8], _IntArray, _IntArray]:
+def _checked(data: Any, starts: IntegerArray, ends: IntegerArray) -> tuple[UInt8Array, IntegerArray, IntegerArray]:
     """``data`` as a uint8 array and the offsets as arrays, checked to describe lines within it."""
     data = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
     if data.dtype != np.uint8 or data.ndim != 1:
@@ -92,9 +78,9 @@ class ShardWriter:
         _HEADER.pack_into(self._map, 0, _MAGIC, dtype.itemsize, n, bounds_off, ids_off, data_off, nbytes)
         if populate:  # every page is written once: faulted in at once, not a page a write
             populate_map(self._map, 0, data_off + nbytes)
-        self.bounds: _IntArray = np.frombuffer(self._map, dtype, n + 1, bounds_off)
-        self.ids: npt.NDArray[np.int64] | None = np.frombuffer(self._map, np.int64, n, ids_off) if ids else None
-        self.data: npt.NDArray[np.uint8] = np.frombuffer(self._map, np.uint8, nbytes, data_off)
+        self.bounds: IntegerArray = np.frombuffer(self._map, dtype, n + 1, bounds_off)
+        self.ids: Int64Array | None = np.frombuffer(self._map, np.int64, n, ids_off) if ids else None
+        self.data: UInt8Array = np.frombuffer(self._map, np.uint8, nbytes, data_off)
         self._data_off, self._nbytes = data_off, nbytes
 
     def find(self, byte: bytes, start: int = 0) -> int:
@@ -131,17 +117,17 @@ class Shard:
         (2, 'bb 2', [0, 3, 7])
     """
 
-    data: npt.NDArray[np.uint8]
-    bounds: _IntArray
-    ids: npt.NDArray[np.int64] | None
+    data: UInt8Array
+    bounds: IntegerArray
+    ids: Int64Array | None
 
     def __init__(
         self,
         data: Any,
-        starts: _IntArray,
-        ends: _IntArray,
+        starts: IntegerArray,
+        ends: IntegerArray,
         *,
-        ids: npt.NDArray[np.int64] | None = None,
+        ids: Int64Array | None = None,
     ) -> None:
         data, starts, ends = _checked(data, starts, ends)
         if ids is not None and np.shape(ids) != starts.shape:
@@ -156,7 +142,7 @@ class Shard:
             total = int(lengths.sum())
             bounds = np.zeros(n + 1, offset_dtype(total))
             # In a map of its own, which item access slices as it is (a heap array it would copy).
-            packed: npt.NDArray[np.uint8] = np.empty(0, np.uint8)
+            packed: UInt8Array = np.empty(0, np.uint8)
             if total:
                 packed = np.frombuffer(anonymous_map(total), np.uint8)
             native.pack_rows(data, starts, lengths, packed, bounds)  # the offsets and the rows, one call
@@ -164,7 +150,7 @@ class Shard:
         self._set(data, bounds, None if ids is None else np.array(ids, np.int64), None, None)
 
     @classmethod
-    def shared_from(cls, data: Any, starts: _IntArray, ends: _IntArray) -> Shard:
+    def shared_from(cls, data: Any, starts: IntegerArray, ends: IntegerArray) -> Shard:
         """A shard of the lines ``data[starts[i]:ends[i]]``, packed straight into a new shareable
         segment, without sample numbers: ``Shard(data, starts, ends).shared()`` with one copy of
         the lines less (what a rank does with a shard it receives).
@@ -215,9 +201,9 @@ class Shard:
 
     def _set(
         self,
-        data: npt.NDArray[np.uint8],
-        bounds: _IntArray,
-        ids: npt.NDArray[np.int64] | None,
+        data: UInt8Array,
+        bounds: IntegerArray,
+        ids: Int64Array | None,
         handle: _shm.Handle | None,
         segment: _shm.Segment | None,
     ) -> None:
@@ -249,12 +235,12 @@ class Shard:
         return len(self._mv) - 1
 
     @property
-    def starts(self) -> _IntArray:
+    def starts(self) -> IntegerArray:
         """Where each line starts in ``data`` (a view of ``bounds``)."""
         return self.bounds[:-1]
 
     @property
-    def ends(self) -> _IntArray:
+    def ends(self) -> IntegerArray:
         """Where each line ends in ``data`` (a view of ``bounds``)."""
         return self.bounds[1:]
 

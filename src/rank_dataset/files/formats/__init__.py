@@ -1,7 +1,7 @@
 """Meta file formats: text, and files kept compressed or columnar, read in place (gzip, zstd,
 Parquet).
 
-A file's format is recognised by its content (:func:`detect`), not by its name. Each format is one
+A file's format is recognised by its content (:func:`detect_source`), not by its name. Each format is one
 module (:mod:`~.text`, :mod:`~.gzip`, :mod:`~.zstd`, :mod:`~.parquet`) holding a
 :class:`~.base.Format`, the protocol the readers above go through, and its codec, whose library is
 imported on first use; :mod:`~.registry` owns the table of formats. A compressed file is read through
@@ -19,11 +19,9 @@ from rank_dataset.files.formats.registry import (
     TEXT,
     by_code,
     by_name,
-    detect,
     detect_path,
     detect_source,
     formats,
-    refuse_cut,
     refuse_cut_source,
     register,
     unregister,
@@ -57,13 +55,11 @@ __all__ = [
     "by_code",
     "by_name",
     "decompress",
-    "detect",
     "detect_path",
     "detect_source",
     "formats",
     "many_frames",
     "one_frame_advice",
-    "refuse_cut",
     "refuse_cut_source",
     "register",
     "source_rows",

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array
 from rank_dataset.files.formats._raw import RawFile
 
 if TYPE_CHECKING:
@@ -31,13 +31,12 @@ __all__ = ["BLOCK", "SPACING", "Decoder", "Format", "Points", "Recognised", "row
 SPACING = 4 << 20
 #: Decompressed bytes handed out at a time by a :class:`~rank_dataset.files.formats.checkpoints.Decompression`.
 BLOCK = 4 << 20
-_IntArray = npt.NDArray[np.int64]
 #: What a compressed format's pass returns once its bytes are out: (decompressed size, checkpoints
 #: ``(output, input)`` rows from ``(0, 0)``, the decoder's state the checkpoints need besides).
-Stream = Generator[bytes, None, tuple[int, _IntArray, bytes]]
+Stream = Generator[bytes, None, tuple[int, Int64Array, bytes]]
 
 
-def row_at(points: _IntArray, offset: int) -> int:
+def row_at(points: Int64Array, offset: int) -> int:
     """The row of the last checkpoint at or before output ``offset`` in ``points``, ``(output, input)``
     rows increasing from ``(0, 0)`` (row 0 is output 0)."""
     return max(int(np.searchsorted(points[:, 0], offset, side="right")) - 1, 0)
@@ -68,7 +67,7 @@ class Points(Protocol):
     def size(self) -> int: ...
 
     @property
-    def points(self) -> _IntArray: ...
+    def points(self) -> Int64Array: ...
 
     @property
     def state(self) -> bytes: ...
@@ -132,7 +131,7 @@ class Format:
         """A :class:`Decoder` of the file open at ``fd``, which ``checkpoints`` were made from."""
         raise ValueError(f"{path} is {self.value}, not a compressed stream of text")
 
-    def span_cuts(self, checkpoints: Points, span: int) -> _IntArray:
+    def span_cuts(self, checkpoints: Points, span: int) -> Int64Array:
         """Where a span cache cuts the decompressed bytes (a span is decoded and kept whole): the
         checkpoints by default; a format whose checkpoints may lie far apart cuts them every ``span``."""
         return checkpoints.points[:, 0]

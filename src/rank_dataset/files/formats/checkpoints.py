@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats import base
 from rank_dataset.files.formats._raw import RawFile
@@ -28,7 +28,6 @@ from rank_dataset.files.formats.registry import by_name
 
 __all__ = ["Checkpoints", "DecompressedView", "Decompression", "decompress"]
 
-_IntArray = npt.NDArray[np.int64]
 _CKPT_MAGIC = b"RDCKPT\x00\x01"
 _CKPT_HEADER = struct.Struct("<8s8sqqq")  # magic, format, decompressed size, points, state bytes
 
@@ -44,7 +43,7 @@ class Checkpoints:
 
     format: Format
     size: int
-    points: _IntArray
+    points: Int64Array
     state: bytes = b""
 
     def to_bytes(self) -> bytes:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats._raw import RawFile, file_object, pread, size_of
 from rank_dataset.files.formats.base import Decoder, Format, Points, Recognised, Stream, row_at
@@ -36,7 +36,6 @@ __all__ = ["GZIP", "GzipFormat", "Reader", "members", "stream"]
 _MAGIC = b"\x1f\x8b"
 
 
-_IntArray = npt.NDArray[np.int64]
 _PIECE = 1 << 20  # compressed bytes handed to zlib at a time
 # Compressed bytes indexed_gzip reads at a time from a checkpoint (its default, 1 MiB, is what a read
 # of a few lines past a slice's end would cost the collective reader: 2x a gzip file at W = 4).
@@ -60,7 +59,7 @@ def _open(fd: RawFile, **kwargs: object) -> tuple[io.RawIOBase, indexed_gzip.Ind
         raise
 
 
-def _points(state: bytes) -> _IntArray:
+def _points(state: bytes) -> Int64Array:
     """The seek points ``(output, input)`` of an exported index."""
     magic, version, _, _, _, _, _, count = _IDX_HEAD.unpack_from(state)
     if magic != b"GZIDX" or version < 1:
@@ -70,7 +69,7 @@ def _points(state: bytes) -> _IntArray:
     # One point per output offset (an empty member, as BGZF's last, starts where the one before ended).
     keep = np.ones(len(points), bool)
     keep[1:] = np.diff(points[:, 0]) > 0
-    kept: npt.NDArray[np.int64] = points[keep]
+    kept: Int64Array = points[keep]
     return kept
 
 
@@ -217,7 +216,7 @@ class _Checkpointer:
         self._thread.join()
 
 
-def stream(path: Path, fd: RawFile, spacing: int, block: int) -> Generator[bytes, None, tuple[int, _IntArray, bytes]]:
+def stream(path: Path, fd: RawFile, spacing: int, block: int) -> Generator[bytes, None, tuple[int, Int64Array, bytes]]:
     """Yield the decompressed bytes of the gzip file open at ``fd`` in blocks of at most ``block``
     bytes; return ``(decompressed size, checkpoints (output, input), indexed_gzip's index)``.
 
@@ -252,7 +251,7 @@ class Reader:
     past ``b`` for the read that starts there: then every span is decompressed once.
     """
 
-    def __init__(self, path: Path, fd: RawFile, points: _IntArray, state: bytes) -> None:
+    def __init__(self, path: Path, fd: RawFile, points: Int64Array, state: bytes) -> None:
         self._path, self._points = path, points
         self._ahead, self._ahead_at = b"", -1  # bytes read past the last read's end, and where they start
         self._raw, self._gz = _open(fd, auto_build=False, readbuf_size=_READBUF)

@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
-from rank_dataset.core.arrays import prefix_sums
-from rank_dataset.core.shard import copy_rows
+from rank_dataset.core import native
+from rank_dataset.core.arrays import Int64Array, UInt8Array, prefix_sums
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats.base import Format, Recognised
 
@@ -47,9 +46,6 @@ class ParquetLayout:
     @property
     def rows(self) -> int:
         return self.bounds[-1]
-
-
-_IntArray = npt.NDArray[np.int64]
 
 
 def _pyarrow() -> tuple[Any, Any, Any]:
@@ -125,9 +121,9 @@ class ParquetRows:
         meta = self._file.metadata
         rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
         #: Row ``bounds[g]`` is the first of row group ``g``; ``bounds[-1]`` the number of rows.
-        self.bounds: _IntArray = prefix_sums(rows)
+        self.bounds: Int64Array = prefix_sums(rows)
         self.schema_hash = self.hash_schema(schema, self.columns)
-        self._cached: tuple[int, bytes, _IntArray] | None = None
+        self._cached: tuple[int, bytes, Int64Array] | None = None
         # A ParquetFile is not safe to read from two threads at once (its read cache mixes up their
         # ranges: wrong-range errors, or a hang), and group_by decodes row groups in a pool.
         self._reading = threading.Lock()
@@ -146,7 +142,7 @@ class ParquetRows:
     def __len__(self) -> int:
         return int(self.bounds[-1])
 
-    def group_bytes(self) -> tuple[_IntArray, _IntArray]:
+    def group_bytes(self) -> tuple[Int64Array, Int64Array]:
         """``(compressed, uncompressed)``: the bytes of the chosen columns in each row group, as the
         footer gives them (what reading and decoding each row group takes), without reading data."""
         meta = self._file.metadata
@@ -160,7 +156,7 @@ class ParquetRows:
                     sizes[:, g] += (column.total_compressed_size, column.total_uncompressed_size)
         return sizes[0], sizes[1]
 
-    def group(self, g: int) -> tuple[bytes, _IntArray]:
+    def group(self, g: int) -> tuple[bytes, Int64Array]:
         """Row group ``g`` as lines: ``(data, offsets)``, row ``bounds[g] + i`` being
         ``data[offsets[i]:offsets[i + 1]]``. The last group read is kept."""
         if self._cached is not None and self._cached[0] == g:
@@ -170,7 +166,7 @@ class ParquetRows:
         self._cached = (g, data, offsets)
         return data, offsets
 
-    def group_array(self, g: int, rows: _IntArray | None = None) -> tuple[npt.NDArray[np.uint8], _IntArray]:
+    def group_array(self, g: int, rows: Int64Array | None = None) -> tuple[UInt8Array, Int64Array]:
         """Row group ``g`` as :meth:`group` gives it, its data a numpy view of Arrow's buffer (no copy,
         nothing kept). With ``rows`` (numbers within the group, in range), only those rows, in that
         order: line ``i`` is row ``rows[i]``. A rank of many needs a few rows of each group, and
@@ -179,17 +175,17 @@ class ParquetRows:
         data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
         return data, offsets
 
-    def group_text(self, g: int, pad: int = 0) -> tuple[npt.NDArray[np.uint8], _IntArray, _IntArray]:
+    def group_text(self, g: int, pad: int = 0) -> tuple[UInt8Array, Int64Array, Int64Array]:
         """Row group ``g`` as text: ``pad`` newlines, then each row's line followed by a newline; and where
         each line starts in it, and its length."""
         data, offsets = self.group_array(g)
         lengths = np.diff(offsets)
         starts = pad + offsets[:-1] - offsets[0] + np.arange(lengths.size, dtype=np.int64)
         text = np.full(pad + int(lengths.sum()) + lengths.size, ord("\n"), np.uint8)
-        copy_rows(data, offsets[:-1], lengths, text, starts)
+        native.copy_rows(data, offsets[:-1], lengths, text, starts)
         return text, starts, lengths
 
-    def last_integers(self, g: int) -> _IntArray | None:
+    def last_integers(self, g: int) -> Int64Array | None:
         """Row group ``g``'s values of the last chosen column, when they are every row's label: the
         integer after the line's last run of whitespace (the ``"label"`` parser's). That is so where
         there are two columns or more and the last holds integers (within int64), none null; else None.
@@ -204,10 +200,10 @@ class ParquetRows:
         col = self._read(g, [name]).column(name)
         if col.null_count or len(col) != self.bounds[g + 1] - self.bounds[g]:
             return None
-        values: npt.NDArray[Any] = np.asarray(col.to_numpy())
+        values: np.ndarray = np.asarray(col.to_numpy())
         if values.dtype == np.uint64 and values.size and int(values.max()) >= 1 << 63:
             return None
-        labels: _IntArray = values.astype(np.int64, copy=False)
+        labels: Int64Array = values.astype(np.int64, copy=False)
         return labels
 
     def column(self, g: int, name: str) -> Any:
@@ -261,7 +257,7 @@ class ParquetRows:
         self._hold(starts, stops)  # type: ignore[misc]
         self._held = (tuple(columns), g, end)
 
-    def _decode(self, g: int, rows: _IntArray | None = None) -> tuple[Any, Any, _IntArray]:
+    def _decode(self, g: int, rows: Int64Array | None = None) -> tuple[Any, Any, Int64Array]:
         """Row group ``g``'s lines (or those of its ``rows``) as an Arrow large string array, its data
         buffer and its offsets."""
         pa, pc, _ = _pyarrow()
@@ -293,7 +289,7 @@ class ParquetRows:
         offsets = np.frombuffer(offsets_buf, np.int64, n + 1, arr.offset * 8).astype(np.int64)
         return arr, data_buf, offsets
 
-    def lines(self, rows: _IntArray) -> list[bytes]:
+    def lines(self, rows: Int64Array) -> list[bytes]:
         """The lines of ``rows`` (in range), in the order given."""
         out: list[bytes] = [b""] * len(rows)
         groups = np.searchsorted(self.bounds, rows, side="right") - 1

@@ -19,10 +19,11 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rank_dataset.files.formats.base import Format
 from rank_dataset.files.formats.text import TEXT
+from rank_dataset.files.io import ByteSource, LocalFile
 
 if TYPE_CHECKING:
     from rank_dataset.files.formats.gzip import GZIP
@@ -36,11 +37,9 @@ __all__ = [
     "ZSTD",
     "by_code",
     "by_name",
-    "detect",
     "detect_path",
     "detect_source",
     "formats",
-    "refuse_cut",
     "refuse_cut_source",
     "register",
     "unregister",
@@ -125,67 +124,42 @@ def unregister(fmt: Format) -> None:
 
 @dataclass(frozen=True)
 class _Found:
-    """The bytes of a file that tell its format (a :class:`~.base.Recognised`), ``read(offset, count)``
-    read (an object's: a few ranged reads, not the whole object)."""
+    """The bytes of a file that tell its format (a :class:`~.base.Recognised`), read from ``source``
+    (an object's: a few ranged reads, not the whole object)."""
 
-    read: Callable[[int, int], bytes]
-    size: int
+    source: ByteSource
     head: bytes
+
+    @property
+    def size(self) -> int:
+        return self.source.size
 
     def tail(self, n: int) -> bytes:
         n = min(n, self.size)
-        return self.read(self.size - n, n)
+        return self.source.read(self.size - n, n)
 
 
-def _of_fd(fd: int) -> tuple[Callable[[int, int], bytes], int]:
-    return (lambda offset, count: os.pread(fd, count, offset)), os.fstat(fd).st_size
-
-
-def _of_source(source: Any) -> tuple[Callable[[int, int], bytes], int]:
-    return (lambda offset, count: bytes(source.read(offset, count))), int(source.size)
-
-
-def _detect(read: Callable[[int, int], bytes], size: int) -> Format:
-    found = _Found(read, size, read(0, min(_HEAD, size)))
+def detect_source(source: ByteSource) -> Format:
+    """The format of the bytes of ``source`` (a local file or an object), from its first bytes (and, for
+    Parquet, its last four)."""
+    found = _Found(source, source.read(0, min(_HEAD, source.size)))
     return next((fmt for fmt in _asked(found.head) if fmt.recognise(found)), TEXT)
 
 
-def _refuse_cut(path: Path, fmt: Format, read: Callable[[int, int], bytes], size: int) -> None:
+def refuse_cut_source(path: Path, source: ByteSource, fmt: Format) -> None:
+    """Raise CorruptMetaFileError if ``source``, told as ``fmt``, is text only because it is a file of
+    another format cut short (see :meth:`~rank_dataset.files.formats.base.Format.refuse_cut`)."""
     if fmt is not TEXT:
         return
-    head = read(0, min(_CUT_HEAD, size))
+    head = source.read(0, min(_CUT_HEAD, source.size))
     for other in _asked(head):
-        other.refuse_cut(path, head, size)
-
-
-def detect(fd: int) -> Format:
-    """The format of the file open at ``fd``, from its first bytes (and, for Parquet, its last four)."""
-    return _detect(*_of_fd(fd))
-
-
-def detect_source(source: Any) -> Format:
-    """The format of the bytes of ``source`` (a ByteSource: a local file or an object), as :func:`detect`."""
-    return _detect(*_of_source(source))
-
-
-def refuse_cut_source(path: Path, source: Any, fmt: Format) -> None:
-    """As :func:`refuse_cut`, for the bytes of ``source``."""
-    _refuse_cut(path, fmt, *_of_source(source))
-
-
-def refuse_cut(path: Path, fd: int, fmt: Format) -> None:
-    """Raise CorruptMetaFileError if the file open at ``fd``, told as ``fmt``, is text only because it is
-    a file of another format cut short (see :meth:`~rank_dataset.files.formats.base.Format.refuse_cut`)."""
-    _refuse_cut(path, fmt, *_of_fd(fd))
+        other.refuse_cut(path, head, source.size)
 
 
 def detect_path(path: str | os.PathLike[str]) -> Format:
-    """The format of the file at ``path`` (see :func:`detect`)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return detect(fd)
-    finally:
-        os.close(fd)
+    """The format of the local file at ``path`` (see :func:`detect_source`)."""
+    with LocalFile(Path(path)) as source:
+        return detect_source(source)
 
 
 _text: Format = TEXT

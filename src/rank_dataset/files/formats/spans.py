@@ -17,9 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 
-from rank_dataset.core.arrays import prefix_sums
+from rank_dataset.core.arrays import Int64Array, UInt8Array, prefix_sums
 from rank_dataset.core.threads import THREADS
 from rank_dataset.files.formats._raw import RawFile
 from rank_dataset.files.formats.checkpoints import Checkpoints, DecompressedView
@@ -27,7 +26,6 @@ from rank_dataset.files.io.pread import dense
 
 __all__ = ["SPAN", "SpanSource"]
 
-_IntArray = npt.NDArray[np.int64]
 
 #: Decompressed bytes a :class:`SpanSource` decodes and keeps at a time (at most; less between checkpoints).
 SPAN = 4 << 20
@@ -55,7 +53,9 @@ class SpanSource:
         self.path, self.fd, self.checkpoints = path, fd, checkpoints
         size = checkpoints.size
         cuts = checkpoints.format.span_cuts(checkpoints, SPAN)
-        self._bounds: _IntArray = np.append(cuts[cuts < size], size).astype(np.int64) if size else np.zeros(1, np.int64)
+        self._bounds: Int64Array = (
+            np.append(cuts[cuts < size], size).astype(np.int64) if size else np.zeros(1, np.int64)
+        )
         self._open_fd = open_fd
         self._kept: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._pending: dict[int, Future[bytes]] = {}
@@ -215,12 +215,12 @@ class SpanSource:
 
     def load(
         self,
-        starts: _IntArray,
-        stops: _IntArray,
+        starts: Int64Array,
+        stops: Int64Array,
         end: int,
         pad: int = 0,
-        buffer: Callable[[int], npt.NDArray[np.uint8]] | None = None,
-    ) -> tuple[npt.NDArray[np.uint8], int | _IntArray]:
+        buffer: Callable[[int], UInt8Array] | None = None,
+    ) -> tuple[UInt8Array, int | Int64Array]:
         """As :meth:`rank_dataset.files.io.pread.Window.load`: ranges ``[starts[i], stops[i])`` (cut at
         ``end``), back to back in the buffer with the bytes between them where they share a span, one
         copy of what the spans decoded: byte ``x`` of range ``i`` is ``buf[x - shift[i]]``. The
@@ -266,8 +266,8 @@ class SpanSource:
         return buf, shift
 
     def _load_dense(
-        self, lo: int, hi: int, pad: int, buffer: Callable[[int], npt.NDArray[np.uint8]] | None
-    ) -> tuple[npt.NDArray[np.uint8], int]:
+        self, lo: int, hi: int, pad: int, buffer: Callable[[int], UInt8Array] | None
+    ) -> tuple[UInt8Array, int]:
         """:meth:`load` of ranges that fill ``[lo, hi)`` densely (two a page on average, as a shard's
         build at a few ranks asks for), as ``Window.load`` reads them from a file: the bytes from the
         first to the last, with one shift and no work per range. Within one span (and its ``pad``),

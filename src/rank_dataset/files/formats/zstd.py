@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, cast
 
 import numpy as np
-import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array
 from rank_dataset.errors import CorruptMetaFileError
 from rank_dataset.files.formats._raw import RawFile, pread, size_of
 from rank_dataset.files.formats.base import Decoder, Format, Points, Recognised, Stream, row_at
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 __all__ = ["ADVISED_ABOVE", "MANY_FRAMES", "ZSTD", "Reader", "ZstdFormat", "many_frames", "one_frame_advice", "stream"]
 
 _MAGIC = b"\x28\xb5\x2f\xfd"
-_IntArray = npt.NDArray[np.int64]
 #: The frames ``pzstd`` writes at level 3 (``1 << (windowLog + 2)``, windowLog 21), the advice's first
 #: fix: a file of one frame is advised about only above it, so that a file ``pzstd`` rewrote (frames
 #: of this size) is never advised about again.
@@ -223,7 +222,7 @@ def _as_bytes(block: bytearray) -> bytes:
     return cast(bytes, block)
 
 
-def stream(path: Path, fd: RawFile, spacing: int, block: int) -> Generator[bytes, None, tuple[int, _IntArray, bytes]]:
+def stream(path: Path, fd: RawFile, spacing: int, block: int) -> Generator[bytes, None, tuple[int, Int64Array, bytes]]:
     """Yield the decompressed bytes of the zstd file open at ``fd`` in blocks of ``block`` bytes (the
     last shorter; a block is written again once its reader lets go of it); return ``(decompressed
     size, checkpoints (output, input), b"")``: the frame starts at least ``spacing`` output bytes apart.
@@ -280,7 +279,7 @@ class _Compressed:
     reads them (``read(n)``): no read crosses a checkpoint (``stops``, increasing), and the reads
     from one start at :data:`_FIRST` bytes, doubling up to :data:`_PIECE`."""
 
-    def __init__(self, fd: RawFile, pos: int, stops: _IntArray) -> None:
+    def __init__(self, fd: RawFile, pos: int, stops: Int64Array) -> None:
         self._fd, self.pos, self._stops = fd, pos, stops
         self._size = size_of(fd)
         self._step = _FIRST
@@ -303,7 +302,7 @@ class Reader:
     frames (zstandard's ``stream_reader``), writing each read's bytes in one piece: a decoder fed
     pieces whose outputs are joined took twice as long."""
 
-    def __init__(self, path: Path, fd: RawFile, points: _IntArray) -> None:
+    def __init__(self, path: Path, fd: RawFile, points: Int64Array) -> None:
         self._path, self._fd, self._points = path, fd, points
         self._source: _Compressed | None = None
         self._stream: zstandard.ZstdDecompressionReader | None = None
@@ -381,7 +380,7 @@ class ZstdFormat(Format):
     def reader(self, path: Path, fd: RawFile, checkpoints: Points) -> Decoder:
         return Reader(path, fd, checkpoints.points)
 
-    def span_cuts(self, checkpoints: Points, span: int) -> npt.NDArray[np.int64]:
+    def span_cuts(self, checkpoints: Points, span: int) -> Int64Array:
         # A frame may be the whole file: cut it, its decoder going on from span to span. (Not gzip's
         # spans: a read from within one starts at its checkpoint.)
         # (Sorted and made distinct by hand: np.union1d imports numpy.ma on its first call, and the

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import native
+from rank_dataset.core.arrays import Int64Array, UInt8Array, UInt64Array
 from rank_dataset.files.index.scan import BLANK, BOM, CR
 
 __all__ = ["PAD", "BlockLabels", "block_labels", "tail_labels"]
@@ -44,14 +45,14 @@ _U8, _U16, _U32, _U56 = np.uint64(8), np.uint64(16), np.uint64(32), np.uint64(56
 class BlockLabels(NamedTuple):
     """The labels of the samples of a block of lines (see :func:`block_labels`)."""
 
-    labels: npt.NDArray[np.int64]
+    labels: Int64Array
     #: The samples (numbered within the block) whose label is left to the parser, and their spans.
-    todo: npt.NDArray[np.int64]
-    starts: npt.NDArray[np.int64]
-    ends: npt.NDArray[np.int64]
+    todo: Int64Array
+    starts: Int64Array
+    ends: Int64Array
 
 
-def block_labels(buf: npt.NDArray[np.uint8], end: int, *, file_start: bool) -> BlockLabels:
+def block_labels(buf: UInt8Array, end: int, *, file_start: bool) -> BlockLabels:
     """The label of every sample among the lines ``buf[PAD:end]``.
 
     ``buf`` must be contiguous, ``buf[PAD - 1]`` and ``buf[end - 1]`` newlines (the one before the
@@ -92,19 +93,19 @@ def block_labels(buf: npt.NDArray[np.uint8], end: int, *, file_start: bool) -> B
     return BlockLabels(labels, todo, starts[left], ends[left])
 
 
-def _words(buf: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
+def _words(buf: UInt8Array) -> UInt64Array:
     """``words[i]``: bytes ``i .. i + 7`` of ``buf`` as one little-endian word, so that gathering a word
     a line is one load a line."""
-    words: npt.NDArray[np.uint64] = np.ndarray((max(buf.size - (_WORD - 1), 0),), "<u8", buffer=buf, strides=(1,))
+    words: UInt64Array = np.ndarray((max(buf.size - (_WORD - 1), 0),), "<u8", buffer=buf, strides=(1,))
     return words
 
 
 def _common_labels(
-    buf: npt.NDArray[np.uint8],
-    words: npt.NDArray[np.uint64],
-    starts: npt.NDArray[np.int64],
-    ends: npt.NDArray[np.int64],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    buf: UInt8Array,
+    words: UInt64Array,
+    starts: Int64Array,
+    ends: Int64Array,
+) -> tuple[Int64Array, npt.NDArray[np.bool_]]:
     """The label of each line ``buf[starts[i]:ends[i]]`` that ends in 1-7 digits, a sign or not, after
     whitespace after text (``ok``); nothing useful elsewhere. Few passes: one word a line."""
     value, before = _word_digits(words, ends - 1)
@@ -125,9 +126,7 @@ def _common_labels(
     return labels, ok
 
 
-def _blank(
-    buf: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
-) -> npt.NDArray[np.bool_]:
+def _blank(buf: UInt8Array, starts: Int64Array, ends: Int64Array) -> npt.NDArray[np.bool_]:
     """Whether each line ``buf[starts[i]:ends[i]]`` holds only ASCII whitespace."""
     blank = np.zeros(starts.size, bool)
     rows = np.arange(starts.size)
@@ -145,9 +144,7 @@ def _blank(
     return blank
 
 
-def _word_digits(
-    words: npt.NDArray[np.uint64], last: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+def _word_digits(words: UInt64Array, last: Int64Array) -> tuple[UInt64Array, UInt64Array]:
     """The number formed by the decimal digits that end at byte ``last`` of each line (at most 8), and
     how many of the 8 bytes up to ``last`` come before those digits (8: no digit). ``words[i]`` are the
     8 bytes starting at byte ``i``, one little-endian word."""
@@ -170,9 +167,7 @@ def _word_digits(
     return value, before
 
 
-def tail_labels(
-    buf: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+def tail_labels(buf: UInt8Array, starts: Int64Array, ends: Int64Array) -> tuple[Int64Array, npt.NDArray[np.bool_]]:
     """The label of each line ``buf[starts[i]:ends[i]]`` (non-empty lines without their line ending).
 
     ``buf`` must be contiguous and hold :data:`PAD` bytes before the first line. Returns ``(labels,

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array, UInt32Array
 from rank_dataset.core.checks import is_url
 from rank_dataset.files.group._labels import Grouping, Place
 from rank_dataset.files.index.cache import cache_paths, discard, fsync_dir, temp_beside
@@ -108,7 +108,7 @@ def write_cache(cache: Path, index: Index, group: Callable[[Place], Grouping]) -
     maps: list[mmap.mmap] = []
     written: list[Grouping] = []
 
-    def place(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    def place(keys: list[Any], bounds: Int64Array) -> Int64Array:
         if all(type(k) is int and -(1 << 63) <= k < 1 << 63 for k in keys):
             form, key_part = _INT_KEYS, np.asarray(keys, "<i8").tobytes()
         else:
@@ -195,7 +195,7 @@ _COLUMNS_MAGIC = b"RDCOL\x00\x00\x01"
 _UINT32_COLUMNS = 2
 
 
-def open_columns(cache: Path, index: Index, ncols: int) -> npt.NDArray[np.uint32] | None:
+def open_columns(cache: Path, index: Index, ncols: int) -> UInt32Array | None:
     """The ``(ncols, N)`` read-only uint32 columns in ``cache``, memory-mapped, if they are of the file ``index``
     describes and whole; else None."""
     count = index.count
@@ -207,17 +207,17 @@ def open_columns(cache: Path, index: Index, ncols: int) -> npt.NDArray[np.uint32
         return None
     if (cols, form) != (ncols, _UINT32_COLUMNS) or not whole:
         return None
-    columns: npt.NDArray[np.uint32] = np.memmap(cache, "<u4", mode="r", offset=_DATA_OFFSET, shape=(ncols, count))
+    columns: UInt32Array = np.memmap(cache, "<u4", mode="r", offset=_DATA_OFFSET, shape=(ncols, count))
     return columns
 
 
 #: ``put(row, first, values)``: ``values`` into column ``row`` of the columns being filled, from sample ``first`` on.
-Put = Callable[[int, int, npt.NDArray[np.uint32]], None]
+Put = Callable[[int, int, UInt32Array], None]
 
 
 def write_columns(
-    cache: Path, index: Index, ncols: int, fill: Callable[[npt.NDArray[np.uint32], Put], None]
-) -> npt.NDArray[np.uint32] | None:
+    cache: Path, index: Index, ncols: int, fill: Callable[[UInt32Array, Put], None]
+) -> UInt32Array | None:
     """``fill(columns, put)`` the ``(ncols, N)`` uint32 columns of the file ``index`` describes, in a temporary file
     beside ``cache`` renamed into place once whole (as a grouping is): ``columns`` a shared map of it, ``put`` a
     write into it (runs of values, with no page faults on the map); the columns as :func:`open_columns` maps them,
@@ -237,7 +237,7 @@ def write_columns(
         try:
             view = np.frombuffer(mapped, "<u4", count=ncols * index.count, offset=_DATA_OFFSET)
 
-            def put(row: int, first: int, values: npt.NDArray[np.uint32]) -> None:
+            def put(row: int, first: int, values: UInt32Array) -> None:
                 data = np.ascontiguousarray(values, "<u4").data.cast("B")
                 if not (0 <= row < ncols and 0 <= first <= first + len(data) // 4 <= index.count):
                     raise ValueError(f"{len(data) // 4} values from sample {first} of column {row} do not fit")

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 import numpy as np
-import numpy.typing as npt
 
-from rank_dataset.core.arrays import prefix_sums, ranges
+from rank_dataset.core.arrays import Int64Array, UInt8Array, UInt32Array, prefix_sums, ranges
 from rank_dataset.core.parsers import LineError, parse_label, quote
 from rank_dataset.core.threads import THREADS
 from rank_dataset.errors import MetaFileChangedError
@@ -34,8 +33,8 @@ class Grouping:
     """Keys in order, the ``C + 1`` bounds of their groups, and the sample numbers group after group."""
 
     keys: list[Any]
-    bounds: npt.NDArray[np.int64]
-    order: npt.NDArray[np.int64]
+    bounds: Int64Array
+    order: Int64Array
 
     def as_dict(self) -> dict[Any, np.ndarray]:
         """``{key: its sample numbers}``, each a read-only view of :attr:`order`."""
@@ -45,10 +44,10 @@ class Grouping:
 
 
 #: Given the keys and the bounds of their groups, the int64 array the sample numbers are placed in.
-Place = Callable[[list[Any], npt.NDArray[np.int64]], npt.NDArray[np.int64]]
+Place = Callable[[list[Any], Int64Array], Int64Array]
 
 
-def in_memory(keys: list[Any], bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def in_memory(keys: list[Any], bounds: Int64Array) -> Int64Array:
     return np.empty(int(bounds[-1]), np.int64)
 
 
@@ -61,7 +60,7 @@ def label_grouping(lines: TextLines, place: Place) -> Grouping:
     fd, size = lines.fd, lines.index.size
     scratch = threading.local()
 
-    def part(lo: int, hi: int, data: npt.NDArray[np.uint8] | None = None) -> _SortedBlock:
+    def part(lo: int, hi: int, data: UInt8Array | None = None) -> _SortedBlock:
         buf = getattr(scratch, "buf", None)
         if buf is None or buf.size < PAD + hi - lo + 1:
             buf = scratch.buf = np.empty(max(PAD + _CHUNK + 1, PAD + hi - lo + 1), np.uint8)
@@ -146,7 +145,7 @@ def _merge(parts: list[_SortedBlock], path: Path, count: int, place: Place, pool
     return Grouping(keys_list, group_bounds, order)
 
 
-def _parse_others(buf: npt.NDArray[np.uint8], found: BlockLabels, where: Callable[[int, int], str]) -> None:
+def _parse_others(buf: UInt8Array, found: BlockLabels, where: Callable[[int, int], str]) -> None:
     """Fill in the labels of the block's samples that are not of the common form (``found.todo``),
     each by the label parser; ``where(row, start)`` names a line that has none."""
     for row, start, stop in zip(found.todo.tolist(), found.starts.tolist(), found.ends.tolist()):
@@ -159,7 +158,7 @@ def _parse_others(buf: npt.NDArray[np.uint8], found: BlockLabels, where: Callabl
             raise ValueError(f"{where(row, start)}: label outside the int64 range in line {quote(line)}") from None
 
 
-def _parquet_labels(self: ParquetLines, g: int) -> npt.NDArray[np.int64]:
+def _parquet_labels(self: ParquetLines, g: int) -> Int64Array:
     """The label of every row of row group ``g`` of a Parquet file (``self``): in numpy as for text
     where each row is one non-blank line (the rows put back to back, each with a newline), else row by row; or, where
     the last column holds them (integers, none null), that column alone."""
@@ -190,12 +189,12 @@ class _SortedBlock:
     """One block's samples in label order: ``perm`` (stable, numbered within the block), and the
     block's distinct labels, ascending, with how many samples have each."""
 
-    perm: npt.NDArray[np.uint32]
-    keys: npt.NDArray[np.int64]
-    sizes: npt.NDArray[np.int64]
+    perm: UInt32Array
+    keys: Int64Array
+    sizes: Int64Array
 
     @classmethod
-    def of(cls, labels: npt.NDArray[np.int64]) -> _SortedBlock:
+    def of(cls, labels: Int64Array) -> _SortedBlock:
         if not labels.size:
             return cls(np.empty(0, np.uint32), np.empty(0, np.int64), np.empty(0, np.int64))
         lo = int(labels.min())
@@ -216,6 +215,6 @@ class _SortedBlock:
         heads = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1))
         return cls(perm.astype(np.uint32), ordered[heads], np.diff(np.append(heads, ordered.size)))
 
-    def place(self, order: npt.NDArray[np.int64], at: npt.NDArray[np.int64], base: int) -> None:
+    def place(self, order: Int64Array, at: Int64Array, base: int) -> None:
         """Write samples ``base + perm`` into ``order``, those of key ``keys[k]`` from ``at[k]`` on."""
         order[ranges(at, self.sizes)] = self.perm.astype(np.int64) + base

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import cast
 
 import numpy as np
-import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array, UInt8Array
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.formats import ParquetRows, decompress
 from rank_dataset.files.group._block_labels import PAD
@@ -40,7 +40,7 @@ class _Stream:
         self._held = bytearray()
         self._base = 0  # the offset of _held[0]
 
-    def read_into(self, out: npt.NDArray[np.uint8], lo: int, until: int | None = None) -> None:
+    def read_into(self, out: UInt8Array, lo: int, until: int | None = None) -> None:
         """Fill ``out`` with bytes ``[lo, lo + out.size)``; ``lo`` never below an earlier read's.
 
         Raises:
@@ -77,7 +77,7 @@ class TextLines:
         elif self.fd is None:  # an object: read front to back (a label grouping's blocks too)
             self.stream = _Stream(source.stream(block=STREAM_BLOCK))
 
-    def read_into(self, out: npt.NDArray[np.uint8], lo: int) -> None:
+    def read_into(self, out: UInt8Array, lo: int) -> None:
         """Fill ``out`` with bytes ``[lo, lo + out.size)`` of the file (decompressed), in order.
 
         Raises:
@@ -100,7 +100,7 @@ class TextLines:
         except LookupError as exc:
             raise MetaFileChangedError(self.path, f"its index cache changed while it was read ({exc})") from None
 
-    def blocks(self) -> Iterator[tuple[int, int, npt.NDArray[np.uint8], npt.NDArray[np.int64]]]:
+    def blocks(self) -> Iterator[tuple[int, int, UInt8Array, Int64Array]]:
         """Yield ``(first, base, buf, spans)``: samples ``first ..`` are ``buf[spans[i, 0]:spans[i, 1]]``,
         and ``buf[j]`` is byte ``base + j`` of the file; ``buf`` has :data:`~rank_dataset.files.group._block_labels.PAD`
         bytes before the first sample."""
@@ -124,7 +124,7 @@ class TextLines:
                     raise MetaFileChangedError(self.path, "its lines no longer end where its index says")
                 yield first, lo - PAD, buf, spans
 
-    def chunks(self, size: int = CHUNK) -> Iterator[tuple[int, int, int, npt.NDArray[np.uint8], SpanReader]]:
+    def chunks(self, size: int = CHUNK) -> Iterator[tuple[int, int, int, UInt8Array, SpanReader]]:
         """Yield ``(first, n, base, data, reader)``: ``data`` is bytes ``base ..`` of the file (decompressed), from
         the start of sample ``first`` to the end of sample ``first + n - 1``, the blank lines between included;
         about ``size`` bytes (at most :data:`BLOCK` samples; fewer, down to one, where lines run longer than the

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from rank_dataset.core.arrays import prefix_sums
+from rank_dataset.core.arrays import Int64Array, prefix_sums
 from rank_dataset.core.checks import meta_path, with_storage
 from rank_dataset.core.progress import progress_bar
 from rank_dataset.files.group import _lines as _group_lines
@@ -161,7 +160,7 @@ def _texts(lines: TextLines | ParquetLines, desc: str) -> Iterator[tuple[str, Ca
             bar.update(len(block))
 
 
-def _key_codes(lines: TextLines | ParquetLines, key: Key) -> tuple[npt.NDArray[np.int64], list[Any]]:
+def _key_codes(lines: TextLines | ParquetLines, key: Key) -> tuple[Int64Array, list[Any]]:
     """For every sample, the number of its key in order of first appearance, and the keys."""
     codes = np.empty(lines.index.count, np.int64)
     number: dict[Any, int] = {}
@@ -180,9 +179,9 @@ def _key_codes(lines: TextLines | ParquetLines, key: Key) -> tuple[npt.NDArray[n
 
 
 def _scatter(
-    order: npt.NDArray[np.int64],
-    counts: npt.NDArray[np.int64],
-    codes_of: Callable[[int, int], npt.NDArray[np.int64]],
+    order: Int64Array,
+    counts: Int64Array,
+    codes_of: Callable[[int, int], Int64Array],
 ) -> None:
     """Place the sample numbers ``0..n-1`` in ``order``, grouped by code (``codes_of(a, b)``: the codes
     of samples ``a..b-1``), ascending within each group: a stable counting sort, a block at a time,

@@ -13,8 +13,8 @@ from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, Literal
 
 import numpy as np
-import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array
 from rank_dataset.core.checks import with_storage
 from rank_dataset.files.group.grouping import Key, grouping_of
 from rank_dataset.files.index.scan import PathLike
@@ -38,7 +38,7 @@ def ids_of(
     cache_name: str | None = None,
     missing: Literal["raise", "warn", "ignore"] = "raise",
     storage_options: Mapping[str, Any] | None = None,
-) -> npt.NDArray[np.int64]:
+) -> Int64Array:
     """The sample numbers of ``meta_file`` whose line has one of ``keys``: ascending, distinct, int64.
 
     A blocklist of paths becomes ``RankDataset(meta_file, exclude=ids_of(meta_file, bad_paths))``.

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array
 from rank_dataset.core.checks import meta_path, with_storage
 from rank_dataset.core.parsers import Parser
 from rank_dataset.files.group.grouping import Key, each_line, grouping_of
@@ -28,7 +29,7 @@ from rank_dataset.plan.subsets import SampleIds
 __all__ = ["class_balanced", "repeat_factor"]
 
 
-def _trusted(ids: npt.NDArray[np.int64], name: str) -> SampleIds:
+def _trusted(ids: Int64Array, name: str) -> SampleIds:
     """Ids this library made (distinct, in range): not checked again by every rank."""
     sample_ids = SampleIds.of(ids, name)
     sample_ids.checked = True

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
 from rank_dataset.core import native
+from rank_dataset.core.arrays import UInt8Array, UInt32Array
 from rank_dataset.core.checks import meta_path, with_storage
 from rank_dataset.core.parsers import quote
 from rank_dataset.errors import MetaFileChangedError
@@ -45,8 +45,8 @@ Field = int | str | Callable[[str], Any]
 class Sizes(NamedTuple):
     """Each sample's width and height: read-only uint32 arrays of ``N``."""
 
-    width: npt.NDArray[np.uint32]
-    height: npt.NDArray[np.uint32]
+    width: UInt32Array
+    height: UInt32Array
 
 
 def sizes_of(
@@ -122,8 +122,8 @@ def _cache_name(width: Field, height: Field, cache_name: str | None) -> str | No
     return "sizes-" + hashlib.blake2b(json.dumps([width, height]).encode(), digest_size=8).hexdigest()
 
 
-def _load_or_read(path: Path, index: Index, width: Field, height: Field, name: str | None) -> npt.NDArray[np.uint32]:
-    def fill(out: npt.NDArray[np.uint32], put: Put) -> None:
+def _load_or_read(path: Path, index: Index, width: Field, height: Field, name: str | None) -> UInt32Array:
+    def fill(out: UInt32Array, put: Put) -> None:
         _read(path, index, width, height, out, put)
 
     if name is not None:
@@ -136,14 +136,14 @@ def _load_or_read(path: Path, index: Index, width: Field, height: Field, name: s
             return built
     out = np.empty((2, index.count), np.uint32)  # not cached: no name, or no writable place
 
-    def put(row: int, first: int, values: npt.NDArray[np.uint32]) -> None:
+    def put(row: int, first: int, values: UInt32Array) -> None:
         out[row, first : first + values.size] = values
 
     fill(out, put)
     return out
 
 
-def _read(path: Path, index: Index, width: Field, height: Field, out: npt.NDArray[np.uint32], put: Put) -> None:
+def _read(path: Path, index: Index, width: Field, height: Field, out: UInt32Array, put: Put) -> None:
     if callable(width):
         assert callable(height)
         _by_functions(path, width, height, out)
@@ -174,15 +174,13 @@ def _checked(value: Any, where: Callable[[], str], what: str) -> int:
     return int(value)
 
 
-def _by_functions(
-    path: Path, width: Callable[[str], Any], height: Callable[[str], Any], out: npt.NDArray[np.uint32]
-) -> None:
+def _by_functions(path: Path, width: Callable[[str], Any], height: Callable[[str], Any], out: UInt32Array) -> None:
     for i, (text, where) in enumerate(each_line(path, "sizes of")):
         out[0, i] = _checked(width(text), where, "width(line)")
         out[1, i] = _checked(height(text), where, "height(line)")
 
 
-def _json_fields(lines: TextLines, width: str, height: str, out: npt.NDArray[np.uint32]) -> None:
+def _json_fields(lines: TextLines, width: str, height: str, out: UInt32Array) -> None:
     i = 0
     for block in lines.text_blocks():
         for text, where in block:
@@ -199,7 +197,7 @@ def _json_fields(lines: TextLines, width: str, height: str, out: npt.NDArray[np.
             i += 1
 
 
-def _parquet(lines: ParquetLines, width: str, height: str, out: npt.NDArray[np.uint32]) -> None:
+def _parquet(lines: ParquetLines, width: str, height: str, out: UInt32Array) -> None:
     bounds = lines.rows.bounds.tolist()
     for g, (a, b) in enumerate(itertools.pairwise(bounds)):
         for row, name in ((0, width), (1, height)):
@@ -241,9 +239,9 @@ def _judged(
     height: int,
     first: int,
     base: int,
-    data: npt.NDArray[np.uint8],
+    data: UInt8Array,
     reader: SpanReader,
-    values: npt.NDArray[np.uint32],
+    values: UInt32Array,
 ) -> None:
     """The flagged lines of a chunk (their ``values`` both 0: no size is) read by ``str.split`` and ``int``."""
     rows = np.flatnonzero(values[0] == 0)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array, UInt64Array
 from rank_dataset.files.formats import TEXT, Format, by_code
 from rank_dataset.files.index.cache import SEAL
 from rank_dataset.files.io import SourceKey
@@ -37,7 +37,6 @@ DATA_OFFSET = 128
 ENTRY = 8  # one sample: a little-endian uint64, start << bits | length
 _PAIR = 16  # a long line (sample, length) or a mark (offset, line number): two little-endian int64
 _CHECK_ROWS = 1 << 12  # entries checked at each end of a cache when it is loaded
-_IntArray = npt.NDArray[np.int64]
 
 
 def length_bits(size: int) -> int:
@@ -51,9 +50,9 @@ class Table:
     """An index held in memory: the entries (uint64), the long lines ``(k, 2)`` (sample, length) and
     the marks ``(k, 2)`` (offset, line number), as in a cache file."""
 
-    entries: npt.NDArray[np.uint64]
-    longs: _IntArray
-    marks: _IntArray
+    entries: UInt64Array
+    longs: Int64Array
+    marks: Int64Array
     extra: bytes = b""
 
 
@@ -175,22 +174,20 @@ def read_header(fd: int) -> Header | None:
     return header
 
 
-def read_pairs(fd: int, offset: int, count: int) -> _IntArray:
+def read_pairs(fd: int, offset: int, count: int) -> Int64Array:
     raw = np.empty(_PAIR * count, np.uint8)
     pread_exact(fd, raw, offset)
     return raw.view("<i8").astype(np.int64).reshape(-1, 2)
 
 
-def decode(
-    entries: npt.NDArray[np.uint64], local: _IntArray, size: int, longs: _IntArray
-) -> tuple[_IntArray, _IntArray]:
+def decode(entries: UInt64Array, local: Int64Array, size: int, longs: Int64Array) -> tuple[Int64Array, Int64Array]:
     """``(starts, lengths)`` of samples ``local`` of a file of ``size`` bytes from their ``entries``
     and the file's long lines. A length the entry marks as long but the table does not hold is 0 (no
     sample has it: the index is damaged)."""
     bits = length_bits(size)
     mask = (1 << bits) - 1
-    starts: _IntArray = np.right_shift(entries, np.uint64(bits)).view(np.int64)
-    lengths: _IntArray = np.bitwise_and(entries, np.uint64(mask)).view(np.int64)
+    starts: Int64Array = np.right_shift(entries, np.uint64(bits)).view(np.int64)
+    lengths: Int64Array = np.bitwise_and(entries, np.uint64(mask)).view(np.int64)
     rows = np.flatnonzero(lengths == mask) if longs.size or bits < 32 else np.empty(0, np.int64)
     if rows.size:
         at = np.minimum(np.searchsorted(longs[:, 0], local[rows]), max(len(longs) - 1, 0))
@@ -199,7 +196,7 @@ def decode(
     return starts, lengths
 
 
-def spans_are_sane(starts: _IntArray, lengths: _IntArray, size: int, *, ordered: bool = True) -> bool:
+def spans_are_sane(starts: Int64Array, lengths: Int64Array, size: int, *, ordered: bool = True) -> bool:
     """Whether these spans could be samples of a file of ``size`` bytes: non-empty, inside the file
     and (``ordered``: consecutive samples) increasing without overlap, as a newline separates them."""
     if not starts.size:

@@ -8,8 +8,8 @@ import os
 from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array, UInt64Array
 from rank_dataset.files.index._cachefile import (
     DATA_OFFSET,
     ENTRY,
@@ -28,8 +28,7 @@ if TYPE_CHECKING:
 MAPPED_ROWS = 1 << 12  # a read of fewer samples may take their entries from a map of the cache (see _entries_map)
 _MAPPED_MIN = 1 << 16  # entries (512 KiB) a cache holds at least to be mapped; smaller ones are a few reads
 _MAPS = 16  # caches kept mapped by a process, newest last (each map holds a descriptor of its file)
-_maps: dict[tuple[int, int, int, int], npt.NDArray[np.uint64]] = {}
-_IntArray = npt.NDArray[np.int64]
+_maps: dict[tuple[int, int, int, int], UInt64Array] = {}
 
 
 def read_entry(index: Index, local: int) -> tuple[int, int]:
@@ -104,7 +103,7 @@ class SpanReader:
         self._header = header
         self._longs = self._pairs(header.longs_at, header.longs)
 
-    def _pairs(self, offset: int, count: int) -> _IntArray:
+    def _pairs(self, offset: int, count: int) -> Int64Array:
         assert self._fd is not None
         try:
             return read_pairs(self._fd, offset, count)
@@ -114,7 +113,7 @@ class SpanReader:
     def _damaged(self) -> LookupError:
         return LookupError(f"the index cache {self._index.cache} was damaged (shorter than its header says)")
 
-    def take(self, local: _IntArray) -> tuple[_IntArray, _IntArray]:
+    def take(self, local: Int64Array) -> tuple[Int64Array, Int64Array]:
         """``(starts, lengths)`` of samples ``local`` of the file (in range; best roughly ascending
         and close together, as one batch of a build: the pages from the lowest to the highest entry
         that some entry asked for are read)."""
@@ -140,7 +139,7 @@ class SpanReader:
                 entries = buf[: buf.size - buf.size % ENTRY].view("<u8")[(at - shift) // ENTRY]
         return decode(entries, local, self._size, self._longs)
 
-    def marks(self) -> _IntArray:
+    def marks(self) -> Int64Array:
         """The file's marks: ``(k, 2)`` rows (offset, line number), by offset."""
         if self._table is not None:
             return self._table.marks
@@ -177,7 +176,7 @@ class SpanReader:
         self.close()
 
 
-def _entries_map(fd: int, count: int) -> npt.NDArray[np.uint64]:
+def _entries_map(fd: int, count: int) -> UInt64Array:
     """The ``count`` entries of the sealed cache open at ``fd``, through a read-only map kept for the
     process's later small takes.
 
@@ -210,7 +209,7 @@ def read_checkpoints(index: Index) -> Checkpoints:
         return reader.checkpoints()
 
 
-def line_mark(marks: _IntArray, start: int) -> tuple[int, int]:
+def line_mark(marks: Int64Array, start: int) -> tuple[int, int]:
     """``(offset, line)`` of the last mark at or before byte ``start`` (line numbers from 0): the
     line number of ``start``'s line is ``line`` plus the newlines in ``[offset, start)``. ``(0, 0)``
     where the marks cannot be trusted (not increasing), so the count starts at the beginning."""

@@ -17,6 +17,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rank_dataset.core.checks import UrlPath
+
+if TYPE_CHECKING:
+    from rank_dataset.files.io import SourceKey
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -27,6 +33,7 @@ __all__ = [
     "discard",
     "first_cache_path",
     "fsync_dir",
+    "object_cache_path",
     "temp_beside",
     "wait_for_seal",
 ]
@@ -70,6 +77,18 @@ def cache_paths(path: Path) -> list[Path]:
     from platformdirs import user_cache_dir
 
     return [first, Path(user_cache_dir("rank-dataset")) / _cache_name(path)]
+
+
+def object_cache_path(url: str, key: SourceKey) -> Path:
+    """Where the index of the object ``url`` (``key``: its URL, size and ETag) is cached on this node:
+    never in the bucket."""
+    name = f"{UrlPath(url).name}.{key.size}.{key.digest().hex()[:32]}.rdidx"
+    override = os.environ.get(CACHE_DIR_ENV)
+    if override:
+        return Path(override) / name
+    from platformdirs import user_cache_dir  # on first use, as in cache_paths
+
+    return Path(user_cache_dir("rank-dataset")) / "objects" / name
 
 
 def tmp_prefix(cache: Path) -> str:

@@ -21,17 +21,24 @@ is read from its footer each time, keeping the file's key and ends' hash as a ca
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.formats import Format, detect, refuse_cut
+from rank_dataset.files.formats import Format, detect_source, refuse_cut_source
 from rank_dataset.files.index._cachefile import Index, Table, decode, length_bits, open_cache, spans_are_sane
 from rank_dataset.files.index._entries import MAPPED_ROWS, SpanReader, line_mark, read_checkpoints, read_entry
-from rank_dataset.files.index.cache import CACHE_DIR_ENV, cache_paths, first_cache_path, wait_for_seal
-from rank_dataset.files.io import FileKey, LocalFile, SourceKey, hash_ends, open_source
+from rank_dataset.files.index.cache import (
+    CACHE_DIR_ENV,
+    cache_paths,
+    first_cache_path,
+    object_cache_path,
+    wait_for_seal,
+)
+from rank_dataset.files.io import ByteSource, FileKey, LocalFile, SourceKey, hash_ends, open_source
 from rank_dataset.files.io.pread import ShortRead
 
 if TYPE_CHECKING:
@@ -52,32 +59,27 @@ __all__ = [
     "load_index",
     "read_checkpoints",
     "read_entry",
-    "refuse_cut_parquet",
     "spans_are_sane",
 ]
 
 _BUILD_TRIES = 3
 
 
-def _rows_index(
-    path: Path, fd: int, fmt: Format, key: FileKey, ends_hash: bytes, columns: Sequence[str] | None
-) -> Index:
-    """The index of the Parquet file open at ``fd``, from its footer (read through ``path``: the
-    descriptor, checked after, tells whether that was still this file)."""
-    rows = fmt.open_rows(path, columns)
-    what = key.change(FileKey.of(os.fstat(fd)))
-    if what is None and not key.matches(os.stat(path)):
-        what = "it was replaced while its footer was read"
-    if what is not None:
-        raise MetaFileChangedError(path, f"{what} while being indexed")
+def _rows_index(source: ByteSource, fmt: Format, ends_hash: bytes, columns: Sequence[str] | None) -> Index:
+    """The index of the Parquet file ``source``, from its footer. A local file's footer is read through
+    its path: its descriptor, checked after, tells whether that was still this file (an object's reads
+    are pinned to its ETag)."""
+    from rank_dataset.files.formats import source_rows  # on first use: a Parquet file's
+
+    rows = source_rows(source, columns)
+    path, key = source.path, source.key
+    if isinstance(key, FileKey):
+        what = key.change(FileKey.of(os.fstat(cast(LocalFile, source).fd)))
+        if what is None and not key.matches(os.stat(path)):
+            what = "it was replaced while its footer was read"
+        if what is not None:
+            raise MetaFileChangedError(path, f"{what} while being indexed")
     return Index(key, ends_hash, len(rows), False, None, None, fmt, parquet=rows.layout)
-
-
-def refuse_cut_parquet(path: Path, fd: int, fmt: Format) -> None:
-    """Raise CorruptMetaFileError if the file open at ``fd``, told as ``fmt``, is a file of another format
-    cut short (a Parquet file without its footer): read as text, its bytes would be taken for lines.
-    (:func:`~rank_dataset.files.formats.refuse_cut`, under the name the collective reader calls.)"""
-    refuse_cut(path, fd, fmt)
 
 
 def check_columns(path: Path, fmt: Format, columns: Sequence[str] | None) -> None:
@@ -96,49 +98,52 @@ def load_index(path: Path, *, distrust: Index | None = None, columns: Sequence[s
     One process builds a missing cache while others that want it at the same time wait for it
     (:mod:`rank_dataset.files.index.cachelock`), then load it. ``distrust`` is an index of ``path`` found
     inconsistent with it: the cache it was read from is rebuilt, unless another process wrote it anew since.
-    A Parquet file's index is read from its footer (``columns``: its chosen columns, None for all).
+    A Parquet file's index is read from its footer (``columns``: its chosen columns, None for all). An
+    object's is built by one streaming pass and cached on this node, never in the bucket (in memory
+    where no cache directory is writable).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        MetaFileChangedError: the file kept changing while it was being indexed.
+        PermissionError, OSError: an object cannot be had (naming its URL and the HTTP status).
+        MetaFileChangedError: the file kept changing while it was being indexed (an object: it was
+            replaced while it was being indexed).
         ValueError: ``columns`` for a file that is not Parquet; a Parquet column that is missing,
             nested or binary.
         CorruptMetaFileError: a Parquet footer cannot be read.
+        ImportError: a Parquet object without pyarrow.
     """
     for attempt in range(_BUILD_TRIES):
         source = open_source(path)
-        if not source.local:  # an object: its index built by one streaming pass, cached on this node
-            from rank_dataset.files.index.objects import (
-                load_object_index,
-            )  # on first use: a local file's reads no object
-
-            return load_object_index(source, distrust=distrust, columns=columns)
-        fd, key = cast(LocalFile, source).fd, source.key
         try:
-            fmt = detect(fd)
+            fmt = detect_source(source)
             check_columns(path, fmt, columns)
-            refuse_cut_parquet(path, fd, fmt)
+            refuse_cut_source(path, source, fmt)
             ends_hash = hash_ends(source)
             if fmt.rows:
-                try:
-                    return _rows_index(path, fd, fmt, cast(FileKey, key), ends_hash, columns)
-                except MetaFileChangedError:
-                    if attempt == _BUILD_TRIES - 1:
-                        raise
-                    continue
-            # A cache sealed at the first place is the index, the build and its modules unneeded.
-            first = first_cache_path(path)
+                return _rows_index(source, fmt, ends_hash, columns)
+            key = source.key
+            # A cache sealed at the first place is the index, the build and its modules unneeded. An
+            # object's index is cached on this node only.
+            first = first_cache_path(path) if source.local else object_cache_path(str(path), key)
             wait_for_seal(first)
             index = open_cache(first, key, ends_hash, distrust)
             if index is not None:
                 return index
-            from rank_dataset.files.index._build import cached_index  # on first use (see above)
+            from rank_dataset.files.index._build import cached_index, index_in_memory  # on first use (see above)
 
+            candidates = cache_paths(path) if source.local else [first]
+            if not source.local:
+                with contextlib.suppress(OSError):
+                    first.parent.mkdir(parents=True, exist_ok=True)
             try:
-                return cached_index(cache_paths(path), path, fd, key, ends_hash, distrust=distrust, tried=first)
-            except MetaFileChangedError:
-                if attempt == _BUILD_TRIES - 1:
+                return cached_index(candidates, source, ends_hash, distrust=distrust, tried=first)
+            except OSError:  # an object's cache directory is not writable: the lock cannot be taken either
+                if source.local:
                     raise
+                return index_in_memory(source, ends_hash)
+        except MetaFileChangedError:  # a local file changed while it was indexed: indexed again
+            if attempt == _BUILD_TRIES - 1 or not source.local:
+                raise
         except ShortRead as exc:  # hashing the ends: the file shrank since fstat
             if attempt == _BUILD_TRIES - 1:
                 raise MetaFileChangedError(path, "it shrank while being indexed") from exc

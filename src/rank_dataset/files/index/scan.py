@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import native
+from rank_dataset.core.arrays import Int64Array, UInt8Array
 from rank_dataset.core.native import BLANK, BOM, CR, MARK, NEWLINE
 from rank_dataset.core.progress import progress_bar
 from rank_dataset.core.threads import THREADS
@@ -40,7 +41,6 @@ __all__ = [
     "scan",
     "scan_blocks",
     "scan_buffer",
-    "scan_chunks",
     "scan_map",
 ]
 
@@ -65,11 +65,11 @@ class Chunk:
 
     offset: int
     nbytes: int
-    starts: npt.NDArray[np.int64]
-    lengths: npt.NDArray[np.int64]
+    starts: Int64Array
+    lengths: Int64Array
     ascii: bool
     newlines: int
-    marks: npt.NDArray[np.int64]
+    marks: Int64Array
 
 
 class _Scratch:
@@ -94,25 +94,19 @@ class _Scratch:
         return made[:size]
 
 
-def _scan_chunk(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> Chunk:
-    """The samples of the complete lines in ``buf`` (byte ``offset`` of the file onwards; with
-    ``last``, bytes after the final newline form a line too). At offset 0 a leading byte order mark
-    is skipped. One kernel call (:func:`rank_dataset.core.native.scan_lines`: C, or its numpy reference)."""
-    found = native.scan_lines(buf, offset, last, MARK)
-    return Chunk(offset, buf.size, found.starts, found.lengths, found.ascii, found.newlines, found.marks)
-
-
-def scan_buffer(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> Chunk:
+def scan_buffer(buf: UInt8Array, offset: int, last: bool) -> Chunk:
     """The samples of the complete lines in ``buf``, which holds bytes ``offset`` onwards of a file and
     starts a line (with ``last``, bytes after its final newline form a line too; at offset 0 a byte
     order mark is skipped): what a scan finds in one chunk, for readers that read a file their own way.
+    One kernel call (:func:`rank_dataset.core.native.scan_lines`: C, or its numpy reference).
 
     Examples:
         >>> c = scan_buffer(np.frombuffer(b"a 1\\n\\nbb 2\\n", np.uint8), 100, False)
         >>> c.starts.tolist(), c.lengths.tolist(), c.newlines
         ([100, 105], [3, 4], 3)
     """
-    return _scan_chunk(buf, offset, last)
+    found = native.scan_lines(buf, offset, last, MARK)
+    return Chunk(offset, buf.size, found.starts, found.lengths, found.ascii, found.newlines, found.marks)
 
 
 def chunk_bounds(f: BinaryIO, size: int, chunk_size: int) -> list[int]:
@@ -166,7 +160,7 @@ class _Reader:
         scratch = self._scratches.get()
         buf = scratch.array("buf", hi - lo, np.uint8)
         pread_exact(self._fd, buf, lo)
-        return _scan_chunk(buf, lo, last)
+        return scan_buffer(buf, lo, last)
 
 
 def scan_map(
@@ -205,7 +199,7 @@ def scan_map(
                     yield result
 
 
-def _cut_at_lines(blocks: Iterable[bytes]) -> Iterator[tuple[npt.NDArray[np.uint8], int, bool]]:
+def _cut_at_lines(blocks: Iterable[bytes]) -> Iterator[tuple[UInt8Array, int, bool]]:
     """``(bytes, offset, last)`` pieces of the bytes ``blocks`` hold back to back, each ending just
     past a newline (the last: at the end). A line across two blocks is a piece of its own: the
     blocks themselves are not copied."""
@@ -287,8 +281,8 @@ def scan_blocks(blocks: Iterable[bytes], then: Callable[[Chunk], _T]) -> Iterato
     :data:`THREADS` threads scan what it made before (decompressing and scanning cost about the same
     for meta lines)."""
 
-    def work(buf: npt.NDArray[np.uint8], offset: int, last: bool) -> _T:
-        return then(_scan_chunk(buf, offset, last))
+    def work(buf: UInt8Array, offset: int, last: bool) -> _T:
+        return then(scan_buffer(buf, offset, last))
 
     with ThreadPoolExecutor(max_workers=THREADS) as pool:
         pending: deque[Future[_T]] = deque()
@@ -304,28 +298,21 @@ def scan_blocks(blocks: Iterable[bytes], then: Callable[[Chunk], _T]) -> Iterato
                 future.cancel()
 
 
-def _spans(chunk: Chunk) -> tuple[npt.NDArray[np.int64], bool]:
+def _spans(chunk: Chunk) -> tuple[Int64Array, bool]:
     return np.column_stack((chunk.starts, chunk.starts + chunk.lengths)), chunk.ascii
 
 
-def scan_chunks(
-    path: PathLike, chunk_size: int = CHUNK, *, fd: int | None = None
-) -> Iterator[tuple[npt.NDArray[np.int64], bool]]:
-    """Yield ``(spans, ascii)`` for each chunk of ``path`` in file order: the ``(k, 2)`` spans of its
-    samples and whether the chunk is pure ASCII (which spares UTF-8 checks later); see :func:`scan_map`."""
-    return scan_map(path, _spans, chunk_size, fd=fd)
-
-
-def scan(path: PathLike, chunk_size: int = CHUNK) -> tuple[npt.NDArray[np.int64], bool]:
-    """The ``(n, 2)`` spans of the samples of ``path``, and whether the file is pure ASCII."""
+def scan(path: PathLike, chunk_size: int = CHUNK) -> tuple[Int64Array, bool]:
+    """The ``(n, 2)`` spans of the samples of ``path``, and whether the file is pure ASCII (which spares
+    UTF-8 checks later); see :func:`scan_map`."""
     parts, ascii_only = [], True
-    for spans, ascii_chunk in scan_chunks(path, chunk_size):
+    for spans, ascii_chunk in scan_map(path, _spans, chunk_size):
         parts.append(spans)
         ascii_only = ascii_only and ascii_chunk
     return (np.concatenate(parts) if parts else np.empty((0, 2), np.int64)), ascii_only
 
 
-def build_index(path: PathLike, *, chunk_size: int = CHUNK) -> npt.NDArray[np.int64]:
+def build_index(path: PathLike, *, chunk_size: int = CHUNK) -> Int64Array:
     """Scan ``path`` once and return the ``(n, 2)`` spans of its samples (no cache involved).
 
     Examples:

@@ -10,6 +10,7 @@ the key describes.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import io
 import os
@@ -17,10 +18,11 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
-import numpy.typing as npt
+
+from rank_dataset.core.arrays import UInt8Array
 
 __all__ = [
     "ENDS",
@@ -116,63 +118,66 @@ class ObjectKey:
 SourceKey = FileKey | ObjectKey
 
 
-class ByteSource(Protocol):
-    """The bytes of one meta file, open until :meth:`close` (or the end of a ``with`` block)."""
+_S = TypeVar("_S", bound="ByteSource")
 
-    @property
-    def path(self) -> Path:
-        """What names the file in messages (a local path; an object store's URL)."""
-        ...
 
-    @property
-    def key(self) -> SourceKey:
-        """What identifies its content (checked at open, or by :meth:`check`)."""
-        ...
+class ByteSource(abc.ABC):
+    """The bytes of one meta file, open until :meth:`close` (or the end of a ``with`` block). A store
+    subclasses it: its reads, its :meth:`check` and what :meth:`close` releases are all it writes."""
+
+    #: What names the file in messages (a local path; an object store's URL).
+    path: Path
+    #: What identifies its content (checked at open, or by :meth:`check`).
+    key: SourceKey
+    #: Whether it is a file of this machine's file systems (which a descriptor reads), not an object.
+    local = False
 
     @property
     def size(self) -> int:
         """Its bytes, as its key says."""
-        ...
+        return self.key.size
 
-    @property
-    def local(self) -> bool:
-        """Whether it is a file of this machine's file systems (which a descriptor reads), not an object."""
-        ...
-
+    @abc.abstractmethod
     def read(self, offset: int, count: int) -> bytes:
         """Bytes ``[offset, offset + count)``, exactly.
 
         Raises:
             MetaFileChangedError: the file ends before them (it shrank).
         """
-        ...
 
-    def read_into(self, out: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> None:
+    @abc.abstractmethod
+    def read_into(self, out: UInt8Array, offset: int, until: int | None = None) -> None:
         """Fill ``out`` from ``offset``, exactly. ``until``: reads go on in order and none asks past
         ``until`` (a hint, which a source may use to read ahead).
 
         Raises:
             ShortRead: the file ends first (the caller says what that means).
         """
-        ...
 
+    @abc.abstractmethod
     def pread(self, count: int, offset: int) -> bytes:
         """As ``os.pread``: up to ``count`` bytes at ``offset`` (fewer at the end only)."""
-        ...
+
+    @abc.abstractmethod
+    def check(self) -> None:
+        """Raise MetaFileChangedError if the content is no longer the one of the key."""
 
     def stream(self, start: int = 0, stop: int | None = None, block: int = STREAM_BLOCK) -> Iterator[bytes]:
         """Bytes ``[start, stop)`` (to the end, by default) in order, at most ``block`` at a time."""
-        ...
+        stop = self.size if stop is None else stop
+        while start < stop:
+            piece = self.read(start, min(block, stop - start))
+            start += len(piece)
+            yield piece
 
-    def check(self) -> None:
-        """Raise MetaFileChangedError if the content is no longer the one of the key."""
-        ...
+    def close(self) -> None:  # noqa: B027 (not abstract: most stores hold nothing to release)
+        """Release what it holds (by default, nothing)."""
 
-    def close(self) -> None: ...
+    def __enter__(self: _S) -> _S:
+        return self
 
-    def __enter__(self) -> ByteSource: ...
-
-    def __exit__(self, *exc: object) -> None: ...
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Positional(Protocol):

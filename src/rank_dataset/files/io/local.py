@@ -7,14 +7,11 @@ the process with SIGBUS, a positional read comes back short, which is told as th
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-import numpy.typing as npt
-
+from rank_dataset.core.arrays import UInt8Array
 from rank_dataset.errors import MetaFileChangedError
-from rank_dataset.files.io.base import STREAM_BLOCK, FileKey, SourceKey
+from rank_dataset.files.io.base import ByteSource, FileKey, SourceKey
 from rank_dataset.files.io.pread import pread_exact
 
 __all__ = ["FileKey", "LocalFile", "raise_if_changed", "read_exact"]
@@ -40,8 +37,8 @@ def read_exact(fd: int, path: Path, offset: int, count: int) -> bytes:
     return raw
 
 
-class LocalFile:
-    """The local file ``path`` open for reading (a :class:`~rank_dataset.files.io.base.ByteSource`).
+class LocalFile(ByteSource):
+    """The local file ``path`` open for reading.
 
     With ``key``, the file must be the one ``key`` describes (else MetaFileChangedError, as for a file
     gone: it was deleted or moved; with ``checked=False``, the caller checks it later, after a read);
@@ -68,27 +65,16 @@ class LocalFile:
             raise
         self.key = FileKey.of(st) if key is None else key
 
-    @property
-    def size(self) -> int:
-        return self.key.size
-
     local = True
 
     def read(self, offset: int, count: int) -> bytes:
         return read_exact(self.fd, self.path, offset, count)
 
-    def read_into(self, out: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> None:
+    def read_into(self, out: UInt8Array, offset: int, until: int | None = None) -> None:
         pread_exact(self.fd, out, offset)
 
     def pread(self, count: int, offset: int) -> bytes:
         return os.pread(self.fd, count, offset)
-
-    def stream(self, start: int = 0, stop: int | None = None, block: int = STREAM_BLOCK) -> Iterator[bytes]:
-        stop = self.size if stop is None else stop
-        while start < stop:
-            piece = self.read(start, min(block, stop - start))
-            start += len(piece)
-            yield piece
 
     def check_open(self) -> None:
         """Raise MetaFileChangedError if the open file (by descriptor) is not the one of the key."""
@@ -112,9 +98,3 @@ class LocalFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-    def __enter__(self) -> LocalFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array, UInt8Array
 from rank_dataset.core.checks import UrlPath, is_url
 from rank_dataset.errors import CorruptMetaFileError, MetaFileChangedError
 from rank_dataset.files.io._stores import (
@@ -55,8 +55,8 @@ _ATTEMPTS = 4  # asks of a range whose body came back short, before it is called
 _TIMEOUT = 1800.0
 
 
-class ObjectFile:
-    """The object at ``url`` (a :class:`~rank_dataset.files.io.base.ByteSource`).
+class ObjectFile(ByteSource):
+    """The object at ``url``.
 
     With ``key``, reads are pinned to the object ``key`` describes (no request at construction; with
     ``checked``, one HEAD, MetaFileChangedError if it is not that object); without, one HEAD learns its
@@ -65,6 +65,8 @@ class ObjectFile:
     ``timeout`` default to those ``url`` carries (a :class:`~rank_dataset.core.checks.UrlPath`'s), else
     the environment's and :data:`_TIMEOUT`.
     """
+
+    key: ObjectKey
 
     def __init__(
         self,
@@ -89,12 +91,6 @@ class ObjectFile:
             raise MetaFileChangedError(self.path, what)
         self._ahead: tuple[int, bytes] | None = None  # the block of a read in order (read_into's until)
         self._next = 0  # where a read in order (pread) would start next
-
-    @property
-    def size(self) -> int:
-        return self.key.size
-
-    local = False
 
     def _store(self) -> Any:
         return object_store(self._directory, self.storage_options, self.timeout)
@@ -194,7 +190,7 @@ class ObjectFile:
             return b""
         return b"".join(self._pieces(offset, offset + count))
 
-    def read_into(self, out: npt.NDArray[np.uint8], offset: int, until: int | None = None) -> None:
+    def read_into(self, out: UInt8Array, offset: int, until: int | None = None) -> None:
         """Fill ``out`` from ``offset``. With ``until`` (reads go on in order, none past ``until``: a
         slice read front to back), from GETs of up to :data:`REQUEST` bytes held one at a time, so
         that a slice read in small pieces still costs one GET per :data:`REQUEST` bytes."""
@@ -208,7 +204,7 @@ class ObjectFile:
             out[at : at + len(piece)] = np.frombuffer(piece, np.uint8)
             at += len(piece)
 
-    def _read_ahead(self, out: npt.NDArray[np.uint8], offset: int, until: int) -> None:
+    def _read_ahead(self, out: UInt8Array, offset: int, until: int) -> None:
         n, at = out.size, 0
         while at < n:
             pos = offset + at
@@ -252,15 +248,6 @@ class ObjectFile:
         what = self.key.change(now)
         if what is not None:
             raise MetaFileChangedError(self.path, what)
-
-    def close(self) -> None:
-        """Nothing to release: the client is the process's, shared by its objects."""
-
-    def __enter__(self) -> ObjectFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_ahead": None}
@@ -309,12 +296,12 @@ class ObjectSpans:
 
     def load(
         self,
-        starts: npt.NDArray[np.int64],
-        stops: npt.NDArray[np.int64],
+        starts: Int64Array,
+        stops: Int64Array,
         end: int,
         pad: int = 0,
-        buffer: Callable[[int], npt.NDArray[np.uint8]] | None = None,
-    ) -> tuple[npt.NDArray[np.uint8], int | npt.NDArray[np.int64]]:
+        buffer: Callable[[int], UInt8Array] | None = None,
+    ) -> tuple[UInt8Array, int | Int64Array]:
         hi = np.minimum(stops, min(end, self.source.size)).astype(np.int64)
         lo = np.minimum(starts, hi).astype(np.int64)
         shift = np.zeros(lo.size, np.int64)

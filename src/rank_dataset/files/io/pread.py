@@ -1,4 +1,4 @@
-"""Positional reads of a file into a reusable buffer, page-granular, and newline counting.
+"""Positional reads of a file into a reusable buffer, page-granular.
 
 Reading a file through a shared map kills the process with SIGBUS when the file shrinks under the
 map; a positional read returns short instead, which the caller turns into an error. The buffer is
@@ -16,16 +16,14 @@ from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
-from rank_dataset.core import native
+from rank_dataset.core.arrays import Int64Array, UInt8Array
 from rank_dataset.core.residency import anonymous_map
 
-__all__ = ["RangeLoader", "ShortRead", "Window", "count_newlines", "dense", "pread_exact"]
+__all__ = ["RangeLoader", "ShortRead", "Window", "dense", "pread_exact"]
 
 _PAGE = mmap.PAGESIZE
 GAP = 2 * _PAGE  # bytes between two wanted ranges that are read rather than skipped
-_COUNT_CHUNK = 16 << 20
 _SMALL = 1 << 20  # window buffers up to this size are heap arrays (a map costs syscalls and faults)...
 _ROOM = 1 << 20  # a window's map is a whole number of these, with an eighth to spare
 _MAIN = threading.main_thread()  # ...in the main thread only: see _small
@@ -53,7 +51,7 @@ class ShortRead(OSError):
         self.offset = offset
 
 
-def pread_exact(fd: int, out: npt.NDArray[np.uint8], offset: int) -> None:
+def pread_exact(fd: int, out: UInt8Array, offset: int) -> None:
     """Fill ``out`` from ``fd`` at ``offset``, else raise ShortRead."""
     view = out.data
     done = 0
@@ -70,21 +68,21 @@ class RangeLoader(Protocol):
 
     def load(
         self,
-        starts: npt.NDArray[np.int64],
-        stops: npt.NDArray[np.int64],
+        starts: Int64Array,
+        stops: Int64Array,
         end: int,
         pad: int = 0,
-        buffer: Callable[[int], npt.NDArray[np.uint8]] | None = None,
-    ) -> tuple[npt.NDArray[np.uint8], int | npt.NDArray[np.int64]]: ...
+        buffer: Callable[[int], UInt8Array] | None = None,
+    ) -> tuple[UInt8Array, int | Int64Array]: ...
 
 
 class Window:
     """A reusable buffer holding the parts of a file that a batch of byte ranges needs."""
 
     def __init__(self) -> None:
-        self._buf: npt.NDArray[np.uint8] = np.empty(0, np.uint8)
+        self._buf: UInt8Array = np.empty(0, np.uint8)
 
-    def _buffer(self, size: int) -> npt.NDArray[np.uint8]:
+    def _buffer(self, size: int) -> UInt8Array:
         if self._buf.size < size:
             if size > _small():
                 # Large: a private anonymous map, not the heap: unmapped whole when the window goes, so a
@@ -97,7 +95,7 @@ class Window:
                 self._buf = np.empty(size, np.uint8)
         return self._buf[:size]
 
-    def span(self, fd: int | RangeLoader, lo: int, hi: int) -> tuple[npt.NDArray[np.uint8], int] | None:
+    def span(self, fd: int | RangeLoader, lo: int, hi: int) -> tuple[UInt8Array, int] | None:
         """Bytes ``[lo, hi)`` of ``fd`` (``hi`` within the file), read whole in one call: ``(buf, lo)``,
         byte ``x`` at ``buf[x - lo]``, ``buf`` exactly ``hi - lo`` bytes; None where a
         :class:`RangeLoader` holds them otherwise than in one piece.
@@ -116,11 +114,11 @@ class Window:
     def load(
         self,
         fd: int | RangeLoader,
-        starts: npt.NDArray[np.int64],
-        stops: npt.NDArray[np.int64],
+        starts: Int64Array,
+        stops: Int64Array,
         end: int,
         pad: int = 0,
-    ) -> tuple[npt.NDArray[np.uint8], int | npt.NDArray[np.int64]]:
+    ) -> tuple[UInt8Array, int | Int64Array]:
         """Read the ranges ``[starts[i], stops[i])`` (cut at ``end``, the file size expected) of ``fd``
         (a :class:`RangeLoader` reads them itself).
 
@@ -182,9 +180,7 @@ class Window:
         return buf, shift
 
 
-def _read_runs(
-    fd: int, starts: npt.NDArray[np.int64], stops: npt.NDArray[np.int64], total: int, pad: int
-) -> npt.NDArray[np.uint8]:
+def _read_runs(fd: int, starts: Int64Array, stops: Int64Array, total: int, pad: int) -> UInt8Array:
     """Bytes ``[starts[i], stops[i])`` of ``fd`` (``total`` in all) back to back, and ``pad`` zero
     bytes (read-only).
 
@@ -206,18 +202,3 @@ def _read_runs(
                 parts[i] = part + rest.tobytes()
         joined = b"".join(parts)
     return np.frombuffer(joined, np.uint8)
-
-
-def count_newlines(fd: int, stop: int, start: int = 0) -> int:
-    """The number of ``\\n`` in bytes ``[start, stop)`` of ``fd`` (or up to its end, if shorter), read
-    16 MiB at a time, so locating a line of a 50 GB file costs 16 MiB of memory, not 50 GB."""
-    buf = np.empty(max(0, min(stop - start, _COUNT_CHUNK)), np.uint8)
-    count, offset = 0, start
-    while offset < stop:
-        part = buf[: min(buf.size, stop - offset)]
-        got = os.preadv(fd, [part.data], offset)
-        if got == 0:
-            break
-        count += native.count_newlines(part[:got])
-        offset += got
-    return count

@@ -19,14 +19,14 @@ import functools
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
 
 from rank_dataset.core import native
+from rank_dataset.core.arrays import Int64Array, IntegerArray, UInt8Array
 from rank_dataset.core.native import BOM, NEWLINE
-from rank_dataset.core.shard import ShardWriter, copy_rows
+from rank_dataset.core.shard import ShardWriter
 from rank_dataset.core.threads import in_threads
 from rank_dataset.files.index.load import (
     MAPPED_ROWS,
@@ -146,9 +146,7 @@ def read_one(f: IndexedFile, file: int, local: int) -> bytes:
     return line
 
 
-def _batches(
-    positions: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64], window: int, max_rows: int
-) -> list[tuple[int, int]]:
+def _batches(positions: Int64Array, lengths: Int64Array, window: int, max_rows: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of consecutive runs of rows at ``positions`` (roughly ascending) of
     ``lengths`` bytes, each of which costs about ``window`` bytes to read and holds at most
     ``max_rows`` rows.
@@ -182,12 +180,12 @@ class SampleNumbers:
     """The sample numbers of a read; where they can be made again (``make``), the build lets go of
     them once it no longer needs them."""
 
-    def __init__(self, indices: npt.NDArray[np.int64], make: Callable[[], npt.NDArray[np.int64]] | None = None) -> None:
-        self._indices: npt.NDArray[np.int64] | None = indices
+    def __init__(self, indices: Int64Array, make: Callable[[], Int64Array] | None = None) -> None:
+        self._indices: Int64Array | None = indices
         self._make = make
         self.size = indices.size
 
-    def get(self) -> npt.NDArray[np.int64]:
+    def get(self) -> Int64Array:
         if self._indices is None:
             assert self._make is not None
             self._indices = self._make()
@@ -281,7 +279,7 @@ def _open_ahead(file: IndexedFile, rows: int, ahead: contextlib.ExitStack) -> Sp
 
 
 def _first_pass(
-    visits: list[FileRows], indices: npt.NDArray[np.int64], *, ids: bool, shared: bool
+    visits: list[FileRows], indices: Int64Array, *, ids: bool, shared: bool
 ) -> tuple[ShardWriter, list[KeptStarts], dict[int, ParquetKept]]:
     """The first pass: the index entries of every row read, the shard made (its bounds set from the
     rows' lengths), the starts kept (:class:`KeptStarts`, a visit each) and Parquet's row groups."""
@@ -331,7 +329,7 @@ def _second_pass(
 
 
 def _take_lengths(
-    visit: FileRows, indices: npt.NDArray[np.int64], out: npt.NDArray[Any], kept: KeptStarts, part: tuple[int, int]
+    visit: FileRows, indices: Int64Array, out: np.ndarray, kept: KeptStarts, part: tuple[int, int]
 ) -> None:
     """Set ``out[row]`` to the length of each row of ``visit``'s batches of ``part`` (see
     :func:`_spans_of`), and keep their starts in ``kept``."""
@@ -341,10 +339,10 @@ def _take_lengths(
 
 
 # (rows, starts, lengths) of a batch read from the index; for the second pass, lengths None where the first gave them.
-_Batch = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+_Batch = tuple[Int64Array, Int64Array, Int64Array]
 
 
-_BatchSpans = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]
+_BatchSpans = tuple[Int64Array, Int64Array, Int64Array | None]
 
 
 def _kept_spans(
@@ -424,8 +422,8 @@ def _gather_window(
     fd: int | RangeLoader,
     size: int,
     window: Window,
-    rows: npt.NDArray[np.int64],
-    starts: npt.NDArray[np.int64],
+    rows: Int64Array,
+    starts: Int64Array,
     writer: ShardWriter,
 ) -> bool | None:
     """Copy a dense batch of rows (``starts`` in the file, going to rows ``rows`` of ``writer``) from one
@@ -453,7 +451,7 @@ def _gather_window(
 
 
 def _spans_of(
-    visit: FileRows, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1), only: Sequence[int] | None = None
+    visit: FileRows, indices: Int64Array, part: tuple[int, int] = (0, 1), only: Sequence[int] | None = None
 ) -> Iterator[tuple[int, _Batch]]:
     """``(j, (rows, starts, lengths))`` of each batch ``j`` of ``visit`` (of ``part`` ``(t, k)``: every
     k-th from the t-th; with ``only``, of those batches), from the index, checked to lie inside the
@@ -477,10 +475,10 @@ def _copy_file_rows(
     fd: int | RangeLoader,
     size: int,
     window: Window,
-    first: npt.NDArray[np.int64],
-    lengths: npt.NDArray[np.int64],
-    dst: npt.NDArray[np.integer[Any]],
-    data: npt.NDArray[np.uint8],
+    first: Int64Array,
+    lengths: Int64Array,
+    dst: IntegerArray,
+    data: UInt8Array,
 ) -> bool:
     """Copy rows of one file (``lengths`` bytes at ``first``, in about file order) to ``dst`` in
     ``data``; False, before copying a batch, if one of its rows is not a line of the file.
@@ -493,5 +491,5 @@ def _copy_file_rows(
         buf, shift = window.load(fd, check_from(s), e + 2, size, pad=8)
         if not window_ok(buf, shift, s, e, size)[0]:
             return False
-        copy_rows(buf, s - shift, lengths[a:b], data, dst[a:b])
+        native.copy_rows(buf, s - shift, lengths[a:b], data, dst[a:b])
     return True

@@ -7,13 +7,12 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from rank_dataset.core import native
-from rank_dataset.core.shard import ShardWriter, copy_rows
+from rank_dataset.core.arrays import Int64Array, UInt8Array
+from rank_dataset.core.shard import ShardWriter
 from rank_dataset.core.threads import in_threads
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.read._visits import FileRows, threads_for
@@ -21,9 +20,7 @@ from rank_dataset.files.read._visits import FileRows, threads_for
 __all__ = ["ParquetKept", "parquet_copy", "parquet_lengths"]
 
 
-def _parquet_groups(
-    visit: FileRows, indices: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[tuple[int, int, int]]]:
+def _parquet_groups(visit: FileRows, indices: Int64Array) -> tuple[Int64Array, Int64Array, list[tuple[int, int, int]]]:
     """``(rows, local, groups)`` of a Parquet file's visit: its item numbers and their row numbers in
     the file, both ordered by row group, and ``(g, a, b)`` for each row group ``g`` they touch
     (``rows[a:b]`` lie in it)."""
@@ -51,13 +48,11 @@ class ParquetKept:
     """The rows of each row group the first pass decoded, packed back to back (row group -> bytes),
     while they total at most ``_PARQUET_KEPT`` bytes."""
 
-    rows: dict[int, npt.NDArray[np.uint8]]
+    rows: dict[int, UInt8Array]
     lock: threading.Lock
     nbytes: int = 0
 
-    def keep(
-        self, g: int, data: npt.NDArray[np.uint8], src: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
-    ) -> None:
+    def keep(self, g: int, data: UInt8Array, src: Int64Array, lengths: Int64Array) -> None:
         total = int(lengths.sum())
         with self.lock:
             if self.nbytes + total > _PARQUET_KEPT:
@@ -68,7 +63,7 @@ class ParquetKept:
         self.rows[g] = packed
 
 
-def parquet_lengths(visit: FileRows, indices: npt.NDArray[np.int64], out: npt.NDArray[Any]) -> ParquetKept:
+def parquet_lengths(visit: FileRows, indices: Int64Array, out: np.ndarray) -> ParquetKept:
     """Set ``out[row]`` to the length of each row of a Parquet file's ``visit``: its row groups
     decoded (those that hold its rows; in threads, each with a reader of its own). What it kept of
     the rows for the second pass."""
@@ -88,7 +83,7 @@ def parquet_lengths(visit: FileRows, indices: npt.NDArray[np.int64], out: npt.ND
     return kept
 
 
-def parquet_copy(visit: FileRows, indices: npt.NDArray[np.int64], writer: ShardWriter, kept: ParquetKept) -> None:
+def parquet_copy(visit: FileRows, indices: Int64Array, writer: ShardWriter, kept: ParquetKept) -> None:
     """Copy the rows of a Parquet file's ``visit`` into ``writer``: those the first pass kept, and
     those of the other row groups decoded again.
 
@@ -106,7 +101,7 @@ def parquet_copy(visit: FileRows, indices: npt.NDArray[np.int64], writer: ShardW
                 packed = kept.rows.pop(g, None)
                 if packed is not None:
                     lengths = (writer.bounds[rows[a:b] + 1] - dst).astype(np.int64)
-                    copy_rows(packed, np.cumsum(lengths) - lengths, lengths, writer.data, dst)
+                    native.copy_rows(packed, np.cumsum(lengths) - lengths, lengths, writer.data, dst)
                     continue
                 if reader is None:
                     reader = stack.enter_context(visit.file.bytes.rows(visit.file.index))
@@ -114,6 +109,6 @@ def parquet_copy(visit: FileRows, indices: npt.NDArray[np.int64], writer: ShardW
                 src, lengths = offsets[:-1], np.diff(offsets)
                 if not np.array_equal(writer.bounds[rows[a:b] + 1] - dst, lengths):
                     raise MetaFileChangedError(visit.file.path, f"its row group {g} changed while it was read")
-                copy_rows(data, src, lengths, writer.data, dst)
+                native.copy_rows(data, src, lengths, writer.data, dst)
 
     in_threads(work, min(threads_for(visit), max(len(groups), 1)))

@@ -8,12 +8,13 @@ import itertools
 import mmap
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core import native
+from rank_dataset.core.arrays import Int64Array, IntegerArray, UInt32Array
 from rank_dataset.core.residency import free_pages
 from rank_dataset.core.threads import HELPED_ITEMS, THREADS
 from rank_dataset.plan.bounds import Bounds
@@ -59,7 +60,7 @@ class FileRows:
     number: int
     file: IndexedFile
     base: int
-    rows: npt.NDArray[np.integer[Any]]
+    rows: IntegerArray
     cuts: list[int]
     # Where ``rows`` lives if in a map of its own (at element ``first`` of it): the second pass frees
     # each batch's pages once it has taken them, as it does the kept starts.
@@ -82,8 +83,8 @@ class FileRows:
         return every[t::k]
 
     def batches(
-        self, indices: npt.NDArray[np.int64], part: tuple[int, int] = (0, 1), only: Sequence[int] | None = None
-    ) -> Iterator[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+        self, indices: Int64Array, part: tuple[int, int] = (0, 1), only: Sequence[int] | None = None
+    ) -> Iterator[tuple[int, Int64Array, Int64Array]]:
         """``(j, rows, local)`` of each batch ``j`` of ``part`` (with ``only``: of those batches): the
         item numbers and the samples' numbers in the file."""
         for j, a, b in self.parts(part) if only is None else [(j, self.cuts[j], self.cuts[j + 1]) for j in only]:
@@ -91,7 +92,7 @@ class FileRows:
             yield j, rows, indices[rows] - self.base
 
 
-def file_rows(files: Sequence[IndexedFile], bounds: Bounds, indices: npt.NDArray[np.int64]) -> list[FileRows]:
+def file_rows(files: Sequence[IndexedFile], bounds: Bounds, indices: Int64Array) -> list[FileRows]:
     """Each file's rows of ``indices``, in file order at the granularity of a bucket of samples, and
     cut into batches."""
     n, n_total = indices.size, bounds.total
@@ -114,7 +115,7 @@ def file_rows(files: Sequence[IndexedFile], bounds: Bounds, indices: npt.NDArray
     mm = None
     if n >= THREADED_ROWS:  # in a map of its own, whose pages the second pass frees as it goes
         mm = mmap.mmap(-1, rows.nbytes, flags=mmap.MAP_PRIVATE)
-        mapped: npt.NDArray[Any] = np.frombuffer(mm, rows.dtype)
+        mapped: np.ndarray = np.frombuffer(mm, rows.dtype)
         mapped[:] = rows
         rows = mapped
     for f, lo, hi in groups:
@@ -140,14 +141,14 @@ def _bucket_shift(total: int) -> int:
     return max(0, (total - 1).bit_length() - _BUCKET_BITS)
 
 
-def _bucket_keys(indices: npt.NDArray[np.int64], shift: int) -> npt.NDArray[np.uint16]:
+def _bucket_keys(indices: Int64Array, shift: int) -> npt.NDArray[np.uint16]:
     keys = np.empty(indices.size, np.uint16)
     for lo in range(0, indices.size, BATCH_ROWS):  # a slice at a time: no n-sized int64 temporary
         np.right_shift(indices[lo : lo + BATCH_ROWS], shift, out=keys[lo : lo + BATCH_ROWS], casting="unsafe")
     return keys
 
 
-def bucket_order(indices: npt.NDArray[np.int64], total: int) -> npt.NDArray[np.intp]:
+def bucket_order(indices: Int64Array, total: int) -> npt.NDArray[np.intp]:
     """An order of ``indices`` (sample numbers below ``total``) in file order at the granularity a
     read visits them (1/4096 of ``total``): a read of ``indices[order]`` writes its shard almost in
     the order it reads the files, a few times faster than into a random order. A stable radix sort.
@@ -160,7 +161,7 @@ def bucket_order(indices: npt.NDArray[np.int64], total: int) -> npt.NDArray[np.i
     return order
 
 
-def sorted_file_rows(files: Sequence[IndexedFile], bounds: Bounds, indices: npt.NDArray[np.int64]) -> list[FileRows]:
+def sorted_file_rows(files: Sequence[IndexedFile], bounds: Bounds, indices: Int64Array) -> list[FileRows]:
     """The visits of a small read (at most ``_SORTED_ROWS`` rows): its rows in file order exactly,
     one batch a file (sorting a few thousand numbers costs less than bucketing them)."""
     order = np.argsort(indices, kind="stable")
@@ -180,7 +181,7 @@ class KeptStarts:
     batch whose rows lie 4 GiB apart or more is not kept, and the second pass reads its entries
     again)."""
 
-    offsets: npt.NDArray[np.uint32]
+    offsets: UInt32Array
     bases: list[int | None]
     # Where ``offsets`` lives if in a map of its own: the second pass frees each batch's pages once
     # it has taken them, so that they are gone by the time the shard is whole (the build's peak).
@@ -198,7 +199,7 @@ class KeptStarts:
         """Let go of the offsets (and their map): done with."""
         self.offsets, self.map = self.offsets[:0].copy(), None
 
-    def take(self, j: int, a: int, b: int) -> npt.NDArray[np.int64] | None:
+    def take(self, j: int, a: int, b: int) -> Int64Array | None:
         """The starts of batch ``j`` (rows ``a`` to ``b`` in visiting order), or None if not kept;
         its offsets are freed (a page shared with another batch's stays)."""
         base = self.bases[j]
@@ -210,7 +211,7 @@ class KeptStarts:
             free_pages(self.map, 4 * a, 4 * b)
         return starts
 
-    def keep(self, j: int, a: int, starts: npt.NDArray[np.int64]) -> None:
+    def keep(self, j: int, a: int, starts: Int64Array) -> None:
         """Keep ``starts``, those of batch ``j``, whose rows begin at ``a`` in visiting order."""
         if not starts.size:
             return

@@ -164,13 +164,10 @@ class LocalBytes(FileBytes):
             local.check_open()
 
     def check(self, fd: int | RangeLoader, key: SourceKey) -> None:
-        """Raise MetaFileChangedError if the file open at ``fd`` is not the one ``key`` describes."""
-        if not isinstance(fd, int):
-            from rank_dataset.files.formats import SpanSource  # a compressed file's
-
-            if not isinstance(fd, SpanSource):
-                raise TypeError(f"a file's bytes are read from a descriptor or a SpanSource, not {fd!r}")
-            fd = cast(int, fd.fd)  # a local file's SpanSource reads a descriptor
+        """Raise MetaFileChangedError if the file open at ``fd`` (:meth:`open`'s) is not the one ``key``
+        describes."""
+        if not isinstance(fd, int):  # a compressed file's SpanSource, which reads a descriptor
+            fd = cast(int, cast("SpanSource", fd).fd)
         raise_if_changed(self.path, key, os.fstat(fd))
 
 

@@ -8,28 +8,27 @@ Public: the collective reader checks its rows with the same functions the file r
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from rank_dataset.core import native
+from rank_dataset.core.arrays import Int64Array, IntegerArray, UInt8Array
 from rank_dataset.core.native import BLANK, BOM, CR, NEWLINE
 
 __all__ = ["bounds_ok", "check_from", "check_utf8", "line_pieces", "rows_ok", "window_ok"]
 
 
-def check_from(s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def check_from(s: Int64Array) -> Int64Array:
     """Where the bytes needed to check samples starting at ``s`` begin: the byte before each (the
     whole byte order mark for a sample that may follow one)."""
     return np.where(s == len(BOM), 0, np.maximum(s - 1, 0))
 
 
 def bounds_ok(
-    buf: npt.NDArray[np.uint8],
-    shift: int | npt.NDArray[np.int64],
-    s: npt.NDArray[np.int64],
-    e: npt.NDArray[np.int64],
+    buf: UInt8Array,
+    shift: int | Int64Array,
+    s: Int64Array,
+    e: Int64Array,
     size: int,
 ) -> bool:
     """Whether every span ``[s, e)`` is bounded as a sample is: it starts the file (after a byte
@@ -60,10 +59,10 @@ def bounds_ok(
 
 
 def window_ok(
-    buf: npt.NDArray[np.uint8],
-    shift: int | npt.NDArray[np.int64],
-    s: npt.NDArray[np.int64],
-    e: npt.NDArray[np.int64],
+    buf: UInt8Array,
+    shift: int | Int64Array,
+    s: Int64Array,
+    e: Int64Array,
     size: int,
 ) -> tuple[bool, bool]:
     """Whether the spans ``[s, e)`` read into ``buf`` (as :func:`bounds_ok` takes them) are samples of
@@ -86,7 +85,7 @@ def window_ok(
         return False, True
 
 
-def rows_ok(buf: npt.NDArray[np.uint8], s: npt.NDArray[np.int64], e: npt.NDArray[np.int64]) -> bool:
+def rows_ok(buf: UInt8Array, s: Int64Array, e: Int64Array) -> bool:
     """Whether each row ``buf[s:e]`` holds something other than whitespace (newlines inside rows are
     looked for once the whole shard is copied)."""
     # Only a row that starts with whitespace can be blank: check those in full (they are rare).
@@ -94,15 +93,15 @@ def rows_ok(buf: npt.NDArray[np.uint8], s: npt.NDArray[np.int64], e: npt.NDArray
     return all(_line_ok(buf[x:y]) for x, y in zip(s[maybe_blank].tolist(), e[maybe_blank].tolist()))
 
 
-def _line_ok(line: npt.NDArray[np.uint8]) -> bool:
+def _line_ok(line: UInt8Array) -> bool:
     """Whether ``line`` holds no newline and something other than whitespace."""
     return not bool((line == NEWLINE).any()) and not bool(BLANK[line].all())
 
 
 def check_utf8(
     where: Callable[[int], str],
-    data: npt.NDArray[np.uint8],
-    bounds: npt.NDArray[np.integer[Any]],
+    data: UInt8Array,
+    bounds: IntegerArray,
 ) -> None:
     """Raise ValueError naming file and line (``where(row)``) of a row that is not valid UTF-8.
 
@@ -123,8 +122,8 @@ def check_utf8(
 
 
 def line_pieces(
-    read_into: Callable[[npt.NDArray[np.uint8], int, int], None], lo: int, hi: int, step: int, *, reuse: bool = True
-) -> Iterator[tuple[npt.NDArray[np.uint8], int]]:
+    read_into: Callable[[UInt8Array, int, int], None], lo: int, hi: int, step: int, *, reuse: bool = True
+) -> Iterator[tuple[UInt8Array, int]]:
     """``(buf, offset)``: bytes ``[lo, hi)`` of a file, read ``step`` bytes at a time by ``read_into(out,
     offset, hi)`` (which fills ``out``; reads go on in order), in pieces that each end just past a
     newline, the last at ``hi``. ``lo`` starts a line. With ``reuse``, every piece is a view of one
@@ -132,7 +131,7 @@ def line_pieces(
     is an array of its own."""
     # One buffer for every read: fresh memory is paid for page by page (zeroed by the kernel), and
     # a new buffer a read would cost that for the whole range; it grows only for a line longer than a read.
-    space: npt.NDArray[np.uint8] = np.empty(min(step, max(hi - lo, 0)), np.uint8)
+    space: UInt8Array = np.empty(min(step, max(hi - lo, 0)), np.uint8)
     kept, pos = 0, lo  # bytes of an unfinished line at the start of space
     while pos < hi:
         n = min(step, hi - pos)
@@ -157,7 +156,7 @@ def line_pieces(
         space[:kept] = buf[cut + 1 :]  # (numpy copies overlapping ranges as if through a temporary)
 
 
-def _last_newline(buf: npt.NDArray[np.uint8]) -> int:
+def _last_newline(buf: UInt8Array) -> int:
     for tail in (1 << 16, buf.size):
         hits = np.flatnonzero(buf[-tail:] == NEWLINE)
         if hits.size:

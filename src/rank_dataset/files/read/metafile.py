@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.core.arrays import Int64Array
 from rank_dataset.core.checks import UrlPath, check_index, meta_path, with_storage
 from rank_dataset.core.residency import return_freed_memory
 from rank_dataset.core.shard import Shard
@@ -203,7 +204,7 @@ class MetaFile:
         return view
 
     @property
-    def file_bounds(self) -> npt.NDArray[np.int64]:
+    def file_bounds(self) -> Int64Array:
         """Sample numbers at which each file starts, and the total at the end."""
         return self._layout.starts
 
@@ -267,13 +268,13 @@ class MetaFile:
         """
         return self._read(SampleNumbers(self._in_range(np.asarray(indices, np.int64))), ids=ids, shared=shared)
 
-    def _read_made(self, make: Callable[[], npt.NDArray[np.int64]], *, ids: bool) -> Shard:
+    def _read_made(self, make: Callable[[], Int64Array], *, ids: bool) -> Shard:
         """``read(make(), ids=ids)``, for samples that ``make`` gives again whenever called (a plan's):
         the build lets go of them once its passes are planned, so that its peak (the shard filling)
         holds none of them, and makes them again if it needs them (a retry, an error message)."""
         return self._read(SampleNumbers(self._in_range(make()), make), ids=ids)
 
-    def _in_range(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    def _in_range(self, indices: Int64Array) -> Int64Array:
         n, low, high = len(self), int(indices.min(initial=0)), int(indices.max(initial=0))
         if low < 0 or high >= n:
             raise IndexError(f"sample index {low if low < 0 else high} is out of range for {n} samples")

@@ -13,8 +13,8 @@ from typing import Any
 from rank_dataset.core.checks import meta_path, timeout_timedelta
 from rank_dataset.core.residency import small_pages
 from rank_dataset.core.shard import Shard
-from rank_dataset.files.formats import TEXT, detect_path
-from rank_dataset.files.index.load import check_columns, refuse_cut_parquet
+from rank_dataset.files.formats import TEXT, detect_path, refuse_cut_source
+from rank_dataset.files.index.load import check_columns
 from rank_dataset.files.io import FileKey, LocalFile, SourceKey
 from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
@@ -96,7 +96,7 @@ class CollectiveReader(SampledReader):
             check_columns(path, fmt, cols)
             if fmt is TEXT and i not in objects:  # a Parquet file cut short is not text: no lines
                 with LocalFile(path, key) as source:
-                    refuse_cut_parquet(path, source.fd, fmt)
+                    refuse_cut_source(path, source, fmt)
                     source.check()
         if agree is not None:
             with net.named("the agreement check"):

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from rank_dataset.core import native
 from rank_dataset.core.arrays import prefix_sums, ranges
-from rank_dataset.core.shard import Shard, ShardWriter, copy_rows, offset_dtype
+from rank_dataset.core.shard import Shard, ShardWriter, offset_dtype
 from rank_dataset.errors import MetaFileChangedError
 from rank_dataset.files.read.lines import check_utf8
 from rank_dataset.shards._rows import RowsReading, RowsText
@@ -192,7 +192,7 @@ class Exchange:
             repeats = np.flatnonzero(source != np.arange(n))
             src = writer.bounds[source[repeats]].astype(np.int64)
             dst = writer.bounds[repeats].astype(np.int64)
-            copy_rows(writer.data, src, writer.bounds[repeats + 1] - dst, writer.data, dst)
+            native.copy_rows(writer.data, src, writer.bounds[repeats + 1] - dst, writer.data, dst)
             del source, repeats, src, dst
         # The lines from this host's ranks in rounds that were not all ASCII: checked here, and what
         # any rank found told to every rank (this collective also ends every copy out of the buffers).
