@@ -22,7 +22,7 @@ class NaiveDataset(Dataset[str]):
         return self.metas[i]
 
 
-class OriginalDataset(Dataset[str]):
+class OriginalDataset(NaiveDataset):
     """The original rank_dataset approach, re-implemented: every rank draws the whole permutation,
     scans every line of the file, and keeps its own lines as a Python list."""
 
@@ -49,9 +49,3 @@ class OriginalDataset(Dataset[str]):
                     i += 1
         self.metas = [lines[int(j)] for j in mine]
         self.indices = mine
-
-    def __len__(self) -> int:
-        return len(self.metas)
-
-    def __getitem__(self, i: int) -> str:
-        return self.metas[i]

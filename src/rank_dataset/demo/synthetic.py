@@ -30,11 +30,6 @@ def imagenet_line(i: int) -> str:
     return f"train/{w}/{w}_{i}.JPEG {label}"
 
 
-def sample_number(line: str) -> int:
-    """The ``i`` of a line made by :func:`imagenet_line`."""
-    return int(line.rsplit("_", 1)[1].split(".", 1)[0])
-
-
 def write_imagenet_meta(path: Path, n: int, chunk: int = 200_000, *, first: int = 0) -> Path:
     """Write ``n`` lines made by :func:`imagenet_line` (``first`` to ``first + n - 1``) to ``path``,
     with a progress bar on a terminal."""

@@ -20,15 +20,13 @@ are its *pending* items, in the order the old segment would have drawn them. The
 - a new source's queue is its own stream from position 0 (its epoch 0);
 - a removed source's pending items are dropped and counted (:attr:`Edit.dropped`).
 
-The new segment's own epochs (of a mix by epochs: its interleaving and its schedule by epoch) count from the
-edit; a mix by steps reads its rules at the run's steps. What the chain of segments needs is its mixes (sizes,
-counts, rules, each source's identity and fingerprint) and the edits' steps: a state of a few hundred bytes a
-source and edit, never of the samples. Building a chain walks the rest of the old epoch in progress and the new
-mix's draws until the pending items are read, once a process.
+The new segment's own epochs count from the edit; a mix by steps reads its rules at the run's steps. A chain's
+state is its mixes and the edits' steps, never the samples.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -158,12 +156,7 @@ class MixSegment:
 
     def same_mix(self, other: MixSegment) -> bool:
         """The same sources and plan (whatever the first step)."""
-        return (self.kind, self.sources, self.num_samples, self.mix) == (
-            other.kind,
-            other.sources,
-            other.num_samples,
-            other.mix,
-        )
+        return dataclasses.replace(self, step=other.step) == other
 
 
 @dataclass(frozen=True)

@@ -1,40 +1,25 @@
 """Batches by shape: global batches of one bucket each, of a fixed size or up to a cost budget.
 
 The stream is walked in *draws* as the plain step stream (:mod:`rank_dataset.plan.steps`, ``aug_repeats`` 1):
-draw ``q = e * N + d`` is position ``d`` of epoch ``e``'s order. Each sample has a bucket (an int id; one bucket
-for all when only a budget is given).
+draw ``q = e * N + d`` is position ``d`` of epoch ``e``'s order. Each sample has a bucket (one bucket for all
+when only a budget is given).
 
-- **By count** (``batch_size`` ``B``): the samples of bucket ``b``, in stream order, are cut into runs of ``B``
-  (the ``j``-th sample of ``b`` in the stream, counting every epoch, joins run ``j // B``). A run is emitted as a
-  global batch when its last sample is drawn; global batch ``t`` is the ``t``-th run so completed. A bucket's
-  partial run at an epoch's end carries into the next epoch (its samples are read once in each epoch all the
-  same: a run that straddles an epoch's end holds the last samples of one epoch and the first of the next). As
-  every epoch holds ``n_b`` samples of bucket ``b``, the runs completed before epoch ``e`` are
-  ``sum_b floor(e * n_b / B)``: the step of any window is known without replaying the epochs before it.
-- **By budget** (``max_cost`` and an integer ``cost`` per sample): the samples of each bucket, in stream order over
-  the epochs back to back, are cut greedily into runs: a run takes its bucket's next sample while its total cost
-  stays within ``max_cost``. A run is emitted at the draw of its last sample. A run still open at an epoch's end
-  (each bucket has one) carries into the next epoch, as a partial buffer does by count: it goes on there with its
-  bucket's samples, or, when the first of them does not fit it, is emitted as it is at that sample's draw (before
-  a batch that sample may close). So every batch is a full run, at an epoch's end too, and each epoch's draws are
-  read once all the same. A sample costlier than ``max_cost`` is refused, as is a bucket whose samples all cost 0
-  (its run would never end). An epoch's runs follow from its order and the runs carried into it (how many of its
-  bucket's last samples each holds), so the runs before epoch ``e`` are counted by one pass an epoch:
-  :class:`ShapeStream` keeps the counts and carries, and a resume state keeps an anchor ``(epoch, first step,
-  carried counts)`` (one count a bucket) so that a resume does not replay.
+- **By count** (``batch_size`` ``B``): the samples of bucket ``b``, in stream order over every epoch, are cut
+  into runs of ``B``; global batch ``t`` is the ``t``-th run completed (emitted at the draw of its last sample).
+  A partial run carries into the next epoch, so the runs before epoch ``e`` are ``sum_b floor(e * n_b / B)``.
+- **By budget** (``max_cost`` and an integer ``cost`` per sample): each bucket's samples, in stream order, are
+  cut greedily into runs whose total cost stays within ``max_cost``. A run open at an epoch's end carries into
+  the next epoch; when the first of its bucket's samples there does not fit, it is emitted as it is at that
+  sample's draw. A sample costlier than ``max_cost`` is refused, as is a bucket whose samples all cost 0. The
+  runs before epoch ``e`` take one pass an epoch; a resume state keeps an anchor ``(epoch, first step, carried
+  counts)`` so that a resume does not replay.
 
-A global batch's samples are listed in stream order and do not depend on the world size ``W``. By count, rank
-``r`` takes the contiguous block ``[r*B/W, (r+1)*B/W)`` as in the plain stream. By budget, the batch is split
-by :func:`split_by_cost`: a greedy split by rounds (longest processing time first) that gives every rank at
-least one sample and keeps the ranks' costs close; each rank keeps its samples in batch order. A batch of
-fewer samples than ``W`` is refused, naming the step.
+A global batch's samples are in stream order and do not depend on the world size ``W``. By count, rank ``r``
+takes the block ``[r*B/W, (r+1)*B/W)``; by budget, :func:`split_by_cost` splits the batch. A batch of fewer
+samples than ``W`` is refused, naming the step.
 
-Windows (the shards) are cut on the epoch's draws as in :mod:`rank_dataset.plan.steps`: the shard of window
-``(e, m)`` holds this rank's share of every batch whose *last* draw lies in the window. Its earlier samples may
-lie in earlier windows (or epochs, for a carried run); the shard reads them again by their positions, which
-are counted from the start of epoch ``e`` (negative for an earlier epoch).
-
-An epoch's table of batches (each a bucket and a range of its stream) is one pass over its ``N`` draws.
+The shard of window ``(e, m)`` holds this rank's share of every batch whose *last* draw lies in the window; its
+positions are counted from the start of epoch ``e`` (negative for a carried sample of an earlier epoch).
 """
 
 from __future__ import annotations
@@ -565,11 +550,6 @@ class ShapeStream:
         return base + int(np.searchsorted(ends, lo)), base + int(np.searchsorted(ends, hi))
 
 
-def _samples(draws: npt.NDArray[np.int64], num_samples: int, seed: int) -> npt.NDArray[np.int64]:
-    """The samples at global draws ``draws`` (``aug_repeats`` 1)."""
-    return stream_samples(draws, num_samples, seed)
-
-
 class ShapeLayout(StepLayout):
     """The step layout of batches by shape (``ShardSpec.steps``, what a StepSampler loads): the windows and
     shares of a :class:`ShapeStream`. Equal to another of the same stream digest; its dict holds the digest only
@@ -608,7 +588,7 @@ class ShapeLayout(StepLayout):
         rank's share (:func:`split_by_cost`), which depends on ``world_size``."""
         parts = [self.stream.share(step, step + 1, world_size, r)[0] for r in range(world_size)]
         bounds = prefix_sums([p.size for p in parts])
-        return _samples(np.concatenate(parts), num_samples, seed), bounds
+        return stream_samples(np.concatenate(parts), num_samples, seed), bounds
 
     def counts(self, world_size: int, rank: int, first: int, stop: int) -> npt.NDArray[np.int64]:
         """This rank's samples of each global batch ``[first, stop)`` (of one window)."""
@@ -639,4 +619,4 @@ class ShapeLayout(StepLayout):
         aug_repeats: int = 1,
         mix: Any = None,
     ) -> npt.NDArray[np.int64]:
-        return _samples(epoch * num_samples + positions, num_samples, seed)
+        return stream_samples(epoch * num_samples + positions, num_samples, seed)

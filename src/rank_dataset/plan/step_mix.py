@@ -1,23 +1,16 @@
 """A mix by steps: sources' rules (weight, repeat, choose) that change at given steps, exact counts in every
 global batch.
 
-With a schedule by step (``Source(..., weight={0: 1, 5000: 3}, by="step")``, ``repeat={0: 1, 5000: 2}``,
-``choose={0: 1000, 800: 5000}``), the rules in force at step ``t`` give each source ``s`` its per-epoch share
-``c_s(t)`` of the mix's epoch size ``T0`` (fixed: that of the rules at step 0), as
-:func:`~rank_dataset.plan.counts.mix_counts` does for an epoch: ``round(repeat * N_s)`` for a repeat, ``choose``
-for a choose, and for a weight the exact share ``(T0 - fixed) * w_s / sum(w)`` of what those fixed counts leave
-(not rounded: a mix of weights alone is then apportioned by its weights, and the one rounding is the batch's).
-Global batch ``t`` of ``B`` items (``B / k`` draws with ``aug_repeats = k``) takes ``n_s(t)`` draws of source
-``s``: the largest-remainder apportionment of its draws in proportion to the ``c_s(t)`` (exact rational
-arithmetic; equal remainders favour the earlier source), so a change lands exactly at the first sample of that
-step's batch. Source ``s``'s draws are the next ``n_s(t)`` of its endless stream of passes (pass ``j`` a
-permutation of its samples fixed by ``(seed, s, j)``): no sample of a source repeats before all of it has been
-read. Within the batch, its draw slots (the first ``n_0`` for source 0, then source 1, ...) are shuffled by a
-permutation fixed by ``(seed, t)``; the batch lists its draws copy-major and rank ``r`` takes its contiguous
-block of the list, as for any step stream (:mod:`rank_dataset.plan.steps`). Nothing depends on the world size.
+With a schedule by step (``Source(..., weight={0: 1, 5000: 3}, by="step")``), the rules in force at step ``t``
+give each source ``s`` its per-epoch share ``c_s(t)`` of the epoch size ``T0`` (that of the rules at step 0), as
+:func:`~rank_dataset.plan.counts.mix_counts` does for an epoch, a weight's share left unrounded. Global batch
+``t`` of ``B`` items (``B / k`` draws with ``aug_repeats = k``) takes ``n_s(t)`` draws of source ``s``: the
+largest-remainder apportionment of its draws in proportion to the ``c_s(t)`` (ties favour the earlier source),
+the next ``n_s(t)`` of the source's endless stream of passes. Within the batch the draw slots are shuffled by a
+permutation fixed by ``(seed, t)``, and rank ``r`` takes its block as for any step stream
+(:mod:`rank_dataset.plan.steps`). Nothing depends on the world size.
 
-The stream's windows (the shards) are cut every ``T0 / M`` items, as for a mix by epochs; an "epoch" is then only
-a unit of shards, and ``T0`` the unit of the shares (with fixed counts alone, only their ratios matter).
+The stream's windows (the shards) are cut every ``T0 / M`` items, as for a mix by epochs.
 """
 
 from __future__ import annotations

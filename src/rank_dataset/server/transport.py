@@ -214,6 +214,14 @@ class MetaServer:
         method = "POST" if "body" in kwargs else "GET"
         return self._call(method, path, decode, None if planned is None else receive, **kwargs)
 
+    def samples(self, wanted: np.ndarray[Any, np.dtype[np.int64]]) -> Shard:
+        """The samples ``wanted`` (little-endian int64 sample numbers) in one ``POST /samples``, checked to be
+        those."""
+        shard = self.shard(protocol.SAMPLES, body=wanted.tobytes())
+        if shard.ids is None or not np.array_equal(shard.ids, wanted):
+            raise ProtocolError(f"{self.url} answered other samples than the {wanted.size} asked for")
+        return shard
+
     def num_samples(self) -> tuple[int, str | None]:
         """The number of samples the server serves, and the fingerprint of its files (which later
         requests then carry)."""

@@ -62,17 +62,12 @@ class ShardedDataset(Dataset[Any]):
     """What RankDataset and RankServerDataset share: this rank's shard from a shard reader, its plan, item
     access, the resume state and the pass audit.
 
-    The plan lives in one place, the ShardSpec of the shard held now (``spec``); ``reload_cfg``,
-    ``rank``, ``world_size`` and ``is_test`` are read from it. Shards come from ``reader`` (a
-    :class:`~rank_dataset.shards.reader.ShardReader`: meta files, or a meta server), and reach DataLoader
-    workers through ``channel`` (:mod:`rank_dataset.shards.channel`).
+    The plan is the ShardSpec of the shard held now (``spec``); ``reload_cfg``, ``rank``, ``world_size`` and
+    ``is_test`` are read from it. Shards come from ``reader`` (a :class:`~rank_dataset.shards.reader.ShardReader`)
+    and reach DataLoader workers through ``channel``. For a mix, ``sources`` are the Sources.
 
-    For a mix, ``sources`` are the Sources; the global sample numbers are then over the sources'
-    files in source order, ``num_samples`` is ``sum(N_s)``, and the spec carries the mix (its
-    ``num_samples`` being the epoch size ``T0``).
-
-    The dataset's one member is its :class:`~rank_dataset.training._items.ItemView`: item access, and what a
-    DataLoader worker unpickles; the rank's side (reader, MetaFile, failure book) is the view's ``rank``.
+    The dataset's one member is its :class:`~rank_dataset.training._items.ItemView` (what a DataLoader worker
+    unpickles); the rank's side (reader, MetaFile, failure book) is the view's ``rank``.
     """
 
     def __init__(
@@ -357,17 +352,12 @@ class ShardedDataset(Dataset[Any]):
         every rank (so rank 0 alone can save it). It names positions of the epoch order, not ranks,
         so it can be loaded on any world size.
 
-        Called with no argument (as torchdata's StatefulDataLoader calls every dataset that has a
-        ``state_dict``) it holds no resume point, which then lives in ResumableSampler's state: it is
-        ``{}``, or with ``on_error="replace"`` the failure records seen so far on this rank (``{"failures":
-        [...]}``, no collective), which ``load_state_dict`` adds to :attr:`failures` (and, with
-        ``exclude_failures=True``, to what later epochs leave out). Pass ``consumed`` (or save
-        ``ResumableSampler.state_dict()``) to resume mid-epoch.
-
-        With ``on_error="replace"`` it holds the failure records (``failures``) and the samples the plan
-        left out for having failed (``excluded_failures``). With ``exclude_failures=True`` under a process
-        group it all-gathers every rank's failures, so that a resume leaves out of the next epoch what
-        every rank saw fail: it is then a collective, to be called on every rank (and still the same on each).
+        Called with no argument (as torchdata's StatefulDataLoader calls it) it holds no resume point (that
+        lives in ResumableSampler's state): ``{}``, or with ``on_error="replace"`` this rank's failure records
+        (``{"failures": [...]}``, no collective). Pass ``consumed`` (or save ``ResumableSampler.state_dict()``)
+        to resume mid-epoch; with ``on_error="replace"`` the state then holds the failure records and
+        ``excluded_failures`` too, and with ``exclude_failures=True`` under a process group it all-gathers every
+        rank's failures: a collective, to be called on every rank.
 
         Raises:
             ValueError: ``consumed`` outside ``[0, len(self)]``, or an eval shard.
@@ -434,15 +424,12 @@ class ShardedDataset(Dataset[Any]):
     # -- the pass audit ---------------------------------------------------------------------------
 
     def audit(self) -> tuple[PassCount, ...]:
-        """The counts of the recent passes over this dataset started by rank_dataset's samplers (up to
-        16, oldest first): for each, the indices its sampler drew, the items the DataLoader's workers
-        (or the rank, without workers) read, and whether it finished, was left early or is running.
+        """The counts of the recent passes started by rank_dataset's samplers (up to 16, oldest first): the
+        indices each sampler drew, the items read, and whether the pass finished, was left early or is running.
 
-        A finished pass that read fewer or more items than it drew warns once (a
-        :class:`~rank_dataset.errors.PassAuditWarning`; with ``audit="error"`` a
-        :class:`~rank_dataset.errors.PassAuditError`), when the next pass starts or at ``set_epoch``
-        or ``load_state_dict``: the loader was most likely sharded a second time. Call it in the
-        process that created the dataset.
+        A finished pass that read other than it drew warns once (a :class:`~rank_dataset.errors.PassAuditWarning`;
+        with ``audit="error"`` a :class:`~rank_dataset.errors.PassAuditError`) when the next pass starts or at
+        ``set_epoch`` or ``load_state_dict``. Call it in the process that created the dataset.
         """
         return self.channel.audit()
 

@@ -1,14 +1,9 @@
 """PyTorch Lightning: a LightningDataModule that keeps rank_dataset's sharding, epochs and exact resume.
 
-Lightning assumes it shards the data itself. Left alone it breaks a rank-sharded dataset three ways:
-it wraps the loader's sampler in a ``DistributedSampler`` (each rank would read ``1/W`` of its own
-shard), it never calls the dataset's ``set_epoch`` (every epoch would read the first shard again),
-and a checkpoint taken mid-epoch knows nothing of where the data stood. :class:`RankDataModule`
-answers each: it refuses a Trainer without ``use_distributed_sampler=False``, maps Lightning's
-epochs onto the dataset's epochs and mini-epochs, and keeps the resume point in the checkpoint.
-
-Import it explicitly (``from rank_dataset.training.lightning import RankDataModule``); ``import rank_dataset``
-does not import Lightning.
+Left alone, Lightning wraps the loader's sampler in a ``DistributedSampler``, never calls the dataset's
+``set_epoch`` and checkpoints nothing of where the data stood; :class:`RankDataModule` answers each. Import it
+explicitly (``from rank_dataset.training.lightning import RankDataModule``): ``import rank_dataset`` does not
+import Lightning.
 """
 
 from __future__ import annotations

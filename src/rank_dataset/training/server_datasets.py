@@ -25,7 +25,6 @@ from rank_dataset.plan.sources import Source, as_sources
 from rank_dataset.plan.spec import ShardSpec
 from rank_dataset.plan.subsets import SampleMap, distinct_files
 from rank_dataset.server import protocol
-from rank_dataset.server.protocol import ProtocolError
 from rank_dataset.server.transport import SAMPLES_PER_REQUEST, MetaServer, served_file, server_url
 from rank_dataset.shards.audit import AuditMode
 from rank_dataset.training._failures import OnError
@@ -109,9 +108,7 @@ class ServerDataset(Dataset[Any]):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples ``indices``, fetched in one request."""
         wanted = np.array([self._check_index(i) for i in indices], dtype="<i8") + self._offset
-        shard = self.server.shard(protocol.SAMPLES, body=wanted.tobytes())
-        if shard.ids is None or not np.array_equal(shard.ids, wanted):
-            raise ProtocolError(f"{self.server.url} answered other samples than the {len(wanted)} asked for")
+        shard = self.server.samples(wanted)
         texts = shard.texts(range(len(shard)))
         return [parse_line(self._parser, t, functools.partial(self._where, i)) for t, i in zip(texts, wanted.tolist())]
 
@@ -244,13 +241,8 @@ class ServerReader:
             samples = self._map.samples(plan, spec.mix.source_of)
             file = self._layout.part_of(samples)
             wanted = (samples - self._layout.starts[file] + self._server_starts[file]).astype("<i8")
-        parts = []
-        for a in range(0, wanted.size, SAMPLES_PER_REQUEST):
-            chunk = wanted[a : a + SAMPLES_PER_REQUEST]
-            part = self.server.shard(protocol.SAMPLES, body=chunk.tobytes())
-            if part.ids is None or not np.array_equal(part.ids, chunk):
-                raise ProtocolError(f"{self.server.url} answered other samples than the {chunk.size} asked for")
-            parts.append(part)
+        step = SAMPLES_PER_REQUEST
+        parts = [self.server.samples(wanted[a : a + step]) for a in range(0, wanted.size, step)]
         if not parts:
             return Shard(np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int64), ids=samples)
         first = [int(p.bounds[0]) for p in parts]
@@ -274,31 +266,20 @@ class RankServerDataset(ShardedDataset):
     computed on the server with the same code, fetched in one streamed request, checked against the
     plan computed here, and held in the same compact form as RankDataset's.
 
+    ``is_test``, ``reload_cfg``, ``rank``, ``world_size``, ``parser``, ``audit``, ``exclude``, ``transform``,
+    ``on_error``, ``max_failures``, ``exclude_failures`` and ``payloads`` are RankDataset's; ``token``,
+    ``timeout`` and ``retries`` are ServerDataset's.
+
     Args:
         url: the server's base URL; or, in the original project's form, the meta file's path, with
             ``server_ip`` and ``server_port``.
-        is_test: as for RankDataset.
-        reload_cfg: as for RankDataset.
-        rank: as for RankDataset.
-        world_size: as for RankDataset.
-        parser: as for RankDataset.
         server_ip: the server's address (the original project's keyword). The server must serve a
             file of ``url``'s file name; the dataset reads that file (if the server serves others
             too, as a mix of that one file).
         server_port: the server's port, an int or a str of digits.
-        token: as for ServerDataset.
-        timeout: as for ServerDataset.
-        retries: as for ServerDataset.
         sources: a mix of the served files: a list of :class:`~rank_dataset.plan.sources.Source` whose paths
             are names of served files (their file names, as ``GET /files`` lists them). None: every
             served file, taken as one. The shard is RankDataset's for the same mix of those files.
-        audit: as for RankDataset.
-        exclude: as for RankDataset.
-        transform: as for RankDataset.
-        on_error: as for RankDataset.
-        max_failures: as for RankDataset.
-        exclude_failures: as for RankDataset.
-        payloads: as for RankDataset.
 
     Raises:
         ValueError: as RankDataset; a source naming a file the server does not serve; as ServerDataset

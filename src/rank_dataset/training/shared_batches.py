@@ -1,23 +1,11 @@
 """One loader per tensor-parallel group: the group's first rank iterates it, every rank of the group gets
 its batches.
 
-The ranks of a tensor-parallel group train on the same batch. Each running a loader of its own reads and
-decodes every sample once per rank of the group; :func:`shared_batches` has only the group's first rank
-(group rank 0) iterate a loader and broadcasts each batch to the others: first its layout (the nested
-dicts, lists and tuples, each tensor's shape and dtype, and every other leaf, pickled: its size, then
-its bytes, as ``broadcast_object_list`` sends them), then each tensor with ``broadcast``. Every tensor
-handed to the group is let go by gloo before the call that handed it returns, so that none is freed by
-a gloo thread as the process exits (:func:`~rank_dataset.core.threads.wait_released`). The other ranks
-need no dataset, so they build no shard, start no DataLoader worker and read no file.
-
-The end of the loader ends every rank's iteration together (the first rank sends an end marker), and an
-error raised by the loader on the first rank is raised there and, as a RuntimeError naming it, on every
-other rank of the group: no rank is left waiting for a batch that never comes.
-
-Resume: :meth:`SharedBatches.state_dict` is the first rank's resume state (its loader's, if it has a
-``state_dict`` (torchdata's StatefulDataLoader), else its batch sampler's (``StepSampler``), else its
-sampler's (``ResumableSampler``)), broadcast, so that every rank of the group returns the same dict and any
-of them may save it; :meth:`SharedBatches.load_state_dict` hands a saved one to the first rank's loader.
+:func:`shared_batches` broadcasts each batch from the group's first rank: first its layout (the nested
+dicts, lists and tuples, each tensor's shape and dtype, and every other leaf, pickled), then each tensor with
+``broadcast``. Every tensor handed to the group is let go by gloo before the call that handed it returns
+(:func:`~rank_dataset.core.threads.wait_released`). The end of the loader, or an error it raises, ends every
+rank's iteration together: no rank is left waiting for a batch that never comes.
 """
 
 from __future__ import annotations

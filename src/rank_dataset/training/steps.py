@@ -1,16 +1,10 @@
 """StepSampler: an endless stream of global batches, the same for any world size, with exact resume.
 
-The arithmetic (which positions of the epochs' orders make global batch ``t``, and which rank holds them) is
-:mod:`rank_dataset.plan.steps`; this module moves the dataset from one shard to the next in time and keeps the
-DataLoader's workers on the right one.
-
-Shard changes under a DataLoader: the sampler runs in the training process, ahead of the workers by the
-loader's prefetch. Each shard (a window of the stream) is one pass of the shard channel
-(:mod:`rank_dataset.shards.channel`), so workers serve a pass's batches from the shard the pass started with.
-At a window's end the sampler loads the next shard at once (``set_epoch``, while the workers still read the
-batches in flight from the old one, which the channel keeps), waits until the workers have read every item
-of the old pass (the pass audit's counts), and only then starts the new pass: no batch is read from the wrong
-shard, and the wait overlaps the load.
+The arithmetic is :mod:`rank_dataset.plan.steps`; this module moves the dataset from one shard to the next.
+Each shard (a window of the stream) is one pass of the shard channel. At a window's end the sampler loads the
+next shard at once (the workers still read the batches in flight from the old one, which the channel keeps),
+waits until the workers have read every item of the old pass, and only then starts the new pass: no batch is
+read from the wrong shard, and the wait overlaps the load.
 """
 
 from __future__ import annotations
@@ -89,13 +83,9 @@ class StepSampler(Sampler[list[int]]):
     rules in force at step ``t`` (:mod:`rank_dataset.plan.step_mix`).
 
     Batches by shape (:mod:`rank_dataset.plan.shapes`): with ``bucket_by``, every global batch holds samples of
-    one bucket: walking the epochs' orders, a sample joins its bucket's buffer and a full buffer is the next
-    global batch (a bucket's partial buffer at an epoch's end carries into the next epoch). With ``max_cost``
-    and ``cost`` (``global_batch_size=None``), each global batch is the longest run of the epoch's order (of
-    its bucket, with ``bucket_by``) whose total cost fits ``max_cost``, split among the ranks by cost so that
-    each rank has one sample or more and their costs are close; a run open at an epoch's end carries into the
-    next epoch (as a partial buffer does), so an epoch's last batches are full runs too. Either way global batch
-    ``t`` is the same samples on any world size, and a state resumes it on any world size.
+    one bucket; with ``max_cost`` and ``cost`` (``global_batch_size=None``), each global batch is a run of the
+    order whose total cost fits ``max_cost``, split among the ranks by cost. Either way global batch ``t`` is the
+    same samples on any world size, and a state resumes it on any world size.
 
     Args:
         dataset: a RankDataset (train mode; any reader, mix, subsets, ``exclude=``, ``aug_repeats``; by shape:
@@ -338,16 +328,7 @@ class StepSampler(Sampler[list[int]]):
         and the skipped ranges (``skip``, when there are any). A JSON dict of a few hundred bytes, the same on
         every rank."""
         step = self._step if step is None else check_int("step", step, low=0)
-        state = StepState(
-            step=step,
-            num_samples=self._identity.num_samples,
-            fingerprint=self._identity.fingerprint,
-            seed=self._identity.seed,
-            aug_repeats=self._identity.aug_repeats,
-            schedule=self._identity.schedule,
-            mix=self._identity.mix,
-            shapes=self._identity.shapes,
-        ).to_dict()
+        state = dataclasses.replace(self._identity, step=step).to_dict()
         layout = self.layout
         anchor = layout.stream.anchor_of(self._skips.batch_of(step)) if isinstance(layout, ShapeLayout) else None
         if anchor is not None:  # by budget: the batches before an epoch and the runs carried into it (no replay)
@@ -397,11 +378,9 @@ class StepSampler(Sampler[list[int]]):
         each copy). ``{"step": step, "sources": {name: items}, "epochs": [{name: items}, ...]}``, ``epochs[e]``
         the items of the stream's epoch ``e``.
 
-        With mixture edits (:attr:`edits`) the sources are named as the edits match them (a plain dataset by its
-        first file's base name), ``sources`` holds every source the run read, and ``"segments"`` is each mix's
-        ``{"batch": its first data batch, "sources", "epochs"}``, its epochs counted from its first batch as the
-        edit counts them (an epoch that an edit cut short is a row of its own); ``epochs`` is their rows in
-        order."""
+        With mixture edits (:attr:`edits`), ``sources`` holds every source the run read (named as the edits match
+        them) and ``"segments"`` is each mix's ``{"batch": its first data batch, "sources", "epochs"}`` (an epoch
+        that an edit cut short is a row of its own); ``epochs`` is their rows in order."""
         step = self._step if step is None else check_int("step", step, low=0)
         batch = self._skips.batch_of(step)  # counts follow data batches; skipped ones were not trained on
         parts = self._run_counter().per_segment(self._skips.trained(batch))
@@ -485,7 +464,7 @@ class StepSampler(Sampler[list[int]]):
         if layout is not None:  # the state's edits, if any, go on
             chain = saved_chain(found, saved)
             self.layout = dataclasses.replace(layout, remix=chain if chain and len(chain.segments) > 1 else None)
-        anchor = self.find_state(state).get("anchor")
+        anchor = found.get("anchor")
         if anchor is not None and isinstance(self.layout, ShapeLayout):
             if not (isinstance(anchor, list) and len(anchor) == 3 and isinstance(anchor[2], list)):
                 raise ValueError(
