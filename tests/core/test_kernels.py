@@ -8,6 +8,7 @@ library that does not load fails these tests instead of skipping them.
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import itertools
 import mmap
@@ -1255,3 +1256,127 @@ def test_version_says_which_path_is_in_use() -> None:
     done = _run(code, RANK_DATASET_NATIVE="0")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1] == "kernels: numpy (RANK_DATASET_NATIVE=0)"
+
+
+# --- opening files beneath a directory (the payloads' page-cache path) ---------------------------------
+
+
+def _open_tree(tmp_path: Path) -> tuple[Path, Path]:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (root / "a.bin").write_bytes(b"a" * 5000)
+    (root / "empty.bin").write_bytes(b"")
+    (root / "sub" / "b.bin").write_bytes(b"b" * 3)
+    (outside / "secret.bin").write_bytes(b"SECRET")
+    (root / "up.bin").symlink_to("../outside/secret.bin")  # relative, out of the root
+    (root / "abs.bin").symlink_to(outside / "secret.bin")  # absolute
+    (root / "in.bin").symlink_to("sub/b.bin")  # relative, inside: the last component, never followed
+    (root / "subin").symlink_to("sub")  # a directory link inside: followed on the way
+    (root / "outdir").symlink_to("../outside")  # directory links out of the root, relative and absolute
+    (root / "absdir").symlink_to(outside)
+    (root / "magic").symlink_to("/proc/self/fd")
+    os.mkfifo(root / "fifo")
+    return root, outside
+
+
+def _opened(kernels: Kernels, root: Path, names: list[str], probe_max: int = 1 << 20) -> list[tuple[int, int]]:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        out = kernels.open_files(fd, names, probe_max)
+    finally:
+        os.close(fd)
+    if out is None:
+        pytest.skip("no openat2 on this system")
+    n = len(names)
+    assert len(out) == 3 * n
+    got = []
+    for i in range(n):
+        if out[i] >= 0:
+            assert os.pread(out[i], out[n + i] + 1, 0) == (root / names[i]).read_bytes()
+            os.close(out[i])
+        else:
+            assert out[2 * n + i] not in (native.OPEN_HIT, native.OPEN_MISS)
+        got.append((out[n + i], out[2 * n + i]))
+    return got
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="openat2 is Linux's")
+def test_open_files_opens_beneath_and_refuses_escapes(kernels: Kernels, tmp_path: Path) -> None:
+    import errno
+
+    root, _ = _open_tree(tmp_path)
+    for name in ("a.bin", "empty.bin", "sub/b.bin", "sub//b.bin", "./a.bin", "subin/b.bin"):
+        (root / name).read_bytes()  # in the page cache
+    names = ["a.bin", "empty.bin", "sub/b.bin", "sub//b.bin", "./a.bin", "subin/b.bin", "missing.bin",
+             "sub/missing/x", "up.bin", "abs.bin", "in.bin", "sub/../../outside/secret.bin", "../outside/secret.bin",
+             "/etc/passwd", "magic/0", "sub", "fifo", "a.bin/", "a.bin/x", "outdir/secret.bin", "absdir/secret.bin",
+             "../../../../etc/passwd"]  # fmt: skip
+    got = dict(zip(names, _opened(kernels, root, names)))
+    hit = native.OPEN_HIT
+    assert got["a.bin"] == (5000, hit) and got["./a.bin"] == (5000, hit) and got["empty.bin"] == (0, hit)
+    assert got["sub/b.bin"] == got["sub//b.bin"] == got["subin/b.bin"] == (3, hit)
+    assert got["missing.bin"] == got["sub/missing/x"] == (0, -errno.ENOENT)
+    for name in ("outdir/secret.bin", "absdir/secret.bin", "sub/../../outside/secret.bin", "../outside/secret.bin",
+                 "/etc/passwd", "../../../../etc/passwd"):  # fmt: skip
+        assert got[name] == (0, -errno.EXDEV), name  # never opened
+    for name in ("up.bin", "abs.bin", "in.bin"):  # O_NOFOLLOW: a link as the last component is never opened
+        assert got[name] == (0, -errno.ELOOP), name
+    assert got["magic/0"][1] in (-errno.EXDEV, -errno.ELOOP)
+    assert got["sub"] == got["fifo"] == (0, native.OPEN_NOT_FILE)
+    assert got["a.bin/"] == got["a.bin/x"] == (0, -errno.ENOTDIR)
+    # Larger than probe_max (or probe_max < 0): open, not probed.
+    assert _opened(kernels, root, ["a.bin", "sub/b.bin"], probe_max=100) == [(5000, native.OPEN_MISS), (3, hit)]
+    assert _opened(kernels, root, ["sub/b.bin"], probe_max=-1) == [(3, native.OPEN_MISS)]
+    assert _opened(kernels, root, []) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or sys.platform != "linux", reason="Linux")
+def test_open_files_tells_an_evicted_file(kernels: Kernels, tmp_path: Path) -> None:
+    root, _ = _open_tree(tmp_path)
+    (root / "big.bin").write_bytes(os.urandom(1 << 18))
+    os.sync()
+    (root / "big.bin").read_bytes()
+    fd = os.open(root / "big.bin", os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    [(size, status)] = _opened(kernels, root, ["big.bin"])
+    assert size == 1 << 18
+    # EAGAIN: not in the page cache; a file system that keeps its pages (tmpfs) or cannot tell says a hit.
+    assert status in (native.OPEN_MISS, native.OPEN_HIT)
+    if status == native.OPEN_HIT and os.statvfs(root).f_blocks:
+        probe = os.open(root / "big.bin", os.O_RDONLY)
+        try:
+            os.posix_fadvise(probe, 0, 0, os.POSIX_FADV_DONTNEED)
+            try:
+                os.preadv(probe, [bytearray(1)], (1 << 18) - 1, os.RWF_NOWAIT)
+            except OSError:
+                pytest.fail("the probe in Python says a miss where the kernel said a hit")
+        finally:
+            os.close(probe)
+
+
+def test_open_files_checks_its_arguments(kernels: Kernels, tmp_path: Path) -> None:
+    root = tmp_path
+    (root / "a").write_bytes(b"x")
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        for bad in (["a", ""], ["a\0b"], [""]):
+            with pytest.raises(ValueError, match="empty or holds a NUL"):
+                kernels.open_files(fd, bad, 10)
+        lib = kernels._lib
+        out = (ctypes.c_int64 * 6)()
+        # the buffer must be exactly n NUL-ended names; the output 3n int64 at least; nothing opened otherwise
+        assert lib.rd_open_files(fd, b"a\0", 2, 2, 10, out, 6) == -2
+        assert lib.rd_open_files(fd, b"a\0a\0", 3, 2, 10, out, 6) == -2
+        assert lib.rd_open_files(fd, b"a", 1, 1, 10, out, 3) == -2
+        assert lib.rd_open_files(fd, b"a\0a\0", 4, 2, 10, out, 5) == -1
+        assert lib.rd_open_files(fd, b"a\0", 2, -1, 10, out, 6) == -1
+        assert lib.rd_open_files(fd, None, 2, 1, 10, out, 6) == -1
+        assert lib.rd_open_files(fd, b"a\0", 2, 1, 10, None, 3) == -1
+        assert lib.rd_open_files(fd, None, 0, 0, 10, None, 0) in (0, -6)
+        assert list(out) == [0] * 6
+        if sys.platform == "linux" and lib.rd_open_files(-1, b"a\0", 2, 1, 10, out, 3) == 0:
+            assert list(out[:3]) == [-1, 0, -9]  # EBADF: a descriptor that is not a directory's
+    finally:
+        os.close(fd)

@@ -8,6 +8,7 @@ against its buffer's size, and an error code becomes a ValueError here.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import os
 import sys
@@ -69,6 +70,11 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     ),
 }
 _OUT_KINDS = {np.dtype(np.uint32): _U32, np.dtype(np.int64): _I64}  # offsets and requests a kernel writes
+# Kernels a library may lack (one built from an older _kernels.c of the same ABI): None on the Kernels then.
+_OPTIONAL: dict[str, tuple[Any, list[Any]]] = {
+    "rd_open_files": (_INT, [_INT, ctypes.c_char_p, _I64T, _I64T, _I64T, _P, _I64T]),
+}
+_ENOSYS = -6
 
 
 def library_name() -> str:
@@ -101,6 +107,10 @@ def load() -> Kernels:
             fn.restype, fn.argtypes = restype, argtypes
     except AttributeError as exc:
         raise RuntimeError(f"{path} lacks a kernel: {exc}") from None
+    for name, (restype, argtypes) in _OPTIONAL.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype, fn.argtypes = restype, argtypes
     if lib.rd_abi_version() != ABI:
         raise RuntimeError(f"{path} was built from another version of _kernels.c (rebuild it)")
     return Kernels(lib, path)
@@ -162,6 +172,34 @@ class Kernels:
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self._lib, self.path = lib, path
+        self._open_files = getattr(lib, "rd_open_files", None)
+
+    def open_files(self, dirfd: int, names: Sequence[str], probe_max: int) -> array.array[int] | None:
+        """Open each of ``names`` (relative paths, no NUL byte) beneath the directory ``dirfd``: symlinks that
+        stay under it followed, others refused (``openat2`` with ``RESOLVE_BENEATH``; the last component never
+        a symlink), and a regular file of at most ``probe_max`` bytes (< 0: none) probed for its pages in the
+        page cache. An int64 array ``out`` of ``3 * len(names)``: for file ``i``, ``out[i]`` its descriptor (-1:
+        none; those >= 0 are the caller's to close), ``out[n + i]`` its size, ``out[2n + i]`` its status
+        (:data:`~rank_dataset.core.native.OPEN_HIT`, ``OPEN_MISS``, ``OPEN_NOT_FILE`` or ``-errno``). None
+        where the library or the system cannot (no ``rd_open_files``, not Linux, a kernel without
+        ``openat2``): nothing was opened.
+
+        Raises:
+            ValueError: a name is empty or holds a NUL byte.
+        """
+        fn = self._open_files
+        if fn is None:
+            return None
+        n = len(names)
+        buf = os.fsencode("\0".join(names) + "\0") if n else b""
+        out = array.array("q", bytes(24 * n))
+        code = int(fn(dirfd, buf, len(buf), n, probe_max, out.buffer_info()[0] if n else None, 3 * n))
+        if code == _ENOSYS:
+            return None
+        if code == _ERANGE:
+            raise ValueError("open_files: a name is empty or holds a NUL byte")
+        _check(code, "open_files")
+        return out
 
     def count_byte(self, buf: Any, byte: int = NEWLINE) -> int:
         a = _bytes_in(buf)

@@ -16,9 +16,11 @@ Examples:
 
 from __future__ import annotations
 
+import array
 import os
 import threading
 import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rank_dataset.core import _reference
@@ -57,6 +59,9 @@ __all__ = [
     "MARK",
     "MODE_ENV",
     "NEWLINE",
+    "OPEN_HIT",
+    "OPEN_MISS",
+    "OPEN_NOT_FILE",
     "LineScan",
     "bucket_order",
     "check_lines",
@@ -69,6 +74,7 @@ __all__ = [
     "line_fields",
     "lines_bad",
     "mix32",
+    "open_files",
     "pack_requests",
     "pack_rows",
     "pack_runs",
@@ -86,7 +92,7 @@ __all__ = [
 MODE_ENV = "RANK_DATASET_NATIVE"
 _MODES = ("auto", "0", "require")
 #: This module's name of each kernel -> the kernel objects' (whose byte searches look for a newline by default).
-_KERNELS = {name: name for name in __all__ if name[0].islower() and name not in ("describe", "mix32")}
+_KERNELS = {name: name for name in __all__ if name[0].islower() and name not in ("describe", "mix32", "open_files")}
 _KERNELS |= {"FUSED": "FUSED", "count_newlines": "count_byte", "find_newlines": "find_byte"}
 
 _STATE: tuple[Any, str] | None = None
@@ -131,6 +137,32 @@ def _decide() -> tuple[Any, str]:
             stacklevel=4,
         )
     return kernels, f"native ({kernels.path})"
+
+
+#: :func:`open_files`' status of a file: open and its pages in the page cache; open (not known to be); not a
+#: regular file (closed). Any other status is ``-errno`` of the open (nothing left open).
+OPEN_HIT, OPEN_MISS, OPEN_NOT_FILE = 0, 1, 2
+
+
+def open_files(dirfd: int, names: Sequence[str], probe_max: int) -> array.array[int] | None:
+    """Open each of ``names`` (relative paths) beneath the directory ``dirfd`` in one call of the native
+    library: a symlink that stays under the directory is followed, one that leaves it, an absolute one, a
+    ``..`` above it or a magic link is refused (``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS``;
+    the last component is never a symlink); a regular file of at most ``probe_max`` bytes (< 0: none) has its
+    last byte read without waiting for a disk (``RWF_NOWAIT``), which tells a page-cache hit. An int64 array
+    ``out`` of ``3 * len(names)``: file ``i``'s descriptor at ``out[i]`` (-1: none; the others are the caller's
+    to close), its size at ``out[n + i]`` and its status at ``out[2n + i]`` (:data:`OPEN_HIT`, ...). None where
+    it cannot (the kernels run on numpy, the library lacks it, not Linux, no ``openat2``): nothing was opened,
+    and the caller opens the files itself.
+
+    Raises:
+        ValueError: a name is empty or holds a NUL byte.
+    """
+    kernels = _state()[0]
+    if kernels is _reference:  # (the numpy reference has no such kernel: the caller's own walk is the reference)
+        return None
+    found: array.array[int] | None = kernels.open_files(dirfd, names, probe_max)
+    return found
 
 
 def describe() -> str:

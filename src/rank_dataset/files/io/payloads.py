@@ -9,12 +9,18 @@ batch's order.
   and is opened with ``O_NOFOLLOW`` (the last component cannot be swapped for a link after the check), else
   it is refused unread. It must be a regular file. With no root, a name must be a URL (or an absolute path)
   under one of the ``allow`` prefixes.
+- On Linux with the native kernels, a batch's local files are opened in runs of up to :data:`_RUN` by one
+  call of :func:`~rank_dataset.core.native.open_files` (``openat2`` beneath the root's directory with
+  ``RESOLVE_BENEATH``, ``fstat`` and the page-cache probe of each, in C): a symlink that stays under the root
+  is followed, one that leaves it is refused by the system. A file it opens is read as the walk's would be;
+  one it refuses for another reason than a missing file or a directory (a symlink, mostly) is opened again
+  by the walk above, which says why, in the same words. Elsewhere (no ``openat2``, numpy kernels) the walk
+  opens every file.
 - A local file whose pages are in the page cache (a read of its last byte with ``RWF_NOWAIT`` succeeds) is
   read as it is taken, in the taking thread: a page-cache hit is a copy, which a hand-off to a thread costs
   more than. From the first file of a batch that is not (or where the system cannot tell), the batch's local
-  files are read by a small thread pool, their reads overlapping. Either way one ``os.pread`` of its size
-  reads a file straight into the ``bytes``
-  handed out.
+  files are read by a small thread pool, their reads overlapping (those opened ahead handed to it open).
+  Either way one ``os.pread`` of its size reads a file straight into the ``bytes`` handed out.
 - Objects are read by a pool of ``max_in_flight`` threads of this process, each request
   through obstore's blocking API (``obstore.get``, which runs on obstore's runtime without the GIL), with the
   same clients and settings as meta files (:mod:`._stores`), looked up once a batch; a request holds one of the
@@ -56,6 +62,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
+from rank_dataset.core import native
 from rank_dataset.core.checks import is_url
 from rank_dataset.errors import PayloadError
 from rank_dataset.files.io import _stores
@@ -76,8 +83,8 @@ __all__ = [
 ]
 
 #: This process's payload reads so far (for the tests and the benchmark): files (of which read by the pool, not
-#: found in the page cache), objects, GETs asked again.
-COUNTS = {"files": 0, "pooled": 0, "objects": 0, "again": 0}
+#: found in the page cache), objects, GETs asked again; and local files opened by the native opener.
+COUNTS = {"files": 0, "pooled": 0, "objects": 0, "again": 0, "native": 0}
 _LOCAL_THREADS = 8  # local reads at once: a disk or page cache needs few
 _BACKOFF = (0.05, 2.0)  # first and longest wait before a request is asked again
 
@@ -104,6 +111,16 @@ Target = LocalTarget | ObjectTarget
 _new_local = tuple.__new__
 
 
+class _Opened:
+    """A run of a batch's local files opened by one call of :func:`~rank_dataset.core.native.open_files`:
+    ``pending[start:start + n]``; ``out`` its descriptors (-1 once taken), sizes and statuses."""
+
+    __slots__ = ("n", "out", "start")
+
+    def __init__(self, start: int, n: int, out: Any) -> None:
+        self.start, self.n, self.out = start, n, out
+
+
 class _Miss:
     """A local file found open but not in the page cache: its descriptor and size, for the pool."""
 
@@ -122,6 +139,10 @@ _FILE_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | _NOFOLLOW
 _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
 _HERE_MAX = 4 << 20  # larger files go to the pool (a probe of one page says less of them)
 _probe = bytearray(1)  # what a probe reads (thrown away: threads may share it)
+# Local files opened by one call of the native opener (openat2, fstat and the probe of each, in C): a batch's
+# next files in the page cache, opened ahead of their turn (at most this many descriptors held ahead).
+_RUN = 32
+_native_open = _WALK and sys.platform == "linux"  # False once the system says it has no openat2
 
 
 def target_root(root: str | os.PathLike[str]) -> str:
@@ -264,12 +285,18 @@ class PayloadReader:
                 pending.append(self._objects_of().submit(self._get, target, ticket, store))
         from_helper = helper.read(remote) if helper is not None else iter(())
         k = 0
+        run: _Opened | None = None  # the local files opened ahead (see _open_run)
         try:
             for k, item in enumerate(pending):
                 if isinstance(item, LocalTarget):  # (the batch's files before it were all in the page cache)
-                    here = self._read_here(item, tickets[k])
+                    if run is None or k >= run.start + run.n:
+                        run = self._open_run(pending, k)
+                    if run is not None:
+                        here = self._take_opened(item, tickets[k], run, k)
+                    else:
+                        here = self._read_here(item, tickets[k])
                     if isinstance(here, _Miss):  # not in the page cache: it and the batch's next files go to the pool
-                        here = self._to_pool(pending, tickets, k, here).result()
+                        here = self._to_pool(pending, tickets, k, here, run).result()
                     self.budget.release(here[1])  # handed out: the caller's now
                     yield here[0]
                     continue
@@ -292,8 +319,12 @@ class PayloadReader:
                 left = pending[j]
                 if isinstance(left, concurrent.futures.Future):
                     left.add_done_callback(self._drop)
-                elif isinstance(left, LocalTarget):  # not opened (only a miss is, and it went to the pool)
+                elif isinstance(left, LocalTarget):  # not read (a miss went to the pool)
                     self.budget.skip(tickets[j])
+            if run is not None:  # the files opened ahead and not taken
+                for fd in run.out[: run.n]:
+                    if fd >= 0:
+                        os.close(fd)
             if isinstance(from_helper, Iterator):
                 for _ in from_helper:  # the helper's answers are read to the end: the pipe stays in step
                     pass
@@ -355,14 +386,80 @@ class PayloadReader:
             return PayloadError(target.path, f"read {len(data):,} of its {size:,} bytes"), size
         return data, size
 
-    def _to_pool(self, pending: list[Any], tickets: range, k: int, miss: _Miss) -> concurrent.futures.Future[Result]:
+    def _open_run(self, pending: list[Any], k: int) -> _Opened | None:
+        """Open ``pending[k]`` and the batch's local files right after it under the same root (up to
+        :data:`_RUN`) in one native call (:func:`~rank_dataset.core.native.open_files`); None where it
+        cannot (then each is opened by :meth:`_open_checked`)."""
+        global _native_open
+        if not _native_open:
+            return None
+        root = pending[k].root
+        rels = []
+        for j in range(k, min(k + _RUN, len(pending))):
+            target = pending[j]
+            if type(target) is not LocalTarget or target.root != root:
+                break
+            rels.append(target.rel)
+        at = self._roots.get(root)
+        if at is None:
+            at = self._root_fd(root)
+        try:
+            out = native.open_files(at, rels, _HERE_MAX if _NOWAIT is not None else -1)
+        except UnicodeEncodeError:  # a name the file system cannot spell: the walk's turn, file by file
+            return None
+        if out is None:
+            _native_open = False
+            return None
+        COUNTS["native"] += len(rels)
+        return _Opened(k, len(rels), out)
+
+    def _take_opened(self, target: LocalTarget, ticket: int, run: _Opened, k: int) -> Result | _Miss:
+        """As :meth:`_read_here`, for ``pending[k]`` opened in ``run``. A file the opener refused for another
+        reason than its absence or its type (a symlink, say) is opened again by :meth:`_read_here`, whose walk
+        reads it or names why not."""
+        out, n, i = run.out, run.n, k - run.start
+        fd, size, status = out[i], out[n + i], out[2 * n + i]
+        out[i] = -1  # taken: closed below (or by the pool)
+        if status == native.OPEN_HIT:
+            budget = self.budget
+            if not budget.try_reserve(ticket, size):
+                return self._read_open(target, ticket, fd, size)  # waits for its turn and room
+            try:
+                COUNTS["files"] += 1
+                data = os.pread(fd, size, 0)
+            except OSError as exc:
+                return _file_error(target.path, exc), size
+            finally:
+                os.close(fd)
+            if len(data) != size:
+                return PayloadError(target.path, f"read {len(data):,} of its {size:,} bytes"), size
+            return data, size
+        if status == native.OPEN_MISS:
+            return _Miss(fd, size)
+        if status == native.OPEN_NOT_FILE:
+            self.budget.skip(ticket)
+            return PayloadError(target.path, "not a regular file"), 0
+        if status == -errno.ENOENT:
+            self.budget.skip(ticket)
+            return PayloadError(target.path, "no such file"), 0
+        return self._read_here(target, ticket)
+
+    def _to_pool(
+        self, pending: list[Any], tickets: range, k: int, miss: _Miss, run: _Opened | None = None
+    ) -> concurrent.futures.Future[Result]:
         """Give the pool ``pending[k]`` (open: ``miss``) and the batch's local files after it (their reads
-        then overlap); ``pending[k]``'s future."""
+        then overlap; those opened ahead in ``run`` handed over open); ``pending[k]``'s future."""
         pool = self._pool_of()
         first = pending[k] = pool.submit(self._read_file, pending[k], tickets[k], miss.fd, miss.size)
+        out, n, start = (run.out, run.n, run.start) if run is not None else (None, 0, 0)
         for j in range(k + 1, len(pending)):
             if isinstance(pending[j], LocalTarget):
-                pending[j] = pool.submit(self._read_file, pending[j], tickets[j])
+                i = j - start
+                if out is not None and 0 <= i < n and out[i] >= 0:
+                    fd, out[i] = out[i], -1
+                    pending[j] = pool.submit(self._read_file, pending[j], tickets[j], fd, out[n + i])
+                else:
+                    pending[j] = pool.submit(self._read_file, pending[j], tickets[j])
         return first
 
     def _read_file(self, target: LocalTarget, ticket: int, fd: int = -1, size: int = 0) -> Result:
