@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -27,6 +28,7 @@ __all__ = [
     "native_env",
     "plotting",
     "run_child",
+    "run_python",
     "save_results",
     "scratch_dir",
     "write_imagenet_meta",
@@ -72,11 +74,89 @@ def run_child(body: str, env: dict[str, str], **names: object) -> dict[str, Any]
     Raises:
         RuntimeError: the process failed (its stderr is in the message).
     """
-    code = child_code(body, **names)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    out = run_python(child_code(body, **names), env=env)
     if out.returncode != 0:
         raise RuntimeError(f"measurement failed:\n{out.stderr}")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+#: Set to 1 (the smoke tests do), :func:`run_python` forks this process instead of starting an interpreter:
+#: the code still runs whole, in a process of its own, with rank_dataset imported afresh under the child's
+#: environment, but torch is imported once, in this process, not in each child (an interpreter importing
+#: torch costs about 2 s of CPU; a smoke run starts dozens). The figures of such a run are not measurements.
+FORK_CHILDREN = "BENCH_FORK_CHILDREN"
+
+
+def run_python(
+    code: str, *args: str, env: dict[str, str] | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -c code args...`` under ``env`` (default: this process's); its exit status and output.
+
+    With :data:`FORK_CHILDREN` set to 1 in this process's environment, a fork of this process runs it instead
+    (see there), unless this process imported obstore. Raises ``subprocess.TimeoutExpired`` (the child killed) after ``timeout`` seconds.
+    """
+    env = dict(os.environ if env is None else env)
+    # A process that made an object store client holds its runtime's threads, which a fork would not carry.
+    if os.environ.get(FORK_CHILDREN) != "1" or "obstore" in sys.modules:
+        cmd = [sys.executable, "-c", code, *args]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return _forked(code, list(args), env, timeout)
+
+
+def _forked(code: str, args: list[str], env: dict[str, str], timeout: float | None) -> subprocess.CompletedProcess[str]:
+    import tempfile
+    import time
+    import types
+
+    with contextlib.suppress(ImportError):
+        import torch  # noqa: F401  (once, here: what the forks share)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: as `python -c` would run it, and never back into the caller's frames
+            status = 1
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+                new = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+                sys.path[:0] = [p for p in new if p not in old]
+                os.environ.clear()
+                os.environ.update(env)
+                for name in [m for m in sys.modules if m == "rank_dataset" or m.startswith("rank_dataset.")]:
+                    del sys.modules[name]  # imported afresh: the child's environment chooses its kernels, caches
+                main = types.ModuleType("__main__")
+                sys.modules["__main__"] = main
+                sys.argv = ["-c", *args]
+                exec(compile(code, "<string>", "exec"), main.__dict__)
+                status = 0
+            except SystemExit as exc:
+                status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(BaseException):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(status)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            done, status = os.waitpid(pid, 0 if deadline is None else os.WNOHANG)
+            if done:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired(["<fork>", code[:80]], timeout or 0.0)
+            time.sleep(0.02)
+        outputs = []
+        for f in (out, err):
+            f.seek(0)
+            outputs.append(f.read().decode(errors="replace"))
+    return subprocess.CompletedProcess(["<fork>"], os.waitstatus_to_exitcode(status), outputs[0], outputs[1])
 
 
 #: The kernels' paths a benchmark compares: ``RANK_DATASET_NATIVE=0`` (numpy) and ``require`` (native).
@@ -128,9 +208,7 @@ def machine_info() -> str:
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
     versions = f"Python {platform.python_version()}, numpy {np.__version__}"
     try:
-        torch_version = subprocess.run(
-            [sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
-        ).stdout.strip()
+        torch_version = run_python("import torch; print(torch.__version__)").stdout.strip()
         versions += f", torch {torch_version}"
     except OSError:
         pass
