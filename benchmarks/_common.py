@@ -31,6 +31,7 @@ __all__ = [
     "run_python",
     "save_results",
     "scratch_dir",
+    "start_python",
     "write_imagenet_meta",
 ]
 
@@ -93,70 +94,99 @@ def run_python(
     """``python -c code args...`` under ``env`` (default: this process's); its exit status and output.
 
     With :data:`FORK_CHILDREN` set to 1 in this process's environment, a fork of this process runs it instead
-    (see there), unless this process imported obstore. Raises ``subprocess.TimeoutExpired`` (the child killed) after ``timeout`` seconds.
+    (see there), unless this process imported obstore. Raises ``subprocess.TimeoutExpired`` (the child
+    killed) after ``timeout`` seconds.
     """
     env = dict(os.environ if env is None else env)
     # A process that made an object store client holds its runtime's threads, which a fork would not carry.
     if os.environ.get(FORK_CHILDREN) != "1" or "obstore" in sys.modules:
         cmd = [sys.executable, "-c", code, *args]
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    return _forked(code, list(args), env, timeout)
+    child = _Fork(code, list(args), env)
+    out, err = child.communicate(timeout)
+    return subprocess.CompletedProcess(["<fork>"], child.returncode, out, err)
 
 
-def _forked(code: str, args: list[str], env: dict[str, str], timeout: float | None) -> subprocess.CompletedProcess[str]:
-    import tempfile
-    import time
-    import types
+class _Fork:
+    """A fork of this process running ``python -c`` code (see :data:`FORK_CHILDREN`); waited on as a Popen is."""
 
-    with contextlib.suppress(ImportError):
-        import torch  # noqa: F401  (once, here: what the forks share)
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    def __init__(self, code: str, args: list[str], env: dict[str, str]) -> None:
+        import tempfile
+
+        with contextlib.suppress(ImportError):
+            import torch  # noqa: F401  (once, here: what the forks share)
+        self.code, self.returncode = code, None
+        self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115 (closed when waited)
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: as `python -c` would run it, and never back into the caller's frames
-            status = 1
-            try:
-                os.dup2(out.fileno(), 1)
-                os.dup2(err.fileno(), 2)
-                old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-                new = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-                sys.path[:0] = [p for p in new if p not in old]
-                os.environ.clear()
-                os.environ.update(env)
-                for name in [m for m in sys.modules if m == "rank_dataset" or m.startswith("rank_dataset.")]:
-                    del sys.modules[name]  # imported afresh: the child's environment chooses its kernels, caches
-                main = types.ModuleType("__main__")
-                sys.modules["__main__"] = main
-                sys.argv = ["-c", *args]
-                exec(compile(code, "<string>", "exec"), main.__dict__)
-                status = 0
-            except SystemExit as exc:
-                status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except BaseException:
-                import traceback
+        self.pid = os.fork()
+        if self.pid == 0:
+            self._child(args, env)
 
-                traceback.print_exc()
-            finally:
-                with contextlib.suppress(BaseException):
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                os._exit(status)
+    def _child(self, args: list[str], env: dict[str, str]) -> None:
+        """Run the code as `python -c` would; never return into the caller's frames."""
+        import types
+
+        status = 1
+        try:
+            os.dup2(self._out.fileno(), 1)
+            os.dup2(self._err.fileno(), 2)
+            old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            new = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            sys.path[:0] = [p for p in new if p not in old]
+            os.environ.clear()
+            os.environ.update(env)
+            for name in [m for m in sys.modules if m == "rank_dataset" or m.startswith("rank_dataset.")]:
+                del sys.modules[name]  # imported afresh: the child's environment chooses its kernels, caches
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            sys.argv = ["-c", *args]
+            exec(compile(self.code, "<string>", "exec"), main.__dict__)
+            status = 0
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(BaseException):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(status)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Wait for the child (killed past ``timeout`` seconds: ``subprocess.TimeoutExpired``); its stdout, stderr."""
+        import time
+
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            done, status = os.waitpid(pid, 0 if deadline is None else os.WNOHANG)
+            done, status = os.waitpid(self.pid, 0 if deadline is None else os.WNOHANG)
             if done:
                 break
             if deadline is not None and time.monotonic() > deadline:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                raise subprocess.TimeoutExpired(["<fork>", code[:80]], timeout or 0.0)
+                os.kill(self.pid, 9)
+                os.waitpid(self.pid, 0)
+                raise subprocess.TimeoutExpired(["<fork>", self.code[:80]], timeout or 0.0)
             time.sleep(0.02)
+        self.returncode = os.waitstatus_to_exitcode(status)
         outputs = []
-        for f in (out, err):
+        for f in (self._out, self._err):
             f.seek(0)
             outputs.append(f.read().decode(errors="replace"))
-    return subprocess.CompletedProcess(["<fork>"], os.waitstatus_to_exitcode(status), outputs[0], outputs[1])
+            f.close()
+        return outputs[0], outputs[1]
+
+
+def start_python(code: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    """``python -c code args...`` under ``env`` started, its stdout and stderr piped (text), not waited for: a
+    ``subprocess.Popen``, or with :data:`FORK_CHILDREN` set a fork (as :func:`run_python`) with the same
+    ``communicate(timeout)`` and ``returncode``."""
+    env = dict(os.environ if env is None else env)
+    if os.environ.get(FORK_CHILDREN) != "1" or "obstore" in sys.modules:
+        cmd = [sys.executable, "-c", code, *args]
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return _Fork(code, list(args), env)
 
 
 #: The kernels' paths a benchmark compares: ``RANK_DATASET_NATIVE=0`` (numpy) and ``require`` (native).

@@ -303,8 +303,9 @@ def test_bench_shapes_only_sizes_replaces_its_table_alone(tmp_path: Path) -> Non
 
 def test_bench_payloads_smoke(tmp_path: Path) -> None:
     pytest.importorskip("obstore", reason="the cloud extra (obstore) is not installed")
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_payloads.py"), "--payloads", "200", "--window", "0.5"]
-    cmd += ["--windows", "1", "--warmup", "0.5", "--workers", "1", "--batch", "16", "--latencies", "0", "10"]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_payloads.py"), "--payloads", "100", "--window", "0.2"]
+    cmd += ["--windows", "1", "--warmup", "0.2", "--workers", "1", "--batch", "16", "--latencies", "0", "10"]
+    cmd += ["--min-kib", "4", "--max-kib", "8"]
     cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
     out = subprocess.run(cmd, env=smoke_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
