@@ -175,7 +175,10 @@ CASES = [
     ),
     (
         "versions",
-        ["--old", "HEAD", "--lines", "2000", "--repeat", "1", "--items", "200", "--formats", "frames.zst"],
+        [
+            *("--old", "HEAD", "--lines", "2000", "--repeat", "1", "--items", "200"),
+            *("--formats", "frames.zst", "--data-dir", "{tmp}"),
+        ],
         "versions.md",
         ["| frames.zst |", "| build, old (s) |"],
         ("versions.png", True),
@@ -215,6 +218,7 @@ CASES = [
 def test_bench_smoke(
     tmp_path: Path, name: str, args: list[str], table: str, holds: list[str], plot: tuple[str, bool] | None
 ) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]  # a scratch directory of the test's own
     cmd = [sys.executable, str(ROOT / "benchmarks" / f"bench_{name}.py"), *args, "--out", str(tmp_path)]
     out = subprocess.run(cmd, env=smoke_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
