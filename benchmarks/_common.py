@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -27,8 +28,10 @@ __all__ = [
     "native_env",
     "plotting",
     "run_child",
+    "run_python",
     "save_results",
     "scratch_dir",
+    "start_python",
     "write_imagenet_meta",
 ]
 
@@ -72,11 +75,118 @@ def run_child(body: str, env: dict[str, str], **names: object) -> dict[str, Any]
     Raises:
         RuntimeError: the process failed (its stderr is in the message).
     """
-    code = child_code(body, **names)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    out = run_python(child_code(body, **names), env=env)
     if out.returncode != 0:
         raise RuntimeError(f"measurement failed:\n{out.stderr}")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+#: Set to 1 (the smoke tests do), :func:`run_python` forks this process instead of starting an interpreter:
+#: the code still runs whole, in a process of its own, with rank_dataset imported afresh under the child's
+#: environment, but torch is imported once, in this process, not in each child (an interpreter importing
+#: torch costs about 2 s of CPU; a smoke run starts dozens). The figures of such a run are not measurements.
+FORK_CHILDREN = "BENCH_FORK_CHILDREN"
+
+
+def run_python(
+    code: str, *args: str, env: dict[str, str] | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -c code args...`` under ``env`` (default: this process's); its exit status and output.
+
+    With :data:`FORK_CHILDREN` set to 1 in this process's environment, a fork of this process runs it instead
+    (see there), unless this process imported obstore. Raises ``subprocess.TimeoutExpired`` (the child
+    killed) after ``timeout`` seconds.
+    """
+    env = dict(os.environ if env is None else env)
+    # A process that made an object store client holds its runtime's threads, which a fork would not carry.
+    if os.environ.get(FORK_CHILDREN) != "1" or "obstore" in sys.modules:
+        cmd = [sys.executable, "-c", code, *args]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    child = _Fork(code, list(args), env)
+    out, err = child.communicate(timeout)
+    return subprocess.CompletedProcess(["<fork>"], child.returncode, out, err)
+
+
+class _Fork:
+    """A fork of this process running ``python -c`` code (see :data:`FORK_CHILDREN`); waited on as a Popen is."""
+
+    def __init__(self, code: str, args: list[str], env: dict[str, str]) -> None:
+        import tempfile
+
+        with contextlib.suppress(ImportError):
+            import torch  # noqa: F401  (once, here: what the forks share)
+        self.code, self.returncode = code, None
+        self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115 (closed when waited)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:
+            self._child(args, env)
+
+    def _child(self, args: list[str], env: dict[str, str]) -> None:
+        """Run the code as `python -c` would; never return into the caller's frames."""
+        import types
+
+        status = 1
+        try:
+            os.dup2(self._out.fileno(), 1)
+            os.dup2(self._err.fileno(), 2)
+            old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            new = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            sys.path[:0] = [p for p in new if p not in old]
+            os.environ.clear()
+            os.environ.update(env)
+            for name in [m for m in sys.modules if m == "rank_dataset" or m.startswith("rank_dataset.")]:
+                del sys.modules[name]  # imported afresh: the child's environment chooses its kernels, caches
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            sys.argv = ["-c", *args]
+            exec(compile(self.code, "<string>", "exec"), main.__dict__)
+            status = 0
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(BaseException):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(status)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Wait for the child (killed past ``timeout`` seconds: ``subprocess.TimeoutExpired``); its stdout, stderr."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            done, status = os.waitpid(self.pid, 0 if deadline is None else os.WNOHANG)
+            if done:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                os.kill(self.pid, 9)
+                os.waitpid(self.pid, 0)
+                raise subprocess.TimeoutExpired(["<fork>", self.code[:80]], timeout or 0.0)
+            time.sleep(0.02)
+        self.returncode = os.waitstatus_to_exitcode(status)
+        outputs = []
+        for f in (self._out, self._err):
+            f.seek(0)
+            outputs.append(f.read().decode(errors="replace"))
+            f.close()
+        return outputs[0], outputs[1]
+
+
+def start_python(code: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    """``python -c code args...`` under ``env`` started, its stdout and stderr piped (text), not waited for: a
+    ``subprocess.Popen``, or with :data:`FORK_CHILDREN` set a fork (as :func:`run_python`) with the same
+    ``communicate(timeout)`` and ``returncode``."""
+    env = dict(os.environ if env is None else env)
+    if os.environ.get(FORK_CHILDREN) != "1" or "obstore" in sys.modules:
+        cmd = [sys.executable, "-c", code, *args]
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return _Fork(code, list(args), env)
 
 
 #: The kernels' paths a benchmark compares: ``RANK_DATASET_NATIVE=0`` (numpy) and ``require`` (native).
@@ -128,9 +238,7 @@ def machine_info() -> str:
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
     versions = f"Python {platform.python_version()}, numpy {np.__version__}"
     try:
-        torch_version = subprocess.run(
-            [sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
-        ).stdout.strip()
+        torch_version = run_python("import torch; print(torch.__version__)").stdout.strip()
         versions += f", torch {torch_version}"
     except OSError:
         pass

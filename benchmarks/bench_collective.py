@@ -58,6 +58,7 @@ from _common import (  # noqa: E402
     ratio,
     save_results,
     scratch_dir,
+    start_python,
 )
 from bench_scale import meta_file  # noqa: E402
 from rank_dataset.server.local import free_port  # noqa: E402
@@ -211,16 +212,7 @@ def run_world(
     if native is not None:
         env = native_env(env, native)
     env["MASTER_PORT"], env["WORLD_SIZE"] = str(free_port()), str(w)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, str(path)],
-            env={**env, "RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(w)
-    ]
+    procs = [start_python(code, str(path), env={**env, "RANK": str(r)}) for r in range(w)]
     results = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=3600)

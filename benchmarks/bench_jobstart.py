@@ -63,6 +63,7 @@ from _common import (  # noqa: E402
     native_env,
     plotting,
     ratio,
+    run_python,
     save_results,
 )
 from bench_scale import meta_file  # noqa: E402
@@ -90,7 +91,8 @@ print(json.dumps({"seconds": time.perf_counter() - t, "count": count, "kernels":
 
 
 def _fresh(code: str, *args: str, env: dict[str, str]) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True)
+    out = run_python(code, *args, env=env)
+    out.check_returncode()
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 

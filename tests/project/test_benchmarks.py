@@ -15,6 +15,15 @@ import pytest
 pytestmark = pytest.mark.slow  # benchmark smoke runs: not in make test-quick
 
 ROOT = Path(__file__).resolve().parents[2]
+# A script's child processes are forks of it (benchmarks/_common.run_python): each runs its code whole, with
+# rank_dataset imported afresh under its own environment, without importing torch again. What runs fresh
+# interpreters on purpose (torchrun, servers, gloo ranks, the memory bench's loaders) still does.
+
+
+def smoke_env() -> dict[str, str]:
+    """This test's environment (its own index cache) with the scripts' children forked."""
+    return {**os.environ, "BENCH_FORK_CHILDREN": "1"}
+
 
 # script, its arguments at a tiny size, the table it writes, what the table holds, the plot it draws
 # (None: none checked) and whether the plot must be non-empty.
@@ -173,7 +182,10 @@ CASES = [
     ),
     (
         "versions",
-        ["--old", "HEAD", "--lines", "2000", "--repeat", "1", "--items", "200", "--formats", "frames.zst"],
+        [
+            *("--old", "HEAD", "--lines", "2000", "--repeat", "1", "--items", "200"),
+            *("--formats", "frames.zst", "--data-dir", "{tmp}"),
+        ],
         "versions.md",
         ["| frames.zst |", "| build, old (s) |"],
         ("versions.png", True),
@@ -213,8 +225,9 @@ CASES = [
 def test_bench_smoke(
     tmp_path: Path, name: str, args: list[str], table: str, holds: list[str], plot: tuple[str, bool] | None
 ) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]  # a scratch directory of the test's own
     cmd = [sys.executable, str(ROOT / "benchmarks" / f"bench_{name}.py"), *args, "--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, env=smoke_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     text = (tmp_path / table).read_text()
     for expected in holds:
@@ -229,7 +242,7 @@ def test_bench_smoke(
 def test_bench_group_smoke(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_group.py"), "--lines", "5000"]
     cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    out = subprocess.run(cmd, env=smoke_env(), capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     table = (tmp_path / "group.md").read_text()
     assert "| group_by again (cached, memory-mapped) |" in table and "N = 5,000 lines" in table
@@ -239,7 +252,7 @@ def test_bench_group_smoke(tmp_path: Path) -> None:
 def test_bench_balanced_smoke(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_balanced.py"), "--lines", "4000", "--repeat", "1"]
     cmd += ["--world-size", "4", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, env=smoke_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     table = (tmp_path / "balanced.md").read_text()
     assert "| balanced mix of 1,000 classes" in table and "R = 1,000" in table
@@ -250,7 +263,7 @@ def test_bench_object_smoke(tmp_path: Path) -> None:
     pytest.importorskip("obstore", reason="the cloud extra (obstore) is not installed")
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_object.py"), "--lines", "3000", "--worlds", "2"]
     cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, env=smoke_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     text = (tmp_path / "object.md").read_text()
     assert "| 2 | local file |" in text and "| 2 | object |" in text and "| yes |" in text
@@ -260,7 +273,7 @@ def test_bench_object_smoke(tmp_path: Path) -> None:
 def test_bench_shapes_smoke(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_shapes.py"), "--lines", "6000", "--balance-steps", "50"]
     cmd += ["--python-lines", "2000", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, env=smoke_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     table = (tmp_path / "shapes.md").read_text()
     for expected in ("| random batches |", "| 64 |", "| bucketed (aspect-ratio groups) |", "not cached", "detectron2:"):
@@ -273,7 +286,7 @@ def test_bench_shapes_smoke(tmp_path: Path) -> None:
 def test_bench_bucket_tree_smoke(tmp_path: Path) -> None:
     script = str(ROOT / "benchmarks" / "bench_bucket_tree.py")
     cmd = [sys.executable, script, "--lines", "20000", "--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, env=smoke_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     table = (tmp_path / "bucket_tree.md").read_text()
     for expected in ("| aspect-ratio groups (2) | walk (basic ops) |", "| from the mode (libm) |", "today's bucketed"):
@@ -289,7 +302,7 @@ def test_bench_shapes_only_sizes_replaces_its_table_alone(tmp_path: Path) -> Non
     (tmp_path / "shapes.json").write_text('{"waste": {"random batches": 0.5}}')
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_shapes.py"), "--only", "sizes", "--lines", "3000"]
     cmd += ["--python-lines", "1000", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, env=smoke_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     table = (tmp_path / "shapes.md").read_text()
     assert table.startswith(kept) and table.endswith(after)
@@ -301,10 +314,11 @@ def test_bench_shapes_only_sizes_replaces_its_table_alone(tmp_path: Path) -> Non
 
 def test_bench_payloads_smoke(tmp_path: Path) -> None:
     pytest.importorskip("obstore", reason="the cloud extra (obstore) is not installed")
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_payloads.py"), "--payloads", "200", "--window", "0.5"]
-    cmd += ["--windows", "1", "--warmup", "0.5", "--workers", "1", "--batch", "16", "--latencies", "0", "10"]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_payloads.py"), "--payloads", "100", "--window", "0.2"]
+    cmd += ["--windows", "1", "--warmup", "0.2", "--workers", "1", "--batch", "16", "--latencies", "0", "10"]
+    cmd += ["--min-kib", "4", "--max-kib", "8"]
     cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, env=smoke_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     text = (tmp_path / "payloads.md").read_text()
     naive = "| naive loader (one payload per transform call) | 10 ms |"
@@ -320,7 +334,7 @@ def test_bench_multinode_page_from_its_figures(tmp_path: Path) -> None:
     # The bed's run needs root and the machine to itself: here its model and page, from the committed figures.
     figures = ROOT / "benchmarks" / "results" / "multinode.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_multinode.py"), "--from-json", str(figures)]
-    out = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([*cmd, "--out", str(tmp_path)], env=smoke_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     text = (tmp_path / "multinode.md").read_text()
     for expected in ("| object-collective | 8 x 1 | 2,000,000 |", "T_first = ", "| object-file | 100gbit |"):
