@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from rank_dataset import MetaFile, RankDataset
+from rank_dataset.files.io import payloads as payload_io
 from rank_dataset.files.io.object import ObjectFile
 
 #: Run first in a child: obstore cannot be imported, as when it is not installed (the same
@@ -144,10 +145,11 @@ def test_no_credentials_for_payloads(no_credentials: Any, monkeypatch: pytest.Mo
     meta = tmp_path / "meta.txt"
     meta.write_text("a.bin 1\n")
     monkeypatch.setenv("AWS_METADATA_ENDPOINT", s3.endpoint)
-    # The read is asked again until its timeout before it fails: a short one (an attempt may take a quarter).
-    ds = RankDataset(meta, payloads=Payloads("s3://meta/messages/img", timeout=8), is_test=True)
+    ds = RankDataset(meta, payloads=Payloads("s3://meta/messages/img", timeout=20), is_test=True)
+    asked = payload_io.COUNTS["objects"]
     with pytest.raises(PayloadError) as got:
         ds[0]
+    assert payload_io.COUNTS["objects"] - asked == 1  # as the message says: not asked again until the timeout
     said = str(got.value)
     assert "s3://meta/messages/img/a.bin: access denied: no credentials were found" in said
     assert f"HTTP 403 Forbidden from {s3.endpoint}/latest/api/token, not retried" in said

@@ -700,6 +700,8 @@ def _permanent(exc: BaseException) -> bool:
     """Whether obstore's error says the request cannot succeed if asked again (missing, refused, invalid)."""
     if isinstance(exc, (FileNotFoundError, PermissionError, PayloadError)):
         return True
+    if _stores.credential_request(exc) is not None:  # no credentials anywhere: asking again finds none
+        return True
     return type(exc).__name__ in (
         "NotFoundError", "PermissionDeniedError", "UnauthenticatedError", "PreconditionError",
         "NotSupportedError", "InvalidPathError", "AlreadyExistsError", "NotModifiedError",
