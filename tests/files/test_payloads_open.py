@@ -97,8 +97,18 @@ def test_the_opener_reads_and_refuses_as_the_walk(tmp_path: Path, monkeypatch: p
     assert "no such file" in reasons["missing.bin"] and "no such file" in reasons["dangling.bin"]
 
 
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _open_under(root: Path) -> list[str]:
+    """What this process's descriptors under ``root`` name (other tests' descriptors may close meanwhile)."""
+    real = os.path.realpath(root)
+    named = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, closed since
+            continue
+        if target == real or target.startswith(real + os.sep):
+            named.append(target)
+    return sorted(named)
 
 
 def test_misses_go_to_the_pool_open_and_a_part_read_batch_leaves_nothing(tmp_path: Path) -> None:
@@ -116,7 +126,7 @@ def test_misses_go_to_the_pool_open_and_a_part_read_batch_leaves_nothing(tmp_pat
     want = [bytes([i % 251]) * (1000 + i) for i in range(n)]
     payloads = Payloads(root, max_bytes=8000)
     reader = payloads.reader()
-    fds = _fds()
+    assert _open_under(root) == []
     before = dict(payload_io.COUNTS)
     got = _read(payloads, names)
     assert [g for i, g in enumerate(got) if i not in (7, 40)] == [w for i, w in enumerate(want) if i not in (7, 40)]
@@ -138,9 +148,9 @@ def test_misses_go_to_the_pool_open_and_a_part_read_batch_leaves_nothing(tmp_pat
     stream = reader.read(targets)
     for _ in range(10):
         next(stream)
-    assert _fds() > fds + 10
+    assert len(_open_under(root)) > 10
     stream.close()  # type: ignore[attr-defined]
-    assert _fds() == fds + 1  # the root's descriptor, kept for the next batch
+    assert _open_under(root) == [os.path.realpath(root)]  # the root's descriptor, kept for the next batch
     assert reader.budget.held == 0
     assert _read(payloads, names[:3]) == want[:3]  # the budget's turns go on
 
