@@ -85,6 +85,7 @@ __all__ = [
 #: This process's payload reads so far (for the tests and the benchmark): files (of which read by the pool, not
 #: found in the page cache), objects, GETs asked again; and local files opened by the native opener.
 COUNTS = {"files": 0, "pooled": 0, "objects": 0, "again": 0, "native": 0}
+_COUNTS_LOCK = threading.Lock()
 _LOCAL_THREADS = 8  # local reads at once: a disk or page cache needs few
 _BACKOFF = (0.05, 2.0)  # first and longest wait before a request is asked again
 
@@ -376,7 +377,7 @@ class PayloadReader:
         if not self.budget.try_reserve(ticket, size):
             return self._read_open(target, ticket, fd, size)  # waits for its turn and room
         try:
-            COUNTS["files"] += 1
+            _count("files")
             data = os.pread(fd, size, 0)
         except OSError as exc:
             return _file_error(target.path, exc), size
@@ -425,7 +426,7 @@ class PayloadReader:
             if not budget.try_reserve(ticket, size):
                 return self._read_open(target, ticket, fd, size)  # waits for its turn and room
             try:
-                COUNTS["files"] += 1
+                _count("files")
                 data = os.pread(fd, size, 0)
             except OSError as exc:
                 return _file_error(target.path, exc), size
@@ -464,7 +465,7 @@ class PayloadReader:
 
     def _read_file(self, target: LocalTarget, ticket: int, fd: int = -1, size: int = 0) -> Result:
         """The file's bytes or its error (never raises), in a thread of the pool."""
-        COUNTS["pooled"] += 1
+        _count("pooled")
         if fd < 0:
             opened = self._open_checked(target, ticket)
             if isinstance(opened, PayloadError):
@@ -542,7 +543,7 @@ class PayloadReader:
             ):
                 return PayloadError(target.path, _budget_timeout(self.settings)), 0
             reserved = size
-            COUNTS["files"] += 1
+            _count("files")
             data = os.pread(fd, size, 0) if size < (1 << 31) else _read_all(fd, size)
             if len(data) != size:
                 return PayloadError(target.path, f"read {len(data):,} of its {size:,} bytes"), reserved
@@ -592,7 +593,7 @@ class PayloadReader:
             broke: BaseException | None = None
             size = 0
             try:
-                COUNTS["objects"] += 1
+                _count("objects")
                 try:  # 5xx, timeouts and connections dropped before the reply: retried by the client itself
                     response = obstore.get(store, target.name)
                 except Exception as exc:
@@ -625,7 +626,7 @@ class PayloadReader:
                 short = f"the body ended {size - len(body):,} bytes short" if body is not None else ""
                 why = short or _stores.status_of(broke or RuntimeError("no reply"))
                 raise PayloadError(target.url, f"{why}, asked {attempt} times within timeout={settings.timeout:g} s")
-            COUNTS["again"] += 1
+            _count("again")
             time.sleep(pause)
 
     # -- a process forked from one that ran obstore ------------------------------------------------
@@ -665,6 +666,12 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+def _count(key: str) -> None:
+    """One more in ``COUNTS[key]``, from any thread (``+=`` on a dict's item can lose a concurrent one)."""
+    with _COUNTS_LOCK:
+        COUNTS[key] += 1
 
 
 def _read_all(fd: int, size: int) -> bytes:
