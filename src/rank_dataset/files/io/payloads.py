@@ -374,18 +374,7 @@ class PayloadReader:
                 os.preadv(fd, [_probe], size - 1, _NOWAIT)
             except OSError:
                 return _Miss(fd, size)
-        if not self.budget.try_reserve(ticket, size):
-            return self._read_open(target, ticket, fd, size)  # waits for its turn and room
-        try:
-            _count("files")
-            data = os.pread(fd, size, 0)
-        except OSError as exc:
-            return _file_error(target.path, exc), size
-        finally:
-            os.close(fd)
-        if len(data) != size:
-            return PayloadError(target.path, f"read {len(data):,} of its {size:,} bytes"), size
-        return data, size
+        return self._read_open(target, ticket, fd, size)  # read now, or once its turn and room come
 
     def _open_run(self, pending: list[Any], k: int) -> _Opened | None:
         """Open ``pending[k]`` and the batch's local files right after it under the same root (up to
@@ -422,19 +411,7 @@ class PayloadReader:
         fd, size, status = out[i], out[n + i], out[2 * n + i]
         out[i] = -1  # taken: closed below (or by the pool)
         if status == native.OPEN_HIT:
-            budget = self.budget
-            if not budget.try_reserve(ticket, size):
-                return self._read_open(target, ticket, fd, size)  # waits for its turn and room
-            try:
-                _count("files")
-                data = os.pread(fd, size, 0)
-            except OSError as exc:
-                return _file_error(target.path, exc), size
-            finally:
-                os.close(fd)
-            if len(data) != size:
-                return PayloadError(target.path, f"read {len(data):,} of its {size:,} bytes"), size
-            return data, size
+            return self._read_open(target, ticket, fd, size)
         if status == native.OPEN_MISS:
             return _Miss(fd, size)
         if status == native.OPEN_NOT_FILE:
