@@ -3,13 +3,16 @@ model: :mod:`rank_dataset.plan.mix`."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rank_dataset.core.checks import MAX_EXACT, check_int
 from rank_dataset.plan.sources import Source
 
-__all__ = ["mix_counts", "mix_draws", "mix_schedule", "mix_targets"]
+if TYPE_CHECKING:
+    from fractions import Fraction
+
+__all__ = ["batch_counts", "mix_counts", "mix_draws", "mix_schedule", "mix_targets"]
 
 
 def mix_counts(
@@ -113,10 +116,30 @@ def mix_counts(
     return counts, total
 
 
+def batch_counts(size: int, weights: Sequence[float | Fraction]) -> list[int]:
+    """``size`` apportioned by ``weights`` by largest remainder (exact; ties favour the earlier source).
+
+    Examples:
+        >>> batch_counts(10, [1, 1, 1]), batch_counts(8, [3, 1])
+        ([4, 3, 3], [6, 2])
+    """
+    from fractions import Fraction  # on first use: it imports decimal, which a plain file's plan never needs
+
+    exact = [Fraction(w) for w in weights]
+    whole = sum(exact)
+    quotas = [size * w / whole for w in exact]
+    counts = [int(q) for q in quotas]
+    left = size - sum(counts)
+    order = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in order[:left]:
+        counts[i] += 1
+    return counts
+
+
 def mix_draws(counts: Sequence[int], aug_repeats: int, names: Sequence[str] | None = None) -> list[int]:
     """Each source's draws in an epoch of ``T0 = sum(counts)`` positions whose draws are ``k =
     aug_repeats`` positions each: the epoch's ``D = ceil(T0 / k)`` draws shared in proportion to the
-    counts by largest remainder (exact rational arithmetic; equal remainders favour the earlier source).
+    counts (:func:`batch_counts`).
 
     So ``d_s = c_s / k`` when ``k`` divides every count, ``d_s = c_s`` when ``k = 1``, and in any case
     ``d_s`` is within one of ``c_s * D / T0``. A source with no count gets no draw.
@@ -134,13 +157,7 @@ def mix_draws(counts: Sequence[int], aug_repeats: int, names: Sequence[str] | No
         return list(counts)
     total = sum(counts)
     draws = -(-total // k)
-    from fractions import Fraction  # on first use: it imports decimal, which a plain file's plan never needs
-
-    quotas = [Fraction(c * draws, total) for c in counts]
-    shares = [math.floor(q) for q in quotas]
-    by_remainder = sorted(range(len(counts)), key=lambda s: (-(quotas[s] - shares[s]), s))
-    for s in by_remainder[: draws - sum(shares)]:
-        shares[s] += 1
+    shares = batch_counts(draws, counts)
     starved = [s for s, (c, d) in enumerate(zip(counts, shares)) if c and not d]
     if starved:
         s = starved[0]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.plan.counts import batch_counts
 from rank_dataset.plan.mix import source_seed
 from rank_dataset.plan.permutation import grid_each, permute_keyed, permute_stream, round_keys_each
 from rank_dataset.plan.sources import Source, in_force
@@ -32,29 +33,9 @@ if TYPE_CHECKING:
 
     from rank_dataset.plan.schedule import BatchSchedule
 
-__all__ = ["StepMix", "batch_counts"]
+__all__ = ["StepMix"]
 
 _SLOT_KEY = 0x534C4F54  # keys the slot shuffle apart from the sources' streams
-
-
-def batch_counts(size: int, weights: Sequence[float | Fraction]) -> list[int]:
-    """``size`` apportioned by ``weights`` by largest remainder (exact; ties favour the earlier source).
-
-    Examples:
-        >>> batch_counts(10, [1, 1, 1]), batch_counts(8, [3, 1])
-        ([4, 3, 3], [6, 2])
-    """
-    from fractions import Fraction  # on first use (it imports decimal): plans by epoch never need it
-
-    exact = [Fraction(w) for w in weights]
-    whole = sum(exact)
-    quotas = [size * w / whole for w in exact]
-    counts = [int(q) for q in quotas]
-    left = size - sum(counts)
-    order = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
-    for i in order[:left]:
-        counts[i] += 1
-    return counts
 
 
 _KINDS = ("weight", "repeat", "choose")
@@ -157,7 +138,7 @@ class StepMix:
 
     def _shares(self, values: Sequence[float], step: int, names: Sequence[str] | None = None) -> tuple[Fraction, ...]:
         """The shares of the rules' ``values`` (in force from ``step``); ValueError naming what cannot be met."""
-        from fractions import Fraction  # on first use, as in batch_counts
+        from fractions import Fraction  # on first use: it imports decimal
 
         label = names or [str(s) for s in range(len(self.sizes))]
         shares: list[Fraction] = []

@@ -162,13 +162,7 @@ class StepLayout:
         k = aug_repeats
         size = self.schedule.size(step)
         self.schedule.check(world_size, k)
-        draws = self.draws(step, k)
-        if self.remix is not None:  # a mix edited at a resume: its chain of mixes gives every draw's sample
-            samples = self.remix.samples(draws)
-        elif self.mix is not None:
-            samples = self.mix.samples(draws, self.schedule.in_draws(k), seed)
-        else:
-            samples = stream_samples(draws, num_samples, seed, k, mix)
+        samples = self._samples(self.draws(step, k), num_samples, seed, k, mix)
         return samples, np.arange(world_size + 1, dtype=np.int64) * (size // world_size)
 
     def draws(self, step: int, aug_repeats: int = 1) -> npt.NDArray[np.int64]:
@@ -191,13 +185,18 @@ class StepLayout:
     ) -> npt.NDArray[np.int64]:
         """The samples (plan numbers) at ``positions`` of :meth:`positions`."""
         self._positional()
-        k = aug_repeats
-        draws = draws_per_epoch(num_samples, k)
+        draws = epoch * draws_per_epoch(num_samples, aug_repeats) + positions // aug_repeats
+        return self._samples(draws, num_samples, seed, aug_repeats, mix)
+
+    def _samples(
+        self, draws: npt.NDArray[np.int64], num_samples: int, seed: int, k: int, mix: MixPlan | None
+    ) -> npt.NDArray[np.int64]:
+        """The samples (plan numbers) at the stream's draws ``draws``."""
         if self.remix is not None:  # a mix edited at a resume: its chain of mixes gives every draw's sample
-            return self.remix.samples(epoch * draws + positions // k)
+            return self.remix.samples(draws)
         if self.mix is not None:  # by steps: the batches' counts and slots of draws, not an epoch order
-            return self.mix.samples(epoch * draws + positions // k, self.schedule.in_draws(k), seed)
-        return stream_samples(epoch * draws + positions // k, num_samples, seed, k, mix)
+            return self.mix.samples(draws, self.schedule.in_draws(k), seed)
+        return stream_samples(draws, num_samples, seed, k, mix)
 
 
 def stream_samples(
