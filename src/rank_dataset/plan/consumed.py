@@ -22,7 +22,7 @@ import numpy.typing as npt
 from rank_dataset.core.checks import check_int, check_ints
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.permutation import permute
-from rank_dataset.plan.step_state import mix_digest
+from rank_dataset.plan.step_state import json_digest
 from rank_dataset.plan.steps import StepLayout, draws_per_epoch
 
 if TYPE_CHECKING:
@@ -244,8 +244,6 @@ class RunCounter:
         self, layout: StepLayout, num_samples: int, seed: int, aug_repeats: int = 1, mix: MixPlan | None = None
     ) -> None:
         chain = getattr(layout, "remix", None)
-        self.chain = chain
-        self.k = aug_repeats
         self._draws = layout.schedule.in_draws(aug_repeats)
         if chain is None:
             self.steps = [0]
@@ -286,11 +284,7 @@ class RunCounter:
             for a, b in ranges:
                 lo, hi = max(a, first), b if end is None else min(b, end)
                 if lo < hi:
-                    if self.chain is None:
-                        rows = _plus(rows, _plus(counter.per_epoch(hi), counter.per_epoch(lo), -1))
-                    else:
-                        high, low = counter.rows(self._draws.start(hi)), counter.rows(self._draws.start(lo))
-                        rows = _plus(rows, _plus(high, low, -1))
+                    rows = _plus(rows, _plus(counter.per_epoch(hi), counter.per_epoch(lo), -1))
             out.append((first, rows))
         return out
 
@@ -307,7 +301,7 @@ class RunCounter:
         epoch, at, draws = found
         return {
             "segment": self.steps[i],
-            "mix": mix_digest(counter.mix.to_dict()),
+            "mix": json_digest(counter.mix.to_dict()),
             "epoch": epoch,
             "at": at,
             "draws": draws.tolist(),
@@ -323,7 +317,7 @@ class RunCounter:
         segment = anchor["segment"]
         if segment in self.steps:
             counter = self.counters[self.steps.index(segment)]
-            if counter.by_epochs and counter.mix is not None and mix_digest(counter.mix.to_dict()) == anchor["mix"]:
+            if counter.by_epochs and counter.mix is not None and json_digest(counter.mix.to_dict()) == anchor["mix"]:
                 counter.anchor(anchor["epoch"], anchor["at"], anchor["draws"])
 
 

@@ -41,7 +41,7 @@ from rank_dataset.plan.mix import MixPlan, source_seed
 from rank_dataset.plan.permutation import permute_stream
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.step_mix import StepMix
-from rank_dataset.plan.step_state import mix_digest
+from rank_dataset.plan.step_state import json_digest
 
 __all__ = ["Edit", "MixSegment", "RemixChain", "SourceEntry"]
 
@@ -285,9 +285,8 @@ class _Live:
         mix, segment = self.segment.mix, self.segment
         n = len(segment.sources)
         if isinstance(mix, StepMix):
-            pos = [int(x) for x in np.array(mix.taken(self.draws_schedule, segment.step), np.int64)]
             now = mix.taken(self.draws_schedule, self.draws_schedule.step_at(q))
-            at = [b - a for a, b in zip(pos, now)]
+            at = [b - int(a) for a, b in zip(self.base, now)]
             sizes = [s.size for s in segment.sources]
             return [a // m for a, m in zip(at, sizes)], [a % m + (-a) % m for a, m in zip(at, sizes)], q, at
         e = (q - self.start) // self.draws
@@ -463,7 +462,7 @@ class RemixChain:
 
     def digest(self) -> str:
         """A short hash of the chain (with the seed, ``aug_repeats`` and the schedule)."""
-        return mix_digest(self.to_state())
+        return json_digest(self.to_state())
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RemixChain) and self.to_state() == other.to_state()
@@ -537,14 +536,13 @@ def _settle(live: _Live, kept: Mapping[str, _Continued]) -> None:
 
 def check_kept(old: SourceEntry, new: SourceEntry) -> None:
     """Raise ValueError naming the source if a kept source's files changed (its samples or fingerprint)."""
+    changed = None
     if old.size != new.size:
+        changed = f"{new.size} samples, {old.size}"
+    elif old.fingerprint is not None and new.fingerprint is not None and old.fingerprint != new.fingerprint:
+        changed = f"fingerprint {new.fingerprint}, {old.fingerprint}"
+    if changed is not None:
         raise ValueError(
-            f"mixture edit: source {old.name!r} has {new.size} samples, {old.size} before the edit: its files changed "
-            "(an edit keeps a source's files; give the changed files another name to add them as a new source)"
-        )
-    if old.fingerprint is not None and new.fingerprint is not None and old.fingerprint != new.fingerprint:
-        raise ValueError(
-            f"mixture edit: source {old.name!r} has fingerprint {new.fingerprint}, {old.fingerprint} before the edit: "
-            "its files changed (an edit keeps a source's files; give the changed files another name to add them "
-            "as a new source)"
+            f"mixture edit: source {old.name!r} has {changed} before the edit: its files changed (an edit keeps a "
+            "source's files; give the changed files another name to add them as a new source)"
         )

@@ -63,6 +63,15 @@ class StepMix:
     kinds: tuple[str, ...]
     rules: tuple[tuple[int, tuple[float, ...]], ...]
 
+    def __post_init__(self) -> None:
+        bad = [k for k in self.kinds if k not in _KINDS]
+        if bad or len(self.kinds) != len(self.sizes):
+            raise ValueError(f"a StepMix needs a kind in {_KINDS} for each of its {len(self.sizes)} sources")
+        rules = tuple(
+            (int(s), tuple(int(x) if k == "choose" else float(x) for k, x in zip(self.kinds, v))) for s, v in self.rules
+        )
+        object.__setattr__(self, "rules", rules)
+
     @classmethod
     def of(
         cls,
@@ -78,20 +87,13 @@ class StepMix:
             ValueError: naming the source and the step: a repeat that rounds to 0 samples, or fixed counts
                 that leave nothing of ``T0`` to the weighted sources.
         """
-        bad = [k for k in kinds if k not in _KINDS]
-        if bad or len(kinds) != len(sizes) or len(rules) != len(sizes):
-            raise ValueError(f"a StepMix needs a kind in {_KINDS} and a rule for each of its {len(sizes)} sources")
+        if len(rules) != len(sizes):
+            raise ValueError(f"a StepMix needs a rule for each of its {len(sizes)} sources")
         steps = sorted({0, *(s for r in rules if isinstance(r, Mapping) for s in r)})
-
-        def values_at(step: int) -> tuple[float, ...]:
-            return tuple(
-                int(v) if k == "choose" else float(v) for k, v in zip(kinds, (in_force(r, step) for r in rules))
-            )
-
-        table = tuple((step, values_at(step)) for step in steps)
+        table = tuple((step, tuple(in_force(r, step) for r in rules)) for step in steps)
         mix = cls(tuple(int(n) for n in sizes), int(epoch_size), tuple(kinds), table)
         names = names or [str(s) for s in range(len(sizes))]
-        for step, values in table:
+        for step, values in mix.rules:
             mix._shares(values, step, names)  # raises on what cannot be met
         return mix
 
@@ -123,14 +125,7 @@ class StepMix:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepMix:
-        kinds = tuple(data["kinds"])
-        bad = [k for k in kinds if k not in _KINDS]
-        if bad:
-            raise ValueError(f"a StepMix's kinds are {_KINDS}, got {bad[0]!r}")
-        rules = tuple(
-            (int(s), tuple(int(x) if k == "choose" else float(x) for k, x in zip(kinds, v))) for s, v in data["rules"]
-        )
-        return cls(tuple(data["sizes"]), int(data["epoch_size"]), kinds, rules)
+        return cls(tuple(data["sizes"]), int(data["epoch_size"]), tuple(data["kinds"]), tuple(data["rules"]))
 
     def shares(self, step: int) -> tuple[Fraction, ...]:
         """``c_s(step)``: each source's share of ``T0`` by the rules in force at ``step`` (exact)."""

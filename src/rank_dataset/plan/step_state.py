@@ -16,7 +16,7 @@ from typing import Any
 from rank_dataset.core.checks import MAX_EXACT, check_int, check_record
 from rank_dataset.plan.schedule import BatchSchedule
 
-__all__ = ["STEP_STATE_KEY", "StepState", "find_nested", "find_step_state", "mix_digest"]
+__all__ = ["STEP_STATE_KEY", "StepState", "find_nested", "find_step_state", "json_digest", "mix_digest"]
 
 #: The key that marks a step state; its value is the format version.
 STEP_STATE_KEY = "rank_dataset_steps"
@@ -32,12 +32,14 @@ _NAMES = {
 }
 
 
-def mix_digest(record: Mapping[str, Any] | None) -> str | None:
-    """A short hash of a mix's numbers as a JSON-able dict (a ``MixRecord``'s, a MixPlan's, a chain's state):
-    what a step state records of the mix."""
-    if record is None:
-        return None
+def json_digest(record: Any) -> str:
+    """A short hash of a JSON-able value (a MixPlan's dict, a chain's state), the same wherever it is computed."""
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def mix_digest(record: Mapping[str, Any] | None) -> str | None:
+    """:func:`json_digest` of a mix's numbers (a ``MixRecord`` as a dict): what a step state records of the mix."""
+    return None if record is None else json_digest(record)
 
 
 @dataclass(frozen=True)
