@@ -53,6 +53,7 @@ from rank_dataset.plan.permutation import (
     splitmix64,
     splitmix64_array,
 )
+from rank_dataset.plan.schedule import in_force_at
 from rank_dataset.plan.sources import Source, SourceInfo
 
 __all__ = ["MixPlan", "Mixture", "changes_from_list", "combine_fingerprints", "source_seed", "source_seeds"]
@@ -209,12 +210,7 @@ class MixPlan:
 
     def counts_at(self, epoch: int) -> tuple[int, ...]:
         """The counts in force at ``epoch``."""
-        counts = self.counts
-        for first, later in self.changes:
-            if first > epoch:
-                break
-            counts = later
-        return counts
+        return in_force_at(((0, self.counts), *self.changes), epoch)
 
     def stream_starts(self, epoch: int, aug_repeats: int = 1) -> tuple[int, ...]:
         """Each source's stream position at the start of ``epoch``: the sum of its draws (its counts,

@@ -26,6 +26,7 @@ import numpy.typing as npt
 from rank_dataset.plan.counts import batch_counts
 from rank_dataset.plan.mix import source_seed
 from rank_dataset.plan.permutation import grid_each, permute_keyed, permute_stream, round_keys_each
+from rank_dataset.plan.schedule import in_force_at
 from rank_dataset.plan.sources import Source, in_force
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ class StepMix:
 
     def shares(self, step: int) -> tuple[Fraction, ...]:
         """``c_s(step)``: each source's share of ``T0`` by the rules in force at ``step`` (exact)."""
-        return self._shares(next(v for s, v in reversed(self.rules) if s <= step), step)
+        return self._shares(in_force_at(self.rules, step), step)
 
     def _shares(self, values: Sequence[float], step: int, names: Sequence[str] | None = None) -> tuple[Fraction, ...]:
         """The shares of the rules' ``values`` (in force from ``step``); ValueError naming what cannot be met."""
