@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.checks import MAX_EXACT
-from rank_dataset.plan.permutation import permute, permute_stream
+from rank_dataset.plan.permutation import permute_stream
 from rank_dataset.plan.remix import RemixChain
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.step_mix import StepMix
@@ -205,35 +205,26 @@ def stream_samples(
     """The samples at draws ``draws`` of the step stream (draw ``q``: draw ``q mod D`` of epoch ``q // D``).
 
     Example:
+        >>> from rank_dataset.plan.permutation import permute
         >>> stream_samples(np.arange(12), 10, 0).tolist()[10:] == permute(10, 0, 1, [0, 1]).tolist()
         True
     """
-    per_epoch = draws_per_epoch(num_samples, aug_repeats)
     draws = np.asarray(draws, np.int64)
+    if mix is None:  # draw q is position q of the files' stream of passes (as in spec.epoch_order)
+        return permute_stream(num_samples, seed, 0, draws)
+    k, per_epoch = aug_repeats, draws_per_epoch(num_samples, aug_repeats)
     if not draws.size:
         return np.empty(draws.shape, np.int64)
     lo, hi = int(draws.min()) // per_epoch, int(draws.max()) // per_epoch
     if lo == hi:  # one epoch (all but the shard that straddles an epoch's end): no split
-        return _epoch_samples(draws - lo * per_epoch, lo, num_samples, seed, aug_repeats, mix)
+        return mix.epoch_order(seed, lo, (draws - lo * per_epoch) * k, k)
     epochs, within = np.divmod(draws, per_epoch)
     out = np.empty(within.shape, np.int64)
     for e in range(lo, hi + 1):
         where = epochs == e
         if where.any():
-            out[where] = _epoch_samples(within[where], e, num_samples, seed, aug_repeats, mix)
+            out[where] = mix.epoch_order(seed, e, within[where] * k, k)
     return out
-
-
-def _epoch_samples(
-    d: npt.NDArray[np.int64], epoch: int, num_samples: int, seed: int, k: int, mix: MixPlan | None
-) -> npt.NDArray[np.int64]:
-    """The samples of draws ``d`` (each in ``[0, D)``) of ``epoch``."""
-    if mix is not None:
-        return mix.epoch_order(seed, epoch, d * k, k)
-    if k == 1:
-        return permute(num_samples, seed, epoch, d)
-    per_epoch = draws_per_epoch(num_samples, k)  # as rank_dataset.plan.spec.epoch_order: the stream of passes
-    return permute_stream(num_samples, seed, epoch * per_epoch, d, stop=per_epoch)
 
 
 def check_stream(num_samples: int, schedule: BatchSchedule, step: int) -> None:
