@@ -3,6 +3,7 @@ model: :mod:`rank_dataset.plan.mix`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -60,12 +61,11 @@ def mix_counts(
     else:
         ns = [check_int(f"size of source {name}", n, low=1) for name, n in zip(names, sizes)]
     counts: list[int] = [0] * len(sources)
-    weighted, ratios = [], []
+    weighted = []
     for i, (source, n, name) in enumerate(zip(sources, ns, names)):
         value = source.value_at(epoch)
         if source.kind == "weight":
             weighted.append(i)
-            ratios.append(float(value).as_integer_ratio())
         elif source.kind == "choose":
             counts[i] = int(value)
         else:
@@ -96,17 +96,8 @@ def mix_counts(
             )
         return counts, total
     left = total - fixed
-    # Exact rationals as integers: each weight (a float, so a dyadic fraction) times the common
-    # denominator; quota_i = left * w_i / whole, its floor and remainder by one integer division.
-    denominator = max(d for _, d in ratios)
-    scaled = [num * (denominator // d) for num, d in ratios]
-    whole = sum(scaled)
-    remainders = {}
-    for i, w in zip(weighted, scaled):
-        counts[i], remainders[i] = divmod(left * w, whole)
-    by_remainder = sorted(weighted, key=lambda i: (-remainders[i], i))
-    for i in by_remainder[: total - sum(counts)]:
-        counts[i] += 1
+    for i, count in zip(weighted, batch_counts(left, [float(sources[i].value_at(epoch)) for i in weighted])):
+        counts[i] = count
     zero = [names[i] for i in weighted if counts[i] == 0]
     if zero:
         raise ValueError(
@@ -123,15 +114,18 @@ def batch_counts(size: int, weights: Sequence[float | Fraction]) -> list[int]:
         >>> batch_counts(10, [1, 1, 1]), batch_counts(8, [3, 1])
         ([4, 3, 3], [6, 2])
     """
-    from fractions import Fraction  # on first use: it imports decimal, which a plain file's plan never needs
-
-    exact = [Fraction(w) for w in weights]
-    whole = sum(exact)
-    quotas = [size * w / whole for w in exact]
-    counts = [int(q) for q in quotas]
-    left = size - sum(counts)
-    order = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
-    for i in order[:left]:
+    # Exact rationals as integers (an int's, a float's and a Fraction's ratios are exact): each weight times the
+    # common denominator; its quota size * w / whole, floor and remainder by one integer division.
+    ratios = [w.as_integer_ratio() for w in weights]
+    denominator = math.lcm(*(d for _, d in ratios))
+    scaled = [num * (denominator // d) for num, d in ratios]
+    whole = sum(scaled)
+    counts, remainders = [], []
+    for w in scaled:
+        count, remainder = divmod(size * w, whole)
+        counts.append(count)
+        remainders.append(remainder)
+    for i in sorted(range(len(scaled)), key=lambda i: (-remainders[i], i))[: size - sum(counts)]:
         counts[i] += 1
     return counts
 
