@@ -367,9 +367,7 @@ class PayloadReader:
             if type(target) is not LocalTarget or target.root != root:
                 break
             rels.append(target.rel)
-        at = self._roots.get(root)
-        if at is None:
-            at = self._root_fd(root)
+        at = self._root_fd(root)
         try:
             out = native.open_files(at, rels, _HERE_MAX if _NOWAIT is not None else -1)
         except UnicodeEncodeError:  # a name the file system cannot spell: the walk's turn, file by file
@@ -437,9 +435,7 @@ class PayloadReader:
         fd, ok = -1, False
         try:
             if _WALK:
-                at = self._roots.get(target.root)
-                if at is None:
-                    at = self._root_fd(target.root)
+                at = self._root_fd(target.root)
                 parts = target.rel.split(os.sep)
                 if "" in parts or "." in parts:  # "a//b", "./a": the same file
                     parts = [part for part in parts if part and part != "."] or ["."]
@@ -480,6 +476,9 @@ class PayloadReader:
 
     def _root_fd(self, root: str) -> int:
         """A descriptor of the directory ``root``, opened on this process's first read under it."""
+        fd = self._roots.get(root)  # opened already: no lock taken
+        if fd is not None:
+            return fd
         with self._lock:
             fd = self._roots.get(root)
             if fd is None:
