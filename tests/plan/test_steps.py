@@ -10,11 +10,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from rank_dataset.plan.counts import batch_counts
 from rank_dataset.plan.mix import MixPlan
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.sources import Source
 from rank_dataset.plan.spec import ShardSpec
-from rank_dataset.plan.step_mix import StepMix, batch_counts
+from rank_dataset.plan.step_mix import StepMix
 from rank_dataset.plan.step_state import StepState, find_step_state
 from rank_dataset.plan.steps import StepLayout, draws_per_epoch, stream_samples
 

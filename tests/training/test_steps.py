@@ -12,8 +12,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from rank_dataset import RankDataset, Source, StepSampler, class_balanced, repeat_factor
+from rank_dataset.plan.counts import batch_counts
 from rank_dataset.plan.schedule import BatchSchedule
-from rank_dataset.plan.step_mix import batch_counts
 from rank_dataset.plan.steps import stream_samples
 
 N = 37

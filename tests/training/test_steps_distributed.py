@@ -12,7 +12,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from rank_dataset import StepSampler
-from rank_dataset.plan.step_mix import batch_counts
+from rank_dataset.plan.counts import batch_counts
 from steps_worker import SCHEDULE, as_list, dataset
 from tests_helpers import rank_results, run_ranks, worker_env
 

@@ -13,9 +13,6 @@ draws taken of it once (kept: a later call adds only the draws since).
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +22,7 @@ import numpy.typing as npt
 from rank_dataset.core.checks import check_int, check_ints
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.permutation import permute
-from rank_dataset.plan.step_mix import batch_counts
+from rank_dataset.plan.step_state import json_digest
 from rank_dataset.plan.steps import StepLayout, draws_per_epoch
 
 if TYPE_CHECKING:
@@ -191,10 +188,7 @@ class SourceCounter:
         rules, sched = self.layout.mix, self._draws
         u = sched.step_at(q)  # the first step starting at draw q or later
         whole = u if sched.start(u) == q else u - 1  # steps [0, whole) lie wholly before q
-        out = np.zeros(self.sources, np.int64)
-        cuts = sorted({s for s, _ in sched.changes} | {s for s, _ in rules.rules} | {whole})
-        for a, z in itertools.pairwise(c for c in cuts if c <= whole):
-            out += (z - a) * np.array(batch_counts(sched.size(a), rules.shares(a)), np.int64)
+        out = np.array(rules.taken(sched, whole), np.int64)
         first = sched.start(whole)
         if first < q:  # the straddling step: its first q - first draws, by its slot shuffle
             samples = rules.samples(np.arange(first, q, dtype=np.int64), sched, self.seed)
@@ -250,8 +244,6 @@ class RunCounter:
         self, layout: StepLayout, num_samples: int, seed: int, aug_repeats: int = 1, mix: MixPlan | None = None
     ) -> None:
         chain = getattr(layout, "remix", None)
-        self.chain = chain
-        self.k = aug_repeats
         self._draws = layout.schedule.in_draws(aug_repeats)
         if chain is None:
             self.steps = [0]
@@ -292,11 +284,7 @@ class RunCounter:
             for a, b in ranges:
                 lo, hi = max(a, first), b if end is None else min(b, end)
                 if lo < hi:
-                    if self.chain is None:
-                        rows = _plus(rows, _plus(counter.per_epoch(hi), counter.per_epoch(lo), -1))
-                    else:
-                        high, low = counter.rows(self._draws.start(hi)), counter.rows(self._draws.start(lo))
-                        rows = _plus(rows, _plus(high, low, -1))
+                    rows = _plus(rows, _plus(counter.per_epoch(hi), counter.per_epoch(lo), -1))
             out.append((first, rows))
         return out
 
@@ -313,7 +301,7 @@ class RunCounter:
         epoch, at, draws = found
         return {
             "segment": self.steps[i],
-            "mix": _digest(counter.mix),
+            "mix": json_digest(counter.mix.to_dict()),
             "epoch": epoch,
             "at": at,
             "draws": draws.tolist(),
@@ -329,7 +317,7 @@ class RunCounter:
         segment = anchor["segment"]
         if segment in self.steps:
             counter = self.counters[self.steps.index(segment)]
-            if counter.by_epochs and counter.mix is not None and _digest(counter.mix) == anchor["mix"]:
+            if counter.by_epochs and counter.mix is not None and json_digest(counter.mix.to_dict()) == anchor["mix"]:
                 counter.anchor(anchor["epoch"], anchor["at"], anchor["draws"])
 
 
@@ -345,7 +333,3 @@ def check_anchor(anchor: Any) -> None:
     if not isinstance(anchor["draws"], list):
         raise ValueError(f"invalid step state: {ANCHOR_KEY} draws must be a list, got {anchor['draws']!r}")
     check_ints(f"the state's {ANCHOR_KEY} draws", anchor["draws"], low=0)
-
-
-def _digest(mix: MixPlan) -> str:
-    return hashlib.sha256(json.dumps(mix.to_dict(), sort_keys=True).encode()).hexdigest()[:16]

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rank_dataset.core.checks import MAX_EXACT, check_int
 from rank_dataset.plan.sources import Source
 
-__all__ = ["mix_counts", "mix_draws", "mix_schedule", "mix_targets"]
+if TYPE_CHECKING:
+    from fractions import Fraction
+
+__all__ = ["batch_counts", "mix_counts", "mix_draws", "mix_schedule", "mix_targets"]
 
 
 def mix_counts(
@@ -57,12 +61,11 @@ def mix_counts(
     else:
         ns = [check_int(f"size of source {name}", n, low=1) for name, n in zip(names, sizes)]
     counts: list[int] = [0] * len(sources)
-    weighted, ratios = [], []
+    weighted = []
     for i, (source, n, name) in enumerate(zip(sources, ns, names)):
         value = source.value_at(epoch)
         if source.kind == "weight":
             weighted.append(i)
-            ratios.append(float(value).as_integer_ratio())
         elif source.kind == "choose":
             counts[i] = int(value)
         else:
@@ -93,17 +96,8 @@ def mix_counts(
             )
         return counts, total
     left = total - fixed
-    # Exact rationals as integers: each weight (a float, so a dyadic fraction) times the common
-    # denominator; quota_i = left * w_i / whole, its floor and remainder by one integer division.
-    denominator = max(d for _, d in ratios)
-    scaled = [num * (denominator // d) for num, d in ratios]
-    whole = sum(scaled)
-    remainders = {}
-    for i, w in zip(weighted, scaled):
-        counts[i], remainders[i] = divmod(left * w, whole)
-    by_remainder = sorted(weighted, key=lambda i: (-remainders[i], i))
-    for i in by_remainder[: total - sum(counts)]:
-        counts[i] += 1
+    for i, count in zip(weighted, batch_counts(left, [float(sources[i].value_at(epoch)) for i in weighted])):
+        counts[i] = count
     zero = [names[i] for i in weighted if counts[i] == 0]
     if zero:
         raise ValueError(
@@ -113,10 +107,33 @@ def mix_counts(
     return counts, total
 
 
+def batch_counts(size: int, weights: Sequence[float | Fraction]) -> list[int]:
+    """``size`` apportioned by ``weights`` by largest remainder (exact; ties favour the earlier source).
+
+    Examples:
+        >>> batch_counts(10, [1, 1, 1]), batch_counts(8, [3, 1])
+        ([4, 3, 3], [6, 2])
+    """
+    # Exact rationals as integers (an int's, a float's and a Fraction's ratios are exact): each weight times the
+    # common denominator; its quota size * w / whole, floor and remainder by one integer division.
+    ratios = [w.as_integer_ratio() for w in weights]
+    denominator = math.lcm(*(d for _, d in ratios))
+    scaled = [num * (denominator // d) for num, d in ratios]
+    whole = sum(scaled)
+    counts, remainders = [], []
+    for w in scaled:
+        count, remainder = divmod(size * w, whole)
+        counts.append(count)
+        remainders.append(remainder)
+    for i in sorted(range(len(scaled)), key=lambda i: (-remainders[i], i))[: size - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
 def mix_draws(counts: Sequence[int], aug_repeats: int, names: Sequence[str] | None = None) -> list[int]:
     """Each source's draws in an epoch of ``T0 = sum(counts)`` positions whose draws are ``k =
     aug_repeats`` positions each: the epoch's ``D = ceil(T0 / k)`` draws shared in proportion to the
-    counts by largest remainder (exact rational arithmetic; equal remainders favour the earlier source).
+    counts (:func:`batch_counts`).
 
     So ``d_s = c_s / k`` when ``k`` divides every count, ``d_s = c_s`` when ``k = 1``, and in any case
     ``d_s`` is within one of ``c_s * D / T0``. A source with no count gets no draw.
@@ -134,13 +151,7 @@ def mix_draws(counts: Sequence[int], aug_repeats: int, names: Sequence[str] | No
         return list(counts)
     total = sum(counts)
     draws = -(-total // k)
-    from fractions import Fraction  # on first use: it imports decimal, which a plain file's plan never needs
-
-    quotas = [Fraction(c * draws, total) for c in counts]
-    shares = [math.floor(q) for q in quotas]
-    by_remainder = sorted(range(len(counts)), key=lambda s: (-(quotas[s] - shares[s]), s))
-    for s in by_remainder[: draws - sum(shares)]:
-        shares[s] += 1
+    shares = batch_counts(draws, counts)
     starved = [s for s, (c, d) in enumerate(zip(counts, shares)) if c and not d]
     if starved:
         s = starved[0]

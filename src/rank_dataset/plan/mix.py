@@ -53,9 +53,10 @@ from rank_dataset.plan.permutation import (
     splitmix64,
     splitmix64_array,
 )
+from rank_dataset.plan.schedule import in_force_at
 from rank_dataset.plan.sources import Source, SourceInfo
 
-__all__ = ["MixPlan", "Mixture", "combine_fingerprints", "source_seed", "source_seeds"]
+__all__ = ["MixPlan", "Mixture", "changes_from_list", "combine_fingerprints", "source_seed", "source_seeds"]
 
 _MASK64 = (1 << 64) - 1
 _FEW_SOURCES = 16  # up to this many sources, evaluate each one's permutation by a call of its own
@@ -87,6 +88,14 @@ def source_seeds(seed: int, count: int) -> npt.NDArray[np.uint64]:
     sources = np.arange(0x5EED, 0x5EED + count, dtype=np.uint64)
     with np.errstate(over="ignore"):
         return splitmix64_array(np.uint64(splitmix64(seed & _MASK64)) ^ splitmix64_array(sources))
+
+
+def changes_from_list(value: Any, name: str) -> tuple[Any, ...]:
+    """JSON lists ``[[first_epoch, [counts]], ...]`` as pairs, for :class:`MixPlan` to check; TypeError naming
+    ``name`` if ``value`` is not a list."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a list of [first_epoch, counts], got {value!r}")
+    return tuple((c[0], tuple(c[1])) if isinstance(c, Sequence) and len(c) == 2 else c for c in value)
 
 
 @dataclass(frozen=True, repr=False)
@@ -196,20 +205,12 @@ class MixPlan:
         keys = {"sizes", "counts", "epoch_size"}
         if not isinstance(data, Mapping) or not keys <= set(data) <= keys | {"changes"}:
             raise ValueError(f"a MixPlan dict has exactly the keys {sorted(keys)} (and changes), got {data!r}")
-        changes = data.get("changes", ())
-        if isinstance(changes, (str, bytes)) or not isinstance(changes, Sequence):
-            raise TypeError(f"changes must be a list of [first_epoch, counts], got {changes!r}")
-        pairs = tuple((c[0], tuple(c[1])) if isinstance(c, Sequence) and len(c) == 2 else c for c in changes)
-        return cls(tuple(data["sizes"]), tuple(data["counts"]), data["epoch_size"], pairs)
+        changes = changes_from_list(data.get("changes", ()), "changes")
+        return cls(tuple(data["sizes"]), tuple(data["counts"]), data["epoch_size"], changes)
 
     def counts_at(self, epoch: int) -> tuple[int, ...]:
         """The counts in force at ``epoch``."""
-        counts = self.counts
-        for first, later in self.changes:
-            if first > epoch:
-                break
-            counts = later
-        return counts
+        return in_force_at(((0, self.counts), *self.changes), epoch)
 
     def stream_starts(self, epoch: int, aug_repeats: int = 1) -> tuple[int, ...]:
         """Each source's stream position at the start of ``epoch``: the sum of its draws (its counts,
@@ -225,10 +226,11 @@ class MixPlan:
                 starts[s] += span * d
         return tuple(starts)
 
-    def check_draws(self, aug_repeats: int) -> None:
-        """Raise ValueError if a source's count, in any epoch, is too small for one draw of ``aug_repeats``."""
+    def check_draws(self, aug_repeats: int, names: Sequence[str] | None = None) -> None:
+        """Raise ValueError if a source's count, in any epoch, is too small for one draw of ``aug_repeats``
+        (naming it by ``names`` if given)."""
         for counts in (self.counts, *(c for _, c in self.changes)):
-            mix_draws(counts, aug_repeats)
+            mix_draws(counts, aug_repeats, names)
 
     def source_of(self, samples: npt.ArrayLike, dtype: npt.DTypeLike = np.int64) -> npt.NDArray[np.integer[Any]]:
         """The source of each global sample number (the source ``s`` with ``offset_s <= sample < offset_{s+1}``),
@@ -238,6 +240,18 @@ class MixPlan:
     def draws(self, aug_repeats: int = 1, epoch: int = 0) -> tuple[int, ...]:
         """Each source's draws in ``epoch`` when draws are ``aug_repeats`` positions each (see :func:`mix_draws`)."""
         return tuple(mix_draws(self.counts_at(epoch), aug_repeats))
+
+    def stream_positions(
+        self, seed: int, epoch: int, draws: npt.NDArray[np.int64], aug_repeats: int = 1
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The source of each of ``epoch``'s draws ``draws`` (each in ``[0, D)``) and its position in that
+        source's stream, as :meth:`locate` reads them."""
+        counts = self.draws(aug_repeats, epoch)
+        slots = permute(sum(counts), seed, epoch, draws)
+        bounds = Bounds(counts)
+        ids = bounds.part_of(slots)
+        slots += (np.array(self.stream_starts(epoch, aug_repeats), np.int64) - bounds.starts[:-1])[ids]
+        return ids, slots
 
     def locate(
         self, seed: int, epoch: int, positions: npt.ArrayLike, aug_repeats: int = 1
@@ -392,9 +406,8 @@ class Mixture:
         self.sources = tuple(sources)
         self.is_test = is_test
         self.plan = MixPlan.every_sample(sizes) if is_test else MixPlan.from_sources(sizes, sources, epoch_size)
-        if not is_test:  # a source too small for one draw of k copies, by its name, in any epoch
-            for counts in (self.plan.counts, *(c for _, c in self.plan.changes)):
-                mix_draws(counts, aug_repeats, [s.name for s in sources])
+        if not is_test:
+            self.plan.check_draws(aug_repeats, [s.name for s in sources])
         self._fingerprints = fingerprints
         # None: every source parses with the dataset's parser (so items need not know their source).
         self.parsers: tuple[Parser | None, ...] | None = None

@@ -27,7 +27,6 @@ state is its mixes and the edits' steps, never the samples.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,11 +36,12 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.checks import check_int
-from rank_dataset.plan.bounds import Bounds
+from rank_dataset.plan.counts import batch_counts
 from rank_dataset.plan.mix import MixPlan, source_seed
-from rank_dataset.plan.permutation import permute, permute_stream
+from rank_dataset.plan.permutation import permute_stream
 from rank_dataset.plan.schedule import BatchSchedule
-from rank_dataset.plan.step_mix import StepMix, batch_counts
+from rank_dataset.plan.step_mix import StepMix
+from rank_dataset.plan.step_state import json_digest
 
 __all__ = ["Edit", "MixSegment", "RemixChain", "SourceEntry"]
 
@@ -266,16 +266,7 @@ class _Live:
         epochs, d = np.divmod(r, self.draws) if lo != hi else (None, r - lo * self.draws)
         for e in range(lo, hi + 1):  # a window holds one epoch, or two (no sort: a range)
             where = epochs == e if epochs is not None else slice(None)
-            draws = mix.draws(self.k, e)
-            # As MixPlan.locate: the (seed, epoch) permutation of the draw slots, slot j of source s its stream
-            # position stream_starts[s] + j - first slot of s.
-            slots = permute(sum(draws), self.seed, e, d[where])
-            bounds = Bounds(draws)
-            ids = bounds.part_of(slots)
-            shift = np.array(mix.stream_starts(e, self.k), np.int64) - bounds.starts[:-1]
-            src[where] = ids
-            slots += shift[ids]
-            pos[where] = slots
+            src[where], pos[where] = mix.stream_positions(self.seed, e, d[where], self.k)
         return src, pos
 
     def local(self, q: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -294,9 +285,8 @@ class _Live:
         mix, segment = self.segment.mix, self.segment
         n = len(segment.sources)
         if isinstance(mix, StepMix):
-            pos = [int(x) for x in np.array(mix.taken(self.draws_schedule, segment.step), np.int64)]
             now = mix.taken(self.draws_schedule, self.draws_schedule.step_at(q))
-            at = [b - a for a, b in zip(pos, now)]
+            at = [b - int(a) for a, b in zip(self.base, now)]
             sizes = [s.size for s in segment.sources]
             return [a // m for a, m in zip(at, sizes)], [a % m + (-a) % m for a, m in zip(at, sizes)], q, at
         e = (q - self.start) // self.draws
@@ -472,7 +462,7 @@ class RemixChain:
 
     def digest(self) -> str:
         """A short hash of the chain (with the seed, ``aug_repeats`` and the schedule)."""
-        return hashlib.sha256(json.dumps(self.to_state(), sort_keys=True).encode()).hexdigest()[:16]
+        return json_digest(self.to_state())
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RemixChain) and self.to_state() == other.to_state()
@@ -546,14 +536,13 @@ def _settle(live: _Live, kept: Mapping[str, _Continued]) -> None:
 
 def check_kept(old: SourceEntry, new: SourceEntry) -> None:
     """Raise ValueError naming the source if a kept source's files changed (its samples or fingerprint)."""
+    changed = None
     if old.size != new.size:
+        changed = f"{new.size} samples, {old.size}"
+    elif old.fingerprint is not None and new.fingerprint is not None and old.fingerprint != new.fingerprint:
+        changed = f"fingerprint {new.fingerprint}, {old.fingerprint}"
+    if changed is not None:
         raise ValueError(
-            f"mixture edit: source {old.name!r} has {new.size} samples, {old.size} before the edit: its files changed "
-            "(an edit keeps a source's files; give the changed files another name to add them as a new source)"
-        )
-    if old.fingerprint is not None and new.fingerprint is not None and old.fingerprint != new.fingerprint:
-        raise ValueError(
-            f"mixture edit: source {old.name!r} has fingerprint {new.fingerprint}, {old.fingerprint} before the edit: "
-            "its files changed (an edit keeps a source's files; give the changed files another name to add them "
-            "as a new source)"
+            f"mixture edit: source {old.name!r} has {changed} before the edit: its files changed (an edit keeps a "
+            "source's files; give the changed files another name to add them as a new source)"
         )

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rank_dataset.core.checks import MAX_EXACT, check_at_most, check_int
-from rank_dataset.plan.mix import MixPlan, Mixture
+from rank_dataset.plan.mix import MixPlan, Mixture, changes_from_list
 from rank_dataset.plan.spec import MAX_WORLD_SIZE, ResumePoint, ShardSpec, mini_epoch_width
+from rank_dataset.plan.step_state import find_nested
 
 __all__ = ["STATE_VERSION", "MixRecord", "ResumeState", "SourceRecord", "find_state"]
 
@@ -111,11 +112,7 @@ class MixRecord:
             if not isinstance(source, Mapping) or set(source) != keys:
                 raise ValueError(f"mix source {i} must be a dict with the keys {sorted(keys)}, got {source!r}")
             records.append(SourceRecord(**source))
-        changes = data.get("changes", ())
-        if isinstance(changes, (str, bytes)) or not isinstance(changes, Sequence):
-            raise TypeError(f"mix changes must be a list of [first_epoch, counts], got {changes!r}")
-        pairs = tuple((c[0], tuple(c[1])) if isinstance(c, Sequence) and len(c) == 2 else c for c in changes)
-        return cls(data["epoch_size"], tuple(records), pairs)
+        return cls(data["epoch_size"], tuple(records), changes_from_list(data.get("changes", ()), "mix changes"))
 
     def counts_up_to(self, epoch: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
         """The counts in force from epoch 0 up to ``epoch``: ``((first_epoch, counts), ...)``."""
@@ -357,11 +354,4 @@ def _mix_key(mix: MixRecord | None, epoch: int) -> tuple[Any, ...] | None:
 
 def find_state(node: Any) -> dict[str, Any] | None:
     """The first resume state dict inside a nested state (e.g. a StatefulDataLoader's), or None."""
-    if isinstance(node, Mapping):
-        if node.get("version") == STATE_VERSION and "consumed_positions" in node:
-            return dict(node)
-        for value in node.values():
-            found = find_state(value)
-            if found is not None:
-                return found
-    return None
+    return find_nested(node, lambda d: d.get("version") == STATE_VERSION and "consumed_positions" in d)

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import bisect
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rank_dataset.core.checks import check_int
 
-__all__ = ["BatchSchedule"]
+__all__ = ["BatchSchedule", "in_force_at"]
+
+_T = TypeVar("_T")
+
+
+def in_force_at(changes: Sequence[tuple[int, _T]], at: int) -> _T:
+    """The value in force at ``at`` of ``changes``, ``(first, value)`` pairs ascending by ``first`` (before the
+    first: the first value).
+
+    Example:
+        >>> in_force_at(((0, "a"), (5, "b")), 4), in_force_at(((0, "a"), (5, "b")), 5)
+        ('a', 'b')
+    """
+    return changes[max(bisect.bisect_right(changes, at, key=lambda c: c[0]) - 1, 0)][1]
 
 
 @dataclass(frozen=True)
@@ -74,12 +88,7 @@ class BatchSchedule:
 
     def size(self, step: int) -> int:
         """``B(step)``."""
-        size = self.changes[0][1]
-        for first, b in self.changes:
-            if first > step:
-                break
-            size = b
-        return size
+        return in_force_at(self.changes, step)
 
     def start(self, step: int) -> int:
         """``S(step)``: the items of the global batches before ``step``."""

@@ -464,15 +464,12 @@ class ShapeStream:
 
     def epoch_of(self, step: int) -> int:
         """The epoch in which global batch ``step`` is completed."""
-        if self.batch_size is not None:
-            per = float(self.num_samples) / self.batch_size
-            e = max(0, int(step / per) - 1)
-            while self.steps_before(e + 1) <= step:
-                e += 1
+        if self.batch_size is not None:  # from an estimate, down to an epoch that starts at or before the step
+            e = max(0, int(step / (float(self.num_samples) / self.batch_size)) - 1)
             while e and self.steps_before(e) > step:
                 e -= 1
-            return e
-        e = max(e for e, s in self._runs.items() if s <= step)
+        else:
+            e = max(e for e, s in self._runs.items() if s <= step)
         while self.steps_before(e + 1) <= step:
             e += 1
         return e

@@ -15,6 +15,7 @@ import numpy as np
 from rank_dataset.core.checks import check_int, with_storage
 from rank_dataset.core.parsers import Parser, resolve_parser
 from rank_dataset.plan.exclude import Exclusion
+from rank_dataset.plan.schedule import in_force_at
 from rank_dataset.plan.subsets import SampleIds
 
 __all__ = ["PathArg", "Rule", "Source", "SourceInfo", "as_sources", "column_names", "in_force"]
@@ -110,9 +111,7 @@ def _rule(name: str, value: Any, check: Callable[[str, Any], Any]) -> Any:
 
 def in_force(rule: Any, at: int) -> Any:
     """The value of ``rule`` (a value, or a sorted schedule ``{first_epoch: value}`` or by step) in force at ``at``."""
-    if not isinstance(rule, Mapping):
-        return rule
-    return rule[max(e for e in rule if e <= at)]
+    return in_force_at(sorted(rule.items()), at) if isinstance(rule, Mapping) else rule
 
 
 @dataclass(frozen=True, init=False)

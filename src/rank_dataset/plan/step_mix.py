@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from rank_dataset.plan.counts import batch_counts
 from rank_dataset.plan.mix import source_seed
 from rank_dataset.plan.permutation import grid_each, permute_keyed, permute_stream, round_keys_each
+from rank_dataset.plan.schedule import in_force_at
 from rank_dataset.plan.sources import Source, in_force
 
 if TYPE_CHECKING:
@@ -32,29 +34,9 @@ if TYPE_CHECKING:
 
     from rank_dataset.plan.schedule import BatchSchedule
 
-__all__ = ["StepMix", "batch_counts"]
+__all__ = ["StepMix"]
 
 _SLOT_KEY = 0x534C4F54  # keys the slot shuffle apart from the sources' streams
-
-
-def batch_counts(size: int, weights: Sequence[float | Fraction]) -> list[int]:
-    """``size`` apportioned by ``weights`` by largest remainder (exact; ties favour the earlier source).
-
-    Examples:
-        >>> batch_counts(10, [1, 1, 1]), batch_counts(8, [3, 1])
-        ([4, 3, 3], [6, 2])
-    """
-    from fractions import Fraction  # on first use (it imports decimal): plans by epoch never need it
-
-    exact = [Fraction(w) for w in weights]
-    whole = sum(exact)
-    quotas = [size * w / whole for w in exact]
-    counts = [int(q) for q in quotas]
-    left = size - sum(counts)
-    order = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
-    for i in order[:left]:
-        counts[i] += 1
-    return counts
 
 
 _KINDS = ("weight", "repeat", "choose")
@@ -82,6 +64,15 @@ class StepMix:
     kinds: tuple[str, ...]
     rules: tuple[tuple[int, tuple[float, ...]], ...]
 
+    def __post_init__(self) -> None:
+        bad = [k for k in self.kinds if k not in _KINDS]
+        if bad or len(self.kinds) != len(self.sizes):
+            raise ValueError(f"a StepMix needs a kind in {_KINDS} for each of its {len(self.sizes)} sources")
+        rules = tuple(
+            (int(s), tuple(int(x) if k == "choose" else float(x) for k, x in zip(self.kinds, v))) for s, v in self.rules
+        )
+        object.__setattr__(self, "rules", rules)
+
     @classmethod
     def of(
         cls,
@@ -97,20 +88,13 @@ class StepMix:
             ValueError: naming the source and the step: a repeat that rounds to 0 samples, or fixed counts
                 that leave nothing of ``T0`` to the weighted sources.
         """
-        bad = [k for k in kinds if k not in _KINDS]
-        if bad or len(kinds) != len(sizes) or len(rules) != len(sizes):
-            raise ValueError(f"a StepMix needs a kind in {_KINDS} and a rule for each of its {len(sizes)} sources")
+        if len(rules) != len(sizes):
+            raise ValueError(f"a StepMix needs a rule for each of its {len(sizes)} sources")
         steps = sorted({0, *(s for r in rules if isinstance(r, Mapping) for s in r)})
-
-        def values_at(step: int) -> tuple[float, ...]:
-            return tuple(
-                int(v) if k == "choose" else float(v) for k, v in zip(kinds, (in_force(r, step) for r in rules))
-            )
-
-        table = tuple((step, values_at(step)) for step in steps)
+        table = tuple((step, tuple(in_force(r, step) for r in rules)) for step in steps)
         mix = cls(tuple(int(n) for n in sizes), int(epoch_size), tuple(kinds), table)
         names = names or [str(s) for s in range(len(sizes))]
-        for step, values in table:
+        for step, values in mix.rules:
             mix._shares(values, step, names)  # raises on what cannot be met
         return mix
 
@@ -142,22 +126,15 @@ class StepMix:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepMix:
-        kinds = tuple(data["kinds"])
-        bad = [k for k in kinds if k not in _KINDS]
-        if bad:
-            raise ValueError(f"a StepMix's kinds are {_KINDS}, got {bad[0]!r}")
-        rules = tuple(
-            (int(s), tuple(int(x) if k == "choose" else float(x) for k, x in zip(kinds, v))) for s, v in data["rules"]
-        )
-        return cls(tuple(data["sizes"]), int(data["epoch_size"]), kinds, rules)
+        return cls(tuple(data["sizes"]), int(data["epoch_size"]), tuple(data["kinds"]), tuple(data["rules"]))
 
     def shares(self, step: int) -> tuple[Fraction, ...]:
         """``c_s(step)``: each source's share of ``T0`` by the rules in force at ``step`` (exact)."""
-        return self._shares(next(v for s, v in reversed(self.rules) if s <= step), step)
+        return self._shares(in_force_at(self.rules, step), step)
 
     def _shares(self, values: Sequence[float], step: int, names: Sequence[str] | None = None) -> tuple[Fraction, ...]:
         """The shares of the rules' ``values`` (in force from ``step``); ValueError naming what cannot be met."""
-        from fractions import Fraction  # on first use, as in batch_counts
+        from fractions import Fraction  # on first use: it imports decimal
 
         label = names or [str(s) for s in range(len(self.sizes))]
         shares: list[Fraction] = []

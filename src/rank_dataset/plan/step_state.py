@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rank_dataset.core.checks import MAX_EXACT, check_int, check_record
 from rank_dataset.plan.schedule import BatchSchedule
 
-__all__ = ["STEP_STATE_KEY", "StepState", "find_step_state", "mix_digest"]
+__all__ = ["STEP_STATE_KEY", "StepState", "find_nested", "find_step_state", "json_digest", "mix_digest"]
 
 #: The key that marks a step state; its value is the format version.
 STEP_STATE_KEY = "rank_dataset_steps"
@@ -32,11 +32,14 @@ _NAMES = {
 }
 
 
-def mix_digest(record: Mapping[str, Any] | None) -> str | None:
-    """A short hash of a mix's numbers (a ``MixRecord`` as a dict): what a step state records of the mix."""
-    if record is None:
-        return None
+def json_digest(record: Any) -> str:
+    """A short hash of a JSON-able value (a MixPlan's dict, a chain's state), the same wherever it is computed."""
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def mix_digest(record: Mapping[str, Any] | None) -> str | None:
+    """:func:`json_digest` of a mix's numbers (a ``MixRecord`` as a dict): what a step state records of the mix."""
+    return None if record is None else json_digest(record)
 
 
 @dataclass(frozen=True)
@@ -127,11 +130,16 @@ class StepState:
 
 def find_step_state(node: Any) -> dict[str, Any] | None:
     """The first step state inside a nested state (e.g. a StatefulDataLoader's), or None."""
+    return find_nested(node, lambda d: STEP_STATE_KEY in d)
+
+
+def find_nested(node: Any, match: Callable[[Mapping[str, Any]], bool]) -> dict[str, Any] | None:
+    """The first mapping inside ``node`` (itself, then its values depth first) that ``match`` accepts, or None."""
     if isinstance(node, Mapping):
-        if STEP_STATE_KEY in node:
+        if match(node):
             return dict(node)
         for value in node.values():
-            found = find_step_state(value)
+            found = find_nested(value, match)
             if found is not None:
                 return found
     return None

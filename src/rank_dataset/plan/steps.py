@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.checks import MAX_EXACT
-from rank_dataset.plan.permutation import permute, permute_stream
+from rank_dataset.plan.permutation import permute_stream
 from rank_dataset.plan.remix import RemixChain
 from rank_dataset.plan.schedule import BatchSchedule
 from rank_dataset.plan.step_mix import StepMix
@@ -162,13 +162,7 @@ class StepLayout:
         k = aug_repeats
         size = self.schedule.size(step)
         self.schedule.check(world_size, k)
-        draws = self.draws(step, k)
-        if self.remix is not None:  # a mix edited at a resume: its chain of mixes gives every draw's sample
-            samples = self.remix.samples(draws)
-        elif self.mix is not None:
-            samples = self.mix.samples(draws, self.schedule.in_draws(k), seed)
-        else:
-            samples = stream_samples(draws, num_samples, seed, k, mix)
+        samples = self._samples(self.draws(step, k), num_samples, seed, k, mix)
         return samples, np.arange(world_size + 1, dtype=np.int64) * (size // world_size)
 
     def draws(self, step: int, aug_repeats: int = 1) -> npt.NDArray[np.int64]:
@@ -191,13 +185,18 @@ class StepLayout:
     ) -> npt.NDArray[np.int64]:
         """The samples (plan numbers) at ``positions`` of :meth:`positions`."""
         self._positional()
-        k = aug_repeats
-        draws = draws_per_epoch(num_samples, k)
+        draws = epoch * draws_per_epoch(num_samples, aug_repeats) + positions // aug_repeats
+        return self._samples(draws, num_samples, seed, aug_repeats, mix)
+
+    def _samples(
+        self, draws: npt.NDArray[np.int64], num_samples: int, seed: int, k: int, mix: MixPlan | None
+    ) -> npt.NDArray[np.int64]:
+        """The samples (plan numbers) at the stream's draws ``draws``."""
         if self.remix is not None:  # a mix edited at a resume: its chain of mixes gives every draw's sample
-            return self.remix.samples(epoch * draws + positions // k)
+            return self.remix.samples(draws)
         if self.mix is not None:  # by steps: the batches' counts and slots of draws, not an epoch order
-            return self.mix.samples(epoch * draws + positions // k, self.schedule.in_draws(k), seed)
-        return stream_samples(epoch * draws + positions // k, num_samples, seed, k, mix)
+            return self.mix.samples(draws, self.schedule.in_draws(k), seed)
+        return stream_samples(draws, num_samples, seed, k, mix)
 
 
 def stream_samples(
@@ -206,35 +205,26 @@ def stream_samples(
     """The samples at draws ``draws`` of the step stream (draw ``q``: draw ``q mod D`` of epoch ``q // D``).
 
     Example:
+        >>> from rank_dataset.plan.permutation import permute
         >>> stream_samples(np.arange(12), 10, 0).tolist()[10:] == permute(10, 0, 1, [0, 1]).tolist()
         True
     """
-    per_epoch = draws_per_epoch(num_samples, aug_repeats)
     draws = np.asarray(draws, np.int64)
+    if mix is None:  # draw q is position q of the files' stream of passes (as in spec.epoch_order)
+        return permute_stream(num_samples, seed, 0, draws)
+    k, per_epoch = aug_repeats, draws_per_epoch(num_samples, aug_repeats)
     if not draws.size:
         return np.empty(draws.shape, np.int64)
     lo, hi = int(draws.min()) // per_epoch, int(draws.max()) // per_epoch
     if lo == hi:  # one epoch (all but the shard that straddles an epoch's end): no split
-        return _epoch_samples(draws - lo * per_epoch, lo, num_samples, seed, aug_repeats, mix)
+        return mix.epoch_order(seed, lo, (draws - lo * per_epoch) * k, k)
     epochs, within = np.divmod(draws, per_epoch)
     out = np.empty(within.shape, np.int64)
     for e in range(lo, hi + 1):
         where = epochs == e
         if where.any():
-            out[where] = _epoch_samples(within[where], e, num_samples, seed, aug_repeats, mix)
+            out[where] = mix.epoch_order(seed, e, within[where] * k, k)
     return out
-
-
-def _epoch_samples(
-    d: npt.NDArray[np.int64], epoch: int, num_samples: int, seed: int, k: int, mix: MixPlan | None
-) -> npt.NDArray[np.int64]:
-    """The samples of draws ``d`` (each in ``[0, D)``) of ``epoch``."""
-    if mix is not None:
-        return mix.epoch_order(seed, epoch, d * k, k)
-    if k == 1:
-        return permute(num_samples, seed, epoch, d)
-    per_epoch = draws_per_epoch(num_samples, k)  # as rank_dataset.plan.spec.epoch_order: the stream of passes
-    return permute_stream(num_samples, seed, epoch * per_epoch, d, stop=per_epoch)
 
 
 def check_stream(num_samples: int, schedule: BatchSchedule, step: int) -> None:

@@ -90,6 +90,13 @@ def _fields(raw: bytes, magic: bytes, index: Index) -> tuple[int, int, int]:
     return fields[0], fields[1], fields[2]
 
 
+def _header(magic: bytes, index: Index, n: int, key_bytes: int, form: int) -> bytes:
+    """The header :func:`_fields` reads, padded to the data's offset."""
+    key = index.key
+    header = _HEADER.pack(magic, key.size, key.digest(), index.count, n, key_bytes, form, index.ends_hash)
+    return header.ljust(_DATA_OFFSET, b"\0")
+
+
 def _order_offset(nkeys: int, key_bytes: int) -> int:
     return _DATA_OFFSET + 8 * (nkeys + 1) + -(-key_bytes // 8) * 8
 
@@ -113,12 +120,7 @@ def write_cache(cache: Path, index: Index, group: Callable[[Place], Grouping]) -
             form, key_part = _INT_KEYS, np.asarray(keys, "<i8").tobytes()
         else:
             form, key_part = _JSON_KEYS, _encode_keys(keys)
-        k = index.key
-        header = _HEADER.pack(
-            _MAGIC, k.size, k.digest(), index.count, len(keys), len(key_part), form,
-            index.ends_hash,
-        )  # fmt: skip
-        head = header.ljust(_DATA_OFFSET, b"\0") + bounds.astype("<i8").tobytes()
+        head = _header(_MAGIC, index, len(keys), len(key_part), form) + bounds.astype("<i8").tobytes()
         head += key_part.ljust(-(-len(key_part) // 8) * 8, b"\0")
         size = len(head) + 8 * index.count
         try:
@@ -226,13 +228,12 @@ def write_columns(
     if temp is None:
         return None
     fd, tmp = temp
-    k = index.key
-    header = _HEADER.pack(_COLUMNS_MAGIC, k.size, k.digest(), index.count, ncols, 0, _UINT32_COLUMNS, index.ends_hash)
+    header = _header(_COLUMNS_MAGIC, index, ncols, 0, _UINT32_COLUMNS)
     size = _DATA_OFFSET + 4 * ncols * index.count
 
     def write() -> None:
         os.ftruncate(fd, size)
-        os.pwrite(fd, header.ljust(_DATA_OFFSET, b"\0"), 0)
+        os.pwrite(fd, header, 0)
         mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         try:
             view = np.frombuffer(mapped, "<u4", count=ncols * index.count, offset=_DATA_OFFSET)

@@ -4,44 +4,21 @@
 batch's order.
 
 - Names are checked before anything is read: a NUL byte, an absolute path, a ``..`` component or a URL where a
-  root is a directory is refused. A local file is opened from its root's directory one component at a time
-  with ``O_NOFOLLOW``; where that meets a symlink, the real path (symlinks followed) must be under the root
-  and is opened with ``O_NOFOLLOW`` (the last component cannot be swapped for a link after the check), else
-  it is refused unread. It must be a regular file. With no root, a name must be a URL (or an absolute path)
-  under one of the ``allow`` prefixes.
-- On Linux with the native kernels, a batch's local files are opened in runs of up to :data:`_RUN` by one
-  call of :func:`~rank_dataset.core.native.open_files` (``openat2`` beneath the root's directory with
-  ``RESOLVE_BENEATH``, ``fstat`` and the page-cache probe of each, in C): a symlink that stays under the root
-  is followed, one that leaves it is refused by the system. A file it opens is read as the walk's would be;
-  one it refuses for another reason than a missing file or a directory (a symlink, mostly) is opened again
-  by the walk above, which says why, in the same words. Elsewhere (no ``openat2``, numpy kernels) the walk
-  opens every file.
-- A local file whose pages are in the page cache (a read of its last byte with ``RWF_NOWAIT`` succeeds) is
-  read as it is taken, in the taking thread: a page-cache hit is a copy, which a hand-off to a thread costs
-  more than. From the first file of a batch that is not (or where the system cannot tell), the batch's local
-  files are read by a small thread pool, their reads overlapping (those opened ahead handed to it open).
-  Either way one ``os.pread`` of its size reads a file straight into the ``bytes`` handed out.
-- Objects are read by a pool of ``max_in_flight`` threads of this process, each request
-  through obstore's blocking API (``obstore.get``, which runs on obstore's runtime without the GIL), with the
-  same clients and settings as meta files (:mod:`._stores`), looked up once a batch; a request holds one of the
-  node's slots (:mod:`._slots`) while it runs, then kept as a spare for the process's next request until its
-  requests have all ended, unless requests of the node wait for one (a slot locked once a batch, not once a
-  request). (obstore's async API costs about twice the CPU a payload: each request crosses from its runtime
-  into an asyncio loop twice.) A body is copied
-  once, from the client's buffer into the ``bytes``, in the thread that takes the payloads (its freed memory
-  is reused there, where a copy in each pool thread takes fresh pages).
+  root is a directory is refused; a local file must stay under its root with symlinks followed
+  (:meth:`PayloadReader._open_checked`, or the native opener where the system has ``openat2``) and be a
+  regular file. With no root, a name must be a URL (or an absolute path) under one of the ``allow`` prefixes.
+- A local file in the page cache is read in the taking thread; from the first that is not, the batch's local
+  files are read by a small thread pool. Either way one ``os.pread`` of its size reads it.
+- Objects are read by a pool of ``max_in_flight`` threads through obstore's blocking API, with the clients of
+  meta files (:mod:`._stores`); a request holds one of the node's slots (:mod:`._slots`) while it runs.
 - The bytes read and not yet handed out stay under ``max_bytes`` (:class:`~._slots.ByteBudget`).
 - A failure is the payload's: a :class:`~rank_dataset.errors.PayloadError` naming the path or URL. 5xx and
-  dropped connections are retried by the client (its retry settings) and a short body or a stalled request
-  is asked again here, with backoff, all within ``timeout``.
+  dropped connections are retried by the client and a short body or a stalled request is asked again here,
+  with backoff, all within ``timeout``.
 
-Nothing here crosses a fork: the pools and the clients are made in the process that reads (the pid
-checked on each batch). A process forked from one that ran obstore's runtime cannot run it (the runtime's
-threads are not in the child: obstore #441; a request hangs). Whether the parent ran it is not knowable
-(any code may have), so a process forked from one that had imported obstore is taken as one that did;
-there, objects are read by a helper process started with
-``python -m rank_dataset.files.io.payloads`` (not forked), which reads as this module does and sends each
-payload back through a pipe in order; it exits when its pipe closes.
+Nothing here crosses a fork (the pid is checked on each batch). A process forked from one that had imported
+obstore cannot run obstore's runtime (obstore #441), so it reads objects through a helper process started with
+``python -m rank_dataset.files.io.payloads``, which sends each payload back through a pipe in order.
 """
 
 from __future__ import annotations
@@ -390,9 +367,7 @@ class PayloadReader:
             if type(target) is not LocalTarget or target.root != root:
                 break
             rels.append(target.rel)
-        at = self._roots.get(root)
-        if at is None:
-            at = self._root_fd(root)
+        at = self._root_fd(root)
         try:
             out = native.open_files(at, rels, _HERE_MAX if _NOWAIT is not None else -1)
         except UnicodeEncodeError:  # a name the file system cannot spell: the walk's turn, file by file
@@ -460,9 +435,7 @@ class PayloadReader:
         fd, ok = -1, False
         try:
             if _WALK:
-                at = self._roots.get(target.root)
-                if at is None:
-                    at = self._root_fd(target.root)
+                at = self._root_fd(target.root)
                 parts = target.rel.split(os.sep)
                 if "" in parts or "." in parts:  # "a//b", "./a": the same file
                     parts = [part for part in parts if part and part != "."] or ["."]
@@ -503,6 +476,9 @@ class PayloadReader:
 
     def _root_fd(self, root: str) -> int:
         """A descriptor of the directory ``root``, opened on this process's first read under it."""
+        fd = self._roots.get(root)  # opened already: no lock taken
+        if fd is not None:
+            return fd
         with self._lock:
             fd = self._roots.get(root)
             if fd is None:

@@ -1,14 +1,6 @@
 """One meta file as the readers take it: its bytes (:class:`FileBytes`: a local file's,
 :class:`LocalBytes`, or an object's, :class:`ObjectBytes`; :func:`bytes_of` picks) and its index
-(:class:`IndexedFile`).
-
-:class:`LocalBytes` opens a file only while reading it and reads it with positional reads (a shared map
-of a file that shrinks kills the process with SIGBUS; a positional read comes back short), checking when
-it opens the file and again when it is done that it is still the file the index describes.
-:class:`ObjectBytes` opens an object (one HEAD) on its first read in a process and pins every read to
-its ETag. The bytes of a gzip or zstd file are its decompressed ones, read through its checkpoints
-(:class:`~rank_dataset.files.formats.SpanSource`); a Parquet file's rows are read by row group through
-:meth:`FileBytes.rows`, checked against its index.
+(:class:`IndexedFile`). Every read is checked to be of the file its index describes.
 """
 
 from __future__ import annotations

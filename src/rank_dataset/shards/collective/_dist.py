@@ -12,7 +12,7 @@ import contextlib
 import datetime
 import pickle
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ import numpy.typing as npt
 from rank_dataset.core.threads import wait_released
 from rank_dataset.errors import CollectiveError
 
-__all__ = ["CollectiveError", "Collectives", "require_process_group"]
+__all__ = ["CollectiveError", "Collectives", "from_rank0", "require_process_group"]
 
 
 def require_process_group() -> None:
@@ -204,3 +204,20 @@ def _backend_config(dist: Any, group: Any) -> str:
     """``"cpu:gloo"``, ``"cuda:nccl"``, ``"cpu:gloo,cuda:nccl"``...: the backends of ``group``."""
     config = str(dist.get_backend_config(group))
     return config if ":" in config else {"gloo": "cpu:gloo,cuda:gloo"}.get(config, "cuda:" + config)
+
+
+def from_rank0(
+    net: Collectives, make: Callable[[], Any], name: str, errors: tuple[type[BaseException], ...] = ()
+) -> Any:
+    """``make()`` run on rank 0 and its value sent to every rank of ``net``; an error of ``errors`` it raises
+    is sent instead and raised on every rank."""
+    found: list[Any] = [None]
+    if net.rank == 0:
+        try:
+            found[0] = make()
+        except errors as exc:
+            found[0] = exc
+    net.broadcast(found, name)
+    if isinstance(found[0], BaseException):
+        raise found[0]
+    return found[0]

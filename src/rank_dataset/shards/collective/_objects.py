@@ -11,7 +11,7 @@ from pathlib import Path
 from rank_dataset.core.checks import UrlPath
 from rank_dataset.files.formats import Format, by_name, detect_source, refuse_cut_source
 from rank_dataset.files.io import SourceKey, open_source
-from rank_dataset.shards.collective._dist import Collectives
+from rank_dataset.shards.collective._dist import Collectives, from_rank0
 
 __all__ = ["shared_objects"]
 
@@ -24,20 +24,15 @@ def shared_objects(net: Collectives, paths: Sequence[Path]) -> dict[int, tuple[S
     urls = [i for i, p in enumerate(paths) if isinstance(p, UrlPath)]  # as meta_path makes them
     if not urls:
         return {}
-    found: list[object] = [None]
-    if net.rank == 0:
-        try:
-            got = []
-            for i in urls:
-                source = open_source(paths[i])
-                fmt = detect_source(source)
-                refuse_cut_source(paths[i], source, fmt)
-                got.append((source.key, fmt.value))
-            found[0] = got
-        except (OSError, ValueError, ImportError, RuntimeError) as exc:
-            found[0] = exc
-    net.broadcast(found, "the objects' keys")
-    if isinstance(found[0], BaseException):
-        raise found[0]
-    keys: list[tuple[SourceKey, str]] = found[0]  # type: ignore[assignment]
+
+    def heads() -> list[tuple[SourceKey, str]]:
+        got = []
+        for i in urls:
+            source = open_source(paths[i])
+            fmt = detect_source(source)
+            refuse_cut_source(paths[i], source, fmt)
+            got.append((source.key, fmt.value))
+        return got
+
+    keys = from_rank0(net, heads, "the objects' keys", (OSError, ValueError, ImportError, RuntimeError))
     return {i: (key, by_name(fmt_name)) for i, (key, fmt_name) in zip(urls, keys)}

@@ -27,7 +27,7 @@ from rank_dataset.plan.bounds import Bounds
 from rank_dataset.shards._rows import RowsText
 from rank_dataset.shards._text import Text, chunks
 from rank_dataset.shards.collective import _routing
-from rank_dataset.shards.collective._dist import Collectives
+from rank_dataset.shards.collective._dist import Collectives, from_rank0
 from rank_dataset.shards.collective._status import failure_of, raise_reported
 
 __all__ = ["Slices", "count_slices", "shared_checkpoints", "shared_fingerprints"]
@@ -189,18 +189,12 @@ def shared_checkpoints(
     sends them to every rank, or the error it met."""
     if not any(f.compressed for f in formats):
         return [None] * len(formats)
-    found: list[Any] = [None]
-    if net.rank == 0:
-        try:
-            found[0] = [
-                checkpoints_of(p, k).to_bytes() if f.compressed else None for p, k, f in zip(paths, keys, formats)
-            ]
-        except (OSError, ValueError) as exc:
-            found[0] = exc
-    net.broadcast(found, "the checkpoints")
-    if isinstance(found[0], BaseException):
-        raise found[0]
-    got: list[bytes | None] = found[0]
+    got: list[bytes | None] = from_rank0(
+        net,
+        lambda: [checkpoints_of(p, k).to_bytes() if f.compressed else None for p, k, f in zip(paths, keys, formats)],
+        "the checkpoints",
+        (OSError, ValueError),
+    )
     return [None if raw is None else Checkpoints.from_bytes(raw) for raw in got]
 
 
@@ -208,11 +202,10 @@ def shared_fingerprints(
     net: Collectives, slices: Slices, keys: Sequence[SourceKey], file_samples: _Ints
 ) -> tuple[str, tuple[str, ...]]:
     """MetaFile's fingerprints of the files (together, each alone): read by rank 0, sent to all."""
-    if net.rank == 0:
+
+    def both() -> tuple[str, tuple[str, ...]]:
         columns = [t.columns if isinstance(t, RowsText) else None for t in slices.texts]
-        whole, each = fingerprints(zip(slices.paths, keys, file_samples.tolist(), columns))
-        found: list[Any] = [whole, each]
-    else:
-        found = [None, None]
-    net.broadcast(found, "the fingerprint")
-    return found[0], tuple(found[1])
+        return fingerprints(zip(slices.paths, keys, file_samples.tolist(), columns))
+
+    whole, each = from_rank0(net, both, "the fingerprint")
+    return whole, tuple(each)
