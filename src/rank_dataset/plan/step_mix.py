@@ -67,7 +67,9 @@ class StepMix:
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in _KINDS]
         if bad or len(self.kinds) != len(self.sizes):
-            raise ValueError(f"a StepMix needs a kind in {_KINDS} for each of its {len(self.sizes)} sources")
+            raise ValueError(
+                f"a StepMix needs a kind in {_KINDS} for each of its {len(self.sizes)} sources, got {self.kinds!r}"
+            )
         rules = tuple(
             (int(s), tuple(int(x) if k == "choose" else float(x) for k, x in zip(self.kinds, v))) for s, v in self.rules
         )
