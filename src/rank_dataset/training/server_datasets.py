@@ -229,16 +229,11 @@ class RankServerDataset(ShardedDataset):
     plan computed here, and held in the same compact form as RankDataset's.
 
     ``is_test``, ``reload_cfg``, ``rank``, ``world_size``, ``parser``, ``audit``, ``exclude``, ``transform``,
-    ``on_error``, ``max_failures``, ``exclude_failures`` and ``payloads`` are RankDataset's; ``token``,
-    ``timeout`` and ``retries`` are ServerDataset's.
+    ``on_error``, ``max_failures``, ``exclude_failures`` and ``payloads`` are RankDataset's; ``url``,
+    ``server_ip``, ``server_port``, ``token``, ``timeout`` and ``retries`` are ServerDataset's (with
+    ``server_ip``, the dataset reads the one file named, as a mix of it if the server serves others too).
 
     Args:
-        url: the server's base URL; or, in the original project's form, the meta file's path, with
-            ``server_ip`` and ``server_port``.
-        server_ip: the server's address (the original project's keyword). The server must serve a
-            file of ``url``'s file name; the dataset reads that file (if the server serves others
-            too, as a mix of that one file).
-        server_port: the server's port, an int or a str of digits.
         sources: a mix of the served files: a list of :class:`~rank_dataset.plan.sources.Source` whose paths
             are names of served files (their file names, as ``GET /files`` lists them). None: every
             served file, taken as one. The shard is RankDataset's for the same mix of those files.

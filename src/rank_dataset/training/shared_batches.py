@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rank_dataset.core.threads import wait_released
+from rank_dataset.training._agree import collective_device
 
 __all__ = ["SharedBatches", "shared_batches"]
 
@@ -58,7 +59,7 @@ class SharedBatches:
             )
         # Elsewhere the loader is never touched: no iterator, so no DataLoader worker starts.
         self.loader: Any = loader if rank == 0 else None
-        self._device = _device_of(self.group)
+        self._device = collective_device(self.group)
 
     def __iter__(self) -> Iterator[Any]:
         return self._lead() if self.rank == 0 else self._follow()
@@ -235,18 +236,6 @@ def _process_group(group: Any) -> Any:
     if not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"group must be a ProcessGroup or a 1-D DeviceMesh (mesh['tp']), got {type(group).__name__}")
     return group
-
-
-def _device_of(group: Any) -> Any:
-    """The device the group's tensors travel on: the CPU where it has a CPU backend (gloo), else the
-    current CUDA device."""
-    import torch
-    import torch.distributed as dist
-
-    config = str(dist.get_backend_config(group))
-    if "cpu:" in config or config == "gloo":
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _state_holder(loader: Any) -> Any:
