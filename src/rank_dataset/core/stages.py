@@ -43,6 +43,7 @@ __all__ = [
     "STAGES",
     "StageTable",
     "add_hook",
+    "add_transformed",
     "item_hook",
     "item_stage",
     "rank_totals",
@@ -149,6 +150,18 @@ COLUMNS = STAGE + 1
 ROWS = 65
 _ROWS_AT = _HEADER_WORDS * 8 + _DIR_BYTES
 SIZE = _ROWS_AT + ROWS * COLUMNS * 8
+
+
+def add_transformed(words: Any, row: int, spent: int, n: int, replaced: int, substitutes: int) -> None:
+    """Add a batch's transform time (``spent`` ns) and its ``n`` items to ``row``, and its ``replaced``
+    substitutes' time (``substitutes`` ns) apart; mark the row idle."""
+    words[row + TRANSFORM] += spent
+    words[row + TRANSFORM + 1] += n
+    if replaced:
+        words[row + REPLACED] += substitutes
+        words[row + REPLACED + 1] += replaced
+    words[row + CURRENT] = words[row + STAGE] = -1
+
 
 _forks = 0  # bumped in every forked child: a row claimed before the fork is the parent's
 

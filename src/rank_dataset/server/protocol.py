@@ -303,20 +303,22 @@ _INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
 def parse_int(name: str, raw: str) -> int:
     """A decimal integer in ASCII digits (no spaces, underscores or other scripts' digits; at most
     100 of them), else a ValueError naming ``name``."""
-    shown = raw if len(raw) <= 40 else f"{raw[:40]}..."
     if not _INTEGER.fullmatch(raw):
-        raise ValueError(f"{name} must be an integer, got {shown!r}")
+        raise ValueError(f"{name} must be an integer, got {_shown(raw)!r}")
     if len(raw.lstrip("+-")) > 100:
-        raise ValueError(f"{name} must have at most 100 digits, got {shown}")
+        raise ValueError(f"{name} must have at most 100 digits, got {_shown(raw)}")
     return int(raw)
+
+
+def _shown(raw: str) -> str:
+    return raw if len(raw) <= 40 else f"{raw[:40]}..."
 
 
 def _parse_ints(name: str, raw: str) -> list[int]:
     try:
         return [parse_int(name, x) for x in raw.split(",")]
     except ValueError:
-        shown = raw if len(raw) <= 40 else f"{raw[:40]}..."
-        raise ValueError(f"{name} must be integers separated by commas, got {shown!r}") from None
+        raise ValueError(f"{name} must be integers separated by commas, got {_shown(raw)!r}") from None
 
 
 def _parse_bool(name: str, raw: str) -> bool:

@@ -189,7 +189,7 @@ class MetaServer:
         """The shard framed in the answer to ``path`` (POST when ``body`` is given, else GET); with
         ``planned`` (the sample numbers, or a function giving them, called once the frame is in),
         checked to hold those samples and kept in a shareable segment without them (see
-        :func:`~rank_dataset.server.protocol.decode_frame`)."""
+        :func:`~rank_dataset.server.protocol.receive_frame`)."""
 
         def framed(read: Callable[[], Shard], socket_errors: tuple[type[Exception], ...] = ()) -> Shard:
             try:
@@ -201,10 +201,10 @@ class MetaServer:
             except socket_errors as exc:  # the socket's own errors (urllib3 wraps its own)
                 raise _Retryable(f"the frame could not be read: {exc!r}") from exc
 
-        def decode(body: bytes) -> Shard:
-            return framed(lambda: protocol.decode_frame(body, planned=planned() if callable(planned) else planned))
+        def decode(body: bytes) -> Shard:  # no plan: the frame as it came, with its sample numbers
+            return framed(lambda: protocol.decode_frame(body))
 
-        def receive(response: Any) -> Shard:
+        def receive(response: Any) -> Shard:  # a plan: read into the shareable segment as it comes
             assert planned is not None
             declared = response.headers.get("content-length")
             length = int(declared) if declared is not None and declared.isdigit() else None

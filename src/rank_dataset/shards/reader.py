@@ -15,10 +15,11 @@ import numpy.typing as npt
 
 from rank_dataset.core.shard import Shard
 from rank_dataset.core.stages import timed_result
-from rank_dataset.files.read.metafile import MetaFile
 from rank_dataset.plan.spec import ShardSpec
 
 if TYPE_CHECKING:
+    from rank_dataset.files.read.metafile import MetaFile
+
     # Imported where a mix, a subset or an exclusion is given: a reader of plain files plans none.
     from rank_dataset.plan.exclude import Exclusion, KeptIds
     from rank_dataset.plan.mix import MixPlan
@@ -89,10 +90,17 @@ class Sampling:
         total: the samples of every file together.
         starts: where each file's samples start in the global numbering (``total`` last).
         sources: for a mix, the Sources; None: no mix.
+        what: the files, as an exclusion past them names them.
     """
 
-    def __init__(self, total: int, starts: npt.NDArray[np.int64], sources: Sequence[Source] | None) -> None:
-        self.total, self._starts = total, starts
+    def __init__(
+        self,
+        total: int,
+        starts: npt.NDArray[np.int64],
+        sources: Sequence[Source] | None,
+        what: str = "the meta files",
+    ) -> None:
+        self.total, self._starts, self._what = total, starts, what
         self.sources = None if sources is None else tuple(sources)
         self.files: tuple[tuple[int, ...], ...] = () if sources is None else _distinct(sources)[1]
         self.map: SampleMap | None = None
@@ -109,7 +117,7 @@ class Sampling:
                 from rank_dataset.plan.exclude import KeptIds
 
                 kept = KeptIds(None, exclusion)
-                kept.check(self.total, "the meta files")
+                kept.check(self.total, self._what)
                 self.kept = kept
             self.keeps_ids = self.kept is not None
             return
@@ -163,16 +171,21 @@ class Sampling:
 
 
 class SampledReader:
-    """What the file and collective readers share: their :class:`Sampling` and the protocol members it
+    """What the file, collective and server readers share: their :class:`Sampling` and the protocol members it
     answers (``keeps_ids``, :meth:`set_exclusion`, ``plan_size``, ``source_sizes``)."""
 
     keeps_ids: bool = False
     _sampling: Sampling | None
 
     def _sample(
-        self, total: int, starts: npt.NDArray[np.int64], sources: Sequence[Source] | None, exclude: Exclusion | None
+        self,
+        total: int,
+        starts: npt.NDArray[np.int64],
+        sources: Sequence[Source] | None,
+        exclude: Exclusion | None,
+        what: str = "the meta files",
     ) -> None:
-        self._sampling = Sampling(total, starts, sources)
+        self._sampling = Sampling(total, starts, sources, what)
         self._is_mix = sources is not None
         self.set_exclusion(exclude)
 

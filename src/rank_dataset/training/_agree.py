@@ -27,7 +27,14 @@ from rank_dataset.core.threads import wait_released
 from rank_dataset.errors import RanksDisagreeError
 from rank_dataset.plan.spec import ShardSpec
 
-__all__ = ["RanksDisagreeError", "agreement_fields", "agreement_needed", "check_ranks_agree", "disagreement"]
+__all__ = [
+    "RanksDisagreeError",
+    "agreement_fields",
+    "agreement_needed",
+    "check_ranks_agree",
+    "collective_device",
+    "disagreement",
+]
 
 _SLOTS = 32  # the gathered tensor's length: the field names, one slot per field, and the rank last
 _SHOWN_VALUES = 8  # distinct values named in a message; more are counted
@@ -101,7 +108,7 @@ def check_ranks_agree(
     reprs = {str(name): repr(value) for name, value in fields.items()}
     local = _hashes(reprs)
     local[-1] = -1 if rank is None else int(rank)  # not compared: the ranks' coverage is checked below
-    device = _collective_device(dist, torch, group)
+    device = collective_device(group)
     mine = torch.tensor(local, dtype=torch.int64, device=device)
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, mine, group=group)
@@ -166,10 +173,7 @@ def disagreement(
     holders: dict[str, list[int]] = {}
     for rank, value in enumerate(values):
         holders.setdefault(value, []).append(rank)
-    shown = [f"{value} on ranks {_ranks_text(ranks)}" for value, ranks in list(holders.items())[:_SHOWN_VALUES]]
-    if len(holders) > _SHOWN_VALUES:
-        shown.append(f"and {len(holders) - _SHOWN_VALUES} more values")
-    message = f"ranks disagree on {field}: {', '.join(shown)}"
+    message = f"ranks disagree on {field}: {_held_by(holders, 'more values')}"
     if differing:
         message += f" (also differ: {', '.join(differing)})"
     if field == "world_size" and group_size is not None:
@@ -191,10 +195,15 @@ def _files_text(contexts: Sequence[Mapping[str, str]]) -> str:
         return ""
     if len(holders) == 1:
         return f"; every rank reads {next(iter(holders))}: the same paths, other contents"
+    return f"; the files: {_held_by(holders, 'more')}"
+
+
+def _held_by(holders: Mapping[str, list[int]], more: str) -> str:
+    """``a on ranks [0], b on ranks [1-3]``: the first values and their ranks, then how many ``more``."""
     parts = [f"{value} on ranks {_ranks_text(ranks)}" for value, ranks in list(holders.items())[:_SHOWN_VALUES]]
     if len(holders) > _SHOWN_VALUES:
-        parts.append(f"and {len(holders) - _SHOWN_VALUES} more")
-    return f"; the files: {', '.join(parts)}"
+        parts.append(f"and {len(holders) - _SHOWN_VALUES} {more}")
+    return ", ".join(parts)
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
@@ -242,9 +251,12 @@ def agreement_needed() -> bool:
     return get_worker_info() is None
 
 
-def _collective_device(dist: Any, torch: Any, group: Any = None) -> Any:
-    """The CPU if the group (default: the default group) has a CPU backend, else the current device of
-    its first backend."""
+def collective_device(group: Any = None) -> Any:
+    """The device a group's tensors travel on: the CPU if the group (default: the default group) has a CPU
+    backend, else the current device of its first backend."""
+    import torch
+    import torch.distributed as dist
+
     try:
         config = str(dist.get_backend_config(group))  # e.g. "cpu:gloo,cuda:gloo", "cuda:nccl", "cpu:gloo,cuda:nccl"
     except AttributeError:  # torch < 2.2: the bare backend name

@@ -30,11 +30,10 @@ from rank_dataset.core.stages import (
     ITEM_STAGES,
     ITEMS,
     PARSE,
-    REPLACED,
     SINCE,
     STAGE,
-    TRANSFORM,
     StageTable,
+    add_transformed,
     item_hook,
 )
 from rank_dataset.shards.channel import ShardChannel
@@ -344,7 +343,7 @@ def timed_items(ds: ItemView, indices: Sequence[int]) -> list[Any]:
             out.append(ds.substitute(i, exc))
             substitutes += _clock() - b
             replaced += 1
-    _account(w, row, _clock() - start - substitutes, n, replaced, substitutes)
+    add_transformed(w, row, _clock() - start - substitutes, n, replaced, substitutes)
     return out
 
 
@@ -368,15 +367,5 @@ def _one_by_one(ds: ItemView, texts: list[str], indices: Sequence[int], row: int
             spent -= c - b
             replaced += 1
         spent += _clock() - a
-    _account(w, row, spent, len(out), replaced, substitutes)
+    add_transformed(w, row, spent, len(out), replaced, substitutes)
     return out
-
-
-def _account(w: Any, row: int, spent: int, n: int, replaced: int, substitutes: int) -> None:
-    """Add a batch's transform time and its items, and its substitutes' apart; mark the row idle."""
-    w[row + TRANSFORM] += spent
-    w[row + TRANSFORM + 1] += n
-    if replaced:
-        w[row + REPLACED] += substitutes
-        w[row + REPLACED + 1] += replaced
-    w[row + CURRENT] = w[row + STAGE] = -1

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from rank_dataset.core.checks import is_url
-from rank_dataset.core.stages import CURRENT, FETCH, ITEM_STAGES, ITEMS, PARSE, REPLACED, SINCE, STAGE, TRANSFORM
+from rank_dataset.core.checks import check_int, is_url
+from rank_dataset.core.stages import CURRENT, FETCH, ITEM_STAGES, ITEMS, PARSE, SINCE, STAGE, add_transformed
 from rank_dataset.errors import PayloadError
 from rank_dataset.files.io.payloads import (
     PayloadReader,
@@ -49,14 +49,6 @@ def _check_field(key: Any, what: str) -> int | str:
     if isinstance(key, str) and not key:
         raise ValueError(f"{what} must name a field: got the empty string")
     return key
-
-
-def _check_count(value: Any, name: str, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
 
 
 class Payloads:
@@ -150,9 +142,9 @@ class Payloads:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.settings = ReadSettings(
             dict(storage_options or {}),
-            _check_count(max_in_flight, "max_in_flight"),
-            _check_count(max_bytes, "max_bytes"),
-            _check_count(node_max_in_flight, "node_max_in_flight"),
+            check_int("max_in_flight", max_in_flight, low=1),
+            check_int("max_bytes", max_bytes, low=1),
+            check_int("node_max_in_flight", node_max_in_flight, low=1),
             float(timeout),
             slots_dir(),
         )
@@ -400,10 +392,5 @@ def payload_items(view: Any, texts: list[str], indices: Sequence[int]) -> list[A
             words[row + FETCH] += fetch
             words[row + FETCH + 1] += n
             words[row + ITEMS] += n
-            words[row + TRANSFORM] += transform
-            words[row + TRANSFORM + 1] += n
-            if failing:
-                words[row + REPLACED] += replaced_ns
-                words[row + REPLACED + 1] += len(failing)
-            words[row + CURRENT] = words[row + STAGE] = -1
+            add_transformed(words, row, transform, n, len(failing), replaced_ns)
     return out

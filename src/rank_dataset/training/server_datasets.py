@@ -19,14 +19,12 @@ from rank_dataset.core.parsers import Parser, parse_line, resolve_parser
 from rank_dataset.core.shard import Shard
 from rank_dataset.plan.bounds import Bounds
 from rank_dataset.plan.config import ReloadConfig
-from rank_dataset.plan.exclude import Exclusion, KeptIds, listing_of, split_exclusion
-from rank_dataset.plan.mix import combine_fingerprints
 from rank_dataset.plan.sources import Source, as_sources
 from rank_dataset.plan.spec import ShardSpec
-from rank_dataset.plan.subsets import SampleMap, distinct_files
 from rank_dataset.server import protocol
 from rank_dataset.server.transport import SAMPLES_PER_REQUEST, MetaServer, served_file, server_url
 from rank_dataset.shards.audit import AuditMode
+from rank_dataset.shards.reader import SampledReader, files_of
 from rank_dataset.training._failures import OnError
 from rank_dataset.training._options import timeout_seconds
 from rank_dataset.training.dataset import DATASET_KEYWORDS, ShardedDataset
@@ -116,7 +114,7 @@ class ServerDataset(Dataset[Any]):
         return f"{self.server.url} sample {index}"
 
 
-class ServerReader:
+class ServerReader(SampledReader):
     """Shards computed by a meta server (what :class:`RankServerDataset` reads): a
     :class:`~rank_dataset.shards.reader.ShardReader`.
 
@@ -131,13 +129,12 @@ class ServerReader:
 
     def __init__(self, server: MetaServer, sources: Source | Sequence[Source] | None = None) -> None:
         self.server = server
-        self.keeps_ids = False
-        self._kept: KeptIds | None = None
-        self._map: SampleMap | None = None
         self._num_samples, self._fingerprint = server.num_samples()
         self._source_files: list[tuple[str, ...]] | None = None
         self.sources = None if sources is None else as_sources(sources)
+        what = f"the files served by {server.url}"
         if sources is None:
+            self._sample(self._num_samples, Bounds([self._num_samples]).starts, None, None, what)
             return
         if self.sources is None:
             raise TypeError(f"sources must be a Source or a non-empty list of Source, got {sources!r}")
@@ -159,43 +156,19 @@ class ServerReader:
         # Samples are numbered over the distinct files of the sources, in order of first appearance,
         # as RankDataset numbers them; sources over subsets (or a file in several sources) map their
         # plan numbers to those numbers, and are fetched by sample number (see build).
-        names, files = distinct_files(self._source_files)
+        names = files_of(sources)
         self._files = [served[name] for name in names]  # in sample order
         self._layout = Bounds([f.num_samples for f in self._files])
         self._num_samples = self._layout.total
-        self._own_files = files
         # Where each distinct file starts in the server's numbering (all its files, in its order).
         server_layout = Bounds([f.num_samples for f in served.values()])
         position = {name: i for i, name in enumerate(served)}
         self._server_starts = server_layout.starts[[position[name] for name in names]]
-        self.set_exclusion(None)
-
-    def set_exclusion(self, exclusion: Exclusion | None) -> None:
-        """Leave the global sample numbers ``exclusion`` out of the plans from now on (as FileReader)."""
-        self._kept = None
-        if self.sources is None:
-            if exclusion is not None and len(exclusion):
-                kept = KeptIds(None, exclusion)
-                kept.check(self._num_samples, f"the files served by {self.server.url}")
-                self._kept = kept
-            self.keeps_ids = self._kept is not None
-            return
-        sources, bounds = self.sources, self._layout.starts
-        if exclusion is not None:
-            exclusion.check(self._num_samples, "exclude")
-        extra = [None] * len(sources) if exclusion is None else split_exclusion(exclusion, self._own_files, bounds)
-        listings = [listing_of(s.ids, e if s.exclude is None else s.exclude.union(e)) for s, e in zip(sources, extra)]
-        self._map = SampleMap.of(self._own_files, bounds, listings, [s.name for s in sources])
-        self._sizes = self._map.sizes
-        self.keeps_ids = not self._map.identity
-
-    @property
-    def plan_size(self) -> int:
-        return self._num_samples if self._kept is None else len(self._kept)
+        self._sample(self._num_samples, self._layout.starts, sources, None, what)
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker never builds: it needs no ids (those held in memory would be copied).
-        return {**self.__dict__, "_map": None, "sources": None, "_kept": None}
+        return {**self.__dict__, "_sampling": None, "sources": None}
 
     @property
     def num_samples(self) -> int:
@@ -205,18 +178,9 @@ class ServerReader:
     def fingerprint(self) -> str | None:
         return self._fingerprint
 
-    @property
-    def source_sizes(self) -> tuple[int, ...] | None:
-        return None if self._source_files is None else self._sizes
-
     def source_fingerprints(self) -> tuple[str, ...]:
-        assert self._source_files is not None and self._map is not None
-        return tuple(
-            combine_fingerprints(
-                [self._files[f].fingerprint for f in mine] + ([] if listed is None else [listed.fingerprint])
-            )
-            for listed, mine in zip(self._map.ids, self._own_files)
-        )
+        assert self._sampling is not None
+        return self._sampling.source_fingerprints([f.fingerprint for f in self._files])
 
     def build(self, spec: ShardSpec) -> Shard:
         if self.keeps_ids:
@@ -232,13 +196,11 @@ class ServerReader:
         """The shard of a mix over subsets: the plan mapped to sample numbers here (reading only the ids
         at this rank's positions), the samples fetched by number (``POST /samples``, in requests within
         the server's default body limit), the shard keeping the sample numbers."""
-        plan = spec.indices()
-        if self._kept is not None:  # plain files, some left out: the server numbers samples as we do
-            samples = self._kept.take(plan)
+        assert self._sampling is not None
+        samples = self._sampling.global_of(spec.indices(), spec.mix)
+        if self._source_files is None:  # plain files, some left out: the server numbers samples as we do
             wanted = samples.astype("<i8")
         else:
-            assert spec.mix is not None and self._map is not None
-            samples = self._map.samples(plan, spec.mix.source_of)
             file = self._layout.part_of(samples)
             wanted = (samples - self._layout.starts[file] + self._server_starts[file]).astype("<i8")
         step = SAMPLES_PER_REQUEST
@@ -267,16 +229,11 @@ class RankServerDataset(ShardedDataset):
     plan computed here, and held in the same compact form as RankDataset's.
 
     ``is_test``, ``reload_cfg``, ``rank``, ``world_size``, ``parser``, ``audit``, ``exclude``, ``transform``,
-    ``on_error``, ``max_failures``, ``exclude_failures`` and ``payloads`` are RankDataset's; ``token``,
-    ``timeout`` and ``retries`` are ServerDataset's.
+    ``on_error``, ``max_failures``, ``exclude_failures`` and ``payloads`` are RankDataset's; ``url``,
+    ``server_ip``, ``server_port``, ``token``, ``timeout`` and ``retries`` are ServerDataset's (with
+    ``server_ip``, the dataset reads the one file named, as a mix of it if the server serves others too).
 
     Args:
-        url: the server's base URL; or, in the original project's form, the meta file's path, with
-            ``server_ip`` and ``server_port``.
-        server_ip: the server's address (the original project's keyword). The server must serve a
-            file of ``url``'s file name; the dataset reads that file (if the server serves others
-            too, as a mix of that one file).
-        server_port: the server's port, an int or a str of digits.
         sources: a mix of the served files: a list of :class:`~rank_dataset.plan.sources.Source` whose paths
             are names of served files (their file names, as ``GET /files`` lists them). None: every
             served file, taken as one. The shard is RankDataset's for the same mix of those files.

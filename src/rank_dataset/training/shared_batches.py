@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rank_dataset.core.threads import wait_released
+from rank_dataset.training._agree import collective_device
 
 __all__ = ["SharedBatches", "shared_batches"]
 
@@ -58,7 +59,7 @@ class SharedBatches:
             )
         # Elsewhere the loader is never touched: no iterator, so no DataLoader worker starts.
         self.loader: Any = loader if rank == 0 else None
-        self._device = _device_of(self.group)
+        self._device = collective_device(self.group)
 
     def __iter__(self) -> Iterator[Any]:
         return self._lead() if self.rank == 0 else self._follow()
@@ -88,8 +89,6 @@ class SharedBatches:
         self._share((_END, None))
 
     def _follow(self) -> Iterator[Any]:
-        import torch
-
         while True:
             kind, what = self._share(None)
             if kind == _END:
@@ -98,12 +97,14 @@ class SharedBatches:
                 raise RuntimeError(
                     f"the loader on rank {self.source} (the first of this tensor-parallel group) raised {what}"
                 )
-            tensors = []
-            for spec in _tensors_of(what):
-                t = torch.empty(spec.shape, dtype=spec.dtype, device=self._device)
-                self._broadcast_data(t)
-                tensors.append(t)
-            yield _rebuild(what, iter(tensors))
+            yield _map_leaves(what, _Tensor, self._receive)
+
+    def _receive(self, place: _Tensor) -> Any:
+        import torch
+
+        t = torch.empty(place.shape, dtype=place.dtype, device=self._device)
+        self._broadcast_data(t)
+        return t
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The first rank's resume state, the same dict on every rank of the group (a collective of the
@@ -237,18 +238,6 @@ def _process_group(group: Any) -> Any:
     return group
 
 
-def _device_of(group: Any) -> Any:
-    """The device the group's tensors travel on: the CPU where it has a CPU backend (gloo), else the
-    current CUDA device."""
-    import torch
-    import torch.distributed as dist
-
-    config = str(dist.get_backend_config(group))
-    if "cpu:" in config or config == "gloo":
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
-
-
 def _state_holder(loader: Any) -> Any:
     """What holds the loader's resume state: the loader, its batch sampler or its sampler.
 
@@ -269,39 +258,28 @@ def _layout(batch: Any, tensors: list[Any]) -> Any:
     order); dicts, lists and tuples (named ones too) rebuilt; any other leaf as it is (pickled)."""
     import torch
 
-    if isinstance(batch, torch.Tensor):
-        t = batch.detach().contiguous()
+    def place(t: Any) -> _Tensor:
+        t = t.detach().contiguous()
         tensors.append(t)
         return _Tensor(tuple(t.shape), t.dtype)
-    if isinstance(batch, dict):
-        return type(batch)((k, _layout(v, tensors)) for k, v in batch.items())
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
-        return type(batch)(*(_layout(v, tensors) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_layout(v, tensors) for v in batch)
-    return batch
+
+    return _map_leaves(batch, torch.Tensor, place)
 
 
-def _tensors_of(layout: Any) -> Iterator[_Tensor]:
-    """The :class:`_Tensor` places of ``layout``, in the order :func:`_layout` met them."""
-    if isinstance(layout, _Tensor):
-        yield layout
-    elif isinstance(layout, dict):
-        for v in layout.values():
-            yield from _tensors_of(v)
-    elif isinstance(layout, (list, tuple)):
-        for v in layout:
-            yield from _tensors_of(v)
+def _map_leaves(tree: Any, leaf: type, f: Callable[[Any], Any]) -> Any:
+    """``tree`` with each ``leaf`` instance replaced by ``f`` of it, visited in one order (the one both sides of
+    a broadcast follow); dicts, lists and tuples (named ones too) rebuilt, anything else as it is."""
+    if isinstance(tree, leaf):
+        return f(tree)
+    if isinstance(tree, dict):
+        return type(tree)((k, _map_leaves(v, leaf, f)) for k, v in tree.items())
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a named tuple
+        return type(tree)(*(_map_leaves(v, leaf, f) for v in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_map_leaves(v, leaf, f) for v in tree)
+    return tree
 
 
 def _rebuild(layout: Any, tensors: Iterator[Any]) -> Any:
     """``layout`` with each :class:`_Tensor` replaced by the next of ``tensors``."""
-    if isinstance(layout, _Tensor):
-        return next(tensors)
-    if isinstance(layout, dict):
-        return type(layout)((k, _rebuild(v, tensors)) for k, v in layout.items())
-    if isinstance(layout, tuple) and hasattr(layout, "_fields"):
-        return type(layout)(*(_rebuild(v, tensors) for v in layout))
-    if isinstance(layout, (list, tuple)):
-        return type(layout)(_rebuild(v, tensors) for v in layout)
-    return layout
+    return _map_leaves(layout, _Tensor, lambda _: next(tensors))

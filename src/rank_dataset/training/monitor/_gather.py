@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rank_dataset.training._agree import agreement_needed
+from rank_dataset.training._agree import agreement_needed, collective_device
 
 __all__ = ["Gatherer"]
 
@@ -37,7 +37,7 @@ class Gatherer:
         group = getattr(dataset.reader, "group", None)  # the collective reader's gloo group
         if group is None:
             group = getattr(dataset, "_process_group", None)
-            if not _has_cpu_backend(dist, group):
+            if collective_device(group).type != "cpu":  # the rows are gathered on the CPU
                 ranks = None if group is None else dist.get_process_group_ranks(group)
                 group, self._owned = dist.new_group(ranks=ranks, backend="gloo"), True
         self.group = group
@@ -69,11 +69,3 @@ class Gatherer:
             if dist.is_initialized():
                 dist.destroy_process_group(self.group)
         self.group, self._owned = None, False
-
-
-def _has_cpu_backend(dist: Any, group: Any) -> bool:
-    try:
-        config = str(dist.get_backend_config(group))
-    except AttributeError:  # torch < 2.2: the bare backend name
-        config = str(dist.get_backend(group))
-    return "gloo" in config
