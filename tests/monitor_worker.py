@@ -3,7 +3,8 @@
 Modes: ``slow`` (rank 2's transform sleeps 20 ms an item), ``hang`` (worker 1 of rank 1 hangs, for a bounded
 time, in its first item), ``clean`` (every rank alike, for ``steps`` steps over several epochs) and
 ``collective`` (the collective reader: the summary on its gloo group, its exchange timed) and ``sources`` (a
-StepSampler over a mix of the meta file and a second one: each summary's samples by source).
+StepSampler over a mix of the meta file and a second one: each summary's samples by source) and ``group`` (the
+dataset on a data-parallel group of every other rank: the summary is that group's).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def main(mode: str, meta: str, out: str, run_dir: str, steps: str) -> None:
         "clean": light_transform,
         "collective": None,
         "sources": None,
+        "group": None,
     }[mode]
     reader = "collective" if mode == "collective" else "file"
     workers = 2 if mode == "hang" else 1
@@ -72,11 +74,15 @@ def main(mode: str, meta: str, out: str, run_dir: str, steps: str) -> None:
         ds = RankDataset(mix, reload_cfg={"seed": 3, "epoch_size": 200})
         loader = DataLoader(ds, batch_sampler=StepSampler(ds, 8), num_workers=workers, collate_fn=collate)
     else:
-        ds = RankDataset(meta, reload_cfg={"seed": 3}, transform=transform, reader=reader)
+        group = None
+        if mode == "group":  # two data-parallel groups, {0, 2} and {1, 3}: each rank makes both
+            groups = [dist.new_group([r for r in range(dist.get_world_size()) if r % 2 == k]) for k in (0, 1)]
+            group = groups[rank % 2]
+        ds = RankDataset(meta, reload_cfg={"seed": 3}, transform=transform, reader=reader, group=group)
         size = 2 if mode == "slow" else 4
         loader = DataLoader(ds, batch_size=size, sampler=RandomSampler(ds), num_workers=workers, collate_fn=collate)
-    every = {"slow": 10, "hang": 10_000, "clean": 100, "collective": 10, "sources": 10}[mode]
-    pause = {"slow": 0.005, "hang": 0.0, "clean": 0.01, "collective": 0.0, "sources": 0.0}[mode]
+    every = {"slow": 10, "hang": 10_000, "clean": 100, "collective": 10, "sources": 10, "group": 10}[mode]
+    pause = {"slow": 0.005, "hang": 0.0, "clean": 0.01, "collective": 0.0, "sources": 0.0, "group": 0.0}[mode]
     summaries: list[dict[str, Any]] = []
     step, total, epoch = 0, int(steps), 0
     started = time.monotonic()

@@ -96,6 +96,16 @@ def test_the_collective_reader_times_its_exchange_and_its_group_carries_the_summ
     assert all(len(r["summaries"]) == 6 for r in results)
 
 
+@pytest.mark.slow
+def test_the_summary_is_the_datasets_group(tmp_path: Path) -> None:
+    # 4 ranks, the dataset on {0, 2} or {1, 3}: each group's summary has its 2 ranks' rows, the same on both.
+    results, _log, _run_dir = _run(tmp_path, "group", 4, 200, 30, timeout=240)
+    last = [r["summaries"][-1] for r in results]
+    assert all(len(s["ranks"]) == 2 for s in last)
+    assert last[0] == last[2] and last[1] == last[3]
+    assert all(len(r["summaries"]) == 3 for r in results)
+
+
 # -- one process: the pieces, the exporters with the real libraries, the report ----------------------------
 
 

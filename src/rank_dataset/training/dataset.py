@@ -198,6 +198,11 @@ class ShardedDataset(Dataset[Any]):
         return self._view.rank.reader
 
     @property
+    def process_group(self) -> Any:
+        """The process group whose ranks share this dataset's plan (``group=``; None: the default group)."""
+        return self._view.rank.process_group
+
+    @property
     def _book(self) -> FailureBook:
         return self._view.rank.book
 

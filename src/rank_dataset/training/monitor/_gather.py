@@ -36,7 +36,7 @@ class Gatherer:
 
         group = getattr(dataset.reader, "group", None)  # the collective reader's gloo group
         if group is None:
-            group = getattr(dataset, "_process_group", None)
+            group = getattr(dataset, "process_group", None)  # the group the dataset's ranks plan in
             if collective_device(group).type != "cpu":  # the rows are gathered on the CPU
                 ranks = None if group is None else dist.get_process_group_ranks(group)
                 group, self._owned = dist.new_group(ranks=ranks, backend="gloo"), True
