@@ -1,5 +1,5 @@
 """Run by test_bucket_batch_sampler.py under run_ranks: one rank of a gloo job reading BucketBatchSampler's batches
-through a DataLoader with two workers, over two epochs of two mini-epochs."""
+through a DataLoader with two fork workers (or one spawn worker), over two epochs of two mini-epochs."""
 
 from __future__ import annotations
 
@@ -26,7 +26,12 @@ def main(meta: str, context: str, out: str, drop_last: str) -> None:
     dist.init_process_group("gloo")
     ds = RankDataset(meta, reload_cfg=CFG)
     sampler = BucketBatchSampler(ds, BATCH, bucket_by=BUCKETS, drop_last=drop_last == "1")
-    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=as_list, num_workers=2, multiprocessing_context=context)
+    # Two fork workers interleave the batches; a spawn worker, an interpreter that imports torch for each of the
+    # four loaders, checks what its start method changes (the sampler and dataset pickled to it) with one.
+    workers = 2 if context == "fork" else 1
+    loader = DataLoader(
+        ds, batch_sampler=sampler, collate_fn=as_list, num_workers=workers, multiprocessing_context=context
+    )
     windows = []
     for epoch in range(2):
         for m in range(2):

@@ -1,5 +1,5 @@
 """Run by test_steps_shapes.py under torchrun: one rank of a gloo job reading batches by shape (bucketed or
-budgeted) through a DataLoader with two workers (fork or spawn)."""
+budgeted) through a DataLoader with two fork workers or one spawn worker."""
 
 from __future__ import annotations
 
@@ -28,8 +28,11 @@ def sampler(ds: RankDataset, kind: str) -> StepSampler:
 def main(kind: str, meta: str, context: str, out: str, steps: int) -> None:
     dist.init_process_group("gloo")
     ds = RankDataset(meta, reload_cfg=CFG)
+    # Two fork workers interleave the batches; a spawn worker, an interpreter that imports torch, checks what its
+    # start method changes (the sampler and dataset pickled to it) with one.
+    workers = 2 if context == "fork" else 1
     loader = DataLoader(
-        ds, batch_sampler=sampler(ds, kind), collate_fn=as_list, num_workers=2, multiprocessing_context=context
+        ds, batch_sampler=sampler(ds, kind), collate_fn=as_list, num_workers=workers, multiprocessing_context=context
     )
     batches = [batch for _, batch in zip(range(steps), loader)]
     write_rank_result(out, {"batches": batches, "world_size": dist.get_world_size()})
