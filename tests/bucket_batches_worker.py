@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from rank_dataset import BucketBatchSampler, RankDataset
-from tests_helpers import write_rank_result
+from tests_helpers import spawn_workers, write_rank_result
 
 N = 97
 CFG = {"mini_epoch": 2, "seed": 3}
@@ -26,9 +26,7 @@ def main(meta: str, context: str, out: str, drop_last: str) -> None:
     dist.init_process_group("gloo")
     ds = RankDataset(meta, reload_cfg=CFG)
     sampler = BucketBatchSampler(ds, BATCH, bucket_by=BUCKETS, drop_last=drop_last == "1")
-    # Two fork workers interleave the batches; a spawn worker, an interpreter that imports torch for each of the
-    # four loaders, checks what its start method changes (the sampler and dataset pickled to it) with one.
-    workers = 2 if context == "fork" else 1
+    workers = spawn_workers(context)  # under spawn, one for each of the four loaders
     loader = DataLoader(
         ds, batch_sampler=sampler, collate_fn=as_list, num_workers=workers, multiprocessing_context=context
     )

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from rank_dataset import RankDataset, StepSampler
 from steps_worker import as_list
-from tests_helpers import write_rank_result
+from tests_helpers import spawn_workers, write_rank_result
 
 N = 61
 CFG = {"mini_epoch": 3, "seed": 5}
@@ -28,12 +28,10 @@ def sampler(ds: RankDataset, kind: str) -> StepSampler:
 def main(kind: str, meta: str, context: str, out: str, steps: int) -> None:
     dist.init_process_group("gloo")
     ds = RankDataset(meta, reload_cfg=CFG)
-    # Two fork workers interleave the batches; a spawn worker, an interpreter that imports torch, checks what its
-    # start method changes (the sampler and dataset pickled to it) with one.
-    workers = 2 if context == "fork" else 1
     loader = DataLoader(
-        ds, batch_sampler=sampler(ds, kind), collate_fn=as_list, num_workers=workers, multiprocessing_context=context
-    )
+        ds, batch_sampler=sampler(ds, kind), collate_fn=as_list, num_workers=spawn_workers(context),
+        multiprocessing_context=context,
+    )  # fmt: skip
     batches = [batch for _, batch in zip(range(steps), loader)]
     write_rank_result(out, {"batches": batches, "world_size": dist.get_world_size()})
 
