@@ -1,5 +1,5 @@
 """Run by test_bucket_batch_sampler.py under run_ranks: one rank of a gloo job reading BucketBatchSampler's batches
-through a DataLoader with two workers, over two epochs of two mini-epochs."""
+through a DataLoader with two fork workers (or one spawn worker), over two epochs of two mini-epochs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from rank_dataset import BucketBatchSampler, RankDataset
-from tests_helpers import write_rank_result
+from tests_helpers import spawn_workers, write_rank_result
 
 N = 97
 CFG = {"mini_epoch": 2, "seed": 3}
@@ -26,7 +26,10 @@ def main(meta: str, context: str, out: str, drop_last: str) -> None:
     dist.init_process_group("gloo")
     ds = RankDataset(meta, reload_cfg=CFG)
     sampler = BucketBatchSampler(ds, BATCH, bucket_by=BUCKETS, drop_last=drop_last == "1")
-    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=as_list, num_workers=2, multiprocessing_context=context)
+    workers = spawn_workers(context)  # under spawn, one for each of the four loaders
+    loader = DataLoader(
+        ds, batch_sampler=sampler, collate_fn=as_list, num_workers=workers, multiprocessing_context=context
+    )
     windows = []
     for epoch in range(2):
         for m in range(2):

@@ -1,5 +1,5 @@
 """Run by test_steps_shapes.py under torchrun: one rank of a gloo job reading batches by shape (bucketed or
-budgeted) through a DataLoader with two workers (fork or spawn)."""
+budgeted) through a DataLoader with two fork workers or one spawn worker."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from rank_dataset import RankDataset, StepSampler
 from steps_worker import as_list
-from tests_helpers import write_rank_result
+from tests_helpers import spawn_workers, write_rank_result
 
 N = 61
 CFG = {"mini_epoch": 3, "seed": 5}
@@ -29,8 +29,9 @@ def main(kind: str, meta: str, context: str, out: str, steps: int) -> None:
     dist.init_process_group("gloo")
     ds = RankDataset(meta, reload_cfg=CFG)
     loader = DataLoader(
-        ds, batch_sampler=sampler(ds, kind), collate_fn=as_list, num_workers=2, multiprocessing_context=context
-    )
+        ds, batch_sampler=sampler(ds, kind), collate_fn=as_list, num_workers=spawn_workers(context),
+        multiprocessing_context=context,
+    )  # fmt: skip
     batches = [batch for _, batch in zip(range(steps), loader)]
     write_rank_result(out, {"batches": batches, "world_size": dist.get_world_size()})
 

@@ -37,6 +37,7 @@ __all__ = [
     "rewrite",
     "run_ranks",
     "shard_of",
+    "spawn_workers",
     "start_methods",
     "start_together",
     "torchrun_cmd",
@@ -51,6 +52,14 @@ def start_methods(*names: str) -> list[Any]:
     """DataLoader start methods to parametrize a test with: fork runs in ``make test-quick``; spawn and
     forkserver start fresh interpreters that import torch (seconds each, on 2 cores), so they are marked slow."""
     return [name if name == "fork" else pytest.param(name, marks=pytest.mark.slow) for name in names]
+
+
+def spawn_workers(context: str | None, workers: int = 2) -> int:
+    """How many DataLoader workers a test that is parametrized over start methods gives ``context``: ``workers``,
+    or one under spawn. Each spawn worker is a fresh interpreter that imports torch (seconds of CPU); what the
+    start method changes (the dataset and sampler pickled to a worker, the shard opened there) one worker shows,
+    and how workers split a pass is the DataLoader's, the same under every start method (fork checks it)."""
+    return 1 if context == "spawn" else workers
 
 
 class Server(LocalServer):

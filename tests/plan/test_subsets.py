@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from rank_dataset import RandomSampler, RankDataset, Source, group_by
 from rank_dataset.plan.subsets import SampleIds
-from tests_helpers import start_methods
+from tests_helpers import spawn_workers, start_methods
 
 
 def lines_of(path: Path) -> list[str]:
@@ -191,8 +191,8 @@ def test_workers_serve_the_subset_items(files: tuple[Path, Path], start_method: 
     sources.append(Source(b, ids=np.array([2, 4, 6]), repeat=3, parser="label"))  # in memory: not sent to workers
     ds = RankDataset(sources, reload_cfg={"seed": 4}, rank=0, world_size=2)
     loader = DataLoader(
-        ds, batch_size=16, sampler=RandomSampler(ds), num_workers=2, multiprocessing_context=start_method,
-        collate_fn=list,
+        ds, batch_size=16, sampler=RandomSampler(ds), num_workers=spawn_workers(start_method),
+        multiprocessing_context=start_method, collate_fn=list,
     )  # fmt: skip
     text = lines_of(a) + lines_of(b)
     got = sorted(item for batch in loader for item in batch)

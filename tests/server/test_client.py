@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from rank_dataset import MetaFile, RandomSampler, RankDataset, RankServerDataset, ServerDataset, Source
 from rank_dataset.server.transport import MetaServer, _retry_after
-from tests_helpers import Server, start_methods
+from tests_helpers import Server, spawn_workers, start_methods
 
 SETTINGS = [
     (1, 1, False, 0, 0),
@@ -101,10 +101,16 @@ def test_server_dataset(meta, server) -> None:
 def test_dataloader_workers(meta, server, context: str) -> None:
     mf = MetaFile(meta)
     ds = ServerDataset(server.url)
-    loader = DataLoader(ds, batch_size=100, num_workers=2, multiprocessing_context=context)
+    loader = DataLoader(ds, batch_size=100, num_workers=spawn_workers(context), multiprocessing_context=context)
     assert [line for batch in loader for line in batch] == [mf[i] for i in range(len(mf))]
     rds = RankServerDataset(server.url, reload_cfg={"seed": 3}, rank=1, world_size=3)
-    loader = DataLoader(rds, batch_size=64, sampler=RandomSampler(rds), num_workers=2, multiprocessing_context=context)
+    loader = DataLoader(
+        rds,
+        batch_size=64,
+        sampler=RandomSampler(rds),
+        num_workers=spawn_workers(context),
+        multiprocessing_context=context,
+    )
     assert sorted(x for batch in loader for x in batch) == sorted(mf[int(i)] for i in rds.indices)
 
 

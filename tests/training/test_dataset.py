@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 
 from rank_dataset import MetaFile, RandomSampler, RankDataset, ReloadConfig
 from rank_dataset.plan import ShardSpec
-from tests_helpers import imagenet_line, start_methods
+from tests_helpers import imagenet_line, spawn_workers, start_methods
 
 
 def test_items_are_the_planned_samples(write_meta) -> None:
@@ -107,7 +107,9 @@ def test_dataloader_workers(write_meta, context: str) -> None:
     p = write_meta(n=5000)
     ds = RankDataset(p, reload_cfg={"seed": 3, "mini_epoch": 2}, rank=1, world_size=3, parser="label")
     sampler = RandomSampler(ds, seed=1)
-    loader = DataLoader(ds, batch_size=64, sampler=sampler, num_workers=2, multiprocessing_context=context)
+    loader = DataLoader(
+        ds, batch_size=64, sampler=sampler, num_workers=spawn_workers(context), multiprocessing_context=context
+    )
     paths, labels = [], []
     for batch_paths, batch_labels in loader:
         paths += batch_paths

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from rank_dataset import RankDataset, StepSampler, group_by
 from rank_dataset.plan.shapes import ShapeLayout, ShapeStream, aspect_ratio_groups
 from steps_shapes_worker import BUCKETS, CFG, COST, SHAPES, N
-from tests_helpers import rank_results, run_ranks, worker_env
+from tests_helpers import rank_results, run_ranks, spawn_workers, worker_env
 
 
 def as_list(batch: list[Any]) -> list[Any]:
@@ -185,7 +185,7 @@ def test_through_dataloader_workers(meta: Path, kind: str, context: str) -> None
     shape = dict(SHAPES[kind])
     plan = plan_of(kind)
     steps = plan.steps_before(2) + 2  # two epochs and more: every window and epoch change crossed
-    got, _ = run(meta, 2, steps, workers=2, context=context, **shape)  # ranks 0 and 1, one after the other
+    got, _ = run(meta, 2, steps, workers=spawn_workers(context), context=context, **shape)  # ranks 0, 1 in turn
     assert len(got) == steps
     check_against_plan(kind, got, 2)
 

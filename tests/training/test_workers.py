@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, SequentialSampler
 from rank_dataset import RandomSampler, RankDataset, ResumableSampler
 from rank_dataset.core import shm as _shm
 from rank_dataset.shards.channel import pass_of
-from tests_helpers import imagenet_line, start_methods
+from tests_helpers import imagenet_line, spawn_workers, start_methods
 
 CONTEXTS = start_methods("fork", "spawn", "forkserver")
 
@@ -192,9 +192,12 @@ def test_foreign_sampler_with_persistent_workers_fails_loudly(meta: Path, contex
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_foreign_sampler_with_a_dataloader_per_set_epoch(meta: Path, context: str) -> None:
     ds = RankDataset(meta, reload_cfg={"seed": 2}, rank=0, world_size=2)
+    # Two spawn workers on one shard: the persistent loaders' tests here.
     for epoch in range(2):
         ds.set_epoch(epoch)
-        loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=2, multiprocessing_context=context)
+        loader = DataLoader(
+            ds, batch_size=64, shuffle=True, num_workers=spawn_workers(context), multiprocessing_context=context
+        )
         assert sorted(_read(loader)) == sorted(_expect(ds))
 
 
