@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 # make test-quick runs the quick tier in QUICK_WORKERS processes (pytest-xdist).
 QUICK_WORKERS ?= 2
-# make test runs the whole suite in TEST_WORKERS processes.
-TEST_WORKERS ?= 2
+# make test runs the whole suite in TEST_WORKERS processes: more than the cores, since most of the suite's
+# time is its processes waiting (ranks on each other, workers' joins, servers' lingers), not CPU.
+TEST_WORKERS ?= 4
 BIN := $(VENV)/bin
 # pytest's assertion rewriting of each test module is cached beside its bytecode, but only where Python may
 # write bytecode: with PYTHONDONTWRITEBYTECODE set, every pytest process (each xdist worker, the alone tier,
