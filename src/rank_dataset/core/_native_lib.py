@@ -12,6 +12,7 @@ import array
 import ctypes
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,10 @@ def load() -> Kernels:
             fn.restype, fn.argtypes = restype, argtypes
     if lib.rd_abi_version() != ABI:
         raise RuntimeError(f"{path} was built from another version of _kernels.c (rebuild it)")
+    source = path.with_name("_kernels.c")  # a clone's (a wheel ships the library alone)
+    if source.is_file() and source.stat().st_mtime > path.stat().st_mtime:
+        msg = f"{path} is older than {source.name}: rebuild it (`make native`, or pip install -e . again)"
+        warnings.warn(msg, RuntimeWarning, stacklevel=5)  # at the first kernel's caller
     return Kernels(lib, path)
 
 

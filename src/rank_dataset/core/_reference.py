@@ -10,12 +10,15 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Sequence
-from typing import Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from rank_dataset.core.arrays import Int64Array, IntegerArray, UInt8Array, UInt32Array, prefix_sums, ranges
+
+if TYPE_CHECKING:
+    import array
 
 __all__ = [
     "BLANK",
@@ -24,6 +27,9 @@ __all__ = [
     "FUSED",
     "MARK",
     "NEWLINE",
+    "OPEN_HIT",
+    "OPEN_MISS",
+    "OPEN_NOT_FILE",
     "LineScan",
     "bucket_order",
     "check_lines",
@@ -36,6 +42,7 @@ __all__ = [
     "line_fields",
     "lines_bad",
     "mix32",
+    "open_files",
     "pack_requests",
     "pack_rows",
     "pack_runs",
@@ -60,6 +67,9 @@ MARK = 4 << 20
 #: Byte -> whether it is ASCII whitespace (space, tab, newline, CR, VT, FF).
 BLANK = np.zeros(256, dtype=bool)
 BLANK[[9, 10, 11, 12, 13, 32]] = True
+#: :func:`open_files`' status of a file: open and its pages in the page cache; open (not known to be); not a
+#: regular file (closed). Any other status is ``-errno`` of the open (nothing left open).
+OPEN_HIT, OPEN_MISS, OPEN_NOT_FILE = 0, 1, 2
 _HIGH_BITS = np.uint64(0x8080808080808080)
 # Rows of a length no longer than this are copied by length group (one gather per group).
 _GROUPED_MAX = 1 << 16
@@ -248,6 +258,22 @@ def lines_bad(buf: UInt8Array, starts: Int64Array, ends: Int64Array) -> int:
 
 _FMIX1, _FMIX2 = np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35)
 _S16, _S13 = np.uint32(16), np.uint32(13)
+
+
+def open_files(dirfd: int, names: Sequence[str], probe_max: int) -> array.array[int] | None:
+    """Open each of ``names`` (relative paths) beneath the directory ``dirfd`` in one call: a symlink that
+    stays under the directory is followed, one that leaves it, an absolute one, a ``..`` above it or a magic
+    link is refused (``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS``); a regular file of at most
+    ``probe_max`` bytes (< 0: none) has its last byte read without waiting for a disk (``RWF_NOWAIT``), which
+    tells a page-cache hit. The library's returns an int64 array ``out`` of ``3 * len(names)``: file ``i``'s
+    descriptor at ``out[i]`` (-1: none; the others are the caller's to close), its size at ``out[n + i]`` and
+    its status at ``out[2n + i]`` (:data:`OPEN_HIT`, ...), or None where it cannot (no ``openat2``, not Linux).
+
+    The reference opens nothing and returns None: the caller's own walk, which opens the files one at a time,
+    is what the library's results are compared with. (The library raises ValueError for a name that is empty
+    or holds a NUL byte.)
+    """
+    return None
 
 
 def mix32(x: UInt32Array, key: np.uint32) -> UInt32Array:
