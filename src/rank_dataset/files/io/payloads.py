@@ -375,7 +375,7 @@ class PayloadReader:
         if out is None:
             _native_open = False
             return None
-        COUNTS["native"] += len(rels)
+        _count("native", len(rels))
         return _Opened(k, len(rels), out)
 
     def _take_opened(self, target: LocalTarget, ticket: int, run: _Opened, k: int) -> Result | _Miss:
@@ -621,10 +621,10 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def _count(key: str) -> None:
-    """One more in ``COUNTS[key]``, from any thread (``+=`` on a dict's item can lose a concurrent one)."""
+def _count(key: str, n: int = 1) -> None:
+    """``n`` more in ``COUNTS[key]``, from any thread (``+=`` on a dict's item can lose a concurrent one)."""
     with _COUNTS_LOCK:
-        COUNTS[key] += 1
+        COUNTS[key] += n
 
 
 def _read_all(fd: int, size: int) -> bytes:
