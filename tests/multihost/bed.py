@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import glob
 import itertools
 import json
 import os
@@ -410,8 +411,9 @@ class Bed:
         args = [
             binary, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.port=9333",
             "-volume.port=8080", "-filer.port=8888", "-volume.max=8", "-master.volumeSizeLimitMB=512",
+            f"-filer.localSocket={host.dir / 'work' / 'filer.sock'}",
             "-s3", f"-s3.port={S3_PORT}", f"-s3.config={host.dir / 'work' / 'creds.json'}",
-            "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-s3.localSocket={host.dir / 'work' / 's3.sock'}", "-s3.port.iceberg=0", "-s3.port.lance=0",
         ]  # fmt: skip
         log = open(host.dir / "weed.log", "w")  # noqa: SIM115 - the process keeps it
         self._store_proc(host.popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=host.dir / "work"))
@@ -557,6 +559,13 @@ class Bed:
         self._links.clear()
         self._procs.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.store_host is not None and not self._tmp_is_free():
+            # The store's /tmp was this machine's: weed puts its gRPC sockets there whatever TMPDIR says,
+            # /tmp/seaweedfs-<kind>-grpc-<port + 10000>.sock.
+            for port in (9333, 8080, 8888, S3_PORT):
+                for path in glob.glob(f"/tmp/seaweedfs-*-{port + 10000}.sock"):
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
 
     def __enter__(self) -> Bed:
         return self
